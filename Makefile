@@ -1,0 +1,35 @@
+# Two commands: `make run` (the whole pipeline on the embedded default, with real Airflow) and
+# `make test` (the whole test suite). Both create the environment first if it is missing.
+SHELL := /bin/bash
+VENV ?= .venv
+PY := $(VENV)/bin/python
+PYTHON ?= python3.11
+
+export AIRFLOW_HOME ?= $(CURDIR)/.airflow
+export AIRFLOW__CORE__DAGS_FOLDER := $(CURDIR)/dags
+export AIRFLOW__CORE__PLUGINS_FOLDER := $(CURDIR)/plugins
+export AIRFLOW__CORE__LOAD_EXAMPLES := False
+export TF_USE_LEGACY_KERAS := 1
+
+.PHONY: env run test lock clean
+
+env: $(VENV)/.installed
+
+$(VENV)/.installed: requirements.txt pyproject.toml
+	@command -v uv >/dev/null || $(PYTHON) -m pip install --quiet uv
+	uv venv --allow-existing --python "$$(command -v $(PYTHON) || command -v python3)" $(VENV)
+	VIRTUAL_ENV=$(VENV) uv pip install --quiet -r requirements.txt
+	VIRTUAL_ENV=$(VENV) uv pip install --quiet --no-deps -e .
+	@touch $@
+
+run: env
+	@scripts/make_run.sh
+
+test: env
+	$(PY) -m pytest $(PYTEST_ARGS)
+
+lock:
+	uv pip compile requirements.in -o requirements.txt --python-version 3.11
+
+clean:
+	rm -rf out .airflow

@@ -1,0 +1,102 @@
+"""
+### mlm_pretrain — raw text to a trained, evaluated RoBERTa masked LM
+
+Validate every input → prepare data (Unigram tokenizer + TFRecord shards, reused when the corpus
+fingerprint is unchanged) → wait for the complete shard set → [create TPU VM] → train (resumes
+from its last checkpoint on retry) → evaluate → fill-mask examples → summary → [delete TPU VM,
+a teardown: runs whatever happened upstream].
+
+The same DAG runs the embedded default (local folder, this machine's CPU, the Wikipedia sample
+shipped with gensim) and production (`output_root: gs://…`, `compute: tpu_vm`): configuration
+only. Trigger it with the form: every field is checked by `validate_config` before any work, and a
+misspelled key in **overrides** is an error, not a silent default. Settings are documented in
+`mlm_tasks/config.py`; example files live in `configs/`.
+
+Artifacts: `<output_root>/datasets/<fingerprint>/` (tokenizer, shards, manifest) and
+`<output_root>/runs/<run_id>/` (checkpoints, model, metrics, predictions, TensorBoard logs).
+"""
+from __future__ import annotations
+
+import os
+from datetime import datetime, timedelta
+from pathlib import Path
+
+from airflow.providers.standard.operators.python import PythonOperator
+from airflow.sdk import DAG, Param, chain
+
+import pipeline_tasks as steps
+from mlm_tasks.config import load_config
+from shard_gate import ShardSetCompleteSensor
+from tpu_operators import TpuVmCreateOperator, TpuVmDeleteOperator
+from train_operator import TrainOperator
+
+CONFIG_DIR = Path(os.environ.get("MLM_CONFIG_DIR", Path(__file__).resolve().parents[1] / "configs"))
+DEFAULT_CONFIG = str(CONFIG_DIR / "default.yaml")
+_defaults = load_config(DEFAULT_CONFIG)
+
+default_args = {
+    "owner": "ml-platform",
+    "retries": 2,
+    "retry_delay": timedelta(seconds=30),
+    "retry_exponential_backoff": True,
+    "max_retry_delay": timedelta(minutes=10),
+}
+
+params = {
+    "config_file": Param(DEFAULT_CONFIG, type="string", title="Config file",
+                         description="YAML with every setting (see configs/); the fields below override it."),
+    "output_root": Param(_defaults.output_root, type="string", title="Output root",
+                         description="Local folder or gs://bucket/prefix where every artifact goes."),
+    "compute": Param(_defaults.compute, type="string", enum=["local", "tpu_vm"], title="Compute",
+                     description="Train on the Airflow worker's CPU/GPU, or on a TPU VM made for this run."),
+    "corpus_source": Param(_defaults.corpus.source, type="string",
+                           enum=["embedded_wiki", "hf_dataset", "local_files", "wiki_dump"], title="Corpus source",
+                           description="Embedded Wikipedia sample, a `datasets` dataset, local files, or a dump."),
+    "vocab_size": Param(_defaults.tokenizer.vocab_size, type="integer", minimum=1000, maximum=250000,
+                        title="Vocabulary size", description="Unigram tokenizer vocabulary, special tokens included."),
+    "max_length": Param(_defaults.shards.max_length, type="integer", minimum=8, maximum=4096,
+                        title="Sequence length", description="Tokens per training example (chunk length)."),
+    "model_preset": Param(_defaults.model.preset, type="string", enum=["tiny", "small", "base"],
+                          title="Model preset", description="tiny: CPU minutes; small; base: roberta-base shape."),
+    "steps": Param(_defaults.train.steps, type=["null", "integer"], minimum=1, title="Training steps",
+                   description="Optimizer steps; empty = one epoch over the train shards."),
+    "batch_size": Param(_defaults.train.batch_size, type="integer", minimum=1, maximum=4096,
+                        title="Batch size per replica", description="Global batch = this × replicas."),
+    "learning_rate": Param(_defaults.train.learning_rate, type="number", exclusiveMinimum=0, maximum=0.1,
+                           title="Learning rate", description="Peak AdamW learning rate (warmup, then linear decay)."),
+    "overrides": Param({}, type="object", title="Other settings",
+                       description='Any other setting by dotted path, e.g. {"train.checkpoint_every": 100}.'),
+}
+
+with DAG(
+    dag_id="mlm_pretrain",
+    description="Pretrain a RoBERTa masked LM with Transformers on TensorFlow (CPU or TPU VM).",
+    doc_md=__doc__,
+    schedule=None,
+    start_date=datetime(2026, 1, 1),
+    catchup=False,
+    max_active_runs=4,
+    default_args=default_args,
+    params=params,
+    render_template_as_native_obj=True,
+    tags=["mlm", "training", "tensorflow"],
+) as dag:
+    validate = PythonOperator(task_id="validate_config", python_callable=steps.validate_config, retries=0)
+    prepare = PythonOperator(task_id="prepare_data", python_callable=steps.prepare_data)
+    wait = ShardSetCompleteSensor(
+        task_id="wait_for_shards",
+        gcp_conn_id="{{ ti.xcom_pull(task_ids='validate_config')['sensor']['gcp_conn_id'] }}",
+        poke_interval=_defaults.sensor.poke_interval_s,
+        timeout=_defaults.sensor.timeout_s,
+        retries=0,
+    )
+    create_vm = TpuVmCreateOperator(task_id="create_tpu_vm", config=steps.CONFIG_XCOM)
+    train = TrainOperator(task_id="train", config=steps.CONFIG_XCOM, execution_timeout=timedelta(hours=72))
+    evaluate = PythonOperator(task_id="evaluate", python_callable=steps.evaluate)
+    fill_mask = PythonOperator(task_id="fill_mask", python_callable=steps.fill_mask)
+    summary = PythonOperator(task_id="summary", python_callable=steps.summarize)
+    delete_vm = TpuVmDeleteOperator(task_id="delete_tpu_vm", config=steps.CONFIG_XCOM)
+
+    chain(validate, prepare, wait, create_vm, train, evaluate, fill_mask, summary)
+    # Teardown: runs after any upstream failure too, so no TPU VM outlives its run.
+    train >> delete_vm.as_teardown(setups=create_vm)

@@ -1,0 +1,96 @@
+"""Command line for every step, the same functions the DAG calls.
+
+    python -m mlm_tasks validate      --config configs/default.yaml [--set train.steps=100 ...]
+    python -m mlm_tasks prepare-data  --config configs/default.yaml
+    python -m mlm_tasks train         --config configs/default.yaml --run-id r1 [--data-fingerprint FP]
+    python -m mlm_tasks evaluate|infer --config configs/default.yaml --run-id r1
+    python -m mlm_tasks run-all       --config configs/tiny.yaml --run-id r1   # every step, no Airflow
+
+`--config-json` takes the whole validated config as JSON (how a TPU VM receives the run's config).
+Without --data-fingerprint, the fingerprint is computed from the corpus (needs the corpus at hand).
+Exit status: 0 done, 2 bad configuration (fix the input), 1 anything else.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+
+import yaml
+
+from mlm_tasks.config import ConfigError, PipelineConfig, build_config, load_config
+
+STEPS = ("validate", "fingerprint", "prepare-data", "train", "evaluate", "infer", "run-all")
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="python -m mlm_tasks", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("step", choices=STEPS)
+    p.add_argument("--config", help="YAML config file (see configs/).")
+    p.add_argument("--config-json", help="The whole config as JSON (overrides --config).")
+    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                   help="Override a setting: a flat param name or a dotted path; VALUE is parsed as YAML.")
+    p.add_argument("--run-id", default="cli-run", help="Run id: keys the run's artifacts.")
+    p.add_argument("--data-fingerprint", help="Use the shard set with this fingerprint.")
+    return p.parse_args(argv)
+
+
+def resolve_config(args: argparse.Namespace) -> PipelineConfig:
+    overrides = {}
+    for item in args.set:
+        key, sep, value = item.partition("=")
+        if not sep:
+            raise ConfigError(f"--set {item!r}: use KEY=VALUE, e.g. --set train.steps=100.")
+        overrides[key] = yaml.safe_load(value)
+    if args.config_json:
+        return build_config(json.loads(args.config_json), overrides)
+    return load_config(args.config, overrides)
+
+
+def run_step(step: str, cfg: PipelineConfig, run_id: str, fingerprint: str | None) -> object:
+    from mlm_tasks.prepare import data_fingerprint, prepare_data
+
+    if step == "validate":
+        from mlm_tasks.validate import validate_inputs
+
+        validate_inputs(cfg)
+        return cfg.model_dump(mode="json")
+    if step == "fingerprint":
+        return data_fingerprint(cfg)
+    if step == "prepare-data":
+        return prepare_data(cfg)
+    fingerprint = fingerprint or data_fingerprint(cfg)
+    if step == "train":
+        from mlm_tasks.train import train
+
+        return train(cfg, run_id, fingerprint)
+    if step == "evaluate":
+        from mlm_tasks.evaluate import evaluate
+
+        return evaluate(cfg, run_id, fingerprint)
+    if step == "infer":
+        from mlm_tasks.infer import fill_mask
+
+        return fill_mask(cfg, run_id)
+    raise ValueError(step)
+
+
+def main(argv: list[str] | None = None) -> int:
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    args = parse_args(argv)
+    try:
+        cfg = resolve_config(args)
+        if args.step == "run-all":
+            data = run_step("prepare-data", cfg, args.run_id, None)
+            result = {"data": data}
+            for step in ("train", "evaluate", "infer"):
+                result[step] = run_step(step, cfg, args.run_id, data["fingerprint"])
+        else:
+            result = run_step(args.step, cfg, args.run_id, args.data_fingerprint)
+    except ConfigError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    print(json.dumps(result, indent=2, default=str))
+    return 0

@@ -1,0 +1,299 @@
+"""One validated model of every setting of the pipeline.
+
+Every setting has a default and a one-line description; unknown keys are errors, so a typo in a
+DAG param or a YAML file fails before any work starts instead of silently using a default.
+
+    cfg = load_config("configs/tiny.yaml", overrides={"train.steps": 50})
+    cfg = config_from_params(dag_params)        # flat names from the Airflow trigger form
+
+Cross-field checks that need no I/O live in `PipelineConfig`'s validators; checks that touch the
+outside world (paths exist, credentials present) live in `mlm_tasks.validate`.
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from mlm_tasks.presets import PRESETS, ModelShape
+
+SPECIAL_TOKENS = ["<s>", "<pad>", "</s>", "<unk>", "<mask>"]
+SUPPORTED_SCHEMES = ("file", "gs")
+
+
+class ConfigError(ValueError):
+    """A setting is wrong; the message says which one and what to do."""
+
+
+class _Section(BaseModel):
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+
+class CorpusConfig(_Section):
+    source: Literal["embedded_wiki", "hf_dataset", "local_files", "wiki_dump"] = Field(
+        "embedded_wiki", description="Where the text comes from: the Wikipedia sample shipped in the "
+        "gensim wheel, a `datasets` dataset, local text/jsonl/parquet files, or an enwiki XML dump.")
+    hf_path: str = Field("Salesforce/wikitext", description="`datasets` path (source=hf_dataset).")
+    hf_name: str | None = Field("wikitext-103-raw-v1", description="`datasets` config name.")
+    hf_revision: str | None = Field(None, description="Dataset revision (commit/tag); pins the data.")
+    text_column: str = Field("text", description="Column holding the text in datasets/jsonl/parquet.")
+    local_paths: list[str] = Field(default_factory=list, description="Files or globs (source=local_files"
+                                   "): .txt (one row per line), .jsonl, .parquet.")
+    dump_path: str | None = Field(None, description="Path of an enwiki pages-articles*.xml.bz2 dump.")
+    max_articles: int | None = Field(None, ge=1, description="Read at most this many articles (dumps).")
+    validation_fraction: float = Field(0.05, ge=0.0, lt=0.5, description="Share of articles (or rows"
+                                       ") held out for validation when the source has no such split.")
+    test_fraction: float = Field(0.05, ge=0.0, lt=0.5, description="Share held out for test.")
+
+
+class TokenizerConfig(_Section):
+    vocab_size: int = Field(8000, ge=16, le=250_000, description="Unigram vocabulary size, specials included.")
+    max_piece_length: int = Field(16, ge=2, le=64, description="Longest piece the Unigram trainer keeps.")
+
+
+class ShardConfig(_Section):
+    max_length: int = Field(128, ge=8, le=4096, description="Tokens per training example (chunk length).")
+    records_per_shard: int = Field(2048, ge=1, description="TFRecord examples per shard file.")
+    tokenize_batch_rows: int = Field(1000, ge=1, description="Rows per encode_batch call.")
+
+
+class ModelConfig(_Section):
+    preset: str = Field("tiny", description=f"Model shape preset: one of {sorted(PRESETS)}.")
+    hidden_size: int | None = Field(None, ge=8, description="Override the preset's hidden size.")
+    num_hidden_layers: int | None = Field(None, ge=1, description="Override the preset's layer count.")
+    num_attention_heads: int | None = Field(None, ge=1, description="Override the preset's head count.")
+    intermediate_size: int | None = Field(None, ge=8, description="Override the preset's FFN width.")
+    max_position_embeddings: int | None = Field(None, ge=10, description="Override positions (RoBERTa "
+                                                "needs max_length + 2).")
+    dropout: float = Field(0.1, ge=0, lt=1, description="Hidden and attention dropout.")
+
+    def shape(self) -> ModelShape:
+        if self.preset not in PRESETS:
+            raise ConfigError(f"Unknown model preset {self.preset!r}: choose one of {sorted(PRESETS)}.")
+        overrides = {k: v for k, v in self.model_dump().items()
+                     if k not in ("preset", "dropout") and v is not None}
+        return PRESETS[self.preset].model_copy(update=overrides)
+
+
+class TrainConfig(_Section):
+    steps: int | None = Field(None, ge=1, description="Optimizer steps; empty = `epochs` over the train shards.")
+    epochs: float = Field(1.0, gt=0, description="Passes over the train split when `steps` is empty.")
+    batch_size: int = Field(32, ge=1, description="Examples per replica per step (global = × replicas).")
+    learning_rate: float = Field(1e-3, gt=0, lt=1, description="Peak AdamW learning rate.")
+    warmup_fraction: float = Field(0.06, ge=0, lt=1, description="Share of steps of linear warmup.")
+    weight_decay: float = Field(0.01, ge=0, description="AdamW weight decay (not on norms and biases).")
+    mlm_probability: float = Field(0.15, gt=0, lt=1, description="Share of tokens selected for masking.")
+    max_predictions_per_seq: int = Field(32, ge=0, description="LM head runs only at this many masked "
+                                         "positions per sequence (0 = every position, the plain way).")
+    checkpoint_every: int = Field(100, ge=1, description="Steps between checkpoints (what a retry loses at most).")
+    log_every: int = Field(25, ge=1, description="Steps between progress lines in the log.")
+    xla: Literal["auto", "on", "off"] = Field("auto", description="XLA-compile the step (auto: on for TPU/GPU).")
+    mixed_precision: Literal["auto", "off", "bf16"] = Field(
+        "auto", description="Compute dtype (auto: bf16 on TPU and GPU, fp32 on CPU).")
+    device: Literal["auto", "tpu", "gpu", "cpu"] = Field(
+        "auto", description="Accelerator to train on (auto: TPU if this host has one, else GPU, else CPU).")
+    shuffle_buffer: int = Field(10_000, ge=1, description="Examples in the tf.data shuffle buffer.")
+    seed: int = Field(42, description="Seed for init, shuffling and masking.")
+    fail_at_step: int | None = Field(None, ge=1, description="Fault injection for tests: raise at this "
+                                     "step on the first try of a run.")
+
+
+class EvalConfig(_Section):
+    split: Literal["validation", "test"] = Field("validation", description="Split to evaluate on.")
+    batch_size: int = Field(64, ge=1, description="Examples per evaluation batch.")
+    max_batches: int | None = Field(None, ge=1, description="Cap on evaluation batches (empty = whole split).")
+
+
+DEFAULT_PROBES = [
+    "The capital of France is <mask>.",
+    "Anarchism is a political <mask>.",
+    "The United States of <mask> is a country.",
+    "He was born in the <mask> century.",
+]
+
+
+class InferConfig(_Section):
+    probes: list[str] = Field(default_factory=lambda: list(DEFAULT_PROBES),
+                              description="Fill-mask probe sentences, each with one <mask>.")
+    top_k: int = Field(5, ge=1, le=50, description="Predictions kept per probe.")
+
+
+class TpuConfig(_Section):
+    project: str = Field("", description="Google Cloud project of the TPU VM.")
+    zone: str = Field("us-central2-b", description="Zone of the TPU VM.")
+    accelerator_type: str = Field("v4-8", description="TPU type, e.g. v4-8, v5litepod-8, v4-32 (pod slice).")
+    runtime_version: str = Field("tpu-vm-tf-2.16.1-pjrt", description="TPU VM software version.")
+    network: str | None = Field(None, description="VPC network (default network if empty).")
+    subnetwork: str | None = Field(None, description="Subnetwork.")
+    spot: bool = Field(False, description="Use a Spot VM (cheaper, may be preempted).")
+    service_account: str | None = Field(None, description="Service account email for the VM.")
+    ttl_hours: float = Field(12, gt=0, description="The janitor deletes the VM after this many hours.")
+    api_endpoint: str | None = Field(None, description="TPU API endpoint override (tests: http://127.0.0.1:P).")
+    transport: Literal["grpc", "rest"] = Field("grpc", description="TPU API client transport.")
+    ssh_conn_id: str = Field("tpu_ssh", description="Airflow SSH connection (user, private key) for the VM.")
+    ssh_port: int = Field(22, ge=1, le=65535, description="SSH port on the VM workers.")
+    workdir: str = Field("~/mlm", description="Directory on the VM where the project is installed.")
+    python: str = Field("python3", description="Python interpreter on the VM.")
+    create_timeout_s: int = Field(1800, ge=60, description="Give up waiting for a READY node after this long.")
+    poll_interval_s: float = Field(15, gt=0, description="Seconds between TPU API checks while waiting for the node.")
+    bootstrap: bool = Field(True, description="Install the staged project code on the VM before a step "
+                            "(off: the VM already has it in workdir, e.g. tests or a custom image).")
+    external_ips: bool = Field(True, description="Give the workers external IPs (as gcloud does; pip on the "
+                               "VM needs them unless the VPC has Cloud NAT).")
+    ssh_via_external_ip: bool = Field(False, description="SSH to the workers' external IPs (Airflow outside the VPC).")
+
+
+class GateConfig(_Section):
+    max_eval_loss: float | None = Field(None, gt=0, description="Publish only if eval loss is at most this.")
+    min_accuracy: float | None = Field(None, ge=0, le=1, description="Publish only if masked accuracy is at least this.")
+    require_better_than_published: bool = Field(True, description="Publish only if not worse than the last published model.")
+
+
+class PublishConfig(_Section):
+    enabled: bool = Field(False, description="Push the model to the Hugging Face Hub.")
+    repo_id: str | None = Field(None, description="Hub model repo id, e.g. my-org/roberta-wiki-mlm.")
+    tokenizer_repo_id: str | None = Field(None, description="Push the tokenizer alone to this repo after training it.")
+    private: bool = Field(True, description="Create the Hub repo as private.")
+    hf_conn_id: str = Field("huggingface_default", description="Airflow connection whose password is the Hub token.")
+    sync_checkpoints: bool = Field(False, description="Upload checkpoints to the Hub during training (non-blocking).")
+    license: str = Field("cc-by-sa-4.0", description="License in the model card (Wikipedia text is CC BY-SA 4.0).")
+
+
+class SensorConfig(_Section):
+    poke_interval_s: int = Field(30, ge=1, description="Seconds between checks for the shard completion marker.")
+    timeout_s: int = Field(3600, ge=1, description="Fail the run if shards are not complete after this long.")
+    gcp_conn_id: str = Field("google_cloud_default", description="Airflow GCP connection for gs:// roots.")
+
+
+class PipelineConfig(_Section):
+    output_root: str = Field("out", description="Where every artifact goes: a local folder or gs://bucket/prefix.")
+    compute: Literal["local", "tpu_vm"] = Field("local", description="Train here, or on a TPU VM made for the run.")
+    corpus: CorpusConfig = Field(default_factory=CorpusConfig)
+    tokenizer: TokenizerConfig = Field(default_factory=TokenizerConfig)
+    shards: ShardConfig = Field(default_factory=ShardConfig)
+    model: ModelConfig = Field(default_factory=ModelConfig)
+    train: TrainConfig = Field(default_factory=TrainConfig)
+    eval: EvalConfig = Field(default_factory=EvalConfig)
+    infer: InferConfig = Field(default_factory=InferConfig)
+    tpu: TpuConfig = Field(default_factory=TpuConfig)
+    sensor: SensorConfig = Field(default_factory=SensorConfig)
+    gate: GateConfig = Field(default_factory=GateConfig)
+    publish: PublishConfig = Field(default_factory=PublishConfig)
+
+    @model_validator(mode="after")
+    def _cross_checks(self) -> "PipelineConfig":
+        shape = self.model.shape()  # raises on an unknown preset
+        if shape.hidden_size % shape.num_attention_heads:
+            raise ConfigError(f"model.hidden_size {shape.hidden_size} is not a multiple of "
+                              f"num_attention_heads {shape.num_attention_heads}.")
+        # RoBERTa offsets positions by padding_idx + 1, so a 512-token model has 514 positions.
+        if self.shards.max_length + 2 > shape.max_position_embeddings:
+            raise ConfigError(
+                f"max_length {self.shards.max_length} does not fit the model: preset {self.model.preset!r} has "
+                f"{shape.max_position_embeddings} positions, so max_length can be at most "
+                f"{shape.max_position_embeddings - 2}. Lower max_length or set model.max_position_embeddings.")
+        if self.tokenizer.vocab_size <= len(SPECIAL_TOKENS) + 10:
+            raise ConfigError(f"tokenizer.vocab_size {self.tokenizer.vocab_size} leaves no room beside the "
+                              f"{len(SPECIAL_TOKENS)} special tokens: use at least 1000.")
+        if self.train.max_predictions_per_seq > self.shards.max_length:
+            raise ConfigError("train.max_predictions_per_seq cannot exceed max_length.")
+        scheme = self.output_root.split("://", 1)[0] if "://" in self.output_root else "file"
+        if scheme not in SUPPORTED_SCHEMES:
+            raise ConfigError(f"output_root {self.output_root!r} has unsupported scheme {scheme!r}: use a "
+                              "local folder or gs://bucket/prefix.")
+        if self.compute == "tpu_vm" and scheme != "gs":
+            raise ConfigError("compute=tpu_vm needs output_root=gs://bucket/prefix: the TPU VM reads shards "
+                              "and writes checkpoints there.")
+        if self.compute == "tpu_vm" and not self.tpu.project:
+            raise ConfigError("compute=tpu_vm needs tpu.project (the Google Cloud project of the TPU VM).")
+        if self.publish.enabled and not self.publish.repo_id:
+            raise ConfigError("publish.enabled needs publish.repo_id, e.g. my-org/roberta-wiki-mlm.")
+        return self
+
+
+# Flat names used by the Airflow trigger form and `--set`, mapped to their place in the config.
+PARAM_PATHS = {
+    "output_root": "output_root",
+    "compute": "compute",
+    "corpus_source": "corpus.source",
+    "hf_dataset": "corpus.hf_path",
+    "hf_config": "corpus.hf_name",
+    "local_paths": "corpus.local_paths",
+    "dump_path": "corpus.dump_path",
+    "vocab_size": "tokenizer.vocab_size",
+    "max_length": "shards.max_length",
+    "model_preset": "model.preset",
+    "steps": "train.steps",
+    "batch_size": "train.batch_size",
+    "learning_rate": "train.learning_rate",
+    "tpu_project": "tpu.project",
+    "tpu_zone": "tpu.zone",
+    "accelerator_type": "tpu.accelerator_type",
+    "publish": "publish.enabled",
+    "hub_repo_id": "publish.repo_id",
+}
+
+
+def _set_dotted(tree: dict, dotted: str, value: Any) -> None:
+    *parents, leaf = dotted.split(".")
+    node = tree
+    for part in parents:
+        node = node.setdefault(part, {})
+        if not isinstance(node, dict):
+            raise ConfigError(f"Cannot set {dotted!r}: {part!r} is not a section.")
+    node[leaf] = value
+
+
+def build_config(base: dict | None = None, overrides: dict[str, Any] | None = None) -> PipelineConfig:
+    """Validate `base` (nested dict) with dotted or flat-param `overrides` applied on top."""
+    tree = json.loads(json.dumps(base or {}))
+    for key, value in (overrides or {}).items():
+        dotted = PARAM_PATHS.get(key, key)
+        if "." not in dotted and dotted not in PipelineConfig.model_fields:
+            raise ConfigError(f"Unknown setting {key!r}. Known flat names: {sorted(PARAM_PATHS)}; "
+                              "or use a dotted path such as train.learning_rate.")
+        _set_dotted(tree, dotted, value)
+    try:
+        return PipelineConfig.model_validate(tree)
+    except ConfigError:
+        raise
+    except ValidationError as err:
+        raise ConfigError(_explain(err)) from None
+
+
+def _explain(err: ValidationError) -> str:
+    lines = []
+    for e in err.errors():
+        where = ".".join(str(p) for p in e["loc"]) or "config"
+        if e["type"] == "extra_forbidden":
+            lines.append(f"Unknown setting {where!r}: check its spelling (see configs/default.yaml).")
+        elif e["type"] == "value_error" and isinstance(e.get("ctx", {}).get("error"), ConfigError):
+            lines.append(str(e["ctx"]["error"]))
+        else:
+            lines.append(f"{where}: {e['msg']} (got {e.get('input')!r}).")
+    return "Invalid configuration:\n  " + "\n  ".join(lines)
+
+
+def load_config(path: str | Path | None = None, overrides: dict[str, Any] | None = None) -> PipelineConfig:
+    """Load a YAML config file (or defaults when `path` is None) and apply overrides."""
+    import yaml
+
+    base: dict = {}
+    if path is not None:
+        path = Path(path)
+        if not path.exists():
+            raise ConfigError(f"Config file {path} does not exist: see configs/ for examples.")
+        base = yaml.safe_load(path.read_text()) or {}
+    return build_config(base, overrides)
+
+
+def config_from_params(params: dict[str, Any]) -> PipelineConfig:
+    """Build the config from the Airflow form: `config_file` plus flat params plus `overrides` dict."""
+    params = dict(params)
+    config_file = params.pop("config_file", None)
+    extra = params.pop("overrides", None) or {}
+    # Form fields left empty mean "keep the file's value".
+    flat = {k: v for k, v in params.items() if v is not None and v != ""}
+    return load_config(config_file or None, {**flat, **extra})

@@ -1,0 +1,223 @@
+"""Corpus sources: where the raw text comes from, as WikiText-style rows split train/validation/test.
+
+Four sources, one interface (`open_corpus(cfg).rows(split)` yields non-empty text rows):
+- embedded_wiki: the real English Wikipedia sample shipped in the gensim wheel (no network; the default).
+- wiki_dump: any enwiki `pages-articles*.xml.bz2` dump at a path, parsed the same way.
+- hf_dataset: any `datasets` dataset (production default: Salesforce/wikitext, wikitext-103-raw-v1).
+- local_files: .txt (a row per line), .jsonl or .parquet files.
+
+Every source has a content fingerprint, so unchanged data is never re-tokenized. Splits are
+deterministic: by a hash of the article title (or row), never by random draws.
+"""
+from __future__ import annotations
+
+import bz2
+import glob
+import hashlib
+import json
+import logging
+import os
+import re
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+from mlm_tasks.config import ConfigError, CorpusConfig
+
+log = logging.getLogger(__name__)
+
+EMBEDDED_WIKI_FILE = "enwiki-latest-pages-articles1.xml-p000000010p000030302-shortened.bz2"
+WIKI_CREDIT = ("Text from English Wikipedia (https://en.wikipedia.org), licensed CC BY-SA 4.0; sample shipped "
+               "with gensim's test data.")
+_HEADING = re.compile(r"^(={2,6})\s*(.*?)\s*\1\s*$")
+_MARKUP = re.compile(r"'{2,}")
+
+
+def embedded_wiki_path() -> str:
+    import gensim
+
+    path = os.path.join(os.path.dirname(gensim.__file__), "test", "test_data", EMBEDDED_WIKI_FILE)
+    if not os.path.exists(path):
+        raise ConfigError(f"The embedded Wikipedia sample {EMBEDDED_WIKI_FILE} is missing: install "
+                          "gensim==4.4.0 (requirements.txt), whose wheel ships it.")
+    return path
+
+
+def split_of(key: str, validation_fraction: float, test_fraction: float) -> str:
+    """Deterministic split by a hash of `key` (an article title): stable across runs and machines."""
+    u = int.from_bytes(hashlib.sha256(key.encode("utf-8")).digest()[:8], "big") / 2**64
+    if u < validation_fraction:
+        return "validation"
+    if u < validation_fraction + test_fraction:
+        return "test"
+    return "train"
+
+
+def wikitext_rows(wikitext_body: str) -> list[str]:
+    """Turn one article's filtered wiki text into WikiText-103-style rows: one row per paragraph,
+    headings as ' = = Title = = ', bold/italic quotes dropped, empty rows dropped."""
+    rows = []
+    for line in wikitext_body.split("\n"):
+        line = _MARKUP.sub("", line).strip()
+        if not line:
+            continue
+        heading = _HEADING.match(line)
+        if heading:
+            level = len(heading.group(1))
+            marks = " ".join(["="] * level)
+            rows.append(f"{marks} {heading.group(2)} {marks}")
+        elif len(line) > 1:
+            rows.append(line)
+    return rows
+
+
+@dataclass
+class Article:
+    title: str
+    rows: list[str]
+
+
+class Corpus:
+    """A source of rows per split with a content fingerprint."""
+
+    credit: str = ""
+
+    def fingerprint(self) -> str:
+        raise NotImplementedError
+
+    def rows(self, split: str) -> Iterator[str]:
+        raise NotImplementedError
+
+
+class WikiDumpCorpus(Corpus):
+    credit = WIKI_CREDIT
+
+    def __init__(self, cfg: CorpusConfig, path: str):
+        if not os.path.exists(path):
+            raise ConfigError(f"Wikipedia dump {path} does not exist: set corpus.dump_path to a "
+                              "pages-articles*.xml.bz2 file.")
+        self.cfg, self.path = cfg, path
+        self.articles_seen: dict[str, int] = {}
+
+    def fingerprint(self) -> str:
+        return "wiki:" + _file_digest(self.path) + f":max={self.cfg.max_articles}"
+
+    def articles(self) -> Iterator[Article]:
+        from gensim.corpora.wikicorpus import extract_pages, filter_wiki
+
+        count = 0
+        with bz2.open(self.path, "rb") as f:
+            for title, text, _pageid in extract_pages(f, filter_namespaces=("0",)):
+                if text.lstrip().lower().startswith("#redirect"):
+                    continue
+                rows = wikitext_rows(filter_wiki(text))
+                if not rows:
+                    continue
+                yield Article(title, [f"= {title} ="] + rows)
+                count += 1
+                if self.cfg.max_articles and count >= self.cfg.max_articles:
+                    return
+
+    def rows(self, split: str) -> Iterator[str]:
+        self.articles_seen[split] = 0
+        for article in self.articles():
+            if split_of(article.title, self.cfg.validation_fraction, self.cfg.test_fraction) == split:
+                self.articles_seen[split] += 1
+                yield from article.rows
+
+
+class LocalFilesCorpus(Corpus):
+    def __init__(self, cfg: CorpusConfig):
+        self.cfg = cfg
+        self.files: list[str] = []
+        for pattern in cfg.local_paths:
+            matched = sorted(glob.glob(pattern))
+            if not matched:
+                raise ConfigError(f"corpus.local_paths entry {pattern!r} matches no file: check the path "
+                                  "(relative paths are relative to the worker's working directory).")
+            self.files.extend(matched)
+        if not self.files:
+            raise ConfigError("corpus.source=local_files needs corpus.local_paths (files or globs).")
+        for path in self.files:
+            if not path.endswith((".txt", ".jsonl", ".parquet")):
+                raise ConfigError(f"{path}: unsupported file type; use .txt, .jsonl or .parquet.")
+
+    def fingerprint(self) -> str:
+        return "files:" + ",".join(f"{os.path.basename(p)}={_file_digest(p)}" for p in self.files)
+
+    def _all_rows(self) -> Iterator[str]:
+        for path in self.files:
+            if path.endswith(".txt"):
+                with open(path, "rb") as f:
+                    for lineno, raw in enumerate(f, 1):
+                        try:
+                            yield raw.decode("utf-8")
+                        except UnicodeDecodeError as err:
+                            raise ConfigError(f"{path} line {lineno} is not valid UTF-8 ({err.reason} at byte "
+                                              f"{err.start}): re-encode the file as UTF-8.") from None
+            elif path.endswith(".jsonl"):
+                with open(path, encoding="utf-8") as f:
+                    for line in f:
+                        if line.strip():
+                            yield json.loads(line).get(self.cfg.text_column, "")
+            else:
+                import pyarrow.parquet as pq
+
+                for batch in pq.ParquetFile(path).iter_batches(columns=[self.cfg.text_column]):
+                    yield from batch.column(0).to_pylist()
+
+    def rows(self, split: str) -> Iterator[str]:
+        for row in self._all_rows():
+            row = (row or "").strip()
+            if row and split_of(row, self.cfg.validation_fraction, self.cfg.test_fraction) == split:
+                yield row
+
+
+class HFDatasetCorpus(Corpus):
+    """Any `datasets` dataset. Uses its own validation/test splits when it has them."""
+
+    def __init__(self, cfg: CorpusConfig):
+        self.cfg = cfg
+        self.credit = f"Dataset {cfg.hf_path} ({cfg.hf_name}); see its dataset card for license and credit."
+
+    def fingerprint(self) -> str:
+        from huggingface_hub import HfApi
+
+        revision = self.cfg.hf_revision
+        if revision is None:  # resolve "main" to a commit so a changed dataset changes the fingerprint
+            revision = HfApi().dataset_info(self.cfg.hf_path).sha
+        return f"hf:{self.cfg.hf_path}:{self.cfg.hf_name}:{revision}"
+
+    def rows(self, split: str) -> Iterator[str]:
+        import datasets
+
+        available = datasets.get_dataset_split_names(self.cfg.hf_path, self.cfg.hf_name,
+                                                     revision=self.cfg.hf_revision)
+        if split not in available:
+            raise ConfigError(f"{self.cfg.hf_path} has no {split!r} split (has {available}).")
+        ds = datasets.load_dataset(self.cfg.hf_path, self.cfg.hf_name, split=split,
+                                   revision=self.cfg.hf_revision)
+        for text in ds[self.cfg.text_column]:
+            # WikiText: half the rows are empty, the rest end in a newline.
+            text = (text or "").strip()
+            if text:
+                yield text
+
+
+def open_corpus(cfg: CorpusConfig) -> Corpus:
+    if cfg.source == "embedded_wiki":
+        return WikiDumpCorpus(cfg, embedded_wiki_path())
+    if cfg.source == "wiki_dump":
+        if not cfg.dump_path:
+            raise ConfigError("corpus.source=wiki_dump needs corpus.dump_path.")
+        return WikiDumpCorpus(cfg, cfg.dump_path)
+    if cfg.source == "local_files":
+        return LocalFilesCorpus(cfg)
+    return HFDatasetCorpus(cfg)
+
+
+def _file_digest(path: str) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()[:16]

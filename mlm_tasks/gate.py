@@ -1,0 +1,115 @@
+"""Evaluation gate: decide whether a trained model is good enough to publish.
+
+A model passes when every configured check passes:
+  - eval loss at most `gate.max_eval_loss`, masked-token accuracy at least `gate.min_accuracy`;
+  - with `gate.require_better_than_published`, not worse than the model last published to the same
+    repo (loss not higher, accuracy not lower), read from `paths.published_metrics(root, repo_id)`.
+
+    decision = evaluate_gate(metrics, cfg.gate, previous)      # pure, no I/O
+    decision = gate_run(cfg, run)                             # reads the run's and the published metrics
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass, field
+
+from mlm_tasks import paths, storage
+from mlm_tasks.config import GateConfig, PipelineConfig
+from mlm_tasks.paths import RunPaths
+
+# A rerun of the same model reproduces its metrics only up to float noise (different hardware,
+# XLA fusion order); such a rerun must not count as "worse".
+REL_TOLERANCE = 1e-6
+ABS_TOLERANCE = 1e-9
+
+
+@dataclass
+class GateDecision:
+    passed: bool
+    reasons: list[str] = field(default_factory=list)   # one sentence per check, failed ones first
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def _number(metrics: dict | None, key: str) -> float | None:
+    value = (metrics or {}).get(key)
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or math.isnan(value):
+        return None
+    return float(value)
+
+
+def _slack(reference: float) -> float:
+    return max(ABS_TOLERANCE, REL_TOLERANCE * abs(reference))
+
+
+def evaluate_gate(metrics: dict, gate: GateConfig, previous: dict | None) -> GateDecision:
+    """Check `metrics` (eval/metrics.json) against the thresholds and the previously published metrics."""
+    failed: list[str] = []
+    passed: list[str] = []
+    loss, accuracy = _number(metrics, "loss"), _number(metrics, "accuracy")
+
+    if gate.max_eval_loss is not None:
+        if loss is None:
+            failed.append("eval loss is missing or NaN: run evaluate before the gate.")
+        elif loss > gate.max_eval_loss:
+            failed.append(f"eval loss {loss:.4f} is above gate.max_eval_loss {gate.max_eval_loss:.4f}.")
+        else:
+            passed.append(f"eval loss {loss:.4f} is within gate.max_eval_loss {gate.max_eval_loss:.4f}.")
+
+    if gate.min_accuracy is not None:
+        if accuracy is None:
+            failed.append("masked accuracy is missing or NaN: run evaluate before the gate.")
+        elif accuracy < gate.min_accuracy:
+            failed.append(f"masked accuracy {accuracy:.4f} is below gate.min_accuracy {gate.min_accuracy:.4f}.")
+        else:
+            passed.append(f"masked accuracy {accuracy:.4f} meets gate.min_accuracy {gate.min_accuracy:.4f}.")
+
+    if gate.require_better_than_published:
+        if not previous:
+            passed.append("no previously published model to compare with.")
+        else:
+            _compare_with_previous(loss, accuracy, previous, failed, passed)
+
+    if not failed and not passed:
+        passed.append("no gate checks configured.")
+    return GateDecision(passed=not failed, reasons=failed + passed)
+
+
+def _compare_with_previous(loss: float | None, accuracy: float | None, previous: dict,
+                           failed: list[str], passed: list[str]) -> None:
+    where = f" (run {previous['run_id']})" if previous.get("run_id") else ""
+    prev_loss, prev_acc = _number(previous, "loss"), _number(previous, "accuracy")
+    if prev_loss is not None:
+        if loss is None:
+            failed.append(f"eval loss is missing, so it cannot be compared with the previously published "
+                          f"{prev_loss:.4f}{where}.")
+        elif loss > prev_loss + _slack(prev_loss):
+            failed.append(f"eval loss {loss:.4f} is worse than the previously published {prev_loss:.4f}{where}.")
+        else:
+            passed.append(f"eval loss {loss:.4f} is not worse than the previously published {prev_loss:.4f}.")
+    if prev_acc is not None:
+        if accuracy is None:
+            failed.append(f"masked accuracy is missing, so it cannot be compared with the previously published "
+                          f"{prev_acc:.4f}{where}.")
+        elif accuracy < prev_acc - _slack(prev_acc):
+            failed.append(f"masked accuracy {accuracy:.4f} is worse than the previously published "
+                          f"{prev_acc:.4f}{where}.")
+        else:
+            passed.append(f"masked accuracy {accuracy:.4f} is not worse than the previously published "
+                          f"{prev_acc:.4f}.")
+
+
+def previous_published(cfg: PipelineConfig) -> dict | None:
+    """Metrics of the model last published to `publish.repo_id`, or None if none was."""
+    if not cfg.publish.repo_id:
+        return None
+    return storage.read_json_if_exists(paths.published_metrics(cfg.output_root, cfg.publish.repo_id))
+
+
+def gate_run(cfg: PipelineConfig, run: RunPaths) -> GateDecision:
+    """Read the run's eval metrics and the published ones, and decide."""
+    metrics = storage.read_json_if_exists(run.eval_metrics)
+    if metrics is None:
+        return GateDecision(False, [f"No eval metrics at {run.eval_metrics}: run evaluate for this run first."])
+    return evaluate_gate(metrics, cfg.gate, previous_published(cfg))

@@ -1,0 +1,41 @@
+"""Step: fill-mask smoke test of the trained model with `pipeline("fill-mask", framework="tf")`.
+
+    python -m mlm_tasks infer --config configs/default.yaml --run-id my-run
+
+Each probe sentence holds one <mask>; the top predictions are logged and saved, so a person can see
+at a glance whether the model produces plausible English.
+"""
+from __future__ import annotations
+
+import logging
+import tempfile
+
+from mlm_tasks import storage
+from mlm_tasks.config import ConfigError, PipelineConfig
+from mlm_tasks.paths import RunPaths
+
+log = logging.getLogger(__name__)
+
+
+def fill_mask(cfg: PipelineConfig, run_id: str) -> list[dict]:
+    from transformers import pipeline
+
+    run = RunPaths(cfg.output_root, run_id)
+    for probe in cfg.infer.probes:
+        if probe.count("<mask>") != 1:
+            raise ConfigError(f"Probe {probe!r} must contain exactly one <mask>.")
+    if not storage.exists(run.train_summary):
+        raise FileNotFoundError(f"No trained model for run {run_id}: run the train step first.")
+    with tempfile.TemporaryDirectory() as tmp:
+        local = storage.download_dir(run.model, tmp)
+        # dtype=None: without torch installed the pipeline's default dtype lookup fails.
+        fill = pipeline("fill-mask", model=local, tokenizer=local, framework="tf", dtype=None,
+                        top_k=cfg.infer.top_k)
+        results = []
+        for probe in cfg.infer.probes:
+            preds = [{"token_str": p["token_str"].strip(), "score": float(p["score"]), "sequence": p["sequence"]}
+                     for p in fill(probe)]
+            results.append({"probe": probe, "predictions": preds})
+            log.info("%s -> %s", probe, ", ".join(f"{p['token_str']!r} {p['score']:.2f}" for p in preds))
+    storage.write_json(run.predictions, results)
+    return results

@@ -1,0 +1,65 @@
+"""The RoBERTa masked-LM model and the loss that trains it.
+
+`build_model` makes a `TFRobertaForMaskedLM` from the config (inside the strategy's scope, so the
+variables land on TPU/GPU replicas). `masked_lm_loss` computes the LM head only at masked positions:
+the head over the full vocabulary at every position is most of a small model's step, although only
+~15% of positions carry a label. A static per-sequence maximum (`max_predictions_per_seq`, as the
+original BERT TPU code did) keeps shapes static for XLA. With max_predictions_per_seq=0 the head runs
+everywhere, the plain way; both give the same loss on the same batch when no sequence overflows.
+"""
+from __future__ import annotations
+
+from mlm_tasks.config import PipelineConfig
+
+
+def roberta_config(cfg: PipelineConfig, vocab_size: int, special_ids: dict):
+    from transformers import RobertaConfig
+
+    shape = cfg.model.shape()
+    return RobertaConfig(
+        vocab_size=vocab_size,
+        hidden_size=shape.hidden_size,
+        num_hidden_layers=shape.num_hidden_layers,
+        num_attention_heads=shape.num_attention_heads,
+        intermediate_size=shape.intermediate_size,
+        max_position_embeddings=shape.max_position_embeddings,
+        hidden_dropout_prob=cfg.model.dropout,
+        attention_probs_dropout_prob=cfg.model.dropout,
+        type_vocab_size=1,
+        pad_token_id=special_ids["pad"],
+        bos_token_id=special_ids["bos"],
+        eos_token_id=special_ids["eos"],
+    )
+
+
+def build_model(config):
+    """Build a freshly initialised model and create its variables (needed before checkpoint restore)."""
+    import tensorflow as tf
+    from transformers import TFRobertaForMaskedLM
+
+    model = TFRobertaForMaskedLM(config)
+    dummy = tf.ones((1, 8), dtype=tf.int32) * 5
+    model(input_ids=dummy, attention_mask=tf.ones_like(dummy), training=False)
+    return model
+
+
+def masked_lm_loss(model, batch, max_predictions: int, training: bool):
+    """Returns (summed loss, number of masked tokens, number predicted correctly) for one batch."""
+    import tensorflow as tf
+
+    labels = batch["labels"]
+    hidden = model.roberta(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"],
+                           training=training)[0]
+    if max_predictions:
+        is_masked = tf.cast(labels != -100, tf.int32)
+        # top_k on a 0/1 vector picks masked positions first (lowest index first among equals).
+        _, positions = tf.math.top_k(is_masked, k=max_predictions)
+        hidden = tf.gather(hidden, positions, batch_dims=1)
+        labels = tf.gather(labels, positions, batch_dims=1)
+    logits = tf.cast(model.lm_head(hidden), tf.float32)
+    valid = labels != -100
+    safe_labels = tf.where(valid, labels, 0)
+    per_token = tf.nn.sparse_softmax_cross_entropy_with_logits(labels=safe_labels, logits=logits)
+    weights = tf.cast(valid, tf.float32)
+    correct = tf.cast(tf.argmax(logits, axis=-1, output_type=safe_labels.dtype) == safe_labels, tf.float32)
+    return (tf.reduce_sum(per_token * weights), tf.reduce_sum(weights), tf.reduce_sum(correct * weights))

@@ -1,0 +1,173 @@
+"""The model card (README.md with YAML front matter) published with the model.
+
+Built only from the run's own artifacts: eval/metrics.json, train/summary.json, infer/predictions.json
+and the data reference (fingerprint, corpus credit). Missing pieces are named in the card rather than
+silently left out, so a reader knows what was not measured.
+
+    text = render_model_card(cfg, run_id, metrics, summary, predictions, data_info)
+    uri = write_model_card(cfg, run)          # reads the artifacts, writes runs/<run>/model/README.md
+"""
+from __future__ import annotations
+
+import yaml
+
+from mlm_tasks import storage
+from mlm_tasks.config import PipelineConfig
+from mlm_tasks.paths import RunPaths, join
+
+WIKIPEDIA_CREDIT = "Text from English Wikipedia, CC BY-SA 4.0"
+METRIC_ROWS = [  # (key, label, format)
+    ("loss", "Masked-LM loss (cross-entropy)", "{:.4f}"),
+    ("perplexity", "Perplexity", "{:.2f}"),
+    ("accuracy", "Masked-token accuracy", "{:.4f}"),
+    ("baseline_accuracy", "Baseline accuracy (always the most frequent token)", "{:.4f}"),
+    ("untrained_accuracy", "Untrained model accuracy", "{:.4f}"),
+    ("untrained_loss", "Untrained model loss", "{:.4f}"),
+    ("masked_tokens", "Masked tokens evaluated", "{:,}"),
+    ("split", "Evaluation split", "{}"),
+]
+
+
+def read_run_artifacts(run: RunPaths) -> dict:
+    """Every artifact the card and the report draw on; None for the ones not written (yet)."""
+    return {
+        "metrics": storage.read_json_if_exists(run.eval_metrics),
+        "summary": storage.read_json_if_exists(run.train_summary),
+        "predictions": storage.read_json_if_exists(run.predictions),
+        "data_info": storage.read_json_if_exists(run.data_ref),
+    }
+
+
+def corpus_credit(cfg: PipelineConfig, data_info: dict | None) -> tuple[str, list[str]]:
+    """(attribution line, Hub dataset ids) for the configured corpus."""
+    recorded = ((data_info or {}).get("corpus") or {}).get("credit") or (data_info or {}).get("credit")
+    source = cfg.corpus.source
+    if source in ("embedded_wiki", "wiki_dump"):
+        return recorded or WIKIPEDIA_CREDIT, ["wikimedia/wikipedia"]
+    if source == "hf_dataset":
+        name = f"{cfg.corpus.hf_path}" + (f" ({cfg.corpus.hf_name})" if cfg.corpus.hf_name else "")
+        default = (f"{WIKIPEDIA_CREDIT} (via {name})" if "wiki" in cfg.corpus.hf_path.lower()
+                   else f"Text from {name}")
+        return recorded or default, [cfg.corpus.hf_path]
+    return recorded or "Text from local files (see the data manifest for their origin)", []
+
+
+def format_metric(fmt: str, value) -> str:
+    try:
+        return fmt.format(value)
+    except (ValueError, TypeError):
+        return str(value)
+
+
+def metrics_table(metrics: dict | None) -> list[str]:
+    if not metrics:
+        return ["_No evaluation metrics were recorded for this run (evaluate did not run or failed)._"]
+    lines = ["| metric | value |", "|---|---|"]
+    for key, label, fmt in METRIC_ROWS:
+        if metrics.get(key) is not None:
+            if key == "baseline_accuracy" and metrics.get("baseline_token"):
+                label = f"{label[:-1]}, `{metrics['baseline_token']}`)"
+            lines.append(f"| {label} | {format_metric(fmt, metrics[key])} |")
+    return lines
+
+
+def fill_mask_lines(predictions: list | None, limit: int = 3) -> list[str]:
+    if not predictions:
+        return ["_No fill-mask predictions were recorded for this run (the smoke test did not run)._"]
+    lines = []
+    for probe in predictions:
+        top = ", ".join(f"`{p.get('token_str', '').strip()}` ({p.get('score', 0):.3f})"
+                        for p in (probe.get("predictions") or [])[:limit])
+        lines.append(f"- `{probe.get('probe', '')}` → {top or '_no predictions_'}")
+    return lines
+
+
+def config_lines(cfg: PipelineConfig, data_info: dict | None = None) -> list[str]:
+    shape = cfg.model.shape()
+    t = cfg.train
+    # Unigram training may stop short of the requested size: prefer the size the data step recorded.
+    vocab = (data_info or {}).get("vocab_size") or cfg.tokenizer.vocab_size
+    return [
+        f"- Architecture: RoBERTa (preset `{cfg.model.preset}`): {shape.num_hidden_layers} layers, hidden "
+        f"{shape.hidden_size}, {shape.num_attention_heads} heads, FFN {shape.intermediate_size}",
+        f"- Tokenizer: Unigram, vocabulary {vocab}; sequence length {cfg.shards.max_length}",
+        f"- Optimizer: AdamW, peak learning rate {t.learning_rate:g}, warmup {t.warmup_fraction:.0%}, "
+        f"weight decay {t.weight_decay:g}; batch {t.batch_size} per replica",
+        f"- Masking: {t.mlm_probability:.0%} of tokens selected for prediction",
+        f"- Compute: `{cfg.compute}`" + (f" ({cfg.tpu.accelerator_type})" if cfg.compute == "tpu_vm" else ""),
+    ]
+
+
+def training_lines(summary: dict | None) -> list[str]:
+    if not summary:
+        return ["_No training summary was recorded for this run._"]
+    lines = [f"- Steps: {summary.get('steps')}"]
+    if summary.get("resumed_from_step"):
+        lines.append(f"- Resumed from step {summary['resumed_from_step']} (a retry continued from a checkpoint)")
+    if summary.get("first_loss") is not None and summary.get("last_loss") is not None:
+        lines.append(f"- Training loss: {summary['first_loss']:.4f} → {summary['last_loss']:.4f}")
+    if summary.get("tokens_per_s") is not None:
+        lines.append(f"- Throughput: {summary['tokens_per_s']:,.0f} tokens/s")
+    if summary.get("elapsed_s") is not None:
+        lines.append(f"- Wall time: {summary['elapsed_s'] / 60:.1f} min")
+    return lines
+
+
+def render_model_card(cfg: PipelineConfig, run_id: str, metrics: dict | None, summary: dict | None,
+                      predictions: list | None, data_info: dict | None) -> str:
+    credit, datasets = corpus_credit(cfg, data_info)
+    meta = {"language": "en", "license": cfg.publish.license, "library_name": "transformers",
+            "pipeline_tag": "fill-mask", "tags": ["roberta", "fill-mask", "masked-lm", "tensorflow", "pretraining"]}
+    if datasets:
+        meta["datasets"] = datasets
+    fingerprint = ((data_info or {}).get("fingerprint") or (metrics or {}).get("data_fingerprint")
+                   or "unknown (no data reference recorded)")
+    repo = cfg.publish.repo_id or "<repo_id>"
+    body = [
+        f"# {repo.split('/')[-1]}",
+        "",
+        f"A small RoBERTa-style masked language model pretrained from scratch with TensorFlow (run `{run_id}`).",
+        "",
+        "## Data",
+        f"- Source: `{cfg.corpus.source}`"
+        + (f" (`{cfg.corpus.hf_path}`)" if cfg.corpus.source == "hf_dataset" else ""),
+        f"- Data fingerprint: `{fingerprint}` (identifies the exact corpus and tokenization)",
+        f"- Credit: {credit}",
+        "",
+        "## Configuration",
+        *config_lines(cfg, data_info),
+        "",
+        "## Training",
+        *training_lines(summary),
+        "",
+        "## Evaluation",
+        *metrics_table(metrics),
+        "",
+        "## Fill-mask examples",
+        *fill_mask_lines(predictions),
+        "",
+        "## How to use",
+        "```python",
+        "from transformers import pipeline",
+        f'fill = pipeline("fill-mask", model="{repo}", framework="tf")',
+        'fill("The capital of France is <mask>.")',
+        "```",
+        "",
+        "## Intended use and limitations",
+        "- A pretraining demonstration and a starting point for fine-tuning on English text; not a product.",
+        "- Small model and corpus: predictions are often wrong, and it knows little about the world.",
+        "- Learned from Wikipedia-style text, it reflects that text's topics, gaps and biases.",
+        "- Do not use its completions as facts or for decisions about people.",
+    ]
+    front = yaml.safe_dump(meta, sort_keys=False).strip()
+    return f"---\n{front}\n---\n\n" + "\n".join(body) + "\n"
+
+
+def write_model_card(cfg: PipelineConfig, run: RunPaths, data_info: dict | None = None) -> str:
+    """Write README.md next to the saved model; returns its URI."""
+    art = read_run_artifacts(run)
+    text = render_model_card(cfg, run.run_id, art["metrics"], art["summary"], art["predictions"],
+                             data_info if data_info is not None else art["data_info"])
+    uri = join(run.model, "README.md")
+    storage.write_text(uri, text)
+    return uri

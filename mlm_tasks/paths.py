@@ -1,0 +1,97 @@
+"""Every URI of the pipeline, derived from output_root in one place.
+
+    output_root/datasets/<data_fp>/tokenizer/                 PreTrainedTokenizerFast files
+    output_root/datasets/<data_fp>/shards/<split>/shard-00000-of-00004.tfrecord
+    output_root/datasets/<data_fp>/shards/manifest.json       counts, checksums, config
+    output_root/datasets/<data_fp>/shards/_SUCCESS            written last; what sensors wait for
+    output_root/runs/<run>/checkpoints/ model/ eval/ infer/ report/ tensorboard/
+
+Data artifacts are keyed by the data fingerprint (an unchanged corpus is never re-tokenized);
+run artifacts by the run id (two runs never collide).
+"""
+from __future__ import annotations
+
+import hashlib
+import re
+from dataclasses import dataclass
+
+SPLITS = ("train", "validation", "test")
+
+
+def join(root: str, *parts: str) -> str:
+    """Join URI parts with '/', for local paths and gs:// alike."""
+    out = root.rstrip("/")
+    for part in parts:
+        out = f"{out}/{part.strip('/')}"
+    return out
+
+
+def safe_run_id(run_id: str) -> str:
+    """Airflow run ids hold ':' and '+', which break gs:// tooling and TPU names: keep them readable
+    and unique by appending a short hash of the original."""
+    readable = re.sub(r"[^A-Za-z0-9_.-]+", "-", run_id).strip("-.")[:60] or "run"
+    if readable == run_id:
+        return run_id
+    return f"{readable}-{hashlib.sha1(run_id.encode()).hexdigest()[:8]}"
+
+
+@dataclass(frozen=True)
+class DataPaths:
+    output_root: str
+    fingerprint: str
+
+    @property
+    def root(self) -> str:
+        return join(self.output_root, "datasets", self.fingerprint)
+
+    @property
+    def tokenizer(self) -> str:
+        return join(self.root, "tokenizer")
+
+    @property
+    def corpus_stats(self) -> str:
+        return join(self.root, "corpus.json")
+
+    @property
+    def shards_dir(self) -> str:
+        return join(self.root, "shards")
+
+    def shards(self, split: str) -> str:
+        return join(self.shards_dir, split)
+
+    def shard_file(self, split: str, index: int, total: int) -> str:
+        return join(self.shards(split), f"shard-{index:05d}-of-{total:05d}.tfrecord")
+
+    @property
+    def manifest(self) -> str:
+        return join(self.shards_dir, "manifest.json")
+
+    @property
+    def success(self) -> str:
+        return join(self.shards_dir, "_SUCCESS")
+
+
+@dataclass(frozen=True)
+class RunPaths:
+    output_root: str
+    run_id: str
+
+    @property
+    def root(self) -> str:
+        return join(self.output_root, "runs", safe_run_id(self.run_id))
+
+    checkpoints = property(lambda self: join(self.root, "checkpoints"))
+    model = property(lambda self: join(self.root, "model"))
+    eval_metrics = property(lambda self: join(self.root, "eval", "metrics.json"))
+    train_summary = property(lambda self: join(self.root, "train", "summary.json"))
+    train_history = property(lambda self: join(self.root, "train", "history.jsonl"))
+    predictions = property(lambda self: join(self.root, "infer", "predictions.json"))
+    report = property(lambda self: join(self.root, "report"))
+    tensorboard = property(lambda self: join(self.root, "tensorboard"))
+    data_ref = property(lambda self: join(self.root, "data.json"))
+    published = property(lambda self: join(self.root, "publish", "published.json"))
+
+
+def published_metrics(output_root: str, repo_id: str) -> str:
+    """Metrics of the last model published to `repo_id`; the evaluation gate compares against it."""
+    return join(output_root, "published", repo_id.replace("/", "__"), "metrics.json")

@@ -1,0 +1,159 @@
+"""Step: the one-page run report — loss and learning-rate curves plus a Markdown summary.
+
+Writes under runs/<run>/report/: loss.png, learning_rate.png and report.md (data, config, training,
+metrics with baselines, fill-mask examples, links to the plots and to TensorBoard). Works on local
+folders and gs:// alike: plots are rendered to bytes in memory and written through mlm_tasks.storage.
+Pieces not produced yet (no eval, no predictions) are named on the page instead of failing the step.
+
+    key_metrics = build_report(run, cfg)            # small dict, fit for XCom
+"""
+from __future__ import annotations
+
+import io
+import json
+import logging
+import math
+
+from mlm_tasks import storage
+from mlm_tasks.config import PipelineConfig
+from mlm_tasks.model_card import (config_lines, corpus_credit, fill_mask_lines, metrics_table,
+                                  read_run_artifacts, training_lines)
+from mlm_tasks.paths import RunPaths, join
+
+log = logging.getLogger(__name__)
+LOSS_PNG, LR_PNG, REPORT_MD = "loss.png", "learning_rate.png", "report.md"
+
+
+def read_history(run: RunPaths) -> list[dict]:
+    """train/history.jsonl as a list (empty if training has not logged yet); bad lines are skipped,
+    since a killed writer can leave a torn last line."""
+    if not storage.exists(run.train_history):
+        return []
+    rows = []
+    for line in storage.read_text(run.train_history).splitlines():
+        try:
+            rows.append(json.loads(line))
+        except json.JSONDecodeError:
+            continue
+    return rows
+
+
+def _series(history: list[dict], key: str) -> tuple[list[float], list[float]]:
+    points = [(r["step"], r[key]) for r in history
+              if isinstance(r.get(key), (int, float)) and isinstance(r.get("step"), (int, float))
+              and math.isfinite(r[key])]
+    return [p[0] for p in points], [p[1] for p in points]
+
+
+def render_curve(steps: list[float], values: list[float], title: str, ylabel: str,
+                 references: dict[str, float] | None = None, log_y: bool = False) -> bytes:
+    """A line plot as PNG bytes. Uses the Agg canvas directly: no pyplot global state, safe in threads."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=(6.4, 3.6), dpi=100)
+    FigureCanvasAgg(fig)
+    ax = fig.subplots()
+    ax.plot(steps, values, marker="." if len(steps) < 30 else None, linewidth=1.2, label=ylabel)
+    for i, (label, value) in enumerate((references or {}).items()):
+        ax.axhline(value, linestyle="--", linewidth=1, color=f"C{i + 1}", label=label)
+    if log_y and min(values) > 0:
+        ax.set_yscale("log")
+    ax.set(title=title, xlabel="step", ylabel=ylabel)
+    ax.grid(alpha=0.3)
+    if references:
+        ax.legend(fontsize="small")
+    fig.tight_layout()
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png")
+    return buf.getvalue()
+
+
+def _data_lines(cfg: PipelineConfig, data_info: dict | None) -> list[str]:
+    credit, _ = corpus_credit(cfg, data_info)
+    if not data_info:
+        return [f"- Source: `{cfg.corpus.source}`", f"- Credit: {credit}",
+                "- _No data reference recorded for this run (fingerprint and counts unknown)._"]
+    lines = [f"- Source: `{cfg.corpus.source}`", f"- Data fingerprint: `{data_info.get('fingerprint', '?')}`"]
+    for key in ("records", "tokens", "shards"):
+        if isinstance(data_info.get(key), dict):
+            lines.append(f"- {key.capitalize()}: " + ", ".join(f"{s} {n:,}" if isinstance(n, int) else f"{s} {n}"
+                                                               for s, n in data_info[key].items()))
+    for key in ("vocab_size", "max_length", "cache_hit", "data_root"):
+        if key in data_info:
+            lines.append(f"- {key.replace('_', ' ').capitalize()}: `{data_info[key]}`")
+    lines.append(f"- Credit: {credit}")
+    return lines
+
+
+def _vs_baseline(metrics: dict | None) -> list[str]:
+    if not metrics or metrics.get("accuracy") is None:
+        return []
+    lines = []
+    for key, label in (("baseline_accuracy", "the most-frequent-token baseline"),
+                       ("untrained_accuracy", "the untrained model")):
+        if metrics.get(key) is not None:
+            lines.append(f"- Accuracy vs {label}: {metrics['accuracy'] - metrics[key]:+.4f}")
+    return lines
+
+
+def build_report(run: RunPaths, cfg: PipelineConfig, data_info: dict | None = None) -> dict:
+    """Write the plots and report.md; return the key metrics (small, JSON-serialisable) for XCom."""
+    art = read_run_artifacts(run)
+    metrics, summary, predictions = art["metrics"], art["summary"], art["predictions"]
+    data_info = data_info if data_info is not None else art["data_info"]
+    if not data_info and metrics and metrics.get("data_fingerprint"):
+        data_info = {"fingerprint": metrics["data_fingerprint"]}
+    published = storage.read_json_if_exists(run.published)
+    history = read_history(run)
+    missing: list[str] = []
+
+    plots: dict[str, str] = {}
+    steps, losses = _series(history, "loss")
+    if steps:
+        refs = {k: metrics[k] for k in ("loss", "untrained_loss") if metrics and metrics.get(k) is not None}
+        refs = {("eval loss" if k == "loss" else "untrained eval loss"): v for k, v in refs.items()}
+        storage.write_bytes(join(run.report, LOSS_PNG), render_curve(steps, losses, "Training loss", "loss", refs))
+        plots["loss"] = join(run.report, LOSS_PNG)
+    else:
+        missing.append("training history (train/history.jsonl): no loss curve")
+    lr_steps, lrs = _series(history, "learning_rate")
+    if lr_steps:
+        storage.write_bytes(join(run.report, LR_PNG),
+                            render_curve(lr_steps, lrs, "Learning rate schedule", "learning rate"))
+        plots["learning_rate"] = join(run.report, LR_PNG)
+    elif steps:
+        missing.append("learning rate in the training history: no schedule plot")
+    if not summary:
+        missing.append("training summary (train/summary.json)")
+    if not metrics:
+        missing.append("evaluation metrics (eval/metrics.json)")
+    if not predictions:
+        missing.append("fill-mask predictions (infer/predictions.json)")
+
+    page = [f"# Run report: `{run.run_id}`", "", f"Artifacts: `{run.root}`", "", "## Data",
+            *_data_lines(cfg, data_info), "", "## Configuration", *config_lines(cfg, data_info), "", "## Training",
+            *training_lines(summary), ""]
+    page += [f"![Training loss]({LOSS_PNG})" if "loss" in plots else "_No loss curve: no training history yet._",
+             "", f"![Learning rate]({LR_PNG})" if "learning_rate" in plots else "_No learning-rate plot._", "",
+             "## Evaluation", *metrics_table(metrics), "", *_vs_baseline(metrics), "",
+             "## Fill-mask examples", *fill_mask_lines(predictions), "",
+             "## Logs",
+             f"- TensorBoard: [../tensorboard/](../tensorboard/) — `tensorboard --logdir {run.tensorboard}`"]
+    if published:
+        page.append(f"- Published to the Hub: [{published.get('repo_id')}]({published.get('commit_url')})")
+    if missing:
+        page += ["", "## Not available", *[f"- {m}" for m in missing]]
+    report_uri = join(run.report, REPORT_MD)
+    storage.write_text(report_uri, "\n".join(page) + "\n")
+    log.info("Wrote the run report to %s (%d history points; missing: %s)", report_uri, len(history),
+             ", ".join(missing) or "nothing")
+
+    result = {"report_uri": report_uri, "plots": plots, "missing": missing,
+              "history_points": len(history), "steps": (summary or {}).get("steps"),
+              "first_loss": (summary or {}).get("first_loss"), "last_loss": (summary or {}).get("last_loss"),
+              "tokens_per_s": (summary or {}).get("tokens_per_s"),
+              "data_fingerprint": (data_info or {}).get("fingerprint")}
+    for key in ("loss", "perplexity", "accuracy", "baseline_accuracy", "untrained_accuracy"):
+        result["eval_loss" if key == "loss" else key] = (metrics or {}).get(key)
+    return result

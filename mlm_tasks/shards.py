@@ -1,0 +1,187 @@
+"""Tokenize rows in batches, concatenate, cut `max_length` chunks, write TFRecord shards per split.
+
+    python -m mlm_tasks prepare-data     # tokenizer + shards, reused when the fingerprint is unchanged
+
+Streaming: rows are encoded a batch at a time and records leave memory as soon as they are written,
+so memory stays flat however large the corpus. Each record holds only `input_ids`: chunks are packed,
+so the attention mask is all ones and is rebuilt in the input pipeline instead of doubling the bytes.
+
+Atomic publish: shards are written to a private staging folder; locally the finished folder is renamed
+into place in one step, on GCS every object is uploaded and the manifest and `_SUCCESS` go last.
+Readers trust nothing without `_SUCCESS`, and verify shard checksums against the manifest.
+"""
+from __future__ import annotations
+
+import hashlib
+import logging
+import os
+import shutil
+import tempfile
+import time
+from collections.abc import Iterable, Iterator
+
+import numpy as np
+
+from mlm_tasks import storage
+from mlm_tasks.config import ConfigError, ShardConfig
+from mlm_tasks.paths import SPLITS, DataPaths, join
+
+log = logging.getLogger(__name__)
+MANIFEST_VERSION = 1
+
+
+def chunk_stream(rows: Iterable[str], tokenizer, cfg: ShardConfig, stats: dict) -> Iterator[np.ndarray]:
+    """Yield [n, max_length] int32 blocks of concatenated token ids; the tail shorter than one chunk is dropped."""
+    backend = tokenizer.backend_tokenizer if hasattr(tokenizer, "backend_tokenizer") else tokenizer
+    carry = np.zeros(0, dtype=np.int32)
+    batch: list[str] = []
+
+    def flush():
+        nonlocal carry
+        encodings = backend.encode_batch(batch)  # adds <s> ... </s> per row, as the reference does
+        ids = np.concatenate([carry] + [np.asarray(e.ids, dtype=np.int32) for e in encodings])
+        stats["rows"] += len(batch)
+        stats["characters"] += sum(len(r) for r in batch)
+        usable = len(ids) // cfg.max_length * cfg.max_length
+        carry = ids[usable:]
+        batch.clear()
+        return ids[:usable].reshape(-1, cfg.max_length)
+
+    for row in rows:
+        batch.append(row)
+        if len(batch) >= cfg.tokenize_batch_rows:
+            block = flush()
+            if len(block):
+                yield block
+    if batch:
+        block = flush()
+        if len(block):
+            yield block
+
+
+def _serialize(ids_row: np.ndarray) -> bytes:
+    import tensorflow as tf
+
+    feature = {"input_ids": tf.train.Feature(int64_list=tf.train.Int64List(value=ids_row.tolist()))}
+    return tf.train.Example(features=tf.train.Features(feature=feature)).SerializeToString()
+
+
+def write_split(rows: Iterable[str], tokenizer, cfg: ShardConfig, out_dir: str, split: str) -> dict:
+    """Write one split's shards into the local folder `out_dir/split`; returns its manifest entry."""
+    import tensorflow as tf
+
+    os.makedirs(os.path.join(out_dir, split), exist_ok=True)
+    stats = {"rows": 0, "characters": 0}
+    shards: list[dict] = []
+    writer, count, t0 = None, 0, time.time()
+    records = 0
+    for block in chunk_stream(rows, tokenizer, cfg, stats):
+        for ids_row in block:
+            if writer is None:
+                tmp_name = os.path.join(out_dir, split, f"part-{len(shards):05d}.tfrecord")
+                writer, count = tf.io.TFRecordWriter(tmp_name), 0
+            writer.write(_serialize(ids_row))
+            count += 1
+            records += 1
+            if count == cfg.records_per_shard:
+                writer.close()
+                shards.append({"part": tmp_name, "records": count})
+                writer = None
+        log.info("%s: %d rows, %d records so far (%.0f tokens/s)", split, stats["rows"], records,
+                 records * cfg.max_length / max(time.time() - t0, 1e-9))
+    if writer is not None:
+        writer.close()
+        shards.append({"part": tmp_name, "records": count})
+    # Counts live in the manifest; names say position and total so a listing shows a complete set.
+    total = len(shards)
+    for i, shard in enumerate(shards):
+        final = os.path.join(out_dir, split, f"shard-{i:05d}-of-{total:05d}.tfrecord")
+        os.replace(shard.pop("part"), final)
+        shard["file"] = f"{split}/{os.path.basename(final)}"
+        shard["bytes"] = os.path.getsize(final)
+        shard["sha256"] = file_sha256(final)
+    return {"records": records, "tokens": records * cfg.max_length, "rows": stats["rows"],
+            "characters": stats["characters"], "shards": shards}
+
+
+def write_shards(corpus, tokenizer, cfg: ShardConfig, paths: DataPaths, extra: dict) -> dict:
+    """Write every split, then publish the set atomically. Returns the manifest."""
+    manifest = {"version": MANIFEST_VERSION, "fingerprint": paths.fingerprint,
+                "max_length": cfg.max_length, "records_per_shard": cfg.records_per_shard,
+                "features": ["input_ids"], "splits": {}, **extra}
+    staging_parent = storage.local_path(paths.root) if storage.is_local(paths.root) else None
+    if staging_parent:
+        os.makedirs(staging_parent, exist_ok=True)
+    staging = tempfile.mkdtemp(prefix=".shards-staging-", dir=staging_parent)
+    try:
+        for split in SPLITS:
+            t0 = time.time()
+            entry = write_split(corpus.rows(split), tokenizer, cfg, staging, split)
+            if split == "train" and entry["rows"] == 0:
+                raise ConfigError("The corpus is empty: its train split has no text rows. Check the corpus "
+                                  "source settings (paths, dataset name, text_column).")
+            if split in ("train", "validation") and entry["records"] == 0:
+                raise ConfigError(f"The {split} split ({entry['rows']} rows, {entry['characters']} characters) "
+                                  f"is shorter than one chunk of {cfg.max_length} tokens: add text, lower "
+                                  "max_length, or raise corpus.validation_fraction.")
+            if split in getattr(corpus, "articles_seen", {}):
+                entry["articles"] = corpus.articles_seen[split]
+            manifest["splits"][split] = entry
+            log.info("%s: %d records (%d tokens) in %d shards, %.1fs", split, entry["records"],
+                     entry["tokens"], len(entry["shards"]), time.time() - t0)
+        publish_shard_set(staging, paths, manifest)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    return manifest
+
+
+def publish_shard_set(staging: str, paths: DataPaths, manifest: dict) -> None:
+    storage.write_json(os.path.join(staging, "manifest.json"), manifest)
+    storage.write_text(os.path.join(staging, "_SUCCESS"), "")
+    if storage.is_local(paths.shards_dir):
+        final = storage.local_path(paths.shards_dir)
+        try:
+            os.rename(staging, final)  # atomic; fails if a concurrent writer already published
+        except OSError:
+            if not os.path.exists(os.path.join(final, "_SUCCESS")):
+                # A half-written set from a crashed writer of the old layout: replace it.
+                shutil.rmtree(final, ignore_errors=True)
+                os.rename(staging, final)
+            else:
+                log.info("Another writer published %s first; its set is identical by construction", final)
+        return
+    for split, entry in manifest["splits"].items():
+        for shard in entry["shards"]:
+            with open(os.path.join(staging, shard["file"]), "rb") as f:
+                storage.write_bytes(join(paths.shards_dir, shard["file"]), f.read())
+    storage.write_json(paths.manifest, manifest)
+    storage.write_text(paths.success, "")  # last: what the sensors wait for
+
+
+def file_sha256(path: str) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def shard_uris(paths: DataPaths, manifest: dict, split: str) -> list[str]:
+    return [join(paths.shards_dir, s["file"]) for s in manifest["splits"][split]["shards"]]
+
+
+def verify_shards(paths: DataPaths, manifest: dict, split: str) -> None:
+    """Fail loudly on a missing, truncated or corrupted shard instead of training on less data."""
+    for shard in manifest["splits"][split]["shards"]:
+        uri = join(paths.shards_dir, shard["file"])
+        if not storage.exists(uri):
+            raise FileNotFoundError(f"Shard {uri} listed in the manifest is missing: delete {paths.success} "
+                                    "and rerun prepare-data to rebuild the set.")
+        h = hashlib.sha256()
+        with storage.filesystem(uri).open(uri, "rb") as f:
+            for block in iter(lambda: f.read(1 << 22), b""):
+                h.update(block)
+        digest = h.hexdigest()
+        if digest != shard["sha256"]:
+            raise ValueError(f"Shard {uri} is corrupted or truncated (sha256 {digest[:12]}…, manifest says "
+                             f"{shard['sha256'][:12]}…): delete {paths.success} and rerun prepare-data.")

@@ -1,0 +1,171 @@
+"""One storage API for local folders and gs:// (fsspec/gcsfs), chosen by URI scheme.
+
+Writes are atomic at the file level: a reader sees a whole file or none. Local files are written
+to a temporary name and renamed; a GCS object upload is atomic by itself. `create_only` gives
+first-writer-wins for artifacts that must not be replaced once published (the tokenizer).
+"""
+from __future__ import annotations
+
+import json
+import os
+import uuid
+from typing import Any
+
+import fsspec
+
+# gcsfs' HNS probe stalls ~60 s a call against anything but the real service; we never use HNS.
+os.environ.setdefault("GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT", "false")
+
+
+def scheme(uri: str) -> str:
+    return uri.split("://", 1)[0] if "://" in uri else "file"
+
+
+def is_local(uri: str) -> bool:
+    return scheme(uri) == "file"
+
+
+def local_path(uri: str) -> str:
+    return uri[len("file://"):] if uri.startswith("file://") else uri
+
+
+def filesystem(uri: str) -> fsspec.AbstractFileSystem:
+    if scheme(uri) == "gs":
+        # No listings cache: gcsfs would otherwise answer exists()/ls() from a listing taken
+        # earlier in this process, missing objects written since (by create_only, TensorFlow or
+        # another worker), and a poll for a marker would never see it appear.
+        opts: dict[str, Any] = {"use_listings_cache": False}
+        if os.environ.get("STORAGE_EMULATOR_HOST"):
+            # The emulator takes no credentials; gcsfs reads the host from the environment itself.
+            opts["token"] = "anon"
+        return fsspec.filesystem("gs", **opts)
+    return fsspec.filesystem(scheme(uri))
+
+
+def exists(uri: str) -> bool:
+    return filesystem(uri).exists(uri)
+
+
+def read_bytes(uri: str) -> bytes:
+    return filesystem(uri).cat_file(uri)
+
+
+def read_text(uri: str) -> str:
+    return read_bytes(uri).decode("utf-8")
+
+
+def read_json(uri: str) -> Any:
+    return json.loads(read_bytes(uri))
+
+
+def read_json_if_exists(uri: str) -> Any | None:
+    try:
+        return read_json(uri)
+    except FileNotFoundError:
+        return None
+
+
+def write_bytes(uri: str, data: bytes) -> None:
+    if is_local(uri):
+        path = local_path(uri)
+        os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
+        tmp = f"{path}.tmp-{uuid.uuid4().hex[:8]}"
+        try:
+            with open(tmp, "wb") as f:
+                f.write(data)
+                f.flush()
+                os.fsync(f.fileno())
+            os.replace(tmp, path)
+        except BaseException:
+            if os.path.exists(tmp):
+                os.unlink(tmp)
+            raise
+    else:
+        filesystem(uri).pipe_file(uri, data)
+
+
+def write_text(uri: str, text: str) -> None:
+    write_bytes(uri, text.encode("utf-8"))
+
+
+def write_json(uri: str, obj: Any) -> None:
+    write_text(uri, json.dumps(obj, indent=2, sort_keys=True) + "\n")
+
+
+def create_only(uri: str, data: bytes) -> bool:
+    """Write `uri` only if nothing is there yet; True if this call wrote it.
+
+    Local: hard-link a finished temp file (link fails if the name exists). gs://: upload with
+    ifGenerationMatch=0, which GCS rejects with 412 once any generation of the object exists.
+    """
+    if scheme(uri) not in ("file", "gs"):
+        raise ValueError(f"create_only supports local paths and gs:// URIs, not {uri!r}.")
+    if is_local(uri):
+        path = local_path(uri)
+        os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
+        tmp = f"{path}.tmp-{uuid.uuid4().hex[:8]}"
+        try:
+            with open(tmp, "wb") as f:
+                f.write(data)
+                f.flush()
+                os.fsync(f.fileno())
+            os.link(tmp, path)  # atomic, and fails if the target exists
+            return True
+        except FileExistsError:
+            return False
+        finally:
+            if os.path.exists(tmp):
+                os.unlink(tmp)
+    from google.api_core.exceptions import PreconditionFailed
+
+    bucket, _, name = uri[len("gs://"):].partition("/")
+    try:
+        _gcs_client().bucket(bucket).blob(name).upload_from_string(data, if_generation_match=0)
+        return True
+    except PreconditionFailed:
+        return False
+
+
+def _gcs_client():
+    from google.cloud import storage as gcs
+
+    if os.environ.get("STORAGE_EMULATOR_HOST"):
+        from google.auth.credentials import AnonymousCredentials
+
+        return gcs.Client(project="emulator", credentials=AnonymousCredentials())
+    return gcs.Client()
+
+
+def listdir(uri: str) -> list[str]:
+    """Full URIs of the files directly under `uri` (empty if it does not exist)."""
+    fs = filesystem(uri)
+    if not fs.exists(uri):
+        return []
+    prefix = "gs://" if scheme(uri) == "gs" else ""
+    return sorted(prefix + p for p in fs.ls(uri, detail=False))
+
+
+def remove(uri: str, recursive: bool = False) -> None:
+    fs = filesystem(uri)
+    if fs.exists(uri):
+        fs.rm(uri, recursive=recursive)
+
+
+def upload_dir(local_dir: str, uri: str) -> None:
+    """Copy a local folder's files to `uri` (each file atomically)."""
+    for dirpath, _, files in os.walk(local_dir):
+        for name in files:
+            src = os.path.join(dirpath, name)
+            rel = os.path.relpath(src, local_dir).replace(os.sep, "/")
+            with open(src, "rb") as f:
+                write_bytes(f"{uri.rstrip('/')}/{rel}", f.read())
+
+
+def download_dir(uri: str, local_dir: str) -> str:
+    """Make a folder at `uri` available locally (HF loaders need local files); returns the path."""
+    if is_local(uri):
+        return local_path(uri)
+    fs = filesystem(uri)
+    os.makedirs(local_dir, exist_ok=True)
+    fs.get(uri.rstrip("/") + "/", local_dir.rstrip("/") + "/", recursive=True)
+    return local_dir

@@ -1,0 +1,52 @@
+"""The end-of-run summary a person reads first: data, tokenizer, shards, training, evaluation,
+fill-mask examples and where every artifact lies. Built only from the run's saved artifacts.
+
+    python -m mlm_tasks summary --config configs/default.yaml --run-id r1
+"""
+from __future__ import annotations
+
+from mlm_tasks import storage
+from mlm_tasks.config import PipelineConfig
+from mlm_tasks.paths import DataPaths, RunPaths
+
+
+def run_summary(cfg: PipelineConfig, run_id: str, data: dict) -> dict:
+    run = RunPaths(cfg.output_root, run_id)
+    paths = DataPaths(cfg.output_root, data["fingerprint"])
+    train = storage.read_json_if_exists(run.train_summary) or {}
+    metrics = storage.read_json_if_exists(run.eval_metrics) or {}
+    preds = storage.read_json_if_exists(run.predictions) or []
+    corpus = data["corpus"]
+    pct = lambda x: f"{100 * x:.1f}%" if x is not None else "n/a"  # noqa: E731
+    lines = [
+        f"Corpus     {corpus['source']}: {corpus.get('articles') or '?'} articles, {corpus['rows']:,} rows, "
+        f"{corpus['characters']:,} characters (fingerprint {data['fingerprint']}"
+        f"{', reused' if data.get('cache_hit') else ''})",
+        f"Tokenizer  Unigram, vocab {data['vocab_size']:,}",
+        "Shards     " + ", ".join(f"{s}: {data['shards'][s]} files, {data['records'][s]:,} records, "
+                                  f"{data['tokens'][s]:,} tokens" for s in data["records"]),
+    ]
+    if train:
+        lines.append(f"Training   {train['steps']} steps on {train['device']} (global batch {train['global_batch']}, "
+                     f"{train['parameters']:,} parameters), {train['tokens_per_s'] or 0:,.0f} tokens/s, loss "
+                     f"{train['first_loss']:.3f} -> {train['last_loss']:.3f}, {train['elapsed_s']:.0f}s"
+                     + (f", resumed from step {train['resumed_from_step']}" if train["resumed_from_step"] else ""))
+    if metrics:
+        lines.append(f"Evaluation {metrics['split']}: masked-LM loss {metrics['loss']:.3f}, perplexity "
+                     f"{metrics['perplexity']:.1f}, masked-token accuracy {pct(metrics['accuracy'])} "
+                     f"(untrained {pct(metrics['untrained_accuracy'])}, loss {metrics['untrained_loss']:.3f}; "
+                     f"always {metrics['baseline_token']!r} {pct(metrics['baseline_accuracy'])}) over "
+                     f"{metrics['masked_tokens']:,} masked tokens")
+    for p in preds:
+        best = ", ".join(f"{x['token_str']} ({x['score']:.2f})" for x in p["predictions"][:3])
+        lines.append(f"Fill-mask  {p['probe']} -> {best}")
+    lines += [
+        f"Artifacts  tokenizer {paths.tokenizer}",
+        f"           shards    {paths.shards_dir} (manifest.json, _SUCCESS)",
+        f"           model     {run.model}",
+        f"           metrics   {run.eval_metrics}",
+        f"           log/curve {run.train_history}, TensorBoard {run.tensorboard}",
+        f"           checkpoints {run.checkpoints}",
+    ]
+    return {"text": "\n".join(lines), "train": train, "metrics": metrics, "data": data,
+            "model_uri": run.model}

@@ -1,0 +1,208 @@
+"""Cloud TPU VM lifecycle on the TPU v2 API: make one node per run, reuse it on retries, clean up.
+
+    from mlm_tasks import tpu
+    name = tpu.node_name("mlm_pretrain", run_id)            # mlm-pretrain-<hash>, same on every retry
+    state = tpu.ensure_node(cfg.tpu, name, tpu.labels(run_id, cfg.tpu.ttl_hours))
+    while state.action != "ready": ...poll tpu.get_state / call ensure_node again...
+    tpu.delete_node(cfg.tpu, name)
+
+`ensure_node` never blocks on the API's long-running operations: it says what it did ("ready",
+"wait", "created", "recreating") and the caller (a deferrable Airflow operator) polls. Names and
+labels follow GCP rules (lowercase, [-a-z0-9], <= 63 chars). The remote side lives in
+`mlm_tasks.tpu_remote` (`remote_command`, `stage_code`), re-exported here.
+"""
+from __future__ import annotations
+
+import hashlib
+import logging
+import re
+import time
+from dataclasses import dataclass, field, replace
+from typing import TYPE_CHECKING, Any
+
+from mlm_tasks.config import TpuConfig
+from mlm_tasks.tpu_remote import remote_command, stage_code  # noqa: F401  (public API of this module)
+
+if TYPE_CHECKING:
+    from google.cloud.tpu_v2 import Node, TpuClient
+
+log = logging.getLogger(__name__)
+
+NOT_FOUND = "NOT_FOUND"
+NAME_PREFIX = "mlm-"
+# States that end by themselves; anything else but READY (PREEMPTED, TERMINATED, STOPPED, ...)
+# will not become READY without help, so the node is replaced.
+WAIT_STATES = frozenset({"CREATING", "STARTING", "RESTARTING", "REPAIRING", "REIMAGING", "DELETING",
+                         "STOPPING", "UNHIDING"})
+
+
+@dataclass(frozen=True)
+class NodeState:
+    name: str                       # node id, e.g. mlm-pretrain-3f2a9c01bd
+    state: str                      # API state name (READY, CREATING, ...) or NOT_FOUND
+    action: str = "none"            # what ensure_node did: ready | wait | created | recreating
+    workers: tuple[tuple[str, str], ...] = ()   # (internal ip, external ip) per worker, in order
+    labels: dict[str, str] = field(default_factory=dict)
+    operation: str | None = None    # long-running operation started by this call, if any
+
+    @property
+    def ready(self) -> bool:
+        return self.state == "READY"
+
+
+def _label_value(text: str, limit: int = 63) -> str:
+    return re.sub(r"[^a-z0-9_-]+", "-", text.lower()).strip("-")[:limit]
+
+
+def node_name(dag_id: str, run_id: str) -> str:
+    """`mlm-<dag>-<hash of dag and run>`: a retry of the run finds the node the first try made."""
+    digest = hashlib.sha1(f"{dag_id}/{run_id}".encode()).hexdigest()[:10]
+    dag = re.sub(r"[^a-z0-9]+", "-", dag_id.lower()).strip("-")
+    dag = dag[len(NAME_PREFIX):] if dag.startswith(NAME_PREFIX) else dag
+    dag = dag[:63 - len(NAME_PREFIX) - 1 - len(digest)].strip("-")
+    return f"{NAME_PREFIX}{dag}-{digest}" if dag else f"{NAME_PREFIX}{digest}"
+
+
+def labels(run_id: str, ttl_hours: float, now: float | None = None) -> dict[str, str]:
+    """Labels on every node: which run made it and when the janitor may delete it (epoch seconds)."""
+    now = time.time() if now is None else now
+    return {"managed-by": "mlm-tasks", "run": _label_value(run_id) or "run",
+            "run-hash": hashlib.sha1(run_id.encode()).hexdigest()[:10],
+            "created": str(int(now)), "expires": str(int(now + ttl_hours * 3600))}
+
+
+def client(cfg: TpuConfig) -> "TpuClient":
+    """A TpuClient for cfg; anonymous credentials for a loopback endpoint (the test fake)."""
+    from google.cloud import tpu_v2
+
+    options, credentials = None, None
+    if cfg.api_endpoint:
+        options = {"api_endpoint": cfg.api_endpoint}
+        if re.match(r"^http://(127\.0\.0\.1|localhost)[:/]", cfg.api_endpoint + "/"):
+            from google.auth.credentials import AnonymousCredentials
+
+            credentials = AnonymousCredentials()
+    return tpu_v2.TpuClient(transport=cfg.transport, credentials=credentials, client_options=options)
+
+
+def parent(cfg: TpuConfig) -> str:
+    return f"projects/{cfg.project}/locations/{cfg.zone}"
+
+
+def full_name(cfg: TpuConfig, name: str) -> str:
+    return f"{parent(cfg)}/nodes/{name}"
+
+
+def _state_of(node: "Node") -> NodeState:
+    workers = tuple((e.ip_address, e.access_config.external_ip) for e in node.network_endpoints)
+    return NodeState(name=node.name.rsplit("/", 1)[-1], state=node.state.name, workers=workers,
+                     labels=dict(node.labels))
+
+
+def get_state(cfg: TpuConfig, name: str, api: "TpuClient | None" = None) -> NodeState:
+    from google.api_core.exceptions import NotFound
+
+    api = api or client(cfg)
+    try:
+        return _state_of(api.get_node(name=full_name(cfg, name)))
+    except NotFound:
+        return NodeState(name=name, state=NOT_FOUND)
+
+
+def operation_error(cfg: TpuConfig, operation: str, api: "TpuClient | None" = None) -> str | None:
+    """The error message of a finished long-running operation, or None (running or succeeded)."""
+    from google.longrunning import operations_pb2
+
+    op = (api or client(cfg)).get_operation(operations_pb2.GetOperationRequest(name=operation))
+    if not (op.done and op.error.code):
+        return None
+    return op.error.message or f"error code {op.error.code}"
+
+
+def _new_node(cfg: TpuConfig, node_labels: dict[str, str], metadata: dict[str, str] | None) -> "Node":
+    from google.cloud import tpu_v2
+
+    network = tpu_v2.NetworkConfig(network=cfg.network or "", subnetwork=cfg.subnetwork or "",
+                                   enable_external_ips=cfg.external_ips)
+    node = tpu_v2.Node(accelerator_type=cfg.accelerator_type, runtime_version=cfg.runtime_version,
+                       labels=node_labels, metadata=metadata or {}, network_config=network,
+                       scheduling_config=tpu_v2.SchedulingConfig(spot=cfg.spot))
+    if cfg.service_account:
+        node.service_account = tpu_v2.ServiceAccount(email=cfg.service_account)
+    return node
+
+
+def ensure_node(cfg: TpuConfig, name: str, node_labels: dict[str, str],
+                metadata: dict[str, str] | None = None, api: "TpuClient | None" = None) -> NodeState:
+    """Make sure node `name` exists or is on its way; never waits for the API's operations.
+
+    READY -> reused ("ready"); CREATING and other passing states -> "wait"; PREEMPTED, TERMINATED
+    and other dead ends -> delete started ("recreating": call again once it is NOT_FOUND);
+    NOT_FOUND -> create started ("created"). A create that loses a race (409) is a "wait".
+    """
+    from google.api_core.exceptions import Conflict
+
+    api = api or client(cfg)
+    current = get_state(cfg, name, api)
+    if current.state == "READY":
+        return replace(current, action="ready")
+    if current.state in WAIT_STATES:
+        return replace(current, action="wait")
+    if current.state != NOT_FOUND:
+        log.warning("TPU VM %s is %s and will not become READY: deleting it to make a fresh one.",
+                    name, current.state)
+        return replace(current, state="DELETING", action="recreating",
+                       operation=delete_node(cfg, name, api))
+    try:
+        op = api.create_node(parent=parent(cfg), node_id=name, node=_new_node(cfg, node_labels, metadata))
+    except Conflict:  # another try created it between our get and create: wait for that one
+        return NodeState(name=name, state="CREATING", action="wait")
+    log.info("Creating TPU VM %s (%s, %s) in %s.", name, cfg.accelerator_type, cfg.runtime_version, cfg.zone)
+    return NodeState(name=name, state="CREATING", action="created", labels=node_labels,
+                     operation=op.operation.name)
+
+
+def delete_node(cfg: TpuConfig, name: str, api: "TpuClient | None" = None) -> str | None:
+    """Start deleting node `name`; returns the operation name, or None when it is already gone."""
+    from google.api_core.exceptions import NotFound
+
+    api = api or client(cfg)
+    try:
+        op = api.delete_node(name=full_name(cfg, name))
+    except NotFound:
+        return None
+    log.info("Deleting TPU VM %s in %s.", name, cfg.zone)
+    return op.operation.name
+
+
+def list_nodes(cfg: TpuConfig, api: "TpuClient | None" = None) -> list[NodeState]:
+    return [_state_of(node) for node in (api or client(cfg)).list_nodes(parent=parent(cfg))]
+
+
+def list_expired(cfg: TpuConfig, now: float | None = None, prefix: str = NAME_PREFIX,
+                 api: "TpuClient | None" = None) -> list[NodeState]:
+    """Nodes named `prefix*` whose `expires` label is in the past; nodes without one are left alone
+    (we did not make them, or someone labelled them by hand)."""
+    now = time.time() if now is None else now
+    expired = []
+    for node in list_nodes(cfg, api):
+        expires = node.labels.get("expires", "")
+        if node.name.startswith(prefix) and expires.isdigit() and int(expires) < now:
+            expired.append(node)
+    return expired
+
+
+def worker_endpoints(node: "Node | NodeState", external: bool = False) -> list[str]:
+    """IP of each worker, worker 0 first (the order TPU runtimes number the hosts)."""
+    state = node if isinstance(node, NodeState) else _state_of(node)
+    ips = [ext if external else internal for internal, ext in state.workers]
+    if not all(ips):
+        kind = "external" if external else "internal"
+        raise RuntimeError(f"TPU VM {state.name} has a worker without an {kind} IP ({state.workers}): "
+                           "set tpu.external_ips (or tpu.ssh_via_external_ip=false inside the VPC).")
+    return ips
+
+
+def describe(state: NodeState) -> dict[str, Any]:
+    """A JSON-safe summary for XCom and logs."""
+    return {"name": state.name, "state": state.state, "workers": [list(w) for w in state.workers]}

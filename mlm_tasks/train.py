@@ -1,0 +1,227 @@
+"""Step: train the masked LM, resumably, on CPU, GPU or TPU with the same code.
+
+    python -m mlm_tasks train --config configs/default.yaml --run-id my-run --data-fingerprint FP
+
+The model is built inside the strategy's scope (TPUStrategy on a TPU VM, Mirrored on several GPUs,
+the default strategy on CPU). A checkpoint (weights, optimizer moments, step; the learning-rate
+schedule follows the optimizer's step) is written every `checkpoint_every` steps; a rerun of the same
+run restores the latest one and skips the batches it already consumed, so a killed process loses at
+most one checkpoint interval and finishes at exactly the configured step count.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import math
+import os
+import tempfile
+import time
+
+from mlm_tasks import storage
+from mlm_tasks.config import ConfigError, PipelineConfig
+from mlm_tasks.paths import DataPaths, RunPaths, join
+
+log = logging.getLogger(__name__)
+
+
+def select_device(requested: str) -> str:
+    if requested != "auto":
+        return requested
+    # TPU VMs expose their chips as /dev/accel* (v2-v4) or /dev/vfio/* (v5e and later).
+    if any(n.startswith("accel") for n in os.listdir("/dev")) or os.path.isdir("/dev/vfio"):
+        return "tpu"
+    import tensorflow as tf
+
+    return "gpu" if tf.config.list_physical_devices("GPU") else "cpu"
+
+
+def make_strategy(device: str):
+    import tensorflow as tf
+
+    if device == "tpu":
+        resolver = tf.distribute.cluster_resolver.TPUClusterResolver(tpu="local")
+        tf.config.experimental_connect_to_cluster(resolver)
+        tf.tpu.experimental.initialize_tpu_system(resolver)
+        return tf.distribute.TPUStrategy(resolver)
+    if device == "gpu" and len(tf.config.list_physical_devices("GPU")) > 1:
+        return tf.distribute.MirroredStrategy()
+    return tf.distribute.get_strategy()
+
+
+def load_manifest(cfg: PipelineConfig, fingerprint: str) -> tuple[DataPaths, dict]:
+    """The manifest of a complete shard set, checked against what this run asks for."""
+    paths = DataPaths(cfg.output_root, fingerprint)
+    if not storage.exists(paths.success):
+        raise FileNotFoundError(f"No complete shard set under {paths.shards_dir} (no _SUCCESS): run "
+                                "prepare-data first or check output_root and the data fingerprint.")
+    manifest = storage.read_json(paths.manifest)
+    if manifest["max_length"] != cfg.shards.max_length:
+        raise ConfigError(f"The shards at {paths.shards_dir} were built with max_length "
+                          f"{manifest['max_length']} but this run asks for {cfg.shards.max_length}: "
+                          "prepare data with the run's max_length, or set max_length to match.")
+    tok_sha = _sha256(storage.read_bytes(join(paths.tokenizer, "tokenizer.json")))
+    if tok_sha != manifest["tokenizer_sha256"]:
+        raise ConfigError(f"The tokenizer at {paths.tokenizer} is not the one the shards were encoded "
+                          "with (sha256 differs): delete the dataset folder and rerun prepare-data.")
+    return paths, manifest
+
+
+def plan_steps(cfg: PipelineConfig, manifest: dict, global_batch: int) -> int:
+    records = manifest["splits"]["train"]["records"]
+    if global_batch > records:
+        raise ConfigError(f"Global batch {global_batch} is larger than the {records} train records: lower "
+                          "batch_size or add data.")
+    return cfg.train.steps or max(1, math.ceil(cfg.train.epochs * records / global_batch))
+
+
+def train(cfg: PipelineConfig, run_id: str, fingerprint: str) -> dict:
+    import tensorflow as tf
+    import tf_keras
+    from transformers import create_optimizer
+
+    from mlm_tasks.data import mlm_dataset
+    from mlm_tasks.model import build_model, masked_lm_loss, roberta_config
+    from mlm_tasks.tokenizer import load_tokenizer
+
+    run = RunPaths(cfg.output_root, run_id)
+    paths, manifest = load_manifest(cfg, fingerprint)
+    from mlm_tasks.shards import verify_shards
+
+    verify_shards(paths, manifest, "train")
+    tokenizer = load_tokenizer(paths.tokenizer, manifest["max_length"])
+    if storage.exists(run.train_summary):
+        summary = storage.read_json(run.train_summary)
+        log.info("Run %s already finished training (%d steps): nothing to do", run_id, summary["steps"])
+        return summary
+
+    device = select_device(cfg.train.device)
+    precision = cfg.train.mixed_precision
+    if precision == "auto":
+        precision = "off" if device == "cpu" else "bf16"
+    if precision == "bf16":
+        tf_keras.mixed_precision.set_global_policy("mixed_bfloat16")
+    xla = cfg.train.xla == "on" or (cfg.train.xla == "auto" and device != "cpu")
+    tf.keras.utils.set_random_seed(cfg.train.seed)
+    strategy = make_strategy(device)
+    replicas = strategy.num_replicas_in_sync
+    global_batch = cfg.train.batch_size * replicas
+    total_steps = plan_steps(cfg, manifest, global_batch)
+    warmup = int(total_steps * cfg.train.warmup_fraction)
+    log.info("Training on %s: %d replica(s), global batch %d, %d steps, warmup %d, XLA %s, precision %s",
+             device, replicas, global_batch, total_steps, warmup, "on" if xla else "off", precision)
+
+    with strategy.scope():
+        model = build_model(roberta_config(cfg, len(tokenizer), manifest["special_ids"]))
+        optimizer, schedule = create_optimizer(
+            init_lr=cfg.train.learning_rate, num_train_steps=total_steps, num_warmup_steps=warmup,
+            weight_decay_rate=cfg.train.weight_decay)
+        step_var = tf.Variable(0, dtype=tf.int64, trainable=False, name="step")
+    ckpt = tf.train.Checkpoint(model=model, optimizer=optimizer, step=step_var)
+    manager = tf.train.CheckpointManager(ckpt, run.checkpoints, max_to_keep=2)
+    if manager.latest_checkpoint:
+        ckpt.restore(manager.latest_checkpoint).assert_existing_objects_matched()
+        log.info("Resumed from %s at step %d", manager.latest_checkpoint, int(step_var))
+    start_step = int(step_var)
+    history = [h for h in _read_history(run) if h["step"] <= start_step]
+
+    dataset = mlm_dataset(paths, manifest, "train", tokenizer, global_batch,
+                          mlm_probability=cfg.train.mlm_probability, seed=cfg.train.seed,
+                          shuffle_buffer=cfg.train.shuffle_buffer, skip_batches=start_step)
+    iterator = iter(strategy.experimental_distribute_dataset(dataset))
+    max_pred = cfg.train.max_predictions_per_seq
+
+    @tf.function(jit_compile=xla)
+    def replica_step(batch):
+        with tf.GradientTape() as tape:
+            loss_sum, count, correct = masked_lm_loss(model, batch, max_pred, training=True)
+            loss = loss_sum / tf.maximum(count, 1.0) / replicas
+        grads = tape.gradient(loss, model.trainable_variables)
+        optimizer.apply_gradients(zip(grads, model.trainable_variables))
+        return loss_sum, count, correct
+
+    @tf.function
+    def distributed_step(it):
+        per_replica = strategy.run(replica_step, args=(next(it),))
+        return [strategy.reduce("SUM", v, axis=None) for v in per_replica]
+
+    writer = tf.summary.create_file_writer(run.tensorboard)
+    tokens_per_step = global_batch * manifest["max_length"]
+    t0 = t_last = time.time()
+    t_steady = None
+    window = [0.0, 0.0, 0.0]
+    first_loss = history[0]["loss"] if history else None
+    fault_marker = join(run.root, "train", ".fault_injected")
+    for step in range(start_step + 1, total_steps + 1):
+        loss_sum, count, correct = distributed_step(iterator)
+        if step == start_step + 1:
+            t_steady = time.time()  # the first step traces and compiles: keep it out of tokens/s
+        window = [w + float(v) for w, v in zip(window, (loss_sum, count, correct))]
+        if step % cfg.train.log_every == 0 or step == total_steps or step == start_step + 1:
+            now = time.time()
+            steps_in_window = step - (history[-1]["step"] if history and history[-1]["step"] >= start_step
+                                      else start_step)
+            entry = {"step": step, "loss": window[0] / max(window[1], 1), "accuracy": window[2] / max(window[1], 1),
+                     "learning_rate": float(schedule(step)),
+                     "tokens_per_s": steps_in_window * tokens_per_step / max(now - t_last, 1e-9),
+                     "elapsed_s": now - t0}
+            history.append(entry)
+            first_loss = first_loss if first_loss is not None else entry["loss"]
+            eta = (total_steps - step) * (now - t0) / max(step - start_step, 1)
+            log.info("step %d/%d loss %.4f acc %.3f lr %.2e %.0f tokens/s eta %.0fs", step, total_steps,
+                     entry["loss"], entry["accuracy"], entry["learning_rate"], entry["tokens_per_s"], eta)
+            with writer.as_default(step=step):
+                for key in ("loss", "accuracy", "learning_rate", "tokens_per_s"):
+                    tf.summary.scalar(f"train/{key}", entry[key])
+            window, t_last = [0.0, 0.0, 0.0], now
+        step_var.assign(step)
+        if step % cfg.train.checkpoint_every == 0 and step != total_steps:
+            manager.save(checkpoint_number=step)
+            _write_history(run, history)
+        if cfg.train.fail_at_step == step and not storage.exists(fault_marker):
+            storage.write_text(fault_marker, f"fault injected at step {step}\n")
+            raise RuntimeError(f"Injected fault at step {step} (train.fail_at_step): a retry resumes from "
+                               "the last checkpoint.")
+    elapsed = time.time() - t0
+    steady = (total_steps - start_step - 1, time.time() - t_steady) if t_steady else (0, 0.0)
+    manager.save(checkpoint_number=total_steps)
+    _write_history(run, history)
+    writer.flush()
+    _save_model(model, tokenizer, run)
+    summary = {"steps": total_steps, "resumed_from_step": start_step, "global_batch": global_batch,
+               "replicas": replicas, "device": device, "xla": xla, "precision": precision,
+               "tokens_per_s": steady[0] * tokens_per_step / steady[1] if steady[0] else None,
+               "first_loss": first_loss, "last_loss": history[-1]["loss"] if history else None,
+               "elapsed_s": elapsed, "data_fingerprint": fingerprint,
+               "parameters": int(sum(v.shape.num_elements() for v in model.trainable_variables))}
+    storage.write_json(run.train_summary, summary)  # last: marks training complete
+    log.info("Training done: %d steps in %.0fs (%.0f tokens/s), loss %.3f -> %.3f; model at %s",
+             total_steps, elapsed, summary["tokens_per_s"] or 0, first_loss or float("nan"),
+             summary["last_loss"] or float("nan"), run.model)
+    return summary
+
+
+def _save_model(model, tokenizer, run: RunPaths) -> None:
+    import tf_keras
+
+    # Saved in float32 whatever the training precision, so any CPU can load it.
+    tf_keras.mixed_precision.set_global_policy("float32")
+    with tempfile.TemporaryDirectory() as tmp:
+        model.save_pretrained(tmp)
+        tokenizer.save_pretrained(tmp)
+        storage.upload_dir(tmp, run.model)
+
+
+def _read_history(run: RunPaths) -> list[dict]:
+    if not storage.exists(run.train_history):
+        return []
+    return [json.loads(line) for line in storage.read_text(run.train_history).splitlines() if line.strip()]
+
+
+def _write_history(run: RunPaths, history: list[dict]) -> None:
+    storage.write_text(run.train_history, "".join(json.dumps(h) + "\n" for h in history))
+
+
+def _sha256(data: bytes) -> str:
+    import hashlib
+
+    return hashlib.sha256(data).hexdigest()

@@ -1,0 +1,174 @@
+"""Run one pipeline step on every worker of the run's TPU VM over SSH (the `compute: tpu_vm` path).
+
+    train = TpuSSHStepOperator(task_id="train", config=cfg, step="train")
+
+The node's workers come from the TPU API (their IPs; the port is `tpu.ssh_port`), the login from
+the Airflow SSH connection `tpu.ssh_conn_id` (user + private key). Every worker runs the same line
+(`mlm_tasks.tpu_remote.remote_command`) at once, as a pod slice needs; worker 0's output streams
+into the task log line by line. The task fails if any worker exits non-zero, naming the worker and
+its exit code, and says so when the node was preempted meanwhile. Each session has a pty, so
+closing it (task killed, timed out, or failed) hangs up the remote step instead of orphaning it.
+Google's ComputeEngineSSHHook cannot find TPU VMs, hence a plain SSHHook pointed at each IP.
+"""
+from __future__ import annotations
+
+import collections
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable, Sequence
+
+from airflow.exceptions import AirflowException, AirflowSkipException
+from airflow.sdk import BaseOperator
+
+from mlm_tasks import tpu
+from mlm_tasks.tpu_remote import remote_command, stage_code
+from tpu_operators import resolve_config, run_node_name
+
+TAIL_LINES = 20
+
+
+@dataclass
+class WorkerRun:
+    index: int
+    host: str
+    exit_code: int | None = None      # None: did not finish (connection lost or hung up by us)
+    error: str | None = None
+    tail: collections.deque = field(default_factory=lambda: collections.deque(maxlen=TAIL_LINES))
+    channel: Any = None
+    client: Any = None
+
+    def describe(self) -> str:
+        what = f"exit code {self.exit_code}" if self.exit_code is not None else (self.error or "no exit code")
+        lines = "\n    ".join(self.tail)
+        return f"worker {self.index} ({self.host}): {what}" + (f"; last lines:\n    {lines}" if lines else "")
+
+
+class RemoteRunner:
+    """Runs `command` on every host at once; `connect(host)` returns a connected paramiko SSHClient."""
+
+    def __init__(self, hosts: Sequence[str], connect: Callable[[str], Any], log: Any,
+                 peer_grace_s: float = 60.0):
+        self.workers = [WorkerRun(i, h) for i, h in enumerate(hosts)]
+        self.connect = connect
+        self.log = log
+        self.peer_grace_s = peer_grace_s
+        self._lock = threading.Lock()
+
+    def _run_one(self, worker: WorkerRun, command: str) -> None:
+        try:
+            worker.client = self.connect(worker.host)
+            channel = worker.client.get_transport().open_session()
+            with self._lock:
+                worker.channel = channel
+            channel.get_pty(width=200)  # a hang-up of the pty is what stops the remote step
+            channel.exec_command(command)
+            for raw in channel.makefile("rb"):
+                line = raw.decode("utf-8", "replace").rstrip("\r\n")
+                worker.tail.append(line)
+                if worker.index == 0:
+                    self.log.info("[worker 0] %s", line)
+            code = channel.recv_exit_status()  # -1: hung up, killed by a signal, or connection lost
+            if code == -1:
+                worker.error = "session ended without an exit status (hung up or killed by a signal)"
+            else:
+                worker.exit_code = code
+        except Exception as err:  # reported per worker in the task's error; the task fails on it
+            worker.error = f"{type(err).__name__}: {err}"
+
+    def run(self, command: str) -> list[WorkerRun]:
+        threads = [threading.Thread(target=self._run_one, args=(w, command), daemon=True,
+                                    name=f"ssh-worker-{w.index}") for w in self.workers]
+        for t in threads:
+            t.start()
+        failed_at = None
+        try:
+            while any(t.is_alive() for t in threads):
+                for t in threads:
+                    t.join(timeout=0.5)
+                if failed_at is None and any(w.exit_code not in (None, 0) or w.error for w in self.workers):
+                    failed_at = time.monotonic()
+                # In a pod slice the others block in collectives once one worker dies: stop them.
+                if failed_at is not None and time.monotonic() - failed_at > self.peer_grace_s:
+                    self.log.warning("A worker failed %.0fs ago: hanging up the others.", self.peer_grace_s)
+                    self.close()
+                    failed_at = float("inf")
+        finally:
+            self.close()
+            for t in threads:
+                t.join(timeout=10)
+        return self.workers
+
+    def close(self) -> None:
+        """Hang up every session: sshd then sends SIGHUP to the remote step."""
+        with self._lock:
+            for w in self.workers:
+                for thing in (w.channel, w.client):
+                    if thing is not None:
+                        thing.close()
+
+
+def ssh_connect(conn_id: str, port: int) -> Callable[[str], Any]:
+    from airflow.providers.ssh.hooks.ssh import SSHHook
+
+    def connect(host: str) -> Any:
+        return SSHHook(ssh_conn_id=conn_id, remote_host=host, port=port, conn_timeout=30).get_conn()
+
+    return connect
+
+
+class TpuSSHStepOperator(BaseOperator):
+    """Run `python -m mlm_tasks <step>` (or `command`) on every worker of the run's TPU VM."""
+
+    template_fields = ("config", "step", "step_args", "command", "node_name")
+    ui_color = "#e8f7d7"
+
+    def __init__(self, *, config: Any, step: str = "train", step_args: Sequence[str] = (),
+                 command: str | None = None, node_name: str | None = None, peer_grace_s: float = 60.0,
+                 **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.config = config
+        self.step = step
+        self.step_args = list(step_args)
+        self.command = command
+        self.node_name = node_name
+        self.peer_grace_s = peer_grace_s
+        self._runner: RemoteRunner | None = None
+
+    def execute(self, context: Any) -> dict[str, Any]:
+        cfg = resolve_config(self.config)
+        if cfg.compute != "tpu_vm":
+            raise AirflowSkipException(f"compute is {cfg.compute!r}: the step runs locally, not here.")
+        name = run_node_name(context, self.node_name)
+        node = tpu.get_state(cfg.tpu, name)
+        if not node.ready:
+            raise AirflowException(f"TPU VM {name} is {node.state}, not READY: clear the create_tpu_vm "
+                                   "task (it replaces a dead node) and this one.")
+        hosts = tpu.worker_endpoints(node, external=cfg.tpu.ssh_via_external_ip)
+        command = self.command or remote_command(
+            cfg, self.step, context["run_id"], extra_args=self.step_args,
+            code=stage_code(cfg.output_root) if cfg.tpu.bootstrap else None)
+        self.log.info("Running %r on %d worker(s) of %s: %s", self.step, len(hosts), name, hosts)
+        self._runner = RemoteRunner(hosts, ssh_connect(cfg.tpu.ssh_conn_id, cfg.tpu.ssh_port), self.log,
+                                    self.peer_grace_s)
+        workers = self._runner.run(command)
+        failed = [w for w in workers if w.exit_code != 0]
+        if failed:
+            raise AirflowException(self._failure_message(cfg, name, failed))
+        return {"node": name, "workers": len(workers)}
+
+    def _failure_message(self, cfg: Any, name: str, failed: list[WorkerRun]) -> str:
+        lines = [f"Step {self.step!r} failed on TPU VM {name}:"] + [w.describe() for w in failed]
+        try:
+            state = tpu.get_state(cfg.tpu, name).state
+        except Exception as err:  # the failure itself matters more than this extra hint
+            state = f"unknown ({err})"
+        if state != "READY":
+            lines.append(f"The TPU VM is now {state}: it was probably preempted. Clear create_tpu_vm and "
+                         "this task to continue on a new VM (training resumes from its last checkpoint).")
+        return "\n".join(lines)
+
+    def on_kill(self) -> None:
+        if self._runner is not None:
+            self.log.info("Task killed: hanging up the SSH sessions, which stops the remote step.")
+            self._runner.close()

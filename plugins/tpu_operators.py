@@ -1,0 +1,139 @@
+"""Airflow operators that make and remove the run's TPU VM (Google Cloud path).
+
+    cfg = "{{ ti.xcom_pull(task_ids='validate_config') }}"
+    create = TpuVmCreateOperator(task_id="create_tpu_vm", config=cfg)
+    delete = TpuVmDeleteOperator(task_id="delete_tpu_vm", config=cfg).as_teardown(setups=create)
+
+Both skip unless `compute` is "tpu_vm". The node is named from the DAG and run ids
+(`mlm_tasks.tpu.node_name`), so a retry finds the node the first try made. Create is idempotent
+(READY reused, dead nodes replaced) and deferrable: while the node is CREATING it waits in the
+triggerer (plugins/tpu_trigger.py), not in a worker slot. If creation fails after the node appeared,
+the node is deleted before the task fails, so a stockout does not leave a half-made VM behind.
+"""
+from __future__ import annotations
+
+import ast
+import json
+import time
+from datetime import timedelta
+from typing import Any
+
+from airflow.exceptions import AirflowException, AirflowSkipException
+from airflow.sdk import BaseOperator
+
+from mlm_tasks import tpu
+from mlm_tasks.config import PipelineConfig
+from tpu_trigger import TpuNodeTrigger
+
+def resolve_config(config: Any) -> PipelineConfig:
+    """The validated config from a dict, its JSON (or Python repr: a rendered XCom), or a callable."""
+    if callable(config) and not isinstance(config, PipelineConfig):
+        config = config()
+    if isinstance(config, PipelineConfig):
+        return config
+    if isinstance(config, str):
+        try:
+            config = json.loads(config)
+        except json.JSONDecodeError:
+            config = ast.literal_eval(config)  # "{'a': 1}" from a template rendered without native types
+    return PipelineConfig.model_validate(config)
+
+
+def run_node_name(context: Any, override: str | None = None) -> str:
+    return override or tpu.node_name(context["dag"].dag_id, context["run_id"])
+
+
+def ssh_key_metadata(conn_id: str, log: Any) -> dict[str, str]:
+    """`ssh-keys` metadata for the node: the public half of the SSH connection's key, so the SSH step
+    can log in without OS Login. Projects that enforce OS Login ignore it (grant the key there)."""
+    from airflow.exceptions import AirflowNotFoundException
+    from airflow.providers.ssh.hooks.ssh import SSHHook
+    import paramiko
+
+    try:
+        hook = SSHHook(ssh_conn_id=conn_id, remote_host="unused")
+    except AirflowNotFoundException:
+        log.warning("No Airflow connection %r: the VM gets no ssh-keys metadata; add it so the SSH "
+                    "step can log in.", conn_id)
+        return {}
+    key = hook.pkey or (paramiko.PKey.from_path(hook.key_file) if hook.key_file else None)
+    if key is None or not hook.username:
+        return {}
+    return {"ssh-keys": f"{hook.username}:{key.get_name()} {key.get_base64()} {hook.username}"}
+
+
+class TpuVmCreateOperator(BaseOperator):
+    """Create (or reuse) the run's TPU VM and return {"name", "state", "workers"} once READY."""
+
+    template_fields = ("config", "node_name")
+    ui_color = "#d7e8fc"
+
+    def __init__(self, *, config: Any, node_name: str | None = None, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.config = config
+        self.node_name = node_name
+
+    def execute(self, context: Any) -> dict[str, Any]:
+        cfg = resolve_config(self.config)
+        if cfg.compute != "tpu_vm":
+            # Succeed rather than skip: train follows this setup task with all_success.
+            self.log.info("compute is %r: no TPU VM needed.", cfg.compute)
+            return None
+        deadline = time.time() + cfg.tpu.create_timeout_s
+        return self._ensure(context, cfg, run_node_name(context, self.node_name), deadline)
+
+    def _ensure(self, context: Any, cfg: PipelineConfig, name: str, deadline: float) -> dict[str, Any]:
+        metadata = ssh_key_metadata(cfg.tpu.ssh_conn_id, self.log)
+        state = tpu.ensure_node(cfg.tpu, name, tpu.labels(context["run_id"], cfg.tpu.ttl_hours), metadata)
+        self.log.info("TPU VM %s: %s (%s).", name, state.state, state.action)
+        if state.ready:
+            return tpu.describe(state)
+        operation = state.operation if state.action == "created" else None
+        trigger = TpuNodeTrigger(cfg.tpu.model_dump(mode="json"), name, deadline, operation,
+                                 cfg.tpu.poll_interval_s)
+        # The trigger enforces the deadline itself (so we can clean up); this is only a backstop.
+        self.defer(trigger=trigger, method_name="resume",
+                   timeout=timedelta(seconds=max(0.0, deadline - time.time()) + 600))
+
+    def resume(self, context: Any, event: dict[str, Any] | None = None, **_: Any) -> dict[str, Any]:
+        cfg = resolve_config(self.config)
+        event = event or {}
+        name, state, error = event.get("name"), event.get("state"), event.get("error")
+        if state == "READY" and not error:
+            self.log.info("TPU VM %s is READY: %s", name, event["node"]["workers"])
+            return event["node"]
+        if state == tpu.NOT_FOUND and not error and time.time() < event.get("deadline", 0):
+            self.log.info("TPU VM %s is gone (replaced node deleted): creating it again.", name)
+            return self._ensure(context, cfg, name, event["deadline"])
+        deleted = tpu.delete_node(cfg.tpu, name) if state != tpu.NOT_FOUND else None
+        cleanup = "deleted it" if deleted else "nothing left to delete"
+        if state == "TIMEOUT":
+            raise AirflowException(
+                f"TPU VM {name} was not READY within tpu.create_timeout_s={cfg.tpu.create_timeout_s}s "
+                f"({error}); {cleanup}. Retry later, raise the timeout, or pick another tpu.zone.")
+        raise AirflowException(
+            f"Creating TPU VM {name} ({cfg.tpu.accelerator_type} in {cfg.tpu.zone}) failed: "
+            f"{error or 'node is ' + str(state)}; {cleanup}. Capacity errors pass with time: retry, "
+            "or try another zone / tpu.spot=false / a reservation.")
+
+
+class TpuVmDeleteOperator(BaseOperator):
+    """Delete the run's TPU VM; already gone counts as done. Use it as a teardown task."""
+
+    template_fields = ("config", "node_name")
+    ui_color = "#fcd7d7"
+
+    def __init__(self, *, config: Any, node_name: str | None = None, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.config = config
+        self.node_name = node_name
+
+    def execute(self, context: Any) -> str | None:
+        cfg = resolve_config(self.config)
+        if cfg.compute != "tpu_vm":
+            self.log.info("compute is %r: no TPU VM to delete.", cfg.compute)
+            return None
+        name = run_node_name(context, self.node_name)
+        operation = tpu.delete_node(cfg.tpu, name)
+        self.log.info("TPU VM %s: %s", name, f"deleting ({operation})" if operation else "already gone")
+        return operation

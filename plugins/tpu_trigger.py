@@ -1,0 +1,65 @@
+"""Trigger that polls the TPU API until a node stops changing by itself (runs in the triggerer).
+
+TpuVmCreateOperator defers to it, so waiting minutes for a TPU VM holds no worker slot. It fires
+once with {"name", "state", "error", "node", "deadline"} when the node is READY, NOT_FOUND, in a dead-end state
+(PREEMPTED, TERMINATED, ...), when the create operation reports an error, or with state
+"TIMEOUT" at `deadline` (epoch seconds; echoed back because `dag.test()` drops the
+operator's resume kwargs). The blocking google-cloud-tpu calls run in a thread.
+"""
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import Any, AsyncIterator
+
+from airflow.triggers.base import BaseTrigger, TriggerEvent
+
+from mlm_tasks import tpu
+from mlm_tasks.config import TpuConfig
+
+
+class TpuNodeTrigger(BaseTrigger):
+    def __init__(self, tpu_config: dict[str, Any], name: str, deadline: float,
+                 operation: str | None = None, poll_interval_s: float = 15.0):
+        super().__init__()
+        self.tpu_config = tpu_config
+        self.name = name
+        self.deadline = deadline
+        self.operation = operation
+        self.poll_interval_s = poll_interval_s
+
+    def serialize(self) -> tuple[str, dict[str, Any]]:
+        # The plugins folder is on the triggerer's sys.path, so the classpath is the module name.
+        return (f"{type(self).__module__}.{type(self).__qualname__}",
+                {"tpu_config": self.tpu_config, "name": self.name, "deadline": self.deadline,
+                 "operation": self.operation, "poll_interval_s": self.poll_interval_s})
+
+    def _check(self) -> dict[str, Any] | None:
+        """One poll; the event payload when waiting is over, else None."""
+        cfg = TpuConfig.model_validate(self.tpu_config)
+        api = tpu.client(cfg)
+        state = tpu.get_state(cfg, self.name, api)
+        # After the node: an operation that failed meanwhile then explains the node's state.
+        error = tpu.operation_error(cfg, self.operation, api) if self.operation else None
+        if error or state.state not in tpu.WAIT_STATES:
+            return {"name": self.name, "state": state.state, "error": error, "node": tpu.describe(state),
+                    "deadline": self.deadline}
+        if time.time() >= self.deadline:
+            return {"name": self.name, "state": "TIMEOUT", "error": f"still {state.state}", "node": None,
+                    "deadline": self.deadline}
+        self.log.info("TPU VM %s is %s; checking again in %ss.", self.name, state.state, self.poll_interval_s)
+        return None
+
+    async def run(self) -> AsyncIterator[TriggerEvent]:
+        from google.api_core.exceptions import RetryError, ServerError, TooManyRequests
+
+        while True:
+            try:
+                payload = await asyncio.to_thread(self._check)
+            except (ServerError, TooManyRequests, RetryError) as err:  # transient: poll again
+                self.log.warning("TPU API error while polling %s (will retry): %s", self.name, err)
+                payload = None
+            if payload is not None:
+                yield TriggerEvent(payload)
+                return
+            await asyncio.sleep(self.poll_interval_s)

@@ -1,0 +1,37 @@
+"""Shared pytest fixtures. Peers (fake servers, emulators) live in tests/peers/, one module each.
+
+    gcs         session   gcp-storage-emulator on a free loopback port; sets STORAGE_EMULATOR_HOST
+    gcs_root    function  a fresh gs://<bucket>/<prefix> on that emulator
+    tf_gcs_env  session   env for a TensorFlow subprocess whose gs:// I/O lands in the emulator
+    fake_hub    function  a fake Hugging Face Hub API on loopback; huggingface_hub points at it
+    fake_tpu    function  a fake Cloud TPU v2 REST API on loopback (FakeTpuApi; .url for api_endpoint)
+    sshd        session   a real OpenSSH server on loopback: (host, port, user, private_key_path)
+    airflow_env session   env of a migrated SQLite Airflow in a temp AIRFLOW_HOME (peers.airflow_home.dags_test)
+"""
+import os
+import sys
+
+# Tests import `mlm_tasks` from the repo root and peers from tests/, however pytest was started
+# (`pytest`, `python -m pytest`, from another directory).
+_TESTS = os.path.dirname(os.path.abspath(__file__))
+_REPO = os.path.dirname(_TESTS)
+for _path in (_REPO, _TESTS):
+    if _path not in sys.path:
+        sys.path.insert(0, _path)
+
+# Airflow writes its config and logs under AIRFLOW_HOME on first import: keep that out of ~/airflow.
+if "AIRFLOW_HOME" not in os.environ:
+    import tempfile
+
+    os.environ["AIRFLOW_HOME"] = tempfile.mkdtemp(prefix="airflow-home-")
+
+from peers.gcs import gcs, gcs_root  # noqa: E402,F401  (fixtures)
+from peers.tls_proxy import tf_gcs_env, tls_gcs_proxy  # noqa: E402,F401  (fixtures)
+from peers.fake_hub import fake_hub  # noqa: E402,F401  (fixture)
+# Airflow puts plugins/ itself on sys.path; DAGs and plugin modules import each other that way.
+_PLUGINS = os.path.join(os.path.dirname(_TESTS), "plugins")
+if _PLUGINS not in sys.path:
+    sys.path.append(_PLUGINS)
+from peers.fake_tpu_api import fake_tpu  # noqa: E402,F401  (fixture)
+from peers.sshd import sshd  # noqa: E402,F401  (fixture)
+from peers.airflow_home import airflow_env  # noqa: E402,F401  (fixture)

@@ -1,0 +1,32 @@
+"""mlm_tpu_janitor run for real (`airflow dags test`) against the fake TPU API."""
+import time
+
+from peers.airflow_home import ROOT, dags_test
+
+ZONE = "us-central2-b"
+
+
+def test_janitor_deletes_expired_nodes_only(airflow_env, fake_tpu):
+    now = int(time.time())
+    fake_tpu.add_node("proj", ZONE, "mlm-pretrain-expired", labels={"expires": str(now - 60), "run": "old"})
+    fake_tpu.add_node("proj", ZONE, "mlm-pretrain-fresh", labels={"expires": str(now + 3600)})
+    fake_tpu.add_node("proj", ZONE, "someone-elses", labels={"expires": str(now - 60)})
+    conf = {"project": "proj", "zone": ZONE, "api_endpoint": fake_tpu.url, "transport": "rest"}
+
+    result = dags_test(airflow_env, "mlm_tpu_janitor", conf=conf, dagfile=ROOT / "dags" / "mlm_tpu_janitor.py")
+
+    assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-4000:]
+    assert fake_tpu.node("proj", ZONE, "mlm-pretrain-expired") is None
+    assert fake_tpu.node("proj", ZONE, "mlm-pretrain-fresh") is not None
+    assert fake_tpu.node("proj", ZONE, "someone-elses") is not None
+    assert "Deleting TPU VM mlm-pretrain-expired (READY, run old" in result.stdout + result.stderr
+
+
+def test_janitor_dag_is_thin():
+    source = (ROOT / "dags" / "mlm_tpu_janitor.py").read_text()
+    assert "@hourly" in source and "doc_md=__doc__" in source
+    code = ("import sys, runpy; sys.path[:0] = [{root!r}]; g = runpy.run_path({path!r}); "
+            "assert 'google.cloud.tpu_v2' not in sys.modules and 'tensorflow' not in sys.modules")
+    import subprocess, sys
+    subprocess.run([sys.executable, "-c", code.format(root=str(ROOT), path=str(ROOT / "dags" / "mlm_tpu_janitor.py"))],
+                   check=True)

@@ -1,0 +1,367 @@
+"""A small fake of the Hugging Face Hub HTTP API on 127.0.0.1, driven by the real huggingface_hub client.
+
+Covers what `HfApi.create_repo`, `upload_folder`/`create_commit` (regular and LFS files) and
+`repo_info` call in huggingface_hub 0.36: whoami-v2, repos/create, validate-yaml, preupload, the LFS
+batch API with basic PUT transfers, commit (NDJSON), model info and the recursive tree listing. It
+checks the bearer token like the Hub does and records every commit for tests to assert on.
+
+    hub = FakeHub(token="hf_test", user="alice").start()
+    api = HfApi(endpoint=hub.url, token="hf_test")
+    ...
+    hub.commits[-1].files  -> {"config.json": b"...", ...}
+    hub.stop()
+
+Tests use the `fake_hub` fixture (exported by tests/conftest.py).
+Run on its own for manual poking: `python tests/peers/fake_hub.py` (prints URL and token).
+"""
+from __future__ import annotations
+
+import base64
+import hashlib
+import json
+import re
+import threading
+import time
+from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from urllib.parse import unquote
+
+import pytest
+import yaml
+
+# What the real Hub keeps in LFS by default (.gitattributes of a new repo), plus anything over 10 MB.
+LFS_SUFFIXES = (".h5", ".bin", ".safetensors", ".ckpt", ".msgpack", ".pt", ".pth", ".onnx", ".tflite",
+                ".npy", ".npz", ".zip", ".gz", ".tar")
+LFS_MIN_SIZE = 10 * 1024 * 1024
+INVALID_CREDENTIALS = "Invalid credentials in Authorization header"
+
+
+def git_blob_sha1(data: bytes) -> str:
+    return hashlib.sha1(b"blob %d\0" % len(data) + data).hexdigest()
+
+
+@dataclass
+class Commit:
+    repo_id: str
+    revision: str
+    oid: str
+    message: str
+    description: str
+    files: dict[str, bytes]        # added or replaced in this commit
+    lfs_paths: set[str]            # which of `files` arrived through LFS
+    deleted: list[str]
+
+
+@dataclass
+class Repo:
+    repo_id: str
+    private: bool
+    repo_type: str = "model"
+    files: dict[str, bytes] = field(default_factory=dict)
+    lfs_paths: set[str] = field(default_factory=set)
+    sha: str = "0" * 40
+
+
+class FakeHub:
+    def __init__(self, token: str = "hf_fake_write_token", user: str = "tester",
+                 orgs: tuple[str, ...] = ("test-org",)):
+        self.token, self.user, self.orgs = token, user, tuple(orgs)
+        self.repos: dict[str, Repo] = {}
+        self.commits: list[Commit] = []
+        self.lfs_objects: dict[str, bytes] = {}
+        self.requests: list[tuple[str, str, str | None]] = []  # (method, path, Authorization header)
+        # Tests hold commits (clear `commits_released`) to prove a caller does not wait on uploads;
+        # `commit_arrived` tells them a commit request is in flight.
+        self.commits_released = threading.Event()
+        self.commits_released.set()
+        self.commit_arrived = threading.Event()
+        self.lock = threading.Lock()
+        self._server: ThreadingHTTPServer | None = None
+
+    # -- lifecycle ---------------------------------------------------------------------------------
+    def start(self) -> "FakeHub":
+        hub = self
+
+        class Handler(_Handler):
+            fake = hub
+
+        self._server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self._server.daemon_threads = True
+        threading.Thread(target=self._server.serve_forever, args=(0.05,), name="fake-hub", daemon=True).start()
+        return self
+
+    def stop(self) -> None:
+        self.commits_released.set()  # never leave a handler thread parked on a held commit
+        if self._server is not None:
+            self._server.shutdown()
+            self._server.server_close()
+            self._server = None
+
+    @property
+    def url(self) -> str:
+        assert self._server is not None, "FakeHub.start() first"
+        return f"http://127.0.0.1:{self._server.server_address[1]}"
+
+    def __enter__(self) -> "FakeHub":
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+    # -- assertions helpers ----------------------------------------------------------------------------
+    def commits_to(self, repo_id: str) -> list[Commit]:
+        return [c for c in self.commits if c.repo_id == repo_id]
+
+    def add_repo(self, repo_id: str, private: bool = False) -> Repo:
+        with self.lock:
+            return self.repos.setdefault(repo_id, Repo(repo_id, private))
+
+
+class _Handler(BaseHTTPRequestHandler):
+    fake: FakeHub
+    protocol_version = "HTTP/1.1"
+
+    def log_message(self, *args) -> None:  # keep pytest output clean
+        pass
+
+    # -- plumbing ------------------------------------------------------------------------------------
+    def _send(self, status: int, body: object = None, headers: dict[str, str] | None = None) -> None:
+        data = b"" if body is None else json.dumps(body).encode()
+        self.send_response(status)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(data)))
+        for key, value in (headers or {}).items():
+            self.send_header(key, value)
+        self.end_headers()
+        self.wfile.write(data)
+
+    def _error(self, status: int, message: str, code: str | None = None) -> None:
+        headers = {"X-Error-Message": message}
+        if code:
+            headers["X-Error-Code"] = code
+        self._send(status, {"error": message}, headers)
+
+    def _body(self) -> bytes:
+        length = int(self.headers.get("Content-Length") or 0)
+        return self.rfile.read(length) if length else b""
+
+    def _authorized(self, required: bool = True) -> bool:
+        """True if the bearer token is the fake's; otherwise answers 401 the way the Hub does."""
+        header = self.headers.get("Authorization")
+        if header is None and not required:
+            return True
+        if header != f"Bearer {self.fake.token}":
+            self._error(401, INVALID_CREDENTIALS)
+            return False
+        return True
+
+    def _dispatch(self, method: str) -> None:
+        path = self.path.split("?", 1)[0]
+        with self.fake.lock:
+            self.fake.requests.append((method, path, self.headers.get("Authorization")))
+        for pattern, name in _ROUTES.get(method, []):
+            match = re.fullmatch(pattern, path)
+            if match:
+                return getattr(self, name)(*match.groups())
+        self._body()
+        self._error(404, f"FakeHub has no route for {method} {path}")
+
+    def do_GET(self) -> None:
+        self._dispatch("GET")
+
+    def do_POST(self) -> None:
+        self._dispatch("POST")
+
+    def do_PUT(self) -> None:
+        self._dispatch("PUT")
+
+    def _repo_or_404(self, repo_id: str) -> Repo | None:
+        repo = self.fake.repos.get(repo_id)
+        if repo is None:
+            self._error(404, "Repository not found", code="RepoNotFound")
+        return repo
+
+    # -- endpoints -------------------------------------------------------------------------------------
+    def whoami(self) -> None:
+        if self._authorized():
+            self._send(200, {"type": "user", "name": self.fake.user, "fullname": self.fake.user,
+                             "orgs": [{"name": o, "type": "org"} for o in self.fake.orgs],
+                             "auth": {"type": "access_token",
+                                      "accessToken": {"displayName": "fake", "role": "write"}}})
+
+    def create_repo(self) -> None:
+        payload = json.loads(self._body() or b"{}")
+        if not self._authorized():
+            return
+        namespace = payload.get("organization") or self.fake.user
+        repo_id = f"{namespace}/{payload['name']}"
+        if namespace not in (self.fake.user, *self.fake.orgs):
+            return self._error(403, f"You don't have the rights to create a model under the namespace {namespace!r}")
+        url = f"{self.fake.url}/{repo_id}"
+        with self.fake.lock:
+            if repo_id in self.fake.repos:
+                return self._send(409, {"error": "You already created this model repo", "url": url})
+            self.fake.repos[repo_id] = Repo(repo_id, bool(payload.get("private", False)),
+                                            payload.get("type") or "model")
+        self._send(200, {"url": url, "name": repo_id, "id": repo_id})
+
+    def validate_yaml(self) -> None:
+        payload = json.loads(self._body() or b"{}")
+        if not self._authorized(required=False):
+            return
+        match = re.match(r"^---\n(.*?)\n---", payload.get("content", ""), re.S)
+        try:
+            meta = yaml.safe_load(match.group(1)) if match else None
+        except yaml.YAMLError as err:
+            return self._send(400, {"errors": [{"message": f"Invalid YAML: {err}"}]})
+        warnings = [] if meta else [{"message": "Empty or missing yaml metadata in repo card"}]
+        self._send(200, {"errors": [], "warnings": warnings})
+
+    def preupload(self, repo_id: str, _rev: str) -> None:
+        payload = json.loads(self._body() or b"{}")
+        if not self._authorized():
+            return
+        repo = self._repo_or_404(repo_id)
+        if repo is None:
+            return
+        files = []
+        for f in payload.get("files", []):
+            lfs = f["path"].endswith(LFS_SUFFIXES) or f["size"] >= LFS_MIN_SIZE
+            old = repo.files.get(f["path"])
+            oid = None
+            if old is not None:
+                oid = hashlib.sha256(old).hexdigest() if lfs else git_blob_sha1(old)
+            files.append({"path": f["path"], "uploadMode": "lfs" if lfs else "regular",
+                          "shouldIgnore": False, "oid": oid})
+        self._send(200, {"files": files, "commitOid": repo.sha})
+
+    def lfs_batch(self, repo_id: str) -> None:
+        payload = json.loads(self._body() or b"{}")
+        if not self._authorized():
+            return
+        if self._repo_or_404(repo_id) is None:
+            return
+        objects = []
+        for obj in payload.get("objects", []):
+            entry = {"oid": obj["oid"], "size": obj["size"]}
+            if obj["oid"] not in self.fake.lfs_objects:
+                # Like S3 presigned URLs, the upload URL itself carries the permission (no token sent).
+                entry["actions"] = {"upload": {"href": f"{self.fake.url}/_lfs/{obj['oid']}"}}
+            objects.append(entry)
+        self._send(200, {"transfer": "basic", "objects": objects})
+
+    def lfs_put(self, oid: str) -> None:
+        data = self._body()
+        if hashlib.sha256(data).hexdigest() != oid:
+            return self._error(400, "LFS object does not match its sha256")
+        with self.fake.lock:
+            self.fake.lfs_objects[oid] = data
+        self._send(200)
+
+    def commit(self, repo_id: str, revision: str) -> None:
+        lines = [json.loads(line) for line in self._body().splitlines() if line.strip()]
+        self.fake.commit_arrived.set()
+        self.fake.commits_released.wait(timeout=60)
+        if not self._authorized():
+            return
+        repo = self._repo_or_404(repo_id)
+        if repo is None:
+            return
+        header = next((item["value"] for item in lines if item["key"] == "header"), None)
+        if header is None:
+            return self._error(400, "Commit payload has no header line")
+        files, lfs_paths, deleted = {}, set(), []
+        for item in lines:
+            key, value = item["key"], item["value"]
+            if key == "file":
+                files[value["path"]] = base64.b64decode(value["content"])
+            elif key == "lfsFile":
+                if value["oid"] not in self.fake.lfs_objects:
+                    return self._error(422, f"LFS object {value['oid']} of {value['path']} was never uploaded")
+                files[value["path"]] = self.fake.lfs_objects[value["oid"]]
+                lfs_paths.add(value["path"])
+            elif key in ("deletedFile", "deletedFolder"):
+                deleted.append(value["path"])
+        with self.fake.lock:
+            digest = hashlib.sha1(repo.sha.encode() + header["summary"].encode())
+            for path in sorted(files):
+                digest.update(path.encode() + b"\0" + files[path])
+            oid = digest.hexdigest()
+            for path in deleted:
+                folder = path.rstrip("/") + "/"
+                repo.files = {p: b for p, b in repo.files.items() if p != path and not p.startswith(folder)}
+            repo.files.update(files)
+            repo.lfs_paths = (repo.lfs_paths - set(files)) | lfs_paths
+            repo.sha = oid
+            self.fake.commits.append(Commit(repo_id, revision, oid, header["summary"],
+                                            header.get("description", ""), files, lfs_paths, deleted))
+        self._send(200, {"success": True, "commitOid": oid, "pullRequestUrl": None,
+                         "commitUrl": f"{self.fake.url}/{repo_id}/commit/{oid}"})
+
+    def repo_info(self, repo_id: str, _rev: str | None = None) -> None:
+        if not self._authorized(required=False):
+            return
+        repo = self.fake.repos.get(repo_id)
+        if repo is None or (repo.private and self.headers.get("Authorization") is None):
+            return self._error(404, "Repository not found", code="RepoNotFound")
+        self._send(200, {"id": repo_id, "modelId": repo_id, "private": repo.private, "sha": repo.sha,
+                         "author": repo_id.split("/")[0], "tags": [], "downloads": 0, "likes": 0,
+                         "siblings": [{"rfilename": p} for p in sorted(repo.files)]})
+
+
+    def tree(self, repo_id: str, _rev: str, prefix: str | None = None) -> None:
+        """Recursive listing only (what `list_repo_files`, hence upload_folder's delete_patterns, uses)."""
+        if not self._authorized(required=False):
+            return
+        repo = self._repo_or_404(repo_id)
+        if repo is None:
+            return
+        prefix = unquote(prefix).strip("/") + "/" if prefix else ""
+        entries = []
+        for path in sorted(p for p in repo.files if p.startswith(prefix)):
+            data = repo.files[path]
+            entry = {"type": "file", "path": path, "size": len(data), "oid": git_blob_sha1(data)}
+            if path in repo.lfs_paths:
+                entry["lfs"] = {"oid": hashlib.sha256(data).hexdigest(), "size": len(data), "pointerSize": 130}
+            entries.append(entry)
+        self._send(200, entries)
+
+
+_REPO = r"([^/]+/[^/]+?)"
+_ROUTES = {
+    "GET": [(r"/api/whoami-v2", "whoami"),
+            (rf"/api/models/{_REPO}/tree/([^/]+)(?:/(.+))?", "tree"),
+            (rf"/api/models/{_REPO}/revision/([^/]+)", "repo_info"),
+            (rf"/api/models/{_REPO}", "repo_info")],
+    "POST": [(r"/api/repos/create", "create_repo"),
+             (r"/api/validate-yaml", "validate_yaml"),
+             (rf"/api/models/{_REPO}/preupload/([^/]+)", "preupload"),
+             (rf"/api/models/{_REPO}/commit/([^/]+)", "commit"),
+             (rf"/{_REPO}\.git/info/lfs/objects/batch", "lfs_batch")],
+    "PUT": [(r"/_lfs/([0-9a-f]{64})", "lfs_put")],
+}
+
+@pytest.fixture
+def fake_hub(monkeypatch):
+    """A fresh FakeHub per test, with huggingface_hub in this process (and subprocesses, through
+    HF_ENDPOINT) pointed at it. The client reads HF_ENDPOINT once at import and checks commit URLs
+    against it, so the already-imported constant is patched too."""
+    hub = FakeHub().start()
+    from huggingface_hub import constants
+
+    monkeypatch.setenv("HF_ENDPOINT", hub.url)
+    monkeypatch.delenv("HF_TOKEN", raising=False)
+    monkeypatch.setattr(constants, "ENDPOINT", hub.url)
+    monkeypatch.setattr(constants, "HUGGINGFACE_CO_URL_TEMPLATE",
+                        hub.url + "/{repo_id}/resolve/{revision}/{filename}")
+    try:
+        yield hub
+    finally:
+        hub.stop()
+
+
+if __name__ == "__main__":
+    with FakeHub() as hub:
+        print(f"FakeHub at {hub.url} (token {hub.token}); Ctrl-C to stop")
+        while True:
+            time.sleep(3600)

@@ -1,0 +1,82 @@
+"""gcp-storage-emulator, plus the one GCS guarantee our code relies on that it lacks: preconditions.
+
+    python tests/peers/gcs_emulator.py start --host 127.0.0.1 --port 9023 --in-memory
+
+Same CLI and behaviour as `gcp-storage-emulator`, except that uploads honour `ifGenerationMatch`
+the way real GCS does (412 Precondition Failed when it does not hold). Without that,
+`storage.create_only` (first-writer-wins for the tokenizer) would pass its tests against the
+emulator while never exercising the precondition it depends on in production. The emulator
+serves one request at a time (http.server.HTTPServer), so check-then-write here is atomic.
+"""
+from __future__ import annotations
+
+import http.server
+import sys
+from http import HTTPStatus
+
+from gcp_storage_emulator import server
+from gcp_storage_emulator.exceptions import NotFound
+from gcp_storage_emulator.handlers import objects
+
+PRECONDITION_FAILED = {
+    "error": {
+        "code": 412,
+        "message": "At least one of the pre-conditions you specified did not hold.",
+        "errors": [{"domain": "global", "reason": "conditionNotMet",
+                    "message": "At least one of the pre-conditions you specified did not hold.",
+                    "locationType": "header", "location": "If-Match"}],
+    }
+}
+
+_original_insert = objects.insert
+
+
+def _target_name(request) -> str | None:
+    if "name" in request.query:
+        return request.query["name"][0]
+    upload_type = (request.query.get("uploadType") or [""])[0]
+    data = request.data
+    if upload_type == "multipart" and isinstance(data, dict):
+        return (data.get("meta") or {}).get("name")
+    if upload_type == "resumable" and isinstance(data, dict):
+        return data.get("name")
+    return None
+
+
+def _precondition_holds(request, storage) -> bool:
+    wanted = request.query.get("ifGenerationMatch")
+    if not wanted or "upload_id" in request.query:
+        return True  # no precondition, or a later chunk of a resumable upload checked at its start
+    name = _target_name(request)
+    try:
+        current = str(storage.get_file_obj(request.params["bucket_name"], name)["generation"])
+    except NotFound:
+        current = "0"  # GCS: generation 0 means "no live object"
+    return wanted[0] == current
+
+
+def insert(request, response, storage, *args, **kwargs):
+    if not _precondition_holds(request, storage):
+        response.status = HTTPStatus.PRECONDITION_FAILED
+        response.json(PRECONDITION_FAILED)
+        return None
+    return _original_insert(request, response, storage, *args, **kwargs)
+
+
+def install() -> None:
+    """Route every upload through `insert` above (the route table holds direct references)."""
+    # One request at a time, and a listen backlog of 5 by default: gcsfs and TensorFlow open
+    # connections in parallel, and dropped SYNs would stall them for a second each.
+    http.server.HTTPServer.request_queue_size = 128
+    objects.insert = insert
+    for _, handlers in server.HANDLERS:
+        for method, handler in list(handlers.items()):
+            if handler is _original_insert:
+                handlers[method] = insert
+
+
+if __name__ == "__main__":
+    from gcp_storage_emulator.__main__ import main
+
+    install()
+    sys.exit(main())

@@ -1,0 +1,174 @@
+"""plugins/remote_step.py against a real sshd (both "workers" of the TPU VM are this machine)."""
+import logging
+import shlex
+import subprocess
+import threading
+import time
+from types import SimpleNamespace
+
+import pytest
+from airflow.exceptions import AirflowException
+
+from mlm_tasks.config import PipelineConfig
+from mlm_tasks.tpu_remote import remote_command, stage_code
+from peers.sshd import airflow_conn_uri
+from remote_step import RemoteRunner, TpuSSHStepOperator, ssh_connect
+
+ZONE = "us-central2-b"
+
+
+@pytest.fixture
+def ssh_conn(sshd, monkeypatch):
+    monkeypatch.setenv("AIRFLOW_CONN_TPU_SSH", airflow_conn_uri(sshd))
+    return ssh_connect("tpu_ssh", sshd.port)
+
+
+def _cfg(fake_tpu, sshd, **tpu):
+    return PipelineConfig.model_validate({
+        "compute": "tpu_vm", "output_root": "gs://bucket/prefix",
+        "tpu": {"project": "proj", "zone": ZONE, "api_endpoint": fake_tpu.url, "transport": "rest",
+                "ssh_port": sshd.port, "bootstrap": False, "poll_interval_s": 0.1, **tpu}})
+
+
+def _context(run_id="manual__1"):
+    return {"dag": SimpleNamespace(dag_id="mlm_pretrain"), "run_id": run_id}
+
+
+def _ready_node(fake_tpu, workers=2):
+    from mlm_tasks import tpu
+
+    fake_tpu.workers = workers
+    name = tpu.node_name("mlm_pretrain", "manual__1")
+    fake_tpu.add_node("proj", ZONE, name, state="READY")
+    return name
+
+
+def _running(pattern):
+    return subprocess.run(["pgrep", "-f", pattern], capture_output=True).returncode == 0
+
+
+def test_runs_on_every_worker_and_streams_worker_0(ssh_conn, caplog):
+    log = logging.getLogger("test.remote")
+    caplog.set_level(logging.INFO, logger="test.remote")
+    workers = RemoteRunner(["127.0.0.1", "127.0.0.1"], ssh_conn, log).run(
+        "for i in 1 2 3; do echo line-$i; sleep 0.1; done; echo err-line >&2")
+    assert [w.exit_code for w in workers] == [0, 0]
+    assert list(workers[1].tail) == ["line-1", "line-2", "line-3", "err-line"]
+    streamed = [r.getMessage() for r in caplog.records if r.name == "test.remote"]
+    assert streamed == ["[worker 0] line-1", "[worker 0] line-2", "[worker 0] line-3", "[worker 0] err-line"]
+
+
+def test_nonzero_exit_names_worker_and_code(ssh_conn, tmp_path):
+    lock = tmp_path / "first"
+    # Same command on both; the worker that loses the mkdir race fails, as one pod-slice host would.
+    command = f"if mkdir {lock}; then echo winner; else echo loser; exit 3; fi"
+    workers = RemoteRunner(["127.0.0.1", "127.0.0.1"], ssh_conn, logging.getLogger("t")).run(command)
+    assert sorted(w.exit_code for w in workers) == [0, 3]
+    loser = next(w for w in workers if w.exit_code == 3)
+    assert f"worker {loser.index} (127.0.0.1): exit code 3" in loser.describe() and "loser" in loser.describe()
+
+
+def test_operator_runs_on_all_workers_of_the_node(fake_tpu, sshd, ssh_conn, tmp_path, capfd):
+    name = _ready_node(fake_tpu, workers=2)
+    out = tmp_path / "hits"
+    op = TpuSSHStepOperator(task_id="train", config=_cfg(fake_tpu, sshd).model_dump(mode="json"),
+                            command=f"echo hit >> {out}; echo done-here")
+    assert op.execute(_context()) == {"node": name, "workers": 2}
+    assert out.read_text().split() == ["hit", "hit"]
+    assert "[worker 0] done-here" in capfd.readouterr().out  # the task log (structlog -> stdout)
+
+
+def test_operator_failure_says_preempted(fake_tpu, sshd, ssh_conn):
+    name = _ready_node(fake_tpu, workers=2)
+    op = TpuSSHStepOperator(task_id="train", config=_cfg(fake_tpu, sshd).model_dump(mode="json"),
+                            command="sleep 1; echo dying; exit 7", peer_grace_s=5)
+    threading.Timer(0.3, fake_tpu.preempt, args=(name,)).start()
+    with pytest.raises(AirflowException) as err:
+        op.execute(_context())
+    message = str(err.value)
+    assert "exit code 7" in message and "worker 0" in message and "worker 1" in message
+    assert "PREEMPTED" in message and "dying" in message
+
+
+def test_operator_refuses_a_node_that_is_not_ready(fake_tpu, sshd, ssh_conn):
+    name = _ready_node(fake_tpu)
+    fake_tpu.preempt(name)
+    op = TpuSSHStepOperator(task_id="train", config=_cfg(fake_tpu, sshd).model_dump(mode="json"),
+                            command="true")
+    with pytest.raises(AirflowException, match="PREEMPTED, not READY: clear the create_tpu_vm"):
+        op.execute(_context())
+
+
+def test_kill_hangs_up_the_remote_step(fake_tpu, sshd, ssh_conn):
+    _ready_node(fake_tpu, workers=2)
+    marker = f"sleep {4000 + sshd.port % 1000}.5"
+    op = TpuSSHStepOperator(task_id="train", config=_cfg(fake_tpu, sshd).model_dump(mode="json"),
+                            command=f"echo started; {marker}")
+    errors = []
+    runner = threading.Thread(target=lambda: errors.append(_raises(op.execute, _context())))
+    runner.start()
+    deadline = time.monotonic() + 20
+    while subprocess.run(["pgrep", "-c", "-f", marker], capture_output=True, text=True).stdout.strip() != "2":
+        assert time.monotonic() < deadline, "remote steps did not start"
+        time.sleep(0.1)
+    op.on_kill()
+    runner.join(timeout=20)
+    assert not runner.is_alive()
+    assert "hung up" in errors[0]
+    deadline = time.monotonic() + 10
+    while _running(marker) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not _running(marker), "the remote process survived the kill"
+
+
+def _raises(fn, *args):
+    try:
+        fn(*args)
+    except AirflowException as err:
+        return str(err)
+    return "no error"
+
+
+def test_bootstrap_installs_staged_code_once(ssh_conn, tmp_path, fake_tpu, sshd):
+    """The install path of remote_command, with a local output_root and a stand-in interpreter."""
+    from pathlib import Path
+
+    real_python = Path(__import__("sys").executable)
+    wrapper = tmp_path / "python"
+    wrapper.write_text(f"""#!/bin/sh
+if [ "$1 $2" = "-m pip" ]; then echo "PIP $*"; exit 0; fi
+if [ "$1 $2" = "-m mlm_tasks" ]; then shift 2
+  exec {real_python} -c 'import sys, mlm_tasks; print("FROM", mlm_tasks.__file__); print("ARGS", *sys.argv[1:2], sys.argv[-2:])' "$@"
+fi
+exec {real_python} "$@"
+""")
+    wrapper.chmod(0o755)
+    requirements = tmp_path / "requirements.txt"
+    requirements.write_text("tensorflow==2.21.0\nfsspec==2024.1.0\n")
+    root = tmp_path / "out"
+    bundle = stage_code(str(root), requirements=requirements)
+    assert stage_code(str(root), requirements=requirements) == bundle  # content-addressed, uploaded once
+    workdir = tmp_path / "vm home" / "mlm"
+    cfg = _cfg(fake_tpu, sshd, bootstrap=True, workdir=str(workdir), python=str(wrapper))
+    command = remote_command(cfg, "train", "manual__1", code=bundle)
+
+    runner = RemoteRunner(["127.0.0.1"], ssh_conn, logging.getLogger("t"))
+    first = list(runner.run(command)[0].tail)
+    assert first[0].startswith(f"Installing project {bundle.sha}")
+    assert first[1].startswith("PIP -m pip install --quiet -r requirements-vm.txt")
+    assert first[2] == f"FROM {workdir}/code/mlm_tasks/__init__.py"
+    assert first[3] == "ARGS train ['--run-id', 'manual__1']"
+    assert (workdir / f".installed-{bundle.sha}").exists()
+    assert (workdir / "requirements-vm.txt").read_text() == "fsspec==2024.1.0\n"  # image's TF kept
+
+    again = RemoteRunner(["127.0.0.1"], ssh_conn, logging.getLogger("t")).run(command)[0]
+    assert again.exit_code == 0 and list(again.tail) == first[2:]
+
+
+def test_remote_command_carries_the_whole_config(fake_tpu, sshd):
+    cfg = _cfg(fake_tpu, sshd, workdir="~/mlm dir")
+    argv = shlex.split(remote_command(cfg, "evaluate", "run 1", extra_args=["--x", "y"]).split("; exec ", 1)[1])
+    assert argv[:4] == ["python3", "-m", "mlm_tasks", "evaluate"]
+    assert PipelineConfig.model_validate_json(argv[argv.index("--config-json") + 1]) == cfg
+    assert argv[-4:] == ["--run-id", "run 1", "--x", "y"]
+    assert 'cd "$HOME"/\'mlm dir\'' in remote_command(cfg, "train", "r")
