@@ -44,7 +44,7 @@ from airflow.sdk import Param, dag, task
 def mlm_tpu_janitor():
     @task
     def delete_expired(**context) -> list[str]:
-        from airflow.exceptions import AirflowSkipException
+        from airflow.sdk.exceptions import AirflowSkipException
 
         from mlm_tasks import tpu
         from mlm_tasks.config import TpuConfig

@@ -143,6 +143,8 @@ class TpuConfig(_Section):
     external_ips: bool = Field(True, description="Give the workers external IPs (as gcloud does; pip on the "
                                "VM needs them unless the VPC has Cloud NAT).")
     ssh_via_external_ip: bool = Field(False, description="SSH to the workers' external IPs (Airflow outside the VPC).")
+    env: dict[str, str] = Field(default_factory=dict, description="Environment variables for the step on every "
+                                "worker (no secrets: the config is logged and kept in XCom).")
 
 
 class GateConfig(_Section):

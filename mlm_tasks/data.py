@@ -24,6 +24,29 @@ def make_collator(tokenizer, mlm_probability: float):
                                            return_tensors="tf")
 
 
+class BatchSeededRng:
+    """Stands in for the collator's `tf.random.Generator`: stateless draws keyed by (seed, batch index).
+
+    Batch k gets the same masks whether or not training was killed and resumed before it, so a
+    resumed run sees exactly the data an uninterrupted run would, and evaluation masks are identical
+    for every model scored on the same split.
+    """
+
+    def __init__(self, seed: int, batch_index):
+        self.seed, self.batch_index, self.calls = seed, batch_index, 0
+
+    def uniform(self, shape, minval=0, maxval=None, dtype=None):
+        import tensorflow as tf
+
+        self.calls += 1  # counted at trace time: each draw site gets its own stream
+        key = tf.stack([tf.constant(self.seed * 1_000_003 + self.calls, tf.int64),
+                        tf.cast(self.batch_index, tf.int64)])
+        dtype = dtype or tf.float32
+        if maxval is None:
+            maxval = 1 if dtype.is_floating else None
+        return tf.random.stateless_uniform(shape, seed=key, minval=minval, maxval=maxval, dtype=dtype)
+
+
 def mlm_dataset(paths: DataPaths, manifest: dict, split: str, tokenizer, batch_size: int, *,
                 mlm_probability: float = 0.15, seed: int = 0, training: bool = True,
                 shuffle_buffer: int = 10_000, skip_batches: int = 0):
@@ -48,15 +71,16 @@ def mlm_dataset(paths: DataPaths, manifest: dict, split: str, tokenizer, batch_s
                        num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
     if training:
         ds = ds.shuffle(shuffle_buffer, seed=seed, reshuffle_each_iteration=True).repeat()
-    ds = ds.batch(batch_size, drop_remainder=training)
+    ds = ds.batch(batch_size, drop_remainder=training).enumerate()
     if skip_batches:
-        ds = ds.skip(skip_batches)  # before parsing and masking: cheap, and keeps the order exact
+        ds = ds.skip(skip_batches)  # before parsing and masking: cheap; batch indices stay exact
 
     feature = {"input_ids": tf.io.FixedLenFeature([max_length], tf.int64)}
 
-    def parse_and_mask(serialized):
+    def parse_and_mask(index, serialized):
         ids = tf.cast(tf.io.parse_example(serialized, feature)["input_ids"], tf.int32)
         special = tf.reduce_any(ids[..., None] == special_ids, axis=-1)
+        collator.generator = BatchSeededRng(seed, index)
         masked, labels = collator.tf_mask_tokens(ids, vocab_size=vocab_size, mask_token_id=mask_id,
                                                  special_tokens_mask=special)
         # Chunks are packed, so every position is real text: the mask is all ones.

@@ -39,7 +39,17 @@ def train_unigram(rows: Iterable[str], cfg: TokenizerConfig):
         max_piece_length=cfg.max_piece_length,
         show_progress=False,
     )
-    tok.train_from_iterator(rows, trainer=trainer)
+    seen = [0]
+
+    def counted(rows):
+        for row in rows:
+            seen[0] += 1
+            yield row
+
+    tok.train_from_iterator(counted(rows), trainer=trainer)
+    if not seen[0]:
+        raise ConfigError("The corpus is empty: its train split has no text rows. Check the corpus source "
+                          "settings (paths, dataset name, text_column).")
     if tok.get_vocab_size() < cfg.vocab_size:
         # The trainer stops early when the corpus has fewer useful pieces than asked for.
         raise ConfigError(f"tokenizer.vocab_size {cfg.vocab_size} is larger than this corpus supports "

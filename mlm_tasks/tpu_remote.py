@@ -15,6 +15,7 @@ import gzip
 import hashlib
 import io
 import json
+import re
 import shlex
 import tarfile
 from dataclasses import dataclass
@@ -120,8 +121,12 @@ def remote_command(cfg: PipelineConfig, step: str, run_id: str, *, extra_args: S
     config_json = json.dumps(cfg.model_dump(mode="json"), separators=(",", ":"))
     step_line = " ".join(shlex.quote(a) for a in [cfg.tpu.python, "-m", "mlm_tasks", step, "--config-json",
                                                     config_json, "--run-id", run_id, *extra_args])
+    bad = [k for k in cfg.tpu.env if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", k)]
+    if bad:
+        raise ConfigError(f"tpu.env has invalid variable names {bad}: use letters, digits and _.")
     parts = ["set -e", f"mkdir -p {_shell_path(cfg.tpu.workdir)}", f"cd {_shell_path(cfg.tpu.workdir)}",
              "export PYTHONUNBUFFERED=1"]  # worker 0's lines reach the task log as they happen
+    parts += [f"export {k}={shlex.quote(v)}" for k, v in sorted(cfg.tpu.env.items())]
     if cfg.tpu.bootstrap:
         parts += [_bootstrap(cfg, code), 'export PYTHONPATH="$PWD/code${PYTHONPATH:+:$PYTHONPATH}"']
     # exec: the step replaces the shell, so a hang-up of the SSH session (task killed) reaches it.

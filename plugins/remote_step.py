@@ -18,7 +18,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
 
-from airflow.exceptions import AirflowException, AirflowSkipException
+from airflow.sdk.exceptions import AirflowException, AirflowSkipException
 from airflow.sdk import BaseOperator
 
 from mlm_tasks import tpu
@@ -108,11 +108,26 @@ class RemoteRunner:
                         thing.close()
 
 
-def ssh_connect(conn_id: str, port: int) -> Callable[[str], Any]:
+def ssh_connect(conn_id: str, port: int, patience_s: float = 300.0) -> Callable[[str], Any]:
+    """connect(host) -> paramiko SSHClient. A fresh VM refuses SSH (or our key) for a minute or
+    two after READY while its ssh-keys metadata is applied, so refusals are retried for a while."""
+    import socket
+
+    import paramiko
     from airflow.providers.ssh.hooks.ssh import SSHHook
 
     def connect(host: str) -> Any:
-        return SSHHook(ssh_conn_id=conn_id, remote_host=host, port=port, conn_timeout=30).get_conn()
+        deadline = time.monotonic() + patience_s
+        while True:
+            try:
+                return SSHHook(ssh_conn_id=conn_id, remote_host=host, port=port, conn_timeout=30,
+                               conn_retry_attempts=1).get_conn()
+            except (paramiko.SSHException, socket.error) as err:
+                if time.monotonic() > deadline:
+                    raise RuntimeError(f"Cannot SSH to {host}:{port} as connection {conn_id!r} after "
+                                       f"{patience_s:.0f}s ({err}): check the connection's user and key, "
+                                       "and that the firewall allows SSH from Airflow.") from err
+                time.sleep(5)
 
     return connect
 

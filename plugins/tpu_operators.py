@@ -4,7 +4,8 @@
     create = TpuVmCreateOperator(task_id="create_tpu_vm", config=cfg)
     delete = TpuVmDeleteOperator(task_id="delete_tpu_vm", config=cfg).as_teardown(setups=create)
 
-Both skip unless `compute` is "tpu_vm". The node is named from the DAG and run ids
+Both succeed doing nothing unless `compute` is "tpu_vm" (not a skip: downstream tasks follow them
+with all_success). The node is named from the DAG and run ids
 (`mlm_tasks.tpu.node_name`), so a retry finds the node the first try made. Create is idempotent
 (READY reused, dead nodes replaced) and deferrable: while the node is CREATING it waits in the
 triggerer (plugins/tpu_trigger.py), not in a worker slot. If creation fails after the node appeared,
@@ -18,7 +19,7 @@ import time
 from datetime import timedelta
 from typing import Any
 
-from airflow.exceptions import AirflowException, AirflowSkipException
+from airflow.sdk.exceptions import AirflowException
 from airflow.sdk import BaseOperator
 
 from mlm_tasks import tpu
@@ -46,7 +47,7 @@ def run_node_name(context: Any, override: str | None = None) -> str:
 def ssh_key_metadata(conn_id: str, log: Any) -> dict[str, str]:
     """`ssh-keys` metadata for the node: the public half of the SSH connection's key, so the SSH step
     can log in without OS Login. Projects that enforce OS Login ignore it (grant the key there)."""
-    from airflow.exceptions import AirflowNotFoundException
+    from airflow.sdk.exceptions import AirflowNotFoundException
     from airflow.providers.ssh.hooks.ssh import SSHHook
     import paramiko
 

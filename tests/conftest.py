@@ -35,3 +35,4 @@ if _PLUGINS not in sys.path:
 from peers.fake_tpu_api import fake_tpu  # noqa: E402,F401  (fixture)
 from peers.sshd import sshd  # noqa: E402,F401  (fixture)
 from peers.airflow_home import airflow_env  # noqa: E402,F401  (fixture)
+from peers.tiny_data import tiny_cfg, tiny_prepared  # noqa: E402,F401  (fixtures)

@@ -1,4 +1,6 @@
 """mlm_tpu_janitor run for real (`airflow dags test`) against the fake TPU API."""
+import subprocess
+import sys
 import time
 
 from peers.airflow_home import ROOT, dags_test
@@ -27,6 +29,5 @@ def test_janitor_dag_is_thin():
     assert "@hourly" in source and "doc_md=__doc__" in source
     code = ("import sys, runpy; sys.path[:0] = [{root!r}]; g = runpy.run_path({path!r}); "
             "assert 'google.cloud.tpu_v2' not in sys.modules and 'tensorflow' not in sys.modules")
-    import subprocess, sys
     subprocess.run([sys.executable, "-c", code.format(root=str(ROOT), path=str(ROOT / "dags" / "mlm_tpu_janitor.py"))],
                    check=True)

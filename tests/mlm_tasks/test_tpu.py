@@ -2,8 +2,10 @@
 import re
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
+from google.api_core.exceptions import NotFound
 
 from mlm_tasks import tpu
 from mlm_tasks.config import TpuConfig
@@ -58,8 +60,11 @@ def test_creating_node_means_wait_and_conflict_is_a_wait(cfg, fake_tpu):
     assert tpu.ensure_node(cfg, name, {}).action == "wait"
     # A create racing another try's create: the API answers 409 and we wait for that node.
     api = tpu.client(cfg)
-    api.get_node = lambda name: (_ for _ in ()).throw(__import__("google.api_core.exceptions").api_core
-                                                      .exceptions.NotFound("gone"))
+
+    def not_yet_visible(name):  # the other try's node is not visible to our get yet
+        raise NotFound(name)
+
+    api.get_node = not_yet_visible
     raced = tpu.ensure_node(cfg, name, {}, api=api)
     assert (raced.action, raced.state) == ("wait", "CREATING")
 
@@ -116,4 +121,4 @@ def test_worker_endpoints_in_order_and_external(cfg, fake_tpu):
 
 def test_importing_mlm_tasks_tpu_does_not_import_airflow():
     code = "import mlm_tasks.tpu, sys; assert 'airflow' not in sys.modules, 'airflow imported'"
-    subprocess.run([sys.executable, "-c", code], check=True, cwd=str(__import__("pathlib").Path(__file__).parents[2]))
+    subprocess.run([sys.executable, "-c", code], check=True, cwd=str(Path(__file__).parents[2]))

@@ -2,12 +2,13 @@
 import logging
 import shlex
 import subprocess
+import sys
 import threading
 import time
 from types import SimpleNamespace
 
 import pytest
-from airflow.exceptions import AirflowException
+from airflow.sdk.exceptions import AirflowException
 
 from mlm_tasks.config import PipelineConfig
 from mlm_tasks.tpu_remote import remote_command, stage_code
@@ -131,9 +132,7 @@ def _raises(fn, *args):
 
 def test_bootstrap_installs_staged_code_once(ssh_conn, tmp_path, fake_tpu, sshd):
     """The install path of remote_command, with a local output_root and a stand-in interpreter."""
-    from pathlib import Path
-
-    real_python = Path(__import__("sys").executable)
+    real_python = sys.executable
     wrapper = tmp_path / "python"
     wrapper.write_text(f"""#!/bin/sh
 if [ "$1 $2" = "-m pip" ]; then echo "PIP $*"; exit 0; fi
@@ -172,3 +171,25 @@ def test_remote_command_carries_the_whole_config(fake_tpu, sshd):
     assert PipelineConfig.model_validate_json(argv[argv.index("--config-json") + 1]) == cfg
     assert argv[-4:] == ["--run-id", "run 1", "--x", "y"]
     assert 'cd "$HOME"/\'mlm dir\'' in remote_command(cfg, "train", "r")
+
+
+def test_unreachable_worker_is_reported(sshd, monkeypatch):
+    monkeypatch.setenv("AIRFLOW_CONN_TPU_SSH", airflow_conn_uri(sshd))
+    import socket
+
+    with socket.socket() as s:  # a port nobody listens on
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    workers = RemoteRunner(["127.0.0.1"], ssh_connect("tpu_ssh", port, patience_s=0),
+                           logging.getLogger("t")).run("true")
+    assert workers[0].exit_code is None
+    assert f"Cannot SSH to 127.0.0.1:{port}" in workers[0].describe()
+
+
+def test_remote_command_exports_tpu_env(ssh_conn, fake_tpu, sshd, tmp_path):
+    cfg = _cfg(fake_tpu, sshd, workdir=str(tmp_path), env={"STORAGE_EMULATOR_HOST": "http://127.0.0.1:1",
+                                                            "ODD": "a b'c"})
+    setup = remote_command(cfg, "train", "r").split("; exec ", 1)[0]  # everything before the step
+    workers = RemoteRunner(["127.0.0.1"], ssh_conn, logging.getLogger("t")).run(
+        setup + '; echo "$PWD|$STORAGE_EMULATOR_HOST|$ODD"')
+    assert list(workers[0].tail) == [f"{tmp_path}|http://127.0.0.1:1|a b'c"]

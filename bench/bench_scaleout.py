@@ -1,0 +1,136 @@
+"""Benchmark 3: shard writing fanned out over worker processes (mlm_tasks.shards_parallel), 1 vs 2 workers.
+
+    .venv/bin/python bench/bench_scaleout.py [--factor 4] [--rounds 2]
+
+Corpus: the embedded corpus' rows repeated `factor` times in a .txt (local_files source), all splits.
+Each worker is a fresh process running write_partition(cfg, paths, part, num_parts), as one Airflow
+mapped task would; workers import, then wait at a barrier so only the writing is timed; the merge
+(merge_manifests) runs after the last worker and is included. Workers run one tokenizer thread each
+(TOKENIZERS_PARALLELISM=false: one task per core); "1 worker, threads" is the single writer with the
+tokenizer's own thread pool, the strongest one-process baseline. The merged manifest's counts are
+compared with those of mlm_tasks.shards.write_shards (one process, the plain writer).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import common  # noqa: E402
+from bench_memory import corpus_file  # noqa: E402
+
+COUNTS = ("records", "tokens", "rows", "characters")
+
+
+def _cfg(factor: int):
+    return common.bench_config(**{"corpus.source": "local_files", "corpus.local_paths": [corpus_file(factor)]})
+
+
+def _paths(root: str):
+    from mlm_tasks.paths import DataPaths
+
+    return DataPaths(root, "scaleout")
+
+
+def worker(arg: str) -> None:
+    factor, part, num_parts, root = arg.split(":", 3)
+    from mlm_tasks.shards_parallel import write_partition
+
+    cfg, paths = _cfg(int(factor)), _paths(root)
+    go = os.path.join(root, "go")
+    open(os.path.join(root, f"ready-{part}"), "w").close()
+    while not os.path.exists(go):
+        time.sleep(0.01)
+    t0 = time.time()
+    partial = write_partition(cfg, paths, int(part), int(num_parts))
+    common.emit({"start": t0, "end": time.time(), "records": sum(s["records"] for s in partial["splits"].values())})
+
+
+def run_fanout(factor: int, num_parts: int, env: dict) -> tuple[float, dict]:
+    from mlm_tasks.shards_parallel import merge_manifests
+
+    root = tempfile.mkdtemp(prefix="bench-scaleout-")
+    try:
+        shutil.copytree(common.prepared()["tokenizer_uri"], _paths(root).tokenizer)
+        procs = [subprocess.Popen([sys.executable, __file__, "--worker", f"{factor}:{p}:{num_parts}:{root}"],
+                                  stdout=subprocess.PIPE, text=True, env={**os.environ, **env})
+                 for p in range(num_parts)]
+        while not all(os.path.exists(os.path.join(root, f"ready-{p}")) for p in range(num_parts)):
+            if any(p.poll() for p in procs):
+                raise RuntimeError("a worker failed before the barrier")
+            time.sleep(0.01)
+        t0 = time.time()
+        open(os.path.join(root, "go"), "w").close()
+        results = []
+        for p in procs:
+            out, _ = p.communicate()
+            if p.returncode:
+                raise RuntimeError(f"worker failed ({p.returncode})")
+            results.append(json.loads(out.strip().splitlines()[-1]))
+        print("workers", [round(r["end"] - t0, 2) for r in results], "merge start", round(time.time() - t0, 2), file=sys.stderr)
+        manifest = merge_manifests(_cfg(factor), _paths(root), num_parts, {})
+        return time.time() - t0, manifest
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+
+
+def run_single(factor: int) -> dict:
+    from mlm_tasks.corpus import open_corpus
+    from mlm_tasks.shards import write_shards
+    from mlm_tasks.tokenizer import load_tokenizer
+
+    cfg = _cfg(factor)
+    with tempfile.TemporaryDirectory(prefix="bench-single-") as root:
+        tok = load_tokenizer(common.prepared()["tokenizer_uri"], common.MAX_LENGTH)
+        return write_shards(open_corpus(cfg.corpus), tok, cfg.shards, _paths(root), {})
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--factor", type=int, default=4)
+    p.add_argument("--rounds", type=int, default=2)
+    p.add_argument("--worker")
+    args = p.parse_args()
+    if args.worker:
+        return worker(args.worker)
+    import logging
+
+    common.prepared()
+    corpus_file(args.factor)
+    logging.disable(logging.INFO)
+    one_thread = {"TOKENIZERS_PARALLELISM": "false"}
+    variants = {"1 worker, threads": (1, {}), "1 worker": (1, one_thread), "2 workers": (2, one_thread)}
+    times: dict[str, list[float]] = {v: [] for v in variants}
+    manifests = {}
+    for r in range(args.rounds):
+        for name in (list(variants) if r % 2 == 0 else list(variants)[::-1]):
+            seconds, manifests[name] = run_fanout(args.factor, *variants[name])
+            times[name].append(seconds)
+            print(f"round {r + 1} {name}: {seconds:.2f}s", file=sys.stderr)
+    single = run_single(args.factor)
+    tokens = manifests["2 workers"]["splits"]["train"]["tokens"] + sum(
+        manifests["2 workers"]["splits"][s]["tokens"] for s in ("validation", "test"))
+    best_one = min(common.median(times["1 worker, threads"]), common.median(times["1 worker"]))
+    print(f"\n{common.machine()}\ncorpus: embedded rows x{args.factor} (local_files), {tokens:,} tokens written; "
+          f"median of {args.rounds} alternating rounds\n")
+    print(common.table(["variant", "median s (write + merge)", "tokens/s", "speed-up vs best 1 worker", "runs (s)"],
+                       [[v, common.median(t), tokens / common.median(t), best_one / common.median(t),
+                         " ".join(f"{x:.2f}" for x in t)] for v, t in times.items()]))
+    rows = []
+    for split in ("train", "validation", "test"):
+        a, b = single["splits"][split], manifests["2 workers"]["splits"][split]
+        rows.append([split] + [f"{a[k]:,} / {b[k]:,}" for k in COUNTS]
+                    + ["yes" if all(a[k] == b[k] for k in COUNTS) else "NO"])
+    print("\nwrite_shards (1 process) vs merged 2-worker manifest:\n")
+    print(common.table(["split", *COUNTS, "equal"], rows))
+    print("\ntarget: 2 workers >= 1.7x one worker; merged counts equal the single writer's")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,201 @@
+"""Benchmark 5: training tokens/s, ours (mlm_tasks.train, LM head at <= 32 masked positions per sequence)
+against the plain reference loop (TFRobertaForMaskedLM.compile + model.fit, transformers.create_optimizer,
+the full-vocabulary head at every position), tiny and small presets, XLA off and on; and loss per step.
+
+    .venv/bin/python bench/bench_train.py [--presets tiny,small] [--xla off,on] [--steps 60] [--warmup 10]
+
+Equal config: configs/default.yaml (vocab 8000, max_length 128, batch 32, dropout 0, lr 1e-3, AdamW via
+create_optimizer with the same schedule), the same shards. The reference's input pipeline is the one of
+Hugging Face's TF/TPU MLM example: TFRecordDataset -> parse -> shuffle -> batch -> in-graph masking with
+DataCollatorForLanguageModeling.tf_mask_tokens -> prefetch. Each run is a fresh subprocess; tokens/s
+counts steps after `warmup` (tracing/compilation excluded): ours from its history windows, the
+reference from a per-batch timing callback. Loss equality: the same initial weights and the same 8
+batches through both; the per-step losses are compared.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import common  # noqa: E402
+
+BATCH = 32
+
+
+def _setup(preset: str, xla: str, steps: int, max_pred: int = 32, log_every: int = 10):
+    from mlm_tasks.paths import DataPaths
+    from mlm_tasks.storage import read_json
+
+    data = common.prepared()
+    cfg = common.bench_config(**{"model.preset": preset, "train.xla": xla, "train.steps": steps,
+                                 "train.log_every": log_every, "train.checkpoint_every": 10**6,
+                                 "train.max_predictions_per_seq": max_pred, "train.device": "cpu",
+                                 "train.batch_size": BATCH})
+    return cfg, data, DataPaths(cfg.output_root, data["fingerprint"]), read_json(data["manifest_uri"])
+
+
+def run_ours(preset: str, xla: str, steps: int, warmup: int) -> dict:
+    from mlm_tasks.train import train
+
+    cfg, data, _, _ = _setup(preset, xla, steps, log_every=warmup)
+    run_id = f"bench-{preset}-{xla}-{os.getpid()}-{int(time.time())}"
+    summary = train(cfg, run_id, data["fingerprint"])
+    from mlm_tasks.paths import RunPaths
+    from mlm_tasks.train import _read_history
+
+    history = [h for h in _read_history(RunPaths(cfg.output_root, run_id)) if h["step"] > warmup]
+    tokens = warmup * BATCH * common.MAX_LENGTH * len(history)
+    seconds = sum(warmup * BATCH * common.MAX_LENGTH / h["tokens_per_s"] for h in history)
+    return {"tokens_per_s": tokens / seconds, "steps_timed": warmup * len(history), "last_loss": summary["last_loss"]}
+
+
+def reference_dataset(paths, manifest, tokenizer, seed: int = 42):
+    """The HF TF/TPU MLM example's pipeline over our shards (they hold input_ids; the mask is all ones)."""
+    import tensorflow as tf
+    from transformers import DataCollatorForLanguageModeling
+
+    from mlm_tasks.shards import shard_uris
+
+    collator = DataCollatorForLanguageModeling(tokenizer=tokenizer, mlm_probability=0.15, return_tensors="tf")
+    feature = {"input_ids": tf.io.FixedLenFeature([manifest["max_length"]], tf.int64)}
+
+    def decode(serialized):
+        ids = tf.io.parse_single_example(serialized, feature)["input_ids"]
+        return {"input_ids": ids, "attention_mask": tf.ones_like(ids)}
+
+    def mask(batch):
+        special = tf.cast(tf.reduce_any(batch["input_ids"][..., None] == tf.constant(
+            tokenizer.all_special_ids, dtype=tf.int64), axis=-1), tf.bool)
+        ids, labels = collator.tf_mask_tokens(batch["input_ids"], vocab_size=len(tokenizer),
+                                              mask_token_id=tokenizer.mask_token_id, special_tokens_mask=special)
+        return {"input_ids": ids, "attention_mask": batch["attention_mask"], "labels": labels}
+
+    ds = tf.data.TFRecordDataset(shard_uris(paths, manifest, "train")).map(decode, num_parallel_calls=tf.data.AUTOTUNE)
+    ds = ds.shuffle(10_000, seed=seed).repeat().batch(BATCH, drop_remainder=True)
+    return ds.map(mask, num_parallel_calls=tf.data.AUTOTUNE).prefetch(tf.data.AUTOTUNE)
+
+
+def _reference_model(cfg, data, manifest, steps: int, xla: bool):
+    from transformers import create_optimizer
+
+    from mlm_tasks.model import build_model, roberta_config
+
+    model = build_model(roberta_config(cfg, data["vocab_size"], manifest["special_ids"]))
+    optimizer, _ = create_optimizer(init_lr=cfg.train.learning_rate, num_train_steps=steps,
+                                    num_warmup_steps=int(steps * cfg.train.warmup_fraction),
+                                    weight_decay_rate=cfg.train.weight_decay)
+    model.compile(optimizer=optimizer, jit_compile=xla)  # no loss given: the model's own MLM loss
+    return model
+
+
+def run_reference(preset: str, xla: str, steps: int, warmup: int) -> dict:
+    import tensorflow as tf
+    import tf_keras
+
+    from mlm_tasks.tokenizer import load_tokenizer
+
+    cfg, data, paths, manifest = _setup(preset, xla, steps)
+    tf.keras.utils.set_random_seed(cfg.train.seed)
+    tokenizer = load_tokenizer(data["tokenizer_uri"], common.MAX_LENGTH)
+    model = _reference_model(cfg, data, manifest, steps, xla == "on")
+    marks: list[float] = []
+    timer = tf_keras.callbacks.LambdaCallback(on_train_batch_end=lambda b, logs: marks.append(time.perf_counter()))
+    history = model.fit(reference_dataset(paths, manifest, tokenizer), steps_per_epoch=steps, epochs=1,
+                        callbacks=[timer], verbose=0)
+    seconds = marks[-1] - marks[warmup - 1]
+    return {"tokens_per_s": (steps - warmup) * BATCH * common.MAX_LENGTH / seconds, "steps_timed": steps - warmup,
+            "last_loss": float(history.history["loss"][-1])}
+
+
+def run_equality(preset: str, n: int = 8) -> dict:
+    """Same weights, same n batches: per-step losses of ours (masked positions only) and the reference fit."""
+    import numpy as np
+    import tensorflow as tf
+    import tf_keras
+    from transformers import create_optimizer
+
+    from mlm_tasks.data import mlm_dataset
+    from mlm_tasks.model import masked_lm_loss
+    from mlm_tasks.tokenizer import load_tokenizer
+
+    cfg, data, paths, manifest = _setup(preset, "off", n)
+    tf.keras.utils.set_random_seed(cfg.train.seed)
+    tokenizer = load_tokenizer(data["tokenizer_uri"], common.MAX_LENGTH)
+    batches = list(mlm_dataset(paths, manifest, "train", tokenizer, BATCH, seed=1).take(n).as_numpy_iterator())
+    ref = _reference_model(cfg, data, manifest, n, False)
+    ours = _reference_model(cfg, data, manifest, n, False)
+    ours.set_weights(ref.get_weights())
+    optimizer, _ = create_optimizer(init_lr=cfg.train.learning_rate, num_train_steps=n,
+                                    num_warmup_steps=int(n * cfg.train.warmup_fraction),
+                                    weight_decay_rate=cfg.train.weight_decay)
+
+    @tf.function
+    def step(batch):
+        with tf.GradientTape() as tape:
+            loss_sum, count, _ = masked_lm_loss(ours, batch, cfg.train.max_predictions_per_seq, training=True)
+            loss = loss_sum / tf.maximum(count, 1.0)
+        grads = tape.gradient(loss, ours.trainable_variables)
+        optimizer.apply_gradients(zip(grads, ours.trainable_variables))
+        return loss
+
+    ours_losses = [float(step(b)) for b in batches]
+    running: list[float] = []
+    cb = tf_keras.callbacks.LambdaCallback(on_train_batch_end=lambda b, logs: running.append(logs["loss"]))
+    ds = tf.data.Dataset.from_generator(lambda: iter(batches), output_signature={
+        k: tf.TensorSpec((BATCH, common.MAX_LENGTH), tf.int32 if v.dtype == np.int32 else tf.int64)
+        for k, v in batches[0].items()})
+    ref.fit(ds, epochs=1, callbacks=[cb], verbose=0)
+    # Keras logs the running mean over the epoch: undo it to get each step's loss.
+    ref_losses = [running[0]] + [(k + 1) * running[k] - k * running[k - 1] for k in range(1, len(running))]
+    overflow = sum(int(((b["labels"] != -100).sum(axis=1) > cfg.train.max_predictions_per_seq).sum())
+                   for b in batches)
+    return {"ours": ours_losses, "reference": ref_losses, "sequences_over_max_predictions": overflow}
+
+
+def worker(arg: str) -> None:
+    kind, *rest = arg.split(":")
+    if kind == "equality":
+        return common.emit(run_equality(rest[0]))
+    preset, xla, steps, warmup = rest[0], rest[1], int(rest[2]), int(rest[3])
+    fn = run_ours if kind == "ours" else run_reference
+    common.emit(fn(preset, xla, steps, warmup))
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--presets", default="tiny,small")
+    p.add_argument("--xla", default="off,on")
+    p.add_argument("--steps", type=int, default=60, help="steps per run for tiny (small: half)")
+    p.add_argument("--warmup", type=int, default=10, help="steps not timed (small: half)")
+    p.add_argument("--worker")
+    args = p.parse_args()
+    if args.worker:
+        return worker(args.worker)
+    common.prepared()
+    rows = []
+    for preset in args.presets.split(","):
+        steps, warmup = (args.steps, args.warmup) if preset == "tiny" else (args.steps // 2, args.warmup // 2)
+        for xla in args.xla.split(","):
+            res = {}
+            for impl in ("ours", "reference"):  # ours first, then the reference, per config
+                res[impl] = common.run_worker(__file__, f"{impl}:{preset}:{xla}:{steps}:{warmup}")
+                print(f"{preset} xla={xla} {impl}: {res[impl]['tokens_per_s']:.0f} tokens/s", file=sys.stderr)
+            o, r = res["ours"], res["reference"]
+            rows.append([preset, xla, r["tokens_per_s"], o["tokens_per_s"], o["tokens_per_s"] / r["tokens_per_s"],
+                         f"{o['steps_timed']}/{r['steps_timed']}", r["peak_rss_mb"], o["peak_rss_mb"]])
+    eq = common.run_worker(__file__, "equality:tiny")
+    print(f"\n{common.machine()}\nbatch {BATCH} x {common.MAX_LENGTH} tokens, vocab 8000; tokens/s after warmup\n")
+    print(common.table(["preset", "XLA", "reference tokens/s", "ours tokens/s", "ours / reference",
+                        "steps timed (ours/ref)", "ref peak RSS MB", "ours peak RSS MB"], rows))
+    print(f"\nloss per step, tiny, same initial weights and batches ({eq['sequences_over_max_predictions']} "
+          "sequences had more than 32 masked tokens):\n")
+    print(common.table(["step", "reference", "ours", "|diff|"],
+                       [[i + 1, f"{r:.6f}", f"{o:.6f}", f"{abs(r - o):.1e}"] for i, (r, o) in enumerate(zip(eq["reference"], eq["ours"]))]))
+    print("\ntarget: ours >= 2x the reference at equal config, equal loss per step")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,61 @@
+"""End to end with real Airflow (`airflow dags test`, SQLite): the whole mlm_pretrain DAG on the tiny
+preset in a temporary output_root, with the train task failing once on purpose. Checks every artifact,
+that try 2 resumed from the checkpoint, and that a second run reuses the prepared data."""
+import json
+from pathlib import Path
+
+import pytest
+
+from peers.airflow_home import airflow_env, dags_test  # noqa: F401  (fixture)
+
+ROOT = Path(__file__).resolve().parents[2]
+TINY = {"config_file": str(ROOT / "configs" / "tiny.yaml"), "vocab_size": 1000, "max_length": 64, "steps": 12,
+        "batch_size": 8}
+
+
+def _only_run(out: Path) -> Path:
+    runs = list((out / "runs").iterdir())
+    assert len(runs) == 1, runs
+    return runs[0]
+
+
+@pytest.mark.slow
+def test_pretrain_dag_end_to_end_with_a_retry(airflow_env, tmp_path):  # noqa: F811
+    out = tmp_path / "out"
+    conf = {**TINY, "output_root": str(out), "overrides": {"train.fail_at_step": 7}}
+    result = dags_test(airflow_env, "mlm_pretrain", conf=conf, extra_env={"MLM_RETRY_DELAY_S": "1"}, timeout=900)
+    log = result.stdout + result.stderr
+    assert result.returncode == 0 and "state=success" in log, log[-5000:]
+    assert "Injected fault at step 7" in log and "new_state=up_for_retry" in log
+    assert "Resumed from" in log and "at step 5" in log
+
+    (data,) = list((out / "datasets").iterdir())
+    for rel in ("tokenizer/tokenizer.json", "tokenizer/tokenizer_config.json", "shards/manifest.json",
+                "shards/_SUCCESS"):
+        assert (data / rel).is_file(), rel
+    manifest = json.loads((data / "shards/manifest.json").read_text())
+    for split, entry in manifest["splits"].items():
+        assert sorted(p.name for p in (data / "shards" / split).iterdir()) == \
+            sorted(Path(s["file"]).name for s in entry["shards"])
+    assert manifest["max_length"] == 64 and manifest["splits"]["validation"]["records"] > 0
+
+    run = _only_run(out)
+    for rel in ("model/tf_model.h5", "model/config.json", "model/tokenizer.json", "checkpoints/checkpoint",
+                "train/history.jsonl", "train/summary.json", "eval/metrics.json", "infer/predictions.json",
+                "summary.txt"):
+        assert (run / rel).is_file(), rel
+    assert list((run / "tensorboard").glob("events.out.tfevents.*"))
+    summary = json.loads((run / "train/summary.json").read_text())
+    assert summary["steps"] == 12 and summary["resumed_from_step"] == 5
+    metrics = json.loads((run / "eval/metrics.json").read_text())
+    assert metrics["loss"] < metrics["untrained_loss"] and metrics["masked_tokens"] > 0
+    predictions = json.loads((run / "infer/predictions.json").read_text())
+    assert predictions and all(len(p["predictions"]) == 5 for p in predictions)
+    assert "Evaluation validation" in (run / "summary.txt").read_text()
+
+    # A second run over the unchanged corpus reuses tokenizer and shards, and says so.
+    again = dags_test(airflow_env, "mlm_pretrain", conf={**TINY, "output_root": str(out)},
+                      extra_env={"MLM_RETRY_DELAY_S": "1"}, timeout=900)
+    assert again.returncode == 0, (again.stdout + again.stderr)[-3000:]
+    assert "Cache hit: data fingerprint" in again.stdout + again.stderr
+    assert len(list((out / "datasets").iterdir())) == 1 and len(list((out / "runs").iterdir())) == 2

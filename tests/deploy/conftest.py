@@ -1,0 +1,49 @@
+"""Fixtures for the deployment tests: one real Airflow stack shared by the REST and browser tests.
+
+    airflow_stack   session   PostgreSQL + api-server + scheduler + dag-processor + triggerer on
+                              loopback (tests/peers/airflow_stack.py), as docker-compose.yaml runs them
+    airflow_api     session   REST API v2 client with a JWT (tests/peers/airflow_rest.py)
+    tiny_conf       function  `mlm_pretrain` conf for the tiny preset in a fresh output_root
+    artifacts_dir   session   where screenshots go: $PYTEST_ARTIFACTS or tests/artifacts/ (gitignored)
+"""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from peers.airflow_rest import AirflowApi
+from peers.airflow_stack import ROOT, running_stack
+
+DAG_ID = "mlm_pretrain"
+
+
+@pytest.fixture(scope="session")
+def airflow_stack(tmp_path_factory):
+    with running_stack(tmp_path_factory.mktemp("stack")) as stack:
+        yield stack
+
+
+@pytest.fixture(scope="session")
+def airflow_api(airflow_stack) -> AirflowApi:
+    api = AirflowApi(airflow_stack.url, airflow_stack.token)
+    errors = api.get("/importErrors")["import_errors"]
+    assert not errors, f"DAG import errors: {errors}"
+    dag = api.unpause(DAG_ID)
+    assert dag["is_paused"] is False
+    return api
+
+
+@pytest.fixture
+def tiny_conf(tmp_path) -> dict:
+    # The flat params override the config file, so the tiny values are passed explicitly.
+    return {"config_file": str(ROOT / "configs" / "tiny.yaml"), "output_root": str(tmp_path / "out"),
+            "vocab_size": 1000, "max_length": 64, "steps": 12, "batch_size": 8}
+
+
+@pytest.fixture(scope="session")
+def artifacts_dir() -> Path:
+    path = Path(os.environ.get("PYTEST_ARTIFACTS") or ROOT / "tests" / "artifacts")
+    path.mkdir(parents=True, exist_ok=True)
+    return path

@@ -1,0 +1,155 @@
+"""docker-compose.yaml, Dockerfile and .env.example checked statically (no Docker engine runs here),
+and held to what tests/peers/airflow_stack.py really runs: same services, commands, environment,
+executor, ports and volumes, the only differences being the loopback ones it lists.
+
+    .venv/bin/python -m pytest tests/deploy/test_compose.py
+"""
+from __future__ import annotations
+
+import re
+import subprocess
+from pathlib import Path
+from urllib.parse import urlsplit
+
+import pytest
+
+from peers import airflow_stack as stack
+from peers.airflow_stack import ROOT, SERVICES, load_compose, read_env_file, stack_spec
+
+AIRFLOW_SERVICES = ("airflow-init", *SERVICES)
+EXPECTED_COMMANDS = {
+    "airflow-apiserver": ["airflow", "api-server"],
+    "airflow-scheduler": ["airflow", "scheduler"],
+    "airflow-dag-processor": ["airflow", "dag-processor"],
+    "airflow-triggerer": ["airflow", "triggerer"],
+}
+
+
+@pytest.fixture(scope="module")
+def compose() -> dict:
+    return load_compose()
+
+
+@pytest.fixture(scope="module")
+def spec(compose, tmp_path_factory):
+    return stack_spec(tmp_path_factory.mktemp("home"), "postgresql+psycopg2://airflow@127.0.0.1:1/airflow",
+                      port=18080, compose=compose)
+
+
+def test_services_and_shared_airflow_definition(compose):
+    services = compose["services"]
+    assert set(services) == {"postgres", *AIRFLOW_SERVICES}
+    first = services[SERVICES[0]]
+    for name in AIRFLOW_SERVICES:
+        service = services[name]
+        for key in ("build", "image", "env_file", "environment", "volumes", "working_dir"):
+            assert service[key] == first[key], f"{name}.{key} differs from {SERVICES[0]}"
+        assert service["env_file"] == [".env"]
+        assert service["depends_on"]["postgres"]["condition"] == "service_healthy"
+    for name in SERVICES:
+        assert services[name]["depends_on"]["airflow-init"]["condition"] == "service_completed_successfully"
+        assert services[name]["command"] == EXPECTED_COMMANDS[name]
+    env = first["environment"]
+    assert env["AIRFLOW__CORE__EXECUTOR"] == "LocalExecutor"
+    assert env["AIRFLOW__CORE__LOAD_EXAMPLES"] == "False"
+    assert env["AIRFLOW__CORE__AUTH_MANAGER"].endswith("SimpleAuthManager")
+
+
+def test_ui_on_localhost_8080_and_tasks_reach_the_api_server(compose):
+    services = compose["services"]
+    env = services["airflow-apiserver"]["environment"]
+    assert services["airflow-apiserver"]["ports"] == ["8080:8080"]
+    assert env["AIRFLOW__API__PORT"] == "8080"
+    execution = urlsplit(env["AIRFLOW__CORE__EXECUTION_API_SERVER_URL"])
+    assert (execution.hostname, execution.port, execution.path) == ("airflow-apiserver", 8080, "/execution/")
+    # ${POSTGRES_PASSWORD:?...} is filled in by compose from .env.
+    database = urlsplit(re.sub(r"\$\{[^}]*\}", "secret", env["AIRFLOW__DATABASE__SQL_ALCHEMY_CONN"]))
+    assert database.scheme == "postgresql+psycopg2" and database.hostname == "postgres"
+    assert services["postgres"]["environment"]["POSTGRES_DB"] == database.path.lstrip("/")
+
+
+def test_volumes_mount_project_folders_and_declared_named_volumes(compose):
+    volumes = compose["x-airflow-common"]["volumes"]
+    binds = {v.split(":")[1]: v.split(":")[0] for v in volumes if v.startswith(".")}
+    assert binds == {"/opt/airflow/dags": "./dags", "/opt/airflow/plugins": "./plugins",
+                     "/opt/airflow/configs": "./configs"}
+    for source in binds.values():
+        assert (ROOT / source).is_dir(), source
+    named = {v.split(":")[0] for v in volumes if not v.startswith(".")}
+    named.add(compose["services"]["postgres"]["volumes"][0].split(":")[0])
+    assert named == set(compose["volumes"]), "every named volume is declared at the top level"
+    env = compose["x-airflow-common"]["environment"]
+    mounted = {v.split(":")[1] for v in volumes}
+    for key in ("AIRFLOW__CORE__DAGS_FOLDER", "AIRFLOW__CORE__PLUGINS_FOLDER", "MLM_CONFIG_DIR",
+                "AIRFLOW__LOGGING__BASE_LOG_FOLDER"):
+        assert env[key] in mounted, f"{key} points outside the mounted volumes"
+    assert Path(env["AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_PASSWORDS_FILE"]).parent.as_posix() in mounted
+
+
+def test_harness_runs_the_same_commands_and_environment(compose, spec):
+    services = compose["services"]
+    for name in AIRFLOW_SERVICES:
+        argv = spec.commands[name]
+        assert Path(argv[0]).name == services[name]["command"][0]
+        assert [stack.translate(a, stack.path_map(services[name], spec.home)) for a in services[name]["command"][1:]] \
+            == argv[1:]
+    assert Path(spec.commands["airflow-init"][1]) == ROOT / "deploy" / "airflow-init.sh"
+
+    common = compose["x-airflow-common"]
+    pairs = stack.path_map(common, spec.home)
+    for key, value in common["environment"].items():
+        if key in stack.LOCAL_KEYS:
+            continue
+        assert spec.env[key] == stack.translate(str(value), pairs), key
+    assert spec.env["AIRFLOW__CORE__DAGS_FOLDER"] == str(ROOT / "dags")
+    assert spec.env["AIRFLOW__CORE__PLUGINS_FOLDER"] == str(ROOT / "plugins")
+    assert spec.env["AIRFLOW__API__HOST"] == "127.0.0.1"
+    assert spec.env["AIRFLOW__CORE__EXECUTION_API_SERVER_URL"] == "http://127.0.0.1:18080/execution/"
+    # The loopback differences are exactly the documented ones.
+    changed = {k for k, v in common["environment"].items() if spec.env[k] != stack.translate(str(v), pairs)}
+    assert changed == set(stack.LOCAL_KEYS)
+    # Every key an operator sets in .env reaches the processes too.
+    assert set(read_env_file(ROOT / ".env.example")) <= set(spec.env)
+
+
+def test_env_example_holds_connections_and_secrets_and_env_is_ignored(compose):
+    example = read_env_file(ROOT / ".env.example")
+    for key in ("AIRFLOW_CONN_GOOGLE_CLOUD_DEFAULT", "AIRFLOW_CONN_TPU_SSH", "AIRFLOW_CONN_HUGGINGFACE_DEFAULT",
+                *stack.GENERATED):
+        assert key in example, key
+    for key in stack.GENERATED:
+        assert example[key].startswith("change-me"), f"{key}: .env.example must not hold a real secret"
+    text = (ROOT / "docker-compose.yaml").read_text()
+    for key in stack.GENERATED:  # only as ${KEY...} interpolated from .env, never a literal value
+        assert not re.search(rf"^\s*{key}:\s*(?!\$\{{)\S", text, re.M), f"{key} belongs in .env"
+    assert ".env" in (ROOT / ".gitignore").read_text().split()
+
+
+def test_dockerfile_builds_from_the_lock_and_copies_what_compose_uses():
+    dockerfile = (ROOT / "Dockerfile").read_text()
+    assert re.search(r"^FROM python:3\.11", dockerfile, re.M)
+    assert "uv pip install --no-cache -r /tmp/requirements.txt" in dockerfile
+    assert re.search(rf"AIRFLOW_HOME={stack.CONTAINER_HOME}\b", dockerfile)
+    for line in re.findall(r"^COPY (?:--\S+ )*(.+)$", dockerfile, re.M):
+        *sources, _target = line.split()
+        for source in sources:
+            assert (ROOT / source).exists(), f"Dockerfile copies {source}, which the repo lacks"
+    for folder in ("dags", "plugins", "configs", "deploy"):
+        assert f"COPY --chown=airflow:0 {folder} {stack.CONTAINER_HOME}/{folder}" in dockerfile
+
+
+def test_image_has_the_postgres_drivers_the_stack_uses():
+    lock = (ROOT / "requirements.txt").read_text().lower()
+    for package in ("psycopg2-binary==", "asyncpg=="):
+        assert re.search(rf"^{re.escape(package)}", lock, re.M), (
+            f"{package.rstrip('=')} is not in requirements.txt: add it to requirements.in and `make lock` "
+            "(the scheduler needs psycopg2, the api-server asyncpg)")
+
+
+def test_init_script_is_valid_bash_and_refuses_placeholder_secrets(tmp_path):
+    script = ROOT / "deploy" / "airflow-init.sh"
+    assert subprocess.run(["bash", "-n", str(script)]).returncode == 0
+    env = {"PATH": "/usr/bin:/bin", **{k: "change-me" for k in stack.GENERATED}}
+    done = subprocess.run(["bash", str(script)], env=env, capture_output=True, text=True, timeout=30)
+    assert done.returncode == 1
+    assert "AIRFLOW__CORE__FERNET_KEY" in done.stderr and ".env.example" in done.stderr

@@ -1,0 +1,53 @@
+"""Config: defaults valid, every bad setting rejected with a message that says what to fix."""
+from pathlib import Path
+
+import pytest
+
+from mlm_tasks.config import ConfigError, PipelineConfig, build_config, config_from_params, load_config
+
+CONFIGS = sorted((Path(__file__).resolve().parents[2] / "configs").glob("*.yaml"))
+
+
+def test_defaults_are_valid():
+    cfg = build_config()
+    assert cfg.compute == "local" and cfg.model.shape().hidden_size > 0
+
+
+@pytest.mark.parametrize("path", CONFIGS, ids=lambda p: p.name)
+def test_shipped_config_files_load(path):
+    assert isinstance(load_config(path), PipelineConfig)
+
+
+@pytest.mark.parametrize("overrides, message", [
+    ({"vocab_sz": 8000}, "Unknown setting 'vocab_sz'"),
+    ({"train.learnig_rate": 0.1}, "Unknown setting 'train.learnig_rate'"),
+    ({"model_preset": "huge"}, "Unknown model preset 'huge'"),
+    ({"max_length": 512}, "max_length can be at most 128"),
+    ({"output_root": "s3://bucket/x"}, "unsupported scheme 's3'"),
+    ({"vocab_size": 10}, "vocab_size"),
+    ({"batch_size": 0}, "train.batch_size"),
+    ({"compute": "tpu_vm"}, "compute=tpu_vm needs output_root=gs://"),
+    ({"compute": "tpu_vm", "output_root": "gs://b/p"}, "needs tpu.project"),
+    ({"publish": True}, "publish.enabled needs publish.repo_id"),
+    ({"corpus_source": "web"}, "corpus.source"),
+])
+def test_bad_settings_fail_with_a_message(overrides, message):
+    with pytest.raises(ConfigError, match=message.replace("(", r"\(").replace(".", r"\.")):
+        build_config(overrides=overrides)
+
+
+def test_flat_params_and_overrides_map_into_sections():
+    cfg = config_from_params({"vocab_size": 2000, "steps": 7, "overrides": {"train.checkpoint_every": 3},
+                              "output_root": "gs://bucket/prefix", "corpus_source": ""})
+    assert cfg.tokenizer.vocab_size == 2000 and cfg.train.steps == 7 and cfg.train.checkpoint_every == 3
+    assert cfg.output_root == "gs://bucket/prefix" and cfg.corpus.source == "embedded_wiki"
+
+
+def test_missing_config_file_is_a_clear_error(tmp_path):
+    with pytest.raises(ConfigError, match="does not exist"):
+        load_config(tmp_path / "nope.yaml")
+
+
+def test_max_length_fits_when_positions_are_raised():
+    cfg = build_config(overrides={"max_length": 256, "model.max_position_embeddings": 258})
+    assert cfg.shards.max_length == 256

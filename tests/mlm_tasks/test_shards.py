@@ -1,0 +1,109 @@
+"""Shards: counts in the manifest, marker last, byte-identical reruns, cache hits, corruption caught."""
+import hashlib
+import os
+
+import numpy as np
+import pytest
+
+from mlm_tasks import storage
+from mlm_tasks.config import ConfigError, ShardConfig
+from mlm_tasks.paths import DataPaths
+from mlm_tasks.prepare import prepare_data
+from mlm_tasks.shards import chunk_stream, shard_uris, verify_shards
+
+
+def test_chunk_stream_concatenates_and_drops_only_the_tail(tiny_prepared):
+    from mlm_tasks.tokenizer import load_tokenizer
+
+    _, data = tiny_prepared
+    tok = load_tokenizer(data["tokenizer_uri"])
+    rows = ["alpha beta gamma"] * 50
+    stats = {"rows": 0, "characters": 0}
+    blocks = list(chunk_stream(rows, tok, ShardConfig(max_length=16, tokenize_batch_rows=7), stats))
+    ids = np.concatenate(blocks)
+    per_row = len(tok("alpha beta gamma")["input_ids"])
+    assert ids.shape == (50 * per_row // 16, 16) and stats["rows"] == 50
+    assert ids[0, 0] == tok.cls_token_id  # every row keeps its <s> ... </s>
+
+
+def test_manifest_counts_match_files(tiny_prepared):
+    cfg, data = tiny_prepared
+    paths = DataPaths(cfg.output_root, data["fingerprint"])
+    manifest = storage.read_json(paths.manifest)
+    assert storage.exists(paths.success)
+    for split in ("train", "validation", "test"):
+        entry = manifest["splits"][split]
+        assert entry["tokens"] == entry["records"] * 64
+        assert sum(s["records"] for s in entry["shards"]) == entry["records"]
+        assert all(os.path.basename(u).endswith(f"-of-{len(entry['shards']):05d}.tfrecord")
+                   for u in shard_uris(paths, manifest, split))
+    assert manifest["max_length"] == 64 and manifest["vocab_size"] == 1000
+    verify_shards(paths, manifest, "train")
+
+
+def test_rerun_is_a_cache_hit_that_writes_nothing(tiny_prepared):
+    cfg, data = tiny_prepared
+    before = {p: os.stat(p).st_mtime_ns for p in _files(data["data_root"])}
+    again = prepare_data(cfg)
+    assert again["cache_hit"] is True and again["fingerprint"] == data["fingerprint"]
+    assert {p: os.stat(p).st_mtime_ns for p in _files(data["data_root"])} == before
+
+
+def test_shards_are_byte_identical_with_the_same_tokenizer(tiny_prepared, tmp_path):
+    """Rebuild the shard set from the same tokenizer: every byte (shards and manifest) is equal."""
+    import shutil
+
+    cfg, data = tiny_prepared
+    other = cfg.model_copy(update={"output_root": str(tmp_path / "out")})
+    src = DataPaths(cfg.output_root, data["fingerprint"])
+    dst = DataPaths(other.output_root, data["fingerprint"])
+    shutil.copytree(src.tokenizer, dst.tokenizer)
+    rebuilt = prepare_data(other)
+    assert rebuilt["cache_hit"] is False
+    assert _digests(src.shards_dir) == _digests(dst.shards_dir)
+
+
+def test_corrupted_shard_is_detected(tiny_prepared, tmp_path):
+    import shutil
+
+    cfg, data = tiny_prepared
+    paths = DataPaths(str(tmp_path), data["fingerprint"])
+    shutil.copytree(data["data_root"], paths.root)
+    manifest = storage.read_json(paths.manifest)
+    first = shard_uris(paths, manifest, "train")[0]
+    with open(first, "r+b") as f:
+        f.truncate(os.path.getsize(first) // 2)
+    with pytest.raises(ValueError, match="corrupted or truncated"):
+        verify_shards(paths, manifest, "train")
+
+
+def test_empty_corpus_fails_with_what_to_fix(tmp_path, tiny_cfg):
+    empty = tmp_path / "empty.txt"
+    empty.write_text("\n\n")
+    cfg = tiny_cfg.model_copy(update={"corpus": tiny_cfg.corpus.model_copy(
+        update={"source": "local_files", "local_paths": [str(empty)]})})
+    with pytest.raises(ConfigError, match="corpus is empty"):
+        prepare_data(cfg)
+    assert not list(tmp_path.glob("out/datasets/*/shards/_SUCCESS"))
+
+
+def test_corpus_shorter_than_one_chunk(tmp_path, tiny_cfg):
+    import pyarrow as pa  # noqa: F401  (keeps the import cost in one place)
+
+    text = tmp_path / "short.txt"
+    # Enough distinct text for a 1000-piece tokenizer, but not for one 64-token validation chunk.
+    text.write_text("\n".join(f"row {i} has words like w{i} and x{i * 7}" for i in range(400)))
+    cfg = tiny_cfg.model_copy(update={"corpus": tiny_cfg.corpus.model_copy(update={
+        "source": "local_files", "local_paths": [str(text)], "validation_fraction": 0.0,
+        "test_fraction": 0.0})})
+    cfg.tokenizer.vocab_size = 300
+    with pytest.raises(ConfigError, match="shorter than one chunk"):
+        prepare_data(cfg)
+
+
+def _files(root):
+    return sorted(os.path.join(d, f) for d, _, fs in os.walk(root) for f in fs)
+
+
+def _digests(root):
+    return {os.path.relpath(p, root): hashlib.sha256(open(p, "rb").read()).hexdigest() for p in _files(root)}

@@ -1,0 +1,355 @@
+"""The docker-compose stack as real local processes: PostgreSQL, api-server, scheduler, dag-processor, triggerer.
+
+    with running_stack(workdir) as stack:          # or the `airflow_stack` fixture (session)
+        stack.token                                 # JWT for the REST API (POST /auth/token)
+        httpx.get(stack.url + "/api/v2/dags", headers=stack.headers)
+
+Nothing here is a second description of the deployment: `stack_spec()` reads docker-compose.yaml
+(each service's command and the shared environment) and .env.example (the keys an operator sets),
+and only rewrites what must differ on loopback — container paths become local folders (bind mounts
+→ the repo, named volumes → temp folders), the database URL points at a PostgreSQL from Debian's
+packages (`apt-get install postgresql`) on a free port, the api-server listens on 127.0.0.1 on a
+free port, and secrets are generated. tests/deploy/test_compose.py checks exactly that list.
+
+Every process runs in its own process group with a marker in its environment; shutdown stops the
+groups (SIGTERM, then SIGKILL), checks the ports are free again and that no process anywhere still
+carries the marker.
+"""
+from __future__ import annotations
+
+import contextlib
+import glob
+import os
+import secrets
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Iterator
+
+import yaml
+
+ROOT = Path(__file__).resolve().parents[2]
+COMPOSE_FILE = ROOT / "docker-compose.yaml"
+ENV_EXAMPLE = ROOT / ".env.example"
+INIT_SERVICE = "airflow-init"
+SERVICES = ("airflow-apiserver", "airflow-scheduler", "airflow-dag-processor", "airflow-triggerer")
+CONTAINER_HOME = "/opt/airflow"  # AIRFLOW_HOME and WORKDIR of the Dockerfile
+ADMIN_USER = "admin"
+# The environment keys the harness sets itself, and why; every other key is the compose file's.
+LOCAL_KEYS = {
+    "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN": "the loopback PostgreSQL",
+    "AIRFLOW__API__HOST": "listen on loopback only",
+    "AIRFLOW__API__PORT": "a free port instead of 8080",
+    "AIRFLOW__CORE__EXECUTION_API_SERVER_URL": "the api-server on that port",
+}
+GENERATED = ("POSTGRES_PASSWORD", "AIRFLOW_ADMIN_PASSWORD", "AIRFLOW__CORE__FERNET_KEY",
+             "AIRFLOW__API__SECRET_KEY", "AIRFLOW__API_AUTH__JWT_SECRET")
+MARKER = "MLM_TEST_STACK_ID"
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def port_is_free(port: int) -> bool:
+    with socket.socket() as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+    return True
+
+
+def load_compose() -> dict:
+    return yaml.safe_load(COMPOSE_FILE.read_text())
+
+
+def read_env_file(path: Path) -> dict[str, str]:
+    """KEY=VALUE lines as docker compose reads an env_file (comments and blank lines skipped)."""
+    env = {}
+    for line in path.read_text().splitlines():
+        line = line.strip()
+        if not line or line.startswith("#"):
+            continue
+        key, _, value = line.partition("=")
+        if len(value) >= 2 and value[0] == value[-1] and value[0] in "'\"":
+            value = value[1:-1]
+        env[key.strip()] = value
+    return env
+
+
+def path_map(service: dict, home: Path) -> list[tuple[str, str]]:
+    """Container path → local path, longest first: bind mounts → repo, named volumes → `home/<name>`,
+    the rest of /opt/airflow → the repo (the Dockerfile copies dags/ plugins/ configs/ deploy/ there),
+    and AIRFLOW_HOME itself (airflow.cfg) → `home`."""
+    pairs = []
+    for volume in service.get("volumes", []):
+        source, target = volume.split(":")[:2]
+        local = ROOT / source if source.startswith(".") else home / source
+        pairs.append((target, str(local.resolve() if source.startswith(".") else local)))
+    pairs += [(f"{CONTAINER_HOME}/{sub}", str(ROOT / sub)) for sub in ("deploy",)]
+    pairs.append((CONTAINER_HOME, str(home)))
+    return sorted(pairs, key=lambda pair: -len(pair[0]))
+
+
+def translate(value: str, pairs: list[tuple[str, str]]) -> str:
+    for container, local in pairs:
+        if value == container or value.startswith(container + "/"):
+            return local + value[len(container):]
+    return value
+
+
+@dataclass
+class StackSpec:
+    env: dict[str, str]
+    commands: dict[str, list[str]]  # service → argv, init first
+    port: int
+    home: Path
+
+
+def stack_spec(home: Path, db_url: str, port: int, *, compose: dict | None = None) -> StackSpec:
+    """What docker compose would run, as local argv + environment (see the module docstring)."""
+    compose = compose or load_compose()
+    services = compose["services"]
+    common = services[SERVICES[0]]
+    pairs = path_map(common, home)
+    env = {key: translate(str(value), pairs) for key, value in read_env_file(ENV_EXAMPLE).items()}
+    env.update({key: generated_secret(key) for key in GENERATED})
+    env.update({key: translate(str(value), pairs) for key, value in common["environment"].items()})
+    env.update({
+        "AIRFLOW_HOME": str(home),
+        "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN": db_url,
+        "AIRFLOW__API__HOST": "127.0.0.1",
+        "AIRFLOW__API__PORT": str(port),
+        "AIRFLOW__CORE__EXECUTION_API_SERVER_URL": f"http://127.0.0.1:{port}/execution/",
+    })
+    bin_dir = str(Path(sys.executable).parent)  # `airflow`, `python` of this venv, as PATH does in the image
+    commands = {}
+    for name in (INIT_SERVICE, *SERVICES):
+        argv = [translate(arg, pairs) for arg in services[name]["command"]]
+        if argv[0] in ("airflow", "python"):
+            argv[0] = os.path.join(bin_dir, argv[0])
+        commands[name] = argv
+    env["PATH"] = os.pathsep.join([bin_dir, os.environ.get("PATH", "")])
+    return StackSpec(env=env, commands=commands, port=port, home=home)
+
+
+def generated_secret(key: str) -> str:
+    if key == "AIRFLOW__CORE__FERNET_KEY":
+        from cryptography.fernet import Fernet
+
+        return Fernet.generate_key().decode()
+    return secrets.token_hex(24)
+
+
+# --- processes ------------------------------------------------------------------------------------
+
+@dataclass
+class Procs:
+    marker: str
+    logs: Path
+    running: dict[str, subprocess.Popen] = field(default_factory=dict)
+
+    def start(self, name: str, argv: list[str], env: dict[str, str], **kwargs) -> subprocess.Popen:
+        log = open(self.logs / f"{name}.log", "ab")
+        proc = subprocess.Popen(argv, env={**env, MARKER: self.marker}, stdout=log, stderr=subprocess.STDOUT,
+                                stdin=subprocess.DEVNULL, start_new_session=True, **kwargs)
+        log.close()
+        self.running[name] = proc
+        return proc
+
+    def check_alive(self) -> None:
+        for name, proc in self.running.items():
+            if proc.poll() is not None:
+                raise RuntimeError(f"{name} exited with {proc.returncode}; its log:\n{self.tail(name)}")
+
+    def tail(self, name: str, chars: int = 6000) -> str:
+        path = self.logs / f"{name}.log"
+        return path.read_text(errors="replace")[-chars:] if path.exists() else "(no log)"
+
+    def stop_all(self, timeout: float = 30) -> None:
+        # Airflow components first (they hold database connections), PostgreSQL last.
+        for name in reversed(list(self.running)):
+            stop_group(self.running[name], timeout, sig=signal.SIGINT if name == "postgres" else signal.SIGTERM)
+
+    def leftovers(self) -> list[str]:
+        """Processes anywhere on the machine that still carry this stack's marker."""
+        found = []
+        needle = f"{MARKER}={self.marker}".encode()
+        for environ in glob.glob("/proc/[0-9]*/environ"):
+            with contextlib.suppress(OSError):
+                if needle in Path(environ).read_bytes():
+                    pid = environ.split("/")[2]
+                    with contextlib.suppress(OSError):
+                        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
+                        found.append(f"{pid}: {cmdline}")
+        return found
+
+
+def stop_group(proc: subprocess.Popen, timeout: float, sig: int = signal.SIGTERM) -> None:
+    """Stop the process and everything it started (its process group): `sig`, then SIGKILL."""
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(proc.pid, sig)
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline and _group_alive(proc):
+        time.sleep(0.2)
+    if _group_alive(proc):
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+    with contextlib.suppress(subprocess.TimeoutExpired):
+        proc.wait(timeout=10)
+
+
+def _group_alive(proc: subprocess.Popen) -> bool:
+    proc.poll()  # reap the leader, else it lingers as a zombie member of its group
+    try:
+        os.killpg(proc.pid, 0)
+    except ProcessLookupError:
+        return False
+    # Zombies still count for killpg; they are dead, so look at their state.
+    return any(_state(pid) not in ("Z", None) for pid in _group_pids(proc.pid))
+
+
+def _group_pids(pgid: int) -> list[int]:
+    pids = []
+    for stat in glob.glob("/proc/[0-9]*/stat"):
+        with contextlib.suppress(OSError, IndexError, ValueError):
+            fields = Path(stat).read_text().rsplit(")", 1)[1].split()
+            if int(fields[2]) == pgid:
+                pids.append(int(stat.split("/")[2]))
+    return pids
+
+
+def _state(pid: int) -> str | None:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return None
+
+
+# --- PostgreSQL -----------------------------------------------------------------------------------
+
+def pg_bin(name: str) -> str:
+    found = sorted(glob.glob(f"/usr/lib/postgresql/*/bin/{name}"), key=lambda p: int(p.split("/")[4]))
+    if found:
+        return found[-1]
+    if shutil.which(name):
+        return shutil.which(name)
+    raise RuntimeError(f"PostgreSQL's {name} not found: apt-get install -y postgresql")
+
+
+def start_postgres(procs: Procs, workdir: Path, port: int) -> str:
+    """initdb + postgres on 127.0.0.1:port (as the `postgres` user when we are root); returns the URL."""
+    as_user = {}
+    if os.geteuid() == 0:  # PostgreSQL refuses to run as root
+        as_user = {"user": "postgres", "group": "postgres", "extra_groups": []}
+        shutil.chown(workdir, "postgres", "postgres")
+    data, sockets = workdir / "data", workdir / "sock"
+    init = subprocess.run([pg_bin("initdb"), "-D", str(data), "-U", "airflow", "--auth=trust", "-E", "UTF8",
+                           "--no-sync"], capture_output=True, text=True, timeout=120, **as_user)
+    if init.returncode:
+        raise RuntimeError(f"initdb failed:\n{init.stdout}\n{init.stderr}")
+    sockets.mkdir()
+    if as_user:
+        shutil.chown(sockets, "postgres", "postgres")
+    procs.start("postgres", [pg_bin("postgres"), "-D", str(data), "-p", str(port), "-h", "127.0.0.1",
+                             "-k", str(sockets), "-c", "fsync=off", "-c", "max_connections=200"],
+                dict(os.environ), **as_user)
+    deadline = time.monotonic() + 60
+    while True:
+        ready = subprocess.run([pg_bin("pg_isready"), "-h", "127.0.0.1", "-p", str(port)], capture_output=True)
+        if ready.returncode == 0:
+            break
+        procs.check_alive()
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"PostgreSQL did not accept connections:\n{procs.tail('postgres')}")
+        time.sleep(0.3)
+    made = subprocess.run([pg_bin("createdb"), "-h", "127.0.0.1", "-p", str(port), "-U", "airflow", "airflow"],
+                          capture_output=True, text=True)
+    if made.returncode:
+        raise RuntimeError(f"createdb failed: {made.stderr}")
+    return f"postgresql+psycopg2://airflow@127.0.0.1:{port}/airflow"
+
+
+# --- the stack ------------------------------------------------------------------------------------
+
+@dataclass
+class Stack:
+    url: str
+    token: str
+    spec: StackSpec
+    procs: Procs
+
+    @property
+    def headers(self) -> dict[str, str]:
+        return {"Authorization": f"Bearer {self.token}"}
+
+    @property
+    def password(self) -> str:
+        return self.spec.env["AIRFLOW_ADMIN_PASSWORD"]
+
+
+def wait_healthy(url: str, procs: Procs, timeout: float = 240) -> dict:
+    """Until /api/v2/monitor/health says the scheduler, dag-processor and triggerer are healthy."""
+    import httpx
+
+    deadline, last = time.monotonic() + timeout, None
+    while time.monotonic() < deadline:
+        procs.check_alive()
+        with contextlib.suppress(httpx.HTTPError):
+            last = httpx.get(f"{url}/api/v2/monitor/health", timeout=5).json()
+            parts = ("metadatabase", "scheduler", "dag_processor", "triggerer")
+            if all((last.get(p) or {}).get("status") == "healthy" for p in parts):
+                return last
+        time.sleep(1)
+    logs = "\n".join(f"--- {name}\n{procs.tail(name, 2000)}" for name in procs.running)
+    raise RuntimeError(f"Airflow not healthy after {timeout}s: {last}\n{logs}")
+
+
+def get_token(url: str, password: str) -> str:
+    import httpx
+
+    reply = httpx.post(f"{url}/auth/token", json={"username": ADMIN_USER, "password": password}, timeout=30)
+    reply.raise_for_status()
+    return reply.json()["access_token"]
+
+
+@contextlib.contextmanager
+def running_stack(workdir: Path) -> Iterator[Stack]:
+    """PostgreSQL + airflow-init + the four Airflow services; everything stopped and checked on exit."""
+    # A folder outside pytest's 0700 tmp tree: the `postgres` user must reach its data directory.
+    pg_dir = Path(tempfile.mkdtemp(prefix="mlm-pg-"))
+    home = workdir / "airflow_home"
+    home.mkdir(parents=True)
+    logs = workdir / "logs"
+    logs.mkdir()
+    procs = Procs(marker=secrets.token_hex(8), logs=logs)
+    pg_port, api_port = free_port(), free_port()
+    try:
+        spec = stack_spec(home, start_postgres(procs, pg_dir, pg_port), api_port)
+        init = subprocess.run(spec.commands[INIT_SERVICE], env={**spec.env, MARKER: procs.marker},
+                              capture_output=True, text=True, timeout=600, cwd=home)
+        if init.returncode:
+            raise RuntimeError(f"airflow-init failed:\n{init.stdout[-4000:]}\n{init.stderr[-4000:]}")
+        for name in SERVICES:
+            procs.start(name, spec.commands[name], spec.env, cwd=home)
+        url = f"http://127.0.0.1:{api_port}"
+        wait_healthy(url, procs)
+        yield Stack(url=url, token=get_token(url, spec.env["AIRFLOW_ADMIN_PASSWORD"]), spec=spec, procs=procs)
+    finally:
+        procs.stop_all()
+        shutil.rmtree(pg_dir, ignore_errors=True)
+    left = procs.leftovers()
+    busy = [port for port in (pg_port, api_port) if not port_is_free(port)]
+    assert not left, f"processes still running after shutdown: {left}"
+    assert not busy, f"ports still bound after shutdown: {busy}"
+
