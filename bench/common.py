@@ -95,8 +95,10 @@ def median(values):
 def table(headers: list[str], rows: list[list]) -> str:
     """A Markdown table (pastes straight into bench/RESULTS.md)."""
     def fmt(v):
+        if isinstance(v, bool):
+            return "yes" if v else "no"
         if isinstance(v, float):
-            return f"{v:,.2f}" if abs(v) < 100 else f"{v:,.0f}"
+            return f"{v:.3f}" if abs(v) < 1 else f"{v:,.2f}" if abs(v) < 100 else f"{v:,.0f}"
         return f"{v:,}" if isinstance(v, int) else str(v)
 
     cells = [[fmt(v) for v in r] for r in rows]

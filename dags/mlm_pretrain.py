@@ -3,14 +3,18 @@
 
 Validate every input → prepare data (Unigram tokenizer + TFRecord shards, reused when the corpus
 fingerprint is unchanged) → wait for the complete shard set → [create TPU VM] → train (resumes
-from its last checkpoint on retry) → evaluate → fill-mask examples → summary → [delete TPU VM,
-a teardown: runs whatever happened upstream].
+from its last checkpoint on retry) → evaluate → fill-mask examples → report → evaluation gate →
+publish to the Hub (skipped, with the reason, unless enabled and the gate passed) → summary →
+[delete TPU VM, a teardown: runs whatever happened upstream].
 
 The same DAG runs the embedded default (local folder, this machine's CPU, the Wikipedia sample
 shipped with gensim) and production (`output_root: gs://…`, `compute: tpu_vm`): configuration
 only. Trigger it with the form: every field is checked by `validate_config` before any work, and a
 misspelled key in **overrides** is an error, not a silent default. Settings are documented in
 `mlm_tasks/config.py`; example files live in `configs/`.
+
+Scheduled on the `mlm_shards` asset: when `mlm_dataset_refresh` builds new shards, a run starts
+and trains on exactly the fingerprint in the event.
 
 Artifacts: `<output_root>/datasets/<fingerprint>/` (tokenizer, shards, manifest) and
 `<output_root>/runs/<run_id>/` (checkpoints, model, metrics, predictions, TensorBoard logs).
@@ -25,6 +29,7 @@ from airflow.providers.standard.operators.python import PythonOperator
 from airflow.sdk import DAG, Param, chain
 
 import pipeline_tasks as steps
+from mlm_assets import SHARDS
 from mlm_tasks.config import load_config
 from shard_gate import ShardSetCompleteSensor
 from tpu_operators import TpuVmCreateOperator, TpuVmDeleteOperator
@@ -73,7 +78,8 @@ with DAG(
     dag_id="mlm_pretrain",
     description="Pretrain a RoBERTa masked LM with Transformers on TensorFlow (CPU or TPU VM).",
     doc_md=__doc__,
-    schedule=None,
+    # Runs when mlm_dataset_refresh announces new shards, and whenever triggered from the UI or API.
+    schedule=[SHARDS],
     start_date=datetime(2026, 1, 1),
     catchup=False,
     max_active_runs=4,
@@ -95,9 +101,15 @@ with DAG(
     train = TrainOperator(task_id="train", config=steps.CONFIG_XCOM, execution_timeout=timedelta(hours=72))
     evaluate = PythonOperator(task_id="evaluate", python_callable=steps.evaluate)
     fill_mask = PythonOperator(task_id="fill_mask", python_callable=steps.fill_mask)
-    summary = PythonOperator(task_id="summary", python_callable=steps.summarize)
+    report = PythonOperator(task_id="report", python_callable=steps.report)
+    gate = PythonOperator(task_id="gate", python_callable=steps.gate)
+    publish = PythonOperator(task_id="publish", python_callable=steps.publish)
+    push_tokenizer = PythonOperator(task_id="publish_tokenizer", python_callable=steps.publish_tokenizer)
+    # Runs when publishing was skipped too: the summary is wanted either way.
+    summary = PythonOperator(task_id="summary", python_callable=steps.summarize, trigger_rule="none_failed")
     delete_vm = TpuVmDeleteOperator(task_id="delete_tpu_vm", config=steps.CONFIG_XCOM)
 
-    chain(validate, prepare, wait, create_vm, train, evaluate, fill_mask, summary)
+    chain(validate, prepare, wait, create_vm, train, evaluate, fill_mask, report, gate, publish, summary)
+    prepare >> push_tokenizer
     # Teardown: runs after any upstream failure too, so no TPU VM outlives its run.
     train >> delete_vm.as_teardown(setups=create_vm)

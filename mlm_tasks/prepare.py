@@ -57,6 +57,16 @@ def data_summary(paths: DataPaths, manifest: dict, cache_hit: bool) -> dict:
     }
 
 
+def summary_for_fingerprint(cfg: PipelineConfig, fingerprint: str) -> dict:
+    """The summary of an already prepared shard set, by fingerprint (e.g. from a dataset-refresh event)."""
+    paths = DataPaths(cfg.output_root, fingerprint)
+    if not storage.exists(paths.success):
+        raise FileNotFoundError(f"No complete shard set for fingerprint {fingerprint} under {paths.shards_dir}: "
+                                "was it deleted? Rerun mlm_dataset_refresh or trigger mlm_pretrain manually.")
+    log.info("Using the shard set with fingerprint %s at %s", fingerprint, paths.shards_dir)
+    return data_summary(paths, storage.read_json(paths.manifest), cache_hit=True)
+
+
 def prepare_data(cfg: PipelineConfig) -> dict:
     corpus = open_corpus(cfg.corpus)
     paths = DataPaths(cfg.output_root, data_fingerprint(cfg, corpus))

@@ -24,14 +24,26 @@ def _fingerprint(ti) -> str:
     return ti.xcom_pull(task_ids="prepare_data")["fingerprint"]
 
 
-def validate_config(params: dict, **_: Any) -> dict:
-    """First task: every setting and input checked, before anything costs time or money."""
+def validate_config(params: dict, **context: Any) -> dict:
+    """First task: every setting and input checked, before anything costs time or money.
+
+    A run scheduled by a dataset-refresh event trains on exactly that event's data: its output_root
+    and data settings replace the form's, so the shards found are the ones the event announced.
+    """
     from airflow.exceptions import AirflowFailException
 
+    from mlm_assets import triggering_shards_event
     from mlm_tasks.validate import validate_inputs
 
     try:
         cfg = config_from_params(params)
+        event = triggering_shards_event(context)
+        if event:
+            log.info("Triggered by dataset refresh: fingerprint %s under %s", event["fingerprint"],
+                     event["output_root"])
+            tree = cfg.model_dump(mode="json")
+            tree.update(event["data_config"], output_root=event["output_root"])
+            cfg = PipelineConfig.model_validate(tree)
         validate_inputs(cfg)
     except ConfigError as err:
         # Retrying cannot fix a bad input: fail now, with what to change.
@@ -39,9 +51,14 @@ def validate_config(params: dict, **_: Any) -> dict:
     return cfg.model_dump(mode="json")
 
 
-def prepare_data(ti, **_: Any) -> dict:
-    from mlm_tasks.prepare import prepare_data as step
+def prepare_data(ti, **context: Any) -> dict:
+    from mlm_assets import triggering_shards_event
+    from mlm_tasks.prepare import prepare_data as step, summary_for_fingerprint
 
+    event = triggering_shards_event(context)
+    if event:
+        # Exactly the announced data; never a re-fingerprint of a source that may have moved on since.
+        return summary_for_fingerprint(_config(ti), event["fingerprint"])
     try:
         return step(_config(ti))
     except ConfigError as err:
@@ -80,3 +97,72 @@ def summarize(ti, run_id: str, **_: Any) -> dict:
     storage.write_text(join(RunPaths(cfg.output_root, run_id).root, "summary.txt"), summary["text"] + "\n")
     log.info("Run summary:\n%s", summary["text"])
     return summary
+
+
+def report(ti, run_id: str, **_: Any) -> dict:
+    """Loss/LR curves, metrics table and fill-mask examples in runs/<run>/report/; key metrics as XCom."""
+    from mlm_tasks import storage
+    from mlm_tasks.paths import RunPaths
+    from mlm_tasks.report import build_report
+
+    cfg = _config(ti)
+    run = RunPaths(cfg.output_root, run_id)
+    data = ti.xcom_pull(task_ids="prepare_data")
+    storage.write_json(run.data_ref, data)
+    return build_report(run, cfg, data_info=data)
+
+
+def gate(ti, run_id: str, **_: Any) -> dict:
+    """Decide whether this run's model may be published; the reasons go to the log and XCom."""
+    from mlm_tasks.gate import gate_run
+    from mlm_tasks.paths import RunPaths
+
+    cfg = _config(ti)
+    decision = gate_run(cfg, RunPaths(cfg.output_root, run_id)).to_dict()
+    log.info("Evaluation gate %s:\n  %s", "passed" if decision["passed"] else "failed",
+             "\n  ".join(decision["reasons"]))
+    return decision
+
+
+def _hub_credentials(conn_id: str) -> tuple[str, str | None]:
+    """Token (connection password) and optional endpoint (connection host) of the Hub connection."""
+    from airflow.exceptions import AirflowFailException
+    from airflow.sdk import BaseHook
+
+    try:
+        conn = BaseHook.get_connection(conn_id)
+    except Exception:  # the SDK raises its own not-found type
+        raise AirflowFailException(f"No Airflow connection {conn_id!r}: create it with the Hub token as "
+                                   "password (see README, 'Publishing').") from None
+    if not conn.password:
+        raise AirflowFailException(f"Airflow connection {conn_id!r} has no password: put the Hub token there.")
+    return conn.password, (conn.host or None)
+
+
+def publish(ti, run_id: str, **_: Any) -> dict:
+    from airflow.exceptions import AirflowSkipException
+
+    from mlm_tasks.paths import RunPaths
+    from mlm_tasks.publish import publish_model
+
+    cfg = _config(ti)
+    if not cfg.publish.enabled:
+        raise AirflowSkipException("Publishing is off (publish.enabled=false): nothing pushed to the Hub.")
+    decision = ti.xcom_pull(task_ids="gate")
+    if not decision["passed"]:
+        raise AirflowSkipException("Not published: the evaluation gate failed:\n  " + "\n  ".join(decision["reasons"]))
+    token, endpoint = _hub_credentials(cfg.publish.hf_conn_id)
+    return publish_model(cfg, RunPaths(cfg.output_root, run_id), token, endpoint)
+
+
+def publish_tokenizer(ti, **_: Any) -> dict:
+    from airflow.exceptions import AirflowSkipException
+
+    from mlm_tasks.paths import DataPaths
+    from mlm_tasks.publish import publish_tokenizer as step
+
+    cfg = _config(ti)
+    if not cfg.publish.tokenizer_repo_id:
+        raise AirflowSkipException("publish.tokenizer_repo_id is empty: the tokenizer is not pushed on its own.")
+    token, endpoint = _hub_credentials(cfg.publish.hf_conn_id)
+    return step(cfg, DataPaths(cfg.output_root, _fingerprint(ti)), token, endpoint)

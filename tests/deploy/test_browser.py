@@ -33,7 +33,7 @@ def page(airflow_stack):
     with sync_playwright() as playwright:
         browser = playwright.chromium.launch(executable_path=CHROMIUM,
                                              args=["--no-sandbox", "--disable-dev-shm-usage"])
-        page = browser.new_page(viewport={"width": 1400, "height": 1000})
+        page = browser.new_page(viewport={"width": 1400, "height": 2000})
         page.set_default_timeout(60_000)
         yield page
         browser.close()
@@ -73,9 +73,10 @@ def test_trigger_form_to_successful_run_in_grid(page, airflow_stack, airflow_api
               "vocab_size": "1000", "max_length": "64", "steps": "8", "batch_size": "8"}
     for name, value in values.items():
         form.locator(f'input[name="element_{name}"]').fill(value)
+    form.screenshot(path=str(artifacts_dir / "trigger_form.png"))
     form.get_by_text("Advanced Options").click()
     form.locator('input[name="dagRunId"]').fill(RUN_ID)
-    form.screenshot(path=str(artifacts_dir / "trigger_form.png"))
+    form.screenshot(path=str(artifacts_dir / "trigger_form_advanced.png"))
     form.get_by_role("button", name="Trigger").click()
     page.wait_for_url(f"**/dags/{DAG_ID}/runs/{RUN_ID}")
 
@@ -95,6 +96,8 @@ def test_trigger_form_to_successful_run_in_grid(page, airflow_stack, airflow_api
         tooltip = page.get_by_role("tooltip").filter(has_text=f"Task ID: {task_id}")
         tooltip.wait_for()
         assert "State: Success" in tooltip.inner_text(), tooltip.inner_text()
+        page.mouse.move(0, 0)  # close it: an open tooltip covers the next cell
+        tooltip.wait_for(state="hidden")
     page.screenshot(path=str(artifacts_dir / "grid_success.png"))
 
     summary = json.loads((output_root / "runs" / safe_run_id(RUN_ID) / "train" / "summary.json").read_text())

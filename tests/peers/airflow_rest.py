@@ -55,8 +55,11 @@ class AirflowApi:
     def log(self, dag_id: str, run_id: str, task_id: str, try_number: int) -> str:
         reply = self.client.get(
             f"/dags/{dag_id}/dagRuns/{quote(run_id, safe='')}/taskInstances/{task_id}/logs/{try_number}",
-            params={"full_content": True}, headers={"Accept": "text/plain"})
-        return reply.text
+            params={"full_content": True})
+        content = self._ok(reply)["content"]
+        # Structured log lines ({"event": ..., "level": ...}); plain strings from older writers.
+        return "\n".join(line.get("event", str(line)) if isinstance(line, dict) else str(line)
+                         for line in content)
 
     def explain(self, dag_id: str, run_id: str) -> str:
         """Task states and the log tail of every task that did not succeed: for assertion messages."""

@@ -1,0 +1,28 @@
+"""Airflow Assets shared by the DAGs: the refresh DAG emits events on SHARDS, mlm_pretrain is scheduled on it.
+
+An event's `extra` carries what a training run needs to use exactly that data: the fingerprint, the
+output_root it lives under, the data settings it was built with, and its record/token counts.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+from airflow.sdk import Asset
+
+SHARDS = Asset(name="mlm_shards", uri="mlm://shards", group="mlm")
+DATA_SECTIONS = ("corpus", "tokenizer", "shards")
+
+
+def event_extra(cfg_dict: dict, data: dict) -> dict:
+    return {"fingerprint": data["fingerprint"], "output_root": cfg_dict["output_root"],
+            "data_config": {k: cfg_dict[k] for k in DATA_SECTIONS},
+            "records": data["records"], "tokens": data["tokens"]}
+
+
+def triggering_shards_event(context: Any) -> dict | None:
+    """The newest SHARDS event that triggered this run, or None for a manual run."""
+    events = context.get("triggering_asset_events") or {}
+    for asset, asset_events in events.items():
+        if getattr(asset, "name", None) == SHARDS.name and asset_events:
+            return dict(asset_events[-1].extra or {})
+    return None
