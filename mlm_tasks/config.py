@@ -84,6 +84,8 @@ class TrainConfig(_Section):
     learning_rate: float = Field(1e-3, gt=0, lt=1, description="Peak AdamW learning rate.")
     warmup_fraction: float = Field(0.06, ge=0, lt=1, description="Share of steps of linear warmup.")
     weight_decay: float = Field(0.01, ge=0, description="AdamW weight decay (not on norms and biases).")
+    adam_beta2: float = Field(0.98, gt=0, lt=1, description="AdamW beta2 (RoBERTa's 0.98 is steadier than 0.999 at high LR).")
+    adam_epsilon: float = Field(1e-6, gt=0, description="AdamW epsilon.")
     mlm_probability: float = Field(0.15, gt=0, lt=1, description="Share of tokens selected for masking.")
     max_predictions_per_seq: int = Field(32, ge=0, description="LM head runs only at this many masked "
                                          "positions per sequence (0 = every position, the plain way).")

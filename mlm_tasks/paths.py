@@ -16,6 +16,7 @@ import re
 from dataclasses import dataclass
 
 SPLITS = ("train", "validation", "test")
+_HASHED = re.compile(r".*-[0-9a-f]{8}")
 
 
 def join(root: str, *parts: str) -> str:
@@ -30,7 +31,9 @@ def safe_run_id(run_id: str) -> str:
     """Airflow run ids hold ':' and '+', which break gs:// tooling and TPU names: keep them readable
     and unique by appending a short hash of the original."""
     readable = re.sub(r"[^A-Za-z0-9_.-]+", "-", run_id).strip("-.")[:60] or "run"
-    if readable == run_id:
+    # An id already in the hashed form ("x-1a2b3c4d") is hashed again: kept as is, it could be the
+    # safe form of another run's id ("x:") and the two runs would share a folder.
+    if readable == run_id and not _HASHED.fullmatch(run_id):
         return run_id
     return f"{readable}-{hashlib.sha1(run_id.encode()).hexdigest()[:8]}"
 

@@ -17,9 +17,12 @@ import hashlib
 import logging
 import os
 import shutil
+import socket
 import tempfile
 import time
+import uuid
 from collections.abc import Iterable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
@@ -30,35 +33,50 @@ from mlm_tasks.tfrecord import encode_examples, frame_records
 
 log = logging.getLogger(__name__)
 MANIFEST_VERSION = 1
+STAGING_PREFIX = ".shards-staging-"
+
+
+def _batches(rows: Iterable[str], size: int) -> Iterator[list[str]]:
+    batch: list[str] = []
+    for row in rows:
+        batch.append(row)
+        if len(batch) >= size:
+            yield batch
+            batch = []
+    if batch:
+        yield batch
 
 
 def chunk_stream(rows: Iterable[str], tokenizer, cfg: ShardConfig, stats: dict) -> Iterator[np.ndarray]:
     """Yield [n, max_length] int32 blocks of concatenated token ids; the tail shorter than one chunk is dropped."""
     backend = tokenizer.backend_tokenizer if hasattr(tokenizer, "backend_tokenizer") else tokenizer
     carry = np.zeros(0, dtype=np.int32)
-    batch: list[str] = []
 
-    def flush():
+    def chunks(batch, encodings):
         nonlocal carry
-        encodings = backend.encode_batch(batch)  # adds <s> ... </s> per row, as the reference does
         ids = np.concatenate([carry] + [np.asarray(e.ids, dtype=np.int32) for e in encodings])
         stats["rows"] += len(batch)
         stats["characters"] += sum(len(r) for r in batch)
         usable = len(ids) // cfg.max_length * cfg.max_length
         carry = ids[usable:]
-        batch.clear()
         return ids[:usable].reshape(-1, cfg.max_length)
 
-    for row in rows:
-        batch.append(row)
-        if len(batch) >= cfg.tokenize_batch_rows:
-            block = flush()
+    # encode_batch releases the GIL: the next batch is tokenized while this thread reads rows, chunks
+    # and writes the previous one (bench/bench_shards.py: that Python work otherwise adds to the encode).
+    with ThreadPoolExecutor(max_workers=1) as pool:
+        pending = None
+        for batch in _batches(rows, cfg.tokenize_batch_rows):
+            # adds <s> ... </s> per row, as the reference does
+            future = pool.submit(backend.encode_batch, batch)
+            if pending is not None:
+                block = chunks(pending[0], pending[1].result())
+                if len(block):
+                    yield block
+            pending = (batch, future)
+        if pending is not None:
+            block = chunks(pending[0], pending[1].result())
             if len(block):
                 yield block
-    if batch:
-        block = flush()
-        if len(block):
-            yield block
     stats["tail"] = carry  # the dropped tail: partitioned writers (shards_parallel) join the tails up
 
 
@@ -114,7 +132,9 @@ def write_shards(corpus, tokenizer, cfg: ShardConfig, paths: DataPaths, extra: d
     staging_parent = storage.local_path(paths.root) if storage.is_local(paths.root) else None
     if staging_parent:
         os.makedirs(staging_parent, exist_ok=True)
-    staging = tempfile.mkdtemp(prefix=".shards-staging-", dir=staging_parent)
+        _remove_dead_stagings(staging_parent)
+    # Host and pid in the name let a later writer tell a SIGKILLed writer's leftovers from a live one's.
+    staging = tempfile.mkdtemp(prefix=f"{STAGING_PREFIX}{socket.gethostname()}-{os.getpid()}-", dir=staging_parent)
     try:
         for split in SPLITS:
             t0 = time.time()
@@ -131,33 +151,81 @@ def write_shards(corpus, tokenizer, cfg: ShardConfig, paths: DataPaths, extra: d
             manifest["splits"][split] = entry
             log.info("%s: %d records (%d tokens) in %d shards, %.1fs", split, entry["records"],
                      entry["tokens"], len(entry["shards"]), time.time() - t0)
-        publish_shard_set(staging, paths, manifest)
+        return publish_shard_set(staging, paths, manifest)
     finally:
         shutil.rmtree(staging, ignore_errors=True)
-    return manifest
 
 
-def publish_shard_set(staging: str, paths: DataPaths, manifest: dict) -> None:
+def publish_shard_set(staging: str, paths: DataPaths, manifest: dict) -> dict:
+    """Make the finished set in `staging` visible all at once; returns the manifest now published.
+
+    Two writers of one fingerprint encode with the same tokenizer (first writer wins it, both read it
+    back), so their sets are identical: whoever publishes second keeps the first set and returns its
+    manifest, so both report the same data.
+    """
     storage.write_json(os.path.join(staging, "manifest.json"), manifest)
     storage.write_text(os.path.join(staging, "_SUCCESS"), "")
     if storage.is_local(paths.shards_dir):
-        final = storage.local_path(paths.shards_dir)
-        try:
-            os.rename(staging, final)  # atomic; fails if a concurrent writer already published
-        except OSError:
-            if not os.path.exists(os.path.join(final, "_SUCCESS")):
-                # A half-written set from a crashed writer of the old layout: replace it.
-                shutil.rmtree(final, ignore_errors=True)
-                os.rename(staging, final)
-            else:
-                log.info("Another writer published %s first; its set is identical by construction", final)
-        return
+        _rename_into_place(staging, storage.local_path(paths.shards_dir))
+        return storage.read_json(paths.manifest)
+    if storage.exists(paths.success):
+        log.info("Another writer published %s first: keeping its set", paths.shards_dir)
+        return storage.read_json(paths.manifest)
+    # GCS has no folder rename: objects first, then the manifest, then _SUCCESS, which is all readers
+    # trust. A concurrent writer of the same fingerprint uploads identical bytes, so overwrites are harmless.
     for split, entry in manifest["splits"].items():
         for shard in entry["shards"]:
             with open(os.path.join(staging, shard["file"]), "rb") as f:
                 storage.write_bytes(join(paths.shards_dir, shard["file"]), f.read())
     storage.write_json(paths.manifest, manifest)
     storage.write_text(paths.success, "")  # last: what the sensors wait for
+    return manifest
+
+
+def _rename_into_place(staging: str, final: str) -> None:
+    try:
+        os.rename(staging, final)  # atomic; fails if a concurrent writer already published
+        return
+    except OSError:
+        if os.path.exists(os.path.join(final, "_SUCCESS")):
+            log.info("Another writer published %s first: keeping its set", final)
+            return
+    # A folder without _SUCCESS (left by an older writer): move it aside in one step rather than
+    # deleting it in place, so no reader ever sees a half-deleted set under the final name.
+    aside = f"{os.path.dirname(final)}/{STAGING_PREFIX}stale-{uuid.uuid4().hex[:8]}"
+    try:
+        os.rename(final, aside)
+    except FileNotFoundError:
+        pass
+    try:
+        os.rename(staging, final)
+    except OSError:
+        if not os.path.exists(os.path.join(final, "_SUCCESS")):
+            raise
+        log.info("Another writer published %s first: keeping its set", final)
+    shutil.rmtree(aside, ignore_errors=True)
+
+
+def _remove_dead_stagings(parent: str) -> None:
+    """Delete staging folders of writers on this host that no longer run (killed half way)."""
+    host = socket.gethostname()
+    for name in os.listdir(parent):
+        if not name.startswith(f"{STAGING_PREFIX}{host}-"):
+            continue
+        pid = name[len(f"{STAGING_PREFIX}{host}-"):].split("-", 1)[0]
+        if pid.isdigit() and not _alive(int(pid)):
+            log.info("Removing %s, left by a writer that was killed half way", name)
+            shutil.rmtree(os.path.join(parent, name), ignore_errors=True)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
 
 
 def file_sha256(path: str) -> str:

@@ -34,6 +34,7 @@ def run_summary(cfg: PipelineConfig, run_id: str, data: dict) -> dict:
     if metrics:
         lines.append(f"Evaluation {metrics['split']}: masked-LM loss {metrics['loss']:.3f}, perplexity "
                      f"{metrics['perplexity']:.1f}, masked-token accuracy {pct(metrics['accuracy'])} "
+                     f"({pct(metrics.get('accuracy_at_mask_token'))} where the input shows <mask>) "
                      f"(untrained {pct(metrics['untrained_accuracy'])}, loss {metrics['untrained_loss']:.3f}; "
                      f"always {metrics['baseline_token']!r} {pct(metrics['baseline_accuracy'])}) over "
                      f"{metrics['masked_tokens']:,} masked tokens")
@@ -45,6 +46,7 @@ def run_summary(cfg: PipelineConfig, run_id: str, data: dict) -> dict:
         f"           shards    {paths.shards_dir} (manifest.json, _SUCCESS)",
         f"           model     {run.model}",
         f"           metrics   {run.eval_metrics}",
+        f"           report    {run.report}/report.md (loss and learning-rate curves)",
         f"           log/curve {run.train_history}, TensorBoard {run.tensorboard}",
         f"           checkpoints {run.checkpoints}",
     ]

@@ -114,7 +114,8 @@ def train(cfg: PipelineConfig, run_id: str, fingerprint: str) -> dict:
         model = build_model(roberta_config(cfg, len(tokenizer), manifest["special_ids"]))
         optimizer, schedule = create_optimizer(
             init_lr=cfg.train.learning_rate, num_train_steps=total_steps, num_warmup_steps=warmup,
-            weight_decay_rate=cfg.train.weight_decay)
+            weight_decay_rate=cfg.train.weight_decay, adam_beta2=cfg.train.adam_beta2,
+            adam_epsilon=cfg.train.adam_epsilon)
         step_var = tf.Variable(0, dtype=tf.int64, trainable=False, name="step")
     ckpt = tf.train.Checkpoint(model=model, optimizer=optimizer, step=step_var)
     manager = tf.train.CheckpointManager(ckpt, run.checkpoints, max_to_keep=2)

@@ -6,7 +6,10 @@ The node's workers come from the TPU API (their IPs; the port is `tpu.ssh_port`)
 the Airflow SSH connection `tpu.ssh_conn_id` (user + private key). Every worker runs the same line
 (`mlm_tasks.tpu_remote.remote_command`) at once, as a pod slice needs; worker 0's output streams
 into the task log line by line. The task fails if any worker exits non-zero, naming the worker and
-its exit code, and says so when the node was preempted meanwhile. Each session has a pty, so
+its exit code, and says so when the node was preempted meanwhile. Exit code 2 (the CLI's "bad
+configuration") fails without retries: a retry cannot fix it. With `replace_dead_node` (the train
+task) a node found PREEMPTED or gone is replaced first, waiting in the triggerer, so a retry after a
+preemption continues on a fresh VM from the last checkpoint. Each session has a pty, so
 closing it (task killed, timed out, or failed) hangs up the remote step instead of orphaning it.
 Google's ComputeEngineSSHHook cannot find TPU VMs, hence a plain SSHHook pointed at each IP.
 """
@@ -18,12 +21,12 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
 
-from airflow.sdk.exceptions import AirflowException, AirflowSkipException
+from airflow.sdk.exceptions import AirflowException, AirflowFailException, AirflowSkipException
 from airflow.sdk import BaseOperator
 
 from mlm_tasks import tpu
 from mlm_tasks.tpu_remote import remote_command, stage_code
-from tpu_operators import resolve_config, run_node_name
+from tpu_operators import NodeEnsurer, resolve_config, run_node_name
 
 TAIL_LINES = 20
 
@@ -132,15 +135,16 @@ def ssh_connect(conn_id: str, port: int, patience_s: float = 300.0) -> Callable[
     return connect
 
 
-class TpuSSHStepOperator(BaseOperator):
+class TpuSSHStepOperator(NodeEnsurer, BaseOperator):
     """Run `python -m mlm_tasks <step>` (or `command`) on every worker of the run's TPU VM."""
 
     template_fields = ("config", "step", "step_args", "command", "node_name")
     ui_color = "#e8f7d7"
+    CONFIG_ERROR_EXIT = 2  # mlm_tasks.cli: bad configuration
 
     def __init__(self, *, config: Any, step: str = "train", step_args: Sequence[str] = (),
                  command: str | None = None, node_name: str | None = None, peer_grace_s: float = 60.0,
-                 **kwargs: Any) -> None:
+                 replace_dead_node: bool = False, **kwargs: Any) -> None:
         super().__init__(**kwargs)
         self.config = config
         self.step = step
@@ -148,6 +152,7 @@ class TpuSSHStepOperator(BaseOperator):
         self.command = command
         self.node_name = node_name
         self.peer_grace_s = peer_grace_s
+        self.replace_dead_node = replace_dead_node
         self._runner: RemoteRunner | None = None
 
     def execute(self, context: Any) -> dict[str, Any]:
@@ -156,12 +161,30 @@ class TpuSSHStepOperator(BaseOperator):
             raise AirflowSkipException(f"compute is {cfg.compute!r}: the step runs locally, not here.")
         name = run_node_name(context, self.node_name)
         node = tpu.get_state(cfg.tpu, name)
-        if not node.ready:
+        if node.ready:
+            return self.run_step(context, cfg, node)
+        if not self.replace_dead_node:
             raise AirflowException(f"TPU VM {name} is {node.state}, not READY: clear the create_tpu_vm "
                                    "task (it replaces a dead node) and this one.")
+        # A setup task is not rerun on a retry of this one: replace a preempted (or deleted) node here.
+        self.log.warning("TPU VM %s is %s, not READY (preempted?): getting a READY one before the step.",
+                         name, node.state)
+        return self.ensure_then(context, cfg, name, time.time() + cfg.tpu.create_timeout_s)
+
+    def node_ready(self, context: Any, cfg: Any, node: dict[str, Any]) -> dict[str, Any]:
+        return self.run_step(context, cfg, tpu.get_state(cfg.tpu, node["name"]))
+
+    def remote_args(self, context: Any) -> list[str]:
+        """Extra CLI arguments of the step; subclasses add what they pull from XCom."""
+        return list(self.step_args)
+
+    def run_step(self, context: Any, cfg: Any, node: tpu.NodeState) -> dict[str, Any]:
+        name = node.name
+        if not node.ready:
+            raise AirflowException(f"TPU VM {name} is {node.state} again before the step could start: retry.")
         hosts = tpu.worker_endpoints(node, external=cfg.tpu.ssh_via_external_ip)
         command = self.command or remote_command(
-            cfg, self.step, context["run_id"], extra_args=self.step_args,
+            cfg, self.step, context["run_id"], extra_args=self.remote_args(context),
             code=stage_code(cfg.output_root) if cfg.tpu.bootstrap else None)
         self.log.info("Running %r on %d worker(s) of %s: %s", self.step, len(hosts), name, hosts)
         self._runner = RemoteRunner(hosts, ssh_connect(cfg.tpu.ssh_conn_id, cfg.tpu.ssh_port), self.log,
@@ -169,7 +192,11 @@ class TpuSSHStepOperator(BaseOperator):
         workers = self._runner.run(command)
         failed = [w for w in workers if w.exit_code != 0]
         if failed:
-            raise AirflowException(self._failure_message(cfg, name, failed))
+            message = self._failure_message(cfg, name, failed)
+            if all(w.exit_code == self.CONFIG_ERROR_EXIT for w in failed):
+                raise AirflowFailException(message + "\nExit code 2 is a configuration error: fix the "
+                                           "input and trigger a new run (a retry would fail the same way).")
+            raise AirflowException(message)
         return {"node": name, "workers": len(workers)}
 
     def _failure_message(self, cfg: Any, name: str, failed: list[WorkerRun]) -> str:
@@ -179,8 +206,10 @@ class TpuSSHStepOperator(BaseOperator):
         except Exception as err:  # the failure itself matters more than this extra hint
             state = f"unknown ({err})"
         if state != "READY":
-            lines.append(f"The TPU VM is now {state}: it was probably preempted. Clear create_tpu_vm and "
-                         "this task to continue on a new VM (training resumes from its last checkpoint).")
+            then = ("A retry of this task replaces it" if self.replace_dead_node else
+                    "Clear create_tpu_vm and this task to continue on a new VM")
+            lines.append(f"The TPU VM is now {state}: it was probably preempted. {then} (training resumes "
+                         "from its last checkpoint).")
         return "\n".join(lines)
 
     def on_kill(self) -> None:

@@ -10,6 +10,7 @@ with all_success). The node is named from the DAG and run ids
 (READY reused, dead nodes replaced) and deferrable: while the node is CREATING it waits in the
 triggerer (plugins/tpu_trigger.py), not in a worker slot. If creation fails after the node appeared,
 the node is deleted before the task fails, so a stockout does not leave a half-made VM behind.
+`NodeEnsurer` is that logic as a mixin: the train step uses it to replace a node preempted mid-run.
 """
 from __future__ import annotations
 
@@ -63,7 +64,49 @@ def ssh_key_metadata(conn_id: str, log: Any) -> dict[str, str]:
     return {"ssh-keys": f"{hook.username}:{key.get_name()} {key.get_base64()} {hook.username}"}
 
 
-class TpuVmCreateOperator(BaseOperator):
+class NodeEnsurer:
+    """Mixin for operators that need the run's node READY: create or reuse it (replacing a dead one),
+    wait for it in the triggerer, then continue in `node_ready(context, cfg, node)`."""
+
+    def ensure_then(self, context: Any, cfg: PipelineConfig, name: str, deadline: float) -> Any:
+        metadata = ssh_key_metadata(cfg.tpu.ssh_conn_id, self.log)
+        state = tpu.ensure_node(cfg.tpu, name, tpu.labels(context["run_id"], cfg.tpu.ttl_hours), metadata)
+        self.log.info("TPU VM %s: %s (%s).", name, state.state, state.action)
+        if state.ready:
+            return self.node_ready(context, cfg, tpu.describe(state))
+        operation = state.operation if state.action == "created" else None
+        trigger = TpuNodeTrigger(cfg.tpu.model_dump(mode="json"), name, deadline, operation,
+                                 cfg.tpu.poll_interval_s)
+        # The trigger enforces the deadline itself (so we can clean up); this is only a backstop.
+        self.defer(trigger=trigger, method_name="resume",
+                   timeout=timedelta(seconds=max(0.0, deadline - time.time()) + 600))
+
+    def resume(self, context: Any, event: dict[str, Any] | None = None, **_: Any) -> Any:
+        cfg = resolve_config(self.config)
+        event = event or {}
+        name, state, error = event.get("name"), event.get("state"), event.get("error")
+        if state == "READY" and not error:
+            self.log.info("TPU VM %s is READY: %s", name, event["node"]["workers"])
+            return self.node_ready(context, cfg, event["node"])
+        if state == tpu.NOT_FOUND and not error and time.time() < event.get("deadline", 0):
+            self.log.info("TPU VM %s is gone (replaced node deleted): creating it again.", name)
+            return self.ensure_then(context, cfg, name, event["deadline"])
+        deleted = tpu.delete_node(cfg.tpu, name) if state != tpu.NOT_FOUND else None
+        cleanup = "deleted it" if deleted else "nothing left to delete"
+        if state == "TIMEOUT":
+            raise AirflowException(
+                f"TPU VM {name} was not READY within tpu.create_timeout_s={cfg.tpu.create_timeout_s}s "
+                f"({error}); {cleanup}. Retry later, raise the timeout, or pick another tpu.zone.")
+        raise AirflowException(
+            f"Creating TPU VM {name} ({cfg.tpu.accelerator_type} in {cfg.tpu.zone}) failed: "
+            f"{error or 'node is ' + str(state)}; {cleanup}. Capacity errors pass with time: retry, "
+            "or try another zone / tpu.spot=false / a reservation.")
+
+    def node_ready(self, context: Any, cfg: PipelineConfig, node: dict[str, Any]) -> Any:
+        return node
+
+
+class TpuVmCreateOperator(NodeEnsurer, BaseOperator):
     """Create (or reuse) the run's TPU VM and return {"name", "state", "workers"} once READY."""
 
     template_fields = ("config", "node_name")
@@ -81,41 +124,7 @@ class TpuVmCreateOperator(BaseOperator):
             self.log.info("compute is %r: no TPU VM needed.", cfg.compute)
             return None
         deadline = time.time() + cfg.tpu.create_timeout_s
-        return self._ensure(context, cfg, run_node_name(context, self.node_name), deadline)
-
-    def _ensure(self, context: Any, cfg: PipelineConfig, name: str, deadline: float) -> dict[str, Any]:
-        metadata = ssh_key_metadata(cfg.tpu.ssh_conn_id, self.log)
-        state = tpu.ensure_node(cfg.tpu, name, tpu.labels(context["run_id"], cfg.tpu.ttl_hours), metadata)
-        self.log.info("TPU VM %s: %s (%s).", name, state.state, state.action)
-        if state.ready:
-            return tpu.describe(state)
-        operation = state.operation if state.action == "created" else None
-        trigger = TpuNodeTrigger(cfg.tpu.model_dump(mode="json"), name, deadline, operation,
-                                 cfg.tpu.poll_interval_s)
-        # The trigger enforces the deadline itself (so we can clean up); this is only a backstop.
-        self.defer(trigger=trigger, method_name="resume",
-                   timeout=timedelta(seconds=max(0.0, deadline - time.time()) + 600))
-
-    def resume(self, context: Any, event: dict[str, Any] | None = None, **_: Any) -> dict[str, Any]:
-        cfg = resolve_config(self.config)
-        event = event or {}
-        name, state, error = event.get("name"), event.get("state"), event.get("error")
-        if state == "READY" and not error:
-            self.log.info("TPU VM %s is READY: %s", name, event["node"]["workers"])
-            return event["node"]
-        if state == tpu.NOT_FOUND and not error and time.time() < event.get("deadline", 0):
-            self.log.info("TPU VM %s is gone (replaced node deleted): creating it again.", name)
-            return self._ensure(context, cfg, name, event["deadline"])
-        deleted = tpu.delete_node(cfg.tpu, name) if state != tpu.NOT_FOUND else None
-        cleanup = "deleted it" if deleted else "nothing left to delete"
-        if state == "TIMEOUT":
-            raise AirflowException(
-                f"TPU VM {name} was not READY within tpu.create_timeout_s={cfg.tpu.create_timeout_s}s "
-                f"({error}); {cleanup}. Retry later, raise the timeout, or pick another tpu.zone.")
-        raise AirflowException(
-            f"Creating TPU VM {name} ({cfg.tpu.accelerator_type} in {cfg.tpu.zone}) failed: "
-            f"{error or 'node is ' + str(state)}; {cleanup}. Capacity errors pass with time: retry, "
-            "or try another zone / tpu.spot=false / a reservation.")
+        return self.ensure_then(context, cfg, run_node_name(context, self.node_name), deadline)
 
 
 class TpuVmDeleteOperator(BaseOperator):

@@ -2,13 +2,14 @@
 
 `compute: local` trains in the worker process (the default strategy on CPU, Mirrored on GPUs);
 `compute: tpu_vm` runs the same `python -m mlm_tasks train` on every worker of the run's TPU VM
-over SSH (TpuSSHStepOperator). Either way a retry resumes from the run's last checkpoint.
+over SSH (TpuSSHStepOperator). Either way a retry resumes from the run's last checkpoint; on a TPU
+VM a retry first replaces a node that was preempted (create_tpu_vm, a setup task, is not rerun).
 """
 from __future__ import annotations
 
 from typing import Any
 
-from airflow.exceptions import AirflowFailException
+from airflow.sdk.exceptions import AirflowFailException
 
 from mlm_tasks.config import ConfigError
 from remote_step import TpuSSHStepOperator
@@ -19,20 +20,29 @@ class TrainOperator(TpuSSHStepOperator):
     ui_color = "#fff2cc"
 
     def __init__(self, *, data_task_id: str = "prepare_data", **kwargs: Any) -> None:
+        kwargs.setdefault("replace_dead_node", True)
         super().__init__(step="train", **kwargs)
         self.data_task_id = data_task_id
 
-    def execute(self, context: Any) -> dict[str, Any]:
-        cfg = resolve_config(self.config)
+    def _fingerprint(self, context: Any) -> str:
         data = context["ti"].xcom_pull(task_ids=self.data_task_id)
         if not data or "fingerprint" not in data:
             raise AirflowFailException(f"No data fingerprint from {self.data_task_id!r}: check that task's output.")
+        return data["fingerprint"]
+
+    def remote_args(self, context: Any) -> list[str]:
+        # Computed here, not in execute: after waiting for a replacement node the task resumes
+        # in a fresh operator instance, straight into the step.
+        return [*self.step_args, "--data-fingerprint", self._fingerprint(context)]
+
+    def execute(self, context: Any) -> dict[str, Any]:
+        cfg = resolve_config(self.config)
+        fingerprint = self._fingerprint(context)
         if cfg.compute == "tpu_vm":
-            self.step_args = ["--data-fingerprint", data["fingerprint"]]
             return super().execute(context)
         from mlm_tasks.train import train
 
         try:
-            return train(cfg, context["run_id"], data["fingerprint"])
+            return train(cfg, context["run_id"], fingerprint)
         except ConfigError as err:
             raise AirflowFailException(str(err)) from None

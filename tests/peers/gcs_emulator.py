@@ -7,6 +7,7 @@ the way real GCS does (412 Precondition Failed when it does not hold). Without t
 `storage.create_only` (first-writer-wins for the tokenizer) would pass its tests against the
 emulator while never exercising the precondition it depends on in production. The emulator
 serves one request at a time (http.server.HTTPServer), so check-then-write here is atomic.
+It also stores empty media uploads (TensorFlow's `dir/` markers), which the emulator crashes on.
 """
 from __future__ import annotations
 
@@ -56,6 +57,10 @@ def _precondition_holds(request, storage) -> bool:
 
 
 def insert(request, response, storage, *args, **kwargs):
+    if (request.query.get("uploadType") or [""])[0] == "media" and request.data is None:
+        # An empty media upload (TensorFlow's `dir/` markers from makedirs): GCS stores an empty
+        # object; the emulator reads no body as None and crashed on len(None).
+        request._data = b""
     if not _precondition_holds(request, storage):
         response.status = HTTPStatus.PRECONDITION_FAILED
         response.json(PRECONDITION_FAILED)

@@ -1,0 +1,75 @@
+"""
+### mlm_dataset_refresh — rebuild tokenizer and shards when the corpus changed, and announce them
+
+validate_source → source_changed (fingerprint the source: dataset id + config + revision, or file
+hashes, plus every setting that changes the shards) → build_shards (Unigram tokenizer + TFRecord
+shards under `<output_root>/datasets/<fingerprint>/`).
+
+When a complete shard set with that fingerprint already exists, `source_changed` says so in its log
+and skips `build_shards`: nothing is written and no asset event is emitted. Otherwise
+`build_shards` emits an event on the `mlm_shards` asset whose extra carries the fingerprint, the
+output_root, the data settings and the record/token counts; `mlm_pretrain` is scheduled on that
+asset and trains on exactly that fingerprint.
+
+**Schedule**: weekly by default; set the environment variable `MLM_REFRESH_SCHEDULE` of the
+scheduler and dag-processor to a cron string (`0 3 * * 1`) or a preset (`@daily`), or to `none` for
+manual runs only. The form's fields are those of `mlm_pretrain` (config file, output root and an
+**overrides** object of dotted settings, e.g. `{"corpus.source": "local_files", "corpus.local_paths":
+["/data/*.txt"]}`); scheduled runs use their defaults, so put the production settings in the config
+file. Run by hand: `airflow dags test mlm_dataset_refresh -c '{"config_file": "configs/tiny.yaml"}'`.
+"""
+from __future__ import annotations
+
+import os
+from datetime import datetime, timedelta
+from pathlib import Path
+
+from airflow.providers.standard.operators.python import PythonOperator, ShortCircuitOperator
+from airflow.sdk import DAG, Param, chain
+
+import refresh_tasks as steps
+from mlm_assets import SHARDS
+from mlm_tasks.config import load_config
+
+CONFIG_DIR = Path(os.environ.get("MLM_CONFIG_DIR", Path(__file__).resolve().parents[1] / "configs"))
+DEFAULT_CONFIG = str(CONFIG_DIR / "default.yaml")
+_defaults = load_config(DEFAULT_CONFIG)
+_schedule = os.environ.get("MLM_REFRESH_SCHEDULE", "@weekly").strip()
+SCHEDULE = None if _schedule.lower() in ("", "none") else _schedule
+
+default_args = {
+    "owner": "ml-platform",
+    "retries": 2,
+    "retry_delay": timedelta(seconds=float(os.environ.get("MLM_RETRY_DELAY_S", 30))),
+    "retry_exponential_backoff": True,
+    "max_retry_delay": timedelta(minutes=10),
+}
+
+params = {
+    "config_file": Param(DEFAULT_CONFIG, type="string", title="Config file",
+                         description="YAML with every setting (see configs/); the fields below override it."),
+    "output_root": Param(_defaults.output_root, type="string", title="Output root",
+                         description="Local folder or gs://bucket/prefix where the datasets are kept."),
+    "overrides": Param({}, type="object", title="Other settings",
+                       description='Any other setting by dotted path, e.g. {"corpus.hf_revision": "abc123"}.'),
+}
+
+with DAG(
+    dag_id="mlm_dataset_refresh",
+    description="Fingerprint the corpus; when it changed, build tokenizer + shards and announce them.",
+    doc_md=__doc__,
+    schedule=SCHEDULE,
+    start_date=datetime(2026, 1, 1),
+    catchup=False,
+    # Two refreshes of one source would build the same shard set twice and announce it twice.
+    max_active_runs=1,
+    default_args=default_args,
+    params=params,
+    tags=["mlm", "data"],
+) as dag:
+    validate = PythonOperator(task_id="validate_source", python_callable=steps.validate_source, retries=0)
+    changed = ShortCircuitOperator(task_id="source_changed", python_callable=steps.source_changed)
+    build = PythonOperator(task_id="build_shards", python_callable=steps.build_shards, outlets=[SHARDS],
+                           execution_timeout=timedelta(hours=24))
+
+    chain(validate, changed, build)

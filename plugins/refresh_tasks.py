@@ -1,0 +1,84 @@
+"""Airflow callables of `mlm_dataset_refresh`: validate, check the source's fingerprint, build and announce.
+
+    validate_source  -> the config as XCom; opens the corpus but writes nothing
+    source_changed   -> ShortCircuitOperator callable: the new fingerprint, or False (nothing to do)
+    build_shards     -> tokenizer + shards via mlm_tasks.prepare; attaches the SHARDS asset event's extra
+
+An unchanged source must cost nothing and announce nothing: the first two tasks never write under
+output_root, and the only task with `outlets=[SHARDS]` is skipped, so no asset event is recorded.
+"""
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from mlm_tasks.config import ConfigError, PipelineConfig, config_from_params
+
+log = logging.getLogger(__name__)
+
+
+def _config(ti) -> PipelineConfig:
+    return PipelineConfig.model_validate(ti.xcom_pull(task_ids="validate_source"))
+
+
+def _fail(err: Exception):
+    from airflow.exceptions import AirflowFailException
+
+    # Retrying cannot fix a bad setting or a missing corpus: fail now, with what to change.
+    return AirflowFailException(str(err))
+
+
+def validate_source(params: dict, **_: Any) -> dict:
+    from mlm_tasks.corpus import open_corpus
+
+    try:
+        cfg = config_from_params(params)
+        open_corpus(cfg.corpus)  # missing files and bad file types fail here, before any work
+    except ConfigError as err:
+        raise _fail(err) from None
+    log.info("Refreshing corpus %s into %s", cfg.corpus.source, cfg.output_root)
+    return cfg.model_dump(mode="json")
+
+
+def source_changed(ti, **_: Any) -> str | bool:
+    """The data fingerprint if no complete shard set has it yet under output_root, else False."""
+    from mlm_tasks import storage
+    from mlm_tasks.paths import DataPaths
+    from mlm_tasks.prepare import data_fingerprint
+
+    cfg = _config(ti)
+    try:
+        paths = DataPaths(cfg.output_root, data_fingerprint(cfg))
+    except ConfigError as err:
+        raise _fail(err) from None
+    if storage.exists(paths.success):
+        log.info("Source unchanged: data fingerprint %s is already prepared at %s. Nothing to build and no "
+                 "asset event, so no training run is triggered.", paths.fingerprint, paths.shards_dir)
+        return False
+    log.info("Source changed: no complete shard set for data fingerprint %s under %s; building it.",
+             paths.fingerprint, paths.root)
+    return paths.fingerprint
+
+
+def build_shards(ti, outlet_events, **_: Any) -> dict:
+    """Tokenizer + shards for the new fingerprint; the SHARDS event's extra says exactly which data it is."""
+    from mlm_assets import SHARDS, event_extra
+    from mlm_tasks.prepare import prepare_data
+    from mlm_tasks.validate import check_writable
+
+    cfg = _config(ti)
+    try:
+        check_writable(cfg.output_root)
+        data = prepare_data(cfg)
+    except ConfigError as err:
+        raise _fail(err) from None
+    checked = ti.xcom_pull(task_ids="source_changed")
+    if data["fingerprint"] != checked:
+        # The files changed again between the check and the build: announce what was actually built.
+        log.warning("The source changed while building: checked fingerprint %s, built %s", checked,
+                    data["fingerprint"])
+    extra = event_extra(cfg.model_dump(mode="json"), data)
+    outlet_events[SHARDS].extra = extra
+    log.info("Announcing shards %s on asset %s: %s train records, %s train tokens", data["fingerprint"],
+             SHARDS.name, data["records"].get("train"), data["tokens"].get("train"))
+    return data

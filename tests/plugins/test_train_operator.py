@@ -1,0 +1,109 @@
+"""plugins/train_operator.py on the TPU path: a retry after a preemption replaces the node itself
+(create_tpu_vm, a setup task, is not rerun by Airflow), then runs the step over a real sshd.
+
+    python -m pytest tests/plugins/test_train_operator.py -q
+"""
+import asyncio
+import json
+from types import SimpleNamespace
+
+import pytest
+from airflow.sdk.exceptions import AirflowException, AirflowFailException, TaskDeferred
+
+from mlm_tasks import tpu
+from peers.sshd import airflow_conn_uri
+from remote_step import TpuSSHStepOperator
+from train_operator import TrainOperator
+
+ZONE = "us-central2-b"
+RUN = "manual__1"
+NAME = tpu.node_name("mlm_pretrain", RUN)
+
+
+@pytest.fixture
+def ssh_conn(sshd, monkeypatch):
+    monkeypatch.setenv("AIRFLOW_CONN_TPU_SSH", airflow_conn_uri(sshd))
+
+
+def _config(fake_tpu, sshd, **tpu_settings):
+    return {"compute": "tpu_vm", "output_root": "gs://bucket/p",
+            "tpu": {"project": "proj", "zone": ZONE, "api_endpoint": fake_tpu.url, "transport": "rest",
+                    "poll_interval_s": 0.05, "bootstrap": False, "ssh_port": sshd.port, **tpu_settings}}
+
+
+class StubTI:
+    def xcom_pull(self, task_ids=None, **_):
+        assert task_ids == "prepare_data"
+        return {"fingerprint": "fp123"}
+
+
+def _context():
+    return {"dag": SimpleNamespace(dag_id="mlm_pretrain"), "run_id": RUN, "ti": StubTI()}
+
+
+def _run(op):
+    """Execute like Airflow: on each deferral rebuild the trigger from its serialized form, run it to its
+    first event, and resume the task with that event."""
+    call, args = op.execute, (_context(),)
+    while True:
+        try:
+            return call(*args)
+        except TaskDeferred as deferred:
+            classpath, kwargs = deferred.trigger.serialize()
+            trigger = type(deferred.trigger)(**json.loads(json.dumps(kwargs)))
+
+            async def first_event():
+                async for event in trigger.run():
+                    return event.payload
+
+            event = asyncio.run(asyncio.wait_for(first_event(), 30))
+            call, args = getattr(op, deferred.method_name), (_context(), event)
+
+
+def test_retry_after_preemption_replaces_the_node_then_trains(fake_tpu, sshd, ssh_conn):
+    fake_tpu.delete_after_gets = 2  # the dead node lingers in DELETING for a while, as on GCP
+    fake_tpu.add_node("proj", ZONE, NAME, labels={"run": "first-try"})
+    fake_tpu.preempt(NAME)
+    # /bin/echo as the VM's python: the worker prints the exact step line it was given.
+    op = TrainOperator(task_id="train", config=_config(fake_tpu, sshd, python="/bin/echo"))
+    assert _run(op) == {"node": NAME, "workers": 1}
+
+    methods = [m for m, _ in fake_tpu.requests]
+    assert methods.count("DELETE") == 1 and methods.count("POST") == 1
+    assert methods.index("DELETE") < methods.index("POST")
+    node = fake_tpu.node("proj", ZONE, NAME)
+    assert node["state"] == "READY" and node["labels"]["run"] != "first-try"
+    line = op._runner.workers[0].tail[-1]
+    assert line.startswith("-m mlm_tasks train --config-json ")
+    assert line.endswith(f"--run-id {RUN} --data-fingerprint fp123")
+
+
+def test_replacement_that_fails_deletes_it_and_fails_the_try(fake_tpu, sshd, ssh_conn):
+    fake_tpu.add_node("proj", ZONE, NAME)
+    fake_tpu.preempt(NAME)
+    fake_tpu.fail_next_create("There is no more capacity in the zone")
+    op = TrainOperator(task_id="train", config=_config(fake_tpu, sshd, python="/bin/echo"))
+    with pytest.raises(AirflowException, match="no more capacity.*deleted it"):
+        _run(op)
+    assert fake_tpu.nodes == {}
+
+
+def test_plain_step_operator_does_not_replace_nodes(fake_tpu, sshd, ssh_conn):
+    fake_tpu.add_node("proj", ZONE, NAME)
+    fake_tpu.preempt(NAME)
+    op = TpuSSHStepOperator(task_id="evaluate", config=_config(fake_tpu, sshd), command="true")
+    with pytest.raises(AirflowException, match="PREEMPTED, not READY"):
+        op.execute(_context())
+    assert [m for m, _ in fake_tpu.requests] == ["GET"]
+
+
+def test_configuration_error_on_the_vm_fails_without_retry(fake_tpu, sshd, ssh_conn):
+    fake_tpu.add_node("proj", ZONE, NAME)
+    op = TrainOperator(task_id="train", config=_config(fake_tpu, sshd),
+                       command="echo 'error: Global batch 4096 is larger than the 300 train records' >&2; exit 2")
+    with pytest.raises(AirflowFailException, match=r"(?s)exit code 2.*Global batch 4096.*configuration error"):
+        _run(op)
+    op = TrainOperator(task_id="train", config=_config(fake_tpu, sshd), command="exit 1")
+    with pytest.raises(AirflowException) as err:
+        _run(op)
+    assert not isinstance(err.value, AirflowFailException)  # other failures are retried
