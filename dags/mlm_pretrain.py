@@ -29,6 +29,7 @@ from airflow.providers.standard.operators.python import PythonOperator
 from airflow.sdk import DAG, Param, chain
 
 import pipeline_tasks as steps
+from failure_notifier import FailureNotifier
 from mlm_assets import SHARDS
 from mlm_tasks.config import load_config
 from shard_gate import ShardSetCompleteSensor
@@ -46,6 +47,7 @@ default_args = {
     "retry_delay": timedelta(seconds=float(os.environ.get("MLM_RETRY_DELAY_S", 30))),
     "retry_exponential_backoff": True,
     "max_retry_delay": timedelta(minutes=10),
+    "on_failure_callback": [FailureNotifier()],
 }
 
 params = {

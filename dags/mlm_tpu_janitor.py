@@ -19,6 +19,7 @@ from datetime import timedelta
 
 import pendulum
 from airflow.sdk import Param, dag, task
+from failure_notifier import FailureNotifier
 
 
 @dag(
@@ -29,7 +30,8 @@ from airflow.sdk import Param, dag, task
     max_active_runs=1,
     doc_md=__doc__,
     tags=["mlm", "tpu", "cleanup"],
-    default_args={"owner": "mlm", "retries": 2, "retry_delay": timedelta(minutes=5)},
+    default_args={"owner": "mlm", "retries": 2, "retry_delay": timedelta(minutes=5),
+                  "on_failure_callback": [FailureNotifier()]},
     params={
         "project": Param(os.environ.get("MLM_TPU_PROJECT", ""), type="string",
                          description="Google Cloud project whose TPU VMs are checked."),

@@ -49,7 +49,7 @@ class CorpusConfig(_Section):
 
 
 class TokenizerConfig(_Section):
-    vocab_size: int = Field(8000, ge=16, le=250_000, description="Unigram vocabulary size, specials included.")
+    vocab_size: int = Field(8000, ge=1, le=250_000, description="Unigram vocabulary size, specials included.")
     max_piece_length: int = Field(16, ge=2, le=64, description="Longest piece the Unigram trainer keeps.")
 
 
@@ -68,12 +68,14 @@ class ModelConfig(_Section):
     max_position_embeddings: int | None = Field(None, ge=10, description="Override positions (RoBERTa "
                                                 "needs max_length + 2).")
     dropout: float = Field(0.1, ge=0, lt=1, description="Hidden and attention dropout.")
+    sinusoidal_init: bool = Field(False, description="Start learned position embeddings from sinusoids "
+                                  "(small models then learn context in far fewer steps).")
 
     def shape(self) -> ModelShape:
         if self.preset not in PRESETS:
             raise ConfigError(f"Unknown model preset {self.preset!r}: choose one of {sorted(PRESETS)}.")
         overrides = {k: v for k, v in self.model_dump().items()
-                     if k not in ("preset", "dropout") and v is not None}
+                     if k not in ("preset", "dropout", "sinusoidal_init") and v is not None}
         return PRESETS[self.preset].model_copy(update=overrides)
 
 
@@ -200,7 +202,8 @@ class PipelineConfig(_Section):
                 f"{shape.max_position_embeddings - 2}. Lower max_length or set model.max_position_embeddings.")
         if self.tokenizer.vocab_size <= len(SPECIAL_TOKENS) + 10:
             raise ConfigError(f"tokenizer.vocab_size {self.tokenizer.vocab_size} leaves no room beside the "
-                              f"{len(SPECIAL_TOKENS)} special tokens: use at least 1000.")
+                              f"{len(SPECIAL_TOKENS)} special tokens {' '.join(SPECIAL_TOKENS)}: raise it (1000 or "
+                              "more for real text; the default is 8000).")
         if self.train.max_predictions_per_seq > self.shards.max_length:
             raise ConfigError("train.max_predictions_per_seq cannot exceed max_length.")
         scheme = self.output_root.split("://", 1)[0] if "://" in self.output_root else "file"

@@ -144,21 +144,28 @@ class LocalFilesCorpus(Corpus):
     def fingerprint(self) -> str:
         return "files:" + ",".join(f"{os.path.basename(p)}={_file_digest(p)}" for p in self.files)
 
+    def _lines(self, path: str) -> Iterator[tuple[int, str]]:
+        with open(path, "rb") as f:
+            for lineno, raw in enumerate(f, 1):
+                try:
+                    yield lineno, raw.decode("utf-8")
+                except UnicodeDecodeError as err:
+                    raise ConfigError(f"{path} line {lineno} is not valid UTF-8 ({err.reason} at byte "
+                                      f"{err.start}): re-encode the file as UTF-8.") from None
+
     def _all_rows(self) -> Iterator[str]:
         for path in self.files:
             if path.endswith(".txt"):
-                with open(path, "rb") as f:
-                    for lineno, raw in enumerate(f, 1):
-                        try:
-                            yield raw.decode("utf-8")
-                        except UnicodeDecodeError as err:
-                            raise ConfigError(f"{path} line {lineno} is not valid UTF-8 ({err.reason} at byte "
-                                              f"{err.start}): re-encode the file as UTF-8.") from None
+                for _, line in self._lines(path):
+                    yield line
             elif path.endswith(".jsonl"):
-                with open(path, encoding="utf-8") as f:
-                    for line in f:
-                        if line.strip():
+                for lineno, line in self._lines(path):
+                    if line.strip():
+                        try:
                             yield json.loads(line).get(self.cfg.text_column, "")
+                        except (json.JSONDecodeError, AttributeError):
+                            raise ConfigError(f"{path} line {lineno} is not a JSON object: fix the line or use "
+                                              ".txt for plain text.") from None
             else:
                 import pyarrow.parquet as pq
 

@@ -49,11 +49,13 @@ class BatchSeededRng:
 
 def mlm_dataset(paths: DataPaths, manifest: dict, split: str, tokenizer, batch_size: int, *,
                 mlm_probability: float = 0.15, seed: int = 0, training: bool = True,
-                shuffle_buffer: int = 10_000, skip_batches: int = 0):
+                shuffle_buffer: int = 10_000, skip_batches: int = 0, take_batches: int | None = None):
     """Batches of {"input_ids", "attention_mask", "labels"} (labels = -100 where nothing is masked).
 
-    training=True: shuffled, repeated forever, `skip_batches` skipped so a resumed run continues
-    where the last checkpoint left off. training=False: one ordered pass, for evaluation.
+    training=True: shuffled, repeated, `skip_batches` skipped so a resumed run continues where the
+    last checkpoint left off, and `take_batches` long: a finite dataset ends cleanly, where tearing
+    down an endless one blocks for many seconds on its in-flight reader threads.
+    training=False: one ordered pass, for evaluation.
     """
     import tensorflow as tf
 
@@ -74,6 +76,8 @@ def mlm_dataset(paths: DataPaths, manifest: dict, split: str, tokenizer, batch_s
     ds = ds.batch(batch_size, drop_remainder=training).enumerate()
     if skip_batches:
         ds = ds.skip(skip_batches)  # before parsing and masking: cheap; batch indices stay exact
+    if take_batches is not None:
+        ds = ds.take(take_batches)
 
     feature = {"input_ids": tf.io.FixedLenFeature([max_length], tf.int64)}
 

@@ -14,7 +14,7 @@ import tempfile
 from collections import Counter
 
 from mlm_tasks import storage
-from mlm_tasks.config import PipelineConfig
+from mlm_tasks.config import ConfigError, PipelineConfig
 from mlm_tasks.paths import RunPaths
 
 log = logging.getLogger(__name__)
@@ -84,8 +84,10 @@ def evaluate(cfg: PipelineConfig, run_id: str, fingerprint: str) -> dict:
     with tempfile.TemporaryDirectory() as tmp:
         model = TFRobertaForMaskedLM.from_pretrained(storage.download_dir(run.model, tmp))
     if model.config.vocab_size != len(tokenizer):
-        raise ValueError(f"Model vocab {model.config.vocab_size} != tokenizer vocab {len(tokenizer)}: the model "
-                         f"at {run.model} was trained with another tokenizer.")
+        trained_on = storage.read_json(run.train_summary).get("data_fingerprint", "?")
+        raise ConfigError(f"Model vocab {model.config.vocab_size} != tokenizer vocab {len(tokenizer)}: the model at "
+                          f"{run.model} was trained with another tokenizer (data {trained_on}, not {fingerprint}). "
+                          "Evaluate with the data fingerprint the run trained on, or retrain on this data.")
 
     # Fixed seed: every run (and the previously published model) is scored on identical masks.
     tf.random.set_seed(cfg.train.seed)

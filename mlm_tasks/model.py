@@ -32,14 +32,28 @@ def roberta_config(cfg: PipelineConfig, vocab_size: int, special_ids: dict):
     )
 
 
-def build_model(config):
-    """Build a freshly initialised model and create its variables (needed before checkpoint restore)."""
+def build_model(config, sinusoidal_positions: bool = False):
+    """Build a freshly initialised model and create its variables (needed before checkpoint restore).
+
+    sinusoidal_positions: start the (still learned) position embeddings from sinusoids scaled to the
+    token embeddings' spread. Random position vectors make "look at my neighbour" slow to discover,
+    which keeps a small model predicting unigram frequencies for its first thousands of steps.
+    """
+    import numpy as np
     import tensorflow as tf
     from transformers import TFRobertaForMaskedLM
 
     model = TFRobertaForMaskedLM(config)
     dummy = tf.ones((1, 8), dtype=tf.int32) * 5
     model(input_ids=dummy, attention_mask=tf.ones_like(dummy), training=False)
+    if sinusoidal_positions:
+        table = model.roberta.embeddings.position_embeddings
+        n, d = table.shape
+        pos = np.arange(n)[:, None]
+        freq = np.exp(-np.log(10000.0) * (np.arange(0, d, 2) / d))
+        sinus = np.zeros((n, d), dtype=np.float32)
+        sinus[:, 0::2], sinus[:, 1::2] = np.sin(pos * freq), np.cos(pos * freq)
+        table.assign(sinus * (config.initializer_range / sinus.std()))
     return model
 
 

@@ -143,9 +143,10 @@ def write_shards(corpus, tokenizer, cfg: ShardConfig, paths: DataPaths, extra: d
                 raise ConfigError("The corpus is empty: its train split has no text rows. Check the corpus "
                                   "source settings (paths, dataset name, text_column).")
             if split in ("train", "validation") and entry["records"] == 0:
+                more = "add text or lower max_length" if split == "train" else \
+                    "add text, lower max_length, or raise corpus.validation_fraction"
                 raise ConfigError(f"The {split} split ({entry['rows']} rows, {entry['characters']} characters) "
-                                  f"is shorter than one chunk of {cfg.max_length} tokens: add text, lower "
-                                  "max_length, or raise corpus.validation_fraction.")
+                                  f"is shorter than one chunk of {cfg.max_length} tokens: {more}.")
             if split in getattr(corpus, "articles_seen", {}):
                 entry["articles"] = corpus.articles_seen[split]
             manifest["splits"][split] = entry

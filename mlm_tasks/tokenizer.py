@@ -46,7 +46,14 @@ def train_unigram(rows: Iterable[str], cfg: TokenizerConfig):
             seen[0] += 1
             yield row
 
-    tok.train_from_iterator(counted(rows), trainer=trainer)
+    try:
+        tok.train_from_iterator(counted(rows), trainer=trainer)
+    except Exception as err:  # the trainer raises a bare Exception for this one bad input
+        if "not large enough to contain all chars" not in str(err):
+            raise
+        raise ConfigError(f"tokenizer.vocab_size {cfg.vocab_size} is smaller than this corpus's distinct "
+                          f"characters plus the {len(SPECIAL_TOKENS)} special tokens (every character needs a "
+                          "piece): raise vocab_size.") from None
     if not seen[0]:
         raise ConfigError("The corpus is empty: its train split has no text rows. Check the corpus source "
                           "settings (paths, dataset name, text_column).")

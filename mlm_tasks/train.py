@@ -66,6 +66,34 @@ def load_manifest(cfg: PipelineConfig, fingerprint: str) -> tuple[DataPaths, dic
     return paths, manifest
 
 
+def checkpoint_vocab_size(checkpoint_dir: str) -> int | None:
+    """Rows of the word-embedding matrix in the latest checkpoint under `checkpoint_dir` (None: none yet)."""
+    if not storage.exists(join(checkpoint_dir, "checkpoint")):
+        return None
+    import tensorflow as tf
+
+    latest = tf.train.latest_checkpoint(checkpoint_dir)
+    for name, shape in tf.train.list_variables(latest) if latest else []:
+        # TFRobertaEmbeddings keeps the word embeddings as `weight` ([vocab, hidden]).
+        if name.endswith("roberta/embeddings/weight/.ATTRIBUTES/VARIABLE_VALUE"):
+            return int(shape[0])
+    return None
+
+
+def check_resumable(run: RunPaths, fingerprint: str, vocab_size: int) -> None:
+    """A run's earlier work must come from the same data: resuming a checkpoint (or reusing a model)
+    made with another tokenizer would fail deep in TensorFlow or, same size, silently mean nonsense."""
+    summary = storage.read_json_if_exists(run.train_summary)
+    if summary and summary.get("data_fingerprint", fingerprint) != fingerprint:
+        raise ConfigError(f"Run {run.run_id} already trained on data {summary['data_fingerprint']}, not "
+                          f"{fingerprint}: use a new run id for other data, or the run's own fingerprint.")
+    found = checkpoint_vocab_size(run.checkpoints)
+    if found is not None and found != vocab_size:
+        raise ConfigError(f"The checkpoint in {run.checkpoints} has a vocabulary of {found} but the tokenizer "
+                          f"of data {fingerprint} has {vocab_size}: the model and tokenizer vocab sizes differ. "
+                          "Use a new run id, or delete the checkpoints to start over with this data.")
+
+
 def plan_steps(cfg: PipelineConfig, manifest: dict, global_batch: int) -> int:
     records = manifest["splits"]["train"]["records"]
     if global_batch > records:
@@ -89,6 +117,7 @@ def train(cfg: PipelineConfig, run_id: str, fingerprint: str) -> dict:
 
     verify_shards(paths, manifest, "train")
     tokenizer = load_tokenizer(paths.tokenizer, manifest["max_length"])
+    check_resumable(run, fingerprint, len(tokenizer))
     if storage.exists(run.train_summary):
         summary = storage.read_json(run.train_summary)
         log.info("Run %s already finished training (%d steps): nothing to do", run_id, summary["steps"])
@@ -109,9 +138,13 @@ def train(cfg: PipelineConfig, run_id: str, fingerprint: str) -> dict:
     warmup = int(total_steps * cfg.train.warmup_fraction)
     log.info("Training on %s: %d replica(s), global batch %d, %d steps, warmup %d, XLA %s, precision %s",
              device, replicas, global_batch, total_steps, warmup, "on" if xla else "off", precision)
+    from mlm_tasks.train_sync import EpochSync
+
+    hub_sync = EpochSync.start(cfg, manifest, global_batch, strategy)  # None unless publish.sync_checkpoints
 
     with strategy.scope():
-        model = build_model(roberta_config(cfg, len(tokenizer), manifest["special_ids"]))
+        model = build_model(roberta_config(cfg, len(tokenizer), manifest["special_ids"]),
+                            sinusoidal_positions=cfg.model.sinusoidal_init)
         optimizer, schedule = create_optimizer(
             init_lr=cfg.train.learning_rate, num_train_steps=total_steps, num_warmup_steps=warmup,
             weight_decay_rate=cfg.train.weight_decay, adam_beta2=cfg.train.adam_beta2,
@@ -127,7 +160,8 @@ def train(cfg: PipelineConfig, run_id: str, fingerprint: str) -> dict:
 
     dataset = mlm_dataset(paths, manifest, "train", tokenizer, global_batch,
                           mlm_probability=cfg.train.mlm_probability, seed=cfg.train.seed,
-                          shuffle_buffer=cfg.train.shuffle_buffer, skip_batches=start_step)
+                          shuffle_buffer=cfg.train.shuffle_buffer, skip_batches=start_step,
+                          take_batches=total_steps - start_step)
     iterator = iter(strategy.experimental_distribute_dataset(dataset))
     max_pred = cfg.train.max_predictions_per_seq
 
@@ -178,6 +212,8 @@ def train(cfg: PipelineConfig, run_id: str, fingerprint: str) -> dict:
         if step % cfg.train.checkpoint_every == 0 and step != total_steps:
             manager.save(checkpoint_number=step)
             _write_history(run, history)
+        if hub_sync and step != total_steps:
+            hub_sync.step_done(step, manager)  # epoch end: queue the checkpoint for upload, return at once
         if cfg.train.fail_at_step == step and not storage.exists(fault_marker):
             storage.write_text(fault_marker, f"fault injected at step {step}\n")
             raise RuntimeError(f"Injected fault at step {step} (train.fail_at_step): a retry resumes from "
@@ -185,6 +221,8 @@ def train(cfg: PipelineConfig, run_id: str, fingerprint: str) -> dict:
     elapsed = time.time() - t0
     steady = (total_steps - start_step - 1, time.time() - t_steady) if t_steady else (0, 0.0)
     manager.save(checkpoint_number=total_steps)
+    if hub_sync:
+        hub_sync.finish(total_steps, manager)
     _write_history(run, history)
     writer.flush()
     _save_model(model, tokenizer, run)

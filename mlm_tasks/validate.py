@@ -3,8 +3,11 @@
     python -m mlm_tasks validate --config configs/default.yaml
 
 `PipelineConfig` already rejects bad values and combinations; this adds what needs I/O: the corpus
-exists and is readable, output_root is writable, gs:// has credentials. It runs first in the DAG, so a
-bad input fails in seconds, long before a TPU VM is created.
+exists and is readable (local files: every line decodes, the train split has text), output_root is
+writable, gs:// has credentials. It runs first in the DAG, so a bad input fails in seconds, long
+before a TPU VM is created. `check_run_inputs` runs right after the data is prepared (still before
+the VM): what needs the shard set — batch vs records, max_length and tokenizer of the shards, and a
+checkpoint or model this run already has that was made with other data.
 """
 from __future__ import annotations
 
@@ -27,10 +30,10 @@ def check_gcs_credentials(uri: str) -> None:
 
     try:
         google.auth.default()
-    except DefaultCredentialsError:
-        raise ConfigError(f"output_root {uri} needs Google Cloud credentials and none were found: set "
-                          "GOOGLE_APPLICATION_CREDENTIALS, run `gcloud auth application-default login`, or "
-                          "give the Airflow GCP connection a key.") from None
+    except DefaultCredentialsError as err:
+        raise ConfigError(f"output_root {uri} needs Google Cloud credentials and none were found ({err}): set "
+                          "GOOGLE_APPLICATION_CREDENTIALS to a key file, run `gcloud auth application-default "
+                          "login`, or give the Airflow GCP connection a key.") from None
 
 
 def check_writable(uri: str) -> None:
@@ -43,8 +46,32 @@ def check_writable(uri: str) -> None:
                           "and its permissions.") from None
 
 
+def check_local_corpus(corpus) -> None:
+    """Local files are read once here (as cheap as fingerprinting them): undecodable bytes and an
+    empty corpus then fail now, not after the tokenizer has trained for an hour."""
+    train_rows = sum(1 for _ in corpus.rows("train"))  # decodes every line of every file
+    if not train_rows:
+        raise ConfigError("The corpus is empty: its train split has no text rows. Check the corpus source "
+                          "settings (paths, dataset name, text_column).")
+
+
+def check_run_inputs(cfg: PipelineConfig, run_id: str, fingerprint: str) -> dict:
+    """What only the prepared shard set can tell, checked before compute is spent; returns the manifest."""
+    from mlm_tasks.paths import RunPaths
+    from mlm_tasks.train import check_resumable, load_manifest, plan_steps
+
+    _, manifest = load_manifest(cfg, fingerprint)  # max_length and tokenizer of the shards
+    # Per replica: the replica count is known only on the training host, so this is the bound
+    # every device count must meet; train() checks the global batch again.
+    plan_steps(cfg, manifest, cfg.train.batch_size)
+    check_resumable(RunPaths(cfg.output_root, run_id), fingerprint, manifest["vocab_size"])
+    return manifest
+
+
 def validate_inputs(cfg: PipelineConfig) -> None:
-    open_corpus(cfg.corpus)  # raises ConfigError for missing paths and bad file types
+    corpus = open_corpus(cfg.corpus)  # raises ConfigError for missing paths and bad file types
+    if cfg.corpus.source == "local_files":
+        check_local_corpus(corpus)
     if storage.scheme(cfg.output_root) == "gs":
         check_gcs_credentials(cfg.output_root)
     check_writable(cfg.output_root)

@@ -20,9 +20,13 @@ def event_extra(cfg_dict: dict, data: dict) -> dict:
 
 
 def triggering_shards_event(context: Any) -> dict | None:
-    """The newest SHARDS event that triggered this run, or None for a manual run."""
+    """The newest SHARDS event that triggered this run, or None for a manual run.
+
+    A run consumes every event since the previous asset-triggered run (several refreshes while the
+    scheduler was busy or the DAG paused), and the execution API returns them in no set order: pick
+    by timestamp, never by position."""
     events = context.get("triggering_asset_events") or {}
     for asset, asset_events in events.items():
         if getattr(asset, "name", None) == SHARDS.name and asset_events:
-            return dict(asset_events[-1].extra or {})
+            return dict(max(asset_events, key=lambda e: e.timestamp).extra or {})
     return None

@@ -51,20 +51,23 @@ def validate_config(params: dict, **context: Any) -> dict:
     return cfg.model_dump(mode="json")
 
 
-def prepare_data(ti, **context: Any) -> dict:
+def prepare_data(ti, run_id: str, **context: Any) -> dict:
+    """Prepare (or find) the data, then check the run against it: still before any TPU VM exists."""
     from mlm_assets import triggering_shards_event
     from mlm_tasks.prepare import prepare_data as step, summary_for_fingerprint
+    from mlm_tasks.validate import check_run_inputs
 
+    cfg = _config(ti)
     event = triggering_shards_event(context)
-    if event:
-        # Exactly the announced data; never a re-fingerprint of a source that may have moved on since.
-        return summary_for_fingerprint(_config(ti), event["fingerprint"])
     try:
-        return step(_config(ti))
+        # From an event: exactly the announced data, never a re-fingerprint of a source that moved on.
+        summary = summary_for_fingerprint(cfg, event["fingerprint"]) if event else step(cfg)
+        check_run_inputs(cfg, run_id, summary["fingerprint"])
     except ConfigError as err:
         from airflow.exceptions import AirflowFailException
 
         raise AirflowFailException(str(err)) from None
+    return summary
 
 
 def train_local(ti, run_id: str, **_: Any) -> dict:

@@ -11,18 +11,15 @@ Every test asserts that no node outlives its run.
 from __future__ import annotations
 
 import json
-import os
 import re
-import subprocess
 import sys
-import textwrap
 import threading
 import time
 from pathlib import Path
 
 import pytest
 
-from mlm_tasks import storage, tpu
+from mlm_tasks import storage
 from mlm_tasks.paths import DataPaths, RunPaths, join
 from peers.airflow_home import airflow_env, dags_test  # noqa: F401  (fixture)
 from peers.sshd import airflow_conn_uri
@@ -91,11 +88,13 @@ def test_gcs_and_tpu_vm_end_to_end(airflow_env, gcs, gcs_root, tf_gcs_env, fake_
 
     fp = _only_fingerprint(gcs_root)
     data = DataPaths(gcs_root, fp)
+    # The gate looked for the marker in the bucket through the anonymous Airflow GCP connection.
+    assert f"Waiting for the shard marker {data.success}" in log
     for uri in (join(data.tokenizer, "tokenizer.json"), data.manifest, data.success):
         assert storage.exists(uri), uri
     manifest = storage.read_json(data.manifest)
+    assert manifest["splits"]["train"]["shards"] and manifest["splits"]["validation"]["shards"]
     for split, entry in manifest["splits"].items():
-        assert entry["shards"], split
         for shard in entry["shards"]:
             assert storage.exists(join(data.shards(split), Path(shard["file"]).name)), shard
 
@@ -110,3 +109,121 @@ def test_gcs_and_tpu_vm_end_to_end(airflow_env, gcs, gcs_root, tf_gcs_env, fake_
     assert metrics["loss"] < metrics["untrained_loss"] and metrics["masked_tokens"] > 0
     predictions = storage.read_json(run.predictions)
     assert predictions and all(len(p["predictions"]) == 5 for p in predictions)
+
+
+@pytest.mark.slow
+def test_training_failure_on_the_vm_fails_the_task_and_deletes_the_node(  # noqa: F811
+        airflow_env, gcs, gcs_root, tf_gcs_env, fake_tpu, sshd, tmp_path):
+    # The "VM" has no TPU runtime: train.device=tpu makes train() fail on it in TPUStrategy setup,
+    # after loading the shards' manifest and tokenizer from gs://; every try fails the same way.
+    conf = _conf(gcs_root, fake_tpu, sshd, tf_gcs_env, **{"train.device": "tpu"})
+    log = _dags_test(airflow_env, conf, _env(sshd, tf_gcs_env, gcs), tmp_path)
+    assert log.startswith("DAG RUN FAILED"), log[-6000:]
+    assert "Step 'train' failed on TPU VM" in log and "worker 0 (127.0.0.1): exit code 1" in log, log[-6000:]
+    # Worker 0's output streams into the task log once per try: 3 tries (retries exhausted).
+    assert log.count("[worker 0] tensorflow.python.framework.errors_impl.NotFoundError: TPUs not found") == 3
+    assert re.search(r"Task failed: mlm_pretrain\.train run \S+ try 3 of 3", log)
+    # The teardown deleted the node although train failed; nothing after train ran.
+    assert _methods(fake_tpu).count("POST") == 1 and _methods(fake_tpu).count("DELETE") == 1
+    assert fake_tpu.nodes == {}
+    run = RunPaths(gcs_root, _run_id(log))
+    assert not storage.exists(run.eval_metrics) and not storage.exists(run.train_summary)
+
+
+def _preempt_at_fault(fake_tpu, gcs_root: str, stop: threading.Event, seen: list) -> None:
+    """When the train step dies on the VM (the injected fault), mark the node PREEMPTED, as GCP would."""
+    fs = storage.filesystem(gcs_root)
+    while not stop.is_set():
+        if fs.glob(join(gcs_root, "runs", "*", "train", ".fault_injected")):
+            (name,) = list(fake_tpu.nodes)
+            fake_tpu.preempt(name.rsplit("/", 1)[-1])
+            seen.append(name)
+            return
+        time.sleep(0.1)
+
+
+@pytest.mark.slow
+def test_failed_create_and_preemption_recover_on_fresh_nodes(  # noqa: F811
+        airflow_env, gcs, gcs_root, tf_gcs_env, fake_tpu, sshd, tmp_path):
+    # Try 1 of create_tpu_vm: the node appears, then its create operation fails (stockout).
+    fake_tpu.fail_next_create("There is no more capacity in the zone")
+    conf = _conf(gcs_root, fake_tpu, sshd, tf_gcs_env, **{"train.fail_at_step": 7})
+    stop, preempted = threading.Event(), []
+    watcher = threading.Thread(target=_preempt_at_fault, args=(fake_tpu, gcs_root, stop, preempted), daemon=True)
+    watcher.start()
+    try:
+        log = _dags_test(airflow_env, conf, _env(sshd, tf_gcs_env, gcs), tmp_path)
+    finally:
+        stop.set()
+        watcher.join(timeout=10)
+    assert not log.startswith("DAG RUN FAILED") and "state=success" in log, log[-6000:]
+    assert preempted, "the train step never reached the injected fault"
+
+    methods = _methods(fake_tpu)
+    # create (fails) -> cleanup delete -> create (retry) -> replace the preempted node: delete, create
+    # -> teardown delete.
+    writes = [m for m in methods if m in ("POST", "DELETE")]
+    assert writes == ["POST", "DELETE", "POST", "DELETE", "POST", "DELETE"], writes
+    assert fake_tpu.nodes == {}
+    assert "no more capacity in the zone" in log and "deleted it" in log
+    assert "Injected fault at step 7" in log and "PREEMPTED" in log
+    assert "Resumed from" in log and "at step 5" in log
+
+    run = RunPaths(gcs_root, _run_id(log))
+    summary = storage.read_json(run.train_summary)
+    assert summary["steps"] == 12 and summary["resumed_from_step"] == 5
+    assert storage.exists(run.eval_metrics) and storage.exists(run.predictions)
+
+
+SENSOR_DAG = '''
+"""Test DAG: the gate of mlm_pretrain in front of its TPU tasks, waiting for a marker that never lands."""
+import pendulum
+from airflow.sdk import dag, task
+
+from shard_gate import ShardSetCompleteSensor
+from tpu_operators import TpuVmCreateOperator, TpuVmDeleteOperator
+from train_operator import TrainOperator
+
+
+@dag(dag_id="gate_before_tpu", schedule=None, start_date=pendulum.datetime(2024, 1, 1), catchup=False)
+def gate_before_tpu():
+    @task
+    def validate_config(**context):
+        from mlm_tasks.config import build_config
+        return build_config(context["dag_run"].conf["config"]).model_dump(mode="json")
+
+    @task
+    def prepare_data(**context):
+        return {"fingerprint": "0123456789abcdef", "success_uri": context["dag_run"].conf["marker"]}
+
+    cfg = "{{ ti.xcom_pull(task_ids='validate_config') }}"
+    # As in mlm_pretrain, but not deferrable: `dags test` runs triggers inline and never times them out.
+    wait = ShardSetCompleteSensor(
+        task_id="wait_for_shards", deferrable=False, poke_interval=1, timeout=4, retries=0,
+        gcp_conn_id="{{ ti.xcom_pull(task_ids='validate_config')['sensor']['gcp_conn_id'] }}")
+    create = TpuVmCreateOperator(task_id="create_tpu_vm", config=cfg)
+    train = TrainOperator(task_id="train", config=cfg)
+    delete = TpuVmDeleteOperator(task_id="delete_tpu_vm", config=cfg)
+    validate_config() >> prepare_data() >> wait >> create >> train
+    train >> delete.as_teardown(setups=create)
+
+
+gate_before_tpu()
+'''
+
+
+def test_sensor_timeout_fails_clearly_and_creates_no_node(  # noqa: F811
+        airflow_env, gcs, gcs_root, tf_gcs_env, fake_tpu, sshd, tmp_path):
+    dag_file = tmp_path / "gate_before_tpu.py"
+    dag_file.write_text(SENSOR_DAG)
+    config = {"output_root": gcs_root, "compute": "tpu_vm", "sensor": {"gcp_conn_id": GCS_CONN},
+              "tpu": {"project": PROJECT, "zone": ZONE, "api_endpoint": fake_tpu.url, "transport": "rest"}}
+    marker = DataPaths(gcs_root, "0123456789abcdef").success
+    result = dags_test(airflow_env, "gate_before_tpu", dagfile=dag_file, conf={"config": config, "marker": marker},
+                       extra_env=_env(sshd, tf_gcs_env, gcs), timeout=300)
+    log = result.stdout + result.stderr
+    assert result.returncode != 0, log[-6000:]
+    shards = marker.rsplit("/", 1)[0]
+    assert f"Shards under {shards} not complete after 4 s: no {marker}" in log, log[-6000:]
+    assert "Did prepare_data fail?" in log
+    assert fake_tpu.requests == [], "no TPU API call may happen before the shard set is complete"

@@ -56,10 +56,7 @@ class AirflowApi:
         reply = self.client.get(
             f"/dags/{dag_id}/dagRuns/{quote(run_id, safe='')}/taskInstances/{task_id}/logs/{try_number}",
             params={"full_content": True})
-        content = self._ok(reply)["content"]
-        # Structured log lines ({"event": ..., "level": ...}); plain strings from older writers.
-        return "\n".join(line.get("event", str(line)) if isinstance(line, dict) else str(line)
-                         for line in content)
+        return "\n".join(_log_line(line) for line in self._ok(reply)["content"])
 
     def explain(self, dag_id: str, run_id: str) -> str:
         """Task states and the log tail of every task that did not succeed: for assertion messages."""
@@ -70,3 +67,13 @@ class AirflowApi:
                 log = self.log(dag_id, run_id, ti["task_id"], ti["try_number"])
                 lines.append(f"--- log of {ti['task_id']} try {ti['try_number']}:\n{log[-4000:]}")
         return "\n".join(lines)
+
+
+def _log_line(line) -> str:
+    """A structured log line ({"event", "error_detail", ...}) as text, with the exception if any."""
+    if not isinstance(line, dict):
+        return str(line)
+    text = str(line.get("event", line))
+    for error in line.get("error_detail") or []:
+        text += f"\n    {error.get('exc_type')}: {error.get('exc_value')}"
+    return text

@@ -13,7 +13,7 @@ in a subprocess on the test's SQLite metadata DB:
      gets `triggering_asset_events` from the metadata DB through the execution API, as on a worker.
 
     result = asset_triggered_test(env, "mlm_pretrain", mark_success_pattern="^(evaluate|report)$")
-    result.stdout  -> task logs, then a last line "ASSET_TRIGGERED_RUN {json}" (run id, consumed event ids)
+    result.stdout  -> task logs, then a last line "ASSET_TRIGGERED_RUN {json}" (run id, consumed event ids, oldest first)
 
 If the DAG is not due (no queued event) the script exits 3 and says so: the test then knows that
 the scheduler would not have started a run either.
@@ -67,7 +67,8 @@ def _create_run(dag_id: str):
         session.flush()
         (run,) = [r for r in session.scalars(select(DagRun).where(DagRun.dag_id == dag_id)) if r.id not in before]
         assert run.run_type == DagRunType.ASSET_TRIGGERED, run.run_type
-        return run.id, run.run_id, [e.id for e in run.consumed_asset_events]
+        events = sorted(run.consumed_asset_events, key=lambda e: (e.timestamp, e.id))
+        return run.id, run.run_id, [e.id for e in events]
 
 
 def main(argv: list[str]) -> int:

@@ -1,0 +1,70 @@
+"""Atomicity: a shard writer SIGKILLed half way leaves no marker and no visible partial set; a rerun completes.
+
+The writer is a real `python -m mlm_tasks prepare-data` process, killed while its shards are being
+written (small shards and small tokenize batches, so there are many progress lines to kill it on).
+"""
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from mlm_tasks import storage
+from mlm_tasks.paths import DataPaths
+from mlm_tasks.shards import STAGING_PREFIX, verify_shards
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _prepare(out: Path) -> subprocess.Popen:
+    args = [sys.executable, "-m", "mlm_tasks", "prepare-data", "--config", str(ROOT / "configs" / "tiny.yaml"),
+            "--set", f"output_root={out}", "--set", "shards.records_per_shard=8",
+            "--set", "shards.tokenize_batch_rows=10"]
+    return subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT,
+                            env={**os.environ, "TF_USE_LEGACY_KERAS": "1"})
+
+
+@pytest.mark.slow
+def test_writer_killed_half_way_leaves_nothing_visible_and_a_rerun_completes(tmp_path):
+    out = tmp_path / "out"
+    proc = _prepare(out)
+    fingerprint, seen = None, []
+    for line in proc.stderr:
+        seen.append(line)
+        found = re.search(r"Preparing data fingerprint (\w+)", line)
+        fingerprint = found.group(1) if found else fingerprint
+        # Shards of the train split are being written: several are done, more are coming.
+        progress = re.search(r"train: \d+ rows, (\d+) records so far", line)
+        if progress and int(progress.group(1)) >= 40:
+            proc.send_signal(signal.SIGKILL)
+            break
+    proc.wait(timeout=60)
+    assert proc.returncode == -signal.SIGKILL, "".join(seen[-30:])
+    paths = DataPaths(str(out), fingerprint)
+    root = Path(paths.root)
+
+    # The killed writer had written shards (in its private staging folder)...
+    (staging,) = [p for p in root.iterdir() if p.name.startswith(STAGING_PREFIX)]
+    assert len(list((staging / "train").glob("*.tfrecord"))) >= 5
+    # ...but nothing is visible where readers look: no shards folder, no manifest, no marker.
+    assert not Path(paths.shards_dir).exists()
+    assert not storage.exists(paths.success) and not storage.exists(paths.manifest)
+    assert not list(out.rglob("_SUCCESS"))
+
+    rerun = _prepare(out)
+    stdout, stderr = rerun.communicate(timeout=600)
+    assert rerun.returncode == 0, stderr[-3000:]
+    summary = json.loads(stdout)
+    assert summary["fingerprint"] == fingerprint and summary["cache_hit"] is False
+    assert "Reusing the tokenizer already trained for this fingerprint" in stderr
+    assert "left by a writer that was killed half way" in stderr
+    assert not staging.exists() and not [p for p in root.iterdir() if p.name.startswith(".")]
+    manifest = storage.read_json(paths.manifest)
+    for split in ("train", "validation"):
+        verify_shards(paths, manifest, split)
+        assert sum(s["records"] for s in manifest["splits"][split]["shards"]) == summary["records"][split] > 0
+    assert manifest["splits"]["train"]["shards"][0]["records"] == 8

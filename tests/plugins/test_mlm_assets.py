@@ -1,0 +1,32 @@
+"""The SHARDS asset event helpers: what the refresh DAG attaches, and which event a triggered run uses."""
+from datetime import datetime, timedelta, timezone
+from types import SimpleNamespace
+
+import pytest
+
+pytest.importorskip("airflow")
+
+
+def test_event_extra_carries_exactly_what_a_training_run_needs(tiny_cfg):
+    from mlm_assets import event_extra
+
+    cfg = tiny_cfg.model_dump(mode="json")
+    data = {"fingerprint": "abc123", "records": {"train": 10}, "tokens": {"train": 640}, "data_root": "x"}
+    extra = event_extra(cfg, data)
+    assert extra == {"fingerprint": "abc123", "output_root": cfg["output_root"],
+                     "data_config": {k: cfg[k] for k in ("corpus", "tokenizer", "shards")},
+                     "records": {"train": 10}, "tokens": {"train": 640}}
+
+
+def test_a_run_that_consumed_several_events_uses_the_newest_whatever_their_order():
+    from mlm_assets import SHARDS, triggering_shards_event
+
+    t0 = datetime(2026, 1, 5, tzinfo=timezone.utc)
+    events = [SimpleNamespace(timestamp=t0 + timedelta(days=d), extra={"fingerprint": f"fp{d}"}) for d in (7, 0, 14)]
+    from airflow.sdk import Asset
+
+    other = Asset(name="something_else", uri="mlm://other")
+    context = {"triggering_asset_events": {other: [SimpleNamespace(timestamp=t0, extra={})], SHARDS: events}}
+    assert triggering_shards_event(context) == {"fingerprint": "fp14"}
+    assert triggering_shards_event({"triggering_asset_events": {}}) is None
+    assert triggering_shards_event({}) is None

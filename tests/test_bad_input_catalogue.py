@@ -1,0 +1,293 @@
+"""The bad-input catalogue: every bad input is refused with a message that says what to fix, before any
+TPU VM is created.
+
+Each case runs through the real entry points that meet it, in DAG order: `config_from_params` and
+`validate_inputs` (task validate_config), `prepare_data` and `check_run_inputs` (task prepare_data),
+and, for inputs that only a standalone step can be handed (`python -m mlm_tasks train
+--data-fingerprint ...`), the step itself (train / evaluate). `test_checks_run_before_the_tpu_vm`
+shows in the real DAG that both tasks come before create_tpu_vm, and one real `airflow dags test`
+run on the TPU path stops at prepare_data without a single create call to the (fake) TPU API.
+
+    pytest tests/test_bad_input_catalogue.py
+    python scripts/print_catalogue.py       # the same cases, printed as the docs/ table
+"""
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+from types import SimpleNamespace
+import pytest
+
+from mlm_tasks.config import ConfigError, config_from_params
+from peers.tiny_data import TINY_YAML, tiny_config
+
+RECORD = os.environ.get("MLM_CATALOGUE_OUT")  # scripts/print_catalogue.py collects the messages here
+TASK_OF = {"config_from_params": "validate_config", "validate_inputs": "validate_config",
+           "prepare_data": "prepare_data", "check_run_inputs": "prepare_data",
+           "summary_for_fingerprint": "prepare_data", "train": "train (step run alone)",
+           "evaluate": "evaluate (step run alone)"}
+
+
+@dataclass
+class Case:
+    id: str
+    what: str
+    expect: str                                   # regex: the message names the setting and the fix
+    steps: list[tuple]                            # (entry point, call[, expect if it differs]) in DAG order
+    needs: str = ""                               # fixture: "" | "data" | "trained"
+    error: type = ConfigError
+
+
+def form(**params):
+    """The trigger form: tiny.yaml plus flat params, exactly as validate_config builds the config."""
+    return lambda ctx: config_from_params({"config_file": str(TINY_YAML), "output_root": str(ctx.tmp / "o"),
+                                           **params})
+
+
+def local_corpus(ctx, name: str, content: bytes, **overrides):
+    path = ctx.tmp / name
+    path.write_bytes(content)
+    return tiny_config(ctx.tmp / "o", **{"corpus.source": "local_files", "corpus.local_paths": [str(path)],
+                                         "corpus.validation_fraction": 0.0, "corpus.test_fraction": 0.0,
+                                         **overrides})
+
+
+def validate(make_cfg):
+    def call(ctx):
+        from mlm_tasks.validate import validate_inputs
+
+        return validate_inputs(make_cfg(ctx))
+    return call
+
+
+def prepare(make_cfg):
+    def call(ctx):
+        from mlm_tasks.prepare import prepare_data
+
+        return prepare_data(make_cfg(ctx))
+    return call
+
+
+def find_data(fp_of):
+    def call(ctx):
+        from mlm_tasks.prepare import summary_for_fingerprint
+
+        return summary_for_fingerprint(ctx.cfg, fp_of(ctx))
+    return call
+
+
+def run_check(cfg_of, run_id: str, fp_of):
+    def call(ctx):
+        from mlm_tasks.validate import check_run_inputs
+
+        return check_run_inputs(cfg_of(ctx), run_id, fp_of(ctx))
+    return call
+
+
+def train_step(cfg_of, run_id: str, fp_of):
+    def call(ctx):
+        from mlm_tasks.train import train
+
+        return train(cfg_of(ctx), run_id, fp_of(ctx))
+    return call
+
+
+def eval_step(cfg_of, run_id: str, fp_of):
+    def call(ctx):
+        from mlm_tasks.evaluate import evaluate
+
+        return evaluate(cfg_of(ctx), run_id, fp_of(ctx))
+    return call
+
+
+def _with(**update):
+    """The prepared tiny config with some sections changed (a run asking for something else)."""
+    def make(ctx):
+        cfg = ctx.cfg
+        for section, values in update.items():
+            cfg = cfg.model_copy(update={section: getattr(cfg, section).model_copy(update=values)})
+        return cfg
+    return make
+
+
+def no_gcs_credentials(ctx):
+    mp = ctx.monkeypatch
+    for name in ("STORAGE_EMULATOR_HOST", "GOOGLE_CLOUD_PROJECT", "GCE_METADATA_HOST"):
+        mp.delenv(name, raising=False)
+    mp.setenv("GOOGLE_APPLICATION_CREDENTIALS", str(ctx.tmp / "nowhere" / "key.json"))
+    (ctx.tmp / "gcloud").mkdir()
+    mp.setenv("CLOUDSDK_CONFIG", str(ctx.tmp / "gcloud"))
+    return tiny_config("gs://mlm-no-such-bucket/prefix")
+
+
+CFG, FP1, FP2 = (lambda c: c.cfg), (lambda c: c.fp1), (lambda c: c.fp2)
+NO_DATA = "0123456789abcdef"
+TINY_TEXT = b"the quick brown fox jumps over the lazy dog\n"
+
+CASES = [
+    Case("unknown-preset", "unknown model preset", r"Unknown model preset 'huge': choose one of \['base', 'small', 'tiny'\]",
+         [("config_from_params", form(model_preset="huge"))]),
+    Case("misspelled-flat-param", "misspelled param key (flat form name)",
+         r"Unknown setting 'vocab_sz'\. Known flat names: .*or use a dotted path",
+         [("config_from_params", form(vocab_sz=8000))]),
+    Case("misspelled-dotted-key", "misspelled param key (dotted path in overrides)",
+         r"Unknown setting 'train\.learnig_rate': check its spelling",
+         [("config_from_params", form(overrides={"train.learnig_rate": 1e-3}))]),
+    Case("max-length-over-positions", "max_length above the model's positions",
+         r"max_length 128 does not fit the model: .*66 positions, so max_length can be at most 64\. Lower max_length "
+         r"or set model\.max_position_embeddings",
+         [("config_from_params", form(max_length=128))]),
+    Case("vocab-below-specials", "vocab size smaller than the special tokens",
+         r"tokenizer\.vocab_size 4 leaves no room beside the 5 special tokens .*: raise it",
+         [("config_from_params", form(overrides={"tokenizer.vocab_size": 4}))]),
+    Case("unsupported-scheme", "output_root with an unsupported scheme",
+         r"output_root 's3://bucket/x' has unsupported scheme 's3': use a local folder or gs://bucket/prefix",
+         [("config_from_params", form(output_root="s3://bucket/x"))]),
+    Case("gs-without-credentials", "gs:// output_root without credentials",
+         r"output_root gs://mlm-no-such-bucket/prefix needs Google Cloud credentials and none were found .*"
+         r"set GOOGLE_APPLICATION_CREDENTIALS",
+         [("validate_inputs", validate(no_gcs_credentials))]),
+    Case("missing-corpus-file", "local corpus path that matches no file",
+         r"corpus\.local_paths entry '.*missing\.txt' matches no file: check the path",
+         [("validate_inputs", validate(lambda c: tiny_config(c.tmp / "o", **{
+             "corpus.source": "local_files", "corpus.local_paths": [str(c.tmp / "missing.txt")]})))]),
+    Case("empty-corpus", "empty corpus", r"The corpus is empty: its train split has no text rows\. Check the corpus",
+         [("validate_inputs", validate(lambda c: local_corpus(c, "empty.txt", b"\n  \n\n"))),
+          ("prepare_data", prepare(lambda c: local_corpus(c, "empty.txt", b"\n  \n\n")))]),
+    Case("undecodable-bytes", "undecodable bytes in a local file",
+         r"bad\.txt line 2 is not valid UTF-8 \(invalid start byte at byte 0\): re-encode the file as UTF-8",
+         [("validate_inputs", validate(lambda c: local_corpus(c, "bad.txt", b"fine\n\xff\xfe broken\n"))),
+          ("prepare_data", prepare(lambda c: local_corpus(c, "bad.txt", b"fine\n\xff\xfe broken\n")))]),
+    Case("bad-jsonl", "a .jsonl line that is not JSON", r"bad\.jsonl line 2 is not a JSON object",
+         [("validate_inputs", validate(lambda c: local_corpus(c, "bad.jsonl", b'{"text": "ok"}\nnot json\n')))]),
+    Case("corpus-shorter-than-chunk", "corpus shorter than one chunk",
+         r"The train split \(1 rows, 43 characters\) is shorter than one chunk of 64 tokens: add text or lower "
+         r"max_length",
+         [("prepare_data", prepare(lambda c: local_corpus(c, "short.txt", TINY_TEXT, vocab_size=32)))]),
+    Case("vocab-above-corpus", "vocab size larger than the corpus supports",
+         r"tokenizer\.vocab_size 5000 is larger than this corpus supports \(the trainer found only 32 pieces\): "
+         r"lower vocab_size",
+         [("prepare_data", prepare(lambda c: local_corpus(c, "small.txt", TINY_TEXT, vocab_size=5000)))]),
+    Case("vocab-below-characters", "vocab size smaller than the corpus's characters",
+         r"tokenizer\.vocab_size 20 is smaller than this corpus's distinct characters .*: raise vocab_size",
+         [("prepare_data", prepare(lambda c: local_corpus(c, "chars.txt", TINY_TEXT, vocab_size=20)))]),
+    Case("batch-larger-than-data", "batch larger than the data",
+         r"batch 100000 is larger than the \d+ train records: lower batch_size or add data",
+         [("check_run_inputs", run_check(_with(train={"batch_size": 100_000}), "big-batch", FP1)),
+          ("train", train_step(_with(train={"batch_size": 100_000}), "big-batch", FP1))], needs="data"),
+    Case("missing-shards", "missing shards", r"run prepare-data first or check output_root and the data fingerprint",
+         [("summary_for_fingerprint", find_data(lambda c: NO_DATA),
+           r"No complete shard set for fingerprint 0123456789abcdef .*Rerun mlm_dataset_refresh or trigger"),
+          ("check_run_inputs", run_check(CFG, "no-data", lambda c: NO_DATA)),
+          ("train", train_step(CFG, "no-data", lambda c: NO_DATA))], needs="data", error=FileNotFoundError),
+    Case("shards-other-max-length", "shards built with another max_length than the run asks for",
+         r"were built with max_length 64 but this run asks for 32: prepare data with the run's max_length",
+         [("check_run_inputs", run_check(_with(shards={"max_length": 32}), "short-run", FP1)),
+          ("train", train_step(_with(shards={"max_length": 32}), "short-run", FP1))], needs="data"),
+    Case("shards-other-tokenizer", "shards built with another tokenizer than the run uses",
+         r"is not the one the shards were encoded with \(sha256 differs\): delete the dataset folder and rerun",
+         [("check_run_inputs", run_check(lambda c: c.swapped, "swapped", FP1)),
+          ("train", train_step(lambda c: c.swapped, "swapped", FP1))], needs="data"),
+    Case("vocab-mismatch-resume", "tokenizer and model vocab sizes differ (resuming a checkpoint)",
+         r"has a vocabulary of 1000 but the tokenizer of data \w+ has 900: the model and tokenizer vocab sizes "
+         r"differ\. Use a new run id",
+         [("check_run_inputs", run_check(CFG, "resume-run", FP2)),
+          ("train", train_step(CFG, "resume-run", FP2))], needs="trained"),
+    Case("vocab-mismatch-trained-model", "tokenizer and model vocab sizes differ (a trained model, other data)",
+         r"Run done-run already trained on data \w+, not \w+: use a new run id",
+         [("check_run_inputs", run_check(CFG, "done-run", FP2)),
+          ("evaluate", eval_step(CFG, "done-run", FP2),
+           r"Model vocab 1000 != tokenizer vocab 900: .*Evaluate with the data fingerprint the run trained on, or "
+           r"retrain")], needs="trained"),
+]
+
+
+@pytest.fixture(scope="module")
+def data(tiny_prepared, tmp_path_factory):
+    """The prepared tiny set (vocab 1000), a second set with vocab 900, and a copy of the first whose
+    tokenizer was swapped for the second's, all under one output_root."""
+    from mlm_tasks.prepare import prepare_data
+
+    _, prepared = tiny_prepared
+    fp1, root = prepared["fingerprint"], tmp_path_factory.mktemp("catalogue")
+    shutil.copytree(prepared["data_root"], root / "out" / "datasets" / fp1)
+    fp2 = prepare_data(tiny_config(root / "out", vocab_size=900))["fingerprint"]
+    shutil.copytree(root / "out" / "datasets" / fp1, root / "swapped" / "datasets" / fp1)
+    shutil.copy(root / "out" / "datasets" / fp2 / "tokenizer" / "tokenizer.json",
+                root / "swapped" / "datasets" / fp1 / "tokenizer" / "tokenizer.json")
+    return SimpleNamespace(cfg=tiny_config(root / "out"), swapped=tiny_config(root / "swapped"), fp1=fp1, fp2=fp2)
+
+
+@pytest.fixture(scope="module")
+def trained(data):
+    """Run done-run trained on the vocab-1000 set; resume-run holds a copy of its checkpoints only."""
+    from mlm_tasks.paths import RunPaths
+    from mlm_tasks.train import train
+
+    train(data.cfg, "done-run", data.fp1)
+    done, resume = RunPaths(data.cfg.output_root, "done-run"), RunPaths(data.cfg.output_root, "resume-run")
+    shutil.copytree(done.checkpoints, resume.checkpoints)
+    return data
+
+
+_recorded: list[dict] = []
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _write_record():
+    yield
+    if RECORD:
+        Path(RECORD).write_text(json.dumps(_recorded, indent=1))
+
+
+@pytest.mark.parametrize("case", CASES, ids=lambda c: c.id)
+def test_bad_input_is_refused_with_what_to_fix(case, request, tmp_path, tmp_path_factory, monkeypatch):
+    ctx = request.getfixturevalue(case.needs) if case.needs else SimpleNamespace()
+    ctx = SimpleNamespace(**vars(ctx), tmp=tmp_path, monkeypatch=monkeypatch)
+    for i, (entry, call, *expect) in enumerate(case.steps):
+        with pytest.raises(case.error) as caught:
+            call(ctx)
+        message = str(caught.value)
+        assert re.search(expect[0] if expect else case.expect, message, re.S), (entry, message)
+        _recorded.append({"case": case.what, "entry": entry, "task": TASK_OF[entry], "first": i == 0,
+                          "message": message.replace(str(tmp_path), "<tmp>")
+                                            .replace(str(tmp_path_factory.getbasetemp()), "<tmp>")})
+    # Every case is first refused by a check that mlm_pretrain runs before create_tpu_vm.
+    assert TASK_OF[case.steps[0][0]] in ("validate_config", "prepare_data")
+
+
+def test_checks_run_before_the_tpu_vm():
+    """Both tasks that run the checks above come before create_tpu_vm (and train) in the real DAG."""
+    from airflow.dag_processing.dagbag import DagBag
+
+    bag = DagBag(dag_folder=str(Path(__file__).resolve().parents[1] / "dags" / "mlm_pretrain.py"))
+    assert not bag.import_errors, bag.import_errors
+    dag = bag.dags["mlm_pretrain"]
+    before_vm = dag.get_task("create_tpu_vm").get_flat_relative_ids(upstream=True)
+    assert {"validate_config", "prepare_data"} <= before_vm
+    assert "create_tpu_vm" in dag.get_task("train").get_flat_relative_ids(upstream=True)
+    assert dag.get_task("validate_config").retries == 0  # a bad input is not retried
+
+
+@pytest.mark.slow
+def test_tpu_run_with_a_bad_input_fails_before_any_vm_is_created(airflow_env, gcs, gcs_root, fake_tpu):
+    """A real `dags test` of mlm_pretrain on the TPU path (GCS emulator, fake TPU API) with a batch
+    larger than the data: prepare_data refuses it, and the TPU API never receives a create call."""
+    from peers.airflow_home import dags_test
+
+    conf = {"config_file": str(TINY_YAML), "output_root": gcs_root, "compute": "tpu_vm", "tpu_project": "proj",
+            "vocab_size": 1000, "max_length": 64, "steps": 12, "batch_size": 4000,
+            "overrides": {"tpu.api_endpoint": fake_tpu.url, "tpu.transport": "rest", "tpu.poll_interval_s": 0.1}}
+    result = dags_test(airflow_env, "mlm_pretrain", conf=conf, timeout=600, extra_env={
+        "STORAGE_EMULATOR_HOST": gcs.endpoint, "GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT": "false",
+        "MLM_RETRY_DELAY_S": "0"})
+    log = result.stdout + result.stderr
+    assert re.search(r"Global batch 4000 is larger than the \d+ train records: lower batch_size", log), log[-5000:]
+    # Failed at once (a bad input is not retried), reported by the failure notifier.
+    assert "Task failed: mlm_pretrain.prepare_data run manual__" in log and "try 1 of 3" in log, log[-5000:]
+    assert not [r for r in fake_tpu.requests if r[0] == "POST"], fake_tpu.requests
+    assert "Creating TPU VM" not in log and "Training on" not in log
