@@ -111,10 +111,11 @@ class EvalConfig(_Section):
 
 
 DEFAULT_PROBES = [
-    "The capital of France is <mask>.",
+    "The war ended in <mask>.",
+    "He was born in <mask>.",
+    "Alabama is a <mask> in the United States.",
+    "The city is located on the <mask> of the river.",
     "Anarchism is a political <mask>.",
-    "The United States of <mask> is a country.",
-    "He was born in the <mask> century.",
 ]
 
 

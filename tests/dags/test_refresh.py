@@ -54,7 +54,8 @@ def refresh(airflow_env, tmp_path):  # noqa: F811
     (config_dir / "default.yaml").write_text(
         TINY_YAML.read_text().replace("output_root: out", f"output_root: {tmp_path / 'defaults_root'}"))
     corpus, out = tmp_path / "corpus.txt", tmp_path / "out"
-    env = {"MLM_CONFIG_DIR": str(config_dir), "MLM_RETRY_DELAY_S": "1"}
+    env = {"MLM_CONFIG_DIR": str(config_dir), "MLM_RETRY_DELAY_S": "1",
+           "AIRFLOW__CORE__DAGS_ARE_PAUSED_AT_CREATION": "True"}  # the test unpauses mlm_pretrain itself
     conf = {"config_file": str(TINY_YAML), "output_root": str(out),
             "overrides": {"corpus.source": "local_files", "corpus.local_paths": [str(corpus)]}}
 
