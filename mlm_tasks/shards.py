@@ -91,7 +91,7 @@ def write_blocks(blocks: Iterable[np.ndarray], cfg: ShardConfig, out_dir: str, s
     os.makedirs(os.path.join(out_dir, split), exist_ok=True)
     shards: list[dict] = []
     writer, count, t0 = None, 0, time.time()
-    records = 0
+    records, last_log = 0, t0
     for block in blocks:
         # A whole block is encoded at once (see mlm_tasks/tfrecord.py): no TensorFlow, no proto per record.
         encoded = encode_examples(block)
@@ -107,8 +107,10 @@ def write_blocks(blocks: Iterable[np.ndarray], cfg: ShardConfig, out_dir: str, s
                 writer.close()
                 shards.append({"part": tmp_name, "records": count})
                 writer = None
-        log.info("%s: %d rows, %d records so far (%.0f tokens/s)", split, stats.get("rows", 0), records,
-                 records * cfg.max_length / max(time.time() - t0, 1e-9))
+        if time.time() - last_log > 10:  # progress for long corpora, quiet for small ones
+            last_log = time.time()
+            log.info("%s: %d rows, %d records so far (%.0f tokens/s)", split, stats.get("rows", 0), records,
+                     records * cfg.max_length / max(last_log - t0, 1e-9))
     if writer is not None:
         writer.close()
         shards.append({"part": tmp_name, "records": count})

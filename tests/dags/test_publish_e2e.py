@@ -68,6 +68,7 @@ def _assert_token_nowhere(env, out: Path, token: str, logs: list[str]) -> None:
     for i, log in enumerate(logs):
         assert token not in log, f"token in the stdout/stderr of dags test #{i + 1}"
     secret = token.encode()
+    # `dags test` sends task logs to stdout (checked above); a deployment's log folder is checked too.
     log_files = [p for p in (Path(env["AIRFLOW_HOME"]) / "logs").rglob("*") if p.is_file()]
     assert not [p for p in log_files if secret in p.read_bytes()]
     values = db_rows(env, "SELECT dag_id, task_id, value FROM xcom")
