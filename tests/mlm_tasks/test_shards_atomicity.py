@@ -9,6 +9,8 @@ import re
 import signal
 import subprocess
 import sys
+import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -32,18 +34,22 @@ def _prepare(out: Path) -> subprocess.Popen:
 def test_writer_killed_half_way_leaves_nothing_visible_and_a_rerun_completes(tmp_path):
     out = tmp_path / "out"
     proc = _prepare(out)
-    fingerprint, seen = None, []
-    for line in proc.stderr:
-        seen.append(line)
-        found = re.search(r"Preparing data fingerprint (\w+)", line)
-        fingerprint = found.group(1) if found else fingerprint
-        # Shards of the train split are being written: several are done, more are coming.
-        progress = re.search(r"train: \d+ rows, (\d+) records so far", line)
-        if progress and int(progress.group(1)) >= 40:
+    seen: list[str] = []
+    reader = threading.Thread(target=lambda: seen.extend(proc.stderr), daemon=True)
+    reader.start()
+    # Kill it once several train shards are finished in its staging folder and more are coming.
+    deadline = time.time() + 600
+    while time.time() < deadline and proc.poll() is None:
+        if len(list(out.glob(f"datasets/*/{STAGING_PREFIX}*/train/shard-*.tfrecord"))) + \
+                len(list(out.glob(f"datasets/*/{STAGING_PREFIX}*/train/part-*.tfrecord"))) >= 6:
             proc.send_signal(signal.SIGKILL)
             break
+        time.sleep(0.01)
     proc.wait(timeout=60)
+    reader.join(timeout=10)
     assert proc.returncode == -signal.SIGKILL, "".join(seen[-30:])
+    fingerprint = next(re.search(r"Preparing data fingerprint (\w+)", line).group(1)
+                       for line in seen if "Preparing data fingerprint" in line)
     paths = DataPaths(str(out), fingerprint)
     root = Path(paths.root)
 
