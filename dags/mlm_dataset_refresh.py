@@ -22,39 +22,20 @@ from __future__ import annotations
 
 import os
 from datetime import datetime, timedelta
-from pathlib import Path
 
 from airflow.providers.standard.operators.python import PythonOperator, ShortCircuitOperator
-from airflow.sdk import DAG, Param, chain
+from airflow.sdk import DAG, chain
 
 import refresh_tasks as steps
-from failure_notifier import FailureNotifier
+from dag_defaults import config_params, default_args, default_config
 from mlm_assets import SHARDS
-from mlm_tasks.config import load_config
 
-CONFIG_DIR = Path(os.environ.get("MLM_CONFIG_DIR", Path(__file__).resolve().parents[1] / "configs"))
-DEFAULT_CONFIG = str(CONFIG_DIR / "default.yaml")
-_defaults = load_config(DEFAULT_CONFIG)
+_defaults = default_config()
 _schedule = os.environ.get("MLM_REFRESH_SCHEDULE", "@weekly").strip()
 SCHEDULE = None if _schedule.lower() in ("", "none") else _schedule
 
-default_args = {
-    "owner": "ml-platform",
-    "retries": 2,
-    "retry_delay": timedelta(seconds=float(os.environ.get("MLM_RETRY_DELAY_S", 30))),
-    "retry_exponential_backoff": True,
-    "max_retry_delay": timedelta(minutes=10),
-    "on_failure_callback": [FailureNotifier()],
-}
-
-params = {
-    "config_file": Param(DEFAULT_CONFIG, type="string", title="Config file",
-                         description="YAML with every setting (see configs/); the fields below override it."),
-    "output_root": Param(_defaults.output_root, type="string", title="Output root",
-                         description="Local folder or gs://bucket/prefix where the datasets are kept."),
-    "overrides": Param({}, type="object", title="Other settings",
-                       description='Any other setting by dotted path, e.g. {"corpus.hf_revision": "abc123"}.'),
-}
+params = config_params(_defaults, "Local folder or gs://bucket/prefix where the datasets are kept.",
+                       '{"corpus.hf_revision": "abc123"}')
 
 with DAG(
     dag_id="mlm_dataset_refresh",
@@ -65,7 +46,7 @@ with DAG(
     catchup=False,
     # Two refreshes of one source would build the same shard set twice and announce it twice.
     max_active_runs=1,
-    default_args=default_args,
+    default_args=default_args(),
     params=params,
     tags=["mlm", "data"],
 ) as dag:

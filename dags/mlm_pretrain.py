@@ -21,40 +21,23 @@ Artifacts: `<output_root>/datasets/<fingerprint>/` (tokenizer, shards, manifest)
 """
 from __future__ import annotations
 
-import os
 from datetime import datetime, timedelta
-from pathlib import Path
 
 from airflow.providers.standard.operators.python import PythonOperator
 from airflow.sdk import DAG, Param, chain
 
 import pipeline_tasks as steps
-from failure_notifier import FailureNotifier
+from dag_defaults import config_params, default_args, default_config
 from mlm_assets import SHARDS
-from mlm_tasks.config import load_config
 from shard_gate import ShardSetCompleteSensor
 from tpu_operators import TpuVmCreateOperator, TpuVmDeleteOperator
 from train_operator import TrainOperator
 
-CONFIG_DIR = Path(os.environ.get("MLM_CONFIG_DIR", Path(__file__).resolve().parents[1] / "configs"))
-DEFAULT_CONFIG = str(CONFIG_DIR / "default.yaml")
-_defaults = load_config(DEFAULT_CONFIG)
-
-default_args = {
-    "owner": "ml-platform",
-    "retries": 2,
-    # MLM_RETRY_DELAY_S lets tests and local runs retry at once; production keeps 30 s, doubling.
-    "retry_delay": timedelta(seconds=float(os.environ.get("MLM_RETRY_DELAY_S", 30))),
-    "retry_exponential_backoff": True,
-    "max_retry_delay": timedelta(minutes=10),
-    "on_failure_callback": [FailureNotifier()],
-}
+_defaults = default_config()
 
 params = {
-    "config_file": Param(DEFAULT_CONFIG, type="string", title="Config file",
-                         description="YAML with every setting (see configs/); the fields below override it."),
-    "output_root": Param(_defaults.output_root, type="string", title="Output root",
-                         description="Local folder or gs://bucket/prefix where every artifact goes."),
+    **config_params(_defaults, "Local folder or gs://bucket/prefix where every artifact goes.",
+                    '{"train.checkpoint_every": 100}'),
     "compute": Param(_defaults.compute, type="string", enum=["local", "tpu_vm"], title="Compute",
                      description="Train on the Airflow worker's CPU/GPU, or on a TPU VM made for this run."),
     "corpus_source": Param(_defaults.corpus.source, type="string",
@@ -72,9 +55,8 @@ params = {
                         title="Batch size per replica", description="Global batch = this × replicas."),
     "learning_rate": Param(_defaults.train.learning_rate, type="number", exclusiveMinimum=0, maximum=0.1,
                            title="Learning rate", description="Peak AdamW learning rate (warmup, then linear decay)."),
-    "overrides": Param({}, type="object", title="Other settings",
-                       description='Any other setting by dotted path, e.g. {"train.checkpoint_every": 100}.'),
 }
+params["overrides"] = params.pop("overrides")  # last in the form: the catch-all
 
 with DAG(
     dag_id="mlm_pretrain",
@@ -85,7 +67,7 @@ with DAG(
     start_date=datetime(2026, 1, 1),
     catchup=False,
     max_active_runs=4,
-    default_args=default_args,
+    default_args=default_args(),
     params=params,
     render_template_as_native_obj=True,
     tags=["mlm", "training", "tensorflow"],

@@ -19,7 +19,7 @@ from datetime import timedelta
 
 import pendulum
 from airflow.sdk import Param, dag, task
-from failure_notifier import FailureNotifier
+from dag_defaults import default_args
 
 
 @dag(
@@ -30,8 +30,8 @@ from failure_notifier import FailureNotifier
     max_active_runs=1,
     doc_md=__doc__,
     tags=["mlm", "tpu", "cleanup"],
-    default_args={"owner": "mlm", "retries": 2, "retry_delay": timedelta(minutes=5),
-                  "on_failure_callback": [FailureNotifier()]},
+    # The API may be briefly unavailable; the next hourly run is the real retry.
+    default_args={**default_args(), "retry_delay": timedelta(minutes=5), "retry_exponential_backoff": False},
     params={
         "project": Param(os.environ.get("MLM_TPU_PROJECT", ""), type="string",
                          description="Google Cloud project whose TPU VMs are checked."),

@@ -65,20 +65,30 @@ def read_json_if_exists(uri: str) -> Any | None:
         return None
 
 
+def _write_temp(path: str, data: bytes) -> str:
+    """Write `data` durably to a fresh temporary name beside `path`; returns that name."""
+    os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
+    tmp = f"{path}.tmp-{uuid.uuid4().hex[:8]}"
+    try:
+        with open(tmp, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+    return tmp
+
+
 def write_bytes(uri: str, data: bytes) -> None:
     if is_local(uri):
         path = local_path(uri)
-        os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
-        tmp = f"{path}.tmp-{uuid.uuid4().hex[:8]}"
+        tmp = _write_temp(path, data)
         try:
-            with open(tmp, "wb") as f:
-                f.write(data)
-                f.flush()
-                os.fsync(f.fileno())
             os.replace(tmp, path)
         except BaseException:
-            if os.path.exists(tmp):
-                os.unlink(tmp)
+            os.unlink(tmp)
             raise
     else:
         filesystem(uri).pipe_file(uri, data)
@@ -102,13 +112,8 @@ def create_only(uri: str, data: bytes) -> bool:
         raise ValueError(f"create_only supports local paths and gs:// URIs, not {uri!r}.")
     if is_local(uri):
         path = local_path(uri)
-        os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
-        tmp = f"{path}.tmp-{uuid.uuid4().hex[:8]}"
+        tmp = _write_temp(path, data)
         try:
-            with open(tmp, "wb") as f:
-                f.write(data)
-                f.flush()
-                os.fsync(f.fileno())
             os.link(tmp, path)  # atomic, and fails if the target exists
             return True
         except FileExistsError:

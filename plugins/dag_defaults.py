@@ -1,0 +1,47 @@
+"""What every project DAG shares: owner, retries with backoff, the failure notifier, the default
+config file and the trigger-form fields that name it.
+
+MLM_CONFIG_DIR moves the configs folder (a deployment mounts it elsewhere); MLM_RETRY_DELAY_S lets
+tests and local runs retry at once, production keeps 30 s, doubling up to 10 minutes.
+"""
+from __future__ import annotations
+
+import os
+from datetime import timedelta
+from pathlib import Path
+
+from airflow.sdk import Param
+
+from failure_notifier import FailureNotifier
+from mlm_tasks.config import PipelineConfig, load_config
+
+CONFIG_DIR = Path(os.environ.get("MLM_CONFIG_DIR", Path(__file__).resolve().parents[1] / "configs"))
+DEFAULT_CONFIG = str(CONFIG_DIR / "default.yaml")
+
+
+def default_config() -> PipelineConfig:
+    """The default config file, parsed: the form's defaults come from it (one source of truth)."""
+    return load_config(DEFAULT_CONFIG)
+
+
+def default_args() -> dict:
+    return {
+        "owner": "ml-platform",
+        "retries": 2,
+        "retry_delay": timedelta(seconds=float(os.environ.get("MLM_RETRY_DELAY_S", 30))),
+        "retry_exponential_backoff": True,
+        "max_retry_delay": timedelta(minutes=10),
+        "on_failure_callback": [FailureNotifier()],
+    }
+
+
+def config_params(defaults: PipelineConfig, output_root_help: str, overrides_example: str) -> dict:
+    """The form fields every DAG has: the config file, output_root and a free `overrides` object."""
+    return {
+        "config_file": Param(DEFAULT_CONFIG, type="string", title="Config file",
+                             description="YAML with every setting (see configs/); the fields below override it."),
+        "output_root": Param(defaults.output_root, type="string", title="Output root",
+                             description=output_root_help),
+        "overrides": Param({}, type="object", title="Other settings",
+                           description=f"Any other setting by dotted path, e.g. {overrides_example}."),
+    }
