@@ -15,11 +15,11 @@ import logging
 import math
 import os
 import tempfile
-import time
 
 from mlm_tasks import storage
 from mlm_tasks.config import ConfigError, PipelineConfig
 from mlm_tasks.paths import DataPaths, RunPaths, join
+from mlm_tasks.progress import ProgressLog
 
 log = logging.getLogger(__name__)
 
@@ -179,35 +179,11 @@ def train(cfg: PipelineConfig, run_id: str, fingerprint: str) -> dict:
         per_replica = strategy.run(replica_step, args=(next(it),))
         return [strategy.reduce("SUM", v, axis=None) for v in per_replica]
 
-    writer = tf.summary.create_file_writer(run.tensorboard)
-    tokens_per_step = global_batch * manifest["max_length"]
-    t0 = t_last = time.time()
-    t_steady = None
-    window = [0.0, 0.0, 0.0]
-    first_loss = history[0]["loss"] if history else None
+    progress = ProgressLog(history, start_step, total_steps, cfg.train.log_every,
+                           global_batch * manifest["max_length"], run.tensorboard, schedule)
     fault_marker = join(run.root, "train", ".fault_injected")
     for step in range(start_step + 1, total_steps + 1):
-        loss_sum, count, correct = distributed_step(iterator)
-        if step == start_step + 1:
-            t_steady = time.time()  # the first step traces and compiles: keep it out of tokens/s
-        window = [w + float(v) for w, v in zip(window, (loss_sum, count, correct))]
-        if step % cfg.train.log_every == 0 or step == total_steps or step == start_step + 1:
-            now = time.time()
-            steps_in_window = step - (history[-1]["step"] if history and history[-1]["step"] >= start_step
-                                      else start_step)
-            entry = {"step": step, "loss": window[0] / max(window[1], 1), "accuracy": window[2] / max(window[1], 1),
-                     "learning_rate": float(schedule(step)),
-                     "tokens_per_s": steps_in_window * tokens_per_step / max(now - t_last, 1e-9),
-                     "elapsed_s": now - t0}
-            history.append(entry)
-            first_loss = first_loss if first_loss is not None else entry["loss"]
-            eta = (total_steps - step) * (now - t0) / max(step - start_step, 1)
-            log.info("step %d/%d loss %.4f acc %.3f lr %.2e %.0f tokens/s eta %.0fs", step, total_steps,
-                     entry["loss"], entry["accuracy"], entry["learning_rate"], entry["tokens_per_s"], eta)
-            with writer.as_default(step=step):
-                for key in ("loss", "accuracy", "learning_rate", "tokens_per_s"):
-                    tf.summary.scalar(f"train/{key}", entry[key])
-            window, t_last = [0.0, 0.0, 0.0], now
+        progress.record(step, *distributed_step(iterator))
         step_var.assign(step)
         if step % cfg.train.checkpoint_every == 0 and step != total_steps:
             manager.save(checkpoint_number=step)
@@ -218,23 +194,20 @@ def train(cfg: PipelineConfig, run_id: str, fingerprint: str) -> dict:
             storage.write_text(fault_marker, f"fault injected at step {step}\n")
             raise RuntimeError(f"Injected fault at step {step} (train.fail_at_step): a retry resumes from "
                                "the last checkpoint.")
-    elapsed = time.time() - t0
-    steady = (total_steps - start_step - 1, time.time() - t_steady) if t_steady else (0, 0.0)
+    progress.finish_loop()
     manager.save(checkpoint_number=total_steps)
     if hub_sync:
         hub_sync.finish(total_steps, manager)
     _write_history(run, history)
-    writer.flush()
     _save_model(model, tokenizer, run)
     summary = {"steps": total_steps, "resumed_from_step": start_step, "global_batch": global_batch,
                "replicas": replicas, "device": device, "xla": xla, "precision": precision,
-               "tokens_per_s": steady[0] * tokens_per_step / steady[1] if steady[0] else None,
-               "first_loss": first_loss, "last_loss": history[-1]["loss"] if history else None,
-               "elapsed_s": elapsed, "data_fingerprint": fingerprint,
+               "tokens_per_s": progress.tokens_per_s, "first_loss": progress.first_loss,
+               "last_loss": progress.last_loss, "elapsed_s": progress.elapsed_s, "data_fingerprint": fingerprint,
                "parameters": int(sum(v.shape.num_elements() for v in model.trainable_variables))}
     storage.write_json(run.train_summary, summary)  # last: marks training complete
     log.info("Training done: %d steps in %.0fs (%.0f tokens/s), loss %.3f -> %.3f; model at %s",
-             total_steps, elapsed, summary["tokens_per_s"] or 0, first_loss or float("nan"),
+             total_steps, summary["elapsed_s"], summary["tokens_per_s"] or 0, summary["first_loss"] or float("nan"),
              summary["last_loss"] or float("nan"), run.model)
     return summary
 
