@@ -35,6 +35,19 @@ class TrainOperator(TpuSSHStepOperator):
         # in a fresh operator instance, straight into the step.
         return [*self.step_args, "--data-fingerprint", self._fingerprint(context)]
 
+    @staticmethod
+    def _hand_hub_token_to_training(cfg) -> None:
+        """Checkpoint sync (publish.sync_checkpoints) reads HF_TOKEN; the token lives in the Hub
+        connection. Set in this task's own process only, never logged or returned."""
+        import os
+
+        from pipeline_tasks import _hub_credentials
+
+        token, endpoint = _hub_credentials(cfg.publish.hf_conn_id)
+        os.environ["HF_TOKEN"] = token
+        if endpoint:
+            os.environ.setdefault("HF_ENDPOINT", endpoint)
+
     def execute(self, context: Any) -> dict[str, Any]:
         cfg = resolve_config(self.config)
         fingerprint = self._fingerprint(context)
@@ -42,6 +55,8 @@ class TrainOperator(TpuSSHStepOperator):
             return super().execute(context)
         from mlm_tasks.train import train
 
+        if cfg.publish.sync_checkpoints:
+            self._hand_hub_token_to_training(cfg)
         try:
             return train(cfg, context["run_id"], fingerprint)
         except ConfigError as err:

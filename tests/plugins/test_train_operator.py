@@ -107,3 +107,20 @@ def test_configuration_error_on_the_vm_fails_without_retry(fake_tpu, sshd, ssh_c
     with pytest.raises(AirflowException) as err:
         _run(op)
     assert not isinstance(err.value, AirflowFailException)  # other failures are retried
+
+
+def test_local_training_gets_the_hub_token_from_the_connection_for_checkpoint_sync(monkeypatch):
+    """publish.sync_checkpoints: the train task hands the Hub connection's token to training as HF_TOKEN."""
+    import mlm_tasks.train
+
+    seen = {}
+    monkeypatch.setenv("HF_TOKEN", "")  # recorded, so the token the task sets is removed after the test
+    monkeypatch.setenv("AIRFLOW_CONN_HUGGINGFACE_DEFAULT", json.dumps({"conn_type": "generic",
+                                                                      "password": "hf_planted_sync"}))
+    monkeypatch.setattr(mlm_tasks.train, "train",
+                        lambda cfg, run_id, fp: seen.update(token=__import__("os").environ.get("HF_TOKEN"),
+                                                            fp=fp) or {"steps": 1})
+    config = {"publish": {"sync_checkpoints": True, "repo_id": "org/model"}}
+    op = TrainOperator(task_id="train", config=config)
+    assert op.execute(_context()) == {"steps": 1}
+    assert seen == {"token": "hf_planted_sync", "fp": "fp123"}
