@@ -92,6 +92,7 @@ class RunPaths:
     report = property(lambda self: join(self.root, "report"))
     tensorboard = property(lambda self: join(self.root, "tensorboard"))
     data_ref = property(lambda self: join(self.root, "data.json"))
+    summary_text = property(lambda self: join(self.root, "summary.txt"))
     published = property(lambda self: join(self.root, "publish", "published.json"))
 
 

@@ -9,7 +9,8 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from mlm_tasks.config import ConfigError, PipelineConfig, config_from_params
+from mlm_tasks.config import PipelineConfig, config_from_params
+from task_errors import bad_input_fails_fast
 
 log = logging.getLogger(__name__)
 
@@ -30,12 +31,11 @@ def validate_config(params: dict, **context: Any) -> dict:
     A run scheduled by a dataset-refresh event trains on exactly that event's data: its output_root
     and data settings replace the form's, so the shards found are the ones the event announced.
     """
-    from airflow.exceptions import AirflowFailException
-
     from mlm_assets import triggering_shards_event
     from mlm_tasks.validate import validate_inputs
 
-    try:
+    # Retrying cannot fix a bad input: fail now, with what to change.
+    with bad_input_fails_fast():
         cfg = config_from_params(params)
         event = triggering_shards_event(context)
         if event:
@@ -45,9 +45,6 @@ def validate_config(params: dict, **context: Any) -> dict:
             tree.update(event["data_config"], output_root=event["output_root"])
             cfg = PipelineConfig.model_validate(tree)
         validate_inputs(cfg)
-    except ConfigError as err:
-        # Retrying cannot fix a bad input: fail now, with what to change.
-        raise AirflowFailException(str(err)) from None
     return cfg.model_dump(mode="json")
 
 
@@ -59,45 +56,36 @@ def prepare_data(ti, run_id: str, **context: Any) -> dict:
 
     cfg = _config(ti)
     event = triggering_shards_event(context)
-    try:
+    with bad_input_fails_fast():
         # From an event: exactly the announced data, never a re-fingerprint of a source that moved on.
         summary = summary_for_fingerprint(cfg, event["fingerprint"]) if event else step(cfg)
         check_run_inputs(cfg, run_id, summary["fingerprint"])
-    except ConfigError as err:
-        from airflow.exceptions import AirflowFailException
-
-        raise AirflowFailException(str(err)) from None
     return summary
-
-
-def train_local(ti, run_id: str, **_: Any) -> dict:
-    from mlm_tasks.train import train
-
-    return train(_config(ti), run_id, _fingerprint(ti))
 
 
 def evaluate(ti, run_id: str, **_: Any) -> dict:
     from mlm_tasks.evaluate import evaluate as step
 
-    return step(_config(ti), run_id, _fingerprint(ti))
+    with bad_input_fails_fast():
+        return step(_config(ti), run_id, _fingerprint(ti))
 
 
 def fill_mask(ti, run_id: str, **_: Any) -> list[dict]:
     from mlm_tasks.infer import fill_mask as step
 
-    return step(_config(ti), run_id)
+    with bad_input_fails_fast():
+        return step(_config(ti), run_id)
 
 
 def summarize(ti, run_id: str, **_: Any) -> dict:
     """Last task: one readable summary of the run in the log, and as XCom for the UI."""
-    from mlm_tasks.summary import run_summary
-
     from mlm_tasks import storage
-    from mlm_tasks.paths import RunPaths, join
+    from mlm_tasks.paths import RunPaths
+    from mlm_tasks.summary import run_summary
 
     cfg = _config(ti)
     summary = run_summary(cfg, run_id, ti.xcom_pull(task_ids="prepare_data"))
-    storage.write_text(join(RunPaths(cfg.output_root, run_id).root, "summary.txt"), summary["text"] + "\n")
+    storage.write_text(RunPaths(cfg.output_root, run_id).summary_text, summary["text"] + "\n")
     log.info("Run summary:\n%s", summary["text"])
     return summary
 

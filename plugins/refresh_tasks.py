@@ -12,7 +12,8 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from mlm_tasks.config import ConfigError, PipelineConfig, config_from_params
+from mlm_tasks.config import PipelineConfig, config_from_params
+from task_errors import bad_input_fails_fast
 
 log = logging.getLogger(__name__)
 
@@ -21,21 +22,12 @@ def _config(ti) -> PipelineConfig:
     return PipelineConfig.model_validate(ti.xcom_pull(task_ids="validate_source"))
 
 
-def _fail(err: Exception):
-    from airflow.exceptions import AirflowFailException
-
-    # Retrying cannot fix a bad setting or a missing corpus: fail now, with what to change.
-    return AirflowFailException(str(err))
-
-
 def validate_source(params: dict, **_: Any) -> dict:
     from mlm_tasks.corpus import open_corpus
 
-    try:
+    with bad_input_fails_fast():
         cfg = config_from_params(params)
         open_corpus(cfg.corpus)  # missing files and bad file types fail here, before any work
-    except ConfigError as err:
-        raise _fail(err) from None
     log.info("Refreshing corpus %s into %s", cfg.corpus.source, cfg.output_root)
     return cfg.model_dump(mode="json")
 
@@ -47,10 +39,8 @@ def source_changed(ti, **_: Any) -> str | bool:
     from mlm_tasks.prepare import data_fingerprint
 
     cfg = _config(ti)
-    try:
+    with bad_input_fails_fast():
         paths = DataPaths(cfg.output_root, data_fingerprint(cfg))
-    except ConfigError as err:
-        raise _fail(err) from None
     if storage.exists(paths.success):
         log.info("Source unchanged: data fingerprint %s is already prepared at %s. Nothing to build and no "
                  "asset event, so no training run is triggered.", paths.fingerprint, paths.shards_dir)
@@ -67,11 +57,9 @@ def build_shards(ti, outlet_events, **_: Any) -> dict:
     from mlm_tasks.validate import check_writable
 
     cfg = _config(ti)
-    try:
+    with bad_input_fails_fast():
         check_writable(cfg.output_root)
         data = prepare_data(cfg)
-    except ConfigError as err:
-        raise _fail(err) from None
     checked = ti.xcom_pull(task_ids="source_changed")
     if data["fingerprint"] != checked:
         # The files changed again between the check and the build: announce what was actually built.

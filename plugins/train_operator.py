@@ -11,8 +11,8 @@ from typing import Any
 
 from airflow.sdk.exceptions import AirflowFailException
 
-from mlm_tasks.config import ConfigError
 from remote_step import TpuSSHStepOperator
+from task_errors import bad_input_fails_fast
 from tpu_operators import resolve_config
 
 
@@ -57,7 +57,5 @@ class TrainOperator(TpuSSHStepOperator):
 
         if cfg.publish.sync_checkpoints:
             self._hand_hub_token_to_training(cfg)
-        try:
+        with bad_input_fails_fast():
             return train(cfg, context["run_id"], fingerprint)
-        except ConfigError as err:
-            raise AirflowFailException(str(err)) from None
