@@ -50,6 +50,8 @@ def _batches(rows: Iterable[str], size: int) -> Iterator[list[str]]:
 def chunk_stream(rows: Iterable[str], tokenizer, cfg: ShardConfig, stats: dict) -> Iterator[np.ndarray]:
     """Yield [n, max_length] int32 blocks of concatenated token ids; the tail shorter than one chunk is dropped."""
     backend = tokenizer.backend_tokenizer if hasattr(tokenizer, "backend_tokenizer") else tokenizer
+    # encode_batch_fast skips the character offsets nobody here reads: the same ids, ~25% faster.
+    encode = getattr(backend, "encode_batch_fast", backend.encode_batch)
     carry = np.zeros(0, dtype=np.int32)
 
     def chunks(batch, encodings):
@@ -67,7 +69,7 @@ def chunk_stream(rows: Iterable[str], tokenizer, cfg: ShardConfig, stats: dict) 
         pending = None
         for batch in _batches(rows, cfg.tokenize_batch_rows):
             # adds <s> ... </s> per row, as the reference does
-            future = pool.submit(backend.encode_batch, batch)
+            future = pool.submit(encode, batch)
             if pending is not None:
                 block = chunks(pending[0], pending[1].result())
                 if len(block):
