@@ -172,6 +172,7 @@ def main() -> None:
     p.add_argument("--xla", default="off,on")
     p.add_argument("--steps", type=int, default=60, help="steps per run for tiny (small: half)")
     p.add_argument("--warmup", type=int, default=10, help="steps not timed (small: half)")
+    p.add_argument("--rounds", type=int, default=1, help="alternating rounds per config; medians reported")
     p.add_argument("--worker")
     args = p.parse_args()
     if args.worker:
@@ -181,17 +182,21 @@ def main() -> None:
     for preset in args.presets.split(","):
         steps, warmup = (args.steps, args.warmup) if preset == "tiny" else (args.steps // 2, args.warmup // 2)
         for xla in args.xla.split(","):
-            res = {}
-            for impl in ("ours", "reference"):  # ours first, then the reference, per config
-                res[impl] = common.run_worker(__file__, f"{impl}:{preset}:{xla}:{steps}:{warmup}")
-                print(f"{preset} xla={xla} {impl}: {res[impl]['tokens_per_s']:.0f} tokens/s", file=sys.stderr)
-            o, r = res["ours"], res["reference"]
-            rows.append([preset, xla, r["tokens_per_s"], o["tokens_per_s"], o["tokens_per_s"] / r["tokens_per_s"],
-                         f"{o['steps_timed']}/{r['steps_timed']}", r["peak_rss_mb"], o["peak_rss_mb"]])
+            res: dict[str, list[dict]] = {"ours": [], "reference": []}
+            for rnd in range(args.rounds):  # alternate which goes first, so drift hits both alike
+                for impl in (("ours", "reference") if rnd % 2 == 0 else ("reference", "ours")):
+                    res[impl].append(common.run_worker(__file__, f"{impl}:{preset}:{xla}:{steps}:{warmup}"))
+                    print(f"{preset} xla={xla} {impl}: {res[impl][-1]['tokens_per_s']:.0f} tokens/s", file=sys.stderr)
+            o = common.median([x["tokens_per_s"] for x in res["ours"]])
+            r = common.median([x["tokens_per_s"] for x in res["reference"]])
+            rounds = " ".join(f"{a['tokens_per_s'] / b['tokens_per_s']:.2f}" for a, b in zip(res["ours"], res["reference"]))
+            rows.append([preset, xla, r, o, o / r, rounds, f"{res['ours'][0]['steps_timed']}/{res['reference'][0]['steps_timed']}",
+                         res["reference"][0]["peak_rss_mb"], res["ours"][0]["peak_rss_mb"]])
     eq = common.run_worker(__file__, "equality:tiny")
     print(f"\n{common.machine()}\nbatch {BATCH} x {common.MAX_LENGTH} tokens, vocab 8000; tokens/s after warmup\n")
+    print(f"median of {args.rounds} alternating round(s)\n")
     print(common.table(["preset", "XLA", "reference tokens/s", "ours tokens/s", "ours / reference",
-                        "steps timed (ours/ref)", "ref peak RSS MB", "ours peak RSS MB"], rows))
+                        "per-round ratios", "steps timed (ours/ref)", "ref peak RSS MB", "ours peak RSS MB"], rows))
     print(f"\nloss per step, tiny, same initial weights and batches ({eq['sequences_over_max_predictions']} "
           "sequences had more than 32 masked tokens):\n")
     print(common.table(["step", "reference", "ours", "|diff|"],

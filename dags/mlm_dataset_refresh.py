@@ -2,8 +2,10 @@
 ### mlm_dataset_refresh — rebuild tokenizer and shards when the corpus changed, and announce them
 
 validate_source → source_changed (fingerprint the source: dataset id + config + revision, or file
-hashes, plus every setting that changes the shards) → build_shards (Unigram tokenizer + TFRecord
-shards under `<output_root>/datasets/<fingerprint>/`).
+hashes, plus every setting that changes the shards) → plan_shards (Unigram tokenizer) →
+write_shards (TFRecord shards, one mapped task per corpus partition: set `shards.partitions` to fan a
+large corpus out over the workers) → build_shards (one merged manifest and `_SUCCESS` under
+`<output_root>/datasets/<fingerprint>/`).
 
 When a complete shard set with that fingerprint already exists, `source_changed` says so in its log
 and skips `build_shards`: nothing is written and no asset event is emitted. Otherwise
@@ -27,7 +29,7 @@ from airflow.providers.standard.operators.python import PythonOperator, ShortCir
 from airflow.sdk import DAG, chain
 
 import refresh_tasks as steps
-from dag_defaults import config_params, default_args, default_config
+from dag_defaults import PARTITION_LABEL, config_params, default_args, default_config
 from mlm_assets import SHARDS
 
 _defaults = default_config()
@@ -52,7 +54,15 @@ with DAG(
 ) as dag:
     validate = PythonOperator(task_id="validate_source", python_callable=steps.validate_source, retries=0)
     changed = ShortCircuitOperator(task_id="source_changed", python_callable=steps.source_changed)
+    plan = PythonOperator(task_id="plan_shards", python_callable=steps.plan_shards,
+                          execution_timeout=timedelta(hours=12))
+    # One task per corpus partition (shards.partitions), run in parallel by the executor.
+    write = PythonOperator.partial(
+        task_id="write_shards", python_callable=steps.write_shards, execution_timeout=timedelta(hours=24),
+        map_index_template=PARTITION_LABEL,
+    ).expand(op_kwargs=plan.output)
+    # none_failed: write_shards mapped over no partition (another run finished the set) is skipped.
     build = PythonOperator(task_id="build_shards", python_callable=steps.build_shards, outlets=[SHARDS],
-                           execution_timeout=timedelta(hours=24))
+                           trigger_rule="none_failed")
 
-    chain(validate, changed, build)
+    chain(validate, changed, plan, write, build)

@@ -1,8 +1,9 @@
 """
 ### mlm_pretrain — raw text to a trained, evaluated RoBERTa masked LM
 
-Validate every input → prepare data (Unigram tokenizer + TFRecord shards, reused when the corpus
-fingerprint is unchanged) → wait for the complete shard set → [create TPU VM] → train (resumes
+Validate every input → plan the data (fingerprint, Unigram tokenizer) → write the TFRecord shards,
+one mapped task per corpus partition (`shards.partitions`) → merge them into one manifest (all reused
+when the corpus fingerprint is unchanged) → wait for the complete shard set → [create TPU VM] → train (resumes
 from its last checkpoint on retry) → evaluate → fill-mask examples → report → evaluation gate →
 publish to the Hub (skipped, with the reason, unless enabled and the gate passed) → summary →
 [delete TPU VM, a teardown: runs whatever happened upstream].
@@ -27,7 +28,7 @@ from airflow.providers.standard.operators.python import PythonOperator
 from airflow.sdk import DAG, Param, chain
 
 import pipeline_tasks as steps
-from dag_defaults import config_params, default_args, default_config
+from dag_defaults import PARTITION_LABEL, config_params, default_args, default_config
 from mlm_assets import SHARDS
 from shard_gate import ShardSetCompleteSensor
 from tpu_operators import TpuVmCreateOperator, TpuVmDeleteOperator
@@ -73,7 +74,14 @@ with DAG(
     tags=["mlm", "training", "tensorflow"],
 ) as dag:
     validate = PythonOperator(task_id="validate_config", python_callable=steps.validate_config, retries=0)
-    prepare = PythonOperator(task_id="prepare_data", python_callable=steps.prepare_data)
+    plan = PythonOperator(task_id="plan_shards", python_callable=steps.plan_shards)
+    # One task per corpus partition (shards.partitions), run in parallel by the executor.
+    write = PythonOperator.partial(
+        task_id="write_shards", python_callable=steps.write_shards, execution_timeout=timedelta(hours=24),
+        map_index_template=PARTITION_LABEL,
+    ).expand(op_kwargs=plan.output)
+    # Runs when nothing was left to write too (write_shards mapped over no partition is skipped).
+    prepare = PythonOperator(task_id="prepare_data", python_callable=steps.prepare_data, trigger_rule="none_failed")
     wait = ShardSetCompleteSensor(
         task_id="wait_for_shards",
         gcp_conn_id="{{ ti.xcom_pull(task_ids='validate_config')['sensor']['gcp_conn_id'] }}",
@@ -93,7 +101,7 @@ with DAG(
     summary = PythonOperator(task_id="summary", python_callable=steps.summarize, trigger_rule="none_failed")
     delete_vm = TpuVmDeleteOperator(task_id="delete_tpu_vm", config=steps.CONFIG_XCOM)
 
-    chain(validate, prepare, wait, create_vm, train, evaluate, fill_mask, report, gate, publish, summary)
+    chain(validate, plan, write, prepare, wait, create_vm, train, evaluate, fill_mask, report, gate, publish, summary)
     prepare >> push_tokenizer
     # Teardown: runs after any upstream failure too, so no TPU VM outlives its run.
     train >> delete_vm.as_teardown(setups=create_vm)

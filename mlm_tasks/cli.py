@@ -2,6 +2,9 @@
 
     python -m mlm_tasks validate      --config configs/default.yaml [--set train.steps=100 ...]
     python -m mlm_tasks prepare-data  --config configs/default.yaml
+    python -m mlm_tasks plan-data     --config c.yaml --set shards.partitions=4   # the DAG's fan-out, by hand:
+    python -m mlm_tasks write-partition --config c.yaml --set shards.partitions=4 --part 0   # (any machine)
+    python -m mlm_tasks finish-data   --config c.yaml --set shards.partitions=4   # merge: manifest, _SUCCESS
     python -m mlm_tasks train         --config configs/default.yaml --run-id r1 [--data-fingerprint FP]
     python -m mlm_tasks evaluate|infer --config configs/default.yaml --run-id r1
     python -m mlm_tasks run-all       --config configs/tiny.yaml --run-id r1   # every step, no Airflow
@@ -21,7 +24,8 @@ import yaml
 
 from mlm_tasks.config import ConfigError, PipelineConfig, build_config, load_config
 
-STEPS = ("validate", "fingerprint", "prepare-data", "train", "evaluate", "infer", "run-all")
+STEPS = ("validate", "fingerprint", "prepare-data", "plan-data", "write-partition", "finish-data", "train",
+         "evaluate", "infer", "run-all")
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -34,6 +38,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="Override a setting: a flat param name or a dotted path; VALUE is parsed as YAML.")
     p.add_argument("--run-id", default="cli-run", help="Run id: keys the run's artifacts.")
     p.add_argument("--data-fingerprint", help="Use the shard set with this fingerprint.")
+    p.add_argument("--part", type=int, default=0, help="write-partition: which partition (0-based) of "
+                   "shards.partitions to write.")
     return p.parse_args(argv)
 
 
@@ -49,7 +55,8 @@ def resolve_config(args: argparse.Namespace) -> PipelineConfig:
     return load_config(args.config, overrides)
 
 
-def run_step(step: str, cfg: PipelineConfig, run_id: str, fingerprint: str | None) -> object:
+def run_step(step: str, cfg: PipelineConfig, run_id: str, fingerprint: str | None, part: int = 0) -> object:
+    from mlm_tasks import prepare
     from mlm_tasks.prepare import data_fingerprint, prepare_data
 
     if step == "validate":
@@ -61,7 +68,13 @@ def run_step(step: str, cfg: PipelineConfig, run_id: str, fingerprint: str | Non
         return data_fingerprint(cfg)
     if step == "prepare-data":
         return prepare_data(cfg)
+    if step == "plan-data":
+        return prepare.plan_data(cfg, fingerprint)
     fingerprint = fingerprint or data_fingerprint(cfg)
+    if step == "write-partition":
+        return prepare.write_data_partition(cfg, fingerprint, part, cfg.shards.partitions)
+    if step == "finish-data":
+        return prepare.finish_data(cfg, fingerprint)
     if step == "train":
         from mlm_tasks.train import train
 
@@ -88,7 +101,7 @@ def main(argv: list[str] | None = None) -> int:
             for step in ("train", "evaluate", "infer"):
                 result[step] = run_step(step, cfg, args.run_id, data["fingerprint"])
         else:
-            result = run_step(args.step, cfg, args.run_id, args.data_fingerprint)
+            result = run_step(args.step, cfg, args.run_id, args.data_fingerprint, args.part)
     except ConfigError as err:
         print(f"error: {err}", file=sys.stderr)
         return 2

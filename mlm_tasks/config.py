@@ -57,6 +57,9 @@ class ShardConfig(_Section):
     max_length: int = Field(128, ge=8, le=4096, description="Tokens per training example (chunk length).")
     records_per_shard: int = Field(2048, ge=1, description="TFRecord examples per shard file.")
     tokenize_batch_rows: int = Field(1000, ge=1, description="Rows per encode_batch call.")
+    partitions: int = Field(1, ge=1, le=1024, description="Shard-writing tasks run in parallel by the DAGs "
+                            "(dynamic task mapping): the corpus is cut into this many partitions, each "
+                            "written by one `write_shards` task, merged into one manifest at the end.")
 
 
 class ModelConfig(_Section):

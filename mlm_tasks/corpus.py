@@ -30,6 +30,7 @@ WIKI_CREDIT = ("Text from English Wikipedia (https://en.wikipedia.org), licensed
                "with gensim's test data.")
 _HEADING = re.compile(r"^(={2,6})\s*(.*?)\s*\1\s*$")
 _MARKUP = re.compile(r"'{2,}")
+PARTITION_BLOCK = 1000  # consecutive lines of local files that go to the same partition
 
 
 def embedded_wiki_path() -> str:
@@ -85,6 +86,12 @@ class Corpus:
         raise NotImplementedError
 
     def rows(self, split: str) -> Iterator[str]:
+        return self.rows_partition(split, 0, 1)
+
+    def rows_partition(self, split: str, part: int, num_parts: int) -> Iterator[str]:
+        """The rows of `split` in partition `part` of `num_parts`: every row of the source lands in
+        exactly one partition, and other partitions' rows are skipped before they are parsed, so
+        `num_parts` shard-writing tasks each do 1/num_parts of the work (mlm_tasks.shards_parallel)."""
         raise NotImplementedError
 
 
@@ -101,25 +108,33 @@ class WikiDumpCorpus(Corpus):
     def fingerprint(self) -> str:
         return "wiki:" + _file_digest(self.path) + f":max={self.cfg.max_articles}"
 
-    def articles(self) -> Iterator[Article]:
+    def articles(self, part: int = 0, num_parts: int = 1) -> Iterator[Article]:
+        """Articles of partition `part`: page i (counting non-redirect pages) goes to partition i % num_parts.
+        Other partitions' pages are skipped before filter_wiki, the costly part. With max_articles the
+        first max_articles articles are found first, so every page is parsed and the count is dealt instead."""
         from gensim.corpora.wikicorpus import extract_pages, filter_wiki
 
-        count = 0
+        count, page = 0, -1
+        limit = self.cfg.max_articles
         with bz2.open(self.path, "rb") as f:
             for title, text, _pageid in extract_pages(f, filter_namespaces=("0",)):
                 if text.lstrip().lower().startswith("#redirect"):
                     continue
+                page += 1
+                if not limit and page % num_parts != part:
+                    continue
                 rows = wikitext_rows(filter_wiki(text))
                 if not rows:
                     continue
-                yield Article(title, [f"= {title} ="] + rows)
                 count += 1
-                if self.cfg.max_articles and count >= self.cfg.max_articles:
+                if not limit or (count - 1) % num_parts == part:
+                    yield Article(title, [f"= {title} ="] + rows)
+                if limit and count >= limit:
                     return
 
-    def rows(self, split: str) -> Iterator[str]:
-        self.articles_seen[split] = 0
-        for article in self.articles():
+    def rows_partition(self, split: str, part: int, num_parts: int) -> Iterator[str]:
+        self.articles_seen[split] = 0  # this partition's articles of the split
+        for article in self.articles(part, num_parts):
             if split_of(article.title, self.cfg.validation_fraction, self.cfg.test_fraction) == split:
                 self.articles_seen[split] += 1
                 yield from article.rows
@@ -144,22 +159,34 @@ class LocalFilesCorpus(Corpus):
     def fingerprint(self) -> str:
         return "files:" + ",".join(f"{os.path.basename(p)}={_file_digest(p)}" for p in self.files)
 
-    def _lines(self, path: str) -> Iterator[tuple[int, str]]:
+    def _lines(self, path: str, keep) -> Iterator[tuple[int, str]]:
         with open(path, "rb") as f:
             for lineno, raw in enumerate(f, 1):
+                if not keep():
+                    continue
                 try:
                     yield lineno, raw.decode("utf-8")
                 except UnicodeDecodeError as err:
                     raise ConfigError(f"{path} line {lineno} is not valid UTF-8 ({err.reason} at byte "
                                       f"{err.start}): re-encode the file as UTF-8.") from None
 
-    def _all_rows(self) -> Iterator[str]:
+    def _all_rows(self, part: int = 0, num_parts: int = 1) -> Iterator[str]:
+        """Rows of partition `part`: blocks of PARTITION_BLOCK consecutive lines/records of the files
+        (blank ones included, so the split is the same for every num_parts), block b to partition
+        b % num_parts. Other partitions' lines are skipped undecoded."""
+        index = -1
+
+        def keep() -> bool:
+            nonlocal index
+            index += 1
+            return (index // PARTITION_BLOCK) % num_parts == part
+
         for path in self.files:
             if path.endswith(".txt"):
-                for _, line in self._lines(path):
+                for _, line in self._lines(path, keep):
                     yield line
             elif path.endswith(".jsonl"):
-                for lineno, line in self._lines(path):
+                for lineno, line in self._lines(path, keep):
                     if line.strip():
                         try:
                             yield json.loads(line).get(self.cfg.text_column, "")
@@ -170,10 +197,12 @@ class LocalFilesCorpus(Corpus):
                 import pyarrow.parquet as pq
 
                 for batch in pq.ParquetFile(path).iter_batches(columns=[self.cfg.text_column]):
-                    yield from batch.column(0).to_pylist()
+                    for text in batch.column(0).to_pylist():
+                        if keep():
+                            yield text
 
-    def rows(self, split: str) -> Iterator[str]:
-        for row in self._all_rows():
+    def rows_partition(self, split: str, part: int, num_parts: int) -> Iterator[str]:
+        for row in self._all_rows(part, num_parts):
             row = (row or "").strip()
             if row and split_of(row, self.cfg.validation_fraction, self.cfg.test_fraction) == split:
                 yield row
@@ -194,7 +223,7 @@ class HFDatasetCorpus(Corpus):
             revision = HfApi().dataset_info(self.cfg.hf_path).sha
         return f"hf:{self.cfg.hf_path}:{self.cfg.hf_name}:{revision}"
 
-    def rows(self, split: str) -> Iterator[str]:
+    def rows_partition(self, split: str, part: int, num_parts: int) -> Iterator[str]:
         import datasets
 
         available = datasets.get_dataset_split_names(self.cfg.hf_path, self.cfg.hf_name,
@@ -203,6 +232,8 @@ class HFDatasetCorpus(Corpus):
             raise ConfigError(f"{self.cfg.hf_path} has no {split!r} split (has {available}).")
         ds = datasets.load_dataset(self.cfg.hf_path, self.cfg.hf_name, split=split,
                                    revision=self.cfg.hf_revision)
+        if num_parts > 1:
+            ds = ds.shard(num_shards=num_parts, index=part, contiguous=True)
         for text in ds[self.cfg.text_column]:
             # WikiText: half the rows are empty, the rest end in a newline.
             text = (text or "").strip()

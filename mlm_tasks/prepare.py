@@ -1,9 +1,18 @@
 """Step: prepare the data — fingerprint the corpus, train the tokenizer, write the shards; or reuse them.
 
-    python -m mlm_tasks prepare-data --config configs/default.yaml
+    python -m mlm_tasks prepare-data --config configs/default.yaml       # all of it, in one process
+
+The DAGs fan the shard writing out over `shards.partitions` tasks (Airflow dynamic task mapping):
+
+    plan = plan_data(cfg)                                   # fingerprint, tokenizer, partitions to write
+    for p in plan["partitions"]:                            # each one a mapped task, in parallel
+        write_data_partition(cfg, plan["fingerprint"], p["part"], p["num_parts"])
+    summary = finish_data(cfg, plan["fingerprint"])         # merged manifest, then _SUCCESS
 
 The data fingerprint covers the corpus content and every setting that changes the shards, so an
 unchanged corpus is never re-tokenized: a second run finds `_SUCCESS` and returns the same manifest.
+`shards.partitions` is not part of it: the partitioned and the single writer give the same records,
+tokens and rows, only cut at other places (see mlm_tasks/shards_parallel.py).
 """
 from __future__ import annotations
 
@@ -67,27 +76,20 @@ def summary_for_fingerprint(cfg: PipelineConfig, fingerprint: str) -> dict:
     return data_summary(paths, storage.read_json(paths.manifest), cache_hit=True)
 
 
-def prepare_data(cfg: PipelineConfig) -> dict:
-    corpus = open_corpus(cfg.corpus)
-    paths = DataPaths(cfg.output_root, data_fingerprint(cfg, corpus))
-    if storage.exists(paths.success):
-        manifest = storage.read_json(paths.manifest)
-        log.info("Cache hit: data fingerprint %s already prepared at %s (%d train records); nothing to do",
-                 paths.fingerprint, paths.shards_dir, manifest["splits"]["train"]["records"])
-        return data_summary(paths, manifest, cache_hit=True)
-
-    log.info("Preparing data fingerprint %s under %s", paths.fingerprint, paths.root)
-    if not storage.exists(join(paths.tokenizer, "tokenizer.json")):
-        t0 = time.time()
-        tok = train_unigram(corpus.rows("train"), cfg.tokenizer)
-        publish_tokenizer(tok, paths.tokenizer, cfg.shards.max_length)
-        log.info("Trained Unigram tokenizer (vocab %d) in %.1fs -> %s", tok.get_vocab_size(),
-                 time.time() - t0, paths.tokenizer)
-    else:
+def _ensure_tokenizer(cfg: PipelineConfig, corpus, paths: DataPaths) -> None:
+    if storage.exists(join(paths.tokenizer, "tokenizer.json")):
         log.info("Reusing the tokenizer already trained for this fingerprint: %s", paths.tokenizer)
-    # Always encode with the tokenizer read back from storage: the one every reader will use.
-    tokenizer = load_tokenizer(paths.tokenizer, cfg.shards.max_length)
-    extra = {
+        return
+    t0 = time.time()
+    tok = train_unigram(corpus.rows("train"), cfg.tokenizer)
+    publish_tokenizer(tok, paths.tokenizer, cfg.shards.max_length)
+    log.info("Trained Unigram tokenizer (vocab %d) in %.1fs -> %s", tok.get_vocab_size(), time.time() - t0,
+             paths.tokenizer)
+
+
+def _manifest_extra(cfg: PipelineConfig, corpus, paths: DataPaths, tokenizer) -> dict:
+    """What the manifest says besides the shards: vocabulary, tokenizer hash, source, credit, special ids."""
+    return {
         "vocab_size": len(tokenizer),
         "tokenizer_sha256": hashlib.sha256(
             storage.read_bytes(join(paths.tokenizer, "tokenizer.json"))).hexdigest(),
@@ -97,5 +99,70 @@ def prepare_data(cfg: PipelineConfig) -> dict:
         "special_ids": {"pad": tokenizer.pad_token_id, "mask": tokenizer.mask_token_id,
                         "bos": tokenizer.cls_token_id, "eos": tokenizer.sep_token_id},
     }
-    manifest = write_shards(corpus, tokenizer, cfg.shards, paths, extra)
+
+
+def prepare_data(cfg: PipelineConfig) -> dict:
+    """Everything in this process, with the single writer (the tokenizer's own threads use the cores)."""
+    corpus = open_corpus(cfg.corpus)
+    paths = DataPaths(cfg.output_root, data_fingerprint(cfg, corpus))
+    if storage.exists(paths.success):
+        manifest = storage.read_json(paths.manifest)
+        log.info("Cache hit: data fingerprint %s already prepared at %s (%d train records); nothing to do",
+                 paths.fingerprint, paths.shards_dir, manifest["splits"]["train"]["records"])
+        return data_summary(paths, manifest, cache_hit=True)
+
+    log.info("Preparing data fingerprint %s under %s", paths.fingerprint, paths.root)
+    _ensure_tokenizer(cfg, corpus, paths)
+    # Always encode with the tokenizer read back from storage: the one every reader will use.
+    tokenizer = load_tokenizer(paths.tokenizer, cfg.shards.max_length)
+    manifest = write_shards(corpus, tokenizer, cfg.shards, paths, _manifest_extra(cfg, corpus, paths, tokenizer))
+    return data_summary(paths, manifest, cache_hit=False)
+
+
+def plan_data(cfg: PipelineConfig, fingerprint: str | None = None) -> dict:
+    """First task of the fan-out: the fingerprint, the tokenizer trained and published (first writer
+    wins), and the partitions still to write — none when a complete shard set already has it."""
+    corpus = open_corpus(cfg.corpus)
+    paths = DataPaths(cfg.output_root, fingerprint or data_fingerprint(cfg, corpus))
+    n = cfg.shards.partitions
+    if storage.exists(paths.success):
+        log.info("Cache hit: data fingerprint %s already prepared at %s; no shard to write",
+                 paths.fingerprint, paths.shards_dir)
+        return {"fingerprint": paths.fingerprint, "cache_hit": True, "partitions": []}
+    log.info("Preparing data fingerprint %s under %s in %d partition(s)", paths.fingerprint, paths.root, n)
+    _ensure_tokenizer(cfg, corpus, paths)
+    return {"fingerprint": paths.fingerprint, "cache_hit": False,
+            "partitions": [{"part": p, "num_parts": n} for p in range(n)]}
+
+
+def write_data_partition(cfg: PipelineConfig, fingerprint: str, part: int, num_parts: int) -> dict:
+    """One mapped task: write partition `part` of `num_parts`; a small summary for XCom."""
+    from mlm_tasks.shards_parallel import write_partition
+
+    t0 = time.time()
+    partial = write_partition(cfg, DataPaths(cfg.output_root, fingerprint), part, num_parts)
+    splits = partial["splits"]
+    seconds = time.time() - t0
+    tokens = sum(e["records"] for e in splits.values()) * cfg.shards.max_length
+    log.info("Partition %d of %d: %s in %.1fs (%.0f tokens/s)", part + 1, num_parts,
+             ", ".join(f"{s} {e['records']} records ({e['rows']} rows)" for s, e in splits.items()),
+             seconds, tokens / max(seconds, 1e-9))
+    return {"part": part, "num_parts": num_parts, "records": {s: e["records"] for s, e in splits.items()},
+            "rows": {s: e["rows"] for s, e in splits.items()}}
+
+
+def finish_data(cfg: PipelineConfig, fingerprint: str, cache_hit: bool = False) -> dict:
+    """Last task of the fan-out: merge the partitions into manifest.json and _SUCCESS (or read the
+    complete set already there); the data summary downstream tasks use."""
+    from mlm_tasks.shards_parallel import merge_manifests
+
+    paths = DataPaths(cfg.output_root, fingerprint)
+    if storage.exists(paths.success):
+        return data_summary(paths, storage.read_json(paths.manifest), cache_hit=cache_hit)
+    corpus = open_corpus(cfg.corpus)
+    tokenizer = load_tokenizer(paths.tokenizer, cfg.shards.max_length)
+    extra = {**_manifest_extra(cfg, corpus, paths, tokenizer), "partitions": cfg.shards.partitions}
+    manifest = merge_manifests(cfg, paths, cfg.shards.partitions, extra)
+    log.info("Published shard set %s: %s", paths.shards_dir,
+             ", ".join(f"{s} {e['records']} records" for s, e in manifest["splits"].items()))
     return data_summary(paths, manifest, cache_hit=False)

@@ -143,14 +143,7 @@ def write_shards(corpus, tokenizer, cfg: ShardConfig, paths: DataPaths, extra: d
         for split in SPLITS:
             t0 = time.time()
             entry = write_split(corpus.rows(split), tokenizer, cfg, staging, split)
-            if split == "train" and entry["rows"] == 0:
-                raise ConfigError("The corpus is empty: its train split has no text rows. Check the corpus "
-                                  "source settings (paths, dataset name, text_column).")
-            if split in ("train", "validation") and entry["records"] == 0:
-                more = "add text or lower max_length" if split == "train" else \
-                    "add text, lower max_length, or raise corpus.validation_fraction"
-                raise ConfigError(f"The {split} split ({entry['rows']} rows, {entry['characters']} characters) "
-                                  f"is shorter than one chunk of {cfg.max_length} tokens: {more}.")
+            check_split_written(split, entry, cfg.max_length)
             if split in getattr(corpus, "articles_seen", {}):
                 entry["articles"] = corpus.articles_seen[split]
             manifest["splits"][split] = entry
@@ -159,6 +152,18 @@ def write_shards(corpus, tokenizer, cfg: ShardConfig, paths: DataPaths, extra: d
         return publish_shard_set(staging, paths, manifest)
     finally:
         shutil.rmtree(staging, ignore_errors=True)
+
+
+def check_split_written(split: str, entry: dict, max_length: int) -> None:
+    """Training needs at least one chunk of train and of validation data: say what to change if not."""
+    if split == "train" and entry["rows"] == 0:
+        raise ConfigError("The corpus is empty: its train split has no text rows. Check the corpus "
+                          "source settings (paths, dataset name, text_column).")
+    if split in ("train", "validation") and entry["records"] == 0:
+        more = "add text or lower max_length" if split == "train" else \
+            "add text, lower max_length, or raise corpus.validation_fraction"
+        raise ConfigError(f"The {split} split ({entry['rows']} rows, {entry['characters']} characters) "
+                          f"is shorter than one chunk of {max_length} tokens: {more}.")
 
 
 def publish_shard_set(staging: str, paths: DataPaths, manifest: dict) -> dict:

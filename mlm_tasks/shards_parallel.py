@@ -8,9 +8,10 @@ The tokenizer must already be published at `paths.tokenizer` (prepare-data train
 
 Partitions: each split's row stream is cut into blocks of `shards.tokenize_batch_rows` consecutive rows,
 dealt round-robin to the partitions (whole blocks, so paragraphs stay next to their neighbours).
-A corpus may offer `rows_partition(split, part, num_parts)` to skip the other partitions' rows
-without reading them (e.g. `datasets`' `shard()`); otherwise every worker reads the whole stream
-and tokenizes only its own blocks, which is where the time goes.
+Every corpus of mlm_tasks.corpus implements `rows_partition(split, part, num_parts)`, which skips the
+other partitions' rows before parsing them (whole pages of a dump, blocks of lines of local files,
+`datasets`' `shard()`), so each worker does 1/num_parts of the work. A corpus without it falls back
+to reading the whole stream and keeping every num_parts-th block of `tokenize_batch_rows` rows.
 
 Equal counts: a partition keeps only whole chunks and records its tail (< max_length ids) in its
 partial manifest; the merge joins the tails in partition order and writes the whole chunks among them
@@ -23,12 +24,9 @@ Safe to rerun: a partition whose partial manifest exists is skipped; shards go t
 the partition (`train/p00001-of-00004-00000.tfrecord`), so partitions never collide; the merge writes
 manifest.json and then _SUCCESS, last, as the single writer does.
 
-Airflow (dynamic task mapping; the lead wires this in dags/):
-    @task
-    def shard_part(part: int, num_parts: int, cfg_json: dict, fp: str) -> dict:
-        return write_partition(build_config(cfg_json), DataPaths(root, fp), part, num_parts)
-    parts = shard_part.partial(num_parts=N, cfg_json=..., fp=...).expand(part=list(range(N)))
-    merge_task(N) << parts      # merge_manifests(cfg, paths, N, extra): one task, after all parts
+Airflow: dags/mlm_pretrain.py and dags/mlm_dataset_refresh.py run plan_shards -> write_shards (mapped,
+one task per partition, through mlm_tasks.prepare.write_data_partition) -> the merge task
+(mlm_tasks.prepare.finish_data). bench/bench_scaleout.py times 1 against 2 workers.
 """
 from __future__ import annotations
 
@@ -44,7 +42,7 @@ from mlm_tasks import storage
 from mlm_tasks.config import ConfigError, PipelineConfig
 from mlm_tasks.corpus import open_corpus
 from mlm_tasks.paths import SPLITS, DataPaths, join
-from mlm_tasks.shards import MANIFEST_VERSION, chunk_stream, write_blocks
+from mlm_tasks.shards import MANIFEST_VERSION, check_split_written, chunk_stream, write_blocks
 
 log = logging.getLogger(__name__)
 
@@ -60,10 +58,13 @@ def partition_rows(rows: Iterable[str], part: int, num_parts: int, block_rows: i
             yield row
 
 
-def _rows(corpus, split: str, part: int, num_parts: int, block_rows: int) -> Iterator[str]:
-    if hasattr(corpus, "rows_partition"):
-        return corpus.rows_partition(split, part, num_parts)
-    return partition_rows(corpus.rows(split), part, num_parts, block_rows)
+def _rows(corpus, split: str, part: int, num_parts: int, block_rows: int) -> tuple[Iterator[str], bool]:
+    """This partition's rows, and whether the corpus skipped the others' rows itself (then its article
+    counts are this partition's own, and the merge adds them up)."""
+    try:
+        return corpus.rows_partition(split, part, num_parts), True
+    except NotImplementedError:
+        return partition_rows(corpus.rows(split), part, num_parts, block_rows), False
 
 
 def write_partition(cfg: PipelineConfig, paths: DataPaths, part: int, num_parts: int) -> dict:
@@ -82,15 +83,14 @@ def write_partition(cfg: PipelineConfig, paths: DataPaths, part: int, num_parts:
     with tempfile.TemporaryDirectory(prefix=".shards-part-") as staging:
         for split in SPLITS:
             stats = {"rows": 0, "characters": 0}
-            rows = _rows(corpus, split, part, num_parts, cfg.shards.tokenize_batch_rows)
+            rows, own = _rows(corpus, split, part, num_parts, cfg.shards.tokenize_batch_rows)
             entry = write_blocks(chunk_stream(rows, tokenizer, cfg.shards, stats), cfg.shards, staging, split, stats)
             for i, shard in enumerate(entry["shards"]):
                 name = f"{split}/p{part:05d}-of-{num_parts:05d}-{i:05d}.tfrecord"
                 _put(os.path.join(staging, shard["file"]), join(paths.shards_dir, name))
                 shard["file"] = name
             entry["tail"] = stats["tail"].tolist()
-            # Every worker reads the whole article stream, so each sees the split's full article count.
-            entry["articles"] = getattr(corpus, "articles_seen", {}).get(split)
+            entry["articles"] = getattr(corpus, "articles_seen", {}).get(split) if own else None
             partial["splits"][split] = entry
     storage.write_json(marker, partial)  # last: marks this partition done
     return partial
@@ -126,11 +126,9 @@ def merge_manifests(cfg: PipelineConfig, paths: DataPaths, num_parts: int, extra
             entry = {"records": records, "tokens": records * sc.max_length,
                      "rows": sum(e["rows"] for e in entries),
                      "characters": sum(e["characters"] for e in entries), "shards": shards}
-            if entries[0].get("articles") is not None:
-                entry["articles"] = entries[0]["articles"]
-            if split in ("train", "validation") and records == 0:
-                raise ConfigError(f"The {split} split is shorter than one chunk of {sc.max_length} tokens: add "
-                                  "text, lower max_length, or raise corpus.validation_fraction.")
+            if all(e.get("articles") is not None for e in entries):
+                entry["articles"] = sum(e["articles"] for e in entries)
+            check_split_written(split, entry, sc.max_length)
             manifest["splits"][split] = entry
     storage.write_json(paths.manifest, manifest)
     storage.write_text(paths.success, "")  # last: what the sensors wait for

@@ -45,3 +45,7 @@ def config_params(defaults: PipelineConfig, output_root_help: str, overrides_exa
         "overrides": Param({}, type="object", title="Other settings",
                            description=f"Any other setting by dotted path, e.g. {overrides_example}."),
     }
+
+
+# Names the mapped write_shards tasks "partition 2 of 4" in the grid instead of a bare index.
+PARTITION_LABEL = "partition {{ task.op_kwargs['part'] + 1 }} of {{ task.op_kwargs['num_parts'] }}"

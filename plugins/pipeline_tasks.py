@@ -48,17 +48,43 @@ def validate_config(params: dict, **context: Any) -> dict:
     return cfg.model_dump(mode="json")
 
 
-def prepare_data(ti, run_id: str, **context: Any) -> dict:
-    """Prepare (or find) the data, then check the run against it: still before any TPU VM exists."""
+def plan_shards(ti, **context: Any) -> list[dict]:
+    """Fingerprint the data and train its tokenizer; the partitions `write_shards` maps over (none when
+    the shard set is complete, or when a dataset-refresh event names the set to train on)."""
     from mlm_assets import triggering_shards_event
-    from mlm_tasks.prepare import prepare_data as step, summary_for_fingerprint
-    from mlm_tasks.validate import check_run_inputs
+    from mlm_tasks.prepare import plan_data, summary_for_fingerprint
 
     cfg = _config(ti)
     event = triggering_shards_event(context)
     with bad_input_fails_fast():
-        # From an event: exactly the announced data, never a re-fingerprint of a source that moved on.
-        summary = summary_for_fingerprint(cfg, event["fingerprint"]) if event else step(cfg)
+        if event:  # exactly the announced data, never a re-fingerprint of a source that moved on
+            plan = {"fingerprint": summary_for_fingerprint(cfg, event["fingerprint"])["fingerprint"],
+                    "cache_hit": True, "partitions": []}
+        else:
+            plan = plan_data(cfg)
+    ti.xcom_push(key="plan", value={k: plan[k] for k in ("fingerprint", "cache_hit")})
+    return plan["partitions"]
+
+
+def write_shards(part: int, num_parts: int, ti, **_: Any) -> dict:
+    """One mapped task per corpus partition: its TFRecord shards and partial manifest."""
+    from mlm_tasks.prepare import write_data_partition
+
+    plan = ti.xcom_pull(task_ids="plan_shards", key="plan")
+    with bad_input_fails_fast():
+        return write_data_partition(_config(ti), plan["fingerprint"], part, num_parts)
+
+
+def prepare_data(ti, run_id: str, **_: Any) -> dict:
+    """Merge the partitions into one manifest (or find the complete set), then check the run against
+    the data: still before any TPU VM exists."""
+    from mlm_tasks.prepare import finish_data
+    from mlm_tasks.validate import check_run_inputs
+
+    cfg = _config(ti)
+    plan = ti.xcom_pull(task_ids="plan_shards", key="plan")
+    with bad_input_fails_fast():
+        summary = finish_data(cfg, plan["fingerprint"], cache_hit=plan["cache_hit"])
         check_run_inputs(cfg, run_id, summary["fingerprint"])
     return summary
 

@@ -2,7 +2,9 @@
 
     validate_source  -> the config as XCom; opens the corpus but writes nothing
     source_changed   -> ShortCircuitOperator callable: the new fingerprint, or False (nothing to do)
-    build_shards     -> tokenizer + shards via mlm_tasks.prepare; attaches the SHARDS asset event's extra
+    plan_shards      -> trains the tokenizer; the partitions to write (shards.partitions of them)
+    write_shards     -> one mapped task per partition: its shards and partial manifest
+    build_shards     -> merges the partitions into manifest.json + _SUCCESS; attaches the SHARDS event's extra
 
 An unchanged source must cost nothing and announce nothing: the first two tasks never write under
 output_root, and the only task with `outlets=[SHARDS]` is skipped, so no asset event is recorded.
@@ -50,21 +52,41 @@ def source_changed(ti, **_: Any) -> str | bool:
     return paths.fingerprint
 
 
-def build_shards(ti, outlet_events, **_: Any) -> dict:
-    """Tokenizer + shards for the new fingerprint; the SHARDS event's extra says exactly which data it is."""
-    from mlm_assets import SHARDS, event_extra
-    from mlm_tasks.prepare import prepare_data
+def plan_shards(ti, **_: Any) -> list[dict]:
+    """Tokenizer for the checked fingerprint; the partitions `write_shards` maps over."""
+    from mlm_tasks.prepare import plan_data
     from mlm_tasks.validate import check_writable
 
     cfg = _config(ti)
     with bad_input_fails_fast():
         check_writable(cfg.output_root)
-        data = prepare_data(cfg)
+        plan = plan_data(cfg)
     checked = ti.xcom_pull(task_ids="source_changed")
-    if data["fingerprint"] != checked:
-        # The files changed again between the check and the build: announce what was actually built.
-        log.warning("The source changed while building: checked fingerprint %s, built %s", checked,
-                    data["fingerprint"])
+    if plan["fingerprint"] != checked:
+        # The files changed again between the check and now: build and announce what is there now.
+        log.warning("The source changed while refreshing: checked fingerprint %s, building %s", checked,
+                    plan["fingerprint"])
+    ti.xcom_push(key="plan", value={k: plan[k] for k in ("fingerprint", "cache_hit")})
+    return plan["partitions"]
+
+
+def write_shards(part: int, num_parts: int, ti, **_: Any) -> dict:
+    from mlm_tasks.prepare import write_data_partition
+
+    plan = ti.xcom_pull(task_ids="plan_shards", key="plan")
+    with bad_input_fails_fast():
+        return write_data_partition(_config(ti), plan["fingerprint"], part, num_parts)
+
+
+def build_shards(ti, outlet_events, **_: Any) -> dict:
+    """Publish the merged shard set; the SHARDS event's extra says exactly which data it is."""
+    from mlm_assets import SHARDS, event_extra
+    from mlm_tasks.prepare import finish_data
+
+    cfg = _config(ti)
+    plan = ti.xcom_pull(task_ids="plan_shards", key="plan")
+    with bad_input_fails_fast():
+        data = finish_data(cfg, plan["fingerprint"], cache_hit=plan["cache_hit"])
     extra = event_extra(cfg.model_dump(mode="json"), data)
     outlet_events[SHARDS].extra = extra
     log.info("Announcing shards %s on asset %s: %s train records, %s train tokens", data["fingerprint"],

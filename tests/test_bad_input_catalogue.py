@@ -2,10 +2,11 @@
 TPU VM is created.
 
 Each case runs through the real entry points that meet it, in DAG order: `config_from_params` and
-`validate_inputs` (task validate_config), `prepare_data` and `check_run_inputs` (task prepare_data),
+`validate_inputs` (task validate_config), `plan_data` (task plan_shards), the partitions and
+`finish_data` and `check_run_inputs` (task prepare_data),
 and, for inputs that only a standalone step can be handed (`python -m mlm_tasks train
 --data-fingerprint ...`), the step itself (train / evaluate). `test_checks_run_before_the_tpu_vm`
-shows in the real DAG that both tasks come before create_tpu_vm, and one real `airflow dags test`
+shows in the real DAG that these tasks come before create_tpu_vm, and one real `airflow dags test`
 run on the TPU path stops at prepare_data without a single create call to the (fake) TPU API.
 
     pytest tests/test_bad_input_catalogue.py
@@ -27,7 +28,7 @@ from peers.tiny_data import TINY_YAML, tiny_config
 
 RECORD = os.environ.get("MLM_CATALOGUE_OUT")  # scripts/print_catalogue.py collects the messages here
 TASK_OF = {"config_from_params": "validate_config", "validate_inputs": "validate_config",
-           "prepare_data": "prepare_data", "check_run_inputs": "prepare_data",
+           "plan_data": "plan_shards", "finish_data": "prepare_data", "check_run_inputs": "prepare_data",
            "summary_for_fingerprint": "prepare_data", "train": "train (step run alone)",
            "evaluate": "evaluate (step run alone)"}
 
@@ -64,11 +65,19 @@ def validate(make_cfg):
     return call
 
 
-def prepare(make_cfg):
+def prepare(make_cfg, fails_in: str):
+    """The DAG's data tasks in order: plan_shards, every write_shards partition, prepare_data (the merge).
+    Each is run only if the one before passed, so the error comes from the task named `fails_in`."""
     def call(ctx):
-        from mlm_tasks.prepare import prepare_data
+        from mlm_tasks.prepare import finish_data, plan_data, write_data_partition
 
-        return prepare_data(make_cfg(ctx))
+        cfg = make_cfg(ctx)
+        if fails_in == "plan_data":
+            return plan_data(cfg)
+        plan = plan_data(cfg)
+        for p in plan["partitions"]:
+            write_data_partition(cfg, plan["fingerprint"], p["part"], p["num_parts"])
+        return finish_data(cfg, plan["fingerprint"])
     return call
 
 
@@ -157,24 +166,24 @@ CASES = [
              "corpus.source": "local_files", "corpus.local_paths": [str(c.tmp / "missing.txt")]})))]),
     Case("empty-corpus", "empty corpus", r"The corpus is empty: its train split has no text rows\. Check the corpus",
          [("validate_inputs", validate(lambda c: local_corpus(c, "empty.txt", b"\n  \n\n"))),
-          ("prepare_data", prepare(lambda c: local_corpus(c, "empty.txt", b"\n  \n\n")))]),
+          ("plan_data", prepare(lambda c: local_corpus(c, "empty.txt", b"\n  \n\n"), "plan_data"))]),
     Case("undecodable-bytes", "undecodable bytes in a local file",
          r"bad\.txt line 2 is not valid UTF-8 \(invalid start byte at byte 0\): re-encode the file as UTF-8",
          [("validate_inputs", validate(lambda c: local_corpus(c, "bad.txt", b"fine\n\xff\xfe broken\n"))),
-          ("prepare_data", prepare(lambda c: local_corpus(c, "bad.txt", b"fine\n\xff\xfe broken\n")))]),
+          ("plan_data", prepare(lambda c: local_corpus(c, "bad.txt", b"fine\n\xff\xfe broken\n"), "plan_data"))]),
     Case("bad-jsonl", "a .jsonl line that is not JSON", r"bad\.jsonl line 2 is not a JSON object",
          [("validate_inputs", validate(lambda c: local_corpus(c, "bad.jsonl", b'{"text": "ok"}\nnot json\n')))]),
     Case("corpus-shorter-than-chunk", "corpus shorter than one chunk",
          r"The train split \(1 rows, 43 characters\) is shorter than one chunk of 64 tokens: add text or lower "
          r"max_length",
-         [("prepare_data", prepare(lambda c: local_corpus(c, "short.txt", TINY_TEXT, vocab_size=32)))]),
+         [("finish_data", prepare(lambda c: local_corpus(c, "short.txt", TINY_TEXT, vocab_size=32), "finish_data"))]),
     Case("vocab-above-corpus", "vocab size larger than the corpus supports",
          r"tokenizer\.vocab_size 5000 is larger than this corpus supports \(the trainer found only 32 pieces\): "
          r"lower vocab_size",
-         [("prepare_data", prepare(lambda c: local_corpus(c, "small.txt", TINY_TEXT, vocab_size=5000)))]),
+         [("plan_data", prepare(lambda c: local_corpus(c, "small.txt", TINY_TEXT, vocab_size=5000), "plan_data"))]),
     Case("vocab-below-characters", "vocab size smaller than the corpus's characters",
          r"tokenizer\.vocab_size 20 is smaller than this corpus's distinct characters .*: raise vocab_size",
-         [("prepare_data", prepare(lambda c: local_corpus(c, "chars.txt", TINY_TEXT, vocab_size=20)))]),
+         [("plan_data", prepare(lambda c: local_corpus(c, "chars.txt", TINY_TEXT, vocab_size=20), "plan_data"))]),
     Case("batch-larger-than-data", "batch larger than the data",
          r"batch 100000 is larger than the \d+ train records: lower batch_size or add data",
          [("check_run_inputs", run_check(_with(train={"batch_size": 100_000}), "big-batch", FP1)),
@@ -257,7 +266,7 @@ def test_bad_input_is_refused_with_what_to_fix(case, request, tmp_path, tmp_path
                           "message": message.replace(str(tmp_path), "<tmp>")
                                             .replace(str(tmp_path_factory.getbasetemp()), "<tmp>")})
     # Every case is first refused by a check that mlm_pretrain runs before create_tpu_vm.
-    assert TASK_OF[case.steps[0][0]] in ("validate_config", "prepare_data")
+    assert TASK_OF[case.steps[0][0]] in ("validate_config", "plan_shards", "prepare_data")
 
 
 def test_checks_run_before_the_tpu_vm():
@@ -268,7 +277,7 @@ def test_checks_run_before_the_tpu_vm():
     assert not bag.import_errors, bag.import_errors
     dag = bag.dags["mlm_pretrain"]
     before_vm = dag.get_task("create_tpu_vm").get_flat_relative_ids(upstream=True)
-    assert {"validate_config", "prepare_data"} <= before_vm
+    assert {"validate_config", "plan_shards", "write_shards", "prepare_data"} <= before_vm
     assert "create_tpu_vm" in dag.get_task("train").get_flat_relative_ids(upstream=True)
     assert dag.get_task("validate_config").retries == 0  # a bad input is not retried
 

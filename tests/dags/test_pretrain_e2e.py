@@ -35,7 +35,8 @@ def test_pretrain_dag_end_to_end_with_a_retry(airflow_env, tmp_path):  # noqa: F
         assert (data / rel).is_file(), rel
     manifest = json.loads((data / "shards/manifest.json").read_text())
     for split, entry in manifest["splits"].items():
-        assert sorted(p.name for p in (data / "shards" / split).iterdir()) == \
+        folder = data / "shards" / split  # a split too short for one record has no folder
+        assert sorted(p.name for p in (folder.iterdir() if folder.exists() else [])) == \
             sorted(Path(s["file"]).name for s in entry["shards"])
     assert manifest["max_length"] == 64 and manifest["splits"]["validation"]["records"] > 0
 

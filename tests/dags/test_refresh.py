@@ -57,7 +57,9 @@ def refresh(airflow_env, tmp_path):  # noqa: F811
     env = {"MLM_CONFIG_DIR": str(config_dir), "MLM_RETRY_DELAY_S": "1",
            "AIRFLOW__CORE__DAGS_ARE_PAUSED_AT_CREATION": "True"}  # the test unpauses mlm_pretrain itself
     conf = {"config_file": str(TINY_YAML), "output_root": str(out),
-            "overrides": {"corpus.source": "local_files", "corpus.local_paths": [str(corpus)]}}
+            # Two partitions: the refresh fans the shard writing out over two mapped write_shards tasks.
+            "overrides": {"corpus.source": "local_files", "corpus.local_paths": [str(corpus)],
+                          "shards.partitions": 2}}
 
     def run():
         return dags_test(airflow_env, "mlm_dataset_refresh", conf=conf, extra_env=env, timeout=600)
@@ -75,6 +77,16 @@ def test_unchanged_source_is_a_no_op_and_a_changed_one_triggers_training(airflow
     assert first.returncode == 0 and "Source changed" in _log(first), _log(first)[-5000:]
     events = asset_events(airflow_env, "mlm_shards")
     old_event, old_fp = events[-1], events[-1]["extra"]["fingerprint"]
+    # Dynamic task mapping: one write_shards task per partition, named in the grid, merged into one set.
+    assert db_rows(airflow_env, "SELECT map_index, state, rendered_map_index FROM task_instance WHERE "
+                   "task_id = 'write_shards' ORDER BY map_index") == [
+        (0, "success", "partition 1 of 2"), (1, "success", "partition 2 of 2")]
+    manifest = json.loads((refresh.out / "datasets" / old_fp / "shards" / "manifest.json").read_text())
+    assert manifest["partitions"] == 2
+    files = [s["file"] for s in manifest["splits"]["train"]["shards"]]
+    assert any(f.startswith("train/p00000-of-00002") for f in files), files
+    assert any(f.startswith("train/p00001-of-00002") for f in files), files
+    assert manifest["splits"]["train"]["records"] == sum(s["records"] for s in manifest["splits"]["train"]["shards"])
     # mlm_pretrain is paused at creation, so nothing was queued for it yet; from now on it listens.
     assert db_rows(airflow_env, "SELECT COUNT(*) FROM asset_dag_run_queue") == [(0,)]
     unpause = subprocess.run([AIRFLOW, "dags", "unpause", "mlm_pretrain"], env={**airflow_env, **refresh.env},
@@ -90,7 +102,8 @@ def test_unchanged_source_is_a_no_op_and_a_changed_one_triggers_training(airflow
     assert _snapshot(refresh.out) == before
     assert len(asset_events(airflow_env, "mlm_shards")) == n_events
     assert task_states(airflow_env, "mlm_dataset_refresh") == {
-        "validate_source": "success", "source_changed": "success", "build_shards": "skipped"}
+        "validate_source": "success", "source_changed": "success", "plan_shards": "skipped",
+        "write_shards": "skipped", "build_shards": "skipped"}
     assert db_rows(airflow_env, "SELECT COUNT(*) FROM asset_dag_run_queue") == [(0,)]  # no training requested
 
     # Changed source: new fingerprint, built and announced with its counts.
