@@ -8,7 +8,10 @@ Each worker is a fresh process running write_partition(cfg, paths, part, num_par
 Workers import, then wait at a barrier so only the writing is timed; the merge (merge_manifests)
 runs after the last worker and is included. A worker is one executor slot on one core: one tokenizer
 thread (TOKENIZERS_PARALLELISM=false). "1 worker, threads" is one process whose tokenizer uses its own
-thread pool over both cores, the strongest one-process baseline. Each worker's CPU seconds are reported
+thread pool over both cores, the strongest one-process baseline. A worker still overlaps encoding
+with writing in a second thread (mlm_tasks.shards.chunk_stream), so unpinned, one worker already uses
+part of the idle second core; the "pinned" variants hold each worker to its own core
+(sched_setaffinity), which is what "one worker = one core" means exactly. Each worker's CPU seconds are reported
 too: on a machine shared with other work, wall time measures the scheduler's share, not the writer. The merged manifest's counts are
 compared with those of mlm_tasks.shards.write_shards (one process, the plain writer).
 """
@@ -41,8 +44,11 @@ def _paths(root: str):
 
 
 def worker(arg: str) -> None:
-    factor, part, num_parts, root = arg.split(":", 3)
+    factor, part, num_parts, cpu, root = arg.split(":", 4)
     from mlm_tasks.shards_parallel import write_partition
+
+    if int(cpu) >= 0:  # one core per worker, as a deployment with one executor slot per core pins it
+        os.sched_setaffinity(0, {int(cpu)})
 
     cfg, paths = _cfg(int(factor)), _paths(root)
     go = os.path.join(root, "go")
@@ -55,14 +61,14 @@ def worker(arg: str) -> None:
                  "records": sum(s["records"] for s in partial["splits"].values())})
 
 
-def run_fanout(factor: int, num_parts: int, env: dict) -> tuple[float, float, dict]:
+def run_fanout(factor: int, num_parts: int, env: dict, pin: bool = False) -> tuple[float, float, dict]:
     """Wall seconds (barrier to merged manifest), CPU seconds of the busiest worker, the manifest."""
     from mlm_tasks.shards_parallel import merge_manifests
 
     root = tempfile.mkdtemp(prefix="bench-scaleout-")
     try:
         shutil.copytree(common.prepared()["tokenizer_uri"], _paths(root).tokenizer)
-        procs = [subprocess.Popen([sys.executable, __file__, "--worker", f"{factor}:{p}:{num_parts}:{root}"],
+        procs = [subprocess.Popen([sys.executable, __file__, "--worker", f"{factor}:{p}:{num_parts}:{p if pin else -1}:{root}"],
                                   stdout=subprocess.PIPE, text=True, env={**os.environ, **env})
                  for p in range(num_parts)]
         while not all(os.path.exists(os.path.join(root, f"ready-{p}")) for p in range(num_parts)):
@@ -108,7 +114,8 @@ def main() -> None:
     corpus_file(args.factor)
     logging.disable(logging.INFO)
     one_thread = {"TOKENIZERS_PARALLELISM": "false"}
-    variants = {"1 worker, threads": (1, {}), "1 worker": (1, one_thread), "2 workers": (2, one_thread)}
+    variants = {"1 worker, threads": (1, {}), "1 worker": (1, one_thread), "2 workers": (2, one_thread),
+                "1 worker, pinned": (1, one_thread, True), "2 workers, pinned": (2, one_thread, True)}
     times: dict[str, list[float]] = {v: [] for v in variants}
     cpu: dict[str, list[float]] = {v: [] for v in variants}
     manifests = {}
@@ -121,13 +128,16 @@ def main() -> None:
     single = run_single(args.factor)
     tokens = manifests["2 workers"]["splits"]["train"]["tokens"] + sum(
         manifests["2 workers"]["splits"][s]["tokens"] for s in ("validation", "test"))
-    one, threaded = common.median(times["1 worker"]), common.median(times["1 worker, threads"])
+    threaded = common.median(times["1 worker, threads"])
+
+    def one(v: str) -> float:  # the 1-worker run of the same kind (pinned or not)
+        return common.median(times["1 worker, pinned" if "pinned" in v else "1 worker"])
     print(f"\n{common.machine()}\ncorpus: embedded rows x{args.factor} (local_files), {tokens:,} tokens written; "
           f"median of {args.rounds} alternating rounds\n")
     one_cpu = common.median(cpu["1 worker"])
-    print(common.table(["variant", "median wall s (write + merge)", "tokens/s", "wall speed-up vs 1 worker",
+    print(common.table(["variant", "median wall s (write + merge)", "tokens/s", "wall speed-up vs 1 worker alike",
                         "vs 1 worker, threads", "busiest worker CPU s", "CPU-bound speed-up", "wall runs (s)"],
-                       [[v, common.median(t), tokens / common.median(t), one / common.median(t),
+                       [[v, common.median(t), tokens / common.median(t), one(v) / common.median(t),
                          threaded / common.median(t), common.median(cpu[v]), one_cpu / common.median(cpu[v]),
                          " ".join(f"{x:.2f}" for x in t)]
                         for v, t in times.items()]))

@@ -29,7 +29,7 @@ from peers.tiny_data import TINY_YAML, tiny_config
 RECORD = os.environ.get("MLM_CATALOGUE_OUT")  # scripts/print_catalogue.py collects the messages here
 TASK_OF = {"config_from_params": "validate_config", "validate_inputs": "validate_config",
            "plan_data": "plan_shards", "finish_data": "prepare_data", "check_run_inputs": "prepare_data",
-           "summary_for_fingerprint": "prepare_data", "train": "train (step run alone)",
+           "summary_for_fingerprint": "plan_shards", "train": "train (step run alone)",
            "evaluate": "evaluate (step run alone)"}
 
 

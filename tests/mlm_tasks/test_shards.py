@@ -26,6 +26,22 @@ def test_chunk_stream_concatenates_and_drops_only_the_tail(tiny_prepared):
     assert ids[0, 0] == tok.cls_token_id  # every row keeps its <s> ... </s>
 
 
+def test_chunks_hold_exactly_the_encode_batch_ids(tiny_prepared):
+    """The writer encodes with encode_batch_fast: the ids must be those of plain encode_batch, in order."""
+    from mlm_tasks.corpus import open_corpus
+    from mlm_tasks.tokenizer import load_tokenizer
+
+    cfg, data = tiny_prepared
+    tok = load_tokenizer(data["tokenizer_uri"])
+    rows = list(open_corpus(cfg.corpus).rows("train"))[:400]
+    blocks = list(chunk_stream(rows, tok, ShardConfig(max_length=32, tokenize_batch_rows=50),
+                               {"rows": 0, "characters": 0}))
+    expected = [i for e in tok.backend_tokenizer.encode_batch(rows) for i in e.ids]
+    got = np.concatenate(blocks).ravel().tolist()
+    assert len(got) == len(expected) // 32 * 32 > 1000
+    assert got == expected[:len(got)]
+
+
 def test_manifest_counts_match_files(tiny_prepared):
     cfg, data = tiny_prepared
     paths = DataPaths(cfg.output_root, data["fingerprint"])
