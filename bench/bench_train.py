@@ -2,7 +2,8 @@
 against the plain reference loop (TFRobertaForMaskedLM.compile + model.fit, transformers.create_optimizer,
 the full-vocabulary head at every position), tiny and small presets, XLA off and on; and loss per step.
 
-    .venv/bin/python bench/bench_train.py [--presets tiny,small] [--xla off,on] [--steps 60] [--warmup 10]
+    .venv/bin/python bench/bench_train.py [--presets tiny,small] [--xla off,on] [--precision off] [--rounds 3]
+        [--device cpu] [--steps 60] [--warmup 10]      # on a GPU: --device gpu --presets tiny,base --precision off,bf16
 
 Equal config: configs/default.yaml (vocab 8000, max_length 128, batch 32, dropout 0, lr 1e-3, AdamW via
 create_optimizer with the same schedule), the same shards. The reference's input pipeline is the one of
@@ -25,22 +26,24 @@ import common  # noqa: E402
 BATCH = 32
 
 
-def _setup(preset: str, xla: str, steps: int, max_pred: int = 32, log_every: int = 10):
+def _setup(preset: str, xla: str, steps: int, max_pred: int = 32, log_every: int = 10, precision: str = "off",
+           device: str = "cpu"):
     from mlm_tasks.paths import DataPaths
     from mlm_tasks.storage import read_json
 
     data = common.prepared()
     cfg = common.bench_config(**{"model.preset": preset, "train.xla": xla, "train.steps": steps,
                                  "train.log_every": log_every, "train.checkpoint_every": 10**6,
-                                 "train.max_predictions_per_seq": max_pred, "train.device": "cpu",
+                                 "train.max_predictions_per_seq": max_pred, "train.device": device,
+                                 "train.mixed_precision": precision,
                                  "train.batch_size": BATCH})
     return cfg, data, DataPaths(cfg.output_root, data["fingerprint"]), read_json(data["manifest_uri"])
 
 
-def run_ours(preset: str, xla: str, steps: int, warmup: int) -> dict:
+def run_ours(preset: str, xla: str, steps: int, warmup: int, precision: str, device: str) -> dict:
     from mlm_tasks.train import train
 
-    cfg, data, _, _ = _setup(preset, xla, steps, log_every=warmup)
+    cfg, data, _, _ = _setup(preset, xla, steps, log_every=warmup, precision=precision, device=device)
     run_id = f"bench-{preset}-{xla}-{os.getpid()}-{int(time.time())}"
     summary = train(cfg, run_id, data["fingerprint"])
     from mlm_tasks.paths import RunPaths
@@ -93,14 +96,16 @@ def _reference_model(cfg, data, manifest, steps: int, xla: bool):
     return model
 
 
-def run_reference(preset: str, xla: str, steps: int, warmup: int) -> dict:
+def run_reference(preset: str, xla: str, steps: int, warmup: int, precision: str, device: str) -> dict:
     import tensorflow as tf
     import tf_keras
 
     from mlm_tasks.tokenizer import load_tokenizer
 
-    cfg, data, paths, manifest = _setup(preset, xla, steps)
+    cfg, data, paths, manifest = _setup(preset, xla, steps, precision=precision, device=device)
     tf.keras.utils.set_random_seed(cfg.train.seed)
+    if precision == "bf16":  # as train_model.py's --bfloat16 does
+        tf_keras.mixed_precision.set_global_policy("mixed_bfloat16")
     tokenizer = load_tokenizer(data["tokenizer_uri"], common.MAX_LENGTH)
     model = _reference_model(cfg, data, manifest, steps, xla == "on")
     marks: list[float] = []
@@ -161,9 +166,9 @@ def worker(arg: str) -> None:
     kind, *rest = arg.split(":")
     if kind == "equality":
         return common.emit(run_equality(rest[0]))
-    preset, xla, steps, warmup = rest[0], rest[1], int(rest[2]), int(rest[3])
+    preset, xla, precision, device, steps, warmup = rest[0], rest[1], rest[2], rest[3], int(rest[4]), int(rest[5])
     fn = run_ours if kind == "ours" else run_reference
-    common.emit(fn(preset, xla, steps, warmup))
+    common.emit(fn(preset, xla, steps, warmup, precision, device))
 
 
 def main() -> None:
@@ -172,6 +177,8 @@ def main() -> None:
     p.add_argument("--xla", default="off,on")
     p.add_argument("--steps", type=int, default=60, help="steps per run for tiny (small: half)")
     p.add_argument("--warmup", type=int, default=10, help="steps not timed (small: half)")
+    p.add_argument("--precision", default="off", help="off and/or bf16 (mixed precision), comma-separated")
+    p.add_argument("--device", default="cpu", help="cpu, gpu or auto (train.device)")
     p.add_argument("--rounds", type=int, default=1, help="alternating rounds per config; medians reported")
     p.add_argument("--worker")
     args = p.parse_args()
@@ -181,21 +188,21 @@ def main() -> None:
     rows = []
     for preset in args.presets.split(","):
         steps, warmup = (args.steps, args.warmup) if preset == "tiny" else (args.steps // 2, args.warmup // 2)
-        for xla in args.xla.split(","):
+        for xla, precision in [(x, m) for x in args.xla.split(",") for m in args.precision.split(",")]:
             res: dict[str, list[dict]] = {"ours": [], "reference": []}
             for rnd in range(args.rounds):  # alternate which goes first, so drift hits both alike
                 for impl in (("ours", "reference") if rnd % 2 == 0 else ("reference", "ours")):
-                    res[impl].append(common.run_worker(__file__, f"{impl}:{preset}:{xla}:{steps}:{warmup}"))
-                    print(f"{preset} xla={xla} {impl}: {res[impl][-1]['tokens_per_s']:.0f} tokens/s", file=sys.stderr)
+                    res[impl].append(common.run_worker(__file__, f"{impl}:{preset}:{xla}:{precision}:{args.device}:{steps}:{warmup}"))
+                    print(f"{preset} xla={xla} precision={precision} {impl}: {res[impl][-1]['tokens_per_s']:.0f} tokens/s", file=sys.stderr)
             o = common.median([x["tokens_per_s"] for x in res["ours"]])
             r = common.median([x["tokens_per_s"] for x in res["reference"]])
             rounds = " ".join(f"{a['tokens_per_s'] / b['tokens_per_s']:.2f}" for a, b in zip(res["ours"], res["reference"]))
-            rows.append([preset, xla, r, o, o / r, rounds, f"{res['ours'][0]['steps_timed']}/{res['reference'][0]['steps_timed']}",
+            rows.append([preset, xla, precision, r, o, o / r, rounds, f"{res['ours'][0]['steps_timed']}/{res['reference'][0]['steps_timed']}",
                          res["reference"][0]["peak_rss_mb"], res["ours"][0]["peak_rss_mb"]])
     eq = common.run_worker(__file__, "equality:tiny")
     print(f"\n{common.machine()}\nbatch {BATCH} x {common.MAX_LENGTH} tokens, vocab 8000; tokens/s after warmup\n")
     print(f"median of {args.rounds} alternating round(s)\n")
-    print(common.table(["preset", "XLA", "reference tokens/s", "ours tokens/s", "ours / reference",
+    print(common.table(["preset", "XLA", "precision", "reference tokens/s", "ours tokens/s", "ours / reference",
                         "per-round ratios", "steps timed (ours/ref)", "ref peak RSS MB", "ours peak RSS MB"], rows))
     print(f"\nloss per step, tiny, same initial weights and batches ({eq['sequences_over_max_predictions']} "
           "sequences had more than 32 masked tokens):\n")
