@@ -7,7 +7,9 @@ Four sources, one interface (`open_corpus(cfg).rows(split)` yields non-empty tex
 - local_files: .txt (a row per line), .jsonl or .parquet files.
 
 Every source has a content fingerprint, so unchanged data is never re-tokenized. Splits are
-deterministic: by a hash of the article title (or row), never by random draws.
+deterministic: by a hash of the article title (or row), never by random draws. `rows_partition(split,
+part, num_parts)` yields one partition's rows, skipping the others' before parsing them: the DAGs'
+mapped `write_shards` tasks each read only their own part (mlm_tasks/shards_parallel.py).
 """
 from __future__ import annotations
 

@@ -31,10 +31,13 @@ from mlm_tasks.tokenizer import load_tokenizer, publish_tokenizer, train_unigram
 log = logging.getLogger(__name__)
 
 
-def data_fingerprint(cfg: PipelineConfig, corpus=None) -> str:
-    corpus = corpus or open_corpus(cfg.corpus)
+def data_fingerprint(cfg: PipelineConfig, corpus=None, corpus_fingerprint: str | None = None) -> str:
+    """The shard set's key: the corpus content (its fingerprint, computed unless given) and every
+    setting that changes the shards."""
+    if corpus_fingerprint is None:
+        corpus_fingerprint = (corpus or open_corpus(cfg.corpus)).fingerprint()
     key = {
-        "corpus": corpus.fingerprint(),
+        "corpus": corpus_fingerprint,
         "splits": [cfg.corpus.validation_fraction, cfg.corpus.test_fraction],
         "tokenizer": cfg.tokenizer.model_dump(),
         "max_length": cfg.shards.max_length,
@@ -87,14 +90,14 @@ def _ensure_tokenizer(cfg: PipelineConfig, corpus, paths: DataPaths) -> None:
              paths.tokenizer)
 
 
-def _manifest_extra(cfg: PipelineConfig, corpus, paths: DataPaths, tokenizer) -> dict:
+def _manifest_extra(cfg: PipelineConfig, corpus, corpus_fingerprint: str, paths: DataPaths, tokenizer) -> dict:
     """What the manifest says besides the shards: vocabulary, tokenizer hash, source, credit, special ids."""
     return {
         "vocab_size": len(tokenizer),
         "tokenizer_sha256": hashlib.sha256(
             storage.read_bytes(join(paths.tokenizer, "tokenizer.json"))).hexdigest(),
         "corpus_source": cfg.corpus.source,
-        "corpus_fingerprint": corpus.fingerprint(),
+        "corpus_fingerprint": corpus_fingerprint,
         "credit": corpus.credit,
         "special_ids": {"pad": tokenizer.pad_token_id, "mask": tokenizer.mask_token_id,
                         "bos": tokenizer.cls_token_id, "eos": tokenizer.sep_token_id},
@@ -104,7 +107,8 @@ def _manifest_extra(cfg: PipelineConfig, corpus, paths: DataPaths, tokenizer) ->
 def prepare_data(cfg: PipelineConfig) -> dict:
     """Everything in this process, with the single writer (the tokenizer's own threads use the cores)."""
     corpus = open_corpus(cfg.corpus)
-    paths = DataPaths(cfg.output_root, data_fingerprint(cfg, corpus))
+    corpus_fp = corpus.fingerprint()  # hashes every file of a local corpus: once
+    paths = DataPaths(cfg.output_root, data_fingerprint(cfg, corpus_fingerprint=corpus_fp))
     if storage.exists(paths.success):
         manifest = storage.read_json(paths.manifest)
         log.info("Cache hit: data fingerprint %s already prepared at %s (%d train records); nothing to do",
@@ -115,7 +119,8 @@ def prepare_data(cfg: PipelineConfig) -> dict:
     _ensure_tokenizer(cfg, corpus, paths)
     # Always encode with the tokenizer read back from storage: the one every reader will use.
     tokenizer = load_tokenizer(paths.tokenizer, cfg.shards.max_length)
-    manifest = write_shards(corpus, tokenizer, cfg.shards, paths, _manifest_extra(cfg, corpus, paths, tokenizer))
+    manifest = write_shards(corpus, tokenizer, cfg.shards, paths,
+                            _manifest_extra(cfg, corpus, corpus_fp, paths, tokenizer))
     return data_summary(paths, manifest, cache_hit=False)
 
 
@@ -123,15 +128,17 @@ def plan_data(cfg: PipelineConfig, fingerprint: str | None = None) -> dict:
     """First task of the fan-out: the fingerprint, the tokenizer trained and published (first writer
     wins), and the partitions still to write — none when a complete shard set already has it."""
     corpus = open_corpus(cfg.corpus)
-    paths = DataPaths(cfg.output_root, fingerprint or data_fingerprint(cfg, corpus))
+    corpus_fp = None if fingerprint else corpus.fingerprint()
+    paths = DataPaths(cfg.output_root, fingerprint or data_fingerprint(cfg, corpus_fingerprint=corpus_fp))
     n = cfg.shards.partitions
     if storage.exists(paths.success):
         log.info("Cache hit: data fingerprint %s already prepared at %s; no shard to write",
                  paths.fingerprint, paths.shards_dir)
-        return {"fingerprint": paths.fingerprint, "cache_hit": True, "partitions": []}
+        return {"fingerprint": paths.fingerprint, "cache_hit": True, "corpus_fingerprint": corpus_fp,
+                "partitions": []}
     log.info("Preparing data fingerprint %s under %s in %d partition(s)", paths.fingerprint, paths.root, n)
     _ensure_tokenizer(cfg, corpus, paths)
-    return {"fingerprint": paths.fingerprint, "cache_hit": False,
+    return {"fingerprint": paths.fingerprint, "cache_hit": False, "corpus_fingerprint": corpus_fp,
             "partitions": [{"part": p, "num_parts": n} for p in range(n)]}
 
 
@@ -151,9 +158,11 @@ def write_data_partition(cfg: PipelineConfig, fingerprint: str, part: int, num_p
             "rows": {s: e["rows"] for s, e in splits.items()}}
 
 
-def finish_data(cfg: PipelineConfig, fingerprint: str, cache_hit: bool = False) -> dict:
+def finish_data(cfg: PipelineConfig, fingerprint: str, cache_hit: bool = False,
+                corpus_fingerprint: str | None = None) -> dict:
     """Last task of the fan-out: merge the partitions into manifest.json and _SUCCESS (or read the
-    complete set already there); the data summary downstream tasks use."""
+    complete set already there); the data summary downstream tasks use. `corpus_fingerprint` is the
+    plan's, so a large local corpus is not hashed a second time."""
     from mlm_tasks.shards_parallel import merge_manifests
 
     paths = DataPaths(cfg.output_root, fingerprint)
@@ -161,7 +170,8 @@ def finish_data(cfg: PipelineConfig, fingerprint: str, cache_hit: bool = False) 
         return data_summary(paths, storage.read_json(paths.manifest), cache_hit=cache_hit)
     corpus = open_corpus(cfg.corpus)
     tokenizer = load_tokenizer(paths.tokenizer, cfg.shards.max_length)
-    extra = {**_manifest_extra(cfg, corpus, paths, tokenizer), "partitions": cfg.shards.partitions}
+    corpus_fp = corpus_fingerprint or corpus.fingerprint()
+    extra = {**_manifest_extra(cfg, corpus, corpus_fp, paths, tokenizer), "partitions": cfg.shards.partitions}
     manifest = merge_manifests(cfg, paths, cfg.shards.partitions, extra)
     log.info("Published shard set %s: %s", paths.shards_dir,
              ", ".join(f"{s} {e['records']} records" for s, e in manifest["splits"].items()))

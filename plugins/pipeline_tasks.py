@@ -10,6 +10,7 @@ import logging
 from typing import Any
 
 from mlm_tasks.config import PipelineConfig, config_from_params
+import shard_fanout
 from task_errors import bad_input_fails_fast
 
 log = logging.getLogger(__name__)
@@ -62,17 +63,12 @@ def plan_shards(ti, **context: Any) -> list[dict]:
                     "cache_hit": True, "partitions": []}
         else:
             plan = plan_data(cfg)
-    ti.xcom_push(key="plan", value={k: plan[k] for k in ("fingerprint", "cache_hit")})
-    return plan["partitions"]
+    return shard_fanout.hand_out(ti, plan)
 
 
 def write_shards(part: int, num_parts: int, ti, **_: Any) -> dict:
     """One mapped task per corpus partition: its TFRecord shards and partial manifest."""
-    from mlm_tasks.prepare import write_data_partition
-
-    plan = ti.xcom_pull(task_ids="plan_shards", key="plan")
-    with bad_input_fails_fast():
-        return write_data_partition(_config(ti), plan["fingerprint"], part, num_parts)
+    return shard_fanout.write_partition(_config(ti), ti, part, num_parts)
 
 
 def prepare_data(ti, run_id: str, **_: Any) -> dict:
@@ -82,9 +78,9 @@ def prepare_data(ti, run_id: str, **_: Any) -> dict:
     from mlm_tasks.validate import check_run_inputs
 
     cfg = _config(ti)
-    plan = ti.xcom_pull(task_ids="plan_shards", key="plan")
+    plan = shard_fanout.planned(ti)
     with bad_input_fails_fast():
-        summary = finish_data(cfg, plan["fingerprint"], cache_hit=plan["cache_hit"])
+        summary = finish_data(cfg, plan["fingerprint"], plan["cache_hit"], plan["corpus_fingerprint"])
         check_run_inputs(cfg, run_id, summary["fingerprint"])
     return summary
 

@@ -15,6 +15,7 @@ import logging
 from typing import Any
 
 from mlm_tasks.config import PipelineConfig, config_from_params
+import shard_fanout
 from task_errors import bad_input_fails_fast
 
 log = logging.getLogger(__name__)
@@ -66,16 +67,11 @@ def plan_shards(ti, **_: Any) -> list[dict]:
         # The files changed again between the check and now: build and announce what is there now.
         log.warning("The source changed while refreshing: checked fingerprint %s, building %s", checked,
                     plan["fingerprint"])
-    ti.xcom_push(key="plan", value={k: plan[k] for k in ("fingerprint", "cache_hit")})
-    return plan["partitions"]
+    return shard_fanout.hand_out(ti, plan)
 
 
 def write_shards(part: int, num_parts: int, ti, **_: Any) -> dict:
-    from mlm_tasks.prepare import write_data_partition
-
-    plan = ti.xcom_pull(task_ids="plan_shards", key="plan")
-    with bad_input_fails_fast():
-        return write_data_partition(_config(ti), plan["fingerprint"], part, num_parts)
+    return shard_fanout.write_partition(_config(ti), ti, part, num_parts)
 
 
 def build_shards(ti, outlet_events, **_: Any) -> dict:
@@ -84,9 +80,9 @@ def build_shards(ti, outlet_events, **_: Any) -> dict:
     from mlm_tasks.prepare import finish_data
 
     cfg = _config(ti)
-    plan = ti.xcom_pull(task_ids="plan_shards", key="plan")
+    plan = shard_fanout.planned(ti)
     with bad_input_fails_fast():
-        data = finish_data(cfg, plan["fingerprint"], cache_hit=plan["cache_hit"])
+        data = finish_data(cfg, plan["fingerprint"], plan["cache_hit"], plan["corpus_fingerprint"])
     extra = event_extra(cfg.model_dump(mode="json"), data)
     outlet_events[SHARDS].extra = extra
     log.info("Announcing shards %s on asset %s: %s train records, %s train tokens", data["fingerprint"],
