@@ -211,6 +211,9 @@ class PipelineConfig(_Section):
         if self.train.max_predictions_per_seq > self.shards.max_length:
             raise ConfigError("train.max_predictions_per_seq cannot exceed max_length.")
         scheme = self.output_root.split("://", 1)[0] if "://" in self.output_root else "file"
+        if scheme == "gs" and not self.output_root[len("gs://"):].split("/", 1)[0]:
+            raise ConfigError(f"output_root {self.output_root!r} names no bucket: use gs://bucket/prefix "
+                              "(the bucket must exist; create it with `gcloud storage buckets create`).")
         if scheme not in SUPPORTED_SCHEMES:
             raise ConfigError(f"output_root {self.output_root!r} has unsupported scheme {scheme!r}: use a "
                               "local folder or gs://bucket/prefix.")
@@ -287,16 +290,44 @@ def _explain(err: ValidationError) -> str:
     return "Invalid configuration:\n  " + "\n  ".join(lines)
 
 
-def load_config(path: str | Path | None = None, overrides: dict[str, Any] | None = None) -> PipelineConfig:
-    """Load a YAML config file (or defaults when `path` is None) and apply overrides."""
+def read_yaml_config(path: str | Path) -> dict:
+    """Parse a YAML config file strictly: syntax errors, duplicate keys and a top level that is not a
+    mapping are ConfigErrors naming the file and line (PyYAML alone lets a repeated key win silently)."""
     import yaml
 
-    base: dict = {}
-    if path is not None:
-        path = Path(path)
-        if not path.exists():
-            raise ConfigError(f"Config file {path} does not exist: see configs/ for examples.")
-        base = yaml.safe_load(path.read_text()) or {}
+    class StrictLoader(yaml.SafeLoader):
+        def construct_mapping(self, node, deep=False):
+            seen: dict = {}
+            for key_node, _ in node.value:
+                key = self.construct_object(key_node, deep=deep)
+                if key in seen:
+                    raise ConfigError(f"{path} line {key_node.start_mark.line + 1}: key {key!r} is repeated "
+                                      f"(first at line {seen[key]}): keep one of them.")
+                seen[key] = key_node.start_mark.line + 1
+            return super().construct_mapping(node, deep=deep)
+
+    path = Path(path)
+    if not path.exists():
+        raise ConfigError(f"Config file {path} does not exist: see configs/ for examples.")
+    try:
+        tree = yaml.load(path.read_text(), Loader=StrictLoader)
+    except yaml.YAMLError as err:
+        where = getattr(err, "problem_mark", None)
+        line = f" line {where.line + 1}" if where is not None else ""
+        problem = getattr(err, "problem", None) or str(err)
+        raise ConfigError(f"{path}{line} is not valid YAML ({problem}): fix the file (indentation with "
+                          "spaces, `key: value` pairs).") from None
+    if tree is None:
+        return {}
+    if not isinstance(tree, dict):
+        raise ConfigError(f"{path} holds a YAML {type(tree).__name__}, not a mapping of settings: see "
+                          "configs/default.yaml for the shape.")
+    return tree
+
+
+def load_config(path: str | Path | None = None, overrides: dict[str, Any] | None = None) -> PipelineConfig:
+    """Load a YAML config file (or defaults when `path` is None) and apply overrides."""
+    base = read_yaml_config(path) if path is not None else {}
     return build_config(base, overrides)
 
 

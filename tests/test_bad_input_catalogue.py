@@ -49,6 +49,15 @@ def form(**params):
                                            **params})
 
 
+def config_file(text: str):
+    """The trigger form naming a config file with `text` in it."""
+    def make(ctx):
+        path = ctx.tmp / "bad.yaml"
+        path.write_text(text)
+        return config_from_params({"config_file": str(path), "output_root": str(ctx.tmp / "o")})
+    return make
+
+
 def local_corpus(ctx, name: str, content: bytes, **overrides):
     path = ctx.tmp / name
     path.write_bytes(content)
@@ -156,6 +165,18 @@ CASES = [
     Case("unsupported-scheme", "output_root with an unsupported scheme",
          r"output_root 's3://bucket/x' has unsupported scheme 's3': use a local folder or gs://bucket/prefix",
          [("config_from_params", form(output_root="s3://bucket/x"))]),
+    Case("gs-without-bucket", "gs:// output_root without a bucket",
+         r"output_root 'gs:///prefix' names no bucket: use gs://bucket/prefix",
+         [("config_from_params", form(output_root="gs:///prefix"))]),
+    Case("config-not-yaml", "a config file that is not valid YAML",
+         r"bad\.yaml line 2 is not valid YAML \(.*\): fix the file",
+         [("config_from_params", config_file("train:\n\tsteps: 10\n"))]),
+    Case("config-duplicate-key", "a key repeated in a YAML config",
+         r"bad\.yaml line 3: key 'steps' is repeated \(first at line 2\): keep one of them",
+         [("config_from_params", config_file("train:\n  steps: 10\n  steps: 20\n"))]),
+    Case("config-not-mapping", "a config file that is a list, not settings",
+         r"bad\.yaml holds a YAML list, not a mapping of settings",
+         [("config_from_params", config_file("- train\n- steps\n"))]),
     Case("gs-without-credentials", "gs:// output_root without credentials",
          r"output_root gs://mlm-no-such-bucket/prefix needs Google Cloud credentials and none were found .*"
          r"set GOOGLE_APPLICATION_CREDENTIALS",
