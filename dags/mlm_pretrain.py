@@ -25,10 +25,10 @@ from __future__ import annotations
 from datetime import datetime, timedelta
 
 from airflow.providers.standard.operators.python import PythonOperator
-from airflow.sdk import DAG, Param, chain
+from airflow.sdk import DAG, chain
 
 import pipeline_tasks as steps
-from dag_defaults import PARTITION_LABEL, config_params, default_args, default_config
+from dag_defaults import PARTITION_LABEL, config_params, default_args, default_config, form_params
 from mlm_assets import SHARDS
 from shard_gate import ShardSetCompleteSensor
 from tpu_operators import TpuVmCreateOperator, TpuVmDeleteOperator
@@ -39,23 +39,11 @@ _defaults = default_config()
 params = {
     **config_params(_defaults, "Local folder or gs://bucket/prefix where every artifact goes.",
                     '{"train.checkpoint_every": 100}'),
-    "compute": Param(_defaults.compute, type="string", enum=["local", "tpu_vm"], title="Compute",
-                     description="Train on the Airflow worker's CPU/GPU, or on a TPU VM made for this run."),
-    "corpus_source": Param(_defaults.corpus.source, type="string",
-                           enum=["embedded_wiki", "hf_dataset", "local_files", "wiki_dump"], title="Corpus source",
-                           description="Embedded Wikipedia sample, a `datasets` dataset, local files, or a dump."),
-    "vocab_size": Param(_defaults.tokenizer.vocab_size, type="integer", minimum=1000, maximum=250000,
-                        title="Vocabulary size", description="Unigram tokenizer vocabulary, special tokens included."),
-    "max_length": Param(_defaults.shards.max_length, type="integer", minimum=8, maximum=4096,
-                        title="Sequence length", description="Tokens per training example (chunk length)."),
-    "model_preset": Param(_defaults.model.preset, type="string", enum=["tiny", "small", "base"],
-                          title="Model preset", description="tiny: CPU minutes; small; base: roberta-base shape."),
-    "steps": Param(_defaults.train.steps, type=["null", "integer"], minimum=1, title="Training steps",
-                   description="Optimizer steps; empty = one epoch over the train shards."),
-    "batch_size": Param(_defaults.train.batch_size, type="integer", minimum=1, maximum=4096,
-                        title="Batch size per replica", description="Global batch = this × replicas."),
-    "learning_rate": Param(_defaults.train.learning_rate, type="number", exclusiveMinimum=0, maximum=0.1,
-                           title="Learning rate", description="Peak AdamW learning rate (warmup, then linear decay)."),
+    **form_params(_defaults, {
+        "compute": "Compute", "corpus_source": "Corpus source", "vocab_size": "Vocabulary size",
+        "max_length": "Sequence length", "model_preset": "Model preset", "steps": "Training steps",
+        "batch_size": "Batch size per replica", "learning_rate": "Learning rate",
+    }),
 }
 params["overrides"] = params.pop("overrides")  # last in the form: the catch-all
 

@@ -63,7 +63,8 @@ class ShardConfig(_Section):
 
 
 class ModelConfig(_Section):
-    preset: str = Field("tiny", description=f"Model shape preset: one of {sorted(PRESETS)}.")
+    preset: str = Field("tiny", description="Model shape: tiny (CPU minutes), small, base (roberta-base).",
+                        json_schema_extra={"enum": sorted(PRESETS)})
     hidden_size: int | None = Field(None, ge=8, description="Override the preset's hidden size.")
     num_hidden_layers: int | None = Field(None, ge=1, description="Override the preset's layer count.")
     num_attention_heads: int | None = Field(None, ge=1, description="Override the preset's head count.")

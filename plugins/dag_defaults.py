@@ -1,5 +1,6 @@
 """What every project DAG shares: owner, retries with backoff, the failure notifier, the default
-config file and the trigger-form fields that name it.
+config file and the trigger-form fields, generated from the config model so the form and the
+validator cannot disagree on types, bounds, choices or descriptions.
 
 MLM_CONFIG_DIR moves the configs folder (a deployment mounts it elsewhere); MLM_RETRY_DELAY_S lets
 tests and local runs retry at once, production keeps 30 s, doubling up to 10 minutes.
@@ -13,7 +14,7 @@ from pathlib import Path
 from airflow.sdk import Param
 
 from failure_notifier import FailureNotifier
-from mlm_tasks.config import PipelineConfig, load_config
+from mlm_tasks.config import PARAM_PATHS, PipelineConfig, load_config
 
 CONFIG_DIR = Path(os.environ.get("MLM_CONFIG_DIR", Path(__file__).resolve().parents[1] / "configs"))
 DEFAULT_CONFIG = str(CONFIG_DIR / "default.yaml")
@@ -45,6 +46,45 @@ def config_params(defaults: PipelineConfig, output_root_help: str, overrides_exa
         "overrides": Param({}, type="object", title="Other settings",
                            description=f"Any other setting by dotted path, e.g. {overrides_example}."),
     }
+
+
+# JSON-schema keywords the trigger form understands; the rest of pydantic's schema is left out.
+_FORM_KEYWORDS = ("type", "enum", "minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum", "items")
+
+
+def field_schema(dotted: str) -> dict:
+    """The JSON schema of one setting (`tokenizer.vocab_size`), as pydantic derives it from the model.
+    An optional setting (`int | None`) becomes `type: [integer, null]` with the integer's bounds."""
+    *sections, leaf = dotted.split(".")
+    model = PipelineConfig
+    for section in sections:
+        model = model.model_fields[section].annotation
+    prop = model.model_json_schema()["properties"][leaf]
+    options = prop.get("anyOf", [prop])
+    schema: dict = {}
+    types = []
+    for option in options:
+        types.append(option.get("type", "string"))
+        schema.update({k: v for k, v in option.items() if k in _FORM_KEYWORDS and k != "type"})
+    schema.update({k: v for k, v in prop.items() if k == "enum"})
+    schema["type"] = types[0] if len(types) == 1 else types
+    return schema
+
+
+def form_params(defaults: PipelineConfig, titles: dict[str, str]) -> dict:
+    """Form fields for flat setting names (config.PARAM_PATHS): `{"vocab_size": "Vocabulary size"}`.
+    Type, bounds, choices and description come from the config model; the default from `defaults`."""
+    params = {}
+    for name, title in titles.items():
+        dotted = PARAM_PATHS[name]
+        *sections, leaf = dotted.split(".")
+        section = defaults
+        for part in sections:
+            section = getattr(section, part)
+        description = type(section).model_fields[leaf].description
+        params[name] = Param(getattr(section, leaf), title=title, description=description,
+                             **field_schema(dotted))
+    return params
 
 
 # Names the mapped write_shards tasks "partition 2 of 4" in the grid instead of a bare index.
