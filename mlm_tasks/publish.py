@@ -52,7 +52,8 @@ def _check_visibility(api, repo_id: str, private: bool) -> None:
 def _add_pytorch_weights(folder: str, run: RunPaths) -> None:
     """A model saved before `save` wrote model.safetensors gets it now: without it, PyTorch and
     transformers 5.x users cannot load the repo at all."""
-    if not os.path.exists(os.path.join(folder, SAFETENSORS_NAME)) and os.path.exists(os.path.join(folder, "tf_model.h5")):
+    present = set(os.listdir(folder))
+    if SAFETENSORS_NAME not in present and "tf_model.h5" in present:
         log.info("%s has no %s (saved by an older version): converting tf_model.h5 for PyTorch users",
                  run.model, SAFETENSORS_NAME)
         export_pytorch_weights(folder)

@@ -23,6 +23,7 @@ print(json.dumps({
     "model_class": type(model).__name__,
     "loading_info": {k: sorted(map(str, v)) for k, v in info.items()},
     "parameters": sorted(model.state_dict()),
-    "decoder_tied": model.lm_head.decoder.weight.data_ptr() == model.roberta.embeddings.word_embeddings.weight.data_ptr(),
+    "decoder_tied": (model.lm_head.decoder.weight.data_ptr()
+                     == model.roberta.embeddings.word_embeddings.weight.data_ptr()),
     "predictions": predictions,
 }))
