@@ -31,5 +31,21 @@ test: env
 lock:
 	uv pip compile requirements.in -o requirements.txt --python-version 3.11
 
+# The PyTorch + transformers 5.x client of the published model, for tests only (tests/mlm_tasks/
+# test_pt_export.py, test_model_card.py). The PyPI torch wheel brings CUDA libraries (~5 GB, cached by uv).
+VENV_PT ?= .venv-pt
+.PHONY: env-pt lock-pt
+test: env-pt
+env-pt: $(VENV_PT)/.installed
+
+$(VENV_PT)/.installed: requirements-pt.txt
+	@command -v uv >/dev/null || $(PYTHON) -m pip install --quiet uv
+	uv venv --allow-existing --python "$$(command -v $(PYTHON) || command -v python3)" $(VENV_PT)
+	VIRTUAL_ENV=$(VENV_PT) uv pip install --quiet -r requirements-pt.txt
+	@touch $@
+
+lock-pt:
+	uv pip compile requirements-pt.in -o requirements-pt.txt --python-version 3.11
+
 clean:
 	rm -rf out .airflow

@@ -82,7 +82,9 @@ def evaluate(cfg: PipelineConfig, run_id: str, fingerprint: str) -> dict:
     split = cfg.eval.split
     tokenizer = load_tokenizer(paths.tokenizer, manifest["max_length"])
     with tempfile.TemporaryDirectory() as tmp:
-        model = TFRobertaForMaskedLM.from_pretrained(storage.download_dir(run.model, tmp))
+        # use_safetensors=False: read tf_model.h5. transformers 4.57 would otherwise pick the PyTorch
+        # model.safetensors beside it and fail to read it (transformers#40028).
+        model = TFRobertaForMaskedLM.from_pretrained(storage.download_dir(run.model, tmp), use_safetensors=False)
     if model.config.vocab_size != len(tokenizer):
         trained_on = storage.read_json(run.train_summary).get("data_fingerprint", "?")
         raise ConfigError(f"Model vocab {model.config.vocab_size} != tokenizer vocab {len(tokenizer)}: the model at "

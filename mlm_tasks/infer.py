@@ -29,8 +29,10 @@ def fill_mask(cfg: PipelineConfig, run_id: str) -> list[dict]:
     with tempfile.TemporaryDirectory() as tmp:
         local = storage.download_dir(run.model, tmp)
         # dtype=None: without torch installed the pipeline's default dtype lookup fails.
+        # use_safetensors=False: read tf_model.h5; 4.57 would pick the PyTorch model.safetensors beside it
+        # and fail to read it (transformers#40028).
         fill = pipeline("fill-mask", model=local, tokenizer=local, framework="tf", dtype=None,
-                        top_k=cfg.infer.top_k)
+                        model_kwargs={"use_safetensors": False}, top_k=cfg.infer.top_k)
         results = []
         for probe in cfg.infer.probes:
             preds = [{"token_str": p["token_str"].strip(), "score": float(p["score"]), "sequence": p["sequence"]}

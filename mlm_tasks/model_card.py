@@ -113,11 +113,51 @@ def training_lines(summary: dict | None) -> list[str]:
     return lines
 
 
+# Each usage block's first line names its framework; tests/mlm_tasks/test_model_card.py runs every block
+# in the matching environment, so the card's code works as written.
+USAGE_MARKERS = {"pytorch": "# PyTorch, transformers 5.x", "tensorflow": "# TensorFlow, transformers 4.57"}
+
+
+def usage_lines(repo: str) -> list[str]:
+    probe = "The capital of France is <mask>."
+    return [
+        "## How to use",
+        "The repository holds the same weights twice: `model.safetensors` (PyTorch) and `tf_model.h5`",
+        "(TensorFlow). With PyTorch and the current Transformers (`pip install torch transformers`):",
+        "",
+        "```python",
+        f"{USAGE_MARKERS['pytorch']}",
+        "from transformers import pipeline",
+        "",
+        f'fill = pipeline("fill-mask", model="{repo}")',
+        f'print(fill("{probe}"))',
+        "```",
+        "",
+        "With TensorFlow: Transformers 4.57 is the last release with TensorFlow models",
+        "(`pip install \"transformers==4.57.*\" tensorflow tf-keras`). `dtype=None` keeps the pipeline",
+        "from looking up PyTorch's default dtype, which fails where torch is not installed;",
+        "`use_safetensors=False` makes it read `tf_model.h5` (4.57 would pick `model.safetensors` and fail",
+        "to read it with current safetensors releases):",
+        "",
+        "```python",
+        f"{USAGE_MARKERS['tensorflow']}",
+        "from transformers import pipeline",
+        "",
+        f'fill = pipeline("fill-mask", model="{repo}", framework="tf", dtype=None,',
+        '                model_kwargs={"use_safetensors": False})',
+        f'print(fill("{probe}"))',
+        "```",
+        "",
+    ]
+
+
 def render_model_card(cfg: PipelineConfig, run_id: str, metrics: dict | None, summary: dict | None,
                       predictions: list | None, data_info: dict | None) -> str:
     credit, datasets = corpus_credit(cfg, data_info)
+    # One library (transformers), two frameworks: tf_model.h5 for TensorFlow, model.safetensors for PyTorch.
     meta = {"language": "en", "license": cfg.publish.license, "library_name": "transformers",
-            "pipeline_tag": "fill-mask", "tags": ["roberta", "fill-mask", "masked-lm", "tensorflow", "pretraining"]}
+            "pipeline_tag": "fill-mask",
+            "tags": ["roberta", "fill-mask", "masked-lm", "tf", "pytorch", "safetensors", "pretraining"]}
     if datasets:
         meta["datasets"] = datasets
     fingerprint = ((data_info or {}).get("fingerprint") or (metrics or {}).get("data_fingerprint")
@@ -146,12 +186,7 @@ def render_model_card(cfg: PipelineConfig, run_id: str, metrics: dict | None, su
         "## Fill-mask examples",
         *fill_mask_lines(predictions),
         "",
-        "## How to use",
-        "```python",
-        "from transformers import pipeline",
-        f'fill = pipeline("fill-mask", model="{repo}", framework="tf")',
-        'fill("The capital of France is <mask>.")',
-        "```",
+        *usage_lines(repo),
         "",
         "## Intended use and limitations",
         "- A pretraining demonstration and a starting point for fine-tuning on English text; not a product.",

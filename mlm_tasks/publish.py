@@ -1,4 +1,5 @@
-"""Step: publish to the Hugging Face Hub — the model with its card, the tokenizer, and checkpoints.
+"""Step: publish to the Hugging Face Hub — the model (TensorFlow and PyTorch weights) with its card,
+the tokenizer, and checkpoints.
 
     result = publish_model(cfg, run, token)             # after the gate passed; returns commit url/oid
     result = publish_tokenizer(cfg, data_paths, token)  # the tokenizer alone, to publish.tokenizer_repo_id
@@ -21,6 +22,7 @@ from mlm_tasks.config import PipelineConfig
 from mlm_tasks.hub import PublishError, hub_api, hub_errors
 from mlm_tasks.model_card import read_run_artifacts, write_model_card
 from mlm_tasks.paths import DataPaths, RunPaths, join
+from mlm_tasks.pt_export import SAFETENSORS_NAME, export_pytorch_weights
 from mlm_tasks.publish_sync import CheckpointSyncer
 
 __all__ = ["PublishError", "publish_model", "publish_tokenizer", "write_model_card", "CheckpointSyncer"]
@@ -47,6 +49,16 @@ def _check_visibility(api, repo_id: str, private: bool) -> None:
         log.warning("publish.private is false but %s already exists as a private repo; it stays private", repo_id)
 
 
+def _add_pytorch_weights(folder: str, run: RunPaths) -> None:
+    """A model saved before `save` wrote model.safetensors gets it now: without it, PyTorch and
+    transformers 5.x users cannot load the repo at all."""
+    present = set(os.listdir(folder))
+    if SAFETENSORS_NAME not in present and "tf_model.h5" in present:
+        log.info("%s has no %s (saved by an older version): converting tf_model.h5 for PyTorch users",
+                 run.model, SAFETENSORS_NAME)
+        export_pytorch_weights(folder)
+
+
 def publish_model(cfg: PipelineConfig, run: RunPaths, token: str, endpoint: str | None = None,
                   data_info: dict | None = None) -> dict:
     """Write the card into the run's model dir and push that dir to `publish.repo_id` in one commit.
@@ -70,6 +82,7 @@ def publish_model(cfg: PipelineConfig, run: RunPaths, token: str, endpoint: str 
     metrics = read_run_artifacts(run)["metrics"] or {}
     with tempfile.TemporaryDirectory(prefix="mlm-publish-") as tmp:
         folder = storage.download_dir(run.model, tmp)
+        _add_pytorch_weights(folder, run)
         with hub_errors(f"creating {repo_id}", token, url, conn_id):
             api.create_repo(repo_id, private=cfg.publish.private, exist_ok=True)
             _check_visibility(api, repo_id, cfg.publish.private)

@@ -215,10 +215,13 @@ def train(cfg: PipelineConfig, run_id: str, fingerprint: str) -> dict:
 def _save_model(model, tokenizer, run: RunPaths) -> None:
     import tf_keras
 
+    from mlm_tasks.pt_export import export_pytorch_weights
+
     # Saved in float32 whatever the training precision, so any CPU can load it.
     tf_keras.mixed_precision.set_global_policy("float32")
     with tempfile.TemporaryDirectory() as tmp:
         model.save_pretrained(tmp)
+        export_pytorch_weights(tmp)  # model.safetensors: what PyTorch / transformers 5.x users load
         tokenizer.save_pretrained(tmp)
         storage.upload_dir(tmp, run.model)
 

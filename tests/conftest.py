@@ -7,6 +7,8 @@
     fake_tpu    function  a fake Cloud TPU v2 REST API on loopback (FakeTpuApi; .url for api_endpoint)
     sshd        session   a real OpenSSH server on loopback: (host, port, user, private_key_path)
     airflow_env session   env of a migrated SQLite Airflow in a temp AIRFLOW_HOME (peers.airflow_home.dags_test)
+    pt_python   session   python of the PyTorch + transformers 5.x env (.venv-pt/, `make env-pt`)
+    tiny_model  session   (cfg, run) of a tiny model trained and saved by the real train step
 """
 import os
 import sys
@@ -36,3 +38,4 @@ from peers.fake_tpu_api import fake_tpu  # noqa: E402,F401  (fixture)
 from peers.sshd import sshd  # noqa: E402,F401  (fixture)
 from peers.airflow_home import airflow_env  # noqa: E402,F401  (fixture)
 from peers.tiny_data import tiny_cfg, tiny_prepared  # noqa: E402,F401  (fixtures)
+from peers.model_clients import pt_python, tiny_model  # noqa: E402,F401  (fixtures)

@@ -22,8 +22,8 @@ ROOT = Path(__file__).resolve().parents[2]
 TINY = {"config_file": str(ROOT / "configs" / "tiny.yaml"), "vocab_size": 1000, "max_length": 64,
         "batch_size": 8}
 REPO, TOKENIZER_REPO = "tester/roberta-tiny-mlm", "tester/unigram-tiny"
-MODEL_FILES = {"README.md", "config.json", "tf_model.h5", "tokenizer.json", "tokenizer_config.json",
-               "special_tokens_map.json"}
+MODEL_FILES = {"README.md", "config.json", "tf_model.h5", "model.safetensors", "tokenizer.json",
+               "tokenizer_config.json", "special_tokens_map.json"}
 TOKENIZER_FILES = {"README.md", "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"}
 
 
@@ -87,9 +87,10 @@ def test_gate_decides_what_reaches_the_hub_and_no_secret_leaks(airflow_env, hub,
     log_a, run_a, run_id_a = _run(airflow_env, out, hub, 12, **{"publish.tokenizer_repo_id": TOKENIZER_REPO})
     metrics_a = json.loads((run_a / "eval" / "metrics.json").read_text())
     (commit,) = hub.commits_to(REPO)
-    assert set(commit.files) == MODEL_FILES and "tf_model.h5" in commit.lfs_paths
+    assert set(commit.files) == MODEL_FILES and {"tf_model.h5", "model.safetensors"} <= commit.lfs_paths
     assert {p.name for p in (run_a / "model").iterdir()} == MODEL_FILES  # every file of the model dir, no more
     assert commit.files["tf_model.h5"] == (run_a / "model" / "tf_model.h5").read_bytes()
+    assert commit.files["model.safetensors"] == (run_a / "model" / "model.safetensors").read_bytes()
     assert hub.repos[REPO].private
     card = commit.files["README.md"].decode()
     xcoms = xcom_values(airflow_env, "mlm_pretrain", run_id_a)

@@ -2,6 +2,7 @@
 files are committed, what the card says, the private flag, token errors, checkpoint sync."""
 from __future__ import annotations
 
+import json
 import logging
 import os
 import subprocess
@@ -42,7 +43,8 @@ def test_publish_commits_exactly_the_model_dir_and_its_card(tmp_path, fake_hub):
     assert sorted(commit.files) == sorted([*MODEL_FILES, "README.md"])
     for name, data in MODEL_FILES.items():
         assert commit.files[name] == data
-    assert commit.lfs_paths == {"tf_model.h5"}  # went through LFS batch + PUT, like on the real Hub
+    # Weights for both frameworks went through LFS batch + PUT, like on the real Hub.
+    assert commit.lfs_paths == {"tf_model.h5", "model.safetensors"}
     assert result["commit_oid"] == commit.oid
     assert result["commit_url"] == f"{fake_hub.url}/{REPO}/commit/{commit.oid}"
     assert result["files"] == sorted(commit.files)
@@ -59,8 +61,31 @@ def test_publish_from_a_gs_output_root(gcs_root, fake_hub):
     (commit,) = fake_hub.commits
     assert sorted(commit.files) == sorted([*MODEL_FILES, "README.md"]) == result["files"]
     assert commit.files["tf_model.h5"] == MODEL_FILES["tf_model.h5"]
+    assert commit.files["model.safetensors"] == MODEL_FILES["model.safetensors"]
     assert storage.read_json(paths.published_metrics(gcs_root, REPO))["run_id"] == "run-gs"
     assert storage.exists(join(run.model, "README.md"))
+
+
+@pytest.mark.slow
+def test_a_model_saved_without_pytorch_weights_gets_them_on_publish(tmp_path, fake_hub, tiny_model):
+    """Runs saved before `save` wrote model.safetensors: publish converts their tf_model.h5."""
+    from safetensors.numpy import load
+
+    from mlm_tasks.pt_export import expected_shapes
+
+    _, trained = tiny_model
+    run = make_run(str(tmp_path), "old-run", model=False)
+    for name in ("config.json", "tf_model.h5", "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"):
+        storage.write_bytes(join(run.model, name), storage.read_bytes(join(trained.model, name)))
+
+    result = publish_model(_cfg(tmp_path), run, token=fake_hub.token)
+
+    (commit,) = fake_hub.commits
+    assert "model.safetensors" in result["files"] and "model.safetensors" in commit.lfs_paths
+    tensors = load(commit.files["model.safetensors"])
+    config = json.loads(commit.files["config.json"])
+    assert {k: v.shape for k, v in tensors.items()} == expected_shapes(config)
+    assert commit.files["model.safetensors"] == storage.read_bytes(join(trained.model, "model.safetensors"))
 
 
 def test_card_holds_metrics_data_credit_and_examples(tmp_path, fake_hub):

@@ -8,16 +8,27 @@ from __future__ import annotations
 import json
 import math
 
+import numpy as np
+
 from mlm_tasks import storage
 from mlm_tasks.paths import RunPaths, join
+
+
+
+def _safetensors(tensors: dict) -> bytes:
+    from safetensors.numpy import save
+
+    return save(tensors, metadata={"format": "pt"})
+
 
 MODEL_FILES = {
     "config.json": json.dumps({"model_type": "roberta", "vocab_size": 1000, "hidden_size": 128}).encode(),
     "tokenizer.json": json.dumps({"version": "1.0", "model": {"type": "Unigram"}}).encode(),
     "tokenizer_config.json": json.dumps({"model_max_length": 128}).encode(),
     "special_tokens_map.json": json.dumps({"mask_token": "<mask>"}).encode(),
-    # Binary weights: the Hub keeps *.h5 in LFS, so this exercises the LFS batch + PUT path.
+    # Binary weights: the Hub keeps *.h5 and *.safetensors in LFS, so this exercises the LFS batch + PUT path.
     "tf_model.h5": bytes(range(256)) * 40,
+    "model.safetensors": _safetensors({"lm_head.bias": np.arange(1000, dtype=np.float32)}),
 }
 METRICS = {"loss": 4.5, "perplexity": math.exp(4.5), "accuracy": 0.30, "baseline_accuracy": 0.06,
            "untrained_accuracy": 0.001, "untrained_loss": 7.0, "masked_tokens": 1234, "split": "validation",
