@@ -35,7 +35,8 @@ Leniencies left, and why:
   stockout); IAM roles are not modelled (any registered service account may do anything).
 - network/subnetwork names are not resolved (there is no VPC here); ssh-keys key material is not parsed.
 - operations finish on reads, not on a clock (`ready_after_s` adds a clock where a test needs one).
-Tests steer it with `preempt`, `set_state`, `fail_next_create` and `add_node`.
+Tests steer it with `preempt`, `set_state`, `fail_next_create`, `add_node` (a node made elsewhere)
+and `workers` (endpoints per node, overriding the type's host count, for tests that add nodes).
 """
 from __future__ import annotations
 
@@ -94,6 +95,7 @@ class FakeTpuApi:
         self.external_ip = external_ip or endpoint_ip
         self.endpoint_port = endpoint_port
         self.transient_errors = transient_errors
+        self.workers: int | None = None       # test control: endpoints per node instead of the type's hosts
         self.nodes: dict[str, dict] = {}      # full node name -> node JSON (+ private "_" keys)
         self.operations: dict[str, dict] = {}
         self.requests: list[tuple[str, str]] = []  # (method, path) of requests past auth and busy answers
@@ -153,7 +155,8 @@ class FakeTpuApi:
         with self._lock:
             node = self._new_node(f"projects/{project}/locations/{zone}", node_id,
                                   {"labels": labels or {}, "acceleratorType": accelerator_type,
-                                   "runtimeVersion": "tpu-vm-tf-2.16.1-pjrt"})
+                                   "runtimeVersion": "tpu-vm-tf-2.16.1-pjrt",
+                                   "networkConfig": {"enableExternalIps": True}})
             node.update(state=state, _pinned=True)
             return node
 
@@ -168,7 +171,8 @@ class FakeTpuApi:
         endpoint = {"ipAddress": self.endpoint_ip, "port": self.endpoint_port}
         if external:
             endpoint["accessConfig"] = {"externalIp": self.external_ip}
-        endpoints = [dict(endpoint) for _ in range(hosts_of(body["acceleratorType"]) or 1)]
+        count = self.workers or hosts_of(body["acceleratorType"]) or 1
+        endpoints = [dict(endpoint) for _ in range(count)]
         node = {**body, "name": name, "state": "CREATING", "networkEndpoints": endpoints, "apiVersion": "V2",
                 "createTime": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
                 "_gets": 0, "_created": time.monotonic(), "_fail": self._fail_next, "_pinned": False}

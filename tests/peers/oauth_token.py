@@ -7,7 +7,7 @@
 
 Like oauth2.googleapis.com/token it takes the JWT-bearer grant (RFC 7523) that google-auth signs
 with the key: it checks the RS256 signature against the key's public half, `iss` (the account's
-email), `aud` (this token_uri), `iat`/`exp` (at most an hour apart, not expired) and `scope`, then
+email), `aud` (Google's token URI, which google-auth signs whatever the key's token_uri, or this one), `iat`/`exp` (at most an hour apart, not expired) and `scope`, then
 issues an opaque access token for an hour. `authorize` is what a Google API front end does with the
 Authorization header: it accepts those tokens, and also the self-signed JWTs GAPIC clients send
 instead (signed by a registered key, iss == sub, with a scope or an audience), and answers 401
@@ -26,6 +26,7 @@ from urllib.parse import parse_qs
 
 CLOUD_PLATFORM = "https://www.googleapis.com/auth/cloud-platform"
 JWT_GRANT = "urn:ietf:params:oauth:grant-type:jwt-bearer"
+GOOGLE_TOKEN_URI = "https://oauth2.googleapis.com/token"  # the aud google-auth signs, whatever token_uri is
 
 
 def _rsa_key_pem() -> tuple[str, str]:
@@ -98,7 +99,7 @@ class OAuthTokenServer:
         if form.get("grant_type") != JWT_GRANT:
             return 400, {"error": "unsupported_grant_type", "error_description": "Invalid grant_type."}
         try:
-            claims = self._verify_jwt(form.get("assertion", ""), audience=self.token_uri)
+            claims = self._verify_jwt(form.get("assertion", ""), audience=[GOOGLE_TOKEN_URI, self.token_uri])
         except Exception as err:  # any failure to verify is an invalid grant, as Google answers it
             with self._lock:
                 self.refusals.append(str(err))
