@@ -14,6 +14,10 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
+import logging
+import os
+import threading
+import time
 from dataclasses import dataclass
 from typing import Any, Iterator
 
@@ -53,6 +57,37 @@ def current() -> Any | None:
     """The credentials handed in, or None: the client then uses Application Default Credentials."""
     got = handed()
     return got.credentials if got else None
+
+
+TF_TOKEN_VAR = "GOOGLE_AUTH_TOKEN_FOR_TESTING"
+_refresher: threading.Thread | None = None
+log = logging.getLogger(__name__)
+
+
+def share_with_tensorflow(creds: Any) -> None:
+    """Point TensorFlow's gs:// at `creds` for the rest of this process (refreshed before expiry)."""
+    global _refresher
+    from google.auth.transport.requests import Request
+
+    if creds is None or is_anonymous(creds):
+        return
+    creds.refresh(Request())
+    os.environ[TF_TOKEN_VAR] = creds.token
+
+    def keep_fresh() -> None:
+        while True:
+            expiry = getattr(creds, "expiry", None)
+            left = (expiry.timestamp() - time.time()) if expiry else 3000.0
+            time.sleep(max(60.0, left - 600.0))  # ten minutes before it runs out
+            try:
+                creds.refresh(Request())
+                os.environ[TF_TOKEN_VAR] = creds.token
+            except Exception as err:  # keep the old token; the next round tries again
+                log.warning("Refreshing the GCS token for TensorFlow failed (will retry): %s", type(err).__name__)
+
+    if _refresher is None or not _refresher.is_alive():
+        _refresher = threading.Thread(target=keep_fresh, daemon=True, name="tf-gcs-token")
+        _refresher.start()
 
 
 def is_anonymous(creds: Any) -> bool:

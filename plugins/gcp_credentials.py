@@ -5,7 +5,8 @@
     with use_connection("google_cloud_default"): ...  # a block (a trigger poll, the janitor)
 
 The Google provider's own hook (`GoogleBaseHook.get_credentials_and_project_id`) reads the
-connection, so every form it supports works: a key JSON (`keyfile_dict`), a key file (`key_path`),
+connection, so every form it supports works (and TensorFlow's gs:// gets the same identity as a
+refreshed access token, see `mlm_tasks.credentials.share_with_tensorflow`): a key JSON (`keyfile_dict`), a key file (`key_path`),
 a secret, workload identity federation, impersonation, anonymous. `mlm_tasks.credentials` carries
 the google-auth object to the clients (mlm_tasks never imports Airflow). Only where the connection
 does not exist or holds no credentials of its own do the clients fall back to Application Default
@@ -50,9 +51,11 @@ def connection_credentials(conn_id: str) -> tuple[Any | None, str | None]:
 
 
 def install(conn_id: str) -> None:
-    """For the rest of this task's process: every Google client uses connection `conn_id`."""
+    """For the rest of this task's process: every Google client uses connection `conn_id`, TensorFlow's
+    own gs:// filesystem included (through a refreshed access token)."""
     creds, project = connection_credentials(conn_id)
     credentials.install(creds, project, source=f"Airflow connection {conn_id!r}")
+    credentials.share_with_tensorflow(creds)
 
 
 def install_for(cfg: "PipelineConfig") -> None:

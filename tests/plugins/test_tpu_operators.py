@@ -276,3 +276,26 @@ def test_unreachable_worker_fails_the_step_at_once_with_the_fix(fake_tpu, sshd, 
     # The same node dialled on its internal IPs reaches the sshd.
     config["tpu"]["ssh_via"] = "internal"
     assert TpuSSHStepOperator(task_id="train", config=config, command="true").execute(_context())["workers"] == 1
+
+
+def test_train_execution_timeout_comes_from_the_config_and_never_outlives_the_ttl(fake_tpu):
+    from datetime import timedelta
+
+    from mlm_tasks.config import ConfigError, build_config
+    from train_operator import TrainOperator
+
+    op = TrainOperator(task_id="train", config=_config(fake_tpu, train={"timeout_hours": 6}))
+    op.pre_execute(_context())
+    assert op.execution_timeout == timedelta(hours=6)
+    op = TrainOperator(task_id="train", config=_config(fake_tpu))  # default on a TPU VM: the TTL (12 h)
+    op.pre_execute(_context())
+    assert op.execution_timeout == timedelta(hours=12)
+    with pytest.raises(ConfigError, match="longer than tpu.ttl_hours"):
+        build_config({**_config(fake_tpu), "train": {"timeout_hours": 13}})
+
+
+def test_old_ssh_via_external_ip_setting_still_reads():
+    from mlm_tasks.config import TpuConfig
+
+    assert TpuConfig(ssh_via_external_ip=True).ssh_via == "external"
+    assert TpuConfig.model_validate({"ssh_via_external_ip": False}).ssh_via == "internal"
