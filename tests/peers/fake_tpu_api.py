@@ -10,9 +10,10 @@ get, with camelCase JSON and `{"error": {"code", "message", "status"}}` errors (
 401/403, 404 -> NotFound, 409 -> Conflict, 429 -> TooManyRequests, 503 -> ServiceUnavailable).
 
 What it holds callers to, as the real API does:
-- auth: every request needs `Authorization: Bearer` with a token the OAuth peer issued (or a
-  self-signed service-account JWT GAPIC clients send), else 401 UNAUTHENTICATED; without the
-  cloud-platform scope 403.
+- auth: every request needs `Authorization: Bearer` with a token the OAuth peer issued, or the
+  self-signed service-account JWT that google-cloud-tpu actually sends for a key (GAPIC clients sign
+  their own JWT instead of calling the token endpoint; its signature is checked against the registered
+  key), else 401 UNAUTHENTICATED; without the cloud-platform scope 403 PERMISSION_DENIED.
 - create: a valid node id; acceleratorType `<generation>-<size>` of a real size; runtimeVersion
   present, and for TensorFlow runtimes `-pod` exactly when the type is multi-host; labels (at most
   64, keys `[a-z][-_a-z0-9]{0,62}`, values `[-_a-z0-9]{0,63}`); metadata (keys `[-_a-zA-Z0-9]{1,128}`,
@@ -27,6 +28,8 @@ What it holds callers to, as the real API does:
 - patch: only `labels` in the update mask, with the same label rules.
 
 Leniencies left, and why:
+- REST only: production uses the client's gRPC transport by default; the tests set tpu.transport=rest,
+  which drives the same client methods, retries and credentials (a gRPC fake would need TLS and protos).
 - all workers share `endpoint_ip` (the test's one sshd) and the external IP is `external_ip`, not
   distinct addresses: loopback tests have one SSH server.
 - runtime versions are not checked against Google's list of existing runtimes (that list changes;
