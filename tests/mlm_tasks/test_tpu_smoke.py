@@ -68,3 +68,29 @@ def test_a_failing_smoke_run_still_deletes_its_vm(ssh_key, fake_tpu, sa_key, gcs
 def test_smoke_module_imports_no_airflow():
     code = "import mlm_tasks.tpu_smoke, sys; assert 'airflow' not in sys.modules"
     subprocess.run([sys.executable, "-c", code], check=True, cwd=str(ROOT))
+
+
+def test_sigterm_while_waiting_for_the_vm_still_deletes_it(ssh_key, fake_tpu, sa_key, gcs_root, gcs, tmp_path):
+    import os
+    import signal
+    import time
+
+    key_file = tmp_path / "sa.json"
+    key_file.write_text(json.dumps(sa_key))
+    fake_tpu.ready_after_gets = 10**6  # stays CREATING: the smoke run waits
+    env = {**os.environ, "STORAGE_EMULATOR_HOST": gcs.endpoint}
+    proc = subprocess.Popen([sys.executable, "-m", "mlm_tasks.tpu_smoke", "--project", "proj", "--zone", "us-west4-a",
+                             "--bucket", gcs_root, "--ssh-key", ssh_key, "--run-id", "smoke-3", "--key-file",
+                             str(key_file), "--api-endpoint", fake_tpu.url, "--data-fingerprint", "0123456789abcdef",
+                             "--set", "tpu.poll_interval_s=0.2"], cwd=ROOT, env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True)
+    name = tpu.node_name(tpu_smoke.DAG_ID, "smoke-3")
+    deadline = time.monotonic() + 120
+    while fake_tpu.node("proj", "us-west4-a", name) is None and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert fake_tpu.node("proj", "us-west4-a", name) is not None, "the smoke run never created its VM"
+    proc.send_signal(signal.SIGTERM)
+    out, _ = proc.communicate(timeout=60)
+    assert proc.returncode == 1, out[-3000:]
+    assert fake_tpu.node("proj", "us-west4-a", name) is None and fake_tpu.writes() == ["POST", "DELETE"], out[-3000:]
+    assert f"Deleting TPU VM {name}" in out and "Smoke FAILED: signal 15" in out
