@@ -61,6 +61,7 @@ def current() -> Any | None:
 
 TF_TOKEN_VAR = "GOOGLE_AUTH_TOKEN_FOR_TESTING"
 _refresher: threading.Thread | None = None
+_stop = threading.Event()
 log = logging.getLogger(__name__)
 
 
@@ -78,16 +79,25 @@ def share_with_tensorflow(creds: Any) -> None:
         while True:
             expiry = getattr(creds, "expiry", None)
             left = (expiry.timestamp() - time.time()) if expiry else 3000.0
-            time.sleep(max(60.0, left - 600.0))  # ten minutes before it runs out
+            if _stop.wait(max(60.0, left - 600.0)):  # ten minutes before it runs out
+                return
             try:
                 creds.refresh(Request())
                 os.environ[TF_TOKEN_VAR] = creds.token
             except Exception as err:  # keep the old token; the next round tries again
                 log.warning("Refreshing the GCS token for TensorFlow failed (will retry): %s", type(err).__name__)
 
-    if _refresher is None or not _refresher.is_alive():
-        _refresher = threading.Thread(target=keep_fresh, daemon=True, name="tf-gcs-token")
-        _refresher.start()
+    stop_sharing_with_tensorflow()
+    _stop.clear()
+    _refresher = threading.Thread(target=keep_fresh, daemon=True, name="tf-gcs-token")
+    _refresher.start()
+
+
+def stop_sharing_with_tensorflow() -> None:
+    """Stop refreshing TensorFlow's token (the variable is left as it is)."""
+    if _refresher is not None and _refresher.is_alive():
+        _stop.set()
+        _refresher.join(timeout=5)
 
 
 def is_anonymous(creds: Any) -> bool:

@@ -30,6 +30,7 @@ def test_install_for_a_gs_run_hands_the_connections_key_to_gcsfs(gcs_root, oauth
         assert oauth_server.tokens[token]["email"] == key["client_email"]
     finally:
         credentials.install(None)
+        credentials.stop_sharing_with_tensorflow()
 
 
 def test_a_local_run_hands_nothing(monkeypatch):

@@ -278,18 +278,26 @@ def test_unreachable_worker_fails_the_step_at_once_with_the_fix(fake_tpu, sshd, 
     assert TpuSSHStepOperator(task_id="train", config=config, command="true").execute(_context())["workers"] == 1
 
 
-def test_train_execution_timeout_comes_from_the_config_and_never_outlives_the_ttl(fake_tpu):
+def test_train_execution_timeout_comes_from_the_config_and_never_outlives_the_ttl(fake_tpu, monkeypatch):
     from datetime import timedelta
 
+    from mlm_tasks import credentials
     from mlm_tasks.config import ConfigError, build_config
     from train_operator import TrainOperator
 
-    op = TrainOperator(task_id="train", config=_config(fake_tpu, train={"timeout_hours": 6}))
-    op.pre_execute(_context())
-    assert op.execution_timeout == timedelta(hours=6)
-    op = TrainOperator(task_id="train", config=_config(fake_tpu))  # default on a TPU VM: the TTL (12 h)
-    op.pre_execute(_context())
-    assert op.execution_timeout == timedelta(hours=12)
+    monkeypatch.setenv("GOOGLE_AUTH_TOKEN_FOR_TESTING", "restored-after-the-test")  # pre_execute sets it
+    try:
+        op = TrainOperator(task_id="train", config=_config(fake_tpu, train={"timeout_hours": 6}))
+        op.pre_execute(_context())
+        assert op.execution_timeout == timedelta(hours=6)
+        op = TrainOperator(task_id="train", config=_config(fake_tpu))  # default on a TPU VM: the TTL (12 h)
+        op.pre_execute(_context())
+        assert op.execution_timeout == timedelta(hours=12)
+        # pre_execute also handed the task's clients the connection's key (process-wide, as in a task).
+        assert credentials.current().service_account_email == fake_tpu.credentials.service_account_email
+    finally:
+        credentials.install(None)
+        credentials.stop_sharing_with_tensorflow()
     with pytest.raises(ConfigError, match="longer than tpu.ttl_hours"):
         build_config({**_config(fake_tpu), "train": {"timeout_hours": 13}})
 
