@@ -255,7 +255,6 @@ class PipelineConfig(_Section):
             raise ConfigError("publish.enabled needs publish.repo_id, e.g. my-org/roberta-wiki-mlm.")
         return self
 
-
     def _tpu_checks(self) -> None:
         """What a TPU VM run needs to be true before the VM exists (no I/O)."""
         from mlm_tasks.tpu_slices import check_runtime
