@@ -36,6 +36,7 @@ Leniencies left, and why:
   mlm_tasks' runtime table is checked against it instead), nor against the generation.
 - quota, capacity and zone availability of a type are not modelled (`fail_next_create` injects a
   stockout); IAM roles are not modelled (any registered service account may do anything).
+- acceleratorConfig (type + topology) is not modelled and is refused: mlm_tasks never sends it.
 - network/subnetwork names are not resolved (there is no VPC here); ssh-keys key material is not parsed.
 - operations finish on reads, not on a clock (`ready_after_s` adds a clock where a test needs one).
 Tests steer it with `preempt`, `set_state`, `fail_next_create`, `add_node` (a node made elsewhere)
@@ -291,8 +292,8 @@ def check_node(body: dict) -> None:
     if unknown:
         raise InvalidRequest(f"Invalid JSON payload received. Unknown name {sorted(unknown)[0]!r} at 'node'.")
     accelerator = body.get("acceleratorType", "")
-    if not accelerator and not body.get("acceleratorConfig"):
-        raise InvalidRequest("Field 'acceleratorType' or 'acceleratorConfig' is required.")
+    if not accelerator:
+        raise InvalidRequest("Field 'acceleratorType' is required (this fake does not model acceleratorConfig).")
     host_count = hosts_of(accelerator)
     if host_count is None:
         raise InvalidRequest(f"Accelerator type {accelerator!r} is not valid: expected <generation>-<size> "
