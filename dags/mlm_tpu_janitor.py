@@ -4,12 +4,14 @@
 Every TPU VM the pipeline makes is named `mlm-...` and labelled `expires=<epoch seconds>`
 (`tpu.ttl_hours` after creation). Teardown tasks delete the VM when a run ends, but a killed
 scheduler, a cleared run or a crash can skip them; this DAG is the safety net. Hourly, it lists the
-nodes in one project/zone, deletes those named `mlm-*` whose `expires` label is in the past, and
-logs each one. Nodes without the label, or not named `mlm-*`, are never touched.
+nodes in every zone of `zones` of one project, deletes those named `mlm-*` whose `expires` label is
+in the past, and logs each one. Nodes without the label, or not named `mlm-*`, are never touched. A
+zone whose listing fails does not stop the others; the task fails at the end, naming it.
 
-Params default to the environment (`MLM_TPU_PROJECT`, `MLM_TPU_ZONE`, `MLM_TPU_API_ENDPOINT`,
-`MLM_TPU_TRANSPORT`) so scheduled runs need no trigger form. Run by hand:
-`airflow dags test mlm_tpu_janitor -c '{"project": "my-project", "zone": "us-central2-b"}'`.
+Params default to the environment (`MLM_TPU_PROJECT`, `MLM_TPU_ZONES` comma-separated, else
+`MLM_TPU_ZONE`, `MLM_TPU_API_ENDPOINT`, `MLM_TPU_TRANSPORT`, `MLM_GCP_CONN_ID`) so scheduled runs need
+no trigger form. The TPU API is called with the credentials of the Airflow GCP connection. By hand:
+`airflow dags test mlm_tpu_janitor -c '{"project": "my-project", "zones": ["us-central2-b", "europe-west4-a"]}'`.
 """
 from __future__ import annotations
 
@@ -20,6 +22,9 @@ from datetime import timedelta
 import pendulum
 from airflow.sdk import Param, dag, task
 from dag_defaults import default_args
+
+DEFAULT_ZONES = [z.strip() for z in (os.environ.get("MLM_TPU_ZONES") or os.environ.get("MLM_TPU_ZONE")
+                                     or "us-central2-b").split(",") if z.strip()]
 
 
 @dag(
@@ -35,8 +40,10 @@ from dag_defaults import default_args
     params={
         "project": Param(os.environ.get("MLM_TPU_PROJECT", ""), type="string",
                          description="Google Cloud project whose TPU VMs are checked."),
-        "zone": Param(os.environ.get("MLM_TPU_ZONE", "us-central2-b"), type="string",
-                      description="Zone of the TPU VMs."),
+        "zones": Param(DEFAULT_ZONES, type="array", items={"type": "string"}, minItems=1,
+                       description="Zones whose TPU VMs are checked (every zone runs may use)."),
+        "gcp_conn_id": Param(os.environ.get("MLM_GCP_CONN_ID", "google_cloud_default"), type="string",
+                             description="Airflow GCP connection whose credentials call the TPU API."),
         "api_endpoint": Param(os.environ.get("MLM_TPU_API_ENDPOINT", ""), type="string",
                               description="TPU API endpoint override (empty: the real API)."),
         "transport": Param(os.environ.get("MLM_TPU_TRANSPORT", "grpc"), enum=["grpc", "rest"],
@@ -46,8 +53,10 @@ from dag_defaults import default_args
 def mlm_tpu_janitor():
     @task
     def delete_expired(**context) -> list[str]:
-        from airflow.sdk.exceptions import AirflowSkipException
+        from airflow.sdk.exceptions import AirflowException, AirflowSkipException
+        from google.api_core.exceptions import GoogleAPICallError
 
+        from gcp_credentials import use_connection
         from mlm_tasks import tpu
         from mlm_tasks.config import TpuConfig
 
@@ -55,16 +64,28 @@ def mlm_tpu_janitor():
         params = context["params"]
         if not params["project"]:
             raise AirflowSkipException("No project: set the `project` param or MLM_TPU_PROJECT.")
-        cfg = TpuConfig(project=params["project"], zone=params["zone"], transport=params["transport"],
-                        api_endpoint=params["api_endpoint"] or None)
-        deleted = []
-        for node in tpu.list_expired(cfg):
-            expired = pendulum.from_timestamp(int(node.labels["expires"])).to_iso8601_string()
-            log.info("Deleting TPU VM %s (%s, run %s, expired %s).", node.name, node.state,
-                     node.labels.get("run", "?"), expired)
-            tpu.delete_node(cfg, node.name)
-            deleted.append(node.name)
-        log.info("Deleted %d expired TPU VM(s) in %s/%s: %s", len(deleted), cfg.project, cfg.zone, deleted)
+        deleted, failed = [], []
+        with use_connection(params["gcp_conn_id"]):
+            for zone in params["zones"]:
+                cfg = TpuConfig(project=params["project"], zone=zone, transport=params["transport"],
+                                api_endpoint=params["api_endpoint"] or None)
+                try:
+                    expired_nodes = tpu.list_expired(cfg)
+                except GoogleAPICallError as err:  # one zone's trouble must not spare the others' VMs
+                    log.error("Cannot list TPU VMs in %s/%s: %s", cfg.project, zone, err)
+                    failed.append(zone)
+                    continue
+                for node in expired_nodes:
+                    expired = pendulum.from_timestamp(int(node.labels["expires"])).to_iso8601_string()
+                    log.info("Deleting TPU VM %s in %s (%s, run %s, expired %s).", node.name, zone, node.state,
+                             node.labels.get("run", "?"), expired)
+                    tpu.delete_node(cfg, node.name)
+                    deleted.append(f"{zone}/{node.name}")
+        log.info("Deleted %d expired TPU VM(s) in %s %s: %s", len(deleted), params["project"], params["zones"],
+                 deleted)
+        if failed:
+            raise AirflowException(f"Could not list TPU VMs in zone(s) {failed}: check the zone names and that "
+                                   f"connection {params['gcp_conn_id']!r} may list TPU nodes (roles/tpu.admin).")
         return deleted
 
     delete_expired()

@@ -106,6 +106,14 @@ class TrainConfig(_Section):
     seed: int = Field(42, description="Seed for init, shuffling and masking.")
     fail_at_step: int | None = Field(None, ge=1, description="Fault injection for tests: raise at this "
                                      "step on the first try of a run.")
+    timeout_hours: float | None = Field(None, gt=0, description="execution_timeout of the train task (empty: "
+                                        "tpu.ttl_hours on a TPU VM, 72 h locally); on a TPU VM at most tpu.ttl_hours.")
+
+    def timeout_for(self, compute: str, ttl_hours: float) -> float:
+        """Hours one try of the train task may run (a TPU VM's try must end before its TTL)."""
+        if self.timeout_hours is not None:
+            return self.timeout_hours
+        return ttl_hours if compute == "tpu_vm" else 72.0
 
 
 class EvalConfig(_Section):
@@ -130,6 +138,15 @@ class InferConfig(_Section):
 
 
 class TpuConfig(_Section):
+    @model_validator(mode="before")
+    @classmethod
+    def _old_names(cls, data: Any) -> Any:
+        # ssh_via_external_ip (bool) was replaced by ssh_via; old configs keep working.
+        if isinstance(data, dict) and "ssh_via_external_ip" in data:
+            data = dict(data)
+            data.setdefault("ssh_via", "external" if data.pop("ssh_via_external_ip") else "internal")
+        return data
+
     project: str = Field("", description="Google Cloud project of the TPU VM.")
     zone: str = Field("us-central2-b", description="Zone of the TPU VM.")
     accelerator_type: str = Field("v4-8", description="TPU type, e.g. v4-8, v5litepod-8, v4-32 (pod slice).")
@@ -151,7 +168,15 @@ class TpuConfig(_Section):
                             "(off: the VM already has it in workdir, e.g. tests or a custom image).")
     external_ips: bool = Field(True, description="Give the workers external IPs (as gcloud does; pip on the "
                                "VM needs them unless the VPC has Cloud NAT).")
-    ssh_via_external_ip: bool = Field(False, description="SSH to the workers' external IPs (Airflow outside the VPC).")
+    ssh_via: Literal["internal", "external"] = Field(
+        "external", description="Which worker IPs Airflow dials for SSH: external (Airflow outside the VPC, e.g. "
+        "docker compose on a laptop or VM elsewhere; needs external_ips) or internal (Airflow inside the "
+        "VPC, e.g. Composer or a GCE VM on the same network).")
+    ssh_probe_timeout_s: float = Field(10, gt=0, description="Seconds to wait for port 22 of each worker once "
+                                       "the node is READY; an unreachable worker fails the task at once.")
+    enable_oslogin: bool = Field(False, description="Node metadata enable-oslogin. False: the ssh-keys "
+                                 "metadata (the tpu_ssh connection's key) lets Airflow log in; True: grant the "
+                                 "key through OS Login instead (ssh-keys metadata is then ignored).")
     env: dict[str, str] = Field(default_factory=dict, description="Environment variables for the step on every "
                                 "worker (no secrets: the config is logged and kept in XCom).")
 
@@ -175,12 +200,15 @@ class PublishConfig(_Section):
 class SensorConfig(_Section):
     poke_interval_s: int = Field(30, ge=1, description="Seconds between checks for the shard completion marker.")
     timeout_s: int = Field(3600, ge=1, description="Fail the run if shards are not complete after this long.")
-    gcp_conn_id: str = Field("google_cloud_default", description="Airflow GCP connection for gs:// roots.")
+    gcp_conn_id: str | None = Field(None, description="Airflow GCP connection of the sensor (empty: the "
+                                    "top-level gcp_conn_id).")
 
 
 class PipelineConfig(_Section):
     output_root: str = Field("out", description="Where every artifact goes: a local folder or gs://bucket/prefix.")
     compute: Literal["local", "tpu_vm"] = Field("local", description="Train here, or on a TPU VM made for the run.")
+    gcp_conn_id: str = Field("google_cloud_default", description="Airflow GCP connection whose credentials every "
+                             "Google client on the Airflow side uses (GCS, the shard sensor, the TPU API).")
     corpus: CorpusConfig = Field(default_factory=CorpusConfig)
     tokenizer: TokenizerConfig = Field(default_factory=TokenizerConfig)
     shards: ShardConfig = Field(default_factory=ShardConfig)
@@ -223,9 +251,27 @@ class PipelineConfig(_Section):
                               "and writes checkpoints there.")
         if self.compute == "tpu_vm" and not self.tpu.project:
             raise ConfigError("compute=tpu_vm needs tpu.project (the Google Cloud project of the TPU VM).")
+        if self.sensor.gcp_conn_id is None:
+            self.sensor.gcp_conn_id = self.gcp_conn_id
+        if self.compute == "tpu_vm":
+            self._tpu_checks()
         if self.publish.enabled and not self.publish.repo_id:
             raise ConfigError("publish.enabled needs publish.repo_id, e.g. my-org/roberta-wiki-mlm.")
         return self
+
+    def _tpu_checks(self) -> None:
+        """What a TPU VM run needs to be true before the VM exists (no I/O)."""
+        from mlm_tasks.tpu_slices import check_runtime
+
+        check_runtime(self.tpu.accelerator_type, self.tpu.runtime_version)
+        if self.tpu.ssh_via == "external" and not self.tpu.external_ips:
+            raise ConfigError("tpu.ssh_via=external needs tpu.external_ips=true (the workers get no external IP "
+                              "otherwise); inside the VPC use tpu.ssh_via=internal.")
+        hours = self.train.timeout_for(self.compute, self.tpu.ttl_hours)
+        if hours > self.tpu.ttl_hours:
+            raise ConfigError(f"train.timeout_hours {hours:g} is longer than tpu.ttl_hours {self.tpu.ttl_hours:g}: the "
+                              "janitor would delete the TPU VM under a training that may still run. Raise "
+                              "tpu.ttl_hours or lower train.timeout_hours.")
 
 
 # Flat names used by the Airflow trigger form and `--set`, mapped to their place in the config.

@@ -3,6 +3,8 @@
 Writes are atomic at the file level: a reader sees a whole file or none. Local files are written
 to a temporary name and renamed; a GCS object upload is atomic by itself. `create_only` gives
 first-writer-wins for artifacts that must not be replaced once published (the tokenizer).
+gs:// clients (gcsfs, google-cloud-storage) use the credentials handed to `mlm_tasks.credentials`
+(on the Airflow side: the run's GCP connection), else Application Default Credentials.
 """
 from __future__ import annotations
 
@@ -12,6 +14,8 @@ import uuid
 from typing import Any
 
 import fsspec
+
+from mlm_tasks import credentials
 
 # gcsfs' HNS probe stalls ~60 s a call against anything but the real service; we never use HNS.
 os.environ.setdefault("GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT", "false")
@@ -35,7 +39,12 @@ def filesystem(uri: str) -> fsspec.AbstractFileSystem:
         # earlier in this process, missing objects written since (by create_only, TensorFlow or
         # another worker), and a poll for a marker would never see it appear.
         opts: dict[str, Any] = {"use_listings_cache": False}
-        if os.environ.get("STORAGE_EMULATOR_HOST"):
+        creds = credentials.current()
+        if creds is not None:
+            # The connection's credentials (gcsfs refreshes them itself). The emulator accepts any
+            # token and checks none, so tests assert which object was used, not what it may do.
+            opts["token"] = creds
+        elif os.environ.get("STORAGE_EMULATOR_HOST"):
             # The emulator takes no credentials; gcsfs reads the host from the environment itself.
             opts["token"] = "anon"
         return fsspec.filesystem("gs", **opts)
@@ -134,6 +143,10 @@ def create_only(uri: str, data: bytes) -> bool:
 def _gcs_client():
     from google.cloud import storage as gcs
 
+    handed = credentials.handed()
+    if handed is not None:
+        project = handed.project or ("emulator" if os.environ.get("STORAGE_EMULATOR_HOST") else None)
+        return gcs.Client(project=project, credentials=handed.credentials)
     if os.environ.get("STORAGE_EMULATOR_HOST"):
         from google.auth.credentials import AnonymousCredentials
 

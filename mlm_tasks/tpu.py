@@ -10,16 +10,22 @@
 "wait", "created", "recreating") and the caller (a deferrable Airflow operator) polls. Names and
 labels follow GCP rules (lowercase, [-a-z0-9], <= 63 chars). The remote side lives in
 `mlm_tasks.tpu_remote` (`remote_command`, `stage_code`), re-exported here.
+
+The client authenticates with the credentials handed to `mlm_tasks.credentials` (on the Airflow
+side: the run's GCP connection), else Application Default Credentials. Creates, deletes and label
+updates are retried on 429 and 503, the answers Google gives for a busy API; nothing else is.
 """
 from __future__ import annotations
 
 import hashlib
 import logging
+import os
 import re
 import time
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
+from mlm_tasks import credentials
 from mlm_tasks.config import TpuConfig
 from mlm_tasks.tpu_remote import remote_command, stage_code  # noqa: F401  (public API of this module)
 
@@ -34,6 +40,9 @@ NAME_PREFIX = "mlm-"
 # will not become READY without help, so the node is replaced.
 WAIT_STATES = frozenset({"CREATING", "STARTING", "RESTARTING", "REPAIRING", "REIMAGING", "DELETING",
                          "STOPPING", "UNHIDING"})
+SCOPE = "https://www.googleapis.com/auth/cloud-platform"   # what the VM's service account may call
+# First wait of the 429/503 retry (doubling up to 30 s, 5 min in all); tests shorten it.
+RETRY_INITIAL_S = float(os.environ.get("MLM_TPU_RETRY_INITIAL_S", "1.0"))
 
 
 @dataclass(frozen=True)
@@ -72,17 +81,23 @@ def labels(run_id: str, ttl_hours: float, now: float | None = None) -> dict[str,
 
 
 def client(cfg: TpuConfig) -> "TpuClient":
-    """A TpuClient for cfg; anonymous credentials for a loopback endpoint (the test fake)."""
+    """A TpuClient for cfg with the handed-in credentials (see mlm_tasks.credentials), else ADC."""
     from google.cloud import tpu_v2
 
-    options, credentials = None, None
-    if cfg.api_endpoint:
-        options = {"api_endpoint": cfg.api_endpoint}
-        if re.match(r"^http://(127\.0\.0\.1|localhost)[:/]", cfg.api_endpoint + "/"):
-            from google.auth.credentials import AnonymousCredentials
+    creds = credentials.current()
+    if creds is None:
+        log.info("TPU API: no credentials handed in, using Application Default Credentials.")
+    options = {"api_endpoint": cfg.api_endpoint} if cfg.api_endpoint else None
+    return tpu_v2.TpuClient(transport=cfg.transport, credentials=creds, client_options=options)
 
-            credentials = AnonymousCredentials()
-    return tpu_v2.TpuClient(transport=cfg.transport, credentials=credentials, client_options=options)
+
+def retry():
+    """Retry what Google answers when the API is busy (429, 503); any other error is final."""
+    from google.api_core.exceptions import ServiceUnavailable, TooManyRequests
+    from google.api_core.retry import Retry, if_exception_type
+
+    return Retry(predicate=if_exception_type(TooManyRequests, ServiceUnavailable), initial=RETRY_INITIAL_S,
+                 maximum=30.0, multiplier=2.0, timeout=300.0)
 
 
 def parent(cfg: TpuConfig) -> str:
@@ -104,7 +119,7 @@ def get_state(cfg: TpuConfig, name: str, api: "TpuClient | None" = None) -> Node
 
     api = api or client(cfg)
     try:
-        return _state_of(api.get_node(name=full_name(cfg, name)))
+        return _state_of(api.get_node(name=full_name(cfg, name), retry=retry()))
     except NotFound:
         return NodeState(name=name, state=NOT_FOUND)
 
@@ -124,12 +139,14 @@ def _new_node(cfg: TpuConfig, node_labels: dict[str, str], metadata: dict[str, s
 
     network = tpu_v2.NetworkConfig(network=cfg.network or "", subnetwork=cfg.subnetwork or "",
                                    enable_external_ips=cfg.external_ips)
-    node = tpu_v2.Node(accelerator_type=cfg.accelerator_type, runtime_version=cfg.runtime_version,
-                       labels=node_labels, metadata=metadata or {}, network_config=network,
-                       scheduling_config=tpu_v2.SchedulingConfig(spot=cfg.spot))
-    if cfg.service_account:
-        node.service_account = tpu_v2.ServiceAccount(email=cfg.service_account)
-    return node
+    # OS Login ignores ssh-keys metadata, so it is off unless configured (the key then goes to OS Login).
+    metadata = {**(metadata or {}), "enable-oslogin": "TRUE" if cfg.enable_oslogin else "FALSE"}
+    return tpu_v2.Node(accelerator_type=cfg.accelerator_type, runtime_version=cfg.runtime_version,
+                       labels=node_labels, metadata=metadata, network_config=network,
+                       scheduling_config=tpu_v2.SchedulingConfig(spot=cfg.spot),
+                       # An empty email is the project's default compute service account; the scope is
+                       # explicit so the VM can reach GCS whatever the API's default is.
+                       service_account=tpu_v2.ServiceAccount(email=cfg.service_account or "", scope=[SCOPE]))
 
 
 def ensure_node(cfg: TpuConfig, name: str, node_labels: dict[str, str],
@@ -145,6 +162,8 @@ def ensure_node(cfg: TpuConfig, name: str, node_labels: dict[str, str],
     api = api or client(cfg)
     current = get_state(cfg, name, api)
     if current.state == "READY":
+        # Reused by a retry or a later step: the janitor must not take it while this run still works.
+        refresh_expiry(cfg, current, node_labels.get("expires"), api)
         return replace(current, action="ready")
     if current.state in WAIT_STATES:
         return replace(current, action="wait")
@@ -154,7 +173,8 @@ def ensure_node(cfg: TpuConfig, name: str, node_labels: dict[str, str],
         return replace(current, state="DELETING", action="recreating",
                        operation=delete_node(cfg, name, api))
     try:
-        op = api.create_node(parent=parent(cfg), node_id=name, node=_new_node(cfg, node_labels, metadata))
+        op = api.create_node(parent=parent(cfg), node_id=name, node=_new_node(cfg, node_labels, metadata),
+                             retry=retry())
     except Conflict:  # another try created it between our get and create: wait for that one
         return NodeState(name=name, state="CREATING", action="wait")
     log.info("Creating TPU VM %s (%s, %s) in %s.", name, cfg.accelerator_type, cfg.runtime_version, cfg.zone)
@@ -168,15 +188,33 @@ def delete_node(cfg: TpuConfig, name: str, api: "TpuClient | None" = None) -> st
 
     api = api or client(cfg)
     try:
-        op = api.delete_node(name=full_name(cfg, name))
+        op = api.delete_node(name=full_name(cfg, name), retry=retry())
     except NotFound:
         return None
     log.info("Deleting TPU VM %s in %s.", name, cfg.zone)
     return op.operation.name
 
 
+def refresh_expiry(cfg: TpuConfig, node: NodeState, expires: str | None,
+                   api: "TpuClient | None" = None) -> str | None:
+    """Move the node's `expires` label to `expires` (epoch seconds) when that is later; returns the
+    update operation, or None when nothing had to change. Only the labels field is written."""
+    from google.cloud import tpu_v2
+    from google.protobuf import field_mask_pb2
+
+    old = node.labels.get("expires", "")
+    if not expires or (old.isdigit() and int(old) >= int(expires)):
+        return None
+    node_labels = {**node.labels, "expires": expires}
+    op = (api or client(cfg)).update_node(
+        node=tpu_v2.Node(name=full_name(cfg, node.name), labels=node_labels),
+        update_mask=field_mask_pb2.FieldMask(paths=["labels"]), retry=retry())
+    log.info("TPU VM %s reused: its expires label moves from %s to %s.", node.name, old or "none", expires)
+    return op.operation.name
+
+
 def list_nodes(cfg: TpuConfig, api: "TpuClient | None" = None) -> list[NodeState]:
-    return [_state_of(node) for node in (api or client(cfg)).list_nodes(parent=parent(cfg))]
+    return [_state_of(node) for node in (api or client(cfg)).list_nodes(parent=parent(cfg), retry=retry())]
 
 
 def list_expired(cfg: TpuConfig, now: float | None = None, prefix: str = NAME_PREFIX,
@@ -199,7 +237,7 @@ def worker_endpoints(node: "Node | NodeState", external: bool = False) -> list[s
     if not all(ips):
         kind = "external" if external else "internal"
         raise RuntimeError(f"TPU VM {state.name} has a worker without an {kind} IP ({state.workers}): "
-                           "set tpu.external_ips (or tpu.ssh_via_external_ip=false inside the VPC).")
+                           "set tpu.external_ips=true (or tpu.ssh_via=internal inside the VPC).")
     return ips
 
 

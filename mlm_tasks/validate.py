@@ -23,8 +23,10 @@ log = logging.getLogger(__name__)
 
 
 def check_gcs_credentials(uri: str) -> None:
-    if os.environ.get("STORAGE_EMULATOR_HOST"):
-        return
+    from mlm_tasks import credentials
+
+    if credentials.current() is not None or os.environ.get("STORAGE_EMULATOR_HOST"):
+        return  # handed in from the Airflow connection (or an emulator that takes none)
     import google.auth
     from google.auth.exceptions import DefaultCredentialsError
 
@@ -33,7 +35,7 @@ def check_gcs_credentials(uri: str) -> None:
     except DefaultCredentialsError as err:
         raise ConfigError(f"output_root {uri} needs Google Cloud credentials and none were found ({err}): set "
                           "GOOGLE_APPLICATION_CREDENTIALS to a key file, run `gcloud auth application-default "
-                          "login`, or give the Airflow GCP connection a key.") from None
+                          "login`, or give the Airflow GCP connection (gcp_conn_id) a service-account key.") from None
 
 
 def check_writable(uri: str) -> None:

@@ -19,7 +19,12 @@ CONFIG_XCOM = "{{ ti.xcom_pull(task_ids='validate_config') }}"
 
 
 def _config(ti) -> PipelineConfig:
-    return PipelineConfig.model_validate(ti.xcom_pull(task_ids="validate_config"))
+    """The run's config; gs:// and TPU clients of this task then use the run's GCP connection."""
+    from gcp_credentials import install_for
+
+    cfg = PipelineConfig.model_validate(ti.xcom_pull(task_ids="validate_config"))
+    install_for(cfg)
+    return cfg
 
 
 def _fingerprint(ti) -> str:
@@ -45,6 +50,9 @@ def validate_config(params: dict, **context: Any) -> dict:
             tree = cfg.model_dump(mode="json")
             tree.update(event["data_config"], output_root=event["output_root"])
             cfg = PipelineConfig.model_validate(tree)
+        from gcp_credentials import install_for
+
+        install_for(cfg)  # validate_inputs probes output_root with the connection's credentials
         validate_inputs(cfg)
     return cfg.model_dump(mode="json")
 

@@ -22,7 +22,12 @@ log = logging.getLogger(__name__)
 
 
 def _config(ti) -> PipelineConfig:
-    return PipelineConfig.model_validate(ti.xcom_pull(task_ids="validate_source"))
+    """The refresh's config; gs:// clients of this task then use the run's GCP connection."""
+    from gcp_credentials import install_for
+
+    cfg = PipelineConfig.model_validate(ti.xcom_pull(task_ids="validate_source"))
+    install_for(cfg)
+    return cfg
 
 
 def validate_source(params: dict, **_: Any) -> dict:

@@ -2,8 +2,11 @@
 
     train = TpuSSHStepOperator(task_id="train", config=cfg, step="train")
 
-The node's workers come from the TPU API (their IPs; the port is `tpu.ssh_port`), the login from
-the Airflow SSH connection `tpu.ssh_conn_id` (user + private key). Every worker runs the same line
+The node's workers come from the TPU API (their IPs, internal or external per `tpu.ssh_via`; the
+port is `tpu.ssh_port`), the login from the Airflow SSH connection `tpu.ssh_conn_id` (user + private
+key). Before any SSH session, port 22 of every worker is probed with a short timeout: a worker
+Airflow cannot reach fails the task at once, without retries, naming the fix (firewall rule,
+external IPs, ssh_via), instead of waiting out the SSH patience on every try. Every worker runs the same line
 (`mlm_tasks.tpu_remote.remote_command`) at once, as a pod slice needs; worker 0's output streams
 into the task log line by line. The task fails if any worker exits non-zero, naming the worker and
 its exit code, and says so when the node was preempted meanwhile. Exit code 2 (the CLI's "bad
@@ -24,6 +27,7 @@ from typing import Any, Callable, Sequence
 from airflow.sdk.exceptions import AirflowException, AirflowFailException, AirflowSkipException
 from airflow.sdk import BaseOperator
 
+from gcp_credentials import use_connection
 from mlm_tasks import tpu
 from mlm_tasks.tpu_remote import remote_command, stage_code
 from tpu_operators import NodeEnsurer, resolve_config, run_node_name
@@ -111,6 +115,56 @@ class RemoteRunner:
                         thing.close()
 
 
+def unreachable_workers(hosts: Sequence[str], port: int, timeout_s: float) -> list[str]:
+    """'host: why' for each worker whose port does not answer within timeout_s. A refusal (RST) is
+    retried until then (sshd still starting); silence (a firewall dropping packets) ends it at once."""
+    import socket
+
+    def probe(host: str) -> str | None:
+        deadline = time.monotonic() + timeout_s
+        while True:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return f"{host}:{port}: connection refused for {timeout_s:g}s"
+            try:
+                with socket.create_connection((host, port), timeout=left):
+                    return None
+            except ConnectionRefusedError:
+                time.sleep(min(1.0, max(left, 0)))
+            except (TimeoutError, socket.timeout):
+                return f"{host}:{port}: no answer within {timeout_s:g}s (packets dropped: firewall?)"
+            except OSError as err:  # no route, network unreachable
+                return f"{host}:{port}: {err.strerror or err}"
+
+    results = [None] * len(hosts)
+
+    def run(i: int) -> None:
+        results[i] = probe(hosts[i])
+
+    threads = [threading.Thread(target=run, args=(i,), daemon=True) for i in range(len(hosts))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return [f"worker {i} {r}" for i, r in enumerate(results) if r]
+
+
+def check_reachable(cfg: Any, name: str, hosts: Sequence[str]) -> None:
+    """AirflowFailException (no retry can fix a firewall) when any worker's SSH port is unreachable."""
+    bad = unreachable_workers(hosts, cfg.tpu.ssh_port, cfg.tpu.ssh_probe_timeout_s)
+    if not bad:
+        return
+    other = "internal" if cfg.tpu.ssh_via == "external" else "external"
+    raise AirflowFailException(
+        f"Cannot reach SSH on TPU VM {name} via its {cfg.tpu.ssh_via} IPs:\n  " + "\n  ".join(bad) + "\n"
+        f"Fix: allow tcp:{cfg.tpu.ssh_port} from Airflow's address to the TPU VMs (`gcloud compute firewall-rules "
+        f"create allow-ssh-from-airflow --network={cfg.tpu.network or 'default'} --allow=tcp:{cfg.tpu.ssh_port} "
+        "--source-ranges=<Airflow's egress IP>/32`); if Airflow runs outside the VPC use tpu.ssh_via=external "
+        f"with tpu.external_ips=true, inside it tpu.ssh_via={other} may be the one that works. If the port "
+        "answers but login fails, check the node's enable-oslogin metadata (tpu.enable_oslogin=false makes "
+        "the tpu_ssh connection's key in ssh-keys count). The VM is deleted by the teardown task.")
+
+
 def ssh_connect(conn_id: str, port: int, patience_s: float = 300.0) -> Callable[[str], Any]:
     """connect(host) -> paramiko SSHClient. A fresh VM refuses SSH (or our key) for a minute or
     two after READY while its ssh-keys metadata is applied, so refusals are retried for a while."""
@@ -159,6 +213,10 @@ class TpuSSHStepOperator(NodeEnsurer, BaseOperator):
         cfg = resolve_config(self.config)
         if cfg.compute != "tpu_vm":
             raise AirflowSkipException(f"compute is {cfg.compute!r}: the step runs locally, not here.")
+        with use_connection(cfg.gcp_conn_id):
+            return self._execute_tpu(context, cfg)
+
+    def _execute_tpu(self, context: Any, cfg: Any) -> dict[str, Any]:
         name = run_node_name(context, self.node_name)
         node = tpu.get_state(cfg.tpu, name)
         if node.ready:
@@ -172,7 +230,8 @@ class TpuSSHStepOperator(NodeEnsurer, BaseOperator):
         return self.ensure_then(context, cfg, name, time.time() + cfg.tpu.create_timeout_s)
 
     def node_ready(self, context: Any, cfg: Any, node: dict[str, Any]) -> dict[str, Any]:
-        return self.run_step(context, cfg, tpu.get_state(cfg.tpu, node["name"]))
+        with use_connection(cfg.gcp_conn_id):
+            return self.run_step(context, cfg, tpu.get_state(cfg.tpu, node["name"]))
 
     def remote_args(self, context: Any) -> list[str]:
         """Extra CLI arguments of the step; subclasses add what they pull from XCom."""
@@ -182,7 +241,10 @@ class TpuSSHStepOperator(NodeEnsurer, BaseOperator):
         name = node.name
         if not node.ready:
             raise AirflowException(f"TPU VM {name} is {node.state} again before the step could start: retry.")
-        hosts = tpu.worker_endpoints(node, external=cfg.tpu.ssh_via_external_ip)
+        hosts = tpu.worker_endpoints(node, external=cfg.tpu.ssh_via == "external")
+        check_reachable(cfg, name, hosts)
+        # The step may run for up to ttl_hours from now: keep the janitor off the node until then.
+        tpu.refresh_expiry(cfg.tpu, node, tpu.labels(context["run_id"], cfg.tpu.ttl_hours)["expires"])
         command = self.command or remote_command(
             cfg, self.step, context["run_id"], extra_args=self.remote_args(context),
             code=stage_code(cfg.output_root) if cfg.tpu.bootstrap else None)

@@ -117,5 +117,5 @@ def shard_gate_sensor(task_id: str = "wait_for_shards", *, sensor: SensorConfig 
         sensor = SensorConfig()
     kwargs.setdefault("poke_interval", sensor.poke_interval_s)
     kwargs.setdefault("timeout", sensor.timeout_s)
-    kwargs.setdefault("gcp_conn_id", sensor.gcp_conn_id)
+    kwargs.setdefault("gcp_conn_id", sensor.gcp_conn_id or "google_cloud_default")
     return ShardSetCompleteSensor(task_id=task_id, marker_uri=marker_uri, **kwargs)

@@ -8,7 +8,8 @@ Both succeed doing nothing unless `compute` is "tpu_vm" (not a skip: downstream 
 with all_success). The node is named from the DAG and run ids
 (`mlm_tasks.tpu.node_name`), so a retry finds the node the first try made. Create is idempotent
 (READY reused, dead nodes replaced) and deferrable: while the node is CREATING it waits in the
-triggerer (plugins/tpu_trigger.py), not in a worker slot. If creation fails after the node appeared,
+triggerer (plugins/tpu_trigger.py), not in a worker slot. Every TPU API call uses the credentials of the
+run's Airflow GCP connection (`gcp_conn_id`). If creation fails after the node appeared,
 the node is deleted before the task fails, so a stockout does not leave a half-made VM behind.
 `NodeEnsurer` is that logic as a mixin: the train step uses it to replace a node preempted mid-run.
 """
@@ -23,9 +24,11 @@ from typing import Any
 from airflow.sdk.exceptions import AirflowException
 from airflow.sdk import BaseOperator
 
+from gcp_credentials import use_connection
 from mlm_tasks import tpu
 from mlm_tasks.config import PipelineConfig
 from tpu_trigger import TpuNodeTrigger
+
 
 def resolve_config(config: Any) -> PipelineConfig:
     """The validated config from a dict, its JSON (or Python repr: a rendered XCom), or a callable."""
@@ -70,13 +73,14 @@ class NodeEnsurer:
 
     def ensure_then(self, context: Any, cfg: PipelineConfig, name: str, deadline: float) -> Any:
         metadata = ssh_key_metadata(cfg.tpu.ssh_conn_id, self.log)
-        state = tpu.ensure_node(cfg.tpu, name, tpu.labels(context["run_id"], cfg.tpu.ttl_hours), metadata)
+        with use_connection(cfg.gcp_conn_id):
+            state = tpu.ensure_node(cfg.tpu, name, tpu.labels(context["run_id"], cfg.tpu.ttl_hours), metadata)
         self.log.info("TPU VM %s: %s (%s).", name, state.state, state.action)
         if state.ready:
             return self.node_ready(context, cfg, tpu.describe(state))
         operation = state.operation if state.action == "created" else None
         trigger = TpuNodeTrigger(cfg.tpu.model_dump(mode="json"), name, deadline, operation,
-                                 cfg.tpu.poll_interval_s)
+                                 cfg.tpu.poll_interval_s, gcp_conn_id=cfg.gcp_conn_id)
         # The trigger enforces the deadline itself (so we can clean up); this is only a backstop.
         self.defer(trigger=trigger, method_name="resume",
                    timeout=timedelta(seconds=max(0.0, deadline - time.time()) + 600))
@@ -91,7 +95,8 @@ class NodeEnsurer:
         if state == tpu.NOT_FOUND and not error and time.time() < event.get("deadline", 0):
             self.log.info("TPU VM %s is gone (replaced node deleted): creating it again.", name)
             return self.ensure_then(context, cfg, name, event["deadline"])
-        deleted = tpu.delete_node(cfg.tpu, name) if state != tpu.NOT_FOUND else None
+        with use_connection(cfg.gcp_conn_id):
+            deleted = tpu.delete_node(cfg.tpu, name) if state != tpu.NOT_FOUND else None
         cleanup = "deleted it" if deleted else "nothing left to delete"
         if state == "TIMEOUT":
             raise AirflowException(
@@ -144,6 +149,7 @@ class TpuVmDeleteOperator(BaseOperator):
             self.log.info("compute is %r: no TPU VM to delete.", cfg.compute)
             return None
         name = run_node_name(context, self.node_name)
-        operation = tpu.delete_node(cfg.tpu, name)
+        with use_connection(cfg.gcp_conn_id):
+            operation = tpu.delete_node(cfg.tpu, name)
         self.log.info("TPU VM %s: %s", name, f"deleting ({operation})" if operation else "already gone")
         return operation

@@ -4,7 +4,8 @@ TpuVmCreateOperator defers to it, so waiting minutes for a TPU VM holds no worke
 once with {"name", "state", "error", "node", "deadline"} when the node is READY, NOT_FOUND, in a dead-end state
 (PREEMPTED, TERMINATED, ...), when the create operation reports an error, or with state
 "TIMEOUT" at `deadline` (epoch seconds; echoed back because `dag.test()` drops the
-operator's resume kwargs). The blocking google-cloud-tpu calls run in a thread.
+operator's resume kwargs). The blocking google-cloud-tpu calls run in a thread, with the
+credentials of the Airflow GCP connection `gcp_conn_id` (read once per trigger run).
 """
 from __future__ import annotations
 
@@ -20,8 +21,11 @@ from mlm_tasks.config import TpuConfig
 
 class TpuNodeTrigger(BaseTrigger):
     def __init__(self, tpu_config: dict[str, Any], name: str, deadline: float,
-                 operation: str | None = None, poll_interval_s: float = 15.0):
+                 operation: str | None = None, poll_interval_s: float = 15.0,
+                 gcp_conn_id: str = "google_cloud_default"):
         super().__init__()
+        self.gcp_conn_id = gcp_conn_id
+        self._credentials: tuple[Any, str | None] | None = None
         self.tpu_config = tpu_config
         self.name = name
         self.deadline = deadline
@@ -32,10 +36,20 @@ class TpuNodeTrigger(BaseTrigger):
         # The plugins folder is on the triggerer's sys.path, so the classpath is the module name.
         return (f"{type(self).__module__}.{type(self).__qualname__}",
                 {"tpu_config": self.tpu_config, "name": self.name, "deadline": self.deadline,
-                 "operation": self.operation, "poll_interval_s": self.poll_interval_s})
+                 "operation": self.operation, "poll_interval_s": self.poll_interval_s,
+                 "gcp_conn_id": self.gcp_conn_id})
 
     def _check(self) -> dict[str, Any] | None:
-        """One poll; the event payload when waiting is over, else None."""
+        """One poll with the connection's credentials; the event payload when waiting is over, else None."""
+        from gcp_credentials import connection_credentials
+        from mlm_tasks import credentials
+
+        if self._credentials is None:
+            self._credentials = connection_credentials(self.gcp_conn_id)
+        with credentials.use(*self._credentials, source=f"Airflow connection {self.gcp_conn_id!r}"):
+            return self._poll()
+
+    def _poll(self) -> dict[str, Any] | None:
         cfg = TpuConfig.model_validate(self.tpu_config)
         api = tpu.client(cfg)
         state = tpu.get_state(cfg, self.name, api)

@@ -4,9 +4,12 @@
 `compute: tpu_vm` runs the same `python -m mlm_tasks train` on every worker of the run's TPU VM
 over SSH (TpuSSHStepOperator). Either way a retry resumes from the run's last checkpoint; on a TPU
 VM a retry first replaces a node that was preempted (create_tpu_vm, a setup task, is not rerun).
+The task's execution_timeout comes from the run's config (`train.timeout_hours`, on a TPU VM at
+most `tpu.ttl_hours`, which validate_config enforces), set before execute starts the clock.
 """
 from __future__ import annotations
 
+from datetime import timedelta
 from typing import Any
 
 from airflow.sdk.exceptions import AirflowFailException
@@ -23,6 +26,17 @@ class TrainOperator(TpuSSHStepOperator):
         kwargs.setdefault("replace_dead_node", True)
         super().__init__(step="train", **kwargs)
         self.data_task_id = data_task_id
+
+    def pre_execute(self, context: Any) -> None:
+        # Runs after the config template is rendered and before the task runner reads the timeout.
+        from gcp_credentials import install_for
+
+        cfg = resolve_config(self.config)
+        install_for(cfg)  # local training reads and writes gs:// with the run's connection
+        hours = cfg.train.timeout_for(cfg.compute, cfg.tpu.ttl_hours)
+        self.execution_timeout = timedelta(hours=hours)
+        self.log.info("train execution_timeout: %g h (train.timeout_hours; tpu.ttl_hours is %g h).", hours,
+                      cfg.tpu.ttl_hours)
 
     def _fingerprint(self, context: Any) -> str:
         data = context["ti"].xcom_pull(task_ids=self.data_task_id)

@@ -4,7 +4,9 @@
     gcs_root    function  a fresh gs://<bucket>/<prefix> on that emulator
     tf_gcs_env  session   env for a TensorFlow subprocess whose gs:// I/O lands in the emulator
     fake_hub    function  a fake Hugging Face Hub API on loopback; huggingface_hub points at it
-    fake_tpu    function  a fake Cloud TPU v2 REST API on loopback (FakeTpuApi; .url for api_endpoint)
+    fake_tpu    function  a fake Cloud TPU v2 REST API on loopback (FakeTpuApi; .url for api_endpoint) that
+                          takes only tokens of the OAuth peer; google_cloud_default holds sa_key
+    oauth_server session  a loopback OAuth2 token endpoint (peers.oauth_token); sa_key: a key for it
     sshd        session   a real OpenSSH server on loopback: (host, port, user, private_key_path)
     airflow_env session   env of a migrated SQLite Airflow in a temp AIRFLOW_HOME (peers.airflow_home.dags_test)
     pt_python   session   python of the PyTorch + transformers 5.x env (.venv-pt/, `make env-pt`)
@@ -26,6 +28,8 @@ if "AIRFLOW_HOME" not in os.environ:
     import tempfile
 
     os.environ["AIRFLOW_HOME"] = tempfile.mkdtemp(prefix="airflow-home-")
+# The fake TPU API answers 429 then 503 before each create/delete goes through: retry those fast.
+os.environ.setdefault("MLM_TPU_RETRY_INITIAL_S", "0.05")
 
 from peers.gcs import gcs, gcs_root  # noqa: E402,F401  (fixtures)
 from peers.tls_proxy import tf_gcs_env, tls_gcs_proxy  # noqa: E402,F401  (fixtures)
@@ -34,7 +38,7 @@ from peers.fake_hub import fake_hub  # noqa: E402,F401  (fixture)
 _PLUGINS = os.path.join(os.path.dirname(_TESTS), "plugins")
 if _PLUGINS not in sys.path:
     sys.path.append(_PLUGINS)
-from peers.fake_tpu_api import fake_tpu  # noqa: E402,F401  (fixture)
+from peers.fake_tpu_api import fake_tpu, oauth_server, sa_key  # noqa: E402,F401  (fixtures)
 from peers.sshd import sshd  # noqa: E402,F401  (fixture)
 from peers.airflow_home import airflow_env  # noqa: E402,F401  (fixture)
 from peers.tiny_data import tiny_cfg, tiny_prepared  # noqa: E402,F401  (fixtures)

@@ -58,6 +58,11 @@ def config_file(text: str):
     return make
 
 
+def tpu_form(**params):
+    """The trigger form of a TPU VM run (gs:// output, a project), plus `params`."""
+    return form(output_root="gs://bucket/prefix", compute="tpu_vm", tpu_project="my-project", **params)
+
+
 def local_corpus(ctx, name: str, content: bytes, **overrides):
     path = ctx.tmp / name
     path.write_bytes(content)
@@ -177,6 +182,24 @@ CASES = [
     Case("config-not-mapping", "a config file that is a list, not settings",
          r"bad\.yaml holds a YAML list, not a mapping of settings",
          [("config_from_params", config_file("- train\n- steps\n"))]),
+    Case("tpu-multi-host-without-pod-runtime", "multi-host TPU slice with a single-host runtime",
+         r"tpu\.accelerator_type v4-32 is a pod slice of 4 hosts, but tpu\.runtime_version '[^']+' is a single-host "
+         r"runtime: .*needs the -pod runtime",
+         [("config_from_params", tpu_form(accelerator_type="v4-32"))]),
+    Case("tpu-pod-runtime-on-one-host", "-pod runtime on a one-host TPU type",
+         r"tpu\.runtime_version 'tpu-vm-tf-2\.16\.1-pod-pjrt' is a -pod runtime, but tpu\.accelerator_type v5litepod-8 "
+         r"is one host: use the single-host runtime",
+         [("config_from_params", tpu_form(accelerator_type="v5litepod-8",
+                                          overrides={"tpu.runtime_version": "tpu-vm-tf-2.16.1-pod-pjrt"}))]),
+    Case("tpu-unknown-accelerator-type", "TPU type that does not exist",
+         r"tpu\.accelerator_type 'v5litepod-12': v5litepod comes in sizes \[1, 4, 8, 16",
+         [("config_from_params", tpu_form(accelerator_type="v5litepod-12"))]),
+    Case("tpu-ssh-external-without-external-ips", "SSH via external IPs that the workers will not have",
+         r"tpu\.ssh_via=external needs tpu\.external_ips=true",
+         [("config_from_params", tpu_form(overrides={"tpu.external_ips": False}))]),
+    Case("train-timeout-over-ttl", "train execution_timeout longer than the TPU VM's TTL",
+         r"train\.timeout_hours 48 is longer than tpu\.ttl_hours 12: the janitor would delete the TPU VM",
+         [("config_from_params", tpu_form(overrides={"train.timeout_hours": 48}))]),
     Case("gs-without-credentials", "gs:// output_root without credentials",
          r"output_root gs://mlm-no-such-bucket/prefix needs Google Cloud credentials and none were found .*"
          r"set GOOGLE_APPLICATION_CREDENTIALS",

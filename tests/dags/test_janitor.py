@@ -5,23 +5,30 @@ import time
 
 from peers.airflow_home import ROOT, dags_test
 
-ZONE = "us-central2-b"
+ZONE, OTHER_ZONE = "us-central2-b", "europe-west4-a"
 
 
-def test_janitor_deletes_expired_nodes_only(airflow_env, fake_tpu):
+def test_janitor_deletes_expired_nodes_only_in_every_zone(airflow_env, fake_tpu):
     now = int(time.time())
     fake_tpu.add_node("proj", ZONE, "mlm-pretrain-expired", labels={"expires": str(now - 60), "run": "old"})
     fake_tpu.add_node("proj", ZONE, "mlm-pretrain-fresh", labels={"expires": str(now + 3600)})
     fake_tpu.add_node("proj", ZONE, "someone-elses", labels={"expires": str(now - 60)})
-    conf = {"project": "proj", "zone": ZONE, "api_endpoint": fake_tpu.url, "transport": "rest"}
+    fake_tpu.add_node("proj", OTHER_ZONE, "mlm-pretrain-expired-too", labels={"expires": str(now - 60)})
+    fake_tpu.add_node("proj", "us-east5-a", "mlm-pretrain-not-listed", labels={"expires": str(now - 60)})
+    # google_cloud_default holds the service-account key the fake TPU API insists on (fixture).
+    conf = {"project": "proj", "zones": [ZONE, OTHER_ZONE], "api_endpoint": fake_tpu.url, "transport": "rest"}
 
     result = dags_test(airflow_env, "mlm_tpu_janitor", conf=conf, dagfile=ROOT / "dags" / "mlm_tpu_janitor.py")
 
-    assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-4000:]
+    log = result.stdout + result.stderr
+    assert result.returncode == 0, log[-6000:]
     assert fake_tpu.node("proj", ZONE, "mlm-pretrain-expired") is None
+    assert fake_tpu.node("proj", OTHER_ZONE, "mlm-pretrain-expired-too") is None
     assert fake_tpu.node("proj", ZONE, "mlm-pretrain-fresh") is not None
     assert fake_tpu.node("proj", ZONE, "someone-elses") is not None
-    assert "Deleting TPU VM mlm-pretrain-expired (READY, run old" in result.stdout + result.stderr
+    assert fake_tpu.node("proj", "us-east5-a", "mlm-pretrain-not-listed") is not None  # zone not in the list
+    assert f"Deleting TPU VM mlm-pretrain-expired in {ZONE} (READY, run old" in log
+    assert "Google clients use the credentials of Airflow connection 'google_cloud_default'" in log
 
 
 def test_janitor_dag_is_thin():

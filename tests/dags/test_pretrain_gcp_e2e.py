@@ -1,6 +1,7 @@
 """The Google Cloud path of mlm_pretrain, end to end with real Airflow (`airflow dags test`) on loopback:
-output_root in the GCS emulator, the shard gate through an anonymous Airflow GCP connection, the TPU VM
-in the fake TPU API, training over SSH on a real sshd (this machine's CPU), TensorFlow's gs:// through
+output_root in the GCS emulator, every Google client (gcsfs, storage, the shard gate, the TPU API) through
+the Airflow GCP connection google_cloud_default holding a service-account key whose tokens come from the
+loopback OAuth peer, the TPU VM in the fake TPU API (which takes only those tokens), training over SSH on a real sshd (this machine's CPU), TensorFlow's gs:// through
 the TLS proxy. Then the failure paths: training fails on the VM, create fails half way, the sensor times
 out, the node is preempted mid-training.
 
@@ -27,7 +28,7 @@ from peers.sshd import airflow_conn_uri
 ROOT = Path(__file__).resolve().parents[2]
 TINY = {"config_file": str(ROOT / "configs" / "tiny.yaml"), "vocab_size": 1000, "max_length": 64, "steps": 12,
         "batch_size": 8}
-PROJECT, ZONE, GCS_CONN = "mlm-test-project", "us-central2-b", "gcs_emulator"
+PROJECT, ZONE = "mlm-test-project", "us-central2-b"
 
 
 def _conf(gcs_root: str, fake_tpu, sshd, tf_gcs_env: dict, **overrides) -> dict:
@@ -37,16 +38,13 @@ def _conf(gcs_root: str, fake_tpu, sshd, tf_gcs_env: dict, **overrides) -> dict:
         "tpu.project": PROJECT, "tpu.zone": ZONE, "tpu.api_endpoint": fake_tpu.url, "tpu.transport": "rest",
         "tpu.bootstrap": False, "tpu.workdir": str(ROOT), "tpu.python": sys.executable,
         "tpu.ssh_port": sshd.port, "tpu.poll_interval_s": 0.2,
-        "tpu.env": {**tf_gcs_env, "HF_HUB_OFFLINE": "1", "TF_CPP_MIN_LOG_LEVEL": "2"},
-        "sensor.gcp_conn_id": GCS_CONN, **overrides}}
+        "tpu.env": {**tf_gcs_env, "HF_HUB_OFFLINE": "1", "TF_CPP_MIN_LOG_LEVEL": "2"}, **overrides}}
 
 
 def _env(sshd, tf_gcs_env: dict, gcs) -> dict:
-    """The Airflow process: connections as env JSON/URI; TF's gs:// for the local evaluate step."""
-    return {**tf_gcs_env, "MLM_RETRY_DELAY_S": "1",
-            f"AIRFLOW_CONN_{GCS_CONN.upper()}": json.dumps(
-                {"conn_type": "google_cloud_platform", "extra": {"is_anonymous": True, "project": gcs.project}}),
-            "AIRFLOW_CONN_TPU_SSH": airflow_conn_uri(sshd)}
+    """The Airflow process: connections as env JSON/URI (google_cloud_default, the service-account key, comes
+    from the fake_tpu fixture); TF's gs:// for the local evaluate step."""
+    return {**tf_gcs_env, "MLM_RETRY_DELAY_S": "1", "AIRFLOW_CONN_TPU_SSH": airflow_conn_uri(sshd)}
 
 
 def _dags_test(airflow_env, conf: dict, env: dict, tmp_path: Path, **kwargs) -> str:
@@ -73,16 +71,25 @@ def _methods(fake_tpu) -> list[str]:
 
 
 @pytest.mark.slow
-def test_gcs_and_tpu_vm_end_to_end(airflow_env, gcs, gcs_root, tf_gcs_env, fake_tpu, sshd, tmp_path):  # noqa: F811
+def test_gcs_and_tpu_vm_end_to_end(airflow_env, gcs, gcs_root, tf_gcs_env, fake_tpu, sshd, tmp_path,  # noqa: F811
+                                   oauth_server, sa_key):
     conf = _conf(gcs_root, fake_tpu, sshd, tf_gcs_env)
+    grants_before = len(oauth_server.grants)
     started = time.monotonic()
     log = _dags_test(airflow_env, conf, _env(sshd, tf_gcs_env, gcs), tmp_path)
     assert not log.startswith("DAG RUN FAILED") and "state=success" in log, log[-6000:]
     print(f"GCS + TPU VM run: {time.monotonic() - started:.0f}s")
 
-    # The node: made once, through CREATING to READY, and deleted by the teardown.
+    # The node: made once, through CREATING to READY, and deleted by the teardown; the API's 429 and
+    # 503 on create and delete were retried.
     assert _methods(fake_tpu).count("POST") == 1 and _methods(fake_tpu).count("DELETE") == 1
     assert fake_tpu.nodes == {}
+    assert [c for m, _, c in fake_tpu.answers if m == "POST"] == [429, 503, 200]
+    # Credentials: every TPU API call carried the connection's service account; gcsfs and the storage
+    # clients (the emulator checks no token) refreshed that same key at the token endpoint.
+    assert fake_tpu.principals == {sa_key["client_email"]}
+    assert sa_key["client_email"] in oauth_server.grants[grants_before:]
+    assert "Google clients use the credentials of Airflow connection 'google_cloud_default'" in log
     # Training ran over SSH on the "VM" (worker 0's lines in the task log), on gs:// shards.
     assert "[worker 0]" in log and "Training done: 12 steps" in log
 
@@ -216,7 +223,7 @@ def test_sensor_timeout_fails_clearly_and_creates_no_node(  # noqa: F811
         airflow_env, gcs, gcs_root, tf_gcs_env, fake_tpu, sshd, tmp_path):
     dag_file = tmp_path / "gate_before_tpu.py"
     dag_file.write_text(SENSOR_DAG)
-    config = {"output_root": gcs_root, "compute": "tpu_vm", "sensor": {"gcp_conn_id": GCS_CONN},
+    config = {"output_root": gcs_root, "compute": "tpu_vm",
               "tpu": {"project": PROJECT, "zone": ZONE, "api_endpoint": fake_tpu.url, "transport": "rest"}}
     marker = DataPaths(gcs_root, "0123456789abcdef").success
     result = dags_test(airflow_env, "gate_before_tpu", dagfile=dag_file, conf={"config": config, "marker": marker},

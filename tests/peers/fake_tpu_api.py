@@ -1,14 +1,46 @@
-"""A small fake of the Cloud TPU v2 REST API on 127.0.0.1, for the real google-cloud-tpu client.
+"""A fake of the Cloud TPU v2 REST API on 127.0.0.1, as strict as Google's, for the real google-cloud-tpu client.
 
-    with FakeTpuApi(ready_after_gets=2, endpoint_ip="127.0.0.1", endpoint_port=2222) as api:
-        client = TpuClient(transport="rest", credentials=AnonymousCredentials(),
-                           client_options={"api_endpoint": api.url})
+    with OAuthTokenServer() as oauth, FakeTpuApi(oauth=oauth, endpoint_port=2222) as api:
+        creds = service_account.Credentials.from_service_account_info(oauth.new_service_account(...), ...)
+        client = TpuClient(transport="rest", credentials=creds, client_options={"api_endpoint": api.url})
 
 Speaks what `google.cloud.tpu_v2` sends over REST (see its transports/rest_base.py): nodes create
-(POST .../nodes?nodeId=), get, list (pageSize/pageToken), delete, and operations get, with camelCase
-JSON and `{"error": {"code", "message", "status"}}` errors (404 -> NotFound, 409 -> Conflict).
-A node starts CREATING and turns READY after `ready_after_gets` reads of it or its operation, or
-after `ready_after_s` seconds. Tests steer it with `preempt`, `set_state` and `fail_next_create`.
+(POST .../nodes?nodeId=), get, list (pageSize/pageToken), patch (updateMask), delete, and operations
+get, with camelCase JSON and `{"error": {"code", "message", "status"}}` errors (400 -> InvalidArgument,
+401/403, 404 -> NotFound, 409 -> Conflict, 429 -> TooManyRequests, 503 -> ServiceUnavailable).
+
+What it holds callers to, as the real API does:
+- auth: every request needs `Authorization: Bearer` with a token the OAuth peer issued, or the
+  self-signed service-account JWT that google-cloud-tpu actually sends for a key (GAPIC clients sign
+  their own JWT instead of calling the token endpoint; its signature is checked against the registered
+  key), else 401 UNAUTHENTICATED; without the cloud-platform scope 403 PERMISSION_DENIED.
+- create: a valid node id; acceleratorType `<generation>-<size>` of a real size; runtimeVersion
+  present, and for TensorFlow runtimes `-pod` exactly when the type is multi-host; labels (at most
+  64, keys `[a-z][-_a-z0-9]{0,62}`, values `[-_a-z0-9]{0,63}`); metadata (keys `[-_a-zA-Z0-9]{1,128}`,
+  values <= 256 KiB, 512 KiB in all, enable-oslogin TRUE/FALSE, ssh-keys lines `user:type key [comment]`);
+  serviceAccount scopes are URLs; not both spot and preemptible; no unknown fields.
+- one network endpoint per host of the accelerator type; with networkConfig.enableExternalIps
+  false no endpoint has an accessConfig (no external IP).
+- a node is CREATING for `ready_after_gets` reads of it or its operation (default 3: with the
+  operator's poll every 15 s, 45 s to a minute, the lower end of what a v4-8 takes), then READY.
+- the first create and the first delete of each node are answered 429 RESOURCE_EXHAUSTED, then 503
+  UNAVAILABLE, before they go through (`transient_errors=False` turns that off).
+- patch: only `labels` in the update mask, with the same label rules.
+
+Leniencies left, and why:
+- REST only: production uses the client's gRPC transport by default; the tests set tpu.transport=rest,
+  which drives the same client methods, retries and credentials (a gRPC fake would need TLS and protos).
+- all workers share `endpoint_ip` (the test's one sshd) and the external IP is `external_ip`, not
+  distinct addresses: loopback tests have one SSH server.
+- runtime versions are not checked against Google's list of existing runtimes (that list changes;
+  mlm_tasks' runtime table is checked against it instead), nor against the generation.
+- quota, capacity and zone availability of a type are not modelled (`fail_next_create` injects a
+  stockout); IAM roles are not modelled (any registered service account may do anything).
+- acceleratorConfig (type + topology) is not modelled and is refused: mlm_tasks never sends it.
+- network/subnetwork names are not resolved (there is no VPC here); ssh-keys key material is not parsed.
+- operations finish on reads, not on a clock (`ready_after_s` adds a clock where a test needs one).
+Tests steer it with `preempt`, `set_state`, `fail_next_create`, `add_node` (a node made elsewhere)
+and `workers` (endpoints per node, overriding the type's host count, for tests that add nodes).
 """
 from __future__ import annotations
 
@@ -23,22 +55,58 @@ NODE_TYPE = "type.googleapis.com/google.cloud.tpu.v2.Node"
 EMPTY_TYPE = "type.googleapis.com/google.protobuf.Empty"
 META_TYPE = "type.googleapis.com/google.cloud.tpu.v2.OperationMetadata"
 PARENT = r"/v2/projects/(?P<project>[^/]+)/locations/(?P<zone>[^/:]+)"
+SERVICE_AUDIENCE = "https://tpu.googleapis.com/"
+NODE_FIELDS = {"name", "description", "acceleratorType", "state", "healthDescription", "runtimeVersion",
+               "networkConfig", "networkConfigs", "cidrBlock", "serviceAccount", "createTime", "schedulingConfig",
+               "networkEndpoints", "health", "labels", "metadata", "tags", "id", "dataDisks", "apiVersion",
+               "symptoms", "shieldedInstanceConfig", "acceleratorConfig", "queuedResource", "multisliceNode",
+               "bootDiskConfig", "upcomingMaintenance"}
+# generation -> (type-suffix units per host beyond one host, largest one-host suffix, allowed suffixes)
+GENERATIONS = {"v2": (8, 8, range(8, 513, 8)), "v3": (8, 8, range(8, 2049, 8)), "v4": (8, 8, range(8, 8193, 8)),
+               "v5p": (8, 8, range(8, 12289, 8)), "v5litepod": (4, 8, (1, 4, 8, 16, 32, 64, 128, 256)),
+               "v6e": (4, 8, (1, 4, 8, 16, 32, 64, 128, 256))}
+LABEL_KEY = re.compile(r"[a-z][-_a-z0-9]{0,62}")
+LABEL_VALUE = re.compile(r"[-_a-z0-9]{0,63}")
+METADATA_KEY = re.compile(r"[-_a-zA-Z0-9]{1,128}")
+SSH_KEY_LINE = re.compile(r"[^:\s]+:(ssh-rsa|ssh-ed25519|ecdsa-sha2-nistp\d+) [A-Za-z0-9+/=]+( \S.*)?")
+
+
+def hosts_of(accelerator_type: str) -> int | None:
+    """Hosts of a slice of this type, or None if the API does not know the type."""
+    match = re.fullmatch(r"([a-z0-9]+)-(\d+)", accelerator_type or "")
+    if not match or match[1] not in GENERATIONS:
+        return None
+    per_host, one_host, sizes = GENERATIONS[match[1]]
+    size = int(match[2])
+    if size not in sizes:
+        return None
+    return 1 if size <= one_host else size // per_host
+
+
+class InvalidRequest(Exception):
+    """400 INVALID_ARGUMENT with this message."""
 
 
 class FakeTpuApi:
-    def __init__(self, *, ready_after_gets: int = 1, ready_after_s: float | None = None,
-                 endpoint_ip: str = "127.0.0.1", endpoint_port: int = 8470, workers: int = 1,
-                 delete_after_gets: int = 0):
+    def __init__(self, *, oauth=None, ready_after_gets: int = 3, ready_after_s: float | None = None,
+                 endpoint_ip: str = "127.0.0.1", external_ip: str | None = None, endpoint_port: int = 8470,
+                 delete_after_gets: int = 0, transient_errors: bool = True):
+        self.oauth = oauth                    # OAuthTokenServer that vouches for bearer tokens
         self.ready_after_gets = ready_after_gets
         self.delete_after_gets = delete_after_gets  # reads a node stays DELETING before it is gone
         self.ready_after_s = ready_after_s
         self.endpoint_ip = endpoint_ip
+        self.external_ip = external_ip or endpoint_ip
         self.endpoint_port = endpoint_port
-        self.workers = workers
+        self.transient_errors = transient_errors
+        self.workers: int | None = None       # test control: endpoints per node instead of the type's hosts
         self.nodes: dict[str, dict] = {}      # full node name -> node JSON (+ private "_" keys)
         self.operations: dict[str, dict] = {}
-        self.requests: list[tuple[str, str]] = []  # (method, path) in arrival order
+        self.requests: list[tuple[str, str]] = []  # (method, path) of requests past auth and busy answers
+        self.answers: list[tuple[str, str, int]] = []  # (method, path, status) of every request
+        self.principals: set[str] = set()     # service accounts whose requests got through auth
         self._fail_next: tuple[str, str] | None = None
+        self._transient: dict[tuple[str, str], int] = {}  # (verb, node) -> attempts seen
         self._lock = threading.RLock()
         self._ops = 0
         self._server = ThreadingHTTPServer(("127.0.0.1", 0), _handler(self))
@@ -86,24 +154,48 @@ class FakeTpuApi:
         self._fail_next = (message, node_state)
 
     def add_node(self, project: str, zone: str, node_id: str, *, state: str = "READY",
-                 labels: dict | None = None) -> dict:
+                 labels: dict | None = None, accelerator_type: str = "v4-8") -> dict:
         """Put a node in place without going through create (e.g. one left by an earlier run)."""
         with self._lock:
-            node = self._new_node(f"projects/{project}/locations/{zone}", node_id, {"labels": labels or {}})
+            node = self._new_node(f"projects/{project}/locations/{zone}", node_id,
+                                  {"labels": labels or {}, "acceleratorType": accelerator_type,
+                                   "runtimeVersion": "tpu-vm-tf-2.16.1-pjrt",
+                                   "networkConfig": {"enableExternalIps": True}})
             node.update(state=state, _pinned=True)
             return node
+
+    def writes(self) -> list[str]:
+        """Methods of the create/patch/delete requests that went through, in order."""
+        return [m for m, _ in self.requests if m in ("POST", "PATCH", "DELETE")]
 
     # -- API behaviour ---------------------------------------------------------------------------
     def _new_node(self, parent: str, node_id: str, body: dict) -> dict:
         name = f"{parent}/nodes/{node_id}"
-        endpoints = [{"ipAddress": self.endpoint_ip, "port": self.endpoint_port,
-                      "accessConfig": {"externalIp": self.endpoint_ip}} for _ in range(self.workers)]
-        node = {**body, "name": name, "state": "CREATING", "networkEndpoints": endpoints,
+        external = (body.get("networkConfig") or {}).get("enableExternalIps", False)
+        endpoint = {"ipAddress": self.endpoint_ip, "port": self.endpoint_port}
+        if external:
+            endpoint["accessConfig"] = {"externalIp": self.external_ip}
+        count = self.workers or hosts_of(body["acceleratorType"]) or 1
+        endpoints = [dict(endpoint) for _ in range(count)]
+        node = {**body, "name": name, "state": "CREATING", "networkEndpoints": endpoints, "apiVersion": "V2",
                 "createTime": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
                 "_gets": 0, "_created": time.monotonic(), "_fail": self._fail_next, "_pinned": False}
         self._fail_next = None
         self.nodes[name] = node
         return node
+
+    def _busy(self, verb: str, name: str) -> tuple[int, dict] | None:
+        """The first attempt of each create/delete of a node gets 429, the second 503 (a busy API)."""
+        if not self.transient_errors:
+            return None
+        seen = self._transient.get((verb, name), 0)
+        self._transient[(verb, name)] = seen + 1
+        if seen == 0:
+            return _error(429, "RESOURCE_EXHAUSTED", "Quota exceeded for quota metric 'Requests' of service "
+                          "'tpu.googleapis.com'. Please retry.")
+        if seen == 1:
+            return _error(503, "UNAVAILABLE", "The service is currently unavailable.")
+        return None
 
     def _advance(self, node: dict) -> None:
         """A read of a CREATING node moves its clock; READY (or failure) once the clock runs out."""
@@ -143,6 +235,8 @@ class FakeTpuApi:
                 self._advance(node)
             if op["_target"] not in self.nodes:
                 op.update(done=True, response={"@type": EMPTY_TYPE})
+        elif op["_verb"] == "update":
+            op.update(done=True, response={"@type": NODE_TYPE, **_public(node or {})})
         elif node is None:
             op.update(done=True, error={"code": 10, "message": "The node was deleted during creation."})
         else:
@@ -162,11 +256,80 @@ def _error(code: int, status: str, message: str) -> tuple[int, dict]:
     return code, {"error": {"code": code, "message": message, "status": status}}
 
 
+def check_labels(labels: dict) -> None:
+    if len(labels) > 64:
+        raise InvalidRequest(f"A node can have at most 64 labels, got {len(labels)}.")
+    for key, value in labels.items():
+        if not LABEL_KEY.fullmatch(key):
+            raise InvalidRequest(f"Invalid label key {key!r}: keys must start with a lowercase letter and "
+                                 "contain only lowercase letters, digits, '-' and '_' (at most 63).")
+        if not isinstance(value, str) or not LABEL_VALUE.fullmatch(value):
+            raise InvalidRequest(f"Invalid label value {value!r} for key {key!r}: lowercase letters, digits, "
+                                 "'-' and '_' only, at most 63.")
+
+
+def check_metadata(metadata: dict) -> None:
+    total = 0
+    for key, value in metadata.items():
+        if not METADATA_KEY.fullmatch(key):
+            raise InvalidRequest(f"Invalid metadata key {key!r}.")
+        if not isinstance(value, str) or len(value.encode()) > 256 * 1024:
+            raise InvalidRequest(f"Metadata value of {key!r} must be a string of at most 256 KiB.")
+        total += len(key) + len(value.encode())
+        if key == "enable-oslogin" and value.upper() not in ("TRUE", "FALSE"):
+            raise InvalidRequest(f"Invalid value {value!r} for metadata enable-oslogin: TRUE or FALSE.")
+        if key == "ssh-keys":
+            for line in filter(None, value.splitlines()):
+                if not SSH_KEY_LINE.fullmatch(line):
+                    raise InvalidRequest(f"Invalid ssh-keys entry {line[:40]!r}: expected 'user:type key [comment]'.")
+    if total > 512 * 1024:
+        raise InvalidRequest("Metadata may hold at most 512 KiB in all.")
+
+
+def check_node(body: dict) -> None:
+    """What the API validates in a create request body (see the module docstring)."""
+    unknown = set(body) - NODE_FIELDS
+    if unknown:
+        raise InvalidRequest(f"Invalid JSON payload received. Unknown name {sorted(unknown)[0]!r} at 'node'.")
+    accelerator = body.get("acceleratorType", "")
+    if not accelerator:
+        raise InvalidRequest("Field 'acceleratorType' is required (this fake does not model acceleratorConfig).")
+    host_count = hosts_of(accelerator)
+    if host_count is None:
+        raise InvalidRequest(f"Accelerator type {accelerator!r} is not valid: expected <generation>-<size> "
+                             "with a supported size, e.g. v4-8, v5litepod-8, v5p-8.")
+    runtime = body.get("runtimeVersion", "")
+    if not runtime:
+        raise InvalidRequest("Field 'runtimeVersion' is required.")
+    if runtime.startswith("tpu-vm-tf-"):
+        pod = bool(re.search(r"-pod(-|$)", runtime))
+        if host_count > 1 and not pod:
+            raise InvalidRequest(f"Runtime version {runtime!r} supports single-host slices only; {accelerator} "
+                                 f"has {host_count} hosts: use a TensorFlow -pod runtime version.")
+        if host_count == 1 and pod:
+            raise InvalidRequest(f"Runtime version {runtime!r} is for multi-host slices; {accelerator} is one host.")
+    check_labels(body.get("labels") or {})
+    check_metadata(body.get("metadata") or {})
+    network = body.get("networkConfig") or {}
+    if "enableExternalIps" in network and not isinstance(network["enableExternalIps"], bool):
+        raise InvalidRequest("networkConfig.enableExternalIps must be a boolean.")
+    account = body.get("serviceAccount") or {}
+    if account.get("email") and not re.fullmatch(r"[^@\s]+@[^@\s]+\.[a-z]+", account["email"]):
+        raise InvalidRequest(f"Invalid service account email {account['email']!r}.")
+    for scope in account.get("scope") or []:
+        if not scope.startswith("https://www.googleapis.com/auth/"):
+            raise InvalidRequest(f"Invalid service account scope {scope!r}.")
+    scheduling = body.get("schedulingConfig") or {}
+    if scheduling.get("spot") and scheduling.get("preemptible"):
+        raise InvalidRequest("schedulingConfig: spot and preemptible cannot both be set.")
+
+
 def _handler(api: FakeTpuApi):
     routes = [
         ("POST", re.compile(PARENT + r"/nodes$"), "create"),
         ("GET", re.compile(PARENT + r"/nodes$"), "list"),
         ("GET", re.compile(PARENT + r"/nodes/(?P<node>[^/:]+)$"), "get"),
+        ("PATCH", re.compile(PARENT + r"/nodes/(?P<node>[^/:]+)$"), "patch"),
         ("DELETE", re.compile(PARENT + r"/nodes/(?P<node>[^/:]+)$"), "delete"),
         ("GET", re.compile(PARENT + r"/operations/(?P<op>[^/:]+)$"), "operation"),
     ]
@@ -175,20 +338,32 @@ def _handler(api: FakeTpuApi):
         def log_message(self, *args) -> None:  # keep pytest output readable
             pass
 
+        def _route(self, method: str, url, query: dict, body: dict) -> tuple[int, dict]:
+            if api.oauth is None:
+                return _error(401, "UNAUTHENTICATED", "No OAuth peer: this fake accepts no credentials.")
+            denied, email = api.oauth.check(self.headers.get("Authorization"), SERVICE_AUDIENCE)
+            if denied:
+                return _error(*denied)
+            api.principals.add(email)
+            for verb, pattern, action in routes:
+                match = pattern.match(url.path)
+                if verb == method and match:
+                    with api._lock:
+                        try:
+                            return getattr(self, action)(match.groupdict(), query, body)
+                        except InvalidRequest as err:
+                            return _error(400, "INVALID_ARGUMENT", str(err))
+            return _error(404, "NOT_FOUND", f"No route for {method} {url.path}")
+
         def _serve(self, method: str) -> None:
             url = urlsplit(self.path)
             query = parse_qs(url.query)
             length = int(self.headers.get("Content-Length") or 0)
             body = json.loads(self.rfile.read(length) or b"{}") if length else {}
-            api.requests.append((method, url.path))
-            for verb, pattern, action in routes:
-                match = pattern.match(url.path)
-                if verb == method and match:
-                    with api._lock:
-                        code, payload = getattr(self, action)(match.groupdict(), query, body)
-                    break
-            else:
-                code, payload = _error(404, "NOT_FOUND", f"No route for {method} {url.path}")
+            code, payload = self._route(method, url, query, body)
+            api.answers.append((method, url.path, code))
+            if code not in (401, 403, 429, 503):  # refused before the API looked at it
+                api.requests.append((method, url.path))
             data = json.dumps(payload).encode()
             self.send_response(code)
             self.send_header("Content-Type", "application/json")
@@ -198,6 +373,7 @@ def _handler(api: FakeTpuApi):
 
         do_GET = lambda self: self._serve("GET")          # noqa: E731
         do_POST = lambda self: self._serve("POST")        # noqa: E731
+        do_PATCH = lambda self: self._serve("PATCH")      # noqa: E731
         do_DELETE = lambda self: self._serve("DELETE")    # noqa: E731
 
         @staticmethod
@@ -208,9 +384,13 @@ def _handler(api: FakeTpuApi):
             node_id = (query.get("nodeId") or [""])[0]
             if not re.fullmatch(r"[a-z]([-a-z0-9]{0,61}[a-z0-9])?", node_id):
                 return _error(400, "INVALID_ARGUMENT", f"Invalid node id {node_id!r}.")
+            check_node(body)
             parent = self._parent(g)
             if f"{parent}/nodes/{node_id}" in api.nodes:
                 return _error(409, "ALREADY_EXISTS", f"Node {node_id} already exists.")
+            busy = api._busy("create", f"{parent}/nodes/{node_id}")
+            if busy:
+                return busy
             node = api._new_node(parent, node_id, body)
             return 200, _public(api._operation(parent, node["name"], "create"))
 
@@ -231,10 +411,27 @@ def _handler(api: FakeTpuApi):
             more = start + size < len(names)
             return 200, {"nodes": page, **({"nextPageToken": str(start + size)} if more else {})}
 
+        def patch(self, g, query, body):
+            name = f"{self._parent(g)}/nodes/{g['node']}"
+            mask = [p for p in ",".join(query.get("updateMask") or []).split(",") if p]
+            if not mask:
+                raise InvalidRequest("updateMask is required.")
+            if set(mask) - {"labels"}:  # what the API lets one change on a running node that we use
+                raise InvalidRequest(f"Field(s) {sorted(set(mask) - {'labels'})} cannot be updated; "
+                                     "supported here: labels.")
+            if name not in api.nodes:
+                return _error(404, "NOT_FOUND", f"Node {g['node']} not found.")
+            check_labels(body.get("labels") or {})
+            api.nodes[name]["labels"] = dict(body.get("labels") or {})
+            return 200, _public(api._operation(self._parent(g), name, "update"))
+
         def delete(self, g, query, body):
             name = f"{self._parent(g)}/nodes/{g['node']}"
             if name not in api.nodes:
                 return _error(404, "NOT_FOUND", f"Node {g['node']} not found.")
+            busy = api._busy("delete", name)
+            if busy:
+                return busy
             node = api.nodes[name]
             if api.delete_after_gets:  # the real API lingers in DELETING for a while
                 node.update(state="DELETING", _pinned=True, _delete_gets=api.delete_after_gets)
@@ -257,8 +454,34 @@ except ImportError:  # the fake also runs outside pytest
     pytest = None
 
 if pytest is not None:
+    GCP_CONN_ENV = "AIRFLOW_CONN_GOOGLE_CLOUD_DEFAULT"
+
+    @pytest.fixture(scope="session")
+    def oauth_server():
+        from peers.oauth_token import OAuthTokenServer
+
+        with OAuthTokenServer() as server:
+            yield server
+
+    @pytest.fixture(scope="session")
+    def sa_key(oauth_server) -> dict:
+        """A service-account key JSON whose token_uri is the loopback OAuth peer."""
+        return oauth_server.new_service_account("mlm-airflow@mlm-test-project.iam.gserviceaccount.com")
+
     @pytest.fixture
-    def fake_tpu():
-        """A fresh FakeTpuApi (nodes READY on the 2nd read); point TpuConfig.api_endpoint at .url."""
-        with FakeTpuApi(ready_after_gets=2) as api:
+    def fake_tpu(oauth_server, sa_key, monkeypatch):
+        """A fresh FakeTpuApi (nodes READY on the 3rd read) that takes only the OAuth peer's tokens.
+
+        The Airflow GCP connection google_cloud_default holds `sa_key` (env, so `dags test`
+        subprocesses see it too); in-process code gets the same credentials via mlm_tasks.credentials."""
+        from google.oauth2 import service_account
+
+        from mlm_tasks import credentials
+
+        monkeypatch.setenv(GCP_CONN_ENV, json.dumps({"conn_type": "google_cloud_platform",
+                                                     "extra": {"keyfile_dict": json.dumps(sa_key)}}))
+        creds = service_account.Credentials.from_service_account_info(
+            sa_key, scopes=["https://www.googleapis.com/auth/cloud-platform"])
+        with FakeTpuApi(oauth=oauth_server) as api, credentials.use(creds, sa_key["project_id"], "test key"):
+            api.credentials = creds
             yield api

@@ -105,6 +105,46 @@ def test_create_puts_the_ssh_connection_key_in_metadata(fake_tpu, sshd, monkeypa
     assert fake_tpu.node("proj", ZONE, NAME)["metadata"]["ssh-keys"] == f"{sshd.user}:{kind} {key} {sshd.user}"
 
 
+def _connection(key: dict) -> str:
+    return json.dumps({"conn_type": "google_cloud_platform", "extra": {"keyfile_dict": json.dumps(key)}})
+
+
+def test_every_tpu_call_uses_the_connections_credentials(fake_tpu, oauth_server, monkeypatch, caplog):
+    # The connection holds another key than the one this test process was handed: every call the
+    # operators and the trigger make must be signed by the connection's key.
+    key = oauth_server.new_service_account("from-connection@mlm-test-project.iam.gserviceaccount.com")
+    monkeypatch.setenv("AIRFLOW_CONN_GOOGLE_CLOUD_DEFAULT", _connection(key))
+    with caplog.at_level("INFO"):
+        _run(TpuVmCreateOperator(task_id="c", config=_config(fake_tpu)))
+        TpuVmDeleteOperator(task_id="d", config=_config(fake_tpu)).execute(_context())
+    assert fake_tpu.principals == {key["client_email"]}
+    assert fake_tpu.writes() == ["POST", "DELETE"]
+    assert "credentials of Airflow connection 'google_cloud_default'" in caplog.text
+
+
+def test_connection_without_credentials_falls_back_to_adc_and_says_so(fake_tpu, oauth_server, sa_key,
+                                                                        monkeypatch, tmp_path, caplog):
+    from mlm_tasks import credentials
+
+    # ADC: a key file named by GOOGLE_APPLICATION_CREDENTIALS (on GCP: the machine's service account).
+    adc = oauth_server.new_service_account("adc@mlm-test-project.iam.gserviceaccount.com")
+    (tmp_path / "adc.json").write_text(json.dumps(adc))
+    monkeypatch.setenv("GOOGLE_APPLICATION_CREDENTIALS", str(tmp_path / "adc.json"))
+    monkeypatch.setenv("AIRFLOW_CONN_GOOGLE_CLOUD_DEFAULT", json.dumps(
+        {"conn_type": "google_cloud_platform", "extra": {"project": "proj"}}))
+    with credentials.use(None), caplog.at_level("INFO"):
+        TpuVmDeleteOperator(task_id="d", config=_config(fake_tpu)).execute(_context())
+    assert "connection 'google_cloud_default' holds no key or other credentials: Google clients use " \
+           "Application Default Credentials" in caplog.text
+    assert fake_tpu.principals == {adc["client_email"]}
+    # No connection at all: the same fallback, logged as such.
+    monkeypatch.delenv("AIRFLOW_CONN_GOOGLE_CLOUD_DEFAULT")
+    caplog.clear()
+    with credentials.use(None), caplog.at_level("INFO"):
+        TpuVmDeleteOperator(task_id="d", config=_config(fake_tpu)).execute(_context())
+    assert "No Airflow connection 'google_cloud_default'" in caplog.text
+
+
 def test_delete_is_idempotent(fake_tpu):
     fake_tpu.add_node("proj", ZONE, NAME)
     op = TpuVmDeleteOperator(task_id="d", config=json.dumps(_config(fake_tpu)))
@@ -156,11 +196,12 @@ tpu_ops_test()
 
 @pytest.mark.parametrize("command, ok", [("echo remote-says-hi $((6*7))", True), ("echo about-to-fail; exit 5", False)])
 def test_dag_run_creates_runs_and_tears_down(airflow_env, fake_tpu, sshd, tmp_path, command, ok):
-    fake_tpu.workers = 2
     dag_file = tmp_path / "tpu_ops_test.py"
     dag_file.write_text(textwrap.dedent(DAG_FILE))
     config = _config(fake_tpu)
-    config["tpu"].update(ssh_port=sshd.port, poll_interval_s=0.2)
+    # v4-16: two hosts, so two workers (the fake derives one endpoint per host).
+    config["tpu"].update(ssh_port=sshd.port, poll_interval_s=0.2, accelerator_type="v4-16",
+                         runtime_version="tpu-vm-tf-2.16.1-pod-pjrt")
     result = dags_test(airflow_env, "tpu_ops_test", dagfile=dag_file, conf={"config": config, "command": command},
                        extra_env={"AIRFLOW_CONN_TPU_SSH": airflow_conn_uri(sshd)})
     logs = result.stdout + result.stderr
@@ -173,3 +214,96 @@ def test_dag_run_creates_runs_and_tears_down(airflow_env, fake_tpu, sshd, tmp_pa
         assert "[worker 0] remote-says-hi 42" in logs
     else:
         assert "worker 0 (127.0.0.1): exit code 5" in logs and "worker 1 (127.0.0.1): exit code 5" in logs
+
+
+def _silent_port():
+    """A loopback port that never answers a SYN, like a firewall that drops packets: a listener
+    with a full accept queue (Linux then drops further SYNs)."""
+    import socket
+
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(0)
+    fillers = []
+    for _ in range(4):  # fill the queue; later connects hang
+        s = socket.socket()
+        s.setblocking(False)
+        s.connect_ex(listener.getsockname())
+        fillers.append(s)
+    return listener, fillers
+
+
+def test_probe_tells_a_dropping_firewall_from_a_refusal():
+    import socket
+
+    from remote_step import unreachable_workers
+
+    listener, fillers = _silent_port()
+    with socket.socket() as closed:
+        closed.bind(("127.0.0.1", 0))
+        closed_port = closed.getsockname()[1]  # bound, not listening: connects are refused
+        started = time.monotonic()
+        silent = unreachable_workers(["127.0.0.1"], listener.getsockname()[1], timeout_s=1)
+        refused = unreachable_workers(["127.0.0.1", "127.0.0.1"], closed_port, timeout_s=1)
+    elapsed = time.monotonic() - started
+    for s in (listener, *fillers):
+        s.close()
+    assert len(silent) == 1 and "no answer within 1s" in silent[0], silent
+    assert [r.split(":")[0] for r in refused] == ["worker 0 127.0.0.1", "worker 1 127.0.0.1"]
+    assert all("connection refused" in r for r in refused)
+    assert elapsed < 10  # short timeouts, workers probed in parallel
+
+
+def test_unreachable_worker_fails_the_step_at_once_with_the_fix(fake_tpu, sshd, monkeypatch):
+    from airflow.sdk.exceptions import AirflowFailException
+
+    from remote_step import TpuSSHStepOperator
+
+    monkeypatch.setenv("AIRFLOW_CONN_TPU_SSH", airflow_conn_uri(sshd))
+    # ssh_via=external: the workers' external IP is one where nothing listens (sshd is on 127.0.0.1).
+    fake_tpu.external_ip = "127.0.0.2"
+    config = _config(fake_tpu)
+    config["tpu"].update(ssh_port=sshd.port, ssh_via="external", ssh_probe_timeout_s=1)
+    _run(TpuVmCreateOperator(task_id="c", config=config))
+    step = TpuSSHStepOperator(task_id="train", config=config, command="echo never-runs")
+    started = time.monotonic()
+    with pytest.raises(AirflowFailException) as err:
+        step.execute(_context())
+    assert time.monotonic() - started < 15, "the probe must not wait out the SSH patience"
+    message = str(err.value)
+    assert f"worker 0 127.0.0.2:{sshd.port}" in message and "via its external IPs" in message
+    assert "allow tcp:" in message and "firewall-rules create" in message and "enable-oslogin" in message
+    # The same node dialled on its internal IPs reaches the sshd.
+    config["tpu"]["ssh_via"] = "internal"
+    assert TpuSSHStepOperator(task_id="train", config=config, command="true").execute(_context())["workers"] == 1
+
+
+def test_train_execution_timeout_comes_from_the_config_and_never_outlives_the_ttl(fake_tpu, monkeypatch):
+    from datetime import timedelta
+
+    from mlm_tasks import credentials
+    from mlm_tasks.config import ConfigError, build_config
+    from train_operator import TrainOperator
+
+    monkeypatch.setenv("GOOGLE_AUTH_TOKEN_FOR_TESTING", "restored-after-the-test")  # pre_execute sets it
+    try:
+        op = TrainOperator(task_id="train", config=_config(fake_tpu, train={"timeout_hours": 6}))
+        op.pre_execute(_context())
+        assert op.execution_timeout == timedelta(hours=6)
+        op = TrainOperator(task_id="train", config=_config(fake_tpu))  # default on a TPU VM: the TTL (12 h)
+        op.pre_execute(_context())
+        assert op.execution_timeout == timedelta(hours=12)
+        # pre_execute also handed the task's clients the connection's key (process-wide, as in a task).
+        assert credentials.current().service_account_email == fake_tpu.credentials.service_account_email
+    finally:
+        credentials.install(None)
+        credentials.stop_sharing_with_tensorflow()
+    with pytest.raises(ConfigError, match="longer than tpu.ttl_hours"):
+        build_config({**_config(fake_tpu), "train": {"timeout_hours": 13}})
+
+
+def test_old_ssh_via_external_ip_setting_still_reads():
+    from mlm_tasks.config import TpuConfig
+
+    assert TpuConfig(ssh_via_external_ip=True).ssh_via == "external"
+    assert TpuConfig.model_validate({"ssh_via_external_ip": False}).ssh_via == "internal"

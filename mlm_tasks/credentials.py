@@ -1,0 +1,106 @@
+"""The Google credentials every Google client of this process uses (TPU API, gcsfs, google-cloud-storage).
+
+    from mlm_tasks import credentials
+    credentials.install(creds, project)        # for the rest of this process (an Airflow task)
+    with credentials.use(creds, project): ...  # for a block (a trigger poll, a test)
+    credentials.current()                      # what the clients get; None -> Application Default Credentials
+
+mlm_tasks never imports Airflow: on the Airflow side, `plugins/gcp_credentials.py` reads the run's
+GCP connection with the Google provider's own hook and hands the google-auth object in here. Where
+nothing was handed in (the CLI, the TPU VM itself), the clients find credentials the usual way:
+Application Default Credentials (GOOGLE_APPLICATION_CREDENTIALS, gcloud, the VM's service account).
+"""
+from __future__ import annotations
+
+import contextlib
+import contextvars
+import logging
+import os
+import threading
+import time
+from dataclasses import dataclass
+from typing import Any, Iterator
+
+
+@dataclass(frozen=True)
+class Handed:
+    credentials: Any          # a google.auth.credentials.Credentials
+    project: str | None = None
+    source: str = ""          # where they came from, for logs ("Airflow connection 'google_cloud_default'")
+
+
+_process: Handed | None = None
+_block: contextvars.ContextVar[Handed | None] = contextvars.ContextVar("mlm_google_credentials", default=None)
+
+
+def install(creds: Any, project: str | None = None, source: str = "") -> None:
+    """Use `creds` for every Google client this process makes from now on (None: back to ADC)."""
+    global _process
+    _process = Handed(creds, project, source) if creds is not None else None
+
+
+@contextlib.contextmanager
+def use(creds: Any, project: str | None = None, source: str = "") -> Iterator[None]:
+    """Use `creds` inside the block (this thread and tasks it starts with copied context)."""
+    token = _block.set(Handed(creds, project, source) if creds is not None else None)
+    try:
+        yield
+    finally:
+        _block.reset(token)
+
+
+def handed() -> Handed | None:
+    return _block.get() or _process
+
+
+def current() -> Any | None:
+    """The credentials handed in, or None: the client then uses Application Default Credentials."""
+    got = handed()
+    return got.credentials if got else None
+
+
+TF_TOKEN_VAR = "GOOGLE_AUTH_TOKEN_FOR_TESTING"
+_refresher: threading.Thread | None = None
+_stop = threading.Event()
+log = logging.getLogger(__name__)
+
+
+def share_with_tensorflow(creds: Any) -> None:
+    """Point TensorFlow's gs:// at `creds` for the rest of this process (refreshed before expiry)."""
+    global _refresher
+    from google.auth.transport.requests import Request
+
+    if creds is None or is_anonymous(creds):
+        return
+    creds.refresh(Request())
+    os.environ[TF_TOKEN_VAR] = creds.token
+
+    def keep_fresh() -> None:
+        while True:
+            expiry = getattr(creds, "expiry", None)
+            left = (expiry.timestamp() - time.time()) if expiry else 3000.0
+            if _stop.wait(max(60.0, left - 600.0)):  # ten minutes before it runs out
+                return
+            try:
+                creds.refresh(Request())
+                os.environ[TF_TOKEN_VAR] = creds.token
+            except Exception as err:  # keep the old token; the next round tries again
+                log.warning("Refreshing the GCS token for TensorFlow failed (will retry): %s", type(err).__name__)
+
+    stop_sharing_with_tensorflow()
+    _stop.clear()
+    _refresher = threading.Thread(target=keep_fresh, daemon=True, name="tf-gcs-token")
+    _refresher.start()
+
+
+def stop_sharing_with_tensorflow() -> None:
+    """Stop refreshing TensorFlow's token (the variable is left as it is)."""
+    if _refresher is not None and _refresher.is_alive():
+        _stop.set()
+        _refresher.join(timeout=5)
+
+
+def is_anonymous(creds: Any) -> bool:
+    from google.auth.credentials import AnonymousCredentials
+
+    return isinstance(creds, AnonymousCredentials)
