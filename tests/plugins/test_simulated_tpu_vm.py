@@ -12,7 +12,6 @@ and runs fill-mask on it, and reads the checkpoint.
 """
 from __future__ import annotations
 
-import json
 import os
 import subprocess
 import sys
@@ -77,6 +76,7 @@ def test_bootstrap_and_train_on_the_simulated_image(tiny_prepared, gcs_root, tf_
     assert TrainOperator(task_id="train", config=cfg.model_dump(mode="json")).execute(context) == \
         {"node": name, "workers": 1}
     log = capfd.readouterr().out
+    (tmp_path / "train_task.log").write_text(log)  # kept for debugging
     assert "Installing project" in log and "Installing requirements-tf2.16.txt beside the image TensorFlow" in log
     assert "[worker 0] VM ready: Python 3.10.13, TensorFlow 2.16.1, tf-keras 2.16.0, transformers 4.57.6" in log
 
@@ -92,14 +92,19 @@ def test_bootstrap_and_train_on_the_simulated_image(tiny_prepared, gcs_root, tf_
     # model through the evaluate and infer (fill-mask) steps. In subprocesses, as TensorFlow must be
     # for its gs:// to reach the emulator through the TLS proxy (which runs in this process).
     env = {**os.environ, **tf_gcs_env, "HF_HUB_OFFLINE": "1"}
-    check = ("import sys, tensorflow as tf; assert tf.__version__.startswith('2.21'), tf.__version__; "
-             "names = [n for n, _ in tf.train.list_variables(tf.train.latest_checkpoint(sys.argv[1]))]; "
-             "assert any(n.endswith('roberta/embeddings/weight/.ATTRIBUTES/VARIABLE_VALUE') for n in names), names")
-    subprocess.run([sys.executable, "-c", check, run.checkpoints], env=env, check=True, timeout=300)
-    config_json = json.dumps(cfg.model_dump(mode="json"))
-    for step in ("evaluate", "infer"):
-        subprocess.run([sys.executable, "-m", "mlm_tasks", step, "--config-json", config_json, "--run-id", RUN,
-                        "--data-fingerprint", data["fingerprint"]], env=env, check=True, timeout=300)
+    airflow_side = f"""
+import sys, tensorflow as tf
+from mlm_tasks.config import PipelineConfig
+from mlm_tasks.evaluate import evaluate
+from mlm_tasks.infer import fill_mask
+assert tf.__version__.startswith("2.21"), tf.__version__
+names = [n for n, _ in tf.train.list_variables(tf.train.latest_checkpoint({run.checkpoints!r}))]
+assert any(n.endswith("roberta/embeddings/weight/.ATTRIBUTES/VARIABLE_VALUE") for n in names), names
+cfg = PipelineConfig.model_validate_json(sys.argv[1])
+evaluate(cfg, {RUN!r}, {data["fingerprint"]!r})
+fill_mask(cfg, {RUN!r})
+"""
+    subprocess.run([sys.executable, "-c", airflow_side, cfg.model_dump_json()], env=env, check=True, timeout=300)
     assert 0 < storage.read_json(run.eval_metrics)["loss"] < 20
     predictions = storage.read_json(run.predictions)
     assert predictions and all(p["predictions"] for p in predictions)
