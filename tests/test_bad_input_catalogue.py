@@ -156,6 +156,10 @@ CASES = [
     Case("unsupported-scheme", "output_root with an unsupported scheme",
          r"output_root 's3://bucket/x' has unsupported scheme 's3': use a local folder or gs://bucket/prefix",
          [("config_from_params", form(output_root="s3://bucket/x"))]),
+    Case("unsupported-tpu-runtime", "a TPU runtime without a VM lock (or not a TensorFlow runtime)",
+         r"tpu\.runtime_version 'tpu-vm-tf-2\.15\.0-pjrt' has no VM lock in this project .*use one of "
+         r"tpu-vm-tf-2\.16\.1-pjrt, tpu-vm-tf-2\.16\.1-pod-pjrt",
+         [("config_from_params", form(overrides={"tpu.runtime_version": "tpu-vm-tf-2.15.0-pjrt"}))]),
     Case("gs-without-credentials", "gs:// output_root without credentials",
          r"output_root gs://mlm-no-such-bucket/prefix needs Google Cloud credentials and none were found .*"
          r"set GOOGLE_APPLICATION_CREDENTIALS",
