@@ -116,19 +116,6 @@ def _fetch(py: str, uri: str) -> str:
     return f"cp {shlex.quote(storage.local_path(tarball))} ."
 
 
-# Run once per lock on the VM, after its install: the image must hold the runtime's TensorFlow.
-_CHECK_IMAGE = """import sys, tensorflow as tf
-want = sys.argv[1]
-if tf.__version__.rsplit(".", 1)[0] != want.rsplit(".", 1)[0]:
-    sys.exit(f"This TPU VM image has TensorFlow {tf.__version__}, but tpu.runtime_version promises {want}: "
-             "set tpu.runtime_version to the image's runtime (the VM lock is chosen by it).")
-import tf_keras, transformers
-assert transformers.is_tf_available(), "transformers does not see TensorFlow"
-print(f"VM ready: Python {sys.version.split()[0]}, TensorFlow {tf.__version__}, tf-keras {tf_keras.__version__}, "
-      f"transformers {transformers.__version__}")
-"""
-
-
 def _bootstrap(cfg: PipelineConfig, code: CodeBundle) -> list[str]:
     py = shlex.quote(cfg.tpu.python)
     deps = f"deps-{code.lock_sha}"
@@ -143,7 +130,9 @@ def _bootstrap(cfg: PipelineConfig, code: CodeBundle) -> list[str]:
         f"rm -rf {deps}.tmp",
         f"{py} -m pip install --quiet --disable-pip-version-check --no-deps --only-binary=:all: "
         f"--target {deps}.tmp -r code/{shlex.quote(code.lock)}",
-        f"PYTHONPATH=\"$PWD/{deps}.tmp\" {py} -c {shlex.quote(_CHECK_IMAGE)} {shlex.quote(code.tensorflow)}",
+        # Once per lock: the image must hold the runtime's TensorFlow and whatever the lock needs.
+        f"PYTHONPATH=\"$PWD/code:$PWD/{deps}.tmp\" {py} -m mlm_tasks.vm.check_image "
+        f"{shlex.quote(code.tensorflow)} {deps}.tmp",
         f"mv {deps}.tmp {deps}",
     ])
     # `set -e` ignores a failure inside an && chain: each chain says so and exits itself.

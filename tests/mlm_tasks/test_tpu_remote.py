@@ -127,3 +127,19 @@ def test_vm_side_modules_compile_for_python_310():
     out = subprocess.run([str(python), "-c", "import ast, sys\nfor f in sys.argv[1:]: ast.parse(open(f).read(), f)",
                           *files], capture_output=True, text=True)
     assert out.returncode == 0, out.stderr
+
+
+def test_image_check_finds_what_the_image_lacks(tmp_path):
+    """pip --no-deps checks nothing: check_image does, with `tensorflow` met by the image's TPU build
+    whatever its distribution name."""
+    from mlm_tasks.vm.check_image import unmet_requirements
+
+    info = tmp_path / "demo_pkg-1.0.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: demo-pkg\nVersion: 1.0\n"
+                                   "Requires-Dist: tensorflow<2.17,>=2.16\nRequires-Dist: numpy>=99\n"
+                                   "Requires-Dist: pydantic\nRequires-Dist: torch; extra == \"torch\"\n"
+                                   "Requires-Dist: pywin32; sys_platform == \"win32\"\n")
+    problems = unmet_requirements(str(tmp_path), "2.16.1")
+    assert len(problems) == 1 and problems[0].startswith("demo-pkg 1.0 needs numpy>=99; the VM has ")
+    assert any("tensorflow" in p for p in unmet_requirements(str(tmp_path), "2.21.0"))

@@ -180,7 +180,7 @@ def test_bootstrap_installs_staged_code_once(ssh_conn, tmp_path, fake_tpu, sshd)
     wrapper = tmp_path / "python"
     wrapper.write_text(f"""#!/bin/sh
 if [ "$1 $2" = "-m pip" ]; then echo "PIP $*"; for a; do case "$prev" in --target) mkdir -p "$a";; esac; prev=$a; done; exit 0; fi
-if [ "$1" = "-c" ]; then echo "CHECK $3 FORCE_TF_AVAILABLE=$FORCE_TF_AVAILABLE"; exit 0; fi
+if [ "$1 $2" = "-m mlm_tasks.vm.check_image" ]; then echo "CHECK $3 $4 FORCE_TF_AVAILABLE=$FORCE_TF_AVAILABLE"; exit 0; fi
 if [ "$1 $2" = "-m mlm_tasks" ]; then shift 2
   exec {real_python} -c 'import sys, mlm_tasks; print("FROM", mlm_tasks.__file__); print("ARGS", *sys.argv[1:2], sys.argv[-2:])' "$@"
 fi
@@ -202,7 +202,7 @@ exec {real_python} "$@"
     # Never TensorFlow, never the image's packages: --no-deps, only wheels, into a folder of its own.
     assert first[2] == ("PIP -m pip install --quiet --disable-pip-version-check --no-deps --only-binary=:all: "
                         f"--target deps-{bundle.lock_sha}.tmp -r code/mlm_tasks/vm/requirements-tf2.16.txt")
-    assert first[3] == "CHECK 2.16.1 FORCE_TF_AVAILABLE=1"
+    assert first[3] == f"CHECK 2.16.1 deps-{bundle.lock_sha}.tmp FORCE_TF_AVAILABLE=1"
     assert first[4] == f"FROM {workdir}/code/mlm_tasks/__init__.py"
     assert first[5] == "ARGS train ['--run-id', 'manual__1']"
     assert (workdir / f".installed-{bundle.sha}").exists() and (workdir / f"deps-{bundle.lock_sha}").is_dir()
