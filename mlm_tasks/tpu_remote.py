@@ -148,9 +148,11 @@ def _bootstrap(cfg: PipelineConfig, code: CodeBundle) -> list[str]:
 
 
 def remote_command(cfg: PipelineConfig, step: str, run_id: str, *, extra_args: Sequence[str] = (),
-                   code: CodeBundle | None = None, env: dict[str, str] | None = None) -> str:
+                   code: CodeBundle | None = None, env: dict[str, str] | None = None,
+                   expect_token: bool = False) -> str:
     """The shell line the worker runs: [install once] then `python -m mlm_tasks <step> ...`.
-    `env`: more (non-secret) variables for the step, e.g. the TPU node of a pod slice."""
+    `env`: more (non-secret) variables for the step, e.g. the TPU node of a pod slice.
+    `expect_token`: the session sends the Hub token; fail at once, saying why, if it did not arrive."""
     if cfg.tpu.bootstrap and code is None:
         raise ConfigError("tpu.bootstrap is on but no code bundle was given: call stage_code() first, "
                           "or set tpu.bootstrap=false when the VM already has the project in tpu.workdir.")
@@ -164,6 +166,9 @@ def remote_command(cfg: PipelineConfig, step: str, run_id: str, *, extra_args: S
     parts = ["set -e", f"mkdir -p {_shell_path(cfg.tpu.workdir)}", f"cd {_shell_path(cfg.tpu.workdir)}"]
     parts += [f"export {k}={shlex.quote(v)}" for k, v in sorted(variables.items())]
     # The token arrives in the session's environment, never in this line; hand it on under its own name.
+    if expect_token:  # an sshd that does not accept the name drops it without a word
+        parts.append(f'if [ -z "${{{SESSION_ENV_TOKEN}:-}}" ]; then echo "The Hub token did not reach the VM: its '
+                     f'sshd_config needs AcceptEnv LANG LC_* (Ubuntu\'s default) for {SESSION_ENV_TOKEN}." >&2; exit 3; fi')
     parts.append(f'if [ -n "${{{SESSION_ENV_TOKEN}:-}}" ]; then export HF_TOKEN="${SESSION_ENV_TOKEN}"; fi; '
                  f"unset {SESSION_ENV_TOKEN}")
     if cfg.tpu.bootstrap:

@@ -29,7 +29,7 @@ from airflow.sdk.exceptions import AirflowException, AirflowFailException, Airfl
 from airflow.sdk import BaseOperator
 
 from mlm_tasks import tpu
-from mlm_tasks.tpu_remote import remote_command, stage_code
+from mlm_tasks.tpu_remote import SESSION_ENV_TOKEN, remote_command, stage_code
 from tpu_operators import NodeEnsurer, resolve_config, run_node_name
 
 TAIL_LINES = 20
@@ -71,7 +71,8 @@ class RemoteRunner:
                 worker.channel = channel
             channel.get_pty(width=200)  # a hang-up of the pty is what stops the remote step
             if self.session_env:
-                # sshd drops names its AcceptEnv does not list: paramiko then raises, naming the variable.
+                # paramiko sends these without asking for a reply: a name the sshd does not accept is
+                # dropped silently, so the remote line checks what it expects (remote_command).
                 channel.update_environment(self.session_env)
             channel.exec_command(command)
             for raw in channel.makefile("rb"):
@@ -212,8 +213,10 @@ class TpuSSHStepOperator(NodeEnsurer, BaseOperator):
         env = self.step_env(cfg)
         if multi_host:
             env["MLM_TPU_NODE"] = name  # train: TPUClusterResolver(tpu=<node>, zone=..., project=...)
+        session_env = self.session_env(cfg)
         command = self.command or remote_command(
             cfg, self.step, context["run_id"], extra_args=self.remote_args(context), env=env,
+            expect_token=SESSION_ENV_TOKEN in session_env,
             code=stage_code(cfg.output_root, cfg.tpu.runtime_version) if cfg.tpu.bootstrap else None)
         if multi_host:
             self.log.info("%s is a %d-host slice: running %r on worker 0 (%s) only; the -pod runtime on the "
@@ -221,7 +224,7 @@ class TpuSSHStepOperator(NodeEnsurer, BaseOperator):
         else:
             self.log.info("Running %r on %s (%s).", self.step, name, hosts[0])
         self._runner = RemoteRunner(hosts[:1], ssh_connect(cfg.tpu.ssh_conn_id, cfg.tpu.ssh_port), self.log,
-                                    self.peer_grace_s, session_env=self.session_env(cfg))
+                                    self.peer_grace_s, session_env=session_env)
         workers = self._runner.run(command)
         failed = [w for w in workers if w.exit_code != 0]
         if failed:

@@ -242,3 +242,15 @@ def test_remote_command_exports_tpu_env(ssh_conn, fake_tpu, sshd, tmp_path):
     workers = RemoteRunner(["127.0.0.1"], ssh_conn, logging.getLogger("t")).run(
         setup + '; echo "$PWD|$STORAGE_EMULATOR_HOST|$ODD"')
     assert list(workers[0].tail) == [f"{tmp_path}|http://127.0.0.1:1|a b'c"]
+
+
+def test_a_token_the_sshd_drops_fails_the_step_saying_why(ssh_conn, fake_tpu, sshd, tmp_path):
+    """paramiko's env requests expect no reply: a name the sshd does not accept vanishes silently.
+    The remote line notices and says what to fix, instead of a step failing later without HF_TOKEN."""
+    cfg = _cfg(fake_tpu, sshd, workdir=str(tmp_path))
+    command = remote_command(cfg, "train", "r", expect_token=True).split("; exec ", 1)[0] + '; echo "token ${#HF_TOKEN}"'
+    log = logging.getLogger("t")
+    arrived = RemoteRunner(["127.0.0.1"], ssh_conn, log, session_env={"LC_MLM_HF_TOKEN": "hf_secret_value"}).run(command)
+    assert list(arrived[0].tail) == ["token 15"]
+    dropped = RemoteRunner(["127.0.0.1"], ssh_conn, log, session_env={"NOT_ACCEPTED": "hf_secret_value"}).run(command)
+    assert dropped[0].exit_code == 3 and "sshd_config needs AcceptEnv LANG LC_*" in dropped[0].describe()
