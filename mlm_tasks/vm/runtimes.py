@@ -9,10 +9,11 @@ TensorFlow X.Y.Z preinstalled; the VM lock holds only what runs beside that Tens
 TensorFlow itself). `-pod` images are for multi-host slices, where TensorFlow is single-client:
 worker 0 runs the program and the `-pod` runtime on the other hosts serves it.
 
-Checked against Google's list "TPU software versions" (cloud.google.com/tpu/docs/runtimes):
-TensorFlow runtimes are named `tpu-vm-tf-x.y.z[-pod][-{pjrt|se}]`; v5e, v5p and v6e need 2.15.0 or
-later with PJRT; the list runs tpu-vm-tf-2.16.1-pjrt, 2.15.1-pjrt, 2.15.0-pjrt (and -se twins), then
-2.14.1 and older. Supported here is what has a VM lock and is tested on the simulated image
+Checked against Google's pages: "TPU software versions" (cloud.google.com/tpu/docs/runtimes) gives
+the naming rule `tpu-vm-tf-x.y.z[-pod][-{pjrt|se}]` (-pod for multi-host slices) and says v5e, v5p
+and v6e run TensorFlow 2.15.0 or later with PJRT; "TPU runtimes" (.../supported-tpu-versions) lists
+the TensorFlow TPU VM versions tpu-vm-tf-2.16.1-pjrt, 2.16.1-se, 2.15.1-pjrt/-se, 2.15.0-pjrt/-se,
+then 2.14.1 and older. Newer TensorFlow runtimes, if Google adds any, need a row and a lock here. Supported here is what has a VM lock and is tested on the simulated image
 (tests/plugins/test_simulated_tpu_vm.py): the 2.16.1 PJRT runtimes. Adding one = a row, a lock
 (`make lock-vm`), and the simulated test on its TensorFlow.
 """
