@@ -11,7 +11,7 @@ export AIRFLOW__CORE__PLUGINS_FOLDER := $(CURDIR)/plugins
 export AIRFLOW__CORE__LOAD_EXAMPLES := False
 export TF_USE_LEGACY_KERAS := 1
 
-.PHONY: env run test lock clean
+.PHONY: env run test lock clean lock-vm tpuvm-env
 
 env: $(VENV)/.installed
 
@@ -46,6 +46,14 @@ $(VENV_PT)/.installed: requirements-pt.txt
 
 lock-pt:
 	uv pip compile requirements-pt.in -o requirements-pt.txt --python-version 3.11
+
+# The TPU VM side: locks of what a TPU VM installs beside its image's TensorFlow (mlm_tasks/vm/),
+# and the simulated TPU VM image the tests run it on (.venv-tpuvm/, Python 3.10; tests build it too).
+lock-vm: env
+	$(PY) scripts/lock_vm.py
+
+tpuvm-env: env
+	$(PY) tests/peers/tpu_vm_image.py
 
 clean:
 	rm -rf out .airflow

@@ -150,7 +150,7 @@ class TpuConfig(_Section):
     project: str = Field("", description="Google Cloud project of the TPU VM.")
     zone: str = Field("us-central2-b", description="Zone of the TPU VM.")
     accelerator_type: str = Field("v4-8", description="TPU type, e.g. v4-8, v5litepod-8, v4-32 (pod slice).")
-    runtime_version: str = Field("tpu-vm-tf-2.16.1-pjrt", description="TPU VM software version.")
+    runtime_version: str = Field("tpu-vm-tf-2.16.1-pjrt", description="TPU VM software version: tpu-vm-tf-X.Y.Z[-pod]-pjrt (-pod for multi-host slices); picks the VM lock (mlm_tasks/vm/runtimes.py lists the supported ones).")
     network: str | None = Field(None, description="VPC network (default network if empty).")
     subnetwork: str | None = Field(None, description="Subnetwork.")
     spot: bool = Field(False, description="Use a Spot VM (cheaper, may be preempted).")
@@ -179,6 +179,14 @@ class TpuConfig(_Section):
                                  "key through OS Login instead (ssh-keys metadata is then ignored).")
     env: dict[str, str] = Field(default_factory=dict, description="Environment variables for the step on every "
                                 "worker (no secrets: the config is logged and kept in XCom).")
+
+    @model_validator(mode="after")
+    def _supported_runtime(self) -> "TpuConfig":
+        # The runtime picks the image's TensorFlow and so the VM lock (mlm_tasks.vm.runtimes).
+        from mlm_tasks.vm import runtimes  # here, not at the top: runtimes imports ConfigError
+
+        runtimes.get(self.runtime_version)
+        return self
 
 
 class GateConfig(_Section):

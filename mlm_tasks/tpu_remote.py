@@ -1,13 +1,22 @@
-"""What runs on each TPU VM worker: an idempotent install of this project, then one CLI step.
+"""What runs on a TPU VM: an idempotent install of this project beside the image's TensorFlow,
+then one CLI step.
 
-    bundle = stage_code(cfg.output_root)                    # once, from the Airflow worker
-    line = remote_command(cfg, "train", run_id, code=bundle) # the same line runs on every worker
+    bundle = stage_code(cfg.output_root, cfg.tpu.runtime_version)   # once, from the Airflow worker
+    line = remote_command(cfg, "train", run_id, code=bundle)         # the line worker 0 runs
 
-`stage_code` puts a deterministic tarball of the `mlm_tasks` package plus requirements.txt under
-output_root/_code/<sha>/ (content-addressed: an unchanged project is uploaded once). The remote line
-fetches and installs it only when `<workdir>/.installed-<sha>` is missing, then runs
-`python -m mlm_tasks <step> --config-json <cfg> --run-id <run>`. With `tpu.bootstrap: false` it
-just runs the step from `tpu.workdir` (a custom image, or the tests, where the "VM" is this machine).
+`stage_code` puts a deterministic tarball of the installed `mlm_tasks` package (package data
+included: the VM locks under mlm_tasks/vm/) under output_root/_code/<sha>/ — content-addressed, so
+an unchanged project is uploaded once, and a wheel or Docker install stages exactly what a checkout
+does. The remote line fetches and unpacks it when `<workdir>/.installed-<sha>` is missing, and
+installs the runtime's VM lock (mlm_tasks.vm.runtimes) with `pip --no-deps --target` into
+`<workdir>/deps-<lock sha>/` when that is missing: nothing of the image (its Python, its TPU build of
+TensorFlow, numpy, protobuf) is replaced, and the image is checked to hold the runtime's TensorFlow.
+Then it runs `python -m mlm_tasks <step> --config-json <cfg> --run-id <run>`. With
+`tpu.bootstrap: false` it runs the step from `tpu.workdir` as it is (a custom image, or tests).
+
+Secrets never ride on the command line (it shows in `ps` and in logs): the Hub token reaches the
+step through the SSH session's environment as LC_MLM_HF_TOKEN (stock Ubuntu sshd accepts LC_*
+variables; see `SESSION_ENV_TOKEN`), and the line hands it on as HF_TOKEN.
 """
 from __future__ import annotations
 
@@ -27,14 +36,20 @@ from mlm_tasks.config import ConfigError, PipelineConfig
 from mlm_tasks.paths import join
 
 PACKAGE_DIR = Path(__file__).resolve().parent
-# The TPU image's TensorFlow is built for the TPU runtime: never replace it from requirements.txt.
-KEEP_FROM_IMAGE = r"^(tensorflow|tensorflow-cpu|tf-keras|tensorboard|libtpu|keras)([=<>~ ;\[]|$)"
+# Ubuntu's sshd_config has `AcceptEnv LANG LC_*`: an LC_ name passes through a stock TPU VM's sshd.
+SESSION_ENV_TOKEN = "LC_MLM_HF_TOKEN"
+# transformers 4.57 finds TensorFlow only under distribution names it knows (tensorflow,
+# tensorflow-cpu, ...), not the image's TPU build: this tells it TensorFlow is there.
+VM_ENV = {"FORCE_TF_AVAILABLE": "1", "TF_USE_LEGACY_KERAS": "1", "PYTHONUNBUFFERED": "1"}
 
 
 @dataclass(frozen=True)
 class CodeBundle:
-    sha: str   # content hash of the package and requirements
-    uri: str   # folder holding mlm_tasks.tar.gz and requirements.txt
+    sha: str        # content hash of the package (code and VM locks)
+    uri: str        # folder holding mlm_tasks.tar.gz
+    lock: str       # the runtime's VM lock, relative to the unpacked code
+    lock_sha: str   # content hash of that lock: its install is shared by every code version
+    tensorflow: str  # the image TensorFlow the runtime promises
 
 
 def _package_files(package_dir: Path) -> list[tuple[str, bytes]]:
@@ -56,23 +71,27 @@ def _tarball(files: list[tuple[str, bytes]]) -> bytes:
     return gzip.compress(raw.getvalue(), mtime=0)
 
 
-def stage_code(output_root: str, package_dir: Path = PACKAGE_DIR,
-               requirements: Path | None = None) -> CodeBundle:
-    """Upload the package and requirements to output_root/_code/<sha>/ unless already there."""
-    requirements = requirements or package_dir.parent / "requirements.txt"
-    if not requirements.exists():
-        raise ConfigError(f"{requirements} is missing: the TPU VM installs the project's pinned "
-                          "requirements from it. Run from the project checkout.")
+def stage_code(output_root: str, runtime_version: str, package_dir: Path = PACKAGE_DIR) -> CodeBundle:
+    """Upload the package (from wherever it is installed, or `package_dir`) to output_root/_code/<sha>/
+    unless already there."""
+    from mlm_tasks.vm import runtimes
+
+    runtime = runtimes.get(runtime_version)
     files = _package_files(package_dir)
-    req = requirements.read_bytes()
+    lock_name = f"{package_dir.name}/{runtime.lock_path.relative_to(runtimes.HERE.parent).as_posix()}"
+    lock = dict(files).get(lock_name)
+    if lock is None:
+        raise ConfigError(f"{package_dir} has no {lock_name}: this install of mlm_tasks lacks its package data "
+                          "(the VM locks). Reinstall the project (pip install .), or stage from a checkout.")
     digest = hashlib.sha256()
-    for name, data in [*files, ("requirements.txt", req)]:
+    for name, data in files:
         digest.update(name.encode() + b"\0" + hashlib.sha256(data).digest())
-    bundle = CodeBundle(sha=digest.hexdigest()[:16], uri=join(output_root, "_code", digest.hexdigest()[:16]))
+    sha = digest.hexdigest()[:16]
+    bundle = CodeBundle(sha=sha, uri=join(output_root, "_code", sha), lock=lock_name,
+                        lock_sha=hashlib.sha256(lock).hexdigest()[:16], tensorflow=runtime.tensorflow)
     marker = join(bundle.uri, "_SUCCESS")
     if not storage.exists(marker):
         storage.write_bytes(join(bundle.uri, "mlm_tasks.tar.gz"), _tarball(files))
-        storage.write_bytes(join(bundle.uri, "requirements.txt"), req)
         storage.write_text(marker, bundle.sha)  # last: a bundle with a marker is complete
     return bundle
 
@@ -86,49 +105,74 @@ def _shell_path(path: str) -> str:
     return shlex.quote(path)
 
 
-def _fetch(uri: str) -> str:
-    """Shell that copies the bundle files from `uri` into the current directory."""
-    files = [join(uri, "mlm_tasks.tar.gz"), join(uri, "requirements.txt")]
+def _fetch(py: str, uri: str) -> str:
+    """Shell that copies the bundle's tarball from `uri` into the current directory. gs:// goes
+    through the image's own TensorFlow (its GCS filesystem uses the VM's service account), so the
+    VM needs nothing else, not even gcloud."""
+    tarball = join(uri, "mlm_tasks.tar.gz")
     if storage.scheme(uri) == "gs":
-        quoted = " ".join(shlex.quote(f) for f in files)
-        return (f"if command -v gcloud >/dev/null; then gcloud storage cp {quoted} .; "
-                f"else gsutil -q cp {quoted} .; fi")
-    return "cp " + " ".join(shlex.quote(storage.local_path(f)) for f in files) + " ."
+        copy = "import sys, tensorflow as tf; tf.io.gfile.copy(sys.argv[1], sys.argv[2], overwrite=True)"
+        return f"{py} -c {shlex.quote(copy)} {shlex.quote(tarball)} mlm_tasks.tar.gz"
+    return f"cp {shlex.quote(storage.local_path(tarball))} ."
 
 
-def _bootstrap(cfg: PipelineConfig, code: CodeBundle) -> str:
+def _bootstrap(cfg: PipelineConfig, code: CodeBundle) -> list[str]:
     py = shlex.quote(cfg.tpu.python)
-    marker = f".installed-{code.sha}"
-    install = " && ".join([
-        _fetch(code.uri),
-        "rm -rf code && mkdir code && tar -xzf mlm_tasks.tar.gz -C code",
-        f"(grep -v -i -E {shlex.quote(KEEP_FROM_IMAGE)} requirements.txt > requirements-vm.txt || true)",
-        f"{py} -m pip install --quiet -r requirements-vm.txt",
-        # tf-keras must match the image's TensorFlow minor version, so it is chosen here, not pinned.
-        f"(! grep -q -i '^tf-keras' requirements.txt || {py} -m pip install --quiet \"tf-keras~=$({py} -c "
-        "'import tensorflow as tf; print(tf.__version__.rsplit(\".\", 1)[0])').0\")",
-        f"touch {marker}",
+    deps = f"deps-{code.lock_sha}"
+    unpack = " && ".join([
+        _fetch(py, code.uri),
+        f"rm -rf code.tmp && mkdir code.tmp && tar -xzf mlm_tasks.tar.gz -C code.tmp && rm -rf code && mv code.tmp code",
+        f"touch .installed-{code.sha}",
     ])
-    return f"if [ ! -f {marker} ]; then echo 'Installing project {code.sha} in '\"$PWD\"; {install}; fi"
+    # --no-deps: the lock is complete beside the image's packages, and must never pull PyPI's
+    # TensorFlow (tf-keras asks for `tensorflow`, which the image's TPU build may not be named).
+    install = " && ".join([
+        f"rm -rf {deps}.tmp",
+        f"{py} -m pip install --quiet --disable-pip-version-check --no-deps --only-binary=:all: "
+        f"--target {deps}.tmp -r code/{shlex.quote(code.lock)}",
+        # Once per lock: the image must hold the runtime's TensorFlow and whatever the lock needs.
+        f"PYTHONPATH=\"$PWD/code:$PWD/{deps}.tmp\" {py} -m mlm_tasks.vm.check_image "
+        f"{shlex.quote(code.tensorflow)} {deps}.tmp",
+        f"mv {deps}.tmp {deps}",
+    ])
+    # `set -e` ignores a failure inside an && chain: each chain says so and exits itself.
+    return [
+        f"if [ ! -f .installed-{code.sha} ]; then echo 'Installing project {code.sha} in '\"$PWD\"; "
+        f"{unpack} || {{ echo 'Fetching the staged code from {code.uri} failed (see above): check that the "
+        "VM can read the bucket (its service account needs storage access).' >&2; exit 3; }; fi",
+        f"if [ ! -d {deps} ]; then echo 'Installing {Path(code.lock).name} beside the image TensorFlow'; "
+        f"{install} || {{ echo 'Installing the VM lock failed (see above): the VM needs the package index "
+        "(external IP or Cloud NAT), and tpu.runtime_version must name the image it runs.' >&2; exit 3; }; fi",
+        f'export PYTHONPATH="$PWD/code:$PWD/{deps}${{PYTHONPATH:+:$PYTHONPATH}}"',
+    ]
 
 
 def remote_command(cfg: PipelineConfig, step: str, run_id: str, *, extra_args: Sequence[str] = (),
-                   code: CodeBundle | None = None) -> str:
-    """The shell line each worker runs: [install once] then `python -m mlm_tasks <step> ...`."""
+                   code: CodeBundle | None = None, env: dict[str, str] | None = None,
+                   expect_token: bool = False) -> str:
+    """The shell line the worker runs: [install once] then `python -m mlm_tasks <step> ...`.
+    `env`: more (non-secret) variables for the step, e.g. the TPU node of a pod slice.
+    `expect_token`: the session sends the Hub token; fail at once, saying why, if it did not arrive."""
     if cfg.tpu.bootstrap and code is None:
         raise ConfigError("tpu.bootstrap is on but no code bundle was given: call stage_code() first, "
                           "or set tpu.bootstrap=false when the VM already has the project in tpu.workdir.")
     config_json = json.dumps(cfg.model_dump(mode="json"), separators=(",", ":"))
     step_line = " ".join(shlex.quote(a) for a in [cfg.tpu.python, "-m", "mlm_tasks", step, "--config-json",
                                                     config_json, "--run-id", run_id, *extra_args])
-    bad = [k for k in cfg.tpu.env if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", k)]
+    variables = {**VM_ENV, **cfg.tpu.env, **(env or {})}
+    bad = [k for k in variables if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", k)]
     if bad:
         raise ConfigError(f"tpu.env has invalid variable names {bad}: use letters, digits and _.")
-    parts = ["set -e", f"mkdir -p {_shell_path(cfg.tpu.workdir)}", f"cd {_shell_path(cfg.tpu.workdir)}",
-             "export PYTHONUNBUFFERED=1"]  # worker 0's lines reach the task log as they happen
-    parts += [f"export {k}={shlex.quote(v)}" for k, v in sorted(cfg.tpu.env.items())]
+    parts = ["set -e", f"mkdir -p {_shell_path(cfg.tpu.workdir)}", f"cd {_shell_path(cfg.tpu.workdir)}"]
+    parts += [f"export {k}={shlex.quote(v)}" for k, v in sorted(variables.items())]
+    # The token arrives in the session's environment, never in this line; hand it on under its own name.
+    if expect_token:  # an sshd that does not accept the name drops it without a word
+        parts.append(f'if [ -z "${{{SESSION_ENV_TOKEN}:-}}" ]; then echo "The Hub token did not reach the VM: its '
+                     f'sshd_config needs AcceptEnv LANG LC_* (Ubuntu\'s default) for {SESSION_ENV_TOKEN}." >&2; exit 3; fi')
+    parts.append(f'if [ -n "${{{SESSION_ENV_TOKEN}:-}}" ]; then export HF_TOKEN="${SESSION_ENV_TOKEN}"; fi; '
+                 f"unset {SESSION_ENV_TOKEN}")
     if cfg.tpu.bootstrap:
-        parts += [_bootstrap(cfg, code), 'export PYTHONPATH="$PWD/code${PYTHONPATH:+:$PYTHONPATH}"']
+        parts += _bootstrap(cfg, code)
     # exec: the step replaces the shell, so a hang-up of the SSH session (task killed) reaches it.
     parts.append(f"exec {step_line}")
     return "; ".join(parts)

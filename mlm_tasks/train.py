@@ -14,6 +14,7 @@ import json
 import logging
 import math
 import os
+import platform
 import tempfile
 
 from mlm_tasks import storage
@@ -35,14 +36,28 @@ def select_device(requested: str) -> str:
     return "gpu" if tf.config.list_physical_devices("GPU") else "cpu"
 
 
-def make_strategy(device: str):
+def tpu_resolver_args(cfg: PipelineConfig) -> dict:
+    """TPUClusterResolver arguments. TensorFlow on TPU is single-client: on one host the program
+    talks to its own chips (`tpu="local"`); on a multi-host slice it runs on worker 0 only and
+    addresses the whole slice by node name, zone and project (the remote step exports MLM_TPU_NODE
+    exactly then), while the `-pod` runtime on the other hosts serves it."""
+    node = os.environ.get("MLM_TPU_NODE")
+    if not node:
+        return {"tpu": "local"}
+    return {"tpu": node, "zone": cfg.tpu.zone, "project": cfg.tpu.project or None}
+
+
+def make_strategy(device: str, cfg: PipelineConfig | None = None):
     import tensorflow as tf
 
     if device == "tpu":
-        resolver = tf.distribute.cluster_resolver.TPUClusterResolver(tpu="local")
+        args = tpu_resolver_args(cfg) if cfg is not None else {"tpu": "local"}
+        resolver = tf.distribute.cluster_resolver.TPUClusterResolver(**args)
         tf.config.experimental_connect_to_cluster(resolver)
         tf.tpu.experimental.initialize_tpu_system(resolver)
-        return tf.distribute.TPUStrategy(resolver)
+        strategy = tf.distribute.TPUStrategy(resolver)
+        log.info("TPU system %s: %d replica(s) in sync", args["tpu"], strategy.num_replicas_in_sync)
+        return strategy
     if device == "gpu" and len(tf.config.list_physical_devices("GPU")) > 1:
         return tf.distribute.MirroredStrategy()
     return tf.distribute.get_strategy()
@@ -131,8 +146,8 @@ def train(cfg: PipelineConfig, run_id: str, fingerprint: str) -> dict:
         tf_keras.mixed_precision.set_global_policy("mixed_bfloat16")
     xla = cfg.train.xla == "on" or (cfg.train.xla == "auto" and device != "cpu")
     tf.keras.utils.set_random_seed(cfg.train.seed)
-    strategy = make_strategy(device)
-    replicas = strategy.num_replicas_in_sync
+    strategy = make_strategy(device, cfg)
+    replicas = strategy.num_replicas_in_sync  # what the hardware gives, never a number from a config
     global_batch = cfg.train.batch_size * replicas
     total_steps = plan_steps(cfg, manifest, global_batch)
     warmup = int(total_steps * cfg.train.warmup_fraction)
@@ -204,7 +219,8 @@ def train(cfg: PipelineConfig, run_id: str, fingerprint: str) -> dict:
                "replicas": replicas, "device": device, "xla": xla, "precision": precision,
                "tokens_per_s": progress.tokens_per_s, "first_loss": progress.first_loss,
                "last_loss": progress.last_loss, "elapsed_s": progress.elapsed_s, "data_fingerprint": fingerprint,
-               "parameters": int(sum(v.shape.num_elements() for v in model.trainable_variables))}
+               "parameters": int(sum(v.shape.num_elements() for v in model.trainable_variables)),
+               "tensorflow": tf.__version__, "python": platform.python_version()}
     storage.write_json(run.train_summary, summary)  # last: marks training complete
     log.info("Training done: %d steps in %.0fs (%.0f tokens/s), loss %.3f -> %.3f; model at %s",
              total_steps, summary["elapsed_s"], summary["tokens_per_s"] or 0, summary["first_loss"] or float("nan"),

@@ -47,7 +47,7 @@ class EpochSync:
             raise ConfigError("publish.sync_checkpoints is on but HF_TOKEN is not set in the training process's "
                               "environment: set it to a Hub write token, or turn publish.sync_checkpoints off.")
         task_id = getattr(getattr(strategy, "cluster_resolver", None), "task_id", 0) or 0
-        if task_id != 0:  # every worker of a pod slice trains; one upload is enough
+        if task_id != 0:  # multi-worker strategies: one upload is enough (TPU is single-client: always 0)
             log.info("Checkpoint sync runs on worker 0 only (this is worker %s)", task_id)
             return None
         steps_per_epoch = max(1, manifest["splits"]["train"]["records"] // global_batch)

@@ -1,20 +1,24 @@
-"""Run one pipeline step on every worker of the run's TPU VM over SSH (the `compute: tpu_vm` path).
+"""Run one pipeline step on the run's TPU VM over SSH (the `compute: tpu_vm` path).
 
     train = TpuSSHStepOperator(task_id="train", config=cfg, step="train")
 
 The node's workers come from the TPU API (their IPs, internal or external per `tpu.ssh_via`; the
 port is `tpu.ssh_port`), the login from the Airflow SSH connection `tpu.ssh_conn_id` (user + private
-key). Before any SSH session, port 22 of every worker is probed with a short timeout: a worker
-Airflow cannot reach fails the task at once, without retries, naming the fix (firewall rule,
-external IPs, ssh_via), instead of waiting out the SSH patience on every try. Every worker runs the same line
-(`mlm_tasks.tpu_remote.remote_command`) at once, as a pod slice needs; worker 0's output streams
-into the task log line by line. The task fails if any worker exits non-zero, naming the worker and
-its exit code, and says so when the node was preempted meanwhile. Exit code 2 (the CLI's "bad
-configuration") fails without retries: a retry cannot fix it. With `replace_dead_node` (the train
-task) a node found PREEMPTED or gone is replaced first, waiting in the triggerer, so a retry after a
-preemption continues on a fresh VM from the last checkpoint. Each session has a pty, so
-closing it (task killed, timed out, or failed) hangs up the remote step instead of orphaning it.
-Google's ComputeEngineSSHHook cannot find TPU VMs, hence a plain SSHHook pointed at each IP.
+key). Before the SSH session, port 22 of the worker is probed with a short timeout: a worker Airflow
+cannot reach fails the task at once, without retries, naming the fix (firewall rule, external IPs,
+ssh_via), instead of waiting out the SSH patience on every try. TensorFlow on TPU is
+single-client: on one host the step runs there with `TPUClusterResolver(tpu="local")`; on a
+multi-host slice (more than one network endpoint, which needs a `-pod` runtime) it runs on worker 0
+only, addressing the whole slice by node name, zone and project (MLM_TPU_NODE), while the `-pod`
+runtime on the other hosts serves it. Worker 0's output streams into the task log line by line. The
+task fails if the step exits non-zero, naming the worker and its exit code, and says so when the
+node was preempted meanwhile. Exit code 2 (the CLI's "bad configuration") fails without retries: a
+retry cannot fix it. With `replace_dead_node` (the train task) a node found PREEMPTED or gone is
+replaced first, waiting in the triggerer, so a retry after a preemption continues on a fresh VM from
+the last checkpoint. Each session has a pty, so closing it (task killed, timed out, or failed) hangs
+up the remote step instead of orphaning it. Secrets (the Hub token) travel in the SSH session's
+environment (`session_env`), never on the command line. Google's ComputeEngineSSHHook cannot find
+TPU VMs, hence a plain SSHHook pointed at each IP.
 """
 from __future__ import annotations
 
@@ -29,7 +33,7 @@ from airflow.sdk import BaseOperator
 
 from gcp_credentials import use_connection
 from mlm_tasks import tpu
-from mlm_tasks.tpu_remote import remote_command, stage_code
+from mlm_tasks.tpu_remote import SESSION_ENV_TOKEN, remote_command, stage_code
 from tpu_operators import NodeEnsurer, resolve_config, run_node_name
 
 TAIL_LINES = 20
@@ -55,11 +59,12 @@ class RemoteRunner:
     """Runs `command` on every host at once; `connect(host)` returns a connected paramiko SSHClient."""
 
     def __init__(self, hosts: Sequence[str], connect: Callable[[str], Any], log: Any,
-                 peer_grace_s: float = 60.0):
+                 peer_grace_s: float = 60.0, session_env: dict[str, str] | None = None):
         self.workers = [WorkerRun(i, h) for i, h in enumerate(hosts)]
         self.connect = connect
         self.log = log
         self.peer_grace_s = peer_grace_s
+        self.session_env = dict(session_env or {})  # sent as SSH "env" requests: not in argv or logs
         self._lock = threading.Lock()
 
     def _run_one(self, worker: WorkerRun, command: str) -> None:
@@ -69,6 +74,10 @@ class RemoteRunner:
             with self._lock:
                 worker.channel = channel
             channel.get_pty(width=200)  # a hang-up of the pty is what stops the remote step
+            if self.session_env:
+                # paramiko sends these without asking for a reply: a name the sshd does not accept is
+                # dropped silently, so the remote line checks what it expects (remote_command).
+                channel.update_environment(self.session_env)
             channel.exec_command(command)
             for raw in channel.makefile("rb"):
                 line = raw.decode("utf-8", "replace").rstrip("\r\n")
@@ -190,7 +199,7 @@ def ssh_connect(conn_id: str, port: int, patience_s: float = 300.0) -> Callable[
 
 
 class TpuSSHStepOperator(NodeEnsurer, BaseOperator):
-    """Run `python -m mlm_tasks <step>` (or `command`) on every worker of the run's TPU VM."""
+    """Run `python -m mlm_tasks <step>` (or `command`) on the run's TPU VM (worker 0 of a pod slice)."""
 
     template_fields = ("config", "step", "step_args", "command", "node_name")
     ui_color = "#e8f7d7"
@@ -237,20 +246,47 @@ class TpuSSHStepOperator(NodeEnsurer, BaseOperator):
         """Extra CLI arguments of the step; subclasses add what they pull from XCom."""
         return list(self.step_args)
 
+    def session_env(self, cfg: Any) -> dict[str, str]:
+        """Secrets for the remote step, sent in the SSH session's environment; subclasses add them."""
+        return {}
+
+    def step_env(self, cfg: Any) -> dict[str, str]:
+        """Non-secret variables for the remote step (they are part of the logged command line)."""
+        return {}
+
     def run_step(self, context: Any, cfg: Any, node: tpu.NodeState) -> dict[str, Any]:
+        from mlm_tasks.vm import runtimes
+
         name = node.name
         if not node.ready:
             raise AirflowException(f"TPU VM {name} is {node.state} again before the step could start: retry.")
         hosts = tpu.worker_endpoints(node, external=cfg.tpu.ssh_via == "external")
-        check_reachable(cfg, name, hosts)
         # The step may run for up to ttl_hours from now: keep the janitor off the node until then.
         tpu.refresh_expiry(cfg.tpu, node, tpu.labels(context["run_id"], cfg.tpu.ttl_hours)["expires"])
+        # The API's own answer (one network endpoint per host) decides, not a table of accelerator types.
+        multi_host = len(hosts) > 1
+        runtime = runtimes.get(cfg.tpu.runtime_version)
+        if multi_host != runtime.pod:
+            raise AirflowFailException(
+                f"TPU VM {name} has {len(hosts)} host(s) but runs {runtime.version}, a "
+                f"{'multi' if runtime.pod else 'single'}-host runtime: use "
+                f"{'a -pod runtime' if multi_host else 'a runtime without -pod'} for {cfg.tpu.accelerator_type}.")
+        check_reachable(cfg, name, hosts[:1])  # only worker 0 is dialled, on one host or a pod
+        env = self.step_env(cfg)
+        if multi_host:
+            env["MLM_TPU_NODE"] = name  # train: TPUClusterResolver(tpu=<node>, zone=..., project=...)
+        session_env = self.session_env(cfg)
         command = self.command or remote_command(
-            cfg, self.step, context["run_id"], extra_args=self.remote_args(context),
-            code=stage_code(cfg.output_root) if cfg.tpu.bootstrap else None)
-        self.log.info("Running %r on %d worker(s) of %s: %s", self.step, len(hosts), name, hosts)
-        self._runner = RemoteRunner(hosts, ssh_connect(cfg.tpu.ssh_conn_id, cfg.tpu.ssh_port), self.log,
-                                    self.peer_grace_s)
+            cfg, self.step, context["run_id"], extra_args=self.remote_args(context), env=env,
+            expect_token=SESSION_ENV_TOKEN in session_env,
+            code=stage_code(cfg.output_root, cfg.tpu.runtime_version) if cfg.tpu.bootstrap else None)
+        if multi_host:
+            self.log.info("%s is a %d-host slice: running %r on worker 0 (%s) only; the -pod runtime on the "
+                          "other hosts serves it.", name, len(hosts), self.step, hosts[0])
+        else:
+            self.log.info("Running %r on %s (%s).", self.step, name, hosts[0])
+        self._runner = RemoteRunner(hosts[:1], ssh_connect(cfg.tpu.ssh_conn_id, cfg.tpu.ssh_port), self.log,
+                                    self.peer_grace_s, session_env=session_env)
         workers = self._runner.run(command)
         failed = [w for w in workers if w.exit_code != 0]
         if failed:
@@ -259,7 +295,7 @@ class TpuSSHStepOperator(NodeEnsurer, BaseOperator):
                 raise AirflowFailException(message + "\nExit code 2 is a configuration error: fix the "
                                            "input and trigger a new run (a retry would fail the same way).")
             raise AirflowException(message)
-        return {"node": name, "workers": len(workers)}
+        return {"node": name, "workers": len(hosts)}
 
     def _failure_message(self, cfg: Any, name: str, failed: list[WorkerRun]) -> str:
         lines = [f"Step {self.step!r} failed on TPU VM {name}:"] + [w.describe() for w in failed]

@@ -1,8 +1,8 @@
 """The `train` task: one task in the graph whichever compute the run uses.
 
 `compute: local` trains in the worker process (the default strategy on CPU, Mirrored on GPUs);
-`compute: tpu_vm` runs the same `python -m mlm_tasks train` on every worker of the run's TPU VM
-over SSH (TpuSSHStepOperator). Either way a retry resumes from the run's last checkpoint; on a TPU
+`compute: tpu_vm` runs the same `python -m mlm_tasks train` on the run's TPU VM over SSH
+(TpuSSHStepOperator; worker 0 of a pod slice). Either way a retry resumes from the run's last checkpoint; on a TPU
 VM a retry first replaces a node that was preempted (create_tpu_vm, a setup task, is not rerun).
 The task's execution_timeout comes from the run's config (`train.timeout_hours`, on a TPU VM at
 most `tpu.ttl_hours`, which validate_config enforces), set before execute starts the clock.
@@ -48,6 +48,24 @@ class TrainOperator(TpuSSHStepOperator):
         # Computed here, not in execute: after waiting for a replacement node the task resumes
         # in a fresh operator instance, straight into the step.
         return [*self.step_args, "--data-fingerprint", self._fingerprint(context)]
+
+    def session_env(self, cfg: Any) -> dict[str, str]:
+        """On a TPU VM, checkpoint sync gets the Hub token through the SSH session's environment:
+        never in the command line, a log or XCom."""
+        if not cfg.publish.sync_checkpoints:
+            return {}
+        from mlm_tasks.tpu_remote import SESSION_ENV_TOKEN
+        from pipeline_tasks import _hub_credentials
+
+        return {SESSION_ENV_TOKEN: _hub_credentials(cfg.publish.hf_conn_id)[0]}
+
+    def step_env(self, cfg: Any) -> dict[str, str]:
+        if not cfg.publish.sync_checkpoints:
+            return {}
+        from pipeline_tasks import _hub_credentials
+
+        endpoint = _hub_credentials(cfg.publish.hf_conn_id)[1]
+        return {"HF_ENDPOINT": endpoint} if endpoint else {}
 
     @staticmethod
     def _hand_hub_token_to_training(cfg) -> None:

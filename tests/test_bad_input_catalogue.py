@@ -200,6 +200,10 @@ CASES = [
     Case("train-timeout-over-ttl", "train execution_timeout longer than the TPU VM's TTL",
          r"train\.timeout_hours 48 is longer than tpu\.ttl_hours 12: the janitor would delete the TPU VM",
          [("config_from_params", tpu_form(overrides={"train.timeout_hours": 48}))]),
+    Case("unsupported-tpu-runtime", "a TPU runtime without a VM lock (or not a TensorFlow runtime)",
+         r"tpu\.runtime_version 'tpu-vm-tf-2\.15\.0-pjrt' has no VM lock in this project .*use one of "
+         r"tpu-vm-tf-2\.16\.1-pjrt, tpu-vm-tf-2\.16\.1-pod-pjrt",
+         [("config_from_params", form(overrides={"tpu.runtime_version": "tpu-vm-tf-2.15.0-pjrt"}))]),
     Case("gs-without-credentials", "gs:// output_root without credentials",
          r"output_root gs://mlm-no-such-bucket/prefix needs Google Cloud credentials and none were found .*"
          r"set GOOGLE_APPLICATION_CREDENTIALS",

@@ -5,7 +5,9 @@
         airflow_conn_uri(server)               # ssh://user@127.0.0.1:port?key_file=...
 
 Runs `/usr/sbin/sshd -D -e -f <cfg>` (Debian: apt-get install openssh-server) on a free port with a
-generated host key and a generated client key in authorized_keys. As root it logs in as root; as
+generated host key and a generated client key in authorized_keys. Like a TPU VM's stock sshd it
+accepts only LANG and LC_* from the client's environment. With `tpu.python` pointing at the
+simulated image (tests/peers/tpu_vm_image.py) its "worker" runs the image's Python and TensorFlow. As root it logs in as root; as
 any other user sshd runs without privilege separation and only that user can log in.
 """
 from __future__ import annotations
@@ -78,7 +80,9 @@ def running_sshd(work_dir: Path) -> Iterator[SshServer]:
         f"AuthorizedKeysFile {authorized}", "PubkeyAuthentication yes", "PasswordAuthentication no",
         "KbdInteractiveAuthentication no", "PermitRootLogin prohibit-password", f"AllowUsers {user}",
         "StrictModes no", "UsePAM no", "PrintMotd no", "LogLevel VERBOSE", "MaxSessions 50",
-        "MaxStartups 50:30:100", "",
+        "MaxStartups 50:30:100",
+        # As Ubuntu's (and so a TPU VM's) sshd_config: the Hub token rides in as LC_MLM_HF_TOKEN.
+        "AcceptEnv LANG LC_*", "",
     ]))
     if os.geteuid() == 0:
         os.makedirs("/run/sshd", exist_ok=True)  # privilege separation directory

@@ -1,5 +1,6 @@
-"""plugins/remote_step.py against a real sshd (both "workers" of the TPU VM are this machine)."""
+"""plugins/remote_step.py against a real sshd (every "worker" of the TPU VM is this machine)."""
 import logging
+import re
 import shlex
 import subprocess
 import sys
@@ -16,6 +17,7 @@ from peers.sshd import airflow_conn_uri
 from remote_step import RemoteRunner, TpuSSHStepOperator, ssh_connect
 
 ZONE = "us-central2-b"
+POD = {"accelerator_type": "v4-32", "runtime_version": "tpu-vm-tf-2.16.1-pod-pjrt"}
 
 
 @pytest.fixture
@@ -69,25 +71,66 @@ def test_nonzero_exit_names_worker_and_code(ssh_conn, tmp_path):
     assert f"worker {loser.index} (127.0.0.1): exit code 3" in loser.describe() and "loser" in loser.describe()
 
 
-def test_operator_runs_on_all_workers_of_the_node(fake_tpu, sshd, ssh_conn, tmp_path, capfd):
-    name = _ready_node(fake_tpu, workers=2)
+def _fake_python(tmp_path, body: str) -> str:
+    """A stand-in for the VM's python: `-m mlm_tasks ...` runs `body` (shell) instead of a step."""
+    script = tmp_path / "python"
+    script.write_text(f"#!/bin/sh\nif [ \"$1 $2\" = \"-m mlm_tasks\" ]; then {body}\nfi\nexit 9\n")
+    script.chmod(0o755)
+    return str(script)
+
+
+def test_pod_slice_runs_on_worker_0_addressing_the_node(fake_tpu, sshd, ssh_conn, tmp_path, capfd):
+    """TensorFlow on TPU is single-client: on a multi-host slice only worker 0 runs the program, and
+    its resolver names the node (MLM_TPU_NODE), zone and project instead of "local"."""
+    name = _ready_node(fake_tpu, workers=4)
     out = tmp_path / "hits"
-    op = TpuSSHStepOperator(task_id="train", config=_cfg(fake_tpu, sshd).model_dump(mode="json"),
-                            command=f"echo hit >> {out}; echo done-here")
-    assert op.execute(_context()) == {"node": name, "workers": 2}
-    assert out.read_text().split() == ["hit", "hit"]
-    assert "[worker 0] done-here" in capfd.readouterr().out  # the task log (structlog -> stdout)
+    python = _fake_python(tmp_path, f'echo "hit $MLM_TPU_NODE" >> {out}; echo done-here; exit 0')
+    op = TpuSSHStepOperator(task_id="train", config=_cfg(fake_tpu, sshd, python=python, **POD).model_dump(mode="json"))
+    assert op.execute(_context()) == {"node": name, "workers": 4}
+    assert out.read_text().splitlines() == [f"hit {name}"]  # once, not once per host
+    log = capfd.readouterr().out  # the task log (structlog -> stdout)
+    assert "[worker 0] done-here" in log and "4-host slice: running 'train' on worker 0" in log
+
+
+def test_single_host_runs_with_the_local_resolver(fake_tpu, sshd, ssh_conn, tmp_path):
+    _ready_node(fake_tpu, workers=1)
+    out = tmp_path / "hits"
+    python = _fake_python(tmp_path, f'echo "hit ${{MLM_TPU_NODE:-local}}" >> {out}; exit 0')
+    TpuSSHStepOperator(task_id="train", config=_cfg(fake_tpu, sshd, python=python).model_dump(mode="json")
+                       ).execute(_context())
+    assert out.read_text().splitlines() == ["hit local"]
+
+
+def test_resolver_arguments_follow_the_remote_environment(monkeypatch):
+    from mlm_tasks.train import tpu_resolver_args
+
+    cfg = PipelineConfig.model_validate({"tpu": {"project": "proj", "zone": ZONE, **POD}})
+    monkeypatch.delenv("MLM_TPU_NODE", raising=False)
+    assert tpu_resolver_args(cfg) == {"tpu": "local"}
+    monkeypatch.setenv("MLM_TPU_NODE", "mlm-pretrain-abc")
+    assert tpu_resolver_args(cfg) == {"tpu": "mlm-pretrain-abc", "zone": ZONE, "project": "proj"}
+
+
+@pytest.mark.parametrize("workers, runtime", [(2, "tpu-vm-tf-2.16.1-pjrt"), (1, "tpu-vm-tf-2.16.1-pod-pjrt")])
+def test_host_count_and_runtime_must_agree(fake_tpu, sshd, ssh_conn, workers, runtime):
+    from airflow.sdk.exceptions import AirflowFailException
+
+    _ready_node(fake_tpu, workers=workers)
+    op = TpuSSHStepOperator(task_id="train", command="true",
+                            config=_cfg(fake_tpu, sshd, runtime_version=runtime).model_dump(mode="json"))
+    with pytest.raises(AirflowFailException, match=f"has {workers} host\\(s\\) but runs {runtime}"):
+        op.execute(_context())
 
 
 def test_operator_failure_says_preempted(fake_tpu, sshd, ssh_conn):
-    name = _ready_node(fake_tpu, workers=2)
+    name = _ready_node(fake_tpu, workers=1)
     op = TpuSSHStepOperator(task_id="train", config=_cfg(fake_tpu, sshd).model_dump(mode="json"),
                             command="sleep 1; echo dying; exit 7", peer_grace_s=5)
     threading.Timer(0.3, fake_tpu.preempt, args=(name,)).start()
     with pytest.raises(AirflowException) as err:
         op.execute(_context())
     message = str(err.value)
-    assert "exit code 7" in message and "worker 0" in message and "worker 1" in message
+    assert "exit code 7" in message and "worker 0" in message
     assert "PREEMPTED" in message and "dying" in message
 
 
@@ -101,7 +144,7 @@ def test_operator_refuses_a_node_that_is_not_ready(fake_tpu, sshd, ssh_conn):
 
 
 def test_kill_hangs_up_the_remote_step(fake_tpu, sshd, ssh_conn):
-    _ready_node(fake_tpu, workers=2)
+    _ready_node(fake_tpu, workers=1)
     marker = f"sleep {4000 + sshd.port % 1000}.5"
     op = TpuSSHStepOperator(task_id="train", config=_cfg(fake_tpu, sshd).model_dump(mode="json"),
                             command=f"echo started; {marker}")
@@ -109,7 +152,7 @@ def test_kill_hangs_up_the_remote_step(fake_tpu, sshd, ssh_conn):
     runner = threading.Thread(target=lambda: errors.append(_raises(op.execute, _context())))
     runner.start()
     deadline = time.monotonic() + 20
-    while subprocess.run(["pgrep", "-c", "-f", marker], capture_output=True, text=True).stdout.strip() != "2":
+    while subprocess.run(["pgrep", "-c", "-f", marker], capture_output=True, text=True).stdout.strip() != "1":
         assert time.monotonic() < deadline, "remote steps did not start"
         time.sleep(0.1)
     op.on_kill()
@@ -131,22 +174,23 @@ def _raises(fn, *args):
 
 
 def test_bootstrap_installs_staged_code_once(ssh_conn, tmp_path, fake_tpu, sshd):
-    """The install path of remote_command, with a local output_root and a stand-in interpreter."""
+    """The install path of remote_command, with a local output_root and a stand-in interpreter (the
+    real one runs on the simulated image in test_simulated_tpu_vm.py)."""
     real_python = sys.executable
     wrapper = tmp_path / "python"
     wrapper.write_text(f"""#!/bin/sh
-if [ "$1 $2" = "-m pip" ]; then echo "PIP $*"; exit 0; fi
+if [ "$1 $2" = "-m pip" ]; then echo "PIP $*"; for a; do case "$prev" in --target) mkdir -p "$a";; esac; prev=$a; done; exit 0; fi
+if [ "$1 $2" = "-m mlm_tasks.vm.check_image" ]; then echo "CHECK $3 $4 FORCE_TF_AVAILABLE=$FORCE_TF_AVAILABLE"; exit 0; fi
 if [ "$1 $2" = "-m mlm_tasks" ]; then shift 2
   exec {real_python} -c 'import sys, mlm_tasks; print("FROM", mlm_tasks.__file__); print("ARGS", *sys.argv[1:2], sys.argv[-2:])' "$@"
 fi
 exec {real_python} "$@"
 """)
     wrapper.chmod(0o755)
-    requirements = tmp_path / "requirements.txt"
-    requirements.write_text("tensorflow==2.21.0\nfsspec==2024.1.0\n")
     root = tmp_path / "out"
-    bundle = stage_code(str(root), requirements=requirements)
-    assert stage_code(str(root), requirements=requirements) == bundle  # content-addressed, uploaded once
+    bundle = stage_code(str(root), "tpu-vm-tf-2.16.1-pjrt")
+    assert stage_code(str(root), "tpu-vm-tf-2.16.1-pod-pjrt") == bundle  # content-addressed, uploaded once
+    assert (bundle.lock, bundle.tensorflow) == ("mlm_tasks/vm/requirements-tf2.16.txt", "2.16.1")
     workdir = tmp_path / "vm home" / "mlm"
     cfg = _cfg(fake_tpu, sshd, bootstrap=True, workdir=str(workdir), python=str(wrapper))
     command = remote_command(cfg, "train", "manual__1", code=bundle)
@@ -154,14 +198,19 @@ exec {real_python} "$@"
     runner = RemoteRunner(["127.0.0.1"], ssh_conn, logging.getLogger("t"))
     first = list(runner.run(command)[0].tail)
     assert first[0].startswith(f"Installing project {bundle.sha}")
-    assert first[1].startswith("PIP -m pip install --quiet -r requirements-vm.txt")
-    assert first[2] == f"FROM {workdir}/code/mlm_tasks/__init__.py"
-    assert first[3] == "ARGS train ['--run-id', 'manual__1']"
-    assert (workdir / f".installed-{bundle.sha}").exists()
-    assert (workdir / "requirements-vm.txt").read_text() == "fsspec==2024.1.0\n"  # image's TF kept
+    assert first[1] == "Installing requirements-tf2.16.txt beside the image TensorFlow"
+    # Never TensorFlow, never the image's packages: --no-deps, only wheels, into a folder of its own.
+    assert first[2] == ("PIP -m pip install --quiet --disable-pip-version-check --no-deps --only-binary=:all: "
+                        f"--target deps-{bundle.lock_sha}.tmp -r code/mlm_tasks/vm/requirements-tf2.16.txt")
+    assert first[3] == f"CHECK 2.16.1 deps-{bundle.lock_sha}.tmp FORCE_TF_AVAILABLE=1"
+    assert first[4] == f"FROM {workdir}/code/mlm_tasks/__init__.py"
+    assert first[5] == "ARGS train ['--run-id', 'manual__1']"
+    assert (workdir / f".installed-{bundle.sha}").exists() and (workdir / f"deps-{bundle.lock_sha}").is_dir()
+    lock = (workdir / "code" / bundle.lock).read_text()
+    assert "transformers==4.57.6" in lock and not re.search(r"(?m)^(tensorflow|numpy|protobuf)==", lock)
 
     again = RemoteRunner(["127.0.0.1"], ssh_conn, logging.getLogger("t")).run(command)[0]
-    assert again.exit_code == 0 and list(again.tail) == first[2:]
+    assert again.exit_code == 0 and list(again.tail) == first[4:]
 
 
 def test_remote_command_carries_the_whole_config(fake_tpu, sshd):
@@ -193,3 +242,15 @@ def test_remote_command_exports_tpu_env(ssh_conn, fake_tpu, sshd, tmp_path):
     workers = RemoteRunner(["127.0.0.1"], ssh_conn, logging.getLogger("t")).run(
         setup + '; echo "$PWD|$STORAGE_EMULATOR_HOST|$ODD"')
     assert list(workers[0].tail) == [f"{tmp_path}|http://127.0.0.1:1|a b'c"]
+
+
+def test_a_token_the_sshd_drops_fails_the_step_saying_why(ssh_conn, fake_tpu, sshd, tmp_path):
+    """paramiko's env requests expect no reply: a name the sshd does not accept vanishes silently.
+    The remote line notices and says what to fix, instead of a step failing later without HF_TOKEN."""
+    cfg = _cfg(fake_tpu, sshd, workdir=str(tmp_path))
+    command = remote_command(cfg, "train", "r", expect_token=True).split("; exec ", 1)[0] + '; echo "token ${#HF_TOKEN}"'
+    log = logging.getLogger("t")
+    arrived = RemoteRunner(["127.0.0.1"], ssh_conn, log, session_env={"LC_MLM_HF_TOKEN": "hf_secret_value"}).run(command)
+    assert list(arrived[0].tail) == ["token 15"]
+    dropped = RemoteRunner(["127.0.0.1"], ssh_conn, log, session_env={"NOT_ACCEPTED": "hf_secret_value"}).run(command)
+    assert dropped[0].exit_code == 3 and "sshd_config needs AcceptEnv LANG LC_*" in dropped[0].describe()

@@ -168,7 +168,7 @@ def test_resolve_config_accepts_rendered_forms(fake_tpu):
 
 
 DAG_FILE = '''
-"""Test DAG: config -> create TPU VM -> remote step on every worker -> delete (teardown)."""
+"""Test DAG: config -> create TPU VM -> remote step (worker 0) -> delete (teardown)."""
 import pendulum
 from airflow.sdk import dag, task
 
@@ -199,8 +199,8 @@ def test_dag_run_creates_runs_and_tears_down(airflow_env, fake_tpu, sshd, tmp_pa
     dag_file = tmp_path / "tpu_ops_test.py"
     dag_file.write_text(textwrap.dedent(DAG_FILE))
     config = _config(fake_tpu)
-    # v4-16: two hosts, so two workers (the fake derives one endpoint per host).
-    config["tpu"].update(ssh_port=sshd.port, poll_interval_s=0.2, accelerator_type="v4-16",
+    # Two hosts: a pod slice, so a -pod runtime, and the step runs on worker 0 only (single-client TF).
+    config["tpu"].update(ssh_port=sshd.port, poll_interval_s=0.2, accelerator_type="v4-32",
                          runtime_version="tpu-vm-tf-2.16.1-pod-pjrt")
     result = dags_test(airflow_env, "tpu_ops_test", dagfile=dag_file, conf={"config": config, "command": command},
                        extra_env={"AIRFLOW_CONN_TPU_SSH": airflow_conn_uri(sshd)})
@@ -213,7 +213,7 @@ def test_dag_run_creates_runs_and_tears_down(airflow_env, fake_tpu, sshd, tmp_pa
     if ok:
         assert "[worker 0] remote-says-hi 42" in logs
     else:
-        assert "worker 0 (127.0.0.1): exit code 5" in logs and "worker 1 (127.0.0.1): exit code 5" in logs
+        assert "worker 0 (127.0.0.1): exit code 5" in logs and "worker 1 (127.0.0.1)" not in logs
 
 
 def _silent_port():

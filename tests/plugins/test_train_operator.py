@@ -124,3 +124,44 @@ def test_local_training_gets_the_hub_token_from_the_connection_for_checkpoint_sy
     op = TrainOperator(task_id="train", config=config)
     assert op.execute(_context()) == {"steps": 1}
     assert seen == {"token": "hf_planted_sync", "fp": "fp123"}
+
+
+def test_tpu_vm_training_gets_the_hub_token_through_the_ssh_session_only(fake_tpu, sshd, ssh_conn, tmp_path,
+                                                                        monkeypatch, capfd):
+    """On a TPU VM the token travels in the SSH session's environment (LC_MLM_HF_TOKEN, which a stock
+    sshd accepts) and the step sees it as HF_TOKEN; it is never on a command line (`ps` of the VM), in
+    the task log or in the task's XCom."""
+    import hashlib
+    import subprocess
+    import threading
+
+    token = "hf_planted_vm_sync_" + hashlib.sha1(str(tmp_path).encode()).hexdigest()[:12]
+    monkeypatch.setenv("AIRFLOW_CONN_HUGGINGFACE_DEFAULT", json.dumps(
+        {"conn_type": "generic", "password": token, "host": "http://127.0.0.1:9"}))
+    step = tmp_path / "python"  # the VM's python: reports what the train step would see, then lingers
+    step.write_text("#!/bin/sh\n"
+                    'echo "sha=$(printf %s "$HF_TOKEN" | sha256sum | cut -c1-16) lc=${LC_MLM_HF_TOKEN:-unset} '
+                    'endpoint=$HF_ENDPOINT args=$#"\nsleep 2\n')
+    step.chmod(0o755)
+    fake_tpu.add_node("proj", ZONE, NAME)
+    config = {**_config(fake_tpu, sshd, python=str(step)),
+              "publish": {"sync_checkpoints": True, "repo_id": "org/model"}}
+    op = TrainOperator(task_id="train", config=config)
+    seen_in_ps = []
+
+    def watch_ps():
+        for _ in range(15):
+            seen_in_ps.append(subprocess.run(["ps", "-eww", "-o", "args"], capture_output=True, text=True).stdout)
+            threading.Event().wait(0.1)
+
+    watcher = threading.Thread(target=watch_ps)
+    watcher.start()
+    xcom = _run(op)
+    watcher.join()
+    log = capfd.readouterr().out + capfd.readouterr().err
+
+    want = hashlib.sha256(token.encode()).hexdigest()[:16]
+    assert op._runner.workers[0].tail[-1].startswith(f"sha={want} lc=unset endpoint=http://127.0.0.1:9 args=")
+    assert any("mlm_tasks train" in snapshot for snapshot in seen_in_ps), "ps never saw the step running"
+    assert not any(token in snapshot for snapshot in seen_in_ps)
+    assert token not in log and token not in json.dumps(xcom)

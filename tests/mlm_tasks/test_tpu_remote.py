@@ -1,0 +1,145 @@
+"""The TPU VM's side of the project: the runtime table, the VM lock, and staging from any install.
+
+    python -m pytest tests/mlm_tasks/test_tpu_remote.py -q
+
+The lock check resolves the committed VM lock with the image's TensorFlow for the image's Python
+(`uv pip compile --python-version 3.10`, PyPI through uv's cache): a new pin that the image's
+TensorFlow cannot live with fails here, not on a TPU VM.
+"""
+from __future__ import annotations
+
+import gzip
+import io
+import re
+import subprocess
+import sys
+import tarfile
+from pathlib import Path
+
+import pytest
+
+from mlm_tasks import storage
+from mlm_tasks.config import ConfigError, PipelineConfig
+from mlm_tasks.paths import join
+from mlm_tasks.tpu_remote import stage_code
+from mlm_tasks.vm import runtimes
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT / "scripts"))
+import lock_vm  # noqa: E402
+
+
+def _pins(path: Path) -> dict[str, str]:
+    lines = [line.split(";")[0].strip() for line in path.read_text().splitlines()
+             if "==" in line and not line.lstrip().startswith("#")]
+    return {lock_vm.name_of(line): line.split("==", 1)[1] for line in lines}
+
+
+def test_default_runtime_is_supported_and_single_host():
+    default = PipelineConfig().tpu.runtime_version
+    assert default == runtimes.DEFAULT
+    rt = runtimes.get(default)
+    assert (rt.tensorflow, rt.python, rt.pod) == ("2.16.1", "3.10", False)
+    assert runtimes.get("tpu-vm-tf-2.16.1-pod-pjrt").pod
+    # Every supported name follows Google's scheme tpu-vm-tf-x.y.z[-pod]-pjrt with its own TF version.
+    for version, rt in runtimes.SUPPORTED.items():
+        found = runtimes.NAME.match(version)
+        assert found and found["tf"] == rt.tensorflow and bool(found["pod"]) == rt.pod and found["api"] == "pjrt"
+
+
+@pytest.mark.parametrize("version, message", [
+    ("tpu-vm-tf-2.15.0-pjrt", "has no VM lock in this project"),
+    ("tpu-vm-tf-2.21.0-pjrt", "has no VM lock in this project"),   # the Airflow side's TF: no such image
+    ("v2-alpha-tpuv5-lite", "is not a TensorFlow TPU VM runtime"),
+])
+def test_unsupported_runtimes_are_refused_with_the_choices(version, message):
+    with pytest.raises(ConfigError, match=message) as err:
+        runtimes.get(version)
+    assert "tpu-vm-tf-2.16.1-pjrt" in str(err.value)
+    with pytest.raises(ValueError, match=message):
+        PipelineConfig.model_validate({"tpu": {"runtime_version": version}})
+
+
+def test_vm_lock_leaves_the_image_alone():
+    """The lock never names TensorFlow or anything the image's TensorFlow brings (numpy, protobuf,
+    ml-dtypes...), and holds what the VM runs, with the Airflow side's versions where they meet."""
+    airflow_side = _pins(ROOT / "requirements.txt")
+    for rt in {r.tf_minor: r for r in runtimes.SUPPORTED.values()}.values():
+        lock, image = _pins(rt.lock_path), _pins(rt.image_path)
+        assert image["tensorflow"] == rt.tensorflow and not set(lock) & set(image)
+        assert not {"tensorflow", "tensorflow-cpu", "tensorflow-tpu", "keras", "numpy", "protobuf"} & set(lock)
+        assert lock["tf-keras"].rsplit(".", 1)[0] == rt.tf_minor  # Keras 2 of the image's TF minor
+        for name in ("transformers", "tokenizers", "huggingface-hub", "pydantic"):
+            assert lock[name] == airflow_side[name], name
+        for name in ("pyyaml", "gcsfs", "google-cloud-storage", "google-crc32c", "fsspec"):
+            assert name in lock, name
+
+
+def test_vm_lock_resolves_with_the_image_tensorflow():
+    for rt in {r.tf_minor: r for r in runtimes.SUPPORTED.values()}.values():
+        resolved = {lock_vm.name_of(line): line.split("==", 1)[1] for line in lock_vm.check(rt)}
+        assert resolved["tensorflow"] == rt.tensorflow
+        assert {k: v for k, v in resolved.items() if k in _pins(rt.lock_path)} == _pins(rt.lock_path)
+
+
+def _members(root: str, sha: str) -> dict[str, bytes]:
+    data = gzip.decompress(storage.read_bytes(join(root, "_code", sha, "mlm_tasks.tar.gz")))
+    with tarfile.open(fileobj=io.BytesIO(data)) as tar:
+        return {m.name: tar.extractfile(m).read() for m in tar.getmembers()}
+
+
+def test_a_non_editable_install_stages_what_the_checkout_stages(tmp_path):
+    """A wheel / Docker install has no requirements.txt beside the package: the locks are package
+    data, and stage_code reads the package from wherever it is installed."""
+    site = tmp_path / "site"
+    subprocess.run(["uv", "pip", "install", "--quiet", "--no-deps", "--target", str(site), str(ROOT)],
+                   check=True, cwd=tmp_path)
+    installed = tmp_path / "from-install"
+    staged = subprocess.run(
+        [sys.executable, "-c", "import sys, mlm_tasks.tpu_remote as t; print(t.PACKAGE_DIR); "
+         f"print(t.stage_code(sys.argv[1], {runtimes.DEFAULT!r}).sha)", str(installed)],
+        cwd=tmp_path, env={"PYTHONPATH": str(site), "PATH": "/usr/bin:/bin"}, capture_output=True, text=True)
+    assert staged.returncode == 0, staged.stderr
+    package_dir, sha = staged.stdout.split()
+    assert package_dir == str(site / "mlm_tasks")  # really the installed copy, not this checkout
+
+    checkout = stage_code(str(tmp_path / "from-checkout"), runtimes.DEFAULT)
+    assert sha == checkout.sha
+    files = _members(str(installed), sha)
+    assert files == _members(str(tmp_path / "from-checkout"), checkout.sha)
+    assert checkout.lock in files and "mlm_tasks/vm/runtimes.py" in files
+
+
+def test_staging_without_the_locks_says_what_to_do(tmp_path):
+    package = tmp_path / "mlm_tasks"
+    package.mkdir()
+    (package / "__init__.py").write_text("")
+    with pytest.raises(ConfigError, match="lacks its package data"):
+        stage_code(str(tmp_path / "out"), runtimes.DEFAULT, package_dir=package)
+
+
+def test_vm_side_modules_compile_for_python_310():
+    """Everything the VM imports must parse on the image's Python (the simulated-VM test runs it)."""
+    python = Path("/root/.pyenv/versions/3.10.13/bin/python")
+    if not python.exists():
+        pytest.skip("no Python 3.10 here (the simulated TPU VM test needs it too)")
+    files = [str(p) for p in (ROOT / "mlm_tasks").rglob("*.py")]
+    out = subprocess.run([str(python), "-c", "import ast, sys\nfor f in sys.argv[1:]: ast.parse(open(f).read(), f)",
+                          *files], capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr
+
+
+def test_image_check_finds_what_the_image_lacks(tmp_path):
+    """pip --no-deps checks nothing: check_image does, with `tensorflow` met by the image's TPU build
+    whatever its distribution name."""
+    from mlm_tasks.vm.check_image import unmet_requirements
+
+    info = tmp_path / "demo_pkg-1.0.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: demo-pkg\nVersion: 1.0\n"
+                                   "Requires-Dist: tensorflow<2.17,>=2.16\nRequires-Dist: numpy>=99\n"
+                                   "Requires-Dist: pydantic\nRequires-Dist: torch; extra == \"torch\"\n"
+                                   "Requires-Dist: pywin32; sys_platform == \"win32\"\n")
+    problems = unmet_requirements(str(tmp_path), "2.16.1")
+    assert len(problems) == 1 and problems[0].startswith("demo-pkg 1.0 needs numpy>=99; the VM has ")
+    assert any("tensorflow" in p for p in unmet_requirements(str(tmp_path), "2.21.0"))
