@@ -10,8 +10,9 @@ and importing TensorFlow costs seconds in every shard-writing worker. Here the i
 block is varint-encoded at once with numpy; only a few header bytes and two crc32c are made per
 record. tests/mlm_tasks/test_shards_format.py checks the bytes against TensorFlow's writer.
 
-Wire format written (one feature, an Int64List):
-    Example  { 1: Features { 1: MapEntry { 1: key, 2: Feature { 3: Int64List { 1: packed varints }}}}}
+Wire format written (two features, each an Int64List; the entries in key order):
+    Example  { 1: Features { 1: MapEntry { 1: "attention_mask", 2: Feature { 3: Int64List { 1: packed 1s }}}
+                             1: MapEntry { 1: "input_ids",      2: Feature { 3: Int64List { 1: packed varints }}}}}
 TFRecord framing: uint64 length, masked crc32c(length), data, masked crc32c(data), little-endian.
 """
 from __future__ import annotations
@@ -56,27 +57,36 @@ def _varint_block(values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return groups[position < nbytes[..., None]], nbytes.sum(axis=1)
 
 
-def encode_examples(block: np.ndarray, key: str = "input_ids") -> list[bytes]:
-    """Serialized `tf.train.Example`s, one per row of `block`, each with one int64 feature `key`."""
+def _feature_entry(key: str, payload_len: int) -> bytes:
+    """The bytes of one Features map entry up to its packed varints: key, Feature, Int64List headers."""
+    key_bytes = key.encode("utf-8")
+    key_field = b"\x0a" + _varint(len(key_bytes)) + key_bytes
+    int64_list = 1 + len(_varint(payload_len)) + payload_len
+    feature = 1 + len(_varint(int64_list)) + int64_list
+    entry = len(key_field) + 1 + len(_varint(feature)) + feature
+    return (b"\x0a" + _varint(entry) + key_field + b"\x12" + _varint(feature) + b"\x1a" + _varint(int64_list)
+            + b"\x0a" + _varint(payload_len))
+
+
+def encode_examples(block: np.ndarray) -> list[bytes]:
+    """Serialized `tf.train.Example`s, one per row of `block`, with the two int64 features the Hugging
+    Face TF/TPU scripts parse: `attention_mask` (all ones: chunks are packed, every position is text)
+    and `input_ids`. Entries are in key order, as `SerializeToString(deterministic=True)` writes them."""
     block = np.asarray(block)
     if block.ndim != 2:
         raise ValueError(f"Expected a [records, length] block of ids, got shape {block.shape}.")
     flat, lengths = _varint_block(block)
     data = flat.tobytes()
-    key_bytes = key.encode("utf-8")
-    entry_key = b"\x0a" + _varint(len(key_bytes)) + key_bytes
+    mask_payload = b"\x01" * block.shape[1]
+    mask_entry = _feature_entry("attention_mask", len(mask_payload)) + mask_payload  # the same in every record
     out, start = [], 0
     headers: dict[int, bytes] = {}  # rows of equal byte length share their headers
     for payload_len in lengths.tolist():
         header = headers.get(payload_len)
         if header is None:
-            int64_list = 1 + len(_varint(payload_len)) + payload_len
-            feature = 1 + len(_varint(int64_list)) + int64_list
-            entry = len(entry_key) + 1 + len(_varint(feature)) + feature
-            features = 1 + len(_varint(entry)) + entry
-            header = headers[payload_len] = (
-                b"\x0a" + _varint(features) + b"\x0a" + _varint(entry) + entry_key + b"\x12"
-                + _varint(feature) + b"\x1a" + _varint(int64_list) + b"\x0a" + _varint(payload_len))
+            ids_header = _feature_entry("input_ids", payload_len)
+            features = len(mask_entry) + len(ids_header) + payload_len
+            header = headers[payload_len] = b"\x0a" + _varint(features) + mask_entry + ids_header
         out.append(header + data[start:start + payload_len])
         start += payload_len
     return out

@@ -60,12 +60,12 @@ def check_run_inputs(cfg: PipelineConfig, run_id: str, fingerprint: str) -> dict
     from mlm_tasks.paths import RunPaths
     from mlm_tasks.train import check_resumable, load_manifest, plan_steps
 
-    _, manifest = load_manifest(cfg, fingerprint)  # max_length and tokenizer of the shards
+    shard_set = load_manifest(cfg, fingerprint)  # max_length and tokenizer of the shards
     # Per replica: the replica count is known only on the training host, so this is the bound
     # every device count must meet; train() checks the global batch again.
-    plan_steps(cfg, manifest, cfg.train.batch_size)
-    check_resumable(RunPaths(cfg.output_root, run_id), fingerprint, manifest["vocab_size"])
-    return manifest
+    plan_steps(cfg, shard_set, cfg.train.batch_size)
+    check_resumable(RunPaths(cfg.output_root, run_id), fingerprint, shard_set.vocab_size)
+    return shard_set.data
 
 
 def validate_inputs(cfg: PipelineConfig) -> None:

@@ -7,9 +7,10 @@ import pytest
 
 from mlm_tasks import storage
 from mlm_tasks.config import ConfigError, ShardConfig
+from mlm_tasks.manifest import ShardSet
 from mlm_tasks.paths import DataPaths
 from mlm_tasks.prepare import prepare_data
-from mlm_tasks.shards import chunk_stream, shard_uris, verify_shards
+from mlm_tasks.shards import chunk_stream, records_from_name
 
 
 def test_chunk_stream_concatenates_and_drops_only_the_tail(tiny_prepared):
@@ -45,16 +46,18 @@ def test_chunks_hold_exactly_the_encode_batch_ids(tiny_prepared):
 def test_manifest_counts_match_files(tiny_prepared):
     cfg, data = tiny_prepared
     paths = DataPaths(cfg.output_root, data["fingerprint"])
-    manifest = storage.read_json(paths.manifest)
+    shard_set = ShardSet.load(paths)
     assert storage.exists(paths.success)
     for split in ("train", "validation", "test"):
-        entry = manifest["splits"][split]
-        assert entry["tokens"] == entry["records"] * 64
-        assert sum(s["records"] for s in entry["shards"]) == entry["records"]
-        assert all(os.path.basename(u).endswith(f"-of-{len(entry['shards']):05d}.tfrecord")
-                   for u in shard_uris(paths, manifest, split))
-    assert manifest["max_length"] == 64 and manifest["vocab_size"] == 1000
-    verify_shards(paths, manifest, "train")
+        assert shard_set.tokens(split) == shard_set.records(split) * 64
+        assert sum(s["records"] for s in shard_set.shards(split)) == shard_set.records(split)
+        # The names carry the counts (what Hugging Face's scripts read), equal to the manifest's.
+        assert [records_from_name(u) for u in shard_set.shard_uris(split)] == \
+            [s["records"] for s in shard_set.shards(split)]
+        assert all(os.path.basename(u).startswith(f"{split}-p00000of00001-") for u in shard_set.shard_uris(split))
+    assert shard_set.max_length == 64 and shard_set.vocab_size == 1000
+    assert shard_set.data["features"] == ["input_ids", "attention_mask"]
+    shard_set.verify("train")
 
 
 def test_rerun_is_a_cache_hit_that_writes_nothing(tiny_prepared):
@@ -85,12 +88,26 @@ def test_corrupted_shard_is_detected(tiny_prepared, tmp_path):
     cfg, data = tiny_prepared
     paths = DataPaths(str(tmp_path), data["fingerprint"])
     shutil.copytree(data["data_root"], paths.root)
-    manifest = storage.read_json(paths.manifest)
-    first = shard_uris(paths, manifest, "train")[0]
+    shard_set = ShardSet.load(paths)
+    first = shard_set.shard_uris("train")[0]
     with open(first, "r+b") as f:
         f.truncate(os.path.getsize(first) // 2)
-    with pytest.raises(ValueError, match="corrupted or truncated"):
-        verify_shards(paths, manifest, "train")
+    # A ConfigError: retrying cannot help, the message says what to delete and rerun.
+    with pytest.raises(ConfigError, match=f"corrupted or truncated.*retrying cannot fix it: delete {paths.shards_dir} "
+                       f"and {paths.partitions_dir}, then rerun prepare-data"):
+        shard_set.verify("train")
+
+
+def test_damaged_manifest_says_what_to_delete(tiny_prepared, tmp_path):
+    import shutil
+
+    cfg, data = tiny_prepared
+    paths = DataPaths(str(tmp_path), data["fingerprint"])
+    shutil.copytree(data["data_root"], paths.root)
+    text = storage.read_text(paths.manifest)
+    storage.write_text(paths.manifest, text[: len(text) // 2])
+    with pytest.raises(ConfigError, match=f"{paths.manifest} is damaged \\(JSONDecodeError.*delete {paths.shards_dir}"):
+        ShardSet.load(paths)
 
 
 def test_empty_corpus_fails_with_what_to_fix(tmp_path, tiny_cfg):
