@@ -54,7 +54,7 @@ def partition_manifest_uri(paths: DataPaths, part: int, num_parts: int) -> str:
 def write_partition(cfg: PipelineConfig, paths: DataPaths, part: int, num_parts: int, corpus=None) -> dict:
     """Write partition `part` of `num_parts` of every split; returns (and stores) its partial manifest."""
     from mlm_tasks.corpus import open_corpus
-    from mlm_tasks.tokenizer import load_tokenizer
+    from mlm_tasks.tokenizer import load_encoder
 
     if not 0 <= part < num_parts:
         raise ConfigError(f"Partition {part} is outside 0..{num_parts - 1}: check the mapped task's index.")
@@ -62,7 +62,7 @@ def write_partition(cfg: PipelineConfig, paths: DataPaths, part: int, num_parts:
     if storage.exists(marker):
         log.info("Partition %d/%d already written (%s): nothing to do", part, num_parts, marker)
         return storage.read_json(marker)
-    tokenizer = load_tokenizer(paths.tokenizer, cfg.shards.max_length)
+    tokenizer = load_encoder(paths.tokenizer)
     corpus = corpus or open_corpus(cfg.corpus)
     sc = cfg.shards
     staging = _staging_dir(paths)

@@ -28,16 +28,17 @@ def test_chunk_stream_concatenates_and_drops_only_the_tail(tiny_prepared):
 
 
 def test_chunks_hold_exactly_the_encode_batch_ids(tiny_prepared):
-    """The writer encodes with encode_batch_fast: the ids must be those of plain encode_batch, in order."""
+    """The writer encodes with the bare tokenizer's encode_batch_fast (no transformers import): the ids
+    must be those the PreTrainedTokenizerFast every reader loads gives, in order."""
     from mlm_tasks.corpus import open_corpus
-    from mlm_tasks.tokenizer import load_tokenizer
+    from mlm_tasks.tokenizer import load_encoder, load_tokenizer
 
     cfg, data = tiny_prepared
     tok = load_tokenizer(data["tokenizer_uri"])
     rows = list(open_corpus(cfg.corpus).rows("train"))[:400]
-    blocks = list(chunk_stream(rows, tok, ShardConfig(max_length=32, tokenize_batch_rows=50),
-                               {"rows": 0, "characters": 0}))
-    expected = [i for e in tok.backend_tokenizer.encode_batch(rows) for i in e.ids]
+    blocks = list(chunk_stream(rows, load_encoder(data["tokenizer_uri"]),
+                               ShardConfig(max_length=32, tokenize_batch_rows=50), {"rows": 0, "characters": 0}))
+    expected = [i for ids in tok(rows)["input_ids"] for i in ids]
     got = np.concatenate(blocks).ravel().tolist()
     assert len(got) == len(expected) // 32 * 32 > 1000
     assert got == expected[:len(got)]
