@@ -61,6 +61,8 @@ def check_run_inputs(cfg: PipelineConfig, run_id: str, fingerprint: str) -> dict
     from mlm_tasks.train import check_resumable, load_manifest, plan_steps
 
     shard_set = load_manifest(cfg, fingerprint)  # max_length and tokenizer of the shards
+    for split in ("train", cfg.eval.split):
+        shard_set.verify(split, checksums=False)  # missing or truncated shards; train() checks every sha256
     # Per replica: the replica count is known only on the training host, so this is the bound
     # every device count must meet; train() checks the global batch again.
     plan_steps(cfg, shard_set, cfg.train.batch_size)
