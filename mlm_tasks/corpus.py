@@ -267,6 +267,10 @@ class HFDatasetCorpus(Corpus):
 
 
 def open_corpus(cfg: CorpusConfig) -> Corpus:
+    if cfg.source == "tfrecord_shards":  # bring your own shards: token ids, no text
+        from mlm_tasks.byo_shards import ShardsCorpus
+
+        return ShardsCorpus(cfg)
     if cfg.source == "embedded_wiki":
         return WikiDumpCorpus(cfg, embedded_wiki_path())
     if cfg.source == "wiki_dump":

@@ -38,6 +38,9 @@ def data_fingerprint(cfg: PipelineConfig, corpus=None, corpus_fingerprint: str |
     setting that changes the shards."""
     if corpus_fingerprint is None:
         corpus_fingerprint = (corpus or open_corpus(cfg.corpus)).fingerprint()
+    if cfg.corpus.source == "tfrecord_shards":  # shards brought as they are: no setting of ours changes them
+        key = {"corpus": corpus_fingerprint, "max_length": cfg.shards.max_length, "manifest_version": MANIFEST_VERSION}
+        return hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16]
     key = {
         "corpus": corpus_fingerprint,
         "splits": [cfg.corpus.validation_fraction, cfg.corpus.test_fraction],
@@ -128,6 +131,12 @@ def plan_data(cfg: PipelineConfig, fingerprint: str | None = None, corpus=None, 
         log.info("Cache hit: data fingerprint %s already prepared at %s; no shard to write",
                  paths.fingerprint, paths.shards_dir)
         return {"fingerprint": paths.fingerprint, "cache_hit": True, "corpus_fingerprint": corpus_fp,
+                "partitions": []}
+    if cfg.corpus.source == "tfrecord_shards":
+        from mlm_tasks.byo_shards import adopt
+
+        adopt(cfg, corpus, paths, corpus_fp or corpus.fingerprint())  # no tokenizer to train, no shard to write
+        return {"fingerprint": paths.fingerprint, "cache_hit": False, "corpus_fingerprint": corpus_fp,
                 "partitions": []}
     log.info("Preparing data fingerprint %s under %s in %d partition(s)", paths.fingerprint, paths.root, n)
     _ensure_tokenizer(cfg, corpus, paths)

@@ -100,3 +100,98 @@ def frame_records(records: list[bytes]) -> bytes:
         parts.append(length + struct.pack("<I", masked_crc32c(length)) + record
                      + struct.pack("<I", masked_crc32c(record)))
     return b"".join(parts)
+
+
+# --- reading, without TensorFlow: what checking a shard set brought from elsewhere needs ---------------
+
+def iter_records(f, limit: int | None = None):
+    """The records of an open TFRecord file, in order (checksums not verified; TensorFlow does that)."""
+    n = 0
+    while limit is None or n < limit:
+        header = f.read(12)
+        if len(header) < 12:
+            return
+        (length,) = struct.unpack("<Q", header[:8])
+        data = f.read(length)
+        f.read(4)
+        if len(data) < length:
+            raise ValueError("truncated TFRecord file")
+        yield data
+        n += 1
+
+
+def count_records(f) -> int:
+    """Records in an open TFRecord file, by reading only the length headers."""
+    n = 0
+    while True:
+        header = f.read(12)
+        if not header:
+            return n
+        if len(header) < 12:
+            raise ValueError("truncated TFRecord file")
+        (length,) = struct.unpack("<Q", header[:8])
+        f.seek(length + 4, 1)
+        n += 1
+
+
+def _read_varint(buf: bytes, pos: int) -> tuple[int, int]:
+    value = shift = 0
+    while True:
+        byte = buf[pos]
+        pos += 1
+        value |= (byte & 0x7F) << shift
+        if byte < 0x80:
+            return value, pos
+        shift += 7
+
+
+def _fields(buf: bytes):
+    """(field number, wire type, value) of a protobuf message: ints for varints, bytes for the rest."""
+    pos = 0
+    while pos < len(buf):
+        key, pos = _read_varint(buf, pos)
+        field, wire = key >> 3, key & 7
+        if wire == 0:
+            value, pos = _read_varint(buf, pos)
+        elif wire == 2:
+            size, pos = _read_varint(buf, pos)
+            value, pos = buf[pos:pos + size], pos + size
+        elif wire in (1, 5):
+            width = 8 if wire == 1 else 4
+            value, pos = buf[pos:pos + width], pos + width
+        else:
+            raise ValueError(f"unsupported protobuf wire type {wire}")
+        yield field, wire, value
+
+
+def parse_example(record: bytes) -> dict[str, list[int] | str]:
+    """A `tf.train.Example`'s features: the values of each int64 list; "bytes" or "float" for the others."""
+    out: dict[str, list[int] | str] = {}
+    for field, _, features in _fields(record):
+        if field != 1:
+            continue
+        for entry_field, _, entry in _fields(features):
+            if entry_field != 1:
+                continue
+            key, feature = "", b""
+            for f, _, v in _fields(entry):
+                if f == 1:
+                    key = v.decode("utf-8")
+                elif f == 2:
+                    feature = v
+            for kind, _, values in _fields(feature):
+                if kind != 3:
+                    out[key] = {1: "bytes", 2: "float"}.get(kind, "unknown")
+                    continue
+                ints: list[int] = []
+                for _, wire, v in _fields(values):
+                    if wire == 2:  # packed
+                        pos = 0
+                        while pos < len(v):
+                            n, pos = _read_varint(v, pos)
+                            ints.append(n - (1 << 64) if n >= 1 << 63 else n)
+                    else:
+                        ints.append(v - (1 << 64) if v >= 1 << 63 else v)
+                out[key] = ints
+            out.setdefault(key, [])
+    return out

@@ -74,6 +74,10 @@ def validate_inputs(cfg: PipelineConfig) -> None:
     corpus = open_corpus(cfg.corpus)  # raises ConfigError for missing paths and bad file types
     if cfg.corpus.source == "local_files":
         check_local_corpus(corpus)
+    if cfg.corpus.source == "tfrecord_shards":
+        from mlm_tasks.byo_shards import check_shards
+
+        check_shards(cfg, corpus)  # features, max_length, ids within the tokenizer's vocabulary
     if storage.scheme(cfg.output_root) == "gs":
         check_gcs_credentials(cfg.output_root)
     check_writable(cfg.output_root)
