@@ -42,8 +42,10 @@ params = {
     "compute": Param(_defaults.compute, type="string", enum=["local", "tpu_vm"], title="Compute",
                      description="Train on the Airflow worker's CPU/GPU, or on a TPU VM made for this run."),
     "corpus_source": Param(_defaults.corpus.source, type="string",
-                           enum=["embedded_wiki", "hf_dataset", "local_files", "wiki_dump"], title="Corpus source",
-                           description="Embedded Wikipedia sample, a `datasets` dataset, local files, or a dump."),
+                           enum=["embedded_wiki", "hf_dataset", "local_files", "wiki_dump", "tfrecord_shards"], title="Corpus source",
+                           description="Embedded Wikipedia sample, a `datasets` dataset, local files, a dump, or "
+                           "shards tokenized elsewhere (tfrecord_shards: set corpus.shards_uri and "
+                           "corpus.tokenizer_uri in overrides)."),
     "vocab_size": Param(_defaults.tokenizer.vocab_size, type="integer", minimum=1000, maximum=250000,
                         title="Vocabulary size", description="Unigram tokenizer vocabulary, special tokens included."),
     "max_length": Param(_defaults.shards.max_length, type="integer", minimum=8, maximum=4096,

@@ -165,6 +165,25 @@ def finish(cfg_of, fp_of):
     return call
 
 
+def byo_shards(length: int, features=("input_ids", "attention_mask")):
+    """Shards brought from elsewhere (corpus.source=tfrecord_shards), written with TensorFlow: 4 records
+    of `length` ids per split, with `features`; the tokenizer is the prepared tiny set's."""
+    def make(ctx):
+        import tensorflow as tf
+
+        from mlm_tasks.paths import DataPaths
+
+        for split in ("train", "validation"):
+            (ctx.tmp / "byo" / split).mkdir(parents=True)
+            with tf.io.TFRecordWriter(str(ctx.tmp / "byo" / split / "dataset-0-4.tfrecord")) as w:
+                for _ in range(4):
+                    feature = {k: tf.train.Feature(int64_list=tf.train.Int64List(value=[7] * length)) for k in features}
+                    w.write(tf.train.Example(features=tf.train.Features(feature=feature)).SerializeToString())
+        return tiny_config(ctx.tmp / "o", **{"corpus.source": "tfrecord_shards", "corpus.shards_uri": str(ctx.tmp / "byo"),
+                                            "corpus.tokenizer_uri": DataPaths(ctx.cfg.output_root, ctx.fp1).tokenizer})
+    return make
+
+
 CFG, FP1, FP2 = (lambda c: c.cfg), (lambda c: c.fp1), (lambda c: c.fp2)
 NO_DATA = "0123456789abcdef"
 TINY_TEXT = b"the quick brown fox jumps over the lazy dog\n"
@@ -236,6 +255,12 @@ CASES = [
          r".*/partitions, then rerun prepare-data",
          [("check_run_inputs", run_check(damaged_copy(_truncated_shard), "corrupted", FP1)),
           ("train", train_step(damaged_copy(_truncated_shard), "corrupted", FP1))], needs="data"),
+    Case("byo-shards-missing-feature", "brought shards (tfrecord_shards) without attention_mask",
+         r"feature 'attention_mask' is absent, not an int64 list: these shards need input_ids and attention_mask",
+         [("validate_inputs", validate(byo_shards(64, ("input_ids",))))], needs="data"),
+    Case("byo-shards-other-length", "brought shards (tfrecord_shards) of another length than max_length",
+         r"hold 32-token records but shards\.max_length is 64: set shards\.max_length=32",
+         [("validate_inputs", validate(byo_shards(32)))], needs="data"),
     Case("shards-other-max-length", "shards built with another max_length than the run asks for",
          r"were built with max_length 64 but this run asks for 32: prepare data with the run's max_length",
          [("check_run_inputs", run_check(_with(shards={"max_length": 32}), "short-run", FP1)),
