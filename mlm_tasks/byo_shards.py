@@ -191,6 +191,7 @@ def check_shards(cfg: PipelineConfig, corpus: ShardsCorpus) -> int:
 def adopt(cfg: PipelineConfig, corpus: ShardsCorpus, paths: DataPaths, corpus_fingerprint: str) -> None:
     """Publish the tokenizer and a manifest of the brought shards under `paths`, then _SUCCESS."""
     from mlm_tasks.manifest import build_manifest, publish_manifest
+    from mlm_tasks.prepare import manifest_extra
     from mlm_tasks.tokenizer import load_tokenizer, publish_tokenizer
     from tokenizers import Tokenizer
 
@@ -202,14 +203,8 @@ def adopt(cfg: PipelineConfig, corpus: ShardsCorpus, paths: DataPaths, corpus_fi
         entry = corpus.split_entry(split)
         entry["tokens"] = entry["records"] * max_length
         splits[split] = entry
-    extra = {
-        "vocab_size": len(tokenizer),
-        "tokenizer_sha256": hashlib.sha256(storage.read_bytes(join(paths.tokenizer, "tokenizer.json"))).hexdigest(),
-        "corpus_source": cfg.corpus.source, "corpus_fingerprint": corpus_fingerprint, "credit": corpus.credit,
-        "shards_uri": cfg.corpus.shards_uri, "tokenizer_uri": cfg.corpus.tokenizer_uri,
-        "special_ids": {"pad": tokenizer.pad_token_id, "mask": tokenizer.mask_token_id,
-                        "bos": tokenizer.cls_token_id, "eos": tokenizer.sep_token_id},
-    }
+    extra = {**manifest_extra(cfg, corpus, corpus_fingerprint, paths, tokenizer),
+             "shards_uri": cfg.corpus.shards_uri, "tokenizer_uri": cfg.corpus.tokenizer_uri}
     publish_manifest(paths, build_manifest(paths, max_length, 0, splits, extra))
     log.info("Adopted the shards under %s as data %s: %s", cfg.corpus.shards_uri, paths.fingerprint,
              ", ".join(f"{s} {e['records']} records in {len(e['shards'])} files" for s, e in splits.items()))

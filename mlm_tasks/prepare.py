@@ -95,7 +95,7 @@ def _ensure_tokenizer(cfg: PipelineConfig, corpus, paths: DataPaths) -> None:
              paths.tokenizer)
 
 
-def _manifest_extra(cfg: PipelineConfig, corpus, corpus_fingerprint: str, paths: DataPaths, tokenizer) -> dict:
+def manifest_extra(cfg: PipelineConfig, corpus, corpus_fingerprint: str, paths: DataPaths, tokenizer) -> dict:
     """What the manifest says besides the shards: vocabulary, tokenizer hash, source, credit, special ids."""
     return {
         "vocab_size": len(tokenizer),
@@ -175,7 +175,7 @@ def finish_data(cfg: PipelineConfig, fingerprint: str, cache_hit: bool = False,
     corpus = corpus or open_corpus(cfg.corpus)
     tokenizer = load_tokenizer(paths.tokenizer, cfg.shards.max_length)
     corpus_fp = corpus_fingerprint or corpus.fingerprint()
-    extra = {**_manifest_extra(cfg, corpus, corpus_fp, paths, tokenizer), "partitions": num_parts}
+    extra = {**manifest_extra(cfg, corpus, corpus_fp, paths, tokenizer), "partitions": num_parts}
     shard_set = merge_partitions(cfg, paths, num_parts, extra)
     log.info("Published shard set %s: %s", paths.shards_dir,
              ", ".join(f"{s} {shard_set.records(s)} records" for s in shard_set.splits))
