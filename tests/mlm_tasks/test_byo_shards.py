@@ -1,10 +1,10 @@
 """Bring your own shards: shards written the way Hugging Face's prepare_tfrecord_shards.py writes them
 are validated, adopted (fingerprint, counts from names or counted once) and trained on through the CLI.
 
-The writer below follows huggingface/transformers examples/tensorflow/language-modeling-tpu/
-prepare_tfrecord_shards.py: `datasets.map(tokenize)` + `map(group_texts)` + a `tf.train.Example` of
-input_ids and attention_mask per record into `tf.io.TFRecordWriter`, files named
-`<split>/dataset-{shard_count}-{records_containing}.tfrecord` (num_proc=1 here: a 2-core CI machine).
+The shards are written by tests/peers/seed_shards.py, which follows huggingface/transformers
+examples/tensorflow/language-modeling-tpu/prepare_tfrecord_shards.py: `datasets.map(tokenize)` +
+`map(group_texts)` + a `tf.train.Example` of input_ids and attention_mask per record into
+`tf.io.TFRecordWriter`, files named `<split>/dataset-{shard_count}-{records_containing}.tfrecord`.
 
     pytest tests/mlm_tasks/test_byo_shards.py
 """
@@ -18,55 +18,8 @@ import pytest
 from mlm_tasks.config import ConfigError
 from mlm_tasks.manifest import ShardSet
 from mlm_tasks.paths import DataPaths
+from peers.seed_shards import MAX_LENGTH, write_like_prepare_tfrecord_shards
 from peers.tiny_data import TINY_YAML, tiny_config
-
-MAX_LENGTH = 64
-
-
-def write_like_prepare_tfrecord_shards(rows, tokenizer_dir, split_dir, shard_size=300, max_length=MAX_LENGTH):
-    import datasets
-    import tensorflow as tf
-    from transformers import AutoTokenizer
-
-    tokenizer = AutoTokenizer.from_pretrained(tokenizer_dir)
-
-    def tokenize_fn(examples):
-        return tokenizer(examples["text"])
-
-    def group_texts(examples):
-        concatenated_examples = {k: sum(examples[k], []) for k in examples.keys()}
-        total_length = len(concatenated_examples[list(examples.keys())[0]])
-        total_length = (total_length // max_length) * max_length
-        return {k: [t[i: i + max_length] for i in range(0, total_length, max_length)]
-                for k, t in concatenated_examples.items()}
-
-    def get_serialized_examples(tokenized_data):
-        records = []
-        for i in range(len(tokenized_data["input_ids"])):
-            features = {
-                "input_ids": tf.train.Feature(int64_list=tf.train.Int64List(value=tokenized_data["input_ids"][i])),
-                "attention_mask": tf.train.Feature(
-                    int64_list=tf.train.Int64List(value=tokenized_data["attention_mask"][i])),
-            }
-            example = tf.train.Example(features=tf.train.Features(feature=features))
-            records.append(example.SerializeToString())
-        return records
-
-    os.makedirs(split_dir, exist_ok=True)
-    dataset = datasets.Dataset.from_dict({"text": rows})
-    dataset_tokenized = dataset.map(tokenize_fn, batched=True, num_proc=1, remove_columns=["text"])
-    grouped_dataset = dataset_tokenized.map(group_texts, batched=True, batch_size=1000, num_proc=1)
-    shard_count, total = 0, 0
-    for shard in range(0, len(grouped_dataset), shard_size):
-        dataset_snapshot = grouped_dataset[shard: shard + shard_size]
-        records_containing = len(dataset_snapshot["input_ids"])
-        filename = os.path.join(split_dir, f"dataset-{shard_count}-{records_containing}.tfrecord")
-        with tf.io.TFRecordWriter(filename) as out_file:
-            for example in get_serialized_examples(dataset_snapshot):
-                out_file.write(example)
-        shard_count += 1
-        total += records_containing
-    return total
 
 
 @pytest.fixture(scope="module")
