@@ -42,7 +42,8 @@ params = {
     "compute": Param(_defaults.compute, type="string", enum=["local", "tpu_vm"], title="Compute",
                      description="Train on the Airflow worker's CPU/GPU, or on a TPU VM made for this run."),
     "corpus_source": Param(_defaults.corpus.source, type="string",
-                           enum=["embedded_wiki", "hf_dataset", "local_files", "wiki_dump", "tfrecord_shards"], title="Corpus source",
+                           enum=["embedded_wiki", "hf_dataset", "local_files", "wiki_dump", "tfrecord_shards"],
+                           title="Corpus source",
                            description="Embedded Wikipedia sample, a `datasets` dataset, local files, a dump, or "
                            "shards tokenized elsewhere (tfrecord_shards: set corpus.shards_uri and "
                            "corpus.tokenizer_uri in overrides)."),

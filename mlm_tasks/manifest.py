@@ -97,7 +97,8 @@ class ShardSet:
         checksums=False compares sizes only: no shard is read (cheap enough for a check before the VM)."""
         for shard, uri in zip(self.shards(split), self.shard_uris(split)):
             if not storage.exists(uri):
-                raise ConfigError(f"Shard {uri} listed in {self.paths.manifest} is missing: {rebuild_hint(self.paths)}.")
+                raise ConfigError(f"Shard {uri} listed in {self.paths.manifest} is missing: "
+                                  f"{rebuild_hint(self.paths)}.")
             size = storage.filesystem(uri).size(uri)
             if shard.get("bytes") is not None and size != shard["bytes"]:
                 raise ConfigError(f"Shard {uri} is corrupted or truncated ({size} bytes, manifest says "

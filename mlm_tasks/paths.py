@@ -54,10 +54,6 @@ class DataPaths:
         return join(self.root, "tokenizer")
 
     @property
-    def corpus_stats(self) -> str:
-        return join(self.root, "corpus.json")
-
-    @property
     def shards_dir(self) -> str:
         return join(self.root, "shards")
 

@@ -137,7 +137,8 @@ def train(cfg: PipelineConfig, run_id: str, fingerprint: str) -> dict:
              device, replicas, global_batch, total_steps, warmup, "on" if xla else "off", precision)
     from mlm_tasks.train_sync import EpochSync
 
-    hub_sync = EpochSync.start(cfg, shard_set.records("train"), global_batch, strategy)  # None unless publish.sync_checkpoints
+    # None unless publish.sync_checkpoints
+    hub_sync = EpochSync.start(cfg, shard_set.records("train"), global_batch, strategy)
 
     with strategy.scope():
         model = build_model(roberta_config(cfg, len(tokenizer), shard_set.special_ids),

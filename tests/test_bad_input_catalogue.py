@@ -179,7 +179,8 @@ def byo_shards(length: int, features=("input_ids", "attention_mask")):
                 for _ in range(4):
                     feature = {k: tf.train.Feature(int64_list=tf.train.Int64List(value=[7] * length)) for k in features}
                     w.write(tf.train.Example(features=tf.train.Features(feature=feature)).SerializeToString())
-        return tiny_config(ctx.tmp / "o", **{"corpus.source": "tfrecord_shards", "corpus.shards_uri": str(ctx.tmp / "byo"),
+        return tiny_config(ctx.tmp / "o", **{"corpus.source": "tfrecord_shards",
+                                            "corpus.shards_uri": str(ctx.tmp / "byo"),
                                             "corpus.tokenizer_uri": DataPaths(ctx.cfg.output_root, ctx.fp1).tokenizer})
     return make
 
