@@ -217,7 +217,11 @@ class LocalFilesCorpus(Corpus):
                 import pyarrow.parquet as pq
 
                 for batch in pq.ParquetFile(path).iter_batches(columns=[self.cfg.text_column]):
-                    for text in batch.column(0).to_pylist():
+                    texts = batch.column(0).to_pylist()
+                    if num_parts == 1:  # every row is this partition's: no per-row bookkeeping
+                        yield from texts
+                        continue
+                    for text in texts:
                         if keep():
                             yield text
 

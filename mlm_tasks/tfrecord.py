@@ -46,7 +46,8 @@ def _varint_block(values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         # Negative int64s take 10 bytes in protobuf; token ids never are, so refuse rather than mis-encode.
         raise ValueError("Token ids must be non-negative to be encoded as TFRecord int64 lists.")
     v = values.astype(np.uint64)
-    width = 1 + sum(int((v >= (1 << (7 * k))).any()) for k in range(1, 10))
+    # Bytes the largest value needs: one pass over the block, not one per possible width.
+    width = max(1, (int(v.max()).bit_length() + 6) // 7) if v.size else 1
     shifts = np.arange(width, dtype=np.uint64) * np.uint64(7)
     groups = ((v[..., None] >> shifts) & np.uint64(0x7F)).astype(np.uint8)     # [n, m, width]
     nbytes = np.ones(v.shape, dtype=np.int64)
