@@ -22,13 +22,13 @@ from bench_train import BATCH, run_ours  # noqa: E402
 def input_rate(batches: int) -> float:
     from mlm_tasks.data import mlm_dataset
     from mlm_tasks.paths import DataPaths
-    from mlm_tasks.storage import read_json
+    from mlm_tasks.manifest import ShardSet
     from mlm_tasks.tokenizer import load_tokenizer
 
     data = common.prepared()
     paths = DataPaths(common.BENCH_ROOT, data["fingerprint"])
     tokenizer = load_tokenizer(data["tokenizer_uri"], common.MAX_LENGTH)
-    it = iter(mlm_dataset(paths, read_json(data["manifest_uri"]), "train", tokenizer, BATCH))
+    it = iter(mlm_dataset(ShardSet.load(paths), "train", tokenizer, BATCH))
     for _ in range(20):
         next(it)
     t0 = time.perf_counter()

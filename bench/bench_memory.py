@@ -3,7 +3,8 @@
     .venv/bin/python bench/bench_memory.py [--factors 1,10]
 
 The embedded corpus' rows (every split) are written k times over into a .txt file; a fresh subprocess
-runs mlm_tasks.shards.write_shards over it as a local_files corpus (all three splits, publish included)
+runs the one shard writer over it as a local_files corpus, as prepare-data does (mlm_tasks.shards_parallel:
+one partition, all three splits, merge and publish included)
 with the embedded tokenizer. Peak RSS is the child's own ru_maxrss (os.wait4); "working set" is the
 peak minus the RSS just before writing began (imports and tokenizer excluded). Target: peak at 10x
 <= 1.2x peak at 1x.
@@ -43,21 +44,22 @@ def _status_mb(field: str) -> float:
 
 
 def worker(factor: str) -> None:
-    from mlm_tasks.corpus import open_corpus
+    import shutil
+
     from mlm_tasks.paths import DataPaths
-    from mlm_tasks.shards import write_shards
-    from mlm_tasks.tokenizer import load_tokenizer
+    from mlm_tasks.shards_parallel import merge_partitions, write_partition
 
     cfg = common.bench_config(**{"corpus.source": "local_files", "corpus.local_paths": [corpus_file(int(factor))]})
-    tokenizer = load_tokenizer(common.prepared()["tokenizer_uri"], common.MAX_LENGTH)
-    corpus = open_corpus(cfg.corpus)
     with tempfile.TemporaryDirectory(prefix="bench-mem-") as root:
+        paths = DataPaths(root, "mem")
+        shutil.copytree(common.prepared()["tokenizer_uri"], paths.tokenizer)
         before = _status_mb("VmRSS")
         t0 = time.perf_counter()
-        manifest = write_shards(corpus, tokenizer, cfg.shards, DataPaths(root, "mem"), {})
+        write_partition(cfg, paths, 0, 1)
+        shard_set = merge_partitions(cfg, paths, 1, {})
         seconds = time.perf_counter() - t0
     common.emit({"factor": int(factor), "rss_before_mb": before, "hwm_mb": _status_mb("VmHWM"),
-                 "seconds": seconds, "tokens": sum(s["tokens"] for s in manifest["splits"].values()),
+                 "seconds": seconds, "tokens": sum(shard_set.tokens(s) for s in shard_set.splits),
                  "file_mb": os.path.getsize(corpus_file(int(factor))) / 2**20})
 
 

@@ -4,16 +4,16 @@
 
 Corpus: the embedded corpus' rows repeated `factor` times in a .txt (local_files source), all splits.
 Each worker is a fresh process running write_partition(cfg, paths, part, num_parts), what one mapped
-`write_shards` task runs; it reads only its own blocks of lines (LocalFilesCorpus.rows_partition).
-Workers import, then wait at a barrier so only the writing is timed; the merge (merge_manifests)
+`write_shards` task runs; it reads only its own blocks of lines (LocalFilesCorpus.split_rows, all splits in one read).
+Workers import, then wait at a barrier so only the writing is timed; the merge (merge_partitions)
 runs after the last worker and is included. A worker is one executor slot on one core: one tokenizer
 thread (TOKENIZERS_PARALLELISM=false). "1 worker, threads" is one process whose tokenizer uses its own
 thread pool over both cores, the strongest one-process baseline. A worker still overlaps encoding
-with writing in a second thread (mlm_tasks.shards.chunk_stream), so unpinned, one worker already uses
+with writing in a second thread (mlm_tasks.shards.encoded_batches), so unpinned, one worker already uses
 part of the idle second core; the "pinned" variants hold each worker to its own core
 (sched_setaffinity), which is what "one worker = one core" means exactly. Each worker's CPU seconds are reported
 too: on a machine shared with other work, wall time measures the scheduler's share, not the writer. The merged manifest's counts are
-compared with those of mlm_tasks.shards.write_shards (one process, the plain writer).
+compared with those of one partition of one (what prepare-data writes).
 """
 from __future__ import annotations
 
@@ -63,7 +63,7 @@ def worker(arg: str) -> None:
 
 def run_fanout(factor: int, num_parts: int, env: dict, pin: bool = False) -> tuple[float, float, dict]:
     """Wall seconds (barrier to merged manifest), CPU seconds of the busiest worker, the manifest."""
-    from mlm_tasks.shards_parallel import merge_manifests
+    from mlm_tasks.shards_parallel import merge_partitions
 
     root = tempfile.mkdtemp(prefix="bench-scaleout-")
     try:
@@ -83,21 +83,21 @@ def run_fanout(factor: int, num_parts: int, env: dict, pin: bool = False) -> tup
             if p.returncode:
                 raise RuntimeError(f"worker failed ({p.returncode})")
             results.append(json.loads(out.strip().splitlines()[-1]))
-        manifest = merge_manifests(_cfg(factor), _paths(root), num_parts, {})
+        manifest = merge_partitions(_cfg(factor), _paths(root), num_parts, {}).data
         return time.time() - t0, max(r["cpu_s"] for r in results), manifest
     finally:
         shutil.rmtree(root, ignore_errors=True)
 
 
 def run_single(factor: int) -> dict:
-    from mlm_tasks.corpus import open_corpus
-    from mlm_tasks.shards import write_shards
-    from mlm_tasks.tokenizer import load_tokenizer
+    """One partition of one, in this process: what prepare-data writes."""
+    from mlm_tasks.shards_parallel import merge_partitions, write_partition
 
     cfg = _cfg(factor)
     with tempfile.TemporaryDirectory(prefix="bench-single-") as root:
-        tok = load_tokenizer(common.prepared()["tokenizer_uri"], common.MAX_LENGTH)
-        return write_shards(open_corpus(cfg.corpus), tok, cfg.shards, _paths(root), {})
+        shutil.copytree(common.prepared()["tokenizer_uri"], _paths(root).tokenizer)
+        write_partition(cfg, _paths(root), 0, 1)
+        return merge_partitions(cfg, _paths(root), 1, {}).data
 
 
 def main() -> None:
@@ -148,7 +148,7 @@ def main() -> None:
         a, b = single["splits"][split], manifests["2 workers"]["splits"][split]
         rows.append([split] + [f"{a[k]:,} / {b[k]:,}" for k in COUNTS]
                     + ["yes" if all(a[k] == b[k] for k in COUNTS) else "NO"])
-    print("\nwrite_shards (1 process) vs merged 2-worker manifest:\n")
+    print("\none partition (prepare-data) vs merged 2-worker manifest:\n")
     print(common.table(["split", *COUNTS, "equal"], rows))
     print("\ntarget: 2 workers >= 1.7x one worker; merged counts equal the single writer's")
 

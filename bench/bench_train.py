@@ -28,8 +28,8 @@ BATCH = 32
 
 def _setup(preset: str, xla: str, steps: int, max_pred: int = 32, log_every: int = 10, precision: str = "off",
            device: str = "cpu"):
+    from mlm_tasks.manifest import ShardSet
     from mlm_tasks.paths import DataPaths
-    from mlm_tasks.storage import read_json
 
     data = common.prepared()
     cfg = common.bench_config(**{"model.preset": preset, "train.xla": xla, "train.steps": steps,
@@ -37,7 +37,8 @@ def _setup(preset: str, xla: str, steps: int, max_pred: int = 32, log_every: int
                                  "train.max_predictions_per_seq": max_pred, "train.device": device,
                                  "train.mixed_precision": precision,
                                  "train.batch_size": BATCH})
-    return cfg, data, DataPaths(cfg.output_root, data["fingerprint"]), read_json(data["manifest_uri"])
+    paths = DataPaths(cfg.output_root, data["fingerprint"])
+    return cfg, data, paths, ShardSet.load(paths)
 
 
 def run_ours(preset: str, xla: str, steps: int, warmup: int, precision: str, device: str) -> dict:
@@ -56,18 +57,15 @@ def run_ours(preset: str, xla: str, steps: int, warmup: int, precision: str, dev
 
 
 def reference_dataset(paths, manifest, tokenizer, seed: int = 42):
-    """The HF TF/TPU MLM example's pipeline over our shards (they hold input_ids; the mask is all ones)."""
+    """The HF TF/TPU MLM example's pipeline over our shards (input_ids and attention_mask, as it parses them)."""
     import tensorflow as tf
     from transformers import DataCollatorForLanguageModeling
 
-    from mlm_tasks.shards import shard_uris
-
     collator = DataCollatorForLanguageModeling(tokenizer=tokenizer, mlm_probability=0.15, return_tensors="tf")
-    feature = {"input_ids": tf.io.FixedLenFeature([manifest["max_length"]], tf.int64)}
+    feature = {k: tf.io.FixedLenFeature([manifest.max_length], tf.int64) for k in ("input_ids", "attention_mask")}
 
     def decode(serialized):
-        ids = tf.io.parse_single_example(serialized, feature)["input_ids"]
-        return {"input_ids": ids, "attention_mask": tf.ones_like(ids)}
+        return tf.io.parse_single_example(serialized, feature)
 
     def mask(batch):
         special = tf.cast(tf.reduce_any(batch["input_ids"][..., None] == tf.constant(
@@ -76,7 +74,7 @@ def reference_dataset(paths, manifest, tokenizer, seed: int = 42):
                                               mask_token_id=tokenizer.mask_token_id, special_tokens_mask=special)
         return {"input_ids": ids, "attention_mask": batch["attention_mask"], "labels": labels}
 
-    ds = tf.data.TFRecordDataset(shard_uris(paths, manifest, "train")).map(decode, num_parallel_calls=tf.data.AUTOTUNE)
+    ds = tf.data.TFRecordDataset(manifest.shard_uris("train")).map(decode, num_parallel_calls=tf.data.AUTOTUNE)
     ds = ds.shuffle(10_000, seed=seed).repeat().batch(BATCH, drop_remainder=True)
     return ds.map(mask, num_parallel_calls=tf.data.AUTOTUNE).prefetch(tf.data.AUTOTUNE)
 
@@ -86,7 +84,7 @@ def _reference_model(cfg, data, manifest, steps: int, xla: bool):
 
     from mlm_tasks.model import build_model, roberta_config
 
-    model = build_model(roberta_config(cfg, data["vocab_size"], manifest["special_ids"]))
+    model = build_model(roberta_config(cfg, data["vocab_size"], manifest.special_ids))
     optimizer, _ = create_optimizer(init_lr=cfg.train.learning_rate, num_train_steps=steps,
                                     num_warmup_steps=int(steps * cfg.train.warmup_fraction),
                                     weight_decay_rate=cfg.train.weight_decay)
@@ -131,7 +129,7 @@ def run_equality(preset: str, n: int = 8) -> dict:
     cfg, data, paths, manifest = _setup(preset, "off", n)
     tf.keras.utils.set_random_seed(cfg.train.seed)
     tokenizer = load_tokenizer(data["tokenizer_uri"], common.MAX_LENGTH)
-    batches = list(mlm_dataset(paths, manifest, "train", tokenizer, BATCH, seed=1).take(n).as_numpy_iterator())
+    batches = list(mlm_dataset(manifest, "train", tokenizer, BATCH, seed=1).take(n).as_numpy_iterator())
     ref = _reference_model(cfg, data, manifest, n, False)
     ours = _reference_model(cfg, data, manifest, n, False)
     ours.set_weights(ref.get_weights())

@@ -32,9 +32,10 @@ class _Section(BaseModel):
 
 
 class CorpusConfig(_Section):
-    source: Literal["embedded_wiki", "hf_dataset", "local_files", "wiki_dump"] = Field(
+    source: Literal["embedded_wiki", "hf_dataset", "local_files", "wiki_dump", "tfrecord_shards"] = Field(
         "embedded_wiki", description="Where the text comes from: the Wikipedia sample shipped in the "
-        "gensim wheel, a `datasets` dataset, local text/jsonl/parquet files, or an enwiki XML dump.")
+        "gensim wheel, a `datasets` dataset, local text/jsonl/parquet files, or an enwiki XML dump; or "
+        "tfrecord_shards: shards already tokenized elsewhere (bring your own, see shards_uri).")
     hf_path: str = Field("Salesforce/wikitext", description="`datasets` path (source=hf_dataset).")
     hf_name: str | None = Field("wikitext-103-raw-v1", description="`datasets` config name.")
     hf_revision: str | None = Field(None, description="Dataset revision (commit/tag); pins the data.")
@@ -46,6 +47,12 @@ class CorpusConfig(_Section):
     validation_fraction: float = Field(0.05, ge=0.0, lt=0.5, description="Share of articles (or rows"
                                        ") held out for validation when the source has no such split.")
     test_fraction: float = Field(0.05, ge=0.0, lt=0.5, description="Share held out for test.")
+    shards_uri: str | None = Field(None, description="source=tfrecord_shards: a folder or gs:// prefix holding "
+                                   "train/ and validation/ (test/ optional) folders of *.tfrecord shards with "
+                                   "int64 input_ids and attention_mask, as Hugging Face's prepare_tfrecord_shards.py "
+                                   "writes them.")
+    tokenizer_uri: str | None = Field(None, description="source=tfrecord_shards: the tokenizer the shards were "
+                                      "encoded with: a local folder, a gs:// folder, or a Hub repo id.")
 
 
 class TokenizerConfig(_Section):

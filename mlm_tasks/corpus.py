@@ -7,9 +7,10 @@ Four sources, one interface (`open_corpus(cfg).rows(split)` yields non-empty tex
 - local_files: .txt (a row per line), .jsonl or .parquet files.
 
 Every source has a content fingerprint, so unchanged data is never re-tokenized. Splits are
-deterministic: by a hash of the article title (or row), never by random draws. `rows_partition(split,
-part, num_parts)` yields one partition's rows, skipping the others' before parsing them: the DAGs'
-mapped `write_shards` tasks each read only their own part (mlm_tasks/shards_parallel.py).
+deterministic: by a hash of the article title (or row), never by random draws. `split_rows(part,
+num_parts)` yields one partition's (split, row) pairs for every split in one read of the source,
+skipping the other partitions' rows before parsing them: the DAGs' mapped `write_shards` tasks each
+read only their own part, once (mlm_tasks/shards_parallel.py).
 """
 from __future__ import annotations
 
@@ -24,6 +25,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 
 from mlm_tasks.config import ConfigError, CorpusConfig
+from mlm_tasks.paths import SPLITS
 
 log = logging.getLogger(__name__)
 
@@ -96,6 +98,13 @@ class Corpus:
         `num_parts` shard-writing tasks each do 1/num_parts of the work (mlm_tasks.shards_parallel)."""
         raise NotImplementedError
 
+    def split_rows(self, part: int = 0, num_parts: int = 1) -> Iterator[tuple[str, str]]:
+        """(split, row) for every row of partition `part`. Sources split by a hash of the text read
+        the source once for all splits; the rows of each split come in the order rows_partition yields."""
+        for split in SPLITS:
+            for row in self.rows_partition(split, part, num_parts):
+                yield split, row
+
 
 class WikiDumpCorpus(Corpus):
     credit = WIKI_CREDIT
@@ -135,11 +144,20 @@ class WikiDumpCorpus(Corpus):
                     return
 
     def rows_partition(self, split: str, part: int, num_parts: int) -> Iterator[str]:
-        self.articles_seen[split] = 0  # this partition's articles of the split
+        for article_split, row in self.split_rows(part, num_parts, only=split):
+            yield row
+
+    def split_rows(self, part: int = 0, num_parts: int = 1, only: str | None = None) -> Iterator[tuple[str, str]]:
+        """One parse of the dump for every split (the XML parse is the costly part); articles_seen counts
+        this partition's articles per split."""
+        self.articles_seen.update(dict.fromkeys([only] if only else SPLITS, 0))
         for article in self.articles(part, num_parts):
-            if split_of(article.title, self.cfg.validation_fraction, self.cfg.test_fraction) == split:
-                self.articles_seen[split] += 1
-                yield from article.rows
+            split = split_of(article.title, self.cfg.validation_fraction, self.cfg.test_fraction)
+            if only and split != only:
+                continue
+            self.articles_seen[split] += 1
+            for row in article.rows:
+                yield split, row
 
 
 class LocalFilesCorpus(Corpus):
@@ -199,15 +217,24 @@ class LocalFilesCorpus(Corpus):
                 import pyarrow.parquet as pq
 
                 for batch in pq.ParquetFile(path).iter_batches(columns=[self.cfg.text_column]):
-                    for text in batch.column(0).to_pylist():
+                    texts = batch.column(0).to_pylist()
+                    if num_parts == 1:  # every row is this partition's: no per-row bookkeeping
+                        yield from texts
+                        continue
+                    for text in texts:
                         if keep():
                             yield text
 
     def rows_partition(self, split: str, part: int, num_parts: int) -> Iterator[str]:
+        for row_split, row in self.split_rows(part, num_parts):
+            if row_split == split:
+                yield row
+
+    def split_rows(self, part: int = 0, num_parts: int = 1) -> Iterator[tuple[str, str]]:
         for row in self._all_rows(part, num_parts):
             row = (row or "").strip()
-            if row and split_of(row, self.cfg.validation_fraction, self.cfg.test_fraction) == split:
-                yield row
+            if row:
+                yield split_of(row, self.cfg.validation_fraction, self.cfg.test_fraction), row
 
 
 class HFDatasetCorpus(Corpus):
@@ -244,6 +271,10 @@ class HFDatasetCorpus(Corpus):
 
 
 def open_corpus(cfg: CorpusConfig) -> Corpus:
+    if cfg.source == "tfrecord_shards":  # bring your own shards: token ids, no text
+        from mlm_tasks.byo_shards import ShardsCorpus
+
+        return ShardsCorpus(cfg)
     if cfg.source == "embedded_wiki":
         return WikiDumpCorpus(cfg, embedded_wiki_path())
     if cfg.source == "wiki_dump":

@@ -11,8 +11,7 @@ from __future__ import annotations
 
 import logging
 
-from mlm_tasks.paths import DataPaths
-from mlm_tasks.shards import shard_uris
+from mlm_tasks.manifest import ShardSet
 
 log = logging.getLogger(__name__)
 
@@ -47,7 +46,7 @@ class BatchSeededRng:
         return tf.random.stateless_uniform(shape, seed=key, minval=minval, maxval=maxval, dtype=dtype)
 
 
-def mlm_dataset(paths: DataPaths, manifest: dict, split: str, tokenizer, batch_size: int, *,
+def mlm_dataset(shard_set: ShardSet, split: str, tokenizer, batch_size: int, *,
                 mlm_probability: float = 0.15, seed: int = 0, training: bool = True,
                 shuffle_buffer: int = 10_000, skip_batches: int = 0, take_batches: int | None = None):
     """Batches of {"input_ids", "attention_mask", "labels"} (labels = -100 where nothing is masked).
@@ -59,8 +58,8 @@ def mlm_dataset(paths: DataPaths, manifest: dict, split: str, tokenizer, batch_s
     """
     import tensorflow as tf
 
-    max_length = manifest["max_length"]
-    files = shard_uris(paths, manifest, split)
+    max_length = shard_set.max_length
+    files = shard_set.shard_uris(split)
     collator = make_collator(tokenizer, mlm_probability)
     special_ids = tf.constant(sorted(tokenizer.all_special_ids), dtype=tf.int32)
     vocab_size = len(tokenizer)

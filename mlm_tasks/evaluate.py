@@ -20,15 +20,13 @@ from mlm_tasks.paths import RunPaths
 log = logging.getLogger(__name__)
 
 
-def most_frequent_token(paths, manifest: dict, special_ids: set[int], max_records: int = 20_000) -> int:
+def most_frequent_token(shard_set, special_ids: set[int], max_records: int = 20_000) -> int:
     import numpy as np
     import tensorflow as tf
 
-    from mlm_tasks.shards import shard_uris
-
     counts: Counter = Counter()
-    feature = {"input_ids": tf.io.FixedLenFeature([manifest["max_length"]], tf.int64)}
-    ds = tf.data.TFRecordDataset(shard_uris(paths, manifest, "train")).take(max_records).batch(1024)
+    feature = {"input_ids": tf.io.FixedLenFeature([shard_set.max_length], tf.int64)}
+    ds = tf.data.TFRecordDataset(shard_set.shard_uris("train")).take(max_records).batch(1024)
     for batch in ds:
         ids = tf.io.parse_example(batch, feature)["input_ids"].numpy().ravel()
         values, freq = np.unique(ids, return_counts=True)
@@ -78,9 +76,9 @@ def evaluate(cfg: PipelineConfig, run_id: str, fingerprint: str) -> dict:
     if not storage.exists(run.train_summary):
         raise FileNotFoundError(f"No trained model for run {run_id} ({run.train_summary} missing): run the "
                                 "train step first.")
-    paths, manifest = load_manifest(cfg, fingerprint)
+    shard_set = load_manifest(cfg, fingerprint)
     split = cfg.eval.split
-    tokenizer = load_tokenizer(paths.tokenizer, manifest["max_length"])
+    tokenizer = load_tokenizer(shard_set.paths.tokenizer, shard_set.max_length)
     with tempfile.TemporaryDirectory() as tmp:
         # use_safetensors=False: read tf_model.h5. transformers 4.57 would otherwise pick the PyTorch
         # model.safetensors beside it and fail to read it (transformers#40028).
@@ -93,7 +91,7 @@ def evaluate(cfg: PipelineConfig, run_id: str, fingerprint: str) -> dict:
 
     # Fixed seed: every run (and the previously published model) is scored on identical masks.
     tf.random.set_seed(cfg.train.seed)
-    ds = mlm_dataset(paths, manifest, split, tokenizer, cfg.eval.batch_size, training=False,
+    ds = mlm_dataset(shard_set, split, tokenizer, cfg.eval.batch_size, training=False,
                      mlm_probability=cfg.train.mlm_probability, seed=cfg.train.seed)
     if cfg.eval.max_batches:
         ds = ds.take(cfg.eval.max_batches)
@@ -103,7 +101,7 @@ def evaluate(cfg: PipelineConfig, run_id: str, fingerprint: str) -> dict:
     tf.keras.utils.set_random_seed(cfg.train.seed)
     untrained = build_model(model.config)
     untrained_loss, untrained_acc, _, _ = _score(untrained, batches, tokenizer.mask_token_id)
-    top = most_frequent_token(paths, manifest, set(tokenizer.all_special_ids))
+    top = most_frequent_token(shard_set, set(tokenizer.all_special_ids))
     labels = tf.concat([tf.reshape(b["labels"], [-1]) for b in batches], 0)
     labels = tf.boolean_mask(labels, labels != -100)
     baseline = float(tf.reduce_mean(tf.cast(labels == top, tf.float32)))

@@ -1,7 +1,9 @@
 """Every URI of the pipeline, derived from output_root in one place.
 
     output_root/datasets/<data_fp>/tokenizer/                 PreTrainedTokenizerFast files
-    output_root/datasets/<data_fp>/shards/<split>/shard-00000-of-00004.tfrecord
+    output_root/datasets/<data_fp>/shards/<split>/<split>-p00000of00002-00000-2048.tfrecord
+                                                      (partition 0 of 2, shard 0, 2048 records)
+    output_root/datasets/<data_fp>/partitions/p00000-of-00002.json   a written partition's partial manifest
     output_root/datasets/<data_fp>/shards/manifest.json       counts, checksums, config
     output_root/datasets/<data_fp>/shards/_SUCCESS            written last; what sensors wait for
     output_root/runs/<run>/checkpoints/ model/ eval/ infer/ report/ tensorboard/
@@ -52,18 +54,15 @@ class DataPaths:
         return join(self.root, "tokenizer")
 
     @property
-    def corpus_stats(self) -> str:
-        return join(self.root, "corpus.json")
-
-    @property
     def shards_dir(self) -> str:
         return join(self.root, "shards")
 
     def shards(self, split: str) -> str:
         return join(self.shards_dir, split)
 
-    def shard_file(self, split: str, index: int, total: int) -> str:
-        return join(self.shards(split), f"shard-{index:05d}-of-{total:05d}.tfrecord")
+    @property
+    def partitions_dir(self) -> str:
+        return join(self.root, "partitions")
 
     @property
     def manifest(self) -> str:

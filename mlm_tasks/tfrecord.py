@@ -10,8 +10,9 @@ and importing TensorFlow costs seconds in every shard-writing worker. Here the i
 block is varint-encoded at once with numpy; only a few header bytes and two crc32c are made per
 record. tests/mlm_tasks/test_shards_format.py checks the bytes against TensorFlow's writer.
 
-Wire format written (one feature, an Int64List):
-    Example  { 1: Features { 1: MapEntry { 1: key, 2: Feature { 3: Int64List { 1: packed varints }}}}}
+Wire format written (two features, each an Int64List; the entries in key order):
+    Example  { 1: Features { 1: MapEntry { 1: "attention_mask", 2: Feature { 3: Int64List { 1: packed 1s }}}
+                             1: MapEntry { 1: "input_ids",      2: Feature { 3: Int64List { 1: packed varints }}}}}
 TFRecord framing: uint64 length, masked crc32c(length), data, masked crc32c(data), little-endian.
 """
 from __future__ import annotations
@@ -45,7 +46,8 @@ def _varint_block(values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         # Negative int64s take 10 bytes in protobuf; token ids never are, so refuse rather than mis-encode.
         raise ValueError("Token ids must be non-negative to be encoded as TFRecord int64 lists.")
     v = values.astype(np.uint64)
-    width = 1 + sum(int((v >= (1 << (7 * k))).any()) for k in range(1, 10))
+    # Bytes the largest value needs: one pass over the block, not one per possible width.
+    width = max(1, (int(v.max()).bit_length() + 6) // 7) if v.size else 1
     shifts = np.arange(width, dtype=np.uint64) * np.uint64(7)
     groups = ((v[..., None] >> shifts) & np.uint64(0x7F)).astype(np.uint8)     # [n, m, width]
     nbytes = np.ones(v.shape, dtype=np.int64)
@@ -56,27 +58,36 @@ def _varint_block(values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return groups[position < nbytes[..., None]], nbytes.sum(axis=1)
 
 
-def encode_examples(block: np.ndarray, key: str = "input_ids") -> list[bytes]:
-    """Serialized `tf.train.Example`s, one per row of `block`, each with one int64 feature `key`."""
+def _feature_entry(key: str, payload_len: int) -> bytes:
+    """The bytes of one Features map entry up to its packed varints: key, Feature, Int64List headers."""
+    key_bytes = key.encode("utf-8")
+    key_field = b"\x0a" + _varint(len(key_bytes)) + key_bytes
+    int64_list = 1 + len(_varint(payload_len)) + payload_len
+    feature = 1 + len(_varint(int64_list)) + int64_list
+    entry = len(key_field) + 1 + len(_varint(feature)) + feature
+    return (b"\x0a" + _varint(entry) + key_field + b"\x12" + _varint(feature) + b"\x1a" + _varint(int64_list)
+            + b"\x0a" + _varint(payload_len))
+
+
+def encode_examples(block: np.ndarray) -> list[bytes]:
+    """Serialized `tf.train.Example`s, one per row of `block`, with the two int64 features the Hugging
+    Face TF/TPU scripts parse: `attention_mask` (all ones: chunks are packed, every position is text)
+    and `input_ids`. Entries are in key order, as `SerializeToString(deterministic=True)` writes them."""
     block = np.asarray(block)
     if block.ndim != 2:
         raise ValueError(f"Expected a [records, length] block of ids, got shape {block.shape}.")
     flat, lengths = _varint_block(block)
     data = flat.tobytes()
-    key_bytes = key.encode("utf-8")
-    entry_key = b"\x0a" + _varint(len(key_bytes)) + key_bytes
+    mask_payload = b"\x01" * block.shape[1]
+    mask_entry = _feature_entry("attention_mask", len(mask_payload)) + mask_payload  # the same in every record
     out, start = [], 0
     headers: dict[int, bytes] = {}  # rows of equal byte length share their headers
     for payload_len in lengths.tolist():
         header = headers.get(payload_len)
         if header is None:
-            int64_list = 1 + len(_varint(payload_len)) + payload_len
-            feature = 1 + len(_varint(int64_list)) + int64_list
-            entry = len(entry_key) + 1 + len(_varint(feature)) + feature
-            features = 1 + len(_varint(entry)) + entry
-            header = headers[payload_len] = (
-                b"\x0a" + _varint(features) + b"\x0a" + _varint(entry) + entry_key + b"\x12"
-                + _varint(feature) + b"\x1a" + _varint(int64_list) + b"\x0a" + _varint(payload_len))
+            ids_header = _feature_entry("input_ids", payload_len)
+            features = len(mask_entry) + len(ids_header) + payload_len
+            header = headers[payload_len] = b"\x0a" + _varint(features) + mask_entry + ids_header
         out.append(header + data[start:start + payload_len])
         start += payload_len
     return out
@@ -90,3 +101,98 @@ def frame_records(records: list[bytes]) -> bytes:
         parts.append(length + struct.pack("<I", masked_crc32c(length)) + record
                      + struct.pack("<I", masked_crc32c(record)))
     return b"".join(parts)
+
+
+# --- reading, without TensorFlow: what checking a shard set brought from elsewhere needs ---------------
+
+def iter_records(f, limit: int | None = None):
+    """The records of an open TFRecord file, in order (checksums not verified; TensorFlow does that)."""
+    n = 0
+    while limit is None or n < limit:
+        header = f.read(12)
+        if len(header) < 12:
+            return
+        (length,) = struct.unpack("<Q", header[:8])
+        data = f.read(length)
+        f.read(4)
+        if len(data) < length:
+            raise ValueError("truncated TFRecord file")
+        yield data
+        n += 1
+
+
+def count_records(f) -> int:
+    """Records in an open TFRecord file, by reading only the length headers."""
+    n = 0
+    while True:
+        header = f.read(12)
+        if not header:
+            return n
+        if len(header) < 12:
+            raise ValueError("truncated TFRecord file")
+        (length,) = struct.unpack("<Q", header[:8])
+        f.seek(length + 4, 1)
+        n += 1
+
+
+def _read_varint(buf: bytes, pos: int) -> tuple[int, int]:
+    value = shift = 0
+    while True:
+        byte = buf[pos]
+        pos += 1
+        value |= (byte & 0x7F) << shift
+        if byte < 0x80:
+            return value, pos
+        shift += 7
+
+
+def _fields(buf: bytes):
+    """(field number, wire type, value) of a protobuf message: ints for varints, bytes for the rest."""
+    pos = 0
+    while pos < len(buf):
+        key, pos = _read_varint(buf, pos)
+        field, wire = key >> 3, key & 7
+        if wire == 0:
+            value, pos = _read_varint(buf, pos)
+        elif wire == 2:
+            size, pos = _read_varint(buf, pos)
+            value, pos = buf[pos:pos + size], pos + size
+        elif wire in (1, 5):
+            width = 8 if wire == 1 else 4
+            value, pos = buf[pos:pos + width], pos + width
+        else:
+            raise ValueError(f"unsupported protobuf wire type {wire}")
+        yield field, wire, value
+
+
+def parse_example(record: bytes) -> dict[str, list[int] | str]:
+    """A `tf.train.Example`'s features: the values of each int64 list; "bytes" or "float" for the others."""
+    out: dict[str, list[int] | str] = {}
+    for field, _, features in _fields(record):
+        if field != 1:
+            continue
+        for entry_field, _, entry in _fields(features):
+            if entry_field != 1:
+                continue
+            key, feature = "", b""
+            for f, _, v in _fields(entry):
+                if f == 1:
+                    key = v.decode("utf-8")
+                elif f == 2:
+                    feature = v
+            for kind, _, values in _fields(feature):
+                if kind != 3:
+                    out[key] = {1: "bytes", 2: "float"}.get(kind, "unknown")
+                    continue
+                ints: list[int] = []
+                for _, wire, v in _fields(values):
+                    if wire == 2:  # packed
+                        pos = 0
+                        while pos < len(v):
+                            n, pos = _read_varint(v, pos)
+                            ints.append(n - (1 << 64) if n >= 1 << 63 else n)
+                    else:
+                        ints.append(v - (1 << 64) if v >= 1 << 63 else v)
+                out[key] = ints
+            out.setdefault(key, [])
+    return out

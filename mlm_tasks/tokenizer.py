@@ -97,6 +97,17 @@ def publish_tokenizer(tok, uri: str, max_length: int) -> bool:
     return won
 
 
+def load_encoder(uri: str):
+    """The published tokenizer as a bare `tokenizers.Tokenizer`: the same ids (its post-processor adds
+    <s> ... </s>) without importing transformers, which costs seconds in every shard-writing task."""
+    from tokenizers import Tokenizer
+
+    path = join(uri, "tokenizer.json")
+    if not storage.exists(path):
+        raise FileNotFoundError(f"No tokenizer at {uri}: run prepare-data first or check output_root.")
+    return Tokenizer.from_str(storage.read_text(path))
+
+
 def load_tokenizer(uri: str, max_length: int | None = None):
     """Load the published tokenizer (PreTrainedTokenizerFast) from a local folder or gs://."""
     from tokenizers import Tokenizer

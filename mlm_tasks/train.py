@@ -19,6 +19,7 @@ import tempfile
 
 from mlm_tasks import storage
 from mlm_tasks.config import ConfigError, PipelineConfig
+from mlm_tasks.manifest import ShardSet
 from mlm_tasks.paths import DataPaths, RunPaths, join
 from mlm_tasks.progress import ProgressLog
 
@@ -63,22 +64,19 @@ def make_strategy(device: str, cfg: PipelineConfig | None = None):
     return tf.distribute.get_strategy()
 
 
-def load_manifest(cfg: PipelineConfig, fingerprint: str) -> tuple[DataPaths, dict]:
-    """The manifest of a complete shard set, checked against what this run asks for."""
+def load_manifest(cfg: PipelineConfig, fingerprint: str) -> ShardSet:
+    """The complete shard set of `fingerprint`, checked against what this run asks for."""
     paths = DataPaths(cfg.output_root, fingerprint)
-    if not storage.exists(paths.success):
-        raise FileNotFoundError(f"No complete shard set under {paths.shards_dir} (no _SUCCESS): run "
-                                "prepare-data first or check output_root and the data fingerprint.")
-    manifest = storage.read_json(paths.manifest)
-    if manifest["max_length"] != cfg.shards.max_length:
+    shard_set = ShardSet.load(paths)
+    if shard_set.max_length != cfg.shards.max_length:
         raise ConfigError(f"The shards at {paths.shards_dir} were built with max_length "
-                          f"{manifest['max_length']} but this run asks for {cfg.shards.max_length}: "
+                          f"{shard_set.max_length} but this run asks for {cfg.shards.max_length}: "
                           "prepare data with the run's max_length, or set max_length to match.")
     tok_sha = _sha256(storage.read_bytes(join(paths.tokenizer, "tokenizer.json")))
-    if tok_sha != manifest["tokenizer_sha256"]:
+    if tok_sha != shard_set.tokenizer_sha256:
         raise ConfigError(f"The tokenizer at {paths.tokenizer} is not the one the shards were encoded "
                           "with (sha256 differs): delete the dataset folder and rerun prepare-data.")
-    return paths, manifest
+    return shard_set
 
 
 def checkpoint_vocab_size(checkpoint_dir: str) -> int | None:
@@ -109,8 +107,8 @@ def check_resumable(run: RunPaths, fingerprint: str, vocab_size: int) -> None:
                           "Use a new run id, or delete the checkpoints to start over with this data.")
 
 
-def plan_steps(cfg: PipelineConfig, manifest: dict, global_batch: int) -> int:
-    records = manifest["splits"]["train"]["records"]
+def plan_steps(cfg: PipelineConfig, shard_set: ShardSet, global_batch: int) -> int:
+    records = shard_set.records("train")
     if global_batch > records:
         raise ConfigError(f"Global batch {global_batch} is larger than the {records} train records: lower "
                           "batch_size or add data.")
@@ -127,11 +125,10 @@ def train(cfg: PipelineConfig, run_id: str, fingerprint: str) -> dict:
     from mlm_tasks.tokenizer import load_tokenizer
 
     run = RunPaths(cfg.output_root, run_id)
-    paths, manifest = load_manifest(cfg, fingerprint)
-    from mlm_tasks.shards import verify_shards
-
-    verify_shards(paths, manifest, "train")
-    tokenizer = load_tokenizer(paths.tokenizer, manifest["max_length"])
+    shard_set = load_manifest(cfg, fingerprint)
+    paths = shard_set.paths
+    shard_set.verify("train")
+    tokenizer = load_tokenizer(paths.tokenizer, shard_set.max_length)
     check_resumable(run, fingerprint, len(tokenizer))
     if storage.exists(run.train_summary):
         summary = storage.read_json(run.train_summary)
@@ -149,16 +146,17 @@ def train(cfg: PipelineConfig, run_id: str, fingerprint: str) -> dict:
     strategy = make_strategy(device, cfg)
     replicas = strategy.num_replicas_in_sync  # what the hardware gives, never a number from a config
     global_batch = cfg.train.batch_size * replicas
-    total_steps = plan_steps(cfg, manifest, global_batch)
+    total_steps = plan_steps(cfg, shard_set, global_batch)
     warmup = int(total_steps * cfg.train.warmup_fraction)
     log.info("Training on %s: %d replica(s), global batch %d, %d steps, warmup %d, XLA %s, precision %s",
              device, replicas, global_batch, total_steps, warmup, "on" if xla else "off", precision)
     from mlm_tasks.train_sync import EpochSync
 
-    hub_sync = EpochSync.start(cfg, manifest, global_batch, strategy)  # None unless publish.sync_checkpoints
+    # None unless publish.sync_checkpoints
+    hub_sync = EpochSync.start(cfg, shard_set.records("train"), global_batch, strategy)
 
     with strategy.scope():
-        model = build_model(roberta_config(cfg, len(tokenizer), manifest["special_ids"]),
+        model = build_model(roberta_config(cfg, len(tokenizer), shard_set.special_ids),
                             sinusoidal_positions=cfg.model.sinusoidal_init)
         optimizer, schedule = create_optimizer(
             init_lr=cfg.train.learning_rate, num_train_steps=total_steps, num_warmup_steps=warmup,
@@ -173,7 +171,7 @@ def train(cfg: PipelineConfig, run_id: str, fingerprint: str) -> dict:
     start_step = int(step_var)
     history = [h for h in _read_history(run) if h["step"] <= start_step]
 
-    dataset = mlm_dataset(paths, manifest, "train", tokenizer, global_batch,
+    dataset = mlm_dataset(shard_set, "train", tokenizer, global_batch,
                           mlm_probability=cfg.train.mlm_probability, seed=cfg.train.seed,
                           shuffle_buffer=cfg.train.shuffle_buffer, skip_batches=start_step,
                           take_batches=total_steps - start_step)
@@ -195,7 +193,7 @@ def train(cfg: PipelineConfig, run_id: str, fingerprint: str) -> dict:
         return [strategy.reduce("SUM", v, axis=None) for v in per_replica]
 
     progress = ProgressLog(history, start_step, total_steps, cfg.train.log_every,
-                           global_batch * manifest["max_length"], run.tensorboard, schedule)
+                           global_batch * shard_set.max_length, run.tensorboard, schedule)
     fault_marker = join(run.root, "train", ".fault_injected")
     for step in range(start_step + 1, total_steps + 1):
         progress.record(step, *distributed_step(iterator))

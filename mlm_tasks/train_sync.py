@@ -3,7 +3,7 @@
 What Keras' `PushToHubCallback(save_strategy="epoch")` did, on the current huggingface_hub client.
 `mlm_tasks.train` calls three hooks:
 
-    sync = EpochSync.start(cfg, manifest, global_batch, strategy)   # None when sync is off
+    sync = EpochSync.start(cfg, train_records, global_batch, strategy)   # None when sync is off
     if sync: sync.step_done(step, manager)      # in the loop, after the step's own checkpointing
     if sync: sync.finish(total_steps, manager)  # after the final checkpoint is saved
 
@@ -37,7 +37,7 @@ class EpochSync:
         self.syncer, self.steps_per_epoch = syncer, steps_per_epoch
 
     @classmethod
-    def start(cls, cfg: PipelineConfig, manifest: dict, global_batch: int, strategy=None) -> "EpochSync | None":
+    def start(cls, cfg: PipelineConfig, train_records: int, global_batch: int, strategy=None) -> "EpochSync | None":
         if not cfg.publish.sync_checkpoints:
             return None
         if not cfg.publish.repo_id:
@@ -50,7 +50,7 @@ class EpochSync:
         if task_id != 0:  # multi-worker strategies: one upload is enough (TPU is single-client: always 0)
             log.info("Checkpoint sync runs on worker 0 only (this is worker %s)", task_id)
             return None
-        steps_per_epoch = max(1, manifest["splits"]["train"]["records"] // global_batch)
+        steps_per_epoch = max(1, train_records // global_batch)
         syncer = CheckpointSyncer(cfg.publish.repo_id, token, private=cfg.publish.private,
                                   conn_id=cfg.publish.hf_conn_id)
         log.info("Syncing checkpoints to %s every %d steps (each epoch) and at the end of training",

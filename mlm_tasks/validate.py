@@ -62,18 +62,24 @@ def check_run_inputs(cfg: PipelineConfig, run_id: str, fingerprint: str) -> dict
     from mlm_tasks.paths import RunPaths
     from mlm_tasks.train import check_resumable, load_manifest, plan_steps
 
-    _, manifest = load_manifest(cfg, fingerprint)  # max_length and tokenizer of the shards
+    shard_set = load_manifest(cfg, fingerprint)  # max_length and tokenizer of the shards
+    for split in ("train", cfg.eval.split):
+        shard_set.verify(split, checksums=False)  # missing or truncated shards; train() checks every sha256
     # Per replica: the replica count is known only on the training host, so this is the bound
     # every device count must meet; train() checks the global batch again.
-    plan_steps(cfg, manifest, cfg.train.batch_size)
-    check_resumable(RunPaths(cfg.output_root, run_id), fingerprint, manifest["vocab_size"])
-    return manifest
+    plan_steps(cfg, shard_set, cfg.train.batch_size)
+    check_resumable(RunPaths(cfg.output_root, run_id), fingerprint, shard_set.vocab_size)
+    return shard_set.data
 
 
 def validate_inputs(cfg: PipelineConfig) -> None:
     corpus = open_corpus(cfg.corpus)  # raises ConfigError for missing paths and bad file types
     if cfg.corpus.source == "local_files":
         check_local_corpus(corpus)
+    if cfg.corpus.source == "tfrecord_shards":
+        from mlm_tasks.byo_shards import check_shards
+
+        check_shards(cfg, corpus)  # features, max_length, ids within the tokenizer's vocabulary
     if storage.scheme(cfg.output_root) == "gs":
         check_gcs_credentials(cfg.output_root)
     check_writable(cfg.output_root)

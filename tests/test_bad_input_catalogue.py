@@ -147,6 +147,58 @@ def no_gcs_credentials(ctx):
     return tiny_config("gs://mlm-no-such-bucket/prefix")
 
 
+def damaged_copy(damage):
+    """The prepared tiny set copied to this case's own output_root, then damaged: (config, fingerprint)."""
+    def make(ctx):
+        from mlm_tasks.paths import DataPaths
+
+        if not hasattr(ctx, "damaged"):
+            paths = DataPaths(str(ctx.tmp / "damaged"), ctx.fp1)
+            shutil.copytree(DataPaths(ctx.cfg.output_root, ctx.fp1).root, paths.root)
+            damage(paths)
+            ctx.damaged = ctx.cfg.model_copy(update={"output_root": paths.output_root})
+        return ctx.damaged
+    return make
+
+
+def _half_manifest(paths):
+    text = Path(paths.manifest).read_text()
+    Path(paths.manifest).write_text(text[: len(text) // 2])
+
+
+def _truncated_shard(paths):
+    shard = sorted(Path(paths.shards("train")).glob("*.tfrecord"))[0]
+    shard.write_bytes(shard.read_bytes()[:-100])
+
+
+def finish(cfg_of, fp_of):
+    def call(ctx):
+        from mlm_tasks.prepare import finish_data
+
+        return finish_data(cfg_of(ctx), fp_of(ctx), cache_hit=True)
+    return call
+
+
+def byo_shards(length: int, features=("input_ids", "attention_mask")):
+    """Shards brought from elsewhere (corpus.source=tfrecord_shards), written with TensorFlow: 4 records
+    of `length` ids per split, with `features`; the tokenizer is the prepared tiny set's."""
+    def make(ctx):
+        import tensorflow as tf
+
+        from mlm_tasks.paths import DataPaths
+
+        for split in ("train", "validation"):
+            (ctx.tmp / "byo" / split).mkdir(parents=True)
+            with tf.io.TFRecordWriter(str(ctx.tmp / "byo" / split / "dataset-0-4.tfrecord")) as w:
+                for _ in range(4):
+                    feature = {k: tf.train.Feature(int64_list=tf.train.Int64List(value=[7] * length)) for k in features}
+                    w.write(tf.train.Example(features=tf.train.Features(feature=feature)).SerializeToString())
+        return tiny_config(ctx.tmp / "o", **{"corpus.source": "tfrecord_shards",
+                                            "corpus.shards_uri": str(ctx.tmp / "byo"),
+                                            "corpus.tokenizer_uri": DataPaths(ctx.cfg.output_root, ctx.fp1).tokenizer})
+    return make
+
+
 CFG, FP1, FP2 = (lambda c: c.cfg), (lambda c: c.fp1), (lambda c: c.fp2)
 NO_DATA = "0123456789abcdef"
 TINY_TEXT = b"the quick brown fox jumps over the lazy dog\n"
@@ -241,6 +293,23 @@ CASES = [
            r"No complete shard set for fingerprint 0123456789abcdef .*Rerun mlm_dataset_refresh or trigger"),
           ("check_run_inputs", run_check(CFG, "no-data", lambda c: NO_DATA)),
           ("train", train_step(CFG, "no-data", lambda c: NO_DATA))], needs="data", error=FileNotFoundError),
+    Case("damaged-manifest", "a damaged manifest.json (not valid JSON)",
+         r"manifest\.json is damaged \(JSONDecodeError: .*\): delete .*/shards and .*/partitions, then rerun "
+         r"prepare-data \(or the DAG\) to rebuild the shard set",
+         [("finish_data", finish(damaged_copy(_half_manifest), FP1)),
+          ("check_run_inputs", run_check(damaged_copy(_half_manifest), "damaged", FP1)),
+          ("train", train_step(damaged_copy(_half_manifest), "damaged", FP1))], needs="data"),
+    Case("corrupted-shard", "a shard whose size or checksum no longer matches the manifest",
+         r"Shard .*\.tfrecord is corrupted or truncated .*retrying cannot fix it: delete .*/shards and "
+         r".*/partitions, then rerun prepare-data",
+         [("check_run_inputs", run_check(damaged_copy(_truncated_shard), "corrupted", FP1)),
+          ("train", train_step(damaged_copy(_truncated_shard), "corrupted", FP1))], needs="data"),
+    Case("byo-shards-missing-feature", "brought shards (tfrecord_shards) without attention_mask",
+         r"feature 'attention_mask' is absent, not an int64 list: these shards need input_ids and attention_mask",
+         [("validate_inputs", validate(byo_shards(64, ("input_ids",))))], needs="data"),
+    Case("byo-shards-other-length", "brought shards (tfrecord_shards) of another length than max_length",
+         r"hold 32-token records but shards\.max_length is 64: set shards\.max_length=32",
+         [("validate_inputs", validate(byo_shards(32)))], needs="data"),
     Case("shards-other-max-length", "shards built with another max_length than the run asks for",
          r"were built with max_length 64 but this run asks for 32: prepare data with the run's max_length",
          [("check_run_inputs", run_check(_with(shards={"max_length": 32}), "short-run", FP1)),

@@ -84,8 +84,8 @@ def test_unchanged_source_is_a_no_op_and_a_changed_one_triggers_training(airflow
     manifest = json.loads((refresh.out / "datasets" / old_fp / "shards" / "manifest.json").read_text())
     assert manifest["partitions"] == 2
     files = [s["file"] for s in manifest["splits"]["train"]["shards"]]
-    assert any(f.startswith("train/p00000-of-00002") for f in files), files
-    assert any(f.startswith("train/p00001-of-00002") for f in files), files
+    assert any(f.startswith("train/train-p00000of00002-") for f in files), files
+    assert any(f.startswith("train/train-p00001of00002-") for f in files), files
     assert manifest["splits"]["train"]["records"] == sum(s["records"] for s in manifest["splits"]["train"]["shards"])
     # mlm_pretrain is paused at creation, so nothing was queued for it yet; from now on it listens.
     assert db_rows(airflow_env, "SELECT COUNT(*) FROM asset_dag_run_queue") == [(0,)]

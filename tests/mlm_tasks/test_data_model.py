@@ -1,7 +1,7 @@
 """Input pipeline (masking rules, determinism) and the masked-positions loss (equal to the full head)."""
 import numpy as np
 
-from mlm_tasks import storage
+from mlm_tasks.manifest import ShardSet
 from mlm_tasks.paths import DataPaths
 
 
@@ -10,9 +10,8 @@ def _dataset(cfg, data, **kw):
     from mlm_tasks.tokenizer import load_tokenizer
 
     paths = DataPaths(cfg.output_root, data["fingerprint"])
-    manifest = storage.read_json(paths.manifest)
     tok = load_tokenizer(paths.tokenizer)
-    return mlm_dataset(paths, manifest, "train", tok, 16, seed=3, **kw), tok
+    return mlm_dataset(ShardSet.load(paths), "train", tok, 16, seed=3, **kw), tok
 
 
 def test_masking_rules(tiny_prepared):
@@ -48,9 +47,9 @@ def test_loss_at_masked_positions_equals_full_head(tiny_prepared):
     cfg, data = tiny_prepared
     ds, tok = _dataset(cfg, data)
     batch = next(iter(ds))
-    manifest = storage.read_json(DataPaths(cfg.output_root, data["fingerprint"]).manifest)
+    shard_set = ShardSet.load(DataPaths(cfg.output_root, data["fingerprint"]))
     tf.keras.utils.set_random_seed(0)
-    model = build_model(roberta_config(cfg, len(tok), manifest["special_ids"]))
+    model = build_model(roberta_config(cfg, len(tok), shard_set.special_ids))
     full = [float(x) for x in masked_lm_loss(model, batch, 0, training=False)]
     sparse = [float(x) for x in masked_lm_loss(model, batch, 64, training=False)]
     np.testing.assert_allclose(sparse, full, rtol=1e-4)

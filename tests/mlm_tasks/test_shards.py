@@ -7,9 +7,10 @@ import pytest
 
 from mlm_tasks import storage
 from mlm_tasks.config import ConfigError, ShardConfig
+from mlm_tasks.manifest import ShardSet
 from mlm_tasks.paths import DataPaths
 from mlm_tasks.prepare import prepare_data
-from mlm_tasks.shards import chunk_stream, shard_uris, verify_shards
+from mlm_tasks.shards import chunk_stream, records_from_name
 
 
 def test_chunk_stream_concatenates_and_drops_only_the_tail(tiny_prepared):
@@ -27,16 +28,17 @@ def test_chunk_stream_concatenates_and_drops_only_the_tail(tiny_prepared):
 
 
 def test_chunks_hold_exactly_the_encode_batch_ids(tiny_prepared):
-    """The writer encodes with encode_batch_fast: the ids must be those of plain encode_batch, in order."""
+    """The writer encodes with the bare tokenizer's encode_batch_fast (no transformers import): the ids
+    must be those the PreTrainedTokenizerFast every reader loads gives, in order."""
     from mlm_tasks.corpus import open_corpus
-    from mlm_tasks.tokenizer import load_tokenizer
+    from mlm_tasks.tokenizer import load_encoder, load_tokenizer
 
     cfg, data = tiny_prepared
     tok = load_tokenizer(data["tokenizer_uri"])
     rows = list(open_corpus(cfg.corpus).rows("train"))[:400]
-    blocks = list(chunk_stream(rows, tok, ShardConfig(max_length=32, tokenize_batch_rows=50),
-                               {"rows": 0, "characters": 0}))
-    expected = [i for e in tok.backend_tokenizer.encode_batch(rows) for i in e.ids]
+    blocks = list(chunk_stream(rows, load_encoder(data["tokenizer_uri"]),
+                               ShardConfig(max_length=32, tokenize_batch_rows=50), {"rows": 0, "characters": 0}))
+    expected = [i for ids in tok(rows)["input_ids"] for i in ids]
     got = np.concatenate(blocks).ravel().tolist()
     assert len(got) == len(expected) // 32 * 32 > 1000
     assert got == expected[:len(got)]
@@ -45,16 +47,18 @@ def test_chunks_hold_exactly_the_encode_batch_ids(tiny_prepared):
 def test_manifest_counts_match_files(tiny_prepared):
     cfg, data = tiny_prepared
     paths = DataPaths(cfg.output_root, data["fingerprint"])
-    manifest = storage.read_json(paths.manifest)
+    shard_set = ShardSet.load(paths)
     assert storage.exists(paths.success)
     for split in ("train", "validation", "test"):
-        entry = manifest["splits"][split]
-        assert entry["tokens"] == entry["records"] * 64
-        assert sum(s["records"] for s in entry["shards"]) == entry["records"]
-        assert all(os.path.basename(u).endswith(f"-of-{len(entry['shards']):05d}.tfrecord")
-                   for u in shard_uris(paths, manifest, split))
-    assert manifest["max_length"] == 64 and manifest["vocab_size"] == 1000
-    verify_shards(paths, manifest, "train")
+        assert shard_set.tokens(split) == shard_set.records(split) * 64
+        assert sum(s["records"] for s in shard_set.shards(split)) == shard_set.records(split)
+        # The names carry the counts (what Hugging Face's scripts read), equal to the manifest's.
+        assert [records_from_name(u) for u in shard_set.shard_uris(split)] == \
+            [s["records"] for s in shard_set.shards(split)]
+        assert all(os.path.basename(u).startswith(f"{split}-p00000of00001-") for u in shard_set.shard_uris(split))
+    assert shard_set.max_length == 64 and shard_set.vocab_size == 1000
+    assert shard_set.data["features"] == ["input_ids", "attention_mask"]
+    shard_set.verify("train")
 
 
 def test_rerun_is_a_cache_hit_that_writes_nothing(tiny_prepared):
@@ -85,12 +89,26 @@ def test_corrupted_shard_is_detected(tiny_prepared, tmp_path):
     cfg, data = tiny_prepared
     paths = DataPaths(str(tmp_path), data["fingerprint"])
     shutil.copytree(data["data_root"], paths.root)
-    manifest = storage.read_json(paths.manifest)
-    first = shard_uris(paths, manifest, "train")[0]
+    shard_set = ShardSet.load(paths)
+    first = shard_set.shard_uris("train")[0]
     with open(first, "r+b") as f:
         f.truncate(os.path.getsize(first) // 2)
-    with pytest.raises(ValueError, match="corrupted or truncated"):
-        verify_shards(paths, manifest, "train")
+    # A ConfigError: retrying cannot help, the message says what to delete and rerun.
+    with pytest.raises(ConfigError, match=f"corrupted or truncated.*retrying cannot fix it: delete {paths.shards_dir} "
+                       f"and {paths.partitions_dir}, then rerun prepare-data"):
+        shard_set.verify("train")
+
+
+def test_damaged_manifest_says_what_to_delete(tiny_prepared, tmp_path):
+    import shutil
+
+    cfg, data = tiny_prepared
+    paths = DataPaths(str(tmp_path), data["fingerprint"])
+    shutil.copytree(data["data_root"], paths.root)
+    text = storage.read_text(paths.manifest)
+    storage.write_text(paths.manifest, text[: len(text) // 2])
+    with pytest.raises(ConfigError, match=f"{paths.manifest} is damaged \\(JSONDecodeError.*delete {paths.shards_dir}"):
+        ShardSet.load(paths)
 
 
 def test_empty_corpus_fails_with_what_to_fix(tmp_path, tiny_cfg):
@@ -123,3 +141,19 @@ def _files(root):
 
 def _digests(root):
     return {os.path.relpath(p, root): hashlib.sha256(open(p, "rb").read()).hexdigest() for p in _files(root)}
+
+
+def test_flipped_byte_is_caught_by_the_checksum_only(tiny_prepared, tmp_path):
+    import shutil
+
+    cfg, data = tiny_prepared
+    paths = DataPaths(str(tmp_path), data["fingerprint"])
+    shutil.copytree(data["data_root"], paths.root)
+    shard_set = ShardSet.load(paths)
+    first = shard_set.shard_uris("train")[0]
+    raw = bytearray(open(first, "rb").read())
+    raw[len(raw) // 2] ^= 0x01
+    open(first, "wb").write(bytes(raw))
+    shard_set.verify("train", checksums=False)  # same size: the cheap check cannot see it
+    with pytest.raises(ConfigError, match=r"corrupted or truncated \(sha256 "):
+        shard_set.verify("train")

@@ -16,8 +16,9 @@ from pathlib import Path
 import pytest
 
 from mlm_tasks import storage
+from mlm_tasks.manifest import ShardSet
 from mlm_tasks.paths import DataPaths
-from mlm_tasks.shards import STAGING_PREFIX, verify_shards
+from mlm_tasks.shards_parallel import STAGING_PREFIX
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -40,8 +41,7 @@ def test_writer_killed_half_way_leaves_nothing_visible_and_a_rerun_completes(tmp
     # Kill it once several train shards are finished in its staging folder and more are coming.
     deadline = time.time() + 600
     while time.time() < deadline and proc.poll() is None:
-        if len(list(out.glob(f"datasets/*/{STAGING_PREFIX}*/train/shard-*.tfrecord"))) + \
-                len(list(out.glob(f"datasets/*/{STAGING_PREFIX}*/train/part-*.tfrecord"))) >= 6:
+        if len(list(out.glob(f"datasets/*/{STAGING_PREFIX}*/train/*.tfrecord"))) >= 6:
             proc.send_signal(signal.SIGKILL)
             break
         time.sleep(0.01)
@@ -69,8 +69,8 @@ def test_writer_killed_half_way_leaves_nothing_visible_and_a_rerun_completes(tmp
     assert "Reusing the tokenizer already trained for this fingerprint" in stderr
     assert "left by a writer that was killed half way" in stderr
     assert not staging.exists() and not [p for p in root.iterdir() if p.name.startswith(".")]
-    manifest = storage.read_json(paths.manifest)
+    shard_set = ShardSet.load(paths)
     for split in ("train", "validation"):
-        verify_shards(paths, manifest, split)
-        assert sum(s["records"] for s in manifest["splits"][split]["shards"]) == summary["records"][split] > 0
-    assert manifest["splits"]["train"]["shards"][0]["records"] == 8
+        shard_set.verify(split)
+        assert sum(s["records"] for s in shard_set.shards(split)) == summary["records"][split] > 0
+    assert shard_set.shards("train")[0]["records"] == 8

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from mlm_tasks.config import ShardConfig
-from mlm_tasks.shards import write_split
+from mlm_tasks.shards import BlockWriter, chunk_stream, records_from_name
 from mlm_tasks.tfrecord import encode_examples, frame_records
 
 
@@ -25,8 +25,11 @@ EDGES = [0, 1, 127, 128, 16383, 16384, 2**21 - 1, 2**21, 2**28 - 1, 2**28, 2**31
 
 
 def _tf_example(tf, row) -> bytes:
-    feature = {"input_ids": tf.train.Feature(int64_list=tf.train.Int64List(value=[int(v) for v in row]))}
-    return tf.train.Example(features=tf.train.Features(feature=feature)).SerializeToString()
+    # As the Hugging Face preparation script builds it (input_ids + attention_mask); deterministic=True
+    # fixes the map order (by key), which is the order ours writes.
+    feature = {"input_ids": tf.train.Feature(int64_list=tf.train.Int64List(value=[int(v) for v in row])),
+               "attention_mask": tf.train.Feature(int64_list=tf.train.Int64List(value=[1] * len(row)))}
+    return tf.train.Example(features=tf.train.Features(feature=feature)).SerializeToString(deterministic=True)
 
 
 @pytest.mark.parametrize("length", [1, 8, 128, 300])
@@ -67,13 +70,18 @@ def _word_tokenizer(words):
     return tok, vocab
 
 
-def test_write_split_reads_back_with_tf_data(tf, tmp_path):
+def test_written_blocks_read_back_with_tf_data(tf, tmp_path):
     rng = np.random.default_rng(1)
     words = [f"w{i}" for i in range(300)]
     rows = [" ".join(rng.choice(words, size=rng.integers(1, 40))) for _ in range(200)]
     tok, vocab = _word_tokenizer(words)
     cfg = ShardConfig(max_length=16, records_per_shard=50, tokenize_batch_rows=7)
-    entry = write_split(iter(rows), tok, cfg, str(tmp_path), "train")
+    writer = BlockWriter(str(tmp_path), "train", "train-p00000of00001", cfg)
+    for block in chunk_stream(iter(rows), tok, cfg, {}):
+        writer.write(block)
+    shards = writer.finish()
+    entry = {"records": sum(s["records"] for s in shards), "shards": shards}
+    entry["tokens"] = entry["records"] * 16
 
     expected = np.array([i for r in rows for i in [0] + [vocab[w] for w in r.split()] + [2]])
     expected = expected[: len(expected) // 16 * 16].reshape(-1, 16)
@@ -82,7 +90,9 @@ def test_write_split_reads_back_with_tf_data(tf, tmp_path):
     assert sum(s["records"] for s in entry["shards"]) == len(expected)
 
     files = [os.path.join(tmp_path, s["file"]) for s in entry["shards"]]
-    feature = {"input_ids": tf.io.FixedLenFeature([16], tf.int64)}
+    assert [records_from_name(f) for f in files] == [s["records"] for s in entry["shards"]]
+    feature = {k: tf.io.FixedLenFeature([16], tf.int64) for k in ("input_ids", "attention_mask")}
     ds = tf.data.TFRecordDataset(files).batch(1000).map(lambda x: tf.io.parse_example(x, feature))
-    got = np.concatenate([b["input_ids"].numpy() for b in ds])
-    np.testing.assert_array_equal(got, expected)
+    got = list(ds)
+    np.testing.assert_array_equal(np.concatenate([b["input_ids"].numpy() for b in got]), expected)
+    assert all(b["attention_mask"].numpy().all() for b in got)

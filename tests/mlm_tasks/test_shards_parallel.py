@@ -1,4 +1,4 @@
-"""Partitioned shard writing: the merged manifest has the single writer's counts, and the same ids."""
+"""Partitioned shard writing: the merged manifest has one partition's counts, and the same ids."""
 import collections
 import os
 import struct
@@ -8,11 +8,9 @@ import pytest
 
 from mlm_tasks import storage
 from mlm_tasks.config import build_config
-from mlm_tasks.corpus import open_corpus
 from mlm_tasks.paths import DataPaths, join
-from mlm_tasks.shards import write_shards
-from mlm_tasks.shards_parallel import merge_manifests, partition_manifest_uri, partition_rows, write_partition
-from mlm_tasks.tokenizer import load_tokenizer
+from mlm_tasks.shards import records_from_name
+from mlm_tasks.shards_parallel import merge_partitions, partition_manifest_uri, write_partition
 
 
 def _read_ids(path: str, max_length: int) -> list[list[int]]:
@@ -57,22 +55,17 @@ def _publish_tokenizer(paths: DataPaths, tok) -> None:
     storage.write_text(join(paths.tokenizer, "tokenizer.json"), tok.to_str())
 
 
-def test_partition_rows_deals_whole_blocks():
-    rows = [str(i) for i in range(10)]
-    parts = [list(partition_rows(rows, p, 3, 2)) for p in range(3)]
-    assert parts == [["0", "1", "6", "7"], ["2", "3", "8", "9"], ["4", "5"]]
-
-
-def test_merged_manifest_matches_single_writer(setup):
+def test_merged_manifest_matches_one_partition(setup):
     cfg, tok = setup
     single, multi = DataPaths(cfg.output_root, "single"), DataPaths(cfg.output_root, "multi")
     for paths in (single, multi):
         _publish_tokenizer(paths, tok)
-    one = write_shards(open_corpus(cfg.corpus), load_tokenizer(single.tokenizer, 16), cfg.shards, single, {})
+    write_partition(cfg, single, 0, 1)
+    one = merge_partitions(cfg, single, 1, {}).data
     parts = [write_partition(cfg, multi, p, 3) for p in (2, 0, 1)]  # any order
     assert sorted(p["part"] for p in parts) == [0, 1, 2]
     assert not storage.exists(multi.success)  # nothing is published before the merge
-    merged = merge_manifests(cfg, multi, 3, {})
+    merged = merge_partitions(cfg, multi, 3, {}).data
     assert storage.exists(multi.success) and storage.read_json(multi.manifest) == merged
 
     for split in ("train", "validation", "test"):
@@ -88,6 +81,7 @@ def test_merged_manifest_matches_single_writer(setup):
         assert diff < 16
         for s in b["shards"]:
             assert os.path.getsize(join(multi.shards_dir, s["file"])) == s["bytes"]
+            assert records_from_name(s["file"]) == s["records"]  # partition and index never read as the count
 
 
 def test_partition_rerun_is_skipped_and_merge_needs_every_part(setup):
@@ -99,7 +93,7 @@ def test_partition_rerun_is_skipped_and_merge_needs_every_part(setup):
     mtime = os.path.getmtime(marker)
     assert write_partition(cfg, paths, 0, 2) == first and os.path.getmtime(marker) == mtime
     with pytest.raises(FileNotFoundError, match="Partition 1 of 2"):
-        merge_manifests(cfg, paths, 2, {})
+        merge_partitions(cfg, paths, 2, {})
     with pytest.raises(ValueError, match="outside"):
         write_partition(cfg, paths, 2, 2)
 

@@ -12,7 +12,7 @@ from mlm_tasks.paths import RunPaths
 from peers.tiny_data import tiny_config
 
 REPO = "tester/ckpt-sync"
-MANIFEST = {"splits": {"train": {"records": 100}}}
+TRAIN_RECORDS = 100
 
 
 def _small_corpus(path: Path, chars: int = 80_000) -> None:
@@ -32,12 +32,12 @@ def test_sync_off_by_default_and_fails_fast_without_token_or_repo(tmp_path, monk
     from mlm_tasks.train_sync import EpochSync
 
     monkeypatch.delenv("HF_TOKEN", raising=False)
-    assert EpochSync.start(tiny_config(tmp_path), MANIFEST, 8) is None
+    assert EpochSync.start(tiny_config(tmp_path), TRAIN_RECORDS, 8) is None
     with pytest.raises(ConfigError, match="HF_TOKEN is not set"):
         EpochSync.start(tiny_config(tmp_path, **{"publish.sync_checkpoints": True, "publish.repo_id": REPO}),
-                        MANIFEST, 8)
+                        TRAIN_RECORDS, 8)
     with pytest.raises(ConfigError, match="needs publish.repo_id"):
-        EpochSync.start(tiny_config(tmp_path, **{"publish.sync_checkpoints": True}), MANIFEST, 8)
+        EpochSync.start(tiny_config(tmp_path, **{"publish.sync_checkpoints": True}), TRAIN_RECORDS, 8)
 
 
 @pytest.mark.slow

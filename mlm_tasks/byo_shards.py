@@ -1,0 +1,210 @@
+"""Bring your own shards: train on TFRecord shards tokenized elsewhere, e.g. by Hugging Face's
+language-modeling-tpu `prepare_tfrecord_shards.py`, in a local folder or under a gs:// prefix.
+
+    corpus:
+      source: tfrecord_shards
+      shards_uri: gs://my-bucket/wikitext-shards      # holds train/, validation/ (and test/) *.tfrecord
+      tokenizer_uri: my-org/my-unigram-tokenizer       # or a local folder, or a gs:// folder
+
+Nothing is tokenized or written here except the small things our steps read: the tokenizer copied
+under the data folder, and a manifest listing the shards by URI with their record counts. Counts come
+from the file names when they carry them (`-<index>-<records>.tfrecord`, as that script names them),
+otherwise the records are counted once; the manifest, keyed by the data fingerprint, is the cache.
+
+The data fingerprint is a hash of every shard's URI, size and generation (gs://) or mtime (local),
+and of the tokenizer: changing a file gives a new fingerprint, so runs stay reproducible and the
+Assets flow announces it. `plan_data` adopts the set (no partitions to write, no tokenizer to train).
+
+`check_shards` runs in `validate_inputs`, before any TPU VM exists: both features present as int64
+lists of one length, that length equal to `shards.max_length`, and every id inside the tokenizer's
+vocabulary. It reads the first records of a bounded number of shards per split (a full read of a large
+set would cost as much as training's first epoch); train() then checks every shard's size.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+
+from mlm_tasks import storage
+from mlm_tasks.config import SPECIAL_TOKENS, ConfigError, CorpusConfig, PipelineConfig
+from mlm_tasks.corpus import Corpus
+from mlm_tasks.paths import SPLITS, DataPaths, join
+from mlm_tasks.shards import FEATURES, records_from_name
+from mlm_tasks.tfrecord import count_records, iter_records, parse_example
+
+log = logging.getLogger(__name__)
+SAMPLE_SHARDS, SAMPLE_RECORDS = 8, 64  # per split: what check_shards reads
+
+
+def _fs_path(uri: str) -> str:
+    return storage.local_path(uri) if storage.is_local(uri) else uri
+
+
+def list_shards(shards_uri: str) -> dict[str, list[dict]]:
+    """Per split, the *.tfrecord files under `<shards_uri>/<split>/`, by name: uri, bytes, version."""
+    fs = storage.filesystem(shards_uri)
+    found: dict[str, list[dict]] = {}
+    for split in SPLITS:
+        folder = join(shards_uri, split)
+        try:
+            infos = fs.find(_fs_path(folder), detail=True) if fs.exists(_fs_path(folder)) else {}
+        except FileNotFoundError:
+            infos = {}
+        files = []
+        for name, info in sorted(infos.items()):
+            if not name.endswith(".tfrecord") or info.get("type") == "directory":
+                continue
+            uri = name if storage.is_local(shards_uri) else f"gs://{name.removeprefix('gs://')}"
+            # gs:// objects carry a generation (changes on every overwrite); local files an mtime.
+            version = info.get("generation") or info.get("mtime") or info.get("updated")
+            files.append({"uri": uri, "bytes": int(info["size"]), "version": str(version)})
+        found[split] = files
+    return found
+
+
+def fetch_tokenizer_json(tokenizer_uri: str) -> str:
+    """tokenizer.json of a local folder, a gs:// folder, or a Hub repo (read through huggingface_hub)."""
+    if storage.is_local(tokenizer_uri) and os.path.isdir(storage.local_path(tokenizer_uri)) \
+            or storage.scheme(tokenizer_uri) == "gs":
+        path = join(tokenizer_uri, "tokenizer.json")
+        if not storage.exists(path):
+            raise ConfigError(f"corpus.tokenizer_uri {tokenizer_uri} has no tokenizer.json: point it at a folder "
+                              "written by save_pretrained of a fast tokenizer.")
+        return storage.read_text(path)
+    if tokenizer_uri.count("/") > 1 or "://" in tokenizer_uri:
+        raise ConfigError(f"corpus.tokenizer_uri {tokenizer_uri!r} is neither an existing local folder, a gs:// "
+                          "folder, nor a Hub repo id (owner/name): fix the path.")
+    from huggingface_hub import constants, hf_hub_download
+    from huggingface_hub.utils import HfHubHTTPError
+
+    try:  # HF_ENDPOINT (read by huggingface_hub at import) names a private Hub; the token comes from HF_TOKEN
+        with open(hf_hub_download(tokenizer_uri, "tokenizer.json", endpoint=constants.ENDPOINT), encoding="utf-8") as f:
+            return f.read()
+    except (HfHubHTTPError, OSError, ValueError) as err:
+        raise ConfigError(f"Cannot read tokenizer.json of Hub repo {tokenizer_uri!r} ({type(err).__name__}: "
+                          f"{err}): check the repo id, and the HF_TOKEN for a private repo.") from None
+
+
+class ShardsCorpus(Corpus):
+    """A corpus of already tokenized shards: a fingerprint and a manifest, no text rows."""
+
+    def __init__(self, cfg: CorpusConfig):
+        if not cfg.shards_uri or not cfg.tokenizer_uri:
+            raise ConfigError("corpus.source=tfrecord_shards needs corpus.shards_uri (the folder or gs:// prefix "
+                              "of the shards) and corpus.tokenizer_uri (the tokenizer they were encoded with).")
+        self.cfg = cfg
+        self.files = list_shards(cfg.shards_uri)
+        for split in ("train", "validation"):
+            if not self.files[split]:
+                raise ConfigError(f"No {split} shards under {join(cfg.shards_uri, split)}: corpus.shards_uri must "
+                                  "hold train/ and validation/ folders of *.tfrecord files.")
+        self.credit = (f"Shards brought from {cfg.shards_uri} (tokenizer {cfg.tokenizer_uri}); see their source "
+                       "for license and credit.")
+        self._tokenizer_json: str | None = None
+
+    @property
+    def tokenizer_json(self) -> str:
+        if self._tokenizer_json is None:
+            self._tokenizer_json = fetch_tokenizer_json(self.cfg.tokenizer_uri)
+        return self._tokenizer_json
+
+    def fingerprint(self) -> str:
+        listing = [[split, f["uri"], f["bytes"], f["version"]] for split in SPLITS for f in self.files[split]]
+        tok = hashlib.sha256(self.tokenizer_json.encode("utf-8")).hexdigest()
+        return "shards:" + hashlib.sha256(json.dumps([listing, tok]).encode()).hexdigest()[:32]
+
+    def rows_partition(self, split: str, part: int, num_parts: int):
+        raise ConfigError("corpus.source=tfrecord_shards holds token ids, not text: it trains no tokenizer and "
+                          "writes no shards (the DAG's plan step adopts the set as it is).")
+
+    def vocab_size(self) -> int:
+        from tokenizers import Tokenizer
+
+        return Tokenizer.from_str(self.tokenizer_json).get_vocab_size(with_added_tokens=True)
+
+    def split_entry(self, split: str) -> dict:
+        """The manifest entry of one split: shards by URI, records from names or counted once."""
+        shards, counted = [], 0
+        for f in self.files[split]:
+            records = records_from_name(f["uri"])
+            if records is None:
+                with storage.filesystem(f["uri"]).open(_fs_path(f["uri"]), "rb") as fh:
+                    records = count_records(fh)
+                counted += 1
+            shards.append({"uri": f["uri"], "file": f["uri"].rsplit("/", 1)[-1], "records": records,
+                           "bytes": f["bytes"], "version": f["version"]})
+        if counted:
+            log.info("%s: counted the records of %d shard(s) whose names carry no count", split, counted)
+        records = sum(s["records"] for s in shards)
+        return {"records": records, "tokens": None, "rows": None, "characters": None, "shards": shards}
+
+
+def check_shards(cfg: PipelineConfig, corpus: ShardsCorpus) -> int:
+    """Features, max_length and ids against the tokenizer, read from the first records of a few shards
+    per split; returns the max_length the data has."""
+    from tokenizers import Tokenizer
+
+    tok = Tokenizer.from_str(corpus.tokenizer_json)
+    vocab = tok.get_vocab_size(with_added_tokens=True)
+    missing = [t for t in SPECIAL_TOKENS if tok.token_to_id(t) is None]
+    if missing:
+        raise ConfigError(f"The tokenizer {cfg.corpus.tokenizer_uri} lacks the special token(s) {' '.join(missing)}: "
+                          f"the model and its masking use RoBERTa's {' '.join(SPECIAL_TOKENS)}. Use a tokenizer "
+                          "trained with those special tokens.")
+    lengths: set[int] = set()
+    for split in SPLITS:
+        for f in corpus.files[split][:SAMPLE_SHARDS]:
+            with storage.filesystem(f["uri"]).open(_fs_path(f["uri"]), "rb") as fh:
+                for i, record in enumerate(iter_records(fh, SAMPLE_RECORDS)):
+                    features = parse_example(record)
+                    where = f"{f['uri']} record {i}"
+                    for name in FEATURES:
+                        if not isinstance(features.get(name), list):
+                            kind = features.get(name, "absent")
+                            raise ConfigError(f"{where}: feature {name!r} is {kind}, not an int64 list: these shards "
+                                              f"need {' and '.join(FEATURES)} as int64 features (as "
+                                              "prepare_tfrecord_shards.py writes them). Found: "
+                                              f"{sorted(features)}.")
+                    ids = features["input_ids"]
+                    if len(features["attention_mask"]) != len(ids):
+                        raise ConfigError(f"{where}: input_ids has {len(ids)} values but attention_mask "
+                                          f"{len(features['attention_mask'])}: the shards are malformed.")
+                    lengths.add(len(ids))
+                    if ids and (max(ids) >= vocab or min(ids) < 0):
+                        raise ConfigError(f"{where}: token id {max(ids) if max(ids) >= vocab else min(ids)} is "
+                                          f"outside the vocabulary of {cfg.corpus.tokenizer_uri} ({vocab} tokens): "
+                                          "these shards were encoded with another tokenizer; set "
+                                          "corpus.tokenizer_uri to that one.")
+    if len(lengths) != 1:
+        raise ConfigError(f"The shards under {cfg.corpus.shards_uri} hold records of several lengths "
+                          f"{sorted(lengths)}: training needs one fixed length (packed chunks).")
+    (length,) = lengths
+    if length != cfg.shards.max_length:
+        raise ConfigError(f"The shards under {cfg.corpus.shards_uri} hold {length}-token records but "
+                          f"shards.max_length is {cfg.shards.max_length}: set shards.max_length={length} "
+                          f"(and model.max_position_embeddings >= {length + 2}).")
+    return length
+
+
+def adopt(cfg: PipelineConfig, corpus: ShardsCorpus, paths: DataPaths, corpus_fingerprint: str) -> None:
+    """Publish the tokenizer and a manifest of the brought shards under `paths`, then _SUCCESS."""
+    from mlm_tasks.manifest import build_manifest, publish_manifest
+    from mlm_tasks.prepare import manifest_extra
+    from mlm_tasks.tokenizer import load_tokenizer, publish_tokenizer
+    from tokenizers import Tokenizer
+
+    max_length = check_shards(cfg, corpus)
+    publish_tokenizer(Tokenizer.from_str(corpus.tokenizer_json), paths.tokenizer, max_length)
+    tokenizer = load_tokenizer(paths.tokenizer, max_length)
+    splits = {}
+    for split in SPLITS:
+        entry = corpus.split_entry(split)
+        entry["tokens"] = entry["records"] * max_length
+        splits[split] = entry
+    extra = {**manifest_extra(cfg, corpus, corpus_fingerprint, paths, tokenizer),
+             "shards_uri": cfg.corpus.shards_uri, "tokenizer_uri": cfg.corpus.tokenizer_uri}
+    publish_manifest(paths, build_manifest(paths, max_length, 0, splits, extra))
+    log.info("Adopted the shards under %s as data %s: %s", cfg.corpus.shards_uri, paths.fingerprint,
+             ", ".join(f"{s} {e['records']} records in {len(e['shards'])} files" for s, e in splits.items()))
