@@ -111,13 +111,16 @@ def test_resolver_arguments_follow_the_remote_environment(monkeypatch):
     assert tpu_resolver_args(cfg) == {"tpu": "mlm-pretrain-abc", "zone": ZONE, "project": "proj"}
 
 
-@pytest.mark.parametrize("workers, runtime", [(2, "tpu-vm-tf-2.16.1-pjrt"), (1, "tpu-vm-tf-2.16.1-pod-pjrt")])
-def test_host_count_and_runtime_must_agree(fake_tpu, sshd, ssh_conn, workers, runtime):
+@pytest.mark.parametrize("workers, runtime, accelerator", [(2, "tpu-vm-tf-2.16.1-pjrt", "v4-8"),
+                                                           (1, "tpu-vm-tf-2.16.1-pod-pjrt", "v4-32")])
+def test_host_count_and_runtime_must_agree(fake_tpu, sshd, ssh_conn, workers, runtime, accelerator):
+    """validate_config refuses a mismatch of type and runtime; this is the run-time net for a node whose
+    real host count (the API's endpoints) still disagrees with its runtime."""
     from airflow.sdk.exceptions import AirflowFailException
 
     _ready_node(fake_tpu, workers=workers)
-    op = TpuSSHStepOperator(task_id="train", command="true",
-                            config=_cfg(fake_tpu, sshd, runtime_version=runtime).model_dump(mode="json"))
+    cfg = _cfg(fake_tpu, sshd, runtime_version=runtime, accelerator_type=accelerator)
+    op = TpuSSHStepOperator(task_id="train", command="true", config=cfg.model_dump(mode="json"))
     with pytest.raises(AirflowFailException, match=f"has {workers} host\\(s\\) but runs {runtime}"):
         op.execute(_context())
 
