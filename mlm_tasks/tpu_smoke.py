@@ -7,9 +7,9 @@ It proves the production path on real hardware in about 15 minutes for a few dol
 v5litepod-1 is well under US$1/hour; a v4-8 about US$4/hour Spot): the tiny config's data is
 prepared into the bucket from this machine, a Spot TPU VM `mlm-smoke-<hash>` is created with the
 same request the DAG sends (labels with a 2-hour TTL, so the janitor catches it if all else fails;
-ssh-keys from --ssh-key; enable-oslogin FALSE; the cloud-platform scope), port 22 of every worker is
+ssh-keys from --ssh-key; enable-oslogin FALSE; the cloud-platform scope), port 22 of worker 0 is
 probed, the real bootstrap stages the code to the bucket and installs it on the VM, `python -m
-mlm_tasks train` runs on every worker, and the VM is deleted in a `finally` that SIGTERM and SIGHUP
+mlm_tasks train` runs on worker 0 (the smoke slices are one host), and the VM is deleted in a `finally` that SIGTERM and SIGHUP
 reach too. `--dry-run` prints every TPU API request (method, URL, JSON body) and every shell command
 instead of sending them, and touches nothing: no credentials, no bucket, no VM.
 
@@ -211,27 +211,32 @@ def smoke(args: argparse.Namespace, out: Callable[[str], None] = print) -> int:
             fingerprint = args.data_fingerprint or "<fingerprint>"
             out(f"(dry run) would prepare the tiny data set under {cfg.output_root}/datasets/ and stage the code "
                 f"under {cfg.output_root}/_code/")
-            code = CodeBundle(sha="<sha>", uri=f"{cfg.output_root}/_code/<sha>")
+            from mlm_tasks.vm import runtimes
+
+            runtime = runtimes.get(cfg.tpu.runtime_version)
+            lock = runtime.lock_path.relative_to(runtimes.HERE.parent.parent).as_posix()
+            code = CodeBundle(sha="<sha>", uri=f"{cfg.output_root}/_code/<sha>", lock=lock, lock_sha="<lock-sha>",
+                              tensorflow=runtime.tensorflow)
         else:
             from mlm_tasks.prepare import prepare_data
 
             fingerprint = args.data_fingerprint or prepare_data(cfg)["fingerprint"]
-            code = stage_code(cfg.output_root)
+            code = stage_code(cfg.output_root, cfg.tpu.runtime_version)
         tpu.ensure_node(cfg.tpu, name, tpu.labels(run_id, cfg.tpu.ttl_hours), metadata, api=api)
         if args.dry_run:
             out(f"(dry run) would poll GET {API}/{tpu.full_name(cfg.tpu, name)} every {cfg.tpu.poll_interval_s:g}s "
-                f"until READY, probe tcp:{cfg.tpu.ssh_port} on every worker's {cfg.tpu.ssh_via} IP, then run there "
+                f"until READY, probe tcp:{cfg.tpu.ssh_port} on worker 0's {cfg.tpu.ssh_via} IP, then run there "
                 f"as {args.ssh_user}:")
             hosts = ["<worker-0-ip>"]
         else:
             node = wait_ready(cfg, name, api, time.time() + cfg.tpu.create_timeout_s, out)
             hosts = tpu.worker_endpoints(node, external=cfg.tpu.ssh_via == "external")
-            probe(hosts, cfg.tpu.ssh_port, cfg.tpu.ssh_probe_timeout_s)
+            probe(hosts[:1], cfg.tpu.ssh_port, cfg.tpu.ssh_probe_timeout_s)
         command = remote_command(cfg, "train", run_id, extra_args=["--data-fingerprint", fingerprint], code=code)
         out(f"ssh -p {cfg.tpu.ssh_port} -i {args.ssh_key} {args.ssh_user}@{hosts[0]} {command}")
         if args.dry_run:
             return 0
-        codes = run_on_workers(hosts, args.ssh_user, args.ssh_key, cfg.tpu.ssh_port, command, out)
+        codes = run_on_workers(hosts[:1], args.ssh_user, args.ssh_key, cfg.tpu.ssh_port, command, out)
         if any(codes):
             out(f"Smoke FAILED: worker exit codes {codes}.")
             return 1

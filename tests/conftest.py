@@ -43,3 +43,18 @@ from peers.sshd import sshd  # noqa: E402,F401  (fixture)
 from peers.airflow_home import airflow_env  # noqa: E402,F401  (fixture)
 from peers.tiny_data import tiny_cfg, tiny_prepared  # noqa: E402,F401  (fixtures)
 from peers.model_clients import pt_python, tiny_model  # noqa: E402,F401  (fixtures)
+
+
+import pytest  # noqa: E402
+
+
+@pytest.fixture(autouse=True)
+def _no_credentials_left_behind():
+    """Credentials handed to mlm_tasks are process-wide (as in a task): never let one test's reach the
+    next (a test of "no credentials" would otherwise pass or fail by test order)."""
+    yield
+    from mlm_tasks import credentials
+
+    if credentials.current() is not None:
+        credentials.install(None)
+        credentials.stop_sharing_with_tensorflow()

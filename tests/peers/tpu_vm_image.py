@@ -43,7 +43,9 @@ def _rename_tensorflow(venv: Path) -> None:
     (site,) = venv.glob("lib/python3.10/site-packages")
     (dist,) = site.glob("tensorflow-*.dist-info")
     meta = dist / "METADATA"
-    meta.write_text(meta.read_text().replace("Name: tensorflow\n", f"Name: {TPU_DIST}\n", 1))
+    text = meta.read_text().replace("Name: tensorflow\n", f"Name: {TPU_DIST}\n", 1)
+    meta.unlink()  # a new file, never an edit through a hard link into uv's cache
+    meta.write_text(text)
     dist.rename(site / dist.name.replace("tensorflow-", "tensorflow_tpu-", 1))
 
 
@@ -59,8 +61,10 @@ def build(runtime: runtimes.Runtime | None = None, venv: Path = VENV) -> Path:
     shutil.rmtree(venv, ignore_errors=True)
     env = {**os.environ, "VIRTUAL_ENV": str(venv)}
     subprocess.run(["uv", "venv", "--quiet", "--seed", "--python", _python_310(), str(venv)], check=True)
-    # --no-deps: the image file is complete (TensorFlow's whole closure), as the image is.
-    subprocess.run(["uv", "pip", "install", "--quiet", "--no-deps", "-r", str(runtime.image_path)],
+    # --no-deps: the image file is complete (TensorFlow's whole closure), as the image is. Copies, not
+    # uv's default hard links: the rename below must not rewrite the wheel cached for other installs.
+    subprocess.run(["uv", "pip", "install", "--quiet", "--no-deps", "--link-mode", "copy",
+                    "-r", str(runtime.image_path)],
                    check=True, env=env)
     _rename_tensorflow(venv)
     marker.write_text(stamp)

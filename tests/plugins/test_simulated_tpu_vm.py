@@ -47,7 +47,8 @@ def _pip_past_the_gcs_proxy(tf_gcs_env: dict) -> dict:
 
 def _site_packages(python: str) -> set[str]:
     (site,) = Path(python).parent.parent.glob("lib/python3.10/site-packages")
-    return {p.name for p in site.iterdir()}
+    # __pycache__ appears on the first import of a top-level module: bytecode, not a package change.
+    return {p.name for p in site.iterdir() if p.name != "__pycache__"}
 
 
 @pytest.mark.slow
