@@ -34,6 +34,7 @@ def validate_config(params: dict, **context: Any) -> dict:
     """
     from mlm_assets import triggering_shards_event
     from mlm_tasks.validate import validate_inputs
+    from worker_queues import distributed_executor, shared_output_roots
 
     # Retrying cannot fix a bad input: fail now, with what to change.
     with bad_input_fails_fast():
@@ -45,7 +46,7 @@ def validate_config(params: dict, **context: Any) -> dict:
             tree = cfg.model_dump(mode="json")
             tree.update(event["data_config"], output_root=event["output_root"])
             cfg = PipelineConfig.model_validate(tree)
-        validate_inputs(cfg)
+        validate_inputs(cfg, distributed_executor=distributed_executor(), shared_roots=shared_output_roots())
     return cfg.model_dump(mode="json")
 
 
