@@ -196,7 +196,7 @@ def test_celery_broker_and_result_backend(compose):
     backend = urlsplit(interpolate(env["AIRFLOW__CELERY__RESULT_BACKEND"], dotenv))
     database = urlsplit(interpolate(env["AIRFLOW__DATABASE__SQL_ALCHEMY_CONN"], dotenv))
     # The result backend is the metadata database itself (no second database to run).
-    assert backend.scheme == "db+postgresql" and (backend.hostname, backend.path, backend.username) == (
+    assert backend.scheme == "db+" + database.scheme and (backend.hostname, backend.path, backend.username) == (
         database.hostname, database.path, database.username)
     redis = compose["services"]["redis"]
     command = [interpolate(a, dotenv) for a in redis["command"]]
@@ -211,7 +211,7 @@ def test_harness_runs_the_celery_profile_as_compose_does(compose, tmp_path):
                       variables={"MLM_EXECUTOR": "CeleryExecutor"}, redis_port=16379)
     assert spec.env["AIRFLOW__CORE__EXECUTOR"] == "CeleryExecutor"
     assert spec.env["AIRFLOW__CELERY__BROKER_URL"] == f"redis://:{spec.env['REDIS_PASSWORD']}@127.0.0.1:16379/0"
-    assert spec.env["AIRFLOW__CELERY__RESULT_BACKEND"] == "db+postgresql://airflow@127.0.0.1:1/airflow"
+    assert spec.env["AIRFLOW__CELERY__RESULT_BACKEND"] == "db+postgresql+psycopg2://airflow@127.0.0.1:1/airflow"
     assert spec.commands["airflow-worker"] == ["bash", str(ROOT / "deploy" / "celery-worker.sh")]
     assert spec.commands["redis"][:2] == ["redis-server", "--appendonly"]
     assert spec.env["REDIS_PASSWORD"] in spec.commands["redis"]

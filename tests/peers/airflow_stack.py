@@ -170,7 +170,7 @@ def stack_spec(home: Path, db_url: str, port: int, *, compose: dict | None = Non
         "AIRFLOW__API__PORT": str(port),
         "AIRFLOW__CORE__EXECUTION_API_SERVER_URL": f"http://127.0.0.1:{port}/execution/",
         "AIRFLOW__CELERY__BROKER_URL": f"redis://:{env['REDIS_PASSWORD']}@127.0.0.1:{redis_port}/0",
-        "AIRFLOW__CELERY__RESULT_BACKEND": f"db+postgresql://{pg.netloc}{pg.path}",
+        "AIRFLOW__CELERY__RESULT_BACKEND": f"db+{pg.scheme}://{pg.netloc}{pg.path}",
     })
     bin_dir = str(Path(sys.executable).parent)  # `airflow`, `python` of this venv, as PATH does in the image
     commands = {}
@@ -354,11 +354,14 @@ class Stack:
         return self.spec.env["AIRFLOW_ADMIN_PASSWORD"]
 
     def start_worker(self, name: str, queues: str, concurrency: int = 1, env: dict[str, str] | None = None,
-                     timeout: float = 180) -> subprocess.Popen:
+                     timeout: float = 180, cpus: str | None = None) -> subprocess.Popen:
         """The compose `airflow-worker` service as process `name` (its Celery hostname and the hostname
-        its task instances record), consuming `queues`; returns once it answers a Celery ping."""
+        its task instances record), consuming `queues`, held to `cpus` (taskset list) when given;
+        returns once Celery reports it ready."""
         argv = [*self.spec.commands["airflow-worker"], "--celery-hostname", name, "--concurrency", str(concurrency),
                 "--skip-serve-logs"]
+        if cpus is not None:
+            argv = ["taskset", "-c", cpus, *argv]
         worker_env = {**self.spec.env, "MLM_WORKER_QUEUES": queues, "MLM_TEST_WORKER_HOSTNAME": name,
                       "AIRFLOW__CORE__HOSTNAME_CALLABLE": "peers.worker_hostname.hostname",
                       "PYTHONPATH": os.pathsep.join([str(ROOT / "tests"), self.spec.env.get("PYTHONPATH", "")]),
@@ -375,6 +378,10 @@ class Stack:
             if time.monotonic() > deadline:
                 raise RuntimeError(f"worker {name} not ready after {timeout}s:\n{self.procs.tail(name)}")
             time.sleep(0.5)
+
+    def stop(self, name: str, timeout: float = 60) -> None:
+        """SIGTERM (a worker's warm shutdown: it finishes its running tasks first), then SIGKILL."""
+        stop_group(self.procs.running.pop(name), timeout)
 
     def kill(self, name: str) -> float:
         """SIGKILL to `name` and every process under it, task processes in their own process groups
