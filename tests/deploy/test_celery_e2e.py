@@ -259,3 +259,31 @@ def test_redis_down_20s_mid_run_completes_after_it_returns(api, stack, undisturb
     assert shard_set(out) == shard_set(undisturbed["out"])
     figure("Redis down 20 s: run finished after Redis returned in s", round(after_return, 1))
     figure("Redis down 20 s: tasks retried", tries_retried(api, run_id))
+
+
+def celery_control(stack, *args: str) -> str:
+    """The README's drain commands: `celery --app <Airflow's Celery app> ...` with the services' environment."""
+    import subprocess
+    import sys
+
+    celery = str(Path(sys.executable).parent / "celery")
+    done = subprocess.run([celery, "--app", "airflow.providers.celery.executors.celery_executor.app", *args],
+                          env=stack.spec.env, capture_output=True, text=True, timeout=120, cwd=stack.spec.home)
+    assert done.returncode == 0, done.stdout + done.stderr
+    return done.stdout
+
+
+def test_drained_worker_takes_no_new_tasks(api, stack, undisturbed, shared):
+    """cancel_consumer (README: "Drain a worker") stops worker-b taking tasks; the run goes on worker-a."""
+    celery_control(stack, "control", "cancel_consumer", "cpu", "-d", "celery@worker-b")
+    try:
+        assert "'name': 'cpu'" not in celery_control(stack, "inspect", "active_queues", "-d", "celery@worker-b")
+        out = shared / "drained"
+        seed_tokenizer(undisturbed["out"], out)
+        run_id = trigger(api, "celery-drained", out)
+        finished(api, run_id)
+        hosts = {ti["hostname"] for ti in api.task_instances(DAG_ID, run_id)}
+        assert hosts == {"worker-a"}, hosts
+        assert shard_set(out) == shard_set(undisturbed["out"])
+    finally:
+        celery_control(stack, "control", "add_consumer", "cpu", "-d", "celery@worker-b")
