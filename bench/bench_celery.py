@@ -93,7 +93,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--factor", type=int, default=4)
     ap.add_argument("--rounds", type=int, default=2)
-    ap.add_argument("--overhead-tasks", type=int, default=24)
+    ap.add_argument("--overhead-tasks", type=int, default=24, help="0: skip the per-task overhead run")
     args = ap.parse_args()
 
     common.prepared()
@@ -130,12 +130,13 @@ def main() -> None:
                     figures["tokens"] = sum(s["tokens"] for s in manifest["splits"].values())
                     results.setdefault(name, []).append(figures)
                     print(f"round {r + 1} {name}: {figures}", flush=True)
-            if "worker-b" not in stack.procs.running:
-                stack.start_worker("worker-b", "cpu", cpus="1")
-            out = shared / "overhead"
-            tis = run(api, "overhead", {"config_file": TINY, "output_root": str(out),
-                                        "overrides": {"shards.partitions": args.overhead_tasks}})
-            queued_to_running, alone = overhead(tis)
+            queued_to_running, alone = [], []
+            if args.overhead_tasks:
+                if "worker-b" not in stack.procs.running:
+                    stack.start_worker("worker-b", "cpu", cpus="1")
+                tis = run(api, "overhead", {"config_file": TINY, "output_root": str(shared / "overhead"),
+                                            "overrides": {"shards.partitions": args.overhead_tasks}})
+                queued_to_running, alone = overhead(tis)
     finally:
         shutil.rmtree(shared, ignore_errors=True)
 
@@ -151,6 +152,8 @@ def main() -> None:
                      " ".join(sorted(set(h for f in runs for h in f["hosts"])))])
     print(common.table(["variant", "median s plan end → merge end", "tokens/s", "speed-up vs best 1 worker",
                         "runs (s)", "write_shards task s", "workers"], rows))
+    if not alone:
+        return
     print()
     print(common.table(["per mapped task (n)", "median s", "p90 s", "min s", "max s"], [
         [f"queued → running ({len(queued_to_running)})", statistics.median(queued_to_running),
