@@ -62,9 +62,11 @@ LOCAL_KEYS = {
 }
 # What each Celery worker sets besides, and why: on one machine they share a hostname and port 8793.
 WORKER_LOCAL_ENV = {
-    "AIRFLOW__CORE__HOSTNAME_CALLABLE": "task instances record the worker's name (peers/worker_hostname.py), "
-                                        "as distinct machines would record theirs",
+    "AIRFLOW__CORE__HOSTNAME_CALLABLE": "peers.worker_hostname.hostname",  # task instances record the
+    # worker's name (MLM_TEST_WORKER_HOSTNAME), as distinct machines record their own hostnames
 }
+# --celery-hostname: unique Celery node names; --skip-serve-logs: one log server port (8793) per
+# machine, and the api-server reads these workers' logs from the shared log folder instead.
 WORKER_LOCAL_ARGS = ("--celery-hostname", "--concurrency", "--skip-serve-logs")
 GENERATED = ("POSTGRES_PASSWORD", "AIRFLOW_ADMIN_PASSWORD", "AIRFLOW__CORE__FERNET_KEY",
              "AIRFLOW__API__SECRET_KEY", "AIRFLOW__API_AUTH__JWT_SECRET", "REDIS_PASSWORD")
@@ -359,11 +361,10 @@ class Stack:
         its task instances record), consuming `queues`, held to `cpus` (taskset list) when given;
         returns once Celery reports it ready."""
         argv = [*self.spec.commands["airflow-worker"], "--celery-hostname", name, "--concurrency", str(concurrency),
-                "--skip-serve-logs"]
+                "--skip-serve-logs"]  # WORKER_LOCAL_ARGS
         if cpus is not None:
             argv = ["taskset", "-c", cpus, *argv]
-        worker_env = {**self.spec.env, "MLM_WORKER_QUEUES": queues, "MLM_TEST_WORKER_HOSTNAME": name,
-                      "AIRFLOW__CORE__HOSTNAME_CALLABLE": "peers.worker_hostname.hostname",
+        worker_env = {**self.spec.env, **WORKER_LOCAL_ENV, "MLM_WORKER_QUEUES": queues, "MLM_TEST_WORKER_HOSTNAME": name,
                       "PYTHONPATH": os.pathsep.join([str(ROOT / "tests"), self.spec.env.get("PYTHONPATH", "")]),
                       **(env or {})}
         proc = self.procs.start(name, argv, worker_env, cwd=self.spec.home)
