@@ -94,13 +94,16 @@ def main() -> None:
     ap.add_argument("--factor", type=int, default=4)
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--overhead-tasks", type=int, default=24, help="0: skip the per-task overhead run")
+    ap.add_argument("--env", action="append", default=[], metavar="KEY=VALUE",
+                    help="an Airflow setting for every process, on top of the compose file's (A/B of a setting)")
     args = ap.parse_args()
 
     common.prepared()
     corpus_file(args.factor)
     shared = Path(tempfile.mkdtemp(prefix="bench-celery-"))
     load_before = os.getloadavg()
-    env = {"MLM_SHARED_OUTPUT_ROOTS": str(shared), "MLM_REFRESH_SCHEDULE": "none", "MLM_RETRY_DELAY_S": "5"}
+    env = {"MLM_SHARED_OUTPUT_ROOTS": str(shared), "MLM_REFRESH_SCHEDULE": "none", "MLM_RETRY_DELAY_S": "5",
+           **dict(kv.split("=", 1) for kv in args.env)}
     results: dict[str, list[dict]] = {}
     try:
         with running_stack(shared / "stack", executor="CeleryExecutor", extra_env=env) as stack:
@@ -113,6 +116,7 @@ def main() -> None:
             run(api, "warmup", {"config_file": DEFAULT, "output_root": str(out),
                                 "overrides": corpus_overrides(args.factor, 1)})
             variants = [("1 worker, partitions 1", 1, 1), ("1 worker, partitions 2", 1, 2), ("2 workers", 2, 2)]
+            env_note = {k: stack.spec.env.get(k) for k in ("AIRFLOW__WORKERS__MIN_HEARTBEAT_INTERVAL",)}
             for r in range(args.rounds):
                 order = variants if r % 2 == 0 else variants[::-1]
                 for name, workers, parts in order:
@@ -141,8 +145,8 @@ def main() -> None:
         shutil.rmtree(shared, ignore_errors=True)
 
     print(f"\n```\n{common.machine()}\nload avg before the stack started: "
-          f"{load_before[0]:.1f}/{load_before[1]:.1f}/{load_before[2]:.1f}\n```\n")
-    best_one = min(common.median([f["wall_s"] for f in results[n]]) for n in results if n.startswith("1 worker"))
+          f"{load_before[0]:.1f}/{load_before[1]:.1f}/{load_before[2]:.1f}; {env_note}\n```\n")
+    best_one = min((common.median([f["wall_s"] for f in results[n]]) for n in results if n.startswith("1 worker")), default=0)
     rows = []
     for name, runs in results.items():
         wall = common.median([f["wall_s"] for f in runs])
@@ -150,8 +154,9 @@ def main() -> None:
                      " ".join(f"{f['wall_s']:.1f}" for f in runs),
                      "; ".join(" ".join(str(s) for s in f["task_s"]) for f in runs),
                      " ".join(sorted(set(h for f in runs for h in f["hosts"])))])
-    print(common.table(["variant", "median s plan end → merge end", "tokens/s", "speed-up vs best 1 worker",
-                        "runs (s)", "write_shards task s", "workers"], rows))
+    if rows:
+        print(common.table(["variant", "median s plan end → merge end", "tokens/s", "speed-up vs best 1 worker",
+                            "runs (s)", "write_shards task s", "workers"], rows))
     if not alone:
         return
     print()
