@@ -31,6 +31,7 @@ from airflow.sdk import DAG, chain
 import refresh_tasks as steps
 from dag_defaults import PARTITION_LABEL, config_params, default_args, default_config
 from mlm_assets import SHARDS
+from worker_queues import CPU_QUEUE
 
 _defaults = default_config()
 _schedule = os.environ.get("MLM_REFRESH_SCHEDULE", "@weekly").strip()
@@ -55,14 +56,14 @@ with DAG(
     validate = PythonOperator(task_id="validate_source", python_callable=steps.validate_source, retries=0)
     changed = ShortCircuitOperator(task_id="source_changed", python_callable=steps.source_changed)
     plan = PythonOperator(task_id="plan_shards", python_callable=steps.plan_shards,
-                          execution_timeout=timedelta(hours=12))
+                          execution_timeout=timedelta(hours=12), queue=CPU_QUEUE)
     # One task per corpus partition (shards.partitions), run in parallel by the executor.
     write = PythonOperator.partial(
         task_id="write_shards", python_callable=steps.write_shards, execution_timeout=timedelta(hours=24),
-        map_index_template=PARTITION_LABEL,
+        map_index_template=PARTITION_LABEL, queue=CPU_QUEUE,
     ).expand(op_kwargs=plan.output)
     # none_failed: write_shards mapped over no partition (another run finished the set) is skipped.
     build = PythonOperator(task_id="build_shards", python_callable=steps.build_shards, outlets=[SHARDS],
-                           trigger_rule="none_failed")
+                           trigger_rule="none_failed", queue=CPU_QUEUE)
 
     chain(validate, changed, plan, write, build)

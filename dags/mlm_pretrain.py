@@ -33,6 +33,7 @@ from mlm_assets import SHARDS
 from shard_gate import ShardSetCompleteSensor
 from tpu_operators import TpuVmCreateOperator, TpuVmDeleteOperator
 from train_operator import TrainOperator
+from worker_queues import CPU_QUEUE, train_queue
 
 _defaults = default_config()
 
@@ -62,14 +63,15 @@ with DAG(
     tags=["mlm", "training", "tensorflow"],
 ) as dag:
     validate = PythonOperator(task_id="validate_config", python_callable=steps.validate_config, retries=0)
-    plan = PythonOperator(task_id="plan_shards", python_callable=steps.plan_shards)
+    plan = PythonOperator(task_id="plan_shards", python_callable=steps.plan_shards, queue=CPU_QUEUE)
     # One task per corpus partition (shards.partitions), run in parallel by the executor.
     write = PythonOperator.partial(
         task_id="write_shards", python_callable=steps.write_shards, execution_timeout=timedelta(hours=24),
-        map_index_template=PARTITION_LABEL,
+        map_index_template=PARTITION_LABEL, queue=CPU_QUEUE,
     ).expand(op_kwargs=plan.output)
     # Runs when nothing was left to write too (write_shards mapped over no partition is skipped).
-    prepare = PythonOperator(task_id="prepare_data", python_callable=steps.prepare_data, trigger_rule="none_failed")
+    prepare = PythonOperator(task_id="prepare_data", python_callable=steps.prepare_data, trigger_rule="none_failed",
+                             queue=CPU_QUEUE)
     wait = ShardSetCompleteSensor(
         task_id="wait_for_shards",
         gcp_conn_id="{{ ti.xcom_pull(task_ids='validate_config')['sensor']['gcp_conn_id'] }}",
@@ -78,10 +80,12 @@ with DAG(
         retries=0,
     )
     create_vm = TpuVmCreateOperator(task_id="create_tpu_vm", config=steps.CONFIG_XCOM)
-    train = TrainOperator(task_id="train", config=steps.CONFIG_XCOM, execution_timeout=timedelta(hours=72))
-    evaluate = PythonOperator(task_id="evaluate", python_callable=steps.evaluate)
-    fill_mask = PythonOperator(task_id="fill_mask", python_callable=steps.fill_mask)
-    report = PythonOperator(task_id="report", python_callable=steps.report)
+    # Queues are fixed at parse time: train follows the default config's compute (see worker_queues).
+    train = TrainOperator(task_id="train", config=steps.CONFIG_XCOM, execution_timeout=timedelta(hours=72),
+                          queue=train_queue(_defaults.compute))
+    evaluate = PythonOperator(task_id="evaluate", python_callable=steps.evaluate, queue=CPU_QUEUE)
+    fill_mask = PythonOperator(task_id="fill_mask", python_callable=steps.fill_mask, queue=CPU_QUEUE)
+    report = PythonOperator(task_id="report", python_callable=steps.report, queue=CPU_QUEUE)
     gate = PythonOperator(task_id="gate", python_callable=steps.gate)
     publish = PythonOperator(task_id="publish", python_callable=steps.publish)
     push_tokenizer = PythonOperator(task_id="publish_tokenizer", python_callable=steps.publish_tokenizer)

@@ -12,6 +12,10 @@ for key in AIRFLOW__CORE__FERNET_KEY AIRFLOW__API__SECRET_KEY AIRFLOW__API_AUTH_
         missing+=("$key")
     fi
 done
+# The CeleryExecutor's broker (profile `celery`) has a password too.
+if [[ "${AIRFLOW__CORE__EXECUTOR:-}" == *CeleryExecutor* && ( -z "${REDIS_PASSWORD:-}" || "${REDIS_PASSWORD}" == change-me* ) ]]; then
+    missing+=("REDIS_PASSWORD")
+fi
 if (( ${#missing[@]} )); then
     echo "airflow-init: set ${missing[*]} in .env (copy .env.example: it shows how to make each value)" >&2
     exit 1

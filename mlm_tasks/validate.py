@@ -14,6 +14,7 @@ from __future__ import annotations
 import logging
 import os
 import uuid
+from collections.abc import Sequence
 
 from mlm_tasks import storage
 from mlm_tasks.config import ConfigError, PipelineConfig
@@ -72,7 +73,29 @@ def check_run_inputs(cfg: PipelineConfig, run_id: str, fingerprint: str) -> dict
     return shard_set.data
 
 
-def validate_inputs(cfg: PipelineConfig) -> None:
+def check_output_root_reachable(output_root: str, distributed_executor: str | None,
+                                shared_roots: Sequence[str] = ()) -> None:
+    """A local output_root works only when every task of the run sees the same folder: one machine
+    (LocalExecutor), or a shared mount declared as such. `distributed_executor` names the executor
+    when it may spread the run's tasks over machines (the Airflow side detects it)."""
+    if not distributed_executor or not storage.is_local(output_root):
+        return
+    path = os.path.abspath(storage.local_path(output_root))
+    for shared in shared_roots:
+        shared = os.path.abspath(shared)
+        if path == shared or path.startswith(shared.rstrip(os.sep) + os.sep):
+            return
+    raise ConfigError(
+        f"output_root {output_root} is a local folder, but the {distributed_executor} may run this run's tasks "
+        "on several workers, and a worker on another machine would not see the files the others wrote. Use "
+        "output_root gs://bucket/prefix, or, if this folder is a shared mount (NFS, Filestore) at the same path "
+        "on every worker, declare it in the environment of every Airflow service: "
+        f"MLM_SHARED_OUTPUT_ROOTS={path}")
+
+
+def validate_inputs(cfg: PipelineConfig, *, distributed_executor: str | None = None,
+                    shared_roots: Sequence[str] = ()) -> None:
+    check_output_root_reachable(cfg.output_root, distributed_executor, shared_roots)
     corpus = open_corpus(cfg.corpus)  # raises ConfigError for missing paths and bad file types
     if cfg.corpus.source == "local_files":
         check_local_corpus(corpus)

@@ -3,7 +3,8 @@ config file and the trigger-form fields, generated from the config model so the 
 validator cannot disagree on types, bounds, choices or descriptions.
 
 MLM_CONFIG_DIR moves the configs folder (a deployment mounts it elsewhere); MLM_RETRY_DELAY_S lets
-tests and local runs retry at once, production keeps 30 s, doubling up to 10 minutes.
+tests and local runs retry at once, production keeps 30 s, doubling up to 10 minutes. Every task
+goes to the `control` queue unless its DAG puts it on `cpu` (see worker_queues.py).
 """
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ from pathlib import Path
 from airflow.sdk import Param
 
 from failure_notifier import FailureNotifier
+from worker_queues import CONTROL_QUEUE
 from mlm_tasks.config import PARAM_PATHS, PipelineConfig, load_config
 
 CONFIG_DIR = Path(os.environ.get("MLM_CONFIG_DIR", Path(__file__).resolve().parents[1] / "configs"))
@@ -33,6 +35,8 @@ def default_args() -> dict:
         "retry_exponential_backoff": True,
         "max_retry_delay": timedelta(minutes=10),
         "on_failure_callback": [FailureNotifier()],
+        # Light by default; the DAGs send the CPU-heavy tasks to CPU_QUEUE (CeleryExecutor only).
+        "queue": CONTROL_QUEUE,
     }
 
 

@@ -39,6 +39,7 @@ def validate_config(params: dict, **context: Any) -> dict:
     """
     from mlm_assets import triggering_shards_event
     from mlm_tasks.validate import validate_inputs
+    from worker_queues import distributed_executor, shared_output_roots
 
     # Retrying cannot fix a bad input: fail now, with what to change.
     with bad_input_fails_fast():
@@ -53,7 +54,7 @@ def validate_config(params: dict, **context: Any) -> dict:
         from gcp_credentials import install_for
 
         install_for(cfg)  # validate_inputs probes output_root with the connection's credentials
-        validate_inputs(cfg)
+        validate_inputs(cfg, distributed_executor=distributed_executor(), shared_roots=shared_output_roots())
     return cfg.model_dump(mode="json")
 
 

@@ -32,9 +32,13 @@ def _config(ti) -> PipelineConfig:
 
 def validate_source(params: dict, **_: Any) -> dict:
     from mlm_tasks.corpus import open_corpus
+    from mlm_tasks.validate import check_output_root_reachable
+    from worker_queues import distributed_executor, shared_output_roots
 
     with bad_input_fails_fast():
         cfg = config_from_params(params)
+        # The mapped write_shards tasks may land on several machines: they must all see output_root.
+        check_output_root_reachable(cfg.output_root, distributed_executor(), shared_output_roots())
         open_corpus(cfg.corpus)  # missing files and bad file types fail here, before any work
     log.info("Refreshing corpus %s into %s", cfg.corpus.source, cfg.output_root)
     return cfg.model_dump(mode="json")

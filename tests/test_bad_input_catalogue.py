@@ -71,11 +71,12 @@ def local_corpus(ctx, name: str, content: bytes, **overrides):
                                          **overrides})
 
 
-def validate(make_cfg):
+def validate(make_cfg, **where):
+    """validate_inputs as validate_config calls it; `where` is what the Airflow side detects (executor)."""
     def call(ctx):
         from mlm_tasks.validate import validate_inputs
 
-        return validate_inputs(make_cfg(ctx))
+        return validate_inputs(make_cfg(ctx), **where)
     return call
 
 
@@ -260,6 +261,10 @@ CASES = [
          r"output_root gs://mlm-no-such-bucket/prefix needs Google Cloud credentials and none were found .*"
          r"set GOOGLE_APPLICATION_CREDENTIALS",
          [("validate_inputs", validate(no_gcs_credentials))]),
+    Case("local-root-distributed-executor", "local output_root when the executor spreads a run over machines",
+         r"output_root .* is a local folder, but the CeleryExecutor may run this run's tasks on several workers.* "
+         r"Use output_root gs://bucket/prefix, or, if this folder is a shared mount .*MLM_SHARED_OUTPUT_ROOTS=",
+         [("validate_inputs", validate(lambda c: tiny_config(c.tmp / "o"), distributed_executor="CeleryExecutor"))]),
     Case("missing-corpus-file", "local corpus path that matches no file",
          r"corpus\.local_paths entry '.*missing\.txt' matches no file: check the path",
          [("validate_inputs", validate(lambda c: tiny_config(c.tmp / "o", **{

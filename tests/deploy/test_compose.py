@@ -1,6 +1,7 @@
 """docker-compose.yaml, Dockerfile and .env.example checked statically (no Docker engine runs here),
 and held to what tests/peers/airflow_stack.py really runs: same services, commands, environment,
-executor, ports and volumes, the only differences being the loopback ones it lists.
+executor, ports and volumes, the only differences being the loopback ones it lists. The `celery`
+profile (Redis, scalable workers, Flower under `flower`) is checked the same way.
 
     .venv/bin/python -m pytest tests/deploy/test_compose.py
 """
@@ -14,9 +15,10 @@ from urllib.parse import urlsplit
 import pytest
 
 from peers import airflow_stack as stack
-from peers.airflow_stack import ROOT, SERVICES, load_compose, read_env_file, stack_spec
+from peers.airflow_stack import ROOT, SERVICES, interpolate, load_compose, read_env_file, stack_spec
 
 AIRFLOW_SERVICES = ("airflow-init", *SERVICES)
+CELERY_PROFILE = {"redis": ["celery"], "airflow-worker": ["celery"], "airflow-flower": ["flower"]}
 EXPECTED_COMMANDS = {
     "airflow-apiserver": ["airflow", "api-server"],
     "airflow-scheduler": ["airflow", "scheduler"],
@@ -38,9 +40,9 @@ def spec(compose, tmp_path_factory):
 
 def test_services_and_shared_airflow_definition(compose):
     services = compose["services"]
-    assert set(services) == {"postgres", *AIRFLOW_SERVICES}
+    assert set(services) == {"postgres", *AIRFLOW_SERVICES, *CELERY_PROFILE}
     first = services[SERVICES[0]]
-    for name in AIRFLOW_SERVICES:
+    for name in (*AIRFLOW_SERVICES, "airflow-worker", "airflow-flower"):
         service = services[name]
         for key in ("build", "image", "env_file", "environment", "volumes", "working_dir"):
             assert service[key] == first[key], f"{name}.{key} differs from {SERVICES[0]}"
@@ -50,7 +52,14 @@ def test_services_and_shared_airflow_definition(compose):
         assert services[name]["depends_on"]["airflow-init"]["condition"] == "service_completed_successfully"
         assert services[name]["command"] == EXPECTED_COMMANDS[name]
     env = first["environment"]
-    assert env["AIRFLOW__CORE__EXECUTOR"] == "LocalExecutor"
+    dotenv = read_env_file(ROOT / ".env.example")
+    # LocalExecutor by default (.env.example, or MLM_EXECUTOR unset); CeleryExecutor when .env says so.
+    assert interpolate(env["AIRFLOW__CORE__EXECUTOR"], dotenv) == "LocalExecutor"
+    assert interpolate(env["AIRFLOW__CORE__EXECUTOR"], {}) == "LocalExecutor"
+    assert interpolate(env["AIRFLOW__CORE__EXECUTOR"], {**dotenv, "MLM_EXECUTOR": "CeleryExecutor"}) == "CeleryExecutor"
+    # The default stack has no profile-only service.
+    for name in (*AIRFLOW_SERVICES, "postgres"):
+        assert "profiles" not in services[name], name
     assert env["AIRFLOW__CORE__LOAD_EXAMPLES"] == "False"
     assert env["AIRFLOW__CORE__AUTH_MANAGER"].endswith("SimpleAuthManager")
 
@@ -77,6 +86,7 @@ def test_volumes_mount_project_folders_and_declared_named_volumes(compose):
         assert (ROOT / source).is_dir(), source
     named = {v.split(":")[0] for v in volumes if not v.startswith(".")}
     named.add(compose["services"]["postgres"]["volumes"][0].split(":")[0])
+    named.add(compose["services"]["redis"]["volumes"][0].split(":")[0])
     assert named == set(compose["volumes"]), "every named volume is declared at the top level"
     env = compose["x-airflow-common"]["environment"]
     mounted = {v.split(":")[1] for v in volumes}
@@ -97,16 +107,18 @@ def test_harness_runs_the_same_commands_and_environment(compose, spec):
 
     common = compose["x-airflow-common"]
     pairs = stack.path_map(common, spec.home)
+    dotenv = {**read_env_file(ROOT / ".env.example"), **{k: spec.env[k] for k in stack.GENERATED}}
     for key, value in common["environment"].items():
         if key in stack.LOCAL_KEYS:
             continue
-        assert spec.env[key] == stack.translate(str(value), pairs), key
+        assert spec.env[key] == stack.translate(interpolate(str(value), dotenv), pairs), key
     assert spec.env["AIRFLOW__CORE__DAGS_FOLDER"] == str(ROOT / "dags")
     assert spec.env["AIRFLOW__CORE__PLUGINS_FOLDER"] == str(ROOT / "plugins")
     assert spec.env["AIRFLOW__API__HOST"] == "127.0.0.1"
     assert spec.env["AIRFLOW__CORE__EXECUTION_API_SERVER_URL"] == "http://127.0.0.1:18080/execution/"
     # The loopback differences are exactly the documented ones.
-    changed = {k for k, v in common["environment"].items() if spec.env[k] != stack.translate(str(v), pairs)}
+    changed = {k for k, v in common["environment"].items()
+               if spec.env[k] != stack.translate(interpolate(str(v), dotenv), pairs)}
     assert changed == set(stack.LOCAL_KEYS)
     # Every key an operator sets in .env reaches the processes too.
     assert set(read_env_file(ROOT / ".env.example")) <= set(spec.env)
@@ -153,3 +165,93 @@ def test_init_script_is_valid_bash_and_refuses_placeholder_secrets(tmp_path):
     done = subprocess.run(["bash", str(script)], env=env, capture_output=True, text=True, timeout=30)
     assert done.returncode == 1
     assert "AIRFLOW__CORE__FERNET_KEY" in done.stderr and ".env.example" in done.stderr
+
+
+# --- the celery profile ----------------------------------------------------------------------------
+
+def test_celery_profile_services_and_scaling(compose):
+    """`docker compose --profile celery up -d --scale airflow-worker=3` is valid: the profile holds
+    Redis and the workers, and a worker has nothing that two copies could not share."""
+    services = compose["services"]
+    for name, profiles in CELERY_PROFILE.items():
+        assert services[name]["profiles"] == profiles, name
+    worker = services["airflow-worker"]
+    for key in ("container_name", "ports", "hostname"):  # a fixed name or host port breaks --scale
+        assert key not in worker, f"airflow-worker.{key} prevents --scale"
+    assert worker["command"] == ["bash", "/opt/airflow/deploy/celery-worker.sh"]
+    assert worker["depends_on"]["redis"]["condition"] == "service_healthy"
+    assert worker["depends_on"]["airflow-init"]["condition"] == "service_completed_successfully"
+    assert "celery@$${HOSTNAME}" in " ".join(worker["healthcheck"]["test"])
+    # The scheduler waits for Redis when the profile is on, and starts without it when it is off.
+    assert services["airflow-scheduler"]["depends_on"]["redis"] == {"condition": "service_healthy", "required": False}
+    assert services["airflow-flower"]["command"] == ["airflow", "celery", "flower"]
+    assert services["airflow-flower"]["ports"] == ["5555:5555"]
+
+
+def test_celery_broker_and_result_backend(compose):
+    env = compose["x-airflow-common"]["environment"]
+    dotenv = read_env_file(ROOT / ".env.example")
+    broker = urlsplit(interpolate(env["AIRFLOW__CELERY__BROKER_URL"], dotenv))
+    assert (broker.scheme, broker.hostname, broker.port, broker.password) == ("redis", "redis", 6379, "change-me")
+    backend = urlsplit(interpolate(env["AIRFLOW__CELERY__RESULT_BACKEND"], dotenv))
+    database = urlsplit(interpolate(env["AIRFLOW__DATABASE__SQL_ALCHEMY_CONN"], dotenv))
+    # The result backend is the metadata database itself (no second database to run).
+    assert backend.scheme == "db+" + database.scheme and (backend.hostname, backend.path, backend.username) == (
+        database.hostname, database.path, database.username)
+    redis = compose["services"]["redis"]
+    command = [interpolate(a, dotenv) for a in redis["command"]]
+    assert command[0] == "redis-server"
+    assert command[command.index("--appendonly") + 1] == "yes", "queued tasks must survive a Redis restart"
+    assert command[command.index("--requirepass") + 1] == dotenv["REDIS_PASSWORD"]
+    assert redis["volumes"] == ["redis-data:/data"] and "redis-data" in compose["volumes"]
+
+
+def test_harness_runs_the_celery_profile_as_compose_does(compose, tmp_path):
+    spec = stack_spec(tmp_path, "postgresql+psycopg2://airflow@127.0.0.1:1/airflow", port=18080, compose=compose,
+                      variables={"MLM_EXECUTOR": "CeleryExecutor"}, redis_port=16379)
+    assert spec.env["AIRFLOW__CORE__EXECUTOR"] == "CeleryExecutor"
+    assert spec.env["AIRFLOW__CELERY__BROKER_URL"] == f"redis://:{spec.env['REDIS_PASSWORD']}@127.0.0.1:16379/0"
+    assert spec.env["AIRFLOW__CELERY__RESULT_BACKEND"] == "db+postgresql+psycopg2://airflow@127.0.0.1:1/airflow"
+    assert spec.commands["airflow-worker"] == ["bash", str(ROOT / "deploy" / "celery-worker.sh")]
+    assert spec.commands["redis"][:2] == ["redis-server", "--appendonly"]
+    assert spec.env["REDIS_PASSWORD"] in spec.commands["redis"]
+    from peers.redis_server import RedisServer
+
+    loopback = RedisServer(None, tmp_path / "r", "pw", port=16379).argv(spec.commands["redis"])
+    assert loopback[1:len(spec.commands["redis"])] == spec.commands["redis"][1:]  # compose's flags, then loopback's
+
+
+def test_worker_script_refuses_the_local_executor_and_reads_the_queues(tmp_path):
+    script = ROOT / "deploy" / "celery-worker.sh"
+    assert subprocess.run(["bash", "-n", str(script)]).returncode == 0
+    base = {"PATH": f"{tmp_path}:/usr/bin:/bin", "REDIS_PASSWORD": "secret"}
+    done = subprocess.run(["bash", str(script)], env={**base, "AIRFLOW__CORE__EXECUTOR": "LocalExecutor"},
+                          capture_output=True, text=True, timeout=30)
+    assert done.returncode == 1 and "MLM_EXECUTOR=CeleryExecutor" in done.stderr
+    # A stand-in `airflow` on PATH shows the command line the worker would run.
+    (tmp_path / "airflow").write_text('#!/bin/sh\necho "$@"\n')
+    (tmp_path / "airflow").chmod(0o755)
+    celery = {**base, "AIRFLOW__CORE__EXECUTOR": "CeleryExecutor"}
+    for env, queues in (({}, "cpu,control"), ({"MLM_CPU_QUEUE": "heavy", "MLM_CONTROL_QUEUE": "light"}, "heavy,light"),
+                        ({"MLM_WORKER_QUEUES": "control"}, "control")):
+        done = subprocess.run(["bash", str(script), "--celery-hostname", "w1"], env={**celery, **env},
+                              capture_output=True, text=True, timeout=30)
+        assert done.stdout.splitlines()[-1] == f"celery worker --queues {queues} --celery-hostname w1", done
+    done = subprocess.run(["bash", str(script)], env={**celery, "REDIS_PASSWORD": "change-me"},
+                          capture_output=True, text=True, timeout=30)
+    assert done.returncode == 1 and "REDIS_PASSWORD" in done.stderr
+
+
+def test_env_example_documents_executor_and_queues():
+    example = read_env_file(ROOT / ".env.example")
+    assert example["MLM_EXECUTOR"] == "LocalExecutor"
+    assert (example["MLM_CPU_QUEUE"], example["MLM_CONTROL_QUEUE"]) == ("cpu", "control")
+    for key in ("MLM_WORKER_QUEUES", "MLM_SHARED_OUTPUT_ROOTS", "AIRFLOW__CELERY__WORKER_CONCURRENCY", "COMPOSE_PROFILES"):
+        assert key in example, key
+
+
+def test_ci_installs_redis_and_the_lock_has_the_celery_provider():
+    assert "redis-server" in re.search(r"apt_packages=\(([^)]*)\)", (ROOT / ".ci" / "run").read_text()).group(1).split()
+    lock = (ROOT / "requirements.txt").read_text().lower()
+    for package in ("apache-airflow-providers-celery==", "celery==", "redis=="):
+        assert re.search(rf"^{re.escape(package)}", lock, re.M), package

@@ -48,9 +48,15 @@ class AirflowApi:
     def task_instance(self, dag_id: str, run_id: str, task_id: str) -> dict:
         return self.get(f"/dags/{dag_id}/dagRuns/{quote(run_id, safe='')}/taskInstances/{task_id}")
 
-    def tries(self, dag_id: str, run_id: str, task_id: str) -> list[dict]:
-        reply = self.get(f"/dags/{dag_id}/dagRuns/{quote(run_id, safe='')}/taskInstances/{task_id}/tries")
+    def tries(self, dag_id: str, run_id: str, task_id: str, map_index: int | None = None) -> list[dict]:
+        mapped = "" if map_index is None else f"/{map_index}"
+        reply = self.get(f"/dags/{dag_id}/dagRuns/{quote(run_id, safe='')}/taskInstances/{task_id}{mapped}/tries")
         return reply["task_instances"]
+
+    def task_instances(self, dag_id: str, run_id: str) -> list[dict]:
+        """Every task instance of the run (mapped ones one per map index), with state, hostname, queue."""
+        return self.get(f"/dags/{dag_id}/dagRuns/{quote(run_id, safe='')}/taskInstances",
+                        limit=1000)["task_instances"]
 
     def log(self, dag_id: str, run_id: str, task_id: str, try_number: int) -> str:
         reply = self.client.get(

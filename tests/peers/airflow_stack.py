@@ -4,12 +4,19 @@
         stack.token                                 # JWT for the REST API (POST /auth/token)
         httpx.get(stack.url + "/api/v2/dags", headers=stack.headers)
 
+    with running_stack(workdir, executor="CeleryExecutor") as stack:   # the compose `celery` profile
+        stack.start_worker("worker-a", queues="cpu,control")           # + a real redis-server
+        stack.kill("worker-a"); stack.redis.stop(); stack.restart("airflow-scheduler")
+
 Nothing here is a second description of the deployment: `stack_spec()` reads docker-compose.yaml
 (each service's command and the shared environment) and .env.example (the keys an operator sets),
 and only rewrites what must differ on loopback — container paths become local folders (bind mounts
 → the repo, named volumes → temp folders), the database URL points at a PostgreSQL from Debian's
 packages (`apt-get install postgresql`) on a free port, the api-server listens on 127.0.0.1 on a
-free port, and secrets are generated. tests/deploy/test_compose.py checks exactly that list.
+free port, and secrets are generated. tests/deploy/test_compose.py checks exactly that list. With
+the CeleryExecutor, Redis is Debian's `redis-server` on a free port (peers/redis_server.py), and each
+worker gets the flags several workers on one machine need (`--celery-hostname`, no log server port
+of its own, a hostname of its own for the task instances: WORKER_LOCAL_ENV).
 
 Every process runs in its own process group with a marker in its environment; shutdown stops the
 groups (SIGTERM, then SIGKILL), checks the ports are free again and that no process anywhere still
@@ -20,6 +27,7 @@ from __future__ import annotations
 import contextlib
 import glob
 import os
+import re
 import secrets
 import shutil
 import signal
@@ -31,6 +39,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterator
+from urllib.parse import urlsplit
 
 import yaml
 
@@ -39,6 +48,7 @@ COMPOSE_FILE = ROOT / "docker-compose.yaml"
 ENV_EXAMPLE = ROOT / ".env.example"
 INIT_SERVICE = "airflow-init"
 SERVICES = ("airflow-apiserver", "airflow-scheduler", "airflow-dag-processor", "airflow-triggerer")
+CELERY_SERVICES = ("redis", "airflow-worker")  # profile `celery` (airflow-flower, profile `flower`, is not run)
 CONTAINER_HOME = "/opt/airflow"  # AIRFLOW_HOME and WORKDIR of the Dockerfile
 ADMIN_USER = "admin"
 # The environment keys the harness sets itself, and why; every other key is the compose file's.
@@ -47,9 +57,19 @@ LOCAL_KEYS = {
     "AIRFLOW__API__HOST": "listen on loopback only",
     "AIRFLOW__API__PORT": "a free port instead of 8080",
     "AIRFLOW__CORE__EXECUTION_API_SERVER_URL": "the api-server on that port",
+    "AIRFLOW__CELERY__BROKER_URL": "the loopback redis-server",
+    "AIRFLOW__CELERY__RESULT_BACKEND": "the loopback PostgreSQL",
 }
+# What each Celery worker sets besides, and why: on one machine they share a hostname and port 8793.
+WORKER_LOCAL_ENV = {
+    "AIRFLOW__CORE__HOSTNAME_CALLABLE": "peers.worker_hostname.hostname",  # task instances record the
+    # worker's name (MLM_TEST_WORKER_HOSTNAME), as distinct machines record their own hostnames
+}
+# --celery-hostname: unique Celery node names; --skip-serve-logs: one log server port (8793) per
+# machine, and the api-server reads these workers' logs from the shared log folder instead.
+WORKER_LOCAL_ARGS = ("--celery-hostname", "--concurrency", "--skip-serve-logs")
 GENERATED = ("POSTGRES_PASSWORD", "AIRFLOW_ADMIN_PASSWORD", "AIRFLOW__CORE__FERNET_KEY",
-             "AIRFLOW__API__SECRET_KEY", "AIRFLOW__API_AUTH__JWT_SECRET")
+             "AIRFLOW__API__SECRET_KEY", "AIRFLOW__API_AUTH__JWT_SECRET", "REDIS_PASSWORD")
 MARKER = "MLM_TEST_STACK_ID"
 
 
@@ -101,6 +121,19 @@ def path_map(service: dict, home: Path) -> list[tuple[str, str]]:
     return sorted(pairs, key=lambda pair: -len(pair[0]))
 
 
+def interpolate(value: str, variables: dict[str, str]) -> str:
+    """Compose's interpolation: ${VAR}, ${VAR:-default}, ${VAR:?error} from `variables` (.env), and $$ → $."""
+    def one(match: re.Match) -> str:
+        if match.group(0) == "$$":
+            return "$"
+        name, op, arg = match.group(1), match.group(2) or "", match.group(3) or ""
+        value = variables.get(name, "")
+        if op == ":?" and not value:
+            raise RuntimeError(f"{name} is not set: {arg}")
+        return value if value or op != ":-" else arg
+    return re.sub(r"\$\$|\$\{(\w+)(?:(:[-?])([^}]*))?\}", one, value)
+
+
 def translate(value: str, pairs: list[tuple[str, str]]) -> str:
     for container, local in pairs:
         if value == container or value.startswith(container + "/"):
@@ -111,36 +144,45 @@ def translate(value: str, pairs: list[tuple[str, str]]) -> str:
 @dataclass
 class StackSpec:
     env: dict[str, str]
-    commands: dict[str, list[str]]  # service → argv, init first
+    commands: dict[str, list[str]]  # service → argv, init first (and the celery profile's services)
     port: int
     home: Path
+    redis_port: int = 0
 
 
-def stack_spec(home: Path, db_url: str, port: int, *, compose: dict | None = None) -> StackSpec:
-    """What docker compose would run, as local argv + environment (see the module docstring)."""
+def stack_spec(home: Path, db_url: str, port: int, *, compose: dict | None = None,
+               variables: dict[str, str] | None = None, redis_port: int = 0) -> StackSpec:
+    """What docker compose would run, as local argv + environment (see the module docstring).
+    `variables` are set in .env for compose's interpolation (e.g. MLM_EXECUTOR=CeleryExecutor)."""
     compose = compose or load_compose()
     services = compose["services"]
     common = services[SERVICES[0]]
     pairs = path_map(common, home)
     env = {key: translate(str(value), pairs) for key, value in read_env_file(ENV_EXAMPLE).items()}
     env.update({key: generated_secret(key) for key in GENERATED})
-    env.update({key: translate(str(value), pairs) for key, value in common["environment"].items()})
+    env.update(variables or {})
+    dotenv = dict(env)  # what compose interpolates ${...} from
+    env.update({key: translate(interpolate(str(value), dotenv), pairs) for key, value in common["environment"].items()})
+    redis_port = redis_port or free_port()
+    pg = urlsplit(db_url)
     env.update({
         "AIRFLOW_HOME": str(home),
         "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN": db_url,
         "AIRFLOW__API__HOST": "127.0.0.1",
         "AIRFLOW__API__PORT": str(port),
         "AIRFLOW__CORE__EXECUTION_API_SERVER_URL": f"http://127.0.0.1:{port}/execution/",
+        "AIRFLOW__CELERY__BROKER_URL": f"redis://:{env['REDIS_PASSWORD']}@127.0.0.1:{redis_port}/0",
+        "AIRFLOW__CELERY__RESULT_BACKEND": f"db+{pg.scheme}://{pg.netloc}{pg.path}",
     })
     bin_dir = str(Path(sys.executable).parent)  # `airflow`, `python` of this venv, as PATH does in the image
     commands = {}
-    for name in (INIT_SERVICE, *SERVICES):
-        argv = [translate(arg, pairs) for arg in services[name]["command"]]
+    for name in (INIT_SERVICE, *SERVICES, *CELERY_SERVICES):
+        argv = [translate(interpolate(arg, dotenv), pairs) for arg in services[name]["command"]]
         if argv[0] in ("airflow", "python"):
             argv[0] = os.path.join(bin_dir, argv[0])
         commands[name] = argv
     env["PATH"] = os.pathsep.join([bin_dir, os.environ.get("PATH", "")])
-    return StackSpec(env=env, commands=commands, port=port, home=home)
+    return StackSpec(env=env, commands=commands, port=port, home=home, redis_port=redis_port)
 
 
 def generated_secret(key: str) -> str:
@@ -229,6 +271,21 @@ def _group_pids(pgid: int) -> list[int]:
     return pids
 
 
+def descendants(pid: int) -> list[int]:
+    """Every process started (transitively) by `pid`, from /proc's parent links."""
+    children: dict[int, list[int]] = {}
+    for stat in glob.glob("/proc/[0-9]*/stat"):
+        with contextlib.suppress(OSError, IndexError, ValueError):
+            fields = Path(stat).read_text().rsplit(")", 1)[1].split()
+            children.setdefault(int(fields[1]), []).append(int(stat.split("/")[2]))
+    found, todo = [], [pid]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            found.append(child)
+            todo.append(child)
+    return found
+
+
 def _state(pid: int) -> str | None:
     try:
         return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
@@ -288,6 +345,7 @@ class Stack:
     token: str
     spec: StackSpec
     procs: Procs
+    redis: object | None = None  # peers.redis_server.RedisServer with the CeleryExecutor
 
     @property
     def headers(self) -> dict[str, str]:
@@ -296,6 +354,59 @@ class Stack:
     @property
     def password(self) -> str:
         return self.spec.env["AIRFLOW_ADMIN_PASSWORD"]
+
+    def start_worker(self, name: str, queues: str, concurrency: int = 1, env: dict[str, str] | None = None,
+                     timeout: float = 180, cpus: str | None = None) -> subprocess.Popen:
+        """The compose `airflow-worker` service as process `name` (its Celery hostname and the hostname
+        its task instances record), consuming `queues`, held to `cpus` (taskset list) when given;
+        returns once Celery reports it ready."""
+        argv = [*self.spec.commands["airflow-worker"], "--celery-hostname", name, "--concurrency", str(concurrency),
+                "--skip-serve-logs"]  # WORKER_LOCAL_ARGS
+        if cpus is not None:
+            argv = ["taskset", "-c", cpus, *argv]
+        worker_env = {**self.spec.env, **WORKER_LOCAL_ENV, "MLM_WORKER_QUEUES": queues, "MLM_TEST_WORKER_HOSTNAME": name,
+                      "PYTHONPATH": os.pathsep.join([str(ROOT / "tests"), self.spec.env.get("PYTHONPATH", "")]),
+                      **(env or {})}
+        proc = self.procs.start(name, argv, worker_env, cwd=self.spec.home)
+        self._commands[name] = (argv, worker_env)
+        self.wait_for_worker(name, timeout)
+        return proc
+
+    def wait_for_worker(self, name: str, timeout: float = 180) -> None:
+        deadline = time.monotonic() + timeout
+        while f"celery@{name} ready" not in self.procs.tail(name, 20000):
+            self.procs.check_alive()
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"worker {name} not ready after {timeout}s:\n{self.procs.tail(name)}")
+            time.sleep(0.5)
+
+    def stop(self, name: str, timeout: float = 60) -> None:
+        """SIGTERM (a worker's warm shutdown: it finishes its running tasks first), then SIGKILL."""
+        stop_group(self.procs.running.pop(name), timeout)
+
+    def kill(self, name: str) -> float:
+        """SIGKILL to `name` and every process under it, task processes in their own process groups
+        included (no cleanup anywhere, as a machine losing power); returns when (monotonic)."""
+        proc = self.procs.running.pop(name)
+        tree = [proc.pid, *descendants(proc.pid)]
+        killed_at = time.monotonic()
+        for pid in tree:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        stop_group(proc, timeout=10)
+        return killed_at
+
+    def restart(self, name: str) -> subprocess.Popen:
+        """Start `name` again with its command and environment (a service or a worker)."""
+        if name in self._commands:
+            argv, env = self._commands[name]
+            proc = self.procs.start(name, argv, env, cwd=self.spec.home)
+            self.wait_for_worker(name)
+            return proc
+        return self.procs.start(name, self.spec.commands[name], self.spec.env, cwd=self.spec.home)
+
+    def __post_init__(self):
+        self._commands: dict[str, tuple[list[str], dict[str, str]]] = {}
 
 
 def wait_healthy(url: str, procs: Procs, timeout: float = 240) -> dict:
@@ -324,8 +435,11 @@ def get_token(url: str, password: str) -> str:
 
 
 @contextlib.contextmanager
-def running_stack(workdir: Path) -> Iterator[Stack]:
-    """PostgreSQL + airflow-init + the four Airflow services; everything stopped and checked on exit."""
+def running_stack(workdir: Path, executor: str = "LocalExecutor",
+                  extra_env: dict[str, str] | None = None) -> Iterator[Stack]:
+    """PostgreSQL + airflow-init + the four Airflow services (+ redis-server with the CeleryExecutor;
+    workers are started with `stack.start_worker`); everything stopped and checked on exit.
+    `extra_env` is for a test's own tuning (timeouts), on top of what the compose file sets."""
     # A folder outside pytest's 0700 tmp tree: the `postgres` user must reach its data directory.
     pg_dir = Path(tempfile.mkdtemp(prefix="mlm-pg-"))
     home = workdir / "airflow_home"
@@ -333,9 +447,17 @@ def running_stack(workdir: Path) -> Iterator[Stack]:
     logs = workdir / "logs"
     logs.mkdir()
     procs = Procs(marker=secrets.token_hex(8), logs=logs)
-    pg_port, api_port = free_port(), free_port()
+    pg_port, api_port, redis_port = free_port(), free_port(), free_port()
+    redis = None
     try:
-        spec = stack_spec(home, start_postgres(procs, pg_dir, pg_port), api_port)
+        spec = stack_spec(home, start_postgres(procs, pg_dir, pg_port), api_port, redis_port=redis_port,
+                          variables={"MLM_EXECUTOR": executor})
+        spec.env.update(extra_env or {})
+        if "CeleryExecutor" in executor:
+            from peers.redis_server import RedisServer
+
+            redis = RedisServer(procs, workdir / "redis", spec.env["REDIS_PASSWORD"], port=redis_port)
+            redis.start(spec.commands["redis"])
         init = subprocess.run(spec.commands[INIT_SERVICE], env={**spec.env, MARKER: procs.marker},
                               capture_output=True, text=True, timeout=600, cwd=home)
         if init.returncode:
@@ -344,12 +466,13 @@ def running_stack(workdir: Path) -> Iterator[Stack]:
             procs.start(name, spec.commands[name], spec.env, cwd=home)
         url = f"http://127.0.0.1:{api_port}"
         wait_healthy(url, procs)
-        yield Stack(url=url, token=get_token(url, spec.env["AIRFLOW_ADMIN_PASSWORD"]), spec=spec, procs=procs)
+        yield Stack(url=url, token=get_token(url, spec.env["AIRFLOW_ADMIN_PASSWORD"]), spec=spec, procs=procs,
+                    redis=redis)
     finally:
         procs.stop_all()
         shutil.rmtree(pg_dir, ignore_errors=True)
     left = procs.leftovers()
-    busy = [port for port in (pg_port, api_port) if not port_is_free(port)]
+    busy = [port for port in (pg_port, api_port, redis_port) if not port_is_free(port)]
     assert not left, f"processes still running after shutdown: {left}"
     assert not busy, f"ports still bound after shutdown: {busy}"
 
