@@ -4,7 +4,7 @@
 
 Input: mlm_tasks.data.mlm_dataset over the embedded train shards (read, parse, shuffle, batch 32,
 in-graph masking, prefetch), batches/s after 20 warm-up batches. Consumption: steps/s of
-mlm_tasks.train.train (tiny preset, configs/default.yaml) after its first log window, in a fresh
+mlm_tasks.steps.train (tiny preset, configs/default.yaml) after its first log window, in a fresh
 subprocess. Target: input batches/s >= 10x training steps/s.
 """
 from __future__ import annotations

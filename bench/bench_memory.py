@@ -3,7 +3,7 @@
     .venv/bin/python bench/bench_memory.py [--factors 1,10]
 
 The embedded corpus' rows (every split) are written k times over into a .txt file; a fresh subprocess
-runs the one shard writer over it as a local_files corpus, as prepare-data does (mlm_tasks.shards_parallel:
+runs the one shard writer over it as a local_files corpus, as build_shard_set does (mlm_tasks.shards_parallel:
 one partition, all three splits, merge and publish included)
 with the embedded tokenizer. Peak RSS is the child's own ru_maxrss (os.wait4); "working set" is the
 peak minus the RSS just before writing began (imports and tokenizer excluded). Target: peak at 10x

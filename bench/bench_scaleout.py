@@ -13,7 +13,7 @@ with writing in a second thread (mlm_tasks.shards.encoded_batches), so unpinned,
 part of the idle second core; the "pinned" variants hold each worker to its own core
 (sched_setaffinity), which is what "one worker = one core" means exactly. Each worker's CPU seconds are reported
 too: on a machine shared with other work, wall time measures the scheduler's share, not the writer. The merged manifest's counts are
-compared with those of one partition of one (what prepare-data writes).
+compared with those of one partition of one (what build_shard_set writes).
 """
 from __future__ import annotations
 
@@ -90,7 +90,7 @@ def run_fanout(factor: int, num_parts: int, env: dict, pin: bool = False) -> tup
 
 
 def run_single(factor: int) -> dict:
-    """One partition of one, in this process: what prepare-data writes."""
+    """One partition of one, in this process: what build_shard_set writes."""
     from mlm_tasks.shards_parallel import merge_partitions, write_partition
 
     cfg = _cfg(factor)
@@ -148,7 +148,7 @@ def main() -> None:
         a, b = single["splits"][split], manifests["2 workers"]["splits"][split]
         rows.append([split] + [f"{a[k]:,} / {b[k]:,}" for k in COUNTS]
                     + ["yes" if all(a[k] == b[k] for k in COUNTS) else "NO"])
-    print("\none partition (prepare-data) vs merged 2-worker manifest:\n")
+    print("\none partition (build_shard_set) vs merged 2-worker manifest:\n")
     print(common.table(["split", *COUNTS, "equal"], rows))
     print("\ntarget: 2 workers >= 1.7x one worker; merged counts equal the single writer's")
 

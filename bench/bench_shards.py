@@ -5,7 +5,7 @@
 Rows: every row of the embedded corpus (all three splits), written once into a parquet file. Variants,
 each in a fresh subprocess, timed after their imports, in alternating order per round:
   task        exactly what the Airflow `write_shards` task runs (plugins/shard_fanout.py ->
-              mlm_tasks.prepare.write_data_partition), here partition 0 of 1: load the tokenizer, read
+              mlm_tasks.steps.write_shards), here partition 0 of 1: load the tokenizer, read
               the parquet (corpus reading included, local_files source), split the rows, tokenize,
               pack, write the shards of all three splits, move them into the set, write the partial
               manifest. The merge (a few ms: a tail shard, manifest.json, _SUCCESS) is not included.
@@ -77,14 +77,14 @@ def run_raw(rows) -> dict:
 
 def run_task(out_root: str, source: str) -> dict:
     """The write_shards task's function on partition 0 of 1, from the parquet or from the XML dump."""
-    from mlm_tasks.paths import DataPaths
-    from mlm_tasks.prepare import write_data_partition
+    from mlm_tasks.paths import DataPaths, RunContext
+    from mlm_tasks.steps.write_shards import write_shards
 
     corpus = {"corpus.source": "local_files", "corpus.local_paths": [rows_parquet()]} if source == "parquet" else {}
     cfg = common.bench_config(output_root=out_root, **corpus)
     shutil.copytree(common.prepared()["tokenizer_uri"], DataPaths(out_root, "bench").tokenizer)
     t0 = time.perf_counter()
-    result = write_data_partition(cfg, "bench", 0, 1)
+    result = write_shards(cfg, RunContext.of(cfg, fingerprint="bench"), part=0, num_parts=1)
     return {"seconds": time.perf_counter() - t0, "records": sum(result["records"].values())}
 
 

@@ -1,4 +1,4 @@
-"""Benchmark 5: training tokens/s, ours (mlm_tasks.train, LM head at <= 32 masked positions per sequence)
+"""Benchmark 5: training tokens/s, ours (mlm_tasks.steps.train, LM head at <= 32 masked positions per sequence)
 against the plain reference loop (TFRobertaForMaskedLM.compile + model.fit, transformers.create_optimizer,
 the full-vocabulary head at every position), tiny and small presets, XLA off and on; and loss per step.
 
@@ -42,13 +42,14 @@ def _setup(preset: str, xla: str, steps: int, max_pred: int = 32, log_every: int
 
 
 def run_ours(preset: str, xla: str, steps: int, warmup: int, precision: str, device: str) -> dict:
-    from mlm_tasks.train import train
+    from mlm_tasks.paths import RunContext
+    from mlm_tasks.steps.train import train
 
     cfg, data, _, _ = _setup(preset, xla, steps, log_every=warmup, precision=precision, device=device)
     run_id = f"bench-{preset}-{xla}-{os.getpid()}-{int(time.time())}"
-    summary = train(cfg, run_id, data["fingerprint"])
+    summary = train(cfg, RunContext.of(cfg, run_id, data["fingerprint"]))
     from mlm_tasks.paths import RunPaths
-    from mlm_tasks.train import _read_history
+    from mlm_tasks.steps.train import _read_history
 
     history = [h for h in _read_history(RunPaths(cfg.output_root, run_id)) if h["step"] > warmup]
     tokens = warmup * BATCH * common.MAX_LENGTH * len(history)

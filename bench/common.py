@@ -33,13 +33,13 @@ def bench_config(**overrides):
 
 
 def prepared() -> dict:
-    """prepare-data on the embedded corpus (cached by fingerprint); the data summary."""
+    """build_shard_set on the embedded corpus (cached by fingerprint); the data summary."""
     import logging
 
-    from mlm_tasks.prepare import prepare_data
+    from mlm_tasks.steps import build_shard_set
 
     logging.disable(logging.INFO)
-    return prepare_data(bench_config())
+    return build_shard_set(bench_config())
 
 
 def train_rows() -> list[str]:

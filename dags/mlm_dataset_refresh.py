@@ -1,15 +1,15 @@
 """
 ### mlm_dataset_refresh — rebuild tokenizer and shards when the corpus changed, and announce them
 
-validate_source → source_changed (fingerprint the source: dataset id + config + revision, or file
+validate → source_changed (fingerprint the source: dataset id + config + revision, or file
 hashes, plus every setting that changes the shards) → plan_shards (Unigram tokenizer) →
 write_shards (TFRecord shards, one mapped task per corpus partition: set `shards.partitions` to fan a
-large corpus out over the workers) → build_shards (one merged manifest and `_SUCCESS` under
-`<output_root>/datasets/<fingerprint>/`).
+large corpus out over the workers) → merge_shards (one merged manifest and `_SUCCESS` under
+`<output_root>/datasets/<fingerprint>/`). The shard-set tasks are the same task group as in mlm_pretrain.
 
 When a complete shard set with that fingerprint already exists, `source_changed` says so in its log
-and skips `build_shards`: nothing is written and no asset event is emitted. Otherwise
-`build_shards` emits an event on the `mlm_shards` asset whose extra carries the fingerprint, the
+and skips the rest: nothing is written and no asset event is emitted. Otherwise
+`merge_shards` emits an event on the `mlm_shards` asset whose extra carries the fingerprint, the
 output_root, the data settings and the record/token counts; `mlm_pretrain` is scheduled on that
 asset and trains on exactly that fingerprint.
 
@@ -23,15 +23,13 @@ file. Run by hand: `airflow dags test mlm_dataset_refresh -c '{"config_file": "c
 from __future__ import annotations
 
 import os
-from datetime import datetime, timedelta
+from datetime import datetime
 
-from airflow.providers.standard.operators.python import PythonOperator, ShortCircuitOperator
 from airflow.sdk import DAG, chain
 
-import refresh_tasks as steps
-from dag_defaults import PARTITION_LABEL, config_params, default_args, default_config
-from mlm_assets import SHARDS
-from worker_queues import CPU_QUEUE
+from dag_defaults import config_params, default_args, default_config
+from pipeline_tasks import validate
+from shard_set import shard_set, source_changed
 
 _defaults = default_config()
 _schedule = os.environ.get("MLM_REFRESH_SCHEDULE", "@weekly").strip()
@@ -53,17 +51,5 @@ with DAG(
     params=params,
     tags=["mlm", "data"],
 ) as dag:
-    validate = PythonOperator(task_id="validate_source", python_callable=steps.validate_source, retries=0)
-    changed = ShortCircuitOperator(task_id="source_changed", python_callable=steps.source_changed)
-    plan = PythonOperator(task_id="plan_shards", python_callable=steps.plan_shards,
-                          execution_timeout=timedelta(hours=12), queue=CPU_QUEUE)
-    # One task per corpus partition (shards.partitions), run in parallel by the executor.
-    write = PythonOperator.partial(
-        task_id="write_shards", python_callable=steps.write_shards, execution_timeout=timedelta(hours=24),
-        map_index_template=PARTITION_LABEL, queue=CPU_QUEUE,
-    ).expand(op_kwargs=plan.output)
-    # none_failed: write_shards mapped over no partition (another run finished the set) is skipped.
-    build = PythonOperator(task_id="build_shards", python_callable=steps.build_shards, outlets=[SHARDS],
-                           trigger_rule="none_failed", queue=CPU_QUEUE)
-
-    chain(validate, changed, plan, write, build)
+    config = validate()
+    chain(config, source_changed(config), shard_set(config, announce=True))

@@ -1,8 +1,10 @@
 """mlm_tasks: every step of the masked-LM pretraining pipeline, with no Airflow inside.
 
-Each step is a plain function called both by the Airflow DAGs and by the CLI:
+mlm_tasks/steps/ holds the steps, one module and one function each, called both by the Airflow DAGs
+(the task of the same name) and by the CLI (the verb of the same name); the modules beside it are the
+libraries they use (config, storage, paths, corpus, tokenizer, shards, manifest, model, data, hub, tpu):
 
-    python -m mlm_tasks prepare-data --config configs/default.yaml
+    python -m mlm_tasks build_shard_set --config configs/default.yaml
     python -m mlm_tasks train --config configs/default.yaml --run-id my-run
 
 Importing this package is cheap: TensorFlow and transformers load only inside the steps that need them.

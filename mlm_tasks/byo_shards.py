@@ -13,7 +13,7 @@ otherwise the records are counted once; the manifest, keyed by the data fingerpr
 
 The data fingerprint is a hash of every shard's URI, size and generation (gs://) or mtime (local),
 and of the tokenizer: changing a file gives a new fingerprint, so runs stay reproducible and the
-Assets flow announces it. `plan_data` adopts the set (no partitions to write, no tokenizer to train).
+Assets flow announces it. `plan_shards` adopts the set (no partitions to write, no tokenizer to train).
 
 `check_shards` runs in `validate_inputs`, before any TPU VM exists: both features present as int64
 lists of one length, that length equal to `shards.max_length`, and every id inside the tokenizer's
@@ -191,12 +191,12 @@ def check_shards(cfg: PipelineConfig, corpus: ShardsCorpus) -> int:
 def adopt(cfg: PipelineConfig, corpus: ShardsCorpus, paths: DataPaths, corpus_fingerprint: str) -> None:
     """Publish the tokenizer and a manifest of the brought shards under `paths`, then _SUCCESS."""
     from mlm_tasks.manifest import build_manifest, publish_manifest
-    from mlm_tasks.prepare import manifest_extra
-    from mlm_tasks.tokenizer import load_tokenizer, publish_tokenizer
+    from mlm_tasks.dataset import manifest_extra
+    from mlm_tasks.tokenizer import load_tokenizer, save_tokenizer
     from tokenizers import Tokenizer
 
     max_length = check_shards(cfg, corpus)
-    publish_tokenizer(Tokenizer.from_str(corpus.tokenizer_json), paths.tokenizer, max_length)
+    save_tokenizer(Tokenizer.from_str(corpus.tokenizer_json), paths.tokenizer, max_length)
     tokenizer = load_tokenizer(paths.tokenizer, max_length)
     splits = {}
     for split in SPLITS:

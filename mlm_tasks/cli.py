@@ -1,13 +1,16 @@
 """Command line for every step, the same functions the DAG calls.
 
-    python -m mlm_tasks validate      --config configs/default.yaml [--set train.steps=100 ...]
-    python -m mlm_tasks prepare-data  --config configs/default.yaml
-    python -m mlm_tasks plan-data     --config c.yaml --set shards.partitions=4   # the DAG's fan-out, by hand:
-    python -m mlm_tasks write-partition --config c.yaml --set shards.partitions=4 --part 0   # (any machine)
-    python -m mlm_tasks finish-data   --config c.yaml --set shards.partitions=4   # merge: manifest, _SUCCESS
-    python -m mlm_tasks train         --config configs/default.yaml --run-id r1 [--data-fingerprint FP]
-    python -m mlm_tasks evaluate|infer --config configs/default.yaml --run-id r1
-    python -m mlm_tasks run-all       --config configs/tiny.yaml --run-id r1   # every step, no Airflow
+    python -m mlm_tasks validate        --config configs/default.yaml [--set train.steps=100 ...]
+    python -m mlm_tasks build_shard_set --config configs/default.yaml    # plan, write, merge in one process
+    python -m mlm_tasks plan_shards     --config c.yaml --set shards.partitions=4   # the DAG's fan-out, by hand:
+    python -m mlm_tasks write_shards    --config c.yaml --set shards.partitions=4 --part 0   # (any machine)
+    python -m mlm_tasks merge_shards    --config c.yaml --set shards.partitions=4   # manifest, then _SUCCESS
+    python -m mlm_tasks train           --config configs/default.yaml --run-id r1 [--data-fingerprint FP]
+    python -m mlm_tasks evaluate|fill_mask|report|gate|summary --config configs/default.yaml --run-id r1
+    HF_TOKEN=hf_... python -m mlm_tasks publish|publish_tokenizer --config c.yaml --run-id r1
+    python -m mlm_tasks run_all         --config configs/tiny.yaml --run-id r1   # every step to the gate, no Airflow
+
+Each verb is the step function of the same name in mlm_tasks/steps/ (the DAGs' task ids too).
 
 `--config-json` takes the whole validated config as JSON (how a TPU VM receives the run's config).
 Without --data-fingerprint, the fingerprint is computed from the corpus (needs the corpus at hand).
@@ -16,29 +19,34 @@ Exit status: 0 done, 2 bad configuration (fix the input), 1 anything else.
 from __future__ import annotations
 
 import argparse
+import dataclasses
+import importlib
 import json
 import logging
+import os
 import sys
 
 import yaml
 
 from mlm_tasks.config import ConfigError, PipelineConfig, build_config, load_config
+from mlm_tasks.paths import RunContext
+from mlm_tasks.steps import STEPS
 
-STEPS = ("validate", "fingerprint", "prepare-data", "plan-data", "write-partition", "finish-data", "train",
-         "evaluate", "infer", "run-all")
+# The pipeline's steps (mlm_tasks/steps/, the DAGs' task ids) and two conveniences.
+VERBS = (*STEPS, "fingerprint", "build_shard_set", "run_all")
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m mlm_tasks", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("step", choices=STEPS)
+    p.add_argument("step", choices=VERBS, metavar="step", help="One of: " + ", ".join(VERBS))
     p.add_argument("--config", help="YAML config file (see configs/).")
     p.add_argument("--config-json", help="The whole config as JSON (overrides --config).")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                    help="Override a setting: a flat param name or a dotted path; VALUE is parsed as YAML.")
     p.add_argument("--run-id", default="cli-run", help="Run id: keys the run's artifacts.")
     p.add_argument("--data-fingerprint", help="Use the shard set with this fingerprint.")
-    p.add_argument("--part", type=int, default=0, help="write-partition: which partition (0-based) of "
+    p.add_argument("--part", type=int, default=0, help="write_shards: which partition (0-based) of "
                    "shards.partitions to write.")
     return p.parse_args(argv)
 
@@ -55,39 +63,40 @@ def resolve_config(args: argparse.Namespace) -> PipelineConfig:
     return load_config(args.config, overrides)
 
 
-def run_step(step: str, cfg: PipelineConfig, run_id: str, fingerprint: str | None, part: int = 0) -> object:
-    from mlm_tasks import prepare
-    from mlm_tasks.prepare import data_fingerprint, prepare_data
+# Steps that read a shard set: without --data-fingerprint, it is computed from the corpus (needs the corpus at hand).
+NEEDS_DATA = ("write_shards", "merge_shards", "train", "evaluate", "publish_tokenizer", "summary")
 
-    if step == "validate":
-        from mlm_tasks.validate import validate_inputs
 
-        validate_inputs(cfg)
-        return cfg.model_dump(mode="json")
+def run_step(step: str, cfg: PipelineConfig, ctx: RunContext, part: int = 0) -> object:
+    """One verb: the step function of the same name (mlm_tasks/steps/<step>.py) with this process's inputs."""
+    from mlm_tasks import steps
+    from mlm_tasks.dataset import data_fingerprint
+
     if step == "fingerprint":
         return data_fingerprint(cfg)
-    if step == "prepare-data":
-        return prepare_data(cfg)
-    if step == "plan-data":
-        return prepare.plan_data(cfg, fingerprint)
-    fingerprint = fingerprint or data_fingerprint(cfg)
-    if step == "write-partition":
-        return prepare.write_data_partition(cfg, fingerprint, part, cfg.shards.partitions)
-    if step == "finish-data":
-        return prepare.finish_data(cfg, fingerprint)
-    if step == "train":
-        from mlm_tasks.train import train
+    if step == "build_shard_set":
+        return steps.build_shard_set(cfg, ctx)
+    if step == "run_all":
+        return steps.run_all(cfg, ctx, hub_token=_hub_token(needed=cfg.publish.sync_checkpoints))
+    if step in NEEDS_DATA and not ctx.fingerprint:
+        ctx = ctx.with_data(data_fingerprint(cfg))
+    kwargs: dict = {}
+    if step == "write_shards":
+        kwargs = {"part": part, "num_parts": cfg.shards.partitions}
+    elif step == "train":
+        kwargs = {"hub_token": _hub_token(needed=cfg.publish.sync_checkpoints)}
+    elif step in ("publish", "publish_tokenizer"):
+        kwargs = {"token": _hub_token(needed=True)}
+    return getattr(importlib.import_module(f"mlm_tasks.steps.{step}"), step)(cfg, ctx, **kwargs)
 
-        return train(cfg, run_id, fingerprint)
-    if step == "evaluate":
-        from mlm_tasks.evaluate import evaluate
 
-        return evaluate(cfg, run_id, fingerprint)
-    if step == "infer":
-        from mlm_tasks.infer import fill_mask
-
-        return fill_mask(cfg, run_id)
-    raise ValueError(step)
+def _hub_token(needed: bool) -> str | None:
+    """The CLI's Hub token: HF_TOKEN from this process's environment, read here once and passed on."""
+    token = os.environ.get("HF_TOKEN")
+    if needed and not token:
+        raise ConfigError("This step talks to the Hugging Face Hub (publish, or publish.sync_checkpoints): set "
+                          "HF_TOKEN to a token with write access, or turn publishing off.")
+    return token
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -95,15 +104,13 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     try:
         cfg = resolve_config(args)
-        if args.step == "run-all":
-            data = run_step("prepare-data", cfg, args.run_id, None)
-            result = {"data": data}
-            for step in ("train", "evaluate", "infer"):
-                result[step] = run_step(step, cfg, args.run_id, data["fingerprint"])
-        else:
-            result = run_step(args.step, cfg, args.run_id, args.data_fingerprint, args.part)
+        result = run_step(args.step, cfg, RunContext.of(cfg, args.run_id, args.data_fingerprint), args.part)
     except ConfigError as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
-    print(json.dumps(result, indent=2, default=str))
+    print(json.dumps(result, indent=2, default=_jsonable))
     return 0
+
+
+def _jsonable(value: object) -> object:
+    return dataclasses.asdict(value) if dataclasses.is_dataclass(value) else str(value)

@@ -7,7 +7,7 @@ DAG param or a YAML file fails before any work starts instead of silently using 
     cfg = config_from_params(dag_params)        # flat names from the Airflow trigger form
 
 Cross-field checks that need no I/O live in `PipelineConfig`'s validators; checks that touch the
-outside world (paths exist, credentials present) live in `mlm_tasks.validate`.
+outside world (paths exist, credentials present) live in `mlm_tasks.steps.validate`.
 """
 from __future__ import annotations
 

@@ -10,10 +10,13 @@ The token is only ever passed to HfApi; every message built here is scrubbed of 
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import sys
 
 import requests
+
+log = logging.getLogger(__name__)
 
 
 class PublishError(RuntimeError):
@@ -69,3 +72,23 @@ def hub_errors(action: str, token: str, endpoint: str, conn_id: str):
     except requests.ConnectionError as err:
         raise PublishError(scrub(f"Cannot reach the Hub at {endpoint} while {action}: {err}. Check the "
                                  "network or HF_ENDPOINT, then retry.", token)) from None
+
+
+def local_files(folder: str) -> list[str]:
+    """The files under `folder` as repo paths, without in-flight temporary files."""
+    out = []
+    for dirpath, _, names in os.walk(folder):
+        for name in names:
+            if ".tmp-" not in name:
+                out.append(os.path.relpath(os.path.join(dirpath, name), folder).replace(os.sep, "/"))
+    return sorted(out)
+
+
+def check_visibility(api, repo_id: str, private: bool) -> None:
+    """An existing repo must be as private as publish.private asks."""
+    actual = api.repo_info(repo_id).private
+    if private and not actual:
+        raise PublishError(f"publish.private is true but the existing Hub repo {repo_id} is public: make it "
+                           "private on the Hub, or set publish.private=false if public is intended.")
+    if actual and not private:
+        log.warning("publish.private is false but %s already exists as a private repo; it stays private", repo_id)

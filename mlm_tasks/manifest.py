@@ -25,7 +25,7 @@ MANIFEST_VERSION = 2
 
 def rebuild_hint(paths: DataPaths) -> str:
     """What to delete so the next run rebuilds this shard set (the tokenizer is kept)."""
-    return (f"delete {paths.shards_dir} and {paths.partitions_dir}, then rerun prepare-data (or the DAG) to "
+    return (f"delete {paths.shards_dir} and {paths.partitions_dir}, then rerun build_shard_set (or the DAG) to "
             "rebuild the shard set")
 
 
@@ -52,7 +52,7 @@ class ShardSet:
     def load(cls, paths: DataPaths) -> "ShardSet":
         if not storage.exists(paths.success):
             raise FileNotFoundError(f"No complete shard set under {paths.shards_dir} (no _SUCCESS): run "
-                                    "prepare-data first or check output_root and the data fingerprint.")
+                                    "build_shard_set first (or the DAG) or check output_root and the data fingerprint.")
         try:
             data = json.loads(storage.read_bytes(paths.manifest))
             if not isinstance(data, dict) or not isinstance(data.get("splits"), dict):

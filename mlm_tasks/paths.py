@@ -9,13 +9,14 @@
     output_root/runs/<run>/checkpoints/ model/ eval/ infer/ report/ tensorboard/
 
 Data artifacts are keyed by the data fingerprint (an unchanged corpus is never re-tokenized);
-run artifacts by the run id (two runs never collide).
+run artifacts by the run id (two runs never collide). Every step takes a `RunContext`: the run id,
+the fingerprint of the shard set it uses, and the paths of both.
 """
 from __future__ import annotations
 
 import hashlib
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 SPLITS = ("train", "validation", "test")
 _HASHED = re.compile(r".*-[0-9a-f]{8}")
@@ -98,3 +99,33 @@ class RunPaths:
 def published_metrics(output_root: str, repo_id: str) -> str:
     """Metrics of the last model published to `repo_id`; the evaluation gate compares against it."""
     return join(output_root, "published", repo_id.replace("/", "__"), "metrics.json")
+
+
+@dataclass(frozen=True)
+class RunContext:
+    """What every step gets besides the config: the run id, the shard set it uses, and their paths.
+
+        ctx = RunContext.of(cfg, run_id="r1", fingerprint=fp)
+        ctx.run.model, ctx.data.manifest
+    """
+    output_root: str
+    run_id: str = "cli-run"
+    fingerprint: str | None = None
+
+    @classmethod
+    def of(cls, cfg, run_id: str = "cli-run", fingerprint: str | None = None) -> "RunContext":
+        return cls(cfg.output_root, run_id, fingerprint)
+
+    def with_data(self, fingerprint: str) -> "RunContext":
+        return replace(self, fingerprint=fingerprint)
+
+    @property
+    def run(self) -> RunPaths:
+        return RunPaths(self.output_root, self.run_id)
+
+    @property
+    def data(self) -> DataPaths:
+        if not self.fingerprint:
+            raise ValueError("This step needs the data fingerprint of a shard set: pass --data-fingerprint "
+                             "(the CLI), or run plan_shards first.")
+        return DataPaths(self.output_root, self.fingerprint)

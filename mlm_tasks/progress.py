@@ -5,7 +5,7 @@ from __future__ import annotations
 import logging
 import time
 
-log = logging.getLogger("mlm_tasks.train")
+log = logging.getLogger("mlm_tasks.steps.train")
 SCALARS = ("loss", "accuracy", "learning_rate", "tokens_per_s")
 
 

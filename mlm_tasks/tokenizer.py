@@ -1,6 +1,6 @@
 """Train a Unigram tokenizer on the train split and save it as a PreTrainedTokenizerFast.
 
-    python -m mlm_tasks prepare-data      # trains it as the first part of data preparation
+    python -m mlm_tasks plan_shards       # trains it as the first part of the shard-set steps
 
 Unigram training is not reproducible id-for-id (ties swap ~5% of ids), so a tokenizer is trained
 once per data fingerprint and published first-writer-wins: whoever loses the race uses the winner's
@@ -82,8 +82,8 @@ def to_pretrained(tok, max_length: int):
     )
 
 
-def publish_tokenizer(tok, uri: str, max_length: int) -> bool:
-    """Save the tokenizer under `uri`, first writer wins. Returns True if ours was published."""
+def save_tokenizer(tok, uri: str, max_length: int) -> bool:
+    """Save the tokenizer under `uri`, first writer wins. Returns True if ours was the one saved."""
     won = storage.create_only(join(uri, "tokenizer.json"), tok.to_str().encode("utf-8"))
     if not won:
         log.info("Tokenizer for this fingerprint was already published at %s: using that one", uri)
@@ -104,7 +104,7 @@ def load_encoder(uri: str):
 
     path = join(uri, "tokenizer.json")
     if not storage.exists(path):
-        raise FileNotFoundError(f"No tokenizer at {uri}: run prepare-data first or check output_root.")
+        raise FileNotFoundError(f"No tokenizer at {uri}: run plan_shards first or check output_root.")
     return Tokenizer.from_str(storage.read_text(path))
 
 
@@ -114,6 +114,6 @@ def load_tokenizer(uri: str, max_length: int | None = None):
 
     path = join(uri, "tokenizer.json")
     if not storage.exists(path):
-        raise FileNotFoundError(f"No tokenizer at {uri}: run prepare-data first or check output_root.")
+        raise FileNotFoundError(f"No tokenizer at {uri}: run plan_shards first or check output_root.")
     tok = Tokenizer.from_str(storage.read_text(path))
     return to_pretrained(tok, max_length or 512)

@@ -218,9 +218,9 @@ def smoke(args: argparse.Namespace, out: Callable[[str], None] = print) -> int:
             code = CodeBundle(sha="<sha>", uri=f"{cfg.output_root}/_code/<sha>", lock=lock, lock_sha="<lock-sha>",
                               tensorflow=runtime.tensorflow)
         else:
-            from mlm_tasks.prepare import prepare_data
+            from mlm_tasks.steps import build_shard_set
 
-            fingerprint = args.data_fingerprint or prepare_data(cfg)["fingerprint"]
+            fingerprint = args.data_fingerprint or build_shard_set(cfg)["fingerprint"]
             code = stage_code(cfg.output_root, cfg.tpu.runtime_version)
         tpu.ensure_node(cfg.tpu, name, tpu.labels(run_id, cfg.tpu.ttl_hours), metadata, api=api)
         if args.dry_run:

@@ -89,7 +89,3 @@ def form_params(defaults: PipelineConfig, titles: dict[str, str]) -> dict:
         params[name] = Param(getattr(section, leaf), title=title, description=description,
                              **field_schema(dotted))
     return params
-
-
-# Names the mapped write_shards tasks "partition 2 of 4" in the grid instead of a bare index.
-PARTITION_LABEL = "partition {{ task.op_kwargs['part'] + 1 }} of {{ task.op_kwargs['num_parts'] }}"

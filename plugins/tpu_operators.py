@@ -1,8 +1,8 @@
 """Airflow operators that make and remove the run's TPU VM (Google Cloud path).
 
-    cfg = "{{ ti.xcom_pull(task_ids='validate_config') }}"
-    create = TpuVmCreateOperator(task_id="create_tpu_vm", config=cfg)
-    delete = TpuVmDeleteOperator(task_id="delete_tpu_vm", config=cfg).as_teardown(setups=create)
+    config = validate()                    # the validated config (an XComArg), plugins/pipeline_tasks.py
+    create = TpuVmCreateOperator(task_id="create_tpu_vm", config=config)
+    delete = TpuVmDeleteOperator(task_id="delete_tpu_vm", config=config).as_teardown(setups=create)
 
 Both succeed doing nothing unless `compute` is "tpu_vm" (not a skip: downstream tasks follow them
 with all_success). The node is named from the DAG and run ids

@@ -5,7 +5,7 @@
 (TpuSSHStepOperator; worker 0 of a pod slice). Either way a retry resumes from the run's last checkpoint; on a TPU
 VM a retry first replaces a node that was preempted (create_tpu_vm, a setup task, is not rerun).
 The task's execution_timeout comes from the run's config (`train.timeout_hours`, on a TPU VM at
-most `tpu.ttl_hours`, which validate_config enforces), set before execute starts the clock.
+most `tpu.ttl_hours`, which the validate task enforces), set before execute starts the clock.
 """
 from __future__ import annotations
 
@@ -20,12 +20,15 @@ from tpu_operators import resolve_config
 
 
 class TrainOperator(TpuSSHStepOperator):
+    """`config`: validate's return value; `data`: merge_shards' (both XComArgs, resolved at run time)."""
+
+    template_fields = (*TpuSSHStepOperator.template_fields, "data")
     ui_color = "#fff2cc"
 
-    def __init__(self, *, data_task_id: str = "prepare_data", **kwargs: Any) -> None:
+    def __init__(self, *, data: Any, **kwargs: Any) -> None:
         kwargs.setdefault("replace_dead_node", True)
         super().__init__(step="train", **kwargs)
-        self.data_task_id = data_task_id
+        self.data = data
 
     def pre_execute(self, context: Any) -> None:
         # Runs after the config template is rendered and before the task runner reads the timeout.
@@ -38,56 +41,47 @@ class TrainOperator(TpuSSHStepOperator):
         self.log.info("train execution_timeout: %g h (train.timeout_hours; tpu.ttl_hours is %g h).", hours,
                       cfg.tpu.ttl_hours)
 
-    def _fingerprint(self, context: Any) -> str:
-        data = context["ti"].xcom_pull(task_ids=self.data_task_id)
-        if not data or "fingerprint" not in data:
-            raise AirflowFailException(f"No data fingerprint from {self.data_task_id!r}: check that task's output.")
-        return data["fingerprint"]
+    def _fingerprint(self) -> str:
+        if not isinstance(self.data, dict) or "fingerprint" not in self.data:
+            raise AirflowFailException(f"No data fingerprint in merge_shards' result ({self.data!r}): check that "
+                                       "task's log and return value.")
+        return self.data["fingerprint"]
 
     def remote_args(self, context: Any) -> list[str]:
         # Computed here, not in execute: after waiting for a replacement node the task resumes
         # in a fresh operator instance, straight into the step.
-        return [*self.step_args, "--data-fingerprint", self._fingerprint(context)]
+        return [*self.step_args, "--data-fingerprint", self._fingerprint()]
 
     def session_env(self, cfg: Any) -> dict[str, str]:
         """On a TPU VM, checkpoint sync gets the Hub token through the SSH session's environment:
         never in the command line, a log or XCom."""
         if not cfg.publish.sync_checkpoints:
             return {}
+        from hub_connection import hub_credentials
         from mlm_tasks.tpu_remote import SESSION_ENV_TOKEN
-        from pipeline_tasks import _hub_credentials
 
-        return {SESSION_ENV_TOKEN: _hub_credentials(cfg.publish.hf_conn_id)[0]}
+        return {SESSION_ENV_TOKEN: hub_credentials(cfg.publish.hf_conn_id)[0]}
 
     def step_env(self, cfg: Any) -> dict[str, str]:
         if not cfg.publish.sync_checkpoints:
             return {}
-        from pipeline_tasks import _hub_credentials
+        from hub_connection import hub_credentials
 
-        endpoint = _hub_credentials(cfg.publish.hf_conn_id)[1]
+        endpoint = hub_credentials(cfg.publish.hf_conn_id)[1]
         return {"HF_ENDPOINT": endpoint} if endpoint else {}
-
-    @staticmethod
-    def _hand_hub_token_to_training(cfg) -> None:
-        """Checkpoint sync (publish.sync_checkpoints) reads HF_TOKEN; the token lives in the Hub
-        connection. Set in this task's own process only, never logged or returned."""
-        import os
-
-        from pipeline_tasks import _hub_credentials
-
-        token, endpoint = _hub_credentials(cfg.publish.hf_conn_id)
-        os.environ["HF_TOKEN"] = token
-        if endpoint:
-            os.environ.setdefault("HF_ENDPOINT", endpoint)
 
     def execute(self, context: Any) -> dict[str, Any]:
         cfg = resolve_config(self.config)
-        fingerprint = self._fingerprint(context)
+        fingerprint = self._fingerprint()
         if cfg.compute == "tpu_vm":
             return super().execute(context)
-        from mlm_tasks.train import train
+        from mlm_tasks.paths import RunContext
+        from mlm_tasks.steps.train import train
 
-        if cfg.publish.sync_checkpoints:
-            self._hand_hub_token_to_training(cfg)
+        token = None
+        if cfg.publish.sync_checkpoints:  # checkpoint sync: the token goes to train() as an argument
+            from hub_connection import hub_credentials
+
+            token = hub_credentials(cfg.publish.hf_conn_id)[0]
         with bad_input_fails_fast():
-            return train(cfg, context["run_id"], fingerprint)
+            return train(cfg, RunContext.of(cfg, context["run_id"], fingerprint), hub_token=token)

@@ -21,9 +21,9 @@ DOC = ROOT / "docs" / "bad_input_catalogue.md"
 HEADER = """# Bad-input catalogue
 
 Every bad input below is refused with a message that says what to fix, and every one is refused
-by a check that `mlm_pretrain` runs **before `create_tpu_vm`**: in `validate_config` (settings,
+by a check that `mlm_pretrain` runs **before `create_tpu_vm`**: in `validate` (settings,
 corpus files, output_root, credentials), in `plan_shards` (tokenizer training) or in
-`prepare_data` (the merged shards, the shard set vs the run). Rows marked *(step run alone)* are the same input
+`merge_shards` (the merged shards, the shard set vs the run). Rows marked *(step run alone)* are the same input
 handed straight to `python -m mlm_tasks train|evaluate --data-fingerprint ...`, which checks again.
 Settings errors exit the CLI with status 2 and fail the Airflow task without retries.
 

@@ -2,12 +2,12 @@
 TPU VM is created.
 
 Each case runs through the real entry points that meet it, in DAG order: `config_from_params` and
-`validate_inputs` (task validate_config), `plan_data` (task plan_shards), the partitions and
-`finish_data` and `check_run_inputs` (task prepare_data),
+the `validate` step (task validate), `plan_shards`, the `write_shards` partitions, and
+`merge_shards` with `check_run_inputs` (task merge_shards),
 and, for inputs that only a standalone step can be handed (`python -m mlm_tasks train
 --data-fingerprint ...`), the step itself (train / evaluate). `test_checks_run_before_the_tpu_vm`
 shows in the real DAG that these tasks come before create_tpu_vm, and one real `airflow dags test`
-run on the TPU path stops at prepare_data without a single create call to the (fake) TPU API.
+run on the TPU path stops at merge_shards without a single create call to the (fake) TPU API.
 
     pytest tests/test_bad_input_catalogue.py
     python scripts/print_catalogue.py       # the same cases, printed as the docs/ table
@@ -27,8 +27,8 @@ from mlm_tasks.config import ConfigError, config_from_params
 from peers.tiny_data import TINY_YAML, tiny_config
 
 RECORD = os.environ.get("MLM_CATALOGUE_OUT")  # scripts/print_catalogue.py collects the messages here
-TASK_OF = {"config_from_params": "validate_config", "validate_inputs": "validate_config",
-           "plan_data": "plan_shards", "finish_data": "prepare_data", "check_run_inputs": "prepare_data",
+TASK_OF = {"config_from_params": "validate", "validate": "validate",
+           "plan_shards": "plan_shards", "merge_shards": "merge_shards", "check_run_inputs": "merge_shards",
            "summary_for_fingerprint": "plan_shards", "train": "train (step run alone)",
            "evaluate": "evaluate (step run alone)"}
 
@@ -44,7 +44,7 @@ class Case:
 
 
 def form(**params):
-    """The trigger form: tiny.yaml plus flat params, exactly as validate_config builds the config."""
+    """The trigger form: tiny.yaml plus flat params, exactly as the validate task builds the config."""
     return lambda ctx: config_from_params({"config_file": str(TINY_YAML), "output_root": str(ctx.tmp / "o"),
                                            **params})
 
@@ -72,33 +72,37 @@ def local_corpus(ctx, name: str, content: bytes, **overrides):
 
 
 def validate(make_cfg, **where):
-    """validate_inputs as validate_config calls it; `where` is what the Airflow side detects (executor)."""
+    """The validate step as the validate task calls it; `where` is what the Airflow side detects (executor)."""
     def call(ctx):
-        from mlm_tasks.validate import validate_inputs
+        from mlm_tasks.steps.validate import validate
 
-        return validate_inputs(make_cfg(ctx), **where)
+        return validate(make_cfg(ctx), **where)
     return call
 
 
 def prepare(make_cfg, fails_in: str):
-    """The DAG's data tasks in order: plan_shards, every write_shards partition, prepare_data (the merge).
+    """The DAG's data tasks in order: plan_shards, every write_shards partition, merge_shards.
     Each is run only if the one before passed, so the error comes from the task named `fails_in`."""
     def call(ctx):
-        from mlm_tasks.prepare import finish_data, plan_data, write_data_partition
+        from mlm_tasks.paths import RunContext
+        from mlm_tasks.steps.merge_shards import merge_shards
+        from mlm_tasks.steps.plan_shards import plan_shards
+        from mlm_tasks.steps.write_shards import write_shards
 
         cfg = make_cfg(ctx)
-        if fails_in == "plan_data":
-            return plan_data(cfg)
-        plan = plan_data(cfg)
-        for p in plan["partitions"]:
-            write_data_partition(cfg, plan["fingerprint"], p["part"], p["num_parts"])
-        return finish_data(cfg, plan["fingerprint"])
+        plan = plan_shards(cfg, RunContext.of(cfg))
+        if fails_in == "plan_shards":
+            return plan
+        data = RunContext.of(cfg, fingerprint=plan[0]["fingerprint"])
+        for p in plan:
+            write_shards(cfg, data, part=p["part"], num_parts=p["num_parts"])
+        return merge_shards(cfg, data)
     return call
 
 
 def find_data(fp_of):
     def call(ctx):
-        from mlm_tasks.prepare import summary_for_fingerprint
+        from mlm_tasks.dataset import summary_for_fingerprint
 
         return summary_for_fingerprint(ctx.cfg, fp_of(ctx))
     return call
@@ -106,25 +110,31 @@ def find_data(fp_of):
 
 def run_check(cfg_of, run_id: str, fp_of):
     def call(ctx):
-        from mlm_tasks.validate import check_run_inputs
+        from mlm_tasks.paths import RunContext
+        from mlm_tasks.steps.validate import check_run_inputs
 
-        return check_run_inputs(cfg_of(ctx), run_id, fp_of(ctx))
+        cfg = cfg_of(ctx)
+        return check_run_inputs(cfg, RunContext.of(cfg, run_id, fp_of(ctx)))
     return call
 
 
 def train_step(cfg_of, run_id: str, fp_of):
     def call(ctx):
-        from mlm_tasks.train import train
+        from mlm_tasks.paths import RunContext
+        from mlm_tasks.steps.train import train
 
-        return train(cfg_of(ctx), run_id, fp_of(ctx))
+        cfg = cfg_of(ctx)
+        return train(cfg, RunContext.of(cfg, run_id, fp_of(ctx)))
     return call
 
 
 def eval_step(cfg_of, run_id: str, fp_of):
     def call(ctx):
-        from mlm_tasks.evaluate import evaluate
+        from mlm_tasks.paths import RunContext
+        from mlm_tasks.steps.evaluate import evaluate
 
-        return evaluate(cfg_of(ctx), run_id, fp_of(ctx))
+        cfg = cfg_of(ctx)
+        return evaluate(cfg, RunContext.of(cfg, run_id, fp_of(ctx)))
     return call
 
 
@@ -174,9 +184,11 @@ def _truncated_shard(paths):
 
 def finish(cfg_of, fp_of):
     def call(ctx):
-        from mlm_tasks.prepare import finish_data
+        from mlm_tasks.paths import RunContext
+        from mlm_tasks.steps.merge_shards import merge_shards
 
-        return finish_data(cfg_of(ctx), fp_of(ctx), cache_hit=True)
+        cfg = cfg_of(ctx)
+        return merge_shards(cfg, RunContext.of(cfg, fingerprint=fp_of(ctx)), cache_hit=True)
     return call
 
 
@@ -260,61 +272,61 @@ CASES = [
     Case("gs-without-credentials", "gs:// output_root without credentials",
          r"output_root gs://mlm-no-such-bucket/prefix needs Google Cloud credentials and none were found .*"
          r"set GOOGLE_APPLICATION_CREDENTIALS",
-         [("validate_inputs", validate(no_gcs_credentials))]),
+         [("validate", validate(no_gcs_credentials))]),
     Case("local-root-distributed-executor", "local output_root when the executor spreads a run over machines",
          r"output_root .* is a local folder, but the CeleryExecutor may run this run's tasks on several workers.* "
          r"Use output_root gs://bucket/prefix, or, if this folder is a shared mount .*MLM_SHARED_OUTPUT_ROOTS=",
-         [("validate_inputs", validate(lambda c: tiny_config(c.tmp / "o"), distributed_executor="CeleryExecutor"))]),
+         [("validate", validate(lambda c: tiny_config(c.tmp / "o"), distributed_executor="CeleryExecutor"))]),
     Case("missing-corpus-file", "local corpus path that matches no file",
          r"corpus\.local_paths entry '.*missing\.txt' matches no file: check the path",
-         [("validate_inputs", validate(lambda c: tiny_config(c.tmp / "o", **{
+         [("validate", validate(lambda c: tiny_config(c.tmp / "o", **{
              "corpus.source": "local_files", "corpus.local_paths": [str(c.tmp / "missing.txt")]})))]),
     Case("empty-corpus", "empty corpus", r"The corpus is empty: its train split has no text rows\. Check the corpus",
-         [("validate_inputs", validate(lambda c: local_corpus(c, "empty.txt", b"\n  \n\n"))),
-          ("plan_data", prepare(lambda c: local_corpus(c, "empty.txt", b"\n  \n\n"), "plan_data"))]),
+         [("validate", validate(lambda c: local_corpus(c, "empty.txt", b"\n  \n\n"))),
+          ("plan_shards", prepare(lambda c: local_corpus(c, "empty.txt", b"\n  \n\n"), "plan_shards"))]),
     Case("undecodable-bytes", "undecodable bytes in a local file",
          r"bad\.txt line 2 is not valid UTF-8 \(invalid start byte at byte 0\): re-encode the file as UTF-8",
-         [("validate_inputs", validate(lambda c: local_corpus(c, "bad.txt", b"fine\n\xff\xfe broken\n"))),
-          ("plan_data", prepare(lambda c: local_corpus(c, "bad.txt", b"fine\n\xff\xfe broken\n"), "plan_data"))]),
+         [("validate", validate(lambda c: local_corpus(c, "bad.txt", b"fine\n\xff\xfe broken\n"))),
+          ("plan_shards", prepare(lambda c: local_corpus(c, "bad.txt", b"fine\n\xff\xfe broken\n"), "plan_shards"))]),
     Case("bad-jsonl", "a .jsonl line that is not JSON", r"bad\.jsonl line 2 is not a JSON object",
-         [("validate_inputs", validate(lambda c: local_corpus(c, "bad.jsonl", b'{"text": "ok"}\nnot json\n')))]),
+         [("validate", validate(lambda c: local_corpus(c, "bad.jsonl", b'{"text": "ok"}\nnot json\n')))]),
     Case("corpus-shorter-than-chunk", "corpus shorter than one chunk",
          r"The train split \(1 rows, 43 characters\) is shorter than one chunk of 64 tokens: add text or lower "
          r"max_length",
-         [("finish_data", prepare(lambda c: local_corpus(c, "short.txt", TINY_TEXT, vocab_size=32), "finish_data"))]),
+         [("merge_shards", prepare(lambda c: local_corpus(c, "short.txt", TINY_TEXT, vocab_size=32), "merge_shards"))]),
     Case("vocab-above-corpus", "vocab size larger than the corpus supports",
          r"tokenizer\.vocab_size 5000 is larger than this corpus supports \(the trainer found only 32 pieces\): "
          r"lower vocab_size",
-         [("plan_data", prepare(lambda c: local_corpus(c, "small.txt", TINY_TEXT, vocab_size=5000), "plan_data"))]),
+         [("plan_shards", prepare(lambda c: local_corpus(c, "small.txt", TINY_TEXT, vocab_size=5000), "plan_shards"))]),
     Case("vocab-below-characters", "vocab size smaller than the corpus's characters",
          r"tokenizer\.vocab_size 20 is smaller than this corpus's distinct characters .*: raise vocab_size",
-         [("plan_data", prepare(lambda c: local_corpus(c, "chars.txt", TINY_TEXT, vocab_size=20), "plan_data"))]),
+         [("plan_shards", prepare(lambda c: local_corpus(c, "chars.txt", TINY_TEXT, vocab_size=20), "plan_shards"))]),
     Case("batch-larger-than-data", "batch larger than the data",
          r"batch 100000 is larger than the \d+ train records: lower batch_size or add data",
          [("check_run_inputs", run_check(_with(train={"batch_size": 100_000}), "big-batch", FP1)),
           ("train", train_step(_with(train={"batch_size": 100_000}), "big-batch", FP1))], needs="data"),
-    Case("missing-shards", "missing shards", r"run prepare-data first or check output_root and the data fingerprint",
+    Case("missing-shards", "missing shards", r"run build_shard_set first \(or the DAG\) or check output_root and the data fingerprint",
          [("summary_for_fingerprint", find_data(lambda c: NO_DATA),
            r"No complete shard set for fingerprint 0123456789abcdef .*Rerun mlm_dataset_refresh or trigger"),
           ("check_run_inputs", run_check(CFG, "no-data", lambda c: NO_DATA)),
           ("train", train_step(CFG, "no-data", lambda c: NO_DATA))], needs="data", error=FileNotFoundError),
     Case("damaged-manifest", "a damaged manifest.json (not valid JSON)",
          r"manifest\.json is damaged \(JSONDecodeError: .*\): delete .*/shards and .*/partitions, then rerun "
-         r"prepare-data \(or the DAG\) to rebuild the shard set",
-         [("finish_data", finish(damaged_copy(_half_manifest), FP1)),
+         r"build_shard_set \(or the DAG\) to rebuild the shard set",
+         [("merge_shards", finish(damaged_copy(_half_manifest), FP1)),
           ("check_run_inputs", run_check(damaged_copy(_half_manifest), "damaged", FP1)),
           ("train", train_step(damaged_copy(_half_manifest), "damaged", FP1))], needs="data"),
     Case("corrupted-shard", "a shard whose size or checksum no longer matches the manifest",
          r"Shard .*\.tfrecord is corrupted or truncated .*retrying cannot fix it: delete .*/shards and "
-         r".*/partitions, then rerun prepare-data",
+         r".*/partitions, then rerun build_shard_set",
          [("check_run_inputs", run_check(damaged_copy(_truncated_shard), "corrupted", FP1)),
           ("train", train_step(damaged_copy(_truncated_shard), "corrupted", FP1))], needs="data"),
     Case("byo-shards-missing-feature", "brought shards (tfrecord_shards) without attention_mask",
          r"feature 'attention_mask' is absent, not an int64 list: these shards need input_ids and attention_mask",
-         [("validate_inputs", validate(byo_shards(64, ("input_ids",))))], needs="data"),
+         [("validate", validate(byo_shards(64, ("input_ids",))))], needs="data"),
     Case("byo-shards-other-length", "brought shards (tfrecord_shards) of another length than max_length",
          r"hold 32-token records but shards\.max_length is 64: set shards\.max_length=32",
-         [("validate_inputs", validate(byo_shards(32)))], needs="data"),
+         [("validate", validate(byo_shards(32)))], needs="data"),
     Case("shards-other-max-length", "shards built with another max_length than the run asks for",
          r"were built with max_length 64 but this run asks for 32: prepare data with the run's max_length",
          [("check_run_inputs", run_check(_with(shards={"max_length": 32}), "short-run", FP1)),
@@ -341,12 +353,12 @@ CASES = [
 def data(tiny_prepared, tmp_path_factory):
     """The prepared tiny set (vocab 1000), a second set with vocab 900, and a copy of the first whose
     tokenizer was swapped for the second's, all under one output_root."""
-    from mlm_tasks.prepare import prepare_data
+    from mlm_tasks.steps import build_shard_set
 
     _, prepared = tiny_prepared
     fp1, root = prepared["fingerprint"], tmp_path_factory.mktemp("catalogue")
     shutil.copytree(prepared["data_root"], root / "out" / "datasets" / fp1)
-    fp2 = prepare_data(tiny_config(root / "out", vocab_size=900))["fingerprint"]
+    fp2 = build_shard_set(tiny_config(root / "out", vocab_size=900))["fingerprint"]
     shutil.copytree(root / "out" / "datasets" / fp1, root / "swapped" / "datasets" / fp1)
     shutil.copy(root / "out" / "datasets" / fp2 / "tokenizer" / "tokenizer.json",
                 root / "swapped" / "datasets" / fp1 / "tokenizer" / "tokenizer.json")
@@ -357,9 +369,10 @@ def data(tiny_prepared, tmp_path_factory):
 def trained(data):
     """Run done-run trained on the vocab-1000 set; resume-run holds a copy of its checkpoints only."""
     from mlm_tasks.paths import RunPaths
-    from mlm_tasks.train import train
+    from mlm_tasks.paths import RunContext
+    from mlm_tasks.steps.train import train
 
-    train(data.cfg, "done-run", data.fp1)
+    train(data.cfg, RunContext.of(data.cfg, "done-run", data.fp1))
     done, resume = RunPaths(data.cfg.output_root, "done-run"), RunPaths(data.cfg.output_root, "resume-run")
     shutil.copytree(done.checkpoints, resume.checkpoints)
     return data
@@ -388,7 +401,7 @@ def test_bad_input_is_refused_with_what_to_fix(case, request, tmp_path, tmp_path
                           "message": message.replace(str(tmp_path), "<tmp>")
                                             .replace(str(tmp_path_factory.getbasetemp()), "<tmp>")})
     # Every case is first refused by a check that mlm_pretrain runs before create_tpu_vm.
-    assert TASK_OF[case.steps[0][0]] in ("validate_config", "plan_shards", "prepare_data")
+    assert TASK_OF[case.steps[0][0]] in ("validate", "plan_shards", "merge_shards")
 
 
 def test_checks_run_before_the_tpu_vm():
@@ -399,15 +412,15 @@ def test_checks_run_before_the_tpu_vm():
     assert not bag.import_errors, bag.import_errors
     dag = bag.dags["mlm_pretrain"]
     before_vm = dag.get_task("create_tpu_vm").get_flat_relative_ids(upstream=True)
-    assert {"validate_config", "plan_shards", "write_shards", "prepare_data"} <= before_vm
+    assert {"validate", "plan_shards", "write_shards", "merge_shards"} <= before_vm
     assert "create_tpu_vm" in dag.get_task("train").get_flat_relative_ids(upstream=True)
-    assert dag.get_task("validate_config").retries == 0  # a bad input is not retried
+    assert dag.get_task("validate").retries == 0  # a bad input is not retried
 
 
 @pytest.mark.slow
 def test_tpu_run_with_a_bad_input_fails_before_any_vm_is_created(airflow_env, gcs, gcs_root, fake_tpu):
     """A real `dags test` of mlm_pretrain on the TPU path (GCS emulator, fake TPU API) with a batch
-    larger than the data: prepare_data refuses it, and the TPU API never receives a create call."""
+    larger than the data: merge_shards refuses it, and the TPU API never receives a create call."""
     from peers.airflow_home import dags_test
 
     conf = {"config_file": str(TINY_YAML), "output_root": gcs_root, "compute": "tpu_vm", "tpu_project": "proj",
@@ -419,6 +432,6 @@ def test_tpu_run_with_a_bad_input_fails_before_any_vm_is_created(airflow_env, gc
     log = result.stdout + result.stderr
     assert re.search(r"Global batch 4000 is larger than the \d+ train records: lower batch_size", log), log[-5000:]
     # Failed at once (a bad input is not retried), reported by the failure notifier.
-    assert "Task failed: mlm_pretrain.prepare_data run manual__" in log and "try 1 of 3" in log, log[-5000:]
+    assert "Task failed: mlm_pretrain.merge_shards run manual__" in log and "try 1 of 3" in log, log[-5000:]
     assert not [r for r in fake_tpu.requests if r[0] == "POST"], fake_tpu.requests
     assert "Creating TPU VM" not in log and "Training on" not in log

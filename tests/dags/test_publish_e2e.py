@@ -94,7 +94,7 @@ def test_gate_decides_what_reaches_the_hub_and_no_secret_leaks(airflow_env, hub,
     assert hub.repos[REPO].private
     card = commit.files["README.md"].decode()
     xcoms = xcom_values(airflow_env, "mlm_pretrain", run_id_a)
-    fingerprint = xcoms["prepare_data"]["fingerprint"]
+    fingerprint = xcoms["merge_shards"]["fingerprint"]
     for needle in (f"{metrics_a['loss']:.4f}", f"{metrics_a['accuracy']:.4f}", f"{metrics_a['perplexity']:.2f}",
                    fingerprint, "license: cc-by-sa-4.0", "Intended use", "Credit:", "Fill-mask examples"):
         assert needle in card, needle

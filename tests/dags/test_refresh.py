@@ -102,8 +102,8 @@ def test_unchanged_source_is_a_no_op_and_a_changed_one_triggers_training(airflow
     assert _snapshot(refresh.out) == before
     assert len(asset_events(airflow_env, "mlm_shards")) == n_events
     assert task_states(airflow_env, "mlm_dataset_refresh") == {
-        "validate_source": "success", "source_changed": "success", "plan_shards": "skipped",
-        "write_shards": "skipped", "build_shards": "skipped"}
+        "validate": "success", "source_changed": "success", "plan_shards": "skipped",
+        "write_shards": "skipped", "merge_shards": "skipped"}
     assert db_rows(airflow_env, "SELECT COUNT(*) FROM asset_dag_run_queue") == [(0,)]  # no training requested
 
     # Changed source: new fingerprint, built and announced with its counts.
@@ -116,7 +116,7 @@ def test_unchanged_source_is_a_no_op_and_a_changed_one_triggers_training(airflow
     event = events[-1]
     extra, new_fp = event["extra"], event["extra"]["fingerprint"]
     assert new_fp != old_fp and event["source_dag_id"] == "mlm_dataset_refresh"
-    assert event["source_task_id"] == "build_shards"
+    assert event["source_task_id"] == "merge_shards"
     manifest = json.loads((refresh.out / "datasets" / new_fp / "shards" / "manifest.json").read_text())
     assert extra["records"] == {s: manifest["splits"][s]["records"] for s in manifest["splits"]}
     assert extra["tokens"] == {s: manifest["splits"][s]["tokens"] for s in manifest["splits"]}
@@ -138,7 +138,7 @@ def test_unchanged_source_is_a_no_op_and_a_changed_one_triggers_training(airflow
                    info["run_id"]) == [("asset_triggered", "ASSET")]
     assert db_rows(airflow_env, "SELECT COUNT(*) FROM asset_dag_run_queue") == [(0,)]
     xcoms = xcom_values(airflow_env, "mlm_pretrain", info["run_id"])
-    assert xcoms["prepare_data"]["fingerprint"] == new_fp and xcoms["prepare_data"]["cache_hit"] is True
+    assert xcoms["merge_shards"]["fingerprint"] == new_fp and xcoms["merge_shards"]["cache_hit"] is True
     assert xcoms["train"]["data_fingerprint"] == new_fp and xcoms["train"]["steps"] == 12
     (run_dir,) = [p for p in (refresh.out / "runs").iterdir()]
     summary = json.loads((run_dir / "train" / "summary.json").read_text())
@@ -162,6 +162,6 @@ def test_schedule_is_weekly_by_default_and_set_by_the_environment(monkeypatch):
         assert not bag.import_errors, bag.import_errors
         dag = bag.dags["mlm_dataset_refresh"]
         assert dag.schedule == expected, (value, dag.schedule)
-        build = dag.get_task("build_shards")
+        build = dag.get_task("merge_shards")
         assert [a.name for a in build.outlets] == ["mlm_shards"]
         assert set(dag.params.keys()) == {"config_file", "output_root", "overrides"}

@@ -31,7 +31,7 @@ pytestmark = [pytest.mark.slow, pytest.mark.timeout(1800)]
 
 DAG_ID = "mlm_dataset_refresh"
 WORKERS = {"worker-a": "cpu,control", "worker-b": "cpu"}
-CPU_TASKS = {"plan_shards", "write_shards", "build_shards"}
+CPU_TASKS = {"plan_shards", "write_shards", "merge_shards"}
 PARTS = 4
 RUN_TIMEOUT_S = 600
 # Enough text that a partition takes a few seconds to write, so a fault can land in the middle of one.
@@ -161,7 +161,9 @@ def test_write_shards_fan_out_over_both_workers_and_queues_route(api, undisturbe
 
 def test_merged_manifest_equals_a_single_writer(undisturbed, tmp_path):
     """The same counts as one writer over the whole corpus, with the same tokenizer (in this process)."""
-    from mlm_tasks.prepare import finish_data, write_data_partition
+    from mlm_tasks.paths import RunContext
+    from mlm_tasks.steps.merge_shards import merge_shards
+    from mlm_tasks.steps.write_shards import write_shards
     from peers.tiny_data import tiny_config
 
     merged = json.loads((data_dir(undisturbed["out"]) / "shards" / "manifest.json").read_text())
@@ -169,8 +171,8 @@ def test_merged_manifest_equals_a_single_writer(undisturbed, tmp_path):
     seed_tokenizer(undisturbed["out"], single_root)
     cfg = tiny_config(single_root, **{**DATA, "shards.partitions": 1})
     fingerprint = data_dir(undisturbed["out"]).name
-    write_data_partition(cfg, fingerprint, 0, 1)
-    finish_data(cfg, fingerprint)
+    write_shards(cfg, RunContext.of(cfg, fingerprint=fingerprint), part=0, num_parts=1)
+    merge_shards(cfg, RunContext.of(cfg, fingerprint=fingerprint))
     single = json.loads((single_root / "datasets" / fingerprint / "shards" / "manifest.json").read_text())
     keys = ("records", "tokens", "rows", "characters")
     counts = {s: {k: merged["splits"][s][k] for k in keys} for s in merged["splits"]}
@@ -183,9 +185,9 @@ def test_local_output_root_not_declared_shared_is_refused(api, tmp_path):
     run_id = trigger(api, "celery-unshared", tmp_path / "not-shared")
     done = api.wait_for_run(DAG_ID, run_id, timeout=RUN_TIMEOUT_S, poll=1)
     assert done["state"] == "failed"
-    validate = api.task_instance(DAG_ID, run_id, "validate_source")
+    validate = api.task_instance(DAG_ID, run_id, "validate")
     assert validate["state"] == "failed" and validate["try_number"] == 1  # bad input: no retry
-    log = api.log(DAG_ID, run_id, "validate_source", 1)
+    log = api.log(DAG_ID, run_id, "validate", 1)
     assert "is a local folder, but the CeleryExecutor" in log and "gs://bucket/prefix" in log, log[-3000:]
     assert not (tmp_path / "not-shared").exists()
 

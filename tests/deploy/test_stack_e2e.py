@@ -58,8 +58,8 @@ def test_rest_triggered_run_honours_changed_param(airflow_api, runs):
     done = _finished(airflow_api, run)
     assert done["conf"]["steps"] == 10 and done["run_type"] == "manual"
 
-    # The validated config the tasks ran with (XCom of validate_config) carries the new value...
-    xcom = airflow_api.get(f"/dags/{DAG_ID}/dagRuns/{run['run_id']}/taskInstances/validate_config"
+    # The validated config the tasks ran with (XCom of validate) carries the new value...
+    xcom = airflow_api.get(f"/dags/{DAG_ID}/dagRuns/{run['run_id']}/taskInstances/validate"
                            "/xcomEntries/return_value", deserialize=True)
     config = xcom["value"] if isinstance(xcom["value"], dict) else json.loads(xcom["value"])
     assert config["train"]["steps"] == 10 and config["output_root"] == run["output_root"]

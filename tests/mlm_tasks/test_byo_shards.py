@@ -63,7 +63,7 @@ def test_trains_through_the_cli_on_shards_written_by_the_seed_script(seed_shards
     shards, tok, records = seed_shards
     out = tmp_path / "out"
     _cli(capsys, "validate", *_set(out, shards, tok))
-    result = _cli(capsys, "run-all", "--run-id", "byo", *_set(out, shards, tok, "train.steps=4"))
+    result = _cli(capsys, "run_all", "--run-id", "byo", *_set(out, shards, tok, "train.steps=4"))
     data = result["data"]
     # Counts from the names ("dataset-0-300.tfrecord"), equal to what was written; nothing tokenized here.
     assert data["records"] == {"train": records["train"], "validation": records["validation"], "test": 0}
@@ -74,7 +74,7 @@ def test_trains_through_the_cli_on_shards_written_by_the_seed_script(seed_shards
     assert not os.path.exists(DataPaths(str(out), data["fingerprint"]).shards("train"))
 
     # Same files: the same fingerprint, adopted already. A file touched: a new fingerprint.
-    again = _cli(capsys, "prepare-data", *_set(out, shards, tok))
+    again = _cli(capsys, "build_shard_set", *_set(out, shards, tok))
     assert again["fingerprint"] == data["fingerprint"] and again["cache_hit"] is True
     first = sorted((shards / "train").glob("*.tfrecord"))[0]
     stat = first.stat()
@@ -87,7 +87,7 @@ def test_trains_through_the_cli_on_shards_written_by_the_seed_script(seed_shards
 
 def test_names_without_counts_are_counted_once(seed_shards, tmp_path, monkeypatch):
     from mlm_tasks import byo_shards
-    from mlm_tasks.prepare import prepare_data
+    from mlm_tasks.steps import build_shard_set
 
     shards, tok, records = seed_shards
     renamed = tmp_path / "renamed"
@@ -99,10 +99,10 @@ def test_names_without_counts_are_counted_once(seed_shards, tmp_path, monkeypatc
     real = byo_shards.count_records
     monkeypatch.setattr(byo_shards, "count_records", lambda f: calls.append(1) or real(f))
     cfg = byo_config(tmp_path / "out", renamed, tok)
-    first = prepare_data(cfg)
+    first = build_shard_set(cfg)
     assert first["records"]["train"] == records["train"] and len(calls) == first["shards"]["train"] + \
         first["shards"]["validation"]
-    assert prepare_data(cfg) == {**first, "cache_hit": True} and len(calls) == first["shards"]["train"] + \
+    assert build_shard_set(cfg) == {**first, "cache_hit": True} and len(calls) == first["shards"]["train"] + \
         first["shards"]["validation"]  # the manifest is the cache: not counted again
 
 
@@ -129,12 +129,12 @@ def _craft(folder, block, features=("input_ids", "attention_mask")):
      r"tokenizer"),
 ])
 def test_bad_shards_are_refused_before_anything_runs(seed_shards, tmp_path, case, block, features, expect):
-    from mlm_tasks.validate import validate_inputs
+    from mlm_tasks.steps.validate import validate
 
     _, tok, _ = seed_shards
     _craft(tmp_path / "bad", block, features)
     with pytest.raises(ConfigError, match=expect):
-        validate_inputs(byo_config(tmp_path / "out", tmp_path / "bad", tok))
+        validate(byo_config(tmp_path / "out", tmp_path / "bad", tok))
 
 
 def test_a_tokenizer_that_is_nowhere_is_named(seed_shards, tmp_path):
@@ -152,7 +152,7 @@ def test_a_tokenizer_that_is_nowhere_is_named(seed_shards, tmp_path):
 def test_shards_under_a_gs_prefix(seed_shards, gcs_root, tmp_path):
     """The same set uploaded to a bucket: listed with generations, adopted, sizes verified."""
     from mlm_tasks import storage
-    from mlm_tasks.prepare import prepare_data
+    from mlm_tasks.steps import build_shard_set
 
     shards, tok, records = seed_shards
     for split in ("train", "validation"):
@@ -160,7 +160,7 @@ def test_shards_under_a_gs_prefix(seed_shards, gcs_root, tmp_path):
             storage.write_bytes(f"{gcs_root}/shards/{split}/{f.name}", f.read_bytes())
     storage.upload_dir(str(tok), f"{gcs_root}/tok")
     cfg = byo_config(tmp_path / "out", f"{gcs_root}/shards", f"{gcs_root}/tok")
-    data = prepare_data(cfg)
+    data = build_shard_set(cfg)
     assert data["records"]["train"] == records["train"]
     shard_set = ShardSet.load(DataPaths(cfg.output_root, data["fingerprint"]))
     assert all(u.startswith(f"{gcs_root}/shards/train/") for u in shard_set.shard_uris("train"))

@@ -1,6 +1,6 @@
 """Concurrency: two runs never share an output path; two writers of one fingerprint cannot corrupt it.
 
-The writers are real `python -m mlm_tasks prepare-data` processes started together on the tiny
+The writers are real `python -m mlm_tasks build_shard_set` processes started together on the tiny
 config, so both train a tokenizer and write shards at the same time and race to publish.
 """
 import hashlib
@@ -44,7 +44,7 @@ def test_two_runs_never_share_an_output_path():
 
 
 def _prepare(output_root: str) -> subprocess.Popen:
-    args = [sys.executable, "-m", "mlm_tasks", "prepare-data", "--config", str(ROOT / "configs" / "tiny.yaml"),
+    args = [sys.executable, "-m", "mlm_tasks", "build_shard_set", "--config", str(ROOT / "configs" / "tiny.yaml"),
             "--set", f"output_root={output_root}"]
     return subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT,
                             env={**os.environ, "TF_USE_LEGACY_KERAS": "1"})

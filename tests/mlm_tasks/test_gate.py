@@ -4,8 +4,9 @@ from __future__ import annotations
 
 from mlm_tasks import paths, storage
 from mlm_tasks.config import GateConfig, build_config
-from mlm_tasks.gate import evaluate_gate, gate_run
-from mlm_tasks.publish import publish_model
+from mlm_tasks.paths import RunContext
+from mlm_tasks.steps.gate import evaluate_gate, gate
+from mlm_tasks.steps.publish import publish
 from peers.run_artifacts import METRICS, make_run
 
 REPO = "tester/roberta-wiki"
@@ -60,7 +61,7 @@ def test_first_model_has_nothing_to_beat():
 def test_gate_without_eval_metrics_says_what_to_run(tmp_path):
     cfg = build_config({"output_root": str(tmp_path)})
     run = make_run(str(tmp_path), "no-eval", metrics=None)
-    decision = gate_run(cfg, run)
+    decision = gate(cfg, RunContext(run.output_root, run.run_id))
     assert not decision.passed and "run evaluate" in decision.reasons[0]
 
 
@@ -74,9 +75,9 @@ def test_worse_model_is_not_published_and_better_one_is(tmp_path, fake_hub):
     }
     decisions = {}
     for name, run in runs.items():  # the DAG's gate -> publish wiring, in order
-        decisions[name] = gate_run(cfg, run)
+        decisions[name] = gate(cfg, RunContext(run.output_root, run.run_id))
         if decisions[name].passed:
-            publish_model(cfg, run, token=fake_hub.token)
+            publish(cfg, RunContext(run.output_root, run.run_id), token=fake_hub.token)
 
     assert [d.passed for d in decisions.values()] == [True, False, True]
     assert "previously published" in decisions["worse"].reasons[0]

@@ -61,12 +61,13 @@ def test_saved_folder_holds_roberta_for_masked_lm_weights_in_pytorch_layout(tiny
 
 
 def test_transformers_5_loads_the_folder_and_predicts_what_tensorflow_predicts(tiny_model, pt_python):
-    from mlm_tasks.infer import fill_mask
+    from mlm_tasks.paths import RunContext
+    from mlm_tasks.steps.fill_mask import fill_mask
     from peers.model_clients import run_in
 
     cfg, run = tiny_model
     cfg = cfg.model_copy(update={"infer": cfg.infer.model_copy(update={"top_k": 5})})
-    tf_side = fill_mask(cfg, run.run_id)  # the project's own infer step: pipeline(framework="tf")
+    tf_side = fill_mask(cfg, RunContext.of(cfg, run.run_id))  # the project's own fill_mask step: pipeline(framework="tf")
 
     done = run_in(pt_python, PT_SCRIPT.read_text(), str(_folder(run)), "5", *cfg.infer.probes)
     assert done.returncode == 0, done.stderr[-4000:]

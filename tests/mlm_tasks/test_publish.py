@@ -14,12 +14,18 @@ import yaml
 from mlm_tasks import paths, storage
 from mlm_tasks.config import build_config
 from mlm_tasks.hub import PublishError
-from mlm_tasks.paths import DataPaths, join
-from mlm_tasks.publish import CheckpointSyncer, publish_model, publish_tokenizer
+from mlm_tasks.paths import DataPaths, RunContext, join
+from mlm_tasks.publish_sync import CheckpointSyncer
+from mlm_tasks.steps.publish import publish
+from mlm_tasks.steps.publish_tokenizer import publish_tokenizer
 from peers.run_artifacts import MODEL_FILES, make_run
 
 REPO = "tester/roberta-wiki"
 
+
+
+def _ctx(run) -> RunContext:
+    return RunContext(run.output_root, run.run_id)
 
 def _cfg(root, **publish):
     return build_config({"output_root": str(root), "publish": {"enabled": True, "repo_id": REPO, **publish}})
@@ -36,7 +42,7 @@ def test_publish_commits_exactly_the_model_dir_and_its_card(tmp_path, fake_hub):
     # A concurrent writer's temporary file must not be published.
     storage.write_bytes(join(run.model, "config.json.tmp-1a2b3c4d"), b"partial")
 
-    result = publish_model(cfg, run, token=fake_hub.token)
+    result = publish(cfg, _ctx(run), token=fake_hub.token)
 
     (commit,) = fake_hub.commits
     assert commit.repo_id == REPO and commit.message == "Upload model from run run-1"
@@ -57,7 +63,7 @@ def test_publish_commits_exactly_the_model_dir_and_its_card(tmp_path, fake_hub):
 
 def test_publish_from_a_gs_output_root(gcs_root, fake_hub):
     run = make_run(gcs_root, "run-gs")
-    result = publish_model(_cfg(gcs_root), run, token=fake_hub.token)
+    result = publish(_cfg(gcs_root), _ctx(run), token=fake_hub.token)
     (commit,) = fake_hub.commits
     assert sorted(commit.files) == sorted([*MODEL_FILES, "README.md"]) == result["files"]
     assert commit.files["tf_model.h5"] == MODEL_FILES["tf_model.h5"]
@@ -78,7 +84,7 @@ def test_a_model_saved_without_pytorch_weights_gets_them_on_publish(tmp_path, fa
     for name in ("config.json", "tf_model.h5", "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"):
         storage.write_bytes(join(run.model, name), storage.read_bytes(join(trained.model, name)))
 
-    result = publish_model(_cfg(tmp_path), run, token=fake_hub.token)
+    result = publish(_cfg(tmp_path), _ctx(run), token=fake_hub.token)
 
     (commit,) = fake_hub.commits
     assert "model.safetensors" in result["files"] and "model.safetensors" in commit.lfs_paths
@@ -89,7 +95,7 @@ def test_a_model_saved_without_pytorch_weights_gets_them_on_publish(tmp_path, fa
 
 
 def test_card_holds_metrics_data_credit_and_examples(tmp_path, fake_hub):
-    publish_model(_cfg(tmp_path), make_run(str(tmp_path), "run-1"), token=fake_hub.token)
+    publish(_cfg(tmp_path), _ctx(make_run(str(tmp_path), "run-1")), token=fake_hub.token)
     card = fake_hub.commits[0].files["README.md"].decode()
 
     meta = _front_matter(card)
@@ -110,7 +116,7 @@ def test_card_holds_metrics_data_credit_and_examples(tmp_path, fake_hub):
 
 def test_license_is_configurable_and_public_repo_when_asked(tmp_path, fake_hub):
     cfg = _cfg(tmp_path, private=False, license="mit")
-    publish_model(cfg, make_run(str(tmp_path), "run-1"), token=fake_hub.token)
+    publish(cfg, _ctx(make_run(str(tmp_path), "run-1")), token=fake_hub.token)
     assert fake_hub.repos[REPO].private is False
     assert _front_matter(fake_hub.commits[0].files["README.md"].decode())["license"] == "mit"
 
@@ -118,14 +124,14 @@ def test_license_is_configurable_and_public_repo_when_asked(tmp_path, fake_hub):
 def test_existing_public_repo_is_not_used_when_private_is_required(tmp_path, fake_hub):
     fake_hub.add_repo(REPO, private=False)
     with pytest.raises(PublishError, match="is public: make it private"):
-        publish_model(_cfg(tmp_path), make_run(str(tmp_path), "run-1"), token=fake_hub.token)
+        publish(_cfg(tmp_path), _ctx(make_run(str(tmp_path), "run-1")), token=fake_hub.token)
     assert fake_hub.commits == []
 
 
 def test_rerun_after_success_is_a_no_op(tmp_path, fake_hub):
     cfg, run = _cfg(tmp_path), make_run(str(tmp_path), "run-1")
-    first = publish_model(cfg, run, token=fake_hub.token)
-    assert publish_model(cfg, run, token=fake_hub.token) == first
+    first = publish(cfg, _ctx(run), token=fake_hub.token)
+    assert publish(cfg, _ctx(run), token=fake_hub.token) == first
     assert len(fake_hub.commits) == 1
 
 
@@ -133,7 +139,7 @@ def test_bad_token_gives_clear_error_without_the_token(tmp_path, fake_hub, caplo
     secret = "hf_wrongSecretToken123"
     caplog.set_level(logging.DEBUG)
     with pytest.raises(PublishError) as err:
-        publish_model(_cfg(tmp_path), make_run(str(tmp_path), "run-1"), token=secret)
+        publish(_cfg(tmp_path), _ctx(make_run(str(tmp_path), "run-1")), token=secret)
     message = str(err.value)
     assert "rejected the token (401 Unauthorized)" in message
     assert "'huggingface_default'" in message  # which Airflow connection to fix
@@ -145,16 +151,16 @@ def test_bad_token_gives_clear_error_without_the_token(tmp_path, fake_hub, caplo
 def test_missing_model_and_missing_token_say_what_to_do(tmp_path, fake_hub):
     cfg = _cfg(tmp_path)
     with pytest.raises(PublishError, match="run train"):
-        publish_model(cfg, make_run(str(tmp_path), "untrained", model=False), token=fake_hub.token)
+        publish(cfg, _ctx(make_run(str(tmp_path), "untrained", model=False)), token=fake_hub.token)
     with pytest.raises(PublishError, match="No Hugging Face token"):
-        publish_model(cfg, make_run(str(tmp_path), "run-1"), token="")
+        publish(cfg, _ctx(make_run(str(tmp_path), "run-1")), token="")
 
 
 def test_endpoint_that_disagrees_with_hf_endpoint_is_refused(tmp_path, fake_hub):
     with pytest.raises(PublishError, match="Set HF_ENDPOINT=http://127.0.0.1:1"):
-        publish_model(_cfg(tmp_path), make_run(str(tmp_path), "run-1"), token=fake_hub.token,
+        publish(_cfg(tmp_path), _ctx(make_run(str(tmp_path), "run-1")), token=fake_hub.token,
                       endpoint="http://127.0.0.1:1")
-    result = publish_model(_cfg(tmp_path), make_run(str(tmp_path), "run-1"), token=fake_hub.token,
+    result = publish(_cfg(tmp_path), _ctx(make_run(str(tmp_path), "run-1")), token=fake_hub.token,
                            endpoint=fake_hub.url + "/")
     assert result["commit_oid"] == fake_hub.commits[-1].oid
 
@@ -166,7 +172,7 @@ def test_publish_tokenizer_pushes_the_tokenizer_alone(tmp_path, fake_hub):
         storage.write_bytes(join(data.tokenizer, name), blob)
     cfg = _cfg(tmp_path, tokenizer_repo_id="tester/wiki-tokenizer")
 
-    result = publish_tokenizer(cfg, data, token=fake_hub.token)
+    result = publish_tokenizer(cfg, RunContext(data.output_root, fingerprint=data.fingerprint), token=fake_hub.token)
 
     (commit,) = fake_hub.commits_to("tester/wiki-tokenizer")
     assert sorted(commit.files) == sorted([*files, "README.md"]) == result["files"]
@@ -226,7 +232,7 @@ def test_checkpoint_syncer_surfaces_upload_errors_on_close(tmp_path, fake_hub):
 
 
 def test_importing_the_steps_loads_neither_airflow_nor_tensorflow():
-    code = ("import sys, mlm_tasks.gate, mlm_tasks.publish, mlm_tasks.report\n"
+    code = ("import sys, mlm_tasks.steps.gate, mlm_tasks.steps.publish, mlm_tasks.steps.report\n"
             "bad = [m for m in ('airflow', 'tensorflow', 'huggingface_hub', 'matplotlib') if m in sys.modules]\n"
             "assert not bad, bad")
     root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))

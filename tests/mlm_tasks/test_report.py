@@ -10,7 +10,8 @@ from matplotlib import image as mpimg
 from mlm_tasks import storage
 from mlm_tasks.config import build_config
 from mlm_tasks.paths import join
-from mlm_tasks.report import build_report
+from mlm_tasks.paths import RunContext
+from mlm_tasks.steps.report import report
 from peers.run_artifacts import make_run
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
@@ -32,7 +33,7 @@ def test_report_has_valid_plots_and_a_page_linking_them(output_root):
     cfg = build_config({"output_root": output_root})
     run = make_run(output_root, "run-1")
 
-    result = build_report(run, cfg)
+    result = report(cfg, RunContext(run.output_root, run.run_id))
 
     for name in ("loss.png", "learning_rate.png"):
         _assert_png(storage.read_bytes(join(run.report, name)))
@@ -58,7 +59,7 @@ def test_report_names_what_is_missing_instead_of_failing(tmp_path):
     cfg = build_config({"output_root": str(tmp_path)})
     run = make_run(str(tmp_path), "early", metrics=None, predictions=None)
 
-    result = build_report(run, cfg)
+    result = report(cfg, RunContext(run.output_root, run.run_id))
 
     page = storage.read_text(result["report_uri"])
     assert "_No fill-mask predictions were recorded for this run" in page
@@ -72,7 +73,7 @@ def test_report_before_training_has_no_plots_and_says_so(tmp_path):
     cfg = build_config({"output_root": str(tmp_path)})
     run = make_run(str(tmp_path), "nothing-yet", metrics=None, predictions=None, history=False, model=False)
 
-    result = build_report(run, cfg)
+    result = report(cfg, RunContext(run.output_root, run.run_id))
 
     page = storage.read_text(result["report_uri"])
     assert result["plots"] == {} and not storage.exists(join(run.report, "loss.png"))

@@ -9,7 +9,7 @@ from mlm_tasks import storage
 from mlm_tasks.config import ConfigError, ShardConfig
 from mlm_tasks.manifest import ShardSet
 from mlm_tasks.paths import DataPaths
-from mlm_tasks.prepare import prepare_data
+from mlm_tasks.steps import build_shard_set
 from mlm_tasks.shards import chunk_stream, records_from_name
 
 
@@ -64,8 +64,9 @@ def test_manifest_counts_match_files(tiny_prepared):
 def test_rerun_is_a_cache_hit_that_writes_nothing(tiny_prepared):
     cfg, data = tiny_prepared
     before = {p: os.stat(p).st_mtime_ns for p in _files(data["data_root"])}
-    again = prepare_data(cfg)
+    again = build_shard_set(cfg)
     assert again["cache_hit"] is True and again["fingerprint"] == data["fingerprint"]
+    assert data["written_here"] is True and again["written_here"] is False  # the shard gate waits only then
     assert {p: os.stat(p).st_mtime_ns for p in _files(data["data_root"])} == before
 
 
@@ -78,7 +79,7 @@ def test_shards_are_byte_identical_with_the_same_tokenizer(tiny_prepared, tmp_pa
     src = DataPaths(cfg.output_root, data["fingerprint"])
     dst = DataPaths(other.output_root, data["fingerprint"])
     shutil.copytree(src.tokenizer, dst.tokenizer)
-    rebuilt = prepare_data(other)
+    rebuilt = build_shard_set(other)
     assert rebuilt["cache_hit"] is False
     assert _digests(src.shards_dir) == _digests(dst.shards_dir)
 
@@ -95,7 +96,7 @@ def test_corrupted_shard_is_detected(tiny_prepared, tmp_path):
         f.truncate(os.path.getsize(first) // 2)
     # A ConfigError: retrying cannot help, the message says what to delete and rerun.
     with pytest.raises(ConfigError, match=f"corrupted or truncated.*retrying cannot fix it: delete {paths.shards_dir} "
-                       f"and {paths.partitions_dir}, then rerun prepare-data"):
+                       f"and {paths.partitions_dir}, then rerun build_shard_set"):
         shard_set.verify("train")
 
 
@@ -117,7 +118,7 @@ def test_empty_corpus_fails_with_what_to_fix(tmp_path, tiny_cfg):
     cfg = tiny_cfg.model_copy(update={"corpus": tiny_cfg.corpus.model_copy(
         update={"source": "local_files", "local_paths": [str(empty)]})})
     with pytest.raises(ConfigError, match="corpus is empty"):
-        prepare_data(cfg)
+        build_shard_set(cfg)
     assert not list(tmp_path.glob("out/datasets/*/shards/_SUCCESS"))
 
 
@@ -132,7 +133,7 @@ def test_corpus_shorter_than_one_chunk(tmp_path, tiny_cfg):
         "test_fraction": 0.0})})
     cfg.tokenizer.vocab_size = 300
     with pytest.raises(ConfigError, match="shorter than one chunk"):
-        prepare_data(cfg)
+        build_shard_set(cfg)
 
 
 def _files(root):

@@ -1,6 +1,6 @@
 """Atomicity: a shard writer SIGKILLed half way leaves no marker and no visible partial set; a rerun completes.
 
-The writer is a real `python -m mlm_tasks prepare-data` process, killed while its shards are being
+The writer is a real `python -m mlm_tasks build_shard_set` process, killed while its shards are being
 written (small shards and small tokenize batches, so there are many progress lines to kill it on).
 """
 import json
@@ -24,7 +24,7 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 def _prepare(out: Path) -> subprocess.Popen:
-    args = [sys.executable, "-m", "mlm_tasks", "prepare-data", "--config", str(ROOT / "configs" / "tiny.yaml"),
+    args = [sys.executable, "-m", "mlm_tasks", "build_shard_set", "--config", str(ROOT / "configs" / "tiny.yaml"),
             "--set", f"output_root={out}", "--set", "shards.records_per_shard=8",
             "--set", "shards.tokenize_batch_rows=10"]
     return subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT,

@@ -98,16 +98,16 @@ def test_partition_rerun_is_skipped_and_merge_needs_every_part(setup):
         write_partition(cfg, paths, 2, 2)
 
 
-def test_cli_fan_out_by_hand_matches_prepare_data(tmp_path, capsys):
-    """plan-data, write-partition per part (any order), finish-data: the DAG's fan-out from the CLI.
-    Same fingerprint, tokenizer reused, counts (articles included) equal to the one-process prepare-data."""
+def test_cli_fan_out_by_hand_matches_build_shard_set(tmp_path, capsys):
+    """plan_shards, write_shards per part (any order), merge_shards: the DAG's fan-out from the CLI.
+    Same fingerprint, tokenizer reused, counts (articles included) equal to the one-process build_shard_set."""
     import json as _json
 
     from mlm_tasks import cli
-    from mlm_tasks.prepare import prepare_data
+    from mlm_tasks.steps import build_shard_set
     from peers.tiny_data import TINY_YAML, tiny_config
 
-    single = prepare_data(tiny_config(tmp_path / "single"))
+    single = build_shard_set(tiny_config(tmp_path / "single"))
     root = tmp_path / "fanout"
     base = ["--config", str(TINY_YAML), "--set", f"output_root={root}", "--set", "shards.partitions=3"]
 
@@ -115,15 +115,17 @@ def test_cli_fan_out_by_hand_matches_prepare_data(tmp_path, capsys):
         assert cli.main(list(args) + base) == 0
         return _json.loads(capsys.readouterr().out)
 
-    plan = run("plan-data")
-    assert plan["fingerprint"] == single["fingerprint"] and len(plan["partitions"]) == 3
-    fp = ["--data-fingerprint", plan["fingerprint"]]
+    plan = run("plan_shards")
+    assert {p["fingerprint"] for p in plan} == {single["fingerprint"]} and [p["part"] for p in plan] == [0, 1, 2]
+    fp = ["--data-fingerprint", plan[0]["fingerprint"]]
     for part in (2, 0, 1):
-        assert run("write-partition", "--part", str(part), *fp)["part"] == part
-    assert run("write-partition", "--part", "1", *fp)["part"] == 1  # rerun: skipped, same answer
-    merged = run("finish-data", *fp)
+        assert run("write_shards", "--part", str(part), *fp)["part"] == part
+    assert run("write_shards", "--part", "1", *fp)["part"] == 1  # rerun: skipped, same answer
+    merged = run("merge_shards", *fp)
     for key in ("records", "tokens", "corpus", "vocab_size"):
         assert merged[key] == single[key], key
     manifest = storage.read_json(merged["manifest_uri"])
     assert manifest["partitions"] == 3 and storage.exists(merged["success_uri"])
-    assert run("plan-data")["partitions"] == []  # complete: nothing left to write
+    assert merged["written_here"] and not merged["cache_hit"]
+    again = run("plan_shards")  # complete: one entry, nothing left to write
+    assert [(p["num_parts"], p["cache_hit"]) for p in again] == [(0, True)]

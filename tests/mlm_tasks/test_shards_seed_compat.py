@@ -4,7 +4,7 @@ The functions below are copied from huggingface/transformers examples/tensorflow
 run_mlm.py (count_samples, prepare_dataset, and main()'s decode_fn and mask_with_collator), changed only
 where they read the script's global `args` (max_length, batch size, mlm_probability are parameters here)
 and with `AUTO = tf.data.AUTOTUNE` as the script defines it. They run on a shard set written by the one
-writer, in one partition (prepare-data) and in three (the DAGs' fan-out, with the merge's tail shards).
+writer, in one partition (build_shard_set) and in three (the DAGs' fan-out, with the merge's tail shards).
 
     pytest tests/mlm_tasks/test_shards_seed_compat.py
 """
@@ -101,8 +101,11 @@ def _originals(batches) -> list[tuple]:
 
 @pytest.fixture(scope="module")
 def shard_sets(tiny_prepared, tmp_path_factory):
-    """The tiny set in one partition (prepare-data) and the same data in three (the DAGs' fan-out)."""
-    from mlm_tasks.prepare import finish_data, plan_data, write_data_partition
+    """The tiny set in one partition (build_shard_set) and the same data in three (the DAGs' fan-out)."""
+    from mlm_tasks.paths import RunContext
+    from mlm_tasks.steps.merge_shards import merge_shards
+    from mlm_tasks.steps.plan_shards import plan_shards
+    from mlm_tasks.steps.write_shards import write_shards
 
     cfg, data = tiny_prepared
     one = DataPaths(cfg.output_root, data["fingerprint"])
@@ -110,10 +113,11 @@ def shard_sets(tiny_prepared, tmp_path_factory):
                                     "shards": cfg.shards.model_copy(update={"partitions": 3})})
     three = DataPaths(fanned.output_root, data["fingerprint"])
     shutil.copytree(one.tokenizer, three.tokenizer)  # the same tokenizer: no retraining
-    plan = plan_data(fanned)
-    for p in plan["partitions"]:
-        write_data_partition(fanned, plan["fingerprint"], p["part"], p["num_parts"])
-    finish_data(fanned, plan["fingerprint"])
+    plan = plan_shards(fanned, RunContext.of(fanned))
+    ctx = RunContext.of(fanned, fingerprint=plan[0]["fingerprint"])
+    for p in plan:
+        write_shards(fanned, ctx, part=p["part"], num_parts=p["num_parts"])
+    merge_shards(fanned, ctx)
     return {"1 partition": ShardSet.load(one), "3 partitions": ShardSet.load(three)}
 
 

@@ -4,7 +4,7 @@ import pytest
 from mlm_tasks.config import ConfigError, TokenizerConfig
 from mlm_tasks.corpus import open_corpus
 from mlm_tasks.config import CorpusConfig
-from mlm_tasks.tokenizer import load_tokenizer, publish_tokenizer, train_unigram
+from mlm_tasks.tokenizer import load_tokenizer, save_tokenizer, train_unigram
 
 ROWS = None
 
@@ -18,7 +18,7 @@ def rows():
 
 def test_specials_and_mask_without_stray_pieces(tmp_path):
     tok = train_unigram(rows(), TokenizerConfig(vocab_size=1000))
-    publish_tokenizer(tok, str(tmp_path / "tok"), 64)
+    save_tokenizer(tok, str(tmp_path / "tok"), 64)
     pt = load_tokenizer(str(tmp_path / "tok"))
     assert [pt.convert_ids_to_tokens(i) for i in range(5)] == ["<s>", "<pad>", "</s>", "<unk>", "<mask>"]
     pieces = pt.convert_ids_to_tokens(pt("The state is <mask>.")["input_ids"])
@@ -38,11 +38,11 @@ def test_publish_is_first_writer_wins(tmp_path):
     a = train_unigram(rows(), TokenizerConfig(vocab_size=1000))
     b = train_unigram(rows()[:200], TokenizerConfig(vocab_size=500))
     uri = str(tmp_path / "tok")
-    assert publish_tokenizer(a, uri, 64) is True
-    assert publish_tokenizer(b, uri, 64) is False
+    assert save_tokenizer(a, uri, 64) is True
+    assert save_tokenizer(b, uri, 64) is False
     assert len(load_tokenizer(uri)) == 1000
 
 
 def test_missing_tokenizer_says_what_to_do(tmp_path):
-    with pytest.raises(FileNotFoundError, match="run prepare-data first"):
+    with pytest.raises(FileNotFoundError, match="run plan_shards first"):
         load_tokenizer(str(tmp_path / "nothing"))

@@ -178,7 +178,7 @@ def test_create_and_delete_are_retried_through_429_and_503(cfg, fake_tpu):
 
 
 def test_busy_api_is_not_retried_for_ever_nor_other_errors(cfg, fake_tpu):
-    bad = cfg.model_copy(update={"accelerator_type": "v4-7"})  # validate_config would refuse this first
+    bad = cfg.model_copy(update={"accelerator_type": "v4-7"})  # validate would refuse this first
     with pytest.raises(BadRequest, match="Accelerator type 'v4-7' is not valid"):
         tpu.ensure_node(bad, "mlm-bad", {})
     assert [code for m, _, code in fake_tpu.answers if m == "POST"] == [400], "a 400 is final"

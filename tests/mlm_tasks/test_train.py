@@ -12,7 +12,7 @@ import pytest
 
 from mlm_tasks import storage
 from mlm_tasks.config import ConfigError
-from mlm_tasks.paths import RunPaths
+from mlm_tasks.paths import RunContext, RunPaths
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -69,38 +69,38 @@ def test_sigkill_then_retry_resumes_and_matches_an_uninterrupted_run(tiny_prepar
 
 
 def test_train_is_a_noop_once_finished(tiny_prepared):
-    from mlm_tasks.train import train
+    from mlm_tasks.steps.train import train
 
     cfg, data = tiny_prepared
-    first = train(cfg, "noop-run", data["fingerprint"])
+    first = train(cfg, RunContext.of(cfg, "noop-run", data["fingerprint"]))
     run = RunPaths(cfg.output_root, "noop-run")
     mtime = os.stat(storage.local_path(run.model) + "/tf_model.h5").st_mtime_ns
-    assert train(cfg, "noop-run", data["fingerprint"]) == first
+    assert train(cfg, RunContext.of(cfg, "noop-run", data["fingerprint"])) == first
     assert os.stat(storage.local_path(run.model) + "/tf_model.h5").st_mtime_ns == mtime
     history = [json.loads(x) for x in storage.read_text(run.train_history).splitlines()]
     assert history[-1]["step"] == cfg.train.steps and history[-1]["loss"] < history[0]["loss"]
 
 
 def test_shards_with_another_max_length_are_refused(tiny_prepared):
-    from mlm_tasks.train import train
+    from mlm_tasks.steps.train import train
 
     cfg, data = tiny_prepared
     other = cfg.model_copy(update={"shards": cfg.shards.model_copy(update={"max_length": 32})})
     with pytest.raises(ConfigError, match="built with max_length 64 but this run asks for 32"):
-        train(other, "wrong-length", data["fingerprint"])
+        train(other, RunContext.of(other, "wrong-length", data["fingerprint"]))
 
 
 def test_batch_larger_than_data_is_refused(tiny_prepared):
-    from mlm_tasks.train import train
+    from mlm_tasks.steps.train import train
 
     cfg, data = tiny_prepared
     big = cfg.model_copy(update={"train": cfg.train.model_copy(update={"batch_size": 100_000})})
     with pytest.raises(ConfigError, match="larger than the .* train records"):
-        train(big, "big-batch", data["fingerprint"])
+        train(big, RunContext.of(big, "big-batch", data["fingerprint"]))
 
 
-def test_missing_shards_say_run_prepare_data(tiny_cfg):
-    from mlm_tasks.train import train
+def test_missing_shards_say_run_build_shard_set(tiny_cfg):
+    from mlm_tasks.steps.train import train
 
-    with pytest.raises(FileNotFoundError, match="run prepare-data first"):
-        train(tiny_cfg, "no-data", "0123456789abcdef")
+    with pytest.raises(FileNotFoundError, match="run build_shard_set first"):
+        train(tiny_cfg, RunContext.of(tiny_cfg, "no-data", "0123456789abcdef"))

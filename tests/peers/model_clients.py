@@ -35,12 +35,12 @@ def pt_python() -> str:
 
 @pytest.fixture(scope="session")
 def tiny_model(tiny_prepared):
-    from mlm_tasks.paths import RunPaths
-    from mlm_tasks.train import train
+    from mlm_tasks.paths import RunContext, RunPaths
+    from mlm_tasks.steps.train import train
 
     cfg, data = tiny_prepared
     cfg = cfg.model_copy(update={"train": cfg.train.model_copy(update={"steps": TRAIN_STEPS})})
-    train(cfg, "clients-run", data["fingerprint"])
+    train(cfg, RunContext.of(cfg, "clients-run", data["fingerprint"]))
     return cfg, RunPaths(cfg.output_root, "clients-run")
 
 

@@ -26,7 +26,7 @@ def tiny_cfg(tmp_path):
 
 @pytest.fixture(scope="session")
 def tiny_prepared(tmp_path_factory):
-    from mlm_tasks.prepare import prepare_data
+    from mlm_tasks.steps import build_shard_set
 
     cfg = tiny_config(tmp_path_factory.mktemp("tiny") / "out")
-    return cfg, prepare_data(cfg)
+    return cfg, build_shard_set(cfg)

@@ -102,7 +102,7 @@ def test_single_host_runs_with_the_local_resolver(fake_tpu, sshd, ssh_conn, tmp_
 
 
 def test_resolver_arguments_follow_the_remote_environment(monkeypatch):
-    from mlm_tasks.train import tpu_resolver_args
+    from mlm_tasks.steps.train import tpu_resolver_args
 
     cfg = PipelineConfig.model_validate({"tpu": {"project": "proj", "zone": ZONE, **POD}})
     monkeypatch.delenv("MLM_TPU_NODE", raising=False)
@@ -114,7 +114,7 @@ def test_resolver_arguments_follow_the_remote_environment(monkeypatch):
 @pytest.mark.parametrize("workers, runtime, accelerator", [(2, "tpu-vm-tf-2.16.1-pjrt", "v4-8"),
                                                            (1, "tpu-vm-tf-2.16.1-pod-pjrt", "v4-32")])
 def test_host_count_and_runtime_must_agree(fake_tpu, sshd, ssh_conn, workers, runtime, accelerator):
-    """validate_config refuses a mismatch of type and runtime; this is the run-time net for a node whose
+    """validate refuses a mismatch of type and runtime; this is the run-time net for a node whose
     real host count (the API's endpoints) still disagrees with its runtime."""
     from airflow.sdk.exceptions import AirflowFailException
 

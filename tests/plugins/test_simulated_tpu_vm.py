@@ -30,14 +30,6 @@ ZONE = "us-central2-b"
 RUN = "manual__sim-vm"
 
 
-class StubTI:
-    def __init__(self, fingerprint: str):
-        self.fingerprint = fingerprint
-
-    def xcom_pull(self, task_ids=None, **_):
-        return {"fingerprint": self.fingerprint}
-
-
 def _pip_past_the_gcs_proxy(tf_gcs_env: dict) -> dict:
     """The TLS proxy that stands in for Google's hosts refuses the rest; pip on a real VM reaches the
     package index directly, so it does here too."""
@@ -72,9 +64,9 @@ def test_bootstrap_and_train_on_the_simulated_image(tiny_prepared, gcs_root, tf_
     name = tpu.node_name("mlm_pretrain", RUN)
     fake_tpu.add_node("proj", ZONE, name, state="READY")
     image_before = _site_packages(tpu_vm_python)
-    context = {"dag": SimpleNamespace(dag_id="mlm_pretrain"), "run_id": RUN, "ti": StubTI(data["fingerprint"])}
+    context = {"dag": SimpleNamespace(dag_id="mlm_pretrain"), "run_id": RUN}
 
-    assert TrainOperator(task_id="train", config=cfg.model_dump(mode="json")).execute(context) == \
+    assert TrainOperator(task_id="train", config=cfg.model_dump(mode="json"), data=data).execute(context) == \
         {"node": name, "workers": 1}
     log = capfd.readouterr().out
     (tmp_path / "train_task.log").write_text(log)  # kept for debugging
@@ -90,20 +82,21 @@ def test_bootstrap_and_train_on_the_simulated_image(tiny_prepared, gcs_root, tf_
     assert _site_packages(tpu_vm_python) == image_before, "the bootstrap changed the image's own packages"
 
     # The Airflow side (TensorFlow 2.21) reads what TensorFlow 2.16 wrote: the checkpoint, then the
-    # model through the evaluate and infer (fill-mask) steps. In subprocesses, as TensorFlow must be
+    # model through the evaluate and fill_mask steps. In subprocesses, as TensorFlow must be
     # for its gs:// to reach the emulator through the TLS proxy (which runs in this process).
     env = {**os.environ, **tf_gcs_env, "HF_HUB_OFFLINE": "1"}
     airflow_side = f"""
 import sys, tensorflow as tf
 from mlm_tasks.config import PipelineConfig
-from mlm_tasks.evaluate import evaluate
-from mlm_tasks.infer import fill_mask
+from mlm_tasks.paths import RunContext
+from mlm_tasks.steps.evaluate import evaluate
+from mlm_tasks.steps.fill_mask import fill_mask
 assert tf.__version__.startswith("2.21"), tf.__version__
 names = [n for n, _ in tf.train.list_variables(tf.train.latest_checkpoint({run.checkpoints!r}))]
 assert any(n.endswith("roberta/embeddings/weight/.ATTRIBUTES/VARIABLE_VALUE") for n in names), names
 cfg = PipelineConfig.model_validate_json(sys.argv[1])
-evaluate(cfg, {RUN!r}, {data["fingerprint"]!r})
-fill_mask(cfg, {RUN!r})
+evaluate(cfg, RunContext.of(cfg, {RUN!r}, {data["fingerprint"]!r}))
+fill_mask(cfg, RunContext.of(cfg, {RUN!r}))
 """
     subprocess.run([sys.executable, "-c", airflow_side, cfg.model_dump_json()], env=env, check=True, timeout=300)
     assert 0 < storage.read_json(run.eval_metrics)["loss"] < 20
@@ -111,6 +104,6 @@ fill_mask(cfg, {RUN!r})
     assert predictions and all(p["predictions"] for p in predictions)
 
     # A retry finds the install and the finished training: nothing is installed or trained again.
-    TrainOperator(task_id="train", config=cfg.model_dump(mode="json")).execute(context)
+    TrainOperator(task_id="train", config=cfg.model_dump(mode="json"), data=data).execute(context)
     again = capfd.readouterr().out
     assert "Installing" not in again and "already finished training" in again

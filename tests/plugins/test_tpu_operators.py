@@ -183,11 +183,11 @@ def tpu_ops_test():
         from mlm_tasks.config import build_config
         return build_config(context["dag_run"].conf["config"]).model_dump(mode="json")
 
-    cfg = "{{ ti.xcom_pull(task_ids='validate_config') }}"
+    cfg = validate_config()  # an XComArg, as mlm_pretrain hands the validated config on
     create = TpuVmCreateOperator(task_id="create_tpu_vm", config=cfg)
     step = TpuSSHStepOperator(task_id="train", config=cfg, command="{{ dag_run.conf['command'] }}")
     delete = TpuVmDeleteOperator(task_id="delete_tpu_vm", config=cfg)
-    validate_config() >> create >> step >> delete.as_teardown(setups=create)
+    cfg >> create >> step >> delete.as_teardown(setups=create)
 
 
 tpu_ops_test()
@@ -287,10 +287,10 @@ def test_train_execution_timeout_comes_from_the_config_and_never_outlives_the_tt
 
     monkeypatch.setenv("GOOGLE_AUTH_TOKEN_FOR_TESTING", "restored-after-the-test")  # pre_execute sets it
     try:
-        op = TrainOperator(task_id="train", config=_config(fake_tpu, train={"timeout_hours": 6}))
+        op = TrainOperator(task_id="train", data={"fingerprint": "fp"}, config=_config(fake_tpu, train={"timeout_hours": 6}))
         op.pre_execute(_context())
         assert op.execution_timeout == timedelta(hours=6)
-        op = TrainOperator(task_id="train", config=_config(fake_tpu))  # default on a TPU VM: the TTL (12 h)
+        op = TrainOperator(task_id="train", data={"fingerprint": "fp"}, config=_config(fake_tpu))  # default on a TPU VM: the TTL (12 h)
         op.pre_execute(_context())
         assert op.execution_timeout == timedelta(hours=12)
         # pre_execute also handed the task's clients the connection's key (process-wide, as in a task).

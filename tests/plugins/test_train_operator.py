@@ -31,14 +31,11 @@ def _config(fake_tpu, sshd, **tpu_settings):
                     "poll_interval_s": 0.05, "bootstrap": False, "ssh_port": sshd.port, **tpu_settings}}
 
 
-class StubTI:
-    def xcom_pull(self, task_ids=None, **_):
-        assert task_ids == "prepare_data"
-        return {"fingerprint": "fp123"}
+DATA = {"fingerprint": "fp123"}  # merge_shards' result, as the DAG hands it to train
 
 
 def _context():
-    return {"dag": SimpleNamespace(dag_id="mlm_pretrain"), "run_id": RUN, "ti": StubTI()}
+    return {"dag": SimpleNamespace(dag_id="mlm_pretrain"), "run_id": RUN}
 
 
 def _run(op):
@@ -65,7 +62,7 @@ def test_retry_after_preemption_replaces_the_node_then_trains(fake_tpu, sshd, ss
     fake_tpu.add_node("proj", ZONE, NAME, labels={"run": "first-try"})
     fake_tpu.preempt(NAME)
     # /bin/echo as the VM's python: the worker prints the exact step line it was given.
-    op = TrainOperator(task_id="train", config=_config(fake_tpu, sshd, python="/bin/echo"))
+    op = TrainOperator(task_id="train", data=DATA, config=_config(fake_tpu, sshd, python="/bin/echo"))
     assert _run(op) == {"node": NAME, "workers": 1}
 
     methods = [m for m, _ in fake_tpu.requests]
@@ -82,7 +79,7 @@ def test_replacement_that_fails_deletes_it_and_fails_the_try(fake_tpu, sshd, ssh
     fake_tpu.add_node("proj", ZONE, NAME)
     fake_tpu.preempt(NAME)
     fake_tpu.fail_next_create("There is no more capacity in the zone")
-    op = TrainOperator(task_id="train", config=_config(fake_tpu, sshd, python="/bin/echo"))
+    op = TrainOperator(task_id="train", data=DATA, config=_config(fake_tpu, sshd, python="/bin/echo"))
     with pytest.raises(AirflowException, match="no more capacity.*deleted it"):
         _run(op)
     assert fake_tpu.nodes == {}
@@ -99,11 +96,11 @@ def test_plain_step_operator_does_not_replace_nodes(fake_tpu, sshd, ssh_conn):
 
 def test_configuration_error_on_the_vm_fails_without_retry(fake_tpu, sshd, ssh_conn):
     fake_tpu.add_node("proj", ZONE, NAME)
-    op = TrainOperator(task_id="train", config=_config(fake_tpu, sshd),
+    op = TrainOperator(task_id="train", data=DATA, config=_config(fake_tpu, sshd),
                        command="echo 'error: Global batch 4096 is larger than the 300 train records' >&2; exit 2")
     with pytest.raises(AirflowFailException, match=r"(?s)exit code 2.*Global batch 4096.*configuration error"):
         _run(op)
-    op = TrainOperator(task_id="train", config=_config(fake_tpu, sshd), command="exit 1")
+    op = TrainOperator(task_id="train", data=DATA, config=_config(fake_tpu, sshd), command="exit 1")
     with pytest.raises(AirflowException) as err:
         _run(op)
     assert not isinstance(err.value, AirflowFailException)  # other failures are retried
@@ -121,7 +118,7 @@ def test_local_training_gets_the_hub_token_from_the_connection_for_checkpoint_sy
                         lambda cfg, run_id, fp: seen.update(token=__import__("os").environ.get("HF_TOKEN"),
                                                             fp=fp) or {"steps": 1})
     config = {"publish": {"sync_checkpoints": True, "repo_id": "org/model"}}
-    op = TrainOperator(task_id="train", config=config)
+    op = TrainOperator(task_id="train", data=DATA, config=config)
     assert op.execute(_context()) == {"steps": 1}
     assert seen == {"token": "hf_planted_sync", "fp": "fp123"}
 
@@ -146,7 +143,7 @@ def test_tpu_vm_training_gets_the_hub_token_through_the_ssh_session_only(fake_tp
     fake_tpu.add_node("proj", ZONE, NAME)
     config = {**_config(fake_tpu, sshd, python=str(step)),
               "publish": {"sync_checkpoints": True, "repo_id": "org/model"}}
-    op = TrainOperator(task_id="train", config=config)
+    op = TrainOperator(task_id="train", data=DATA, config=config)
     seen_in_ps = []
 
     def watch_ps():

@@ -12,14 +12,14 @@ from pathlib import Path
 import pytest
 
 from mlm_tasks.config import ConfigError
-from mlm_tasks.validate import check_output_root_reachable
+from mlm_tasks.steps.validate import check_output_root_reachable
 
 ROOT = Path(__file__).resolve().parents[2]
 
 # The routing the README documents: CPU-heavy work on `cpu`, light drivers on `control`.
 CPU_TASKS = {
-    "mlm_pretrain": {"plan_shards", "write_shards", "prepare_data", "train", "evaluate", "fill_mask", "report"},
-    "mlm_dataset_refresh": {"plan_shards", "write_shards", "build_shards"},
+    "mlm_pretrain": {"plan_shards", "write_shards", "merge_shards", "train", "evaluate", "fill_mask", "report"},
+    "mlm_dataset_refresh": {"plan_shards", "write_shards", "merge_shards"},
     "mlm_tpu_janitor": set(),
 }
 
@@ -51,14 +51,14 @@ def test_every_task_is_routed_to_its_queue(parse_env):
     for dag_id, tasks in queues.items():
         expected = {t: "cpu" if t in CPU_TASKS[dag_id] else "control" for t in tasks}
         assert tasks == expected, dag_id
-    assert {"create_tpu_vm", "delete_tpu_vm", "wait_for_shards", "publish", "validate_config"} <= {
+    assert {"create_tpu_vm", "delete_tpu_vm", "wait_for_shards", "publish", "validate"} <= {
         t for t, q in queues["mlm_pretrain"].items() if q == "control"}
 
 
 def test_queue_names_are_settings_read_at_parse_time(parse_env):
     queues = _queues({**parse_env, "MLM_CPU_QUEUE": "heavy", "MLM_CONTROL_QUEUE": "light"})
     assert queues["mlm_dataset_refresh"]["write_shards"] == "heavy"
-    assert queues["mlm_dataset_refresh"]["validate_source"] == "light"
+    assert queues["mlm_dataset_refresh"]["validate"] == "light"
     assert set(queues["mlm_pretrain"].values()) == {"heavy", "light"}
 
 

@@ -1,4 +1,4 @@
-"""Step: train the masked LM, resumably, on CPU, GPU or TPU with the same code.
+"""Step train: train the masked LM, resumably, on CPU, GPU or TPU with the same code.
 
     python -m mlm_tasks train --config configs/default.yaml --run-id my-run --data-fingerprint FP
 
@@ -20,7 +20,7 @@ import tempfile
 from mlm_tasks import storage
 from mlm_tasks.config import ConfigError, PipelineConfig
 from mlm_tasks.manifest import ShardSet
-from mlm_tasks.paths import DataPaths, RunPaths, join
+from mlm_tasks.paths import DataPaths, RunContext, RunPaths, join
 from mlm_tasks.progress import ProgressLog
 
 log = logging.getLogger(__name__)
@@ -75,7 +75,7 @@ def load_manifest(cfg: PipelineConfig, fingerprint: str) -> ShardSet:
     tok_sha = _sha256(storage.read_bytes(join(paths.tokenizer, "tokenizer.json")))
     if tok_sha != shard_set.tokenizer_sha256:
         raise ConfigError(f"The tokenizer at {paths.tokenizer} is not the one the shards were encoded "
-                          "with (sha256 differs): delete the dataset folder and rerun prepare-data.")
+                          "with (sha256 differs): delete the dataset folder and rerun plan_shards.")
     return shard_set
 
 
@@ -115,7 +115,8 @@ def plan_steps(cfg: PipelineConfig, shard_set: ShardSet, global_batch: int) -> i
     return cfg.train.steps or max(1, math.ceil(cfg.train.epochs * records / global_batch))
 
 
-def train(cfg: PipelineConfig, run_id: str, fingerprint: str) -> dict:
+def train(cfg: PipelineConfig, ctx: RunContext, *, hub_token: str | None = None) -> dict:
+    """Train (or resume) run `ctx.run_id` on the shard set `ctx.fingerprint`; the training summary."""
     import tensorflow as tf
     import tf_keras
     from transformers import create_optimizer
@@ -124,7 +125,7 @@ def train(cfg: PipelineConfig, run_id: str, fingerprint: str) -> dict:
     from mlm_tasks.model import build_model, masked_lm_loss, roberta_config
     from mlm_tasks.tokenizer import load_tokenizer
 
-    run = RunPaths(cfg.output_root, run_id)
+    run, run_id, fingerprint = ctx.run, ctx.run_id, ctx.data.fingerprint
     shard_set = load_manifest(cfg, fingerprint)
     paths = shard_set.paths
     shard_set.verify("train")

@@ -1,4 +1,7 @@
-"""Evaluation gate: decide whether a trained model is good enough to publish.
+"""Step gate: decide whether a trained model is good enough to publish.
+
+    python -m mlm_tasks gate --config configs/default.yaml --run-id my-run
+
 
 A model passes when every configured check passes:
   - eval loss at most `gate.max_eval_loss`, masked-token accuracy at least `gate.min_accuracy`;
@@ -6,16 +9,19 @@ A model passes when every configured check passes:
     repo (loss not higher, accuracy not lower), read from `paths.published_metrics(root, repo_id)`.
 
     decision = evaluate_gate(metrics, cfg.gate, previous)      # pure, no I/O
-    decision = gate_run(cfg, run)                             # reads the run's and the published metrics
+    decision = gate(cfg, ctx)                                 # reads the run's and the published metrics
 """
 from __future__ import annotations
 
+import logging
 import math
 from dataclasses import asdict, dataclass, field
 
 from mlm_tasks import paths, storage
 from mlm_tasks.config import GateConfig, PipelineConfig
-from mlm_tasks.paths import RunPaths
+from mlm_tasks.paths import RunContext
+
+log = logging.getLogger(__name__)
 
 # A rerun of the same model reproduces its metrics only up to float noise (different hardware,
 # XLA fusion order); such a rerun must not count as "worse".
@@ -107,9 +113,12 @@ def previous_published(cfg: PipelineConfig) -> dict | None:
     return storage.read_json_if_exists(paths.published_metrics(cfg.output_root, cfg.publish.repo_id))
 
 
-def gate_run(cfg: PipelineConfig, run: RunPaths) -> GateDecision:
-    """Read the run's eval metrics and the published ones, and decide."""
-    metrics = storage.read_json_if_exists(run.eval_metrics)
+def gate(cfg: PipelineConfig, ctx: RunContext) -> GateDecision:
+    """Read the run's eval metrics and the published ones, and decide; the reasons go to the log."""
+    metrics = storage.read_json_if_exists(ctx.run.eval_metrics)
     if metrics is None:
-        return GateDecision(False, [f"No eval metrics at {run.eval_metrics}: run evaluate for this run first."])
-    return evaluate_gate(metrics, cfg.gate, previous_published(cfg))
+        decision = GateDecision(False, [f"No eval metrics at {ctx.run.eval_metrics}: run evaluate for this run first."])
+    else:
+        decision = evaluate_gate(metrics, cfg.gate, previous_published(cfg))
+    log.info("Evaluation gate %s:\n  %s", "passed" if decision.passed else "failed", "\n  ".join(decision.reasons))
+    return decision

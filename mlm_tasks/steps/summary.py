@@ -1,18 +1,27 @@
-"""The end-of-run summary a person reads first: data, tokenizer, shards, training, evaluation,
-fill-mask examples and where every artifact lies. Built only from the run's saved artifacts.
+"""Step summary: the end-of-run summary a person reads first — data, tokenizer, shards, training,
+evaluation, fill-mask examples and where every artifact lies. Built only from the run's saved
+artifacts; written to runs/<run>/summary.txt and logged.
 
-    python -m mlm_tasks summary --config configs/default.yaml --run-id r1
+    python -m mlm_tasks summary --config configs/default.yaml --run-id r1 --data-fingerprint FP
 """
 from __future__ import annotations
 
+import logging
+
 from mlm_tasks import storage
 from mlm_tasks.config import PipelineConfig
-from mlm_tasks.paths import DataPaths, RunPaths
+from mlm_tasks.paths import RunContext
+
+log = logging.getLogger(__name__)
 
 
-def run_summary(cfg: PipelineConfig, run_id: str, data: dict) -> dict:
-    run = RunPaths(cfg.output_root, run_id)
-    paths = DataPaths(cfg.output_root, data["fingerprint"])
+def summary(cfg: PipelineConfig, ctx: RunContext, *, data: dict | None = None) -> dict:
+    """`data` is merge_shards' summary (read from ctx.fingerprint's shard set when not given)."""
+    if data is None:
+        from mlm_tasks.dataset import summary_for_fingerprint
+
+        data = summary_for_fingerprint(cfg, ctx.data.fingerprint)
+    run, paths = ctx.run, ctx.with_data(data["fingerprint"]).data
     train = storage.read_json_if_exists(run.train_summary) or {}
     metrics = storage.read_json_if_exists(run.eval_metrics) or {}
     preds = storage.read_json_if_exists(run.predictions) or []
@@ -51,5 +60,7 @@ def run_summary(cfg: PipelineConfig, run_id: str, data: dict) -> dict:
         f"           log/curve {run.train_history}, TensorBoard {run.tensorboard}",
         f"           checkpoints {run.checkpoints}",
     ]
-    return {"text": "\n".join(lines), "train": train, "metrics": metrics, "data": data,
-            "model_uri": run.model}
+    text = "\n".join(lines)
+    storage.write_text(run.summary_text, text + "\n")
+    log.info("Run summary:\n%s", text)
+    return {"text": text, "train": train, "metrics": metrics, "data": data, "model_uri": run.model}

@@ -1,6 +1,6 @@
-"""Step: fill-mask smoke test of the trained model with `pipeline("fill-mask", framework="tf")`.
+"""Step fill_mask: smoke test of the trained model with `pipeline("fill-mask", framework="tf")`.
 
-    python -m mlm_tasks infer --config configs/default.yaml --run-id my-run
+    python -m mlm_tasks fill_mask --config configs/default.yaml --run-id my-run
 
 Each probe sentence holds one <mask>; the top predictions are logged and saved, so a person can see
 at a glance whether the model produces plausible English.
@@ -12,15 +12,16 @@ import tempfile
 
 from mlm_tasks import storage
 from mlm_tasks.config import ConfigError, PipelineConfig
-from mlm_tasks.paths import RunPaths
+from mlm_tasks.paths import RunContext
 
 log = logging.getLogger(__name__)
 
 
-def fill_mask(cfg: PipelineConfig, run_id: str) -> list[dict]:
+def fill_mask(cfg: PipelineConfig, ctx: RunContext) -> list[dict]:
+    """Fill the <mask> of each `infer.probes` with run `ctx.run_id`'s model; the top-k predictions."""
     from transformers import pipeline
 
-    run = RunPaths(cfg.output_root, run_id)
+    run, run_id = ctx.run, ctx.run_id
     for probe in cfg.infer.probes:
         if probe.count("<mask>") != 1:
             raise ConfigError(f"Probe {probe!r} must contain exactly one <mask>.")

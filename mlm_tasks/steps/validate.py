@@ -1,4 +1,4 @@
-"""Step: check every input that touches the outside world, before anything costly starts.
+"""Step validate: check every input that touches the outside world, before anything costly starts.
 
     python -m mlm_tasks validate --config configs/default.yaml
 
@@ -19,6 +19,7 @@ from collections.abc import Sequence
 from mlm_tasks import storage
 from mlm_tasks.config import ConfigError, PipelineConfig
 from mlm_tasks.corpus import open_corpus
+from mlm_tasks.paths import RunContext
 
 log = logging.getLogger(__name__)
 
@@ -58,18 +59,18 @@ def check_local_corpus(corpus) -> None:
                           "settings (paths, dataset name, text_column).")
 
 
-def check_run_inputs(cfg: PipelineConfig, run_id: str, fingerprint: str) -> dict:
+def check_run_inputs(cfg: PipelineConfig, ctx: RunContext) -> dict:
     """What only the prepared shard set can tell, checked before compute is spent; returns the manifest."""
-    from mlm_tasks.paths import RunPaths
-    from mlm_tasks.train import check_resumable, load_manifest, plan_steps
+    from mlm_tasks.steps.train import check_resumable, load_manifest, plan_steps
 
+    fingerprint = ctx.data.fingerprint
     shard_set = load_manifest(cfg, fingerprint)  # max_length and tokenizer of the shards
     for split in ("train", cfg.eval.split):
         shard_set.verify(split, checksums=False)  # missing or truncated shards; train() checks every sha256
     # Per replica: the replica count is known only on the training host, so this is the bound
     # every device count must meet; train() checks the global batch again.
     plan_steps(cfg, shard_set, cfg.train.batch_size)
-    check_resumable(RunPaths(cfg.output_root, run_id), fingerprint, shard_set.vocab_size)
+    check_resumable(ctx.run, fingerprint, shard_set.vocab_size)
     return shard_set.data
 
 
@@ -93,8 +94,9 @@ def check_output_root_reachable(output_root: str, distributed_executor: str | No
         f"MLM_SHARED_OUTPUT_ROOTS={path}")
 
 
-def validate_inputs(cfg: PipelineConfig, *, distributed_executor: str | None = None,
-                    shared_roots: Sequence[str] = ()) -> None:
+def validate(cfg: PipelineConfig, ctx: RunContext | None = None, *, distributed_executor: str | None = None,
+             shared_roots: Sequence[str] = ()) -> dict:
+    """Every check that needs I/O; the validated config as a JSON-ready dict (what later tasks get)."""
     check_output_root_reachable(cfg.output_root, distributed_executor, shared_roots)
     corpus = open_corpus(cfg.corpus)  # raises ConfigError for missing paths and bad file types
     if cfg.corpus.source == "local_files":
@@ -108,3 +110,4 @@ def validate_inputs(cfg: PipelineConfig, *, distributed_executor: str | None = N
     check_writable(cfg.output_root)
     log.info("Configuration valid: corpus %s, output_root %s, compute %s, preset %s",
              cfg.corpus.source, cfg.output_root, cfg.compute, cfg.model.preset)
+    return cfg.model_dump(mode="json")

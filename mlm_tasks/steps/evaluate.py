@@ -1,4 +1,4 @@
-"""Step: evaluate the trained model — masked-LM loss, perplexity, masked-token accuracy.
+"""Step evaluate: evaluate the trained model — masked-LM loss, perplexity, masked-token accuracy.
 
     python -m mlm_tasks evaluate --config configs/default.yaml --run-id my-run --data-fingerprint FP
 
@@ -15,7 +15,7 @@ from collections import Counter
 
 from mlm_tasks import storage
 from mlm_tasks.config import ConfigError, PipelineConfig
-from mlm_tasks.paths import RunPaths
+from mlm_tasks.paths import RunContext
 
 log = logging.getLogger(__name__)
 
@@ -60,16 +60,17 @@ def _score(model, batches, mask_id: int) -> tuple[float, float, int, float]:
     return loss_sum / max(count, 1), correct / max(count, 1), int(count), at_mask / max(masks, 1)
 
 
-def evaluate(cfg: PipelineConfig, run_id: str, fingerprint: str) -> dict:
+def evaluate(cfg: PipelineConfig, ctx: RunContext) -> dict:
+    """Score run `ctx.run_id`'s model on `eval.split` of shard set `ctx.fingerprint`; the metrics."""
     import tensorflow as tf
     from transformers import TFRobertaForMaskedLM
 
     from mlm_tasks.data import mlm_dataset
     from mlm_tasks.model import build_model
     from mlm_tasks.tokenizer import load_tokenizer
-    from mlm_tasks.train import load_manifest
+    from mlm_tasks.steps.train import load_manifest
 
-    run = RunPaths(cfg.output_root, run_id)
+    run, run_id, fingerprint = ctx.run, ctx.run_id, ctx.data.fingerprint
     if storage.exists(run.eval_metrics):
         log.info("Metrics already at %s: nothing to do", run.eval_metrics)
         return storage.read_json(run.eval_metrics)

@@ -1,11 +1,13 @@
-"""Step: the one-page run report — loss and learning-rate curves plus a Markdown summary.
+"""Step report: the one-page run report — loss and learning-rate curves plus a Markdown summary.
 
 Writes under runs/<run>/report/: loss.png, learning_rate.png and report.md (data, config, training,
 metrics with baselines, fill-mask examples, links to the plots and to TensorBoard). Works on local
 folders and gs:// alike: plots are rendered to bytes in memory and written through mlm_tasks.storage.
 Pieces not produced yet (no eval, no predictions) are named on the page instead of failing the step.
 
-    key_metrics = build_report(run, cfg)            # small dict, fit for XCom
+    python -m mlm_tasks report --config configs/default.yaml --run-id my-run [--data-fingerprint FP]
+
+The step also records the run's data summary in runs/<run>/data.json (what the model card reads).
 """
 from __future__ import annotations
 
@@ -18,7 +20,7 @@ from mlm_tasks import storage
 from mlm_tasks.config import PipelineConfig
 from mlm_tasks.model_card import (config_lines, corpus_credit, fill_mask_lines, metrics_table,
                                   read_run_artifacts, training_lines)
-from mlm_tasks.paths import RunPaths, join
+from mlm_tasks.paths import RunContext, RunPaths, join
 
 log = logging.getLogger(__name__)
 LOSS_PNG, LR_PNG, REPORT_MD = "loss.png", "learning_rate.png", "report.md"
@@ -97,8 +99,17 @@ def _vs_baseline(metrics: dict | None) -> list[str]:
     return lines
 
 
-def build_report(run: RunPaths, cfg: PipelineConfig, data_info: dict | None = None) -> dict:
-    """Write the plots and report.md; return the key metrics (small, JSON-serialisable) for XCom."""
+def report(cfg: PipelineConfig, ctx: RunContext, *, data: dict | None = None) -> dict:
+    """Write the plots and report.md; return the key metrics (small, JSON-serialisable) for XCom.
+    `data` is merge_shards' summary; without it, the one of ctx.fingerprint (or none) is used."""
+    run = ctx.run
+    if data is None and ctx.fingerprint and storage.exists(ctx.data.success):
+        from mlm_tasks.dataset import summary_for_fingerprint
+
+        data = summary_for_fingerprint(cfg, ctx.fingerprint)
+    if data is not None:
+        storage.write_json(run.data_ref, data)
+    data_info = data
     art = read_run_artifacts(run)
     metrics, summary, predictions = art["metrics"], art["summary"], art["predictions"]
     data_info = data_info if data_info is not None else art["data_info"]

@@ -1,0 +1,40 @@
+"""Step merge_shards: merge the written partitions into one manifest, then `_SUCCESS`.
+
+    python -m mlm_tasks merge_shards --config c.yaml --set shards.partitions=4 --data-fingerprint FP
+
+Last of the shard-set steps. When the set is already complete (an earlier run, a refresh, or shards
+brought as they are) it only reads it. Returns the data summary every later step uses; its
+`written_here` says whether this call published the set (the shard gate then has nothing to wait for).
+"""
+from __future__ import annotations
+
+import logging
+
+from mlm_tasks import storage
+from mlm_tasks.config import PipelineConfig
+from mlm_tasks.corpus import open_corpus
+from mlm_tasks.dataset import DataSummary, data_summary, manifest_extra
+from mlm_tasks.manifest import ShardSet
+from mlm_tasks.paths import RunContext
+
+log = logging.getLogger(__name__)
+
+
+def merge_shards(cfg: PipelineConfig, ctx: RunContext, *, cache_hit: bool = False, corpus_fingerprint: str | None = None,
+                 num_parts: int | None = None, corpus=None) -> DataSummary:
+    """`corpus_fingerprint` is the plan's, so a large local corpus is not hashed a second time."""
+    from mlm_tasks.shards_parallel import merge_partitions
+    from mlm_tasks.tokenizer import load_tokenizer
+
+    paths = ctx.data
+    if storage.exists(paths.success):
+        return data_summary(ShardSet.load(paths), cache_hit=cache_hit)
+    num_parts = num_parts or cfg.shards.partitions
+    corpus = corpus or open_corpus(cfg.corpus)
+    tokenizer = load_tokenizer(paths.tokenizer, cfg.shards.max_length)
+    corpus_fp = corpus_fingerprint or corpus.fingerprint()
+    extra = {**manifest_extra(cfg, corpus, corpus_fp, paths, tokenizer), "partitions": num_parts}
+    shard_set = merge_partitions(cfg, paths, num_parts, extra)
+    log.info("Published shard set %s: %s", paths.shards_dir,
+             ", ".join(f"{s} {shard_set.records(s)} records" for s in shard_set.splits))
+    return data_summary(shard_set, cache_hit=False, written_here=True)

@@ -1,0 +1,80 @@
+"""Step publish: push the run's model (TensorFlow and PyTorch weights) with its card to the Hugging Face Hub.
+
+    HF_TOKEN=hf_... python -m mlm_tasks publish --config c.yaml --run-id my-run   # after the gate passed
+    result = publish(cfg, ctx, token=token)             # returns the commit url/oid
+
+The tokenizer alone goes by `publish_tokenizer`; checkpoints during training by mlm_tasks/hub_sync.py.
+The token is an argument: the DAG reads it from the Airflow connection `publish.hf_conn_id`, the CLI
+from HF_TOKEN. It never
+reaches logs, error messages, XCom or files. `endpoint` (or HF_ENDPOINT) selects another Hub, such
+as the loopback fake the tests use.
+"""
+from __future__ import annotations
+
+import logging
+import os
+import tempfile
+
+from mlm_tasks import paths, storage
+from mlm_tasks.config import PipelineConfig
+from mlm_tasks.hub import PublishError, check_visibility, hub_api, hub_errors, local_files
+from mlm_tasks.model_card import read_run_artifacts, write_model_card
+from mlm_tasks.paths import RunContext, RunPaths, join
+from mlm_tasks.pt_export import SAFETENSORS_NAME, export_pytorch_weights
+
+log = logging.getLogger(__name__)
+# storage.write_bytes' in-flight temporary files; a concurrent writer's leftovers must not be published.
+IGNORE_PATTERNS = ["*.tmp-*", "**/*.tmp-*"]
+
+
+
+def _add_pytorch_weights(folder: str, run: RunPaths) -> None:
+    """A model saved before `save` wrote model.safetensors gets it now: without it, PyTorch and
+    transformers 5.x users cannot load the repo at all."""
+    present = set(os.listdir(folder))
+    if SAFETENSORS_NAME not in present and "tf_model.h5" in present:
+        log.info("%s has no %s (saved by an older version): converting tf_model.h5 for PyTorch users",
+                 run.model, SAFETENSORS_NAME)
+        export_pytorch_weights(folder)
+
+
+def publish(cfg: PipelineConfig, ctx: RunContext, *, token: str, endpoint: str | None = None,
+            data_info: dict | None = None) -> dict:
+    """Write the card into the run's model dir and push that dir to `publish.repo_id` in one commit.
+
+    Returns {"repo_id", "commit_url", "commit_oid", "files", "private", "run_id"} and records the run's
+    metrics at paths.published_metrics(...) so the next run's gate compares against them."""
+    run, (repo_id, conn_id) = ctx.run, (cfg.publish.repo_id, cfg.publish.hf_conn_id)
+    if not repo_id:
+        raise PublishError("publish.repo_id is empty: set it to the Hub repo to push to, e.g. my-org/roberta-wiki.")
+    done = storage.read_json_if_exists(run.published)
+    if done and done.get("repo_id") == repo_id:
+        log.info("Run %s was already published to %s (commit %s); nothing to do", run.run_id, repo_id,
+                 done.get("commit_oid"))
+        return done
+    if not storage.exists(join(run.model, "config.json")):
+        raise PublishError(f"No saved model at {run.model}: run train for run {run.run_id} first.")
+    api, url = hub_api(token, endpoint, conn_id)
+    with hub_errors("checking the token", token, url, conn_id):
+        user = api.whoami()["name"]
+    write_model_card(cfg, run, data_info)
+    metrics = read_run_artifacts(run)["metrics"] or {}
+    with tempfile.TemporaryDirectory(prefix="mlm-publish-") as tmp:
+        folder = storage.download_dir(run.model, tmp)
+        _add_pytorch_weights(folder, run)
+        with hub_errors(f"creating {repo_id}", token, url, conn_id):
+            api.create_repo(repo_id, private=cfg.publish.private, exist_ok=True)
+            check_visibility(api, repo_id, cfg.publish.private)
+        with hub_errors(f"uploading {run.model} to {repo_id}", token, url, conn_id):
+            info = api.upload_folder(
+                repo_id=repo_id, folder_path=folder, ignore_patterns=list(IGNORE_PATTERNS),
+                commit_message=f"Upload model from run {run.run_id}",
+                commit_description=", ".join(f"{k}={metrics[k]}" for k in ("loss", "accuracy") if k in metrics))
+        files = local_files(folder)
+    result = {"repo_id": repo_id, "commit_url": info.commit_url, "commit_oid": info.oid, "files": files,
+              "private": cfg.publish.private, "run_id": run.run_id}
+    log.info("Published run %s as %s to %s (%d files, user %s)", run.run_id, info.oid, repo_id, len(files), user)
+    storage.write_json(paths.published_metrics(cfg.output_root, repo_id),
+                       {**metrics, "run_id": run.run_id, "repo_id": repo_id, "commit_oid": info.oid})
+    storage.write_json(run.published, result)  # last: the step's completion marker
+    return result

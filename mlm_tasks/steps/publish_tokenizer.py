@@ -1,0 +1,59 @@
+"""Step publish_tokenizer: push the shard set's tokenizer alone, with a short card, to `publish.tokenizer_repo_id`.
+
+    HF_TOKEN=hf_... python -m mlm_tasks publish_tokenizer --config c.yaml --data-fingerprint FP
+
+Runs in mlm_pretrain beside the training, as soon as the shard set exists; skipped when
+publish.tokenizer_repo_id is empty. The token is an argument and never reaches logs or XCom.
+"""
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+import tempfile
+
+from mlm_tasks import storage
+from mlm_tasks.config import PipelineConfig
+from mlm_tasks.hub import PublishError, check_visibility, hub_api, hub_errors, local_files
+from mlm_tasks.paths import RunContext, join
+
+log = logging.getLogger(__name__)
+
+TOKENIZER_CARD = """---
+language: en
+license: {license}
+tags: [tokenizer, unigram, roberta]
+---
+
+# {name}
+
+Unigram tokenizer (PreTrainedTokenizerFast, RoBERTa special tokens) trained on the corpus with data
+fingerprint `{fingerprint}`. Load it with `AutoTokenizer.from_pretrained("{repo_id}")`.
+"""
+
+
+def publish_tokenizer(cfg: PipelineConfig, ctx: RunContext, *, token: str, endpoint: str | None = None) -> dict:
+    """Push the tokenizer of `data` (alone, with a short card) to `publish.tokenizer_repo_id`."""
+    data, (repo_id, conn_id) = ctx.data, (cfg.publish.tokenizer_repo_id, cfg.publish.hf_conn_id)
+    if not repo_id:
+        raise PublishError("publish.tokenizer_repo_id is empty: set it to the Hub repo for the tokenizer.")
+    if not storage.exists(join(data.tokenizer, "tokenizer.json")):
+        raise PublishError(f"No tokenizer at {data.tokenizer}: run plan_shards first.")
+    api, url = hub_api(token, endpoint, conn_id)
+    with tempfile.TemporaryDirectory(prefix="mlm-tokenizer-") as tmp:
+        # Copy: the tokenizer dir is create-only data shared by runs; the card must not land in it.
+        src = storage.download_dir(data.tokenizer, os.path.join(tmp, "download"))
+        folder = os.path.join(tmp, "upload")
+        shutil.copytree(src, folder, ignore=shutil.ignore_patterns("*.tmp-*"))
+        with open(os.path.join(folder, "README.md"), "w", encoding="utf-8") as f:
+            f.write(TOKENIZER_CARD.format(license=cfg.publish.license, name=repo_id.split("/")[-1],
+                                          fingerprint=data.fingerprint, repo_id=repo_id))
+        with hub_errors(f"publishing the tokenizer to {repo_id}", token, url, conn_id):
+            api.create_repo(repo_id, private=cfg.publish.private, exist_ok=True)
+            check_visibility(api, repo_id, cfg.publish.private)
+            info = api.upload_folder(repo_id=repo_id, folder_path=folder,
+                                     commit_message=f"Upload tokenizer for data {data.fingerprint}")
+        files = local_files(folder)
+    log.info("Published tokenizer %s to %s as %s", data.fingerprint, repo_id, info.oid)
+    return {"repo_id": repo_id, "commit_url": info.commit_url, "commit_oid": info.oid, "files": files,
+            "fingerprint": data.fingerprint}
