@@ -150,7 +150,7 @@ def train(cfg: PipelineConfig, run_id: str, fingerprint: str) -> dict:
     warmup = int(total_steps * cfg.train.warmup_fraction)
     log.info("Training on %s: %d replica(s), global batch %d, %d steps, warmup %d, XLA %s, precision %s",
              device, replicas, global_batch, total_steps, warmup, "on" if xla else "off", precision)
-    from mlm_tasks.train_sync import EpochSync
+    from mlm_tasks.hub_sync import EpochSync
 
     # None unless publish.sync_checkpoints
     hub_sync = EpochSync.start(cfg, shard_set.records("train"), global_batch, strategy)

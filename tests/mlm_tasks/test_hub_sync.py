@@ -29,7 +29,7 @@ def _small_corpus(path: Path, chars: int = 80_000) -> None:
 
 
 def test_sync_off_by_default_and_fails_fast_without_token_or_repo(tmp_path, monkeypatch):
-    from mlm_tasks.train_sync import EpochSync
+    from mlm_tasks.hub_sync import EpochSync
 
     monkeypatch.delenv("HF_TOKEN", raising=False)
     assert EpochSync.start(tiny_config(tmp_path), TRAIN_RECORDS, 8) is None
