@@ -11,6 +11,7 @@
 
 `--config-json` takes the whole validated config as JSON (how a TPU VM receives the run's config).
 Without --data-fingerprint, the fingerprint is computed from the corpus (needs the corpus at hand).
+`train` with publish.sync_checkpoints uploads checkpoints with the Hub token in HF_TOKEN.
 Exit status: 0 done, 2 bad configuration (fix the input), 1 anything else.
 """
 from __future__ import annotations
@@ -18,6 +19,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import os
 import sys
 
 import yaml
@@ -78,7 +80,9 @@ def run_step(step: str, cfg: PipelineConfig, run_id: str, fingerprint: str | Non
     if step == "train":
         from mlm_tasks.train import train
 
-        return train(cfg, run_id, fingerprint)
+        # The one place mlm_tasks reads the Hub token from the environment (a TPU VM's remote line
+        # exports it there from the SSH session); the step itself takes it as an argument.
+        return train(cfg, run_id, fingerprint, hub_token=os.environ.get("HF_TOKEN") or None)
     if step == "evaluate":
         from mlm_tasks.evaluate import evaluate
 

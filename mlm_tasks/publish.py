@@ -23,7 +23,7 @@ from mlm_tasks.hub import PublishError, hub_api, hub_errors
 from mlm_tasks.model_card import read_run_artifacts, write_model_card
 from mlm_tasks.paths import DataPaths, RunPaths, join
 from mlm_tasks.pt_export import SAFETENSORS_NAME, export_pytorch_weights
-from mlm_tasks.publish_sync import CheckpointSyncer
+from mlm_tasks.hub_sync import CheckpointSyncer
 
 __all__ = ["PublishError", "publish_model", "publish_tokenizer", "write_model_card", "CheckpointSyncer"]
 log = logging.getLogger(__name__)

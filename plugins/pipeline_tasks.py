@@ -11,6 +11,7 @@ from typing import Any
 
 from mlm_tasks.config import PipelineConfig, config_from_params
 import shard_fanout
+from hub_connection import hub_credentials
 from task_errors import bad_input_fails_fast
 
 log = logging.getLogger(__name__)
@@ -146,21 +147,6 @@ def gate(ti, run_id: str, **_: Any) -> dict:
     return decision
 
 
-def _hub_credentials(conn_id: str) -> tuple[str, str | None]:
-    """Token (connection password) and optional endpoint (connection host) of the Hub connection."""
-    from airflow.exceptions import AirflowFailException
-    from airflow.sdk import BaseHook
-
-    try:
-        conn = BaseHook.get_connection(conn_id)
-    except Exception:  # the SDK raises its own not-found type
-        raise AirflowFailException(f"No Airflow connection {conn_id!r}: create it with the Hub token as "
-                                   "password (see README, 'Publishing').") from None
-    if not conn.password:
-        raise AirflowFailException(f"Airflow connection {conn_id!r} has no password: put the Hub token there.")
-    return conn.password, (conn.host or None)
-
-
 def publish(ti, run_id: str, **_: Any) -> dict:
     from airflow.exceptions import AirflowSkipException
 
@@ -173,7 +159,7 @@ def publish(ti, run_id: str, **_: Any) -> dict:
     decision = ti.xcom_pull(task_ids="gate")
     if not decision["passed"]:
         raise AirflowSkipException("Not published: the evaluation gate failed:\n  " + "\n  ".join(decision["reasons"]))
-    token, endpoint = _hub_credentials(cfg.publish.hf_conn_id)
+    token, endpoint = hub_credentials(cfg.publish.hf_conn_id)
     return publish_model(cfg, RunPaths(cfg.output_root, run_id), token, endpoint)
 
 
@@ -186,5 +172,5 @@ def publish_tokenizer(ti, **_: Any) -> dict:
     cfg = _config(ti)
     if not cfg.publish.tokenizer_repo_id:
         raise AirflowSkipException("publish.tokenizer_repo_id is empty: the tokenizer is not pushed on its own.")
-    token, endpoint = _hub_credentials(cfg.publish.hf_conn_id)
+    token, endpoint = hub_credentials(cfg.publish.hf_conn_id)
     return step(cfg, DataPaths(cfg.output_root, _fingerprint(ti)), token, endpoint)

@@ -14,6 +14,7 @@ from typing import Any
 
 from airflow.sdk.exceptions import AirflowFailException
 
+from hub_connection import hub_credentials
 from remote_step import TpuSSHStepOperator
 from task_errors import bad_input_fails_fast
 from tpu_operators import resolve_config
@@ -55,30 +56,14 @@ class TrainOperator(TpuSSHStepOperator):
         if not cfg.publish.sync_checkpoints:
             return {}
         from mlm_tasks.tpu_remote import SESSION_ENV_TOKEN
-        from pipeline_tasks import _hub_credentials
 
-        return {SESSION_ENV_TOKEN: _hub_credentials(cfg.publish.hf_conn_id)[0]}
+        return {SESSION_ENV_TOKEN: hub_credentials(cfg.publish.hf_conn_id)[0]}
 
     def step_env(self, cfg: Any) -> dict[str, str]:
         if not cfg.publish.sync_checkpoints:
             return {}
-        from pipeline_tasks import _hub_credentials
-
-        endpoint = _hub_credentials(cfg.publish.hf_conn_id)[1]
+        endpoint = hub_credentials(cfg.publish.hf_conn_id)[1]
         return {"HF_ENDPOINT": endpoint} if endpoint else {}
-
-    @staticmethod
-    def _hand_hub_token_to_training(cfg) -> None:
-        """Checkpoint sync (publish.sync_checkpoints) reads HF_TOKEN; the token lives in the Hub
-        connection. Set in this task's own process only, never logged or returned."""
-        import os
-
-        from pipeline_tasks import _hub_credentials
-
-        token, endpoint = _hub_credentials(cfg.publish.hf_conn_id)
-        os.environ["HF_TOKEN"] = token
-        if endpoint:
-            os.environ.setdefault("HF_ENDPOINT", endpoint)
 
     def execute(self, context: Any) -> dict[str, Any]:
         cfg = resolve_config(self.config)
@@ -87,7 +72,7 @@ class TrainOperator(TpuSSHStepOperator):
             return super().execute(context)
         from mlm_tasks.train import train
 
-        if cfg.publish.sync_checkpoints:
-            self._hand_hub_token_to_training(cfg)
+        # Checkpoint sync: the connection's token goes to train as an argument, never into os.environ.
+        token, endpoint = hub_credentials(cfg.publish.hf_conn_id) if cfg.publish.sync_checkpoints else (None, None)
         with bad_input_fails_fast():
-            return train(cfg, context["run_id"], fingerprint)
+            return train(cfg, context["run_id"], fingerprint, hub_token=token, hub_endpoint=endpoint)
