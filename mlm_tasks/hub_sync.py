@@ -50,7 +50,8 @@ def check_sync_settings(cfg: PipelineConfig, token: str | None) -> None:
     if not token:
         raise ConfigError("publish.sync_checkpoints is on but train() got no Hub token (hub_token): give it a "
                           "Hub write token — the CLI reads it from HF_TOKEN, the Airflow train task from the "
-                          f"password of connection {cfg.publish.hf_conn_id!r} — or turn publish.sync_checkpoints off.")
+                          f"password of connection {cfg.publish.hf_conn_id!r} — or turn "
+                          "publish.sync_checkpoints off.")
 
 
 def hub_checkpoint_sync(cfg: PipelineConfig, token: str | None, *, train_records: int, global_batch: int,
