@@ -1,27 +1,32 @@
 """The shard gate: wait until a shard set's _SUCCESS marker exists, locally or on gs://.
 
-    from shard_gate import shard_gate_sensor            # Airflow puts plugins/ on sys.path
-    wait = shard_gate_sensor(sensor=cfg.sensor)         # marker from prepare_data's XCom
+    from shard_gate import ShardSetCompleteSensor      # Airflow puts plugins/ on sys.path
+    wait = ShardSetCompleteSensor(task_id="wait_for_shards", config=validate_output, data=merge_output)
 
-The marker URI is known only at run time (it holds the data fingerprint), so it is a templated
-field, by default `prepare_data`'s returned "success_uri". For gs:// the check is GCSHook.exists
-with the run's Airflow GCP connection and, when deferrable, the wait is handed to the provider's
-GCSBlobTrigger on the triggerer (no worker slot held). For a local folder it pokes the file in
-reschedule mode (the slot is freed between pokes). Either way the timeout says what to check.
+`config` is the run's validated config and `data` the shard-set summary the merge step returns
+("success_uri", "cache_hit", "written_here"); both are templated fields, normally XComArgs, so the
+gate knows nothing of task ids. Its settings come from the run's config when it runs, not from the
+defaults when the DAG is parsed: `sensor.poke_interval_s`, `sensor.timeout_s` and
+`sensor.gcp_conn_id` (empty: the top-level `gcp_conn_id`).
+
+The gate is for shards written elsewhere (a dataset refresh, another DAG, bring-your-own shards):
+when this very run wrote the set (`written_here`), it succeeds at once and says so. Otherwise, for
+gs:// the check is GCSHook.exists with the run's Airflow GCP connection and, when deferrable, the wait
+is handed to the provider's GCSBlobTrigger on the triggerer (no worker slot held); for a local folder
+it pokes the file in reschedule mode (the slot is freed between pokes). A timeout says what to check.
 """
 from __future__ import annotations
 
+import ast
+import json
 import os
 from datetime import timedelta
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from airflow.sdk import BaseSensorOperator
 from airflow.sdk.exceptions import AirflowException, AirflowFailException, AirflowSensorTimeout
 
-if TYPE_CHECKING:
-    from mlm_tasks.config import SensorConfig
-
-MARKER_FROM_PREPARE_DATA = "{{ ti.xcom_pull(task_ids='prepare_data')['success_uri'] }}"
+from tpu_operators import resolve_config
 
 
 def split_gs_uri(uri: str) -> tuple[str, str]:
@@ -31,52 +36,89 @@ def split_gs_uri(uri: str) -> tuple[str, str]:
     return bucket, name
 
 
-class ShardSetCompleteSensor(BaseSensorOperator):
-    """Succeeds once `marker_uri` (local path or gs://bucket/object) exists; returns the URI."""
+def _as_dict(value: Any) -> dict:
+    """A dict from XCom: as it is, or its JSON / Python repr (a template rendered without native types)."""
+    if isinstance(value, str):
+        try:
+            value = json.loads(value)
+        except json.JSONDecodeError:
+            value = ast.literal_eval(value)
+    return value if isinstance(value, dict) else {}
 
-    template_fields = ("marker_uri", "gcp_conn_id")
+
+class ShardSetCompleteSensor(BaseSensorOperator):
+    """Succeeds once the marker `data["success_uri"]` (local path or gs://bucket/object) exists, or at once
+    when `data["written_here"]`; returns the marker URI. Timing and connection: the run's `cfg.sensor`."""
+
+    template_fields = ("config", "data")
     ui_color = "#e8f4e4"
 
-    def __init__(self, *, marker_uri: str = MARKER_FROM_PREPARE_DATA,
-                 gcp_conn_id: str = "google_cloud_default", deferrable: bool = True,
-                 mode: str = "reschedule", **kwargs: Any) -> None:
+    def __init__(self, *, config: Any, data: Any, deferrable: bool = True, mode: str = "reschedule",
+                 **kwargs: Any) -> None:
         super().__init__(mode=mode, **kwargs)
-        self.marker_uri = marker_uri
-        self.gcp_conn_id = gcp_conn_id
+        self.config = config
+        self.data = data
         self.deferrable = deferrable
+        self.gcp_conn_id: str | None = None  # from the run's config, in apply_run_config
+        self._configured = False
+
+    def apply_run_config(self) -> None:
+        """Poke interval, timeout and GCP connection from the run's config, before anything reads them."""
+        if self._configured:
+            return
+        cfg = resolve_config(self.config)
+        self.poke_interval = float(cfg.sensor.poke_interval_s)
+        self.timeout = float(cfg.sensor.timeout_s)
+        self.gcp_conn_id = cfg.sensor.gcp_conn_id or cfg.gcp_conn_id
+        self._configured = True
+        self.log.info("Shard gate settings from the run's config: poke every %g s, timeout %g s "
+                      "(sensor.poke_interval_s, sensor.timeout_s), GCP connection %r.",
+                      self.poke_interval, self.timeout, self.gcp_conn_id)
+
+    @property
+    def marker_uri(self) -> str:
+        uri = _as_dict(self.data).get("success_uri")
+        if not uri:
+            raise AirflowFailException(
+                "No shard marker URI: the shard-set summary given to the gate as `data` has no 'success_uri' "
+                f"(got {str(self.data)[:200]!r}). Check the log and return value of the step that merges the "
+                "shards; this gate waits for <output_root>/datasets/<fp>/shards/_SUCCESS.")
+        return str(uri)
 
     @property
     def _is_gcs(self) -> bool:
-        return str(self.marker_uri).startswith("gs://")
-
-    def _check_rendered(self) -> None:
-        if not self.marker_uri or self.marker_uri == "None":
-            raise AirflowFailException(
-                "No shard marker URI: prepare_data returned no 'success_uri'. Check that task's log "
-                "and return value; this sensor waits for <output_root>/datasets/<fp>/shards/_SUCCESS.")
+        return self.marker_uri.startswith("gs://")
 
     def poke(self, context: Any) -> bool:
-        self._check_rendered()
-        self.log.info("Waiting for the shard marker %s", self.marker_uri)
+        self.apply_run_config()
+        marker = self.marker_uri
+        self.log.info("Waiting for the shard marker %s", marker)
         if self._is_gcs:
             from airflow.providers.google.cloud.hooks.gcs import GCSHook
 
-            bucket, name = split_gs_uri(self.marker_uri)
+            bucket, name = split_gs_uri(marker)
             return GCSHook(gcp_conn_id=self.gcp_conn_id).exists(bucket, name)
-        path = self.marker_uri[len("file://"):] if self.marker_uri.startswith("file://") else self.marker_uri
+        path = marker[len("file://"):] if marker.startswith("file://") else marker
         return os.path.isfile(path)
 
     def execute(self, context: Any) -> str:
+        self.apply_run_config()
+        marker = self.marker_uri
+        if _as_dict(self.data).get("written_here"):
+            self.log.info("Not waiting: this run wrote the shard set %s itself, in merge_shards; the gate waits "
+                          "only for shards from elsewhere (a dataset refresh, another DAG, bring-your-own "
+                          "shards).", marker.rsplit("/", 1)[0])
+            return marker
         if self.deferrable and self._is_gcs:
             if not self.poke(context):
                 self.defer(trigger=self.trigger(), method_name="execute_complete",
                            timeout=timedelta(seconds=self.timeout))
-            return self.marker_uri
+            return marker
         try:
             super().execute(context)
         except AirflowSensorTimeout as e:
             raise AirflowSensorTimeout(self.timeout_message()) from e
-        return self.marker_uri
+        return marker
 
     def trigger(self):
         from airflow.providers.google.cloud.triggers.gcs import GCSBlobTrigger
@@ -87,6 +129,7 @@ class ShardSetCompleteSensor(BaseSensorOperator):
                               hook_params={})
 
     def execute_complete(self, context: Any, event: dict[str, Any]) -> str:
+        self.apply_run_config()
         if event.get("status") != "success":
             raise AirflowException(
                 f"Checking {self.marker_uri} failed on the triggerer: {event.get('message')}. Check that "
@@ -95,27 +138,16 @@ class ShardSetCompleteSensor(BaseSensorOperator):
         return self.marker_uri
 
     def resume_execution(self, next_method: str, next_kwargs: dict[str, Any] | None, context: Any):
+        self.apply_run_config()  # a resumed task is a fresh operator: the config's timeout is for the message
         try:
             return super().resume_execution(next_method, next_kwargs, context)
         except AirflowSensorTimeout as e:  # the deferral ran out of time on the triggerer
             raise AirflowSensorTimeout(self.timeout_message()) from e
 
     def timeout_message(self) -> str:
-        shards = str(self.marker_uri).rsplit("/", 1)[0]
+        marker = self.marker_uri
         where = f"Airflow connection {self.gcp_conn_id!r}" if self._is_gcs else "this worker's filesystem"
-        return (f"Shards under {shards} not complete after {int(self.timeout)} s: no {self.marker_uri}. "
-                f"Did prepare_data fail? Check its log, that output_root is right and readable through "
-                f"{where}; if the corpus is just big, raise sensor.timeout_s.")
-
-
-def shard_gate_sensor(task_id: str = "wait_for_shards", *, sensor: SensorConfig | None = None,
-                      marker_uri: str = MARKER_FROM_PREPARE_DATA, **kwargs: Any) -> ShardSetCompleteSensor:
-    """The gate as the DAG uses it: timings and connection from a `SensorConfig` (or defaults)."""
-    if sensor is None:
-        from mlm_tasks.config import SensorConfig
-
-        sensor = SensorConfig()
-    kwargs.setdefault("poke_interval", sensor.poke_interval_s)
-    kwargs.setdefault("timeout", sensor.timeout_s)
-    kwargs.setdefault("gcp_conn_id", sensor.gcp_conn_id or "google_cloud_default")
-    return ShardSetCompleteSensor(task_id=task_id, marker_uri=marker_uri, **kwargs)
+        return (f"Shards under {marker.rsplit('/', 1)[0]} not complete after {int(self.timeout)} s: no {marker}. "
+                "This run did not write that set: check that whatever writes it (a dataset refresh, another DAG "
+                "or run, your upload of bring-your-own shards) finished, that output_root is right and readable "
+                f"through {where}; if the set is just slow to arrive, raise sensor.timeout_s.")

@@ -14,6 +14,7 @@ from typing import Any
 
 from airflow.sdk.exceptions import AirflowFailException
 
+from hub_connection import hub_credentials
 from remote_step import TpuSSHStepOperator
 from task_errors import bad_input_fails_fast
 from tpu_operators import resolve_config
@@ -57,7 +58,6 @@ class TrainOperator(TpuSSHStepOperator):
         never in the command line, a log or XCom."""
         if not cfg.publish.sync_checkpoints:
             return {}
-        from hub_connection import hub_credentials
         from mlm_tasks.tpu_remote import SESSION_ENV_TOKEN
 
         return {SESSION_ENV_TOKEN: hub_credentials(cfg.publish.hf_conn_id)[0]}
@@ -65,8 +65,6 @@ class TrainOperator(TpuSSHStepOperator):
     def step_env(self, cfg: Any) -> dict[str, str]:
         if not cfg.publish.sync_checkpoints:
             return {}
-        from hub_connection import hub_credentials
-
         endpoint = hub_credentials(cfg.publish.hf_conn_id)[1]
         return {"HF_ENDPOINT": endpoint} if endpoint else {}
 
@@ -78,10 +76,8 @@ class TrainOperator(TpuSSHStepOperator):
         from mlm_tasks.paths import RunContext
         from mlm_tasks.steps.train import train
 
-        token = None
-        if cfg.publish.sync_checkpoints:  # checkpoint sync: the token goes to train() as an argument
-            from hub_connection import hub_credentials
-
-            token = hub_credentials(cfg.publish.hf_conn_id)[0]
+        # Checkpoint sync: the connection's token goes to train as an argument, never into os.environ.
+        token, endpoint = hub_credentials(cfg.publish.hf_conn_id) if cfg.publish.sync_checkpoints else (None, None)
         with bad_input_fails_fast():
-            return train(cfg, RunContext.of(cfg, context["run_id"], fingerprint), hub_token=token)
+            return train(cfg, RunContext.of(cfg, context["run_id"], fingerprint), hub_token=token,
+                         hub_endpoint=endpoint)

@@ -16,6 +16,7 @@ import math
 import os
 import platform
 import tempfile
+from typing import Callable
 
 from mlm_tasks import storage
 from mlm_tasks.config import ConfigError, PipelineConfig
@@ -115,8 +116,21 @@ def plan_steps(cfg: PipelineConfig, shard_set: ShardSet, global_batch: int) -> i
     return cfg.train.steps or max(1, math.ceil(cfg.train.epochs * records / global_batch))
 
 
-def train(cfg: PipelineConfig, ctx: RunContext, *, hub_token: str | None = None) -> dict:
-    """Train (or resume) run `ctx.run_id` on the shard set `ctx.fingerprint`; the training summary."""
+def train(cfg: PipelineConfig, ctx: RunContext, *, on_checkpoint: Callable[[int, str], None] | None = None,
+          hub_token: str | None = None, hub_endpoint: str | None = None) -> dict:
+    """Train (or resume) run `ctx.run_id` on the shard set `ctx.fingerprint`; returns the training
+    summary (also written to the run's folder).
+
+    `on_checkpoint(step, path)` is called after each saved checkpoint (`path`: its prefix, e.g.
+    .../checkpoints/ckpt-40) and at the end with the final one; a hook with an int `checkpoint_every`
+    attribute also gets a checkpoint saved every that many steps. With `publish.sync_checkpoints`, train
+    adds the Hub sync hook of `mlm_tasks.hub_sync`, which uploads with `hub_token` to `hub_endpoint`
+    (None: HF_ENDPOINT or huggingface.co).
+    """
+    from mlm_tasks import hub_sync
+
+    hub_sync.check_sync_settings(cfg, hub_token)  # a missing token fails now, not after the data checks
+
     import tensorflow as tf
     import tf_keras
     from transformers import create_optimizer
@@ -151,10 +165,13 @@ def train(cfg: PipelineConfig, ctx: RunContext, *, hub_token: str | None = None)
     warmup = int(total_steps * cfg.train.warmup_fraction)
     log.info("Training on %s: %d replica(s), global batch %d, %d steps, warmup %d, XLA %s, precision %s",
              device, replicas, global_batch, total_steps, warmup, "on" if xla else "off", precision)
-    from mlm_tasks.train_sync import EpochSync
-
-    # None unless publish.sync_checkpoints
-    hub_sync = EpochSync.start(cfg, shard_set.records("train"), global_batch, strategy)
+    # None unless publish.sync_checkpoints (and on worker 0)
+    sync = hub_sync.hub_checkpoint_sync(cfg, hub_token, train_records=shard_set.records("train"),
+                                        global_batch=global_batch, total_steps=total_steps,
+                                        strategy=strategy, endpoint=hub_endpoint)
+    hooks = [hook for hook in (on_checkpoint, sync) if hook is not None]
+    save_every = [cfg.train.checkpoint_every, *(h.checkpoint_every for h in hooks
+                                                 if getattr(h, "checkpoint_every", None))]
 
     with strategy.scope():
         model = build_model(roberta_config(cfg, len(tokenizer), shard_set.special_ids),
@@ -196,23 +213,26 @@ def train(cfg: PipelineConfig, ctx: RunContext, *, hub_token: str | None = None)
     progress = ProgressLog(history, start_step, total_steps, cfg.train.log_every,
                            global_batch * shard_set.max_length, run.tensorboard, schedule)
     fault_marker = join(run.root, "train", ".fault_injected")
+
+    def save_checkpoint(step: int) -> None:
+        path = manager.save(checkpoint_number=step)
+        _write_history(run, history)
+        for hook in hooks:
+            hook(step, path)  # the Hub sync queues the upload and returns at once
+
     for step in range(start_step + 1, total_steps + 1):
         progress.record(step, *distributed_step(iterator))
         step_var.assign(step)
-        if step % cfg.train.checkpoint_every == 0 and step != total_steps:
-            manager.save(checkpoint_number=step)
-            _write_history(run, history)
-        if hub_sync and step != total_steps:
-            hub_sync.step_done(step, manager)  # epoch end: queue the checkpoint for upload, return at once
+        if step != total_steps and any(step % every == 0 for every in save_every):
+            save_checkpoint(step)
         if cfg.train.fail_at_step == step and not storage.exists(fault_marker):
             storage.write_text(fault_marker, f"fault injected at step {step}\n")
             raise RuntimeError(f"Injected fault at step {step} (train.fail_at_step): a retry resumes from "
                                "the last checkpoint.")
     progress.finish_loop()
-    manager.save(checkpoint_number=total_steps)
-    if hub_sync:
-        hub_sync.finish(total_steps, manager)
-    _write_history(run, history)
+    save_checkpoint(total_steps)
+    if sync:
+        sync.finish()  # the final upload; a failure is logged, the checkpoints stay in output_root
     _save_model(model, tokenizer, run)
     summary = {"steps": total_steps, "resumed_from_step": start_step, "global_batch": global_batch,
                "replicas": replicas, "device": device, "xla": xla, "precision": precision,

@@ -195,23 +195,25 @@ from train_operator import TrainOperator
 @dag(dag_id="gate_before_tpu", schedule=None, start_date=pendulum.datetime(2024, 1, 1), catchup=False)
 def gate_before_tpu():
     @task
-    def validate_config(**context):
+    def validate(**context):
         from mlm_tasks.config import build_config
         return build_config(context["dag_run"].conf["config"]).model_dump(mode="json")
 
     @task
-    def prepare_data(**context):
-        return {"fingerprint": "0123456789abcdef", "success_uri": context["dag_run"].conf["marker"]}
+    def merge_shards(**context):  # shards from elsewhere: this run did not write them
+        return {"fingerprint": "0123456789abcdef", "success_uri": context["dag_run"].conf["marker"],
+                "cache_hit": True, "written_here": False}
 
-    cfg = "{{ ti.xcom_pull(task_ids='validate_config') }}"
+    cfg = validated = validate()
+    data = merge_shards()
     # As in mlm_pretrain, but not deferrable: `dags test` runs triggers inline and never times them out.
-    wait = ShardSetCompleteSensor(
-        task_id="wait_for_shards", deferrable=False, poke_interval=1, timeout=4, retries=0,
-        gcp_conn_id="{{ ti.xcom_pull(task_ids='validate_config')['sensor']['gcp_conn_id'] }}")
+    # Poke interval and timeout come from the run's config (sensor.*).
+    wait = ShardSetCompleteSensor(task_id="wait_for_shards", config=validated, data=data, deferrable=False,
+                                  retries=0)
     create = TpuVmCreateOperator(task_id="create_tpu_vm", config=cfg)
-    train = TrainOperator(task_id="train", config=cfg)
+    train = TrainOperator(task_id="train", config=cfg, data=data)
     delete = TpuVmDeleteOperator(task_id="delete_tpu_vm", config=cfg)
-    validate_config() >> prepare_data() >> wait >> create >> train
+    validated >> data >> wait >> create >> train
     train >> delete.as_teardown(setups=create)
 
 
@@ -223,7 +225,7 @@ def test_sensor_timeout_fails_clearly_and_creates_no_node(  # noqa: F811
         airflow_env, gcs, gcs_root, tf_gcs_env, fake_tpu, sshd, tmp_path):
     dag_file = tmp_path / "gate_before_tpu.py"
     dag_file.write_text(SENSOR_DAG)
-    config = {"output_root": gcs_root, "compute": "tpu_vm",
+    config = {"output_root": gcs_root, "compute": "tpu_vm", "sensor": {"poke_interval_s": 1, "timeout_s": 4},
               "tpu": {"project": PROJECT, "zone": ZONE, "api_endpoint": fake_tpu.url, "transport": "rest"}}
     marker = DataPaths(gcs_root, "0123456789abcdef").success
     result = dags_test(airflow_env, "gate_before_tpu", dagfile=dag_file, conf={"config": config, "marker": marker},
@@ -232,5 +234,5 @@ def test_sensor_timeout_fails_clearly_and_creates_no_node(  # noqa: F811
     assert result.returncode != 0, log[-6000:]
     shards = marker.rsplit("/", 1)[0]
     assert f"Shards under {shards} not complete after 4 s: no {marker}" in log, log[-6000:]
-    assert "Did prepare_data fail?" in log
+    assert "This run did not write that set" in log and "raise sensor.timeout_s" in log
     assert fake_tpu.requests == [], "no TPU API call may happen before the shard set is complete"

@@ -106,21 +106,46 @@ def test_configuration_error_on_the_vm_fails_without_retry(fake_tpu, sshd, ssh_c
     assert not isinstance(err.value, AirflowFailException)  # other failures are retried
 
 
-def test_local_training_gets_the_hub_token_from_the_connection_for_checkpoint_sync(monkeypatch):
-    """publish.sync_checkpoints: the train task hands the Hub connection's token to training as HF_TOKEN."""
-    import mlm_tasks.train
+def test_local_training_gets_the_hub_token_from_the_connection_as_an_argument(monkeypatch):
+    """publish.sync_checkpoints: the train task hands the Hub connection's token (and host) to train() as
+    arguments; HF_TOKEN never appears in the task's environment, during training or after."""
+    import os
+
+    import mlm_tasks.steps.train
 
     seen = {}
-    monkeypatch.setenv("HF_TOKEN", "")  # recorded, so the token the task sets is removed after the test
-    monkeypatch.setenv("AIRFLOW_CONN_HUGGINGFACE_DEFAULT", json.dumps({"conn_type": "generic",
-                                                                      "password": "hf_planted_sync"}))
-    monkeypatch.setattr(mlm_tasks.train, "train",
-                        lambda cfg, run_id, fp: seen.update(token=__import__("os").environ.get("HF_TOKEN"),
-                                                            fp=fp) or {"steps": 1})
+    monkeypatch.delenv("HF_TOKEN", raising=False)
+    monkeypatch.setenv("AIRFLOW_CONN_HUGGINGFACE_DEFAULT", json.dumps(
+        {"conn_type": "generic", "password": "hf_planted_sync", "host": "http://127.0.0.1:9"}))
+
+    def fake_train(cfg, ctx, **kwargs):
+        seen.update(kwargs, fp=ctx.fingerprint, env_token=os.environ.get("HF_TOKEN"))
+        return {"steps": 1}
+
+    monkeypatch.setattr(mlm_tasks.steps.train, "train", fake_train)
     config = {"publish": {"sync_checkpoints": True, "repo_id": "org/model"}}
     op = TrainOperator(task_id="train", data=DATA, config=config)
     assert op.execute(_context()) == {"steps": 1}
-    assert seen == {"token": "hf_planted_sync", "fp": "fp123"}
+    assert seen == {"hub_token": "hf_planted_sync", "hub_endpoint": "http://127.0.0.1:9", "fp": "fp123",
+                    "env_token": None}
+    assert "HF_TOKEN" not in os.environ
+
+    seen.clear()  # sync off: no connection needed, no token passed
+    monkeypatch.delenv("AIRFLOW_CONN_HUGGINGFACE_DEFAULT")
+    assert TrainOperator(task_id="train", data=DATA, config={}).execute(_context()) == {"steps": 1}
+    assert seen["hub_token"] is None and "HF_TOKEN" not in os.environ
+
+
+def test_hub_credentials_from_the_connection_say_what_is_missing(monkeypatch):
+    from hub_connection import hub_credentials
+
+    monkeypatch.setenv("AIRFLOW_CONN_HF_OK", json.dumps({"conn_type": "generic", "password": "hf_x"}))
+    assert hub_credentials("hf_ok") == ("hf_x", None)
+    monkeypatch.setenv("AIRFLOW_CONN_HF_EMPTY", json.dumps({"conn_type": "generic", "host": "http://h"}))
+    with pytest.raises(AirflowFailException, match="'hf_empty' has no password"):
+        hub_credentials("hf_empty")
+    with pytest.raises(AirflowFailException, match="No Airflow connection 'hf_absent'"):
+        hub_credentials("hf_absent")
 
 
 def test_tpu_vm_training_gets_the_hub_token_through_the_ssh_session_only(fake_tpu, sshd, ssh_conn, tmp_path,

@@ -1,6 +1,10 @@
-"""Checkpoint sync during training (publish.sync_checkpoints) against the fake Hub: the real train step,
-the real huggingface_hub client, uploads at epoch ends that never hold training up."""
+"""Checkpoint sync during training (publish.sync_checkpoints, mlm_tasks/hub_sync.py) against the fake Hub:
+the real train step, the real huggingface_hub client, uploads at epoch ends that never hold training up.
+
+    python -m pytest tests/mlm_tasks/test_hub_sync.py -q
+"""
 import json
+import os
 import threading
 import time
 from pathlib import Path
@@ -8,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from mlm_tasks.config import ConfigError
-from mlm_tasks.paths import RunPaths
+from mlm_tasks.paths import RunContext, RunPaths
 from peers.tiny_data import tiny_config
 
 REPO = "tester/ckpt-sync"
@@ -28,33 +32,66 @@ def _small_corpus(path: Path, chars: int = 80_000) -> None:
     path.write_text("\n".join(rows) + "\n", encoding="utf-8")
 
 
-def test_sync_off_by_default_and_fails_fast_without_token_or_repo(tmp_path, monkeypatch):
-    from mlm_tasks.train_sync import EpochSync
+def test_sync_off_by_default_and_fails_fast_without_token_or_repo(tmp_path):
+    from mlm_tasks.hub_sync import check_sync_settings, hub_checkpoint_sync
 
-    monkeypatch.delenv("HF_TOKEN", raising=False)
-    assert EpochSync.start(tiny_config(tmp_path), TRAIN_RECORDS, 8) is None
-    with pytest.raises(ConfigError, match="HF_TOKEN is not set"):
-        EpochSync.start(tiny_config(tmp_path, **{"publish.sync_checkpoints": True, "publish.repo_id": REPO}),
-                        TRAIN_RECORDS, 8)
+    sizes = {"train_records": TRAIN_RECORDS, "global_batch": 8, "total_steps": 30}
+    assert hub_checkpoint_sync(tiny_config(tmp_path), None, **sizes) is None
+    check_sync_settings(tiny_config(tmp_path), None)  # off: nothing to check
+    on = tiny_config(tmp_path, **{"publish.sync_checkpoints": True, "publish.repo_id": REPO})
+    for call in (lambda: check_sync_settings(on, None), lambda: hub_checkpoint_sync(on, "", **sizes)):
+        with pytest.raises(ConfigError, match="no Hub token"):
+            call()
     with pytest.raises(ConfigError, match="needs publish.repo_id"):
-        EpochSync.start(tiny_config(tmp_path, **{"publish.sync_checkpoints": True}), TRAIN_RECORDS, 8)
+        check_sync_settings(tiny_config(tmp_path, **{"publish.sync_checkpoints": True}), "hf_token")
+
+
+def test_train_with_sync_and_no_token_says_what_to_do_and_ignores_the_environment(tmp_path, monkeypatch):
+    """The token is train()'s argument: HF_TOKEN in the environment is the CLI's business, not the step's.
+    The check comes before any data is read (there is none under this output_root)."""
+    from mlm_tasks.steps.train import train
+
+    monkeypatch.setenv("HF_TOKEN", "hf_in_the_environment")
+    cfg = tiny_config(tmp_path / "out", **{"publish.sync_checkpoints": True, "publish.repo_id": REPO})
+    with pytest.raises(ConfigError) as err:
+        train(cfg, RunContext.of(cfg, "no-token", "0123456789abcdef"))
+    msg = str(err.value)
+    assert "publish.sync_checkpoints is on but train() got no Hub token (hub_token)" in msg
+    assert "HF_TOKEN" in msg and "'huggingface_default'" in msg and "turn publish.sync_checkpoints off" in msg
+
+
+def test_cli_hands_hf_token_to_train_explicitly(tmp_path, monkeypatch):
+    """The CLI boundary reads HF_TOKEN once and passes it; a TPU VM's remote line exports it there."""
+    import mlm_tasks.steps.train
+    from mlm_tasks.cli import run_step
+
+    seen = {}
+    monkeypatch.setattr(mlm_tasks.steps.train, "train", lambda cfg, ctx, **kw: seen.update(kw) or {"steps": 1})
+    monkeypatch.setenv("HF_TOKEN", "hf_from_cli_env")
+    cfg = tiny_config(tmp_path)
+    assert run_step("train", cfg, RunContext.of(cfg, "r", "fp")) == {"steps": 1}
+    assert seen == {"hub_token": "hf_from_cli_env"}
+    monkeypatch.delenv("HF_TOKEN")
+    run_step("train", cfg, RunContext.of(cfg, "r", "fp"))
+    assert seen == {"hub_token": None}
 
 
 @pytest.mark.slow
 def test_checkpoints_reach_the_hub_at_epoch_ends_without_blocking_training(tmp_path, fake_hub, monkeypatch):
-    from mlm_tasks.prepare import prepare_data
-    from mlm_tasks.train import train
+    from mlm_tasks.steps import build_shard_set
+    from mlm_tasks.steps.train import train
 
     corpus = tmp_path / "corpus.txt"
     _small_corpus(corpus)
     settings = {"corpus.source": "local_files", "corpus.local_paths": [str(corpus)],
                 "publish.sync_checkpoints": True, "publish.repo_id": REPO, "train.log_every": 1}
-    data = prepare_data(tiny_config(tmp_path / "out", **settings))
+    data = build_shard_set(tiny_config(tmp_path / "out", **settings))
     epoch = data["records"]["train"] // 8  # steps per epoch at the tiny preset's batch of 8
     steps = 2 * epoch + 3
     cfg = tiny_config(tmp_path / "out", **settings, **{"train.steps": steps})
     run = RunPaths(cfg.output_root, "sync-run")
-    monkeypatch.setenv("HF_TOKEN", fake_hub.token)
+    assert "HF_TOKEN" not in os.environ  # the fake_hub fixture removes it: the token is an argument only
+    saved = []  # the generic hook sees every checkpoint train saves: its own cadence, epoch ends, the final one
 
     # Hold every commit on the Hub: training must go on regardless.
     fake_hub.commits_released.clear()
@@ -62,7 +99,8 @@ def test_checkpoints_reach_the_hub_at_epoch_ends_without_blocking_training(tmp_p
 
     def work():
         try:
-            outcome["summary"] = train(cfg, "sync-run", data["fingerprint"])
+            outcome["summary"] = train(cfg, RunContext.of(cfg, "sync-run", data["fingerprint"]),
+                                       hub_token=fake_hub.token, on_checkpoint=lambda step, path: saved.append((step, path)))
         except BaseException as err:  # noqa: BLE001 - reported by the assertion below
             outcome["error"] = err
 
@@ -79,6 +117,9 @@ def test_checkpoints_reach_the_hub_at_epoch_ends_without_blocking_training(tmp_p
     worker.join(600)
     assert "summary" in outcome, outcome
     assert outcome["summary"]["steps"] == steps
+    every = cfg.train.checkpoint_every
+    assert [step for step, _ in saved] == sorted({*range(every, steps, every), epoch, 2 * epoch, steps})
+    assert all(path == f"{run.checkpoints}/ckpt-{step}" for step, path in saved), saved
 
     # Epoch 1 was uploaded; epoch 2's checkpoint was still waiting when the final one came, so only the
     # newest waiting one was kept (uploads never queue up behind a slow Hub).
