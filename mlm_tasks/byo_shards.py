@@ -15,7 +15,7 @@ The data fingerprint is a hash of every shard's URI, size and generation (gs://)
 and of the tokenizer: changing a file gives a new fingerprint, so runs stay reproducible and the
 Assets flow announces it. `plan_shards` adopts the set (no partitions to write, no tokenizer to train).
 
-`check_shards` runs in `validate_inputs`, before any TPU VM exists: both features present as int64
+`check_shards` runs in the validate step, before any TPU VM exists: both features present as int64
 lists of one length, that length equal to `shards.max_length`, and every id inside the tokenizer's
 vocabulary. It reads the first records of a bounded number of shards per split (a full read of a large
 set would cost as much as training's first epoch); train() then checks every shard's size.

@@ -213,6 +213,8 @@ class PublishConfig(_Section):
 
 
 class SensorConfig(_Section):
+    """Orchestration only: the shard gate (plugins/shard_gate.py) reads this section at run time; no
+    step of mlm_tasks does. It lives in the run's config so a run (production.yaml) can set it."""
     poke_interval_s: int = Field(30, ge=1, description="Seconds between checks for the shard completion marker.")
     timeout_s: int = Field(3600, ge=1, description="Fail the run if shards are not complete after this long.")
     gcp_conn_id: str | None = Field(None, description="Airflow GCP connection of the sensor (empty: the "

@@ -46,32 +46,15 @@ class DataPaths:
     output_root: str
     fingerprint: str
 
-    @property
-    def root(self) -> str:
-        return join(self.output_root, "datasets", self.fingerprint)
-
-    @property
-    def tokenizer(self) -> str:
-        return join(self.root, "tokenizer")
-
-    @property
-    def shards_dir(self) -> str:
-        return join(self.root, "shards")
+    root = property(lambda self: join(self.output_root, "datasets", self.fingerprint))
+    tokenizer = property(lambda self: join(self.root, "tokenizer"))
+    shards_dir = property(lambda self: join(self.root, "shards"))
+    partitions_dir = property(lambda self: join(self.root, "partitions"))
+    manifest = property(lambda self: join(self.shards_dir, "manifest.json"))
+    success = property(lambda self: join(self.shards_dir, "_SUCCESS"))
 
     def shards(self, split: str) -> str:
         return join(self.shards_dir, split)
-
-    @property
-    def partitions_dir(self) -> str:
-        return join(self.root, "partitions")
-
-    @property
-    def manifest(self) -> str:
-        return join(self.shards_dir, "manifest.json")
-
-    @property
-    def success(self) -> str:
-        return join(self.shards_dir, "_SUCCESS")
 
 
 @dataclass(frozen=True)
@@ -79,10 +62,7 @@ class RunPaths:
     output_root: str
     run_id: str
 
-    @property
-    def root(self) -> str:
-        return join(self.output_root, "runs", safe_run_id(self.run_id))
-
+    root = property(lambda self: join(self.output_root, "runs", safe_run_id(self.run_id)))
     checkpoints = property(lambda self: join(self.root, "checkpoints"))
     model = property(lambda self: join(self.root, "model"))
     eval_metrics = property(lambda self: join(self.root, "eval", "metrics.json"))

@@ -25,8 +25,9 @@ log = logging.getLogger(__name__)
 
 
 @task(retries=0)  # retrying cannot fix a bad input: fail now, with what to change
-def validate(**context: Any) -> dict:
+def validate(probe_write: bool = True, **context: Any) -> dict:
     """First task: every setting and input checked, before anything costs time or money.
+    `probe_write=False`: output_root is not written to (the dataset refresh of an unchanged source).
 
     A run scheduled by a dataset-refresh event trains on exactly that event's data: its output_root
     and data settings replace the form's, so the shards found are the ones the event announced.
@@ -46,7 +47,8 @@ def validate(**context: Any) -> dict:
             tree.update(event["data_config"], output_root=event["output_root"])
             cfg = PipelineConfig.model_validate(tree)
         cfg, ctx = step_context(cfg)  # validate probes output_root with the connection's credentials
-        return step(cfg, ctx, distributed_executor=distributed_executor(), shared_roots=shared_output_roots())
+        return step(cfg, ctx, distributed_executor=distributed_executor(), shared_roots=shared_output_roots(),
+                    probe_write=probe_write)
 
 
 @task(queue=CPU_QUEUE)

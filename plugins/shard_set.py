@@ -1,7 +1,7 @@
 """The shard-set task group both DAGs run: plan_shards → write_shards (one mapped task per partition) → merge_shards.
 
     data = shard_set(config)                    # mlm_pretrain: merge_shards' data summary (an XComArg)
-    data = shard_set(config, announce=True)     # mlm_dataset_refresh: the merge emits the SHARDS event
+    shard_set(config, announce=True, after=changed)   # mlm_dataset_refresh: the merge emits the SHARDS event
 
 Each task calls the step of the same name in mlm_tasks/steps/. Values flow as XComArgs: the plan (a
 list of partitions, never empty) is what write_shards is mapped over, and the written partitions
@@ -93,10 +93,13 @@ def merge_shards(config: dict, written: list[dict], announce: bool = False, **co
     return data
 
 
-def shard_set(config: Any, *, announce: bool = False) -> Any:
-    """The three tasks, wired; merge_shards' XComArg (the data summary). Task ids are the step names."""
+def shard_set(config: Any, *, announce: bool = False, after: Any = None) -> Any:
+    """The three tasks, wired (after `after`, e.g. the refresh's short-circuit, so its skip reaches
+    them); merge_shards' XComArg (the data summary). Task ids are the step names."""
     with TaskGroup("shard_set", prefix_group_id=False, tooltip="plan, write (per partition), merge the TFRecord shards"):
         plan = plan_shards(config)
+        if after is not None:
+            after >> plan
         written = write_shards.partial(config=config).expand(partition=plan)
         merge = merge_shards.override(outlets=[SHARDS] if announce else [])
         return merge(config, written, announce=announce)

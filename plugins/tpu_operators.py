@@ -111,16 +111,21 @@ class NodeEnsurer:
         return node
 
 
-class TpuVmCreateOperator(NodeEnsurer, BaseOperator):
-    """Create (or reuse) the run's TPU VM and return {"name", "state", "workers"} once READY."""
+class _RunNodeOperator(BaseOperator):
+    """What both take: the validated config (an XComArg or dict) and, optionally, a fixed node name."""
 
     template_fields = ("config", "node_name")
-    ui_color = "#d7e8fc"
 
     def __init__(self, *, config: Any, node_name: str | None = None, **kwargs: Any) -> None:
         super().__init__(**kwargs)
         self.config = config
         self.node_name = node_name
+
+
+class TpuVmCreateOperator(NodeEnsurer, _RunNodeOperator):
+    """Create (or reuse) the run's TPU VM and return {"name", "state", "workers"} once READY."""
+
+    ui_color = "#d7e8fc"
 
     def execute(self, context: Any) -> dict[str, Any]:
         cfg = resolve_config(self.config)
@@ -132,16 +137,10 @@ class TpuVmCreateOperator(NodeEnsurer, BaseOperator):
         return self.ensure_then(context, cfg, run_node_name(context, self.node_name), deadline)
 
 
-class TpuVmDeleteOperator(BaseOperator):
+class TpuVmDeleteOperator(_RunNodeOperator):
     """Delete the run's TPU VM; already gone counts as done. Use it as a teardown task."""
 
-    template_fields = ("config", "node_name")
     ui_color = "#fcd7d7"
-
-    def __init__(self, *, config: Any, node_name: str | None = None, **kwargs: Any) -> None:
-        super().__init__(**kwargs)
-        self.config = config
-        self.node_name = node_name
 
     def execute(self, context: Any) -> str | None:
         cfg = resolve_config(self.config)

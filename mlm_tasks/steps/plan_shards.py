@@ -18,6 +18,7 @@ from mlm_tasks.config import PipelineConfig
 from mlm_tasks.corpus import open_corpus
 from mlm_tasks.dataset import data_fingerprint, ensure_tokenizer
 from mlm_tasks.paths import DataPaths, RunContext
+from mlm_tasks.steps.validate import check_writable
 
 log = logging.getLogger(__name__)
 
@@ -52,6 +53,7 @@ def plan_shards(cfg: PipelineConfig, ctx: RunContext, *, corpus=None, num_parts:
         adopt(cfg, corpus, paths, corpus_fp or corpus.fingerprint())  # no tokenizer to train, no shard to write
         return nothing_to_write(paths.fingerprint, cache_hit=False, corpus_fingerprint=corpus_fp)
     log.info("Preparing data fingerprint %s under %s in %d partition(s)", paths.fingerprint, paths.root, n)
+    check_writable(cfg.output_root)  # before an hour of tokenizer training, not after
     ensure_tokenizer(cfg, corpus, paths)
     return [Partition(fingerprint=paths.fingerprint, part=p, num_parts=n, cache_hit=False, corpus_fingerprint=corpus_fp)
             for p in range(n)]

@@ -95,8 +95,10 @@ def check_output_root_reachable(output_root: str, distributed_executor: str | No
 
 
 def validate(cfg: PipelineConfig, ctx: RunContext | None = None, *, distributed_executor: str | None = None,
-             shared_roots: Sequence[str] = ()) -> dict:
-    """Every check that needs I/O; the validated config as a JSON-ready dict (what later tasks get)."""
+             shared_roots: Sequence[str] = (), probe_write: bool = True) -> dict:
+    """Every check that needs I/O; the validated config as a JSON-ready dict (what later tasks get).
+    `probe_write=False` leaves output_root untouched (a dataset refresh of an unchanged source writes
+    nothing at all; plan_shards probes it before it writes)."""
     check_output_root_reachable(cfg.output_root, distributed_executor, shared_roots)
     corpus = open_corpus(cfg.corpus)  # raises ConfigError for missing paths and bad file types
     if cfg.corpus.source == "local_files":
@@ -107,7 +109,8 @@ def validate(cfg: PipelineConfig, ctx: RunContext | None = None, *, distributed_
         check_shards(cfg, corpus)  # features, max_length, ids within the tokenizer's vocabulary
     if storage.scheme(cfg.output_root) == "gs":
         check_gcs_credentials(cfg.output_root)
-    check_writable(cfg.output_root)
+    if probe_write:
+        check_writable(cfg.output_root)
     log.info("Configuration valid: corpus %s, output_root %s, compute %s, preset %s",
              cfg.corpus.source, cfg.output_root, cfg.compute, cfg.model.preset)
     return cfg.model_dump(mode="json")

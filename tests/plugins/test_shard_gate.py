@@ -51,7 +51,7 @@ def _marker(root: str) -> str:
 
 
 def _config(root: str, conn: str | None = None, **sensor) -> dict:
-    """The validated config as validate_config returns it; `sensor` settings by their names."""
+    """The validated config as the validate task returns it; `sensor` settings by their names."""
     settings = {f"sensor.{k}": v for k, v in sensor.items()}
     if conn:
         settings["sensor.gcp_conn_id"] = conn

@@ -179,11 +179,11 @@ from tpu_operators import TpuVmCreateOperator, TpuVmDeleteOperator
 @dag(dag_id="tpu_ops_test", schedule=None, start_date=pendulum.datetime(2024, 1, 1), catchup=False)
 def tpu_ops_test():
     @task
-    def validate_config(**context):
+    def validate(**context):
         from mlm_tasks.config import build_config
         return build_config(context["dag_run"].conf["config"]).model_dump(mode="json")
 
-    cfg = validate_config()  # an XComArg, as mlm_pretrain hands the validated config on
+    cfg = validate()  # an XComArg, as mlm_pretrain hands the validated config on
     create = TpuVmCreateOperator(task_id="create_tpu_vm", config=cfg)
     step = TpuSSHStepOperator(task_id="train", config=cfg, command="{{ dag_run.conf['command'] }}")
     delete = TpuVmDeleteOperator(task_id="delete_tpu_vm", config=cfg)
