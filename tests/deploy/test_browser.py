@@ -93,6 +93,11 @@ def test_trigger_form_to_successful_run_in_grid(page, airflow_stack, airflow_api
     states = {ti["task_id"]: ti["state"] for ti in airflow_api.get(
         f"/dags/{DAG_ID}/dagRuns/{RUN_ID}/taskInstances")["task_instances"]}
     assert states["train"] == states["evaluate"] == states["summary"] == "success", states
+    # plan_shards, write_shards and merge_shards sit in the shard_set task group, collapsed by default.
+    expand = page.get_by_test_id("expand-all-button").first
+    expand.wait_for()
+    if expand.is_enabled():
+        expand.click()
     for task_id, state in states.items():  # e.g. publishing is skipped when the gate says no
         page.get_by_test_id(f"grid-{RUN_ID}-{task_id}").hover()
         tooltip = page.get_by_role("tooltip").filter(has_text=f"Task ID: {task_id}")
