@@ -28,7 +28,7 @@ PYENV_310 = Path("/root/.pyenv/versions/3.10.13/bin/python")
 TPU_DIST = "tensorflow-tpu"
 
 
-def _python_310() -> str:
+def python_310() -> str:
     if PYENV_310.exists():
         return str(PYENV_310)
     for name in ("python3.10",):
@@ -60,7 +60,7 @@ def build(runtime: runtimes.Runtime | None = None, venv: Path = VENV) -> Path:
         return python
     shutil.rmtree(venv, ignore_errors=True)
     env = {**os.environ, "VIRTUAL_ENV": str(venv)}
-    subprocess.run(["uv", "venv", "--quiet", "--seed", "--python", _python_310(), str(venv)], check=True)
+    subprocess.run(["uv", "venv", "--quiet", "--seed", "--python", python_310(), str(venv)], check=True)
     # --no-deps: the image file is complete (TensorFlow's whole closure), as the image is. Copies, not
     # uv's default hard links: the rename below must not rewrite the wheel cached for other installs.
     subprocess.run(["uv", "pip", "install", "--quiet", "--no-deps", "--link-mode", "copy",
