@@ -48,8 +48,10 @@ import json
 import re
 import threading
 import time
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from urllib.parse import parse_qs, urlsplit
+
+from peers.loopback_http import LoopbackServer
 
 NODE_TYPE = "type.googleapis.com/google.cloud.tpu.v2.Node"
 EMPTY_TYPE = "type.googleapis.com/google.protobuf.Empty"
@@ -87,7 +89,7 @@ class InvalidRequest(Exception):
     """400 INVALID_ARGUMENT with this message."""
 
 
-class FakeTpuApi:
+class FakeTpuApi(LoopbackServer):
     def __init__(self, *, oauth=None, ready_after_gets: int = 3, ready_after_s: float | None = None,
                  endpoint_ip: str = "127.0.0.1", external_ip: str | None = None, endpoint_port: int = 8470,
                  delete_after_gets: int = 0, transient_errors: bool = True):
@@ -109,26 +111,11 @@ class FakeTpuApi:
         self._transient: dict[tuple[str, str], int] = {}  # (verb, node) -> attempts seen
         self._lock = threading.RLock()
         self._ops = 0
-        self._server = ThreadingHTTPServer(("127.0.0.1", 0), _handler(self))
-        self._thread = threading.Thread(target=self._server.serve_forever, daemon=True)
+        super().__init__(_handler(self))
 
     @property
     def url(self) -> str:
-        return f"http://127.0.0.1:{self._server.server_address[1]}"
-
-    def start(self) -> "FakeTpuApi":
-        self._thread.start()
-        return self
-
-    def stop(self) -> None:
-        self._server.shutdown()
-        self._server.server_close()
-
-    def __enter__(self) -> "FakeTpuApi":
-        return self.start()
-
-    def __exit__(self, *exc) -> None:
-        self.stop()
+        return f"http://127.0.0.1:{self.port}"
 
     # -- test controls ---------------------------------------------------------------------------
     def node(self, project: str, zone: str, node_id: str) -> dict | None:

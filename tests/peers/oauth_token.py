@@ -21,8 +21,10 @@ import json
 import secrets
 import threading
 import time
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from urllib.parse import parse_qs
+
+from peers.loopback_http import LoopbackServer
 
 CLOUD_PLATFORM = "https://www.googleapis.com/auth/cloud-platform"
 JWT_GRANT = "urn:ietf:params:oauth:grant-type:jwt-bearer"
@@ -41,33 +43,18 @@ def _rsa_key_pem() -> tuple[str, str]:
     return private, public
 
 
-class OAuthTokenServer:
+class OAuthTokenServer(LoopbackServer):
     def __init__(self) -> None:
         self.public_keys: dict[str, str] = {}     # client_email -> PEM public key
         self.tokens: dict[str, dict] = {}         # access token -> {"email", "scope", "expires"}
         self.grants: list[str] = []               # client_email of every grant issued, in order
         self.refusals: list[str] = []             # why each refused grant was refused
         self._lock = threading.Lock()
-        self._server = ThreadingHTTPServer(("127.0.0.1", 0), _handler(self))
-        self._thread = threading.Thread(target=self._server.serve_forever, daemon=True)
+        super().__init__(_handler(self))
 
     @property
     def token_uri(self) -> str:
-        return f"http://127.0.0.1:{self._server.server_address[1]}/token"
-
-    def start(self) -> "OAuthTokenServer":
-        self._thread.start()
-        return self
-
-    def stop(self) -> None:
-        self._server.shutdown()
-        self._server.server_close()
-
-    def __enter__(self) -> "OAuthTokenServer":
-        return self.start()
-
-    def __exit__(self, *exc) -> None:
-        self.stop()
+        return f"http://127.0.0.1:{self.port}/token"
 
     def new_service_account(self, email: str, project: str = "mlm-test-project") -> dict:
         """A fresh RSA key registered here; returns the key JSON as the IAM console downloads it."""
