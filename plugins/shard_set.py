@@ -13,8 +13,7 @@ import logging
 from datetime import timedelta
 from typing import Any
 
-from airflow.sdk import get_current_context, task
-from airflow.sdk.definitions.taskgroup import TaskGroup
+from airflow.sdk import TaskGroup, get_current_context, task
 
 from mlm_assets import SHARDS, event_extra, triggering_shards_event
 from step_context import step_context
