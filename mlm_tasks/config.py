@@ -17,14 +17,13 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
+from mlm_tasks import tpu_slices
+from mlm_tasks.errors import ConfigError  # noqa: F401  (re-exported: callers import it from here too)
 from mlm_tasks.presets import PRESETS, ModelShape
+from mlm_tasks.vm import runtimes
 
 SPECIAL_TOKENS = ["<s>", "<pad>", "</s>", "<unk>", "<mask>"]
 SUPPORTED_SCHEMES = ("file", "gs")
-
-
-class ConfigError(ValueError):
-    """A setting is wrong; the message says which one and what to do."""
 
 
 class _Section(BaseModel):
@@ -157,7 +156,9 @@ class TpuConfig(_Section):
     project: str = Field("", description="Google Cloud project of the TPU VM.")
     zone: str = Field("us-central2-b", description="Zone of the TPU VM.")
     accelerator_type: str = Field("v4-8", description="TPU type, e.g. v4-8, v5litepod-8, v4-32 (pod slice).")
-    runtime_version: str = Field("tpu-vm-tf-2.16.1-pjrt", description="TPU VM software version: tpu-vm-tf-X.Y.Z[-pod]-pjrt (-pod for multi-host slices); picks the VM lock (mlm_tasks/vm/runtimes.py lists the supported ones).")
+    runtime_version: str = Field(runtimes.DEFAULT, json_schema_extra={"enum": sorted(runtimes.SUPPORTED)},
+                                 description="TPU VM software version: tpu-vm-tf-X.Y.Z[-pod]-pjrt (-pod for "
+                                 "multi-host slices such as v4-32); picks the image's TensorFlow and the VM lock.")
     network: str | None = Field(None, description="VPC network (default network if empty).")
     subnetwork: str | None = Field(None, description="Subnetwork.")
     spot: bool = Field(False, description="Use a Spot VM (cheaper, may be preempted).")
@@ -190,8 +191,6 @@ class TpuConfig(_Section):
     @model_validator(mode="after")
     def _supported_runtime(self) -> "TpuConfig":
         # The runtime picks the image's TensorFlow and so the VM lock (mlm_tasks.vm.runtimes).
-        from mlm_tasks.vm import runtimes  # here, not at the top: runtimes imports ConfigError
-
         runtimes.get(self.runtime_version)
         return self
 
@@ -278,9 +277,7 @@ class PipelineConfig(_Section):
 
     def _tpu_checks(self) -> None:
         """What a TPU VM run needs to be true before the VM exists (no I/O)."""
-        from mlm_tasks.tpu_slices import check_runtime
-
-        check_runtime(self.tpu.accelerator_type, self.tpu.runtime_version)
+        tpu_slices.check_runtime(self.tpu.accelerator_type, self.tpu.runtime_version)
         if self.tpu.ssh_via == "external" and not self.tpu.external_ips:
             raise ConfigError("tpu.ssh_via=external needs tpu.external_ips=true (the workers get no external IP "
                               "otherwise); inside the VPC use tpu.ssh_via=internal.")
@@ -309,6 +306,7 @@ PARAM_PATHS = {
     "tpu_project": "tpu.project",
     "tpu_zone": "tpu.zone",
     "accelerator_type": "tpu.accelerator_type",
+    "runtime_version": "tpu.runtime_version",
     "publish": "publish.enabled",
     "hub_repo_id": "publish.repo_id",
 }

@@ -6,7 +6,8 @@
 
 Multi-host TensorFlow on TPU is single-client: a slice of more than one host needs a TensorFlow
 runtime whose name ends in `-pod` (`tpu-vm-tf-2.16.1-pod-pjrt`), and a one-host slice must not use one.
-The table follows Google's "TPU versions" pages (v2, v3, v4, v5e, v5p, v6e):
+The table follows Google's "TPU versions" pages (v2, v3, v4, v5e, v5p, v6e; v6e is known for its
+shape, but refused for TensorFlow: `runtimes.check_accelerator`):
 
 | generation | type suffix counts | sizes | one host up to | per host beyond |
 |---|---|---|---|---|
@@ -19,7 +20,8 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from mlm_tasks.config import ConfigError
+from mlm_tasks.errors import ConfigError
+from mlm_tasks.vm import runtimes
 
 
 @dataclass(frozen=True)
@@ -49,7 +51,7 @@ def parse(accelerator_type: str) -> tuple[str, int]:
     if gen is None:
         raise ConfigError(f"tpu.accelerator_type {accelerator_type!r} is not a TPU type: use "
                           f"<generation>-<size> with a generation among {sorted(GENERATIONS)}, e.g. v4-8, "
-                          "v5litepod-8, v5p-8, v6e-8 or v4-32 (a pod slice).")
+                          "v5litepod-8, v5p-8 or v4-32 (a pod slice).")
     size = int(match["size"])
     ok = size in gen.sizes if gen.sizes else (size % gen.units_per_host == 0 and size <= gen.max_size)
     if not ok:
@@ -71,7 +73,9 @@ def is_pod_runtime(runtime_version: str) -> bool:
 
 
 def check_runtime(accelerator_type: str, runtime_version: str) -> int:
-    """The host count, once the runtime fits it: `-pod` exactly when the slice is multi-host."""
+    """The host count, once the runtime fits it: `-pod` exactly when the slice is multi-host, and a
+    generation that TensorFlow runs on."""
+    runtimes.check_accelerator(parse(accelerator_type)[0])
     count = hosts(accelerator_type)
     pod = is_pod_runtime(runtime_version)
     if count > 1 and not pod:
@@ -79,7 +83,7 @@ def check_runtime(accelerator_type: str, runtime_version: str) -> int:
             f"tpu.accelerator_type {accelerator_type} is a pod slice of {count} hosts, but "
             f"tpu.runtime_version {runtime_version!r} is a single-host runtime: TensorFlow on a multi-host "
             f"slice needs the -pod runtime of the same version (e.g. {pod_name(runtime_version)!r}), or pick "
-            "a one-host type (v4-8, v5litepod-8, v5p-8, v6e-8).")
+            "a one-host type (v4-8, v5litepod-8, v5p-8).")
     if count == 1 and pod:
         raise ConfigError(
             f"tpu.runtime_version {runtime_version!r} is a -pod runtime, but tpu.accelerator_type "
