@@ -48,7 +48,7 @@ def test_default_runtime_is_supported_and_single_host():
 
 
 @pytest.mark.parametrize("version, message", [
-    ("tpu-vm-tf-2.15.0-pjrt", "has no VM lock in this project"),
+    ("tpu-vm-tf-2.15.0-pjrt", "older TensorFlow than any lock here"),
     ("tpu-vm-tf-2.21.0-pjrt", "has no VM lock in this project"),   # the Airflow side's TF: no such image
     ("v2-alpha-tpuv5-lite", "is not a TensorFlow TPU VM runtime"),
 ])
@@ -62,24 +62,41 @@ def test_unsupported_runtimes_are_refused_with_the_choices(version, message):
 
 def test_vm_lock_leaves_the_image_alone():
     """The lock never names TensorFlow or anything the image's TensorFlow brings (numpy, protobuf,
-    ml-dtypes...), and holds what the VM runs, with the Airflow side's versions where they meet."""
+    grpcio...) at another version, except the few it may shadow, and holds what the VM runs, with the
+    Airflow side's versions where they meet."""
     airflow_side = _pins(ROOT / "requirements.txt")
-    for rt in {r.tf_minor: r for r in runtimes.SUPPORTED.values()}.values():
+    for rt in runtimes.locks():
         lock, image = _pins(rt.lock_path), _pins(rt.image_path)
-        assert image["tensorflow"] == rt.tensorflow and not set(lock) & set(image)
-        assert not {"tensorflow", "tensorflow-cpu", "tensorflow-tpu", "keras", "numpy", "protobuf"} & set(lock)
+        assert image["tensorflow"] == rt.tensorflow
+        assert set(lock) & set(image) <= runtimes.SHADOWED, "the lock replaces an image package it may not"
+        assert not {"tensorflow", "tensorflow-cpu", "tensorflow-tpu", "keras", "numpy", "protobuf", "grpcio"} & set(lock)
         assert lock["tf-keras"].rsplit(".", 1)[0] == rt.tf_minor  # Keras 2 of the image's TF minor
         for name in ("transformers", "tokenizers", "huggingface-hub", "pydantic"):
             assert lock[name] == airflow_side[name], name
-        for name in ("pyyaml", "gcsfs", "google-cloud-storage", "google-crc32c", "fsspec"):
+        for name in ("pyyaml", "gcsfs", "google-cloud-storage", "google-crc32c", "fsspec",
+                     "google-api-python-client", "oauth2client"):  # the last two: TPUClusterResolver on a pod
             assert name in lock, name
 
 
-def test_vm_lock_resolves_with_the_image_tensorflow():
-    for rt in {r.tf_minor: r for r in runtimes.SUPPORTED.values()}.values():
+def test_image_files_are_the_images_as_released():
+    """An image file not captured from a real VM is exactly TensorFlow's closure as of the runtime's
+    release day: no package in it is newer than the image (the 2.16.1 image: April 2024)."""
+    for rt in runtimes.locks():
+        if rt.image_path.read_text().startswith(lock_vm.CAPTURED):
+            continue
+        as_released = lock_vm.compile_lines(f"tensorflow=={rt.tensorflow}\n", rt.python, exclude_newer=rt.image_date)
+        assert _pins(rt.image_path) == {lock_vm.name_of(line): line.split("==", 1)[1] for line in as_released}
+    image = _pins(runtimes.get(runtimes.DEFAULT).image_path)
+    assert (image["typing-extensions"], image["protobuf"], image["grpcio"]) == ("4.11.0", "4.25.3", "1.62.2")
+
+
+def test_vm_lock_resolves_with_the_image_pins():
+    for rt in runtimes.locks():
         resolved = {lock_vm.name_of(line): line.split("==", 1)[1] for line in lock_vm.check(rt)}
         assert resolved["tensorflow"] == rt.tensorflow
         assert {k: v for k, v in resolved.items() if k in _pins(rt.lock_path)} == _pins(rt.lock_path)
+        held = {k: v for k, v in _pins(rt.image_path).items() if k not in runtimes.SHADOWED}
+        assert {k: v for k, v in resolved.items() if k in held} == held  # the image as it is
 
 
 def _members(root: str, sha: str) -> dict[str, bytes]:
@@ -143,3 +160,73 @@ def test_image_check_finds_what_the_image_lacks(tmp_path):
     problems = unmet_requirements(str(tmp_path), "2.16.1")
     assert len(problems) == 1 and problems[0].startswith("demo-pkg 1.0 needs numpy>=99; the VM has ")
     assert any("tensorflow" in p for p in unmet_requirements(str(tmp_path), "2.21.0"))
+
+
+def test_image_check_sees_what_python_imports_first(tmp_path, monkeypatch):
+    """A package of the lock shadows the image's copy: the check judges the one imported (the first on
+    sys.path), and holds TensorFlow's own requirements against it too."""
+    from mlm_tasks.vm import check_image
+
+    def dist(folder, name, version, requires=()):
+        info = tmp_path / folder / f"{name.replace('-', '_')}-{version}.dist-info"
+        info.mkdir(parents=True)
+        (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n"
+                                       + "".join(f"Requires-Dist: {r}\n" for r in requires))
+
+    dist("deps", "shadowed-pkg", "4.16.0")
+    dist("deps", "needs-new", "1.0", ["shadowed-pkg>=4.16"])
+    dist("image", "shadowed-pkg", "4.11.0")
+    dist("image", "tensorflow", "2.16.1", ["shadowed-pkg<4.15"])
+    monkeypatch.setattr(sys, "path", [str(tmp_path / "deps"), str(tmp_path / "image")])
+    assert check_image.importable()["shadowed-pkg"].version == "4.16.0"
+    assert check_image.unmet_requirements(str(tmp_path / "deps"), "2.16.1") == [
+        "tensorflow 2.16.1 needs shadowed-pkg<4.15; the VM has 4.16.0"]
+
+
+def test_a_newer_runtime_is_supported_with_its_own_lock_and_image():
+    rt = runtimes.get("tpu-vm-tf-2.17.0-pjrt")
+    assert (rt.tensorflow, rt.libtpu, rt.pod) == ("2.17.0", "1.11.0", False)
+    assert runtimes.get("tpu-vm-tf-2.17.0-pod-pjrt").lock_path == rt.lock_path
+    assert _pins(rt.lock_path)["tf-keras"].startswith("2.17.") and _pins(rt.image_path)["tensorflow"] == "2.17.0"
+    with pytest.raises(ConfigError, match="split by chip family"):
+        runtimes.get("tpu-vm-tf-2.18.0-pjrt-v5p-and-below")
+
+
+PJRT_ONE_HOST = {"NEXT_PLUGGABLE_DEVICE_USE_C_API": "true", "TF_PLUGGABLE_DEVICE_LIBRARY_PATH": "/lib/libtpu.so"}
+
+
+@pytest.mark.parametrize("accelerator, runtime, variables", [
+    ("v4-8", "tpu-vm-tf-2.16.1-pjrt", PJRT_ONE_HOST),
+    ("v5litepod-1", "tpu-vm-tf-2.16.1-pjrt", PJRT_ONE_HOST),
+    ("v5litepod-8", "tpu-vm-tf-2.17.0-pjrt", PJRT_ONE_HOST),
+    ("v4-32", "tpu-vm-tf-2.16.1-pod-pjrt", {"TPU_LOAD_LIBRARY": "0", "MLM_TPU_NODE": "mlm-node"}),
+    ("v5litepod-16", "tpu-vm-tf-2.17.0-pod-pjrt", {"TPU_LOAD_LIBRARY": "0", "MLM_TPU_NODE": "mlm-node"}),
+])
+def test_remote_line_exports_the_runtime_environment_before_tensorflow(accelerator, runtime, variables, tmp_path):
+    """Google's variables for the runtime and slice shape (runtimes.ENVIRONMENT), exported before the
+    first command that imports TensorFlow: the bundle fetch, the image check, the step."""
+    import shlex
+
+    from mlm_tasks.tpu_remote import remote_command
+
+    cfg = PipelineConfig.model_validate({"output_root": "gs://bucket/p", "compute": "tpu_vm", "tpu": {
+        "project": "proj", "accelerator_type": accelerator, "runtime_version": runtime}})
+    bundle = stage_code(str(tmp_path), runtime)  # a local copy of what would be staged to gs://
+    line = remote_command(cfg, "train", "r", node="mlm-node",
+                          code=type(bundle)(**{**bundle.__dict__, "uri": "gs://bucket/p/_code/x"}))
+    exports = dict(shlex.split(part)[1].split("=", 1) for part in line.split("; ") if part.startswith("export ")
+                   and "PYTHONPATH" not in part)
+    assert {k: exports.get(k) for k in variables} == variables
+    others = {"TPU_LOAD_LIBRARY", "MLM_TPU_NODE", *PJRT_ONE_HOST} - set(variables)
+    assert not others & set(exports), f"{others & set(exports)} exported for {accelerator}"
+    first_tensorflow = min(line.index(t) for t in ("tensorflow as tf", "mlm_tasks.vm.check_image", "exec "))
+    assert max(line.index(f"export {k}=") for k in variables) < first_tensorflow
+    assert ("--pod" in line.split("check_image", 1)[1].split(";", 1)[0]) == runtimes.get(runtime).pod
+
+
+@pytest.mark.parametrize("accelerator", ["v6e-8", "v6e-16"])
+def test_tensorflow_is_refused_on_v6e_with_googles_word(accelerator):
+    with pytest.raises(ValueError, match="TensorFlow is not supported on v6e"):
+        PipelineConfig.model_validate({"output_root": "gs://b/p", "compute": "tpu_vm", "tpu": {
+            "project": "p", "accelerator_type": accelerator,
+            "runtime_version": "tpu-vm-tf-2.16.1-pod-pjrt" if accelerator == "v6e-16" else runtimes.DEFAULT}})
