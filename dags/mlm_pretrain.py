@@ -45,6 +45,7 @@ params = {
         "compute": "Compute", "corpus_source": "Corpus source", "vocab_size": "Vocabulary size",
         "max_length": "Sequence length", "model_preset": "Model preset", "steps": "Training steps",
         "batch_size": "Batch size per replica", "learning_rate": "Learning rate",
+        "accelerator_type": "TPU type", "runtime_version": "TPU runtime",
     }),
 }
 params["overrides"] = params.pop("overrides")  # last in the form: the catch-all

@@ -1,8 +1,8 @@
 """What runs on a TPU VM: an idempotent install of this project beside the image's TensorFlow,
 then one CLI step.
 
-    bundle = stage_code(cfg.output_root, cfg.tpu.runtime_version)   # once, from the Airflow worker
-    line = remote_command(cfg, "train", run_id, code=bundle)         # the line worker 0 runs
+    bundle = stage_code(cfg.output_root, cfg.tpu.runtime_version)          # once, from the Airflow worker
+    line = remote_command(cfg, "train", run_id, node=name, code=bundle)     # the line worker 0 runs
 
 `stage_code` puts a deterministic tarball of the installed `mlm_tasks` package (package data
 included: the VM locks under mlm_tasks/vm/) under output_root/_code/<sha>/ — content-addressed, so
@@ -50,6 +50,7 @@ class CodeBundle:
     lock: str       # the runtime's VM lock, relative to the unpacked code
     lock_sha: str   # content hash of that lock: its install is shared by every code version
     tensorflow: str  # the image TensorFlow the runtime promises
+    pod: bool = False  # a -pod runtime: the image check also imports the TPU client
 
 
 def _package_files(package_dir: Path) -> list[tuple[str, bytes]]:
@@ -88,7 +89,8 @@ def stage_code(output_root: str, runtime_version: str, package_dir: Path = PACKA
         digest.update(name.encode() + b"\0" + hashlib.sha256(data).digest())
     sha = digest.hexdigest()[:16]
     bundle = CodeBundle(sha=sha, uri=join(output_root, "_code", sha), lock=lock_name,
-                        lock_sha=hashlib.sha256(lock).hexdigest()[:16], tensorflow=runtime.tensorflow)
+                        lock_sha=hashlib.sha256(lock).hexdigest()[:16], tensorflow=runtime.tensorflow,
+                        pod=runtime.pod)
     marker = join(bundle.uri, "_SUCCESS")
     if not storage.exists(marker):
         storage.write_bytes(join(bundle.uri, "mlm_tasks.tar.gz"), _tarball(files))
@@ -132,7 +134,7 @@ def _bootstrap(cfg: PipelineConfig, code: CodeBundle) -> list[str]:
         f"--target {deps}.tmp -r code/{shlex.quote(code.lock)}",
         # Once per lock: the image must hold the runtime's TensorFlow and whatever the lock needs.
         f"PYTHONPATH=\"$PWD/code:$PWD/{deps}.tmp\" {py} -m mlm_tasks.vm.check_image "
-        f"{shlex.quote(code.tensorflow)} {deps}.tmp",
+        f"{shlex.quote(code.tensorflow)} {deps}.tmp" + (" --pod" if code.pod else ""),
         f"mv {deps}.tmp {deps}",
     ])
     # `set -e` ignores a failure inside an && chain: each chain says so and exits itself.
@@ -147,11 +149,25 @@ def _bootstrap(cfg: PipelineConfig, code: CodeBundle) -> list[str]:
     ]
 
 
-def remote_command(cfg: PipelineConfig, step: str, run_id: str, *, extra_args: Sequence[str] = (),
+def step_environment(cfg: PipelineConfig, node: str) -> dict[str, str]:
+    """What the remote line exports before anything imports TensorFlow: the runtime's variables
+    (mlm_tasks.vm.runtimes.ENVIRONMENT: PJRT's pluggable device on one host, TPU_LOAD_LIBRARY=0 on a
+    pod), the slice's node name on a pod (train: TPUClusterResolver(tpu=<node>, zone, project)),
+    then the project's own, then tpu.env."""
+    from mlm_tasks.vm import runtimes
+
+    runtime = runtimes.get(cfg.tpu.runtime_version)
+    variables = {**runtimes.environment(runtime), **VM_ENV}
+    if runtime.pod:
+        variables["MLM_TPU_NODE"] = node
+    return {**variables, **cfg.tpu.env}
+
+
+def remote_command(cfg: PipelineConfig, step: str, run_id: str, *, node: str, extra_args: Sequence[str] = (),
                    code: CodeBundle | None = None, env: dict[str, str] | None = None,
                    expect_token: bool = False) -> str:
-    """The shell line the worker runs: [install once] then `python -m mlm_tasks <step> ...`.
-    `env`: more (non-secret) variables for the step, e.g. the TPU node of a pod slice.
+    """The shell line worker 0 of TPU VM `node` runs: [install once] then `python -m mlm_tasks <step> ...`.
+    `env`: more (non-secret) variables for the step, e.g. the Hub endpoint.
     `expect_token`: the session sends the Hub token; fail at once, saying why, if it did not arrive."""
     if cfg.tpu.bootstrap and code is None:
         raise ConfigError("tpu.bootstrap is on but no code bundle was given: call stage_code() first, "
@@ -159,7 +175,7 @@ def remote_command(cfg: PipelineConfig, step: str, run_id: str, *, extra_args: S
     config_json = json.dumps(cfg.model_dump(mode="json"), separators=(",", ":"))
     step_line = " ".join(shlex.quote(a) for a in [cfg.tpu.python, "-m", "mlm_tasks", step, "--config-json",
                                                     config_json, "--run-id", run_id, *extra_args])
-    variables = {**VM_ENV, **cfg.tpu.env, **(env or {})}
+    variables = {**step_environment(cfg, node), **(env or {})}
     bad = [k for k in variables if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", k)]
     if bad:
         raise ConfigError(f"tpu.env has invalid variable names {bad}: use letters, digits and _.")

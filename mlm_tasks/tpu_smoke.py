@@ -11,7 +11,9 @@ ssh-keys from --ssh-key; enable-oslogin FALSE; the cloud-platform scope), port 2
 probed, the real bootstrap stages the code to the bucket and installs it on the VM, `python -m
 mlm_tasks train` runs on worker 0 (the smoke slices are one host), and the VM is deleted in a `finally` that SIGTERM and SIGHUP
 reach too. `--dry-run` prints every TPU API request (method, URL, JSON body) and every shell command
-instead of sending them, and touches nothing: no credentials, no bucket, no VM.
+instead of sending them, and touches nothing: no credentials, no bucket, no VM; it takes any type
+and runtime that validate, pod slices included (`--accelerator v4-32`). `--capture-image` records the
+real image's `pip freeze` into the runtime's image file (see the README, "Running on Google Cloud").
 
 Credentials: Application Default Credentials (`gcloud auth application-default login`), or
 `--key-file` with a service-account key. The account needs roles/tpu.admin, roles/storage.objectAdmin
@@ -28,7 +30,7 @@ import sys
 import time
 from typing import Any, Callable
 
-from mlm_tasks import credentials, tpu
+from mlm_tasks import credentials, tpu, tpu_slices
 from mlm_tasks.config import ConfigError, PipelineConfig, build_config
 from mlm_tasks.paths import RunPaths
 
@@ -52,8 +54,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--ssh-key", required=True, help="Private key file; its public half (KEY.pub) goes in the "
                    "node's ssh-keys metadata.")
     p.add_argument("--ssh-user", default="mlm", help="Login user on the VM (created from ssh-keys).")
-    p.add_argument("--accelerator", default="v5litepod-1", choices=["v5litepod-1", "v4-8"])
-    p.add_argument("--runtime", default=None, help="TPU runtime (default: the config's tpu.runtime_version).")
+    p.add_argument("--accelerator", default="v5litepod-1", help="TPU type: any that validates (v5litepod-1, v4-8, "
+                   "or a pod slice such as v4-32 or v5litepod-16: see its request and remote line with --dry-run).")
+    p.add_argument("--runtime", default=None, help="TPU runtime (default: the config's tpu.runtime_version, or its "
+                   "-pod twin for a multi-host type).")
+    p.add_argument("--capture-image", action="store_true", help="Before the bootstrap, record the VM image's "
+                   "`pip freeze` into the runtime's image file (mlm_tasks/vm/image-tfX.Y.txt), so that the next "
+                   "`make lock-vm` locks against the real image.")
     p.add_argument("--on-demand", action="store_true", help="Not a Spot VM (dearer, never preempted).")
     p.add_argument("--ssh-via", default="external", choices=["external", "internal"])
     p.add_argument("--key-file", help="Service-account key JSON (default: Application Default Credentials).")
@@ -75,6 +82,8 @@ def smoke_config(args: argparse.Namespace) -> PipelineConfig:
                  "tpu.create_timeout_s": int(args.timeout_s), "train.device": "tpu"}
     if args.runtime:
         overrides["tpu.runtime_version"] = args.runtime
+    elif tpu_slices.hosts(args.accelerator) > 1:
+        overrides["tpu.runtime_version"] = tpu_slices.pod_name(PipelineConfig().tpu.runtime_version)
     if args.api_endpoint:
         overrides.update({"tpu.api_endpoint": args.api_endpoint, "tpu.transport": "rest"})
     for item in args.set:
@@ -188,6 +197,37 @@ def run_on_workers(hosts: list[str], user: str, key_file: str, port: int, comman
     return codes
 
 
+def capture_command(cfg: PipelineConfig) -> str:
+    """What prints the image's Python version and its packages, before anything is installed."""
+    import shlex
+
+    py = shlex.quote(cfg.tpu.python)
+    return f"{py} -c 'import platform; print(platform.python_version())' && {py} -m pip freeze --all"
+
+
+def capture_image(cfg: PipelineConfig, name: str, host: str, args: argparse.Namespace,
+                  out: Callable[[str], None]) -> None:
+    """Write worker 0's `pip freeze` into the runtime's image file, marked as captured (make lock-vm
+    then locks against it instead of resolving the image as of its date)."""
+    from mlm_tasks.vm import runtimes
+
+    runtime = runtimes.get(cfg.tpu.runtime_version)
+    lines: list[str] = []
+    codes = run_on_workers([host], args.ssh_user, args.ssh_key, cfg.tpu.ssh_port, capture_command(cfg), lines.append)
+    if codes[0] != 0:
+        raise RuntimeError(f"Capturing the image failed (exit code {codes[0]}): {lines[-5:]}")
+    python, *freeze = [line.removeprefix("[worker 0] ") for line in lines]
+    pinned = sorted(line for line in freeze if "==" in line)
+    other = [line for line in freeze if "==" not in line]  # `name @ file://...`: not installable from an index
+    runtime.image_path.write_text(
+        f"# captured from TPU VM {name} ({cfg.tpu.accelerator_type}, {runtime.version}) on "
+        f"{time.strftime('%Y-%m-%d', time.gmtime())} by `python -m mlm_tasks.tpu_smoke --capture-image`: "
+        f"Python {python}.\n" + "".join(f"# not from an index: {line}\n" for line in other)
+        + "\n".join(pinned) + "\n")
+    out(f"Captured {len(pinned)} packages of {runtime.version} into {runtime.image_path}: run `make lock-vm`, "
+        "then the tests, and commit both files.")
+
+
 def smoke(args: argparse.Namespace, out: Callable[[str], None] = print) -> int:
     from pathlib import Path
 
@@ -216,7 +256,7 @@ def smoke(args: argparse.Namespace, out: Callable[[str], None] = print) -> int:
             runtime = runtimes.get(cfg.tpu.runtime_version)
             lock = runtime.lock_path.relative_to(runtimes.HERE.parent.parent).as_posix()
             code = CodeBundle(sha="<sha>", uri=f"{cfg.output_root}/_code/<sha>", lock=lock, lock_sha="<lock-sha>",
-                              tensorflow=runtime.tensorflow)
+                              tensorflow=runtime.tensorflow, pod=runtime.pod)
         else:
             from mlm_tasks.steps import build_shard_set
 
@@ -232,10 +272,16 @@ def smoke(args: argparse.Namespace, out: Callable[[str], None] = print) -> int:
             node = wait_ready(cfg, name, api, time.time() + cfg.tpu.create_timeout_s, out)
             hosts = tpu.worker_endpoints(node, external=cfg.tpu.ssh_via == "external")
             probe(hosts[:1], cfg.tpu.ssh_port, cfg.tpu.ssh_probe_timeout_s)
-        command = remote_command(cfg, "train", run_id, extra_args=["--data-fingerprint", fingerprint], code=code)
-        out(f"ssh -p {cfg.tpu.ssh_port} -i {args.ssh_key} {args.ssh_user}@{hosts[0]} {command}")
+        command = remote_command(cfg, "train", run_id, node=name, extra_args=["--data-fingerprint", fingerprint],
+                                 code=code)
+        ssh = f"ssh -p {cfg.tpu.ssh_port} -i {args.ssh_key} {args.ssh_user}@{hosts[0]}"
+        if args.capture_image:
+            out(f"{ssh} {capture_command(cfg)}")
+        out(f"{ssh} {command}")
         if args.dry_run:
             return 0
+        if args.capture_image:
+            capture_image(cfg, name, hosts[0], args, out)
         codes = run_on_workers(hosts[:1], args.ssh_user, args.ssh_key, cfg.tpu.ssh_port, command, out)
         if any(codes):
             out(f"Smoke FAILED: worker exit codes {codes}.")

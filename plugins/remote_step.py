@@ -272,12 +272,9 @@ class TpuSSHStepOperator(NodeEnsurer, BaseOperator):
                 f"{'multi' if runtime.pod else 'single'}-host runtime: use "
                 f"{'a -pod runtime' if multi_host else 'a runtime without -pod'} for {cfg.tpu.accelerator_type}.")
         check_reachable(cfg, name, hosts[:1])  # only worker 0 is dialled, on one host or a pod
-        env = self.step_env(cfg)
-        if multi_host:
-            env["MLM_TPU_NODE"] = name  # train: TPUClusterResolver(tpu=<node>, zone=..., project=...)
         session_env = self.session_env(cfg)
         command = self.command or remote_command(
-            cfg, self.step, context["run_id"], extra_args=self.remote_args(context), env=env,
+            cfg, self.step, context["run_id"], node=name, extra_args=self.remote_args(context), env=self.step_env(cfg),
             expect_token=SESSION_ENV_TOKEN in session_env,
             code=stage_code(cfg.output_root, cfg.tpu.runtime_version) if cfg.tpu.bootstrap else None)
         if multi_host:

@@ -85,3 +85,19 @@ def test_form_and_validator_agree_on_every_bound_and_choice(dagbag):
             config_from_params({**base, name: choice})
             checked += 1
     assert checked >= 10
+
+
+def test_the_form_picks_a_tpu_type_and_its_runtime(dagbag):
+    """A pod slice from the form alone: the runtime field offers the supported runtimes (the -pod ones
+    among them), so v4-32 validates with its -pod runtime and fails, naming it, without."""
+    from mlm_tasks.config import ConfigError, config_from_params
+    from mlm_tasks.vm import runtimes
+
+    dag = dagbag.dags["mlm_pretrain"]
+    assert dag.params.get_param("runtime_version").schema["enum"] == sorted(runtimes.SUPPORTED)
+    form = {**{k: dag.params[k] for k in dag.params}, "compute": "tpu_vm", "output_root": "gs://b/p",
+            "overrides": {"tpu.project": "p"}, "accelerator_type": "v4-32"}
+    cfg = config_from_params({**form, "runtime_version": "tpu-vm-tf-2.16.1-pod-pjrt"})
+    assert (cfg.tpu.accelerator_type, cfg.tpu.runtime_version) == ("v4-32", "tpu-vm-tf-2.16.1-pod-pjrt")
+    with pytest.raises(ConfigError, match="tpu-vm-tf-2.16.1-pod-pjrt"):
+        config_from_params({**form, "runtime_version": "tpu-vm-tf-2.16.1-pjrt"})

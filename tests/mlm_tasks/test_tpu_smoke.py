@@ -94,3 +94,24 @@ def test_sigterm_while_waiting_for_the_vm_still_deletes_it(ssh_key, fake_tpu, sa
     assert proc.returncode == 1, out[-3000:]
     assert fake_tpu.node("proj", "us-west4-a", name) is None and fake_tpu.writes() == ["POST", "DELETE"], out[-3000:]
     assert f"Deleting TPU VM {name}" in out and "Smoke FAILED: signal 15" in out
+
+
+@pytest.mark.parametrize("accelerator, runtime, pod", [
+    ("v4-32", "tpu-vm-tf-2.16.1-pod-pjrt", True), ("v5litepod-16", "tpu-vm-tf-2.16.1-pod-pjrt", True),
+    ("v5litepod-8", "tpu-vm-tf-2.16.1-pjrt", False)])
+def test_dry_run_shows_any_slice_before_paying_for_it(ssh_key, accelerator, runtime, pod):
+    """A pod slice's exact request and remote line, read before one is bought: the -pod runtime is
+    chosen for a multi-host type, and the line carries the pod's variables."""
+    lines: list[str] = []
+    args = tpu_smoke.parse_args(["--project", "p", "--zone", "us-central2-b", "--bucket", "gs://b/smoke",
+                                 "--ssh-key", ssh_key, "--run-id", "smoke-pod", "--accelerator", accelerator,
+                                 "--capture-image", "--dry-run"])
+    assert tpu_smoke.smoke(args, out=lines.append) == 0
+    out = "\n".join(lines)
+    body = json.loads(re.search(r"nodeId=\S+\n(\{.*?\n\})", out, re.S).group(1))
+    assert (body["acceleratorType"], body["runtimeVersion"]) == (accelerator, runtime)
+    ssh = [line for line in lines if line.startswith("ssh ")]
+    assert "pip freeze --all" in ssh[0]  # --capture-image: the image's packages, before the bootstrap
+    name = tpu.node_name(tpu_smoke.DAG_ID, "smoke-pod")
+    assert ("export TPU_LOAD_LIBRARY=0" in ssh[1], f"export MLM_TPU_NODE={name}" in ssh[1]) == (pod, pod)
+    assert ("export NEXT_PLUGGABLE_DEVICE_USE_C_API=true" in ssh[1]) == (not pod)

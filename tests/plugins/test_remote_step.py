@@ -196,7 +196,7 @@ exec {real_python} "$@"
     assert (bundle.lock, bundle.tensorflow) == ("mlm_tasks/vm/requirements-tf2.16.txt", "2.16.1")
     workdir = tmp_path / "vm home" / "mlm"
     cfg = _cfg(fake_tpu, sshd, bootstrap=True, workdir=str(workdir), python=str(wrapper))
-    command = remote_command(cfg, "train", "manual__1", code=bundle)
+    command = remote_command(cfg, "train", "manual__1", node="mlm-n", code=bundle)
 
     runner = RemoteRunner(["127.0.0.1"], ssh_conn, logging.getLogger("t"))
     first = list(runner.run(command)[0].tail)
@@ -218,11 +218,11 @@ exec {real_python} "$@"
 
 def test_remote_command_carries_the_whole_config(fake_tpu, sshd):
     cfg = _cfg(fake_tpu, sshd, workdir="~/mlm dir")
-    argv = shlex.split(remote_command(cfg, "evaluate", "run 1", extra_args=["--x", "y"]).split("; exec ", 1)[1])
+    argv = shlex.split(remote_command(cfg, "evaluate", "run 1", node="mlm-n", extra_args=["--x", "y"]).split("; exec ", 1)[1])
     assert argv[:4] == ["python3", "-m", "mlm_tasks", "evaluate"]
     assert PipelineConfig.model_validate_json(argv[argv.index("--config-json") + 1]) == cfg
     assert argv[-4:] == ["--run-id", "run 1", "--x", "y"]
-    assert 'cd "$HOME"/\'mlm dir\'' in remote_command(cfg, "train", "r")
+    assert 'cd "$HOME"/\'mlm dir\'' in remote_command(cfg, "train", "r", node="mlm-n")
 
 
 def test_unreachable_worker_is_reported(sshd, monkeypatch):
@@ -241,7 +241,7 @@ def test_unreachable_worker_is_reported(sshd, monkeypatch):
 def test_remote_command_exports_tpu_env(ssh_conn, fake_tpu, sshd, tmp_path):
     cfg = _cfg(fake_tpu, sshd, workdir=str(tmp_path), env={"STORAGE_EMULATOR_HOST": "http://127.0.0.1:1",
                                                             "ODD": "a b'c"})
-    setup = remote_command(cfg, "train", "r").split("; exec ", 1)[0]  # everything before the step
+    setup = remote_command(cfg, "train", "r", node="mlm-n").split("; exec ", 1)[0]  # everything before the step
     workers = RemoteRunner(["127.0.0.1"], ssh_conn, logging.getLogger("t")).run(
         setup + '; echo "$PWD|$STORAGE_EMULATOR_HOST|$ODD"')
     assert list(workers[0].tail) == [f"{tmp_path}|http://127.0.0.1:1|a b'c"]
@@ -251,7 +251,7 @@ def test_a_token_the_sshd_drops_fails_the_step_saying_why(ssh_conn, fake_tpu, ss
     """paramiko's env requests expect no reply: a name the sshd does not accept vanishes silently.
     The remote line notices and says what to fix, instead of a step failing later without HF_TOKEN."""
     cfg = _cfg(fake_tpu, sshd, workdir=str(tmp_path))
-    command = remote_command(cfg, "train", "r", expect_token=True).split("; exec ", 1)[0] + '; echo "token ${#HF_TOKEN}"'
+    command = remote_command(cfg, "train", "r", node="mlm-n", expect_token=True).split("; exec ", 1)[0] + '; echo "token ${#HF_TOKEN}"'
     log = logging.getLogger("t")
     arrived = RemoteRunner(["127.0.0.1"], ssh_conn, log, session_env={"LC_MLM_HF_TOKEN": "hf_secret_value"}).run(command)
     assert list(arrived[0].tail) == ["token 15"]

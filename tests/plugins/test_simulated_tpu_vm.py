@@ -3,7 +3,7 @@
     python -m pytest tests/plugins/test_simulated_tpu_vm.py -q
 
 The "worker" is a real sshd on loopback whose step runs in a fresh Python 3.10 environment holding
-exactly what the default runtime's image preinstalls (tests/peers/tpu_vm_image.py: TensorFlow 2.16.1
+exactly what each supported runtime's image preinstalled as released (tests/peers/tpu_vm_image.py: TensorFlow 2.16.1 or 2.17.0
 and its own dependencies, under the TPU build's distribution name). The bucket is the GCS emulator
 (TensorFlow's gs:// reaches it through the TLS proxy). The train task stages the installed package
 to the bucket, the VM fetches it with its own TensorFlow, installs the VM lock with pip from the
@@ -24,10 +24,16 @@ from mlm_tasks import storage, tpu
 from mlm_tasks.config import PipelineConfig
 from mlm_tasks.paths import RunPaths, join
 from peers.sshd import airflow_conn_uri
-from peers.tpu_vm_image import tpu_vm_python  # noqa: F401  (fixture)
+from mlm_tasks.vm import runtimes
+from peers import tpu_vm_image
 
 ZONE = "us-central2-b"
 RUN = "manual__sim-vm"
+
+
+# The image's /lib/libtpu.so, which PJRT's TF_PLUGGABLE_DEVICE_LIBRARY_PATH names, is the one thing the
+# simulated image cannot have: the CPU stand-in loads no plugin (an empty value is TensorFlow's "none").
+NO_LIBTPU = {"TF_PLUGGABLE_DEVICE_LIBRARY_PATH": ""}
 
 
 def _pip_past_the_gcs_proxy(tf_gcs_env: dict) -> dict:
@@ -44,9 +50,13 @@ def _site_packages(python: str) -> set[str]:
 
 
 @pytest.mark.slow
-def test_bootstrap_and_train_on_the_simulated_image(tiny_prepared, gcs_root, tf_gcs_env, fake_tpu, sshd,
-                                                     tpu_vm_python, tmp_path, monkeypatch, capfd):
+@pytest.mark.parametrize("runtime", ["tpu-vm-tf-2.16.1-pjrt", "tpu-vm-tf-2.17.0-pjrt"])
+def test_bootstrap_and_train_on_the_simulated_image(runtime, tiny_prepared, gcs_root, tf_gcs_env, fake_tpu, sshd,
+                                                     tmp_path, monkeypatch, capfd):
     from train_operator import TrainOperator
+
+    rt = runtimes.get(runtime)
+    tpu_vm_python = str(tpu_vm_image.build(rt))  # the image as released: its date's packages
 
     prepared_cfg, data = tiny_prepared
     root = gcs_root
@@ -56,11 +66,11 @@ def test_bootstrap_and_train_on_the_simulated_image(tiny_prepared, gcs_root, tf_
         monkeypatch.setenv(key, value)
     cfg = PipelineConfig.model_validate({
         **prepared_cfg.model_dump(mode="json"), "output_root": root, "compute": "tpu_vm",
-        "tpu": {"project": "proj", "zone": ZONE, "api_endpoint": fake_tpu.url, "transport": "rest",
+        "tpu": {"project": "proj", "zone": ZONE, "runtime_version": runtime, "api_endpoint": fake_tpu.url, "transport": "rest",
                 "ssh_port": sshd.port, "poll_interval_s": 0.1, "bootstrap": True, "python": tpu_vm_python,
                 "workdir": str(tmp_path / "vm home" / "mlm"),
                 "env": {**tf_gcs_env, **_pip_past_the_gcs_proxy(tf_gcs_env), "HF_HUB_OFFLINE": "1",
-                        "TF_CPP_MIN_LOG_LEVEL": "2"}}})
+                        "TF_CPP_MIN_LOG_LEVEL": "2", **NO_LIBTPU}}})
     name = tpu.node_name("mlm_pretrain", RUN)
     fake_tpu.add_node("proj", ZONE, name, state="READY")
     image_before = _site_packages(tpu_vm_python)
@@ -70,13 +80,14 @@ def test_bootstrap_and_train_on_the_simulated_image(tiny_prepared, gcs_root, tf_
         {"node": name, "workers": 1}
     log = capfd.readouterr().out
     (tmp_path / "train_task.log").write_text(log)  # kept for debugging
-    assert "Installing project" in log and "Installing requirements-tf2.16.txt beside the image TensorFlow" in log
-    assert "[worker 0] VM ready: Python 3.10.13, TensorFlow 2.16.1, tf-keras 2.16.0, transformers 4.57.6" in log
+    assert "Installing project" in log and f"Installing {rt.lock_path.name} beside the image TensorFlow" in log
+    assert (f"[worker 0] VM ready: Python 3.10.13, TensorFlow {rt.tensorflow}, tf-keras {rt.tf_minor}.0, "
+            "transformers 4.57.6") in log
 
     run = RunPaths(root, RUN)
     assert storage.exists(join(root, "_code"))  # staged to the bucket, fetched from there
     summary = storage.read_json(run.train_summary)
-    assert (summary["python"], summary["tensorflow"]) == ("3.10.13", "2.16.1")  # trained on the image's stack
+    assert (summary["python"], summary["tensorflow"]) == ("3.10.13", rt.tensorflow)  # on the image's stack
     assert summary["steps"] == cfg.train.steps and summary["replicas"] == 1
     assert summary["global_batch"] == cfg.train.batch_size * summary["replicas"]
     assert _site_packages(tpu_vm_python) == image_before, "the bootstrap changed the image's own packages"
