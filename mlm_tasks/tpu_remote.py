@@ -14,6 +14,11 @@ TensorFlow, numpy, protobuf) is replaced, and the image is checked to hold the r
 Then it runs `python -m mlm_tasks <step> --config-json <cfg> --run-id <run>`. With
 `tpu.bootstrap: false` it runs the step from `tpu.workdir` as it is (a custom image, or tests).
 
+One copy of a step per run (`_run_lock`): the step holds an flock on `<workdir>/.run-lock-<hash of run
+id and step>` for as long as it runs. A retry that finds the lock held (an earlier try that lost its
+SSH session to a partition or a crashed Airflow host, which sshd may not notice for hours) stops that
+try's step first: SIGTERM, SIGKILL after STOP_GRACE_S, exit 3 if the lock is still held.
+
 Secrets never ride on the command line (it shows in `ps` and in logs): the Hub token reaches the
 step through the SSH session's environment as LC_MLM_HF_TOKEN (stock Ubuntu sshd accepts LC_*
 variables; see `SESSION_ENV_TOKEN`), and the line hands it on as HF_TOKEN.
@@ -41,6 +46,11 @@ SESSION_ENV_TOKEN = "LC_MLM_HF_TOKEN"
 # transformers 4.57 finds TensorFlow only under distribution names it knows (tensorflow,
 # tensorflow-cpu, ...), not the image's TPU build: this tells it TensorFlow is there.
 VM_ENV = {"FORCE_TF_AVAILABLE": "1", "TF_USE_LEGACY_KERAS": "1", "PYTHONUNBUFFERED": "1"}
+# An earlier try's step gets this long to exit on SIGTERM before SIGKILL (a trainer without a handler
+# dies at once; TensorFlow may take seconds to let go of the TPU chips).
+STOP_GRACE_S = 60
+# After SIGKILL the kernel drops the lock as soon as the process group is gone.
+KILL_WAIT_S = 10
 
 
 @dataclass(frozen=True)
@@ -163,6 +173,35 @@ def step_environment(cfg: PipelineConfig, node: str) -> dict[str, str]:
     return {**variables, **cfg.tpu.env}
 
 
+def run_lock_name(run_id: str, step: str) -> str:
+    """The lock file (in tpu.workdir) of one run's step. A hash, because a run id may hold any
+    character (`manual__2025-01-01T00:00:00+00:00`, or one a user chose)."""
+    return ".run-lock-" + hashlib.sha256(f"{run_id}\0{step}".encode()).hexdigest()[:16]
+
+
+def _run_lock(step: str, run_id: str, grace_s: int = STOP_GRACE_S) -> list[str]:
+    """Shell that takes the run's lock for `step` on fd 9 (stopping an earlier try's step that holds it)
+    and writes the holder's pid beside it. The final `exec` keeps fd 9 open: the lock lives exactly as
+    long as the step."""
+    lock = run_lock_name(run_id, step)
+    q, pid_file = shlex.quote(lock), shlex.quote(lock + ".pid")
+    who = shlex.quote("trainer" if step == "train" else f"{step} step")
+    # The pid file alone may be stale (a recycled pid): signal it only if that process holds the lock file.
+    holder = f'[ -n "$pid" ] && [ "$(stat -L -c %d:%i "/proc/$pid/fd/9" 2>/dev/null)" = "$(stat -c %d:%i {q})" ]'
+    stop = (f'echo "Stopping the "{who}" left by an earlier try (pid $pid) of this run: SIGTERM, then SIGKILL '
+            f'after {grace_s}s."; kill -s TERM "$pid" 2>/dev/null || true; '
+            f'if ! flock -w {grace_s} 9; then echo "pid $pid still runs after {grace_s}s: SIGKILL."; '
+            # sshd makes each session's shell a process-group leader: the group takes the step's children too.
+            f'kill -s KILL -- "-$pid" 2>/dev/null || kill -s KILL "$pid" 2>/dev/null || true; fi')
+    stuck = (f'echo "The run lock $PWD/"{q}" is still held (its pid file names ${{pid:-nobody}}): another copy of '
+             f'this run\'s "{who}" runs. Find it with: fuser -v $PWD/"{q}"; stop it, then clear this task." >&2; exit 3')
+    # `exec 9>>` inside `{ }` runs in this shell (no subshell), so the step's `exec` inherits fd 9.
+    return [f'if ! {{ exec 9>>{q} && flock -n 9; }}; then pid=$(cat {pid_file} 2>/dev/null || true); '
+            f'if {holder}; then {stop}; fi; flock -w {KILL_WAIT_S} 9 || {{ {stuck}; }}; '
+            f'echo "The earlier try stopped: starting this one."; fi',
+            f"echo $$ > {pid_file}"]
+
+
 def remote_command(cfg: PipelineConfig, step: str, run_id: str, *, node: str, extra_args: Sequence[str] = (),
                    code: CodeBundle | None = None, env: dict[str, str] | None = None,
                    expect_token: bool = False) -> str:
@@ -187,8 +226,11 @@ def remote_command(cfg: PipelineConfig, step: str, run_id: str, *, node: str, ex
                      f'sshd_config needs AcceptEnv LANG LC_* (Ubuntu\'s default) for {SESSION_ENV_TOKEN}." >&2; exit 3; fi')
     parts.append(f'if [ -n "${{{SESSION_ENV_TOKEN}:-}}" ]; then export HF_TOKEN="${SESSION_ENV_TOKEN}"; fi; '
                  f"unset {SESSION_ENV_TOKEN}")
+    # The lock before the install: a retry never swaps `code/` under a step an earlier try left running.
+    parts += _run_lock(step, run_id)
     if cfg.tpu.bootstrap:
         parts += _bootstrap(cfg, code)
-    # exec: the step replaces the shell, so a hang-up of the SSH session (task killed) reaches it.
+    # exec: the step replaces the shell, so a hang-up of the SSH session (task killed) reaches it, and
+    # it keeps the run lock's fd 9 (a partition or a crashed Airflow host: the next try stops it).
     parts.append(f"exec {step_line}")
     return "; ".join(parts)

@@ -16,7 +16,9 @@ node was preempted meanwhile. Exit code 2 (the CLI's "bad configuration") fails 
 retry cannot fix it. With `replace_dead_node` (the train task) a node found PREEMPTED or gone is
 replaced first, waiting in the triggerer, so a retry after a preemption continues on a fresh VM from
 the last checkpoint. Each session has a pty, so closing it (task killed, timed out, or failed) hangs
-up the remote step instead of orphaning it. Secrets (the Hub token) travel in the SSH session's
+up the remote step instead of orphaning it; a session lost without a hang-up (a network partition, a
+crashed Airflow host) leaves the step running, and the next try stops it first (the run lock of
+`remote_command`), so one run never has two trainers. Secrets (the Hub token) travel in the SSH session's
 environment (`session_env`), never on the command line. Google's ComputeEngineSSHHook cannot find
 TPU VMs, hence a plain SSHHook pointed at each IP.
 """

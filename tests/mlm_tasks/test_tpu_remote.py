@@ -11,9 +11,11 @@ from __future__ import annotations
 import gzip
 import io
 import re
+import shlex
 import subprocess
 import sys
 import tarfile
+import time
 from pathlib import Path
 
 import pytest
@@ -21,7 +23,7 @@ import pytest
 from mlm_tasks import storage
 from mlm_tasks.config import ConfigError, PipelineConfig
 from mlm_tasks.paths import join
-from mlm_tasks.tpu_remote import stage_code
+from mlm_tasks.tpu_remote import _run_lock, remote_command, run_lock_name, stage_code
 from mlm_tasks.vm import runtimes
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -205,10 +207,6 @@ PJRT_ONE_HOST = {"NEXT_PLUGGABLE_DEVICE_USE_C_API": "true", "TF_PLUGGABLE_DEVICE
 def test_remote_line_exports_the_runtime_environment_before_tensorflow(accelerator, runtime, variables, tmp_path):
     """Google's variables for the runtime and slice shape (runtimes.ENVIRONMENT), exported before the
     first command that imports TensorFlow: the bundle fetch, the image check, the step."""
-    import shlex
-
-    from mlm_tasks.tpu_remote import remote_command
-
     cfg = PipelineConfig.model_validate({"output_root": "gs://bucket/p", "compute": "tpu_vm", "tpu": {
         "project": "proj", "accelerator_type": accelerator, "runtime_version": runtime}})
     bundle = stage_code(str(tmp_path), runtime)  # a local copy of what would be staged to gs://
@@ -230,3 +228,42 @@ def test_tensorflow_is_refused_on_v6e_with_googles_word(accelerator):
         PipelineConfig.model_validate({"output_root": "gs://b/p", "compute": "tpu_vm", "tpu": {
             "project": "p", "accelerator_type": accelerator,
             "runtime_version": "tpu-vm-tf-2.16.1-pod-pjrt" if accelerator == "v6e-16" else runtimes.DEFAULT}})
+
+
+def test_the_remote_line_takes_the_run_lock_just_before_the_step():
+    """One step per run: the lock is named by a hash (the run id never reaches a path) and taken on
+    fd 9 in the shell that then execs the step, so the step holds it."""
+    run_id = "manual__2025-01-01T00:00:00+00:00'; touch /tmp/pwned #"
+    cfg = PipelineConfig.model_validate({"tpu": {"bootstrap": False, "workdir": "/w"}})
+    setup, step = remote_command(cfg, "train", run_id, node="mlm-n").rsplit("; exec ", 1)
+    lock = run_lock_name(run_id, "train")
+    assert re.fullmatch(r"\.run-lock-[0-9a-f]{16}", lock)
+    assert len({lock, run_lock_name(run_id, "evaluate"), run_lock_name("manual__2", "train")}) == 3
+    lines = _run_lock("train", run_id)
+    assert setup.endswith("; " + "; ".join(lines))  # with bootstrap off, last before the step
+    assert lines[0].startswith(f"if ! {{ exec 9>>{lock} && flock -n 9; }}; then ") and lines[1] == f"echo $$ > {lock}.pid"
+    assert "Stopping the \"trainer\" left by an earlier try (pid $pid)" in setup and "exit 3" in setup
+    assert run_id not in setup and shlex.split(step)[-2:] == ["--run-id", run_id]
+    assert subprocess.run(["sh", "-n", "-c", f"{setup}; exec {step}"]).returncode == 0  # parses as sh
+
+
+def test_a_step_that_ignores_sigterm_is_killed(tmp_path):
+    """The lock lines with sh on this machine (the SSH path is in tests/plugins/test_remote_step_retry.py):
+    an earlier try's step that ignores SIGTERM is killed after the grace time, and the new one runs."""
+    stub = tmp_path / "step"
+    stub.write_text("#!/bin/sh\ntrap '' TERM\nwhile :; do echo \"$$\" >> writes; sleep 0.1; done\n")
+    stub.chmod(0o755)
+    line = f"set -e; cd {shlex.quote(str(tmp_path))}; " + "; ".join(_run_lock("train", "r 1", grace_s=1))
+    earlier = subprocess.Popen(["setsid", "sh", "-c", f"{line}; exec ./step"])  # setsid: as sshd starts a session
+    try:
+        while not (tmp_path / "writes").exists():
+            time.sleep(0.05)
+        retry = subprocess.run(["sh", "-c", f"{line}; echo started"], capture_output=True, text=True, timeout=30)
+        assert retry.returncode == 0, retry.stderr
+        assert retry.stdout.splitlines() == [
+            f"Stopping the trainer left by an earlier try (pid {earlier.pid}) of this run: SIGTERM, then SIGKILL "
+            "after 1s.", f"pid {earlier.pid} still runs after 1s: SIGKILL.",
+            "The earlier try stopped: starting this one.", "started"]
+        assert earlier.wait(timeout=5) == -9
+    finally:
+        earlier.kill()

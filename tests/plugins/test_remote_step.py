@@ -192,7 +192,8 @@ exec {real_python} "$@"
     wrapper.chmod(0o755)
     root = tmp_path / "out"
     bundle = stage_code(str(root), "tpu-vm-tf-2.16.1-pjrt")
-    assert stage_code(str(root), "tpu-vm-tf-2.16.1-pod-pjrt") == bundle  # content-addressed, uploaded once
+    pod = stage_code(str(root), "tpu-vm-tf-2.16.1-pod-pjrt")
+    assert (pod.sha, pod.uri, pod.lock, pod.pod) == (bundle.sha, bundle.uri, bundle.lock, True)  # uploaded once
     assert (bundle.lock, bundle.tensorflow) == ("mlm_tasks/vm/requirements-tf2.16.txt", "2.16.1")
     workdir = tmp_path / "vm home" / "mlm"
     cfg = _cfg(fake_tpu, sshd, bootstrap=True, workdir=str(workdir), python=str(wrapper))

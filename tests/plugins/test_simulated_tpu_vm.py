@@ -40,7 +40,10 @@ def _pip_past_the_gcs_proxy(tf_gcs_env: dict) -> dict:
     """The TLS proxy that stands in for Google's hosts refuses the rest; pip on a real VM reaches the
     package index directly, so it does here too."""
     hosts = tf_gcs_env["NO_PROXY"] + ",pypi.org,files.pythonhosted.org"
-    return {"NO_PROXY": hosts, "no_proxy": hosts}
+    # Where this machine reaches the index through a CA of its own (pip's settings in its environment,
+    # which sshd does not pass on), the image's pip of 2024 needs that CA too: it predates truststore.
+    own = {k: v for k, v in os.environ.items() if k in ("PIP_CERT", "PIP_INDEX_URL", "PIP_EXTRA_INDEX_URL")}
+    return {"NO_PROXY": hosts, "no_proxy": hosts, **own}
 
 
 def _site_packages(python: str) -> set[str]:
