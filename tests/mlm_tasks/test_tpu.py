@@ -234,3 +234,18 @@ def test_unknown_accelerator_types_are_config_errors(accelerator):
 def test_importing_mlm_tasks_tpu_does_not_import_airflow():
     code = "import mlm_tasks.tpu, sys; assert 'airflow' not in sys.modules, 'airflow imported'"
     subprocess.run([sys.executable, "-c", code], check=True, cwd=str(Path(__file__).parents[2]))
+
+
+def test_host_keys_are_what_the_worker_published(cfg, fake_tpu):
+    name = tpu.node_name("mlm_pretrain", "run-keys")
+    fake_tpu.workers = 2
+    fake_tpu.add_node("proj", ZONE, name)
+    assert tpu.host_keys(cfg, name, worker=1) == {}  # the guest agent has not published them yet
+    fake_tpu.host_keys = {"ssh-ed25519": "AAAAC3Nz", "ssh-rsa": "AAAAB3Nz"}
+    assert tpu.host_keys(cfg, name, worker=1) == {"ssh-ed25519": "AAAAC3Nz", "ssh-rsa": "AAAAB3Nz"}
+    asked = [r for r in fake_tpu.requests if r[1].endswith(":getGuestAttributes")]
+    assert asked == [("POST", f"/v2/projects/proj/locations/{ZONE}/nodes/{name}:getGuestAttributes")] * 2
+    with pytest.raises(BadRequest, match="worker id '2'"):  # as the API: worker ids below the host count
+        tpu.host_keys(cfg, name, worker=2)
+    with pytest.raises(NotFound):
+        tpu.host_keys(cfg, "mlm-no-such-node", worker=0)

@@ -51,7 +51,7 @@ def test_bootstrap_and_train_on_the_simulated_image(tiny_prepared, gcs_root, tf_
     prepared_cfg, data = tiny_prepared
     root = gcs_root
     storage.upload_dir(join(prepared_cfg.output_root, "datasets"), join(root, "datasets"))
-    monkeypatch.setenv("AIRFLOW_CONN_TPU_SSH", airflow_conn_uri(sshd))
+    monkeypatch.setenv("AIRFLOW_CONN_TPU_SSH", airflow_conn_uri(sshd, no_host_key_check=False))
     for key, value in tf_gcs_env.items():  # evaluate and fill-mask read gs:// here with TensorFlow too
         monkeypatch.setenv(key, value)
     cfg = PipelineConfig.model_validate({
