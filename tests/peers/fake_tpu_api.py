@@ -161,7 +161,7 @@ class FakeTpuApi(LoopbackServer):
 
     def writes(self) -> list[str]:
         """Methods of the create/patch/delete requests that went through, in order."""
-        return [m for m, _ in self.requests if m in ("POST", "PATCH", "DELETE")]
+        return [m for m, path in self.requests if m in ("POST", "PATCH", "DELETE") and not is_read(path)]
 
     # -- API behaviour ---------------------------------------------------------------------------
     def _new_node(self, parent: str, node_id: str, body: dict) -> dict:
@@ -241,6 +241,11 @@ class FakeTpuApi(LoopbackServer):
             elif node["state"] == "READY":
                 op.update(done=True, response={"@type": NODE_TYPE, **_public(node)})
         return op
+
+
+def is_read(path: str) -> bool:
+    """getGuestAttributes is a read although it is a POST."""
+    return path.endswith(":getGuestAttributes")
 
 
 def _public(obj: dict) -> dict:
