@@ -9,7 +9,8 @@
 `ensure_node` never blocks on the API's long-running operations: it says what it did ("ready",
 "wait", "created", "recreating") and the caller (a deferrable Airflow operator) polls. Names and
 labels follow GCP rules (lowercase, [-a-z0-9], <= 63 chars). The remote side lives in
-`mlm_tasks.tpu_remote` (`remote_command`, `stage_code`), re-exported here.
+`mlm_tasks.tpu_remote` (`remote_command`, `stage_code`), re-exported here; `host_keys` reads the SSH
+host keys a worker published, which the SSH login pins.
 
 The client authenticates with the credentials handed to `mlm_tasks.credentials` (on the Airflow
 side: the run's GCP connection), else Application Default Credentials. Creates, deletes and label
@@ -43,6 +44,7 @@ WAIT_STATES = frozenset({"CREATING", "STARTING", "RESTARTING", "REPAIRING", "REI
 SCOPE = "https://www.googleapis.com/auth/cloud-platform"   # what the VM's service account may call
 # First wait of the 429/503 retry (doubling up to 30 s, 5 min in all); tests shorten it.
 RETRY_INITIAL_S = float(os.environ.get("MLM_TPU_RETRY_INITIAL_S", "1.0"))
+HOST_KEYS = "hostkeys"  # guest-attribute namespace where a VM's guest agent publishes its SSH host keys
 
 
 @dataclass(frozen=True)
@@ -239,6 +241,31 @@ def worker_endpoints(node: "Node | NodeState", external: bool = False) -> list[s
         raise RuntimeError(f"TPU VM {state.name} has a worker without an {kind} IP ({state.workers}): "
                            "set tpu.external_ips=true (or tpu.ssh_via=internal inside the VPC).")
     return ips
+
+
+def host_keys(cfg: TpuConfig, name: str, worker: int = 0, timeout_s: float = 30.0,
+              api: "TpuClient | None" = None) -> dict[str, str]:
+    """SSH host public keys worker `worker` of node `name` published, as {type: base64 key}.
+
+    The VM's guest agent publishes them as guest attributes (namespace `hostkeys`); they are what
+    `gcloud compute tpus tpu-vm ssh` pins. {} while the agent has not published them yet (it starts
+    with the VM). Busy answers (429, 503) are retried until timeout_s, which bounds the whole call.
+    """
+    from google.cloud import tpu_v2
+
+    request = tpu_v2.GetGuestAttributesRequest(name=full_name(cfg, name), query_path=f"{HOST_KEYS}/",
+                                               worker_ids=[str(worker)])
+    answer = (api or client(cfg)).get_guest_attributes(
+        request=request, retry=retry().with_timeout(timeout_s), timeout=timeout_s)
+    keys: dict[str, str] = {}
+    for attributes in answer.guest_attributes:
+        for item in attributes.query_value.items:
+            parts = item.value.split()
+            if item.namespace != HOST_KEYS or not parts:
+                continue
+            # The agent publishes the key's base64 alone; tolerate a whole `type key [comment]` line.
+            keys[item.key] = parts[1] if len(parts) > 1 and parts[0] == item.key else parts[0]
+    return keys
 
 
 def describe(state: NodeState) -> dict[str, Any]:

@@ -15,12 +15,13 @@ task fails if the step exits non-zero, naming the worker and its exit code, and 
 node was preempted meanwhile. Exit code 2 (the CLI's "bad configuration") fails without retries: a
 retry cannot fix it. With `replace_dead_node` (the train task) a node found PREEMPTED or gone is
 replaced first, waiting in the triggerer, so a retry after a preemption continues on a fresh VM from
-the last checkpoint. Each session has a pty, so closing it (task killed, timed out, or failed) hangs
-up the remote step instead of orphaning it; a session lost without a hang-up (a network partition, a
-crashed Airflow host) leaves the step running, and the next try stops it first (the run lock of
-`remote_command`), so one run never has two trainers. Secrets (the Hub token) travel in the SSH session's
-environment (`session_env`), never on the command line. Google's ComputeEngineSSHHook cannot find
-TPU VMs, hence a plain SSHHook pointed at each IP.
+the last checkpoint. The login pins the host keys the node published (plugins/worker_ssh.py): a
+worker presenting another key fails the task without retries. Each session has a pty, so closing it
+(task killed, timed out, or failed) hangs up the remote step instead of orphaning it; a session lost
+without a hang-up (a network partition, a crashed Airflow host) leaves the step running, and the next
+try stops it first (the run lock of `remote_command`), so one run never has two trainers. Secrets (the
+Hub token) travel in the SSH session's environment (`session_env`), never on the command line.
+Google's ComputeEngineSSHHook cannot find TPU VMs, hence the SSH connection's login pointed at each IP.
 """
 from __future__ import annotations
 
@@ -37,6 +38,7 @@ from gcp_credentials import use_connection
 from mlm_tasks import tpu
 from mlm_tasks.tpu_remote import SESSION_ENV_TOKEN, remote_command, stage_code
 from tpu_operators import NodeEnsurer, resolve_config, run_node_name
+from worker_ssh import ssh_connect  # noqa: F401  (the login; re-exported for callers of this module)
 
 TAIL_LINES = 20
 
@@ -47,6 +49,7 @@ class WorkerRun:
     host: str
     exit_code: int | None = None      # None: did not finish (connection lost or hung up by us)
     error: str | None = None
+    fatal: bool = False               # the error was an AirflowFailException: a retry cannot fix it
     tail: collections.deque = field(default_factory=lambda: collections.deque(maxlen=TAIL_LINES))
     channel: Any = None
     client: Any = None
@@ -58,7 +61,7 @@ class WorkerRun:
 
 
 class RemoteRunner:
-    """Runs `command` on every host at once; `connect(host)` returns a connected paramiko SSHClient."""
+    """Runs `command` on every host at once; `connect(host, index)` returns a connected paramiko SSHClient."""
 
     def __init__(self, hosts: Sequence[str], connect: Callable[[str], Any], log: Any,
                  peer_grace_s: float = 60.0, session_env: dict[str, str] | None = None):
@@ -71,7 +74,7 @@ class RemoteRunner:
 
     def _run_one(self, worker: WorkerRun, command: str) -> None:
         try:
-            worker.client = self.connect(worker.host)
+            worker.client = self.connect(worker.host, worker.index)
             channel = worker.client.get_transport().open_session()
             with self._lock:
                 worker.channel = channel
@@ -93,6 +96,7 @@ class RemoteRunner:
                 worker.exit_code = code
         except Exception as err:  # reported per worker in the task's error; the task fails on it
             worker.error = f"{type(err).__name__}: {err}"
+            worker.fatal = isinstance(err, AirflowFailException)
 
     def run(self, command: str) -> list[WorkerRun]:
         threads = [threading.Thread(target=self._run_one, args=(w, command), daemon=True,
@@ -174,30 +178,6 @@ def check_reachable(cfg: Any, name: str, hosts: Sequence[str]) -> None:
         f"with tpu.external_ips=true, inside it tpu.ssh_via={other} may be the one that works. If the port "
         "answers but login fails, check the node's enable-oslogin metadata (tpu.enable_oslogin=false makes "
         "the tpu_ssh connection's key in ssh-keys count). The VM is deleted by the teardown task.")
-
-
-def ssh_connect(conn_id: str, port: int, patience_s: float = 300.0) -> Callable[[str], Any]:
-    """connect(host) -> paramiko SSHClient. A fresh VM refuses SSH (or our key) for a minute or
-    two after READY while its ssh-keys metadata is applied, so refusals are retried for a while."""
-    import socket
-
-    import paramiko
-    from airflow.providers.ssh.hooks.ssh import SSHHook
-
-    def connect(host: str) -> Any:
-        deadline = time.monotonic() + patience_s
-        while True:
-            try:
-                return SSHHook(ssh_conn_id=conn_id, remote_host=host, port=port, conn_timeout=30,
-                               conn_retry_attempts=1).get_conn()
-            except (paramiko.SSHException, socket.error) as err:
-                if time.monotonic() > deadline:
-                    raise RuntimeError(f"Cannot SSH to {host}:{port} as connection {conn_id!r} after "
-                                       f"{patience_s:.0f}s ({err}): check the connection's user and key, "
-                                       "and that the firewall allows SSH from Airflow.") from err
-                time.sleep(5)
-
-    return connect
 
 
 class TpuSSHStepOperator(NodeEnsurer, BaseOperator):
@@ -284,12 +264,17 @@ class TpuSSHStepOperator(NodeEnsurer, BaseOperator):
                           "other hosts serves it.", name, len(hosts), self.step, hosts[0])
         else:
             self.log.info("Running %r on %s (%s).", self.step, name, hosts[0])
-        self._runner = RemoteRunner(hosts[:1], ssh_connect(cfg.tpu.ssh_conn_id, cfg.tpu.ssh_port), self.log,
-                                    self.peer_grace_s, session_env=session_env)
+        # Made here: the SSH threads do not see this thread's handed-in credentials.
+        api = tpu.client(cfg.tpu)
+        connect = ssh_connect(cfg.tpu.ssh_conn_id, cfg.tpu.ssh_port, node=name,
+                              published=lambda worker: tpu.host_keys(cfg.tpu, name, worker, api=api))
+        self._runner = RemoteRunner(hosts[:1], connect, self.log, self.peer_grace_s, session_env=session_env)
         workers = self._runner.run(command)
         failed = [w for w in workers if w.exit_code != 0]
         if failed:
             message = self._failure_message(cfg, name, failed)
+            if any(w.fatal for w in failed):  # e.g. a host-key mismatch: the same machine would answer
+                raise AirflowFailException(message)
             if all(w.exit_code == self.CONFIG_ERROR_EXIT for w in failed):
                 raise AirflowFailException(message + "\nExit code 2 is a configuration error: fix the "
                                            "input and trigger a new run (a retry would fail the same way).")

@@ -215,7 +215,7 @@ def test_reusing_a_node_moves_its_expires_label_later(cfg, fake_tpu):
 
 @pytest.mark.parametrize("accelerator, hosts", [
     ("v4-8", 1), ("v4-16", 2), ("v4-32", 4), ("v5p-8", 1), ("v5p-16", 2), ("v5litepod-1", 1), ("v5litepod-4", 1),
-    ("v5litepod-8", 1), ("v5litepod-16", 4), ("v5litepod-256", 64), ("v6e-8", 1), ("v6e-16", 4), ("v3-8", 1),
+    ("v5litepod-8", 1), ("v5litepod-16", 4), ("v5litepod-256", 64), ("v3-8", 1),
     ("v3-32", 4), ("v2-8", 1)])
 def test_hosts_per_accelerator_type(accelerator, hosts):
     assert tpu_slices.hosts(accelerator) == hosts
@@ -223,6 +223,13 @@ def test_hosts_per_accelerator_type(accelerator, hosts):
     assert tpu_slices.check_runtime(accelerator, pod if hosts > 1 else single) == hosts
     with pytest.raises(ConfigError, match="-pod"):
         tpu_slices.check_runtime(accelerator, single if hosts > 1 else pod)
+
+
+@pytest.mark.parametrize("accelerator, hosts", [("v6e-8", 1), ("v6e-16", 4)])
+def test_v6e_shapes_are_known_but_refused_for_tensorflow(accelerator, hosts):
+    assert tpu_slices.hosts(accelerator) == hosts
+    with pytest.raises(ConfigError, match="TensorFlow is not supported on v6e"):
+        tpu_slices.check_runtime(accelerator, "tpu-vm-tf-2.16.1-pod-pjrt" if hosts > 1 else "tpu-vm-tf-2.16.1-pjrt")
 
 
 @pytest.mark.parametrize("accelerator", ["v4-7", "v4-12", "v5litepod-12", "v7-8", "v4", "V4-8", "v6e-512"])
@@ -234,3 +241,18 @@ def test_unknown_accelerator_types_are_config_errors(accelerator):
 def test_importing_mlm_tasks_tpu_does_not_import_airflow():
     code = "import mlm_tasks.tpu, sys; assert 'airflow' not in sys.modules, 'airflow imported'"
     subprocess.run([sys.executable, "-c", code], check=True, cwd=str(Path(__file__).parents[2]))
+
+
+def test_host_keys_are_what_the_worker_published(cfg, fake_tpu):
+    name = tpu.node_name("mlm_pretrain", "run-keys")
+    fake_tpu.workers = 2
+    fake_tpu.add_node("proj", ZONE, name)
+    assert tpu.host_keys(cfg, name, worker=1) == {}  # the guest agent has not published them yet
+    fake_tpu.host_keys = {"ssh-ed25519": "AAAAC3Nz", "ssh-rsa": "AAAAB3Nz"}
+    assert tpu.host_keys(cfg, name, worker=1) == {"ssh-ed25519": "AAAAC3Nz", "ssh-rsa": "AAAAB3Nz"}
+    asked = [r for r in fake_tpu.requests if r[1].endswith(":getGuestAttributes")]
+    assert asked == [("POST", f"/v2/projects/proj/locations/{ZONE}/nodes/{name}:getGuestAttributes")] * 2
+    with pytest.raises(BadRequest, match="worker id '2'"):  # as the API: worker ids below the host count
+        tpu.host_keys(cfg, name, worker=2)
+    with pytest.raises(NotFound):
+        tpu.host_keys(cfg, "mlm-no-such-node", worker=0)

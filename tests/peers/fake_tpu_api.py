@@ -5,8 +5,8 @@
         client = TpuClient(transport="rest", credentials=creds, client_options={"api_endpoint": api.url})
 
 Speaks what `google.cloud.tpu_v2` sends over REST (see its transports/rest_base.py): nodes create
-(POST .../nodes?nodeId=), get, list (pageSize/pageToken), patch (updateMask), delete, and operations
-get, with camelCase JSON and `{"error": {"code", "message", "status"}}` errors (400 -> InvalidArgument,
+(POST .../nodes?nodeId=), get, list (pageSize/pageToken), patch (updateMask), delete, getGuestAttributes
+(POST .../nodes/<id>:getGuestAttributes), and operations get, with camelCase JSON and `{"error": {"code", "message", "status"}}` errors (400 -> InvalidArgument,
 401/403, 404 -> NotFound, 409 -> Conflict, 429 -> TooManyRequests, 503 -> ServiceUnavailable).
 
 What it holds callers to, as the real API does:
@@ -26,6 +26,11 @@ What it holds callers to, as the real API does:
 - the first create and the first delete of each node are answered 429 RESOURCE_EXHAUSTED, then 503
   UNAVAILABLE, before they go through (`transient_errors=False` turns that off).
 - patch: only `labels` in the update mask, with the same label rules.
+- getGuestAttributes: a known node (404), only queryPath and workerIds in the body, each worker id a
+  0-based index below the node's host count (400); one GuestAttributes per worker asked for (all when
+  none), holding the entries under queryPath (`ns/` or `ns/key`, '' or '/' for all). A READY node's
+  workers publish `host_keys` in namespace `hostkeys` as the guest agent does (type -> base64 key);
+  the `fake_tpu` fixture sets them to the test sshd's host key when the test uses `sshd`.
 
 Leniencies left, and why:
 - REST only: production uses the client's gRPC transport by default; the tests set tpu.transport=rest,
@@ -38,6 +43,8 @@ Leniencies left, and why:
   stockout); IAM roles are not modelled (any registered service account may do anything).
 - acceleratorConfig (type + topology) is not modelled and is refused: mlm_tasks never sends it.
 - network/subnetwork names are not resolved (there is no VPC here); ssh-keys key material is not parsed.
+- every worker of every node publishes the same `host_keys` (one sshd again); a node that is not READY
+  publishes none, an assumption (its guest agent is not running) rather than observed API behaviour.
 - operations finish on reads, not on a clock (`ready_after_s` adds a clock where a test needs one).
 Tests steer it with `preempt`, `set_state`, `fail_next_create`, `add_node` (a node made elsewhere)
 and `workers` (endpoints per node, overriding the type's host count, for tests that add nodes).
@@ -102,6 +109,7 @@ class FakeTpuApi(LoopbackServer):
         self.endpoint_port = endpoint_port
         self.transient_errors = transient_errors
         self.workers: int | None = None       # test control: endpoints per node instead of the type's hosts
+        self.host_keys: dict[str, str] = {}   # test control: what READY nodes' guest agents publish
         self.nodes: dict[str, dict] = {}      # full node name -> node JSON (+ private "_" keys)
         self.operations: dict[str, dict] = {}
         self.requests: list[tuple[str, str]] = []  # (method, path) of requests past auth and busy answers
@@ -153,7 +161,7 @@ class FakeTpuApi(LoopbackServer):
 
     def writes(self) -> list[str]:
         """Methods of the create/patch/delete requests that went through, in order."""
-        return [m for m, _ in self.requests if m in ("POST", "PATCH", "DELETE")]
+        return [m for m, path in self.requests if m in ("POST", "PATCH", "DELETE") and not is_read(path)]
 
     # -- API behaviour ---------------------------------------------------------------------------
     def _new_node(self, parent: str, node_id: str, body: dict) -> dict:
@@ -233,6 +241,11 @@ class FakeTpuApi(LoopbackServer):
             elif node["state"] == "READY":
                 op.update(done=True, response={"@type": NODE_TYPE, **_public(node)})
         return op
+
+
+def is_read(path: str) -> bool:
+    """getGuestAttributes is a read although it is a POST."""
+    return path.endswith(":getGuestAttributes")
 
 
 def _public(obj: dict) -> dict:
@@ -319,6 +332,7 @@ def _handler(api: FakeTpuApi):
         ("PATCH", re.compile(PARENT + r"/nodes/(?P<node>[^/:]+)$"), "patch"),
         ("DELETE", re.compile(PARENT + r"/nodes/(?P<node>[^/:]+)$"), "delete"),
         ("GET", re.compile(PARENT + r"/operations/(?P<op>[^/:]+)$"), "operation"),
+        ("POST", re.compile(PARENT + r"/nodes/(?P<node>[^/:]+):getGuestAttributes$"), "guest_attributes"),
     ]
 
     class Handler(BaseHTTPRequestHandler):
@@ -426,6 +440,28 @@ def _handler(api: FakeTpuApi):
                 del api.nodes[name]
             return 200, _public(api._operation(self._parent(g), name, "delete"))
 
+        def guest_attributes(self, g, query, body):
+            name = f"{self._parent(g)}/nodes/{g['node']}"
+            if name not in api.nodes:
+                return _error(404, "NOT_FOUND", f"Node {g['node']} not found.")
+            unknown = set(body) - {"queryPath", "workerIds"}
+            if unknown:
+                raise InvalidRequest(f"Invalid JSON payload received. Unknown name {sorted(unknown)[0]!r}.")
+            node = api.nodes[name]
+            hosts = len(node["networkEndpoints"])
+            ids = body.get("workerIds") or [str(i) for i in range(hosts)]
+            for worker in ids:
+                if not (isinstance(worker, str) and worker.isdigit() and int(worker) < hosts):
+                    raise InvalidRequest(f"Invalid worker id {worker!r}: node {g['node']} has workers 0 to "
+                                         f"{hosts - 1}.")
+            path = body.get("queryPath", "")
+            namespace, _, key = path.strip("/").partition("/")
+            published = api.host_keys if node["state"] == "READY" else {}  # no guest agent runs otherwise
+            items = [{"namespace": "hostkeys", "key": k, "value": v} for k, v in published.items()
+                     if namespace in ("", "hostkeys") and key in ("", k)]
+            value = {"items": items} if items else {}
+            return 200, {"guestAttributes": [{"queryPath": path, "queryValue": value} for _ in ids]}
+
         def operation(self, g, query, body):
             op = api.operations.get(f"{self._parent(g)}/operations/{g['op']}")
             if op is None:
@@ -456,8 +492,9 @@ if pytest is not None:
         return oauth_server.new_service_account("mlm-airflow@mlm-test-project.iam.gserviceaccount.com")
 
     @pytest.fixture
-    def fake_tpu(oauth_server, sa_key, monkeypatch):
-        """A fresh FakeTpuApi (nodes READY on the 3rd read) that takes only the OAuth peer's tokens.
+    def fake_tpu(oauth_server, sa_key, monkeypatch, request):
+        """A fresh FakeTpuApi (nodes READY on the 3rd read) that takes only the OAuth peer's tokens; with
+        the `sshd` fixture in the test, its nodes publish that sshd's host key (the login pins it).
 
         The Airflow GCP connection google_cloud_default holds `sa_key` (env, so `dags test`
         subprocesses see it too); in-process code gets the same credentials via mlm_tasks.credentials."""
@@ -471,4 +508,8 @@ if pytest is not None:
             sa_key, scopes=["https://www.googleapis.com/auth/cloud-platform"])
         with FakeTpuApi(oauth=oauth_server) as api, credentials.use(creds, sa_key["project_id"], "test key"):
             api.credentials = creds
+            if "sshd" in request.fixturenames:
+                from peers.sshd import host_public_key
+
+                api.host_keys = dict([host_public_key(request.getfixturevalue("sshd"))])
             yield api

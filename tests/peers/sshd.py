@@ -3,6 +3,7 @@
     with running_sshd(tmp_dir) as server:      # or the `sshd` fixture in tests/conftest.py
         host, port, user, key_path = server
         airflow_conn_uri(server)               # ssh://user@127.0.0.1:port?key_file=...
+        host_public_key(server)                # ("ssh-ed25519", "AAAA..."): what its "node" publishes
 
 Runs `/usr/sbin/sshd -D -e -f <cfg>` (Debian: apt-get install openssh-server) on a free port with a
 generated host key and a generated client key in authorized_keys. Like a TPU VM's stock sshd it
@@ -33,10 +34,18 @@ class SshServer(NamedTuple):
     key_path: str
 
 
-def airflow_conn_uri(server: SshServer) -> str:
-    """An Airflow connection URI (e.g. for AIRFLOW_CONN_TPU_SSH) that logs in to `server`."""
-    return (f"ssh://{quote(server.user)}@{server.host}:{server.port}"
-            f"?key_file={quote(server.key_path, safe='')}&no_host_key_check=true")
+def airflow_conn_uri(server: SshServer, no_host_key_check: bool = True) -> str:
+    """An Airflow connection URI (e.g. for AIRFLOW_CONN_TPU_SSH) that logs in to `server`. With
+    no_host_key_check=False it is the connection README describes (user + key): the login then pins
+    the host key the fake TPU API publishes (`host_public_key`)."""
+    uri = f"ssh://{quote(server.user)}@{server.host}:{server.port}?key_file={quote(server.key_path, safe='')}"
+    return uri + ("&no_host_key_check=true" if no_host_key_check else "")
+
+
+def host_public_key(server: SshServer) -> tuple[str, str]:
+    """(type, base64) of the server's host key, as a TPU VM's guest agent publishes it in hostkeys/."""
+    key_type, blob = (Path(server.key_path).parent / "host_key.pub").read_text().split()[:2]
+    return key_type, blob
 
 
 def _free_port() -> int:

@@ -13,7 +13,7 @@ from airflow.sdk.exceptions import AirflowException
 
 from mlm_tasks.config import PipelineConfig
 from mlm_tasks.tpu_remote import remote_command, stage_code
-from peers.sshd import airflow_conn_uri
+from peers.sshd import airflow_conn_uri, host_public_key
 from remote_step import RemoteRunner, TpuSSHStepOperator, ssh_connect
 
 ZONE = "us-central2-b"
@@ -22,8 +22,10 @@ POD = {"accelerator_type": "v4-32", "runtime_version": "tpu-vm-tf-2.16.1-pod-pjr
 
 @pytest.fixture
 def ssh_conn(sshd, monkeypatch):
-    monkeypatch.setenv("AIRFLOW_CONN_TPU_SSH", airflow_conn_uri(sshd))
-    return ssh_connect("tpu_ssh", sshd.port)
+    """The connection README describes (user + key): the login pins the sshd's host key, which the
+    fake TPU API also publishes for the operator's nodes."""
+    monkeypatch.setenv("AIRFLOW_CONN_TPU_SSH", airflow_conn_uri(sshd, no_host_key_check=False))
+    return ssh_connect("tpu_ssh", sshd.port, node="mlm-test", published=lambda worker: dict([host_public_key(sshd)]))
 
 
 def _cfg(fake_tpu, sshd, **tpu):

@@ -40,10 +40,10 @@ def _pip_past_the_gcs_proxy(tf_gcs_env: dict) -> dict:
     """The TLS proxy that stands in for Google's hosts refuses the rest; pip on a real VM reaches the
     package index directly, so it does here too."""
     hosts = tf_gcs_env["NO_PROXY"] + ",pypi.org,files.pythonhosted.org"
-    # Where this machine reaches the index through a CA of its own (pip's settings in its environment,
-    # which sshd does not pass on), the image's pip of 2024 needs that CA too: it predates truststore.
-    own = {k: v for k, v in os.environ.items() if k in ("PIP_CERT", "PIP_INDEX_URL", "PIP_EXTRA_INDEX_URL")}
-    return {"NO_PROXY": hosts, "no_proxy": hosts, **own}
+    # The image's pip of 2024 (requests, no truststore) takes CURL_CA_BUNDLE, which names the proxy's CA
+    # for TensorFlow's curl: REQUESTS_CA_BUNDLE, read first, gives it this machine's CAs for the index.
+    cas = os.environ.get("REQUESTS_CA_BUNDLE") or os.environ.get("PIP_CERT") or "/etc/ssl/certs/ca-certificates.crt"
+    return {"NO_PROXY": hosts, "no_proxy": hosts, "REQUESTS_CA_BUNDLE": cas}
 
 
 def _site_packages(python: str) -> set[str]:
@@ -64,7 +64,7 @@ def test_bootstrap_and_train_on_the_simulated_image(runtime, tiny_prepared, gcs_
     prepared_cfg, data = tiny_prepared
     root = gcs_root
     storage.upload_dir(join(prepared_cfg.output_root, "datasets"), join(root, "datasets"))
-    monkeypatch.setenv("AIRFLOW_CONN_TPU_SSH", airflow_conn_uri(sshd))
+    monkeypatch.setenv("AIRFLOW_CONN_TPU_SSH", airflow_conn_uri(sshd, no_host_key_check=False))
     for key, value in tf_gcs_env.items():  # evaluate and fill-mask read gs:// here with TensorFlow too
         monkeypatch.setenv(key, value)
     cfg = PipelineConfig.model_validate({
