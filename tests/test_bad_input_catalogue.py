@@ -266,9 +266,17 @@ CASES = [
          r"train\.timeout_hours 48 is longer than tpu\.ttl_hours 12: the janitor would delete the TPU VM",
          [("config_from_params", tpu_form(overrides={"train.timeout_hours": 48}))]),
     Case("unsupported-tpu-runtime", "a TPU runtime without a VM lock (or not a TensorFlow runtime)",
-         r"tpu\.runtime_version 'tpu-vm-tf-2\.15\.0-pjrt' has no VM lock in this project .*use one of "
-         r"tpu-vm-tf-2\.16\.1-pjrt, tpu-vm-tf-2\.16\.1-pod-pjrt",
-         [("config_from_params", form(overrides={"tpu.runtime_version": "tpu-vm-tf-2.15.0-pjrt"}))]),
+         r"tpu\.runtime_version 'tpu-vm-tf-2\.14\.1-pjrt' has no VM lock in this project .*use one of "
+         r"tpu-vm-tf-2\.16\.1-pjrt, tpu-vm-tf-2\.16\.1-pod-pjrt, tpu-vm-tf-2\.17\.0-pjrt",
+         [("config_from_params", form(overrides={"tpu.runtime_version": "tpu-vm-tf-2.14.1-pjrt"}))]),
+    Case("published-unsupported-tpu-runtime", "a runtime Google publishes that this project has no lock for",
+         r"tpu\.runtime_version 'tpu-vm-tf-2\.18\.0-pjrt-v5e-and-v6' is not supported here \(2\.18\.0 is split by "
+         r"chip family and has no lock here yet\): use one of",
+         [("config_from_params", form(overrides={"tpu.runtime_version": "tpu-vm-tf-2.18.0-pjrt-v5e-and-v6"}))]),
+    Case("tensorflow-on-v6e", "a TPU generation TensorFlow does not run on (v6e and later)",
+         r"tpu\.accelerator_type v6e-\*: Google's Vertex AI TPU page: TensorFlow is not supported on v6e .* use v5p, "
+         r"v5litepod \(v5e\) or v4",
+         [("config_from_params", tpu_form(accelerator_type="v6e-8"))]),
     Case("gs-without-credentials", "gs:// output_root without credentials",
          r"output_root gs://mlm-no-such-bucket/prefix needs Google Cloud credentials and none were found .*"
          r"set GOOGLE_APPLICATION_CREDENTIALS",
