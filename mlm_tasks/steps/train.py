@@ -195,11 +195,13 @@ def train(cfg: PipelineConfig, ctx: RunContext, *, on_checkpoint: Callable[[int,
     start_step = int(step_var.numpy())  # int() refuses the Mirrored/TPU variable a strategy makes
     history = [h for h in _read_history(run) if h["step"] <= start_step]
 
-    dataset = mlm_dataset(shard_set, "train", tokenizer, global_batch,
-                          mlm_probability=cfg.train.mlm_probability, seed=cfg.train.seed,
-                          shuffle_buffer=cfg.train.shuffle_buffer, skip_batches=start_step,
-                          take_batches=total_steps - start_step)
-    iterator = iter(strategy.experimental_distribute_dataset(dataset))
+    def dataset_fn(input_context):  # once per input pipeline (host): it reads its own share
+        return mlm_dataset(shard_set, "train", tokenizer, global_batch,
+                           mlm_probability=cfg.train.mlm_probability, seed=cfg.train.seed,
+                           shuffle_buffer=cfg.train.shuffle_buffer, skip_batches=start_step,
+                           take_batches=total_steps - start_step, input_context=input_context)
+
+    iterator = iter(strategy.distribute_datasets_from_function(dataset_fn))
     max_pred = cfg.train.max_predictions_per_seq
 
     @tf.function(jit_compile=xla)
