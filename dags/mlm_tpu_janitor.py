@@ -6,7 +6,8 @@ Every TPU VM the pipeline makes is named `mlm-...` and labelled `expires=<epoch 
 scheduler, a cleared run or a crash can skip them; this DAG is the safety net. Hourly, it lists the
 nodes in every zone of `zones` of one project, deletes those named `mlm-*` whose `expires` label is
 in the past, and logs each one. Nodes without the label, or not named `mlm-*`, are never touched. A
-zone whose listing fails does not stop the others; the task fails at the end, naming it.
+zone whose listing fails, or a node whose delete the API refuses (403, 500), does not stop the others;
+the task fails at the end, naming every such zone and node.
 
 Params default to the environment (`MLM_TPU_PROJECT`, `MLM_TPU_ZONES` comma-separated, else
 `MLM_TPU_ZONE`, `MLM_TPU_API_ENDPOINT`, `MLM_TPU_TRANSPORT`, `MLM_GCP_CONN_ID`) so scheduled runs need
@@ -35,8 +36,10 @@ DEFAULT_ZONES = [z.strip() for z in (os.environ.get("MLM_TPU_ZONES") or os.envir
     max_active_runs=1,
     doc_md=__doc__,
     tags=["mlm", "tpu", "cleanup"],
-    # The API may be briefly unavailable; the next hourly run is the real retry.
-    default_args={**default_args(), "retry_delay": timedelta(minutes=5), "retry_exponential_backoff": False},
+    # The API may be briefly unavailable; the next hourly run is the real retry. MLM_RETRY_DELAY_S, as
+    # for every DAG, lets tests and local runs retry at once.
+    default_args={**default_args(), "retry_exponential_backoff": False,
+                  "retry_delay": timedelta(seconds=float(os.environ.get("MLM_RETRY_DELAY_S", 300)))},
     params={
         "project": Param(os.environ.get("MLM_TPU_PROJECT", ""), type="string",
                          description="Google Cloud project whose TPU VMs are checked."),
@@ -64,7 +67,7 @@ def mlm_tpu_janitor():
         params = context["params"]
         if not params["project"]:
             raise AirflowSkipException("No project: set the `project` param or MLM_TPU_PROJECT.")
-        deleted, failed = [], []
+        deleted, failed, undeleted = [], [], []
         with use_connection(params["gcp_conn_id"]):
             for zone in params["zones"]:
                 cfg = TpuConfig(project=params["project"], zone=zone, transport=params["transport"],
@@ -79,13 +82,25 @@ def mlm_tpu_janitor():
                     expired = pendulum.from_timestamp(int(node.labels["expires"])).to_iso8601_string()
                     log.info("Deleting TPU VM %s in %s (%s, run %s, expired %s).", node.name, zone, node.state,
                              node.labels.get("run", "?"), expired)
-                    tpu.delete_node(cfg, node.name)
+                    try:
+                        tpu.delete_node(cfg, node.name)
+                    except GoogleAPICallError as err:  # one refused node must not spare the others
+                        log.error("Cannot delete TPU VM %s in %s/%s: %s", node.name, cfg.project, zone, err)
+                        undeleted.append(f"{zone}/{node.name}")
+                        continue
                     deleted.append(f"{zone}/{node.name}")
         log.info("Deleted %d expired TPU VM(s) in %s %s: %s", len(deleted), params["project"], params["zones"],
                  deleted)
+        problems = []
         if failed:
-            raise AirflowException(f"Could not list TPU VMs in zone(s) {failed}: check the zone names and that "
-                                   f"connection {params['gcp_conn_id']!r} may list TPU nodes (roles/tpu.admin).")
+            problems.append(f"Could not list TPU VMs in zone(s) {failed}: check the zone names and that "
+                            f"connection {params['gcp_conn_id']!r} may list TPU nodes (roles/tpu.admin).")
+        if undeleted:
+            problems.append(f"Could not delete TPU VM(s) {undeleted} (they still cost money): check that "
+                            f"connection {params['gcp_conn_id']!r} may delete TPU nodes (roles/tpu.admin), or "
+                            "delete them by hand with `gcloud compute tpus tpu-vm delete NAME --zone ZONE`.")
+        if problems:
+            raise AirflowException(" ".join(problems))
         return deleted
 
     delete_expired()

@@ -108,6 +108,9 @@ class TrainConfig(_Section):
         "auto", description="Compute dtype (auto: bf16 on TPU and GPU, fp32 on CPU).")
     device: Literal["auto", "tpu", "gpu", "cpu"] = Field(
         "auto", description="Accelerator to train on (auto: TPU if this host has one, else GPU, else CPU).")
+    strategy: Literal["auto", "mirrored"] = Field(
+        "auto", description="tf.distribute strategy (auto: TPU, Mirrored on several GPUs, else none; mirrored: "
+        "MirroredStrategy on CPU/GPU even for one device, the TPU's strategy.run path, for tests).")
     shuffle_buffer: int = Field(10_000, ge=1, description="Examples in the tf.data shuffle buffer.")
     seed: int = Field(42, description="Seed for init, shuffling and masking.")
     fail_at_step: int | None = Field(None, ge=1, description="Fault injection for tests: raise at this "

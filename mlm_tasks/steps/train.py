@@ -3,10 +3,11 @@
     python -m mlm_tasks train --config configs/default.yaml --run-id my-run --data-fingerprint FP
 
 The model is built inside the strategy's scope (TPUStrategy on a TPU VM, Mirrored on several GPUs,
-the default strategy on CPU). A checkpoint (weights, optimizer moments, step; the learning-rate
-schedule follows the optimizer's step) is written every `checkpoint_every` steps; a rerun of the same
-run restores the latest one and skips the batches it already consumed, so a killed process loses at
-most one checkpoint interval and finishes at exactly the configured step count.
+the default strategy on CPU; `train.strategy=mirrored` runs the TPU's strategy.run path on one CPU).
+A checkpoint (weights, optimizer moments, step; the learning-rate schedule follows the optimizer's
+step) is written every `checkpoint_every` steps; a rerun of the same run restores the latest one and
+skips the batches it already consumed, so a killed process loses at most one checkpoint interval and
+finishes at exactly the configured step count.
 """
 from __future__ import annotations
 
@@ -53,6 +54,9 @@ def make_strategy(device: str, cfg: PipelineConfig | None = None):
     import tensorflow as tf
 
     if device == "tpu":
+        if cfg is not None and cfg.train.strategy == "mirrored":
+            raise ConfigError("train.strategy=mirrored is for CPU and GPU; a TPU always trains with "
+                              "TPUStrategy: set train.strategy=auto.")
         args = tpu_resolver_args(cfg) if cfg is not None else {"tpu": "local"}
         resolver = tf.distribute.cluster_resolver.TPUClusterResolver(**args)
         tf.config.experimental_connect_to_cluster(resolver)
@@ -60,6 +64,8 @@ def make_strategy(device: str, cfg: PipelineConfig | None = None):
         strategy = tf.distribute.TPUStrategy(resolver)
         log.info("TPU system %s: %d replica(s) in sync", args["tpu"], strategy.num_replicas_in_sync)
         return strategy
+    if cfg is not None and cfg.train.strategy == "mirrored":
+        return tf.distribute.MirroredStrategy()  # over every GPU, else the CPU: one replica
     if device == "gpu" and len(tf.config.list_physical_devices("GPU")) > 1:
         return tf.distribute.MirroredStrategy()
     return tf.distribute.get_strategy()
@@ -163,8 +169,8 @@ def train(cfg: PipelineConfig, ctx: RunContext, *, on_checkpoint: Callable[[int,
     global_batch = cfg.train.batch_size * replicas
     total_steps = plan_steps(cfg, shard_set, global_batch)
     warmup = int(total_steps * cfg.train.warmup_fraction)
-    log.info("Training on %s: %d replica(s), global batch %d, %d steps, warmup %d, XLA %s, precision %s",
-             device, replicas, global_batch, total_steps, warmup, "on" if xla else "off", precision)
+    log.info("Training on %s (%s): %d replica(s), global batch %d, %d steps, warmup %d, XLA %s, precision %s",
+             device, type(strategy).__name__, replicas, global_batch, total_steps, warmup, "on" if xla else "off", precision)
     # None unless publish.sync_checkpoints (and on worker 0)
     sync = hub_sync.hub_checkpoint_sync(cfg, hub_token, train_records=shard_set.records("train"),
                                         global_batch=global_batch, total_steps=total_steps,
@@ -185,15 +191,17 @@ def train(cfg: PipelineConfig, ctx: RunContext, *, on_checkpoint: Callable[[int,
     manager = tf.train.CheckpointManager(ckpt, run.checkpoints, max_to_keep=2)
     if manager.latest_checkpoint:
         ckpt.restore(manager.latest_checkpoint).assert_existing_objects_matched()
-        log.info("Resumed from %s at step %d", manager.latest_checkpoint, int(step_var))
-    start_step = int(step_var)
+        log.info("Resumed from %s at step %d", manager.latest_checkpoint, int(step_var.numpy()))
+    start_step = int(step_var.numpy())  # int() refuses the Mirrored/TPU variable a strategy makes
     history = [h for h in _read_history(run) if h["step"] <= start_step]
 
-    dataset = mlm_dataset(shard_set, "train", tokenizer, global_batch,
-                          mlm_probability=cfg.train.mlm_probability, seed=cfg.train.seed,
-                          shuffle_buffer=cfg.train.shuffle_buffer, skip_batches=start_step,
-                          take_batches=total_steps - start_step)
-    iterator = iter(strategy.experimental_distribute_dataset(dataset))
+    def dataset_fn(input_context):  # once per input pipeline (host): it reads its own share
+        return mlm_dataset(shard_set, "train", tokenizer, global_batch,
+                           mlm_probability=cfg.train.mlm_probability, seed=cfg.train.seed,
+                           shuffle_buffer=cfg.train.shuffle_buffer, skip_batches=start_step,
+                           take_batches=total_steps - start_step, input_context=input_context)
+
+    iterator = iter(strategy.distribute_datasets_from_function(dataset_fn))
     max_pred = cfg.train.max_predictions_per_seq
 
     @tf.function(jit_compile=xla)

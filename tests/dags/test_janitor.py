@@ -31,6 +31,28 @@ def test_janitor_deletes_expired_nodes_only_in_every_zone(airflow_env, fake_tpu)
     assert "Google clients use the credentials of Airflow connection 'google_cloud_default'" in log
 
 
+def test_janitor_goes_on_after_a_refused_delete_and_fails_naming_it(airflow_env, fake_tpu):
+    now = int(time.time())
+    # Listed first (names sort), so a janitor that stops at the first error spares the other two.
+    fake_tpu.add_node("proj", ZONE, "mlm-pretrain-a-refused", labels={"expires": str(now - 60)})
+    fake_tpu.add_node("proj", ZONE, "mlm-pretrain-b-expired", labels={"expires": str(now - 60)})
+    fake_tpu.add_node("proj", OTHER_ZONE, "mlm-pretrain-expired-too", labels={"expires": str(now - 60)})
+    fake_tpu.refuse_delete("proj", ZONE, "mlm-pretrain-a-refused", code=403)
+    conf = {"project": "proj", "zones": [ZONE, OTHER_ZONE], "api_endpoint": fake_tpu.url, "transport": "rest"}
+
+    # The task fails, so `dags test` runs its retries: no delay between them.
+    result = dags_test(airflow_env, "mlm_tpu_janitor", conf=conf, dagfile=ROOT / "dags" / "mlm_tpu_janitor.py",
+                       extra_env={"MLM_RETRY_DELAY_S": "0"}, timeout=240)
+
+    log = result.stdout + result.stderr
+    assert result.returncode != 0, log[-6000:]
+    assert fake_tpu.node("proj", ZONE, "mlm-pretrain-a-refused") is not None
+    assert fake_tpu.node("proj", ZONE, "mlm-pretrain-b-expired") is None
+    assert fake_tpu.node("proj", OTHER_ZONE, "mlm-pretrain-expired-too") is None
+    assert f"Could not delete TPU VM(s) ['{ZONE}/mlm-pretrain-a-refused']" in log, log[-6000:]
+    assert "Permission 'tpu.nodes.delete' denied" in log  # the API's reason is logged too
+
+
 def test_janitor_dag_is_thin():
     source = (ROOT / "dags" / "mlm_tpu_janitor.py").read_text()
     assert "@hourly" in source and "doc_md=__doc__" in source

@@ -40,14 +40,17 @@ Leniencies left, and why:
 - runtime versions are not checked against Google's list of existing runtimes (that list changes;
   mlm_tasks' runtime table is checked against it instead), nor against the generation.
 - quota, capacity and zone availability of a type are not modelled (`fail_next_create` injects a
-  stockout); IAM roles are not modelled (any registered service account may do anything).
+  stockout); IAM roles are not modelled (any registered service account may do anything):
+  `refuse_delete` stands in for a missing permission (403) or an API fault (500) on one node.
 - acceleratorConfig (type + topology) is not modelled and is refused: mlm_tasks never sends it.
 - network/subnetwork names are not resolved (there is no VPC here); ssh-keys key material is not parsed.
 - every worker of every node publishes the same `host_keys` (one sshd again); a node that is not READY
   publishes none, an assumption (its guest agent is not running) rather than observed API behaviour.
 - operations finish on reads, not on a clock (`ready_after_s` adds a clock where a test needs one).
-Tests steer it with `preempt`, `set_state`, `fail_next_create`, `add_node` (a node made elsewhere)
-and `workers` (endpoints per node, overriding the type's host count, for tests that add nodes).
+Tests steer it with `preempt`, `set_state`, `fail_next_create`, `refuse_delete` (every delete of one
+node answered 403 PERMISSION_DENIED, or 500 INTERNAL: errors the client does not retry), `add_node`
+(a node made elsewhere) and `workers` (endpoints per node, overriding the type's host count, for tests that
+add nodes).
 """
 from __future__ import annotations
 
@@ -116,6 +119,7 @@ class FakeTpuApi(LoopbackServer):
         self.answers: list[tuple[str, str, int]] = []  # (method, path, status) of every request
         self.principals: set[str] = set()     # service accounts whose requests got through auth
         self._fail_next: tuple[str, str] | None = None
+        self._refuse_delete: dict[str, tuple[int, dict]] = {}  # full node name -> error answer
         self._transient: dict[tuple[str, str], int] = {}  # (verb, node) -> attempts seen
         self._lock = threading.RLock()
         self._ops = 0
@@ -147,6 +151,17 @@ class FakeTpuApi(LoopbackServer):
                          node_state: str = "TERMINATED") -> None:
         """The next create makes the node (CREATING), then fails its operation when it would turn READY."""
         self._fail_next = (message, node_state)
+
+    def refuse_delete(self, project: str, zone: str, node_id: str, code: int = 403) -> None:
+        """Every delete of this node is refused, as the API does for a caller without tpu.nodes.delete
+        on it (403) or in an outage (500); reads and lists still see the node."""
+        answers = {403: ("PERMISSION_DENIED", f"Permission 'tpu.nodes.delete' denied on node {node_id}."),
+                   500: ("INTERNAL", "Internal error encountered.")}
+        if code not in answers:
+            raise ValueError(f"refuse_delete answers 403 or 500, not {code}")
+        with self._lock:
+            name = f"projects/{project}/locations/{zone}/nodes/{node_id}"
+            self._refuse_delete[name] = _error(code, *answers[code])
 
     def add_node(self, project: str, zone: str, node_id: str, *, state: str = "READY",
                  labels: dict | None = None, accelerator_type: str = "v4-8") -> dict:
@@ -428,6 +443,8 @@ def _handler(api: FakeTpuApi):
 
         def delete(self, g, query, body):
             name = f"{self._parent(g)}/nodes/{g['node']}"
+            if name in api._refuse_delete:  # IAM is checked before the node is looked up
+                return api._refuse_delete[name]
             if name not in api.nodes:
                 return _error(404, "NOT_FOUND", f"Node {g['node']} not found.")
             busy = api._busy("delete", name)
