@@ -27,8 +27,11 @@ def triggering_shards_event(context: Any) -> dict | None:
     A run consumes every event since the previous asset-triggered run (several refreshes while the
     scheduler was busy or the DAG paused), and the execution API returns them in no set order: pick
     by timestamp, never by position."""
+    from mlm_tasks.deployment import Deployment, check_event
+
     events = context.get("triggering_asset_events") or {}
     for asset, asset_events in events.items():
         if getattr(asset, "name", None) == SHARDS.name and asset_events:
-            return dict(max(asset_events, key=lambda e: e.timestamp).extra or {})
+            # An event is input like a form: its fingerprint becomes a path, its settings the run's.
+            return check_event(dict(max(asset_events, key=lambda e: e.timestamp).extra or {}), Deployment.load())
     return None

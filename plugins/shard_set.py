@@ -49,8 +49,8 @@ def plan_shards(config: dict, **context: Any) -> list[dict]:
     from mlm_tasks.steps.plan_shards import nothing_to_write, plan_shards as step
 
     cfg, ctx = step_context(config)
-    event = triggering_shards_event(context)
     with bad_input_fails_fast():
+        event = triggering_shards_event(context)
         if event:
             log.info("Triggered by dataset refresh: fingerprint %s under %s", event["fingerprint"], event["output_root"])
             return list(nothing_to_write(summary_for_fingerprint(cfg, event["fingerprint"])["fingerprint"], cache_hit=True))

@@ -27,7 +27,7 @@ from mlm_tasks.config import ConfigError, config_from_params
 from peers.tiny_data import TINY_YAML, tiny_config
 
 RECORD = os.environ.get("MLM_CATALOGUE_OUT")  # scripts/print_catalogue.py collects the messages here
-TASK_OF = {"config_from_params": "validate", "validate": "validate",
+TASK_OF = {"config_from_params": "validate", "validate": "validate", "run_config": "validate",
            "plan_shards": "plan_shards", "merge_shards": "merge_shards", "check_run_inputs": "merge_shards",
            "summary_for_fingerprint": "plan_shards", "train": "train (step run alone)",
            "evaluate": "evaluate (step run alone)"}
@@ -47,6 +47,23 @@ def form(**params):
     """The trigger form: tiny.yaml plus flat params, exactly as the validate task builds the config."""
     return lambda ctx: config_from_params({"config_file": str(TINY_YAML), "output_root": str(ctx.tmp / "o"),
                                            **params})
+
+
+def deployed(**params):
+    """The trigger form under a deployment file (MLM_DEPLOYMENT): the configs folder holds tiny.yaml,
+    runs may write under <tmp>/o and gs://team-bucket/mlm, and the deployment sets the GCP project."""
+    def make(ctx):
+        from mlm_tasks.deployment import Deployment
+
+        configs = ctx.tmp / "configs"
+        configs.mkdir(exist_ok=True)
+        (configs / "tiny.yaml").write_text(TINY_YAML.read_text())
+        dep_file = ctx.tmp / "deployment.yaml"
+        dep_file.write_text(f"settings: {{tpu: {{project: team-project}}}}\noutput_roots: [{ctx.tmp / 'o'}, "
+                            f"'gs://team-bucket/mlm']\nconfig_dirs: [{configs}]\n")
+        return Deployment.load(str(dep_file)).run_config({"config_file": str(configs / "tiny.yaml"),
+                                                          "output_root": str(ctx.tmp / "o"), **params})
+    return make
 
 
 def config_file(text: str):
@@ -277,6 +294,16 @@ CASES = [
          r"tpu\.accelerator_type v6e-\*: Google's Vertex AI TPU page: TensorFlow is not supported on v6e .* use v5p, "
          r"v5litepod \(v5e\) or v4",
          [("config_from_params", tpu_form(accelerator_type="v6e-8"))]),
+    Case("run-sets-deployment-setting", "a run (form, REST conf) setting a deployment setting",
+         r"tpu\.api_endpoint is a deployment setting: the trigger's settings may not set it \(the deployment sets it "
+         r"in .*deployment\.yaml",
+         [("run_config", deployed(overrides={"tpu.api_endpoint": "http://anywhere"}))]),
+    Case("run-output-root-not-allowed", "an output_root outside the deployment's roots",
+         r"output_root 'gs://other-bucket/x' is outside the roots this deployment allows",
+         [("run_config", deployed(output_root="gs://other-bucket/x"))]),
+    Case("run-config-file-not-allowed", "a config_file outside the deployment's configs folder",
+         r"config_file '/dev/zero' is outside the deployment's config folders",
+         [("run_config", deployed(config_file="/dev/zero"))]),
     Case("gs-without-credentials", "gs:// output_root without credentials",
          r"output_root gs://mlm-no-such-bucket/prefix needs Google Cloud credentials and none were found .*"
          r"set GOOGLE_APPLICATION_CREDENTIALS",

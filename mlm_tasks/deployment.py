@@ -1,0 +1,216 @@
+"""Two kinds of settings: what the deployment sets, and what a run may set.
+
+    dep = Deployment.load()              # $MLM_DEPLOYMENT (a YAML file), or None: no boundary
+    cfg = dep.run_config(params)         # the trigger form / REST conf -> PipelineConfig
+    dep.check_event(extra)               # a dataset-refresh event, checked like a form
+
+A platform team gives ML engineers the trigger form and keeps the deployment: the Google Cloud
+project, service accounts, connection ids, the TPU API endpoint, the VM's python, workdir and
+environment, the buckets. Those are *deployment settings* (`DEPLOYMENT_KEYS`, plus anything the
+file's `settings` pins): they come only from the deployment file, which every Airflow service reads
+through MLM_DEPLOYMENT, and a run that sets one is refused, naming the key and where the deployment
+sets it. Everything else is a *run setting*, within the file's limits: `output_roots` (where a run
+may write), `config_dirs` (where `config_file` may come from), `input_roots` (where local corpora
+and brought shards may come from), `zones` (which `tpu.zone` a run may pick). The file:
+
+    settings: {gcp_conn_id: google_cloud_default, tpu: {project: my-project, service_account: sa@...}}
+    output_roots: [/opt/airflow/out, gs://team-bucket/mlm/]
+    config_dirs: [/opt/airflow/configs]
+    input_roots: [/opt/airflow/corpora]
+    zones: [us-central2-b]
+
+`${VAR}` in the file's strings is taken from the environment (e.g. `project: ${MLM_TPU_PROJECT}`).
+Without MLM_DEPLOYMENT there is no boundary (a laptop, `make run`, the tests), and the CLI on an
+operator's machine never applies one: whoever runs it holds the deployment anyway.
+"""
+from __future__ import annotations
+
+import os
+import posixpath
+import re
+import stat
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from mlm_tasks.config import PARAM_PATHS, PipelineConfig, build_config, read_yaml_config
+from mlm_tasks.errors import ConfigError
+
+ENV = "MLM_DEPLOYMENT"
+# Settings that reach a credential, a shell or a machine: only the deployment sets them.
+DEPLOYMENT_KEYS = (
+    "gcp_conn_id", "sensor.gcp_conn_id", "publish.hf_conn_id",
+    "tpu.project", "tpu.service_account", "tpu.api_endpoint", "tpu.transport", "tpu.ssh_conn_id", "tpu.ssh_port",
+    "tpu.ssh_via", "tpu.external_ips", "tpu.enable_oslogin", "tpu.network", "tpu.subnetwork", "tpu.python",
+    "tpu.workdir", "tpu.env", "tpu.bootstrap",
+)
+# Run settings that name local files or gs:// objects to read: they must lie under input_roots.
+INPUT_KEYS = ("corpus.local_paths", "corpus.dump_path", "corpus.shards_uri", "corpus.tokenizer_uri")
+MAX_CONFIG_BYTES = 1 << 20
+FINGERPRINT = re.compile(r"^[0-9a-f]{16}$")
+
+
+class Deployment(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    source: str = Field("", description="The file these came from (for messages).")
+    settings: dict[str, Any] = Field(default_factory=dict, description="Deployment settings for every run.")
+    output_roots: list[str] = Field(default_factory=list, description="Where a run may write.")
+    config_dirs: list[str] = Field(default_factory=list, description="Where config_file may come from.")
+    input_roots: list[str] = Field(default_factory=list, description="Where local corpora and shards may come from.")
+    zones: list[str] = Field(default_factory=list, description="The tpu.zone values a run may pick (empty: any).")
+
+    @classmethod
+    def load(cls, path: str | None = None) -> "Deployment | None":
+        path = path or os.environ.get(ENV)
+        if not path:
+            return None
+        tree = _expand(read_yaml_config(path))
+        dep = cls.model_validate({**tree, "source": str(path)})
+        build_config(dep.settings)  # a typo in the deployment's own settings fails here, naming it
+        return dep
+
+    def owned_keys(self) -> list[str]:
+        return sorted({*DEPLOYMENT_KEYS, *_leaves(self.settings)})
+
+    def run_config(self, params: dict[str, Any]) -> PipelineConfig:
+        """The run's config from trigger params (config_file, flat fields, overrides), refusing what a
+        run may not set, then the deployment's settings on top."""
+        params = dict(params)
+        config_file = params.pop("config_file", None) or None
+        extra = params.pop("overrides", None) or {}
+        flat = {k: v for k, v in params.items() if v is not None and v != ""}
+        run = {PARAM_PATHS.get(k, k): v for k, v in {**flat, **extra}.items()}
+        self.refuse_owned(run, "the trigger's settings")
+        base = read_yaml_config(self.check_config_file(config_file)) if config_file else {}
+        cfg = build_config(_merge(base, _nested(run)), _dotted(self.settings))
+        self.check_run(cfg)
+        return cfg
+
+    def refuse_owned(self, run: dict[str, Any], where: str) -> None:
+        owned = self.owned_keys()
+        for key in _leaves(_nested(run)):
+            hit = next((d for d in owned if key == d or key.startswith(d + ".") or d.startswith(key + ".")), None)
+            if hit:
+                raise ConfigError(f"{hit} is a deployment setting: {where} may not set it (the deployment sets it "
+                                  f"in {self.source}, `settings`). Remove it from the run, or ask whoever runs the "
+                                  "deployment to change it there.")
+
+    def check_config_file(self, path: str) -> str:
+        real = os.path.realpath(path)
+        if not any(_under_local(real, d) for d in self.config_dirs):
+            raise ConfigError(f"config_file {path!r} is outside the deployment's config folders "
+                              f"{self.config_dirs}: pick a file there (the form's default is one).")
+        try:
+            info = os.stat(real)
+        except FileNotFoundError:
+            raise ConfigError(f"Config file {path} does not exist: pick one in {self.config_dirs}.") from None
+        if not stat.S_ISREG(info.st_mode) or info.st_size > MAX_CONFIG_BYTES:
+            raise ConfigError(f"config_file {path!r} is not a regular file of at most {MAX_CONFIG_BYTES} bytes: "
+                              "pick a YAML config file.")
+        return real
+
+    def check_run(self, cfg: PipelineConfig) -> None:
+        """Where the run writes and reads, and its zone, within the deployment's limits."""
+        if not any(_under(cfg.output_root, r) for r in self.output_roots):
+            raise ConfigError(f"output_root {cfg.output_root!r} is outside the roots this deployment allows "
+                              f"({self.output_roots}): use one of them or a folder under one.")
+        tree = cfg.model_dump(mode="json")
+        for key in INPUT_KEYS:
+            section, leaf = key.split(".")
+            values = tree[section][leaf]
+            for value in values if isinstance(values, list) else [values]:
+                if value and not any(_under(value, r) for r in [*self.input_roots, *self.output_roots]):
+                    raise ConfigError(f"{key} {value!r} is outside the folders this deployment lets runs read "
+                                      f"({self.input_roots + self.output_roots}): put the data there.")
+        if self.zones and cfg.compute == "tpu_vm" and cfg.tpu.zone not in self.zones:
+            raise ConfigError(f"tpu.zone {cfg.tpu.zone!r} is not one of this deployment's zones {self.zones}.")
+
+    def check_event(self, extra: dict[str, Any]) -> dict[str, Any]:
+        """A dataset-refresh event's extra, checked like a form: its fingerprint names a folder, its
+        output_root must be allowed, its data settings are run settings."""
+        return check_event(extra, self)
+
+
+def check_event(extra: dict[str, Any], dep: Deployment | None) -> dict[str, Any]:
+    fingerprint = extra.get("fingerprint")
+    if not isinstance(fingerprint, str) or not FINGERPRINT.match(fingerprint):
+        raise ConfigError(f"The dataset-refresh event's fingerprint {fingerprint!r} is not 16 hex digits: the "
+                          "event was not written by mlm_dataset_refresh. Trigger the run by hand.")
+    data = extra.get("data_config")
+    if not isinstance(data, dict) or not isinstance(extra.get("output_root"), str):
+        raise ConfigError("The dataset-refresh event carries no data settings or output_root: it was not written "
+                          "by mlm_dataset_refresh. Trigger the run by hand.")
+    if dep is not None:
+        dep.refuse_owned({"output_root": extra["output_root"], **data}, "a dataset-refresh event")
+    return extra
+
+
+def _expand(value: Any) -> Any:
+    if isinstance(value, str):
+        return os.path.expandvars(value)
+    if isinstance(value, dict):
+        return {k: _expand(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_expand(v) for v in value]
+    return value
+
+
+def _nested(run: dict[str, Any]) -> dict[str, Any]:
+    """Dotted keys to a nested tree: {"tpu.zone": z} -> {"tpu": {"zone": z}}."""
+    tree: dict[str, Any] = {}
+    for key, value in run.items():
+        *parents, leaf = key.split(".")
+        node = tree
+        for part in parents:
+            node = node.setdefault(part, {})
+        node[leaf] = _merge(node[leaf], value) if isinstance(node.get(leaf), dict) and isinstance(value, dict) else value
+    return tree
+
+
+def _merge(base: dict[str, Any], top: dict[str, Any]) -> dict[str, Any]:
+    out = dict(base)
+    for key, value in top.items():
+        out[key] = _merge(out[key], value) if isinstance(out.get(key), dict) and isinstance(value, dict) else value
+    return out
+
+
+def _leaves(tree: dict[str, Any], prefix: str = "") -> list[str]:
+    """Dotted paths of the settings a tree sets; a dict-valued setting (tpu.env) is one leaf."""
+    out = []
+    for key, value in tree.items():
+        path = f"{prefix}{key}"
+        section = PipelineConfig.model_fields.get(path) if not prefix else None
+        if isinstance(value, dict) and (section is not None and isinstance(section.annotation, type)
+                                        and issubclass(section.annotation, BaseModel)):
+            out += _leaves(value, path + ".")
+        else:
+            out.append(path)
+    return out
+
+
+def _dotted(tree: dict[str, Any]) -> dict[str, Any]:
+    out = {}
+    for key in _leaves(tree):
+        node: Any = tree
+        for part in key.split("."):
+            node = node[part]
+        out[key] = node
+    return out
+
+
+def _under_local(real: str, root: str) -> bool:
+    root = os.path.realpath(root)
+    return real == root or real.startswith(root.rstrip("/") + "/")
+
+
+def _under(uri: str, root: str) -> bool:
+    """Is `uri` the root or inside it? gs:// by normalised path (a `..` segment never climbs out);
+    local paths by their real path (symlinks resolved)."""
+    if uri.startswith("gs://") or root.startswith("gs://"):
+        if not (uri.startswith("gs://") and root.startswith("gs://")) or "/../" in f"{uri}/":
+            return False
+        path, top = posixpath.normpath(uri[5:]), posixpath.normpath(root[5:])
+        return path == top or path.startswith(top + "/")
+    return _under_local(os.path.realpath(str(Path(uri).expanduser())), str(Path(root).expanduser()))
