@@ -67,6 +67,10 @@ class Deployment(BaseModel):
         if not path:
             return None
         tree = _expand(read_yaml_config(path))
+        unset = sorted(set(re.findall(r"\$\{?([A-Za-z_][A-Za-z0-9_]*)", repr(tree))))
+        if unset:
+            raise ConfigError(f"The deployment file {path} uses {', '.join(unset)}, which this service's environment "
+                              "does not set: set them (.env) or write the values into the file.")
         dep = cls.model_validate({**tree, "source": str(path)})
         build_config(dep.settings)  # a typo in the deployment's own settings fails here, naming it
         return dep

@@ -131,3 +131,11 @@ def test_a_typo_in_the_deployment_file_names_itself(tmp_path):
     path.write_text("output_root: [x]\n")
     with pytest.raises(ValueError, match="output_root"):
         Deployment.load(str(path))
+
+
+def test_a_variable_the_environment_lacks_is_named(tmp_path, monkeypatch):
+    monkeypatch.delenv("NOT_SET_ANYWHERE", raising=False)
+    path = tmp_path / "deployment.yaml"
+    path.write_text("settings: {tpu: {project: '${NOT_SET_ANYWHERE}'}}\n")
+    with pytest.raises(ConfigError, match="uses NOT_SET_ANYWHERE, which this service's environment does not set"):
+        Deployment.load(str(path))
