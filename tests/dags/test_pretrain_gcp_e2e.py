@@ -25,6 +25,7 @@ from mlm_tasks.paths import DataPaths, RunPaths, join
 from peers.airflow_home import airflow_env, dags_test  # noqa: F401  (fixture)
 from peers.fake_tpu_api import is_read
 from peers.sshd import airflow_conn_uri
+from peers.tpu_vm_image import NO_LIBTPU
 
 ROOT = Path(__file__).resolve().parents[2]
 TINY = {"config_file": str(ROOT / "configs" / "tiny.yaml"), "vocab_size": 1000, "max_length": 64, "steps": 12,
@@ -39,7 +40,7 @@ def _conf(gcs_root: str, fake_tpu, sshd, tf_gcs_env: dict, **overrides) -> dict:
         "tpu.project": PROJECT, "tpu.zone": ZONE, "tpu.api_endpoint": fake_tpu.url, "tpu.transport": "rest",
         "tpu.bootstrap": False, "tpu.workdir": str(ROOT), "tpu.python": sys.executable,
         "tpu.ssh_port": sshd.port, "tpu.poll_interval_s": 0.2,
-        "tpu.env": {**tf_gcs_env, "HF_HUB_OFFLINE": "1", "TF_CPP_MIN_LOG_LEVEL": "2"}, **overrides}}
+        "tpu.env": {**tf_gcs_env, "HF_HUB_OFFLINE": "1", "TF_CPP_MIN_LOG_LEVEL": "2", **NO_LIBTPU}, **overrides}}
 
 
 def _env(sshd, tf_gcs_env: dict, gcs) -> dict:

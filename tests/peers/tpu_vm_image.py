@@ -25,6 +25,10 @@ sys.path.insert(0, str(ROOT))
 from mlm_tasks.vm import runtimes  # noqa: E402
 
 VENVS = ROOT / ".venv-tpuvm"
+# The image's /lib/libtpu.so, which PJRT's TF_PLUGGABLE_DEVICE_LIBRARY_PATH names (runtimes.ENVIRONMENT),
+# is the one thing a simulated worker cannot have: put this in tpu.env, and its CPU TensorFlow loads no
+# plugin (an empty value is TensorFlow's "none") instead of failing on the missing file.
+NO_LIBTPU = {"TF_PLUGGABLE_DEVICE_LIBRARY_PATH": ""}
 PYENV_310 = Path("/root/.pyenv/versions/3.10.13/bin/python")
 
 

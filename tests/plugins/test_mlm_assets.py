@@ -22,11 +22,12 @@ def test_a_run_that_consumed_several_events_uses_the_newest_whatever_their_order
     from mlm_assets import SHARDS, triggering_shards_event
 
     t0 = datetime(2026, 1, 5, tzinfo=timezone.utc)
-    events = [SimpleNamespace(timestamp=t0 + timedelta(days=d), extra={"fingerprint": f"fp{d}"}) for d in (7, 0, 14)]
+    events = [SimpleNamespace(timestamp=t0 + timedelta(days=d), extra={"fingerprint": f"{d:016x}", "output_root": "out",
+                                                                         "data_config": {}}) for d in (7, 0, 14)]
     from airflow.sdk import Asset
 
     other = Asset(name="something_else", uri="x-mlm://other")
     context = {"triggering_asset_events": {other: [SimpleNamespace(timestamp=t0, extra={})], SHARDS: events}}
-    assert triggering_shards_event(context) == {"fingerprint": "fp14"}
+    assert triggering_shards_event(context)["fingerprint"] == f"{14:016x}"
     assert triggering_shards_event({"triggering_asset_events": {}}) is None
     assert triggering_shards_event({}) is None

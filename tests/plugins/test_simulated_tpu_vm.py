@@ -31,11 +31,6 @@ ZONE = "us-central2-b"
 RUN = "manual__sim-vm"
 
 
-# The image's /lib/libtpu.so, which PJRT's TF_PLUGGABLE_DEVICE_LIBRARY_PATH names, is the one thing the
-# simulated image cannot have: the CPU stand-in loads no plugin (an empty value is TensorFlow's "none").
-NO_LIBTPU = {"TF_PLUGGABLE_DEVICE_LIBRARY_PATH": ""}
-
-
 def _pip_past_the_gcs_proxy(tf_gcs_env: dict) -> dict:
     """The TLS proxy that stands in for Google's hosts refuses the rest; pip on a real VM reaches the
     package index directly, so it does here too."""
@@ -73,7 +68,7 @@ def test_bootstrap_and_train_on_the_simulated_image(runtime, tiny_prepared, gcs_
                 "ssh_port": sshd.port, "poll_interval_s": 0.1, "bootstrap": True, "python": tpu_vm_python,
                 "workdir": str(tmp_path / "vm home" / "mlm"),
                 "env": {**tf_gcs_env, **_pip_past_the_gcs_proxy(tf_gcs_env), "HF_HUB_OFFLINE": "1",
-                        "TF_CPP_MIN_LOG_LEVEL": "2", **NO_LIBTPU}}})
+                        "TF_CPP_MIN_LOG_LEVEL": "2", **tpu_vm_image.NO_LIBTPU}}})
     name = tpu.node_name("mlm_pretrain", RUN)
     fake_tpu.add_node("proj", ZONE, name, state="READY")
     image_before = _site_packages(tpu_vm_python)
