@@ -129,33 +129,37 @@ def _fetch(py: str, uri: str) -> str:
 
 
 def _bootstrap(cfg: PipelineConfig, code: CodeBundle) -> list[str]:
-    py = shlex.quote(cfg.tpu.python)
-    deps = f"deps-{code.lock_sha}"
+    # Every value is quoted, even the hex ones: a bundle may come from anywhere (tests build their own).
+    q = shlex.quote
+    py, installed = q(cfg.tpu.python), q(f".installed-{code.sha}")
+    deps, deps_tmp = q(f"deps-{code.lock_sha}"), q(f"deps-{code.lock_sha}.tmp")
     unpack = " && ".join([
         _fetch(py, code.uri),
-        f"rm -rf code.tmp && mkdir code.tmp && tar -xzf mlm_tasks.tar.gz -C code.tmp && rm -rf code && mv code.tmp code",
-        f"touch .installed-{code.sha}",
+        "rm -rf code.tmp && mkdir code.tmp && tar -xzf mlm_tasks.tar.gz -C code.tmp && rm -rf code && mv code.tmp code",
+        f"touch {installed}",
     ])
     # --no-deps: the lock is complete beside the image's packages, and must never pull PyPI's
     # TensorFlow (tf-keras asks for `tensorflow`, which the image's TPU build may not be named).
     install = " && ".join([
-        f"rm -rf {deps}.tmp",
+        f"rm -rf {deps_tmp}",
         f"{py} -m pip install --quiet --disable-pip-version-check --no-deps --only-binary=:all: "
-        f"--target {deps}.tmp -r code/{shlex.quote(code.lock)}",
+        f"--target {deps_tmp} -r code/{q(code.lock)}",
         # Once per lock: the image must hold the runtime's TensorFlow and whatever the lock needs.
-        f"PYTHONPATH=\"$PWD/code:$PWD/{deps}.tmp\" {py} -m mlm_tasks.vm.check_image "
-        f"{shlex.quote(code.tensorflow)} {deps}.tmp" + (" --pod" if code.pod else ""),
-        f"mv {deps}.tmp {deps}",
+        f"PYTHONPATH=\"$PWD/code:$PWD/\"{deps_tmp} {py} -m mlm_tasks.vm.check_image "
+        f"{q(code.tensorflow)} {deps_tmp}" + (" --pod" if code.pod else ""),
+        f"mv {deps_tmp} {deps}",
     ])
+    fetch_failed = q(f"Fetching the staged code from {code.uri} failed (see above): check that the VM can read "
+                     "the bucket (its service account needs storage access).")
+    install_failed = q("Installing the VM lock failed (see above): the VM needs the package index (external IP "
+                       "or Cloud NAT), and tpu.runtime_version must name the image it runs.")
     # `set -e` ignores a failure inside an && chain: each chain says so and exits itself.
     return [
-        f"if [ ! -f .installed-{code.sha} ]; then echo 'Installing project {code.sha} in '\"$PWD\"; "
-        f"{unpack} || {{ echo 'Fetching the staged code from {code.uri} failed (see above): check that the "
-        "VM can read the bucket (its service account needs storage access).' >&2; exit 3; }; fi",
-        f"if [ ! -d {deps} ]; then echo 'Installing {Path(code.lock).name} beside the image TensorFlow'; "
-        f"{install} || {{ echo 'Installing the VM lock failed (see above): the VM needs the package index "
-        "(external IP or Cloud NAT), and tpu.runtime_version must name the image it runs.' >&2; exit 3; }; fi",
-        f'export PYTHONPATH="$PWD/code:$PWD/{deps}${{PYTHONPATH:+:$PYTHONPATH}}"',
+        f"if [ ! -f {installed} ]; then echo {q(f'Installing project {code.sha} in ')}\"$PWD\"; "
+        f"{unpack} || {{ echo {fetch_failed} >&2; exit 3; }}; fi",
+        f"if [ ! -d {deps} ]; then echo {q(f'Installing {Path(code.lock).name} beside the image TensorFlow')}; "
+        f"{install} || {{ echo {install_failed} >&2; exit 3; }}; fi",
+        f'export PYTHONPATH="$PWD/code:$PWD/"{deps}"${{PYTHONPATH:+:$PYTHONPATH}}"',
     ]
 
 
