@@ -140,9 +140,10 @@ def _bootstrap(cfg: PipelineConfig, code: CodeBundle) -> list[str]:
     ])
     # --no-deps: the lock is complete beside the image's packages, and must never pull PyPI's
     # TensorFlow (tf-keras asks for `tensorflow`, which the image's TPU build may not be named).
+    # --require-hashes: a wheel that is not the one locked (a swapped file, a proxy) fails the install.
     install = " && ".join([
         f"rm -rf {deps_tmp}",
-        f"{py} -m pip install --quiet --disable-pip-version-check --no-deps --only-binary=:all: "
+        f"{py} -m pip install --quiet --disable-pip-version-check --no-deps --require-hashes --only-binary=:all: "
         f"--target {deps_tmp} -r code/{q(code.lock)}",
         # Once per lock: the image must hold the runtime's TensorFlow and whatever the lock needs.
         f"PYTHONPATH=\"$PWD/code:$PWD/\"{deps_tmp} {py} -m mlm_tasks.vm.check_image "
