@@ -1,5 +1,6 @@
-"""The TPU VM's shell line run under bash on this machine: hostile run values stay data, and a run
-cannot set a hostile URI in the first place.
+"""The TPU VM's shell line run under bash on this machine: hostile run values stay data (and a run
+cannot set a hostile URI in the first place), the staged code is unpacked only with the hash the line
+carries, and only the step sees the Hub token.
 
     python -m pytest tests/mlm_tasks/test_tpu_remote_shell.py -q
 
@@ -10,8 +11,12 @@ that leaves a marker file: if it ever ran, a value reached the shell as code.
 """
 from __future__ import annotations
 
+import gzip
+import hashlib
+import io
 import json
 import os
+import tarfile
 import subprocess
 import sys
 from pathlib import Path
@@ -132,3 +137,62 @@ def test_plain_uris_pass():
                                   "corpus.tokenizer_uri": "org/tok-1.0", "publish.repo_id": "my-org/roberta-wiki-mlm",
                                   "corpus.dump_path": "file:///data/enwiki.xml.bz2"})
     assert cfg.output_root == "gs://my-bucket/mlm/run_1"
+
+
+def _tamper(tarball: Path) -> None:
+    """Replace a bundle's tarball by another valid one, as someone with write access to the bucket could."""
+    raw = io.BytesIO()
+    with tarfile.open(fileobj=raw, mode="w") as tar:
+        info = tarfile.TarInfo("mlm_tasks/EVIL")
+        info.size = 4
+        tar.addfile(info, io.BytesIO(b"evil"))
+    tarball.write_bytes(gzip.compress(raw.getvalue()))
+
+
+def test_a_tampered_bundle_is_refused_before_unpacking(tmp_path):
+    vm = VM(tmp_path)
+    bundle = stage_code(str(tmp_path / "out"), runtimes.DEFAULT)
+    staged = tmp_path / "out" / "_code" / bundle.sha / "mlm_tasks.tar.gz"
+    _tamper(staged)
+    got = hashlib.sha256(staged.read_bytes()).hexdigest()
+    done = vm.run(remote_command(vm.cfg(), "train", "r", node="mlm-n", code=bundle))
+    assert done.returncode == 3, done.stderr
+    assert f"has sha256 {got}, not {bundle.tar_sha256} (hash mismatch" in done.stderr
+    assert "Fetching the staged code" not in done.stderr  # the mismatch, not a failed fetch, is reported
+    assert not (vm.workdir / "code").exists() and not (vm.workdir / f".installed-{bundle.sha}").exists()
+    assert not vm.calls("pip") and not vm.calls("step")
+
+
+def test_the_installed_marker_is_not_trusted_and_stage_code_repairs_the_bundle(tmp_path):
+    vm = VM(tmp_path)
+    root = str(tmp_path / "out")
+    bundle = stage_code(root, runtimes.DEFAULT)
+    line = remote_command(vm.cfg(), "train", "r", node="mlm-n", code=bundle)
+    assert vm.run(line).returncode == 0 and (vm.workdir / f".installed-{bundle.sha}").exists()
+    # The copy kept beside code/ and the bucket's both changed: the marker alone lets nothing through.
+    staged = tmp_path / "out" / "_code" / bundle.sha / "mlm_tasks.tar.gz"
+    _tamper(vm.workdir / "mlm_tasks.tar.gz")
+    _tamper(staged)
+    again = vm.run(line)
+    assert again.returncode == 3 and "hash mismatch" in again.stderr
+    assert len(vm.calls("step")) == 1 and not (vm.workdir / "code" / "mlm_tasks" / "EVIL").exists()
+    # The next try stages again: the marker is there, the bytes are not ours, so they are uploaded anew.
+    assert stage_code(root, runtimes.DEFAULT) == bundle
+    assert hashlib.sha256(staged.read_bytes()).hexdigest() == bundle.tar_sha256
+    fixed = vm.run(line)
+    assert fixed.returncode == 0, fixed.stderr
+    assert f"Installing project {bundle.sha}" in fixed.stdout and len(vm.calls("step")) == 2
+
+
+def test_only_the_step_sees_the_hub_token(tmp_path):
+    vm = VM(tmp_path)
+    bundle = stage_code(str(tmp_path / "out"), runtimes.DEFAULT)
+    line = remote_command(vm.cfg(), "train", "r", node="mlm-n", code=bundle, expect_token=True)
+    done = vm.run(line, token="hf_secret_value")
+    assert done.returncode == 0, done.stderr
+    [pip], [check], [step] = vm.calls("pip"), vm.calls("check"), vm.calls("step")
+    for bootstrap in (pip, check):
+        assert not {"HF_TOKEN", "LC_MLM_HF_TOKEN"} & set(bootstrap["env"])
+        assert "hf_secret_value" not in json.dumps(bootstrap)
+    assert step["env"]["HF_TOKEN"] == "hf_secret_value" and "LC_MLM_HF_TOKEN" not in step["env"]
+    assert "hf_secret_value" not in line + done.stdout + done.stderr
