@@ -19,12 +19,12 @@ ENV AIRFLOW_HOME=/opt/airflow \
     TF_USE_LEGACY_KERAS=1 \
     PYTHONUNBUFFERED=1
 
-# Dependencies first: this layer is rebuilt only when the lock changes. PostgreSQL drivers
+# Dependencies first: this layer is rebuilt only when the lock changes; every wheel must match its hash. PostgreSQL drivers
 # (psycopg2 for the scheduler, asyncpg for the api-server) are in requirements.txt.
 COPY requirements.txt /tmp/requirements.txt
 RUN pip install --no-cache-dir uv==0.13.9 \
     && uv venv --python /usr/local/bin/python3.11 /opt/venv \
-    && uv pip install --no-cache -r /tmp/requirements.txt
+    && uv pip install --no-cache --require-hashes -r /tmp/requirements.txt
 
 COPY pyproject.toml README.md /opt/mlm/
 COPY mlm_tasks /opt/mlm/mlm_tasks

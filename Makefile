@@ -18,7 +18,7 @@ env: $(VENV)/.installed
 $(VENV)/.installed: requirements.txt pyproject.toml
 	@command -v uv >/dev/null || $(PYTHON) -m pip install --quiet uv
 	uv venv --allow-existing --python "$$(command -v $(PYTHON) || command -v python3)" $(VENV)
-	VIRTUAL_ENV=$(VENV) uv pip install --quiet -r requirements.txt
+	VIRTUAL_ENV=$(VENV) uv pip install --quiet --require-hashes -r requirements.txt
 	VIRTUAL_ENV=$(VENV) uv pip install --quiet --no-deps -e .
 	@touch $@
 
@@ -28,8 +28,10 @@ run: env
 test: env
 	$(PY) -m pytest $(PYTEST_ARGS)
 
+# Every lock pins hashes and every install requires them: a changed file on the index fails the install.
+# uv keeps the committed pins (it prefers what -o's file holds): add --upgrade to move them.
 lock:
-	uv pip compile requirements.in -o requirements.txt --python-version 3.11
+	uv pip compile requirements.in -o requirements.txt --python-version 3.11 --generate-hashes
 
 # The PyTorch + transformers 5.x client of the published model, for tests only (tests/mlm_tasks/
 # test_pt_export.py, test_model_card.py). The PyPI torch wheel brings CUDA libraries (~5 GB, cached by uv).
@@ -41,11 +43,11 @@ env-pt: $(VENV_PT)/.installed
 $(VENV_PT)/.installed: requirements-pt.txt
 	@command -v uv >/dev/null || $(PYTHON) -m pip install --quiet uv
 	uv venv --allow-existing --python "$$(command -v $(PYTHON) || command -v python3)" $(VENV_PT)
-	VIRTUAL_ENV=$(VENV_PT) uv pip install --quiet -r requirements-pt.txt
+	VIRTUAL_ENV=$(VENV_PT) uv pip install --quiet --require-hashes -r requirements-pt.txt
 	@touch $@
 
 lock-pt:
-	uv pip compile requirements-pt.in -o requirements-pt.txt --python-version 3.11
+	uv pip compile requirements-pt.in -o requirements-pt.txt --python-version 3.11 --generate-hashes
 
 # The TPU VM side: locks of what a TPU VM installs beside its image's TensorFlow (mlm_tasks/vm/),
 # and the simulated TPU VM image the tests run it on (.venv-tpuvm/, Python 3.10; tests build it too).

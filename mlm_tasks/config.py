@@ -18,6 +18,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from mlm_tasks import tpu_slices
+from mlm_tasks.paths import check_safe_uri
 from mlm_tasks.errors import ConfigError  # noqa: F401  (re-exported: callers import it from here too)
 from mlm_tasks.presets import PRESETS, ModelShape
 from mlm_tasks.vm import runtimes
@@ -265,6 +266,8 @@ class PipelineConfig(_Section):
         if scheme not in SUPPORTED_SCHEMES:
             raise ConfigError(f"output_root {self.output_root!r} has unsupported scheme {scheme!r}: use a "
                               "local folder or gs://bucket/prefix.")
+        for setting, value, glob in self._run_uris():
+            check_safe_uri(setting, value, glob=glob)
         if self.compute == "tpu_vm" and scheme != "gs":
             raise ConfigError("compute=tpu_vm needs output_root=gs://bucket/prefix: the TPU VM reads shards "
                               "and writes checkpoints there.")
@@ -277,6 +280,15 @@ class PipelineConfig(_Section):
         if self.publish.enabled and not self.publish.repo_id:
             raise ConfigError("publish.enabled needs publish.repo_id, e.g. my-org/roberta-wiki-mlm.")
         return self
+
+    def _run_uris(self) -> list[tuple[str, str, bool]]:
+        """(setting, value, may be a glob) of every place or Hub id a run may set."""
+        c, p = self.corpus, self.publish
+        named = [("output_root", self.output_root), ("corpus.hf_path", c.hf_path), ("corpus.dump_path", c.dump_path),
+                 ("corpus.shards_uri", c.shards_uri), ("corpus.tokenizer_uri", c.tokenizer_uri),
+                 ("publish.repo_id", p.repo_id), ("publish.tokenizer_repo_id", p.tokenizer_repo_id)]
+        return ([(k, v, False) for k, v in named if v is not None]
+                + [(f"corpus.local_paths[{i}]", v, True) for i, v in enumerate(c.local_paths)])
 
     def _tpu_checks(self) -> None:
         """What a TPU VM run needs to be true before the VM exists (no I/O)."""

@@ -30,6 +30,28 @@ def join(root: str, *parts: str) -> str:
     return out
 
 
+# What a run may write into a URI or a Hub id (house style 16): these reach paths, URLs and the TPU
+# VM's shell line, so no quote, space, `$`, `;`, backtick or newline, and no `..` climbing out of
+# output_root's tree. The shell line quotes everything anyway; this keeps odd names out of the store.
+SAFE_URI_CHARS = "[A-Za-z0-9._/-]"
+_SAFE_URI = re.compile(r"(?:gs://|file://)?[A-Za-z0-9._/-]+")
+_SAFE_GLOB = re.compile(r"(?:gs://|file://)?[A-Za-z0-9._/*?-]+")
+
+
+def check_safe_uri(setting: str, value: str, *, glob: bool = False) -> None:
+    """ConfigError unless `value` is a plain path, gs:// or file:// URI or Hub id (`glob`: * and ? too)."""
+    from mlm_tasks.errors import ConfigError
+
+    allowed = "[A-Za-z0-9._/*?-]" if glob else SAFE_URI_CHARS
+    if not (_SAFE_GLOB if glob else _SAFE_URI).fullmatch(value):
+        raise ConfigError(f"{setting} {value!r} holds characters outside the allowed set {allowed} (after an "
+                          "optional gs:// or file:// scheme): rename the folder, bucket prefix or repo so it "
+                          "uses only letters, digits, '.', '_', '-' and '/'.")
+    if ".." in value.split("://", 1)[-1].split("/"):
+        raise ConfigError(f"{setting} {value!r} has a '..' path segment: give the place itself (an absolute "
+                          "path or a gs://bucket/prefix), not a way up out of another.")
+
+
 def safe_run_id(run_id: str) -> str:
     """Airflow run ids hold ':' and '+', which break gs:// tooling and TPU names: keep them readable
     and unique by appending a short hash of the original."""

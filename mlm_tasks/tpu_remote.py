@@ -6,9 +6,12 @@ then one CLI step.
 
 `stage_code` puts a deterministic tarball of the installed `mlm_tasks` package (package data
 included: the VM locks under mlm_tasks/vm/) under output_root/_code/<sha>/ — content-addressed, so
-an unchanged project is uploaded once, and a wheel or Docker install stages exactly what a checkout
-does. The remote line fetches and unpacks it when `<workdir>/.installed-<sha>` is missing, and
-installs the runtime's VM lock (mlm_tasks.vm.runtimes) with `pip --no-deps --target` into
+an unchanged project is uploaded once (its bytes are read back and re-uploaded if they differ: the
+`_SUCCESS` marker alone is not trusted), and a wheel or Docker install stages exactly what a checkout
+does. The line carries the tarball's full sha256: the VM fetches it and checks that hash before
+unpacking anything (exit 3 on a mismatch), whenever `<workdir>/.installed-<sha>` is missing or the
+tarball kept beside `code/` no longer has that hash. It installs the runtime's VM lock
+(mlm_tasks.vm.runtimes) with `pip --no-deps --require-hashes --target` into
 `<workdir>/deps-<lock sha>/` when that is missing: nothing of the image (its Python, its TPU build of
 TensorFlow, numpy, protobuf) is replaced, and the image is checked to hold the runtime's TensorFlow.
 Then it runs `python -m mlm_tasks <step> --config-json <cfg> --run-id <run>`. With
@@ -21,7 +24,8 @@ try's step first: SIGTERM, SIGKILL after STOP_GRACE_S, exit 3 if the lock is sti
 
 Secrets never ride on the command line (it shows in `ps` and in logs): the Hub token reaches the
 step through the SSH session's environment as LC_MLM_HF_TOKEN (stock Ubuntu sshd accepts LC_*
-variables; see `SESSION_ENV_TOKEN`), and the line hands it on as HF_TOKEN.
+variables; see `SESSION_ENV_TOKEN`), and the line hands it on as HF_TOKEN to the step alone: the
+bootstrap's commands (the fetch, pip, the image check) run without it.
 """
 from __future__ import annotations
 
@@ -43,6 +47,7 @@ from mlm_tasks.paths import join
 PACKAGE_DIR = Path(__file__).resolve().parent
 # Ubuntu's sshd_config has `AcceptEnv LANG LC_*`: an LC_ name passes through a stock TPU VM's sshd.
 SESSION_ENV_TOKEN = "LC_MLM_HF_TOKEN"
+TOKEN_VAR = "mlm_hf_token"  # the line's own, unexported copy of the token
 # transformers 4.57 finds TensorFlow only under distribution names it knows (tensorflow,
 # tensorflow-cpu, ...), not the image's TPU build: this tells it TensorFlow is there.
 VM_ENV = {"FORCE_TF_AVAILABLE": "1", "TF_USE_LEGACY_KERAS": "1", "PYTHONUNBUFFERED": "1"}
@@ -61,6 +66,7 @@ class CodeBundle:
     lock_sha: str   # content hash of that lock: its install is shared by every code version
     tensorflow: str  # the image TensorFlow the runtime promises
     pod: bool = False  # a -pod runtime: the image check also imports the TPU client
+    tar_sha256: str = ""  # full sha256 of the tarball's bytes: the VM unpacks nothing else
 
 
 def _package_files(package_dir: Path) -> list[tuple[str, bytes]]:
@@ -98,12 +104,15 @@ def stage_code(output_root: str, runtime_version: str, package_dir: Path = PACKA
     for name, data in files:
         digest.update(name.encode() + b"\0" + hashlib.sha256(data).digest())
     sha = digest.hexdigest()[:16]
+    tarball = _tarball(files)
     bundle = CodeBundle(sha=sha, uri=join(output_root, "_code", sha), lock=lock_name,
                         lock_sha=hashlib.sha256(lock).hexdigest()[:16], tensorflow=runtime.tensorflow,
-                        pod=runtime.pod)
-    marker = join(bundle.uri, "_SUCCESS")
-    if not storage.exists(marker):
-        storage.write_bytes(join(bundle.uri, "mlm_tasks.tar.gz"), _tarball(files))
+                        pod=runtime.pod, tar_sha256=hashlib.sha256(tarball).hexdigest())
+    marker, uri = join(bundle.uri, "_SUCCESS"), join(bundle.uri, "mlm_tasks.tar.gz")
+    # The marker says an upload finished, not that the bytes are still ours: read them back every time.
+    if not (storage.exists(marker) and storage.exists(uri)
+            and hashlib.sha256(storage.read_bytes(uri)).hexdigest() == bundle.tar_sha256):
+        storage.write_bytes(uri, tarball)
         storage.write_text(marker, bundle.sha)  # last: a bundle with a marker is complete
     return bundle
 
@@ -129,33 +138,47 @@ def _fetch(py: str, uri: str) -> str:
 
 
 def _bootstrap(cfg: PipelineConfig, code: CodeBundle) -> list[str]:
-    py = shlex.quote(cfg.tpu.python)
-    deps = f"deps-{code.lock_sha}"
+    # Every value is quoted, even the hex ones: a bundle may come from anywhere (tests build their own).
+    q = shlex.quote
+    py, installed = q(cfg.tpu.python), q(f".installed-{code.sha}")
+    deps, deps_tmp = q(f"deps-{code.lock_sha}"), q(f"deps-{code.lock_sha}.tmp")
+    want = q(code.tar_sha256)
+    tar_hash = "$(sha256sum mlm_tasks.tar.gz 2>/dev/null | cut -c1-64)"
+    mismatch = (f'echo "The staged code "{q(join(code.uri, "mlm_tasks.tar.gz"))}" has sha256 {tar_hash}, not "{want}'
+                f'" (hash mismatch: it changed after staging). Retry the task: stage_code re-uploads a bundle whose '
+                'bytes differ; if it fails again, check who writes under output_root/_code/." >&2; exit 3')
     unpack = " && ".join([
         _fetch(py, code.uri),
-        f"rm -rf code.tmp && mkdir code.tmp && tar -xzf mlm_tasks.tar.gz -C code.tmp && rm -rf code && mv code.tmp code",
-        f"touch .installed-{code.sha}",
+        # Before tar: nothing of an unverified tarball is unpacked, let alone imported.
+        f'{{ [ "{tar_hash}" = {want} ] || {{ {mismatch}; }}; }}',
+        "rm -rf code.tmp && mkdir code.tmp && tar -xzf mlm_tasks.tar.gz -C code.tmp && rm -rf code && mv code.tmp code",
+        f"touch {installed}",
     ])
     # --no-deps: the lock is complete beside the image's packages, and must never pull PyPI's
     # TensorFlow (tf-keras asks for `tensorflow`, which the image's TPU build may not be named).
+    # --require-hashes: a wheel that is not the one locked (a swapped file, a proxy) fails the install.
     install = " && ".join([
-        f"rm -rf {deps}.tmp",
-        f"{py} -m pip install --quiet --disable-pip-version-check --no-deps --only-binary=:all: "
-        f"--target {deps}.tmp -r code/{shlex.quote(code.lock)}",
+        f"rm -rf {deps_tmp}",
+        f"{py} -m pip install --quiet --disable-pip-version-check --no-deps --require-hashes --only-binary=:all: "
+        f"--target {deps_tmp} -r code/{q(code.lock)}",
         # Once per lock: the image must hold the runtime's TensorFlow and whatever the lock needs.
-        f"PYTHONPATH=\"$PWD/code:$PWD/{deps}.tmp\" {py} -m mlm_tasks.vm.check_image "
-        f"{shlex.quote(code.tensorflow)} {deps}.tmp" + (" --pod" if code.pod else ""),
-        f"mv {deps}.tmp {deps}",
+        f"PYTHONPATH=\"$PWD/code:$PWD/\"{deps_tmp} {py} -m mlm_tasks.vm.check_image "
+        f"{q(code.tensorflow)} {deps_tmp}" + (" --pod" if code.pod else ""),
+        f"mv {deps_tmp} {deps}",
     ])
+    fetch_failed = q(f"Fetching the staged code from {code.uri} failed (see above): check that the VM can read "
+                     "the bucket (its service account needs storage access).")
+    install_failed = q("Installing the VM lock failed (see above): the VM needs the package index (external IP "
+                       "or Cloud NAT), and tpu.runtime_version must name the image it runs.")
     # `set -e` ignores a failure inside an && chain: each chain says so and exits itself.
     return [
-        f"if [ ! -f .installed-{code.sha} ]; then echo 'Installing project {code.sha} in '\"$PWD\"; "
-        f"{unpack} || {{ echo 'Fetching the staged code from {code.uri} failed (see above): check that the "
-        "VM can read the bucket (its service account needs storage access).' >&2; exit 3; }; fi",
-        f"if [ ! -d {deps} ]; then echo 'Installing {Path(code.lock).name} beside the image TensorFlow'; "
-        f"{install} || {{ echo 'Installing the VM lock failed (see above): the VM needs the package index "
-        "(external IP or Cloud NAT), and tpu.runtime_version must name the image it runs.' >&2; exit 3; }; fi",
-        f'export PYTHONPATH="$PWD/code:$PWD/{deps}${{PYTHONPATH:+:$PYTHONPATH}}"',
+        # The marker alone is not trusted: the tarball kept beside code/ must still have the bundle's hash.
+        f'if [ ! -f {installed} ] || [ "{tar_hash}" != {want} ]; then rm -f {installed}; '
+        f"echo {q(f'Installing project {code.sha} in ')}\"$PWD\"; "
+        f"{unpack} || {{ echo {fetch_failed} >&2; exit 3; }}; fi",
+        f"if [ ! -d {deps} ]; then echo {q(f'Installing {Path(code.lock).name} beside the image TensorFlow')}; "
+        f"{install} || {{ echo {install_failed} >&2; exit 3; }}; fi",
+        f'export PYTHONPATH="$PWD/code:$PWD/"{deps}"${{PYTHONPATH:+:$PYTHONPATH}}"',
     ]
 
 
@@ -211,6 +234,9 @@ def remote_command(cfg: PipelineConfig, step: str, run_id: str, *, node: str, ex
     if cfg.tpu.bootstrap and code is None:
         raise ConfigError("tpu.bootstrap is on but no code bundle was given: call stage_code() first, "
                           "or set tpu.bootstrap=false when the VM already has the project in tpu.workdir.")
+    if cfg.tpu.bootstrap and not re.fullmatch(r"[0-9a-f]{64}", code.tar_sha256):
+        raise ConfigError(f"The code bundle {code.uri} has no sha256 of its tarball: make it with stage_code(), "
+                          "which the VM's check needs.")
     config_json = json.dumps(cfg.model_dump(mode="json"), separators=(",", ":"))
     step_line = " ".join(shlex.quote(a) for a in [cfg.tpu.python, "-m", "mlm_tasks", step, "--config-json",
                                                     config_json, "--run-id", run_id, *extra_args])
@@ -224,13 +250,15 @@ def remote_command(cfg: PipelineConfig, step: str, run_id: str, *, node: str, ex
     if expect_token:  # an sshd that does not accept the name drops it without a word
         parts.append(f'if [ -z "${{{SESSION_ENV_TOKEN}:-}}" ]; then echo "The Hub token did not reach the VM: its '
                      f'sshd_config needs AcceptEnv LANG LC_* (Ubuntu\'s default) for {SESSION_ENV_TOKEN}." >&2; exit 3; fi')
-    parts.append(f'if [ -n "${{{SESSION_ENV_TOKEN}:-}}" ]; then export HF_TOKEN="${SESSION_ENV_TOKEN}"; fi; '
-                 f"unset {SESSION_ENV_TOKEN}")
+    # Held in a shell variable (not exported) until the exec: the fetch, pip and the image check never
+    # see it, in their environment or in what they might log or hand on.
+    parts.append(f'{TOKEN_VAR}="${{{SESSION_ENV_TOKEN}:-${{HF_TOKEN:-}}}}"; unset {SESSION_ENV_TOKEN} HF_TOKEN')
     # The lock before the install: a retry never swaps `code/` under a step an earlier try left running.
     parts += _run_lock(step, run_id)
     if cfg.tpu.bootstrap:
         parts += _bootstrap(cfg, code)
     # exec: the step replaces the shell, so a hang-up of the SSH session (task killed) reaches it, and
     # it keeps the run lock's fd 9 (a partition or a crashed Airflow host: the next try stops it).
+    parts.append(f'if [ -n "${TOKEN_VAR}" ]; then export HF_TOKEN="${TOKEN_VAR}"; fi')
     parts.append(f"exec {step_line}")
     return "; ".join(parts)

@@ -140,7 +140,7 @@ def test_env_example_holds_connections_and_secrets_and_env_is_ignored(compose):
 def test_dockerfile_builds_from_the_lock_and_copies_what_compose_uses():
     dockerfile = (ROOT / "Dockerfile").read_text()
     assert re.search(r"^FROM python:3\.11", dockerfile, re.M)
-    assert "uv pip install --no-cache -r /tmp/requirements.txt" in dockerfile
+    assert "uv pip install --no-cache --require-hashes -r /tmp/requirements.txt" in dockerfile
     assert re.search(rf"AIRFLOW_HOME={stack.CONTAINER_HOME}\b", dockerfile)
     for line in re.findall(r"^COPY (?:--\S+ )*(.+)$", dockerfile, re.M):
         *sources, _target = line.split()

@@ -31,10 +31,17 @@ sys.path.insert(0, str(ROOT / "scripts"))
 import lock_vm  # noqa: E402
 
 
-def _pins(path: Path) -> dict[str, str]:
-    lines = [line.split(";")[0].strip() for line in path.read_text().splitlines()
-             if "==" in line and not line.lstrip().startswith("#")]
-    return {lock_vm.name_of(line): line.split("==", 1)[1] for line in lines}
+_pins = lock_vm.pins  # name -> version; skips the --hash lines of a hashed lock
+
+
+def test_every_lock_pins_hashes():
+    """Each install requires hashes (make env, the Dockerfile, the VM's pip): each pin must carry them."""
+    for path in [ROOT / "requirements.txt", ROOT / "requirements-pt.txt", *(rt.lock_path for rt in runtimes.locks())]:
+        lines = path.read_text().splitlines()
+        pins = [i for i, line in enumerate(lines) if "==" in line and not line.startswith((" ", "#"))]
+        assert len(pins) == len(_pins(path)) > 10, path
+        unhashed = [lines[i] for i in pins if not (lines[i].endswith(" \\") and "--hash=sha256:" in lines[i + 1])]
+        assert not unhashed, f"{path.name}: {unhashed[:3]} have no hashes: relock (make lock / lock-pt / lock-vm)"
 
 
 def test_default_runtime_is_supported_and_single_host():
@@ -240,7 +247,8 @@ def test_the_remote_line_takes_the_run_lock_just_before_the_step():
     assert re.fullmatch(r"\.run-lock-[0-9a-f]{16}", lock)
     assert len({lock, run_lock_name(run_id, "evaluate"), run_lock_name("manual__2", "train")}) == 3
     lines = _run_lock("train", run_id)
-    assert setup.endswith("; " + "; ".join(lines))  # with bootstrap off, last before the step
+    # With bootstrap off, last before the step but for the token's hand-over (only the exec gets it).
+    assert setup.endswith("; " + "; ".join(lines) + '; if [ -n "$mlm_hf_token" ]; then export HF_TOKEN="$mlm_hf_token"; fi')
     assert lines[0].startswith(f"if ! {{ exec 9>>{lock} && flock -n 9; }}; then ") and lines[1] == f"echo $$ > {lock}.pid"
     assert "Stopping the \"trainer\" left by an earlier try (pid $pid)" in setup and "exit 3" in setup
     assert run_id not in setup and shlex.split(step)[-2:] == ["--run-id", run_id]

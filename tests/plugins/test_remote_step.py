@@ -206,7 +206,7 @@ exec {real_python} "$@"
     assert first[0].startswith(f"Installing project {bundle.sha}")
     assert first[1] == "Installing requirements-tf2.16.txt beside the image TensorFlow"
     # Never TensorFlow, never the image's packages: --no-deps, only wheels, into a folder of its own.
-    assert first[2] == ("PIP -m pip install --quiet --disable-pip-version-check --no-deps --only-binary=:all: "
+    assert first[2] == ("PIP -m pip install --quiet --disable-pip-version-check --no-deps --require-hashes --only-binary=:all: "
                         f"--target deps-{bundle.lock_sha}.tmp -r code/mlm_tasks/vm/requirements-tf2.16.txt")
     assert first[3] == f"CHECK 2.16.1 deps-{bundle.lock_sha}.tmp FORCE_TF_AVAILABLE=1"
     assert first[4] == f"FROM {workdir}/code/mlm_tasks/__init__.py"
