@@ -97,7 +97,7 @@ def test_names_without_counts_are_counted_once(seed_shards, tmp_path, monkeypatc
             shutil.copy(f, renamed / split / f"part{i}.tfrecord")
     calls = []
     real = byo_shards.count_records
-    monkeypatch.setattr(byo_shards, "count_records", lambda f: calls.append(1) or real(f))
+    monkeypatch.setattr(byo_shards, "count_records", lambda f, name: calls.append(1) or real(f, name))
     cfg = byo_config(tmp_path / "out", renamed, tok)
     first = build_shard_set(cfg)
     assert first["records"]["train"] == records["train"] and len(calls) == first["shards"]["train"] + \
@@ -135,6 +135,67 @@ def test_bad_shards_are_refused_before_anything_runs(seed_shards, tmp_path, case
     _craft(tmp_path / "bad", block, features)
     with pytest.raises(ConfigError, match=expect):
         validate(byo_config(tmp_path / "out", tmp_path / "bad", tok))
+
+
+def _damage(path, how):
+    """Damage the TFRecord file at `path`; returns the byte offset of its damaged record (always its second)."""
+    import struct
+
+    from mlm_tasks.tfrecord import masked_crc32c
+
+    data = bytearray(path.read_bytes())
+    size = len(data) // 4  # four records of one size
+    if how == "data":
+        data[size + 40] ^= 0x01
+    elif how == "length":
+        data[size + 1] ^= 0x01
+    elif how == "truncated":
+        del data[size + 20:]
+    elif how == "huge":  # a length of 2**60 with a valid checksum
+        length = struct.pack("<Q", 2**60)
+        data[size:size + 12] = length + struct.pack("<I", masked_crc32c(length))
+    path.write_bytes(bytes(data))
+    return size
+
+
+@pytest.mark.parametrize("how, what", [
+    ("data", r"has a wrong data checksum \(data CRC\)"),
+    ("length", r"has a wrong length checksum \(length CRC\)"),
+    ("truncated", r"is truncated: it needs \d+ more bytes, the file ends after 8"),
+    ("huge", rf"claims {2**60} bytes of data, more than the whole file \(\d+ bytes\) holds "
+             r"\(length beyond the file\)"),
+])
+def test_damaged_records_are_refused_by_validate_naming_file_and_offset(seed_shards, tmp_path, how, what):
+    from mlm_tasks.steps.validate import validate
+
+    _, tok, _ = seed_shards
+    _craft(tmp_path / "bad", np.full((4, MAX_LENGTH), 7))
+    shard = tmp_path / "bad" / "validation" / "dataset-0-4.tfrecord"
+    offset = _damage(shard, how)
+    with pytest.raises(ConfigError, match=rf"{shard}: the TFRecord at byte {offset} {what}\. .*copy it again"):
+        validate(byo_config(tmp_path / "out", tmp_path / "bad", tok))
+
+
+def test_adoption_checks_every_record_and_the_count_in_the_name(seed_shards, tmp_path):
+    """validate reads the first records of a few shards; adoption reads all of them: a damaged record past
+    the sample, or a file cut at a record boundary (every checksum fine), is refused before training."""
+    from mlm_tasks import byo_shards
+    from mlm_tasks.steps import build_shard_set
+
+    _, tok, _ = seed_shards
+    _craft(tmp_path / "bad", np.full((4, MAX_LENGTH), 7))
+    shard = tmp_path / "bad" / "train" / "dataset-0-4.tfrecord"
+    whole = shard.read_bytes()
+    cfg = byo_config(tmp_path / "out", tmp_path / "bad", tok)
+    offset = _damage(shard, "data")
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(byo_shards, "SAMPLE_RECORDS", 1)  # the damaged record is past validate's sample
+        with pytest.raises(ConfigError, match=rf"{shard}: the TFRecord at byte {offset} has a wrong data checksum"):
+            build_shard_set(cfg)
+    shard.write_bytes(whole[:offset])
+    with pytest.raises(ConfigError, match=rf"{shard} holds 1 whole records but its name says 4: the file was cut "
+                                          r"short \(at a record boundary\) or renamed"):
+        build_shard_set(cfg)
 
 
 def test_a_tokenizer_that_is_nowhere_is_named(seed_shards, tmp_path):
