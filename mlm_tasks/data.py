@@ -6,12 +6,19 @@ whole batches inside the graph, so the input pipeline never drops to Python per 
 
 Reads work the same from a local folder and from gs:// (TensorFlow's own GCS filesystem), which is
 what a TPU VM needs: the host streams shards straight from the bucket.
+
+TFRecordDataset checks both checksums of every record; a bad one is a `DataLossError` naming a byte
+offset but no file. `damaged_shard_error` finds the file with our own reader and says what is wrong.
 """
 from __future__ import annotations
 
 import logging
+import re
 
+from mlm_tasks import storage
+from mlm_tasks.config import ConfigError
 from mlm_tasks.manifest import ShardSet
+from mlm_tasks.tfrecord import count_records
 
 log = logging.getLogger(__name__)
 
@@ -94,3 +101,20 @@ def mlm_dataset(shard_set: ShardSet, split: str, tokenizer, batch_size: int, *,
     options.experimental_distribute.auto_shard_policy = tf.data.experimental.AutoShardPolicy.DATA
     return ds.map(parse_and_mask, num_parallel_calls=tf.data.AUTOTUNE).prefetch(tf.data.AUTOTUNE) \
         .with_options(options)
+
+
+def damaged_shard_error(shard_set: ShardSet, split: str, err) -> ConfigError | None:
+    """The `ConfigError` for TensorFlow's DataLossError `err` while reading `split`: the first shard our
+    reader finds damaged, read in full (only on this failure path). None if every shard reads clean:
+    then the bytes TensorFlow saw are not the stored ones, and the caller lets the error be retried."""
+    message = getattr(err, "message", str(err))  # in a tf.function: a graph traceback around the reader's words
+    found = re.search(r"(corrupted|truncated) record at \d+", message)
+    said = found.group(0) if found else message.strip().splitlines()[-1]
+    for uri in shard_set.shard_uris(split):
+        with storage.filesystem(uri).open(uri, "rb") as f:
+            try:
+                count_records(f, uri)
+            except ConfigError as bad:
+                return ConfigError(f"Training read a damaged {split} shard (TensorFlow: {said}). {bad} Retrying "
+                                   "cannot fix it, so the run fails now.")
+    return None

@@ -10,6 +10,7 @@ examples/tensorflow/language-modeling-tpu/prepare_tfrecord_shards.py: `datasets.
 """
 import json
 import os
+import re
 import shutil
 
 import numpy as np
@@ -196,6 +197,30 @@ def test_adoption_checks_every_record_and_the_count_in_the_name(seed_shards, tmp
     with pytest.raises(ConfigError, match=rf"{shard} holds 1 whole records but its name says 4: the file was cut "
                                           r"short \(at a record boundary\) or renamed"):
         build_shard_set(cfg)
+
+
+def test_training_on_a_shard_damaged_after_adoption_exits_2(seed_shards, tmp_path, capsys):
+    """TensorFlow's reader checks the checksums itself; its DataLossError names no file. The train step
+    names it, as a ConfigError: the CLI exits 2 (the Airflow task fails without retries)."""
+    from mlm_tasks import cli
+
+    shards, tok, _ = seed_shards
+    copy = tmp_path / "shards"
+    shutil.copytree(shards, copy)
+    out = tmp_path / "out"
+    fp = _cli(capsys, "build_shard_set", *_set(out, copy, tok))["fingerprint"]
+    damaged = sorted((copy / "train").glob("*.tfrecord"))
+    for shard in damaged:  # the first record of each: read before the first batch, whatever the file order
+        data = bytearray(shard.read_bytes())
+        data[40] ^= 0x01
+        shard.write_bytes(bytes(data))
+    code = cli.main(["train", "--run-id", "damaged", "--data-fingerprint", fp,
+                     *_set(out, copy, tok, "train.steps=2")])
+    err = capsys.readouterr().err
+    assert code == 2, err[-3000:]
+    assert re.search(rf"error: Training read a damaged train shard \(TensorFlow: corrupted record at 12\)\. "
+                     rf"{damaged[0]}: the TFRecord at byte 0 has a wrong data checksum \(data CRC\)\..*Retrying "
+                     r"cannot fix it", err), err[-3000:]
 
 
 def test_a_tokenizer_that_is_nowhere_is_named(seed_shards, tmp_path):
