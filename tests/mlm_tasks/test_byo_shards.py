@@ -19,7 +19,7 @@ import pytest
 from mlm_tasks.config import ConfigError
 from mlm_tasks.manifest import ShardSet
 from mlm_tasks.paths import DataPaths
-from peers.seed_shards import MAX_LENGTH, write_like_prepare_tfrecord_shards
+from peers.seed_shards import MAX_LENGTH, damage_second_record, write_like_prepare_tfrecord_shards
 from peers.tiny_data import TINY_YAML, tiny_config
 
 
@@ -138,27 +138,6 @@ def test_bad_shards_are_refused_before_anything_runs(seed_shards, tmp_path, case
         validate(byo_config(tmp_path / "out", tmp_path / "bad", tok))
 
 
-def _damage(path, how):
-    """Damage the TFRecord file at `path`; returns the byte offset of its damaged record (always its second)."""
-    import struct
-
-    from mlm_tasks.tfrecord import masked_crc32c
-
-    data = bytearray(path.read_bytes())
-    size = len(data) // 4  # four records of one size
-    if how == "data":
-        data[size + 40] ^= 0x01
-    elif how == "length":
-        data[size + 1] ^= 0x01
-    elif how == "truncated":
-        del data[size + 20:]
-    elif how == "huge":  # a length of 2**60 with a valid checksum
-        length = struct.pack("<Q", 2**60)
-        data[size:size + 12] = length + struct.pack("<I", masked_crc32c(length))
-    path.write_bytes(bytes(data))
-    return size
-
-
 @pytest.mark.parametrize("how, what", [
     ("data", r"has a wrong data checksum \(data CRC\)"),
     ("length", r"has a wrong length checksum \(length CRC\)"),
@@ -172,7 +151,7 @@ def test_damaged_records_are_refused_by_validate_naming_file_and_offset(seed_sha
     _, tok, _ = seed_shards
     _craft(tmp_path / "bad", np.full((4, MAX_LENGTH), 7))
     shard = tmp_path / "bad" / "validation" / "dataset-0-4.tfrecord"
-    offset = _damage(shard, how)
+    offset = damage_second_record(shard, how)
     with pytest.raises(ConfigError, match=rf"{shard}: the TFRecord at byte {offset} {what}\. .*copy it again"):
         validate(byo_config(tmp_path / "out", tmp_path / "bad", tok))
 
@@ -188,7 +167,7 @@ def test_adoption_checks_every_record_and_the_count_in_the_name(seed_shards, tmp
     shard = tmp_path / "bad" / "train" / "dataset-0-4.tfrecord"
     whole = shard.read_bytes()
     cfg = byo_config(tmp_path / "out", tmp_path / "bad", tok)
-    offset = _damage(shard, "data")
+    offset = damage_second_record(shard, "data")
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(byo_shards, "SAMPLE_RECORDS", 1)  # the damaged record is past validate's sample
         with pytest.raises(ConfigError, match=rf"{shard}: the TFRecord at byte {offset} has a wrong data checksum"):
