@@ -7,18 +7,21 @@ language-modeling-tpu `prepare_tfrecord_shards.py`, in a local folder or under a
       tokenizer_uri: my-org/my-unigram-tokenizer       # or a local folder, or a gs:// folder
 
 Nothing is tokenized or written here except the small things our steps read: the tokenizer copied
-under the data folder, and a manifest listing the shards by URI with their record counts. Counts come
-from the file names when they carry them (`-<index>-<records>.tfrecord`, as that script names them),
-otherwise the records are counted once; the manifest, keyed by the data fingerprint, is the cache.
+under the data folder, and a manifest listing the shards by URI with their record counts. Adoption
+reads every record of every shard once (the manifest, keyed by the data fingerprint, is the cache):
+both TFRecord checksums, no record cut short, and the count, which must equal the one a file name
+carries (`-<index>-<records>.tfrecord`, as that script names them) — a file cut at a record boundary
+passes every checksum but not that. The pass is linear in the set's bytes (crc32c runs at GB/s) and is
+what training's first epoch reads anyway; training on a shard damaged later fails without retries too.
 
 The data fingerprint is a hash of every shard's URI, size and generation (gs://) or mtime (local),
 and of the tokenizer: changing a file gives a new fingerprint, so runs stay reproducible and the
 Assets flow announces it. `plan_shards` adopts the set (no partitions to write, no tokenizer to train).
 
-`check_shards` runs in the validate step, before any TPU VM exists: both features present as int64
-lists of one length, that length equal to `shards.max_length`, and every id inside the tokenizer's
-vocabulary. It reads the first records of a bounded number of shards per split (a full read of a large
-set would cost as much as training's first epoch); train() then checks every shard's size.
+`check_shards` runs in the validate step, before any TPU VM exists: framing and checksums, both
+features present as int64 lists of one length, that length equal to `shards.max_length`, and every id
+inside the tokenizer's vocabulary. It reads the first records of a bounded number of shards per split,
+as validate runs on every DAG run and adoption only once per fingerprint.
 """
 from __future__ import annotations
 
@@ -126,17 +129,18 @@ class ShardsCorpus(Corpus):
 
     def split_entry(self, split: str) -> dict:
         """The manifest entry of one split: shards by URI, records from names or counted once."""
-        shards, counted = [], 0
+        shards = []
         for f in self.files[split]:
-            records = records_from_name(f["uri"])
-            if records is None:
-                with storage.filesystem(f["uri"]).open(_fs_path(f["uri"]), "rb") as fh:
-                    records = count_records(fh)
-                counted += 1
+            with storage.filesystem(f["uri"]).open(_fs_path(f["uri"]), "rb") as fh:
+                records = count_records(fh, f["uri"])  # every record's checksums: a damaged file fails here
+            named = records_from_name(f["uri"])
+            if named is not None and named != records:
+                raise ConfigError(f"{f['uri']} holds {records} whole records but its name says {named}: the file "
+                                  "was cut short (at a record boundary) or renamed. Copy it again from its source, "
+                                  "or remove it from the shard set.")
             shards.append({"uri": f["uri"], "file": f["uri"].rsplit("/", 1)[-1], "records": records,
                            "bytes": f["bytes"], "version": f["version"]})
-        if counted:
-            log.info("%s: counted the records of %d shard(s) whose names carry no count", split, counted)
+        log.info("%s: checked every record of %d shard(s)", split, len(shards))
         records = sum(s["records"] for s in shards)
         return {"records": records, "tokens": None, "rows": None, "characters": None, "shards": shards}
 
@@ -153,39 +157,52 @@ def check_shards(cfg: PipelineConfig, corpus: ShardsCorpus) -> int:
         raise ConfigError(f"The tokenizer {cfg.corpus.tokenizer_uri} lacks the special token(s) {' '.join(missing)}: "
                           f"the model and its masking use RoBERTa's {' '.join(SPECIAL_TOKENS)}. Use a tokenizer "
                           "trained with those special tokens.")
-    lengths: set[int] = set()
+    first: tuple[str, int] | None = None  # where the first record was, and its length
     for split in SPLITS:
         for f in corpus.files[split][:SAMPLE_SHARDS]:
             with storage.filesystem(f["uri"]).open(_fs_path(f["uri"]), "rb") as fh:
-                for i, record in enumerate(iter_records(fh, SAMPLE_RECORDS)):
-                    features = parse_example(record)
-                    where = f"{f['uri']} record {i}"
-                    for name in FEATURES:
-                        if not isinstance(features.get(name), list):
-                            kind = features.get(name, "absent")
-                            raise ConfigError(f"{where}: feature {name!r} is {kind}, not an int64 list: these shards "
-                                              f"need {' and '.join(FEATURES)} as int64 features (as "
-                                              "prepare_tfrecord_shards.py writes them). Found: "
-                                              f"{sorted(features)}.")
-                    ids = features["input_ids"]
-                    if len(features["attention_mask"]) != len(ids):
-                        raise ConfigError(f"{where}: input_ids has {len(ids)} values but attention_mask "
-                                          f"{len(features['attention_mask'])}: the shards are malformed.")
-                    lengths.add(len(ids))
+                for i, (offset, record) in enumerate(iter_records(fh, f["uri"], SAMPLE_RECORDS)):
+                    where = f"{f['uri']} record {i} (byte {offset})"
+                    ids = _record_ids(record, where)
+                    if first is None:
+                        first = (where, len(ids))
+                    elif len(ids) != first[1]:
+                        raise ConfigError(f"{where} holds {len(ids)} ids but {first[0]} {first[1]}: training needs "
+                                          "one fixed length (packed chunks); rewrite the shards with one length.")
                     if ids and (max(ids) >= vocab or min(ids) < 0):
                         raise ConfigError(f"{where}: token id {max(ids) if max(ids) >= vocab else min(ids)} is "
                                           f"outside the vocabulary of {cfg.corpus.tokenizer_uri} ({vocab} tokens): "
                                           "these shards were encoded with another tokenizer; set "
                                           "corpus.tokenizer_uri to that one.")
-    if len(lengths) != 1:
-        raise ConfigError(f"The shards under {cfg.corpus.shards_uri} hold records of several lengths "
-                          f"{sorted(lengths)}: training needs one fixed length (packed chunks).")
-    (length,) = lengths
+    if first is None:
+        raise ConfigError(f"The first shards under {cfg.corpus.shards_uri} hold no records: remove the empty "
+                          "files, or point corpus.shards_uri at the set that holds the data.")
+    length = first[1]
     if length != cfg.shards.max_length:
         raise ConfigError(f"The shards under {cfg.corpus.shards_uri} hold {length}-token records but "
                           f"shards.max_length is {cfg.shards.max_length}: set shards.max_length={length} "
                           f"(and model.max_position_embeddings >= {length + 2}).")
     return length
+
+
+def _record_ids(record: bytes, where: str) -> list[int]:
+    """input_ids of one record, which must be a tf.train.Example with both features as int64 lists of one length."""
+    try:
+        features = parse_example(record)
+    except ValueError as err:  # UnicodeDecodeError too
+        raise ConfigError(f"{where} is not a tf.train.Example ({err}): these shards need {' and '.join(FEATURES)} "
+                          "as int64 features (as prepare_tfrecord_shards.py writes them).") from None
+    for name in FEATURES:
+        if not isinstance(features.get(name), list):
+            kind = features.get(name, "absent")
+            raise ConfigError(f"{where}: feature {name!r} is {kind}, not an int64 list: these shards need "
+                              f"{' and '.join(FEATURES)} as int64 features (as prepare_tfrecord_shards.py writes "
+                              f"them). Found: {sorted(features)}.")
+    ids = features["input_ids"]
+    if len(features["attention_mask"]) != len(ids):
+        raise ConfigError(f"{where}: input_ids has {len(ids)} values but attention_mask "
+                          f"{len(features['attention_mask'])}: the shards are malformed.")
+    return ids
 
 
 def adopt(cfg: PipelineConfig, corpus: ShardsCorpus, paths: DataPaths, corpus_fingerprint: str) -> None:

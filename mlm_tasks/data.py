@@ -11,12 +11,19 @@ On a pod each host runs its own input pipeline (`tf.distribute.InputContext`, fr
 `strategy.distribute_datasets_from_function`). With at least as many shard files as pipelines each
 pipeline reads only its own files (FILE); with fewer, every pipeline reads every file and keeps its
 slice of each batch (DATA). `shard_policy` makes that choice.
+
+TFRecordDataset checks both checksums of every record; a bad one is a `DataLossError` naming a byte
+offset but no file. `damaged_shard_error` finds the file with our own reader and says what is wrong.
 """
 from __future__ import annotations
 
 import logging
+import re
 
+from mlm_tasks import storage
+from mlm_tasks.config import ConfigError
 from mlm_tasks.manifest import ShardSet
+from mlm_tasks.tfrecord import count_records
 
 log = logging.getLogger(__name__)
 
@@ -132,3 +139,20 @@ def mlm_dataset(shard_set: ShardSet, split: str, tokenizer, batch_size: int, *,
     # Sharding is done above from input_context; tf.distribute must not shard again.
     options.experimental_distribute.auto_shard_policy = tf.data.experimental.AutoShardPolicy.OFF
     return ds.prefetch(tf.data.AUTOTUNE).with_options(options)
+
+
+def damaged_shard_error(shard_set: ShardSet, split: str, err) -> ConfigError | None:
+    """The `ConfigError` for TensorFlow's DataLossError `err` while reading `split`: the first shard our
+    reader finds damaged, read in full (only on this failure path). None if every shard reads clean:
+    then the bytes TensorFlow saw are not the stored ones, and the caller lets the error be retried."""
+    message = getattr(err, "message", str(err))  # in a tf.function: a graph traceback around the reader's words
+    found = re.search(r"(corrupted|truncated) record at \d+", message)
+    said = found.group(0) if found else message.strip().splitlines()[-1]
+    for uri in shard_set.shard_uris(split):
+        with storage.filesystem(uri).open(uri, "rb") as f:
+            try:
+                count_records(f, uri)
+            except ConfigError as bad:
+                return ConfigError(f"Training read a damaged {split} shard (TensorFlow: {said}). {bad} Retrying "
+                                   "cannot fix it, so the run fails now.")
+    return None

@@ -3,6 +3,9 @@
     from mlm_tasks.tfrecord import encode_examples, frame_records
     with open("part.tfrecord", "wb") as f:
         f.write(frame_records(encode_examples(block)))          # block: [n, max_length] ids
+    with open("part.tfrecord", "rb") as f:
+        for offset, record in iter_records(f, "part.tfrecord"):  # both crc32c checked; ConfigError if bad
+            parse_example(record)
 
 Why not `tf.train.Example(...).SerializeToString()` and `tf.io.TFRecordWriter`: building a proto
 per record from a Python list costs more than tokenizing the text (profiled in bench/bench_shards.py),
@@ -21,6 +24,8 @@ import struct
 
 import google_crc32c
 import numpy as np
+
+from mlm_tasks.errors import ConfigError
 
 _MASK_DELTA = 0xA282EAD8
 
@@ -105,39 +110,63 @@ def frame_records(records: list[bytes]) -> bytes:
 
 # --- reading, without TensorFlow: what checking a shard set brought from elsewhere needs ---------------
 
-def iter_records(f, limit: int | None = None):
-    """The records of an open TFRecord file, in order (checksums not verified; TensorFlow does that)."""
+_HEADER, _FOOTER = 12, 4  # uint64 length + its crc; the data's crc
+
+
+def _damaged(name: str, offset: int, what: str) -> ConfigError:
+    return ConfigError(f"{name}: the TFRecord at byte {offset} {what}. The file was cut short or altered after "
+                       "it was written: copy it again from its source, or remove it from the shard set.")
+
+
+def iter_records(f, name: str, limit: int | None = None):
+    """(byte offset, data) of each record of an open TFRecord file `name`, in order, checked as strictly as
+    TensorFlow's reader and more: both masked crc32c; a length capped by what the file still holds, so
+    a corrupt length field never allocates (TensorFlow crashes on a 2**60 length with a valid crc); and
+    a record cut short is a `ConfigError`, not a record."""
+    offset = f.tell()
+    f.seek(0, 2)
+    size = f.tell()
+    f.seek(offset)
     n = 0
     while limit is None or n < limit:
-        header = f.read(12)
-        if len(header) < 12:
-            return
-        (length,) = struct.unpack("<Q", header[:8])
-        data = f.read(length)
-        f.read(4)
-        if len(data) < length:
-            raise ValueError("truncated TFRecord file")
-        yield data
-        n += 1
-
-
-def count_records(f) -> int:
-    """Records in an open TFRecord file, by reading only the length headers."""
-    n = 0
-    while True:
-        header = f.read(12)
+        header = f.read(_HEADER)
         if not header:
-            return n
-        if len(header) < 12:
-            raise ValueError("truncated TFRecord file")
+            return
+        if len(header) < _HEADER:
+            raise _damaged(name, offset, f"is truncated: the file ends {len(header)} bytes into its "
+                                         f"{_HEADER}-byte header")
+        if struct.unpack("<I", header[8:])[0] != masked_crc32c(header[:8]):
+            hint = "" if offset else " (at byte 0: is this a TFRecord file? GZIP or ZLIB shards must be decompressed)"
+            raise _damaged(name, offset, "has a wrong length checksum (length CRC)" + hint)
         (length,) = struct.unpack("<Q", header[:8])
-        f.seek(length + 4, 1)
+        left = size - offset - _HEADER
+        if length + _FOOTER > left:
+            if length + _HEADER + _FOOTER > size:
+                raise _damaged(name, offset, f"claims {length} bytes of data, more than the whole file "
+                                             f"({size} bytes) holds (length beyond the file)")
+            raise _damaged(name, offset, f"is truncated: it needs {length + _FOOTER} more bytes, the file "
+                                         f"ends after {left}")
+        data, footer = f.read(length), f.read(_FOOTER)
+        if len(data) < length or len(footer) < _FOOTER:  # the file shrank while being read
+            raise _damaged(name, offset, "is truncated: the file ended while it was read")
+        if struct.unpack("<I", footer)[0] != masked_crc32c(data):
+            raise _damaged(name, offset, "has a wrong data checksum (data CRC)")
+        yield offset, data
+        offset += _HEADER + length + _FOOTER
         n += 1
+
+
+def count_records(f, name: str) -> int:
+    """Records in an open TFRecord file `name`; reads every byte, as it checks every record (linear, crc32c
+    runs at GB/s, so the read is the cost)."""
+    return sum(1 for _ in iter_records(f, name))
 
 
 def _read_varint(buf: bytes, pos: int) -> tuple[int, int]:
     value = shift = 0
     while True:
+        if pos >= len(buf):
+            raise ValueError("a varint runs past the end of its message")
         byte = buf[pos]
         pos += 1
         value |= (byte & 0x7F) << shift
@@ -158,10 +187,11 @@ def _fields(buf: bytes):
             size, pos = _read_varint(buf, pos)
             value, pos = buf[pos:pos + size], pos + size
         elif wire in (1, 5):
-            width = 8 if wire == 1 else 4
-            value, pos = buf[pos:pos + width], pos + width
+            value, pos = buf[pos:pos + (8 if wire == 1 else 4)], pos + (8 if wire == 1 else 4)
         else:
             raise ValueError(f"unsupported protobuf wire type {wire}")
+        if pos > len(buf):  # slicing would silently hand back a shorter field
+            raise ValueError(f"field {field} runs past the end of its message")
         yield field, wire, value
 
 

@@ -209,9 +209,9 @@ def finish(cfg_of, fp_of):
     return call
 
 
-def byo_shards(length: int, features=("input_ids", "attention_mask")):
+def byo_shards(length: int, features=("input_ids", "attention_mask"), **more):
     """Shards brought from elsewhere (corpus.source=tfrecord_shards), written with TensorFlow: 4 records
-    of `length` ids per split, with `features`; the tokenizer is the prepared tiny set's."""
+    of `length` ids per split, with `features`; the tokenizer is the prepared tiny set's; `more` settings."""
     def make(ctx):
         import tensorflow as tf
 
@@ -225,8 +225,33 @@ def byo_shards(length: int, features=("input_ids", "attention_mask")):
                     w.write(tf.train.Example(features=tf.train.Features(feature=feature)).SerializeToString())
         return tiny_config(ctx.tmp / "o", **{"corpus.source": "tfrecord_shards",
                                             "corpus.shards_uri": str(ctx.tmp / "byo"),
-                                            "corpus.tokenizer_uri": DataPaths(ctx.cfg.output_root, ctx.fp1).tokenizer})
+                                            "corpus.tokenizer_uri": DataPaths(ctx.cfg.output_root, ctx.fp1).tokenizer,
+                                            **more})
     return make
+
+
+def byo_damaged(how: str):
+    """byo_shards(64) with the second record of its train shard damaged (see damage_second_record)."""
+    def make(ctx):
+        from peers.seed_shards import damage_second_record
+
+        cfg = byo_shards(64)(ctx)
+        damage_second_record(ctx.tmp / "byo" / "train" / "dataset-0-4.tfrecord", how)
+        return cfg
+    return make
+
+
+def byo_adopted_then_damaged(ctx):
+    """byo_shards(64) adopted (its fingerprint: ctx.byo_fp), then a byte of a train record's data flipped:
+    the next plan sees a new fingerprint and adopts again; `train --data-fingerprint` the old one."""
+    if not hasattr(ctx, "byo_fp"):
+        from mlm_tasks.steps import build_shard_set
+        from peers.seed_shards import damage_second_record
+
+        ctx.byo_cfg = byo_shards(64, **{"train.batch_size": 2})(ctx)  # 4 records: batches of 2
+        ctx.byo_fp = build_shard_set(ctx.byo_cfg)["fingerprint"]
+        damage_second_record(ctx.tmp / "byo" / "train" / "dataset-0-4.tfrecord", "data")
+    return ctx.byo_cfg
 
 
 CFG, FP1, FP2 = (lambda c: c.cfg), (lambda c: c.fp1), (lambda c: c.fp2)
@@ -362,6 +387,29 @@ CASES = [
     Case("byo-shards-other-length", "brought shards (tfrecord_shards) of another length than max_length",
          r"hold 32-token records but shards\.max_length is 64: set shards\.max_length=32",
          [("validate", validate(byo_shards(32)))], needs="data"),
+    Case("byo-shards-data-crc", "a brought shard with a byte of a record's data changed",
+         r"dataset-0-4\.tfrecord: the TFRecord at byte \d+ has a wrong data checksum \(data CRC\)\. The file was cut "
+         r"short or altered after it was written: copy it again from its source, or remove it from the shard set",
+         [("validate", validate(byo_damaged("data")))], needs="data"),
+    Case("byo-shards-length-crc", "a brought shard with a byte of a record's length changed",
+         r"dataset-0-4\.tfrecord: the TFRecord at byte \d+ has a wrong length checksum \(length CRC\)\. .*copy it "
+         r"again from its source",
+         [("validate", validate(byo_damaged("length")))], needs="data"),
+    Case("byo-shards-truncated", "a brought shard cut short inside its last record",
+         r"dataset-0-4\.tfrecord: the TFRecord at byte \d+ is truncated: it needs \d+ more bytes, the file ends "
+         r"after \d+\. .*copy it again from its source",
+         [("validate", validate(byo_damaged("truncated")))], needs="data"),
+    Case("byo-shards-huge-length", "a brought shard whose record claims 2^60 bytes (valid length checksum)",
+         r"dataset-0-4\.tfrecord: the TFRecord at byte \d+ claims 1152921504606846976 bytes of data, more than the "
+         r"whole file \(\d+ bytes\) holds \(length beyond the file\)",
+         [("validate", validate(byo_damaged("huge")))], needs="data"),
+    Case("byo-shards-damaged-after-adoption", "a brought shard damaged after it was adopted",
+         r"dataset-0-4\.tfrecord: the TFRecord at byte \d+ has a wrong data checksum \(data CRC\)",
+         [("plan_shards", prepare(byo_adopted_then_damaged, "plan_shards")),
+          ("train", train_step(byo_adopted_then_damaged, "byo-damaged", lambda c: c.byo_fp),
+           r"Training read a damaged train shard \(TensorFlow: corrupted record at \d+\)\. .*dataset-0-4\.tfrecord: "
+           r"the TFRecord at byte \d+ has a wrong data checksum \(data CRC\)\..*Retrying cannot fix it")],
+         needs="data"),
     Case("shards-other-max-length", "shards built with another max_length than the run asks for",
          r"were built with max_length 64 but this run asks for 32: prepare data with the run's max_length",
          [("check_run_inputs", run_check(_with(shards={"max_length": 32}), "short-run", FP1)),

@@ -141,7 +141,7 @@ def train(cfg: PipelineConfig, ctx: RunContext, *, on_checkpoint: Callable[[int,
     import tf_keras
     from transformers import create_optimizer
 
-    from mlm_tasks.data import mlm_dataset
+    from mlm_tasks.data import damaged_shard_error, mlm_dataset
     from mlm_tasks.model import build_model, masked_lm_loss, roberta_config
     from mlm_tasks.tokenizer import load_tokenizer
 
@@ -229,7 +229,13 @@ def train(cfg: PipelineConfig, ctx: RunContext, *, on_checkpoint: Callable[[int,
             hook(step, path)  # the Hub sync queues the upload and returns at once
 
     for step in range(start_step + 1, total_steps + 1):
-        progress.record(step, *distributed_step(iterator))
+        try:
+            progress.record(step, *distributed_step(iterator))
+        except tf.errors.DataLossError as err:  # a record failed its checksum: the same bytes fail every retry
+            bad = damaged_shard_error(shard_set, "train", err)
+            if bad is None:
+                raise
+            raise bad from None
         step_var.assign(step)
         if step != total_steps and any(step % every == 0 for every in save_every):
             save_checkpoint(step)

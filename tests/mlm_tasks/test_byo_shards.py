@@ -10,6 +10,7 @@ examples/tensorflow/language-modeling-tpu/prepare_tfrecord_shards.py: `datasets.
 """
 import json
 import os
+import re
 import shutil
 
 import numpy as np
@@ -18,7 +19,7 @@ import pytest
 from mlm_tasks.config import ConfigError
 from mlm_tasks.manifest import ShardSet
 from mlm_tasks.paths import DataPaths
-from peers.seed_shards import MAX_LENGTH, write_like_prepare_tfrecord_shards
+from peers.seed_shards import MAX_LENGTH, damage_second_record, write_like_prepare_tfrecord_shards
 from peers.tiny_data import TINY_YAML, tiny_config
 
 
@@ -97,7 +98,7 @@ def test_names_without_counts_are_counted_once(seed_shards, tmp_path, monkeypatc
             shutil.copy(f, renamed / split / f"part{i}.tfrecord")
     calls = []
     real = byo_shards.count_records
-    monkeypatch.setattr(byo_shards, "count_records", lambda f: calls.append(1) or real(f))
+    monkeypatch.setattr(byo_shards, "count_records", lambda f, name: calls.append(1) or real(f, name))
     cfg = byo_config(tmp_path / "out", renamed, tok)
     first = build_shard_set(cfg)
     assert first["records"]["train"] == records["train"] and len(calls) == first["shards"]["train"] + \
@@ -135,6 +136,70 @@ def test_bad_shards_are_refused_before_anything_runs(seed_shards, tmp_path, case
     _craft(tmp_path / "bad", block, features)
     with pytest.raises(ConfigError, match=expect):
         validate(byo_config(tmp_path / "out", tmp_path / "bad", tok))
+
+
+@pytest.mark.parametrize("how, what", [
+    ("data", r"has a wrong data checksum \(data CRC\)"),
+    ("length", r"has a wrong length checksum \(length CRC\)"),
+    ("truncated", r"is truncated: it needs \d+ more bytes, the file ends after 8"),
+    ("huge", rf"claims {2**60} bytes of data, more than the whole file \(\d+ bytes\) holds "
+             r"\(length beyond the file\)"),
+])
+def test_damaged_records_are_refused_by_validate_naming_file_and_offset(seed_shards, tmp_path, how, what):
+    from mlm_tasks.steps.validate import validate
+
+    _, tok, _ = seed_shards
+    _craft(tmp_path / "bad", np.full((4, MAX_LENGTH), 7))
+    shard = tmp_path / "bad" / "validation" / "dataset-0-4.tfrecord"
+    offset = damage_second_record(shard, how)
+    with pytest.raises(ConfigError, match=rf"{shard}: the TFRecord at byte {offset} {what}\. .*copy it again"):
+        validate(byo_config(tmp_path / "out", tmp_path / "bad", tok))
+
+
+def test_adoption_checks_every_record_and_the_count_in_the_name(seed_shards, tmp_path):
+    """validate reads the first records of a few shards; adoption reads all of them: a damaged record past
+    the sample, or a file cut at a record boundary (every checksum fine), is refused before training."""
+    from mlm_tasks import byo_shards
+    from mlm_tasks.steps import build_shard_set
+
+    _, tok, _ = seed_shards
+    _craft(tmp_path / "bad", np.full((4, MAX_LENGTH), 7))
+    shard = tmp_path / "bad" / "train" / "dataset-0-4.tfrecord"
+    whole = shard.read_bytes()
+    cfg = byo_config(tmp_path / "out", tmp_path / "bad", tok)
+    offset = damage_second_record(shard, "data")
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(byo_shards, "SAMPLE_RECORDS", 1)  # the damaged record is past validate's sample
+        with pytest.raises(ConfigError, match=rf"{shard}: the TFRecord at byte {offset} has a wrong data checksum"):
+            build_shard_set(cfg)
+    shard.write_bytes(whole[:offset])
+    with pytest.raises(ConfigError, match=rf"{shard} holds 1 whole records but its name says 4: the file was cut "
+                                          r"short \(at a record boundary\) or renamed"):
+        build_shard_set(cfg)
+
+
+def test_training_on_a_shard_damaged_after_adoption_exits_2(seed_shards, tmp_path, capsys):
+    """TensorFlow's reader checks the checksums itself; its DataLossError names no file. The train step
+    names it, as a ConfigError: the CLI exits 2 (the Airflow task fails without retries)."""
+    from mlm_tasks import cli
+
+    shards, tok, _ = seed_shards
+    copy = tmp_path / "shards"
+    shutil.copytree(shards, copy)
+    out = tmp_path / "out"
+    fp = _cli(capsys, "build_shard_set", *_set(out, copy, tok))["fingerprint"]
+    damaged = sorted((copy / "train").glob("*.tfrecord"))
+    for shard in damaged:  # the first record of each: read before the first batch, whatever the file order
+        data = bytearray(shard.read_bytes())
+        data[40] ^= 0x01
+        shard.write_bytes(bytes(data))
+    code = cli.main(["train", "--run-id", "damaged", "--data-fingerprint", fp,
+                     *_set(out, copy, tok, "train.steps=2")])
+    err = capsys.readouterr().err
+    assert code == 2, err[-3000:]
+    assert re.search(rf"error: Training read a damaged train shard \(TensorFlow: corrupted record at 12\)\. "
+                     rf"{damaged[0]}: the TFRecord at byte 0 has a wrong data checksum \(data CRC\)\..*Retrying "
+                     r"cannot fix it", err), err[-3000:]
 
 
 def test_a_tokenizer_that_is_nowhere_is_named(seed_shards, tmp_path):

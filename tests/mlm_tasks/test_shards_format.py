@@ -96,3 +96,77 @@ def test_written_blocks_read_back_with_tf_data(tf, tmp_path):
     got = list(ds)
     np.testing.assert_array_equal(np.concatenate([b["input_ids"].numpy() for b in got]), expected)
     assert all(b["attention_mask"].numpy().all() for b in got)
+
+
+# --- the reader (iter_records): shards brought from elsewhere are untrusted input ------------------------
+
+def _framed(tmp_path, damage=None):
+    """A file of three 8-id records, damaged by `damage(bytearray)`; returns (path, one record's size)."""
+    records = encode_examples(np.full((3, 8), 7))
+    data = bytearray(frame_records(records))
+    if damage:
+        damage(data)
+    path = tmp_path / "part.tfrecord"
+    path.write_bytes(bytes(data))
+    return path, 12 + len(records[0]) + 4
+
+
+def _read_all(path):
+    from mlm_tasks.tfrecord import iter_records
+
+    with open(path, "rb") as f:
+        return list(iter_records(f, str(path)))
+
+
+def test_the_reader_reads_what_the_writer_wrote(tmp_path):
+    path, size = _framed(tmp_path)
+    assert _read_all(path) == [(i * size, r) for i, r in enumerate(encode_examples(np.full((3, 8), 7)))]
+
+
+def _flip(at):
+    def damage(data):
+        data[at(len(data))] ^= 0x01
+    return damage
+
+
+@pytest.mark.parametrize("damage, record, what", [
+    (_flip(lambda n: n // 3 + 20), 1, r"has a wrong data checksum \(data CRC\)"),       # a byte of record 1's data
+    (_flip(lambda n: n // 3 + 2), 1, r"has a wrong length checksum \(length CRC\)"),    # a byte of its length
+    (lambda d: d.__delitem__(slice(-5, None)), 2, r"is truncated: it needs \d+ more bytes, the file ends after \d+"),
+    (lambda d: d.__delitem__(slice(-72, None)), 2, r"is truncated: the file ends 5 bytes into its 12-byte header"),
+])
+def test_a_damaged_record_names_the_file_the_offset_and_what(tmp_path, damage, record, what):
+    from mlm_tasks.config import ConfigError
+
+    path, size = _framed(tmp_path, damage)
+    with pytest.raises(ConfigError, match=rf"part\.tfrecord: the TFRecord at byte {record * size} {what}\. .*copy "
+                                          r"it again from its source"):
+        _read_all(path)
+
+
+def test_a_length_of_2_to_the_60_is_refused_without_allocating(tmp_path):
+    """A length field with a valid checksum claiming 2**60 bytes (TensorFlow's own reader crashes on it)."""
+    import struct
+    import tracemalloc
+
+    from mlm_tasks.config import ConfigError
+    from mlm_tasks.tfrecord import masked_crc32c
+
+    length = struct.pack("<Q", 2**60)
+    path, size = _framed(tmp_path, lambda d: d.extend(length + struct.pack("<I", masked_crc32c(length)) + b"x" * 64))
+    tracemalloc.start()
+    try:
+        with pytest.raises(ConfigError, match=rf"at byte {3 * size} claims {2**60} bytes of data, more than the whole "
+                                              r"file \(\d+ bytes\) holds \(length beyond the file\)"):
+            _read_all(path)
+        assert tracemalloc.get_traced_memory()[1] < 1 << 20
+    finally:
+        tracemalloc.stop()
+
+
+def test_protobuf_fields_that_run_past_their_message_are_refused():
+    from mlm_tasks.tfrecord import parse_example
+
+    record = encode_examples(np.full((1, 8), 7))[0]
+    with pytest.raises(ValueError, match="runs past the end"):
+        parse_example(record[:-3])

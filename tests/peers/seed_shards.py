@@ -1,6 +1,7 @@
 """The reference shard writer: Hugging Face's language-modeling-tpu `prepare_tfrecord_shards.py`, as a function.
 
     total = write_like_prepare_tfrecord_shards(rows, tokenizer_dir, "out/train")
+    offset = damage_second_record(path, "data")    # what a bad copy does to such a file
 
 It follows huggingface/transformers examples/tensorflow/language-modeling-tpu/prepare_tfrecord_shards.py:
 `datasets.map(tokenize)` + `map(group_texts)` + a `tf.train.Example` of input_ids and attention_mask per
@@ -56,3 +57,32 @@ def write_like_prepare_tfrecord_shards(rows, tokenizer_dir, split_dir, shard_siz
         shard_count += 1
         total += records_containing
     return total
+
+
+def damage_second_record(path, how: str) -> int:
+    """Damage the second record of a TFRecord file of equal-sized records, as a bad copy or disk does:
+    "data" flips a byte of its data, "length" one of its length field, "truncated" cuts the file inside
+    it, "huge" gives it a length of 2**60 with a valid checksum. Returns the record's byte offset."""
+    import struct
+    from pathlib import Path
+
+    from mlm_tasks.tfrecord import masked_crc32c
+
+    path = Path(path)
+    data = bytearray(path.read_bytes())
+    with open(path, "rb") as f:
+        (length,) = struct.unpack("<Q", f.read(8))
+    offset = 12 + length + 4
+    if how == "data":
+        data[offset + 12 + length // 2] ^= 0x01
+    elif how == "length":
+        data[offset + 1] ^= 0x01
+    elif how == "truncated":
+        del data[offset + 20:]
+    elif how == "huge":
+        field = struct.pack("<Q", 2**60)
+        data[offset:offset + 12] = field + struct.pack("<I", masked_crc32c(field))
+    else:
+        raise ValueError(f"unknown damage {how!r}")
+    path.write_bytes(bytes(data))
+    return offset
