@@ -48,6 +48,11 @@ Leniencies left, and why:
 - operations finish on reads, not on a clock (`ready_after_s` adds a clock where a test needs one).
 Tests steer it with `preempt`, `set_state`, `fail_next_create`, `add_node` (a node made elsewhere)
 and `workers` (endpoints per node, overriding the type's host count, for tests that add nodes).
+`stall()` makes it a hung API: every request (or those of the HTTP methods named, `stall("POST")`) is
+read and then left unanswered, the connection open as behind a dead proxy, until `unstall()` or stop,
+so a caller without a timeout hangs.
+`refuse_deletes(code, status, message)` answers every delete with that error (e.g. 403
+PERMISSION_DENIED), as the API does for a caller without tpu.nodes.delete.
 """
 from __future__ import annotations
 
@@ -116,6 +121,10 @@ class FakeTpuApi(LoopbackServer):
         self.answers: list[tuple[str, str, int]] = []  # (method, path, status) of every request
         self.principals: set[str] = set()     # service accounts whose requests got through auth
         self._fail_next: tuple[str, str] | None = None
+        self._answering = threading.Event()   # cleared by stall(): requests wait, unanswered
+        self._answering.set()
+        self._stalled_methods: tuple[str, ...] = ()  # empty: all of them
+        self._refuse_delete: tuple[int, str, str] | None = None
         self._transient: dict[tuple[str, str], int] = {}  # (verb, node) -> attempts seen
         self._lock = threading.RLock()
         self._ops = 0
@@ -158,6 +167,23 @@ class FakeTpuApi(LoopbackServer):
                                    "networkConfig": {"enableExternalIps": True}})
             node.update(state=state, _pinned=True)
             return node
+
+    def stall(self, *methods: str) -> None:
+        """From now on, leave every request (of these HTTP methods) unanswered until unstall() or stop()."""
+        self._stalled_methods = methods
+        self._answering.clear()
+
+    def unstall(self) -> None:
+        self._answering.set()
+
+    def stop(self) -> None:
+        self._answering.set()  # never leave a handler thread parked on a stalled request
+        super().stop()
+
+    def refuse_deletes(self, code: int = 403, status: str = "PERMISSION_DENIED",
+                       message: str = "Permission 'tpu.nodes.delete' denied on resource.") -> None:
+        """Answer every delete from now on with this error (None for code: accept them again)."""
+        self._refuse_delete = (code, status, message) if code else None
 
     def writes(self) -> list[str]:
         """Methods of the create/patch/delete requests that went through, in order."""
@@ -361,6 +387,8 @@ def _handler(api: FakeTpuApi):
             query = parse_qs(url.query)
             length = int(self.headers.get("Content-Length") or 0)
             body = json.loads(self.rfile.read(length) or b"{}") if length else {}
+            if not api._answering.is_set() and method in (api._stalled_methods or (method,)):
+                api._answering.wait(timeout=120)  # stalled: the caller sees no answer at all
             code, payload = self._route(method, url, query, body)
             api.answers.append((method, url.path, code))
             if code not in (401, 403, 429, 503):  # refused before the API looked at it
@@ -430,6 +458,8 @@ def _handler(api: FakeTpuApi):
             name = f"{self._parent(g)}/nodes/{g['node']}"
             if name not in api.nodes:
                 return _error(404, "NOT_FOUND", f"Node {g['node']} not found.")
+            if api._refuse_delete:
+                return _error(*api._refuse_delete)
             busy = api._busy("delete", name)
             if busy:
                 return busy
