@@ -388,7 +388,9 @@ def _handler(api: FakeTpuApi):
             length = int(self.headers.get("Content-Length") or 0)
             body = json.loads(self.rfile.read(length) or b"{}") if length else {}
             if not api._answering.is_set() and method in (api._stalled_methods or (method,)):
-                api._answering.wait(timeout=120)  # stalled: the caller sees no answer at all
+                api._answering.wait(timeout=120)  # stalled: this request never gets an answer
+                self.close_connection = True
+                return
             code, payload = self._route(method, url, query, body)
             api.answers.append((method, url.path, code))
             if code not in (401, 403, 429, 503):  # refused before the API looked at it
