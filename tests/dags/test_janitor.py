@@ -3,6 +3,7 @@ import subprocess
 import sys
 import time
 
+from mlm_tasks import tpu_registry
 from peers.airflow_home import ROOT, dags_test
 
 ZONE, OTHER_ZONE = "us-central2-b", "europe-west4-a"
@@ -29,6 +30,47 @@ def test_janitor_deletes_expired_nodes_only_in_every_zone(airflow_env, fake_tpu)
     assert fake_tpu.node("proj", "us-east5-a", "mlm-pretrain-not-listed") is not None  # zone not in the list
     assert f"Deleting TPU VM mlm-pretrain-expired in {ZONE} (READY, run old" in log
     assert "Google clients use the credentials of Airflow connection 'google_cloud_default'" in log
+
+
+def test_janitor_checks_every_node_the_registry_knows_and_forgets_the_gone(airflow_env, fake_tpu):
+    now = int(time.time())
+    # Made by runs in a project and zone the janitor's params do not name.
+    fake_tpu.add_node("other-proj", "asia-east1-c", "mlm-pretrain-far", labels={"expires": str(now - 60)})
+    fake_tpu.add_node("other-proj", "asia-east1-c", "mlm-pretrain-far-fresh", labels={"expires": str(now + 3600)})
+    tpu_registry.record(fake_tpu.registry, "other-proj", "asia-east1-c", "mlm-pretrain-far", now - 60)
+    tpu_registry.record(fake_tpu.registry, "other-proj", "asia-east1-c", "mlm-pretrain-far-fresh", now + 3600)
+    tpu_registry.record(fake_tpu.registry, "proj", "us-east5-a", "mlm-pretrain-long-gone", now - 60)
+    conf = {"project": "proj", "zones": [ZONE], "api_endpoint": fake_tpu.url, "transport": "rest"}
+
+    result = dags_test(airflow_env, "mlm_tpu_janitor", conf=conf, dagfile=ROOT / "dags" / "mlm_tpu_janitor.py")
+
+    log = result.stdout + result.stderr
+    assert result.returncode == 0, log[-6000:]
+    assert fake_tpu.node("other-proj", "asia-east1-c", "mlm-pretrain-far") is None
+    assert fake_tpu.node("other-proj", "asia-east1-c", "mlm-pretrain-far-fresh") is not None
+    # The deleted node and the long-gone one leave the registry; the live one stays in it.
+    assert [e.name for e in tpu_registry.entries(fake_tpu.registry)] == ["mlm-pretrain-far-fresh"]
+
+
+def test_janitor_fails_loudly_when_not_configured(airflow_env, fake_tpu):
+    conf = {"project": "", "zones": [ZONE], "api_endpoint": fake_tpu.url, "transport": "rest"}
+    result = dags_test(airflow_env, "mlm_tpu_janitor", conf=conf, dagfile=ROOT / "dags" / "mlm_tpu_janitor.py")
+    log = result.stdout + result.stderr
+    assert result.returncode != 0, "an unconfigured janitor must not pass (or skip) in green"
+    assert "The janitor has no project to check: set MLM_TPU_PROJECT" in log, log[-6000:]
+    assert fake_tpu.requests == []
+
+    conf["project"] = "proj"
+    result = dags_test(airflow_env, "mlm_tpu_janitor", conf=conf, dagfile=ROOT / "dags" / "mlm_tpu_janitor.py",
+                       extra_env={"MLM_TPU_REGISTRY": ""})
+    assert result.returncode != 0
+    assert "MLM_TPU_REGISTRY is not set: set it" in result.stdout + result.stderr
+
+
+def test_the_janitor_looks_in_its_zones_then_in_every_recorded_place():
+    entries = [tpu_registry.Entry("p2", "z9", "mlm-a", 1, "u"), tpu_registry.Entry("p1", "z1", "mlm-b", 1, "u"),
+               tpu_registry.Entry("p2", "z9", "mlm-c", 1, "u")]
+    assert tpu_registry.places_to_check("p1", ["z1", "z2"], entries) == [("p1", "z1"), ("p1", "z2"), ("p2", "z9")]
 
 
 def test_janitor_dag_is_thin():

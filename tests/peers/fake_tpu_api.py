@@ -524,9 +524,10 @@ if pytest is not None:
         return oauth_server.new_service_account("mlm-airflow@mlm-test-project.iam.gserviceaccount.com")
 
     @pytest.fixture
-    def fake_tpu(oauth_server, sa_key, monkeypatch, request):
+    def fake_tpu(oauth_server, sa_key, monkeypatch, request, tmp_path_factory):
         """A fresh FakeTpuApi (nodes READY on the 3rd read) that takes only the OAuth peer's tokens; with
         the `sshd` fixture in the test, its nodes publish that sshd's host key (the login pins it).
+        MLM_TPU_REGISTRY (the deployment's record of its nodes) is a fresh folder, `.registry`.
 
         The Airflow GCP connection google_cloud_default holds `sa_key` (env, so `dags test`
         subprocesses see it too); in-process code gets the same credentials via mlm_tasks.credentials."""
@@ -534,12 +535,15 @@ if pytest is not None:
 
         from mlm_tasks import credentials
 
+        registry = str(tmp_path_factory.mktemp("tpu-registry"))
+        monkeypatch.setenv("MLM_TPU_REGISTRY", registry)
         monkeypatch.setenv(GCP_CONN_ENV, json.dumps({"conn_type": "google_cloud_platform",
                                                      "extra": {"keyfile_dict": json.dumps(sa_key)}}))
         creds = service_account.Credentials.from_service_account_info(
             sa_key, scopes=["https://www.googleapis.com/auth/cloud-platform"])
         with FakeTpuApi(oauth=oauth_server) as api, credentials.use(creds, sa_key["project_id"], "test key"):
             api.credentials = creds
+            api.registry = registry
             if "sshd" in request.fixturenames:
                 from peers.sshd import host_public_key
 
