@@ -4,15 +4,21 @@
 Every TPU VM the pipeline makes is named `mlm-...` and labelled `expires=<epoch seconds>`
 (`tpu.ttl_hours` after creation). Teardown tasks delete the VM when a run ends, but a killed
 scheduler, a cleared run or a crash can skip them; this DAG is the safety net. Hourly, it lists the
-nodes in every zone of `zones` of one project, deletes those named `mlm-*` whose `expires` label is
-in the past, and logs each one. Nodes without the label, or not named `mlm-*`, are never touched. A
-zone whose listing fails, or a node whose delete the API refuses (403, 500), does not stop the others;
-the task fails at the end, naming every such zone and node.
+nodes in every zone of `zones` of one project, and in every (project, zone) where the deployment's
+TPU registry (`MLM_TPU_REGISTRY`, written by the create task) says it made a node; it deletes those
+named `mlm-*` whose `expires` label is in the past, and logs each one. Nodes without the label, or
+not named `mlm-*`, are never touched. A zone whose listing fails, or a node whose delete the API
+refuses (403, 500), does not stop the others; the task fails at the end, naming every such zone and node.
+`forget_gone_nodes` then drops the registry entries of nodes that are gone.
+Unconfigured (no project, or no `MLM_TPU_REGISTRY`) it fails, saying what to set: a janitor that
+skips in green would leave VMs billing unseen.
 
-Params default to the environment (`MLM_TPU_PROJECT`, `MLM_TPU_ZONES` comma-separated, else
-`MLM_TPU_ZONE`, `MLM_TPU_API_ENDPOINT`, `MLM_TPU_TRANSPORT`, `MLM_GCP_CONN_ID`) so scheduled runs need
-no trigger form. The TPU API is called with the credentials of the Airflow GCP connection. By hand:
-`airflow dags test mlm_tpu_janitor -c '{"project": "my-project", "zones": ["us-central2-b", "europe-west4-a"]}'`.
+The project, the GCP connection and the TPU API endpoint are deployment settings: the deployment
+file's (`MLM_DEPLOYMENT`), else the environment's (`MLM_TPU_PROJECT`, `MLM_GCP_CONN_ID`,
+`MLM_TPU_API_ENDPOINT`, `MLM_TPU_TRANSPORT`); a trigger can only add `zones` to look in (default
+`MLM_TPU_ZONES` comma-separated, else `MLM_TPU_ZONE`). The TPU API is called with the credentials
+of the Airflow GCP connection. By hand:
+`airflow dags test mlm_tpu_janitor -c '{"zones": ["us-central2-b", "europe-west4-a"]}'`.
 """
 from __future__ import annotations
 
@@ -41,36 +47,28 @@ DEFAULT_ZONES = [z.strip() for z in (os.environ.get("MLM_TPU_ZONES") or os.envir
     default_args={**default_args(), "retry_exponential_backoff": False,
                   "retry_delay": timedelta(seconds=float(os.environ.get("MLM_RETRY_DELAY_S", 300)))},
     params={
-        "project": Param(os.environ.get("MLM_TPU_PROJECT", ""), type="string",
-                         description="Google Cloud project whose TPU VMs are checked."),
         "zones": Param(DEFAULT_ZONES, type="array", items={"type": "string"}, minItems=1,
                        description="Zones whose TPU VMs are checked (every zone runs may use)."),
-        "gcp_conn_id": Param(os.environ.get("MLM_GCP_CONN_ID", "google_cloud_default"), type="string",
-                             description="Airflow GCP connection whose credentials call the TPU API."),
-        "api_endpoint": Param(os.environ.get("MLM_TPU_API_ENDPOINT", ""), type="string",
-                              description="TPU API endpoint override (empty: the real API)."),
-        "transport": Param(os.environ.get("MLM_TPU_TRANSPORT", "grpc"), enum=["grpc", "rest"],
-                           description="TPU API client transport."),
     },
 )
 def mlm_tpu_janitor():
     @task
     def delete_expired(**context) -> list[str]:
-        from airflow.sdk.exceptions import AirflowException, AirflowSkipException
+        from airflow.sdk.exceptions import AirflowException
         from google.api_core.exceptions import GoogleAPICallError
 
         from gcp_credentials import use_connection
-        from mlm_tasks import tpu
+        from mlm_tasks import tpu, tpu_registry
         from mlm_tasks.config import TpuConfig
 
         log = logging.getLogger("airflow.task")
-        params = context["params"]
-        if not params["project"]:
-            raise AirflowSkipException("No project: set the `project` param or MLM_TPU_PROJECT.")
+        params = {**context["params"], **_deployment()}  # the deployment wins over a conf
+        registry = _configured_registry(params)
         deleted, failed, undeleted = [], [], []
         with use_connection(params["gcp_conn_id"]):
-            for zone in params["zones"]:
-                cfg = TpuConfig(project=params["project"], zone=zone, transport=params["transport"],
+            places = tpu_registry.places_to_check(params["project"], params["zones"], tpu_registry.entries(registry))
+            for project, zone in places:
+                cfg = TpuConfig(project=project, zone=zone, transport=params["transport"],
                                 api_endpoint=params["api_endpoint"] or None)
                 try:
                     expired_nodes = tpu.list_expired(cfg)
@@ -103,7 +101,63 @@ def mlm_tpu_janitor():
             raise AirflowException(" ".join(problems))
         return deleted
 
-    delete_expired()
+    @task(trigger_rule="all_done")  # also after a failed delete_expired: the gone nodes are still gone
+    def forget_gone_nodes(**context) -> list[str]:
+        from google.api_core.exceptions import GoogleAPICallError
+
+        from gcp_credentials import use_connection
+        from mlm_tasks import tpu, tpu_registry
+        from mlm_tasks.config import TpuConfig
+
+        log, params = logging.getLogger("airflow.task"), {**context["params"], **_deployment()}
+        registry = _configured_registry(params)
+        forgotten = []
+        with use_connection(params["gcp_conn_id"]):
+            for entry in tpu_registry.entries(registry):
+                cfg = TpuConfig(project=entry.project, zone=entry.zone, transport=params["transport"],
+                                api_endpoint=params["api_endpoint"] or None)
+                try:
+                    state = tpu.get_state(cfg, entry.name).state
+                except GoogleAPICallError as err:  # kept, and looked at again next hour
+                    log.warning("Cannot check TPU VM %s in %s/%s: %s", entry.name, entry.project, entry.zone, err)
+                    continue
+                if state == tpu.NOT_FOUND:
+                    tpu_registry.forget(registry, entry.project, entry.zone, entry.name)
+                    forgotten.append(f"{entry.project}/{entry.zone}/{entry.name}")
+        log.info("Forgot %d gone TPU VM(s) of the registry: %s", len(forgotten), forgotten)
+        return forgotten
+
+    delete_expired() >> forget_gone_nodes()
+
+
+def _deployment() -> dict:
+    """The project, GCP connection and TPU API endpoint: deployment settings (the deployment file's
+    `settings`, else the environment), never a trigger's (mlm_tasks/deployment.py)."""
+    from mlm_tasks.deployment import Deployment
+
+    dep = Deployment.load()
+    settings = dep.settings if dep else {}
+    tpu = settings.get("tpu", {})
+    return {"project": tpu.get("project") or os.environ.get("MLM_TPU_PROJECT", ""),
+            "gcp_conn_id": settings.get("gcp_conn_id") or os.environ.get("MLM_GCP_CONN_ID", "google_cloud_default"),
+            "api_endpoint": tpu.get("api_endpoint") or os.environ.get("MLM_TPU_API_ENDPOINT", ""),
+            "transport": tpu.get("transport") or os.environ.get("MLM_TPU_TRANSPORT", "grpc")}
+
+
+def _configured_registry(params) -> str:
+    """The registry's location; fails (no retry: only a person can fix it) when the janitor is not set up."""
+    from airflow.sdk.exceptions import AirflowFailException
+
+    from mlm_tasks import tpu_registry
+    from mlm_tasks.config import ConfigError
+
+    if not params["project"]:
+        raise AirflowFailException("The janitor has no project to check: set MLM_TPU_PROJECT (and MLM_TPU_ZONES) in "
+                                   "the environment of the Airflow services, or tpu.project in the deployment file.")
+    try:
+        return tpu_registry.location()
+    except ConfigError as err:
+        raise AirflowFailException(str(err)) from None
 
 
 mlm_tpu_janitor()

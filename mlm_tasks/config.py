@@ -176,6 +176,10 @@ class TpuConfig(_Section):
     python: str = Field("python3", description="Python interpreter on the VM.")
     create_timeout_s: int = Field(1800, ge=60, description="Give up waiting for a READY node after this long.")
     poll_interval_s: float = Field(15, gt=0, description="Seconds between TPU API checks while waiting for the node.")
+    api_timeout_s: float = Field(60, gt=0, description="Seconds one TPU API request may go unanswered before it "
+                                 "fails (a hung API or network); busy answers (429, 503) are retried for 5 minutes.")
+    delete_timeout_s: int = Field(900, ge=1, description="Seconds the teardown waits for the deleted node to be gone; "
+                                  "then it leaves the node to mlm_tpu_janitor and says so in its log.")
     bootstrap: bool = Field(True, description="Install the staged project code on the VM before a step "
                             "(off: the VM already has it in workdir, e.g. tests or a custom image).")
     external_ips: bool = Field(True, description="Give the workers external IPs (as gcloud does; pip on the "
@@ -212,6 +216,8 @@ class PublishConfig(_Section):
     private: bool = Field(True, description="Create the Hub repo as private.")
     hf_conn_id: str = Field("huggingface_default", description="Airflow connection whose password is the Hub token.")
     sync_checkpoints: bool = Field(False, description="Upload checkpoints to the Hub during training (non-blocking).")
+    request_timeout_s: float = Field(120, gt=0, description="Seconds one Hub request may go without an answer "
+                                     "(connect, or between bytes) before it fails; a hung Hub fails the step.")
     license: str = Field("cc-by-sa-4.0", description="License in the model card (Wikipedia text is CC BY-SA 4.0).")
 
 

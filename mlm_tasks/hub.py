@@ -6,6 +6,16 @@ client, resolves the endpoint, and turns HTTP failures into errors that say what
         api.upload_folder(...)
 
 The token is only ever passed to HfApi; every message built here is scrubbed of it.
+
+Every Hub request is bounded. huggingface_hub 0.36 sends most HfApi calls (whoami, create_repo, the
+commit, ...) with no timeout, so a hung Hub would hold the task for ever, and its env settings
+(HF_HUB_ETAG_TIMEOUT, HF_HUB_DOWNLOAD_TIMEOUT) only cover downloads. `hub_api(..., timeout_s=)`
+therefore installs, through huggingface_hub's `configure_http_backend`, sessions whose adapters give
+every request without one a (connect, read) timeout of `publish.request_timeout_s`: no request waits
+longer than that for a connection or for the next bytes of an answer. The bound is process-wide (the
+client's sessions are), and the last `hub_api` call sets it: in this project a process serves one
+run's config. Uploads that huggingface_hub retries itself (LFS parts) are retried on a timeout at most
+5 times, so they are bounded too.
 """
 from __future__ import annotations
 
@@ -15,8 +25,12 @@ import os
 import sys
 
 import requests
+from requests.adapters import BaseAdapter
 
 log = logging.getLogger(__name__)
+DEFAULT_TIMEOUT_S = 120.0    # publish.request_timeout_s's default, for callers without a config
+_timeout_s = DEFAULT_TIMEOUT_S
+_installed = False
 
 
 class PublishError(RuntimeError):
@@ -42,13 +56,51 @@ def resolve_endpoint(endpoint: str | None) -> str:
     return constants.ENDPOINT
 
 
-def hub_api(token: str | None, endpoint: str | None, conn_id: str):
+class _BoundedAdapter(BaseAdapter):
+    """Wraps the adapter huggingface_hub mounted (request ids, offline mode) and gives each request that
+    has no timeout of its own the process's bound."""
+
+    def __init__(self, inner: BaseAdapter):
+        super().__init__()
+        self.inner = inner
+
+    def send(self, request, stream=False, timeout=None, **kwargs):
+        return self.inner.send(request, stream=stream, timeout=_timeout_s if timeout is None else timeout, **kwargs)
+
+    def close(self) -> None:
+        self.inner.close()
+
+
+def bound_requests(timeout_s: float) -> None:
+    """Make every huggingface_hub request in this process time out after `timeout_s` (see above)."""
+    global _timeout_s, _installed
+    _timeout_s = float(timeout_s)
+    if _installed:
+        return
+    from huggingface_hub import configure_http_backend
+    from huggingface_hub.utils import _http
+
+    # The factory configured so far (huggingface_hub's own, or a user's): its sessions, bounded.
+    previous = getattr(_http, "_GLOBAL_BACKEND_FACTORY", requests.Session)
+
+    def bounded_session() -> requests.Session:
+        session = previous()
+        for prefix, adapter in list(session.adapters.items()):
+            session.mount(prefix, _BoundedAdapter(adapter))
+        return session
+
+    configure_http_backend(backend_factory=bounded_session)  # also drops sessions made before
+    _installed = True
+
+
+def hub_api(token: str | None, endpoint: str | None, conn_id: str, timeout_s: float = DEFAULT_TIMEOUT_S):
     if not token:
         raise PublishError(f"No Hugging Face token: set the password of Airflow connection {conn_id!r} (or "
                            "HF_TOKEN for the CLI) to a token with write access.")
     from huggingface_hub import HfApi
 
     url = resolve_endpoint(endpoint)
+    bound_requests(timeout_s)
     return HfApi(endpoint=url, token=token), url
 
 
@@ -57,6 +109,11 @@ def hub_errors(action: str, token: str, endpoint: str, conn_id: str):
     """Turn Hub HTTP failures into PublishErrors that say what to do (and hold no token)."""
     try:
         yield
+    except requests.Timeout as err:  # before ConnectionError: a ConnectTimeout is both
+        raise PublishError(scrub(f"The Hub at {endpoint} did not answer within publish.request_timeout_s="
+                                 f"{_timeout_s:g}s while {action} ({type(err).__name__}): retry the task; if it "
+                                 f"persists, check {endpoint} and the network, or raise publish.request_timeout_s "
+                                 "if the Hub is only slow.", token)) from None
     except requests.HTTPError as err:
         status = err.response.status_code if err.response is not None else None
         if status == 401:

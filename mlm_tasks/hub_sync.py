@@ -35,7 +35,7 @@ from dataclasses import dataclass
 
 from mlm_tasks import storage
 from mlm_tasks.config import ConfigError, PipelineConfig
-from mlm_tasks.hub import PublishError, hub_api, hub_errors, scrub
+from mlm_tasks.hub import DEFAULT_TIMEOUT_S, PublishError, hub_api, hub_errors, scrub
 from mlm_tasks.paths import join
 
 log = logging.getLogger(__name__)
@@ -66,7 +66,7 @@ def hub_checkpoint_sync(cfg: PipelineConfig, token: str | None, *, train_records
         return None
     steps_per_epoch = max(1, train_records // global_batch)
     syncer = CheckpointSyncer(cfg.publish.repo_id, token, endpoint, private=cfg.publish.private,
-                              conn_id=cfg.publish.hf_conn_id)
+                              conn_id=cfg.publish.hf_conn_id, timeout_s=cfg.publish.request_timeout_s)
     log.info("Syncing checkpoints to %s every %d steps (each epoch) and at the end of training",
              cfg.publish.repo_id, steps_per_epoch)
     return HubCheckpointSync(syncer, steps_per_epoch, total_steps)
@@ -145,9 +145,11 @@ class CheckpointSyncer:
     """
 
     def __init__(self, repo_id: str, token: str, endpoint: str | None = None, private: bool = True,
-                 path_in_repo: str = "checkpoints", conn_id: str = "huggingface_default"):
+                 path_in_repo: str = "checkpoints", conn_id: str = "huggingface_default",
+                 timeout_s: float = DEFAULT_TIMEOUT_S):
         # Resolve the client now so a missing token fails at the start of training, not at its end.
-        self._api, self._url = hub_api(token, endpoint, conn_id)
+        # timeout_s bounds each Hub request (publish.request_timeout_s), so a hung Hub fails the upload.
+        self._api, self._url = hub_api(token, endpoint, conn_id, timeout_s)
         self.repo_id, self.private, self.path_in_repo = repo_id, private, path_in_repo.strip("/")
         self._token, self._conn_id = token, conn_id
         self._cond = threading.Condition()

@@ -13,11 +13,15 @@ labels follow GCP rules (lowercase, [-a-z0-9], <= 63 chars). The remote side liv
 host keys a worker published, which the SSH login pins.
 
 The client authenticates with the credentials handed to `mlm_tasks.credentials` (on the Airflow
-side: the run's GCP connection), else Application Default Credentials. Creates, deletes and label
-updates are retried on 429 and 503, the answers Google gives for a busy API; nothing else is.
+side: the run's GCP connection), else Application Default Credentials. Every call is retried on 429
+and 503, the answers Google gives for a busy API (for at most RETRY_DEADLINE_S), and nothing else is.
+Every request is bounded by `tpu.api_timeout_s`: a hung API or network fails the call with a
+DeadlineExceeded that says so (a 504, so pollers treat it as transient), instead of blocking a worker
+or the triggerer for ever.
 """
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import logging
 import os
@@ -44,6 +48,7 @@ WAIT_STATES = frozenset({"CREATING", "STARTING", "RESTARTING", "REPAIRING", "REI
 SCOPE = "https://www.googleapis.com/auth/cloud-platform"   # what the VM's service account may call
 # First wait of the 429/503 retry (doubling up to 30 s, 5 min in all); tests shorten it.
 RETRY_INITIAL_S = float(os.environ.get("MLM_TPU_RETRY_INITIAL_S", "1.0"))
+RETRY_DEADLINE_S = 300.0  # how long busy answers are retried in all; each attempt is bounded by api_timeout_s
 HOST_KEYS = "hostkeys"  # guest-attribute namespace where a VM's guest agent publishes its SSH host keys
 
 
@@ -99,7 +104,32 @@ def retry():
     from google.api_core.retry import Retry, if_exception_type
 
     return Retry(predicate=if_exception_type(TooManyRequests, ServiceUnavailable), initial=RETRY_INITIAL_S,
-                 maximum=30.0, multiplier=2.0, timeout=300.0)
+                 maximum=30.0, multiplier=2.0, timeout=RETRY_DEADLINE_S)
+
+
+def limits(cfg: TpuConfig, timeout_s: float | None = None) -> dict[str, Any]:
+    """`retry=` and `timeout=` for one client call: each attempt waits at most api_timeout_s (a constant
+    per attempt; a plain number would be a deadline shared with the retries of busy answers)."""
+    from google.api_core.timeout import ConstantTimeout
+
+    return {"retry": retry(), "timeout": ConstantTimeout(min(timeout_s or cfg.api_timeout_s, cfg.api_timeout_s))}
+
+
+@contextlib.contextmanager
+def answered(cfg: TpuConfig, what: str):
+    """Turn a request that timed out (REST: requests' Timeout; gRPC: DeadlineExceeded) into one
+    DeadlineExceeded naming the call and the setting, so a hung API reads as such in the task log."""
+    import requests
+    from google.api_core.exceptions import DeadlineExceeded
+
+    try:
+        yield
+    except (requests.Timeout, DeadlineExceeded) as err:
+        endpoint = cfg.api_endpoint or "tpu.googleapis.com"
+        raise DeadlineExceeded(
+            f"The TPU API at {endpoint} did not answer {what} within tpu.api_timeout_s={cfg.api_timeout_s:g}s "
+            f"({type(err).__name__}): check the network and the endpoint, then retry the task; raise "
+            "tpu.api_timeout_s if the API is only slow.") from err
 
 
 def parent(cfg: TpuConfig) -> str:
@@ -121,7 +151,8 @@ def get_state(cfg: TpuConfig, name: str, api: "TpuClient | None" = None) -> Node
 
     api = api or client(cfg)
     try:
-        return _state_of(api.get_node(name=full_name(cfg, name), retry=retry()))
+        with answered(cfg, f"get_node {name}"):
+            return _state_of(api.get_node(name=full_name(cfg, name), **limits(cfg)))
     except NotFound:
         return NodeState(name=name, state=NOT_FOUND)
 
@@ -130,7 +161,8 @@ def operation_error(cfg: TpuConfig, operation: str, api: "TpuClient | None" = No
     """The error message of a finished long-running operation, or None (running or succeeded)."""
     from google.longrunning import operations_pb2
 
-    op = (api or client(cfg)).get_operation(operations_pb2.GetOperationRequest(name=operation))
+    with answered(cfg, f"get_operation {operation}"):
+        op = (api or client(cfg)).get_operation(operations_pb2.GetOperationRequest(name=operation), **limits(cfg))
     if not (op.done and op.error.code):
         return None
     return op.error.message or f"error code {op.error.code}"
@@ -175,8 +207,9 @@ def ensure_node(cfg: TpuConfig, name: str, node_labels: dict[str, str],
         return replace(current, state="DELETING", action="recreating",
                        operation=delete_node(cfg, name, api))
     try:
-        op = api.create_node(parent=parent(cfg), node_id=name, node=_new_node(cfg, node_labels, metadata),
-                             retry=retry())
+        with answered(cfg, f"create_node {name}"):
+            op = api.create_node(parent=parent(cfg), node_id=name, node=_new_node(cfg, node_labels, metadata),
+                                 **limits(cfg))
     except Conflict:  # another try created it between our get and create: wait for that one
         return NodeState(name=name, state="CREATING", action="wait")
     log.info("Creating TPU VM %s (%s, %s) in %s.", name, cfg.accelerator_type, cfg.runtime_version, cfg.zone)
@@ -190,7 +223,8 @@ def delete_node(cfg: TpuConfig, name: str, api: "TpuClient | None" = None) -> st
 
     api = api or client(cfg)
     try:
-        op = api.delete_node(name=full_name(cfg, name), retry=retry())
+        with answered(cfg, f"delete_node {name}"):
+            op = api.delete_node(name=full_name(cfg, name), **limits(cfg))
     except NotFound:
         return None
     log.info("Deleting TPU VM %s in %s.", name, cfg.zone)
@@ -208,15 +242,18 @@ def refresh_expiry(cfg: TpuConfig, node: NodeState, expires: str | None,
     if not expires or (old.isdigit() and int(old) >= int(expires)):
         return None
     node_labels = {**node.labels, "expires": expires}
-    op = (api or client(cfg)).update_node(
-        node=tpu_v2.Node(name=full_name(cfg, node.name), labels=node_labels),
-        update_mask=field_mask_pb2.FieldMask(paths=["labels"]), retry=retry())
+    with answered(cfg, f"update_node {node.name}"):
+        op = (api or client(cfg)).update_node(
+            node=tpu_v2.Node(name=full_name(cfg, node.name), labels=node_labels),
+            update_mask=field_mask_pb2.FieldMask(paths=["labels"]), **limits(cfg))
     log.info("TPU VM %s reused: its expires label moves from %s to %s.", node.name, old or "none", expires)
     return op.operation.name
 
 
 def list_nodes(cfg: TpuConfig, api: "TpuClient | None" = None) -> list[NodeState]:
-    return [_state_of(node) for node in (api or client(cfg)).list_nodes(parent=parent(cfg), retry=retry())]
+    # The pager fetches later pages while we iterate, with the same limits: iterate inside `answered`.
+    with answered(cfg, f"list_nodes {parent(cfg)}"):
+        return [_state_of(node) for node in (api or client(cfg)).list_nodes(parent=parent(cfg), **limits(cfg))]
 
 
 def list_expired(cfg: TpuConfig, now: float | None = None, prefix: str = NAME_PREFIX,
@@ -249,14 +286,16 @@ def host_keys(cfg: TpuConfig, name: str, worker: int = 0, timeout_s: float = 30.
 
     The VM's guest agent publishes them as guest attributes (namespace `hostkeys`); they are what
     `gcloud compute tpus tpu-vm ssh` pins. {} while the agent has not published them yet (it starts
-    with the VM). Busy answers (429, 503) are retried until timeout_s, which bounds the whole call.
+    with the VM). Busy answers (429, 503) are retried until timeout_s, which bounds the whole call
+    (each request also by tpu.api_timeout_s).
     """
     from google.cloud import tpu_v2
 
     request = tpu_v2.GetGuestAttributesRequest(name=full_name(cfg, name), query_path=f"{HOST_KEYS}/",
                                                worker_ids=[str(worker)])
-    answer = (api or client(cfg)).get_guest_attributes(
-        request=request, retry=retry().with_timeout(timeout_s), timeout=timeout_s)
+    bounds = {**limits(cfg, timeout_s), "retry": retry().with_timeout(timeout_s)}
+    with answered(cfg, f"get_guest_attributes {name}"):
+        answer = (api or client(cfg)).get_guest_attributes(request=request, **bounds)
     keys: dict[str, str] = {}
     for attributes in answer.guest_attributes:
         for item in attributes.query_value.items:

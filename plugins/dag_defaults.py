@@ -5,6 +5,9 @@ validator cannot disagree on types, bounds, choices or descriptions.
 MLM_CONFIG_DIR moves the configs folder (a deployment mounts it elsewhere); MLM_RETRY_DELAY_S lets
 tests and local runs retry at once, production keeps 30 s, doubling up to 10 minutes. Every task
 goes to the `control` queue unless its DAG puts it on `cpu` (see worker_queues.py).
+Every task has an execution_timeout, MLM_TASK_TIMEOUT_H hours (default 6): a task stuck on something
+that never answers fails and retries instead of holding its slot for ever. Tasks whose run decides
+how long they may take set their own (train: `train.timeout_hours`, see train_operator.py).
 """
 from __future__ import annotations
 
@@ -41,6 +44,8 @@ def default_args() -> dict:
         "retry_delay": timedelta(seconds=float(os.environ.get("MLM_RETRY_DELAY_S", 30))),
         "retry_exponential_backoff": True,
         "max_retry_delay": timedelta(minutes=10),
+        # Longer than any wait the default config asks for (create 30 min, shard gate 1 h, delete 15 min).
+        "execution_timeout": timedelta(hours=float(os.environ.get("MLM_TASK_TIMEOUT_H", 6))),
         "on_failure_callback": [FailureNotifier()],
         # Light by default; the DAGs send the CPU-heavy tasks to CPU_QUEUE (CeleryExecutor only).
         "queue": CONTROL_QUEUE,

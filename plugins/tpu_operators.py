@@ -12,6 +12,13 @@ triggerer (plugins/tpu_trigger.py), not in a worker slot. Every TPU API call use
 run's Airflow GCP connection (`gcp_conn_id`). If creation fails after the node appeared,
 the node is deleted before the task fails, so a stockout does not leave a half-made VM behind.
 `NodeEnsurer` is that logic as a mixin: the train step uses it to replace a node preempted mid-run.
+Before it creates (or reuses) a node it records it in the deployment's registry
+(`mlm_tasks.tpu_registry`, MLM_TPU_REGISTRY), where mlm_tpu_janitor finds it whatever its zone.
+
+Delete confirms: it sends the delete, then waits in the triggerer (the same TpuNodeTrigger) until
+the node is gone (NOT_FOUND), at most `tpu.delete_timeout_s`; at that bound it leaves the node to
+the janitor and says so. A delete the API refuses (403, 400, ...) or whose operation fails fails the
+task, naming the node and how to delete it by hand.
 """
 from __future__ import annotations
 
@@ -21,11 +28,11 @@ import time
 from datetime import timedelta
 from typing import Any
 
-from airflow.sdk.exceptions import AirflowException
+from airflow.sdk.exceptions import AirflowException, AirflowFailException
 from airflow.sdk import BaseOperator
 
 from gcp_credentials import use_connection
-from mlm_tasks import tpu
+from mlm_tasks import tpu, tpu_registry
 from mlm_tasks.config import PipelineConfig
 from tpu_trigger import TpuNodeTrigger
 
@@ -73,8 +80,12 @@ class NodeEnsurer:
 
     def ensure_then(self, context: Any, cfg: PipelineConfig, name: str, deadline: float) -> Any:
         metadata = ssh_key_metadata(cfg.tpu.ssh_conn_id, self.log)
+        node_labels = tpu.labels(context["run_id"], cfg.tpu.ttl_hours)
+        registry = tpu_registry.location()  # unset: fail before anything is made that nobody would find
         with use_connection(cfg.gcp_conn_id):
-            state = tpu.ensure_node(cfg.tpu, name, tpu.labels(context["run_id"], cfg.tpu.ttl_hours), metadata)
+            # First: a node that exists is always one the janitor knows about.
+            tpu_registry.record(registry, cfg.tpu.project, cfg.tpu.zone, name, node_labels["expires"])
+            state = tpu.ensure_node(cfg.tpu, name, node_labels, metadata)
         self.log.info("TPU VM %s: %s (%s).", name, state.state, state.action)
         if state.ready:
             return self.node_ready(context, cfg, tpu.describe(state))
@@ -138,17 +149,61 @@ class TpuVmCreateOperator(NodeEnsurer, _RunNodeOperator):
 
 
 class TpuVmDeleteOperator(_RunNodeOperator):
-    """Delete the run's TPU VM; already gone counts as done. Use it as a teardown task."""
+    """Delete the run's TPU VM and wait until it is gone; already gone counts as done. A teardown task."""
 
     ui_color = "#fcd7d7"
 
     def execute(self, context: Any) -> str | None:
+        from google.api_core.exceptions import ClientError
+
         cfg = resolve_config(self.config)
         if cfg.compute != "tpu_vm":
             self.log.info("compute is %r: no TPU VM to delete.", cfg.compute)
             return None
         name = run_node_name(context, self.node_name)
         with use_connection(cfg.gcp_conn_id):
-            operation = tpu.delete_node(cfg.tpu, name)
-        self.log.info("TPU VM %s: %s", name, f"deleting ({operation})" if operation else "already gone")
-        return operation
+            try:
+                operation = tpu.delete_node(cfg.tpu, name)
+            except ClientError as err:  # 4xx: a retry gets the same answer, and the VM keeps billing
+                raise AirflowFailException(
+                    f"The TPU API refused to delete TPU VM {name} ({err}); it keeps running, and billing. Fix "
+                    f"the cause (connection {cfg.gcp_conn_id!r} needs roles/tpu.admin in {cfg.tpu.project}) and "
+                    f"clear this task, or delete it by hand: {_delete_command(cfg, name)}") from err
+        if operation is None:
+            return self._gone(cfg, name, "already gone")
+        self.log.info("TPU VM %s: deleting (%s); waiting until it is gone (at most tpu.delete_timeout_s=%ss).",
+                      name, operation, cfg.tpu.delete_timeout_s)
+        deadline = time.time() + cfg.tpu.delete_timeout_s
+        trigger = TpuNodeTrigger(cfg.tpu.model_dump(mode="json"), name, deadline, operation,
+                                 cfg.tpu.poll_interval_s, gcp_conn_id=cfg.gcp_conn_id, until_gone=True)
+        self.defer(trigger=trigger, method_name="deleted",
+                   timeout=timedelta(seconds=cfg.tpu.delete_timeout_s + 600))  # backstop: the trigger has the bound
+
+    def deleted(self, context: Any, event: dict[str, Any] | None = None, **_: Any) -> str | None:
+        cfg = resolve_config(self.config)
+        event = event or {}
+        name, state, error = event.get("name"), event.get("state"), event.get("error")
+        if state == tpu.NOT_FOUND and not error:
+            self._gone(cfg, name, "deleted")
+            return name
+        if state == "TIMEOUT":
+            self.log.warning(
+                "TPU VM %s is %s after tpu.delete_timeout_s=%ss: left to mlm_tpu_janitor, which checks it hourly "
+                "(it stays in the TPU registry, %s) and deletes it if it is still there once its expires label "
+                "is past. To be sure now: %s", name, error, cfg.tpu.delete_timeout_s, tpu_registry.ENV,
+                _delete_command(cfg, name))
+            return name
+        raise AirflowException(
+            f"Deleting TPU VM {name} did not take: {error or 'the node is ' + str(state)}. It keeps running, and "
+            f"billing: retry this task, or delete it by hand: {_delete_command(cfg, name)}")
+
+    def _gone(self, cfg: PipelineConfig, name: str, how: str) -> None:
+        registry = tpu_registry.location(required=False)
+        if registry:
+            with use_connection(cfg.gcp_conn_id):
+                tpu_registry.forget(registry, cfg.tpu.project, cfg.tpu.zone, name)
+        self.log.info("TPU VM %s: %s (confirmed: the API no longer knows it).", name, how)
+
+
+def _delete_command(cfg: PipelineConfig, name: str) -> str:
+    return f"gcloud compute tpus tpu-vm delete {name} --zone {cfg.tpu.zone} --project {cfg.tpu.project}"

@@ -4,7 +4,8 @@ TpuVmCreateOperator defers to it, so waiting minutes for a TPU VM holds no worke
 once with {"name", "state", "error", "node", "deadline"} when the node is READY, NOT_FOUND, in a dead-end state
 (PREEMPTED, TERMINATED, ...), when the create operation reports an error, or with state
 "TIMEOUT" at `deadline` (epoch seconds; echoed back because `dag.test()` drops the
-operator's resume kwargs). The blocking google-cloud-tpu calls run in a thread, with the
+operator's resume kwargs). With `until_gone` (TpuVmDeleteOperator) only NOT_FOUND, an operation error
+or the deadline end the wait: a node still READY just after its delete was accepted is not an answer. The blocking google-cloud-tpu calls run in a thread, with the
 credentials of the Airflow GCP connection `gcp_conn_id` (read once per trigger run).
 """
 from __future__ import annotations
@@ -22,8 +23,9 @@ from mlm_tasks.config import TpuConfig
 class TpuNodeTrigger(BaseTrigger):
     def __init__(self, tpu_config: dict[str, Any], name: str, deadline: float,
                  operation: str | None = None, poll_interval_s: float = 15.0,
-                 gcp_conn_id: str = "google_cloud_default"):
+                 gcp_conn_id: str = "google_cloud_default", until_gone: bool = False):
         super().__init__()
+        self.until_gone = until_gone
         self.gcp_conn_id = gcp_conn_id
         self._credentials: tuple[Any, str | None] | None = None
         self.tpu_config = tpu_config
@@ -37,7 +39,7 @@ class TpuNodeTrigger(BaseTrigger):
         return (f"{type(self).__module__}.{type(self).__qualname__}",
                 {"tpu_config": self.tpu_config, "name": self.name, "deadline": self.deadline,
                  "operation": self.operation, "poll_interval_s": self.poll_interval_s,
-                 "gcp_conn_id": self.gcp_conn_id})
+                 "gcp_conn_id": self.gcp_conn_id, "until_gone": self.until_gone})
 
     def _check(self) -> dict[str, Any] | None:
         """One poll with the connection's credentials; the event payload when waiting is over, else None."""
@@ -55,7 +57,8 @@ class TpuNodeTrigger(BaseTrigger):
         state = tpu.get_state(cfg, self.name, api)
         # After the node: an operation that failed meanwhile then explains the node's state.
         error = tpu.operation_error(cfg, self.operation, api) if self.operation else None
-        if error or state.state not in tpu.WAIT_STATES:
+        settled = state.state == tpu.NOT_FOUND if self.until_gone else state.state not in tpu.WAIT_STATES
+        if error or settled:
             return {"name": self.name, "state": state.state, "error": error, "node": tpu.describe(state),
                     "deadline": self.deadline}
         if time.time() >= self.deadline:

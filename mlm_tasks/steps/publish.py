@@ -54,7 +54,7 @@ def publish(cfg: PipelineConfig, ctx: RunContext, *, token: str, endpoint: str |
         return done
     if not storage.exists(join(run.model, "config.json")):
         raise PublishError(f"No saved model at {run.model}: run train for run {run.run_id} first.")
-    api, url = hub_api(token, endpoint, conn_id)
+    api, url = hub_api(token, endpoint, conn_id, cfg.publish.request_timeout_s)
     with hub_errors("checking the token", token, url, conn_id):
         user = api.whoami()["name"]
     write_model_card(cfg, run, data_info)

@@ -39,7 +39,7 @@ def publish_tokenizer(cfg: PipelineConfig, ctx: RunContext, *, token: str, endpo
         raise PublishError("publish.tokenizer_repo_id is empty: set it to the Hub repo for the tokenizer.")
     if not storage.exists(join(data.tokenizer, "tokenizer.json")):
         raise PublishError(f"No tokenizer at {data.tokenizer}: run plan_shards first.")
-    api, url = hub_api(token, endpoint, conn_id)
+    api, url = hub_api(token, endpoint, conn_id, cfg.publish.request_timeout_s)
     with tempfile.TemporaryDirectory(prefix="mlm-tokenizer-") as tmp:
         # Copy: the tokenizer dir is create-only data shared by runs; the card must not land in it.
         src = storage.download_dir(data.tokenizer, os.path.join(tmp, "download"))

@@ -1,4 +1,4 @@
-"""DAG integrity: every DAG loads, has docs, owner, tags and retries; the form's defaults are valid."""
+"""DAG integrity: every DAG loads, has docs, owner, tags, retries and execution timeouts; the form's defaults are valid."""
 import pytest
 
 pytest.importorskip("airflow")
@@ -23,6 +23,8 @@ def test_every_dag_is_documented_owned_tagged_and_retried(dagbag):
         for task in dag.tasks:
             assert task.owner and task.owner != "airflow", (dag_id, task.task_id)
             assert task.retries is not None, (dag_id, task.task_id)
+            # Nothing may wait for ever: train sets its own from the config, the rest get the default.
+            assert task.execution_timeout and task.execution_timeout.total_seconds() > 0, (dag_id, task.task_id)
 
 
 def test_pretrain_shape_and_teardown(dagbag):

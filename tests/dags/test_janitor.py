@@ -3,9 +3,15 @@ import subprocess
 import sys
 import time
 
+from mlm_tasks import tpu_registry
 from peers.airflow_home import ROOT, dags_test
 
 ZONE, OTHER_ZONE = "us-central2-b", "europe-west4-a"
+
+
+def _deployed(fake_tpu, project: str = "proj", **env) -> dict:
+    """The project and the TPU API are the deployment's (its environment), never a trigger's."""
+    return {"MLM_TPU_PROJECT": project, "MLM_TPU_API_ENDPOINT": fake_tpu.url, "MLM_TPU_TRANSPORT": "rest", **env}
 
 
 def test_janitor_deletes_expired_nodes_only_in_every_zone(airflow_env, fake_tpu):
@@ -16,9 +22,10 @@ def test_janitor_deletes_expired_nodes_only_in_every_zone(airflow_env, fake_tpu)
     fake_tpu.add_node("proj", OTHER_ZONE, "mlm-pretrain-expired-too", labels={"expires": str(now - 60)})
     fake_tpu.add_node("proj", "us-east5-a", "mlm-pretrain-not-listed", labels={"expires": str(now - 60)})
     # google_cloud_default holds the service-account key the fake TPU API insists on (fixture).
-    conf = {"project": "proj", "zones": [ZONE, OTHER_ZONE], "api_endpoint": fake_tpu.url, "transport": "rest"}
+    conf = {"zones": [ZONE, OTHER_ZONE]}
 
-    result = dags_test(airflow_env, "mlm_tpu_janitor", conf=conf, dagfile=ROOT / "dags" / "mlm_tpu_janitor.py")
+    result = dags_test(airflow_env, "mlm_tpu_janitor", conf=conf, dagfile=ROOT / "dags" / "mlm_tpu_janitor.py",
+                       extra_env=_deployed(fake_tpu))
 
     log = result.stdout + result.stderr
     assert result.returncode == 0, log[-6000:]
@@ -38,11 +45,11 @@ def test_janitor_goes_on_after_a_refused_delete_and_fails_naming_it(airflow_env,
     fake_tpu.add_node("proj", ZONE, "mlm-pretrain-b-expired", labels={"expires": str(now - 60)})
     fake_tpu.add_node("proj", OTHER_ZONE, "mlm-pretrain-expired-too", labels={"expires": str(now - 60)})
     fake_tpu.refuse_delete("proj", ZONE, "mlm-pretrain-a-refused", code=403)
-    conf = {"project": "proj", "zones": [ZONE, OTHER_ZONE], "api_endpoint": fake_tpu.url, "transport": "rest"}
+    conf = {"zones": [ZONE, OTHER_ZONE]}
 
     # The task fails, so `dags test` runs its retries: no delay between them.
     result = dags_test(airflow_env, "mlm_tpu_janitor", conf=conf, dagfile=ROOT / "dags" / "mlm_tpu_janitor.py",
-                       extra_env={"MLM_RETRY_DELAY_S": "0"}, timeout=240)
+                       extra_env=_deployed(fake_tpu, MLM_RETRY_DELAY_S="0"), timeout=240)
 
     log = result.stdout + result.stderr
     assert result.returncode != 0, log[-6000:]
@@ -51,6 +58,49 @@ def test_janitor_goes_on_after_a_refused_delete_and_fails_naming_it(airflow_env,
     assert fake_tpu.node("proj", OTHER_ZONE, "mlm-pretrain-expired-too") is None
     assert f"Could not delete TPU VM(s) ['{ZONE}/mlm-pretrain-a-refused']" in log, log[-6000:]
     assert "Permission 'tpu.nodes.delete' denied" in log  # the API's reason is logged too
+
+
+def test_janitor_checks_every_node_the_registry_knows_and_forgets_the_gone(airflow_env, fake_tpu):
+    now = int(time.time())
+    # Made by runs in a project and zone the janitor's params do not name.
+    fake_tpu.add_node("other-proj", "asia-east1-c", "mlm-pretrain-far", labels={"expires": str(now - 60)})
+    fake_tpu.add_node("other-proj", "asia-east1-c", "mlm-pretrain-far-fresh", labels={"expires": str(now + 3600)})
+    tpu_registry.record(fake_tpu.registry, "other-proj", "asia-east1-c", "mlm-pretrain-far", now - 60)
+    tpu_registry.record(fake_tpu.registry, "other-proj", "asia-east1-c", "mlm-pretrain-far-fresh", now + 3600)
+    tpu_registry.record(fake_tpu.registry, "proj", "us-east5-a", "mlm-pretrain-long-gone", now - 60)
+    conf = {"zones": [ZONE]}
+
+    result = dags_test(airflow_env, "mlm_tpu_janitor", conf=conf, dagfile=ROOT / "dags" / "mlm_tpu_janitor.py",
+                       extra_env=_deployed(fake_tpu))
+
+    log = result.stdout + result.stderr
+    assert result.returncode == 0, log[-6000:]
+    assert fake_tpu.node("other-proj", "asia-east1-c", "mlm-pretrain-far") is None
+    assert fake_tpu.node("other-proj", "asia-east1-c", "mlm-pretrain-far-fresh") is not None
+    # The deleted node and the long-gone one leave the registry; the live one stays in it.
+    assert [e.name for e in tpu_registry.entries(fake_tpu.registry)] == ["mlm-pretrain-far-fresh"]
+
+
+def test_janitor_fails_loudly_when_not_configured(airflow_env, fake_tpu):
+    # A conf cannot stand in for the deployment's project: it is ignored.
+    conf = {"zones": [ZONE], "project": "from-a-trigger"}
+    result = dags_test(airflow_env, "mlm_tpu_janitor", conf=conf, dagfile=ROOT / "dags" / "mlm_tpu_janitor.py",
+                       extra_env=_deployed(fake_tpu, project=""))
+    log = result.stdout + result.stderr
+    assert result.returncode != 0, "an unconfigured janitor must not pass (or skip) in green"
+    assert "The janitor has no project to check: set MLM_TPU_PROJECT" in log, log[-6000:]
+    assert fake_tpu.requests == []
+
+    result = dags_test(airflow_env, "mlm_tpu_janitor", conf={"zones": [ZONE]},
+                       dagfile=ROOT / "dags" / "mlm_tpu_janitor.py", extra_env=_deployed(fake_tpu, MLM_TPU_REGISTRY=""))
+    assert result.returncode != 0
+    assert "MLM_TPU_REGISTRY is not set: set it" in result.stdout + result.stderr
+
+
+def test_the_janitor_looks_in_its_zones_then_in_every_recorded_place():
+    entries = [tpu_registry.Entry("p2", "z9", "mlm-a", 1, "u"), tpu_registry.Entry("p1", "z1", "mlm-b", 1, "u"),
+               tpu_registry.Entry("p2", "z9", "mlm-c", 1, "u")]
+    assert tpu_registry.places_to_check("p1", ["z1", "z2"], entries) == [("p1", "z1"), ("p1", "z2"), ("p2", "z9")]
 
 
 def test_janitor_dag_is_thin():

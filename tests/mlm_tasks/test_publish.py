@@ -237,3 +237,26 @@ def test_importing_the_steps_loads_neither_airflow_nor_tensorflow():
             "assert not bad, bad")
     root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     subprocess.run([sys.executable, "-c", code], check=True, cwd=root)
+
+
+def test_a_hung_hub_fails_every_hub_step_within_the_bound_saying_so(tmp_path, fake_hub):
+    import time
+
+    data = DataPaths(str(tmp_path), "0123456789abcdef")
+    storage.write_bytes(join(data.tokenizer, "tokenizer.json"), b"{}")
+    cfg = _cfg(tmp_path, tokenizer_repo_id="tester/wiki-tokenizer", request_timeout_s=1)
+    syncer = CheckpointSyncer(REPO, fake_hub.token, timeout_s=1)
+    fake_hub.stall()
+    steps = {
+        "publish": lambda: publish(cfg, _ctx(make_run(str(tmp_path), "run-1")), token=fake_hub.token),
+        "publish_tokenizer": lambda: publish_tokenizer(cfg, RunContext(data.output_root, fingerprint=data.fingerprint),
+                                                       token=fake_hub.token),
+        "checkpoint sync": lambda: (syncer.submit(_write_checkpoint(tmp_path / "ckpt", 1), step=1),
+                                    syncer.close(timeout=30)),
+    }
+    for what, call in steps.items():
+        started = time.monotonic()
+        with pytest.raises(PublishError, match=r"did not answer within publish.request_timeout_s=1s"):
+            call()
+        assert time.monotonic() - started < 5, what
+    assert fake_hub.commits == []

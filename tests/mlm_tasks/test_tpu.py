@@ -256,3 +256,28 @@ def test_host_keys_are_what_the_worker_published(cfg, fake_tpu):
         tpu.host_keys(cfg, name, worker=2)
     with pytest.raises(NotFound):
         tpu.host_keys(cfg, "mlm-no-such-node", worker=0)
+
+
+def test_every_call_to_a_hung_api_fails_within_the_bound_saying_so(cfg, fake_tpu):
+    from google.api_core.exceptions import DeadlineExceeded
+
+    fake_tpu.add_node("proj", ZONE, "mlm-hung", labels={"expires": "1"})
+    node = tpu.get_state(cfg, "mlm-hung")
+    bounded = cfg.model_copy(update={"api_timeout_s": 1.0})
+    fake_tpu.stall()
+    calls = {
+        "get_node": lambda: tpu.get_state(bounded, "mlm-hung"),
+        "delete_node": lambda: tpu.delete_node(bounded, "mlm-hung"),
+        "update_node": lambda: tpu.refresh_expiry(bounded, node, "99999999999"),
+        "list_nodes": lambda: tpu.list_nodes(bounded),
+        "get_operation": lambda: tpu.operation_error(bounded, f"{tpu.parent(cfg)}/operations/operation-1"),
+        "get_guest_attributes": lambda: tpu.host_keys(bounded, "mlm-hung", timeout_s=30),
+    }
+    for what, call in calls.items():
+        started = time.monotonic()
+        with pytest.raises(DeadlineExceeded, match=rf"did not answer {what} .*tpu.api_timeout_s=1s"):
+            call()
+        assert time.monotonic() - started < 3, what
+    fake_tpu.stall("POST")  # the get before the create is answered (NOT_FOUND); the create is not
+    with pytest.raises(DeadlineExceeded, match=r"did not answer create_node mlm-new within"):
+        tpu.ensure_node(bounded, "mlm-new", {})

@@ -46,8 +46,9 @@ def dags_test(env: dict[str, str], dag_id: str, *, conf: dict | None = None, dag
     args = [AIRFLOW, "dags", "test", dag_id]
     if conf is not None:
         args += ["--conf", json.dumps(conf)]
-    # The fake_tpu fixture puts the GCP connection (its service-account key) in this process's env.
-    passed = {k: os.environ[k] for k in ("AIRFLOW_CONN_GOOGLE_CLOUD_DEFAULT",) if k in os.environ}
+    # The fake_tpu fixture puts the GCP connection (its service-account key) and the TPU registry in this
+    # process's env.
+    passed = {k: os.environ[k] for k in ("AIRFLOW_CONN_GOOGLE_CLOUD_DEFAULT", "MLM_TPU_REGISTRY") if k in os.environ}
     env = {**env, **passed, **(extra_env or {})}
     if dagfile is not None:
         args += ["--dagfile-path", str(dagfile)]

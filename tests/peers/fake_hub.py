@@ -4,6 +4,8 @@ Covers what `HfApi.create_repo`, `upload_folder`/`create_commit` (regular and LF
 `repo_info` call in huggingface_hub 0.36: whoami-v2, repos/create, validate-yaml, preupload, the LFS
 batch API with basic PUT transfers, commit (NDJSON), model info and the recursive tree listing. It
 checks the bearer token like the Hub does and records every commit for tests to assert on.
+`hub.stall()` makes it a hung Hub: every request is taken in and left unanswered (the connection
+open, never answered) until `hub.unstall()` or stop, so a client without a timeout waits for ever.
 
     hub = FakeHub(token="hf_test", user="alice").start()
     api = HfApi(endpoint=hub.url, token="hf_test")
@@ -75,6 +77,8 @@ class FakeHub:
         self.commits_released = threading.Event()
         self.commits_released.set()
         self.commit_arrived = threading.Event()
+        self.answering = threading.Event()  # cleared by stall(): requests wait, unanswered
+        self.answering.set()
         self.lock = threading.Lock()
         self._server: ThreadingHTTPServer | None = None
 
@@ -90,8 +94,16 @@ class FakeHub:
         threading.Thread(target=self._server.serve_forever, args=(0.05,), name="fake-hub", daemon=True).start()
         return self
 
+    def stall(self) -> None:
+        """From now on, leave every request unanswered (a hung Hub) until unstall() or stop()."""
+        self.answering.clear()
+
+    def unstall(self) -> None:
+        self.answering.set()
+
     def stop(self) -> None:
         self.commits_released.set()  # never leave a handler thread parked on a held commit
+        self.answering.set()
         if self._server is not None:
             self._server.shutdown()
             self._server.server_close()
@@ -159,6 +171,10 @@ class _Handler(BaseHTTPRequestHandler):
         path = self.path.split("?", 1)[0]
         with self.fake.lock:
             self.fake.requests.append((method, path, self.headers.get("Authorization")))
+        if not self.fake.answering.is_set():  # stalled: this request never gets an answer
+            self.fake.answering.wait(timeout=120)
+            self.close_connection = True
+            return
         for pattern, name in _ROUTES.get(method, []):
             match = re.fullmatch(pattern, path)
             if match:

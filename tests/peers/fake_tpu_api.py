@@ -51,6 +51,11 @@ Tests steer it with `preempt`, `set_state`, `fail_next_create`, `refuse_delete` 
 node answered 403 PERMISSION_DENIED, or 500 INTERNAL: errors the client does not retry), `add_node`
 (a node made elsewhere) and `workers` (endpoints per node, overriding the type's host count, for tests that
 add nodes).
+`stall()` makes it a hung API: every request (or those of the HTTP methods named, `stall("POST")`) is
+read and then left unanswered, the connection open as behind a dead proxy, until `unstall()` or stop,
+so a caller without a timeout hangs.
+`refuse_deletes(code, status, message)` answers every delete with that error (e.g. 403
+PERMISSION_DENIED), as the API does for a caller without tpu.nodes.delete.
 """
 from __future__ import annotations
 
@@ -120,6 +125,10 @@ class FakeTpuApi(LoopbackServer):
         self.principals: set[str] = set()     # service accounts whose requests got through auth
         self._fail_next: tuple[str, str] | None = None
         self._refuse_delete: dict[str, tuple[int, dict]] = {}  # full node name -> error answer
+        self._answering = threading.Event()   # cleared by stall(): requests wait, unanswered
+        self._answering.set()
+        self._stalled_methods: tuple[str, ...] = ()  # empty: all of them
+        self._refuse_all_deletes: tuple[int, str, str] | None = None
         self._transient: dict[tuple[str, str], int] = {}  # (verb, node) -> attempts seen
         self._lock = threading.RLock()
         self._ops = 0
@@ -173,6 +182,23 @@ class FakeTpuApi(LoopbackServer):
                                    "networkConfig": {"enableExternalIps": True}})
             node.update(state=state, _pinned=True)
             return node
+
+    def stall(self, *methods: str) -> None:
+        """From now on, leave every request (of these HTTP methods) unanswered until unstall() or stop()."""
+        self._stalled_methods = methods
+        self._answering.clear()
+
+    def unstall(self) -> None:
+        self._answering.set()
+
+    def stop(self) -> None:
+        self._answering.set()  # never leave a handler thread parked on a stalled request
+        super().stop()
+
+    def refuse_deletes(self, code: int = 403, status: str = "PERMISSION_DENIED",
+                       message: str = "Permission 'tpu.nodes.delete' denied on resource.") -> None:
+        """Answer every delete from now on with this error (None for code: accept them again)."""
+        self._refuse_all_deletes = (code, status, message) if code else None
 
     def writes(self) -> list[str]:
         """Methods of the create/patch/delete requests that went through, in order."""
@@ -376,6 +402,10 @@ def _handler(api: FakeTpuApi):
             query = parse_qs(url.query)
             length = int(self.headers.get("Content-Length") or 0)
             body = json.loads(self.rfile.read(length) or b"{}") if length else {}
+            if not api._answering.is_set() and method in (api._stalled_methods or (method,)):
+                api._answering.wait(timeout=120)  # stalled: this request never gets an answer
+                self.close_connection = True
+                return
             code, payload = self._route(method, url, query, body)
             api.answers.append((method, url.path, code))
             if code not in (401, 403, 429, 503):  # refused before the API looked at it
@@ -447,6 +477,8 @@ def _handler(api: FakeTpuApi):
                 return api._refuse_delete[name]
             if name not in api.nodes:
                 return _error(404, "NOT_FOUND", f"Node {g['node']} not found.")
+            if api._refuse_all_deletes:
+                return _error(*api._refuse_all_deletes)
             busy = api._busy("delete", name)
             if busy:
                 return busy
@@ -509,9 +541,10 @@ if pytest is not None:
         return oauth_server.new_service_account("mlm-airflow@mlm-test-project.iam.gserviceaccount.com")
 
     @pytest.fixture
-    def fake_tpu(oauth_server, sa_key, monkeypatch, request):
+    def fake_tpu(oauth_server, sa_key, monkeypatch, request, tmp_path_factory):
         """A fresh FakeTpuApi (nodes READY on the 3rd read) that takes only the OAuth peer's tokens; with
         the `sshd` fixture in the test, its nodes publish that sshd's host key (the login pins it).
+        MLM_TPU_REGISTRY (the deployment's record of its nodes) is a fresh folder, `.registry`.
 
         The Airflow GCP connection google_cloud_default holds `sa_key` (env, so `dags test`
         subprocesses see it too); in-process code gets the same credentials via mlm_tasks.credentials."""
@@ -519,12 +552,15 @@ if pytest is not None:
 
         from mlm_tasks import credentials
 
+        registry = str(tmp_path_factory.mktemp("tpu-registry"))
+        monkeypatch.setenv("MLM_TPU_REGISTRY", registry)
         monkeypatch.setenv(GCP_CONN_ENV, json.dumps({"conn_type": "google_cloud_platform",
                                                      "extra": {"keyfile_dict": json.dumps(sa_key)}}))
         creds = service_account.Credentials.from_service_account_info(
             sa_key, scopes=["https://www.googleapis.com/auth/cloud-platform"])
         with FakeTpuApi(oauth=oauth_server) as api, credentials.use(creds, sa_key["project_id"], "test key"):
             api.credentials = creds
+            api.registry = registry
             if "sshd" in request.fixturenames:
                 from peers.sshd import host_public_key
 

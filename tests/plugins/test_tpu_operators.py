@@ -2,14 +2,16 @@
 then in a real `airflow dags test` run with the SSH step on a real sshd and delete as teardown."""
 import asyncio
 import json
+import logging
 import textwrap
 import time
 from types import SimpleNamespace
 
 import pytest
-from airflow.sdk.exceptions import AirflowException, TaskDeferred
+from airflow.sdk.exceptions import AirflowException, AirflowFailException, TaskDeferred
 
-from mlm_tasks import tpu
+from mlm_tasks import tpu, tpu_registry
+from mlm_tasks.config import ConfigError
 from peers.airflow_home import dags_test
 from peers.sshd import airflow_conn_uri
 from tpu_operators import TpuVmCreateOperator, TpuVmDeleteOperator, resolve_config
@@ -116,7 +118,7 @@ def test_every_tpu_call_uses_the_connections_credentials(fake_tpu, oauth_server,
     monkeypatch.setenv("AIRFLOW_CONN_GOOGLE_CLOUD_DEFAULT", _connection(key))
     with caplog.at_level("INFO"):
         _run(TpuVmCreateOperator(task_id="c", config=_config(fake_tpu)))
-        TpuVmDeleteOperator(task_id="d", config=_config(fake_tpu)).execute(_context())
+        _run(TpuVmDeleteOperator(task_id="d", config=_config(fake_tpu)))  # the wait for "gone" too
     assert fake_tpu.principals == {key["client_email"]}
     assert fake_tpu.writes() == ["POST", "DELETE"]
     assert "credentials of Airflow connection 'google_cloud_default'" in caplog.text
@@ -148,9 +150,71 @@ def test_connection_without_credentials_falls_back_to_adc_and_says_so(fake_tpu, 
 def test_delete_is_idempotent(fake_tpu):
     fake_tpu.add_node("proj", ZONE, NAME)
     op = TpuVmDeleteOperator(task_id="d", config=json.dumps(_config(fake_tpu)))
-    assert op.execute(_context())
+    assert _run(op) == NAME
     assert fake_tpu.node("proj", ZONE, NAME) is None
     assert op.execute(_context()) is None  # NotFound is success
+
+
+def _logging_to_caplog(op):
+    op._cached_logger = logging.getLogger("test.tpu_operators")  # the task logger (structlog) bypasses caplog
+    return op
+
+
+def _with_tpu(config, **tpu_settings):
+    return {**config, "tpu": {**config["tpu"], **tpu_settings}}
+
+
+def test_delete_waits_until_the_node_is_gone_and_forgets_it(fake_tpu, caplog):
+    fake_tpu.delete_after_gets = 3  # DELETING for three reads, as the real API lingers
+    fake_tpu.add_node("proj", ZONE, NAME)
+    tpu_registry.record(fake_tpu.registry, "proj", ZONE, NAME, expires=1)
+    op = _logging_to_caplog(TpuVmDeleteOperator(task_id="d", config=_config(fake_tpu)))
+    with pytest.raises(TaskDeferred):
+        op.execute(_context())  # the delete was accepted, the node is still DELETING: wait, not done
+    fake_tpu.delete_after_gets, fake_tpu._transient = 3, {}
+    fake_tpu.add_node("proj", ZONE, NAME)
+    with caplog.at_level("INFO"):
+        assert _run(op) == NAME
+    assert fake_tpu.node("proj", ZONE, NAME) is None
+    assert "deleted (confirmed: the API no longer knows it)" in caplog.text
+    assert tpu_registry.entries(fake_tpu.registry) == []
+
+
+def test_delete_not_gone_within_the_bound_is_left_to_the_janitor(fake_tpu, caplog):
+    fake_tpu.delete_after_gets = 10**6  # stuck in DELETING
+    fake_tpu.add_node("proj", ZONE, NAME)
+    tpu_registry.record(fake_tpu.registry, "proj", ZONE, NAME, expires=1)
+    op = _logging_to_caplog(TpuVmDeleteOperator(task_id="d", config=_with_tpu(_config(fake_tpu), delete_timeout_s=1)))
+    started = time.monotonic()
+    with caplog.at_level("INFO"):
+        assert _run(op) == NAME
+    assert time.monotonic() - started < 10
+    assert "still DELETING after tpu.delete_timeout_s=1s: left to mlm_tpu_janitor" in caplog.text
+    assert [e.name for e in tpu_registry.entries(fake_tpu.registry)] == [NAME]  # the janitor will look
+
+
+def test_a_delete_the_api_refuses_fails_loudly(fake_tpu):
+    fake_tpu.add_node("proj", ZONE, NAME)
+    fake_tpu.refuse_deletes(403, "PERMISSION_DENIED", "Permission 'tpu.nodes.delete' denied.")
+    op = TpuVmDeleteOperator(task_id="d", config=_config(fake_tpu))
+    with pytest.raises(AirflowFailException, match=r"refused to delete TPU VM .*403 .*Permission 'tpu.nodes.delete'"
+                       r".*gcloud compute tpus tpu-vm delete " + NAME):
+        op.execute(_context())
+    assert fake_tpu.node("proj", ZONE, NAME) is not None
+
+
+def test_create_records_the_node_for_the_janitor_and_needs_the_registry(fake_tpu, monkeypatch):
+    op = TpuVmCreateOperator(task_id="create_tpu_vm", config=_config(fake_tpu))
+    _run(op)
+    (entry,) = tpu_registry.entries(fake_tpu.registry)
+    node = fake_tpu.node("proj", ZONE, NAME)
+    assert (entry.project, entry.zone, entry.name) == ("proj", ZONE, NAME)
+    assert str(entry.expires) == node["labels"]["expires"]
+    monkeypatch.delenv("MLM_TPU_REGISTRY")
+    fake_tpu.nodes.clear()
+    with pytest.raises(ConfigError, match="MLM_TPU_REGISTRY is not set: set it .* gs://YOUR-BUCKET"):
+        op.execute(_context())
+    assert fake_tpu.nodes == {}, "nothing is made that the janitor would not find"
 
 
 def test_operators_do_nothing_for_local_compute(fake_tpu):
