@@ -310,7 +310,7 @@ def test_harness_runs_the_celery_profile_as_compose_does(compose, tmp_path):
 def test_worker_script_refuses_the_local_executor_and_reads_the_queues(tmp_path):
     script = ROOT / "deploy" / "celery-worker.sh"
     assert subprocess.run(["bash", "-n", str(script)]).returncode == 0
-    base = {"PATH": f"{tmp_path}:/usr/bin:/bin", "REDIS_PASSWORD": "secret"}
+    base = {"PATH": f"{tmp_path}:/usr/bin:/bin", "AIRFLOW__CELERY__BROKER_URL": "redis://:secret@redis:6379/0"}
     done = subprocess.run(["bash", str(script)], env={**base, "AIRFLOW__CORE__EXECUTOR": "LocalExecutor"},
                           capture_output=True, text=True, timeout=30)
     assert done.returncode == 1 and "MLM_EXECUTOR=CeleryExecutor" in done.stderr
@@ -323,9 +323,10 @@ def test_worker_script_refuses_the_local_executor_and_reads_the_queues(tmp_path)
         done = subprocess.run(["bash", str(script), "--celery-hostname", "w1"], env={**celery, **env},
                               capture_output=True, text=True, timeout=30)
         assert done.stdout.splitlines()[-1] == f"celery worker --queues {queues} --celery-hostname w1", done
-    done = subprocess.run(["bash", str(script)], env={**celery, "REDIS_PASSWORD": "change-me"},
-                          capture_output=True, text=True, timeout=30)
-    assert done.returncode == 1 and "REDIS_PASSWORD" in done.stderr
+    for broker in ("redis://:change-me@redis:6379/0", "redis://redis:6379/0", ""):
+        done = subprocess.run(["bash", str(script)], env={**celery, "AIRFLOW__CELERY__BROKER_URL": broker},
+                              capture_output=True, text=True, timeout=30)
+        assert done.returncode == 1 and "REDIS_PASSWORD" in done.stderr, broker
 
 
 def test_env_example_documents_executor_and_queues():
