@@ -116,7 +116,7 @@ def main() -> None:
             run(api, "warmup", {"config_file": DEFAULT, "output_root": str(out),
                                 "overrides": corpus_overrides(args.factor, 1)})
             variants = [("1 worker, partitions 1", 1, 1), ("1 worker, partitions 2", 1, 2), ("2 workers", 2, 2)]
-            env_note = {k: stack.spec.env.get(k) for k in ("AIRFLOW__WORKERS__MIN_HEARTBEAT_INTERVAL",)}
+            env_note = {k: stack.env_of("airflow-scheduler").get(k) for k in ("AIRFLOW__WORKERS__MIN_HEARTBEAT_INTERVAL",)}
             for r in range(args.rounds):
                 order = variants if r % 2 == 0 else variants[::-1]
                 for name, workers, parts in order:

@@ -15,8 +15,11 @@ if [[ "$executor" != *CeleryExecutor* ]]; then
          "docker compose --profile celery up -d" >&2
     exit 1
 fi
-if [[ -z "${REDIS_PASSWORD:-}" || "${REDIS_PASSWORD}" == change-me* ]]; then
-    echo "airflow-worker: set REDIS_PASSWORD in .env (copy .env.example: it shows how to make it)" >&2
+# The worker holds the broker's password only inside its URL (it gets no REDIS_PASSWORD of its own).
+broker="${AIRFLOW__CELERY__BROKER_URL:-}"
+if [[ ! "$broker" =~ ^redis://:[^@]+@ || "$broker" == redis://:change-me* ]]; then
+    echo "airflow-worker: AIRFLOW__CELERY__BROKER_URL has no password or still change-me: set REDIS_PASSWORD" \
+         "in .env (copy .env.example: it shows how to make it)" >&2
     exit 1
 fi
 

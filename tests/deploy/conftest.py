@@ -1,7 +1,8 @@
 """Fixtures for the deployment tests: one real Airflow stack shared by the REST and browser tests.
 
     airflow_stack   session   PostgreSQL + api-server + scheduler + dag-processor + triggerer on
-                              loopback (tests/peers/airflow_stack.py), as docker-compose.yaml runs them
+                              loopback (tests/peers/airflow_stack.py), as docker-compose.yaml runs them,
+                              with users viewer, user, op of those FAB roles (stack.token_for(name))
     airflow_api     session   REST API v2 client with a JWT (tests/peers/airflow_rest.py)
     tiny_conf       function  `mlm_pretrain` conf for the tiny preset in a fresh output_root
     artifacts_dir   session   where screenshots go: $PYTEST_ARTIFACTS or tests/artifacts/ (gitignored)
@@ -17,11 +18,13 @@ from peers.airflow_rest import AirflowApi
 from peers.airflow_stack import ROOT, running_stack
 
 DAG_ID = "mlm_pretrain"
+ROLE_USERS = {"viewer": "Viewer", "user": "User", "op": "Op"}
 
 
 @pytest.fixture(scope="session")
 def airflow_stack(tmp_path_factory):
-    with running_stack(tmp_path_factory.mktemp("stack")) as stack:
+    # One user per FAB role besides admin, for the role checks of test_stack_e2e.py.
+    with running_stack(tmp_path_factory.mktemp("stack"), users=ROLE_USERS) as stack:
         yield stack
 
 

@@ -51,7 +51,7 @@ def _param_texts(airflow_api) -> dict[str, tuple[str, str]]:
 
 
 def test_trigger_form_to_successful_run_in_grid(page, airflow_stack, airflow_api, artifacts_dir, tmp_path):
-    # Log in: the UI sends an anonymous visitor to the SimpleAuthManager login page.
+    # Log in: the UI sends an anonymous visitor to the FAB auth manager's login page (/auth/login/).
     page.goto(f"{airflow_stack.url}/dags/{DAG_ID}")
     page.get_by_label("Username").fill(ADMIN_USER)
     page.get_by_label("Password").fill(airflow_stack.password)

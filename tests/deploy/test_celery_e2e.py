@@ -159,6 +159,21 @@ def test_write_shards_fan_out_over_both_workers_and_queues_route(api, undisturbe
             assert ti["hostname"] == "worker-a", (ti["task_id"], ti["hostname"])
 
 
+def test_workers_hold_no_metadata_db_or_token_secret(stack, undisturbed):
+    """The workers ran the tasks above (`undisturbed`) with the environment the compose file gives
+    them, which has no metadata-DB password, JWT secret, API secret key or Fernet key (README "Who
+    holds which secret"): only the broker's and the `celery_results` role's. Read from what each
+    worker was started with: /proc/<pid>/environ cannot tell, Celery's setproctitle overwrites it."""
+    dotenv = stack.spec.dotenv
+    for name in WORKERS:
+        environ = "\n".join(f"{k}={v}" for k, v in stack.env_of(name).items())
+        for key in ("POSTGRES_PASSWORD", "AIRFLOW__API_AUTH__JWT_SECRET", "AIRFLOW__API__SECRET_KEY",
+                    "AIRFLOW__CORE__FERNET_KEY", "AIRFLOW_ADMIN_PASSWORD"):
+            assert dotenv[key] not in environ, f"{name} holds {key}"
+        assert "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN" not in environ
+        assert dotenv["CELERY_RESULT_DB_PASSWORD"] in environ and dotenv["REDIS_PASSWORD"] in environ
+
+
 def test_merged_manifest_equals_a_single_writer(undisturbed, tmp_path):
     """The same counts as one writer over the whole corpus, with the same tokenizer (in this process)."""
     from mlm_tasks.paths import RunContext
@@ -270,7 +285,8 @@ def celery_control(stack, *args: str) -> str:
 
     celery = str(Path(sys.executable).parent / "celery")
     done = subprocess.run([celery, "--app", "airflow.providers.celery.executors.celery_executor.app", *args],
-                          env=stack.spec.env, capture_output=True, text=True, timeout=120, cwd=stack.spec.home)
+                          env=stack.spec.envs["airflow-worker"], capture_output=True, text=True, timeout=120,
+                          cwd=stack.spec.home)
     assert done.returncode == 0, done.stdout + done.stderr
     return done.stdout
 

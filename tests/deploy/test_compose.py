@@ -1,7 +1,9 @@
 """docker-compose.yaml, Dockerfile and .env.example checked statically (no Docker engine runs here),
 and held to what tests/peers/airflow_stack.py really runs: same services, commands, environment,
 executor, ports and volumes, the only differences being the loopback ones it lists. The `celery`
-profile (Redis, scalable workers, Flower under `flower`) is checked the same way.
+profile (Redis, scalable workers, Flower under `flower`) is checked the same way. And the safety of
+the defaults: the FAB auth manager, the api-server and Flower published on 127.0.0.1 only, which
+secrets each service holds (no `env_file: .env` anywhere), and no secret on a command line.
 
     .venv/bin/python -m pytest tests/deploy/test_compose.py
 """
@@ -34,19 +36,20 @@ def compose() -> dict:
 
 @pytest.fixture(scope="module")
 def spec(compose, tmp_path_factory):
-    return stack_spec(tmp_path_factory.mktemp("home"), "postgresql+psycopg2://airflow@127.0.0.1:1/airflow",
-                      port=18080, compose=compose)
+    return stack_spec(tmp_path_factory.mktemp("home"), 15432, port=18080, compose=compose)
 
 
 def test_services_and_shared_airflow_definition(compose):
     services = compose["services"]
     assert set(services) == {"postgres", *AIRFLOW_SERVICES, *CELERY_PROFILE}
     first = services[SERVICES[0]]
+    common = compose["x-airflow-common"]["environment"]
     for name in (*AIRFLOW_SERVICES, "airflow-worker", "airflow-flower"):
         service = services[name]
-        for key in ("build", "image", "env_file", "environment", "volumes", "working_dir"):
+        for key in ("build", "image", "working_dir"):
             assert service[key] == first[key], f"{name}.{key} differs from {SERVICES[0]}"
-        assert service["env_file"] == [".env"]
+        # The shared settings, in every Airflow service; the secrets differ (test_who_holds_which_secret).
+        assert {k: service["environment"][k] for k in common} == common, name
         assert service["depends_on"]["postgres"]["condition"] == "service_healthy"
     for name in SERVICES:
         assert services[name]["depends_on"]["airflow-init"]["condition"] == "service_completed_successfully"
@@ -61,13 +64,15 @@ def test_services_and_shared_airflow_definition(compose):
     for name in (*AIRFLOW_SERVICES, "postgres"):
         assert "profiles" not in services[name], name
     assert env["AIRFLOW__CORE__LOAD_EXAMPLES"] == "False"
-    assert env["AIRFLOW__CORE__AUTH_MANAGER"].endswith("SimpleAuthManager")
+    assert env["AIRFLOW__CORE__AUTH_MANAGER"] == "airflow.providers.fab.auth_manager.fab_auth_manager.FabAuthManager"
+    assert not any(k.startswith("AIRFLOW__CORE__SIMPLE_AUTH_MANAGER") for k in env)
 
 
 def test_ui_on_localhost_8080_and_tasks_reach_the_api_server(compose):
     services = compose["services"]
     env = services["airflow-apiserver"]["environment"]
-    assert services["airflow-apiserver"]["ports"] == ["8080:8080"]
+    # Published on this machine's loopback only: others reach it through a TLS proxy (README).
+    assert services["airflow-apiserver"]["ports"] == ["127.0.0.1:8080:8080"]
     assert env["AIRFLOW__API__PORT"] == "8080"
     execution = urlsplit(env["AIRFLOW__CORE__EXECUTION_API_SERVER_URL"])
     assert (execution.hostname, execution.port, execution.path) == ("airflow-apiserver", 8080, "/execution/")
@@ -87,13 +92,18 @@ def test_volumes_mount_project_folders_and_declared_named_volumes(compose):
     named = {v.split(":")[0] for v in volumes if not v.startswith(".")}
     named.add(compose["services"]["postgres"]["volumes"][0].split(":")[0])
     named.add(compose["services"]["redis"]["volumes"][0].split(":")[0])
+    named |= {v.split(":")[0] for v in compose["x-task-volumes"] if not v.startswith(".")}
     assert named == set(compose["volumes"]), "every named volume is declared at the top level"
+    # The key files of the connections (airflow-auth) only where tasks and triggers run.
+    assert compose["x-task-volumes"] == [*volumes, "airflow-auth:/opt/airflow/auth"]
+    for name, service in compose["services"].items():
+        mounts = service.get("volumes", [])
+        assert ("airflow-auth:/opt/airflow/auth" in mounts) == (name in TASK_RUNNERS), name
     env = compose["x-airflow-common"]["environment"]
     mounted = {v.split(":")[1] for v in volumes}
     for key in ("AIRFLOW__CORE__DAGS_FOLDER", "AIRFLOW__CORE__PLUGINS_FOLDER", "MLM_CONFIG_DIR",
                 "AIRFLOW__LOGGING__BASE_LOG_FOLDER"):
         assert env[key] in mounted, f"{key} points outside the mounted volumes"
-    assert Path(env["AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_PASSWORDS_FILE"]).parent.as_posix() in mounted
 
 
 def test_harness_runs_the_same_commands_and_environment(compose, spec):
@@ -105,23 +115,27 @@ def test_harness_runs_the_same_commands_and_environment(compose, spec):
             == argv[1:]
     assert Path(spec.commands["airflow-init"][1]) == ROOT / "deploy" / "airflow-init.sh"
 
-    common = compose["x-airflow-common"]
-    pairs = stack.path_map(common, spec.home)
-    dotenv = {**read_env_file(ROOT / ".env.example"), **{k: spec.env[k] for k in stack.GENERATED}}
-    for key, value in common["environment"].items():
-        if key in stack.LOCAL_KEYS:
-            continue
-        assert spec.env[key] == stack.translate(interpolate(str(value), dotenv), pairs), key
-    assert spec.env["AIRFLOW__CORE__DAGS_FOLDER"] == str(ROOT / "dags")
-    assert spec.env["AIRFLOW__CORE__PLUGINS_FOLDER"] == str(ROOT / "plugins")
-    assert spec.env["AIRFLOW__API__HOST"] == "127.0.0.1"
-    assert spec.env["AIRFLOW__CORE__EXECUTION_API_SERVER_URL"] == "http://127.0.0.1:18080/execution/"
-    # The loopback differences are exactly the documented ones.
-    changed = {k for k, v in common["environment"].items()
-               if spec.env[k] != stack.translate(interpolate(str(v), dotenv), pairs)}
-    assert changed == set(stack.LOCAL_KEYS)
-    # Every key an operator sets in .env reaches the processes too.
-    assert set(read_env_file(ROOT / ".env.example")) <= set(spec.env)
+    for name in (*AIRFLOW_SERVICES, "airflow-worker"):
+        environment = services[name]["environment"]
+        pairs = stack.path_map(services[name], spec.home)
+        env = spec.envs[name]
+        # Each process gets its service's environment, nothing of .env besides (AIRFLOW_HOME and PATH
+        # are the image's ENV).
+        assert set(env) == {*environment, "AIRFLOW_HOME", "PATH"}, name
+        changed = {k for k, v in environment.items() if env[k] != stack.translate(interpolate(str(v), spec.dotenv), pairs)}
+        assert changed == set(stack.LOCAL_KEYS) & set(environment), name
+        for key in changed & {"AIRFLOW__DATABASE__SQL_ALCHEMY_CONN", "AIRFLOW__CELERY__RESULT_BACKEND",
+                              "AIRFLOW__CELERY__BROKER_URL"}:  # only the peer's address differs
+            there, here = urlsplit(interpolate(environment[key], spec.dotenv)), urlsplit(env[key])
+            assert (here.scheme, here.username, here.password, here.path) == (
+                there.scheme, there.username, there.password, there.path), key
+            assert here.hostname == "127.0.0.1" and there.hostname in services, key
+    env = spec.envs["airflow-apiserver"]
+    assert env["AIRFLOW__CORE__DAGS_FOLDER"] == str(ROOT / "dags")
+    assert env["AIRFLOW__CORE__PLUGINS_FOLDER"] == str(ROOT / "plugins")
+    assert env["AIRFLOW__API__HOST"] == "127.0.0.1"
+    assert env["AIRFLOW__CORE__EXECUTION_API_SERVER_URL"] == "http://127.0.0.1:18080/execution/"
+    assert urlsplit(env["AIRFLOW__DATABASE__SQL_ALCHEMY_CONN"]).port == 15432
 
 
 def test_env_example_holds_connections_and_secrets_and_env_is_ignored(compose):
@@ -134,7 +148,74 @@ def test_env_example_holds_connections_and_secrets_and_env_is_ignored(compose):
     text = (ROOT / "docker-compose.yaml").read_text()
     for key in stack.GENERATED:  # only as ${KEY...} interpolated from .env, never a literal value
         assert not re.search(rf"^\s*{key}:\s*(?!\$\{{)\S", text, re.M), f"{key} belongs in .env"
+    # Every key an operator sets in .env reaches some service (compose reads .env only to interpolate).
+    for key in example:
+        assert f"${{{key}" in text or key == "COMPOSE_PROFILES", f"{key} of .env.example reaches no service"
     assert ".env" in (ROOT / ".gitignore").read_text().split()
+
+
+# --- who holds which secret (README "Who holds which secret") ---------------------------------------
+
+TASK_RUNNERS = {"airflow-scheduler", "airflow-triggerer", "airflow-worker"}  # run task or trigger code
+ALL_SECRETS = set(stack.GENERATED)
+HOLDS = {
+    "postgres": {"POSTGRES_PASSWORD"},
+    "airflow-init": ALL_SECRETS,  # checks them all (deploy/check-secrets.sh), runs no task code
+    "airflow-apiserver": {"POSTGRES_PASSWORD", "AIRFLOW__CORE__FERNET_KEY", "AIRFLOW__API__SECRET_KEY",
+                          "AIRFLOW__API_AUTH__JWT_SECRET"},
+    # Mints task tokens; under the LocalExecutor its tasks can read this (README).
+    "airflow-scheduler": {"POSTGRES_PASSWORD", "AIRFLOW__API_AUTH__JWT_SECRET", "REDIS_PASSWORD",
+                          "CELERY_RESULT_DB_PASSWORD"},
+    "airflow-dag-processor": {"POSTGRES_PASSWORD", "AIRFLOW__CORE__FERNET_KEY"},
+    "airflow-triggerer": {"POSTGRES_PASSWORD", "AIRFLOW__CORE__FERNET_KEY"},  # a DB job in Airflow 3.3
+    "airflow-worker": {"REDIS_PASSWORD", "CELERY_RESULT_DB_PASSWORD"},
+    "airflow-flower": {"REDIS_PASSWORD", "CELERY_RESULT_DB_PASSWORD", "FLOWER_PASSWORD"},
+    "redis": {"REDIS_PASSWORD"},
+}
+
+
+def _unique_dotenv() -> dict[str, str]:
+    """.env.example with a distinct, recognisable value for every secret."""
+    return {**read_env_file(ROOT / ".env.example"), **{key: f"SECRET{i}x{key.lower()}" for i, key in
+                                                       enumerate(sorted(ALL_SECRETS))}}
+
+
+def _secrets_in(text: str, dotenv: dict[str, str]) -> set[str]:
+    return {key for key in ALL_SECRETS if dotenv[key] in text}
+
+
+def test_who_holds_which_secret(compose):
+    dotenv = _unique_dotenv()
+    services = compose["services"]
+    assert set(HOLDS) == set(services)
+    for name, service in services.items():
+        assert "env_file" not in service, f"{name} gets the whole .env"
+        environment = " ".join(f"{k}={interpolate(str(v), dotenv)}" for k, v in service["environment"].items())
+        assert _secrets_in(environment, dotenv) == HOLDS[name], name
+    # The token and session keys and the metadata DB never reach a Celery worker (task code).
+    worker = services["airflow-worker"]["environment"]
+    assert "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN" not in worker
+    # The connections (credentials of the tasks' outside services) only where tasks and triggers run.
+    for name, service in services.items():
+        conns = {k for k in service.get("environment", {}) if k.startswith("AIRFLOW_CONN_")}
+        assert bool(conns) == (name in TASK_RUNNERS), name
+
+
+def test_no_secret_on_a_command_line(compose):
+    """Nothing compose puts in argv (commands, healthchecks) carries a secret: `ps` and
+    /proc/<pid>/cmdline show argv to every user of the machine."""
+    dotenv = _unique_dotenv()
+    for name, service in compose["services"].items():
+        argv = [*service.get("command", []), *service.get("healthcheck", {}).get("test", [])]
+        assert not _secrets_in(" ".join(interpolate(str(a), dotenv) for a in argv), dotenv), name
+    for script in (ROOT / "deploy").glob("*.sh"):  # no script passes a secret variable as an argument
+        for line in script.read_text().splitlines():
+            if line.lstrip().startswith("#"):
+                continue
+            for key in ALL_SECRETS:
+                if f"${key}" in line or f"${{{key}" in line:
+                    assert re.search(rf"(^|\s)(value=|hash=|\w+=\"\${key}\"|if \[\[)", line) or "printf" in line, \
+                        f"{script.name}: {line.strip()}"
 
 
 def test_dockerfile_builds_from_the_lock_and_copies_what_compose_uses():
@@ -165,6 +246,7 @@ def test_init_script_is_valid_bash_and_refuses_placeholder_secrets(tmp_path):
     done = subprocess.run(["bash", str(script)], env=env, capture_output=True, text=True, timeout=30)
     assert done.returncode == 1
     assert "AIRFLOW__CORE__FERNET_KEY" in done.stderr and ".env.example" in done.stderr
+    # More cases, the check script on its own: tests/deploy/test_check_secrets.py.
 
 
 # --- the celery profile ----------------------------------------------------------------------------
@@ -184,47 +266,51 @@ def test_celery_profile_services_and_scaling(compose):
     assert "celery@$${HOSTNAME}" in " ".join(worker["healthcheck"]["test"])
     # The scheduler waits for Redis when the profile is on, and starts without it when it is off.
     assert services["airflow-scheduler"]["depends_on"]["redis"] == {"condition": "service_healthy", "required": False}
-    assert services["airflow-flower"]["command"] == ["airflow", "celery", "flower"]
-    assert services["airflow-flower"]["ports"] == ["5555:5555"]
+    flower = services["airflow-flower"]
+    assert flower["command"] == ["airflow", "celery", "flower"]
+    # On this machine's loopback only, behind a login whose password comes from .env, not argv.
+    assert flower["ports"] == ["127.0.0.1:5555:5555"]
+    assert flower["environment"]["AIRFLOW__CELERY__FLOWER_BASIC_AUTH"].startswith("flower:${FLOWER_PASSWORD:?")
 
 
 def test_celery_broker_and_result_backend(compose):
-    env = compose["x-airflow-common"]["environment"]
+    env = compose["services"]["airflow-worker"]["environment"]
+    metadata = compose["services"]["airflow-scheduler"]["environment"]["AIRFLOW__DATABASE__SQL_ALCHEMY_CONN"]
     dotenv = read_env_file(ROOT / ".env.example")
     broker = urlsplit(interpolate(env["AIRFLOW__CELERY__BROKER_URL"], dotenv))
     assert (broker.scheme, broker.hostname, broker.port, broker.password) == ("redis", "redis", 6379, "change-me")
     backend = urlsplit(interpolate(env["AIRFLOW__CELERY__RESULT_BACKEND"], dotenv))
-    database = urlsplit(interpolate(env["AIRFLOW__DATABASE__SQL_ALCHEMY_CONN"], dotenv))
-    # The result backend is the metadata database itself (no second database to run).
-    assert backend.scheme == "db+" + database.scheme and (backend.hostname, backend.path, backend.username) == (
-        database.hostname, database.path, database.username)
+    database = urlsplit(interpolate(metadata, dotenv))
+    # The result backend is a database and role of its own on the same PostgreSQL (deploy/result-backend-db.py).
+    assert backend.scheme == "db+" + database.scheme and backend.hostname == database.hostname
+    assert (backend.username, backend.path) == ("celery_results", "/celery_results")
+    assert backend.username != database.username and backend.path != database.path
     redis = compose["services"]["redis"]
-    command = [interpolate(a, dotenv) for a in redis["command"]]
-    assert command[0] == "redis-server"
-    assert command[command.index("--appendonly") + 1] == "yes", "queued tasks must survive a Redis restart"
-    assert command[command.index("--requirepass") + 1] == dotenv["REDIS_PASSWORD"]
-    assert redis["volumes"] == ["redis-data:/data"] and "redis-data" in compose["volumes"]
+    assert redis["volumes"][0] == "redis-data:/data" and "redis-data" in compose["volumes"]
+    # appendonly and the password: deploy/redis-server.sh, run for real in tests/deploy/test_redis_server.py.
 
 
 def test_harness_runs_the_celery_profile_as_compose_does(compose, tmp_path):
-    spec = stack_spec(tmp_path, "postgresql+psycopg2://airflow@127.0.0.1:1/airflow", port=18080, compose=compose,
-                      variables={"MLM_EXECUTOR": "CeleryExecutor"}, redis_port=16379)
-    assert spec.env["AIRFLOW__CORE__EXECUTOR"] == "CeleryExecutor"
-    assert spec.env["AIRFLOW__CELERY__BROKER_URL"] == f"redis://:{spec.env['REDIS_PASSWORD']}@127.0.0.1:16379/0"
-    assert spec.env["AIRFLOW__CELERY__RESULT_BACKEND"] == "db+postgresql+psycopg2://airflow@127.0.0.1:1/airflow"
+    spec = stack_spec(tmp_path, 15432, port=18080, compose=compose, variables={"MLM_EXECUTOR": "CeleryExecutor"},
+                      redis_port=16379)
+    env = spec.envs["airflow-worker"]
+    assert env["AIRFLOW__CORE__EXECUTOR"] == "CeleryExecutor"
+    assert env["AIRFLOW__CELERY__BROKER_URL"] == f"redis://:{spec.dotenv['REDIS_PASSWORD']}@127.0.0.1:16379/0"
+    assert env["AIRFLOW__CELERY__RESULT_BACKEND"] == (
+        f"db+postgresql+psycopg2://celery_results:{spec.dotenv['CELERY_RESULT_DB_PASSWORD']}@127.0.0.1:15432/celery_results")
     assert spec.commands["airflow-worker"] == ["bash", str(ROOT / "deploy" / "celery-worker.sh")]
-    assert spec.commands["redis"][:2] == ["redis-server", "--appendonly"]
-    assert spec.env["REDIS_PASSWORD"] in spec.commands["redis"]
+    assert spec.commands["redis"] == ["bash", str(ROOT / "deploy" / "redis-server.sh")]
+    assert spec.envs["redis"]["REDIS_PASSWORD"] == spec.dotenv["REDIS_PASSWORD"]
     from peers.redis_server import RedisServer
 
     loopback = RedisServer(None, tmp_path / "r", "pw", port=16379).argv(spec.commands["redis"])
-    assert loopback[1:len(spec.commands["redis"])] == spec.commands["redis"][1:]  # compose's flags, then loopback's
+    assert loopback[:len(spec.commands["redis"])] == spec.commands["redis"]  # compose's command, then loopback's flags
 
 
 def test_worker_script_refuses_the_local_executor_and_reads_the_queues(tmp_path):
     script = ROOT / "deploy" / "celery-worker.sh"
     assert subprocess.run(["bash", "-n", str(script)]).returncode == 0
-    base = {"PATH": f"{tmp_path}:/usr/bin:/bin", "REDIS_PASSWORD": "secret"}
+    base = {"PATH": f"{tmp_path}:/usr/bin:/bin", "AIRFLOW__CELERY__BROKER_URL": "redis://:secret@redis:6379/0"}
     done = subprocess.run(["bash", str(script)], env={**base, "AIRFLOW__CORE__EXECUTOR": "LocalExecutor"},
                           capture_output=True, text=True, timeout=30)
     assert done.returncode == 1 and "MLM_EXECUTOR=CeleryExecutor" in done.stderr
@@ -237,9 +323,10 @@ def test_worker_script_refuses_the_local_executor_and_reads_the_queues(tmp_path)
         done = subprocess.run(["bash", str(script), "--celery-hostname", "w1"], env={**celery, **env},
                               capture_output=True, text=True, timeout=30)
         assert done.stdout.splitlines()[-1] == f"celery worker --queues {queues} --celery-hostname w1", done
-    done = subprocess.run(["bash", str(script)], env={**celery, "REDIS_PASSWORD": "change-me"},
-                          capture_output=True, text=True, timeout=30)
-    assert done.returncode == 1 and "REDIS_PASSWORD" in done.stderr
+    for broker in ("redis://:change-me@redis:6379/0", "redis://redis:6379/0", ""):
+        done = subprocess.run(["bash", str(script)], env={**celery, "AIRFLOW__CELERY__BROKER_URL": broker},
+                              capture_output=True, text=True, timeout=30)
+        assert done.returncode == 1 and "REDIS_PASSWORD" in done.stderr, broker
 
 
 def test_env_example_documents_executor_and_queues():

@@ -6,12 +6,20 @@ driven only through the public REST API v2, as an operator's script would.
 Two runs are triggered at once (each in its own output_root) so the retry delay of the second
 overlaps the first: one changes a param (steps=10) and must honour it; the other injects a fault
 (`train.fail_at_step`) and must show try 2 of `train` succeeding, resumed from the checkpoint.
+
+On the same stack (one start), the deployment's safety: the FAB roles through the real api-server
+(Admin triggers, a Viewer is refused; a User cannot create a connection, an Op can), the Celery result
+backend's own PostgreSQL role (no access to the metadata DB). Which service holds which secret is
+checked on the compose file (test_compose.py): /proc/<pid>/environ cannot tell, as Airflow's
+setproctitle overwrites that memory with the process title.
 """
 from __future__ import annotations
 
 import json
 from pathlib import Path
+from urllib.parse import urlsplit
 
+import httpx
 import pytest
 
 from mlm_tasks.paths import safe_run_id
@@ -95,3 +103,54 @@ def test_injected_fault_shows_try_2_succeeding(airflow_api, runs):
     # The retry resumed from the last checkpoint before the fault (checkpoint_every: 5 in tiny.yaml).
     summary = json.loads((_run_dir(run) / "train" / "summary.json").read_text())
     assert summary["resumed_from_step"] == 5 and summary["steps"] == 12, summary
+
+
+# --- safe by default: roles, the result backend's role --------------------------------------------
+
+def _as(stack, username: str) -> httpx.Client:
+    return httpx.Client(base_url=f"{stack.url}/api/v2", timeout=60,
+                        headers={"Authorization": f"Bearer {stack.token_for(username)}"})
+
+
+def test_viewer_cannot_trigger_a_run_admin_can(airflow_stack, airflow_api, runs):
+    # Admin: the runs above were triggered with admin's token (POST .../dagRuns → queued).
+    assert airflow_api.run(DAG_ID, runs["param"]["run_id"])["run_type"] == "manual"
+    viewer = _as(airflow_stack, "viewer")
+    assert viewer.get(f"/dags/{DAG_ID}").status_code == 200  # a Viewer sees the DAG...
+    body = {"dag_run_id": "viewer-try", "logical_date": None, "conf": runs["param"]["conf"]}
+    refused = viewer.post(f"/dags/{DAG_ID}/dagRuns", json=body)
+    assert refused.status_code == 403, refused.text  # ...and cannot run it
+    assert viewer.patch(f"/dags/{DAG_ID}", json={"is_paused": True}).status_code == 403
+    assert airflow_api.client.get(f"/dags/{DAG_ID}/dagRuns/viewer-try").status_code == 404
+    assert airflow_api.get(f"/dags/{DAG_ID}")["is_paused"] is False
+    # No token, or a wrong password: nothing.
+    assert httpx.get(f"{airflow_stack.url}/api/v2/dags", timeout=30).status_code == 401
+    wrong = httpx.post(f"{airflow_stack.url}/auth/token", json={"username": "admin", "password": "wrong"}, timeout=30)
+    assert wrong.status_code == 401, wrong.text
+
+
+def test_user_cannot_edit_connections_op_can(airflow_stack):
+    conn = {"connection_id": "mlm_role_check", "conn_type": "generic", "password": "not-a-real-secret"}
+    for username in ("viewer", "user"):
+        client = _as(airflow_stack, username)
+        assert client.post("/connections", json=conn).status_code == 403, username
+        assert client.get("/connections").status_code == 403, username  # not even the list
+    op = _as(airflow_stack, "op")  # FAB's Op role manages connections, pools and variables
+    made = op.post("/connections", json=conn)
+    assert made.status_code == 201, made.text
+    assert op.delete(f"/connections/{conn['connection_id']}").status_code == 204
+
+
+def test_result_backend_role_reaches_only_its_own_database(airflow_stack):
+    import psycopg2
+
+    url = urlsplit(airflow_stack.spec.envs["airflow-scheduler"]["AIRFLOW__CELERY__RESULT_BACKEND"].removeprefix("db+"))
+    login = {"host": url.hostname, "port": url.port, "user": url.username, "password": url.password}
+    with psycopg2.connect(dbname=url.path.lstrip("/"), **login) as conn, conn.cursor() as cur:
+        cur.execute("SELECT current_user, rolsuper FROM pg_roles WHERE rolname = current_user")
+        assert cur.fetchone() == ("celery_results", False)
+    with pytest.raises(psycopg2.OperationalError, match="permission denied for database"):
+        psycopg2.connect(dbname="airflow", **login)
+    with pytest.raises(psycopg2.OperationalError, match="password authentication failed"):
+        psycopg2.connect(dbname=url.path.lstrip("/"), **{**login, "password": "wrong"})
+

@@ -9,14 +9,19 @@
         stack.kill("worker-a"); stack.redis.stop(); stack.restart("airflow-scheduler")
 
 Nothing here is a second description of the deployment: `stack_spec()` reads docker-compose.yaml
-(each service's command and the shared environment) and .env.example (the keys an operator sets),
-and only rewrites what must differ on loopback — container paths become local folders (bind mounts
-→ the repo, named volumes → temp folders), the database URL points at a PostgreSQL from Debian's
-packages (`apt-get install postgresql`) on a free port, the api-server listens on 127.0.0.1 on a
-free port, and secrets are generated. tests/deploy/test_compose.py checks exactly that list. With
-the CeleryExecutor, Redis is Debian's `redis-server` on a free port (peers/redis_server.py), and each
-worker gets the flags several workers on one machine need (`--celery-hostname`, no log server port
-of its own, a hostname of its own for the task instances: WORKER_LOCAL_ENV).
+(each service's command and its own environment: no service gets the whole .env) and .env.example
+(the keys an operator sets), and only rewrites what must differ on loopback — container paths become
+local folders (bind mounts → the repo, named volumes → temp folders), the peers' addresses in URLs
+(`postgres`, `redis`) become 127.0.0.1 and free ports, the api-server listens on 127.0.0.1 on a free
+port, and secrets are generated. tests/deploy/test_compose.py checks exactly that list. PostgreSQL
+comes from Debian's packages (`apt-get install postgresql`), and checks passwords on TCP
+(scram-sha-256) as the postgres image does. With the CeleryExecutor, Redis is Debian's `redis-server`
+on a free port, started by the compose service's own script (peers/redis_server.py), and each worker
+gets the flags several workers on one machine need (`--celery-hostname`, no log server port of its
+own, a hostname of its own for the task instances: WORKER_LOCAL_ENV).
+
+Users of the FAB auth manager besides `admin` (e.g. a Viewer) are made with the deployment's own
+deploy/fab-user.py: `running_stack(workdir, users={"viewer": "Viewer"})`, then `stack.token_for("viewer")`.
 
 Every process runs in its own process group with a marker in its environment; shutdown stops the
 groups (SIGTERM, then SIGKILL), checks the ports are free again and that no process anywhere still
@@ -48,17 +53,18 @@ COMPOSE_FILE = ROOT / "docker-compose.yaml"
 ENV_EXAMPLE = ROOT / ".env.example"
 INIT_SERVICE = "airflow-init"
 SERVICES = ("airflow-apiserver", "airflow-scheduler", "airflow-dag-processor", "airflow-triggerer")
-CELERY_SERVICES = ("redis", "airflow-worker")  # profile `celery` (airflow-flower, profile `flower`, is not run)
+CELERY_SERVICES = ("redis", "airflow-worker")  # profile `celery`
+FLOWER = "airflow-flower"  # profile `flower`: not part of running_stack; tests/deploy/test_flower.py runs it
 CONTAINER_HOME = "/opt/airflow"  # AIRFLOW_HOME and WORKDIR of the Dockerfile
 ADMIN_USER = "admin"
 # The environment keys the harness sets itself, and why; every other key is the compose file's.
 LOCAL_KEYS = {
-    "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN": "the loopback PostgreSQL",
+    "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN": "the loopback PostgreSQL (host and port only)",
     "AIRFLOW__API__HOST": "listen on loopback only",
     "AIRFLOW__API__PORT": "a free port instead of 8080",
     "AIRFLOW__CORE__EXECUTION_API_SERVER_URL": "the api-server on that port",
-    "AIRFLOW__CELERY__BROKER_URL": "the loopback redis-server",
-    "AIRFLOW__CELERY__RESULT_BACKEND": "the loopback PostgreSQL",
+    "AIRFLOW__CELERY__BROKER_URL": "the loopback redis-server (host and port only)",
+    "AIRFLOW__CELERY__RESULT_BACKEND": "the loopback PostgreSQL (host and port only)",
 }
 # What each Celery worker sets besides, and why: on one machine they share a hostname and port 8793.
 WORKER_LOCAL_ENV = {
@@ -69,7 +75,8 @@ WORKER_LOCAL_ENV = {
 # machine, and the api-server reads these workers' logs from the shared log folder instead.
 WORKER_LOCAL_ARGS = ("--celery-hostname", "--concurrency", "--skip-serve-logs")
 GENERATED = ("POSTGRES_PASSWORD", "AIRFLOW_ADMIN_PASSWORD", "AIRFLOW__CORE__FERNET_KEY",
-             "AIRFLOW__API__SECRET_KEY", "AIRFLOW__API_AUTH__JWT_SECRET", "REDIS_PASSWORD")
+             "AIRFLOW__API__SECRET_KEY", "AIRFLOW__API_AUTH__JWT_SECRET", "REDIS_PASSWORD",
+             "CELERY_RESULT_DB_PASSWORD", "FLOWER_PASSWORD")
 MARKER = "MLM_TEST_STACK_ID"
 
 
@@ -141,48 +148,59 @@ def translate(value: str, pairs: list[tuple[str, str]]) -> str:
     return value
 
 
+def on_loopback(url: str, port: int) -> str:
+    """`url` with its host (a compose service name) replaced by 127.0.0.1:`port`; user, password and
+    path kept, so the loopback peer checks the same credentials."""
+    parts = urlsplit(url)
+    userinfo = parts.netloc.rpartition("@")[0]
+    netloc = f"{userinfo}@127.0.0.1:{port}" if userinfo else f"127.0.0.1:{port}"
+    return parts._replace(netloc=netloc).geturl()
+
+
 @dataclass
 class StackSpec:
-    env: dict[str, str]
+    envs: dict[str, dict[str, str]]  # service → its process environment (compose's, on loopback)
+    dotenv: dict[str, str]  # the .env compose interpolates ${...} from (.env.example + generated secrets)
     commands: dict[str, list[str]]  # service → argv, init first (and the celery profile's services)
     port: int
     home: Path
     redis_port: int = 0
 
 
-def stack_spec(home: Path, db_url: str, port: int, *, compose: dict | None = None,
+def stack_spec(home: Path, pg_port: int, port: int, *, compose: dict | None = None,
                variables: dict[str, str] | None = None, redis_port: int = 0) -> StackSpec:
-    """What docker compose would run, as local argv + environment (see the module docstring).
-    `variables` are set in .env for compose's interpolation (e.g. MLM_EXECUTOR=CeleryExecutor)."""
+    """What docker compose would run, as local argv + one environment per service (see the module
+    docstring). `variables` are set in .env for compose's interpolation (e.g. MLM_EXECUTOR=CeleryExecutor)."""
     compose = compose or load_compose()
     services = compose["services"]
-    common = services[SERVICES[0]]
-    pairs = path_map(common, home)
-    env = {key: translate(str(value), pairs) for key, value in read_env_file(ENV_EXAMPLE).items()}
-    env.update({key: generated_secret(key) for key in GENERATED})
-    env.update(variables or {})
-    dotenv = dict(env)  # what compose interpolates ${...} from
-    env.update({key: translate(interpolate(str(value), dotenv), pairs) for key, value in common["environment"].items()})
     redis_port = redis_port or free_port()
-    pg = urlsplit(db_url)
-    env.update({
-        "AIRFLOW_HOME": str(home),
-        "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN": db_url,
-        "AIRFLOW__API__HOST": "127.0.0.1",
-        "AIRFLOW__API__PORT": str(port),
-        "AIRFLOW__CORE__EXECUTION_API_SERVER_URL": f"http://127.0.0.1:{port}/execution/",
-        "AIRFLOW__CELERY__BROKER_URL": f"redis://:{env['REDIS_PASSWORD']}@127.0.0.1:{redis_port}/0",
-        "AIRFLOW__CELERY__RESULT_BACKEND": f"db+{pg.scheme}://{pg.netloc}{pg.path}",
-    })
+    dotenv = dict(read_env_file(ENV_EXAMPLE))
+    dotenv.update({key: generated_secret(key) for key in GENERATED})
+    dotenv.update(variables or {})
     bin_dir = str(Path(sys.executable).parent)  # `airflow`, `python` of this venv, as PATH does in the image
-    commands = {}
-    for name in (INIT_SERVICE, *SERVICES, *CELERY_SERVICES):
-        argv = [translate(interpolate(arg, dotenv), pairs) for arg in services[name]["command"]]
+    local = {
+        "AIRFLOW__API__HOST": lambda _: "127.0.0.1",
+        "AIRFLOW__API__PORT": lambda _: str(port),
+        "AIRFLOW__CORE__EXECUTION_API_SERVER_URL": lambda _: f"http://127.0.0.1:{port}/execution/",
+        "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN": lambda url: on_loopback(url, pg_port),
+        "AIRFLOW__CELERY__RESULT_BACKEND": lambda url: on_loopback(url, pg_port),
+        "AIRFLOW__CELERY__BROKER_URL": lambda url: on_loopback(url, redis_port),
+    }
+    assert set(local) == set(LOCAL_KEYS)
+    envs, commands = {}, {}
+    for name in (INIT_SERVICE, *SERVICES, *CELERY_SERVICES, FLOWER):
+        service = services[name]
+        pairs = path_map(service, home)
+        env = {"AIRFLOW_HOME": str(home), "PATH": os.pathsep.join([bin_dir, os.environ.get("PATH", "")])}
+        for key, value in (service.get("environment") or {}).items():
+            value = translate(interpolate(str(value), dotenv), pairs)
+            env[key] = local[key](value) if key in local else value
+        envs[name] = env
+        argv = [translate(interpolate(arg, dotenv), pairs) for arg in service["command"]]
         if argv[0] in ("airflow", "python"):
             argv[0] = os.path.join(bin_dir, argv[0])
         commands[name] = argv
-    env["PATH"] = os.pathsep.join([bin_dir, os.environ.get("PATH", "")])
-    return StackSpec(env=env, commands=commands, port=port, home=home, redis_port=redis_port)
+    return StackSpec(envs=envs, dotenv=dotenv, commands=commands, port=port, home=home, redis_port=redis_port)
 
 
 def generated_secret(key: str) -> str:
@@ -304,15 +322,24 @@ def pg_bin(name: str) -> str:
     raise RuntimeError(f"PostgreSQL's {name} not found: apt-get install -y postgresql")
 
 
-def start_postgres(procs: Procs, workdir: Path, port: int) -> str:
-    """initdb + postgres on 127.0.0.1:port (as the `postgres` user when we are root); returns the URL."""
+def start_postgres(procs: Procs, workdir: Path, port: int, password: str) -> str:
+    """initdb + postgres on 127.0.0.1:port (as the `postgres` user when we are root), superuser `airflow`
+    with `password`, checked on TCP (scram-sha-256, as the postgres image does; the Unix socket is
+    trusted, as there); creates the `airflow` database and returns its URL."""
     as_user = {}
     if os.geteuid() == 0:  # PostgreSQL refuses to run as root
         as_user = {"user": "postgres", "group": "postgres", "extra_groups": []}
         shutil.chown(workdir, "postgres", "postgres")
     data, sockets = workdir / "data", workdir / "sock"
-    init = subprocess.run([pg_bin("initdb"), "-D", str(data), "-U", "airflow", "--auth=trust", "-E", "UTF8",
-                           "--no-sync"], capture_output=True, text=True, timeout=120, **as_user)
+    pwfile = workdir / "pwfile"
+    pwfile.write_text(password + "\n")
+    if as_user:
+        shutil.chown(pwfile, "postgres", "postgres")
+    pwfile.chmod(0o600)
+    init = subprocess.run([pg_bin("initdb"), "-D", str(data), "-U", "airflow", "--auth-local=trust",
+                           "--auth-host=scram-sha-256", f"--pwfile={pwfile}", "-E", "UTF8", "--no-sync"],
+                          capture_output=True, text=True, timeout=120, **as_user)
+    pwfile.unlink()
     if init.returncode:
         raise RuntimeError(f"initdb failed:\n{init.stdout}\n{init.stderr}")
     sockets.mkdir()
@@ -330,11 +357,11 @@ def start_postgres(procs: Procs, workdir: Path, port: int) -> str:
         if time.monotonic() > deadline:
             raise RuntimeError(f"PostgreSQL did not accept connections:\n{procs.tail('postgres')}")
         time.sleep(0.3)
-    made = subprocess.run([pg_bin("createdb"), "-h", "127.0.0.1", "-p", str(port), "-U", "airflow", "airflow"],
+    made = subprocess.run([pg_bin("createdb"), "-h", str(sockets), "-p", str(port), "-U", "airflow", "airflow"],
                           capture_output=True, text=True)
     if made.returncode:
         raise RuntimeError(f"createdb failed: {made.stderr}")
-    return f"postgresql+psycopg2://airflow@127.0.0.1:{port}/airflow"
+    return f"postgresql+psycopg2://airflow:{password}@127.0.0.1:{port}/airflow"
 
 
 # --- the stack ------------------------------------------------------------------------------------
@@ -346,6 +373,7 @@ class Stack:
     spec: StackSpec
     procs: Procs
     redis: object | None = None  # peers.redis_server.RedisServer with the CeleryExecutor
+    users: dict[str, tuple[str, str]] = field(default_factory=dict)  # username → (role, password), admin's too
 
     @property
     def headers(self) -> dict[str, str]:
@@ -353,7 +381,15 @@ class Stack:
 
     @property
     def password(self) -> str:
-        return self.spec.env["AIRFLOW_ADMIN_PASSWORD"]
+        return self.spec.dotenv["AIRFLOW_ADMIN_PASSWORD"]
+
+    def env_of(self, name: str) -> dict[str, str]:
+        """The environment `name` (a service, or a worker of start_worker) was started with."""
+        return self._commands[name][1] if name in self._commands else self.spec.envs[name]
+
+    def token_for(self, username: str) -> str:
+        """A JWT for `username`, from POST /auth/token as an operator's script gets one."""
+        return get_token(self.url, self.users[username][1], username)
 
     def start_worker(self, name: str, queues: str, concurrency: int = 1, env: dict[str, str] | None = None,
                      timeout: float = 180, cpus: str | None = None) -> subprocess.Popen:
@@ -364,8 +400,9 @@ class Stack:
                 "--skip-serve-logs"]  # WORKER_LOCAL_ARGS
         if cpus is not None:
             argv = ["taskset", "-c", cpus, *argv]
-        worker_env = {**self.spec.env, **WORKER_LOCAL_ENV, "MLM_WORKER_QUEUES": queues, "MLM_TEST_WORKER_HOSTNAME": name,
-                      "PYTHONPATH": os.pathsep.join([str(ROOT / "tests"), self.spec.env.get("PYTHONPATH", "")]),
+        base = self.spec.envs["airflow-worker"]
+        worker_env = {**base, **WORKER_LOCAL_ENV, "MLM_WORKER_QUEUES": queues, "MLM_TEST_WORKER_HOSTNAME": name,
+                      "PYTHONPATH": os.pathsep.join([str(ROOT / "tests"), base.get("PYTHONPATH", "")]),
                       **(env or {})}
         proc = self.procs.start(name, argv, worker_env, cwd=self.spec.home)
         self._commands[name] = (argv, worker_env)
@@ -403,7 +440,7 @@ class Stack:
             proc = self.procs.start(name, argv, env, cwd=self.spec.home)
             self.wait_for_worker(name)
             return proc
-        return self.procs.start(name, self.spec.commands[name], self.spec.env, cwd=self.spec.home)
+        return self.procs.start(name, self.spec.commands[name], self.spec.envs[name], cwd=self.spec.home)
 
     def __post_init__(self):
         self._commands: dict[str, tuple[list[str], dict[str, str]]] = {}
@@ -426,20 +463,22 @@ def wait_healthy(url: str, procs: Procs, timeout: float = 240) -> dict:
     raise RuntimeError(f"Airflow not healthy after {timeout}s: {last}\n{logs}")
 
 
-def get_token(url: str, password: str) -> str:
+def get_token(url: str, password: str, username: str = ADMIN_USER) -> str:
+    """POST /auth/token, served by the FAB auth manager (201 with {"access_token": ...})."""
     import httpx
 
-    reply = httpx.post(f"{url}/auth/token", json={"username": ADMIN_USER, "password": password}, timeout=30)
+    reply = httpx.post(f"{url}/auth/token", json={"username": username, "password": password}, timeout=30)
     reply.raise_for_status()
     return reply.json()["access_token"]
 
 
 @contextlib.contextmanager
-def running_stack(workdir: Path, executor: str = "LocalExecutor",
-                  extra_env: dict[str, str] | None = None) -> Iterator[Stack]:
+def running_stack(workdir: Path, executor: str = "LocalExecutor", extra_env: dict[str, str] | None = None,
+                  users: dict[str, str] | None = None) -> Iterator[Stack]:
     """PostgreSQL + airflow-init + the four Airflow services (+ redis-server with the CeleryExecutor;
     workers are started with `stack.start_worker`); everything stopped and checked on exit.
-    `extra_env` is for a test's own tuning (timeouts), on top of what the compose file sets."""
+    `extra_env` is for a test's own tuning (timeouts), on top of what the compose file sets, in every
+    service. `users`: username → FAB role, made after init with generated passwords (`stack.users`)."""
     # A folder outside pytest's 0700 tmp tree: the `postgres` user must reach its data directory.
     pg_dir = Path(tempfile.mkdtemp(prefix="mlm-pg-"))
     home = workdir / "airflow_home"
@@ -450,24 +489,38 @@ def running_stack(workdir: Path, executor: str = "LocalExecutor",
     pg_port, api_port, redis_port = free_port(), free_port(), free_port()
     redis = None
     try:
-        spec = stack_spec(home, start_postgres(procs, pg_dir, pg_port), api_port, redis_port=redis_port,
-                          variables={"MLM_EXECUTOR": executor})
-        spec.env.update(extra_env or {})
+        pg_password = generated_secret("POSTGRES_PASSWORD")
+        start_postgres(procs, pg_dir, pg_port, pg_password)
+        spec = stack_spec(home, pg_port, api_port, redis_port=redis_port,
+                          variables={"MLM_EXECUTOR": executor, "POSTGRES_PASSWORD": pg_password})
+        for env in spec.envs.values():
+            env.update(extra_env or {})
         if "CeleryExecutor" in executor:
             from peers.redis_server import RedisServer
 
-            redis = RedisServer(procs, workdir / "redis", spec.env["REDIS_PASSWORD"], port=redis_port)
+            redis = RedisServer(procs, workdir / "redis", spec.envs["redis"]["REDIS_PASSWORD"], port=redis_port)
             redis.start(spec.commands["redis"])
-        init = subprocess.run(spec.commands[INIT_SERVICE], env={**spec.env, MARKER: procs.marker},
-                              capture_output=True, text=True, timeout=600, cwd=home)
+        init_env = {**spec.envs[INIT_SERVICE], MARKER: procs.marker}
+        init = subprocess.run(spec.commands[INIT_SERVICE], env=init_env, capture_output=True, text=True,
+                              timeout=600, cwd=home)
         if init.returncode:
             raise RuntimeError(f"airflow-init failed:\n{init.stdout[-4000:]}\n{init.stderr[-4000:]}")
+        accounts = {ADMIN_USER: ("Admin", spec.dotenv["AIRFLOW_ADMIN_PASSWORD"])}
+        if users:
+            accounts.update({name: (role, secrets.token_hex(16)) for name, role in users.items()})
+            passwords = {f"MLM_USER_PASSWORD_{name.upper()}": accounts[name][1] for name in users}
+            made = subprocess.run([os.path.join(os.path.dirname(sys.executable), "python"),
+                                   str(ROOT / "deploy" / "fab-user.py"), *(f"{n}={r}" for n, r in users.items())],
+                                  env={**init_env, **passwords}, capture_output=True, text=True, timeout=600,
+                                  cwd=home)
+            if made.returncode:
+                raise RuntimeError(f"fab-user.py failed:\n{made.stdout[-4000:]}\n{made.stderr[-4000:]}")
         for name in SERVICES:
-            procs.start(name, spec.commands[name], spec.env, cwd=home)
+            procs.start(name, spec.commands[name], spec.envs[name], cwd=home)
         url = f"http://127.0.0.1:{api_port}"
         wait_healthy(url, procs)
-        yield Stack(url=url, token=get_token(url, spec.env["AIRFLOW_ADMIN_PASSWORD"]), spec=spec, procs=procs,
-                    redis=redis)
+        yield Stack(url=url, token=get_token(url, spec.dotenv["AIRFLOW_ADMIN_PASSWORD"]), spec=spec, procs=procs,
+                    redis=redis, users=accounts)
     finally:
         procs.stop_all()
         shutil.rmtree(pg_dir, ignore_errors=True)

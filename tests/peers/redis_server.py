@@ -1,11 +1,13 @@
 """A real redis-server (Debian's `redis-server` package) on loopback, as the compose `redis` service runs it.
 
     redis = RedisServer(procs, workdir, password)   # procs: peers.airflow_stack.Procs
-    redis.start(); redis.url                         # redis://:<password>@127.0.0.1:<port>/0
-    redis.stop(); redis.start()                      # same port, same data: an outage and a return
+    redis.start(compose_command); redis.url         # redis://:<password>@127.0.0.1:<port>/0
+    redis.stop(); redis.start(compose_command)      # same port, same data: an outage and a return
 
-The command line is the compose service's (`--appendonly yes --requirepass ...`, so queued tasks
-survive a restart) plus what loopback needs: a free port, bound to 127.0.0.1, data in `workdir`.
+The command is the compose service's (deploy/redis-server.sh: the password's hash in an ACL file,
+the append-only file on, so queued tasks survive a restart) with REDIS_PASSWORD in its environment as
+compose gives it, plus what loopback needs after it: a free port, bound to 127.0.0.1, data and the
+ACL file in `workdir`.
 """
 from __future__ import annotations
 
@@ -38,12 +40,19 @@ class RedisServer:
         return f"redis://:{self.password}@127.0.0.1:{self.port}/0"
 
     def argv(self, compose_command: list[str]) -> list[str]:
-        """The compose service's command with the loopback differences appended (later flags win)."""
-        return [redis_server_bin(), *compose_command[1:], "--port", str(self.port), "--bind", "127.0.0.1",
+        """The compose service's command with the loopback differences appended (the script hands them
+        to redis-server after its config file, so they win)."""
+        return [*compose_command, "--port", str(self.port), "--bind", "127.0.0.1",
                 "--dir", str(self.dir), "--save", "", "--daemonize", "no"]
 
+    def env(self) -> dict[str, str]:
+        """The compose service's environment (REDIS_PASSWORD), redis-server on PATH, the ACL file in workdir."""
+        bin_dir = str(Path(redis_server_bin()).parent)
+        return {"PATH": f"{bin_dir}:/usr/bin:/bin", "REDIS_PASSWORD": self.password,
+                "MLM_REDIS_RUN_DIR": str(self.dir / "run")}
+
     def start(self, compose_command: list[str], timeout: float = 30) -> None:
-        self.procs.start(self.NAME, self.argv(compose_command), {"PATH": "/usr/bin:/bin"})
+        self.procs.start(self.NAME, self.argv(compose_command), self.env())
         deadline = time.monotonic() + timeout
         while not self.ping():
             self.procs.check_alive()
@@ -56,6 +65,16 @@ class RedisServer:
         from peers.airflow_stack import stop_group
 
         stop_group(self.procs.running.pop(self.NAME), timeout=30, sig=signal.SIGTERM)
+
+    def ask(self, *commands: str, timeout: float = 5) -> bytes:
+        """Inline commands on one connection (e.g. "AUTH pw", "CONFIG GET appendonly"), then QUIT, which
+        makes the server close it: the raw RESP replies, QUIT's +OK last."""
+        with socket.create_connection(("127.0.0.1", self.port), timeout=timeout) as sock:
+            sock.sendall("".join(f"{c}\r\n" for c in (*commands, "QUIT")).encode())
+            reply = b""
+            while chunk := sock.recv(4096):
+                reply += chunk
+        return reply
 
     def ping(self) -> bool:
         """RESP by hand (AUTH, PING): no client library between the test and the server."""
