@@ -103,3 +103,16 @@ def test_the_form_picks_a_tpu_type_and_its_runtime(dagbag):
     assert (cfg.tpu.accelerator_type, cfg.tpu.runtime_version) == ("v4-32", "tpu-vm-tf-2.16.1-pod-pjrt")
     with pytest.raises(ConfigError, match="tpu-vm-tf-2.16.1-pod-pjrt"):
         config_from_params({**form, "runtime_version": "tpu-vm-tf-2.16.1-pjrt"})
+
+
+def test_the_forms_show_only_run_settings(dagbag):
+    """Deployment settings (connections, project, endpoints, the VM's environment) come from the
+    deployment file, never from a trigger form (mlm_tasks/deployment.py)."""
+    from mlm_tasks.config import PARAM_PATHS
+    from mlm_tasks.deployment import DEPLOYMENT_KEYS
+
+    for dag in dagbag.dags.values():
+        for name in dag.params:
+            dotted = PARAM_PATHS.get(name, name)
+            assert not any(dotted == k or dotted.startswith(k + ".") for k in DEPLOYMENT_KEYS), (dag.dag_id, name)
+            assert name not in ("project", "api_endpoint", "transport"), (dag.dag_id, name)

@@ -70,7 +70,7 @@ def test_a_flat_form_name_of_a_deployment_setting_is_refused_too(deployment, tmp
                                   "gs://team-bucket/mlmx", "OUT/../../escape"])
 def test_output_root_outside_the_allowed_roots_is_refused(deployment, tmp_path, root):
     root = root.replace("OUT", str(tmp_path / "out"))
-    with pytest.raises(ConfigError, match="outside the roots this deployment allows"):
+    with pytest.raises(ConfigError, match=r"outside the roots this deployment allows|has a '\.\.' path segment"):
         deployment.run_config({"output_root": root})
 
 
