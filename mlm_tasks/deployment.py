@@ -71,6 +71,12 @@ class Deployment(BaseModel):
         if unset:
             raise ConfigError(f"The deployment file {path} uses {', '.join(unset)}, which this service's environment "
                               "does not set: set them (.env) or write the values into the file.")
+        # An empty root (a ${VAR} set to nothing) allows nothing, never the current folder; a local
+        # entry may list several folders, `:`-separated as MLM_SHARED_OUTPUT_ROOTS does.
+        for key in ("output_roots", "config_dirs", "input_roots", "zones"):
+            if isinstance(tree.get(key), list):
+                tree[key] = [part for v in tree[key] if isinstance(v, str)
+                             for part in ([v] if v.startswith("gs://") else v.split(":")) if part]
         dep = cls.model_validate({**tree, "source": str(path)})
         build_config(dep.settings)  # a typo in the deployment's own settings fails here, naming it
         return dep

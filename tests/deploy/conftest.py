@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from peers.airflow_rest import AirflowApi
-from peers.airflow_stack import ROOT, running_stack
+from peers.airflow_stack import ROOT, data_volume, running_stack
 
 DAG_ID = "mlm_pretrain"
 ROLE_USERS = {"viewer": "Viewer", "user": "User", "op": "Op"}
@@ -39,9 +39,10 @@ def airflow_api(airflow_stack) -> AirflowApi:
 
 
 @pytest.fixture
-def tiny_conf(tmp_path) -> dict:
+def tiny_conf(airflow_stack, tmp_path) -> dict:
     # The flat params override the config file, so the tiny values are passed explicitly.
-    return {"config_file": str(ROOT / "configs" / "tiny.yaml"), "output_root": str(tmp_path / "out"),
+    out = data_volume(airflow_stack) / tmp_path.name
+    return {"config_file": str(ROOT / "configs" / "tiny.yaml"), "output_root": str(out),
             "vocab_size": 1000, "max_length": 64, "steps": 12, "batch_size": 8}
 
 

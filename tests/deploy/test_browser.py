@@ -19,7 +19,7 @@ import pytest
 from playwright.sync_api import sync_playwright
 
 from mlm_tasks.paths import safe_run_id
-from peers.airflow_stack import ADMIN_USER, ROOT
+from peers.airflow_stack import ADMIN_USER, ROOT, data_volume
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(1800)]
 
@@ -69,7 +69,7 @@ def test_trigger_form_to_successful_run_in_grid(page, airflow_stack, airflow_api
         assert title in text and description in text, f"{name}: {title!r} / {description!r} not in the form"
 
     # The tiny preset: the flat fields override the file, so each one is set; steps is the change.
-    output_root = tmp_path / "out"
+    output_root = data_volume(airflow_stack) / "out-browser"  # where the deployment lets runs write
     values = {"config_file": str(ROOT / "configs" / "tiny.yaml"), "output_root": str(output_root),
               "vocab_size": "1000", "max_length": "64", "steps": "8", "batch_size": "8"}
     for name, value in values.items():

@@ -24,7 +24,7 @@ from pathlib import Path
 import pytest
 
 from peers.airflow_rest import AirflowApi
-from peers.airflow_stack import ROOT, running_stack
+from peers.airflow_stack import ROOT, data_volume, running_stack
 from peers.file_watch import FolderWatch, sha256
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(1800)]
@@ -196,15 +196,17 @@ def test_merged_manifest_equals_a_single_writer(undisturbed, tmp_path):
     figure("merged = single writer (train)", counts["train"])
 
 
-def test_local_output_root_not_declared_shared_is_refused(api, tmp_path):
-    run_id = trigger(api, "celery-unshared", tmp_path / "not-shared")
+def test_local_output_root_not_declared_shared_is_refused(api, stack, tmp_path):
+    # The mlm-data volume: the deployment lets runs write there, but it is one host's disk.
+    not_shared = data_volume(stack) / "not-shared"
+    run_id = trigger(api, "celery-unshared", not_shared)
     done = api.wait_for_run(DAG_ID, run_id, timeout=RUN_TIMEOUT_S, poll=1)
     assert done["state"] == "failed"
     validate = api.task_instance(DAG_ID, run_id, "validate")
     assert validate["state"] == "failed" and validate["try_number"] == 1  # bad input: no retry
     log = api.log(DAG_ID, run_id, "validate", 1)
     assert "is a local folder, but the CeleryExecutor" in log and "gs://bucket/prefix" in log, log[-3000:]
-    assert not (tmp_path / "not-shared").exists()
+    assert not not_shared.exists()
 
 
 def test_sigkill_worker_mid_write_retries_on_the_other(api, stack, undisturbed, shared):

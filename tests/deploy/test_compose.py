@@ -123,7 +123,8 @@ def test_harness_runs_the_same_commands_and_environment(compose, spec):
         # are the image's ENV).
         assert set(env) == {*environment, "AIRFLOW_HOME", "PATH"}, name
         changed = {k for k, v in environment.items() if env[k] != stack.translate(interpolate(str(v), spec.dotenv), pairs)}
-        assert changed == set(stack.LOCAL_KEYS) & set(environment), name
+        # MLM_DEPLOYMENT: a copy of the file whose container paths are mapped the same way.
+        assert changed == (set(stack.LOCAL_KEYS) | {"MLM_DEPLOYMENT"}) & set(environment), name
         for key in changed & {"AIRFLOW__DATABASE__SQL_ALCHEMY_CONN", "AIRFLOW__CELERY__RESULT_BACKEND",
                               "AIRFLOW__CELERY__BROKER_URL"}:  # only the peer's address differs
             there, here = urlsplit(interpolate(environment[key], spec.dotenv)), urlsplit(env[key])
@@ -342,3 +343,30 @@ def test_ci_installs_redis_and_the_lock_has_the_celery_provider():
     lock = (ROOT / "requirements.txt").read_text().lower()
     for package in ("apache-airflow-providers-celery==", "celery==", "redis=="):
         assert re.search(rf"^{re.escape(package)}", lock, re.M), package
+
+
+def test_every_service_reads_the_deployment_file_and_it_bounds_runs(compose, monkeypatch):
+    """The compose stack's deployment file (deploy/deployment.yaml, README "Security model") is the
+    one every service reads; with .env.example's values it owns the project and connections, and keeps
+    runs inside the mlm-data volume and the MLM_GCS_ROOT prefix."""
+    from mlm_tasks.config import ConfigError
+    from mlm_tasks.deployment import Deployment
+
+    dotenv = read_env_file(ROOT / ".env.example")
+    # Every service that parses DAGs or runs tasks (validate runs in the scheduler or a worker).
+    for name in ("airflow-scheduler", "airflow-dag-processor", "airflow-triggerer", "airflow-worker"):
+        env = compose["services"][name]["environment"]
+        assert env["MLM_DEPLOYMENT"] == "/opt/airflow/deploy/deployment.yaml", name
+    for key, value in {**dotenv, "MLM_GCP_CONN_ID": "google_cloud_default", "MLM_TPU_PROJECT": "team-project",
+                       "MLM_GCS_ROOT": "gs://team-bucket/mlm", "MLM_SHARED_OUTPUT_ROOTS": ""}.items():
+        monkeypatch.setenv(key, value)
+    dep = Deployment.load(str(ROOT / "deploy" / "deployment.yaml"))
+    assert dep.settings["tpu"]["project"] == "team-project" and "tpu.api_endpoint" in dep.owned_keys()
+    assert dep.output_roots == ["/opt/airflow/out", "gs://team-bucket/mlm"]
+    with pytest.raises(ConfigError, match="outside the roots this deployment allows"):
+        dep.check_run(dep.run_config({"output_root": "/opt/airflow/out"}).model_copy(
+            update={"output_root": "gs://someone-else/x"}))
+    monkeypatch.setenv("MLM_GCS_ROOT", "")  # unset in .env: no bucket at all, never "any folder"
+    monkeypatch.setenv("MLM_SHARED_OUTPUT_ROOTS", "/mnt/a:/mnt/b")  # the declared shared mounts may be written
+    assert Deployment.load(str(ROOT / "deploy" / "deployment.yaml")).output_roots == [
+        "/opt/airflow/out", "/mnt/a", "/mnt/b"]

@@ -23,6 +23,7 @@ import httpx
 import pytest
 
 from mlm_tasks.paths import safe_run_id
+from peers.airflow_stack import data_volume
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(1800)]
 
@@ -31,7 +32,7 @@ RUN_TIMEOUT_S = 1200
 
 
 @pytest.fixture(scope="module")
-def runs(airflow_api, tmp_path_factory) -> dict[str, dict]:
+def runs(airflow_stack, airflow_api) -> dict[str, dict]:
     """Both runs triggered up front: {name: {"run_id", "output_root", "conf"}}."""
     from peers.airflow_stack import ROOT
 
@@ -43,7 +44,7 @@ def runs(airflow_api, tmp_path_factory) -> dict[str, dict]:
     }
     out = {}
     for name, conf in wanted.items():
-        conf = {**conf, "output_root": str(tmp_path_factory.mktemp(f"out-{name}"))}
+        conf = {**conf, "output_root": str(data_volume(airflow_stack) / f"out-{name}")}  # where runs may write
         run = airflow_api.trigger(DAG_ID, conf=conf, run_id=f"rest-{name}")
         assert run["state"] == "queued" and run["conf"] == conf, run
         out[name] = {"run_id": run["dag_run_id"], "output_root": conf["output_root"], "conf": conf}
@@ -127,6 +128,23 @@ def test_viewer_cannot_trigger_a_run_admin_can(airflow_stack, airflow_api, runs)
     assert httpx.get(f"{airflow_stack.url}/api/v2/dags", timeout=30).status_code == 401
     wrong = httpx.post(f"{airflow_stack.url}/auth/token", json={"username": "admin", "password": "wrong"}, timeout=30)
     assert wrong.status_code == 401, wrong.text
+
+
+def test_a_rest_conf_cannot_set_a_deployment_setting(airflow_stack, airflow_api, runs):
+    """Through the real api-server, as an admin even: the conf's tpu.api_endpoint (which would receive
+    the GCP connection's token) is refused by validate under the stack's deployment file, without
+    retries, and nothing after validate runs."""
+    conf = {**runs["param"]["conf"], "output_root": str(data_volume(airflow_stack) / "out-boundary"),
+            "overrides": {"tpu.api_endpoint": "http://attacker.example"}}
+    run = airflow_api.trigger(DAG_ID, conf=conf, run_id="rest-boundary")
+    done = airflow_api.wait_for_run(DAG_ID, run["dag_run_id"], timeout=RUN_TIMEOUT_S)
+    assert done["state"] == "failed"
+    validate = airflow_api.task_instance(DAG_ID, run["dag_run_id"], "validate")
+    assert validate["state"] == "failed" and validate["try_number"] == 1
+    log = airflow_api.log(DAG_ID, run["dag_run_id"], "validate", 1)
+    assert "tpu.api_endpoint is a deployment setting: the trigger's settings may not set it" in log, log[-3000:]
+    assert "deployment-airflow-scheduler.yaml" in log  # names where the deployment sets it
+    assert not (data_volume(airflow_stack) / "out-boundary").exists()
 
 
 def test_user_cannot_edit_connections_op_can(airflow_stack):

@@ -195,12 +195,30 @@ def stack_spec(home: Path, pg_port: int, port: int, *, compose: dict | None = No
         for key, value in (service.get("environment") or {}).items():
             value = translate(interpolate(str(value), dotenv), pairs)
             env[key] = local[key](value) if key in local else value
+        if "MLM_DEPLOYMENT" in env:  # the file names container paths too: the same map, into a copy
+            env["MLM_DEPLOYMENT"] = str(_local_deployment_file(Path(env["MLM_DEPLOYMENT"]), pairs, home, name))
         envs[name] = env
         argv = [translate(interpolate(arg, dotenv), pairs) for arg in service["command"]]
         if argv[0] in ("airflow", "python"):
             argv[0] = os.path.join(bin_dir, argv[0])
         commands[name] = argv
     return StackSpec(envs=envs, dotenv=dotenv, commands=commands, port=port, home=home, redis_port=redis_port)
+
+
+def _local_deployment_file(path: Path, pairs: list[tuple[str, str]], home: Path, service: str) -> Path:
+    """deploy/deployment.yaml with its container paths (/opt/airflow/out, /opt/airflow/configs) mapped
+    as this service's volumes map them."""
+    text = path.read_text()
+    for container, local_path in pairs:
+        text = re.sub(re.escape(container) + r"(?=[/\],\s]|$)", local_path, text, flags=re.M)
+    copy = home / f"deployment-{service}.yaml"
+    copy.write_text(text)
+    return copy
+
+
+def data_volume(stack: "Stack") -> Path:
+    """The stack's `mlm-data` volume (/opt/airflow/out): the deployment file lets runs write there."""
+    return stack.spec.home / "mlm-data"
 
 
 def generated_secret(key: str) -> str:
