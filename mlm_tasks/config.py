@@ -25,6 +25,7 @@ from mlm_tasks.vm import runtimes
 
 SPECIAL_TOKENS = ["<s>", "<pad>", "</s>", "<unk>", "<mask>"]
 SUPPORTED_SCHEMES = ("file", "gs")
+MAX_CONFIG_BYTES = 1 << 20
 
 
 class _Section(BaseModel):
@@ -392,6 +393,10 @@ def read_yaml_config(path: str | Path) -> dict:
     path = Path(path)
     if not path.exists():
         raise ConfigError(f"Config file {path} does not exist: see configs/ for examples.")
+    # Reading a FIFO would hang the task and /dev/zero fill its memory: a config is a small regular file.
+    if not path.is_file() or path.stat().st_size > MAX_CONFIG_BYTES:
+        raise ConfigError(f"Config file {path} is not a regular file of at most {MAX_CONFIG_BYTES} bytes: give a YAML "
+                          "file of settings (see configs/).")
     try:
         tree = yaml.load(path.read_text(), Loader=StrictLoader)
     except yaml.YAMLError as err:

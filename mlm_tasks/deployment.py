@@ -34,7 +34,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from mlm_tasks.config import PARAM_PATHS, PipelineConfig, build_config, read_yaml_config
+from mlm_tasks.config import MAX_CONFIG_BYTES, PARAM_PATHS, PipelineConfig, build_config, read_yaml_config
 from mlm_tasks.errors import ConfigError
 
 ENV = "MLM_DEPLOYMENT"
@@ -47,7 +47,6 @@ DEPLOYMENT_KEYS = (
 )
 # Run settings that name local files or gs:// objects to read: they must lie under input_roots.
 INPUT_KEYS = ("corpus.local_paths", "corpus.dump_path", "corpus.shards_uri", "corpus.tokenizer_uri")
-MAX_CONFIG_BYTES = 1 << 20
 FINGERPRINT = re.compile(r"^[0-9a-f]{16}$")
 
 

@@ -51,3 +51,15 @@ def test_missing_config_file_is_a_clear_error(tmp_path):
 def test_max_length_fits_when_positions_are_raised():
     cfg = build_config(overrides={"max_length": 256, "model.max_position_embeddings": 258})
     assert cfg.shards.max_length == 256
+
+
+def test_a_config_file_that_is_not_a_small_regular_file_is_refused(tmp_path):
+    import os
+
+    from mlm_tasks.config import ConfigError, load_config
+
+    fifo = tmp_path / "fifo.yaml"
+    os.mkfifo(fifo)  # reading it would hang the task
+    for path in (fifo, "/dev/zero", tmp_path):
+        with pytest.raises(ConfigError, match="is not a regular file of at most"):
+            load_config(path)
