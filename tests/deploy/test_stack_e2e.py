@@ -143,7 +143,7 @@ def test_a_rest_conf_cannot_set_a_deployment_setting(airflow_stack, airflow_api,
     assert validate["state"] == "failed" and validate["try_number"] == 1
     log = airflow_api.log(DAG_ID, run["dag_run_id"], "validate", 1)
     assert "tpu.api_endpoint is a deployment setting: the trigger's settings may not set it" in log, log[-3000:]
-    assert "deployment-airflow-scheduler.yaml" in log  # names where the deployment sets it
+    assert "-deployment-airflow-scheduler.yaml" in log  # names where the deployment sets it
     assert not (data_volume(airflow_stack) / "out-boundary").exists()
 
 

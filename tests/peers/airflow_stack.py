@@ -211,7 +211,8 @@ def _local_deployment_file(path: Path, pairs: list[tuple[str, str]], home: Path,
     text = path.read_text()
     for container, local_path in pairs:
         text = re.sub(re.escape(container) + r"(?=[/\],\s]|$)", local_path, text, flags=re.M)
-    copy = home / f"deployment-{service}.yaml"
+    # Beside home, not in it: callers may create home after the spec (stack_spec only describes).
+    copy = home.parent / f"{home.name}-deployment-{service}.yaml"
     copy.write_text(text)
     return copy
 
