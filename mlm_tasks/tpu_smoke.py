@@ -28,6 +28,7 @@ import logging
 import signal
 import sys
 import time
+from pathlib import Path
 from typing import Any, Callable
 
 from mlm_tasks import credentials, tpu, tpu_slices
@@ -206,31 +207,34 @@ def capture_command(cfg: PipelineConfig) -> str:
 
 
 def capture_image(cfg: PipelineConfig, name: str, host: str, args: argparse.Namespace,
-                  out: Callable[[str], None]) -> None:
-    """Write worker 0's `pip freeze` into the runtime's image file, marked as captured (make lock-vm
-    then locks against it instead of resolving the image as of its date)."""
+                  out: Callable[[str], None], path: Path | None = None) -> Path:
+    """Write worker 0's `pip freeze` into the runtime's image file (or `path`), marked as captured
+    (make lock-vm then locks against it instead of resolving the image as of its date)."""
+    import re
+
     from mlm_tasks.vm import runtimes
 
     runtime = runtimes.get(cfg.tpu.runtime_version)
+    path = path or runtime.image_path
     lines: list[str] = []
     codes = run_on_workers([host], args.ssh_user, args.ssh_key, cfg.tpu.ssh_port, capture_command(cfg), lines.append)
     if codes[0] != 0:
         raise RuntimeError(f"Capturing the image failed (exit code {codes[0]}): {lines[-5:]}")
     python, *freeze = [line.removeprefix("[worker 0] ") for line in lines]
-    pinned = sorted(line for line in freeze if "==" in line)
-    other = [line for line in freeze if "==" not in line]  # `name @ file://...`: not installable from an index
-    runtime.image_path.write_text(
+    # The pty merges pip's warnings into the output: keep requirement lines only.
+    pinned = sorted(line for line in freeze if re.fullmatch(r"[A-Za-z0-9._-]+==\S+", line))
+    other = [line for line in freeze if re.match(r"[A-Za-z0-9._-]+ @ ", line)]  # not installable from an index
+    path.write_text(
         f"# captured from TPU VM {name} ({cfg.tpu.accelerator_type}, {runtime.version}) on "
         f"{time.strftime('%Y-%m-%d', time.gmtime())} by `python -m mlm_tasks.tpu_smoke --capture-image`: "
         f"Python {python}.\n" + "".join(f"# not from an index: {line}\n" for line in other)
         + "\n".join(pinned) + "\n")
-    out(f"Captured {len(pinned)} packages of {runtime.version} into {runtime.image_path}: run `make lock-vm`, "
+    out(f"Captured {len(pinned)} packages of {runtime.version} into {path}: run `make lock-vm`, "
         "then the tests, and commit both files.")
+    return path
 
 
 def smoke(args: argparse.Namespace, out: Callable[[str], None] = print) -> int:
-    from pathlib import Path
-
     from mlm_tasks.tpu_remote import CodeBundle, remote_command, stage_code
 
     cfg = smoke_config(args)

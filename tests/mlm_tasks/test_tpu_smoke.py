@@ -115,3 +115,29 @@ def test_dry_run_shows_any_slice_before_paying_for_it(ssh_key, accelerator, runt
     name = tpu.node_name(tpu_smoke.DAG_ID, "smoke-pod")
     assert ("export TPU_LOAD_LIBRARY=0" in ssh[1], f"export MLM_TPU_NODE={name}" in ssh[1]) == (pod, pod)
     assert ("export NEXT_PLUGGABLE_DEVICE_USE_C_API=true" in ssh[1]) == (not pod)
+
+
+def test_capture_image_records_the_workers_packages_for_the_next_lock(sshd, tmp_path):
+    """--capture-image over real SSH, on the simulated 2.16.1 image: its `pip freeze` becomes an image
+    file marked as captured, which `make lock-vm` then takes as the image instead of a dated resolve."""
+    import sys as _sys
+
+    from mlm_tasks.config import PipelineConfig
+    from mlm_tasks.vm import runtimes
+    from peers.tpu_vm_image import build
+
+    _sys.path.insert(0, str(ROOT / "scripts"))
+    import lock_vm
+
+    python = build(runtimes.get("tpu-vm-tf-2.16.1-pjrt"))
+    cfg = PipelineConfig.model_validate({"tpu": {"python": str(python), "ssh_port": sshd.port}})
+    args = tpu_smoke.parse_args(["--project", "p", "--zone", "z", "--bucket", "gs://b/s", "--ssh-key", sshd.key_path,
+                                 "--ssh-user", sshd.user])
+    lines: list[str] = []
+    path = tpu_smoke.capture_image(cfg, "mlm-smoke-x", sshd.host, args, lines.append, path=tmp_path / "image.txt")
+    text = path.read_text()
+    assert text.startswith(lock_vm.CAPTURED) and "Python 3.10.13" in text.splitlines()[0]
+    assert "tensorflow==2.16.1" in text.splitlines() and "protobuf==4.25.3" in text.splitlines()
+    assert not any(line.startswith("WARNING") for line in text.splitlines())
+    assert lock_vm.pins(path)["typing-extensions"] == "4.11.0"
+    assert "Captured" in lines[-1] and str(path) in lines[-1]
