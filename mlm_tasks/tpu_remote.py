@@ -91,6 +91,18 @@ def _tarball(files: list[tuple[str, bytes]]) -> bytes:
 def stage_code(output_root: str, runtime_version: str, package_dir: Path = PACKAGE_DIR) -> CodeBundle:
     """Upload the package (from wherever it is installed, or `package_dir`) to output_root/_code/<sha>/
     unless already there."""
+    bundle, tarball = code_bundle(output_root, runtime_version, package_dir)
+    marker, uri = join(bundle.uri, "_SUCCESS"), join(bundle.uri, "mlm_tasks.tar.gz")
+    # The marker says an upload finished, not that the bytes are still ours: read them back every time.
+    if not (storage.exists(marker) and storage.exists(uri)
+            and hashlib.sha256(storage.read_bytes(uri)).hexdigest() == bundle.tar_sha256):
+        storage.write_bytes(uri, tarball)
+        storage.write_text(marker, bundle.sha)  # last: a bundle with a marker is complete
+    return bundle
+
+
+def code_bundle(output_root: str, runtime_version: str, package_dir: Path = PACKAGE_DIR) -> tuple[CodeBundle, bytes]:
+    """What stage_code would upload, and where, without any I/O (the smoke tool's dry run prints it)."""
     from mlm_tasks.vm import runtimes
 
     runtime = runtimes.get(runtime_version)
@@ -108,13 +120,7 @@ def stage_code(output_root: str, runtime_version: str, package_dir: Path = PACKA
     bundle = CodeBundle(sha=sha, uri=join(output_root, "_code", sha), lock=lock_name,
                         lock_sha=hashlib.sha256(lock).hexdigest()[:16], tensorflow=runtime.tensorflow,
                         pod=runtime.pod, tar_sha256=hashlib.sha256(tarball).hexdigest())
-    marker, uri = join(bundle.uri, "_SUCCESS"), join(bundle.uri, "mlm_tasks.tar.gz")
-    # The marker says an upload finished, not that the bytes are still ours: read them back every time.
-    if not (storage.exists(marker) and storage.exists(uri)
-            and hashlib.sha256(storage.read_bytes(uri)).hexdigest() == bundle.tar_sha256):
-        storage.write_bytes(uri, tarball)
-        storage.write_text(marker, bundle.sha)  # last: a bundle with a marker is complete
-    return bundle
+    return bundle, tarball
 
 
 def _shell_path(path: str) -> str:

@@ -235,7 +235,7 @@ def capture_image(cfg: PipelineConfig, name: str, host: str, args: argparse.Name
 
 
 def smoke(args: argparse.Namespace, out: Callable[[str], None] = print) -> int:
-    from mlm_tasks.tpu_remote import CodeBundle, remote_command, stage_code
+    from mlm_tasks.tpu_remote import code_bundle, remote_command, stage_code
 
     cfg = smoke_config(args)
     run_id = args.run_id or time.strftime("smoke-%Y%m%dT%H%M%S", time.gmtime())
@@ -255,12 +255,7 @@ def smoke(args: argparse.Namespace, out: Callable[[str], None] = print) -> int:
             fingerprint = args.data_fingerprint or "<fingerprint>"
             out(f"(dry run) would prepare the tiny data set under {cfg.output_root}/datasets/ and stage the code "
                 f"under {cfg.output_root}/_code/")
-            from mlm_tasks.vm import runtimes
-
-            runtime = runtimes.get(cfg.tpu.runtime_version)
-            lock = runtime.lock_path.relative_to(runtimes.HERE.parent.parent).as_posix()
-            code = CodeBundle(sha="<sha>", uri=f"{cfg.output_root}/_code/<sha>", lock=lock, lock_sha="<lock-sha>",
-                              tensorflow=runtime.tensorflow, pod=runtime.pod)
+            code = code_bundle(cfg.output_root, cfg.tpu.runtime_version)[0]  # the real hashes, nothing sent
         else:
             from mlm_tasks.steps import build_shard_set
 
