@@ -207,10 +207,11 @@ def _record_ids(record: bytes, where: str) -> list[int]:
 
 def adopt(cfg: PipelineConfig, corpus: ShardsCorpus, paths: DataPaths, corpus_fingerprint: str) -> None:
     """Publish the tokenizer and a manifest of the brought shards under `paths`, then _SUCCESS."""
-    from mlm_tasks.manifest import build_manifest, publish_manifest
-    from mlm_tasks.dataset import manifest_extra
-    from mlm_tasks.tokenizer import load_tokenizer, save_tokenizer
     from tokenizers import Tokenizer
+
+    from mlm_tasks.dataset import manifest_extra
+    from mlm_tasks.manifest import build_manifest, publish_manifest
+    from mlm_tasks.tokenizer import load_tokenizer, save_tokenizer
 
     max_length = check_shards(cfg, corpus)
     save_tokenizer(Tokenizer.from_str(corpus.tokenizer_json), paths.tokenizer, max_length)

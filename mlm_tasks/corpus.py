@@ -144,7 +144,7 @@ class WikiDumpCorpus(Corpus):
                     return
 
     def rows_partition(self, split: str, part: int, num_parts: int) -> Iterator[str]:
-        for article_split, row in self.split_rows(part, num_parts, only=split):
+        for _split, row in self.split_rows(part, num_parts, only=split):
             yield row
 
     def split_rows(self, part: int = 0, num_parts: int = 1, only: str | None = None) -> Iterator[tuple[str, str]]:

@@ -20,8 +20,8 @@ from typing import TypedDict
 from mlm_tasks import storage
 from mlm_tasks.config import PipelineConfig
 from mlm_tasks.corpus import open_corpus
-from mlm_tasks.paths import DataPaths, join
 from mlm_tasks.manifest import MANIFEST_VERSION, ShardSet
+from mlm_tasks.paths import DataPaths, join
 from mlm_tasks.tokenizer import save_tokenizer, train_unigram
 
 log = logging.getLogger(__name__)

@@ -31,21 +31,21 @@ if "AIRFLOW_HOME" not in os.environ:
 # The fake TPU API answers 429 then 503 before each create/delete goes through: retry those fast.
 os.environ.setdefault("MLM_TPU_RETRY_INITIAL_S", "0.05")
 
+from peers.fake_hub import fake_hub  # noqa: E402,F401  (fixture)
 from peers.gcs import gcs, gcs_root  # noqa: E402,F401  (fixtures)
 from peers.tls_proxy import tf_gcs_env, tls_gcs_proxy  # noqa: E402,F401  (fixtures)
-from peers.fake_hub import fake_hub  # noqa: E402,F401  (fixture)
+
 # Airflow puts plugins/ itself on sys.path; DAGs and plugin modules import each other that way.
 _PLUGINS = os.path.join(os.path.dirname(_TESTS), "plugins")
 if _PLUGINS not in sys.path:
     sys.path.append(_PLUGINS)
-from peers.fake_tpu_api import fake_tpu, oauth_server, sa_key  # noqa: E402,F401  (fixtures)
-from peers.sshd import sshd  # noqa: E402,F401  (fixture)
-from peers.airflow_home import airflow_env  # noqa: E402,F401  (fixture)
-from peers.tiny_data import tiny_cfg, tiny_prepared  # noqa: E402,F401  (fixtures)
-from peers.model_clients import pt_python, tiny_model  # noqa: E402,F401  (fixtures)
-
-
 import pytest  # noqa: E402
+
+from peers.airflow_home import airflow_env  # noqa: E402,F401  (fixture)
+from peers.fake_tpu_api import fake_tpu, oauth_server, sa_key  # noqa: E402,F401  (fixtures)
+from peers.model_clients import pt_python, tiny_model  # noqa: E402,F401  (fixtures)
+from peers.sshd import sshd  # noqa: E402,F401  (fixture)
+from peers.tiny_data import tiny_cfg, tiny_prepared  # noqa: E402,F401  (fixtures)
 
 
 @pytest.fixture(autouse=True)

@@ -20,8 +20,8 @@ from mlm_tasks.paths import RunContext
 log = logging.getLogger(__name__)
 
 
-def merge_shards(cfg: PipelineConfig, ctx: RunContext, *, cache_hit: bool = False, corpus_fingerprint: str | None = None,
-                 num_parts: int | None = None, corpus=None) -> DataSummary:
+def merge_shards(cfg: PipelineConfig, ctx: RunContext, *, cache_hit: bool = False,
+                 corpus_fingerprint: str | None = None, num_parts: int | None = None, corpus=None) -> DataSummary:
     """`corpus_fingerprint` is the plan's, so a large local corpus is not hashed a second time."""
     from mlm_tasks.shards_parallel import merge_partitions
     from mlm_tasks.tokenizer import load_tokenizer

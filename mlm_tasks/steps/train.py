@@ -17,7 +17,7 @@ import math
 import os
 import platform
 import tempfile
-from typing import Callable
+from collections.abc import Callable
 
 from mlm_tasks import storage
 from mlm_tasks.config import ConfigError, PipelineConfig
@@ -170,7 +170,8 @@ def train(cfg: PipelineConfig, ctx: RunContext, *, on_checkpoint: Callable[[int,
     total_steps = plan_steps(cfg, shard_set, global_batch)
     warmup = int(total_steps * cfg.train.warmup_fraction)
     log.info("Training on %s (%s): %d replica(s), global batch %d, %d steps, warmup %d, XLA %s, precision %s",
-             device, type(strategy).__name__, replicas, global_batch, total_steps, warmup, "on" if xla else "off", precision)
+             device, type(strategy).__name__, replicas, global_batch, total_steps, warmup, "on" if xla else "off",
+             precision)
     # None unless publish.sync_checkpoints (and on worker 0)
     sync = hub_sync.hub_checkpoint_sync(cfg, hub_token, train_records=shard_set.records("train"),
                                         global_batch=global_batch, total_steps=total_steps,
@@ -210,7 +211,7 @@ def train(cfg: PipelineConfig, ctx: RunContext, *, on_checkpoint: Callable[[int,
             loss_sum, count, correct = masked_lm_loss(model, batch, max_pred, training=True)
             loss = loss_sum / tf.maximum(count, 1.0) / replicas
         grads = tape.gradient(loss, model.trainable_variables)
-        optimizer.apply_gradients(zip(grads, model.trainable_variables))
+        optimizer.apply_gradients(zip(grads, model.trainable_variables, strict=False))
         return loss_sum, count, correct
 
     @tf.function
