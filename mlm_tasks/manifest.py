@@ -16,7 +16,7 @@ import json
 from dataclasses import dataclass
 
 from mlm_tasks import storage
-from mlm_tasks.config import ConfigError
+from mlm_tasks.config import ConfigError, PipelineConfig
 from mlm_tasks.paths import DataPaths, join
 
 # 2: two features (input_ids, attention_mask) and record counts in the names; 1 had input_ids only.
@@ -118,3 +118,17 @@ class ShardSet:
         """Per-split counts: records, tokens, shard files, rows, characters, articles."""
         return {s: {k: e.get(k) for k in ("records", "tokens", "rows", "characters", "articles")}
                 | {"shards": len(e["shards"])} for s, e in self.data["splits"].items()}
+
+
+def manifest_extra(cfg: PipelineConfig, corpus, corpus_fingerprint: str, paths: DataPaths, tokenizer) -> dict:
+    """What the manifest says besides the shards: vocabulary, tokenizer hash, source, credit, special ids."""
+    return {
+        "vocab_size": len(tokenizer),
+        "tokenizer_sha256": hashlib.sha256(
+            storage.read_bytes(join(paths.tokenizer, "tokenizer.json"))).hexdigest(),
+        "corpus_source": cfg.corpus.source,
+        "corpus_fingerprint": corpus_fingerprint,
+        "credit": corpus.credit,
+        "special_ids": {"pad": tokenizer.pad_token_id, "mask": tokenizer.mask_token_id,
+                        "bos": tokenizer.cls_token_id, "eos": tokenizer.sep_token_id},
+    }

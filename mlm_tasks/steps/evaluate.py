@@ -67,7 +67,7 @@ def evaluate(cfg: PipelineConfig, ctx: RunContext) -> dict:
 
     from mlm_tasks.data import mlm_dataset
     from mlm_tasks.model import build_model
-    from mlm_tasks.steps.train import load_manifest
+    from mlm_tasks.run_checks import load_manifest
     from mlm_tasks.tokenizer import load_tokenizer
 
     run, run_id, fingerprint = ctx.run, ctx.run_id, ctx.data.fingerprint

@@ -13,8 +13,8 @@ import logging
 from mlm_tasks import storage
 from mlm_tasks.config import PipelineConfig
 from mlm_tasks.corpus import open_corpus
-from mlm_tasks.dataset import DataSummary, data_summary, manifest_extra
-from mlm_tasks.manifest import ShardSet
+from mlm_tasks.dataset import DataSummary, data_summary
+from mlm_tasks.manifest import ShardSet, manifest_extra
 from mlm_tasks.paths import RunContext
 
 log = logging.getLogger(__name__)
