@@ -29,11 +29,15 @@ run: env
 test: env lint
 	$(PY) -m pytest $(PYTEST_ARGS)
 
+# The quick subset (marker `unit`, set in tests/conftest.py): no Airflow stack or `airflow dags test`,
+# no PyTorch env (so no env-pt here), no simulated TPU VM image, no training past a few seconds.
+test-fast: env lint
+	$(PY) -m pytest -m unit $(PYTEST_ARGS)
+
 # Style is checked, not debated: ruff's rules and per-file waivers are in pyproject.toml ([tool.ruff]).
 LINT_PATHS := mlm_tasks plugins dags tests scripts bench
 lint: env
 	$(VENV)/bin/ruff check $(LINT_PATHS)
-
 # Every lock pins hashes and every install requires them: a changed file on the index fails the install.
 # uv keeps the committed pins (it prefers what -o's file holds): add --upgrade to move them.
 lock:

@@ -87,6 +87,7 @@ def test_vm_lock_leaves_the_image_alone():
             assert name in lock, name
 
 
+@pytest.mark.slow  # resolves every image's closure with uv against the package index
 def test_image_files_are_the_images_as_released():
     """An image file not captured from a real VM is exactly TensorFlow's closure as of the runtime's
     release day: no package in it is newer than the image (the 2.16.1 image: April 2024)."""
@@ -99,6 +100,7 @@ def test_image_files_are_the_images_as_released():
     assert (image["typing-extensions"], image["protobuf"], image["grpcio"]) == ("4.11.0", "4.25.3", "1.62.2")
 
 
+@pytest.mark.slow  # resolves every VM lock with uv against the package index
 def test_vm_lock_resolves_with_the_image_pins():
     for rt in runtimes.locks():
         resolved = {lock_vm.name_of(line): line.split("==", 1)[1] for line in lock_vm.check(rt)}
