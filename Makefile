@@ -11,27 +11,47 @@ export AIRFLOW__CORE__PLUGINS_FOLDER := $(CURDIR)/plugins
 export AIRFLOW__CORE__LOAD_EXAMPLES := False
 export TF_USE_LEGACY_KERAS := 1
 
-.PHONY: env run test lock clean lock-vm tpuvm-env
+.PHONY: env run test test-fast lint typecheck lock lock-dev clean lock-vm tpuvm-env
 
 env: $(VENV)/.installed
 
-$(VENV)/.installed: requirements.txt pyproject.toml
+$(VENV)/.installed: requirements.txt requirements-dev.txt pyproject.toml
 	@command -v uv >/dev/null || $(PYTHON) -m pip install --quiet uv
 	uv venv --allow-existing --python "$$(command -v $(PYTHON) || command -v python3)" $(VENV)
 	VIRTUAL_ENV=$(VENV) uv pip install --quiet --require-hashes -r requirements.txt
+	VIRTUAL_ENV=$(VENV) uv pip install --quiet --require-hashes -r requirements-dev.txt
 	VIRTUAL_ENV=$(VENV) uv pip install --quiet --no-deps -e .
 	@touch $@
 
 run: env
 	@scripts/make_run.sh
 
-test: env
+test: env lint
 	$(PY) -m pytest $(PYTEST_ARGS)
+
+# The quick subset (marker `unit`, set in tests/conftest.py): no Airflow stack or `airflow dags test`,
+# no PyTorch env (so no env-pt here), no simulated TPU VM image, no training past a few seconds.
+test-fast: env lint
+	$(PY) -m pytest -m unit $(PYTEST_ARGS)
+
+# Style is checked, not debated: ruff's rules and per-file waivers are in pyproject.toml ([tool.ruff]).
+LINT_PATHS := mlm_tasks plugins dags tests scripts bench
+lint: env
+	$(VENV)/bin/ruff check $(LINT_PATHS)
+
+# Types of the task library ([tool.mypy] in pyproject.toml). Not part of `make test` until it is clean.
+typecheck: env
+	$(VENV)/bin/mypy
 
 # Every lock pins hashes and every install requires them: a changed file on the index fails the install.
 # uv keeps the committed pins (it prefers what -o's file holds): add --upgrade to move them.
 lock:
 	uv pip compile requirements.in -o requirements.txt --python-version 3.11 --generate-hashes
+
+# The dev tools (ruff, mypy), locked apart so requirements.txt's pins stay as they are (and constrained by
+# them, so a dependency both share keeps the runtime pin).
+lock-dev:
+	uv pip compile requirements-dev.in -o requirements-dev.txt -c requirements.txt --python-version 3.11 --generate-hashes
 
 # The PyTorch + transformers 5.x client of the published model, for tests only (tests/mlm_tasks/
 # test_pt_export.py, test_model_card.py). The PyPI torch wheel brings CUDA libraries (~5 GB, cached by uv).

@@ -25,7 +25,6 @@ import shutil
 import statistics
 import sys
 import tempfile
-import time
 from datetime import datetime
 from pathlib import Path
 
@@ -53,8 +52,8 @@ def corpus_overrides(factor: int, parts: int) -> dict:
 
 def seed_tokenizer(out: Path, factor: int) -> None:
     """The prepared tokenizer under this corpus' fingerprint, as bench 3 copies it: only writing is timed."""
-    from mlm_tasks.paths import DataPaths
     from mlm_tasks.dataset import data_fingerprint
+    from mlm_tasks.paths import DataPaths
 
     cfg = common.bench_config(**{**corpus_overrides(factor, 1), "output_root": str(out)})
     shutil.copytree(common.prepared()["tokenizer_uri"], DataPaths(str(out), data_fingerprint(cfg)).tokenizer)
@@ -116,7 +115,8 @@ def main() -> None:
             run(api, "warmup", {"config_file": DEFAULT, "output_root": str(out),
                                 "overrides": corpus_overrides(args.factor, 1)})
             variants = [("1 worker, partitions 1", 1, 1), ("1 worker, partitions 2", 1, 2), ("2 workers", 2, 2)]
-            env_note = {k: stack.env_of("airflow-scheduler").get(k) for k in ("AIRFLOW__WORKERS__MIN_HEARTBEAT_INTERVAL",)}
+            env_note = {k: stack.env_of("airflow-scheduler").get(k)
+                        for k in ("AIRFLOW__WORKERS__MIN_HEARTBEAT_INTERVAL",)}
             for r in range(args.rounds):
                 order = variants if r % 2 == 0 else variants[::-1]
                 for name, workers, parts in order:
@@ -146,7 +146,8 @@ def main() -> None:
 
     print(f"\n```\n{common.machine()}\nload avg before the stack started: "
           f"{load_before[0]:.1f}/{load_before[1]:.1f}/{load_before[2]:.1f}; {env_note}\n```\n")
-    best_one = min((common.median([f["wall_s"] for f in results[n]]) for n in results if n.startswith("1 worker")), default=0)
+    best_one = min((common.median([f["wall_s"] for f in results[n]]) for n in results if n.startswith("1 worker")),
+                   default=0)
     rows = []
     for name, runs in results.items():
         wall = common.median([f["wall_s"] for f in runs])

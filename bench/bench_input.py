@@ -21,8 +21,8 @@ from bench_train import BATCH, run_ours  # noqa: E402
 
 def input_rate(batches: int) -> float:
     from mlm_tasks.data import mlm_dataset
-    from mlm_tasks.paths import DataPaths
     from mlm_tasks.manifest import ShardSet
+    from mlm_tasks.paths import DataPaths
     from mlm_tasks.tokenizer import load_tokenizer
 
     data = common.prepared()

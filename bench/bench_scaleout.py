@@ -12,7 +12,8 @@ thread pool over both cores, the strongest one-process baseline. A worker still 
 with writing in a second thread (mlm_tasks.shards.encoded_batches), so unpinned, one worker already uses
 part of the idle second core; the "pinned" variants hold each worker to its own core
 (sched_setaffinity), which is what "one worker = one core" means exactly. Each worker's CPU seconds are reported
-too: on a machine shared with other work, wall time measures the scheduler's share, not the writer. The merged manifest's counts are
+too: on a machine shared with other work, wall time measures the scheduler's share, not the writer. The merged
+manifest's counts are
 compared with those of one partition of one (what build_shard_set writes).
 """
 from __future__ import annotations
@@ -68,7 +69,8 @@ def run_fanout(factor: int, num_parts: int, env: dict, pin: bool = False) -> tup
     root = tempfile.mkdtemp(prefix="bench-scaleout-")
     try:
         shutil.copytree(common.prepared()["tokenizer_uri"], _paths(root).tokenizer)
-        procs = [subprocess.Popen([sys.executable, __file__, "--worker", f"{factor}:{p}:{num_parts}:{p if pin else -1}:{root}"],
+        procs = [subprocess.Popen([sys.executable, __file__, "--worker",
+                                   f"{factor}:{p}:{num_parts}:{p if pin else -1}:{root}"],
                                   stdout=subprocess.PIPE, text=True, env={**os.environ, **env})
                  for p in range(num_parts)]
         while not all(os.path.exists(os.path.join(root, f"ready-{p}")) for p in range(num_parts)):

@@ -115,7 +115,7 @@ def run_reference(rows, out_dir: str, num_proc: int, linear_concat: bool = False
     for shard, start in enumerate(range(0, len(ds), RECORDS_PER_SHARD)):
         snapshot = ds[start:start + RECORDS_PER_SHARD]
         with tf.io.TFRecordWriter(os.path.join(out_dir, f"dataset-{shard}.tfrecord")) as writer:
-            for ids, mask in zip(snapshot["input_ids"], snapshot["attention_mask"]):
+            for ids, mask in zip(snapshot["input_ids"], snapshot["attention_mask"], strict=False):
                 features = {"input_ids": tf.train.Feature(int64_list=tf.train.Int64List(value=ids)),
                             "attention_mask": tf.train.Feature(int64_list=tf.train.Int64List(value=mask))}
                 writer.write(tf.train.Example(features=tf.train.Features(feature=features)).SerializeToString())
@@ -184,10 +184,10 @@ def main() -> None:
     ratios = []
     for other, target in (("ref N=2", "≥ 3"), ("ref-chain N=2", "-"), ("ref N=1", "-"), ("raw", "-")):
         if "task" in rate and other in rate:
-            paired = [r / o for o, r in zip(times["task"], times[other])]
+            paired = [r / o for o, r in zip(times["task"], times[other], strict=False)]
             ratios.append([f"task / {other}", rate["task"] / rate[other], common.median(paired), target])
     if "task-xml" in rate and "ref N=2" in rate:
-        paired = [r / o for o, r in zip(times["task-xml"], times["ref N=2"])]
+        paired = [r / o for o, r in zip(times["task-xml"], times["ref N=2"], strict=False)]
         ratios.append(["task-xml / ref N=2", rate["task-xml"] / rate["ref N=2"], common.median(paired), "-"])
     print()
     print(common.table(["ratio", "of medians", "median of per-round", "target"], ratios))

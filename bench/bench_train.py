@@ -144,7 +144,7 @@ def run_equality(preset: str, n: int = 8) -> dict:
             loss_sum, count, _ = masked_lm_loss(ours, batch, cfg.train.max_predictions_per_seq, training=True)
             loss = loss_sum / tf.maximum(count, 1.0)
         grads = tape.gradient(loss, ours.trainable_variables)
-        optimizer.apply_gradients(zip(grads, ours.trainable_variables))
+        optimizer.apply_gradients(zip(grads, ours.trainable_variables, strict=False))
         return loss
 
     ours_losses = [float(step(b)) for b in batches]
@@ -191,12 +191,16 @@ def main() -> None:
             res: dict[str, list[dict]] = {"ours": [], "reference": []}
             for rnd in range(args.rounds):  # alternate which goes first, so drift hits both alike
                 for impl in (("ours", "reference") if rnd % 2 == 0 else ("reference", "ours")):
-                    res[impl].append(common.run_worker(__file__, f"{impl}:{preset}:{xla}:{precision}:{args.device}:{steps}:{warmup}"))
-                    print(f"{preset} xla={xla} precision={precision} {impl}: {res[impl][-1]['tokens_per_s']:.0f} tokens/s", file=sys.stderr)
+                    res[impl].append(common.run_worker(
+                        __file__, f"{impl}:{preset}:{xla}:{precision}:{args.device}:{steps}:{warmup}"))
+                    print(f"{preset} xla={xla} precision={precision} {impl}: "
+                          f"{res[impl][-1]['tokens_per_s']:.0f} tokens/s", file=sys.stderr)
             o = common.median([x["tokens_per_s"] for x in res["ours"]])
             r = common.median([x["tokens_per_s"] for x in res["reference"]])
-            rounds = " ".join(f"{a['tokens_per_s'] / b['tokens_per_s']:.2f}" for a, b in zip(res["ours"], res["reference"]))
-            rows.append([preset, xla, precision, r, o, o / r, rounds, f"{res['ours'][0]['steps_timed']}/{res['reference'][0]['steps_timed']}",
+            rounds = " ".join(f"{a['tokens_per_s'] / b['tokens_per_s']:.2f}"
+                              for a, b in zip(res["ours"], res["reference"], strict=False))
+            rows.append([preset, xla, precision, r, o, o / r, rounds,
+                         f"{res['ours'][0]['steps_timed']}/{res['reference'][0]['steps_timed']}",
                          res["reference"][0]["peak_rss_mb"], res["ours"][0]["peak_rss_mb"]])
     eq = common.run_worker(__file__, "equality:tiny")
     print(f"\n{common.machine()}\nbatch {BATCH} x {common.MAX_LENGTH} tokens, vocab 8000; tokens/s after warmup\n")
@@ -206,7 +210,8 @@ def main() -> None:
     print(f"\nloss per step, tiny, same initial weights and batches ({eq['sequences_over_max_predictions']} "
           "sequences had more than 32 masked tokens):\n")
     print(common.table(["step", "reference", "ours", "|diff|"],
-                       [[i + 1, f"{r:.6f}", f"{o:.6f}", f"{abs(r - o):.1e}"] for i, (r, o) in enumerate(zip(eq["reference"], eq["ours"]))]))
+                       [[i + 1, f"{r:.6f}", f"{o:.6f}", f"{abs(r - o):.1e}"]
+                        for i, (r, o) in enumerate(zip(eq["reference"], eq["ours"], strict=False))]))
     print("\ntarget: ours >= 2x the reference at equal config, equal loss per step")
 
 

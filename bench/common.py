@@ -103,13 +103,14 @@ def table(headers: list[str], rows: list[list]) -> str:
 
     cells = [[fmt(v) for v in r] for r in rows]
     widths = [max(len(h), *(len(c[i]) for c in cells)) if cells else len(h) for i, h in enumerate(headers)]
-    line = lambda vals: "| " + " | ".join(v.ljust(w) for v, w in zip(vals, widths)) + " |"  # noqa: E731
+    line = lambda vals: "| " + " | ".join(v.ljust(w) for v, w in zip(vals, widths, strict=False)) + " |"  # noqa: E731
     return "\n".join([line(headers), "|" + "|".join("-" * (w + 2) for w in widths) + "|"] + [line(c) for c in cells])
 
 
 def machine() -> str:
-    cpu = next((line.split(":", 1)[1].strip() for line in open("/proc/cpuinfo") if line.startswith("model name")),
-               platform.processor())
+    with open("/proc/cpuinfo") as f:
+        cpu = next((line.split(":", 1)[1].strip() for line in f if line.startswith("model name")),
+                   platform.processor())
     mem = subprocess.run(["free", "-h"], capture_output=True, text=True).stdout.strip().splitlines()
     load = os.getloadavg()
     return (f"{time.strftime('%Y-%m-%d %H:%M %Z')} · {os.cpu_count()} CPUs ({cpu}) · "

@@ -28,6 +28,7 @@ from datetime import timedelta
 
 import pendulum
 from airflow.sdk import Param, dag, task
+
 from dag_defaults import default_args
 
 DEFAULT_ZONES = [z.strip() for z in (os.environ.get("MLM_TPU_ZONES") or os.environ.get("MLM_TPU_ZONE")

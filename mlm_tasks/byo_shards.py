@@ -32,7 +32,7 @@ import os
 
 from mlm_tasks import storage
 from mlm_tasks.config import SPECIAL_TOKENS, ConfigError, CorpusConfig, PipelineConfig
-from mlm_tasks.corpus import Corpus
+from mlm_tasks.corpus_base import Corpus
 from mlm_tasks.paths import SPLITS, DataPaths, join
 from mlm_tasks.shards import FEATURES, records_from_name
 from mlm_tasks.tfrecord import count_records, iter_records, parse_example
@@ -207,10 +207,10 @@ def _record_ids(record: bytes, where: str) -> list[int]:
 
 def adopt(cfg: PipelineConfig, corpus: ShardsCorpus, paths: DataPaths, corpus_fingerprint: str) -> None:
     """Publish the tokenizer and a manifest of the brought shards under `paths`, then _SUCCESS."""
-    from mlm_tasks.manifest import build_manifest, publish_manifest
-    from mlm_tasks.dataset import manifest_extra
-    from mlm_tasks.tokenizer import load_tokenizer, save_tokenizer
     from tokenizers import Tokenizer
+
+    from mlm_tasks.manifest import build_manifest, manifest_extra, publish_manifest
+    from mlm_tasks.tokenizer import load_tokenizer, save_tokenizer
 
     max_length = check_shards(cfg, corpus)
     save_tokenizer(Tokenizer.from_str(corpus.tokenizer_json), paths.tokenizer, max_length)

@@ -18,8 +18,8 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from mlm_tasks import tpu_slices
-from mlm_tasks.paths import check_safe_uri
 from mlm_tasks.errors import ConfigError  # noqa: F401  (re-exported: callers import it from here too)
+from mlm_tasks.paths import check_safe_uri
 from mlm_tasks.presets import PRESETS, ModelShape
 from mlm_tasks.vm import runtimes
 
@@ -98,7 +98,8 @@ class TrainConfig(_Section):
     learning_rate: float = Field(1e-3, gt=0, lt=1, description="Peak AdamW learning rate.")
     warmup_fraction: float = Field(0.06, ge=0, lt=1, description="Share of steps of linear warmup.")
     weight_decay: float = Field(0.01, ge=0, description="AdamW weight decay (not on norms and biases).")
-    adam_beta2: float = Field(0.98, gt=0, lt=1, description="AdamW beta2 (RoBERTa's 0.98 is steadier than 0.999 at high LR).")
+    adam_beta2: float = Field(0.98, gt=0, lt=1,
+                              description="AdamW beta2 (RoBERTa's 0.98 is steadier than 0.999 at high LR).")
     adam_epsilon: float = Field(1e-6, gt=0, description="AdamW epsilon.")
     mlm_probability: float = Field(0.15, gt=0, lt=1, description="Share of tokens selected for masking.")
     max_predictions_per_seq: int = Field(32, ge=0, description="LM head runs only at this many masked "
@@ -198,7 +199,7 @@ class TpuConfig(_Section):
                                 "worker (no secrets: the config is logged and kept in XCom).")
 
     @model_validator(mode="after")
-    def _supported_runtime(self) -> "TpuConfig":
+    def _supported_runtime(self) -> TpuConfig:
         # The runtime picks the image's TensorFlow and so the VM lock (mlm_tasks.vm.runtimes).
         runtimes.get(self.runtime_version)
         return self
@@ -206,8 +207,10 @@ class TpuConfig(_Section):
 
 class GateConfig(_Section):
     max_eval_loss: float | None = Field(None, gt=0, description="Publish only if eval loss is at most this.")
-    min_accuracy: float | None = Field(None, ge=0, le=1, description="Publish only if masked accuracy is at least this.")
-    require_better_than_published: bool = Field(True, description="Publish only if not worse than the last published model.")
+    min_accuracy: float | None = Field(None, ge=0, le=1,
+                                       description="Publish only if masked accuracy is at least this.")
+    require_better_than_published: bool = Field(True,
+                                                description="Publish only if not worse than the last published model.")
 
 
 class PublishConfig(_Section):
@@ -249,7 +252,7 @@ class PipelineConfig(_Section):
     publish: PublishConfig = Field(default_factory=PublishConfig)
 
     @model_validator(mode="after")
-    def _cross_checks(self) -> "PipelineConfig":
+    def _cross_checks(self) -> PipelineConfig:
         shape = self.model.shape()  # raises on an unknown preset
         if shape.hidden_size % shape.num_attention_heads:
             raise ConfigError(f"model.hidden_size {shape.hidden_size} is not a multiple of "

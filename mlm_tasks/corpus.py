@@ -25,6 +25,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 
 from mlm_tasks.config import ConfigError, CorpusConfig
+from mlm_tasks.corpus_base import Corpus
 from mlm_tasks.paths import SPLITS
 
 log = logging.getLogger(__name__)
@@ -81,31 +82,6 @@ class Article:
     rows: list[str]
 
 
-class Corpus:
-    """A source of rows per split with a content fingerprint."""
-
-    credit: str = ""
-
-    def fingerprint(self) -> str:
-        raise NotImplementedError
-
-    def rows(self, split: str) -> Iterator[str]:
-        return self.rows_partition(split, 0, 1)
-
-    def rows_partition(self, split: str, part: int, num_parts: int) -> Iterator[str]:
-        """The rows of `split` in partition `part` of `num_parts`: every row of the source lands in
-        exactly one partition, and other partitions' rows are skipped before they are parsed, so
-        `num_parts` shard-writing tasks each do 1/num_parts of the work (mlm_tasks.shards_parallel)."""
-        raise NotImplementedError
-
-    def split_rows(self, part: int = 0, num_parts: int = 1) -> Iterator[tuple[str, str]]:
-        """(split, row) for every row of partition `part`. Sources split by a hash of the text read
-        the source once for all splits; the rows of each split come in the order rows_partition yields."""
-        for split in SPLITS:
-            for row in self.rows_partition(split, part, num_parts):
-                yield split, row
-
-
 class WikiDumpCorpus(Corpus):
     credit = WIKI_CREDIT
 
@@ -144,7 +120,7 @@ class WikiDumpCorpus(Corpus):
                     return
 
     def rows_partition(self, split: str, part: int, num_parts: int) -> Iterator[str]:
-        for article_split, row in self.split_rows(part, num_parts, only=split):
+        for _split, row in self.split_rows(part, num_parts, only=split):
             yield row
 
     def split_rows(self, part: int = 0, num_parts: int = 1, only: str | None = None) -> Iterator[tuple[str, str]]:

@@ -20,8 +20,8 @@ from typing import TypedDict
 from mlm_tasks import storage
 from mlm_tasks.config import PipelineConfig
 from mlm_tasks.corpus import open_corpus
-from mlm_tasks.paths import DataPaths, join
 from mlm_tasks.manifest import MANIFEST_VERSION, ShardSet
+from mlm_tasks.paths import DataPaths, join
 from mlm_tasks.tokenizer import save_tokenizer, train_unigram
 
 log = logging.getLogger(__name__)
@@ -112,17 +112,3 @@ def ensure_tokenizer(cfg: PipelineConfig, corpus, paths: DataPaths) -> None:
     save_tokenizer(tok, paths.tokenizer, cfg.shards.max_length)
     log.info("Trained Unigram tokenizer (vocab %d) in %.1fs -> %s", tok.get_vocab_size(), time.time() - t0,
              paths.tokenizer)
-
-
-def manifest_extra(cfg: PipelineConfig, corpus, corpus_fingerprint: str, paths: DataPaths, tokenizer) -> dict:
-    """What the manifest says besides the shards: vocabulary, tokenizer hash, source, credit, special ids."""
-    return {
-        "vocab_size": len(tokenizer),
-        "tokenizer_sha256": hashlib.sha256(
-            storage.read_bytes(join(paths.tokenizer, "tokenizer.json"))).hexdigest(),
-        "corpus_source": cfg.corpus.source,
-        "corpus_fingerprint": corpus_fingerprint,
-        "credit": corpus.credit,
-        "special_ids": {"pad": tokenizer.pad_token_id, "mask": tokenizer.mask_token_id,
-                        "bos": tokenizer.cls_token_id, "eos": tokenizer.sep_token_id},
-    }

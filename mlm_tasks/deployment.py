@@ -61,7 +61,7 @@ class Deployment(BaseModel):
     zones: list[str] = Field(default_factory=list, description="The tpu.zone values a run may pick (empty: any).")
 
     @classmethod
-    def load(cls, path: str | None = None) -> "Deployment | None":
+    def load(cls, path: str | None = None) -> Deployment | None:
         path = path or os.environ.get(ENV)
         if not path:
             return None
@@ -174,7 +174,8 @@ def _nested(run: dict[str, Any]) -> dict[str, Any]:
         node = tree
         for part in parents:
             node = node.setdefault(part, {})
-        node[leaf] = _merge(node[leaf], value) if isinstance(node.get(leaf), dict) and isinstance(value, dict) else value
+        both_dicts = isinstance(node.get(leaf), dict) and isinstance(value, dict)
+        node[leaf] = _merge(node[leaf], value) if both_dicts else value
     return tree
 
 

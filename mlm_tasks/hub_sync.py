@@ -55,7 +55,7 @@ def check_sync_settings(cfg: PipelineConfig, token: str | None) -> None:
 
 
 def hub_checkpoint_sync(cfg: PipelineConfig, token: str | None, *, train_records: int, global_batch: int,
-                        total_steps: int, strategy=None, endpoint: str | None = None) -> "HubCheckpointSync | None":
+                        total_steps: int, strategy=None, endpoint: str | None = None) -> HubCheckpointSync | None:
     """The Hub sync hook for this training run, or None when sync is off or this is not worker 0."""
     if not cfg.publish.sync_checkpoints:
         return None
@@ -190,7 +190,7 @@ class CheckpointSyncer:
                                f"{self.errors[-1]}")
         return list(self.uploaded)
 
-    def __enter__(self) -> "CheckpointSyncer":
+    def __enter__(self) -> CheckpointSyncer:
         return self
 
     def __exit__(self, exc_type, exc, tb) -> None:

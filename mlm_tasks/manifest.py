@@ -16,7 +16,7 @@ import json
 from dataclasses import dataclass
 
 from mlm_tasks import storage
-from mlm_tasks.config import ConfigError
+from mlm_tasks.config import ConfigError, PipelineConfig
 from mlm_tasks.paths import DataPaths, join
 
 # 2: two features (input_ids, attention_mask) and record counts in the names; 1 had input_ids only.
@@ -36,7 +36,7 @@ def build_manifest(paths: DataPaths, max_length: int, records_per_shard: int, sp
             "splits": splits, **extra}
 
 
-def publish_manifest(paths: DataPaths, manifest: dict) -> "ShardSet":
+def publish_manifest(paths: DataPaths, manifest: dict) -> ShardSet:
     """manifest.json, then _SUCCESS: last, because it is all readers and sensors trust."""
     storage.write_json(paths.manifest, manifest)
     storage.write_text(paths.success, "")
@@ -49,7 +49,7 @@ class ShardSet:
     data: dict
 
     @classmethod
-    def load(cls, paths: DataPaths) -> "ShardSet":
+    def load(cls, paths: DataPaths) -> ShardSet:
         if not storage.exists(paths.success):
             raise FileNotFoundError(f"No complete shard set under {paths.shards_dir} (no _SUCCESS): run "
                                     "build_shard_set first (or the DAG) or check output_root and the data fingerprint.")
@@ -95,7 +95,7 @@ class ShardSet:
     def verify(self, split: str, checksums: bool = True) -> None:
         """Fail, without retry, on a missing, truncated or corrupted shard instead of training on less data.
         checksums=False compares sizes only: no shard is read (cheap enough for a check before the VM)."""
-        for shard, uri in zip(self.shards(split), self.shard_uris(split)):
+        for shard, uri in zip(self.shards(split), self.shard_uris(split), strict=False):
             if not storage.exists(uri):
                 raise ConfigError(f"Shard {uri} listed in {self.paths.manifest} is missing: "
                                   f"{rebuild_hint(self.paths)}.")
@@ -118,3 +118,17 @@ class ShardSet:
         """Per-split counts: records, tokens, shard files, rows, characters, articles."""
         return {s: {k: e.get(k) for k in ("records", "tokens", "rows", "characters", "articles")}
                 | {"shards": len(e["shards"])} for s, e in self.data["splits"].items()}
+
+
+def manifest_extra(cfg: PipelineConfig, corpus, corpus_fingerprint: str, paths: DataPaths, tokenizer) -> dict:
+    """What the manifest says besides the shards: vocabulary, tokenizer hash, source, credit, special ids."""
+    return {
+        "vocab_size": len(tokenizer),
+        "tokenizer_sha256": hashlib.sha256(
+            storage.read_bytes(join(paths.tokenizer, "tokenizer.json"))).hexdigest(),
+        "corpus_source": cfg.corpus.source,
+        "corpus_fingerprint": corpus_fingerprint,
+        "credit": corpus.credit,
+        "special_ids": {"pad": tokenizer.pad_token_id, "mask": tokenizer.mask_token_id,
+                        "bos": tokenizer.cls_token_id, "eos": tokenizer.sep_token_id},
+    }

@@ -115,10 +115,10 @@ class RunContext:
     fingerprint: str | None = None
 
     @classmethod
-    def of(cls, cfg, run_id: str = "cli-run", fingerprint: str | None = None) -> "RunContext":
+    def of(cls, cfg, run_id: str = "cli-run", fingerprint: str | None = None) -> RunContext:
         return cls(cfg.output_root, run_id, fingerprint)
 
-    def with_data(self, fingerprint: str) -> "RunContext":
+    def with_data(self, fingerprint: str) -> RunContext:
         return replace(self, fingerprint=fingerprint)
 
     @property

@@ -26,7 +26,7 @@ class ProgressLog:
     def record(self, step: int, loss_sum, count, correct) -> None:
         if step == self.start + 1:
             self.t_steady = time.time()
-        self.window = [w + float(v) for w, v in zip(self.window, (loss_sum, count, correct))]
+        self.window = [w + float(v) for w, v in zip(self.window, (loss_sum, count, correct), strict=False)]
         if step % self.every == 0 or step in (self.total, self.start + 1):
             self._emit(step)
 

@@ -124,7 +124,9 @@ class BlockWriter:
         encoded, done = encode_examples(block) if len(block) else [], 0
         while done < len(encoded):
             if self.file is None:
-                self.file, self.count = open(os.path.join(self.dir, f"part-{len(self.shards):05d}.tfrecord"), "wb"), 0
+                # Held open across write() calls: closed when the shard is full or the split ends.
+                name = os.path.join(self.dir, f"part-{len(self.shards):05d}.tfrecord")
+                self.file, self.count = open(name, "wb"), 0  # noqa: SIM115
             take = min(self.cfg.records_per_shard - self.count, len(encoded) - done)
             self.file.write(frame_records(encoded[done:done + take]))
             done, self.count, self.records = done + take, self.count + take, self.records + take

@@ -6,7 +6,8 @@
 
 The DAGs map the `write_shards` step over `shards.partitions` partitions; the CLI (`build_shard_set`,
 `run_all`), the benchmarks and the test fixtures write one partition of one, through the same step
-functions (mlm_tasks/steps/plan_shards.py, write_shards.py, merge_shards.py). The tokenizer must already be published at `paths.tokenizer`.
+functions (mlm_tasks/steps/plan_shards.py, write_shards.py, merge_shards.py). The tokenizer must already be
+published at `paths.tokenizer`.
 
 One read per partition: the corpus yields this partition's (split, row) pairs for every split in one
 pass (`Corpus.split_rows`), skipping the other partitions' rows before parsing them (whole pages of a

@@ -69,9 +69,8 @@ def train_unigram(rows: Iterable[str], cfg: TokenizerConfig):
 
 
 def to_pretrained(tok, max_length: int):
-    from transformers import PreTrainedTokenizerFast
-
     from tokenizers import AddedToken
+    from transformers import PreTrainedTokenizerFast
 
     return PreTrainedTokenizerFast(
         tokenizer_object=tok,

@@ -87,7 +87,7 @@ def labels(run_id: str, ttl_hours: float, now: float | None = None) -> dict[str,
             "created": str(int(now)), "expires": str(int(now + ttl_hours * 3600))}
 
 
-def client(cfg: TpuConfig) -> "TpuClient":
+def client(cfg: TpuConfig) -> TpuClient:
     """A TpuClient for cfg with the handed-in credentials (see mlm_tasks.credentials), else ADC."""
     from google.cloud import tpu_v2
 
@@ -140,13 +140,13 @@ def full_name(cfg: TpuConfig, name: str) -> str:
     return f"{parent(cfg)}/nodes/{name}"
 
 
-def _state_of(node: "Node") -> NodeState:
+def _state_of(node: Node) -> NodeState:
     workers = tuple((e.ip_address, e.access_config.external_ip) for e in node.network_endpoints)
     return NodeState(name=node.name.rsplit("/", 1)[-1], state=node.state.name, workers=workers,
                      labels=dict(node.labels))
 
 
-def get_state(cfg: TpuConfig, name: str, api: "TpuClient | None" = None) -> NodeState:
+def get_state(cfg: TpuConfig, name: str, api: TpuClient | None = None) -> NodeState:
     from google.api_core.exceptions import NotFound
 
     api = api or client(cfg)
@@ -157,7 +157,7 @@ def get_state(cfg: TpuConfig, name: str, api: "TpuClient | None" = None) -> Node
         return NodeState(name=name, state=NOT_FOUND)
 
 
-def operation_error(cfg: TpuConfig, operation: str, api: "TpuClient | None" = None) -> str | None:
+def operation_error(cfg: TpuConfig, operation: str, api: TpuClient | None = None) -> str | None:
     """The error message of a finished long-running operation, or None (running or succeeded)."""
     from google.longrunning import operations_pb2
 
@@ -168,7 +168,7 @@ def operation_error(cfg: TpuConfig, operation: str, api: "TpuClient | None" = No
     return op.error.message or f"error code {op.error.code}"
 
 
-def _new_node(cfg: TpuConfig, node_labels: dict[str, str], metadata: dict[str, str] | None) -> "Node":
+def _new_node(cfg: TpuConfig, node_labels: dict[str, str], metadata: dict[str, str] | None) -> Node:
     from google.cloud import tpu_v2
 
     network = tpu_v2.NetworkConfig(network=cfg.network or "", subnetwork=cfg.subnetwork or "",
@@ -184,7 +184,7 @@ def _new_node(cfg: TpuConfig, node_labels: dict[str, str], metadata: dict[str, s
 
 
 def ensure_node(cfg: TpuConfig, name: str, node_labels: dict[str, str],
-                metadata: dict[str, str] | None = None, api: "TpuClient | None" = None) -> NodeState:
+                metadata: dict[str, str] | None = None, api: TpuClient | None = None) -> NodeState:
     """Make sure node `name` exists or is on its way; never waits for the API's operations.
 
     READY -> reused ("ready"); CREATING and other passing states -> "wait"; PREEMPTED, TERMINATED
@@ -217,7 +217,7 @@ def ensure_node(cfg: TpuConfig, name: str, node_labels: dict[str, str],
                      operation=op.operation.name)
 
 
-def delete_node(cfg: TpuConfig, name: str, api: "TpuClient | None" = None) -> str | None:
+def delete_node(cfg: TpuConfig, name: str, api: TpuClient | None = None) -> str | None:
     """Start deleting node `name`; returns the operation name, or None when it is already gone."""
     from google.api_core.exceptions import NotFound
 
@@ -232,7 +232,7 @@ def delete_node(cfg: TpuConfig, name: str, api: "TpuClient | None" = None) -> st
 
 
 def refresh_expiry(cfg: TpuConfig, node: NodeState, expires: str | None,
-                   api: "TpuClient | None" = None) -> str | None:
+                   api: TpuClient | None = None) -> str | None:
     """Move the node's `expires` label to `expires` (epoch seconds) when that is later; returns the
     update operation, or None when nothing had to change. Only the labels field is written."""
     from google.cloud import tpu_v2
@@ -250,14 +250,14 @@ def refresh_expiry(cfg: TpuConfig, node: NodeState, expires: str | None,
     return op.operation.name
 
 
-def list_nodes(cfg: TpuConfig, api: "TpuClient | None" = None) -> list[NodeState]:
+def list_nodes(cfg: TpuConfig, api: TpuClient | None = None) -> list[NodeState]:
     # The pager fetches later pages while we iterate, with the same limits: iterate inside `answered`.
     with answered(cfg, f"list_nodes {parent(cfg)}"):
         return [_state_of(node) for node in (api or client(cfg)).list_nodes(parent=parent(cfg), **limits(cfg))]
 
 
 def list_expired(cfg: TpuConfig, now: float | None = None, prefix: str = NAME_PREFIX,
-                 api: "TpuClient | None" = None) -> list[NodeState]:
+                 api: TpuClient | None = None) -> list[NodeState]:
     """Nodes named `prefix*` whose `expires` label is in the past; nodes without one are left alone
     (we did not make them, or someone labelled them by hand)."""
     now = time.time() if now is None else now
@@ -269,7 +269,7 @@ def list_expired(cfg: TpuConfig, now: float | None = None, prefix: str = NAME_PR
     return expired
 
 
-def worker_endpoints(node: "Node | NodeState", external: bool = False) -> list[str]:
+def worker_endpoints(node: Node | NodeState, external: bool = False) -> list[str]:
     """IP of each worker, worker 0 first (the order TPU runtimes number the hosts)."""
     state = node if isinstance(node, NodeState) else _state_of(node)
     ips = [ext if external else internal for internal, ext in state.workers]
@@ -281,7 +281,7 @@ def worker_endpoints(node: "Node | NodeState", external: bool = False) -> list[s
 
 
 def host_keys(cfg: TpuConfig, name: str, worker: int = 0, timeout_s: float = 30.0,
-              api: "TpuClient | None" = None) -> dict[str, str]:
+              api: TpuClient | None = None) -> dict[str, str]:
     """SSH host public keys worker `worker` of node `name` published, as {type: base64 key}.
 
     The VM's guest agent publishes them as guest attributes (namespace `hostkeys`); they are what

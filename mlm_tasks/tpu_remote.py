@@ -36,9 +36,9 @@ import json
 import re
 import shlex
 import tarfile
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Sequence
 
 from mlm_tasks import storage
 from mlm_tasks.config import ConfigError, PipelineConfig
@@ -223,7 +223,8 @@ def _run_lock(step: str, run_id: str, grace_s: int = STOP_GRACE_S) -> list[str]:
             # sshd makes each session's shell a process-group leader: the group takes the step's children too.
             f'kill -s KILL -- "-$pid" 2>/dev/null || kill -s KILL "$pid" 2>/dev/null || true; fi')
     stuck = (f'echo "The run lock $PWD/"{q}" is still held (its pid file names ${{pid:-nobody}}): another copy of '
-             f'this run\'s "{who}" runs. Find it with: fuser -v $PWD/"{q}"; stop it, then clear this task." >&2; exit 3')
+             f'this run\'s "{who}" runs. Find it with: fuser -v $PWD/"{q}"; stop it, then clear this task." '
+             '>&2; exit 3')
     # `exec 9>>` inside `{ }` runs in this shell (no subshell), so the step's `exec` inherits fd 9.
     return [f'if ! {{ exec 9>>{q} && flock -n 9; }}; then pid=$(cat {pid_file} 2>/dev/null || true); '
             f'if {holder}; then {stop}; fi; flock -w {KILL_WAIT_S} 9 || {{ {stuck}; }}; '
@@ -255,7 +256,8 @@ def remote_command(cfg: PipelineConfig, step: str, run_id: str, *, node: str, ex
     # The token arrives in the session's environment, never in this line; hand it on under its own name.
     if expect_token:  # an sshd that does not accept the name drops it without a word
         parts.append(f'if [ -z "${{{SESSION_ENV_TOKEN}:-}}" ]; then echo "The Hub token did not reach the VM: its '
-                     f'sshd_config needs AcceptEnv LANG LC_* (Ubuntu\'s default) for {SESSION_ENV_TOKEN}." >&2; exit 3; fi')
+                     f'sshd_config needs AcceptEnv LANG LC_* (Ubuntu\'s default) for {SESSION_ENV_TOKEN}." '
+                     '>&2; exit 3; fi')
     # Held in a shell variable (not exported) until the exec: the fetch, pip and the image check never
     # see it, in their environment or in what they might log or hand on.
     parts.append(f'{TOKEN_VAR}="${{{SESSION_ENV_TOKEN}:-${{HF_TOKEN:-}}}}"; unset {SESSION_ENV_TOKEN} HF_TOKEN')

@@ -9,7 +9,8 @@ prepared into the bucket from this machine, a Spot TPU VM `mlm-smoke-<hash>` is 
 same request the DAG sends (labels with a 2-hour TTL, so the janitor catches it if all else fails;
 ssh-keys from --ssh-key; enable-oslogin FALSE; the cloud-platform scope), port 22 of worker 0 is
 probed, the real bootstrap stages the code to the bucket and installs it on the VM, `python -m
-mlm_tasks train` runs on worker 0 (the smoke slices are one host), and the VM is deleted in a `finally` that SIGTERM and SIGHUP
+mlm_tasks train` runs on worker 0 (the smoke slices are one host), and the VM is deleted in a `finally` that
+SIGTERM and SIGHUP
 reach too. `--dry-run` prints every TPU API request (method, URL, JSON body) and every shell command
 instead of sending them, and touches nothing: no credentials, no bucket, no VM; it takes any type
 and runtime that validate, pod slices included (`--accelerator v4-32`). `--capture-image` records the
@@ -28,8 +29,9 @@ import logging
 import signal
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from mlm_tasks import credentials, tpu, tpu_slices
 from mlm_tasks.config import ConfigError, PipelineConfig, build_config

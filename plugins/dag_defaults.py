@@ -19,8 +19,8 @@ from pathlib import Path
 from airflow.sdk import Param
 
 from failure_notifier import FailureNotifier
-from worker_queues import CONTROL_QUEUE
 from mlm_tasks.config import PARAM_PATHS, PipelineConfig, load_config
+from worker_queues import CONTROL_QUEUE
 
 CONFIG_DIR = Path(os.environ.get("MLM_CONFIG_DIR", Path(__file__).resolve().parents[1] / "configs"))
 DEFAULT_CONFIG = str(CONFIG_DIR / "default.yaml")

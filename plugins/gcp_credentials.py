@@ -6,7 +6,8 @@
 
 The Google provider's own hook (`GoogleBaseHook.get_credentials_and_project_id`) reads the
 connection, so every form it supports works (and TensorFlow's gs:// gets the same identity as a
-refreshed access token, see `mlm_tasks.credentials.share_with_tensorflow`): a key JSON (`keyfile_dict`), a key file (`key_path`),
+refreshed access token, see `mlm_tasks.credentials.share_with_tensorflow`): a key JSON (`keyfile_dict`), a key file
+(`key_path`),
 a secret, workload identity federation, impersonation, anonymous. `mlm_tasks.credentials` carries
 the google-auth object to the clients (mlm_tasks never imports Airflow). Only where the connection
 does not exist or holds no credentials of its own do the clients fall back to Application Default
@@ -16,7 +17,8 @@ from __future__ import annotations
 
 import contextlib
 import logging
-from typing import TYPE_CHECKING, Any, Iterator
+from collections.abc import Iterator
+from typing import TYPE_CHECKING, Any
 
 from mlm_tasks import credentials
 
@@ -58,7 +60,7 @@ def install(conn_id: str) -> None:
     credentials.share_with_tensorflow(creds)
 
 
-def install_for(cfg: "PipelineConfig") -> None:
+def install_for(cfg: PipelineConfig) -> None:
     """A task's Google clients use the run's connection, when the run touches Google Cloud at all."""
     if cfg.output_root.startswith("gs://") or cfg.compute == "tpu_vm":
         install(cfg.gcp_conn_id)

@@ -28,11 +28,12 @@ from __future__ import annotations
 import collections
 import threading
 import time
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Callable, Sequence
+from typing import Any
 
-from airflow.sdk.exceptions import AirflowException, AirflowFailException, AirflowSkipException
 from airflow.sdk import BaseOperator
+from airflow.sdk.exceptions import AirflowException, AirflowFailException, AirflowSkipException
 
 from gcp_credentials import use_connection
 from mlm_tasks import tpu
@@ -146,7 +147,7 @@ def unreachable_workers(hosts: Sequence[str], port: int, timeout_s: float) -> li
                     return None
             except ConnectionRefusedError:
                 time.sleep(min(1.0, max(left, 0)))
-            except (TimeoutError, socket.timeout):
+            except TimeoutError:
                 return f"{host}:{port}: no answer within {timeout_s:g}s (packets dropped: firewall?)"
             except OSError as err:  # no route, network unreachable
                 return f"{host}:{port}: {err.strerror or err}"

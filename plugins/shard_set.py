@@ -46,14 +46,17 @@ def plan_shards(config: dict, **context: Any) -> list[dict]:
     """The partitions write_shards maps over. A run triggered by a dataset-refresh event uses exactly
     the announced set (never a re-fingerprint of a source that moved on)."""
     from mlm_tasks.dataset import summary_for_fingerprint
-    from mlm_tasks.steps.plan_shards import nothing_to_write, plan_shards as step
+    from mlm_tasks.steps.plan_shards import nothing_to_write
+    from mlm_tasks.steps.plan_shards import plan_shards as step
 
     cfg, ctx = step_context(config)
     with bad_input_fails_fast():
         event = triggering_shards_event(context)
         if event:
-            log.info("Triggered by dataset refresh: fingerprint %s under %s", event["fingerprint"], event["output_root"])
-            return list(nothing_to_write(summary_for_fingerprint(cfg, event["fingerprint"])["fingerprint"], cache_hit=True))
+            log.info("Triggered by dataset refresh: fingerprint %s under %s",
+                     event["fingerprint"], event["output_root"])
+            fingerprint = summary_for_fingerprint(cfg, event["fingerprint"])["fingerprint"]
+            return list(nothing_to_write(fingerprint, cache_hit=True))
         return list(step(cfg, ctx))
 
 
@@ -63,7 +66,8 @@ def write_shards(config: dict, partition: dict) -> dict:
     from mlm_tasks.steps.write_shards import write_shards as step
 
     get_current_context()["partition_label"] = (  # the grid shows "partition 2 of 4", not a bare index
-        f"partition {partition['part'] + 1} of {partition['num_parts']}" if partition["num_parts"] else "nothing to write")
+        f"partition {partition['part'] + 1} of {partition['num_parts']}" if partition["num_parts"]
+        else "nothing to write")
     cfg, ctx = step_context(config, partition)
     with bad_input_fails_fast():
         return dict(step(cfg, ctx, part=partition["part"], num_parts=partition["num_parts"],
@@ -95,7 +99,8 @@ def merge_shards(config: dict, written: list[dict], announce: bool = False, **co
 def shard_set(config: Any, *, announce: bool = False, after: Any = None) -> Any:
     """The three tasks, wired (after `after`, e.g. the refresh's short-circuit, so its skip reaches
     them); merge_shards' XComArg (the data summary). Task ids are the step names."""
-    with TaskGroup("shard_set", prefix_group_id=False, tooltip="plan, write (per partition), merge the TFRecord shards"):
+    with TaskGroup("shard_set", prefix_group_id=False,
+                   tooltip="plan, write (per partition), merge the TFRecord shards"):
         plan = plan_shards(config)
         if after is not None:
             after >> plan

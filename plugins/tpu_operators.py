@@ -28,8 +28,8 @@ import time
 from datetime import timedelta
 from typing import Any
 
-from airflow.sdk.exceptions import AirflowException, AirflowFailException
 from airflow.sdk import BaseOperator
+from airflow.sdk.exceptions import AirflowException, AirflowFailException
 
 from gcp_credentials import use_connection
 from mlm_tasks import tpu, tpu_registry
@@ -58,9 +58,9 @@ def run_node_name(context: Any, override: str | None = None) -> str:
 def ssh_key_metadata(conn_id: str, log: Any) -> dict[str, str]:
     """`ssh-keys` metadata for the node: the public half of the SSH connection's key, so the SSH step
     can log in without OS Login. Projects that enforce OS Login ignore it (grant the key there)."""
-    from airflow.sdk.exceptions import AirflowNotFoundException
-    from airflow.providers.ssh.hooks.ssh import SSHHook
     import paramiko
+    from airflow.providers.ssh.hooks.ssh import SSHHook
+    from airflow.sdk.exceptions import AirflowNotFoundException
 
     try:
         hook = SSHHook(ssh_conn_id=conn_id, remote_host="unused")

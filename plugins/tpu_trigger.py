@@ -5,14 +5,16 @@ once with {"name", "state", "error", "node", "deadline"} when the node is READY,
 (PREEMPTED, TERMINATED, ...), when the create operation reports an error, or with state
 "TIMEOUT" at `deadline` (epoch seconds; echoed back because `dag.test()` drops the
 operator's resume kwargs). With `until_gone` (TpuVmDeleteOperator) only NOT_FOUND, an operation error
-or the deadline end the wait: a node still READY just after its delete was accepted is not an answer. The blocking google-cloud-tpu calls run in a thread, with the
+or the deadline end the wait: a node still READY just after its delete was accepted is not an answer. The blocking
+google-cloud-tpu calls run in a thread, with the
 credentials of the Airflow GCP connection `gcp_conn_id` (read once per trigger run).
 """
 from __future__ import annotations
 
 import asyncio
 import time
-from typing import Any, AsyncIterator
+from collections.abc import AsyncIterator
+from typing import Any
 
 from airflow.triggers.base import BaseTrigger, TriggerEvent
 

@@ -7,9 +7,9 @@ Orchestration-only settings, so they live here (plugins) and in the environment,
 
 | variable | default | what |
 |---|---|---|
-| `MLM_CPU_QUEUE` | `cpu` | queue of the CPU-heavy tasks: tokenizer, shard writing, merge, CPU training, evaluation, fill-mask, report |
-| `MLM_CONTROL_QUEUE` | `control` | queue of the light drivers: validation, sensors, TPU VM create/delete, the SSH training driver, gate, publishing |
-| `MLM_SHARED_OUTPUT_ROOTS` | (empty) | local folders mounted at the same path on every worker (NFS, Filestore), separated by `:` |
+| `MLM_CPU_QUEUE` | `cpu` | the CPU-heavy tasks: tokenizer, shards, merge, CPU training, evaluation, fill-mask, report |
+| `MLM_CONTROL_QUEUE` | `control` | light drivers: validate, sensors, TPU VM create/delete, SSH driver, gate, publish |
+| `MLM_SHARED_OUTPUT_ROOTS` | (empty) | local folders at the same path on every worker (NFS, Filestore), `:`-separated |
 
 The queue is an operator attribute, fixed when the dag-processor parses the DAG files: set the two
 names in the environment of the dag-processor (and of the workers that consume them, which the

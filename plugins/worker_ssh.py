@@ -23,7 +23,8 @@ import base64
 import binascii
 import logging
 import time
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from airflow.sdk.exceptions import AirflowFailException
 
@@ -106,7 +107,6 @@ def _published_keys(published: Published, node: str, worker: int, deadline: floa
 def ssh_connect(conn_id: str, port: int, patience_s: float = 300.0, *, node: str = "",
                 published: Published | None = None, poll_s: float = 5.0) -> Callable[..., Any]:
     """connect(host, worker=0) -> logged-in paramiko SSHClient; see the module docstring."""
-    import socket
 
     import paramiko
     from airflow.providers.ssh.hooks.ssh import SSHHook
@@ -137,7 +137,7 @@ def ssh_connect(conn_id: str, port: int, patience_s: float = 300.0, *, node: str
                         f"Cannot SSH to {where}: the worker refused the login for {patience_s:.0f}s ({err}). "
                         f"Check the connection's user and key: the login must match a key in the node's "
                         "ssh-keys metadata (or OS Login, with tpu.enable_oslogin).") from err
-            except (paramiko.SSHException, socket.error) as err:
+            except (OSError, paramiko.SSHException) as err:
                 if time.monotonic() > deadline:
                     raise RuntimeError(
                         f"Cannot SSH to {where}: no SSH session for {patience_s:.0f}s ({type(err).__name__}: "

@@ -31,21 +31,21 @@ if "AIRFLOW_HOME" not in os.environ:
 # The fake TPU API answers 429 then 503 before each create/delete goes through: retry those fast.
 os.environ.setdefault("MLM_TPU_RETRY_INITIAL_S", "0.05")
 
+from peers.fake_hub import fake_hub  # noqa: E402,F401  (fixture)
 from peers.gcs import gcs, gcs_root  # noqa: E402,F401  (fixtures)
 from peers.tls_proxy import tf_gcs_env, tls_gcs_proxy  # noqa: E402,F401  (fixtures)
-from peers.fake_hub import fake_hub  # noqa: E402,F401  (fixture)
+
 # Airflow puts plugins/ itself on sys.path; DAGs and plugin modules import each other that way.
 _PLUGINS = os.path.join(os.path.dirname(_TESTS), "plugins")
 if _PLUGINS not in sys.path:
     sys.path.append(_PLUGINS)
-from peers.fake_tpu_api import fake_tpu, oauth_server, sa_key  # noqa: E402,F401  (fixtures)
-from peers.sshd import sshd  # noqa: E402,F401  (fixture)
-from peers.airflow_home import airflow_env  # noqa: E402,F401  (fixture)
-from peers.tiny_data import tiny_cfg, tiny_prepared  # noqa: E402,F401  (fixtures)
-from peers.model_clients import pt_python, tiny_model  # noqa: E402,F401  (fixtures)
-
-
 import pytest  # noqa: E402
+
+from peers.airflow_home import airflow_env  # noqa: E402,F401  (fixture)
+from peers.fake_tpu_api import fake_tpu, oauth_server, sa_key  # noqa: E402,F401  (fixtures)
+from peers.model_clients import pt_python, tiny_model  # noqa: E402,F401  (fixtures)
+from peers.sshd import sshd  # noqa: E402,F401  (fixture)
+from peers.tiny_data import tiny_cfg, tiny_prepared  # noqa: E402,F401  (fixtures)
 
 
 @pytest.fixture(autouse=True)
@@ -58,3 +58,34 @@ def _no_credentials_left_behind():
     if credentials.current() is not None:
         credentials.install(None)
         credentials.stop_sharing_with_tensorflow()
+
+
+# Test kinds, by where a test lives and what it needs (`make test-fast` runs `-m unit`):
+#   deploy  tests/deploy/: the compose stack's services (PostgreSQL, Redis, Celery, a browser)
+#   e2e     a real Airflow (migrated DB, `airflow dags test`), the PyTorch env, the simulated TPU VM image,
+#           TensorFlow's own gs:// through the TLS proxy (a TensorFlow subprocess)
+#   slow    marked by hand (trains a model, runs Airflow end to end, resolves locks against the index), or
+#           needs a fixture that takes long to build (_SLOW_FIXTURES)
+#   unit    everything else: seconds each, on this machine's CPU and loopback peers
+_E2E_FIXTURES = {"airflow_env", "airflow_stack", "airflow_api", "pt_python", "tiny_model", "tpu_vm_python",
+                 "tf_gcs_env", "tls_gcs_proxy"}
+_SLOW_FIXTURES = {"seed_shards"}  # the seed's own script writes them (datasets.map pipeline): ~15 s to build
+_E2E_FILES = {"test_simulated_tpu_vm.py"}  # builds the simulated TPU VM image (tests/peers/tpu_vm_image.py)
+
+
+def pytest_collection_modifyitems(config, items):
+    deploy = os.path.join(_TESTS, "deploy") + os.sep
+    for item in items:
+        path = str(item.path)
+        kinds = set()
+        if path.startswith(deploy):
+            kinds.add("deploy")
+        fixtures = set(getattr(item, "fixturenames", ()))
+        if _E2E_FIXTURES & fixtures or os.path.basename(path) in _E2E_FILES:
+            kinds.add("e2e")
+        if _SLOW_FIXTURES & fixtures and item.get_closest_marker("slow") is None:
+            item.add_marker("slow")
+        if not kinds and item.get_closest_marker("slow") is None:
+            kinds.add("unit")
+        for kind in sorted(kinds):
+            item.add_marker(kind)

@@ -21,6 +21,7 @@ import shutil
 from dataclasses import dataclass
 from pathlib import Path
 from types import SimpleNamespace
+
 import pytest
 
 from mlm_tasks.config import ConfigError, config_from_params
@@ -259,7 +260,8 @@ NO_DATA = "0123456789abcdef"
 TINY_TEXT = b"the quick brown fox jumps over the lazy dog\n"
 
 CASES = [
-    Case("unknown-preset", "unknown model preset", r"Unknown model preset 'huge': choose one of \['base', 'small', 'tiny'\]",
+    Case("unknown-preset", "unknown model preset",
+         r"Unknown model preset 'huge': choose one of \['base', 'small', 'tiny'\]",
          [("config_from_params", form(model_preset="huge"))]),
     Case("misspelled-flat-param", "misspelled param key (flat form name)",
          r"Unknown setting 'vocab_sz'\. Known flat names: .*or use a dotted path",
@@ -365,7 +367,8 @@ CASES = [
          r"batch 100000 is larger than the \d+ train records: lower batch_size or add data",
          [("check_run_inputs", run_check(_with(train={"batch_size": 100_000}), "big-batch", FP1)),
           ("train", train_step(_with(train={"batch_size": 100_000}), "big-batch", FP1))], needs="data"),
-    Case("missing-shards", "missing shards", r"run build_shard_set first \(or the DAG\) or check output_root and the data fingerprint",
+    Case("missing-shards", "missing shards",
+         r"run build_shard_set first \(or the DAG\) or check output_root and the data fingerprint",
          [("summary_for_fingerprint", find_data(lambda c: NO_DATA),
            r"No complete shard set for fingerprint 0123456789abcdef .*Rerun mlm_dataset_refresh or trigger"),
           ("check_run_inputs", run_check(CFG, "no-data", lambda c: NO_DATA)),
@@ -451,8 +454,7 @@ def data(tiny_prepared, tmp_path_factory):
 @pytest.fixture(scope="module")
 def trained(data):
     """Run done-run trained on the vocab-1000 set; resume-run holds a copy of its checkpoints only."""
-    from mlm_tasks.paths import RunPaths
-    from mlm_tasks.paths import RunContext
+    from mlm_tasks.paths import RunContext, RunPaths
     from mlm_tasks.steps.train import train
 
     train(data.cfg, RunContext.of(data.cfg, "done-run", data.fp1))

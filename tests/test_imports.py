@@ -1,4 +1,5 @@
-"""Import boundaries: mlm_tasks runs without Airflow; parsing the DAGs loads no TensorFlow, quickly."""
+"""Import boundaries: mlm_tasks runs without Airflow; parsing the DAGs loads no TensorFlow, quickly; mlm_tasks has
+no import cycles, and its steps import libraries, never other steps (house style rule 19)."""
 import subprocess
 import sys
 from pathlib import Path
@@ -42,3 +43,53 @@ print(sorted(bag.dag_ids), 'tensorflow' in sys.modules, 'transformers' in sys.mo
     assert {"mlm_pretrain", "mlm_tpu_janitor"} <= set(dag_ids)
     assert tf_loaded == "False" and hf_loaded == "False"
     print(f"DagBag parse took {took}s")  # a figure for the log; timings are benchmarked in bench/, not asserted
+
+
+def _import_graph() -> dict[str, set[str]]:
+    """mlm_tasks' modules and the mlm_tasks modules each imports (at the top or inside a function: a lazy
+    import is an edge too), by the same AST walk as the before-stop check (house style rule 19)."""
+    import ast
+
+    mods = {}
+    for f in (ROOT / "mlm_tasks").rglob("*.py"):
+        parts = f.relative_to(ROOT).with_suffix("").parts
+        mods[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = f
+    edges: dict[str, set[str]] = {m: set() for m in mods}
+    for m, f in mods.items():
+        for node in ast.walk(ast.parse(f.read_text())):
+            if isinstance(node, ast.Import):
+                names = [a.name for a in node.names]
+            elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
+                names = [node.module] + [f"{node.module}.{a.name}" for a in node.names]
+            else:
+                continue
+            for target in names:
+                while target and target not in mods:  # `from mlm_tasks import storage` names a module
+                    target = target.rpartition(".")[0]
+                if target and target != m and not m.startswith(target + "."):  # a package's own parents
+                    edges[m].add(target)
+    return edges
+
+
+def test_mlm_tasks_has_no_import_cycles():
+    edges = _import_graph()
+
+    def reaches(start: str, goal: str) -> bool:
+        seen, todo = set(), [start]
+        while todo:
+            for nxt in edges[todo.pop()] - seen:
+                if nxt == goal:
+                    return True
+                seen.add(nxt)
+                todo.append(nxt)
+        return False
+
+    cycles = sorted({tuple(sorted((a, b))) for a in edges for b in edges[a] if reaches(b, a)})
+    assert "mlm_tasks.corpus" in edges and cycles == []
+
+
+def test_steps_import_libraries_not_other_steps():
+    edges = _import_graph()
+    step_imports_step = sorted((a, b) for a in edges for b in edges[a]
+                               if a.startswith("mlm_tasks.steps.") and b.startswith("mlm_tasks.steps."))
+    assert "mlm_tasks.steps.train" in edges and step_imports_step == []

@@ -30,7 +30,7 @@ def most_frequent_token(shard_set, special_ids: set[int], max_records: int = 20_
     for batch in ds:
         ids = tf.io.parse_example(batch, feature)["input_ids"].numpy().ravel()
         values, freq = np.unique(ids, return_counts=True)
-        counts.update(dict(zip(values.tolist(), freq.tolist())))
+        counts.update(dict(zip(values.tolist(), freq.tolist(), strict=False)))
     for token, _ in counts.most_common():
         if token not in special_ids:
             return token
@@ -67,8 +67,8 @@ def evaluate(cfg: PipelineConfig, ctx: RunContext) -> dict:
 
     from mlm_tasks.data import mlm_dataset
     from mlm_tasks.model import build_model
+    from mlm_tasks.run_checks import load_manifest
     from mlm_tasks.tokenizer import load_tokenizer
-    from mlm_tasks.steps.train import load_manifest
 
     run, run_id, fingerprint = ctx.run, ctx.run_id, ctx.data.fingerprint
     if storage.exists(run.eval_metrics):
@@ -108,11 +108,13 @@ def evaluate(cfg: PipelineConfig, ctx: RunContext) -> dict:
     baseline = float(tf.reduce_mean(tf.cast(labels == top, tf.float32)))
 
     metrics = {"split": split, "loss": loss, "perplexity": math.exp(min(loss, 50)), "accuracy": accuracy,
-               "accuracy_at_mask_token": mask_acc, "masked_tokens": masked, "untrained_loss": untrained_loss, "untrained_accuracy": untrained_acc,
+               "accuracy_at_mask_token": mask_acc, "masked_tokens": masked, "untrained_loss": untrained_loss,
+               "untrained_accuracy": untrained_acc,
                "baseline_accuracy": baseline, "baseline_token": tokenizer.convert_ids_to_tokens(top),
                "data_fingerprint": fingerprint}
     storage.write_json(run.eval_metrics, metrics)
     log.info("Eval on %s (%d masked tokens): loss %.3f, perplexity %.1f, accuracy %.1f%% (%.1f%% where the "
              "input shows <mask>) | untrained: loss %.3f, accuracy %.1f%% | always %r: %.1f%%", split, masked, loss,
-             metrics["perplexity"], 100 * accuracy, 100 * mask_acc, untrained_loss, 100 * untrained_acc, metrics["baseline_token"], 100 * baseline)
+             metrics["perplexity"], 100 * accuracy, 100 * mask_acc, untrained_loss, 100 * untrained_acc,
+             metrics["baseline_token"], 100 * baseline)
     return metrics

@@ -18,7 +18,7 @@ from mlm_tasks.config import PipelineConfig
 from mlm_tasks.corpus import open_corpus
 from mlm_tasks.dataset import data_fingerprint, ensure_tokenizer
 from mlm_tasks.paths import DataPaths, RunContext
-from mlm_tasks.steps.validate import check_writable
+from mlm_tasks.run_checks import check_writable
 
 log = logging.getLogger(__name__)
 

@@ -18,8 +18,14 @@ import math
 
 from mlm_tasks import storage
 from mlm_tasks.config import PipelineConfig
-from mlm_tasks.model_card import (config_lines, corpus_credit, fill_mask_lines, metrics_table,
-                                  read_run_artifacts, training_lines)
+from mlm_tasks.model_card import (
+    config_lines,
+    corpus_credit,
+    fill_mask_lines,
+    metrics_table,
+    read_run_artifacts,
+    training_lines,
+)
 from mlm_tasks.paths import RunContext, RunPaths, join
 
 log = logging.getLogger(__name__)

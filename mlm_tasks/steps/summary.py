@@ -37,7 +37,8 @@ def summary(cfg: PipelineConfig, ctx: RunContext, *, data: dict | None = None) -
     ]
     if train:
         lines.append(f"Training   {train['steps']} steps on {train['device']} (global batch {train['global_batch']} = "
-                     f"{train['global_batch'] // max(train.get('replicas', 1), 1)} x {train.get('replicas', 1)} replica(s), "
+                     f"{train['global_batch'] // max(train.get('replicas', 1), 1)} x "
+                     f"{train.get('replicas', 1)} replica(s), "
                      f"{train['parameters']:,} parameters), {train['tokens_per_s'] or 0:,.0f} tokens/s, loss "
                      f"{train['first_loss']:.3f} -> {train['last_loss']:.3f}, {train['elapsed_s']:.0f}s"
                      + (f", resumed from step {train['resumed_from_step']}" if train["resumed_from_step"] else ""))

@@ -13,17 +13,16 @@ from __future__ import annotations
 
 import json
 import logging
-import math
 import os
 import platform
 import tempfile
-from typing import Callable
+from collections.abc import Callable
 
 from mlm_tasks import storage
 from mlm_tasks.config import ConfigError, PipelineConfig
-from mlm_tasks.manifest import ShardSet
-from mlm_tasks.paths import DataPaths, RunContext, RunPaths, join
+from mlm_tasks.paths import RunContext, RunPaths, join
 from mlm_tasks.progress import ProgressLog
+from mlm_tasks.run_checks import check_resumable, load_manifest, plan_steps
 
 log = logging.getLogger(__name__)
 
@@ -69,57 +68,6 @@ def make_strategy(device: str, cfg: PipelineConfig | None = None):
     if device == "gpu" and len(tf.config.list_physical_devices("GPU")) > 1:
         return tf.distribute.MirroredStrategy()
     return tf.distribute.get_strategy()
-
-
-def load_manifest(cfg: PipelineConfig, fingerprint: str) -> ShardSet:
-    """The complete shard set of `fingerprint`, checked against what this run asks for."""
-    paths = DataPaths(cfg.output_root, fingerprint)
-    shard_set = ShardSet.load(paths)
-    if shard_set.max_length != cfg.shards.max_length:
-        raise ConfigError(f"The shards at {paths.shards_dir} were built with max_length "
-                          f"{shard_set.max_length} but this run asks for {cfg.shards.max_length}: "
-                          "prepare data with the run's max_length, or set max_length to match.")
-    tok_sha = _sha256(storage.read_bytes(join(paths.tokenizer, "tokenizer.json")))
-    if tok_sha != shard_set.tokenizer_sha256:
-        raise ConfigError(f"The tokenizer at {paths.tokenizer} is not the one the shards were encoded "
-                          "with (sha256 differs): delete the dataset folder and rerun plan_shards.")
-    return shard_set
-
-
-def checkpoint_vocab_size(checkpoint_dir: str) -> int | None:
-    """Rows of the word-embedding matrix in the latest checkpoint under `checkpoint_dir` (None: none yet)."""
-    if not storage.exists(join(checkpoint_dir, "checkpoint")):
-        return None
-    import tensorflow as tf
-
-    latest = tf.train.latest_checkpoint(checkpoint_dir)
-    for name, shape in tf.train.list_variables(latest) if latest else []:
-        # TFRobertaEmbeddings keeps the word embeddings as `weight` ([vocab, hidden]).
-        if name.endswith("roberta/embeddings/weight/.ATTRIBUTES/VARIABLE_VALUE"):
-            return int(shape[0])
-    return None
-
-
-def check_resumable(run: RunPaths, fingerprint: str, vocab_size: int) -> None:
-    """A run's earlier work must come from the same data: resuming a checkpoint (or reusing a model)
-    made with another tokenizer would fail deep in TensorFlow or, same size, silently mean nonsense."""
-    summary = storage.read_json_if_exists(run.train_summary)
-    if summary and summary.get("data_fingerprint", fingerprint) != fingerprint:
-        raise ConfigError(f"Run {run.run_id} already trained on data {summary['data_fingerprint']}, not "
-                          f"{fingerprint}: use a new run id for other data, or the run's own fingerprint.")
-    found = checkpoint_vocab_size(run.checkpoints)
-    if found is not None and found != vocab_size:
-        raise ConfigError(f"The checkpoint in {run.checkpoints} has a vocabulary of {found} but the tokenizer "
-                          f"of data {fingerprint} has {vocab_size}: the model and tokenizer vocab sizes differ. "
-                          "Use a new run id, or delete the checkpoints to start over with this data.")
-
-
-def plan_steps(cfg: PipelineConfig, shard_set: ShardSet, global_batch: int) -> int:
-    records = shard_set.records("train")
-    if global_batch > records:
-        raise ConfigError(f"Global batch {global_batch} is larger than the {records} train records: lower "
-                          "batch_size or add data.")
-    return cfg.train.steps or max(1, math.ceil(cfg.train.epochs * records / global_batch))
 
 
 def train(cfg: PipelineConfig, ctx: RunContext, *, on_checkpoint: Callable[[int, str], None] | None = None,
@@ -170,7 +118,8 @@ def train(cfg: PipelineConfig, ctx: RunContext, *, on_checkpoint: Callable[[int,
     total_steps = plan_steps(cfg, shard_set, global_batch)
     warmup = int(total_steps * cfg.train.warmup_fraction)
     log.info("Training on %s (%s): %d replica(s), global batch %d, %d steps, warmup %d, XLA %s, precision %s",
-             device, type(strategy).__name__, replicas, global_batch, total_steps, warmup, "on" if xla else "off", precision)
+             device, type(strategy).__name__, replicas, global_batch, total_steps, warmup, "on" if xla else "off",
+             precision)
     # None unless publish.sync_checkpoints (and on worker 0)
     sync = hub_sync.hub_checkpoint_sync(cfg, hub_token, train_records=shard_set.records("train"),
                                         global_batch=global_batch, total_steps=total_steps,
@@ -210,7 +159,7 @@ def train(cfg: PipelineConfig, ctx: RunContext, *, on_checkpoint: Callable[[int,
             loss_sum, count, correct = masked_lm_loss(model, batch, max_pred, training=True)
             loss = loss_sum / tf.maximum(count, 1.0) / replicas
         grads = tape.gradient(loss, model.trainable_variables)
-        optimizer.apply_gradients(zip(grads, model.trainable_variables))
+        optimizer.apply_gradients(zip(grads, model.trainable_variables, strict=False))
         return loss_sum, count, correct
 
     @tf.function
@@ -285,7 +234,3 @@ def _write_history(run: RunPaths, history: list[dict]) -> None:
     storage.write_text(run.train_history, "".join(json.dumps(h) + "\n" for h in history))
 
 
-def _sha256(data: bytes) -> str:
-    import hashlib
-
-    return hashlib.sha256(data).hexdigest()

@@ -13,13 +13,13 @@ from __future__ import annotations
 
 import logging
 import os
-import uuid
 from collections.abc import Sequence
 
 from mlm_tasks import storage
 from mlm_tasks.config import ConfigError, PipelineConfig
 from mlm_tasks.corpus import open_corpus
 from mlm_tasks.paths import RunContext
+from mlm_tasks.run_checks import check_resumable, check_writable, load_manifest, plan_steps
 
 log = logging.getLogger(__name__)
 
@@ -40,16 +40,6 @@ def check_gcs_credentials(uri: str) -> None:
                           "login`, or give the Airflow GCP connection (gcp_conn_id) a service-account key.") from None
 
 
-def check_writable(uri: str) -> None:
-    probe = f"{uri.rstrip('/')}/_probes/{uuid.uuid4().hex}"
-    try:
-        storage.write_text(probe, "ok")
-        storage.remove(probe)
-    except Exception as err:  # any failure here means the run could not save its work
-        raise ConfigError(f"Cannot write to output_root {uri}: {type(err).__name__}: {err}. Check the path "
-                          "and its permissions.") from None
-
-
 def check_local_corpus(corpus) -> None:
     """Local files are read once here (as cheap as fingerprinting them): undecodable bytes and an
     empty corpus then fail now, not after the tokenizer has trained for an hour."""
@@ -61,8 +51,6 @@ def check_local_corpus(corpus) -> None:
 
 def check_run_inputs(cfg: PipelineConfig, ctx: RunContext) -> dict:
     """What only the prepared shard set can tell, checked before compute is spent; returns the manifest."""
-    from mlm_tasks.steps.train import check_resumable, load_manifest, plan_steps
-
     fingerprint = ctx.data.fingerprint
     shard_set = load_manifest(cfg, fingerprint)  # max_length and tokenizer of the shards
     for split in ("train", cfg.eval.split):

@@ -1,4 +1,5 @@
-"""DAG integrity: every DAG loads, has docs, owner, tags, retries and execution timeouts; the form's defaults are valid."""
+"""DAG integrity: every DAG loads, has docs, owner, tags, retries and execution timeouts; the form's defaults are
+valid."""
 import pytest
 
 pytest.importorskip("airflow")
@@ -29,9 +30,9 @@ def test_every_dag_is_documented_owned_tagged_and_retried(dagbag):
 
 def test_pretrain_shape_and_teardown(dagbag):
     dag = dagbag.dags["mlm_pretrain"]
-    order = ["validate", "plan_shards", "write_shards", "merge_shards", "wait_for_shards", "create_tpu_vm", "train", "evaluate",
-             "fill_mask", "report", "gate", "publish", "summary"]
-    for up, down in zip(order, order[1:]):
+    order = ["validate", "plan_shards", "write_shards", "merge_shards", "wait_for_shards", "create_tpu_vm", "train",
+             "evaluate", "fill_mask", "report", "gate", "publish", "summary"]
+    for up, down in zip(order, order[1:], strict=False):
         assert down in dag.get_task(up).downstream_task_ids, (up, down)
     delete = dag.get_task("delete_tpu_vm")
     assert delete.is_teardown and "create_tpu_vm" in delete.upstream_task_ids
@@ -75,7 +76,7 @@ def test_form_and_validator_agree_on_every_bound_and_choice(dagbag):
         if "exclusiveMaximum" in schema:
             outside.append(schema["exclusiveMaximum"])
         for value in outside:
-            with pytest.raises(Exception):
+            with pytest.raises(Exception):  # noqa: B017  (whichever error Param raises: the value is refused)
                 Param(value, **schema).resolve()
             with pytest.raises(ConfigError):
                 config_from_params({**base, name: value})

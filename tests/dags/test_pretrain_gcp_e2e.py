@@ -1,7 +1,8 @@
 """The Google Cloud path of mlm_pretrain, end to end with real Airflow (`airflow dags test`) on loopback:
 output_root in the GCS emulator, every Google client (gcsfs, storage, the shard gate, the TPU API) through
 the Airflow GCP connection google_cloud_default holding a service-account key whose tokens come from the
-loopback OAuth peer, the TPU VM in the fake TPU API (which takes only those tokens), training over SSH on a real sshd (this machine's CPU), TensorFlow's gs:// through
+loopback OAuth peer, the TPU VM in the fake TPU API (which takes only those tokens), training over SSH on a real
+sshd (this machine's CPU), TensorFlow's gs:// through
 the TLS proxy. Then the failure paths: training fails on the VM, create fails half way, the sensor times
 out, the node is preempted mid-training.
 
@@ -11,7 +12,6 @@ Every test asserts that no node outlives its run.
 """
 from __future__ import annotations
 
-import json
 import re
 import sys
 import threading

@@ -122,7 +122,8 @@ def test_harness_runs_the_same_commands_and_environment(compose, spec):
         # Each process gets its service's environment, nothing of .env besides (AIRFLOW_HOME and PATH
         # are the image's ENV).
         assert set(env) == {*environment, "AIRFLOW_HOME", "PATH"}, name
-        changed = {k for k, v in environment.items() if env[k] != stack.translate(interpolate(str(v), spec.dotenv), pairs)}
+        changed = {k for k, v in environment.items()
+                   if env[k] != stack.translate(interpolate(str(v), spec.dotenv), pairs)}
         # MLM_DEPLOYMENT: a copy of the file whose container paths are mapped the same way.
         assert changed == (set(stack.LOCAL_KEYS) | {"MLM_DEPLOYMENT"}) & set(environment), name
         for key in changed & {"AIRFLOW__DATABASE__SQL_ALCHEMY_CONN", "AIRFLOW__CELERY__RESULT_BACKEND",
@@ -334,7 +335,8 @@ def test_env_example_documents_executor_and_queues():
     example = read_env_file(ROOT / ".env.example")
     assert example["MLM_EXECUTOR"] == "LocalExecutor"
     assert (example["MLM_CPU_QUEUE"], example["MLM_CONTROL_QUEUE"]) == ("cpu", "control")
-    for key in ("MLM_WORKER_QUEUES", "MLM_SHARED_OUTPUT_ROOTS", "AIRFLOW__CELERY__WORKER_CONCURRENCY", "COMPOSE_PROFILES"):
+    for key in ("MLM_WORKER_QUEUES", "MLM_SHARED_OUTPUT_ROOTS", "AIRFLOW__CELERY__WORKER_CONCURRENCY",
+                "COMPOSE_PROFILES"):
         assert key in example, key
 
 

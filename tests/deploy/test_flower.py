@@ -41,7 +41,7 @@ def flower(tmp_path):
                 break
             except httpx.HTTPError:
                 if time.monotonic() > deadline:
-                    raise RuntimeError(f"Flower did not answer:\n{procs.tail(FLOWER)}")
+                    raise RuntimeError(f"Flower did not answer:\n{procs.tail(FLOWER)}") from None
                 time.sleep(1)
         yield url, spec.dotenv["FLOWER_PASSWORD"], proc.pid
     finally:

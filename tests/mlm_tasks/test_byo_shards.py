@@ -60,6 +60,7 @@ def _set(out, shards, tok, *more):
     return args
 
 
+@pytest.mark.slow  # a training run through the CLI
 def test_trains_through_the_cli_on_shards_written_by_the_seed_script(seed_shards, tmp_path, capsys):
     shards, tok, records = seed_shards
     out = tmp_path / "out"

@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 
 from mlm_tasks import storage
-from mlm_tasks.paths import DataPaths, RunPaths, safe_run_id
 from mlm_tasks.manifest import ShardSet
+from mlm_tasks.paths import DataPaths, RunPaths, safe_run_id
 from mlm_tasks.tpu import node_name
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -35,7 +35,7 @@ RUN_IDS = [
 def test_two_runs_never_share_an_output_path():
     roots = [RunPaths("gs://bucket/p", r).root for r in RUN_IDS]
     assert len(set(roots)) == len(RUN_IDS), [r for r in roots if roots.count(r) > 1]
-    for run_id, root in zip(RUN_IDS, roots):
+    for run_id, root in zip(RUN_IDS, roots, strict=False):
         name = root.rsplit("/", 1)[1]
         # Safe for gs:// tooling and file systems: no ':', '+', '/', spaces.
         assert name and all(c.isalnum() or c in "_.-" for c in name), (run_id, name)

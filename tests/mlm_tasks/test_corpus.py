@@ -87,7 +87,8 @@ def small_dump(tmp_path):
 
     from mlm_tasks.corpus import embedded_wiki_path
 
-    xml = bz2.open(embedded_wiki_path(), "rt", encoding="utf-8").read()
+    with bz2.open(embedded_wiki_path(), "rt", encoding="utf-8") as f:
+        xml = f.read()
     head, pages = xml[:xml.index("<page>")], []
     for page in xml.split("<page>")[1:]:
         if "#REDIRECT" not in page:

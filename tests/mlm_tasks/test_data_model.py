@@ -32,9 +32,9 @@ def test_skip_reproduces_the_same_batches_and_masks(tiny_prepared):
     cfg, data = tiny_prepared
     full, _ = _dataset(cfg, data)
     resumed, _ = _dataset(cfg, data, skip_batches=3)
-    expected = [b for _, b in zip(range(5), iter(full))][3:]
-    got = [b for _, b in zip(range(2), iter(resumed))]
-    for e, g in zip(expected, got):
+    expected = [b for _, b in zip(range(5), iter(full), strict=False)][3:]
+    got = [b for _, b in zip(range(2), iter(resumed), strict=False)]
+    for e, g in zip(expected, got, strict=False):
         for key in ("input_ids", "labels"):
             np.testing.assert_array_equal(e[key].numpy(), g[key].numpy())
 

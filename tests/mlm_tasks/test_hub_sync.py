@@ -100,7 +100,8 @@ def test_checkpoints_reach_the_hub_at_epoch_ends_without_blocking_training(tmp_p
     def work():
         try:
             outcome["summary"] = train(cfg, RunContext.of(cfg, "sync-run", data["fingerprint"]),
-                                       hub_token=fake_hub.token, on_checkpoint=lambda step, path: saved.append((step, path)))
+                                       hub_token=fake_hub.token,
+                                       on_checkpoint=lambda step, path: saved.append((step, path)))
         except BaseException as err:  # noqa: BLE001 - reported by the assertion below
             outcome["error"] = err
 

@@ -69,5 +69,5 @@ def test_every_code_block_of_the_card_runs_as_written(tiny_model, pt_python):
     assert set(answers) == {"pytorch", "tensorflow"}
     # Both clients give the same answers from the same published folder.
     assert [p["token_str"] for p in answers["pytorch"]] == [p["token_str"] for p in answers["tensorflow"]]
-    for pt, tf in zip(answers["pytorch"], answers["tensorflow"]):
+    for pt, tf in zip(answers["pytorch"], answers["tensorflow"], strict=False):
         assert abs(pt["score"] - tf["score"]) < 1e-4, (pt, tf)

@@ -32,7 +32,7 @@ def test_saved_folder_holds_roberta_for_masked_lm_weights_in_pytorch_layout(tiny
 
     with safe_open(str(folder / "model.safetensors"), framework="numpy") as f:
         assert f.metadata() == {"format": "pt"}
-        pt = {name: f.get_tensor(name) for name in f.keys()}
+        pt = {name: f.get_tensor(name) for name in f.keys()}  # noqa: SIM118  (safe_open is no dict)
     assert {k: v.shape for k, v in pt.items()} == expected_shapes(config)
     assert all(v.dtype == np.float32 for v in pt.values())
     # Tied, as RobertaForMaskedLM ties them: the decoder is the word-embedding matrix, its bias lm_head.bias.
@@ -67,7 +67,8 @@ def test_transformers_5_loads_the_folder_and_predicts_what_tensorflow_predicts(t
 
     cfg, run = tiny_model
     cfg = cfg.model_copy(update={"infer": cfg.infer.model_copy(update={"top_k": 5})})
-    tf_side = fill_mask(cfg, RunContext.of(cfg, run.run_id))  # the project's own fill_mask step: pipeline(framework="tf")
+    # The project's own fill_mask step: pipeline(framework="tf").
+    tf_side = fill_mask(cfg, RunContext.of(cfg, run.run_id))
 
     done = run_in(pt_python, PT_SCRIPT.read_text(), str(_folder(run)), "5", *cfg.infer.probes)
     assert done.returncode == 0, done.stderr[-4000:]
@@ -79,7 +80,7 @@ def test_transformers_5_loads_the_folder_and_predicts_what_tensorflow_predicts(t
     assert set(pt_side["parameters"]) >= set(expected_shapes(json.loads((_folder(run) / "config.json").read_text())))
 
     assert len(pt_side["predictions"]) == len(tf_side) == len(cfg.infer.probes)
-    for tf_probe, pt_probe in zip(tf_side, pt_side["predictions"]):
+    for tf_probe, pt_probe in zip(tf_side, pt_side["predictions"], strict=False):
         tf_top = [(p["token_str"], p["score"]) for p in tf_probe["predictions"]]
         pt_top = [(p["token_str"], p["score"]) for p in pt_probe["predictions"]]
         assert [t for t, _ in pt_top] == [t for t, _ in tf_top], (tf_probe["probe"], tf_top, pt_top)

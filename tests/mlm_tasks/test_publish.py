@@ -14,8 +14,8 @@ import yaml
 from mlm_tasks import paths, storage
 from mlm_tasks.config import build_config
 from mlm_tasks.hub import PublishError
-from mlm_tasks.paths import DataPaths, RunContext, join
 from mlm_tasks.hub_sync import CheckpointSyncer
+from mlm_tasks.paths import DataPaths, RunContext, join
 from mlm_tasks.steps.publish import publish
 from mlm_tasks.steps.publish_tokenizer import publish_tokenizer
 from peers.run_artifacts import MODEL_FILES, make_run

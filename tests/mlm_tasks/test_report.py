@@ -9,8 +9,7 @@ from matplotlib import image as mpimg
 
 from mlm_tasks import storage
 from mlm_tasks.config import build_config
-from mlm_tasks.paths import join
-from mlm_tasks.paths import RunContext
+from mlm_tasks.paths import RunContext, join
 from mlm_tasks.steps.report import report
 from peers.run_artifacts import make_run
 

@@ -9,8 +9,8 @@ from mlm_tasks import storage
 from mlm_tasks.config import ConfigError, ShardConfig
 from mlm_tasks.manifest import ShardSet
 from mlm_tasks.paths import DataPaths
-from mlm_tasks.steps import build_shard_set
 from mlm_tasks.shards import chunk_stream, records_from_name
+from mlm_tasks.steps import build_shard_set
 
 
 def test_chunk_stream_concatenates_and_drops_only_the_tail(tiny_prepared):
@@ -152,9 +152,11 @@ def test_flipped_byte_is_caught_by_the_checksum_only(tiny_prepared, tmp_path):
     shutil.copytree(data["data_root"], paths.root)
     shard_set = ShardSet.load(paths)
     first = shard_set.shard_uris("train")[0]
-    raw = bytearray(open(first, "rb").read())
+    with open(first, "rb") as f:
+        raw = bytearray(f.read())
     raw[len(raw) // 2] ^= 0x01
-    open(first, "wb").write(bytes(raw))
+    with open(first, "wb") as f:
+        f.write(bytes(raw))
     shard_set.verify("train", checksums=False)  # same size: the cheap check cannot see it
     with pytest.raises(ConfigError, match=r"corrupted or truncated \(sha256 "):
         shard_set.verify("train")

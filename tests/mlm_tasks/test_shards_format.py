@@ -12,7 +12,6 @@ from mlm_tasks.shards import BlockWriter, chunk_stream, records_from_name
 from mlm_tasks.tfrecord import encode_examples, frame_records
 
 
-
 @pytest.fixture(scope="module")
 def tf():
     # Imported here, not at collection, so the rest of the suite does not pay for TensorFlow.

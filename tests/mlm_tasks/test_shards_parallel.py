@@ -16,7 +16,8 @@ from mlm_tasks.shards_parallel import merge_partitions, partition_manifest_uri, 
 def _read_ids(path: str, max_length: int) -> list[list[int]]:
     """Ids of every record, parsed without TensorFlow: every header byte of our records is a whole varint,
     so decoding the record as varints ends with the packed ids."""
-    data, out, pos = open(path, "rb").read(), [], 0
+    with open(path, "rb") as f:
+        data, out, pos = f.read(), [], 0
     while pos < len(data):
         (length,) = struct.unpack_from("<Q", data, pos)
         record, pos = data[pos + 12: pos + 12 + length], pos + 16 + length

@@ -109,7 +109,8 @@ def test_upload_then_download_dir_round_trip(root, tmp_path):
 
     got = storage.download_dir(uri, str(tmp_path / "downloaded"))
     for rel, data in files.items():
-        assert open(os.path.join(got, rel), "rb").read() == data
+        with open(os.path.join(got, rel), "rb") as f:
+            assert f.read() == data
     if storage.is_local(root):
         assert got == uri  # already local: no copy
 

@@ -1,9 +1,8 @@
 """Unigram tokenizer: RoBERTa specials, clean <mask> handling, first-writer-wins publishing."""
 import pytest
 
-from mlm_tasks.config import ConfigError, TokenizerConfig
+from mlm_tasks.config import ConfigError, CorpusConfig, TokenizerConfig
 from mlm_tasks.corpus import open_corpus
-from mlm_tasks.config import CorpusConfig
 from mlm_tasks.tokenizer import load_tokenizer, save_tokenizer, train_unigram
 
 ROWS = None

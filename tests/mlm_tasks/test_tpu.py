@@ -138,12 +138,12 @@ def test_one_endpoint_per_host_and_external_ips_only_when_asked(cfg, fake_tpu):
 
 
 def test_the_api_refuses_requests_without_the_connections_token(cfg, fake_tpu, oauth_server):
-    from google.api_core.exceptions import Forbidden, Unauthorized
-    from google.oauth2 import service_account
-
     import json
     import urllib.error
     import urllib.request
+
+    from google.api_core.exceptions import Forbidden, Unauthorized
+    from google.oauth2 import service_account
 
     # No Authorization header at all (google-auth will not even send anonymous REST calls).
     with pytest.raises(urllib.error.HTTPError) as err:

@@ -30,7 +30,6 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "scripts"))
 import lock_vm  # noqa: E402
 
-
 _pins = lock_vm.pins  # name -> version; skips the --hash lines of a hashed lock
 
 
@@ -78,7 +77,8 @@ def test_vm_lock_leaves_the_image_alone():
         lock, image = _pins(rt.lock_path), _pins(rt.image_path)
         assert image["tensorflow"] == rt.tensorflow
         assert set(lock) & set(image) <= runtimes.SHADOWED, "the lock replaces an image package it may not"
-        assert not {"tensorflow", "tensorflow-cpu", "tensorflow-tpu", "keras", "numpy", "protobuf", "grpcio"} & set(lock)
+        image_owned = {"tensorflow", "tensorflow-cpu", "tensorflow-tpu", "keras", "numpy", "protobuf", "grpcio"}
+        assert not image_owned & set(lock)
         assert lock["tf-keras"].rsplit(".", 1)[0] == rt.tf_minor  # Keras 2 of the image's TF minor
         for name in ("transformers", "tokenizers", "huggingface-hub", "pydantic"):
             assert lock[name] == airflow_side[name], name
@@ -87,6 +87,7 @@ def test_vm_lock_leaves_the_image_alone():
             assert name in lock, name
 
 
+@pytest.mark.slow  # resolves every image's closure with uv against the package index
 def test_image_files_are_the_images_as_released():
     """An image file not captured from a real VM is exactly TensorFlow's closure as of the runtime's
     release day: no package in it is newer than the image (the 2.16.1 image: April 2024)."""
@@ -99,6 +100,7 @@ def test_image_files_are_the_images_as_released():
     assert (image["typing-extensions"], image["protobuf"], image["grpcio"]) == ("4.11.0", "4.25.3", "1.62.2")
 
 
+@pytest.mark.slow  # resolves every VM lock with uv against the package index
 def test_vm_lock_resolves_with_the_image_pins():
     for rt in runtimes.locks():
         resolved = {lock_vm.name_of(line): line.split("==", 1)[1] for line in lock_vm.check(rt)}
@@ -248,8 +250,10 @@ def test_the_remote_line_takes_the_run_lock_just_before_the_step():
     assert len({lock, run_lock_name(run_id, "evaluate"), run_lock_name("manual__2", "train")}) == 3
     lines = _run_lock("train", run_id)
     # With bootstrap off, last before the step but for the token's hand-over (only the exec gets it).
-    assert setup.endswith("; " + "; ".join(lines) + '; if [ -n "$mlm_hf_token" ]; then export HF_TOKEN="$mlm_hf_token"; fi')
-    assert lines[0].startswith(f"if ! {{ exec 9>>{lock} && flock -n 9; }}; then ") and lines[1] == f"echo $$ > {lock}.pid"
+    assert setup.endswith("; " + "; ".join(lines)
+                          + '; if [ -n "$mlm_hf_token" ]; then export HF_TOKEN="$mlm_hf_token"; fi')
+    assert lines[0].startswith(f"if ! {{ exec 9>>{lock} && flock -n 9; }}; then ")
+    assert lines[1] == f"echo $$ > {lock}.pid"
     assert "Stopping the \"trainer\" left by an earlier try (pid $pid)" in setup and "exit 3" in setup
     assert run_id not in setup and shlex.split(step)[-2:] == ["--run-id", run_id]
     assert subprocess.run(["sh", "-n", "-c", f"{setup}; exec {step}"]).returncode == 0  # parses as sh

@@ -16,9 +16,9 @@ import hashlib
 import io
 import json
 import os
-import tarfile
 import subprocess
 import sys
+import tarfile
 from pathlib import Path
 
 import pytest
@@ -33,7 +33,8 @@ INJECTIONS = ["a'; mlm-pwned; echo '", 'a"; mlm-pwned; echo "', "$(mlm-pwned)", 
 STUB = """#!{python}
 import json, os, sys
 args = sys.argv[1:]
-kind = {{"pip": "pip", "mlm_tasks.vm.check_image": "check", "mlm_tasks": "step"}}.get(args[1] if args[:1] == ["-m"] else "")
+kind = {{"pip": "pip", "mlm_tasks.vm.check_image": "check", "mlm_tasks": "step"}}.get(
+    args[1] if args[:1] == ["-m"] else "")
 if kind is None:
     sys.exit(9)
 with open("calls.jsonl", "a") as f:  # the current directory: the workdir

@@ -22,7 +22,8 @@ def ssh_key(tmp_path) -> str:
 
 def test_dry_run_prints_every_request_and_command_and_sends_nothing(ssh_key, tmp_path):
     # No credentials anywhere and a bucket that does not exist: any real call would fail the run.
-    env = {"PATH": "/usr/bin:/bin", "HOME": str(tmp_path), "GOOGLE_APPLICATION_CREDENTIALS": str(tmp_path / "none.json"),
+    env = {"PATH": "/usr/bin:/bin", "HOME": str(tmp_path),
+           "GOOGLE_APPLICATION_CREDENTIALS": str(tmp_path / "none.json"),
            "NO_PROXY": "*", "HTTPS_PROXY": "http://127.0.0.1:9", "HTTP_PROXY": "http://127.0.0.1:9"}
     result = subprocess.run([sys.executable, "-m", "mlm_tasks.tpu_smoke", "--project", "my-proj", "--zone",
                              "us-west4-a", "--bucket", "gs://no-such-bucket/smoke", "--ssh-key", ssh_key,
@@ -31,7 +32,7 @@ def test_dry_run_prints_every_request_and_command_and_sends_nothing(ssh_key, tmp
     out = result.stdout
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     name = tpu.node_name(tpu_smoke.DAG_ID, "smoke-1")
-    node_url = f"https://tpu.googleapis.com/v2/projects/my-proj/locations/us-west4-a/nodes"
+    node_url = "https://tpu.googleapis.com/v2/projects/my-proj/locations/us-west4-a/nodes"
     assert f"POST {node_url}?nodeId={name}" in out and f"DELETE {node_url}/{name}" in out
     body = json.loads(re.search(r"nodeId=\S+\n(\{.*?\n\})", out, re.S).group(1))
     assert body["acceleratorType"] == "v5litepod-1" and body["schedulingConfig"] == {"spot": True}

@@ -21,7 +21,8 @@ class AirflowApi:
                                    timeout=60)
 
     def _ok(self, reply: httpx.Response) -> dict:
-        assert reply.status_code < 300, f"{reply.request.method} {reply.request.url} → {reply.status_code}: {reply.text}"
+        assert reply.status_code < 300, (f"{reply.request.method} {reply.request.url} → "
+                                         f"{reply.status_code}: {reply.text}")
         return reply.json()
 
     def get(self, path: str, **params) -> dict:

@@ -41,9 +41,9 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Iterator
 from urllib.parse import urlsplit
 
 import yaml
@@ -217,7 +217,7 @@ def _local_deployment_file(path: Path, pairs: list[tuple[str, str]], home: Path,
     return copy
 
 
-def data_volume(stack: "Stack") -> Path:
+def data_volume(stack: Stack) -> Path:
     """The stack's `mlm-data` volume (/opt/airflow/out): the deployment file lets runs write there."""
     return stack.spec.home / "mlm-data"
 
@@ -239,7 +239,7 @@ class Procs:
     running: dict[str, subprocess.Popen] = field(default_factory=dict)
 
     def start(self, name: str, argv: list[str], env: dict[str, str], **kwargs) -> subprocess.Popen:
-        log = open(self.logs / f"{name}.log", "ab")
+        log = open(self.logs / f"{name}.log", "ab")  # noqa: SIM115  (the child's stdout for its whole life)
         proc = subprocess.Popen(argv, env={**env, MARKER: self.marker}, stdout=log, stderr=subprocess.STDOUT,
                                 stdin=subprocess.DEVNULL, start_new_session=True, **kwargs)
         log.close()

@@ -13,7 +13,8 @@ in a subprocess on the test's SQLite metadata DB:
      gets `triggering_asset_events` from the metadata DB through the execution API, as on a worker.
 
     result = asset_triggered_test(env, "mlm_pretrain", mark_success_pattern="^(evaluate|report)$")
-    result.stdout  -> task logs, then a last line "ASSET_TRIGGERED_RUN {json}" (run id, consumed event ids, oldest first)
+    result.stdout  -> task logs, then a last line "ASSET_TRIGGERED_RUN {json}" (run id, consumed event ids, oldest
+    first)
 
 If the DAG is not due (no queued event) the script exits 3 and says so: the test then knows that
 the scheduler would not have started a run either.

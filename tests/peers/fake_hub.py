@@ -83,7 +83,7 @@ class FakeHub:
         self._server: ThreadingHTTPServer | None = None
 
     # -- lifecycle ---------------------------------------------------------------------------------
-    def start(self) -> "FakeHub":
+    def start(self) -> FakeHub:
         hub = self
 
         class Handler(_Handler):
@@ -114,7 +114,7 @@ class FakeHub:
         assert self._server is not None, "FakeHub.start() first"
         return f"http://127.0.0.1:{self._server.server_address[1]}"
 
-    def __enter__(self) -> "FakeHub":
+    def __enter__(self) -> FakeHub:
         return self.start()
 
     def __exit__(self, *exc) -> None:

@@ -6,7 +6,8 @@
 
 Speaks what `google.cloud.tpu_v2` sends over REST (see its transports/rest_base.py): nodes create
 (POST .../nodes?nodeId=), get, list (pageSize/pageToken), patch (updateMask), delete, getGuestAttributes
-(POST .../nodes/<id>:getGuestAttributes), and operations get, with camelCase JSON and `{"error": {"code", "message", "status"}}` errors (400 -> InvalidArgument,
+(POST .../nodes/<id>:getGuestAttributes), and operations get, with camelCase JSON and `{"error": {"code",
+"message", "status"}}` errors (400 -> InvalidArgument,
 401/403, 404 -> NotFound, 409 -> Conflict, 429 -> TooManyRequests, 503 -> ServiceUnavailable).
 
 What it holds callers to, as the real API does:

@@ -12,7 +12,6 @@ not: see tls_proxy.py. Run the emulator by hand for debugging with
 """
 from __future__ import annotations
 
-import os
 import re
 import socket
 import subprocess

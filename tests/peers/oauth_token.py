@@ -7,7 +7,8 @@
 
 Like oauth2.googleapis.com/token it takes the JWT-bearer grant (RFC 7523) that google-auth signs
 with the key: it checks the RS256 signature against the key's public half, `iss` (the account's
-email), `aud` (Google's token URI, which google-auth signs whatever the key's token_uri, or this one), `iat`/`exp` (at most an hour apart, not expired) and `scope`, then
+email), `aud` (Google's token URI, which google-auth signs whatever the key's token_uri, or this one), `iat`/`exp`
+(at most an hour apart, not expired) and `scope`, then
 issues an opaque access token for an hour. `authorize` is what a Google API front end does with the
 Authorization header: it accepts those tokens, and also the self-signed JWTs GAPIC clients send
 instead (signed by a registered key, iss == sub, with a scope or an audience), and answers 401

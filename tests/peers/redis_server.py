@@ -19,7 +19,8 @@ from pathlib import Path
 
 
 def redis_server_bin() -> str:
-    found = shutil.which("redis-server") or ("/usr/bin/redis-server" if Path("/usr/bin/redis-server").exists() else None)
+    found = shutil.which("redis-server") or (
+        "/usr/bin/redis-server" if Path("/usr/bin/redis-server").exists() else None)
     if not found:
         raise RuntimeError("redis-server not found: apt-get install -y redis-server (.ci/run installs it)")
     return found

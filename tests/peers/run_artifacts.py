@@ -14,7 +14,6 @@ from mlm_tasks import storage
 from mlm_tasks.paths import RunPaths, join
 
 
-
 def _safetensors(tensors: dict) -> bytes:
     from safetensors.numpy import save
 

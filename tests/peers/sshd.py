@@ -8,7 +8,8 @@
 Runs `/usr/sbin/sshd -D -e -f <cfg>` (Debian: apt-get install openssh-server) on a free port with a
 generated host key and a generated client key in authorized_keys. Like a TPU VM's stock sshd it
 accepts only LANG and LC_* from the client's environment. With `tpu.python` pointing at the
-simulated image (tests/peers/tpu_vm_image.py) its "worker" runs the image's Python and TensorFlow. As root it logs in as root; as
+simulated image (tests/peers/tpu_vm_image.py) its "worker" runs the image's Python and TensorFlow. As root it logs
+in as root; as
 any other user sshd runs without privilege separation and only that user can log in.
 """
 from __future__ import annotations
@@ -20,8 +21,9 @@ import shutil
 import socket
 import subprocess
 import time
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Iterator, NamedTuple
+from typing import NamedTuple
 from urllib.parse import quote
 
 SSHD = shutil.which("sshd") or "/usr/sbin/sshd"

@@ -98,7 +98,7 @@ def _read_body(f, headers: dict[str, str]) -> bytes:
 
 
 class _Handler(socketserver.StreamRequestHandler):
-    server: "_ProxyServer"
+    server: _ProxyServer
 
     def handle(self) -> None:
         head = _read_head(self.rfile)
@@ -186,7 +186,7 @@ class TlsGcsProxy:
 
     @property
     def url(self) -> str:
-        return "http://127.0.0.1:%d" % self.server.server_address[1]
+        return f"http://127.0.0.1:{self.server.server_address[1]}"
 
     def env(self) -> dict[str, str]:
         gcloud_dir = self.workdir / "gcloud"  # empty: no developer credentials leak into tests
@@ -201,7 +201,7 @@ class TlsGcsProxy:
             "GCS_RETRY_CONFIG_MAX_RETRIES": "2", "GCS_RETRY_CONFIG_INIT_DELAY_TIME_US": "100000",
         }
 
-    def __enter__(self) -> "TlsGcsProxy":
+    def __enter__(self) -> TlsGcsProxy:
         self._thread.start()
         return self
 

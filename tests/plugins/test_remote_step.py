@@ -190,7 +190,7 @@ if [ "$1 $2" = "-m mlm_tasks" ]; then shift 2
   exec {real_python} -c 'import sys, mlm_tasks; print("FROM", mlm_tasks.__file__); print("ARGS", *sys.argv[1:2], sys.argv[-2:])' "$@"
 fi
 exec {real_python} "$@"
-""")
+""")  # noqa: E501  (a shell script, one command a line)
     wrapper.chmod(0o755)
     root = tmp_path / "out"
     bundle = stage_code(str(root), "tpu-vm-tf-2.16.1-pjrt")
@@ -206,7 +206,8 @@ exec {real_python} "$@"
     assert first[0].startswith(f"Installing project {bundle.sha}")
     assert first[1] == "Installing requirements-tf2.16.txt beside the image TensorFlow"
     # Never TensorFlow, never the image's packages: --no-deps, only wheels, into a folder of its own.
-    assert first[2] == ("PIP -m pip install --quiet --disable-pip-version-check --no-deps --require-hashes --only-binary=:all: "
+    assert first[2] == ("PIP -m pip install --quiet --disable-pip-version-check --no-deps --require-hashes "
+                        "--only-binary=:all: "
                         f"--target deps-{bundle.lock_sha}.tmp -r code/mlm_tasks/vm/requirements-tf2.16.txt")
     assert first[3] == f"CHECK 2.16.1 deps-{bundle.lock_sha}.tmp FORCE_TF_AVAILABLE=1"
     assert first[4] == f"FROM {workdir}/code/mlm_tasks/__init__.py"
@@ -221,7 +222,8 @@ exec {real_python} "$@"
 
 def test_remote_command_carries_the_whole_config(fake_tpu, sshd):
     cfg = _cfg(fake_tpu, sshd, workdir="~/mlm dir")
-    argv = shlex.split(remote_command(cfg, "evaluate", "run 1", node="mlm-n", extra_args=["--x", "y"]).split("; exec ", 1)[1])
+    line = remote_command(cfg, "evaluate", "run 1", node="mlm-n", extra_args=["--x", "y"])
+    argv = shlex.split(line.split("; exec ", 1)[1])
     assert argv[:4] == ["python3", "-m", "mlm_tasks", "evaluate"]
     assert PipelineConfig.model_validate_json(argv[argv.index("--config-json") + 1]) == cfg
     assert argv[-4:] == ["--run-id", "run 1", "--x", "y"]
@@ -254,9 +256,11 @@ def test_a_token_the_sshd_drops_fails_the_step_saying_why(ssh_conn, fake_tpu, ss
     """paramiko's env requests expect no reply: a name the sshd does not accept vanishes silently.
     The remote line notices and says what to fix, instead of a step failing later without HF_TOKEN."""
     cfg = _cfg(fake_tpu, sshd, workdir=str(tmp_path))
-    command = remote_command(cfg, "train", "r", node="mlm-n", expect_token=True).split("; exec ", 1)[0] + '; echo "token ${#HF_TOKEN}"'
+    command = (remote_command(cfg, "train", "r", node="mlm-n", expect_token=True).split("; exec ", 1)[0]
+               + '; echo "token ${#HF_TOKEN}"')
     log = logging.getLogger("t")
-    arrived = RemoteRunner(["127.0.0.1"], ssh_conn, log, session_env={"LC_MLM_HF_TOKEN": "hf_secret_value"}).run(command)
+    arrived = RemoteRunner(["127.0.0.1"], ssh_conn, log,
+                           session_env={"LC_MLM_HF_TOKEN": "hf_secret_value"}).run(command)
     assert list(arrived[0].tail) == ["token 15"]
     dropped = RemoteRunner(["127.0.0.1"], ssh_conn, log, session_env={"NOT_ACCEPTED": "hf_secret_value"}).run(command)
     assert dropped[0].exit_code == 3 and "sshd_config needs AcceptEnv LANG LC_*" in dropped[0].describe()

@@ -18,8 +18,13 @@ import pytest
 from airflow.providers.google.cloud.sensors.gcs import GCSObjectExistenceSensor
 from airflow.providers.google.cloud.triggers.gcs import GCSBlobTrigger
 from airflow.sdk.bases.operator import TriggerFailureReason
-from airflow.sdk.exceptions import (AirflowException, AirflowFailException, AirflowRescheduleException,
-                                    AirflowSensorTimeout, TaskDeferred)
+from airflow.sdk.exceptions import (
+    AirflowException,
+    AirflowFailException,
+    AirflowRescheduleException,
+    AirflowSensorTimeout,
+    TaskDeferred,
+)
 
 from mlm_tasks import storage
 from mlm_tasks.paths import DataPaths

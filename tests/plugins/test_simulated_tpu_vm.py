@@ -3,11 +3,13 @@
     python -m pytest tests/plugins/test_simulated_tpu_vm.py -q
 
 The "worker" is a real sshd on loopback whose step runs in a fresh Python 3.10 environment holding
-exactly what each supported runtime's image preinstalled as released (tests/peers/tpu_vm_image.py: TensorFlow 2.16.1 or 2.17.0
+exactly what each supported runtime's image preinstalled as released (tests/peers/tpu_vm_image.py: TensorFlow
+2.16.1 or 2.17.0
 and its own dependencies, under the TPU build's distribution name). The bucket is the GCS emulator
 (TensorFlow's gs:// reaches it through the TLS proxy). The train task stages the installed package
 to the bucket, the VM fetches it with its own TensorFlow, installs the VM lock with pip from the
-package index, checks the image, and trains the tiny preset from gs:// shards. The Airflow side (Python 3.11, TensorFlow 2.21) then evaluates the model
+package index, checks the image, and trains the tiny preset from gs:// shards. The Airflow side (Python 3.11,
+TensorFlow 2.21) then evaluates the model
 and runs fill-mask on it, and reads the checkpoint.
 """
 from __future__ import annotations
@@ -23,9 +25,9 @@ import pytest
 from mlm_tasks import storage, tpu
 from mlm_tasks.config import PipelineConfig
 from mlm_tasks.paths import RunPaths, join
-from peers.sshd import airflow_conn_uri
 from mlm_tasks.vm import runtimes
 from peers import tpu_vm_image
+from peers.sshd import airflow_conn_uri
 
 ZONE = "us-central2-b"
 RUN = "manual__sim-vm"
@@ -64,7 +66,8 @@ def test_bootstrap_and_train_on_the_simulated_image(runtime, tiny_prepared, gcs_
         monkeypatch.setenv(key, value)
     cfg = PipelineConfig.model_validate({
         **prepared_cfg.model_dump(mode="json"), "output_root": root, "compute": "tpu_vm",
-        "tpu": {"project": "proj", "zone": ZONE, "runtime_version": runtime, "api_endpoint": fake_tpu.url, "transport": "rest",
+        "tpu": {"project": "proj", "zone": ZONE, "runtime_version": runtime, "api_endpoint": fake_tpu.url,
+                "transport": "rest",
                 "ssh_port": sshd.port, "poll_interval_s": 0.1, "bootstrap": True, "python": tpu_vm_python,
                 "workdir": str(tmp_path / "vm home" / "mlm"),
                 "env": {**tf_gcs_env, **_pip_past_the_gcs_proxy(tf_gcs_env), "HF_HUB_OFFLINE": "1",

@@ -103,7 +103,8 @@ def test_create_timeout_deletes_the_node(fake_tpu):
 def test_create_puts_the_ssh_connection_key_in_metadata(fake_tpu, sshd, monkeypatch):
     monkeypatch.setenv("AIRFLOW_CONN_TPU_SSH", airflow_conn_uri(sshd))
     _run(TpuVmCreateOperator(task_id="c", config=_config(fake_tpu)))
-    kind, key = open(sshd.key_path + ".pub").read().split()[:2]
+    with open(sshd.key_path + ".pub") as f:
+        kind, key = f.read().split()[:2]
     assert fake_tpu.node("proj", ZONE, NAME)["metadata"]["ssh-keys"] == f"{sshd.user}:{kind} {key} {sshd.user}"
 
 
@@ -351,10 +352,12 @@ def test_train_execution_timeout_comes_from_the_config_and_never_outlives_the_tt
 
     monkeypatch.setenv("GOOGLE_AUTH_TOKEN_FOR_TESTING", "restored-after-the-test")  # pre_execute sets it
     try:
-        op = TrainOperator(task_id="train", data={"fingerprint": "fp"}, config=_config(fake_tpu, train={"timeout_hours": 6}))
+        op = TrainOperator(task_id="train", data={"fingerprint": "fp"},
+                           config=_config(fake_tpu, train={"timeout_hours": 6}))
         op.pre_execute(_context())
         assert op.execution_timeout == timedelta(hours=6)
-        op = TrainOperator(task_id="train", data={"fingerprint": "fp"}, config=_config(fake_tpu))  # default on a TPU VM: the TTL (12 h)
+        # The default on a TPU VM: the TTL (12 h).
+        op = TrainOperator(task_id="train", data={"fingerprint": "fp"}, config=_config(fake_tpu))
         op.pre_execute(_context())
         assert op.execution_timeout == timedelta(hours=12)
         # pre_execute also handed the task's clients the connection's key (process-wide, as in a task).

@@ -49,11 +49,11 @@ def _run(op):
             classpath, kwargs = deferred.trigger.serialize()
             trigger = type(deferred.trigger)(**json.loads(json.dumps(kwargs)))
 
-            async def first_event():
+            async def first_event(trigger):
                 async for event in trigger.run():
                     return event.payload
 
-            event = asyncio.run(asyncio.wait_for(first_event(), 30))
+            event = asyncio.run(asyncio.wait_for(first_event(trigger), 30))
             call, args = getattr(op, deferred.method_name), (_context(), event)
 
 

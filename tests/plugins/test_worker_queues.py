@@ -76,6 +76,7 @@ def test_train_queue_follows_the_default_compute():
 ])
 def test_distributed_executor_is_read_from_airflow_conf(executor, expected, monkeypatch):
     from airflow.configuration import conf
+
     from worker_queues import distributed_executor
 
     monkeypatch.setattr(conf, "get", lambda section, key, fallback=None: executor

@@ -62,7 +62,8 @@ def test_readme_connection_logs_in_pinning_the_published_host_key(fake_tpu, sshd
 
 def test_a_host_key_the_node_did_not_publish_is_refused(fake_tpu, sshd, monkeypatch, tmp_path, short_patience):
     _readme_connection(monkeypatch, sshd)
-    key_type, blob = open(_other_key(tmp_path, "other_host_key") + ".pub").read().split()[:2]
+    with open(_other_key(tmp_path, "other_host_key") + ".pub") as f:
+        key_type, blob = f.read().split()[:2]
     fake_tpu.host_keys = {key_type: blob}  # the node published another machine's key
     op, name, context = _operator(fake_tpu, sshd)
     started = time.monotonic()
