@@ -160,7 +160,10 @@ class TpuConfig(_Section):
         return data
 
     project: str = Field("", description="Google Cloud project of the TPU VM.")
-    zone: str = Field("us-central2-b", description="Zone of the TPU VM.")
+    # A run may pick the zone, and it becomes part of the TPU API's resource path (and the janitor's
+    # registry path): only the shape of a Google Cloud zone, e.g. us-central2-b, europe-west4-a.
+    zone: str = Field("us-central2-b", pattern=r"^[a-z]+(-[a-z]+[0-9]+)+-[a-z]$",
+                      description="Zone of the TPU VM, e.g. us-central2-b.")
     accelerator_type: str = Field("v4-8", description="TPU type, e.g. v4-8, v5litepod-8, v4-32 (pod slice).")
     runtime_version: str = Field(runtimes.DEFAULT, json_schema_extra={"enum": sorted(runtimes.SUPPORTED)},
                                  description="TPU VM software version: tpu-vm-tf-X.Y.Z[-pod]-pjrt (-pod for "

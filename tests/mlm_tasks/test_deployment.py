@@ -139,3 +139,13 @@ def test_a_variable_the_environment_lacks_is_named(tmp_path, monkeypatch):
     path.write_text("settings: {tpu: {project: '${NOT_SET_ANYWHERE}'}}\n")
     with pytest.raises(ConfigError, match="uses NOT_SET_ANYWHERE, which this service's environment does not set"):
         Deployment.load(str(path))
+
+
+@pytest.mark.parametrize("zone", ["us-central2-b/nodes/other", "../x", "us-central2-b?x=1", "US-CENTRAL2-B"])
+def test_a_zone_a_run_picks_is_only_a_zone(zone):
+    """tpu.zone is a run setting that reaches the TPU API's resource path: nothing else passes."""
+    from mlm_tasks.config import build_config
+
+    with pytest.raises(ConfigError, match="tpu.zone"):
+        build_config({}, {"tpu_zone": zone})
+    assert build_config({}, {"tpu_zone": "northamerica-northeast1-a"}).tpu.zone == "northamerica-northeast1-a"
