@@ -425,11 +425,17 @@ def load_config(path: str | Path | None = None, overrides: dict[str, Any] | None
     return build_config(base, overrides)
 
 
-def config_from_params(params: dict[str, Any]) -> PipelineConfig:
-    """Build the config from the Airflow form: `config_file` plus flat params plus `overrides` dict."""
+def split_params(params: dict[str, Any]) -> tuple[str | None, dict[str, Any]]:
+    """The Airflow form's `config_file`, and the settings it sets: flat fields, then `overrides`."""
     params = dict(params)
-    config_file = params.pop("config_file", None)
+    config_file = params.pop("config_file", None) or None
     extra = params.pop("overrides", None) or {}
     # Form fields left empty mean "keep the file's value".
     flat = {k: v for k, v in params.items() if v is not None and v != ""}
-    return load_config(config_file or None, {**flat, **extra})
+    return config_file, {**flat, **extra}
+
+
+def config_from_params(params: dict[str, Any]) -> PipelineConfig:
+    """Build the config from the Airflow form: `config_file` plus flat params plus `overrides` dict."""
+    config_file, settings = split_params(params)
+    return load_config(config_file, settings)

@@ -2,7 +2,7 @@
 
     dep = Deployment.load()              # $MLM_DEPLOYMENT (a YAML file), or None: no boundary
     cfg = dep.run_config(params)         # the trigger form / REST conf -> PipelineConfig
-    dep.check_event(extra)               # a dataset-refresh event, checked like a form
+    check_event(extra, dep)              # a dataset-refresh event, checked like a form
 
 A platform team gives ML engineers the trigger form and keeps the deployment: the Google Cloud
 project, service accounts, connection ids, the TPU API endpoint, the VM's python, workdir and
@@ -34,7 +34,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from mlm_tasks.config import MAX_CONFIG_BYTES, PARAM_PATHS, PipelineConfig, build_config, read_yaml_config
+from mlm_tasks.config import MAX_CONFIG_BYTES, PARAM_PATHS, PipelineConfig, build_config, read_yaml_config, split_params
 from mlm_tasks.errors import ConfigError
 
 ENV = "MLM_DEPLOYMENT"
@@ -86,11 +86,8 @@ class Deployment(BaseModel):
     def run_config(self, params: dict[str, Any]) -> PipelineConfig:
         """The run's config from trigger params (config_file, flat fields, overrides), refusing what a
         run may not set, then the deployment's settings on top."""
-        params = dict(params)
-        config_file = params.pop("config_file", None) or None
-        extra = params.pop("overrides", None) or {}
-        flat = {k: v for k, v in params.items() if v is not None and v != ""}
-        run = {PARAM_PATHS.get(k, k): v for k, v in {**flat, **extra}.items()}
+        config_file, settings = split_params(params)
+        run = {PARAM_PATHS.get(k, k): v for k, v in settings.items()}
         self.refuse_owned(run, "the trigger's settings")
         base = read_yaml_config(self.check_config_file(config_file)) if config_file else {}
         cfg = build_config(_merge(base, _nested(run)), _dotted(self.settings))
@@ -136,13 +133,11 @@ class Deployment(BaseModel):
         if self.zones and cfg.compute == "tpu_vm" and cfg.tpu.zone not in self.zones:
             raise ConfigError(f"tpu.zone {cfg.tpu.zone!r} is not one of this deployment's zones {self.zones}.")
 
-    def check_event(self, extra: dict[str, Any]) -> dict[str, Any]:
-        """A dataset-refresh event's extra, checked like a form: its fingerprint names a folder, its
-        output_root must be allowed, its data settings are run settings."""
-        return check_event(extra, self)
 
 
 def check_event(extra: dict[str, Any], dep: Deployment | None) -> dict[str, Any]:
+    """A dataset-refresh event's extra, checked like a form: its fingerprint names a folder, its
+    data settings are run settings (the validate task then checks the roots, `check_run`)."""
     fingerprint = extra.get("fingerprint")
     if not isinstance(fingerprint, str) or not FINGERPRINT.match(fingerprint):
         raise ConfigError(f"The dataset-refresh event's fingerprint {fingerprint!r} is not 16 hex digits: the "
