@@ -134,7 +134,6 @@ class Deployment(BaseModel):
             raise ConfigError(f"tpu.zone {cfg.tpu.zone!r} is not one of this deployment's zones {self.zones}.")
 
 
-
 def check_event(extra: dict[str, Any], dep: Deployment | None) -> dict[str, Any]:
     """A dataset-refresh event's extra, checked like a form: its fingerprint names a folder, its
     data settings are run settings (the validate task then checks the roots, `check_run`)."""
