@@ -48,8 +48,8 @@ PACKAGE_DIR = Path(__file__).resolve().parent
 # Ubuntu's sshd_config has `AcceptEnv LANG LC_*`: an LC_ name passes through a stock TPU VM's sshd.
 SESSION_ENV_TOKEN = "LC_MLM_HF_TOKEN"
 TOKEN_VAR = "mlm_hf_token"  # the line's own, unexported copy of the token
-# transformers 4.57 finds TensorFlow only under distribution names it knows (tensorflow,
-# tensorflow-cpu, ...), not the image's TPU build: this tells it TensorFlow is there.
+# The images' TPU build is a wheel named `tensorflow`, which transformers 4.57 finds; FORCE_TF_AVAILABLE
+# keeps a custom image working whose build carries another name (tensorflow-tpu from Google's index).
 VM_ENV = {"FORCE_TF_AVAILABLE": "1", "TF_USE_LEGACY_KERAS": "1", "PYTHONUNBUFFERED": "1"}
 # An earlier try's step gets this long to exit on SIGTERM before SIGKILL (a trainer without a handler
 # dies at once; TensorFlow may take seconds to let go of the TPU chips).

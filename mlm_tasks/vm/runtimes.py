@@ -133,7 +133,3 @@ def check_accelerator(generation: str) -> None:
 def locks() -> list[Runtime]:
     """One runtime per TensorFlow minor: each minor has one image file and one VM lock."""
     return list({rt.tf_minor: rt for rt in SUPPORTED.values()}.values())
-
-
-def oldest() -> Runtime:
-    return min(SUPPORTED.values(), key=lambda rt: tuple(int(p) for p in rt.tensorflow.split(".")))

@@ -3,9 +3,9 @@
     python -m pytest tests/plugins/test_simulated_tpu_vm.py -q
 
 The "worker" is a real sshd on loopback whose step runs in a fresh Python 3.10 environment holding
-exactly what each supported runtime's image preinstalled as released (tests/peers/tpu_vm_image.py: TensorFlow
-2.16.1 or 2.17.0
-and its own dependencies, under the TPU build's distribution name). The bucket is the GCS emulator
+exactly what each supported runtime's image preinstalled as released (tests/peers/tpu_vm_image.py:
+TensorFlow 2.16.1 or 2.17.0 under its own wheel name, and its own dependencies as of the runtime's
+date). The bucket is the GCS emulator
 (TensorFlow's gs:// reaches it through the TLS proxy). The train task stages the installed package
 to the bucket, the VM fetches it with its own TensorFlow, installs the VM lock with pip from the
 package index, checks the image, and trains the tiny preset from gs:// shards. The Airflow side (Python 3.11,
