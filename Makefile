@@ -69,7 +69,7 @@ $(VENV_PT)/.installed: requirements-pt.txt
 lock-pt:
 	uv pip compile requirements-pt.in -o requirements-pt.txt --python-version 3.11 --generate-hashes
 
-# The TPU VM side: locks of what a TPU VM installs beside its image's TensorFlow (mlm_tasks/vm/),
+# The TPU VM side: locks of what a TPU VM installs beside its image's TensorFlow (mlm_tasks/tpu/vm/),
 # and the simulated TPU VM image the tests run it on (.venv-tpuvm/, Python 3.10; tests build it too).
 lock-vm: env
 	$(PY) scripts/lock_vm.py

@@ -52,7 +52,7 @@ def corpus_overrides(factor: int, parts: int) -> dict:
 
 def seed_tokenizer(out: Path, factor: int) -> None:
     """The prepared tokenizer under this corpus' fingerprint, as bench 3 copies it: only writing is timed."""
-    from mlm_tasks.dataset import data_fingerprint
+    from mlm_tasks.data.shard_set import data_fingerprint
     from mlm_tasks.paths import DataPaths
 
     cfg = common.bench_config(**{**corpus_overrides(factor, 1), "output_root": str(out)})

@@ -2,7 +2,7 @@
 
     .venv/bin/python bench/bench_input.py [--batches 300] [--train-steps 40]
 
-Input: mlm_tasks.data.mlm_dataset over the embedded train shards (read, parse, shuffle, batch 32,
+Input: mlm_tasks.data.input.mlm_dataset over the embedded train shards (read, parse, shuffle, batch 32,
 in-graph masking, prefetch), batches/s after 20 warm-up batches. Consumption: steps/s of
 mlm_tasks.steps.train (tiny preset, configs/default.yaml) after its first log window, in a fresh
 subprocess. Target: input batches/s >= 10x training steps/s.
@@ -20,10 +20,10 @@ from bench_train import BATCH, run_ours  # noqa: E402
 
 
 def input_rate(batches: int) -> float:
-    from mlm_tasks.data import mlm_dataset
-    from mlm_tasks.manifest import ShardSet
+    from mlm_tasks.data.input import mlm_dataset
+    from mlm_tasks.data.shard_set import ShardSet
+    from mlm_tasks.data.tokenizer import load_tokenizer
     from mlm_tasks.paths import DataPaths
-    from mlm_tasks.tokenizer import load_tokenizer
 
     data = common.prepared()
     paths = DataPaths(common.BENCH_ROOT, data["fingerprint"])

@@ -3,7 +3,7 @@
     .venv/bin/python bench/bench_memory.py [--factors 1,10]
 
 The embedded corpus' rows (every split) are written k times over into a .txt file; a fresh subprocess
-runs the one shard writer over it as a local_files corpus, as build_shard_set does (mlm_tasks.shards_parallel:
+runs the one shard writer over it as a local_files corpus, as build_shard_set does (mlm_tasks.data.writer:
 one partition, all three splits, merge and publish included)
 with the embedded tokenizer. Peak RSS is the child's own ru_maxrss (os.wait4); "working set" is the
 peak minus the RSS just before writing began (imports and tokenizer excluded). Target: peak at 10x
@@ -24,7 +24,7 @@ import common  # noqa: E402
 def corpus_file(factor: int) -> str:
     path = os.path.join(common.BENCH_ROOT, f"corpus-x{factor}.txt")
     if not os.path.exists(path):
-        from mlm_tasks.corpus import open_corpus
+        from mlm_tasks.data.corpus import open_corpus
 
         corpus = open_corpus(common.bench_config().corpus)
         rows = [r for split in ("train", "validation", "test") for r in corpus.rows(split)]
@@ -46,8 +46,8 @@ def _status_mb(field: str) -> float:
 def worker(factor: str) -> None:
     import shutil
 
+    from mlm_tasks.data.writer import merge_partitions, write_partition
     from mlm_tasks.paths import DataPaths
-    from mlm_tasks.shards_parallel import merge_partitions, write_partition
 
     cfg = common.bench_config(**{"corpus.source": "local_files", "corpus.local_paths": [corpus_file(int(factor))]})
     with tempfile.TemporaryDirectory(prefix="bench-mem-") as root:

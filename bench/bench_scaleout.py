@@ -1,4 +1,4 @@
-"""Benchmark 3: shard writing fanned out over worker processes (mlm_tasks.shards_parallel), 1 vs 2 workers.
+"""Benchmark 3: shard writing fanned out over worker processes (mlm_tasks.data.writer), 1 vs 2 workers.
 
     .venv/bin/python bench/bench_scaleout.py [--factor 4] [--rounds 2]
 
@@ -9,7 +9,7 @@ Workers import, then wait at a barrier so only the writing is timed; the merge (
 runs after the last worker and is included. A worker is one executor slot on one core: one tokenizer
 thread (TOKENIZERS_PARALLELISM=false). "1 worker, threads" is one process whose tokenizer uses its own
 thread pool over both cores, the strongest one-process baseline. A worker still overlaps encoding
-with writing in a second thread (mlm_tasks.shards.encoded_batches), so unpinned, one worker already uses
+with writing in a second thread (mlm_tasks.data.writer.encoded_batches), so unpinned, one worker already uses
 part of the idle second core; the "pinned" variants hold each worker to its own core
 (sched_setaffinity), which is what "one worker = one core" means exactly. Each worker's CPU seconds are reported
 too: on a machine shared with other work, wall time measures the scheduler's share, not the writer. The merged
@@ -46,7 +46,7 @@ def _paths(root: str):
 
 def worker(arg: str) -> None:
     factor, part, num_parts, cpu, root = arg.split(":", 4)
-    from mlm_tasks.shards_parallel import write_partition
+    from mlm_tasks.data.writer import write_partition
 
     if int(cpu) >= 0:  # one core per worker, as a deployment with one executor slot per core pins it
         os.sched_setaffinity(0, {int(cpu)})
@@ -64,7 +64,7 @@ def worker(arg: str) -> None:
 
 def run_fanout(factor: int, num_parts: int, env: dict, pin: bool = False) -> tuple[float, float, dict]:
     """Wall seconds (barrier to merged manifest), CPU seconds of the busiest worker, the manifest."""
-    from mlm_tasks.shards_parallel import merge_partitions
+    from mlm_tasks.data.writer import merge_partitions
 
     root = tempfile.mkdtemp(prefix="bench-scaleout-")
     try:
@@ -93,7 +93,7 @@ def run_fanout(factor: int, num_parts: int, env: dict, pin: bool = False) -> tup
 
 def run_single(factor: int) -> dict:
     """One partition of one, in this process: what build_shard_set writes."""
-    from mlm_tasks.shards_parallel import merge_partitions, write_partition
+    from mlm_tasks.data.writer import merge_partitions, write_partition
 
     cfg = _cfg(factor)
     with tempfile.TemporaryDirectory(prefix="bench-single-") as root:

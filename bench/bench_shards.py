@@ -45,7 +45,7 @@ def rows_parquet() -> str:
         import pyarrow as pa
         import pyarrow.parquet as pq
 
-        from mlm_tasks.corpus import open_corpus
+        from mlm_tasks.data.corpus import open_corpus
 
         rows = [row for _, row in open_corpus(common.bench_config().corpus).split_rows()]
         os.makedirs(common.BENCH_ROOT, exist_ok=True)
@@ -61,7 +61,7 @@ def all_rows() -> list[str]:
 
 
 def _tokenizer():
-    from mlm_tasks.tokenizer import load_tokenizer
+    from mlm_tasks.data.tokenizer import load_tokenizer
 
     return load_tokenizer(common.prepared()["tokenizer_uri"], common.MAX_LENGTH)
 

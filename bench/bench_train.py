@@ -28,7 +28,7 @@ BATCH = 32
 
 def _setup(preset: str, xla: str, steps: int, max_pred: int = 32, log_every: int = 10, precision: str = "off",
            device: str = "cpu"):
-    from mlm_tasks.manifest import ShardSet
+    from mlm_tasks.data.shard_set import ShardSet
     from mlm_tasks.paths import DataPaths
 
     data = common.prepared()
@@ -83,7 +83,7 @@ def reference_dataset(paths, manifest, tokenizer, seed: int = 42):
 def _reference_model(cfg, data, manifest, steps: int, xla: bool):
     from transformers import create_optimizer
 
-    from mlm_tasks.model import build_model, roberta_config
+    from mlm_tasks.model.roberta import build_model, roberta_config
 
     model = build_model(roberta_config(cfg, data["vocab_size"], manifest.special_ids))
     optimizer, _ = create_optimizer(init_lr=cfg.train.learning_rate, num_train_steps=steps,
@@ -99,7 +99,7 @@ def run_reference(preset: str, xla: str, steps: int, warmup: int, precision: str
     import tensorflow as tf
     import tf_keras
 
-    from mlm_tasks.tokenizer import load_tokenizer
+    from mlm_tasks.data.tokenizer import load_tokenizer
 
     cfg, data, paths, manifest = _setup(preset, xla, steps, precision=precision, device=device)
     tf.keras.utils.set_random_seed(cfg.train.seed)
@@ -123,9 +123,9 @@ def run_equality(preset: str, n: int = 8) -> dict:
     import tf_keras
     from transformers import create_optimizer
 
-    from mlm_tasks.data import mlm_dataset
-    from mlm_tasks.model import masked_lm_loss
-    from mlm_tasks.tokenizer import load_tokenizer
+    from mlm_tasks.data.input import mlm_dataset
+    from mlm_tasks.data.tokenizer import load_tokenizer
+    from mlm_tasks.model.roberta import masked_lm_loss
 
     cfg, data, paths, manifest = _setup(preset, "off", n)
     tf.keras.utils.set_random_seed(cfg.train.seed)

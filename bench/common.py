@@ -46,7 +46,7 @@ def train_rows() -> list[str]:
     """The embedded corpus' train rows, materialised once (reading the bz2 dump is not what is timed)."""
     path = os.path.join(BENCH_ROOT, "train-rows.pkl")
     if not os.path.exists(path):
-        from mlm_tasks.corpus import open_corpus
+        from mlm_tasks.data.corpus import open_corpus
 
         rows = list(open_corpus(bench_config().corpus).rows("train"))
         os.makedirs(BENCH_ROOT, exist_ok=True)

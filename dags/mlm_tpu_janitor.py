@@ -59,8 +59,9 @@ def mlm_tpu_janitor():
         from google.api_core.exceptions import GoogleAPICallError
 
         from gcp_credentials import use_connection
-        from mlm_tasks import tpu, tpu_registry
         from mlm_tasks.config import TpuConfig
+        from mlm_tasks.tpu import api as tpu
+        from mlm_tasks.tpu import registry as tpu_registry
 
         log = logging.getLogger("airflow.task")
         params = {**context["params"], **_deployment()}  # the deployment wins over a conf
@@ -107,8 +108,9 @@ def mlm_tpu_janitor():
         from google.api_core.exceptions import GoogleAPICallError
 
         from gcp_credentials import use_connection
-        from mlm_tasks import tpu, tpu_registry
         from mlm_tasks.config import TpuConfig
+        from mlm_tasks.tpu import api as tpu
+        from mlm_tasks.tpu import registry as tpu_registry
 
         log, params = logging.getLogger("airflow.task"), {**context["params"], **_deployment()}
         registry = _configured_registry(params)
@@ -150,8 +152,8 @@ def _configured_registry(params) -> str:
     """The registry's location; fails (no retry: only a person can fix it) when the janitor is not set up."""
     from airflow.sdk.exceptions import AirflowFailException
 
-    from mlm_tasks import tpu_registry
     from mlm_tasks.config import ConfigError
+    from mlm_tasks.tpu import registry as tpu_registry
 
     if not params["project"]:
         raise AirflowFailException("The janitor has no project to check: set MLM_TPU_PROJECT (and MLM_TPU_ZONES) in "

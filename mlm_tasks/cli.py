@@ -70,7 +70,7 @@ NEEDS_DATA = ("write_shards", "merge_shards", "train", "evaluate", "publish_toke
 def run_step(step: str, cfg: PipelineConfig, ctx: RunContext, part: int = 0) -> object:
     """One verb: the step function of the same name (mlm_tasks/steps/<step>.py) with this process's inputs."""
     from mlm_tasks import steps
-    from mlm_tasks.dataset import data_fingerprint
+    from mlm_tasks.data.shard_set import data_fingerprint
 
     if step == "fingerprint":
         return data_fingerprint(cfg)

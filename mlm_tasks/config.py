@@ -17,11 +17,11 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from mlm_tasks import tpu_slices
 from mlm_tasks.errors import ConfigError  # noqa: F401  (re-exported: callers import it from here too)
 from mlm_tasks.paths import check_safe_uri
 from mlm_tasks.presets import PRESETS, ModelShape
-from mlm_tasks.vm import runtimes
+from mlm_tasks.tpu import runtimes
+from mlm_tasks.tpu import slices as tpu_slices
 
 SPECIAL_TOKENS = ["<s>", "<pad>", "</s>", "<unk>", "<mask>"]
 SUPPORTED_SCHEMES = ("file", "gs")
@@ -203,7 +203,7 @@ class TpuConfig(_Section):
 
     @model_validator(mode="after")
     def _supported_runtime(self) -> TpuConfig:
-        # The runtime picks the image's TensorFlow and so the VM lock (mlm_tasks.vm.runtimes).
+        # The runtime picks the image's TensorFlow and so the VM lock (mlm_tasks.tpu.runtimes).
         runtimes.get(self.runtime_version)
         return self
 

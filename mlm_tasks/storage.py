@@ -16,6 +16,7 @@ from typing import Any
 import fsspec
 
 from mlm_tasks import credentials
+from mlm_tasks.errors import ConfigError
 
 # gcsfs' HNS probe stalls ~60 s a call against anything but the real service; we never use HNS.
 os.environ.setdefault("GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT", "false")
@@ -187,3 +188,14 @@ def download_dir(uri: str, local_dir: str) -> str:
     os.makedirs(local_dir, exist_ok=True)
     fs.get(uri.rstrip("/") + "/", local_dir.rstrip("/") + "/", recursive=True)
     return local_dir
+
+
+def check_writable(uri: str) -> None:
+    """A probe object written and removed: a run that could not save its work fails now, not after hours."""
+    probe = f"{uri.rstrip('/')}/_probes/{uuid.uuid4().hex}"
+    try:
+        write_text(probe, "ok")
+        remove(probe)
+    except Exception as err:  # any failure here means the run could not save its work
+        raise ConfigError(f"Cannot write to output_root {uri}: {type(err).__name__}: {err}. Check the path "
+                          "and its permissions.") from None

@@ -36,8 +36,8 @@ from airflow.sdk import BaseOperator
 from airflow.sdk.exceptions import AirflowException, AirflowFailException, AirflowSkipException
 
 from gcp_credentials import use_connection
-from mlm_tasks import tpu
-from mlm_tasks.tpu_remote import SESSION_ENV_TOKEN, remote_command, stage_code
+from mlm_tasks.tpu import api as tpu
+from mlm_tasks.tpu.bundle import SESSION_ENV_TOKEN, remote_command, stage_code
 from tpu_operators import NodeEnsurer, resolve_config, run_node_name
 from worker_ssh import ssh_connect  # noqa: F401  (the login; re-exported for callers of this module)
 
@@ -238,7 +238,7 @@ class TpuSSHStepOperator(NodeEnsurer, BaseOperator):
         return {}
 
     def run_step(self, context: Any, cfg: Any, node: tpu.NodeState) -> dict[str, Any]:
-        from mlm_tasks.vm import runtimes
+        from mlm_tasks.tpu import runtimes
 
         name = node.name
         if not node.ready:

@@ -27,7 +27,7 @@ log = logging.getLogger(__name__)
 def source_changed(config: dict) -> str | bool:
     """The data fingerprint if no complete shard set has it yet under output_root, else False (the
     rest of the refresh is skipped: nothing written, no asset event, no training triggered)."""
-    from mlm_tasks.dataset import data_fingerprint, is_complete
+    from mlm_tasks.data.shard_set import data_fingerprint, is_complete
 
     cfg, _ = step_context(config)
     with bad_input_fails_fast():
@@ -45,7 +45,7 @@ def source_changed(config: dict) -> str | bool:
 def plan_shards(config: dict, **context: Any) -> list[dict]:
     """The partitions write_shards maps over. A run triggered by a dataset-refresh event uses exactly
     the announced set (never a re-fingerprint of a source that moved on)."""
-    from mlm_tasks.dataset import summary_for_fingerprint
+    from mlm_tasks.data.shard_set import summary_for_fingerprint
     from mlm_tasks.steps.plan_shards import nothing_to_write
     from mlm_tasks.steps.plan_shards import plan_shards as step
 

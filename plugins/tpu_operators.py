@@ -6,14 +6,14 @@
 
 Both succeed doing nothing unless `compute` is "tpu_vm" (not a skip: downstream tasks follow them
 with all_success). The node is named from the DAG and run ids
-(`mlm_tasks.tpu.node_name`), so a retry finds the node the first try made. Create is idempotent
+(`mlm_tasks.tpu.api.node_name`), so a retry finds the node the first try made. Create is idempotent
 (READY reused, dead nodes replaced) and deferrable: while the node is CREATING it waits in the
 triggerer (plugins/tpu_trigger.py), not in a worker slot. Every TPU API call uses the credentials of the
 run's Airflow GCP connection (`gcp_conn_id`). If creation fails after the node appeared,
 the node is deleted before the task fails, so a stockout does not leave a half-made VM behind.
 `NodeEnsurer` is that logic as a mixin: the train step uses it to replace a node preempted mid-run.
 Before it creates (or reuses) a node it records it in the deployment's registry
-(`mlm_tasks.tpu_registry`, MLM_TPU_REGISTRY), where mlm_tpu_janitor finds it whatever its zone.
+(`mlm_tasks.tpu.registry`, MLM_TPU_REGISTRY), where mlm_tpu_janitor finds it whatever its zone.
 
 Delete confirms: it sends the delete, then waits in the triggerer (the same TpuNodeTrigger) until
 the node is gone (NOT_FOUND), at most `tpu.delete_timeout_s`; at that bound it leaves the node to
@@ -32,8 +32,9 @@ from airflow.sdk import BaseOperator
 from airflow.sdk.exceptions import AirflowException, AirflowFailException
 
 from gcp_credentials import use_connection
-from mlm_tasks import tpu, tpu_registry
 from mlm_tasks.config import PipelineConfig
+from mlm_tasks.tpu import api as tpu
+from mlm_tasks.tpu import registry as tpu_registry
 from tpu_trigger import TpuNodeTrigger
 
 

@@ -18,8 +18,8 @@ from typing import Any
 
 from airflow.triggers.base import BaseTrigger, TriggerEvent
 
-from mlm_tasks import tpu
 from mlm_tasks.config import TpuConfig
+from mlm_tasks.tpu import api as tpu
 
 
 class TpuNodeTrigger(BaseTrigger):

@@ -58,7 +58,7 @@ class TrainOperator(TpuSSHStepOperator):
         never in the command line, a log or XCom."""
         if not cfg.publish.sync_checkpoints:
             return {}
-        from mlm_tasks.tpu_remote import SESSION_ENV_TOKEN
+        from mlm_tasks.tpu.bundle import SESSION_ENV_TOKEN
 
         return {SESSION_ENV_TOKEN: hub_credentials(cfg.publish.hf_conn_id)[0]}
 

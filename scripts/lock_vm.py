@@ -1,10 +1,10 @@
 """Lock what a TPU VM installs beside its image's TensorFlow (`make lock-vm`; needs uv and PyPI).
 
-    python scripts/lock_vm.py            # writes mlm_tasks/vm/image-tfX.Y.txt and requirements-tfX.Y.txt
+    python scripts/lock_vm.py            # writes mlm_tasks/tpu/vm/image-tfX.Y.txt and requirements-tfX.Y.txt
     python scripts/lock_vm.py --check    # only resolves each committed lock against its image file
 
-For each supported TensorFlow minor (mlm_tasks.vm.runtimes): `image-tfX.Y.txt` is what the image
-holds. Unless it was captured from a real VM (`python -m mlm_tasks.tpu_smoke --capture-image`, a
+For each supported TensorFlow minor (mlm_tasks.tpu.runtimes): `image-tfX.Y.txt` is what the image
+holds. Unless it was captured from a real VM (`python -m mlm_tasks.tpu.smoke --capture-image`, a
 `# captured` header), it is the image's TensorFlow with its own dependencies resolved *as of the
 runtime's release* (`uv --exclude-newer <image_date>`), the image's Python and platform: what the
 simulated image installs. `requirements-tfX.Y.txt` is everything the `.in` file needs beyond the
@@ -24,7 +24,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
-from mlm_tasks.vm import runtimes  # noqa: E402
+from mlm_tasks.tpu import runtimes  # noqa: E402
 
 PLATFORM = "x86_64-manylinux_2_35"  # Ubuntu 22.04 (glibc 2.35), the TPU VM images' OS
 CAPTURED = "# captured"

@@ -120,7 +120,7 @@ def prepare(make_cfg, fails_in: str):
 
 def find_data(fp_of):
     def call(ctx):
-        from mlm_tasks.dataset import summary_for_fingerprint
+        from mlm_tasks.data.shard_set import summary_for_fingerprint
 
         return summary_for_fingerprint(ctx.cfg, fp_of(ctx))
     return call

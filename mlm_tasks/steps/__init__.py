@@ -21,7 +21,7 @@ STEPS = ("validate", "plan_shards", "write_shards", "merge_shards", "train", "ev
 def build_shard_set(cfg: PipelineConfig, ctx: RunContext | None = None):
     """plan_shards → write_shards → merge_shards in this process with a single partition (the
     tokenizer's and writer's own threads use the cores); the data summary."""
-    from mlm_tasks.corpus import open_corpus
+    from mlm_tasks.data.corpus import open_corpus
     from mlm_tasks.steps.merge_shards import merge_shards
     from mlm_tasks.steps.plan_shards import plan_shards
     from mlm_tasks.steps.write_shards import write_shards

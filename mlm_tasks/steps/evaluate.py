@@ -65,10 +65,10 @@ def evaluate(cfg: PipelineConfig, ctx: RunContext) -> dict:
     import tensorflow as tf
     from transformers import TFRobertaForMaskedLM
 
-    from mlm_tasks.data import mlm_dataset
-    from mlm_tasks.model import build_model
-    from mlm_tasks.run_checks import load_manifest
-    from mlm_tasks.tokenizer import load_tokenizer
+    from mlm_tasks.data.input import mlm_dataset
+    from mlm_tasks.data.shard_set import load_manifest
+    from mlm_tasks.data.tokenizer import load_tokenizer
+    from mlm_tasks.model.roberta import build_model
 
     run, run_id, fingerprint = ctx.run, ctx.run_id, ctx.data.fingerprint
     if storage.exists(run.eval_metrics):

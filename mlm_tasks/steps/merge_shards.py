@@ -12,9 +12,8 @@ import logging
 
 from mlm_tasks import storage
 from mlm_tasks.config import PipelineConfig
-from mlm_tasks.corpus import open_corpus
-from mlm_tasks.dataset import DataSummary, data_summary
-from mlm_tasks.manifest import ShardSet, manifest_extra
+from mlm_tasks.data.corpus import open_corpus
+from mlm_tasks.data.shard_set import DataSummary, ShardSet, data_summary, manifest_extra
 from mlm_tasks.paths import RunContext
 
 log = logging.getLogger(__name__)
@@ -23,8 +22,8 @@ log = logging.getLogger(__name__)
 def merge_shards(cfg: PipelineConfig, ctx: RunContext, *, cache_hit: bool = False,
                  corpus_fingerprint: str | None = None, num_parts: int | None = None, corpus=None) -> DataSummary:
     """`corpus_fingerprint` is the plan's, so a large local corpus is not hashed a second time."""
-    from mlm_tasks.shards_parallel import merge_partitions
-    from mlm_tasks.tokenizer import load_tokenizer
+    from mlm_tasks.data.tokenizer import load_tokenizer
+    from mlm_tasks.data.writer import merge_partitions
 
     paths = ctx.data
     if storage.exists(paths.success):

@@ -15,10 +15,10 @@ from typing import TypedDict
 
 from mlm_tasks import storage
 from mlm_tasks.config import PipelineConfig
-from mlm_tasks.corpus import open_corpus
-from mlm_tasks.dataset import data_fingerprint, ensure_tokenizer
+from mlm_tasks.data.corpus import open_corpus
+from mlm_tasks.data.shard_set import data_fingerprint, ensure_tokenizer
 from mlm_tasks.paths import DataPaths, RunContext
-from mlm_tasks.run_checks import check_writable
+from mlm_tasks.storage import check_writable
 
 log = logging.getLogger(__name__)
 
@@ -48,7 +48,7 @@ def plan_shards(cfg: PipelineConfig, ctx: RunContext, *, corpus=None, num_parts:
                  paths.fingerprint, paths.shards_dir)
         return nothing_to_write(paths.fingerprint, cache_hit=True, corpus_fingerprint=corpus_fp)
     if cfg.corpus.source == "tfrecord_shards":
-        from mlm_tasks.byo_shards import adopt
+        from mlm_tasks.data.shard_set import adopt
 
         adopt(cfg, corpus, paths, corpus_fp or corpus.fingerprint())  # no tokenizer to train, no shard to write
         return nothing_to_write(paths.fingerprint, cache_hit=False, corpus_fingerprint=corpus_fp)

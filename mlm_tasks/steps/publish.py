@@ -3,7 +3,7 @@
     HF_TOKEN=hf_... python -m mlm_tasks publish --config c.yaml --run-id my-run   # after the gate passed
     result = publish(cfg, ctx, token=token)             # returns the commit url/oid
 
-The tokenizer alone goes by `publish_tokenizer`; checkpoints during training by mlm_tasks/hub_sync.py.
+The tokenizer alone goes by `publish_tokenizer`; checkpoints during training by mlm_tasks/hub/sync.py.
 The token is an argument: the DAG reads it from the Airflow connection `publish.hf_conn_id`, the CLI
 from HF_TOKEN. It never
 reaches logs, error messages, XCom or files. `endpoint` (or HF_ENDPOINT) selects another Hub, such
@@ -17,10 +17,10 @@ import tempfile
 
 from mlm_tasks import paths, storage
 from mlm_tasks.config import PipelineConfig
-from mlm_tasks.hub import PublishError, check_visibility, hub_api, hub_errors, local_files
-from mlm_tasks.model_card import read_run_artifacts, write_model_card
+from mlm_tasks.hub.api import PublishError, check_visibility, hub_api, hub_errors, local_files
+from mlm_tasks.model.card import read_run_artifacts, write_model_card
+from mlm_tasks.model.pt_export import SAFETENSORS_NAME, export_pytorch_weights
 from mlm_tasks.paths import RunContext, RunPaths, join
-from mlm_tasks.pt_export import SAFETENSORS_NAME, export_pytorch_weights
 
 log = logging.getLogger(__name__)
 # storage.write_bytes' in-flight temporary files; a concurrent writer's leftovers must not be published.

@@ -14,7 +14,7 @@ import tempfile
 
 from mlm_tasks import storage
 from mlm_tasks.config import PipelineConfig
-from mlm_tasks.hub import PublishError, check_visibility, hub_api, hub_errors, local_files
+from mlm_tasks.hub.api import PublishError, check_visibility, hub_api, hub_errors, local_files
 from mlm_tasks.paths import RunContext, join
 
 log = logging.getLogger(__name__)

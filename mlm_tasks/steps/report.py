@@ -18,7 +18,7 @@ import math
 
 from mlm_tasks import storage
 from mlm_tasks.config import PipelineConfig
-from mlm_tasks.model_card import (
+from mlm_tasks.model.card import (
     config_lines,
     corpus_credit,
     fill_mask_lines,
@@ -110,7 +110,7 @@ def report(cfg: PipelineConfig, ctx: RunContext, *, data: dict | None = None) ->
     `data` is merge_shards' summary; without it, the one of ctx.fingerprint (or none) is used."""
     run = ctx.run
     if data is None and ctx.fingerprint and storage.exists(ctx.data.success):
-        from mlm_tasks.dataset import summary_for_fingerprint
+        from mlm_tasks.data.shard_set import summary_for_fingerprint
 
         data = summary_for_fingerprint(cfg, ctx.fingerprint)
     if data is not None:

@@ -18,7 +18,7 @@ log = logging.getLogger(__name__)
 def summary(cfg: PipelineConfig, ctx: RunContext, *, data: dict | None = None) -> dict:
     """`data` is merge_shards' summary (read from ctx.fingerprint's shard set when not given)."""
     if data is None:
-        from mlm_tasks.dataset import summary_for_fingerprint
+        from mlm_tasks.data.shard_set import summary_for_fingerprint
 
         data = summary_for_fingerprint(cfg, ctx.data.fingerprint)
     run, paths = ctx.run, ctx.with_data(data["fingerprint"]).data

@@ -20,9 +20,10 @@ from collections.abc import Callable
 
 from mlm_tasks import storage
 from mlm_tasks.config import ConfigError, PipelineConfig
+from mlm_tasks.data.shard_set import load_manifest
+from mlm_tasks.model.progress import ProgressLog
+from mlm_tasks.model.training_plan import check_resumable, plan_steps
 from mlm_tasks.paths import RunContext, RunPaths, join
-from mlm_tasks.progress import ProgressLog
-from mlm_tasks.run_checks import check_resumable, load_manifest, plan_steps
 
 log = logging.getLogger(__name__)
 
@@ -78,10 +79,10 @@ def train(cfg: PipelineConfig, ctx: RunContext, *, on_checkpoint: Callable[[int,
     `on_checkpoint(step, path)` is called after each saved checkpoint (`path`: its prefix, e.g.
     .../checkpoints/ckpt-40) and at the end with the final one; a hook with an int `checkpoint_every`
     attribute also gets a checkpoint saved every that many steps. With `publish.sync_checkpoints`, train
-    adds the Hub sync hook of `mlm_tasks.hub_sync`, which uploads with `hub_token` to `hub_endpoint`
+    adds the Hub sync hook of `mlm_tasks.hub.sync`, which uploads with `hub_token` to `hub_endpoint`
     (None: HF_ENDPOINT or huggingface.co).
     """
-    from mlm_tasks import hub_sync
+    from mlm_tasks.hub import sync as hub_sync
 
     hub_sync.check_sync_settings(cfg, hub_token)  # a missing token fails now, not after the data checks
 
@@ -89,9 +90,9 @@ def train(cfg: PipelineConfig, ctx: RunContext, *, on_checkpoint: Callable[[int,
     import tf_keras
     from transformers import create_optimizer
 
-    from mlm_tasks.data import damaged_shard_error, mlm_dataset
-    from mlm_tasks.model import build_model, masked_lm_loss, roberta_config
-    from mlm_tasks.tokenizer import load_tokenizer
+    from mlm_tasks.data.input import damaged_shard_error, mlm_dataset
+    from mlm_tasks.data.tokenizer import load_tokenizer
+    from mlm_tasks.model.roberta import build_model, masked_lm_loss, roberta_config
 
     run, run_id, fingerprint = ctx.run, ctx.run_id, ctx.data.fingerprint
     shard_set = load_manifest(cfg, fingerprint)
@@ -213,7 +214,7 @@ def train(cfg: PipelineConfig, ctx: RunContext, *, on_checkpoint: Callable[[int,
 def _save_model(model, tokenizer, run: RunPaths) -> None:
     import tf_keras
 
-    from mlm_tasks.pt_export import export_pytorch_weights
+    from mlm_tasks.model.pt_export import export_pytorch_weights
 
     # Saved in float32 whatever the training precision, so any CPU can load it.
     tf_keras.mixed_precision.set_global_policy("float32")

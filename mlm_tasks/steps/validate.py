@@ -17,9 +17,11 @@ from collections.abc import Sequence
 
 from mlm_tasks import storage
 from mlm_tasks.config import ConfigError, PipelineConfig
-from mlm_tasks.corpus import open_corpus
+from mlm_tasks.data.corpus import open_corpus
+from mlm_tasks.data.shard_set import load_manifest
+from mlm_tasks.model.training_plan import check_resumable, plan_steps
 from mlm_tasks.paths import RunContext
-from mlm_tasks.run_checks import check_resumable, check_writable, load_manifest, plan_steps
+from mlm_tasks.storage import check_writable
 
 log = logging.getLogger(__name__)
 
@@ -92,7 +94,7 @@ def validate(cfg: PipelineConfig, ctx: RunContext | None = None, *, distributed_
     if cfg.corpus.source == "local_files":
         check_local_corpus(corpus)
     if cfg.corpus.source == "tfrecord_shards":
-        from mlm_tasks.byo_shards import check_shards
+        from mlm_tasks.data.corpus.shards import check_shards
 
         check_shards(cfg, corpus)  # features, max_length, ids within the tokenizer's vocabulary
     if storage.scheme(cfg.output_root) == "gs":

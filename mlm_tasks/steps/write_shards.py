@@ -4,7 +4,7 @@
 
 The DAGs run one task per partition of the plan (Airflow dynamic task mapping), on any worker that
 sees output_root; the CLI writes the single partition of `shards.partitions=1` the same way.
-The writer itself is mlm_tasks/shards_parallel.py.
+The writer itself is mlm_tasks/data/writer.py.
 """
 from __future__ import annotations
 
@@ -32,7 +32,7 @@ def write_shards(cfg: PipelineConfig, ctx: RunContext, *, part: int = 0, num_par
                  corpus_fingerprint: str | None = None, corpus=None) -> WrittenPartition:
     """Write partition `part` of `num_parts` (0 parts: the set is complete, nothing to do) and its
     partial manifest; a small summary, which hands the plan on to merge_shards."""
-    from mlm_tasks.shards_parallel import write_partition
+    from mlm_tasks.data.writer import write_partition
 
     done = WrittenPartition(fingerprint=ctx.data.fingerprint, part=part, num_parts=num_parts, cache_hit=cache_hit,
                             corpus_fingerprint=corpus_fingerprint, records={}, rows={})

@@ -94,7 +94,7 @@ def test_the_form_picks_a_tpu_type_and_its_runtime(dagbag):
     """A pod slice from the form alone: the runtime field offers the supported runtimes (the -pod ones
     among them), so v4-32 validates with its -pod runtime and fails, naming it, without."""
     from mlm_tasks.config import ConfigError, config_from_params
-    from mlm_tasks.vm import runtimes
+    from mlm_tasks.tpu import runtimes
 
     dag = dagbag.dags["mlm_pretrain"]
     assert dag.params.get_param("runtime_version").schema["enum"] == sorted(runtimes.SUPPORTED)

@@ -3,7 +3,7 @@ import subprocess
 import sys
 import time
 
-from mlm_tasks import tpu_registry
+from mlm_tasks.tpu import registry as tpu_registry
 from peers.airflow_home import ROOT, dags_test
 
 ZONE, OTHER_ZONE = "us-central2-b", "europe-west4-a"

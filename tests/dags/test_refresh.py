@@ -24,7 +24,7 @@ AFTER_TRAIN = "^(evaluate|fill_mask|report|gate|publish|publish_tokenizer|summar
 
 def _write_corpus(path: Path, articles: int) -> None:
     from mlm_tasks.config import load_config
-    from mlm_tasks.corpus import open_corpus
+    from mlm_tasks.data.corpus import open_corpus
 
     cfg = load_config(TINY_YAML, {"corpus.max_articles": articles})
     rows = [row for article in open_corpus(cfg.corpus).articles() for row in article.rows]

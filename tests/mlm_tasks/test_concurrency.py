@@ -13,9 +13,9 @@ from pathlib import Path
 import pytest
 
 from mlm_tasks import storage
-from mlm_tasks.manifest import ShardSet
+from mlm_tasks.data.shard_set import ShardSet
 from mlm_tasks.paths import DataPaths, RunPaths, safe_run_id
-from mlm_tasks.tpu import node_name
+from mlm_tasks.tpu.api import node_name
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -66,7 +66,7 @@ def damage_second_record(path, how: str) -> int:
     import struct
     from pathlib import Path
 
-    from mlm_tasks.tfrecord import masked_crc32c
+    from mlm_tasks.data.tfrecord import masked_crc32c
 
     path = Path(path)
     data = bytearray(path.read_bytes())

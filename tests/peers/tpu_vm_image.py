@@ -1,6 +1,6 @@
 """A simulated TPU VM image, as released: a fresh Python 3.10 environment holding exactly what
 `tpu-vm-tf-X.Y.Z[-pod]-pjrt` preinstalls — TensorFlow X.Y.Z under its own wheel name `tensorflow`
-and its own dependencies as of the runtime's release (mlm_tasks/vm/image-tfX.Y.txt, resolved with
+and its own dependencies as of the runtime's release (mlm_tasks/tpu/vm/image-tfX.Y.txt, resolved with
 `uv --exclude-newer <image_date>` or captured from a real VM), from PyPI.
 
     python tests/peers/tpu_vm_image.py [RUNTIME]   # build it (make tpuvm-env); tests build it on demand
@@ -22,7 +22,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
-from mlm_tasks.vm import runtimes  # noqa: E402
+from mlm_tasks.tpu import runtimes  # noqa: E402
 
 VENVS = ROOT / ".venv-tpuvm"
 # The image's /lib/libtpu.so, which PJRT's TF_PLUGGABLE_DEVICE_LIBRARY_PATH names (runtimes.ENVIRONMENT),

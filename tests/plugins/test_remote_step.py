@@ -12,7 +12,7 @@ import pytest
 from airflow.sdk.exceptions import AirflowException
 
 from mlm_tasks.config import PipelineConfig
-from mlm_tasks.tpu_remote import remote_command, stage_code
+from mlm_tasks.tpu.bundle import remote_command, stage_code
 from peers.sshd import airflow_conn_uri, host_public_key
 from remote_step import RemoteRunner, TpuSSHStepOperator, ssh_connect
 
@@ -40,7 +40,7 @@ def _context(run_id="manual__1"):
 
 
 def _ready_node(fake_tpu, workers=2):
-    from mlm_tasks import tpu
+    from mlm_tasks.tpu import api as tpu
 
     fake_tpu.workers = workers
     name = tpu.node_name("mlm_pretrain", "manual__1")
@@ -185,7 +185,7 @@ def test_bootstrap_installs_staged_code_once(ssh_conn, tmp_path, fake_tpu, sshd)
     wrapper = tmp_path / "python"
     wrapper.write_text(f"""#!/bin/sh
 if [ "$1 $2" = "-m pip" ]; then echo "PIP $*"; for a; do case "$prev" in --target) mkdir -p "$a";; esac; prev=$a; done; exit 0; fi
-if [ "$1 $2" = "-m mlm_tasks.vm.check_image" ]; then echo "CHECK $3 $4 FORCE_TF_AVAILABLE=$FORCE_TF_AVAILABLE"; exit 0; fi
+if [ "$1 $2" = "-m mlm_tasks.tpu.vm.check_image" ]; then echo "CHECK $3 $4 FORCE_TF_AVAILABLE=$FORCE_TF_AVAILABLE"; exit 0; fi
 if [ "$1 $2" = "-m mlm_tasks" ]; then shift 2
   exec {real_python} -c 'import sys, mlm_tasks; print("FROM", mlm_tasks.__file__); print("ARGS", *sys.argv[1:2], sys.argv[-2:])' "$@"
 fi
@@ -196,7 +196,7 @@ exec {real_python} "$@"
     bundle = stage_code(str(root), "tpu-vm-tf-2.16.1-pjrt")
     pod = stage_code(str(root), "tpu-vm-tf-2.16.1-pod-pjrt")
     assert (pod.sha, pod.uri, pod.lock, pod.pod) == (bundle.sha, bundle.uri, bundle.lock, True)  # uploaded once
-    assert (bundle.lock, bundle.tensorflow) == ("mlm_tasks/vm/requirements-tf2.16.txt", "2.16.1")
+    assert (bundle.lock, bundle.tensorflow) == ("mlm_tasks/tpu/vm/requirements-tf2.16.txt", "2.16.1")
     workdir = tmp_path / "vm home" / "mlm"
     cfg = _cfg(fake_tpu, sshd, bootstrap=True, workdir=str(workdir), python=str(wrapper))
     command = remote_command(cfg, "train", "manual__1", node="mlm-n", code=bundle)
@@ -208,7 +208,7 @@ exec {real_python} "$@"
     # Never TensorFlow, never the image's packages: --no-deps, only wheels, into a folder of its own.
     assert first[2] == ("PIP -m pip install --quiet --disable-pip-version-check --no-deps --require-hashes "
                         "--only-binary=:all: "
-                        f"--target deps-{bundle.lock_sha}.tmp -r code/mlm_tasks/vm/requirements-tf2.16.txt")
+                        f"--target deps-{bundle.lock_sha}.tmp -r code/mlm_tasks/tpu/vm/requirements-tf2.16.txt")
     assert first[3] == f"CHECK 2.16.1 deps-{bundle.lock_sha}.tmp FORCE_TF_AVAILABLE=1"
     assert first[4] == f"FROM {workdir}/code/mlm_tasks/__init__.py"
     assert first[5] == "ARGS train ['--run-id', 'manual__1']"

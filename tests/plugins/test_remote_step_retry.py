@@ -13,7 +13,7 @@ import time
 from pathlib import Path
 
 from mlm_tasks.config import PipelineConfig
-from mlm_tasks.tpu_remote import remote_command
+from mlm_tasks.tpu.bundle import remote_command
 from peers.sshd import airflow_conn_uri
 from remote_step import RemoteRunner, ssh_connect
 

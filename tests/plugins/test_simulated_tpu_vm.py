@@ -22,10 +22,11 @@ from types import SimpleNamespace
 
 import pytest
 
-from mlm_tasks import storage, tpu
+from mlm_tasks import storage
 from mlm_tasks.config import PipelineConfig
 from mlm_tasks.paths import RunPaths, join
-from mlm_tasks.vm import runtimes
+from mlm_tasks.tpu import api as tpu
+from mlm_tasks.tpu import runtimes
 from peers import tpu_vm_image
 from peers.sshd import airflow_conn_uri
 

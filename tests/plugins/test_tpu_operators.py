@@ -10,8 +10,9 @@ from types import SimpleNamespace
 import pytest
 from airflow.sdk.exceptions import AirflowException, AirflowFailException, TaskDeferred
 
-from mlm_tasks import tpu, tpu_registry
 from mlm_tasks.config import ConfigError
+from mlm_tasks.tpu import api as tpu
+from mlm_tasks.tpu import registry as tpu_registry
 from peers.airflow_home import dags_test
 from peers.sshd import airflow_conn_uri
 from tpu_operators import TpuVmCreateOperator, TpuVmDeleteOperator, resolve_config

@@ -10,7 +10,7 @@ from types import SimpleNamespace
 import pytest
 from airflow.sdk.exceptions import AirflowException, AirflowFailException, TaskDeferred
 
-from mlm_tasks import tpu
+from mlm_tasks.tpu import api as tpu
 from peers.sshd import airflow_conn_uri
 from remote_step import TpuSSHStepOperator
 from train_operator import TrainOperator

@@ -13,8 +13,8 @@ import pytest
 from airflow.sdk.exceptions import AirflowException, AirflowFailException
 
 import remote_step
-from mlm_tasks import tpu
 from mlm_tasks.config import PipelineConfig
+from mlm_tasks.tpu import api as tpu
 from peers.sshd import airflow_conn_uri, host_public_key
 from remote_step import RemoteRunner, TpuSSHStepOperator
 

@@ -1,0 +1,203 @@
+"""Bring your own shards: train on TFRecord shards tokenized elsewhere, e.g. by Hugging Face's
+language-modeling-tpu `prepare_tfrecord_shards.py`, in a local folder or under a gs:// prefix.
+
+    corpus:
+      source: tfrecord_shards
+      shards_uri: gs://my-bucket/wikitext-shards      # holds train/, validation/ (and test/) *.tfrecord
+      tokenizer_uri: my-org/my-unigram-tokenizer       # or a local folder, or a gs:// folder
+
+Nothing is tokenized or written here: the source lists the shards with their record counts, and
+`mlm_tasks.data.shard_set.adopt` publishes the small things our steps read (the tokenizer copied under
+the data folder, a manifest listing the shards by URI). Adoption reads every record of every shard
+once (the manifest, keyed by the data fingerprint, is the cache): both TFRecord checksums, no record
+cut short, and the count, which must equal the one a file name carries (`-<index>-<records>.tfrecord`,
+as that script names them): a file cut at a record boundary passes every checksum but not that.
+
+The data fingerprint is a hash of every shard's URI, size and generation (gs://) or mtime (local),
+and of the tokenizer: changing a file gives a new fingerprint, so runs stay reproducible and the
+Assets flow announces it.
+
+`check_shards` runs in the validate step, before any TPU VM exists: framing and checksums, both
+features present as int64 lists of one length, that length equal to `shards.max_length`, and every id
+inside the tokenizer's vocabulary. It reads the first records of a bounded number of shards per split,
+as validate runs on every DAG run and adoption only once per fingerprint.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+
+from mlm_tasks import storage
+from mlm_tasks.config import SPECIAL_TOKENS, ConfigError, CorpusConfig, PipelineConfig
+from mlm_tasks.data.corpus.base import Corpus
+from mlm_tasks.data.tfrecord import FEATURES, count_records, iter_records, parse_example, records_from_name
+from mlm_tasks.paths import SPLITS, join
+
+log = logging.getLogger(__name__)
+SAMPLE_SHARDS, SAMPLE_RECORDS = 8, 64  # per split: what check_shards reads
+
+
+def _fs_path(uri: str) -> str:
+    return storage.local_path(uri) if storage.is_local(uri) else uri
+
+
+def list_shards(shards_uri: str) -> dict[str, list[dict]]:
+    """Per split, the *.tfrecord files under `<shards_uri>/<split>/`, by name: uri, bytes, version."""
+    fs = storage.filesystem(shards_uri)
+    found: dict[str, list[dict]] = {}
+    for split in SPLITS:
+        folder = join(shards_uri, split)
+        try:
+            infos = fs.find(_fs_path(folder), detail=True) if fs.exists(_fs_path(folder)) else {}
+        except FileNotFoundError:
+            infos = {}
+        files = []
+        for name, info in sorted(infos.items()):
+            if not name.endswith(".tfrecord") or info.get("type") == "directory":
+                continue
+            uri = name if storage.is_local(shards_uri) else f"gs://{name.removeprefix('gs://')}"
+            # gs:// objects carry a generation (changes on every overwrite); local files an mtime.
+            version = info.get("generation") or info.get("mtime") or info.get("updated")
+            files.append({"uri": uri, "bytes": int(info["size"]), "version": str(version)})
+        found[split] = files
+    return found
+
+
+def fetch_tokenizer_json(tokenizer_uri: str) -> str:
+    """tokenizer.json of a local folder, a gs:// folder, or a Hub repo (read through huggingface_hub)."""
+    if storage.is_local(tokenizer_uri) and os.path.isdir(storage.local_path(tokenizer_uri)) \
+            or storage.scheme(tokenizer_uri) == "gs":
+        path = join(tokenizer_uri, "tokenizer.json")
+        if not storage.exists(path):
+            raise ConfigError(f"corpus.tokenizer_uri {tokenizer_uri} has no tokenizer.json: point it at a folder "
+                              "written by save_pretrained of a fast tokenizer.")
+        return storage.read_text(path)
+    if tokenizer_uri.count("/") > 1 or "://" in tokenizer_uri:
+        raise ConfigError(f"corpus.tokenizer_uri {tokenizer_uri!r} is neither an existing local folder, a gs:// "
+                          "folder, nor a Hub repo id (owner/name): fix the path.")
+    from huggingface_hub import constants, hf_hub_download
+    from huggingface_hub.utils import HfHubHTTPError
+
+    try:  # HF_ENDPOINT (read by huggingface_hub at import) names a private Hub; the token comes from HF_TOKEN
+        with open(hf_hub_download(tokenizer_uri, "tokenizer.json", endpoint=constants.ENDPOINT), encoding="utf-8") as f:
+            return f.read()
+    except (HfHubHTTPError, OSError, ValueError) as err:
+        raise ConfigError(f"Cannot read tokenizer.json of Hub repo {tokenizer_uri!r} ({type(err).__name__}: "
+                          f"{err}): check the repo id, and the HF_TOKEN for a private repo.") from None
+
+
+class ShardsCorpus(Corpus):
+    """A corpus of already tokenized shards: a fingerprint and a manifest, no text rows."""
+
+    def __init__(self, cfg: CorpusConfig):
+        if not cfg.shards_uri or not cfg.tokenizer_uri:
+            raise ConfigError("corpus.source=tfrecord_shards needs corpus.shards_uri (the folder or gs:// prefix "
+                              "of the shards) and corpus.tokenizer_uri (the tokenizer they were encoded with).")
+        self.cfg = cfg
+        self.files = list_shards(cfg.shards_uri)
+        for split in ("train", "validation"):
+            if not self.files[split]:
+                raise ConfigError(f"No {split} shards under {join(cfg.shards_uri, split)}: corpus.shards_uri must "
+                                  "hold train/ and validation/ folders of *.tfrecord files.")
+        self.credit = (f"Shards brought from {cfg.shards_uri} (tokenizer {cfg.tokenizer_uri}); see their source "
+                       "for license and credit.")
+        self._tokenizer_json: str | None = None
+
+    @property
+    def tokenizer_json(self) -> str:
+        if self._tokenizer_json is None:
+            self._tokenizer_json = fetch_tokenizer_json(self.cfg.tokenizer_uri)
+        return self._tokenizer_json
+
+    def fingerprint(self) -> str:
+        listing = [[split, f["uri"], f["bytes"], f["version"]] for split in SPLITS for f in self.files[split]]
+        tok = hashlib.sha256(self.tokenizer_json.encode("utf-8")).hexdigest()
+        return "shards:" + hashlib.sha256(json.dumps([listing, tok]).encode()).hexdigest()[:32]
+
+    def rows_partition(self, split: str, part: int, num_parts: int):
+        raise ConfigError("corpus.source=tfrecord_shards holds token ids, not text: it trains no tokenizer and "
+                          "writes no shards (the DAG's plan step adopts the set as it is).")
+
+    def vocab_size(self) -> int:
+        from tokenizers import Tokenizer
+
+        return Tokenizer.from_str(self.tokenizer_json).get_vocab_size(with_added_tokens=True)
+
+    def split_entry(self, split: str) -> dict:
+        """The manifest entry of one split: shards by URI, records from names or counted once."""
+        shards = []
+        for f in self.files[split]:
+            with storage.filesystem(f["uri"]).open(_fs_path(f["uri"]), "rb") as fh:
+                records = count_records(fh, f["uri"])  # every record's checksums: a damaged file fails here
+            named = records_from_name(f["uri"])
+            if named is not None and named != records:
+                raise ConfigError(f"{f['uri']} holds {records} whole records but its name says {named}: the file "
+                                  "was cut short (at a record boundary) or renamed. Copy it again from its source, "
+                                  "or remove it from the shard set.")
+            shards.append({"uri": f["uri"], "file": f["uri"].rsplit("/", 1)[-1], "records": records,
+                           "bytes": f["bytes"], "version": f["version"]})
+        log.info("%s: checked every record of %d shard(s)", split, len(shards))
+        records = sum(s["records"] for s in shards)
+        return {"records": records, "tokens": None, "rows": None, "characters": None, "shards": shards}
+
+
+def check_shards(cfg: PipelineConfig, corpus: ShardsCorpus) -> int:
+    """Features, max_length and ids against the tokenizer, read from the first records of a few shards
+    per split; returns the max_length the data has."""
+    from tokenizers import Tokenizer
+
+    tok = Tokenizer.from_str(corpus.tokenizer_json)
+    vocab = tok.get_vocab_size(with_added_tokens=True)
+    missing = [t for t in SPECIAL_TOKENS if tok.token_to_id(t) is None]
+    if missing:
+        raise ConfigError(f"The tokenizer {cfg.corpus.tokenizer_uri} lacks the special token(s) {' '.join(missing)}: "
+                          f"the model and its masking use RoBERTa's {' '.join(SPECIAL_TOKENS)}. Use a tokenizer "
+                          "trained with those special tokens.")
+    first: tuple[str, int] | None = None  # where the first record was, and its length
+    for split in SPLITS:
+        for f in corpus.files[split][:SAMPLE_SHARDS]:
+            with storage.filesystem(f["uri"]).open(_fs_path(f["uri"]), "rb") as fh:
+                for i, (offset, record) in enumerate(iter_records(fh, f["uri"], SAMPLE_RECORDS)):
+                    where = f"{f['uri']} record {i} (byte {offset})"
+                    ids = _record_ids(record, where)
+                    if first is None:
+                        first = (where, len(ids))
+                    elif len(ids) != first[1]:
+                        raise ConfigError(f"{where} holds {len(ids)} ids but {first[0]} {first[1]}: training needs "
+                                          "one fixed length (packed chunks); rewrite the shards with one length.")
+                    if ids and (max(ids) >= vocab or min(ids) < 0):
+                        raise ConfigError(f"{where}: token id {max(ids) if max(ids) >= vocab else min(ids)} is "
+                                          f"outside the vocabulary of {cfg.corpus.tokenizer_uri} ({vocab} tokens): "
+                                          "these shards were encoded with another tokenizer; set "
+                                          "corpus.tokenizer_uri to that one.")
+    if first is None:
+        raise ConfigError(f"The first shards under {cfg.corpus.shards_uri} hold no records: remove the empty "
+                          "files, or point corpus.shards_uri at the set that holds the data.")
+    length = first[1]
+    if length != cfg.shards.max_length:
+        raise ConfigError(f"The shards under {cfg.corpus.shards_uri} hold {length}-token records but "
+                          f"shards.max_length is {cfg.shards.max_length}: set shards.max_length={length} "
+                          f"(and model.max_position_embeddings >= {length + 2}).")
+    return length
+
+
+def _record_ids(record: bytes, where: str) -> list[int]:
+    """input_ids of one record, which must be a tf.train.Example with both features as int64 lists of one length."""
+    try:
+        features = parse_example(record)
+    except ValueError as err:  # UnicodeDecodeError too
+        raise ConfigError(f"{where} is not a tf.train.Example ({err}): these shards need {' and '.join(FEATURES)} "
+                          "as int64 features (as prepare_tfrecord_shards.py writes them).") from None
+    for name in FEATURES:
+        if not isinstance(features.get(name), list):
+            kind = features.get(name, "absent")
+            raise ConfigError(f"{where}: feature {name!r} is {kind}, not an int64 list: these shards need "
+                              f"{' and '.join(FEATURES)} as int64 features (as prepare_tfrecord_shards.py writes "
+                              f"them). Found: {sorted(features)}.")
+    ids = features["input_ids"]
+    if len(features["attention_mask"]) != len(ids):
+        raise ConfigError(f"{where}: input_ids has {len(ids)} values but attention_mask "
+                          f"{len(features['attention_mask'])}: the shards are malformed.")
+    return ids

@@ -1,0 +1,117 @@
+"""Wikipedia dumps as rows: the embedded sample shipped in the gensim wheel, or any enwiki dump at a path.
+
+    corpus = WikiDumpCorpus(cfg, embedded_wiki_path())   # corpus.source: embedded_wiki (or wiki_dump)
+
+Pages are parsed with gensim's `filter_wiki` into WikiText-style rows (headings as ` = Title = `),
+and each article goes to one split by a hash of its title. Partitions are whole pages: a partition
+skips the other partitions' pages before parsing them.
+"""
+from __future__ import annotations
+
+import bz2
+import logging
+import os
+import re
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+from mlm_tasks.config import ConfigError, CorpusConfig
+from mlm_tasks.data.corpus.base import Corpus, file_digest, split_of
+from mlm_tasks.paths import SPLITS
+
+log = logging.getLogger(__name__)
+EMBEDDED_WIKI_FILE = "enwiki-latest-pages-articles1.xml-p000000010p000030302-shortened.bz2"
+WIKI_CREDIT = ("Text from English Wikipedia (https://en.wikipedia.org), licensed CC BY-SA 4.0; sample shipped "
+               "with gensim's test data.")
+
+
+_HEADING = re.compile(r"^(={2,6})\s*(.*?)\s*\1\s*$")
+_MARKUP = re.compile(r"'{2,}")
+
+
+def embedded_wiki_path() -> str:
+    import gensim
+
+    path = os.path.join(os.path.dirname(gensim.__file__), "test", "test_data", EMBEDDED_WIKI_FILE)
+    if not os.path.exists(path):
+        raise ConfigError(f"The embedded Wikipedia sample {EMBEDDED_WIKI_FILE} is missing: install "
+                          "gensim==4.4.0 (requirements.txt), whose wheel ships it.")
+    return path
+
+
+def wikitext_rows(wikitext_body: str) -> list[str]:
+    """Turn one article's filtered wiki text into WikiText-103-style rows: one row per paragraph,
+    headings as ' = = Title = = ', bold/italic quotes dropped, empty rows dropped."""
+    rows = []
+    for line in wikitext_body.split("\n"):
+        line = _MARKUP.sub("", line).strip()
+        if not line:
+            continue
+        heading = _HEADING.match(line)
+        if heading:
+            level = len(heading.group(1))
+            marks = " ".join(["="] * level)
+            rows.append(f"{marks} {heading.group(2)} {marks}")
+        elif len(line) > 1:
+            rows.append(line)
+    return rows
+
+
+@dataclass
+class Article:
+    title: str
+    rows: list[str]
+
+
+class WikiDumpCorpus(Corpus):
+    credit = WIKI_CREDIT
+
+    def __init__(self, cfg: CorpusConfig, path: str):
+        if not os.path.exists(path):
+            raise ConfigError(f"Wikipedia dump {path} does not exist: set corpus.dump_path to a "
+                              "pages-articles*.xml.bz2 file.")
+        self.cfg, self.path = cfg, path
+        self.articles_seen: dict[str, int] = {}
+
+    def fingerprint(self) -> str:
+        return "wiki:" + file_digest(self.path) + f":max={self.cfg.max_articles}"
+
+    def articles(self, part: int = 0, num_parts: int = 1) -> Iterator[Article]:
+        """Articles of partition `part`: page i (counting non-redirect pages) goes to partition i % num_parts.
+        Other partitions' pages are skipped before filter_wiki, the costly part. With max_articles the
+        first max_articles articles are found first, so every page is parsed and the count is dealt instead."""
+        from gensim.corpora.wikicorpus import extract_pages, filter_wiki
+
+        count, page = 0, -1
+        limit = self.cfg.max_articles
+        with bz2.open(self.path, "rb") as f:
+            for title, text, _pageid in extract_pages(f, filter_namespaces=("0",)):
+                if text.lstrip().lower().startswith("#redirect"):
+                    continue
+                page += 1
+                if not limit and page % num_parts != part:
+                    continue
+                rows = wikitext_rows(filter_wiki(text))
+                if not rows:
+                    continue
+                count += 1
+                if not limit or (count - 1) % num_parts == part:
+                    yield Article(title, [f"= {title} ="] + rows)
+                if limit and count >= limit:
+                    return
+
+    def rows_partition(self, split: str, part: int, num_parts: int) -> Iterator[str]:
+        for _split, row in self.split_rows(part, num_parts, only=split):
+            yield row
+
+    def split_rows(self, part: int = 0, num_parts: int = 1, only: str | None = None) -> Iterator[tuple[str, str]]:
+        """One parse of the dump for every split (the XML parse is the costly part); articles_seen counts
+        this partition's articles per split."""
+        self.articles_seen.update(dict.fromkeys([only] if only else SPLITS, 0))
+        for article in self.articles(part, num_parts):
+            split = split_of(article.title, self.cfg.validation_fraction, self.cfg.test_fraction)
+            if only and split != only:
+                continue
+            self.articles_seen[split] += 1
+            for row in article.rows:
+                yield split, row

@@ -1,0 +1,158 @@
+"""The tf.data input pipeline: read shards, shuffle, batch, mask in-graph, prefetch.
+
+Masking uses the TF-native collator (`DataCollatorForLanguageModeling(return_tensors="tf")`:
+15% of tokens, 80% <mask> / 10% random / 10% unchanged, special tokens never masked), applied to
+whole batches inside the graph, so the input pipeline never drops to Python per example.
+
+Reads work the same from a local folder and from gs:// (TensorFlow's own GCS filesystem), which is
+what a TPU VM needs: the host streams shards straight from the bucket.
+
+On a pod each host runs its own input pipeline (`tf.distribute.InputContext`, from
+`strategy.distribute_datasets_from_function`). With at least as many shard files as pipelines each
+pipeline reads only its own files (FILE); with fewer, every pipeline reads every file and keeps its
+slice of each batch (DATA). `shard_policy` makes that choice.
+
+TFRecordDataset checks both checksums of every record; a bad one is a `DataLossError` naming a byte
+offset but no file. `damaged_shard_error` finds the file with our own reader and says what is wrong.
+"""
+from __future__ import annotations
+
+import logging
+import re
+
+from mlm_tasks import storage
+from mlm_tasks.config import ConfigError
+from mlm_tasks.data.shard_set import ShardSet
+from mlm_tasks.data.tfrecord import count_records
+
+log = logging.getLogger(__name__)
+
+
+def make_collator(tokenizer, mlm_probability: float):
+    from transformers import DataCollatorForLanguageModeling
+
+    return DataCollatorForLanguageModeling(tokenizer=tokenizer, mlm=True, mlm_probability=mlm_probability,
+                                           return_tensors="tf")
+
+
+class BatchSeededRng:
+    """Stands in for the collator's `tf.random.Generator`: stateless draws keyed by (seed, batch index).
+
+    Batch k gets the same masks whether or not training was killed and resumed before it, so a
+    resumed run sees exactly the data an uninterrupted run would, and evaluation masks are identical
+    for every model scored on the same split.
+    """
+
+    def __init__(self, seed: int, batch_index):
+        self.seed, self.batch_index, self.calls = seed, batch_index, 0
+
+    def uniform(self, shape, minval=0, maxval=None, dtype=None):
+        import tensorflow as tf
+
+        self.calls += 1  # counted at trace time: each draw site gets its own stream
+        key = tf.stack([tf.constant(self.seed * 1_000_003 + self.calls, tf.int64),
+                        tf.cast(self.batch_index, tf.int64)])
+        dtype = dtype or tf.float32
+        if maxval is None:
+            maxval = 1 if dtype.is_floating else None
+        return tf.random.stateless_uniform(shape, seed=key, minval=minval, maxval=maxval, dtype=dtype)
+
+
+def shard_policy(num_files: int, num_pipelines: int) -> tuple[str, str]:
+    """("file" or "data", why): FILE when every input pipeline gets at least one whole file."""
+    if num_files >= num_pipelines:
+        return "file", (f"{num_files} shard files >= {num_pipelines} input pipeline(s): each pipeline reads "
+                        f"only its own ~{num_files // num_pipelines} file(s)")
+    return "data", (f"only {num_files} shard files for {num_pipelines} input pipelines: every pipeline reads "
+                    f"every file and keeps its 1/{num_pipelines} of each batch (write smaller shards, "
+                    f"at least {num_pipelines} files, to read each file once)")
+
+
+def mlm_dataset(shard_set: ShardSet, split: str, tokenizer, batch_size: int, *,
+                mlm_probability: float = 0.15, seed: int = 0, training: bool = True,
+                shuffle_buffer: int = 10_000, skip_batches: int = 0, take_batches: int | None = None,
+                input_context=None):
+    """Batches of {"input_ids", "attention_mask", "labels"} (labels = -100 where nothing is masked).
+
+    training=True: shuffled, repeated, `skip_batches` skipped so a resumed run continues where the
+    last checkpoint left off, and `take_batches` long: a finite dataset ends cleanly, where tearing
+    down an endless one blocks for many seconds on its in-flight reader threads.
+    training=False: one ordered pass, for evaluation.
+
+    `input_context` (a tf.distribute.InputContext; training only): `batch_size` is then the global
+    batch, this pipeline's share of each step is split into per-replica batches, and skip/take still
+    count steps.
+    """
+    import tensorflow as tf
+
+    max_length = shard_set.max_length
+    files = shard_set.shard_uris(split)
+    pipelines, pipeline_id, per_replica = 1, 0, batch_size
+    if input_context is not None:
+        pipelines, pipeline_id = input_context.num_input_pipelines, input_context.input_pipeline_id
+        per_replica = input_context.get_per_replica_batch_size(batch_size)
+    if batch_size % pipelines:
+        raise ValueError(f"Global batch {batch_size} does not split over {pipelines} input pipelines: "
+                         "use a batch that the replica count divides.")
+    policy, why = shard_policy(len(files), pipelines)
+    log.info("Input pipeline %d of %d shards %s by %s: %s", pipeline_id + 1, pipelines, split, policy.upper(), why)
+    step_batch = batch_size // pipelines  # this pipeline's examples per step
+    if policy == "file":
+        files = files[pipeline_id::pipelines]  # disjoint, and together every file
+    collator = make_collator(tokenizer, mlm_probability)
+    special_ids = tf.constant(sorted(tokenizer.all_special_ids), dtype=tf.int32)
+    vocab_size = len(tokenizer)
+    mask_id = tokenizer.mask_token_id
+
+    ds = tf.data.Dataset.from_tensor_slices(files)
+    if training:
+        ds = ds.shuffle(len(files), seed=seed, reshuffle_each_iteration=True)
+    ds = ds.interleave(tf.data.TFRecordDataset, cycle_length=min(4, len(files)),
+                       num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
+    if training:
+        ds = ds.shuffle(shuffle_buffer, seed=seed, reshuffle_each_iteration=True).repeat()
+    ds = ds.batch(batch_size if policy == "data" else step_batch, drop_remainder=training).enumerate()
+    if skip_batches:
+        ds = ds.skip(skip_batches)  # before parsing and masking: cheap; batch indices stay exact
+    if take_batches is not None:
+        ds = ds.take(take_batches)
+
+    feature = {"input_ids": tf.io.FixedLenFeature([max_length], tf.int64)}
+
+    def parse_and_mask(index, serialized):
+        if policy == "data":  # this pipeline's slice of the global batch, cut before the costly parse
+            serialized = serialized[pipeline_id * step_batch:(pipeline_id + 1) * step_batch]
+        ids = tf.cast(tf.io.parse_example(serialized, feature)["input_ids"], tf.int32)
+        special = tf.reduce_any(ids[..., None] == special_ids, axis=-1)
+        # Each (step, pipeline) its own masks; on one pipeline the key is the step, as it always was.
+        collator.generator = BatchSeededRng(seed, index * pipelines + pipeline_id)
+        masked, labels = collator.tf_mask_tokens(ids, vocab_size=vocab_size, mask_token_id=mask_id,
+                                                 special_tokens_mask=special)
+        # Chunks are packed, so every position is real text: the mask is all ones.
+        return {"input_ids": masked, "attention_mask": tf.ones_like(ids), "labels": labels}
+
+    ds = ds.map(parse_and_mask, num_parallel_calls=tf.data.AUTOTUNE)
+    if per_replica != step_batch:  # a host with several replicas: each takes one piece per step
+        ds = ds.rebatch(per_replica, drop_remainder=True)
+    options = tf.data.Options()
+    options.deterministic = True
+    # Sharding is done above from input_context; tf.distribute must not shard again.
+    options.experimental_distribute.auto_shard_policy = tf.data.experimental.AutoShardPolicy.OFF
+    return ds.prefetch(tf.data.AUTOTUNE).with_options(options)
+
+
+def damaged_shard_error(shard_set: ShardSet, split: str, err) -> ConfigError | None:
+    """The `ConfigError` for TensorFlow's DataLossError `err` while reading `split`: the first shard our
+    reader finds damaged, read in full (only on this failure path). None if every shard reads clean:
+    then the bytes TensorFlow saw are not the stored ones, and the caller lets the error be retried."""
+    message = getattr(err, "message", str(err))  # in a tf.function: a graph traceback around the reader's words
+    found = re.search(r"(corrupted|truncated) record at \d+", message)
+    said = found.group(0) if found else message.strip().splitlines()[-1]
+    for uri in shard_set.shard_uris(split):
+        with storage.filesystem(uri).open(uri, "rb") as f:
+            try:
+                count_records(f, uri)
+            except ConfigError as bad:
+                return ConfigError(f"Training read a damaged {split} shard (TensorFlow: {said}). {bad} Retrying "
+                                   "cannot fix it, so the run fails now.")
+    return None

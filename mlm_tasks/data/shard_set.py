@@ -1,0 +1,274 @@
+"""The shard set: its fingerprint, its manifest (typed), its summary, and adopting shards brought as they are.
+
+    fp = data_fingerprint(cfg, corpus)            # corpus content + every setting that changes the shards
+    shard_set = ShardSet.load(paths)              # needs _SUCCESS; a damaged manifest.json is a ConfigError
+    shard_set = load_manifest(cfg, fp)            # the same, checked against what this run asks for
+    shard_set.max_length, shard_set.vocab_size, shard_set.records("train")
+    shard_set.shard_uris("train")                 # what tf.data reads
+    shard_set.verify("train")                     # sha256 of every shard against the manifest
+    summary = summary_for_fingerprint(cfg, fp)    # of a complete set (e.g. from a dataset-refresh event)
+
+`manifest.json` (written by the merge of mlm_tasks/data/writer.py, or by `adopt` here for a set
+written elsewhere) is the source of truth for our own reader: counts, checksums, settings. Shard
+file names also carry their record counts, for readers that only list files (Hugging Face's scripts).
+
+The data fingerprint covers the corpus content and every setting that changes the shards, so an
+unchanged corpus is never re-tokenized: a second run finds `_SUCCESS` and returns the same summary.
+`shards.partitions` is not part of it: any partition count gives the same records, tokens and rows,
+only cut at other places (see mlm_tasks/data/writer.py).
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import time
+from dataclasses import dataclass
+from typing import TypedDict
+
+from mlm_tasks import storage
+from mlm_tasks.config import ConfigError, PipelineConfig
+from mlm_tasks.data.corpus import open_corpus
+from mlm_tasks.data.corpus.shards import ShardsCorpus, check_shards
+from mlm_tasks.data.tokenizer import save_tokenizer, train_unigram
+from mlm_tasks.paths import SPLITS, DataPaths, join
+
+# 2: two features (input_ids, attention_mask) and record counts in the names; 1 had input_ids only.
+MANIFEST_VERSION = 2
+
+
+def rebuild_hint(paths: DataPaths) -> str:
+    """What to delete so the next run rebuilds this shard set (the tokenizer is kept)."""
+    return (f"delete {paths.shards_dir} and {paths.partitions_dir}, then rerun build_shard_set (or the DAG) to "
+            "rebuild the shard set")
+
+
+def build_manifest(paths: DataPaths, max_length: int, records_per_shard: int, splits: dict, extra: dict) -> dict:
+    """The manifest of a shard set: the one place its fields are named."""
+    return {"version": MANIFEST_VERSION, "fingerprint": paths.fingerprint, "max_length": max_length,
+            "records_per_shard": records_per_shard, "features": ["input_ids", "attention_mask"],
+            "splits": splits, **extra}
+
+
+def publish_manifest(paths: DataPaths, manifest: dict) -> ShardSet:
+    """manifest.json, then _SUCCESS: last, because it is all readers and sensors trust."""
+    storage.write_json(paths.manifest, manifest)
+    storage.write_text(paths.success, "")
+    return ShardSet(paths, manifest)
+
+
+@dataclass(frozen=True)
+class ShardSet:
+    paths: DataPaths
+    data: dict
+
+    @classmethod
+    def load(cls, paths: DataPaths) -> ShardSet:
+        if not storage.exists(paths.success):
+            raise FileNotFoundError(f"No complete shard set under {paths.shards_dir} (no _SUCCESS): run "
+                                    "build_shard_set first (or the DAG) or check output_root and the data fingerprint.")
+        try:
+            data = json.loads(storage.read_bytes(paths.manifest))
+            if not isinstance(data, dict) or not isinstance(data.get("splits"), dict):
+                raise ValueError("not a manifest object with 'splits'")
+        except FileNotFoundError:
+            raise ConfigError(f"{paths.manifest} is missing although {paths.success} exists: "
+                              f"{rebuild_hint(paths)}.") from None
+        except (ValueError, UnicodeDecodeError) as err:  # JSONDecodeError is a ValueError
+            raise ConfigError(f"{paths.manifest} is damaged ({type(err).__name__}: {err}): "
+                              f"{rebuild_hint(paths)}.") from None
+        return cls(paths, data)
+
+    fingerprint = property(lambda self: self.data["fingerprint"])
+    max_length = property(lambda self: int(self.data["max_length"]))
+    vocab_size = property(lambda self: int(self.data["vocab_size"]))
+    tokenizer_sha256 = property(lambda self: self.data.get("tokenizer_sha256"))
+    special_ids = property(lambda self: self.data.get("special_ids", {}))
+    splits = property(lambda self: list(self.data["splits"]))
+
+    def entry(self, split: str) -> dict:
+        if split not in self.data["splits"]:
+            raise ConfigError(f"The shard set {self.paths.shards_dir} has no {split!r} split (has "
+                              f"{self.splits}): choose one of those.")
+        return self.data["splits"][split]
+
+    def records(self, split: str) -> int:
+        return int(self.entry(split)["records"])
+
+    def tokens(self, split: str) -> int:
+        return int(self.entry(split)["tokens"])
+
+    def shards(self, split: str) -> list[dict]:
+        return self.entry(split)["shards"]
+
+    def shard_uris(self, split: str) -> list[str]:
+        """Shards written here are named relative to the set's folder; shards brought from elsewhere
+        (bring-your-own) carry their own absolute `uri`."""
+        return [s.get("uri") or join(self.paths.shards_dir, s["file"]) for s in self.shards(split)]
+
+    def verify(self, split: str, checksums: bool = True) -> None:
+        """Fail, without retry, on a missing, truncated or corrupted shard instead of training on less data.
+        checksums=False compares sizes only: no shard is read (cheap enough for a check before the VM)."""
+        for shard, uri in zip(self.shards(split), self.shard_uris(split), strict=False):
+            if not storage.exists(uri):
+                raise ConfigError(f"Shard {uri} listed in {self.paths.manifest} is missing: "
+                                  f"{rebuild_hint(self.paths)}.")
+            size = storage.filesystem(uri).size(uri)
+            if shard.get("bytes") is not None and size != shard["bytes"]:
+                raise ConfigError(f"Shard {uri} is corrupted or truncated ({size} bytes, manifest says "
+                                  f"{shard['bytes']}); retrying cannot fix it: {rebuild_hint(self.paths)}.")
+            if not checksums or "sha256" not in shard:  # a set brought from elsewhere has sizes only
+                continue
+            h = hashlib.sha256()
+            with storage.filesystem(uri).open(uri, "rb") as f:
+                for block in iter(lambda: f.read(1 << 22), b""):
+                    h.update(block)
+            digest = h.hexdigest()
+            if digest != shard["sha256"]:
+                raise ConfigError(f"Shard {uri} is corrupted or truncated (sha256 {digest[:12]}…, manifest says "
+                                  f"{shard['sha256'][:12]}…); retrying cannot fix it: {rebuild_hint(self.paths)}.")
+
+    def summary(self) -> dict:
+        """Per-split counts: records, tokens, shard files, rows, characters, articles."""
+        return {s: {k: e.get(k) for k in ("records", "tokens", "rows", "characters", "articles")}
+                | {"shards": len(e["shards"])} for s, e in self.data["splits"].items()}
+
+
+def manifest_extra(cfg: PipelineConfig, corpus, corpus_fingerprint: str, paths: DataPaths, tokenizer) -> dict:
+    """What the manifest says besides the shards: vocabulary, tokenizer hash, source, credit, special ids."""
+    return {
+        "vocab_size": len(tokenizer),
+        "tokenizer_sha256": hashlib.sha256(
+            storage.read_bytes(join(paths.tokenizer, "tokenizer.json"))).hexdigest(),
+        "corpus_source": cfg.corpus.source,
+        "corpus_fingerprint": corpus_fingerprint,
+        "credit": corpus.credit,
+        "special_ids": {"pad": tokenizer.pad_token_id, "mask": tokenizer.mask_token_id,
+                        "bos": tokenizer.cls_token_id, "eos": tokenizer.sep_token_id},
+    }
+
+
+log = logging.getLogger(__name__)
+
+
+def data_fingerprint(cfg: PipelineConfig, corpus=None, corpus_fingerprint: str | None = None) -> str:
+    """The shard set's key: the corpus content (its fingerprint, computed unless given) and every
+    setting that changes the shards."""
+    if corpus_fingerprint is None:
+        corpus_fingerprint = (corpus or open_corpus(cfg.corpus)).fingerprint()
+    if cfg.corpus.source == "tfrecord_shards":  # shards brought as they are: no setting of ours changes them
+        key = {"corpus": corpus_fingerprint, "max_length": cfg.shards.max_length, "manifest_version": MANIFEST_VERSION}
+        return hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16]
+    key = {
+        "corpus": corpus_fingerprint,
+        "splits": [cfg.corpus.validation_fraction, cfg.corpus.test_fraction],
+        "tokenizer": cfg.tokenizer.model_dump(),
+        "max_length": cfg.shards.max_length,
+        "records_per_shard": cfg.shards.records_per_shard,
+        "manifest_version": MANIFEST_VERSION,
+    }
+    return hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16]
+
+
+class DataSummary(TypedDict):
+    """What merge_shards returns and later steps read: small, JSON-serialisable, no secrets."""
+    fingerprint: str
+    data_root: str
+    tokenizer_uri: str
+    manifest_uri: str
+    success_uri: str
+    cache_hit: bool          # the complete set was there before this run
+    written_here: bool       # this run's merge_shards published it
+    vocab_size: int
+    max_length: int
+    records: dict[str, int]
+    tokens: dict[str, int]
+    shards: dict[str, int]
+    corpus: dict
+
+
+def data_summary(shard_set: ShardSet, cache_hit: bool, written_here: bool = False) -> DataSummary:
+    """The summary of a complete shard set."""
+    paths, manifest, splits = shard_set.paths, shard_set.data, shard_set.data["splits"]
+    return {
+        "fingerprint": paths.fingerprint,
+        "data_root": paths.root,
+        "tokenizer_uri": paths.tokenizer,
+        "manifest_uri": paths.manifest,
+        "success_uri": paths.success,
+        "cache_hit": cache_hit,
+        "written_here": written_here,
+        "vocab_size": shard_set.vocab_size,
+        "max_length": shard_set.max_length,
+        "records": {s: shard_set.records(s) for s in splits},
+        "tokens": {s: shard_set.tokens(s) for s in splits},
+        "shards": {s: len(shard_set.shards(s)) for s in splits},
+        "corpus": {"rows": sum(splits[s].get("rows") or 0 for s in splits),
+                   "articles": sum(splits[s].get("articles") or 0 for s in splits) or None,
+                   "characters": sum(splits[s].get("characters") or 0 for s in splits),
+                   "source": manifest["corpus_source"], "credit": manifest.get("credit", "")},
+    }
+
+
+def is_complete(cfg: PipelineConfig, fingerprint: str) -> bool:
+    """Whether a complete shard set (its `_SUCCESS`) has this fingerprint under output_root."""
+    return storage.exists(DataPaths(cfg.output_root, fingerprint).success)
+
+
+def summary_for_fingerprint(cfg: PipelineConfig, fingerprint: str) -> DataSummary:
+    """The summary of an already prepared shard set, by fingerprint (e.g. from a dataset-refresh event)."""
+    paths = DataPaths(cfg.output_root, fingerprint)
+    if not storage.exists(paths.success):
+        raise FileNotFoundError(f"No complete shard set for fingerprint {fingerprint} under {paths.shards_dir}: "
+                                "was it deleted? Rerun mlm_dataset_refresh or trigger mlm_pretrain manually.")
+    log.info("Using the shard set with fingerprint %s at %s", fingerprint, paths.shards_dir)
+    return data_summary(ShardSet.load(paths), cache_hit=True)
+
+
+def ensure_tokenizer(cfg: PipelineConfig, corpus, paths: DataPaths) -> None:
+    """Train the Unigram tokenizer of this fingerprint unless it exists (Unigram training is not
+    id-reproducible: once per fingerprint, first writer wins)."""
+    if storage.exists(join(paths.tokenizer, "tokenizer.json")):
+        log.info("Reusing the tokenizer already trained for this fingerprint: %s", paths.tokenizer)
+        return
+    t0 = time.time()
+    tok = train_unigram(corpus.rows("train"), cfg.tokenizer)
+    save_tokenizer(tok, paths.tokenizer, cfg.shards.max_length)
+    log.info("Trained Unigram tokenizer (vocab %d) in %.1fs -> %s", tok.get_vocab_size(), time.time() - t0,
+             paths.tokenizer)
+
+
+def adopt(cfg: PipelineConfig, corpus: ShardsCorpus, paths: DataPaths, corpus_fingerprint: str) -> None:
+    """Publish the tokenizer and a manifest of the brought shards under `paths`, then _SUCCESS."""
+    from tokenizers import Tokenizer
+
+    from mlm_tasks.data.tokenizer import load_tokenizer, save_tokenizer
+
+    max_length = check_shards(cfg, corpus)
+    save_tokenizer(Tokenizer.from_str(corpus.tokenizer_json), paths.tokenizer, max_length)
+    tokenizer = load_tokenizer(paths.tokenizer, max_length)
+    splits = {}
+    for split in SPLITS:
+        entry = corpus.split_entry(split)
+        entry["tokens"] = entry["records"] * max_length
+        splits[split] = entry
+    extra = {**manifest_extra(cfg, corpus, corpus_fingerprint, paths, tokenizer),
+             "shards_uri": cfg.corpus.shards_uri, "tokenizer_uri": cfg.corpus.tokenizer_uri}
+    publish_manifest(paths, build_manifest(paths, max_length, 0, splits, extra))
+    log.info("Adopted the shards under %s as data %s: %s", cfg.corpus.shards_uri, paths.fingerprint,
+             ", ".join(f"{s} {e['records']} records in {len(e['shards'])} files" for s, e in splits.items()))
+
+
+def load_manifest(cfg: PipelineConfig, fingerprint: str) -> ShardSet:
+    """The complete shard set of `fingerprint`, checked against what this run asks for."""
+    paths = DataPaths(cfg.output_root, fingerprint)
+    shard_set = ShardSet.load(paths)
+    if shard_set.max_length != cfg.shards.max_length:
+        raise ConfigError(f"The shards at {paths.shards_dir} were built with max_length "
+                          f"{shard_set.max_length} but this run asks for {cfg.shards.max_length}: "
+                          "prepare data with the run's max_length, or set max_length to match.")
+    tok_sha = hashlib.sha256(storage.read_bytes(join(paths.tokenizer, "tokenizer.json"))).hexdigest()
+    if tok_sha != shard_set.tokenizer_sha256:
+        raise ConfigError(f"The tokenizer at {paths.tokenizer} is not the one the shards were encoded "
+                          "with (sha256 differs): delete the dataset folder and rerun plan_shards.")
+    return shard_set

@@ -1,0 +1,246 @@
+"""Encode blocks of token ids as TFRecord files of `tf.train.Example`s, byte-identical to TensorFlow's own.
+
+    from mlm_tasks.data.tfrecord import encode_examples, frame_records
+    with open("part.tfrecord", "wb") as f:
+        f.write(frame_records(encode_examples(block)))          # block: [n, max_length] ids
+    with open("part.tfrecord", "rb") as f:
+        for offset, record in iter_records(f, "part.tfrecord"):  # both crc32c checked; ConfigError if bad
+            parse_example(record)
+
+Why not `tf.train.Example(...).SerializeToString()` and `tf.io.TFRecordWriter`: building a proto
+per record from a Python list costs more than tokenizing the text (profiled in bench/bench_shards.py),
+and importing TensorFlow costs seconds in every shard-writing worker. Here the int64 list of a whole
+block is varint-encoded at once with numpy; only a few header bytes and two crc32c are made per
+record. tests/mlm_tasks/test_shards_format.py checks the bytes against TensorFlow's writer.
+
+Wire format written (two features, each an Int64List; the entries in key order):
+    Example  { 1: Features { 1: MapEntry { 1: "attention_mask", 2: Feature { 3: Int64List { 1: packed 1s }}}
+                             1: MapEntry { 1: "input_ids",      2: Feature { 3: Int64List { 1: packed varints }}}}}
+TFRecord framing: uint64 length, masked crc32c(length), data, masked crc32c(data), little-endian.
+"""
+from __future__ import annotations
+
+import re
+import struct
+
+import google_crc32c
+import numpy as np
+
+from mlm_tasks.errors import ConfigError
+
+FEATURES = ["input_ids", "attention_mask"]
+
+
+# What the Hugging Face TF/TPU training script parses a shard's record count from (run_mlm.py count_samples).
+RECORDS_IN_NAME = re.compile(r"-\d+-(\d+)\.tfrecord")
+
+
+def shard_name(prefix: str, index: int, records: int) -> str:
+    """`<prefix>-<index>-<records>.tfrecord`; `prefix` must not end in `-<digits>` (the regex would then
+    read the index as the count)."""
+    return f"{prefix}-{index:05d}-{records}.tfrecord"
+
+
+def records_from_name(name: str) -> int | None:
+    """The record count a file name carries, as run_mlm.py reads it; None when it carries none."""
+    found = RECORDS_IN_NAME.search(name.rsplit("/", 1)[-1])
+    return int(found.group(1)) if found else None
+
+
+_MASK_DELTA = 0xA282EAD8
+
+
+def masked_crc32c(data: bytes) -> int:
+    """TFRecord's checksum: crc32c rotated right by 15 bits plus a constant."""
+    crc = google_crc32c.value(data)
+    return (((crc >> 15) | (crc << 17)) + _MASK_DELTA) & 0xFFFFFFFF
+
+
+def _varint(n: int) -> bytes:
+    out = bytearray()
+    while n > 0x7F:
+        out.append((n & 0x7F) | 0x80)
+        n >>= 7
+    out.append(n)
+    return bytes(out)
+
+
+def _varint_block(values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Varint bytes of every value of a [n, m] block, row after row; and the byte count per row."""
+    if values.size and values.min() < 0:
+        # Negative int64s take 10 bytes in protobuf; token ids never are, so refuse rather than mis-encode.
+        raise ValueError("Token ids must be non-negative to be encoded as TFRecord int64 lists.")
+    v = values.astype(np.uint64)
+    # Bytes the largest value needs: one pass over the block, not one per possible width.
+    width = max(1, (int(v.max()).bit_length() + 6) // 7) if v.size else 1
+    shifts = np.arange(width, dtype=np.uint64) * np.uint64(7)
+    groups = ((v[..., None] >> shifts) & np.uint64(0x7F)).astype(np.uint8)     # [n, m, width]
+    nbytes = np.ones(v.shape, dtype=np.int64)
+    for k in range(1, width):
+        nbytes += v >= (1 << (7 * k))
+    position = np.arange(width)
+    groups[position < nbytes[..., None] - 1] |= 0x80                           # continuation bits
+    return groups[position < nbytes[..., None]], nbytes.sum(axis=1)
+
+
+def _feature_entry(key: str, payload_len: int) -> bytes:
+    """The bytes of one Features map entry up to its packed varints: key, Feature, Int64List headers."""
+    key_bytes = key.encode("utf-8")
+    key_field = b"\x0a" + _varint(len(key_bytes)) + key_bytes
+    int64_list = 1 + len(_varint(payload_len)) + payload_len
+    feature = 1 + len(_varint(int64_list)) + int64_list
+    entry = len(key_field) + 1 + len(_varint(feature)) + feature
+    return (b"\x0a" + _varint(entry) + key_field + b"\x12" + _varint(feature) + b"\x1a" + _varint(int64_list)
+            + b"\x0a" + _varint(payload_len))
+
+
+def encode_examples(block: np.ndarray) -> list[bytes]:
+    """Serialized `tf.train.Example`s, one per row of `block`, with the two int64 features the Hugging
+    Face TF/TPU scripts parse: `attention_mask` (all ones: chunks are packed, every position is text)
+    and `input_ids`. Entries are in key order, as `SerializeToString(deterministic=True)` writes them."""
+    block = np.asarray(block)
+    if block.ndim != 2:
+        raise ValueError(f"Expected a [records, length] block of ids, got shape {block.shape}.")
+    flat, lengths = _varint_block(block)
+    data = flat.tobytes()
+    mask_payload = b"\x01" * block.shape[1]
+    mask_entry = _feature_entry("attention_mask", len(mask_payload)) + mask_payload  # the same in every record
+    out, start = [], 0
+    headers: dict[int, bytes] = {}  # rows of equal byte length share their headers
+    for payload_len in lengths.tolist():
+        header = headers.get(payload_len)
+        if header is None:
+            ids_header = _feature_entry("input_ids", payload_len)
+            features = len(mask_entry) + len(ids_header) + payload_len
+            header = headers[payload_len] = b"\x0a" + _varint(features) + mask_entry + ids_header
+        out.append(header + data[start:start + payload_len])
+        start += payload_len
+    return out
+
+
+def frame_records(records: list[bytes]) -> bytes:
+    """The TFRecord file bytes holding `records` in order (no compression)."""
+    parts = []
+    for record in records:
+        length = struct.pack("<Q", len(record))
+        parts.append(length + struct.pack("<I", masked_crc32c(length)) + record
+                     + struct.pack("<I", masked_crc32c(record)))
+    return b"".join(parts)
+
+
+_HEADER, _FOOTER = 12, 4  # uint64 length + its crc; the data's crc
+
+
+def _damaged(name: str, offset: int, what: str) -> ConfigError:
+    return ConfigError(f"{name}: the TFRecord at byte {offset} {what}. The file was cut short or altered after "
+                       "it was written: copy it again from its source, or remove it from the shard set.")
+
+
+def iter_records(f, name: str, limit: int | None = None):
+    """(byte offset, data) of each record of an open TFRecord file `name`, in order, checked as strictly as
+    TensorFlow's reader and more: both masked crc32c; a length capped by what the file still holds, so
+    a corrupt length field never allocates (TensorFlow crashes on a 2**60 length with a valid crc); and
+    a record cut short is a `ConfigError`, not a record."""
+    offset = f.tell()
+    f.seek(0, 2)
+    size = f.tell()
+    f.seek(offset)
+    n = 0
+    while limit is None or n < limit:
+        header = f.read(_HEADER)
+        if not header:
+            return
+        if len(header) < _HEADER:
+            raise _damaged(name, offset, f"is truncated: the file ends {len(header)} bytes into its "
+                                         f"{_HEADER}-byte header")
+        if struct.unpack("<I", header[8:])[0] != masked_crc32c(header[:8]):
+            hint = "" if offset else " (at byte 0: is this a TFRecord file? GZIP or ZLIB shards must be decompressed)"
+            raise _damaged(name, offset, "has a wrong length checksum (length CRC)" + hint)
+        (length,) = struct.unpack("<Q", header[:8])
+        left = size - offset - _HEADER
+        if length + _FOOTER > left:
+            if length + _HEADER + _FOOTER > size:
+                raise _damaged(name, offset, f"claims {length} bytes of data, more than the whole file "
+                                             f"({size} bytes) holds (length beyond the file)")
+            raise _damaged(name, offset, f"is truncated: it needs {length + _FOOTER} more bytes, the file "
+                                         f"ends after {left}")
+        data, footer = f.read(length), f.read(_FOOTER)
+        if len(data) < length or len(footer) < _FOOTER:  # the file shrank while being read
+            raise _damaged(name, offset, "is truncated: the file ended while it was read")
+        if struct.unpack("<I", footer)[0] != masked_crc32c(data):
+            raise _damaged(name, offset, "has a wrong data checksum (data CRC)")
+        yield offset, data
+        offset += _HEADER + length + _FOOTER
+        n += 1
+
+
+def count_records(f, name: str) -> int:
+    """Records in an open TFRecord file `name`; reads every byte, as it checks every record (linear, crc32c
+    runs at GB/s, so the read is the cost)."""
+    return sum(1 for _ in iter_records(f, name))
+
+
+def _read_varint(buf: bytes, pos: int) -> tuple[int, int]:
+    value = shift = 0
+    while True:
+        if pos >= len(buf):
+            raise ValueError("a varint runs past the end of its message")
+        byte = buf[pos]
+        pos += 1
+        value |= (byte & 0x7F) << shift
+        if byte < 0x80:
+            return value, pos
+        shift += 7
+
+
+def _fields(buf: bytes):
+    """(field number, wire type, value) of a protobuf message: ints for varints, bytes for the rest."""
+    pos = 0
+    while pos < len(buf):
+        key, pos = _read_varint(buf, pos)
+        field, wire = key >> 3, key & 7
+        if wire == 0:
+            value, pos = _read_varint(buf, pos)
+        elif wire == 2:
+            size, pos = _read_varint(buf, pos)
+            value, pos = buf[pos:pos + size], pos + size
+        elif wire in (1, 5):
+            value, pos = buf[pos:pos + (8 if wire == 1 else 4)], pos + (8 if wire == 1 else 4)
+        else:
+            raise ValueError(f"unsupported protobuf wire type {wire}")
+        if pos > len(buf):  # slicing would silently hand back a shorter field
+            raise ValueError(f"field {field} runs past the end of its message")
+        yield field, wire, value
+
+
+def parse_example(record: bytes) -> dict[str, list[int] | str]:
+    """A `tf.train.Example`'s features: the values of each int64 list; "bytes" or "float" for the others."""
+    out: dict[str, list[int] | str] = {}
+    for field, _, features in _fields(record):
+        if field != 1:
+            continue
+        for entry_field, _, entry in _fields(features):
+            if entry_field != 1:
+                continue
+            key, feature = "", b""
+            for f, _, v in _fields(entry):
+                if f == 1:
+                    key = v.decode("utf-8")
+                elif f == 2:
+                    feature = v
+            for kind, _, values in _fields(feature):
+                if kind != 3:
+                    out[key] = {1: "bytes", 2: "float"}.get(kind, "unknown")
+                    continue
+                ints: list[int] = []
+                for _, wire, v in _fields(values):
+                    if wire == 2:  # packed
+                        pos = 0
+                        while pos < len(v):
+                            n, pos = _read_varint(v, pos)
+                            ints.append(n - (1 << 64) if n >= 1 << 63 else n)
+                    else:
+                        ints.append(v - (1 << 64) if v >= 1 << 63 else v)
+                out[key] = ints
+            out.setdefault(key, [])
+    return out

@@ -1,0 +1,117 @@
+"""Train a Unigram tokenizer on the train split and save it as a PreTrainedTokenizerFast.
+
+    python -m mlm_tasks plan_shards       # trains it as the first part of the shard-set steps
+
+Unigram training is not reproducible id-for-id (ties swap ~5% of ids), so a tokenizer is trained
+once per data fingerprint and published first-writer-wins: whoever loses the race uses the winner's
+file, and shards are always encoded with the tokenizer read back from storage.
+"""
+from __future__ import annotations
+
+import logging
+import os
+import tempfile
+from collections.abc import Iterable
+
+from mlm_tasks import storage
+from mlm_tasks.config import SPECIAL_TOKENS, ConfigError, TokenizerConfig
+from mlm_tasks.paths import join
+
+log = logging.getLogger(__name__)
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json")
+
+
+def train_unigram(rows: Iterable[str], cfg: TokenizerConfig):
+    """Returns a `tokenizers.Tokenizer` with RoBERTa-style specials and post-processing."""
+    from tokenizers import AddedToken, Tokenizer, decoders, models, normalizers, pre_tokenizers, processors, trainers
+
+    tok = Tokenizer(models.Unigram())
+    tok.normalizer = normalizers.Sequence([normalizers.NFKC(), normalizers.Replace("``", '"'),
+                                           normalizers.Replace("''", '"')])
+    # prepend_scheme="first": without it "is <mask>." gains stray ▁ pieces and fill-mask collapses.
+    tok.pre_tokenizer = pre_tokenizers.Metaspace(replacement="▁", prepend_scheme="first")
+    tok.decoder = decoders.Metaspace(replacement="▁", prepend_scheme="first")
+    trainer = trainers.UnigramTrainer(
+        vocab_size=cfg.vocab_size,
+        special_tokens=[AddedToken(t, lstrip=(t == "<mask>"), normalized=False) for t in SPECIAL_TOKENS],
+        unk_token="<unk>",
+        max_piece_length=cfg.max_piece_length,
+        show_progress=False,
+    )
+    seen = [0]
+
+    def counted(rows):
+        for row in rows:
+            seen[0] += 1
+            yield row
+
+    try:
+        tok.train_from_iterator(counted(rows), trainer=trainer)
+    except Exception as err:  # the trainer raises a bare Exception for this one bad input
+        if "not large enough to contain all chars" not in str(err):
+            raise
+        raise ConfigError(f"tokenizer.vocab_size {cfg.vocab_size} is smaller than this corpus's distinct "
+                          f"characters plus the {len(SPECIAL_TOKENS)} special tokens (every character needs a "
+                          "piece): raise vocab_size.") from None
+    if not seen[0]:
+        raise ConfigError("The corpus is empty: its train split has no text rows. Check the corpus source "
+                          "settings (paths, dataset name, text_column).")
+    if tok.get_vocab_size() < cfg.vocab_size:
+        # The trainer stops early when the corpus has fewer useful pieces than asked for.
+        raise ConfigError(f"tokenizer.vocab_size {cfg.vocab_size} is larger than this corpus supports "
+                          f"(the trainer found only {tok.get_vocab_size()} pieces): lower vocab_size.")
+    tok.post_processor = processors.TemplateProcessing(
+        single="<s> $A </s>", pair="<s> $A </s> </s> $B </s>",
+        special_tokens=[("<s>", tok.token_to_id("<s>")), ("</s>", tok.token_to_id("</s>"))],
+    )
+    return tok
+
+
+def to_pretrained(tok, max_length: int):
+    from tokenizers import AddedToken
+    from transformers import PreTrainedTokenizerFast
+
+    return PreTrainedTokenizerFast(
+        tokenizer_object=tok,
+        bos_token="<s>", eos_token="</s>", sep_token="</s>", cls_token="<s>",
+        unk_token="<unk>", pad_token="<pad>",
+        mask_token=AddedToken("<mask>", lstrip=True, normalized=False),
+        model_max_length=max_length,
+    )
+
+
+def save_tokenizer(tok, uri: str, max_length: int) -> bool:
+    """Save the tokenizer under `uri`, first writer wins. Returns True if ours was the one saved."""
+    won = storage.create_only(join(uri, "tokenizer.json"), tok.to_str().encode("utf-8"))
+    if not won:
+        log.info("Tokenizer for this fingerprint was already published at %s: using that one", uri)
+    # The remaining files derive deterministically from tokenizer.json, so rewriting them is safe.
+    with tempfile.TemporaryDirectory() as tmp:
+        load_tokenizer(uri, max_length).save_pretrained(tmp)
+        for name in os.listdir(tmp):
+            if name != "tokenizer.json":
+                with open(os.path.join(tmp, name), "rb") as f:
+                    storage.write_bytes(join(uri, name), f.read())
+    return won
+
+
+def load_encoder(uri: str):
+    """The published tokenizer as a bare `tokenizers.Tokenizer`: the same ids (its post-processor adds
+    <s> ... </s>) without importing transformers, which costs seconds in every shard-writing task."""
+    from tokenizers import Tokenizer
+
+    path = join(uri, "tokenizer.json")
+    if not storage.exists(path):
+        raise FileNotFoundError(f"No tokenizer at {uri}: run plan_shards first or check output_root.")
+    return Tokenizer.from_str(storage.read_text(path))
+
+
+def load_tokenizer(uri: str, max_length: int | None = None):
+    """Load the published tokenizer (PreTrainedTokenizerFast) from a local folder or gs://."""
+    from tokenizers import Tokenizer
+
+    path = join(uri, "tokenizer.json")
+    if not storage.exists(path):
+        raise FileNotFoundError(f"No tokenizer at {uri}: run plan_shards first or check output_root.")
+    tok = Tokenizer.from_str(storage.read_text(path))
+    return to_pretrained(tok, max_length or 512)

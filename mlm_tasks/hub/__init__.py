@@ -1,0 +1,2 @@
+"""The Hugging Face Hub: one client setup with bounded requests and scrubbed errors, and checkpoint sync.
+"""

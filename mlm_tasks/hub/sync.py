@@ -1,0 +1,271 @@
+"""Checkpoint sync to the Hugging Face Hub during training (`publish.sync_checkpoints`), never blocking it.
+
+What Keras' `PushToHubCallback(save_strategy="epoch")` did, on the current huggingface_hub client, as an
+`on_checkpoint(step, path)` hook of `mlm_tasks.train.train`, which builds it when the config asks:
+
+    sync = hub_checkpoint_sync(cfg, hub_token, train_records=..., global_batch=..., total_steps=...,
+                               strategy=strategy, endpoint=hub_endpoint)  # None: sync off, or not worker 0
+    # train saves a checkpoint every `sync.checkpoint_every` steps (one epoch) as well as its own, and
+    # calls sync(step, path) after each saved checkpoint and after the final one
+    sync.finish()  # after training: waits for the uploads; a failure is logged, never raised
+
+The hook queues the checkpoints of epoch ends (every `train records // global batch` steps) and the final
+one. Each is staged in a temporary folder (only that checkpoint's files plus a `checkpoint` state file
+naming it: local files hard-linked, gs:// files downloaded first) and handed to `CheckpointSyncer`, whose
+background thread makes the repo's `checkpoints/` folder an exact copy of it while training goes on (the
+repo's commit history keeps every uploaded one). If uploads fall behind, only the newest waiting
+checkpoint is kept. Only worker 0 of a multi-worker strategy uploads (TPU is single-client: always 0).
+A failed upload never fails training: the checkpoints stay safe in output_root.
+
+The token is an argument (train's `hub_token`): the Airflow train task reads it from the Hub connection,
+the CLI from HF_TOKEN; nothing here reads the environment. The uploader also works on its own:
+
+    with CheckpointSyncer(repo_id, token) as syncer:
+        syncer.submit(checkpoint_dir, step)  # returns at once
+"""
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+import tempfile
+import threading
+import time
+from dataclasses import dataclass
+
+from mlm_tasks import storage
+from mlm_tasks.config import ConfigError, PipelineConfig
+from mlm_tasks.hub.api import DEFAULT_TIMEOUT_S, PublishError, hub_api, hub_errors, scrub
+from mlm_tasks.paths import join
+
+log = logging.getLogger(__name__)
+
+
+def check_sync_settings(cfg: PipelineConfig, token: str | None) -> None:
+    """With publish.sync_checkpoints on, fail before any work if the repo or the token is missing."""
+    if not cfg.publish.sync_checkpoints:
+        return
+    if not cfg.publish.repo_id:
+        raise ConfigError("publish.sync_checkpoints needs publish.repo_id, the Hub repo the checkpoints go to.")
+    if not token:
+        raise ConfigError("publish.sync_checkpoints is on but train() got no Hub token (hub_token): give it a "
+                          "Hub write token — the CLI reads it from HF_TOKEN, the Airflow train task from the "
+                          f"password of connection {cfg.publish.hf_conn_id!r} — or turn "
+                          "publish.sync_checkpoints off.")
+
+
+def hub_checkpoint_sync(cfg: PipelineConfig, token: str | None, *, train_records: int, global_batch: int,
+                        total_steps: int, strategy=None, endpoint: str | None = None) -> HubCheckpointSync | None:
+    """The Hub sync hook for this training run, or None when sync is off or this is not worker 0."""
+    if not cfg.publish.sync_checkpoints:
+        return None
+    check_sync_settings(cfg, token)
+    task_id = getattr(getattr(strategy, "cluster_resolver", None), "task_id", 0) or 0
+    if task_id != 0:  # multi-worker strategies: one upload is enough
+        log.info("Checkpoint sync runs on worker 0 only (this is worker %s)", task_id)
+        return None
+    steps_per_epoch = max(1, train_records // global_batch)
+    syncer = CheckpointSyncer(cfg.publish.repo_id, token, endpoint, private=cfg.publish.private,
+                              conn_id=cfg.publish.hf_conn_id, timeout_s=cfg.publish.request_timeout_s)
+    log.info("Syncing checkpoints to %s every %d steps (each epoch) and at the end of training",
+             cfg.publish.repo_id, steps_per_epoch)
+    return HubCheckpointSync(syncer, steps_per_epoch, total_steps)
+
+
+class HubCheckpointSync:
+    """An `on_checkpoint(step, path)` hook: queue epoch-end checkpoints and the final one for upload."""
+
+    def __init__(self, syncer: CheckpointSyncer, steps_per_epoch: int, final_step: int):
+        self.syncer, self.final_step = syncer, final_step
+        self.checkpoint_every = steps_per_epoch  # asks train for a checkpoint at every epoch end
+
+    def __call__(self, step: int, path: str) -> None:
+        if step % self.checkpoint_every and step != self.final_step:
+            return  # a checkpoint of train's own cadence, not an epoch end
+        staged = stage_checkpoint(path)
+        try:
+            self.syncer.submit(staged, step)  # snapshots the files, so the staging folder can go now
+        finally:
+            shutil.rmtree(staged, ignore_errors=True)
+
+    def finish(self, timeout: float | None = 3600) -> list[dict]:
+        """Wait for the queued uploads; failures are logged, not raised."""
+        try:
+            uploaded = self.syncer.close(timeout)
+        except PublishError as err:
+            log.warning("Checkpoint sync to the Hub failed (training is complete; checkpoints are in "
+                        "output_root): %s", err)
+            return list(self.syncer.uploaded)
+        log.info("Synced %d checkpoint(s) to %s (steps %s)", len(uploaded), self.syncer.repo_id,
+                 [u["step"] for u in uploaded])
+        return uploaded
+
+
+def stage_checkpoint(checkpoint_path: str) -> str:
+    """A local temp folder holding only `checkpoint_path`'s files (e.g. .../ckpt-40.index and .data-*)
+    and a `checkpoint` state file naming it, so `tf.train.latest_checkpoint` finds it after a download."""
+    folder, prefix = checkpoint_path.rsplit("/", 1)
+    staged = tempfile.mkdtemp(prefix="mlm-ckpt-stage-")
+    t0 = time.time()
+    names = [uri.rsplit("/", 1)[1] for uri in storage.listdir(folder)]
+    names = [n for n in names if n.startswith(prefix + ".") and ".tmp-" not in n]
+    if not names:
+        raise PublishError(f"No files of checkpoint {checkpoint_path}: it was not saved, or was deleted.")
+    for name in names:
+        target = os.path.join(staged, name)
+        if storage.is_local(folder):
+            try:
+                os.link(os.path.join(storage.local_path(folder), name), target)
+                continue
+            except OSError:  # another filesystem
+                pass
+        with open(target, "wb") as f:  # gs://: training waits for this download, not for the upload
+            f.write(storage.read_bytes(join(folder, name)))
+    with open(os.path.join(staged, "checkpoint"), "w", encoding="utf-8") as f:
+        f.write(f'model_checkpoint_path: "{prefix}"\nall_model_checkpoint_paths: "{prefix}"\n')
+    if not storage.is_local(folder):
+        log.info("Downloaded checkpoint %s for the Hub sync in %.1fs", checkpoint_path, time.time() - t0)
+    return staged
+
+
+# The background uploader.
+@dataclass
+class _Job:
+    step: int
+    source: str              # the folder as submitted (local path or gs://)
+    snapshot: str | None     # temp folder with the files frozen at submit time (local sources)
+
+
+class CheckpointSyncer:
+    """Uploads checkpoint folders to `<repo_id>/<path_in_repo>/` from a background thread.
+
+    Each upload makes that folder an exact copy of one checkpoint (files of older checkpoints are
+    deleted in the same commit). If uploads fall behind, an older checkpoint that never started
+    uploading is dropped (logged, and listed in `skipped_steps`); `close()` raises if any upload failed.
+    """
+
+    def __init__(self, repo_id: str, token: str, endpoint: str | None = None, private: bool = True,
+                 path_in_repo: str = "checkpoints", conn_id: str = "huggingface_default",
+                 timeout_s: float = DEFAULT_TIMEOUT_S):
+        # Resolve the client now so a missing token fails at the start of training, not at its end.
+        # timeout_s bounds each Hub request (publish.request_timeout_s), so a hung Hub fails the upload.
+        self._api, self._url = hub_api(token, endpoint, conn_id, timeout_s)
+        self.repo_id, self.private, self.path_in_repo = repo_id, private, path_in_repo.strip("/")
+        self._token, self._conn_id = token, conn_id
+        self._cond = threading.Condition()
+        self._pending: _Job | None = None
+        self._closing = False
+        self._repo_ready = False
+        self.errors: list[str] = []
+        self.uploaded: list[dict] = []      # {"step", "commit_oid", "commit_url"} per finished upload
+        self.skipped_steps: list[int] = []
+        self._thread = threading.Thread(target=self._run, name="hub-checkpoint-sync", daemon=True)
+        self._thread.start()
+
+    def submit(self, local_dir: str, step: int) -> None:
+        """Queue `local_dir` (the checkpoint of `step`) for upload and return at once."""
+        if self._closing:
+            raise PublishError("CheckpointSyncer.submit after close(): create a new syncer.")
+        snapshot = _snapshot(local_dir) if storage.is_local(local_dir) else None
+        with self._cond:
+            if self._pending is not None:
+                log.info("Checkpoint upload is behind: skipping step %d for step %d", self._pending.step, step)
+                self.skipped_steps.append(self._pending.step)
+                _cleanup(self._pending)
+            self._pending = _Job(step, local_dir, snapshot)
+            self._cond.notify()
+
+    def close(self, timeout: float | None = None) -> list[dict]:
+        """Wait for the queued upload to finish; raise PublishError if any upload failed."""
+        with self._cond:
+            self._closing = True
+            self._cond.notify_all()
+        self._thread.join(timeout)
+        if self._thread.is_alive():
+            raise PublishError(f"A checkpoint upload to {self.repo_id} is still running after {timeout}s: the "
+                               "Hub or the network is slow. Training results are safe in output_root; retry "
+                               "the upload later or raise the timeout.")
+        if self.errors:
+            raise PublishError(f"{len(self.errors)} checkpoint upload(s) to {self.repo_id} failed; the last: "
+                               f"{self.errors[-1]}")
+        return list(self.uploaded)
+
+    def __enter__(self) -> CheckpointSyncer:
+        return self
+
+    def __exit__(self, exc_type, exc, tb) -> None:
+        if exc_type is None:
+            self.close()
+            return
+        try:  # training already failed: wait for the upload, but report that failure, not ours
+            self.close()
+        except PublishError as err:
+            log.warning("%s", err)
+
+    def _run(self) -> None:
+        while True:
+            with self._cond:
+                while self._pending is None and not self._closing:
+                    self._cond.wait()
+                if self._pending is None:
+                    return
+                job, self._pending = self._pending, None
+            try:
+                self._upload(job)
+            except Exception as err:  # noqa: BLE001 - a background failure must be kept for close(), whatever it is
+                message = scrub(str(err), self._token)
+                log.warning("Checkpoint upload of step %d to %s failed (training goes on): %s",
+                            job.step, self.repo_id, message)
+                self.errors.append(message)
+            finally:
+                _cleanup(job)
+
+    def _upload(self, job: _Job) -> None:
+        with tempfile.TemporaryDirectory(prefix="mlm-ckpt-sync-") as tmp:
+            folder = job.snapshot or storage.download_dir(job.source, tmp)
+            action = f"uploading the step {job.step} checkpoint to {self.repo_id}"
+            with hub_errors(action, self._token, self._url, self._conn_id):
+                if not self._repo_ready:
+                    self._api.create_repo(self.repo_id, private=self.private, exist_ok=True)
+                    self._repo_ready = True
+                info = self._api.upload_folder(
+                    repo_id=self.repo_id, folder_path=folder, path_in_repo=self.path_in_repo,
+                    delete_patterns="*", ignore_patterns=["*.tmp-*", "**/*.tmp-*"],
+                    commit_message=f"Training checkpoint at step {job.step}")
+        self.uploaded.append({"step": job.step, "commit_oid": info.oid, "commit_url": info.commit_url})
+        log.info("Uploaded the step %d checkpoint to %s (%s)", job.step, self.repo_id, info.oid)
+
+
+# Small files (the `checkpoint` state file) may be rewritten in place by the next save, so they are
+# copied; big ones (weights, optimizer slots) get fresh names per save, so a hard link freezes them
+# at no cost in time or space.
+COPY_BELOW_BYTES = 1 << 20
+
+
+def _snapshot(local_dir: str) -> str:
+    """Freeze the checkpoint's files as they are now, so training may write the next one meanwhile."""
+    src = storage.local_path(local_dir)
+    if not os.path.isdir(src):
+        raise PublishError(f"Checkpoint folder {local_dir} does not exist: submit the folder the checkpoint "
+                           "was just written to.")
+    dest = tempfile.mkdtemp(prefix="mlm-ckpt-snapshot-")
+    for dirpath, _, names in os.walk(src):
+        for name in names:
+            if ".tmp-" in name:
+                continue
+            source = os.path.join(dirpath, name)
+            target = os.path.join(dest, os.path.relpath(source, src))
+            os.makedirs(os.path.dirname(target), exist_ok=True)
+            if os.path.getsize(source) < COPY_BELOW_BYTES:
+                shutil.copy2(source, target)
+                continue
+            try:
+                os.link(source, target)
+            except OSError:  # another filesystem, or links not supported
+                shutil.copy2(source, target)
+    return dest
+
+
+def _cleanup(job: _Job) -> None:
+    if job.snapshot:
+        shutil.rmtree(job.snapshot, ignore_errors=True)

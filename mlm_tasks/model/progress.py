@@ -1,0 +1,69 @@
+"""Training progress: the log lines an operator reads, the TensorBoard scalars and the history the
+report plots, from one place. Throughput leaves out the first step, which traces and compiles.
+"""
+from __future__ import annotations
+
+import logging
+import time
+
+log = logging.getLogger("mlm_tasks.steps.train")
+SCALARS = ("loss", "accuracy", "learning_rate", "tokens_per_s")
+
+
+class ProgressLog:
+    def __init__(self, history: list[dict], start_step: int, total_steps: int, every: int,
+                 tokens_per_step: int, tensorboard_uri: str, schedule):
+        import tensorflow as tf
+
+        self.history, self.start, self.total, self.every = history, start_step, total_steps, every
+        self.tokens_per_step, self.schedule = tokens_per_step, schedule
+        self.writer = tf.summary.create_file_writer(tensorboard_uri)
+        self.t0 = self.t_last = time.time()
+        self.t_steady: float | None = None
+        self.steady_s = self.elapsed_s = 0.0
+        self.window = [0.0, 0.0, 0.0]  # summed loss, masked tokens, correct predictions
+        self.last_logged = start_step
+
+    def record(self, step: int, loss_sum, count, correct) -> None:
+        if step == self.start + 1:
+            self.t_steady = time.time()
+        self.window = [w + float(v) for w, v in zip(self.window, (loss_sum, count, correct), strict=False)]
+        if step % self.every == 0 or step in (self.total, self.start + 1):
+            self._emit(step)
+
+    def _emit(self, step: int) -> None:
+        import tensorflow as tf
+
+        now = time.time()
+        loss_sum, count, correct = self.window
+        entry = {"step": step, "loss": loss_sum / max(count, 1), "accuracy": correct / max(count, 1),
+                 "learning_rate": float(self.schedule(step)),
+                 "tokens_per_s": (step - self.last_logged) * self.tokens_per_step / max(now - self.t_last, 1e-9),
+                 "elapsed_s": now - self.t0}
+        self.history.append(entry)
+        eta = (self.total - step) * (now - self.t0) / max(step - self.start, 1)
+        log.info("step %d/%d loss %.4f acc %.3f lr %.2e %.0f tokens/s eta %.0fs", step, self.total,
+                 entry["loss"], entry["accuracy"], entry["learning_rate"], entry["tokens_per_s"], eta)
+        with self.writer.as_default(step=step):
+            for key in SCALARS:
+                tf.summary.scalar(f"train/{key}", entry[key])
+        self.window, self.t_last, self.last_logged = [0.0, 0.0, 0.0], now, step
+
+    def finish_loop(self) -> None:
+        """Call right after the last step, before saving: fixes the steady-state time."""
+        self.steady_s = time.time() - self.t_steady if self.t_steady else 0.0
+        self.elapsed_s = time.time() - self.t0
+        self.writer.flush()
+
+    @property
+    def tokens_per_s(self) -> float | None:
+        steps = self.total - self.start - 1
+        return steps * self.tokens_per_step / self.steady_s if steps > 0 and self.steady_s else None
+
+    @property
+    def first_loss(self) -> float | None:
+        return self.history[0]["loss"] if self.history else None
+
+    @property
+    def last_loss(self) -> float | None:
+        return self.history[-1]["loss"] if self.history else None

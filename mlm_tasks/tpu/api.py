@@ -1,0 +1,318 @@
+"""Cloud TPU VM lifecycle on the TPU v2 API: make one node per run, reuse it on retries, clean up.
+
+    from mlm_tasks import tpu
+    name = tpu.node_name("mlm_pretrain", run_id)            # mlm-pretrain-<hash>, same on every retry
+    state = tpu.ensure_node(cfg.tpu, name, tpu.labels(run_id, cfg.tpu.ttl_hours))
+    while state.action != "ready": ...poll tpu.get_state / call ensure_node again...
+    tpu.delete_node(cfg.tpu, name)
+
+`ensure_node` never blocks on the API's long-running operations: it says what it did ("ready",
+"wait", "created", "recreating") and the caller (a deferrable Airflow operator) polls. Names and
+labels follow GCP rules (lowercase, [-a-z0-9], <= 63 chars). The remote side lives in
+`mlm_tasks.tpu.bundle` (`remote_command`, `stage_code`), re-exported here; `host_keys` reads the SSH
+host keys a worker published, which the SSH login pins.
+
+The client authenticates with the credentials handed to `mlm_tasks.credentials` (on the Airflow
+side: the run's GCP connection), else Application Default Credentials. Every call is retried on 429
+and 503, the answers Google gives for a busy API (for at most RETRY_DEADLINE_S), and nothing else is.
+Every request is bounded by `tpu.api_timeout_s`: a hung API or network fails the call with a
+DeadlineExceeded that says so (a 504, so pollers treat it as transient), instead of blocking a worker
+or the triggerer for ever.
+"""
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import logging
+import os
+import re
+import time
+from dataclasses import dataclass, field, replace
+from typing import TYPE_CHECKING, Any
+
+from mlm_tasks import credentials
+from mlm_tasks.config import TpuConfig
+from mlm_tasks.tpu.bundle import remote_command, stage_code  # noqa: F401  (public API of this module)
+
+if TYPE_CHECKING:
+    from google.cloud.tpu_v2 import Node, TpuClient
+
+
+log = logging.getLogger(__name__)
+NOT_FOUND = "NOT_FOUND"
+NAME_PREFIX = "mlm-"
+
+
+# States that end by themselves; anything else but READY (PREEMPTED, TERMINATED, STOPPED, ...)
+# will not become READY without help, so the node is replaced.
+WAIT_STATES = frozenset({"CREATING", "STARTING", "RESTARTING", "REPAIRING", "REIMAGING", "DELETING",
+                         "STOPPING", "UNHIDING"})
+
+
+SCOPE = "https://www.googleapis.com/auth/cloud-platform"   # what the VM's service account may call
+
+
+# First wait of the 429/503 retry (doubling up to 30 s, 5 min in all); tests shorten it.
+RETRY_INITIAL_S = float(os.environ.get("MLM_TPU_RETRY_INITIAL_S", "1.0"))
+RETRY_DEADLINE_S = 300.0  # how long busy answers are retried in all; each attempt is bounded by api_timeout_s
+HOST_KEYS = "hostkeys"  # guest-attribute namespace where a VM's guest agent publishes its SSH host keys
+
+
+@dataclass(frozen=True)
+class NodeState:
+    name: str                       # node id, e.g. mlm-pretrain-3f2a9c01bd
+    state: str                      # API state name (READY, CREATING, ...) or NOT_FOUND
+    action: str = "none"            # what ensure_node did: ready | wait | created | recreating
+    workers: tuple[tuple[str, str], ...] = ()   # (internal ip, external ip) per worker, in order
+    labels: dict[str, str] = field(default_factory=dict)
+    operation: str | None = None    # long-running operation started by this call, if any
+
+    @property
+    def ready(self) -> bool:
+        return self.state == "READY"
+
+
+def _label_value(text: str, limit: int = 63) -> str:
+    return re.sub(r"[^a-z0-9_-]+", "-", text.lower()).strip("-")[:limit]
+
+
+def node_name(dag_id: str, run_id: str) -> str:
+    """`mlm-<dag>-<hash of dag and run>`: a retry of the run finds the node the first try made."""
+    digest = hashlib.sha1(f"{dag_id}/{run_id}".encode()).hexdigest()[:10]
+    dag = re.sub(r"[^a-z0-9]+", "-", dag_id.lower()).strip("-")
+    dag = dag[len(NAME_PREFIX):] if dag.startswith(NAME_PREFIX) else dag
+    dag = dag[:63 - len(NAME_PREFIX) - 1 - len(digest)].strip("-")
+    return f"{NAME_PREFIX}{dag}-{digest}" if dag else f"{NAME_PREFIX}{digest}"
+
+
+def labels(run_id: str, ttl_hours: float, now: float | None = None) -> dict[str, str]:
+    """Labels on every node: which run made it and when the janitor may delete it (epoch seconds)."""
+    now = time.time() if now is None else now
+    return {"managed-by": "mlm-tasks", "run": _label_value(run_id) or "run",
+            "run-hash": hashlib.sha1(run_id.encode()).hexdigest()[:10],
+            "created": str(int(now)), "expires": str(int(now + ttl_hours * 3600))}
+
+
+def client(cfg: TpuConfig) -> TpuClient:
+    """A TpuClient for cfg with the handed-in credentials (see mlm_tasks.credentials), else ADC."""
+    from google.cloud import tpu_v2
+
+    creds = credentials.current()
+    if creds is None:
+        log.info("TPU API: no credentials handed in, using Application Default Credentials.")
+    options = {"api_endpoint": cfg.api_endpoint} if cfg.api_endpoint else None
+    return tpu_v2.TpuClient(transport=cfg.transport, credentials=creds, client_options=options)
+
+
+def retry():
+    """Retry what Google answers when the API is busy (429, 503); any other error is final."""
+    from google.api_core.exceptions import ServiceUnavailable, TooManyRequests
+    from google.api_core.retry import Retry, if_exception_type
+
+    return Retry(predicate=if_exception_type(TooManyRequests, ServiceUnavailable), initial=RETRY_INITIAL_S,
+                 maximum=30.0, multiplier=2.0, timeout=RETRY_DEADLINE_S)
+
+
+def limits(cfg: TpuConfig, timeout_s: float | None = None) -> dict[str, Any]:
+    """`retry=` and `timeout=` for one client call: each attempt waits at most api_timeout_s (a constant
+    per attempt; a plain number would be a deadline shared with the retries of busy answers)."""
+    from google.api_core.timeout import ConstantTimeout
+
+    return {"retry": retry(), "timeout": ConstantTimeout(min(timeout_s or cfg.api_timeout_s, cfg.api_timeout_s))}
+
+
+@contextlib.contextmanager
+def answered(cfg: TpuConfig, what: str):
+    """Turn a request that timed out (REST: requests' Timeout; gRPC: DeadlineExceeded) into one
+    DeadlineExceeded naming the call and the setting, so a hung API reads as such in the task log."""
+    import requests
+    from google.api_core.exceptions import DeadlineExceeded
+
+    try:
+        yield
+    except (requests.Timeout, DeadlineExceeded) as err:
+        endpoint = cfg.api_endpoint or "tpu.googleapis.com"
+        raise DeadlineExceeded(
+            f"The TPU API at {endpoint} did not answer {what} within tpu.api_timeout_s={cfg.api_timeout_s:g}s "
+            f"({type(err).__name__}): check the network and the endpoint, then retry the task; raise "
+            "tpu.api_timeout_s if the API is only slow.") from err
+
+
+def parent(cfg: TpuConfig) -> str:
+    return f"projects/{cfg.project}/locations/{cfg.zone}"
+
+
+def full_name(cfg: TpuConfig, name: str) -> str:
+    return f"{parent(cfg)}/nodes/{name}"
+
+
+def _state_of(node: Node) -> NodeState:
+    workers = tuple((e.ip_address, e.access_config.external_ip) for e in node.network_endpoints)
+    return NodeState(name=node.name.rsplit("/", 1)[-1], state=node.state.name, workers=workers,
+                     labels=dict(node.labels))
+
+
+def get_state(cfg: TpuConfig, name: str, api: TpuClient | None = None) -> NodeState:
+    from google.api_core.exceptions import NotFound
+
+    api = api or client(cfg)
+    try:
+        with answered(cfg, f"get_node {name}"):
+            return _state_of(api.get_node(name=full_name(cfg, name), **limits(cfg)))
+    except NotFound:
+        return NodeState(name=name, state=NOT_FOUND)
+
+
+def operation_error(cfg: TpuConfig, operation: str, api: TpuClient | None = None) -> str | None:
+    """The error message of a finished long-running operation, or None (running or succeeded)."""
+    from google.longrunning import operations_pb2
+
+    with answered(cfg, f"get_operation {operation}"):
+        op = (api or client(cfg)).get_operation(operations_pb2.GetOperationRequest(name=operation), **limits(cfg))
+    if not (op.done and op.error.code):
+        return None
+    return op.error.message or f"error code {op.error.code}"
+
+
+def _new_node(cfg: TpuConfig, node_labels: dict[str, str], metadata: dict[str, str] | None) -> Node:
+    from google.cloud import tpu_v2
+
+    network = tpu_v2.NetworkConfig(network=cfg.network or "", subnetwork=cfg.subnetwork or "",
+                                   enable_external_ips=cfg.external_ips)
+    # OS Login ignores ssh-keys metadata, so it is off unless configured (the key then goes to OS Login).
+    metadata = {**(metadata or {}), "enable-oslogin": "TRUE" if cfg.enable_oslogin else "FALSE"}
+    return tpu_v2.Node(accelerator_type=cfg.accelerator_type, runtime_version=cfg.runtime_version,
+                       labels=node_labels, metadata=metadata, network_config=network,
+                       scheduling_config=tpu_v2.SchedulingConfig(spot=cfg.spot),
+                       # An empty email is the project's default compute service account; the scope is
+                       # explicit so the VM can reach GCS whatever the API's default is.
+                       service_account=tpu_v2.ServiceAccount(email=cfg.service_account or "", scope=[SCOPE]))
+
+
+def ensure_node(cfg: TpuConfig, name: str, node_labels: dict[str, str],
+                metadata: dict[str, str] | None = None, api: TpuClient | None = None) -> NodeState:
+    """Make sure node `name` exists or is on its way; never waits for the API's operations.
+
+    READY -> reused ("ready"); CREATING and other passing states -> "wait"; PREEMPTED, TERMINATED
+    and other dead ends -> delete started ("recreating": call again once it is NOT_FOUND);
+    NOT_FOUND -> create started ("created"). A create that loses a race (409) is a "wait".
+    """
+    from google.api_core.exceptions import Conflict
+
+    api = api or client(cfg)
+    current = get_state(cfg, name, api)
+    if current.state == "READY":
+        # Reused by a retry or a later step: the janitor must not take it while this run still works.
+        refresh_expiry(cfg, current, node_labels.get("expires"), api)
+        return replace(current, action="ready")
+    if current.state in WAIT_STATES:
+        return replace(current, action="wait")
+    if current.state != NOT_FOUND:
+        log.warning("TPU VM %s is %s and will not become READY: deleting it to make a fresh one.",
+                    name, current.state)
+        return replace(current, state="DELETING", action="recreating",
+                       operation=delete_node(cfg, name, api))
+    try:
+        with answered(cfg, f"create_node {name}"):
+            op = api.create_node(parent=parent(cfg), node_id=name, node=_new_node(cfg, node_labels, metadata),
+                                 **limits(cfg))
+    except Conflict:  # another try created it between our get and create: wait for that one
+        return NodeState(name=name, state="CREATING", action="wait")
+    log.info("Creating TPU VM %s (%s, %s) in %s.", name, cfg.accelerator_type, cfg.runtime_version, cfg.zone)
+    return NodeState(name=name, state="CREATING", action="created", labels=node_labels,
+                     operation=op.operation.name)
+
+
+def delete_node(cfg: TpuConfig, name: str, api: TpuClient | None = None) -> str | None:
+    """Start deleting node `name`; returns the operation name, or None when it is already gone."""
+    from google.api_core.exceptions import NotFound
+
+    api = api or client(cfg)
+    try:
+        with answered(cfg, f"delete_node {name}"):
+            op = api.delete_node(name=full_name(cfg, name), **limits(cfg))
+    except NotFound:
+        return None
+    log.info("Deleting TPU VM %s in %s.", name, cfg.zone)
+    return op.operation.name
+
+
+def refresh_expiry(cfg: TpuConfig, node: NodeState, expires: str | None,
+                   api: TpuClient | None = None) -> str | None:
+    """Move the node's `expires` label to `expires` (epoch seconds) when that is later; returns the
+    update operation, or None when nothing had to change. Only the labels field is written."""
+    from google.cloud import tpu_v2
+    from google.protobuf import field_mask_pb2
+
+    old = node.labels.get("expires", "")
+    if not expires or (old.isdigit() and int(old) >= int(expires)):
+        return None
+    node_labels = {**node.labels, "expires": expires}
+    with answered(cfg, f"update_node {node.name}"):
+        op = (api or client(cfg)).update_node(
+            node=tpu_v2.Node(name=full_name(cfg, node.name), labels=node_labels),
+            update_mask=field_mask_pb2.FieldMask(paths=["labels"]), **limits(cfg))
+    log.info("TPU VM %s reused: its expires label moves from %s to %s.", node.name, old or "none", expires)
+    return op.operation.name
+
+
+def list_nodes(cfg: TpuConfig, api: TpuClient | None = None) -> list[NodeState]:
+    # The pager fetches later pages while we iterate, with the same limits: iterate inside `answered`.
+    with answered(cfg, f"list_nodes {parent(cfg)}"):
+        return [_state_of(node) for node in (api or client(cfg)).list_nodes(parent=parent(cfg), **limits(cfg))]
+
+
+def list_expired(cfg: TpuConfig, now: float | None = None, prefix: str = NAME_PREFIX,
+                 api: TpuClient | None = None) -> list[NodeState]:
+    """Nodes named `prefix*` whose `expires` label is in the past; nodes without one are left alone
+    (we did not make them, or someone labelled them by hand)."""
+    now = time.time() if now is None else now
+    expired = []
+    for node in list_nodes(cfg, api):
+        expires = node.labels.get("expires", "")
+        if node.name.startswith(prefix) and expires.isdigit() and int(expires) < now:
+            expired.append(node)
+    return expired
+
+
+def worker_endpoints(node: Node | NodeState, external: bool = False) -> list[str]:
+    """IP of each worker, worker 0 first (the order TPU runtimes number the hosts)."""
+    state = node if isinstance(node, NodeState) else _state_of(node)
+    ips = [ext if external else internal for internal, ext in state.workers]
+    if not all(ips):
+        kind = "external" if external else "internal"
+        raise RuntimeError(f"TPU VM {state.name} has a worker without an {kind} IP ({state.workers}): "
+                           "set tpu.external_ips=true (or tpu.ssh_via=internal inside the VPC).")
+    return ips
+
+
+def host_keys(cfg: TpuConfig, name: str, worker: int = 0, timeout_s: float = 30.0,
+              api: TpuClient | None = None) -> dict[str, str]:
+    """SSH host public keys worker `worker` of node `name` published, as {type: base64 key}.
+
+    The VM's guest agent publishes them as guest attributes (namespace `hostkeys`); they are what
+    `gcloud compute tpus tpu-vm ssh` pins. {} while the agent has not published them yet (it starts
+    with the VM). Busy answers (429, 503) are retried until timeout_s, which bounds the whole call
+    (each request also by tpu.api_timeout_s).
+    """
+    from google.cloud import tpu_v2
+
+    request = tpu_v2.GetGuestAttributesRequest(name=full_name(cfg, name), query_path=f"{HOST_KEYS}/",
+                                               worker_ids=[str(worker)])
+    bounds = {**limits(cfg, timeout_s), "retry": retry().with_timeout(timeout_s)}
+    with answered(cfg, f"get_guest_attributes {name}"):
+        answer = (api or client(cfg)).get_guest_attributes(request=request, **bounds)
+    keys: dict[str, str] = {}
+    for attributes in answer.guest_attributes:
+        for item in attributes.query_value.items:
+            parts = item.value.split()
+            if item.namespace != HOST_KEYS or not parts:
+                continue
+            # The agent publishes the key's base64 alone; tolerate a whole `type key [comment]` line.
+            keys[item.key] = parts[1] if len(parts) > 1 and parts[0] == item.key else parts[0]
+    return keys
+
+
+def describe(state: NodeState) -> dict[str, Any]:
+    """A JSON-safe summary for XCom and logs."""
+    return {"name": state.name, "state": state.state, "workers": [list(w) for w in state.workers]}

@@ -1,0 +1,279 @@
+"""What runs on a TPU VM: an idempotent install of this project beside the image's TensorFlow,
+then one CLI step.
+
+    bundle = stage_code(cfg.output_root, cfg.tpu.runtime_version)          # once, from the Airflow worker
+    line = remote_command(cfg, "train", run_id, node=name, code=bundle)     # the line worker 0 runs
+
+`stage_code` puts a deterministic tarball of the installed `mlm_tasks` package (package data
+included: the VM locks under mlm_tasks/tpu/vm/) under output_root/_code/<sha>/ — content-addressed, so
+an unchanged project is uploaded once (its bytes are read back and re-uploaded if they differ: the
+`_SUCCESS` marker alone is not trusted), and a wheel or Docker install stages exactly what a checkout
+does. The line carries the tarball's full sha256: the VM fetches it and checks that hash before
+unpacking anything (exit 3 on a mismatch), whenever `<workdir>/.installed-<sha>` is missing or the
+tarball kept beside `code/` no longer has that hash. It installs the runtime's VM lock
+(mlm_tasks.tpu.api.runtimes) with `pip --no-deps --require-hashes --target` into
+`<workdir>/deps-<lock sha>/` when that is missing: nothing of the image (its Python, its TPU build of
+TensorFlow, numpy, protobuf) is replaced, and the image is checked to hold the runtime's TensorFlow.
+Then it runs `python -m mlm_tasks <step> --config-json <cfg> --run-id <run>`. With
+`tpu.bootstrap: false` it runs the step from `tpu.workdir` as it is (a custom image, or tests).
+
+One copy of a step per run (`_run_lock`): the step holds an flock on `<workdir>/.run-lock-<hash of run
+id and step>` for as long as it runs. A retry that finds the lock held (an earlier try that lost its
+SSH session to a partition or a crashed Airflow host, which sshd may not notice for hours) stops that
+try's step first: SIGTERM, SIGKILL after STOP_GRACE_S, exit 3 if the lock is still held.
+
+Secrets never ride on the command line (it shows in `ps` and in logs): the Hub token reaches the
+step through the SSH session's environment as LC_MLM_HF_TOKEN (stock Ubuntu sshd accepts LC_*
+variables; see `SESSION_ENV_TOKEN`), and the line hands it on as HF_TOKEN to the step alone: the
+bootstrap's commands (the fetch, pip, the image check) run without it.
+"""
+from __future__ import annotations
+
+import gzip
+import hashlib
+import io
+import json
+import re
+import shlex
+import tarfile
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from mlm_tasks import storage
+from mlm_tasks.config import ConfigError, PipelineConfig
+from mlm_tasks.paths import join
+from mlm_tasks.tpu import runtimes
+
+PACKAGE_DIR = runtimes.PACKAGE_DIR
+
+
+# Ubuntu's sshd_config has `AcceptEnv LANG LC_*`: an LC_ name passes through a stock TPU VM's sshd.
+SESSION_ENV_TOKEN = "LC_MLM_HF_TOKEN"
+TOKEN_VAR = "mlm_hf_token"  # the line's own, unexported copy of the token
+
+
+# The images' TPU build is a wheel named `tensorflow`, which transformers 4.57 finds; FORCE_TF_AVAILABLE
+# keeps a custom image working whose build carries another name (tensorflow-tpu from Google's index).
+VM_ENV = {"FORCE_TF_AVAILABLE": "1", "TF_USE_LEGACY_KERAS": "1", "PYTHONUNBUFFERED": "1"}
+
+
+# An earlier try's step gets this long to exit on SIGTERM before SIGKILL (a trainer without a handler
+# dies at once; TensorFlow may take seconds to let go of the TPU chips).
+STOP_GRACE_S = 60
+
+
+# After SIGKILL the kernel drops the lock as soon as the process group is gone.
+KILL_WAIT_S = 10
+
+
+@dataclass(frozen=True)
+class CodeBundle:
+    sha: str        # content hash of the package (code and VM locks)
+    uri: str        # folder holding mlm_tasks.tar.gz
+    lock: str       # the runtime's VM lock, relative to the unpacked code
+    lock_sha: str   # content hash of that lock: its install is shared by every code version
+    tensorflow: str  # the image TensorFlow the runtime promises
+    pod: bool = False  # a -pod runtime: the image check also imports the TPU client
+    tar_sha256: str = ""  # full sha256 of the tarball's bytes: the VM unpacks nothing else
+
+
+def _package_files(package_dir: Path) -> list[tuple[str, bytes]]:
+    files = []
+    for path in sorted(package_dir.rglob("*")):
+        if path.is_file() and "__pycache__" not in path.parts and path.suffix != ".pyc":
+            files.append((f"{package_dir.name}/{path.relative_to(package_dir).as_posix()}", path.read_bytes()))
+    return files
+
+
+def _tarball(files: list[tuple[str, bytes]]) -> bytes:
+    """Same files -> same bytes (zero mtimes and owners), so the sha names the content."""
+    raw = io.BytesIO()
+    with tarfile.open(fileobj=raw, mode="w") as tar:
+        for name, data in files:
+            info = tarfile.TarInfo(name)
+            info.size, info.mode = len(data), 0o644
+            tar.addfile(info, io.BytesIO(data))
+    return gzip.compress(raw.getvalue(), mtime=0)
+
+
+def stage_code(output_root: str, runtime_version: str, package_dir: Path = PACKAGE_DIR) -> CodeBundle:
+    """Upload the package (from wherever it is installed, or `package_dir`) to output_root/_code/<sha>/
+    unless already there."""
+    bundle, tarball = code_bundle(output_root, runtime_version, package_dir)
+    marker, uri = join(bundle.uri, "_SUCCESS"), join(bundle.uri, "mlm_tasks.tar.gz")
+    # The marker says an upload finished, not that the bytes are still ours: read them back every time.
+    if not (storage.exists(marker) and storage.exists(uri)
+            and hashlib.sha256(storage.read_bytes(uri)).hexdigest() == bundle.tar_sha256):
+        storage.write_bytes(uri, tarball)
+        storage.write_text(marker, bundle.sha)  # last: a bundle with a marker is complete
+    return bundle
+
+
+def code_bundle(output_root: str, runtime_version: str, package_dir: Path = PACKAGE_DIR) -> tuple[CodeBundle, bytes]:
+    """What stage_code would upload, and where, without any I/O (the smoke tool's dry run prints it)."""
+
+    runtime = runtimes.get(runtime_version)
+    files = _package_files(package_dir)
+    lock_name = f"{package_dir.name}/{runtime.lock_path.relative_to(runtimes.PACKAGE_DIR).as_posix()}"
+    lock = dict(files).get(lock_name)
+    if lock is None:
+        raise ConfigError(f"{package_dir} has no {lock_name}: this install of mlm_tasks lacks its package data "
+                          "(the VM locks). Reinstall the project (pip install .), or stage from a checkout.")
+    digest = hashlib.sha256()
+    for name, data in files:
+        digest.update(name.encode() + b"\0" + hashlib.sha256(data).digest())
+    sha = digest.hexdigest()[:16]
+    tarball = _tarball(files)
+    bundle = CodeBundle(sha=sha, uri=join(output_root, "_code", sha), lock=lock_name,
+                        lock_sha=hashlib.sha256(lock).hexdigest()[:16], tensorflow=runtime.tensorflow,
+                        pod=runtime.pod, tar_sha256=hashlib.sha256(tarball).hexdigest())
+    return bundle, tarball
+
+
+def _shell_path(path: str) -> str:
+    """Quote a path but keep a leading ~ meaning the remote user's home."""
+    if path == "~":
+        return '"$HOME"'
+    if path.startswith("~/"):
+        return '"$HOME"/' + shlex.quote(path[2:])
+    return shlex.quote(path)
+
+
+def _fetch(py: str, uri: str) -> str:
+    """Shell that copies the bundle's tarball from `uri` into the current directory. gs:// goes
+    through the image's own TensorFlow (its GCS filesystem uses the VM's service account), so the
+    VM needs nothing else, not even gcloud."""
+    tarball = join(uri, "mlm_tasks.tar.gz")
+    if storage.scheme(uri) == "gs":
+        copy = "import sys, tensorflow as tf; tf.io.gfile.copy(sys.argv[1], sys.argv[2], overwrite=True)"
+        return f"{py} -c {shlex.quote(copy)} {shlex.quote(tarball)} mlm_tasks.tar.gz"
+    return f"cp {shlex.quote(storage.local_path(tarball))} ."
+
+
+def _bootstrap(cfg: PipelineConfig, code: CodeBundle) -> list[str]:
+    # Every value is quoted, even the hex ones: a bundle may come from anywhere (tests build their own).
+    q = shlex.quote
+    py, installed = q(cfg.tpu.python), q(f".installed-{code.sha}")
+    deps, deps_tmp = q(f"deps-{code.lock_sha}"), q(f"deps-{code.lock_sha}.tmp")
+    want = q(code.tar_sha256)
+    tar_hash = "$(sha256sum mlm_tasks.tar.gz 2>/dev/null | cut -c1-64)"
+    mismatch = (f'echo "The staged code "{q(join(code.uri, "mlm_tasks.tar.gz"))}" has sha256 {tar_hash}, not "{want}'
+                f'" (hash mismatch: it changed after staging). Retry the task: stage_code re-uploads a bundle whose '
+                'bytes differ; if it fails again, check who writes under output_root/_code/." >&2; exit 3')
+    unpack = " && ".join([
+        _fetch(py, code.uri),
+        # Before tar: nothing of an unverified tarball is unpacked, let alone imported.
+        f'{{ [ "{tar_hash}" = {want} ] || {{ {mismatch}; }}; }}',
+        "rm -rf code.tmp && mkdir code.tmp && tar -xzf mlm_tasks.tar.gz -C code.tmp && rm -rf code && mv code.tmp code",
+        f"touch {installed}",
+    ])
+    # --no-deps: the lock is complete beside the image's packages, and must never pull PyPI's
+    # TensorFlow (tf-keras asks for `tensorflow`, which the image's TPU build may not be named).
+    # --require-hashes: a wheel that is not the one locked (a swapped file, a proxy) fails the install.
+    install = " && ".join([
+        f"rm -rf {deps_tmp}",
+        f"{py} -m pip install --quiet --disable-pip-version-check --no-deps --require-hashes --only-binary=:all: "
+        f"--target {deps_tmp} -r code/{q(code.lock)}",
+        # Once per lock: the image must hold the runtime's TensorFlow and whatever the lock needs.
+        f"PYTHONPATH=\"$PWD/code:$PWD/\"{deps_tmp} {py} -m mlm_tasks.tpu.vm.check_image "
+        f"{q(code.tensorflow)} {deps_tmp}" + (" --pod" if code.pod else ""),
+        f"mv {deps_tmp} {deps}",
+    ])
+    fetch_failed = q(f"Fetching the staged code from {code.uri} failed (see above): check that the VM can read "
+                     "the bucket (its service account needs storage access).")
+    install_failed = q("Installing the VM lock failed (see above): the VM needs the package index (external IP "
+                       "or Cloud NAT), and tpu.runtime_version must name the image it runs.")
+    # `set -e` ignores a failure inside an && chain: each chain says so and exits itself.
+    return [
+        # The marker alone is not trusted: the tarball kept beside code/ must still have the bundle's hash.
+        f'if [ ! -f {installed} ] || [ "{tar_hash}" != {want} ]; then rm -f {installed}; '
+        f"echo {q(f'Installing project {code.sha} in ')}\"$PWD\"; "
+        f"{unpack} || {{ echo {fetch_failed} >&2; exit 3; }}; fi",
+        f"if [ ! -d {deps} ]; then echo {q(f'Installing {Path(code.lock).name} beside the image TensorFlow')}; "
+        f"{install} || {{ echo {install_failed} >&2; exit 3; }}; fi",
+        f'export PYTHONPATH="$PWD/code:$PWD/"{deps}"${{PYTHONPATH:+:$PYTHONPATH}}"',
+    ]
+
+
+def step_environment(cfg: PipelineConfig, node: str) -> dict[str, str]:
+    """What the remote line exports before anything imports TensorFlow: the runtime's variables
+    (mlm_tasks.tpu.api.runtimes.ENVIRONMENT: PJRT's pluggable device on one host, TPU_LOAD_LIBRARY=0 on a
+    pod), the slice's node name on a pod (train: TPUClusterResolver(tpu=<node>, zone, project)),
+    then the project's own, then tpu.env."""
+
+    runtime = runtimes.get(cfg.tpu.runtime_version)
+    variables = {**runtimes.environment(runtime), **VM_ENV}
+    if runtime.pod:
+        variables["MLM_TPU_NODE"] = node
+    return {**variables, **cfg.tpu.env}
+
+
+def run_lock_name(run_id: str, step: str) -> str:
+    """The lock file (in tpu.workdir) of one run's step. A hash, because a run id may hold any
+    character (`manual__2025-01-01T00:00:00+00:00`, or one a user chose)."""
+    return ".run-lock-" + hashlib.sha256(f"{run_id}\0{step}".encode()).hexdigest()[:16]
+
+
+def _run_lock(step: str, run_id: str, grace_s: int = STOP_GRACE_S) -> list[str]:
+    """Shell that takes the run's lock for `step` on fd 9 (stopping an earlier try's step that holds it)
+    and writes the holder's pid beside it. The final `exec` keeps fd 9 open: the lock lives exactly as
+    long as the step."""
+    lock = run_lock_name(run_id, step)
+    q, pid_file = shlex.quote(lock), shlex.quote(lock + ".pid")
+    who = shlex.quote("trainer" if step == "train" else f"{step} step")
+    # The pid file alone may be stale (a recycled pid): signal it only if that process holds the lock file.
+    holder = f'[ -n "$pid" ] && [ "$(stat -L -c %d:%i "/proc/$pid/fd/9" 2>/dev/null)" = "$(stat -c %d:%i {q})" ]'
+    stop = (f'echo "Stopping the "{who}" left by an earlier try (pid $pid) of this run: SIGTERM, then SIGKILL '
+            f'after {grace_s}s."; kill -s TERM "$pid" 2>/dev/null || true; '
+            f'if ! flock -w {grace_s} 9; then echo "pid $pid still runs after {grace_s}s: SIGKILL."; '
+            # sshd makes each session's shell a process-group leader: the group takes the step's children too.
+            f'kill -s KILL -- "-$pid" 2>/dev/null || kill -s KILL "$pid" 2>/dev/null || true; fi')
+    stuck = (f'echo "The run lock $PWD/"{q}" is still held (its pid file names ${{pid:-nobody}}): another copy of '
+             f'this run\'s "{who}" runs. Find it with: fuser -v $PWD/"{q}"; stop it, then clear this task." '
+             '>&2; exit 3')
+    # `exec 9>>` inside `{ }` runs in this shell (no subshell), so the step's `exec` inherits fd 9.
+    return [f'if ! {{ exec 9>>{q} && flock -n 9; }}; then pid=$(cat {pid_file} 2>/dev/null || true); '
+            f'if {holder}; then {stop}; fi; flock -w {KILL_WAIT_S} 9 || {{ {stuck}; }}; '
+            f'echo "The earlier try stopped: starting this one."; fi',
+            f"echo $$ > {pid_file}"]
+
+
+def remote_command(cfg: PipelineConfig, step: str, run_id: str, *, node: str, extra_args: Sequence[str] = (),
+                   code: CodeBundle | None = None, env: dict[str, str] | None = None,
+                   expect_token: bool = False) -> str:
+    """The shell line worker 0 of TPU VM `node` runs: [install once] then `python -m mlm_tasks <step> ...`.
+    `env`: more (non-secret) variables for the step, e.g. the Hub endpoint.
+    `expect_token`: the session sends the Hub token; fail at once, saying why, if it did not arrive."""
+    if cfg.tpu.bootstrap and code is None:
+        raise ConfigError("tpu.bootstrap is on but no code bundle was given: call stage_code() first, "
+                          "or set tpu.bootstrap=false when the VM already has the project in tpu.workdir.")
+    if cfg.tpu.bootstrap and not re.fullmatch(r"[0-9a-f]{64}", code.tar_sha256):
+        raise ConfigError(f"The code bundle {code.uri} has no sha256 of its tarball: make it with stage_code(), "
+                          "which the VM's check needs.")
+    config_json = json.dumps(cfg.model_dump(mode="json"), separators=(",", ":"))
+    step_line = " ".join(shlex.quote(a) for a in [cfg.tpu.python, "-m", "mlm_tasks", step, "--config-json",
+                                                    config_json, "--run-id", run_id, *extra_args])
+    variables = {**step_environment(cfg, node), **(env or {})}
+    bad = [k for k in variables if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", k)]
+    if bad:
+        raise ConfigError(f"tpu.env has invalid variable names {bad}: use letters, digits and _.")
+    parts = ["set -e", f"mkdir -p {_shell_path(cfg.tpu.workdir)}", f"cd {_shell_path(cfg.tpu.workdir)}"]
+    parts += [f"export {k}={shlex.quote(v)}" for k, v in sorted(variables.items())]
+    # The token arrives in the session's environment, never in this line; hand it on under its own name.
+    if expect_token:  # an sshd that does not accept the name drops it without a word
+        parts.append(f'if [ -z "${{{SESSION_ENV_TOKEN}:-}}" ]; then echo "The Hub token did not reach the VM: its '
+                     f'sshd_config needs AcceptEnv LANG LC_* (Ubuntu\'s default) for {SESSION_ENV_TOKEN}." '
+                     '>&2; exit 3; fi')
+    # Held in a shell variable (not exported) until the exec: the fetch, pip and the image check never
+    # see it, in their environment or in what they might log or hand on.
+    parts.append(f'{TOKEN_VAR}="${{{SESSION_ENV_TOKEN}:-${{HF_TOKEN:-}}}}"; unset {SESSION_ENV_TOKEN} HF_TOKEN')
+    # The lock before the install: a retry never swaps `code/` under a step an earlier try left running.
+    parts += _run_lock(step, run_id)
+    if cfg.tpu.bootstrap:
+        parts += _bootstrap(cfg, code)
+    # exec: the step replaces the shell, so a hang-up of the SSH session (task killed) reaches it, and
+    # it keeps the run lock's fd 9 (a partition or a crashed Airflow host: the next try stops it).
+    parts.append(f'if [ -n "${TOKEN_VAR}" ]; then export HF_TOKEN="${TOKEN_VAR}"; fi')
+    parts.append(f"exec {step_line}")
+    return "; ".join(parts)

@@ -1,0 +1,145 @@
+"""The TensorFlow TPU VM runtimes this project supports: each one's image as released, its VM lock,
+and the environment its TensorFlow needs.
+
+    from mlm_tasks.tpu.vm import runtimes
+    rt = runtimes.get("tpu-vm-tf-2.16.1-pjrt")   # Runtime(tensorflow="2.16.1", python="3.10", pod=False, ...)
+    rt.lock_path                                   # .../mlm_tasks/tpu/vm/requirements-tf2.16.txt
+    runtimes.environment(rt)                       # {"NEXT_PLUGGABLE_DEVICE_USE_C_API": "true", ...}
+
+A runtime image (`tpu-vm-tf-X.Y.Z[-pod]-pjrt`) is Ubuntu 22.04 with Python 3.10, a TPU build of
+TensorFlow X.Y.Z (wheel named `tensorflow`) and the rest of its packages as of the runtime's release:
+`image_date` is that day, and `image-tfX.Y.txt` the packages (resolved as of that day by `make
+lock-vm`, or captured from a real VM by `python -m mlm_tasks.tpu.smoke --capture-image`). The VM lock
+holds what runs beside that TensorFlow, resolved against the image's exact pins; only the packages in
+`SHADOWED` may be newer than the image's (the lock's copy comes first on PYTHONPATH, within
+TensorFlow's own bounds). `-pod` images are for multi-host slices, where TensorFlow is single-client:
+worker 0 runs the program and the `-pod` runtime on the other hosts serves it.
+
+Sources (Google): "TPU software versions" (cloud.google.com/tpu/docs/runtimes) gives the naming rule
+`tpu-vm-tf-x.y.z[-pod][-{device_api}]` and the libtpu of each TensorFlow (2.16.1: 1.10.1, 2.17.0:
+1.11.0, 2.18.0: 1.12.0); 2.18.0 comes as `-pjrt-v5p-and-below` and `-pjrt-v5e-and-v6`. Vertex AI's TPU
+training page: TensorFlow is not supported on v6e (Trillium) and later. Supported here is what has a
+VM lock, a dated image and the simulated end-to-end test (tests/plugins/test_simulated_tpu_vm.py).
+Adding one = a row below, `make lock-vm`, and that test's parameter.
+"""
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+from mlm_tasks.errors import ConfigError
+
+PACKAGE_DIR = Path(__file__).resolve().parents[1]  # mlm_tasks/
+VM_DIR = PACKAGE_DIR / "tpu" / "vm"            # the VM locks and image files, shipped in the bundle
+NAME = re.compile(r"^tpu-vm-tf-(?P<tf>\d+\.\d+\.\d+)(?P<pod>-pod)?(?:-(?P<api>pjrt|se))?"
+                  r"(?P<chips>-v5p-and-below|-v5e-and-v6)?$")
+
+
+# Packages the VM lock may carry newer than the image (they shadow its copy on PYTHONPATH): pure
+# Python, and needed newer by the pinned pydantic. Everything else in the lock fits the image's pins.
+SHADOWED = frozenset({"typing-extensions"})
+
+
+@dataclass(frozen=True)
+class Runtime:
+    version: str       # the TPU API's runtime_version
+    tensorflow: str    # the image's TensorFlow (TPU build)
+    python: str        # the image's Python
+    pod: bool          # -pod image: for multi-host slices (program on worker 0 only)
+    libtpu: str        # the image's libtpu (Google's table)
+    image_date: str    # packages as of this day (uv --exclude-newer); see `image_source`
+    image_source: str  # why that day
+
+    @property
+    def tf_minor(self) -> str:
+        return self.tensorflow.rsplit(".", 1)[0]
+
+    @property
+    def lock_path(self) -> Path:
+        """Locked requirements installed beside the image's TensorFlow (package data)."""
+        return VM_DIR / f"requirements-tf{self.tf_minor}.txt"
+
+    @property
+    def image_path(self) -> Path:
+        """What the image preinstalls, TensorFlow included (the simulated image installs exactly this;
+        the lock is resolved against these pins)."""
+        return VM_DIR / f"image-tf{self.tf_minor}.txt"
+
+
+def _both(tensorflow: str, libtpu: str, image_date: str, image_source: str) -> list[Runtime]:
+    return [Runtime(f"tpu-vm-tf-{tensorflow}{pod}-pjrt", tensorflow, "3.10", bool(pod), libtpu, image_date,
+                    image_source) for pod in ("", "-pod")]
+
+
+SUPPORTED: dict[str, Runtime] = {rt.version: rt for rt in [
+    *_both("2.16.1", "1.10.1", "2024-04-29",
+           "TensorFlow 2.16.1 with libtpu 1.10.1; a resolve as of that day gives what the released image "
+           "holds: typing-extensions 4.11.0, protobuf 4.25.3, grpcio 1.62.2 (grpcio 1.63.0 came on April 30)"),
+    *_both("2.17.0", "1.11.0", "2024-07-31",
+           "TensorFlow 2.17.0 (PyPI: 2024-07-11) with libtpu 1.11.0; Google gives no date for the image: "
+           "the end of its release month, until `tpu_smoke --capture-image` records the real set"),
+]}
+
+
+DEFAULT = "tpu-vm-tf-2.16.1-pjrt"
+
+
+# Listed by Google but without a VM lock here, and why.
+PUBLISHED_UNSUPPORTED = {
+    "tpu-vm-tf-2.18.0-pjrt-v5p-and-below": "2.18.0 is split by chip family and has no lock here yet",
+    "tpu-vm-tf-2.18.0-pjrt-v5e-and-v6": "2.18.0 is split by chip family and has no lock here yet",
+    "tpu-vm-tf-2.17.1-pjrt": "2.17.0 is the 2.17 runtime locked here",
+    "tpu-vm-tf-2.16.1-se": "the stream-executor API: this project runs PJRT only",
+    "tpu-vm-tf-2.15.1-pjrt": "older TensorFlow than any lock here",
+    "tpu-vm-tf-2.15.0-pjrt": "older TensorFlow than any lock here",
+}
+
+
+# Google, Vertex AI "Train on TPUs": TensorFlow is not supported on v6e (Trillium) or later.
+NO_TENSORFLOW = {"v6e": "Google's Vertex AI TPU page: TensorFlow is not supported on v6e (Trillium) and later TPUs, "
+                        "and tpu-vm-tf-2.16.1-pjrt does not see v6e devices"}
+
+
+# The variables each kind of runtime needs before TensorFlow is first imported, with their source.
+# PJRT on one host: TensorFlow loads libtpu as a pluggable device (Google's Vertex AI TPU page for v5e;
+# GoogleCloudPlatform/ml-auto-solutions exports both for every single-host PJRT test). A -pod runtime:
+# the tpu-runtime service on each host owns the chips, so the client on worker 0 must not load
+# libtpu itself (ml-auto-solutions, dags/solutions_team/configs/tensorflow/common.py, every pod test).
+ENVIRONMENT = {
+    # (pod, device api): variables
+    (False, "pjrt"): {"NEXT_PLUGGABLE_DEVICE_USE_C_API": "true", "TF_PLUGGABLE_DEVICE_LIBRARY_PATH": "/lib/libtpu.so"},
+    (True, "pjrt"): {"TPU_LOAD_LIBRARY": "0"},
+}
+
+
+def environment(runtime: Runtime) -> dict[str, str]:
+    """The runtime's TensorFlow variables (ENVIRONMENT), for the remote line to export first."""
+    return dict(ENVIRONMENT[(runtime.pod, NAME.match(runtime.version)["api"])])
+
+
+def get(version: str) -> Runtime:
+    """The supported runtime `version`, or a ConfigError that says which ones are."""
+    if version in SUPPORTED:
+        return SUPPORTED[version]
+    choices = ", ".join(sorted(SUPPORTED))
+    if version in PUBLISHED_UNSUPPORTED:
+        raise ConfigError(f"tpu.runtime_version {version!r} is not supported here ({PUBLISHED_UNSUPPORTED[version]}): "
+                          f"use one of {choices}.")
+    if NAME.match(version):
+        raise ConfigError(f"tpu.runtime_version {version!r} has no VM lock in this project (its TensorFlow "
+                          f"or device API is not one it is tested on): use one of {choices}.")
+    raise ConfigError(f"tpu.runtime_version {version!r} is not a TensorFlow TPU VM runtime "
+                      f"(tpu-vm-tf-X.Y.Z[-pod]-pjrt): use one of {choices}.")
+
+
+def check_accelerator(generation: str) -> None:
+    """ConfigError for a TPU generation TensorFlow does not run on."""
+    if generation in NO_TENSORFLOW:
+        raise ConfigError(f"tpu.accelerator_type {generation}-*: {NO_TENSORFLOW[generation]}. This project trains "
+                          "with TensorFlow: use v5p, v5litepod (v5e) or v4.")
+
+
+def locks() -> list[Runtime]:
+    """One runtime per TensorFlow minor: each minor has one image file and one VM lock."""
+    return list({rt.tf_minor: rt for rt in SUPPORTED.values()}.values())

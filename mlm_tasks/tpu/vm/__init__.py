@@ -1,0 +1,2 @@
+"""What runs on the TPU VM itself before a step: the image check, with the VM locks beside it.
+"""

@@ -1,0 +1,150 @@
+"""Checkpoint sync during training (publish.sync_checkpoints, mlm_tasks/hub/sync.py) against the fake Hub:
+the real train step, the real huggingface_hub client, uploads at epoch ends that never hold training up.
+
+    python -m pytest tests/mlm_tasks/hub/test_hub_sync.py -q
+"""
+import json
+import os
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from mlm_tasks.config import ConfigError
+from mlm_tasks.paths import RunContext, RunPaths
+from peers.tiny_data import tiny_config
+
+REPO = "tester/ckpt-sync"
+TRAIN_RECORDS = 100
+
+
+def _small_corpus(path: Path, chars: int = 80_000) -> None:
+    from mlm_tasks.data.corpus import open_corpus
+
+    rows, size = [], 0
+    for article in open_corpus(tiny_config("unused").corpus).articles():
+        for row in article.rows:
+            rows.append(row)
+            size += len(row)
+        if size >= chars:
+            break
+    path.write_text("\n".join(rows) + "\n", encoding="utf-8")
+
+
+def test_sync_off_by_default_and_fails_fast_without_token_or_repo(tmp_path):
+    from mlm_tasks.hub.sync import check_sync_settings, hub_checkpoint_sync
+
+    sizes = {"train_records": TRAIN_RECORDS, "global_batch": 8, "total_steps": 30}
+    assert hub_checkpoint_sync(tiny_config(tmp_path), None, **sizes) is None
+    check_sync_settings(tiny_config(tmp_path), None)  # off: nothing to check
+    on = tiny_config(tmp_path, **{"publish.sync_checkpoints": True, "publish.repo_id": REPO})
+    for call in (lambda: check_sync_settings(on, None), lambda: hub_checkpoint_sync(on, "", **sizes)):
+        with pytest.raises(ConfigError, match="no Hub token"):
+            call()
+    with pytest.raises(ConfigError, match="needs publish.repo_id"):
+        check_sync_settings(tiny_config(tmp_path, **{"publish.sync_checkpoints": True}), "hf_token")
+
+
+def test_train_with_sync_and_no_token_says_what_to_do_and_ignores_the_environment(tmp_path, monkeypatch):
+    """The token is train()'s argument: HF_TOKEN in the environment is the CLI's business, not the step's.
+    The check comes before any data is read (there is none under this output_root)."""
+    from mlm_tasks.steps.train import train
+
+    monkeypatch.setenv("HF_TOKEN", "hf_in_the_environment")
+    cfg = tiny_config(tmp_path / "out", **{"publish.sync_checkpoints": True, "publish.repo_id": REPO})
+    with pytest.raises(ConfigError) as err:
+        train(cfg, RunContext.of(cfg, "no-token", "0123456789abcdef"))
+    msg = str(err.value)
+    assert "publish.sync_checkpoints is on but train() got no Hub token (hub_token)" in msg
+    assert "HF_TOKEN" in msg and "'huggingface_default'" in msg and "turn publish.sync_checkpoints off" in msg
+
+
+def test_cli_hands_hf_token_to_train_explicitly(tmp_path, monkeypatch):
+    """The CLI boundary reads HF_TOKEN once and passes it; a TPU VM's remote line exports it there."""
+    import mlm_tasks.steps.train
+    from mlm_tasks.cli import run_step
+
+    seen = {}
+    monkeypatch.setattr(mlm_tasks.steps.train, "train", lambda cfg, ctx, **kw: seen.update(kw) or {"steps": 1})
+    monkeypatch.setenv("HF_TOKEN", "hf_from_cli_env")
+    cfg = tiny_config(tmp_path)
+    assert run_step("train", cfg, RunContext.of(cfg, "r", "fp")) == {"steps": 1}
+    assert seen == {"hub_token": "hf_from_cli_env"}
+    monkeypatch.delenv("HF_TOKEN")
+    run_step("train", cfg, RunContext.of(cfg, "r", "fp"))
+    assert seen == {"hub_token": None}
+
+
+@pytest.mark.slow
+def test_checkpoints_reach_the_hub_at_epoch_ends_without_blocking_training(tmp_path, fake_hub, monkeypatch):
+    from mlm_tasks.steps import build_shard_set
+    from mlm_tasks.steps.train import train
+
+    corpus = tmp_path / "corpus.txt"
+    _small_corpus(corpus)
+    settings = {"corpus.source": "local_files", "corpus.local_paths": [str(corpus)],
+                "publish.sync_checkpoints": True, "publish.repo_id": REPO, "train.log_every": 1}
+    data = build_shard_set(tiny_config(tmp_path / "out", **settings))
+    epoch = data["records"]["train"] // 8  # steps per epoch at the tiny preset's batch of 8
+    steps = 2 * epoch + 3
+    cfg = tiny_config(tmp_path / "out", **settings, **{"train.steps": steps})
+    run = RunPaths(cfg.output_root, "sync-run")
+    assert "HF_TOKEN" not in os.environ  # the fake_hub fixture removes it: the token is an argument only
+    saved = []  # the generic hook sees every checkpoint train saves: its own cadence, epoch ends, the final one
+
+    # Hold every commit on the Hub: training must go on regardless.
+    fake_hub.commits_released.clear()
+    outcome = {}
+
+    def work():
+        try:
+            outcome["summary"] = train(cfg, RunContext.of(cfg, "sync-run", data["fingerprint"]),
+                                       hub_token=fake_hub.token,
+                                       on_checkpoint=lambda step, path: saved.append((step, path)))
+        except BaseException as err:  # noqa: BLE001 - reported by the assertion below
+            outcome["error"] = err
+
+    worker = threading.Thread(target=work, daemon=True)
+    worker.start()
+    assert fake_hub.commit_arrived.wait(300), outcome
+    final_index = Path(run.checkpoints) / f"ckpt-{steps}.index"
+    deadline = time.time() + 300
+    while not final_index.exists() and time.time() < deadline and worker.is_alive():
+        time.sleep(0.2)
+    # The epoch-1 upload is still held at its commit, yet training has saved its last checkpoint.
+    assert final_index.exists() and not fake_hub.commits_to(REPO), outcome
+    fake_hub.commits_released.set()
+    worker.join(600)
+    assert "summary" in outcome, outcome
+    assert outcome["summary"]["steps"] == steps
+    every = cfg.train.checkpoint_every
+    assert [step for step, _ in saved] == sorted({*range(every, steps, every), epoch, 2 * epoch, steps})
+    assert all(path == f"{run.checkpoints}/ckpt-{step}" for step, path in saved), saved
+
+    # Epoch 1 was uploaded; epoch 2's checkpoint was still waiting when the final one came, so only the
+    # newest waiting one was kept (uploads never queue up behind a slow Hub).
+    commits = fake_hub.commits_to(REPO)
+    assert [c.message for c in commits] == [f"Training checkpoint at step {epoch}",
+                                            f"Training checkpoint at step {steps}"]
+    assert fake_hub.repos[REPO].private
+    first = {p for p in commits[0].files}
+    assert first == {"checkpoints/checkpoint", f"checkpoints/ckpt-{epoch}.index",
+                     f"checkpoints/ckpt-{epoch}.data-00000-of-00001"}
+    files = fake_hub.repos[REPO].files  # the repo mirrors exactly the final checkpoint
+    assert set(files) == {"checkpoints/checkpoint", f"checkpoints/ckpt-{steps}.index",
+                          f"checkpoints/ckpt-{steps}.data-00000-of-00001"}
+    for name in (f"ckpt-{steps}.index", f"ckpt-{steps}.data-00000-of-00001"):
+        assert files[f"checkpoints/{name}"] == (Path(run.checkpoints) / name).read_bytes()
+
+    # What was uploaded is a checkpoint TensorFlow can find and read back.
+    import tensorflow as tf
+
+    download = tmp_path / "from_hub"
+    download.mkdir()
+    for path, blob in files.items():
+        (download / Path(path).name).write_bytes(blob)
+    latest = tf.train.latest_checkpoint(str(download))
+    assert latest == str(download / f"ckpt-{steps}")
+    assert int(tf.train.load_variable(latest, "step/.ATTRIBUTES/VARIABLE_VALUE")) == steps
+    assert fake_hub.token not in json.dumps(outcome["summary"])

@@ -1,0 +1,145 @@
+"""The real-cloud smoke test's command (mlm_tasks.tpu.smoke): its dry run prints every request and
+command and sends nothing; a failing run still deletes its VM (against the fake TPU API)."""
+import json
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from mlm_tasks.tpu import api as tpu
+from mlm_tasks.tpu import smoke as tpu_smoke
+
+ROOT = Path(__file__).resolve().parents[3]
+
+
+@pytest.fixture
+def ssh_key(tmp_path) -> str:
+    key = tmp_path / "id_ed25519"
+    subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(key)], check=True)
+    return str(key)
+
+
+def test_dry_run_prints_every_request_and_command_and_sends_nothing(ssh_key, tmp_path):
+    # No credentials anywhere and a bucket that does not exist: any real call would fail the run.
+    env = {"PATH": "/usr/bin:/bin", "HOME": str(tmp_path),
+           "GOOGLE_APPLICATION_CREDENTIALS": str(tmp_path / "none.json"),
+           "NO_PROXY": "*", "HTTPS_PROXY": "http://127.0.0.1:9", "HTTP_PROXY": "http://127.0.0.1:9"}
+    result = subprocess.run([sys.executable, "-m", "mlm_tasks.tpu.smoke", "--project", "my-proj", "--zone",
+                             "us-west4-a", "--bucket", "gs://no-such-bucket/smoke", "--ssh-key", ssh_key,
+                             "--run-id", "smoke-1", "--dry-run"], cwd=ROOT, env=env, capture_output=True,
+                            text=True, timeout=120)
+    out = result.stdout
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    name = tpu.node_name(tpu_smoke.DAG_ID, "smoke-1")
+    node_url = "https://tpu.googleapis.com/v2/projects/my-proj/locations/us-west4-a/nodes"
+    assert f"POST {node_url}?nodeId={name}" in out and f"DELETE {node_url}/{name}" in out
+    body = json.loads(re.search(r"nodeId=\S+\n(\{.*?\n\})", out, re.S).group(1))
+    assert body["acceleratorType"] == "v5litepod-1" and body["schedulingConfig"] == {"spot": True}
+    assert body["metadata"]["enable-oslogin"] == "FALSE"
+    public = Path(ssh_key + ".pub").read_text().split()
+    assert body["metadata"]["ssh-keys"] == f"mlm:{public[0]} {public[1]} mlm"
+    assert body["serviceAccount"] == {"scope": [tpu.SCOPE]}
+    assert body["networkConfig"] == {"enableExternalIps": True}
+    assert int(body["labels"]["expires"]) - int(body["labels"]["created"]) == 2 * 3600
+    # The command the workers would run: the real bootstrap, then the train step on TPU.
+    ssh = next(line for line in out.splitlines() if line.startswith("ssh "))
+    assert "gs://no-such-bucket/smoke/_code/" in ssh and "-m mlm_tasks train" in ssh and '"device":"tpu"' in ssh
+    # The DELETE comes last: teardown always.
+    assert out.rindex("DELETE ") > out.index("POST ") and out.rindex("DELETE ") > out.index("ssh ")
+
+
+def test_a_failing_smoke_run_still_deletes_its_vm(ssh_key, fake_tpu, sa_key, gcs_root, tmp_path, capsys):
+    key_file = tmp_path / "sa.json"
+    key_file.write_text(json.dumps(sa_key))
+    fake_tpu.external_ip = "127.0.0.2"  # nothing listens there: the port-22 probe fails after READY
+    args = tpu_smoke.parse_args([
+        "--project", "proj", "--zone", "us-west4-a", "--bucket", gcs_root, "--ssh-key", ssh_key, "--run-id", "smoke-2",
+        "--key-file", str(key_file), "--api-endpoint", fake_tpu.url, "--data-fingerprint", "0123456789abcdef",
+        "--set", "tpu.poll_interval_s=0.05", "--set", "tpu.ssh_probe_timeout_s=1"])
+    with pytest.raises(RuntimeError, match="unreachable.*firewall"):
+        tpu_smoke.smoke(args)
+    name = tpu.node_name(tpu_smoke.DAG_ID, "smoke-2")
+    assert fake_tpu.writes() == ["POST", "DELETE"], fake_tpu.requests
+    assert fake_tpu.node("proj", "us-west4-a", name) is None
+    assert f"Deleting TPU VM {name}" in capsys.readouterr().out
+    assert fake_tpu.principals == {sa_key["client_email"]}
+
+
+def test_smoke_module_imports_no_airflow():
+    code = "import mlm_tasks.tpu.smoke, sys; assert 'airflow' not in sys.modules"
+    subprocess.run([sys.executable, "-c", code], check=True, cwd=str(ROOT))
+
+
+def test_sigterm_while_waiting_for_the_vm_still_deletes_it(ssh_key, fake_tpu, sa_key, gcs_root, gcs, tmp_path):
+    import os
+    import signal
+    import time
+
+    key_file = tmp_path / "sa.json"
+    key_file.write_text(json.dumps(sa_key))
+    fake_tpu.ready_after_gets = 10**6  # stays CREATING: the smoke run waits
+    env = {**os.environ, "STORAGE_EMULATOR_HOST": gcs.endpoint}
+    proc = subprocess.Popen([sys.executable, "-m", "mlm_tasks.tpu.smoke", "--project", "proj", "--zone", "us-west4-a",
+                             "--bucket", gcs_root, "--ssh-key", ssh_key, "--run-id", "smoke-3", "--key-file",
+                             str(key_file), "--api-endpoint", fake_tpu.url, "--data-fingerprint", "0123456789abcdef",
+                             "--set", "tpu.poll_interval_s=0.2"], cwd=ROOT, env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True)
+    name = tpu.node_name(tpu_smoke.DAG_ID, "smoke-3")
+    deadline = time.monotonic() + 120
+    while fake_tpu.node("proj", "us-west4-a", name) is None and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert fake_tpu.node("proj", "us-west4-a", name) is not None, "the smoke run never created its VM"
+    proc.send_signal(signal.SIGTERM)
+    out, _ = proc.communicate(timeout=60)
+    assert proc.returncode == 1, out[-3000:]
+    assert fake_tpu.node("proj", "us-west4-a", name) is None and fake_tpu.writes() == ["POST", "DELETE"], out[-3000:]
+    assert f"Deleting TPU VM {name}" in out and "Smoke FAILED: signal 15" in out
+
+
+@pytest.mark.parametrize("accelerator, runtime, pod", [
+    ("v4-32", "tpu-vm-tf-2.16.1-pod-pjrt", True), ("v5litepod-16", "tpu-vm-tf-2.16.1-pod-pjrt", True),
+    ("v5litepod-8", "tpu-vm-tf-2.16.1-pjrt", False)])
+def test_dry_run_shows_any_slice_before_paying_for_it(ssh_key, accelerator, runtime, pod):
+    """A pod slice's exact request and remote line, read before one is bought: the -pod runtime is
+    chosen for a multi-host type, and the line carries the pod's variables."""
+    lines: list[str] = []
+    args = tpu_smoke.parse_args(["--project", "p", "--zone", "us-central2-b", "--bucket", "gs://b/smoke",
+                                 "--ssh-key", ssh_key, "--run-id", "smoke-pod", "--accelerator", accelerator,
+                                 "--capture-image", "--dry-run"])
+    assert tpu_smoke.smoke(args, out=lines.append) == 0
+    out = "\n".join(lines)
+    body = json.loads(re.search(r"nodeId=\S+\n(\{.*?\n\})", out, re.S).group(1))
+    assert (body["acceleratorType"], body["runtimeVersion"]) == (accelerator, runtime)
+    ssh = [line for line in lines if line.startswith("ssh ")]
+    assert "pip freeze --all" in ssh[0]  # --capture-image: the image's packages, before the bootstrap
+    name = tpu.node_name(tpu_smoke.DAG_ID, "smoke-pod")
+    assert ("export TPU_LOAD_LIBRARY=0" in ssh[1], f"export MLM_TPU_NODE={name}" in ssh[1]) == (pod, pod)
+    assert ("export NEXT_PLUGGABLE_DEVICE_USE_C_API=true" in ssh[1]) == (not pod)
+
+
+def test_capture_image_records_the_workers_packages_for_the_next_lock(sshd, tmp_path):
+    """--capture-image over real SSH, on the simulated 2.16.1 image: its `pip freeze` becomes an image
+    file marked as captured, which `make lock-vm` then takes as the image instead of a dated resolve."""
+    import sys as _sys
+
+    from mlm_tasks.config import PipelineConfig
+    from mlm_tasks.tpu import runtimes
+    from peers.tpu_vm_image import build
+
+    _sys.path.insert(0, str(ROOT / "scripts"))
+    import lock_vm
+
+    python = build(runtimes.get("tpu-vm-tf-2.16.1-pjrt"))
+    cfg = PipelineConfig.model_validate({"tpu": {"python": str(python), "ssh_port": sshd.port}})
+    args = tpu_smoke.parse_args(["--project", "p", "--zone", "z", "--bucket", "gs://b/s", "--ssh-key", sshd.key_path,
+                                 "--ssh-user", sshd.user])
+    lines: list[str] = []
+    path = tpu_smoke.capture_image(cfg, "mlm-smoke-x", sshd.host, args, lines.append, path=tmp_path / "image.txt")
+    text = path.read_text()
+    assert text.startswith(lock_vm.CAPTURED) and "Python 3.10.13" in text.splitlines()[0]
+    assert "tensorflow==2.16.1" in text.splitlines() and "protobuf==4.25.3" in text.splitlines()
+    assert not any(line.startswith("WARNING") for line in text.splitlines())
+    assert lock_vm.pins(path)["typing-extensions"] == "4.11.0"
+    assert "Captured" in lines[-1] and str(path) in lines[-1]
