@@ -1,35 +1,45 @@
 """The `train` task: one task in the graph whichever compute the run uses.
 
 `compute: local` trains in the worker process (the default strategy on CPU, Mirrored on GPUs);
-`compute: tpu_vm` runs the same `python -m mlm_tasks train` on the run's TPU VM over SSH
-(TpuSSHStepOperator; worker 0 of a pod slice). Either way a retry resumes from the run's last checkpoint; on a TPU
-VM a retry first replaces a node that was preempted (create_tpu_vm, a setup task, is not rerun).
-The task's execution_timeout comes from the run's config (`train.timeout_hours`, on a TPU VM at
-most `tpu.ttl_hours`, which the validate task enforces), set before execute starts the clock.
+`compute: tpu_vm` runs the same `python -m mlm_tasks train` on worker 0 of the run's TPU VM over SSH
+(a `RemoteStep`, plugins/remote_step.py). Either way a retry resumes from the run's last checkpoint;
+on a TPU VM a retry first replaces a node that was preempted (create_tpu_vm, a setup task, is not
+rerun), waiting in the triggerer (NodeEnsurer, plugins/tpu_operators.py). The task's
+execution_timeout comes from the run's config (`train.timeout_hours`, on a TPU VM at most
+`tpu.ttl_hours`, which the validate task enforces), set before execute starts the clock.
 """
 from __future__ import annotations
 
 from datetime import timedelta
 from typing import Any
 
+from airflow.sdk import BaseOperator
 from airflow.sdk.exceptions import AirflowFailException
 
+from gcp_credentials import use_connection
 from hub_connection import hub_credentials
-from remote_step import TpuSSHStepOperator
+from mlm_tasks.tpu import api as tpu
+from mlm_tasks.tpu.bundle import SESSION_ENV_TOKEN
+from remote_step import RemoteStep
 from task_errors import bad_input_fails_fast
-from tpu_operators import resolve_config
+from tpu_operators import NodeEnsurer, resolve_config
 
 
-class TrainOperator(TpuSSHStepOperator):
-    """`config`: validate's return value; `data`: merge_shards' (both XComArgs, resolved at run time)."""
+class TrainOperator(NodeEnsurer, BaseOperator):
+    """`config`: validate's return value; `data`: merge_shards' (both XComArgs, resolved at run time).
+    `command` replaces the remote step line (tests); `node_name` the run's node name."""
 
-    template_fields = (*TpuSSHStepOperator.template_fields, "data")
+    template_fields = ("config", "data", "command", "node_name")
     ui_color = "#fff2cc"
 
-    def __init__(self, *, data: Any, **kwargs: Any) -> None:
-        kwargs.setdefault("replace_dead_node", True)
-        super().__init__(step="train", **kwargs)
+    def __init__(self, *, config: Any, data: Any, command: str | None = None, node_name: str | None = None,
+                 **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.config = config
         self.data = data
+        self.command = command
+        self.node_name = node_name
+        self.remote: RemoteStep | None = None
 
     def pre_execute(self, context: Any) -> None:
         # Runs after the config template is rendered and before the task runner reads the timeout.
@@ -48,31 +58,15 @@ class TrainOperator(TpuSSHStepOperator):
                                        "task's log and return value.")
         return self.data["fingerprint"]
 
-    def remote_args(self, context: Any) -> list[str]:
-        # Computed here, not in execute: after waiting for a replacement node the task resumes
-        # in a fresh operator instance, straight into the step.
-        return [*self.step_args, "--data-fingerprint", self._fingerprint()]
-
-    def session_env(self, cfg: Any) -> dict[str, str]:
-        """On a TPU VM, checkpoint sync gets the Hub token through the SSH session's environment:
-        never in the command line, a log or XCom."""
-        if not cfg.publish.sync_checkpoints:
-            return {}
-        from mlm_tasks.tpu.bundle import SESSION_ENV_TOKEN
-
-        return {SESSION_ENV_TOKEN: hub_credentials(cfg.publish.hf_conn_id)[0]}
-
-    def step_env(self, cfg: Any) -> dict[str, str]:
-        if not cfg.publish.sync_checkpoints:
-            return {}
-        endpoint = hub_credentials(cfg.publish.hf_conn_id)[1]
-        return {"HF_ENDPOINT": endpoint} if endpoint else {}
-
     def execute(self, context: Any) -> dict[str, Any]:
         cfg = resolve_config(self.config)
         fingerprint = self._fingerprint()
         if cfg.compute == "tpu_vm":
-            return super().execute(context)
+            def replace(name: str, deadline: float) -> Any:
+                return self.ensure_then(context, cfg, name, deadline)
+
+            with use_connection(cfg.gcp_conn_id):
+                return self._remote(cfg).start(context, cfg, replace)
         from mlm_tasks.paths import RunContext
         from mlm_tasks.steps.train import train
 
@@ -81,3 +75,26 @@ class TrainOperator(TpuSSHStepOperator):
         with bad_input_fails_fast():
             return train(cfg, RunContext.of(cfg, context["run_id"], fingerprint), hub_token=token,
                          hub_endpoint=endpoint)
+
+    def node_ready(self, context: Any, cfg: Any, node: dict[str, Any]) -> dict[str, Any]:
+        # After waiting for a replacement node the task resumes here, in a fresh operator instance.
+        with use_connection(cfg.gcp_conn_id):
+            return self._remote(cfg).run(context, cfg, tpu.get_state(cfg.tpu, node["name"]))
+
+    def _remote(self, cfg: Any) -> RemoteStep:
+        """The step on the TPU VM. With checkpoint sync the Hub token travels in the SSH session's
+        environment (never in the command line, a log or XCom), its endpoint in the step's."""
+        session_env, step_env = {}, {}
+        if cfg.publish.sync_checkpoints:
+            token, endpoint = hub_credentials(cfg.publish.hf_conn_id)
+            session_env[SESSION_ENV_TOKEN] = token
+            if endpoint:
+                step_env["HF_ENDPOINT"] = endpoint
+        self.remote = RemoteStep("train", self.log, args=["--data-fingerprint", self._fingerprint()],
+                                 command=self.command, node_name=self.node_name, session_env=session_env,
+                                 step_env=step_env, replaces_dead_node=True)
+        return self.remote
+
+    def on_kill(self) -> None:
+        if self.remote is not None:
+            self.remote.close()

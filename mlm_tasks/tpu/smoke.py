@@ -8,13 +8,14 @@ v5litepod-1 is well under US$1/hour; a v4-8 about US$4/hour Spot): the tiny conf
 prepared into the bucket from this machine, a Spot TPU VM `mlm-smoke-<hash>` is created with the
 same request the DAG sends (labels with a 2-hour TTL, so the janitor catches it if all else fails;
 ssh-keys from --ssh-key; enable-oslogin FALSE; the cloud-platform scope), port 22 of worker 0 is
-probed, the real bootstrap stages the code to the bucket and installs it on the VM, `python -m
-mlm_tasks train` runs on worker 0 (the smoke slices are one host), and the VM is deleted in a `finally` that
-SIGTERM and SIGHUP
-reach too. `--dry-run` prints every TPU API request (method, URL, JSON body) and every shell command
-instead of sending them, and touches nothing: no credentials, no bucket, no VM; it takes any type
-and runtime that validate, pod slices included (`--accelerator v4-32`). `--capture-image` records the
-real image's `pip freeze` into the runtime's image file (see the README, "Running on Google Cloud").
+probed, the login accepts only the host keys the node published (mlm_tasks.tpu.ssh, as the DAG's
+step does), the real bootstrap stages the code to the bucket and installs it on the VM, `python -m
+mlm_tasks train` runs on worker 0 (the smoke slices are one host), and the VM is deleted in a
+`finally` that SIGTERM and SIGHUP reach too. `--dry-run` prints every TPU API request (method, URL,
+JSON body) and every shell command instead of sending them, and touches nothing: no credentials, no
+bucket, no VM; it takes any type and runtime that validate, pod slices included (`--accelerator
+v4-32`). `--capture-image` records the real image's `pip freeze` into the runtime's image file (see
+the README, "Running on Google Cloud").
 
 Credentials: Application Default Credentials (`gcloud auth application-default login`), or
 `--key-file` with a service-account key. The account needs roles/tpu.admin, roles/storage.objectAdmin
@@ -38,6 +39,7 @@ from mlm_tasks.config import ConfigError, PipelineConfig, build_config
 from mlm_tasks.paths import RunPaths
 from mlm_tasks.tpu import api as tpu
 from mlm_tasks.tpu import slices as tpu_slices
+from mlm_tasks.tpu import ssh
 
 DAG_ID = "mlm_smoke"
 
@@ -158,52 +160,18 @@ def wait_ready(cfg: PipelineConfig, name: str, api: Any, deadline: float, out: C
     return state
 
 
-def probe(hosts: list[str], port: int, timeout_s: float) -> None:
-    import socket
-
-    for i, host in enumerate(hosts):
-        try:
-            socket.create_connection((host, port), timeout=timeout_s).close()
-        except OSError as err:
-            raise RuntimeError(f"Worker {i} ({host}:{port}) is unreachable ({err}): add a firewall rule allowing "
-                               f"tcp:{port} from this machine (gcloud compute firewall-rules create allow-ssh-smoke "
-                               f"--allow=tcp:{port} --source-ranges=<your IP>/32), or use --ssh-via internal "
-                               "from inside the VPC.") from None
+def login_to(cfg: PipelineConfig, name: str, args: argparse.Namespace, api: Any) -> ssh.Connect:
+    """connect(host) as --ssh-user with --ssh-key, accepting only the host keys the node published
+    (as the DAG's SSH step does)."""
+    login = ssh.Login(args.ssh_user, f"--ssh-user {args.ssh_user} --ssh-key {args.ssh_key}",
+                      {"key_filename": args.ssh_key, "timeout": 30, "allow_agent": False, "look_for_keys": False})
+    return ssh.connector(lambda host: login, cfg.tpu.ssh_port, node=name,
+                         published=lambda worker: tpu.host_keys(cfg.tpu, name, worker, api=api))
 
 
-def run_on_workers(hosts: list[str], user: str, key_file: str, port: int, command: str,
-                   out: Callable[[str], None]) -> list[int]:
-    """Run `command` on every worker at once over SSH; worker 0's lines go to `out`; the exit codes."""
-    import threading
-
-    import paramiko
-
-    codes: list[int] = [-1] * len(hosts)
-
-    def one(i: int) -> None:
-        client = paramiko.SSHClient()
-        client.set_missing_host_key_policy(paramiko.AutoAddPolicy())  # a fresh VM: no known host key yet
-        try:
-            client.connect(hosts[i], port=port, username=user, key_filename=key_file, timeout=30,
-                           allow_agent=False, look_for_keys=False)
-            channel = client.get_transport().open_session()
-            channel.get_pty(width=200)
-            channel.exec_command(command)
-            for raw in channel.makefile("rb"):
-                if i == 0:
-                    out("[worker 0] " + raw.decode("utf-8", "replace").rstrip("\r\n"))
-            codes[i] = channel.recv_exit_status()
-        except Exception as err:  # reported as that worker's failure
-            out(f"[worker {i}] SSH failed: {type(err).__name__}: {err}")
-        finally:
-            client.close()
-
-    threads = [threading.Thread(target=one, args=(i,), daemon=True) for i in range(len(hosts))]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    return codes
+def run_on_worker_0(connect: ssh.Connect, host: str, command: str, on_line: Callable[[str], None]) -> ssh.Outcome:
+    """`command` on worker 0 (the smoke slices are one host; a pod slice runs on worker 0 too)."""
+    return ssh.Session(connect, host, on_line=on_line).run(command)
 
 
 def capture_command(cfg: PipelineConfig) -> str:
@@ -214,7 +182,7 @@ def capture_command(cfg: PipelineConfig) -> str:
     return f"{py} -c 'import platform; print(platform.python_version())' && {py} -m pip freeze --all"
 
 
-def capture_image(cfg: PipelineConfig, name: str, host: str, args: argparse.Namespace,
+def capture_image(cfg: PipelineConfig, name: str, connect: ssh.Connect, host: str,
                   out: Callable[[str], None], path: Path | None = None) -> Path:
     """Write worker 0's `pip freeze` into the runtime's image file (or `path`), marked as captured
     (make lock-vm then locks against it instead of resolving the image as of its date)."""
@@ -225,10 +193,10 @@ def capture_image(cfg: PipelineConfig, name: str, host: str, args: argparse.Name
     runtime = runtimes.get(cfg.tpu.runtime_version)
     path = path or runtime.image_path
     lines: list[str] = []
-    codes = run_on_workers([host], args.ssh_user, args.ssh_key, cfg.tpu.ssh_port, capture_command(cfg), lines.append)
-    if codes[0] != 0:
-        raise RuntimeError(f"Capturing the image failed (exit code {codes[0]}): {lines[-5:]}")
-    python, *freeze = [line.removeprefix("[worker 0] ") for line in lines]
+    outcome = run_on_worker_0(connect, host, capture_command(cfg), lines.append)
+    if outcome.exit_code != 0:
+        raise RuntimeError(f"Capturing the image failed: {outcome.describe()}")
+    python, *freeze = lines
     # The pty merges pip's warnings into the output: keep requirement lines only.
     pinned = sorted(line for line in freeze if re.fullmatch(r"[A-Za-z0-9._-]+==\S+", line))
     other = [line for line in freeze if re.match(r"[A-Za-z0-9._-]+ @ ", line)]  # not installable from an index
@@ -273,25 +241,32 @@ def smoke(args: argparse.Namespace, out: Callable[[str], None] = print) -> int:
         if args.dry_run:
             out(f"(dry run) would poll GET {API}/{tpu.full_name(cfg.tpu, name)} every {cfg.tpu.poll_interval_s:g}s "
                 f"until READY, probe tcp:{cfg.tpu.ssh_port} on worker 0's {cfg.tpu.ssh_via} IP, then run there "
-                f"as {args.ssh_user}:")
+                f"as {args.ssh_user}, accepting only the host keys the node publishes (:getGuestAttributes):")
             hosts = ["<worker-0-ip>"]
         else:
             node = wait_ready(cfg, name, api, time.time() + cfg.tpu.create_timeout_s, out)
             hosts = tpu.worker_endpoints(node, external=cfg.tpu.ssh_via == "external")
-            probe(hosts[:1], cfg.tpu.ssh_port, cfg.tpu.ssh_probe_timeout_s)
+            problem = ssh.unreachable(hosts[0], cfg.tpu.ssh_port, cfg.tpu.ssh_probe_timeout_s)
+            if problem:
+                raise RuntimeError(
+                    f"Worker 0 is unreachable ({problem}): add a firewall rule allowing tcp:{cfg.tpu.ssh_port} "
+                    f"from this machine (gcloud compute firewall-rules create allow-ssh-smoke "
+                    f"--allow=tcp:{cfg.tpu.ssh_port} --source-ranges=<your IP>/32), or use --ssh-via internal "
+                    "from inside the VPC.")
         command = remote_command(cfg, "train", run_id, node=name, extra_args=["--data-fingerprint", fingerprint],
                                  code=code)
-        ssh = f"ssh -p {cfg.tpu.ssh_port} -i {args.ssh_key} {args.ssh_user}@{hosts[0]}"
+        ssh_line = f"ssh -p {cfg.tpu.ssh_port} -i {args.ssh_key} {args.ssh_user}@{hosts[0]}"
         if args.capture_image:
-            out(f"{ssh} {capture_command(cfg)}")
-        out(f"{ssh} {command}")
+            out(f"{ssh_line} {capture_command(cfg)}")
+        out(f"{ssh_line} {command}")
         if args.dry_run:
             return 0
+        connect = login_to(cfg, name, args, api)
         if args.capture_image:
-            capture_image(cfg, name, hosts[0], args, out)
-        codes = run_on_workers(hosts[:1], args.ssh_user, args.ssh_key, cfg.tpu.ssh_port, command, out)
-        if any(codes):
-            out(f"Smoke FAILED: worker exit codes {codes}.")
+            capture_image(cfg, name, connect, hosts[0], out)
+        outcome = run_on_worker_0(connect, hosts[0], command, lambda line: out(f"[worker 0] {line}"))
+        if outcome.exit_code != 0:
+            out(f"Smoke FAILED: {outcome.describe()}")
             return 1
         from mlm_tasks import storage
 

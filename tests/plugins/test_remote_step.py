@@ -1,4 +1,5 @@
-"""plugins/remote_step.py against a real sshd (every "worker" of the TPU VM is this machine)."""
+"""plugins/remote_step.py and the session of mlm_tasks/tpu/ssh.py against a real sshd (worker 0 of the TPU VM is
+this machine)."""
 import logging
 import re
 import shlex
@@ -13,8 +14,10 @@ from airflow.sdk.exceptions import AirflowException
 
 from mlm_tasks.config import PipelineConfig
 from mlm_tasks.tpu.bundle import remote_command, stage_code
+from mlm_tasks.tpu.ssh import Session
 from peers.sshd import airflow_conn_uri, host_public_key
-from remote_step import RemoteRunner, TpuSSHStepOperator, ssh_connect
+from remote_step import TpuSSHStepOperator
+from worker_ssh import ssh_connect
 
 ZONE = "us-central2-b"
 POD = {"accelerator_type": "v4-32", "runtime_version": "tpu-vm-tf-2.16.1-pod-pjrt"}
@@ -52,25 +55,21 @@ def _running(pattern):
     return subprocess.run(["pgrep", "-f", pattern], capture_output=True).returncode == 0
 
 
-def test_runs_on_every_worker_and_streams_worker_0(ssh_conn, caplog):
+def test_streams_worker_0s_lines_and_keeps_the_tail(ssh_conn, caplog):
     log = logging.getLogger("test.remote")
     caplog.set_level(logging.INFO, logger="test.remote")
-    workers = RemoteRunner(["127.0.0.1", "127.0.0.1"], ssh_conn, log).run(
+    outcome = Session(ssh_conn, "127.0.0.1", on_line=lambda line: log.info("[worker 0] %s", line)).run(
         "for i in 1 2 3; do echo line-$i; sleep 0.1; done; echo err-line >&2")
-    assert [w.exit_code for w in workers] == [0, 0]
-    assert list(workers[1].tail) == ["line-1", "line-2", "line-3", "err-line"]
+    assert outcome.exit_code == 0 and outcome.error is None
+    assert list(outcome.tail) == ["line-1", "line-2", "line-3", "err-line"]  # the pty merges stderr
     streamed = [r.getMessage() for r in caplog.records if r.name == "test.remote"]
     assert streamed == ["[worker 0] line-1", "[worker 0] line-2", "[worker 0] line-3", "[worker 0] err-line"]
 
 
-def test_nonzero_exit_names_worker_and_code(ssh_conn, tmp_path):
-    lock = tmp_path / "first"
-    # Same command on both; the worker that loses the mkdir race fails, as one pod-slice host would.
-    command = f"if mkdir {lock}; then echo winner; else echo loser; exit 3; fi"
-    workers = RemoteRunner(["127.0.0.1", "127.0.0.1"], ssh_conn, logging.getLogger("t")).run(command)
-    assert sorted(w.exit_code for w in workers) == [0, 3]
-    loser = next(w for w in workers if w.exit_code == 3)
-    assert f"worker {loser.index} (127.0.0.1): exit code 3" in loser.describe() and "loser" in loser.describe()
+def test_nonzero_exit_names_worker_and_code(ssh_conn):
+    outcome = Session(ssh_conn, "127.0.0.1").run("echo about-to-fail; exit 3")
+    assert outcome.exit_code == 3 and not outcome.fatal
+    assert outcome.describe() == "worker 0 (127.0.0.1): exit code 3; last lines:\n    about-to-fail"
 
 
 def _fake_python(tmp_path, body: str) -> str:
@@ -130,7 +129,7 @@ def test_host_count_and_runtime_must_agree(fake_tpu, sshd, ssh_conn, workers, ru
 def test_operator_failure_says_preempted(fake_tpu, sshd, ssh_conn):
     name = _ready_node(fake_tpu, workers=1)
     op = TpuSSHStepOperator(task_id="train", config=_cfg(fake_tpu, sshd).model_dump(mode="json"),
-                            command="sleep 1; echo dying; exit 7", peer_grace_s=5)
+                            command="sleep 1; echo dying; exit 7")
     threading.Timer(0.3, fake_tpu.preempt, args=(name,)).start()
     with pytest.raises(AirflowException) as err:
         op.execute(_context())
@@ -201,8 +200,7 @@ exec {real_python} "$@"
     cfg = _cfg(fake_tpu, sshd, bootstrap=True, workdir=str(workdir), python=str(wrapper))
     command = remote_command(cfg, "train", "manual__1", node="mlm-n", code=bundle)
 
-    runner = RemoteRunner(["127.0.0.1"], ssh_conn, logging.getLogger("t"))
-    first = list(runner.run(command)[0].tail)
+    first = list(Session(ssh_conn, "127.0.0.1").run(command).tail)
     assert first[0].startswith(f"Installing project {bundle.sha}")
     assert first[1] == "Installing requirements-tf2.16.txt beside the image TensorFlow"
     # Never TensorFlow, never the image's packages: --no-deps, only wheels, into a folder of its own.
@@ -216,7 +214,7 @@ exec {real_python} "$@"
     lock = (workdir / "code" / bundle.lock).read_text()
     assert "transformers==4.57.6" in lock and not re.search(r"(?m)^(tensorflow|numpy|protobuf)==", lock)
 
-    again = RemoteRunner(["127.0.0.1"], ssh_conn, logging.getLogger("t")).run(command)[0]
+    again = Session(ssh_conn, "127.0.0.1").run(command)
     assert again.exit_code == 0 and list(again.tail) == first[4:]
 
 
@@ -237,19 +235,17 @@ def test_unreachable_worker_is_reported(sshd, monkeypatch):
     with socket.socket() as s:  # a port nobody listens on
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    workers = RemoteRunner(["127.0.0.1"], ssh_connect("tpu_ssh", port, patience_s=0),
-                           logging.getLogger("t")).run("true")
-    assert workers[0].exit_code is None
-    assert f"Cannot SSH to 127.0.0.1:{port}" in workers[0].describe()
+    outcome = Session(ssh_connect("tpu_ssh", port, patience_s=0), "127.0.0.1").run("true")
+    assert outcome.exit_code is None and not outcome.fatal
+    assert f"Cannot SSH to 127.0.0.1:{port}" in outcome.describe()
 
 
 def test_remote_command_exports_tpu_env(ssh_conn, fake_tpu, sshd, tmp_path):
     cfg = _cfg(fake_tpu, sshd, workdir=str(tmp_path), env={"STORAGE_EMULATOR_HOST": "http://127.0.0.1:1",
                                                             "ODD": "a b'c"})
     setup = remote_command(cfg, "train", "r", node="mlm-n").split("; exec ", 1)[0]  # everything before the step
-    workers = RemoteRunner(["127.0.0.1"], ssh_conn, logging.getLogger("t")).run(
-        setup + '; echo "$PWD|$STORAGE_EMULATOR_HOST|$ODD"')
-    assert list(workers[0].tail) == [f"{tmp_path}|http://127.0.0.1:1|a b'c"]
+    outcome = Session(ssh_conn, "127.0.0.1").run(setup + '; echo "$PWD|$STORAGE_EMULATOR_HOST|$ODD"')
+    assert list(outcome.tail) == [f"{tmp_path}|http://127.0.0.1:1|a b'c"]
 
 
 def test_a_token_the_sshd_drops_fails_the_step_saying_why(ssh_conn, fake_tpu, sshd, tmp_path):
@@ -258,9 +254,7 @@ def test_a_token_the_sshd_drops_fails_the_step_saying_why(ssh_conn, fake_tpu, ss
     cfg = _cfg(fake_tpu, sshd, workdir=str(tmp_path))
     command = (remote_command(cfg, "train", "r", node="mlm-n", expect_token=True).split("; exec ", 1)[0]
                + '; echo "token ${#HF_TOKEN}"')
-    log = logging.getLogger("t")
-    arrived = RemoteRunner(["127.0.0.1"], ssh_conn, log,
-                           session_env={"LC_MLM_HF_TOKEN": "hf_secret_value"}).run(command)
-    assert list(arrived[0].tail) == ["token 15"]
-    dropped = RemoteRunner(["127.0.0.1"], ssh_conn, log, session_env={"NOT_ACCEPTED": "hf_secret_value"}).run(command)
-    assert dropped[0].exit_code == 3 and "sshd_config needs AcceptEnv LANG LC_*" in dropped[0].describe()
+    arrived = Session(ssh_conn, "127.0.0.1").run(command, env={"LC_MLM_HF_TOKEN": "hf_secret_value"})
+    assert list(arrived.tail) == ["token 15"]
+    dropped = Session(ssh_conn, "127.0.0.1").run(command, env={"NOT_ACCEPTED": "hf_secret_value"})
+    assert dropped.exit_code == 3 and "sshd_config needs AcceptEnv LANG LC_*" in dropped.describe()

@@ -14,16 +14,18 @@ from pathlib import Path
 
 from mlm_tasks.config import PipelineConfig
 from mlm_tasks.tpu.bundle import remote_command
+from mlm_tasks.tpu.ssh import Session
 from peers.sshd import airflow_conn_uri
-from remote_step import RemoteRunner, ssh_connect
+from worker_ssh import ssh_connect
 
 ROOT = Path(__file__).resolve().parents[2]
 # The first try's Airflow side, in a process of its own so that the test can freeze it.
 FIRST_TRY = """import logging, sys
 sys.path[:0] = [sys.argv[1], sys.argv[1] + "/plugins"]
-from remote_step import RemoteRunner, ssh_connect
+from mlm_tasks.tpu.ssh import Session
+from worker_ssh import ssh_connect
 logging.basicConfig(level=logging.INFO, stream=sys.stdout)
-RemoteRunner(["127.0.0.1"], ssh_connect("tpu_ssh", int(sys.argv[2])), logging.getLogger("first")).run(sys.argv[3])
+Session(ssh_connect("tpu_ssh", int(sys.argv[2])), "127.0.0.1", on_line=logging.getLogger("first").info).run(sys.argv[3])
 """
 
 
@@ -66,15 +68,17 @@ def test_a_retry_stops_the_trainer_an_unnoticed_earlier_try_left(sshd, tmp_path,
 
         caplog.set_level(logging.INFO, logger="test.retry")
         results = []
-        retry = threading.Thread(target=lambda: results.append(RemoteRunner(
-            ["127.0.0.1"], ssh_connect("tpu_ssh", sshd.port), logging.getLogger("test.retry")).run(command)))
+        log = logging.getLogger("test.retry")
+        retry = threading.Thread(target=lambda: results.append(Session(
+            ssh_connect("tpu_ssh", sshd.port), "127.0.0.1", on_line=lambda line: log.info("[worker 0] %s", line)
+        ).run(command)))
         retry.start()
         new = _wait("the retry's trainer", lambda: [p for p in _writers(writes) if p != old][:1])[0]
         _wait("the retry's trainer to write", lambda: _writers(writes).count(new) >= 5, 20)
         _wait("the first try's trainer to be gone", lambda: not Path(f"/proc/{old}").exists(), 10)
         stop.touch()
         retry.join(timeout=30)
-        assert results and results[0][0].exit_code == 0, results and results[0][0].describe()
+        assert results and results[0].exit_code == 0, results and results[0].describe()
     finally:
         stop.touch()  # ends every stand-in trainer, also when the lock did not
         first.kill()  # a stopped process dies of SIGKILL too

@@ -70,7 +70,7 @@ def test_retry_after_preemption_replaces_the_node_then_trains(fake_tpu, sshd, ss
     assert methods.index("DELETE") < methods.index("POST")
     node = fake_tpu.node("proj", ZONE, NAME)
     assert node["state"] == "READY" and node["labels"]["run"] != "first-try"
-    line = op._runner.workers[0].tail[-1]
+    line = op.remote.session.outcome.tail[-1]
     assert line.startswith("-m mlm_tasks train --config-json ")
     assert line.endswith(f"--run-id {RUN} --data-fingerprint fp123")
 
@@ -183,7 +183,7 @@ def test_tpu_vm_training_gets_the_hub_token_through_the_ssh_session_only(fake_tp
     log = capfd.readouterr().out + capfd.readouterr().err
 
     want = hashlib.sha256(token.encode()).hexdigest()[:16]
-    assert op._runner.workers[0].tail[-1].startswith(f"sha={want} lc=unset endpoint=http://127.0.0.1:9 args=")
+    assert op.remote.session.outcome.tail[-1].startswith(f"sha={want} lc=unset endpoint=http://127.0.0.1:9 args=")
     assert any("mlm_tasks train" in snapshot for snapshot in seen_in_ps), "ps never saw the step running"
     assert not any(token in snapshot for snapshot in seen_in_ps)
     assert token not in log and token not in json.dumps(xcom)

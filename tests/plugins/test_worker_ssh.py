@@ -1,6 +1,6 @@
-"""plugins/worker_ssh.py: the login to a worker pins the host key its node published (the fake TPU API
-serves the test sshd's real host key, read back by the real google-cloud-tpu client), and each failure
-names its kind: host key, user and key, or no answer."""
+"""plugins/worker_ssh.py with mlm_tasks/tpu/ssh.py: the login to a worker, read from the Airflow connection, pins
+the host key its node published (the fake TPU API serves the test sshd's real host key, read back by the real
+google-cloud-tpu client), and each failure names its kind: host key, user and key, or no answer."""
 import functools
 import logging
 import socket
@@ -13,10 +13,12 @@ import pytest
 from airflow.sdk.exceptions import AirflowException, AirflowFailException
 
 import remote_step
+import worker_ssh
 from mlm_tasks.config import PipelineConfig
 from mlm_tasks.tpu import api as tpu
+from mlm_tasks.tpu.ssh import Session
 from peers.sshd import airflow_conn_uri, host_public_key
-from remote_step import RemoteRunner, TpuSSHStepOperator
+from remote_step import TpuSSHStepOperator
 
 ZONE = "us-central2-b"
 PATIENCE_S = 4  # instead of 300 s: a login that cannot succeed fails within the test's patience
@@ -104,12 +106,12 @@ def test_host_keys_not_published_yet_are_waited_for_then_named(fake_tpu, sshd, m
     published = functools.partial(tpu.host_keys, cfg, name, api=api)
     key = dict([host_public_key(sshd)])
     fake_tpu.host_keys = {}
-    late = remote_step.ssh_connect("tpu_ssh", sshd.port, patience_s=0.5, node=name, published=published, poll_s=0.1)
-    workers = RemoteRunner(["127.0.0.1"], late, logging.getLogger("t")).run("true")
-    assert f"Node {name} has published no SSH host keys for worker 0" in workers[0].describe()
+    late = worker_ssh.ssh_connect("tpu_ssh", sshd.port, patience_s=0.5, node=name, published=published, poll_s=0.1)
+    outcome = Session(late, "127.0.0.1").run("true")
+    assert f"Node {name} has published no SSH host keys for worker 0" in outcome.describe() and not outcome.fatal
     threading.Timer(0.5, lambda: setattr(fake_tpu, "host_keys", key)).start()  # the guest agent is up
-    waits = remote_step.ssh_connect("tpu_ssh", sshd.port, patience_s=20, node=name, published=published, poll_s=0.1)
-    assert RemoteRunner(["127.0.0.1"], waits, logging.getLogger("t")).run("true")[0].exit_code == 0
+    waits = worker_ssh.ssh_connect("tpu_ssh", sshd.port, patience_s=20, node=name, published=published, poll_s=0.1)
+    assert Session(waits, "127.0.0.1").run("true").exit_code == 0
 
 
 def test_an_unreachable_port_names_the_firewall(sshd, monkeypatch):
@@ -117,8 +119,8 @@ def test_an_unreachable_port_names_the_firewall(sshd, monkeypatch):
     with socket.socket() as s:  # a port nobody listens on
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    connect = remote_step.ssh_connect("tpu_ssh", port, patience_s=0, node="n",
-                                      published=lambda worker: dict([host_public_key(sshd)]))
-    message = RemoteRunner(["127.0.0.1"], connect, logging.getLogger("t")).run("true")[0].describe()
+    connect = worker_ssh.ssh_connect("tpu_ssh", port, patience_s=0, node="n",
+                                     published=lambda worker: dict([host_public_key(sshd)]))
+    message = Session(connect, "127.0.0.1").run("true").describe()
     assert f"Cannot SSH to 127.0.0.1:{port}" in message and "firewall allows" in message
     assert "user and key" not in message and "host key" not in message

@@ -1,15 +1,19 @@
 """The real-cloud smoke test's command (mlm_tasks.tpu.smoke): its dry run prints every request and
-command and sends nothing; a failing run still deletes its VM (against the fake TPU API)."""
+command and sends nothing; a failing run still deletes its VM; its login accepts only the host key the
+node published (against the fake TPU API and a real sshd)."""
 import json
 import re
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
 
 from mlm_tasks.tpu import api as tpu
 from mlm_tasks.tpu import smoke as tpu_smoke
+from mlm_tasks.tpu import ssh
+from peers.sshd import host_public_key
 
 ROOT = Path(__file__).resolve().parents[3]
 
@@ -65,6 +69,49 @@ def test_a_failing_smoke_run_still_deletes_its_vm(ssh_key, fake_tpu, sa_key, gcs
     assert fake_tpu.node("proj", "us-west4-a", name) is None
     assert f"Deleting TPU VM {name}" in capsys.readouterr().out
     assert fake_tpu.principals == {sa_key["client_email"]}
+
+
+@pytest.mark.parametrize("published", ["the worker's key", "another machine's key"])
+def test_the_smoke_login_accepts_only_the_host_key_the_node_published(published, sshd, fake_tpu, sa_key, gcs_root,
+                                                                       tmp_path):
+    """The smoke tool pins the host keys the node publishes (guest attributes), as the DAG's SSH step does:
+    a worker presenting another key is refused at once, before any command runs there; the VM is deleted."""
+    from mlm_tasks import storage
+    from mlm_tasks.paths import RunPaths
+
+    key_file = tmp_path / "sa.json"
+    key_file.write_text(json.dumps(sa_key))
+    if published == "another machine's key":
+        subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(tmp_path / "other")], check=True)
+        key_type, blob = (tmp_path / "other.pub").read_text().split()[:2]
+        fake_tpu.host_keys = {key_type: blob}  # else the fake publishes the sshd's own key
+    ran = tmp_path / "ran"
+    python = tmp_path / "python"  # the VM's python, as a trainer that only says it ran
+    python.write_text(f'#!/bin/sh\necho "$3 $*" > {ran}; echo trained\n')
+    python.chmod(0o755)
+    storage.write_json(RunPaths(gcs_root, "smoke-4").train_summary, {"steps": 12})  # what the trainer would write
+    args = tpu_smoke.parse_args([
+        "--project", "proj", "--zone", "us-west4-a", "--bucket", gcs_root, "--ssh-key", sshd.key_path,
+        "--ssh-user", sshd.user, "--ssh-via", "internal", "--run-id", "smoke-4", "--key-file", str(key_file),
+        "--api-endpoint", fake_tpu.url, "--data-fingerprint", "0123456789abcdef", "--set", "tpu.poll_interval_s=0.05",
+        "--set", f"tpu.ssh_port={sshd.port}", "--set", "tpu.bootstrap=false", "--set", f"tpu.python={python}",
+        "--set", f"tpu.workdir={tmp_path / 'vm'}"])
+    lines: list[str] = []
+    started = time.monotonic()
+    code = tpu_smoke.smoke(args, out=lines.append)
+    out = "\n".join(lines)
+    name = tpu.node_name(tpu_smoke.DAG_ID, "smoke-4")
+    assert ("POST", f"/v2/projects/proj/locations/us-west4-a/nodes/{name}:getGuestAttributes") in fake_tpu.requests
+    assert fake_tpu.writes() == ["POST", "DELETE"] and fake_tpu.node("proj", "us-west4-a", name) is None
+    if published == "the worker's key":
+        assert code == 0, out
+        assert "[worker 0] trained" in out and "Smoke PASSED: 12 steps" in out
+        assert ran.read_text().startswith("train ")
+    else:
+        assert code == 1 and not ran.exists(), out
+        assert (f"Smoke FAILED: worker 0 (127.0.0.1): HostKeyMismatch: The SSH host key of worker 0 "
+                f"(127.0.0.1:{sshd.port}) does not match what node {name} published") in out
+        assert time.monotonic() - started < 60, "a mismatch must not wait out the SSH patience"
 
 
 def test_smoke_module_imports_no_airflow():
@@ -133,10 +180,10 @@ def test_capture_image_records_the_workers_packages_for_the_next_lock(sshd, tmp_
 
     python = build(runtimes.get("tpu-vm-tf-2.16.1-pjrt"))
     cfg = PipelineConfig.model_validate({"tpu": {"python": str(python), "ssh_port": sshd.port}})
-    args = tpu_smoke.parse_args(["--project", "p", "--zone", "z", "--bucket", "gs://b/s", "--ssh-key", sshd.key_path,
-                                 "--ssh-user", sshd.user])
+    connect = ssh.connector(lambda host: ssh.Login(sshd.user, "test", {"key_filename": sshd.key_path}), sshd.port,
+                            node="mlm-smoke-x", published=lambda worker: dict([host_public_key(sshd)]))
     lines: list[str] = []
-    path = tpu_smoke.capture_image(cfg, "mlm-smoke-x", sshd.host, args, lines.append, path=tmp_path / "image.txt")
+    path = tpu_smoke.capture_image(cfg, "mlm-smoke-x", connect, sshd.host, lines.append, path=tmp_path / "image.txt")
     text = path.read_text()
     assert text.startswith(lock_vm.CAPTURED) and "Python 3.10.13" in text.splitlines()[0]
     assert "tensorflow==2.16.1" in text.splitlines() and "protobuf==4.25.3" in text.splitlines()
