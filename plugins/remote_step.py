@@ -36,6 +36,7 @@ from airflow.sdk import BaseOperator
 from airflow.sdk.exceptions import AirflowException, AirflowFailException, AirflowSkipException
 
 from gcp_credentials import use_connection
+from mlm_tasks.errors import NoRetryError, TransientError
 from mlm_tasks.tpu import api as tpu
 from mlm_tasks.tpu.bundle import SESSION_ENV_TOKEN, remote_command, stage_code
 from tpu_operators import NodeEnsurer, resolve_config, run_node_name
@@ -95,7 +96,7 @@ class RemoteRunner:
                 worker.error = "session ended without an exit status (hung up or killed by a signal)"
             else:
                 worker.exit_code = code
-        except Exception as err:  # reported per worker in the task's error; the task fails on it
+        except Exception as err:  # recorded per worker (any failure), for the task's error: the task fails on it
             worker.error = f"{type(err).__name__}: {err}"
             worker.fatal = isinstance(err, AirflowFailException)
 
@@ -277,16 +278,22 @@ class TpuSSHStepOperator(NodeEnsurer, BaseOperator):
             if any(w.fatal for w in failed):  # e.g. a host-key mismatch: the same machine would answer
                 raise AirflowFailException(message)
             if all(w.exit_code == self.CONFIG_ERROR_EXIT for w in failed):
-                raise AirflowFailException(message + "\nExit code 2 is a configuration error: fix the "
-                                           "input and trigger a new run (a retry would fail the same way).")
+                raise AirflowFailException(message + "\nExit code 2 is an error no retry can fix (a bad input, a "
+                                           "missing artifact, a refused credential): act on the message above and "
+                                           "trigger a new run.")
             raise AirflowException(message)
         return {"node": name, "workers": len(hosts)}
 
     def _failure_message(self, cfg: Any, name: str, failed: list[WorkerRun]) -> str:
+        import requests
+        from google.api_core.exceptions import GoogleAPIError
+        from google.auth.exceptions import GoogleAuthError
+
         lines = [f"Step {self.step!r} failed on TPU VM {name}:"] + [w.describe() for w in failed]
         try:
             state = tpu.get_state(cfg.tpu, name).state
-        except Exception as err:  # the failure itself matters more than this extra hint
+        except (GoogleAPIError, GoogleAuthError, requests.RequestException, NoRetryError, TransientError) as err:
+            # what the TPU API client raises: the failure itself matters more than this extra hint
             state = f"unknown ({err})"
         if state != "READY":
             then = ("A retry of this task replaces it" if self.replace_dead_node else
