@@ -218,8 +218,8 @@ def probe_failure(uri: str, err: Exception) -> Exception:
     from google.auth.exceptions import GoogleAuthError, TransportError
 
     what = " ".join(f"{type(err).__name__}: {err}".split()).rstrip(":")  # one line: gcsfs puts the reason on a second
-    fix = ConfigError(f"Cannot write to output_root {uri} ({what}): check the path (a bucket must exist) and "
-                      "its permissions.")
+    where = "the path and its permissions" if is_local(uri) else "that the bucket exists and the path"
+    fix = ConfigError(f"Cannot write to output_root {uri} ({what}): check {where}.")
     auth = AuthError(f"Cannot write to output_root {uri}: the credentials were refused ({what}). Give the "
                      "run's identity (the Airflow GCP connection, or Application Default Credentials) write "
                      "access to it.")
