@@ -14,7 +14,8 @@ Each verb is the step function of the same name in mlm_tasks/steps/ (the DAGs' t
 
 `--config-json` takes the whole validated config as JSON (how a TPU VM receives the run's config).
 Without --data-fingerprint, the fingerprint is computed from the corpus (needs the corpus at hand).
-Exit status: 0 done, 2 bad configuration (fix the input), 1 anything else.
+Exit status: 0 done; 2 an error no retry can fix (mlm_tasks.errors.NoRetryError: a bad input, a missing
+artifact, a refused credential; the message says what to do); 1 anything else (worth a retry).
 """
 from __future__ import annotations
 
@@ -28,7 +29,8 @@ import sys
 
 import yaml
 
-from mlm_tasks.config import ConfigError, PipelineConfig, build_config, load_config
+from mlm_tasks.config import PipelineConfig, build_config, load_config
+from mlm_tasks.errors import NO_RETRY_EXIT, AuthError, ConfigError, NoRetryError
 from mlm_tasks.paths import RunContext
 from mlm_tasks.steps import STEPS
 
@@ -94,8 +96,8 @@ def _hub_token(needed: bool) -> str | None:
     """The CLI's Hub token: HF_TOKEN from this process's environment, read here once and passed on."""
     token = os.environ.get("HF_TOKEN")
     if needed and not token:
-        raise ConfigError("This step talks to the Hugging Face Hub (publish, or publish.sync_checkpoints): set "
-                          "HF_TOKEN to a token with write access, or turn publishing off.")
+        raise AuthError("This step talks to the Hugging Face Hub (publish, or publish.sync_checkpoints): set "
+                        "HF_TOKEN to a token with write access, or turn publishing off.")
     return token
 
 
@@ -105,9 +107,9 @@ def main(argv: list[str] | None = None) -> int:
     try:
         cfg = resolve_config(args)
         result = run_step(args.step, cfg, RunContext.of(cfg, args.run_id, args.data_fingerprint), args.part)
-    except ConfigError as err:
+    except NoRetryError as err:
         print(f"error: {err}", file=sys.stderr)
-        return 2
+        return NO_RETRY_EXIT
     print(json.dumps(result, indent=2, default=_jsonable))
     return 0
 

@@ -69,6 +69,7 @@ log = logging.getLogger(__name__)
 def share_with_tensorflow(creds: Any) -> None:
     """Point TensorFlow's gs:// at `creds` for the rest of this process (refreshed before expiry)."""
     global _refresher
+    from google.auth.exceptions import GoogleAuthError
     from google.auth.transport.requests import Request
 
     if creds is None or is_anonymous(creds):
@@ -85,7 +86,7 @@ def share_with_tensorflow(creds: Any) -> None:
             try:
                 creds.refresh(Request())
                 os.environ[TF_TOKEN_VAR] = creds.token
-            except Exception as err:  # keep the old token; the next round tries again
+            except GoogleAuthError as err:  # RefreshError, TransportError: keep the old token; next round retries
                 log.warning("Refreshing the GCS token for TensorFlow failed (will retry): %s", type(err).__name__)
 
     stop_sharing_with_tensorflow()

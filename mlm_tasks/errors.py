@@ -1,12 +1,47 @@
 """The errors every layer raises, in one module that imports nothing of the project.
 
-    from mlm_tasks.errors import ConfigError
+    from mlm_tasks.errors import ConfigError, MissingArtifactError, AuthError, TransientError
 
-`ConfigError`: a setting or an input is wrong; only a person can fix it, so the task fails without
-retries (plugins/task_errors.py) and the CLI exits 2. Anything else is taken as worth a retry.
+The contract, which the glue keeps (plugins/task_errors.py, mlm_tasks/cli.py, the SSH runner):
+
+| kind | means | Airflow task | CLI exit |
+|---|---|---|---|
+| `ConfigError` | a setting or an input is wrong; only a person can fix it | fails, no retry | 2 |
+| `MissingArtifactError` | an earlier step's output is not there: run that step first | fails, no retry | 2 |
+| `AuthError` | a credential is missing, invalid or lacks a permission (401/403) | fails, no retry | 2 |
+| `TransientError` | a service did not answer or failed on its side (5xx, 429, timeouts) | retried | 1 |
+| anything else | unforeseen: taken as worth a retry | retried | 1 |
+
+The three no-retry kinds share the base `NoRetryError`; catch that to fail fast. Every message says
+what happened and what to do next.
 """
 from __future__ import annotations
 
+# The CLI's exit status for every NoRetryError; the SSH runner (plugins/remote_step.py) reads a remote
+# step's exit 2 as "do not retry".
+NO_RETRY_EXIT = 2
 
-class ConfigError(ValueError):
-    """A setting is wrong; the message says which one and what to do."""
+
+class NoRetryError(Exception):
+    """A retry would fail the same way: the task fails at once and a person acts on the message."""
+
+
+class ConfigError(NoRetryError, ValueError):
+    """A setting or an input is wrong (a setting, a path, data that does not fit the run); the message
+    says which one and what to change. A ValueError too, so pydantic validators may raise it."""
+
+
+class MissingArtifactError(NoRetryError):
+    """An artifact an earlier step writes is missing (no tokenizer, no trained model, no shard set): the
+    message names the step to run first, or the setting (output_root, a fingerprint) to check."""
+
+
+class AuthError(NoRetryError):
+    """A credential is missing, rejected (401) or lacks a permission (403): the message names the
+    connection or credential to fix. Never contains the secret itself."""
+
+
+class TransientError(Exception):
+    """A service failed on its side or did not answer in time (5xx, 429, a timeout, a secrets backend
+    that is down): worth a retry, which Airflow does (plugins/dag_defaults.py). The message says what to
+    check if it persists."""

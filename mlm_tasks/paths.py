@@ -18,6 +18,8 @@ import hashlib
 import re
 from dataclasses import dataclass, replace
 
+from mlm_tasks.errors import ConfigError, MissingArtifactError
+
 SPLITS = ("train", "validation", "test")
 _HASHED = re.compile(r".*-[0-9a-f]{8}")
 
@@ -40,8 +42,6 @@ _SAFE_GLOB = re.compile(r"(?:gs://|file://)?[A-Za-z0-9._/*?-]+")
 
 def check_safe_uri(setting: str, value: str, *, glob: bool = False) -> None:
     """ConfigError unless `value` is a plain path, gs:// or file:// URI or Hub id (`glob`: * and ? too)."""
-    from mlm_tasks.errors import ConfigError
-
     allowed = "[A-Za-z0-9._/*?-]" if glob else SAFE_URI_CHARS
     if not (_SAFE_GLOB if glob else _SAFE_URI).fullmatch(value):
         raise ConfigError(f"{setting} {value!r} holds characters outside the allowed set {allowed} (after an "
@@ -128,6 +128,6 @@ class RunContext:
     @property
     def data(self) -> DataPaths:
         if not self.fingerprint:
-            raise ValueError("This step needs the data fingerprint of a shard set: pass --data-fingerprint "
-                             "(the CLI), or run plan_shards first.")
+            raise MissingArtifactError("This step needs the data fingerprint of a shard set: pass --data-fingerprint "
+                                       "(the CLI), or run plan_shards first.")
         return DataPaths(self.output_root, self.fingerprint)

@@ -8,6 +8,7 @@ gs:// clients (gcsfs, google-cloud-storage) use the credentials handed to `mlm_t
 """
 from __future__ import annotations
 
+import errno
 import json
 import os
 import uuid
@@ -16,7 +17,7 @@ from typing import Any
 import fsspec
 
 from mlm_tasks import credentials
-from mlm_tasks.errors import ConfigError
+from mlm_tasks.errors import AuthError, ConfigError, TransientError
 
 # gcsfs' HNS probe stalls ~60 s a call against anything but the real service; we never use HNS.
 os.environ.setdefault("GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT", "false")
@@ -191,11 +192,54 @@ def download_dir(uri: str, local_dir: str) -> str:
 
 
 def check_writable(uri: str) -> None:
-    """A probe object written and removed: a run that could not save its work fails now, not after hours."""
+    """A probe object written and removed: a run that could not save its work fails now, not after hours.
+
+    A wrong path or a missing permission is the user's to fix (ConfigError, AuthError); a service that
+    failed or did not answer is worth a retry (TransientError, raised after gcsfs' own retries)."""
+    import aiohttp
+    import requests
+    from gcsfs.retry import HttpError
+    from google.auth.exceptions import GoogleAuthError
+
     probe = f"{uri.rstrip('/')}/_probes/{uuid.uuid4().hex}"
     try:
         write_text(probe, "ok")
         remove(probe)
-    except Exception as err:  # any failure here means the run could not save its work
-        raise ConfigError(f"Cannot write to output_root {uri}: {type(err).__name__}: {err}. Check the path "
-                          "and its permissions.") from None
+    except (OSError, ValueError, ImportError, HttpError, GoogleAuthError, requests.RequestException,
+            aiohttp.ClientError) as err:  # what fsspec, gcsfs and google-auth raise; the rest is a bug, raised as it is
+        raise probe_failure(uri, err) from None
+
+
+def probe_failure(uri: str, err: Exception) -> Exception:
+    """The kind (mlm_tasks.errors) of a failure to write under output_root `uri`, with what to do."""
+    import aiohttp
+    import requests
+    from gcsfs.retry import HttpError
+    from google.auth.exceptions import GoogleAuthError, TransportError
+
+    what = " ".join(f"{type(err).__name__}: {err}".split()).rstrip(":")  # one line: gcsfs puts the reason on a second
+    where = "the path and its permissions" if is_local(uri) else "that the bucket exists and the path"
+    fix = ConfigError(f"Cannot write to output_root {uri} ({what}): check {where}.")
+    auth = AuthError(f"Cannot write to output_root {uri}: the credentials were refused ({what}). Give the "
+                     "run's identity (the Airflow GCP connection, or Application Default Credentials) write "
+                     "access to it.")
+    retry = TransientError(f"Cannot write to output_root {uri} now: the storage service failed or did not "
+                           f"answer ({what}). The task retries; if it persists, check the service and the network.")
+    if isinstance(err, HttpError):
+        code = int(err.code) if str(err.code or "").isdigit() else None
+        if code in (401, 403):
+            return auth
+        return retry if code is None or code >= 500 or code in (408, 429) else fix
+    if isinstance(err, GoogleAuthError):  # getting or refreshing a token
+        return retry if isinstance(err, TransportError) or getattr(err, "retryable", False) else auth
+    # After gcsfs' retries: a 502 (ProxyError), a refused or dropped connection, a timeout.
+    if isinstance(err, (requests.RequestException, aiohttp.ClientError, TimeoutError, ConnectionError)):
+        return retry
+    if type(err) is OSError and str(err).startswith("Forbidden"):
+        return auth  # gcsfs raises a 403 as a bare OSError
+    if isinstance(err, (PermissionError, FileNotFoundError, FileExistsError, NotADirectoryError, IsADirectoryError)):
+        return fix  # a local folder we may not write, a missing bucket (404), a file where a folder should be
+    if isinstance(err, OSError):
+        full = err.errno in (errno.EROFS, errno.ENOSPC, errno.EDQUOT, errno.ENAMETOOLONG)
+        return fix if full else retry  # read-only or full: a person acts; EIO and the like may pass
+    return fix  # ValueError (gcsfs' 400 "invalid": a bad bucket name), ImportError (no driver for the scheme)

@@ -58,10 +58,11 @@ def webhook_url() -> str | None:
     if url:
         return url
     from airflow.sdk import BaseHook
+    from airflow.sdk.exceptions import AirflowNotFoundException
 
     try:
         conn = BaseHook.get_connection(WEBHOOK_CONN_ID)
-    except Exception:  # the SDK raises its own not-found type; absence just means "log only"
+    except AirflowNotFoundException:  # absence just means "log only"; a lookup that failed is raised
         return None
     host = conn.host or ""
     if host and "://" not in host:

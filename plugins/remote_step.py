@@ -37,13 +37,12 @@ from airflow.sdk import BaseOperator
 from airflow.sdk.exceptions import AirflowException, AirflowFailException, AirflowSkipException
 
 from gcp_credentials import use_connection
+from mlm_tasks.errors import NO_RETRY_EXIT, NoRetryError, TransientError
 from mlm_tasks.tpu import api as tpu
 from mlm_tasks.tpu import ssh
 from mlm_tasks.tpu.bundle import SESSION_ENV_TOKEN, remote_command, stage_code
 from tpu_operators import NodeEnsurer, resolve_config, run_node_name
 from worker_ssh import ssh_connect
-
-CONFIG_ERROR_EXIT = 2  # mlm_tasks.cli: bad configuration
 
 
 def check_reachable(cfg: Any, name: str, host: str) -> None:
@@ -131,17 +130,23 @@ class RemoteStep:
             message = self._failure_message(cfg, name, outcome)
             if outcome.fatal:  # e.g. a host-key mismatch: the same machine would answer
                 raise AirflowFailException(message)
-            if outcome.exit_code == CONFIG_ERROR_EXIT:
-                raise AirflowFailException(message + "\nExit code 2 is a configuration error: fix the "
-                                           "input and trigger a new run (a retry would fail the same way).")
+            if outcome.exit_code == NO_RETRY_EXIT:
+                raise AirflowFailException(message + "\nExit code 2 is an error no retry can fix (a bad input, a "
+                                           "missing artifact, a refused credential): act on the message above and "
+                                           "trigger a new run.")
             raise AirflowException(message)
         return {"node": name, "workers": len(hosts)}
 
     def _failure_message(self, cfg: Any, name: str, outcome: ssh.Outcome) -> str:
+        import requests
+        from google.api_core.exceptions import GoogleAPIError
+        from google.auth.exceptions import GoogleAuthError
+
         lines = [f"Step {self.step!r} failed on TPU VM {name}:", outcome.describe()]
         try:
             state = tpu.get_state(cfg.tpu, name).state
-        except Exception as err:  # the failure itself matters more than this extra hint
+        except (GoogleAPIError, GoogleAuthError, requests.RequestException, NoRetryError, TransientError) as err:
+            # what the TPU API client raises: the failure itself matters more than this extra hint
             state = f"unknown ({err})"
         if state != "READY":
             then = ("A retry of this task replaces it" if self.replaces_dead_node else

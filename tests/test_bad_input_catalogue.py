@@ -25,6 +25,7 @@ from types import SimpleNamespace
 import pytest
 
 from mlm_tasks.config import ConfigError, config_from_params
+from mlm_tasks.errors import AuthError, MissingArtifactError
 from peers.tiny_data import TINY_YAML, tiny_config
 
 RECORD = os.environ.get("MLM_CATALOGUE_OUT")  # scripts/print_catalogue.py collects the messages here
@@ -174,6 +175,11 @@ def no_gcs_credentials(ctx):
     (ctx.tmp / "gcloud").mkdir()
     mp.setenv("CLOUDSDK_CONFIG", str(ctx.tmp / "gcloud"))
     return tiny_config("gs://mlm-no-such-bucket/prefix")
+
+
+def file_in_the_way(ctx):
+    (ctx.tmp / "a-file").write_text("not a folder")
+    return tiny_config(ctx.tmp / "a-file" / "o")
 
 
 def damaged_copy(damage):
@@ -334,7 +340,10 @@ CASES = [
     Case("gs-without-credentials", "gs:// output_root without credentials",
          r"output_root gs://mlm-no-such-bucket/prefix needs Google Cloud credentials and none were found .*"
          r"set GOOGLE_APPLICATION_CREDENTIALS",
-         [("validate", validate(no_gcs_credentials))]),
+         [("validate", validate(no_gcs_credentials))], error=AuthError),
+    Case("output-root-not-writable", "output_root that cannot be written (a file where its folder should be)",
+         r"Cannot write to output_root .*/a-file/o \((NotADirectoryError|FileExistsError): .*\): check the path",
+         [("validate", validate(file_in_the_way))]),
     Case("local-root-distributed-executor", "local output_root when the executor spreads a run over machines",
          r"output_root .* is a local folder, but the CeleryExecutor may run this run's tasks on several workers.* "
          r"Use output_root gs://bucket/prefix, or, if this folder is a shared mount .*MLM_SHARED_OUTPUT_ROOTS=",
@@ -372,7 +381,7 @@ CASES = [
          [("summary_for_fingerprint", find_data(lambda c: NO_DATA),
            r"No complete shard set for fingerprint 0123456789abcdef .*Rerun mlm_dataset_refresh or trigger"),
           ("check_run_inputs", run_check(CFG, "no-data", lambda c: NO_DATA)),
-          ("train", train_step(CFG, "no-data", lambda c: NO_DATA))], needs="data", error=FileNotFoundError),
+          ("train", train_step(CFG, "no-data", lambda c: NO_DATA))], needs="data", error=MissingArtifactError),
     Case("damaged-manifest", "a damaged manifest.json (not valid JSON)",
          r"manifest\.json is damaged \(JSONDecodeError: .*\): delete .*/shards and .*/partitions, then rerun "
          r"build_shard_set \(or the DAG\) to rebuild the shard set",
@@ -483,6 +492,7 @@ def test_bad_input_is_refused_with_what_to_fix(case, request, tmp_path, tmp_path
         message = str(caught.value)
         assert re.search(expect[0] if expect else case.expect, message, re.S), (entry, message)
         _recorded.append({"case": case.what, "entry": entry, "task": TASK_OF[entry], "first": i == 0,
+                          "kind": type(caught.value).__name__,
                           "message": message.replace(str(tmp_path), "<tmp>")
                                             .replace(str(tmp_path_factory.getbasetemp()), "<tmp>")})
     # Every case is first refused by a check that mlm_pretrain runs before create_tpu_vm.

@@ -31,6 +31,7 @@ from mlm_tasks.config import ConfigError, PipelineConfig
 from mlm_tasks.data.corpus import open_corpus
 from mlm_tasks.data.corpus.shards import ShardsCorpus, check_shards
 from mlm_tasks.data.tokenizer import save_tokenizer, train_unigram
+from mlm_tasks.errors import MissingArtifactError
 from mlm_tasks.paths import SPLITS, DataPaths, join
 
 # 2: two features (input_ids, attention_mask) and record counts in the names; 1 had input_ids only.
@@ -65,8 +66,9 @@ class ShardSet:
     @classmethod
     def load(cls, paths: DataPaths) -> ShardSet:
         if not storage.exists(paths.success):
-            raise FileNotFoundError(f"No complete shard set under {paths.shards_dir} (no _SUCCESS): run "
-                                    "build_shard_set first (or the DAG) or check output_root and the data fingerprint.")
+            raise MissingArtifactError(f"No complete shard set under {paths.shards_dir} (no _SUCCESS): run "
+                                       "build_shard_set first (or the DAG) or check output_root and the data "
+                                       "fingerprint.")
         try:
             data = json.loads(storage.read_bytes(paths.manifest))
             if not isinstance(data, dict) or not isinstance(data.get("splits"), dict):
@@ -219,8 +221,8 @@ def summary_for_fingerprint(cfg: PipelineConfig, fingerprint: str) -> DataSummar
     """The summary of an already prepared shard set, by fingerprint (e.g. from a dataset-refresh event)."""
     paths = DataPaths(cfg.output_root, fingerprint)
     if not storage.exists(paths.success):
-        raise FileNotFoundError(f"No complete shard set for fingerprint {fingerprint} under {paths.shards_dir}: "
-                                "was it deleted? Rerun mlm_dataset_refresh or trigger mlm_pretrain manually.")
+        raise MissingArtifactError(f"No complete shard set for fingerprint {fingerprint} under {paths.shards_dir}: "
+                                   "was it deleted? Rerun mlm_dataset_refresh or trigger mlm_pretrain manually.")
     log.info("Using the shard set with fingerprint %s at %s", fingerprint, paths.shards_dir)
     return data_summary(ShardSet.load(paths), cache_hit=True)
 

@@ -15,6 +15,7 @@ from collections.abc import Iterable
 
 from mlm_tasks import storage
 from mlm_tasks.config import SPECIAL_TOKENS, ConfigError, TokenizerConfig
+from mlm_tasks.errors import MissingArtifactError
 from mlm_tasks.paths import join
 
 log = logging.getLogger(__name__)
@@ -102,7 +103,7 @@ def load_encoder(uri: str):
 
     path = join(uri, "tokenizer.json")
     if not storage.exists(path):
-        raise FileNotFoundError(f"No tokenizer at {uri}: run plan_shards first or check output_root.")
+        raise MissingArtifactError(f"No tokenizer at {uri}: run plan_shards first or check output_root.")
     return Tokenizer.from_str(storage.read_text(path))
 
 
@@ -112,6 +113,6 @@ def load_tokenizer(uri: str, max_length: int | None = None):
 
     path = join(uri, "tokenizer.json")
     if not storage.exists(path):
-        raise FileNotFoundError(f"No tokenizer at {uri}: run plan_shards first or check output_root.")
+        raise MissingArtifactError(f"No tokenizer at {uri}: run plan_shards first or check output_root.")
     tok = Tokenizer.from_str(storage.read_text(path))
     return to_pretrained(tok, max_length or 512)

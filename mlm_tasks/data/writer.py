@@ -57,6 +57,7 @@ from mlm_tasks import storage
 from mlm_tasks.config import ConfigError, PipelineConfig, ShardConfig
 from mlm_tasks.data.shard_set import ShardSet, build_manifest, publish_manifest
 from mlm_tasks.data.tfrecord import encode_examples, frame_records, shard_name
+from mlm_tasks.errors import MissingArtifactError
 from mlm_tasks.paths import SPLITS, DataPaths, join
 
 log = logging.getLogger(__name__)
@@ -238,8 +239,8 @@ def merge_partitions(cfg: PipelineConfig, paths: DataPaths, num_parts: int, extr
     for part in range(num_parts):
         uri = partition_manifest_uri(paths, part, num_parts)
         if not storage.exists(uri):
-            raise FileNotFoundError(f"Partition {part} of {num_parts} is not written ({uri} missing): rerun "
-                                    "its shard task, then the merge.")
+            raise MissingArtifactError(f"Partition {part} of {num_parts} is not written ({uri} missing): rerun "
+                                       "its shard task, then the merge.")
         partials.append(storage.read_json(uri))
     sc = cfg.shards
     splits = {}

@@ -1,6 +1,10 @@
 """Hugging Face Hub client plumbing shared by publishing and checkpoint sync: one place that builds the
 client, resolves the endpoint, and turns HTTP failures into errors that say what to do.
 
+Failures take the kinds of mlm_tasks.errors: a rejected token (401) or a missing permission (403) is an
+AuthError; a Hub that failed (5xx, 429) or did not answer (a timeout, no connection) a TransientError;
+any other refusal (4xx) a ConfigError, since only a change of the request's settings can help.
+
     api, url = hub_api(token, endpoint, conn_id="huggingface_default")
     with hub_errors("uploading the model", token, url, conn_id):
         api.upload_folder(...)
@@ -27,14 +31,16 @@ import sys
 import requests
 from requests.adapters import BaseAdapter
 
+from mlm_tasks.errors import AuthError, ConfigError, TransientError
+
 log = logging.getLogger(__name__)
 DEFAULT_TIMEOUT_S = 120.0    # publish.request_timeout_s's default, for callers without a config
 _timeout_s = DEFAULT_TIMEOUT_S
 _installed = False
 
 
-class PublishError(RuntimeError):
-    """Publishing failed; the message says what to do and never contains the token."""
+# Refusals that a later try may not meet: the Hub's rate limit and its own request timeout.
+RETRY_STATUSES = (408, 429)
 
 
 def scrub(text: str, token: str | None) -> str:
@@ -50,7 +56,7 @@ def resolve_endpoint(endpoint: str | None) -> str:
     from huggingface_hub import constants
 
     if endpoint and endpoint != constants.ENDPOINT:
-        raise PublishError(f"Hub endpoint {endpoint} differs from HF_ENDPOINT={constants.ENDPOINT}, which "
+        raise ConfigError(f"Hub endpoint {endpoint} differs from HF_ENDPOINT={constants.ENDPOINT}, which "
                            "huggingface_hub was imported with and checks commit URLs against. Set "
                            f"HF_ENDPOINT={endpoint} in the worker's environment, or leave the endpoint empty.")
     return constants.ENDPOINT
@@ -95,7 +101,7 @@ def bound_requests(timeout_s: float) -> None:
 
 def hub_api(token: str | None, endpoint: str | None, conn_id: str, timeout_s: float = DEFAULT_TIMEOUT_S):
     if not token:
-        raise PublishError(f"No Hugging Face token: set the password of Airflow connection {conn_id!r} (or "
+        raise AuthError(f"No Hugging Face token: set the password of Airflow connection {conn_id!r} (or "
                            "HF_TOKEN for the CLI) to a token with write access.")
     from huggingface_hub import HfApi
 
@@ -106,29 +112,33 @@ def hub_api(token: str | None, endpoint: str | None, conn_id: str, timeout_s: fl
 
 @contextlib.contextmanager
 def hub_errors(action: str, token: str, endpoint: str, conn_id: str):
-    """Turn Hub HTTP failures into PublishErrors that say what to do (and hold no token)."""
+    """Turn Hub HTTP failures into the errors of mlm_tasks.errors, saying what to do (and holding no token)."""
     try:
         yield
     except requests.Timeout as err:  # before ConnectionError: a ConnectTimeout is both
-        raise PublishError(scrub(f"The Hub at {endpoint} did not answer within publish.request_timeout_s="
-                                 f"{_timeout_s:g}s while {action} ({type(err).__name__}): retry the task; if it "
-                                 f"persists, check {endpoint} and the network, or raise publish.request_timeout_s "
-                                 "if the Hub is only slow.", token)) from None
+        raise TransientError(scrub(f"The Hub at {endpoint} did not answer within publish.request_timeout_s="
+                                   f"{_timeout_s:g}s while {action} ({type(err).__name__}): the task retries; if "
+                                   f"it persists, check {endpoint} and the network, or raise "
+                                   "publish.request_timeout_s if the Hub is only slow.", token)) from None
     except requests.HTTPError as err:
         status = err.response.status_code if err.response is not None else None
         if status == 401:
-            msg = (f"The Hugging Face Hub at {endpoint} rejected the token (401 Unauthorized) while {action}: "
-                   f"put a valid write token in the password of Airflow connection {conn_id!r}.")
-        elif status == 403:
-            msg = (f"The token has no write permission (403 Forbidden) while {action} on {endpoint}: grant it "
-                   "write access to that namespace, or change publish.repo_id.")
-        else:
-            msg = f"The Hub request failed while {action} ({status}): {err}. Retry the task; if it persists, " \
-                  f"check {endpoint}."
-        raise PublishError(scrub(msg, token)) from None
+            raise AuthError(scrub(f"The Hugging Face Hub at {endpoint} rejected the token (401 Unauthorized) while "
+                                  f"{action}: put a valid write token in the password of Airflow connection "
+                                  f"{conn_id!r}.", token)) from None
+        if status == 403:
+            raise AuthError(scrub(f"The token has no write permission (403 Forbidden) while {action} on "
+                                  f"{endpoint}: grant it write access to that namespace, or change publish.repo_id.",
+                                  token)) from None
+        if status is None or status >= 500 or status in RETRY_STATUSES:
+            raise TransientError(scrub(f"The Hub failed while {action} ({status}): {err}. The task retries; if it "
+                                       f"persists, check the status of {endpoint}.", token)) from None
+        raise ConfigError(scrub(f"The Hub refused the request while {action} ({status}): {err}. Check "
+                                "publish.repo_id (and publish.tokenizer_repo_id) and the files to upload.",
+                                token)) from None
     except requests.ConnectionError as err:
-        raise PublishError(scrub(f"Cannot reach the Hub at {endpoint} while {action}: {err}. Check the "
-                                 "network or HF_ENDPOINT, then retry.", token)) from None
+        raise TransientError(scrub(f"Cannot reach the Hub at {endpoint} while {action}: {err}. The task retries; "
+                                   "if it persists, check the network or HF_ENDPOINT.", token)) from None
 
 
 def local_files(folder: str) -> list[str]:
@@ -145,7 +155,7 @@ def check_visibility(api, repo_id: str, private: bool) -> None:
     """An existing repo must be as private as publish.private asks."""
     actual = api.repo_info(repo_id).private
     if private and not actual:
-        raise PublishError(f"publish.private is true but the existing Hub repo {repo_id} is public: make it "
+        raise ConfigError(f"publish.private is true but the existing Hub repo {repo_id} is public: make it "
                            "private on the Hub, or set publish.private=false if public is intended.")
     if actual and not private:
         log.warning("publish.private is false but %s already exists as a private repo; it stays private", repo_id)

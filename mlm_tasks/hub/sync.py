@@ -34,8 +34,9 @@ import time
 from dataclasses import dataclass
 
 from mlm_tasks import storage
-from mlm_tasks.config import ConfigError, PipelineConfig
-from mlm_tasks.hub.api import DEFAULT_TIMEOUT_S, PublishError, hub_api, hub_errors, scrub
+from mlm_tasks.config import PipelineConfig
+from mlm_tasks.errors import AuthError, ConfigError, MissingArtifactError, NoRetryError, TransientError
+from mlm_tasks.hub.api import DEFAULT_TIMEOUT_S, hub_api, hub_errors, scrub
 from mlm_tasks.paths import join
 
 log = logging.getLogger(__name__)
@@ -48,10 +49,10 @@ def check_sync_settings(cfg: PipelineConfig, token: str | None) -> None:
     if not cfg.publish.repo_id:
         raise ConfigError("publish.sync_checkpoints needs publish.repo_id, the Hub repo the checkpoints go to.")
     if not token:
-        raise ConfigError("publish.sync_checkpoints is on but train() got no Hub token (hub_token): give it a "
-                          "Hub write token — the CLI reads it from HF_TOKEN, the Airflow train task from the "
-                          f"password of connection {cfg.publish.hf_conn_id!r} — or turn "
-                          "publish.sync_checkpoints off.")
+        raise AuthError("publish.sync_checkpoints is on but train() got no Hub token (hub_token): give it a "
+                        "Hub write token — the CLI reads it from HF_TOKEN, the Airflow train task from the "
+                        f"password of connection {cfg.publish.hf_conn_id!r} — or turn "
+                        "publish.sync_checkpoints off.")
 
 
 def hub_checkpoint_sync(cfg: PipelineConfig, token: str | None, *, train_records: int, global_batch: int,
@@ -92,7 +93,7 @@ class HubCheckpointSync:
         """Wait for the queued uploads; failures are logged, not raised."""
         try:
             uploaded = self.syncer.close(timeout)
-        except PublishError as err:
+        except (NoRetryError, TransientError) as err:  # what close() raises
             log.warning("Checkpoint sync to the Hub failed (training is complete; checkpoints are in "
                         "output_root): %s", err)
             return list(self.syncer.uploaded)
@@ -110,7 +111,7 @@ def stage_checkpoint(checkpoint_path: str) -> str:
     names = [uri.rsplit("/", 1)[1] for uri in storage.listdir(folder)]
     names = [n for n in names if n.startswith(prefix + ".") and ".tmp-" not in n]
     if not names:
-        raise PublishError(f"No files of checkpoint {checkpoint_path}: it was not saved, or was deleted.")
+        raise MissingArtifactError(f"No files of checkpoint {checkpoint_path}: it was not saved, or was deleted.")
     for name in names:
         target = os.path.join(staged, name)
         if storage.is_local(folder):
@@ -141,7 +142,8 @@ class CheckpointSyncer:
 
     Each upload makes that folder an exact copy of one checkpoint (files of older checkpoints are
     deleted in the same commit). If uploads fall behind, an older checkpoint that never started
-    uploading is dropped (logged, and listed in `skipped_steps`); `close()` raises if any upload failed.
+    uploading is dropped (logged, and listed in `skipped_steps`); `close()` raises if any upload failed,
+    an error of the last failure's kind (mlm_tasks.errors; TransientError for an unforeseen one).
     """
 
     def __init__(self, repo_id: str, token: str, endpoint: str | None = None, private: bool = True,
@@ -157,6 +159,7 @@ class CheckpointSyncer:
         self._closing = False
         self._repo_ready = False
         self.errors: list[str] = []
+        self._last_kind: type[Exception] = TransientError  # of the last failed upload
         self.uploaded: list[dict] = []      # {"step", "commit_oid", "commit_url"} per finished upload
         self.skipped_steps: list[int] = []
         self._thread = threading.Thread(target=self._run, name="hub-checkpoint-sync", daemon=True)
@@ -165,7 +168,7 @@ class CheckpointSyncer:
     def submit(self, local_dir: str, step: int) -> None:
         """Queue `local_dir` (the checkpoint of `step`) for upload and return at once."""
         if self._closing:
-            raise PublishError("CheckpointSyncer.submit after close(): create a new syncer.")
+            raise RuntimeError("CheckpointSyncer.submit after close(): create a new syncer.")
         snapshot = _snapshot(local_dir) if storage.is_local(local_dir) else None
         with self._cond:
             if self._pending is not None:
@@ -176,18 +179,18 @@ class CheckpointSyncer:
             self._cond.notify()
 
     def close(self, timeout: float | None = None) -> list[dict]:
-        """Wait for the queued upload to finish; raise PublishError if any upload failed."""
+        """Wait for the queued upload to finish; raise (see the class) if any upload failed."""
         with self._cond:
             self._closing = True
             self._cond.notify_all()
         self._thread.join(timeout)
         if self._thread.is_alive():
-            raise PublishError(f"A checkpoint upload to {self.repo_id} is still running after {timeout}s: the "
-                               "Hub or the network is slow. Training results are safe in output_root; retry "
-                               "the upload later or raise the timeout.")
+            raise TransientError(f"A checkpoint upload to {self.repo_id} is still running after {timeout}s: the "
+                                 "Hub or the network is slow. Training results are safe in output_root; retry "
+                                 "the upload later or raise the timeout.")
         if self.errors:
-            raise PublishError(f"{len(self.errors)} checkpoint upload(s) to {self.repo_id} failed; the last: "
-                               f"{self.errors[-1]}")
+            kind = self._last_kind if issubclass(self._last_kind, (NoRetryError, TransientError)) else TransientError
+            raise kind(f"{len(self.errors)} checkpoint upload(s) to {self.repo_id} failed; the last: {self.errors[-1]}")
         return list(self.uploaded)
 
     def __enter__(self) -> CheckpointSyncer:
@@ -199,7 +202,7 @@ class CheckpointSyncer:
             return
         try:  # training already failed: wait for the upload, but report that failure, not ours
             self.close()
-        except PublishError as err:
+        except (NoRetryError, TransientError) as err:  # what close() raises
             log.warning("%s", err)
 
     def _run(self) -> None:
@@ -212,8 +215,9 @@ class CheckpointSyncer:
                 job, self._pending = self._pending, None
             try:
                 self._upload(job)
-            except Exception as err:  # noqa: BLE001 - a background failure must be kept for close(), whatever it is
+            except Exception as err:  # noqa: BLE001 - recorded for close(): a background failure, whatever it is
                 message = scrub(str(err), self._token)
+                self._last_kind = type(err)
                 log.warning("Checkpoint upload of step %d to %s failed (training goes on): %s",
                             job.step, self.repo_id, message)
                 self.errors.append(message)
@@ -246,8 +250,8 @@ def _snapshot(local_dir: str) -> str:
     """Freeze the checkpoint's files as they are now, so training may write the next one meanwhile."""
     src = storage.local_path(local_dir)
     if not os.path.isdir(src):
-        raise PublishError(f"Checkpoint folder {local_dir} does not exist: submit the folder the checkpoint "
-                           "was just written to.")
+        raise MissingArtifactError(f"Checkpoint folder {local_dir} does not exist: submit the folder the "
+                                   "checkpoint was just written to.")
     dest = tempfile.mkdtemp(prefix="mlm-ckpt-snapshot-")
     for dirpath, _, names in os.walk(src):
         for name in names:

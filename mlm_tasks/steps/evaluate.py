@@ -15,6 +15,7 @@ from collections import Counter
 
 from mlm_tasks import storage
 from mlm_tasks.config import ConfigError, PipelineConfig
+from mlm_tasks.errors import MissingArtifactError
 from mlm_tasks.paths import RunContext
 
 log = logging.getLogger(__name__)
@@ -75,8 +76,8 @@ def evaluate(cfg: PipelineConfig, ctx: RunContext) -> dict:
         log.info("Metrics already at %s: nothing to do", run.eval_metrics)
         return storage.read_json(run.eval_metrics)
     if not storage.exists(run.train_summary):
-        raise FileNotFoundError(f"No trained model for run {run_id} ({run.train_summary} missing): run the "
-                                "train step first.")
+        raise MissingArtifactError(f"No trained model for run {run_id} ({run.train_summary} missing): run the "
+                                   "train step first.")
     shard_set = load_manifest(cfg, fingerprint)
     split = cfg.eval.split
     tokenizer = load_tokenizer(shard_set.paths.tokenizer, shard_set.max_length)

@@ -12,6 +12,7 @@ import tempfile
 
 from mlm_tasks import storage
 from mlm_tasks.config import ConfigError, PipelineConfig
+from mlm_tasks.errors import MissingArtifactError
 from mlm_tasks.paths import RunContext
 
 log = logging.getLogger(__name__)
@@ -26,7 +27,7 @@ def fill_mask(cfg: PipelineConfig, ctx: RunContext) -> list[dict]:
         if probe.count("<mask>") != 1:
             raise ConfigError(f"Probe {probe!r} must contain exactly one <mask>.")
     if not storage.exists(run.train_summary):
-        raise FileNotFoundError(f"No trained model for run {run_id}: run the train step first.")
+        raise MissingArtifactError(f"No trained model for run {run_id}: run the train step first.")
     with tempfile.TemporaryDirectory() as tmp:
         local = storage.download_dir(run.model, tmp)
         # dtype=None: without torch installed the pipeline's default dtype lookup fails.

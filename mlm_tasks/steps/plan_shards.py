@@ -53,7 +53,9 @@ def plan_shards(cfg: PipelineConfig, ctx: RunContext, *, corpus=None, num_parts:
         adopt(cfg, corpus, paths, corpus_fp or corpus.fingerprint())  # no tokenizer to train, no shard to write
         return nothing_to_write(paths.fingerprint, cache_hit=False, corpus_fingerprint=corpus_fp)
     log.info("Preparing data fingerprint %s under %s in %d partition(s)", paths.fingerprint, paths.root, n)
-    check_writable(cfg.output_root)  # before an hour of tokenizer training, not after
+    # Before an hour of tokenizer training, not after. validate probes too, but not in a dataset refresh
+    # (probe_write=False: an unchanged source writes nothing) nor when plan_shards runs alone (the CLI).
+    check_writable(cfg.output_root)
     ensure_tokenizer(cfg, corpus, paths)
     return [Partition(fingerprint=paths.fingerprint, part=p, num_parts=n, cache_hit=False, corpus_fingerprint=corpus_fp)
             for p in range(n)]

@@ -17,7 +17,8 @@ import tempfile
 
 from mlm_tasks import paths, storage
 from mlm_tasks.config import PipelineConfig
-from mlm_tasks.hub.api import PublishError, check_visibility, hub_api, hub_errors, local_files
+from mlm_tasks.errors import ConfigError, MissingArtifactError
+from mlm_tasks.hub.api import check_visibility, hub_api, hub_errors, local_files
 from mlm_tasks.model.card import read_run_artifacts, write_model_card
 from mlm_tasks.model.pt_export import SAFETENSORS_NAME, export_pytorch_weights
 from mlm_tasks.paths import RunContext, RunPaths, join
@@ -46,14 +47,14 @@ def publish(cfg: PipelineConfig, ctx: RunContext, *, token: str, endpoint: str |
     metrics at paths.published_metrics(...) so the next run's gate compares against them."""
     run, (repo_id, conn_id) = ctx.run, (cfg.publish.repo_id, cfg.publish.hf_conn_id)
     if not repo_id:
-        raise PublishError("publish.repo_id is empty: set it to the Hub repo to push to, e.g. my-org/roberta-wiki.")
+        raise ConfigError("publish.repo_id is empty: set it to the Hub repo to push to, e.g. my-org/roberta-wiki.")
     done = storage.read_json_if_exists(run.published)
     if done and done.get("repo_id") == repo_id:
         log.info("Run %s was already published to %s (commit %s); nothing to do", run.run_id, repo_id,
                  done.get("commit_oid"))
         return done
     if not storage.exists(join(run.model, "config.json")):
-        raise PublishError(f"No saved model at {run.model}: run train for run {run.run_id} first.")
+        raise MissingArtifactError(f"No saved model at {run.model}: run train for run {run.run_id} first.")
     api, url = hub_api(token, endpoint, conn_id, cfg.publish.request_timeout_s)
     with hub_errors("checking the token", token, url, conn_id):
         user = api.whoami()["name"]

@@ -14,7 +14,8 @@ import tempfile
 
 from mlm_tasks import storage
 from mlm_tasks.config import PipelineConfig
-from mlm_tasks.hub.api import PublishError, check_visibility, hub_api, hub_errors, local_files
+from mlm_tasks.errors import ConfigError, MissingArtifactError
+from mlm_tasks.hub.api import check_visibility, hub_api, hub_errors, local_files
 from mlm_tasks.paths import RunContext, join
 
 log = logging.getLogger(__name__)
@@ -36,9 +37,9 @@ def publish_tokenizer(cfg: PipelineConfig, ctx: RunContext, *, token: str, endpo
     """Push the tokenizer of `data` (alone, with a short card) to `publish.tokenizer_repo_id`."""
     data, (repo_id, conn_id) = ctx.data, (cfg.publish.tokenizer_repo_id, cfg.publish.hf_conn_id)
     if not repo_id:
-        raise PublishError("publish.tokenizer_repo_id is empty: set it to the Hub repo for the tokenizer.")
+        raise ConfigError("publish.tokenizer_repo_id is empty: set it to the Hub repo for the tokenizer.")
     if not storage.exists(join(data.tokenizer, "tokenizer.json")):
-        raise PublishError(f"No tokenizer at {data.tokenizer}: run plan_shards first.")
+        raise MissingArtifactError(f"No tokenizer at {data.tokenizer}: run plan_shards first.")
     api, url = hub_api(token, endpoint, conn_id, cfg.publish.request_timeout_s)
     with tempfile.TemporaryDirectory(prefix="mlm-tokenizer-") as tmp:
         # Copy: the tokenizer dir is create-only data shared by runs; the card must not land in it.

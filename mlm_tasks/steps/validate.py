@@ -19,6 +19,7 @@ from mlm_tasks import storage
 from mlm_tasks.config import ConfigError, PipelineConfig
 from mlm_tasks.data.corpus import open_corpus
 from mlm_tasks.data.shard_set import load_manifest
+from mlm_tasks.errors import AuthError
 from mlm_tasks.model.training_plan import check_resumable, plan_steps
 from mlm_tasks.paths import RunContext
 from mlm_tasks.storage import check_writable
@@ -37,9 +38,9 @@ def check_gcs_credentials(uri: str) -> None:
     try:
         google.auth.default()
     except DefaultCredentialsError as err:
-        raise ConfigError(f"output_root {uri} needs Google Cloud credentials and none were found ({err}): set "
-                          "GOOGLE_APPLICATION_CREDENTIALS to a key file, run `gcloud auth application-default "
-                          "login`, or give the Airflow GCP connection (gcp_conn_id) a service-account key.") from None
+        raise AuthError(f"output_root {uri} needs Google Cloud credentials and none were found ({err}): set "
+                        "GOOGLE_APPLICATION_CREDENTIALS to a key file, run `gcloud auth application-default "
+                        "login`, or give the Airflow GCP connection (gcp_conn_id) a service-account key.") from None
 
 
 def check_local_corpus(corpus) -> None:

@@ -36,6 +36,7 @@ from typing import Any
 
 from mlm_tasks import credentials
 from mlm_tasks.config import ConfigError, PipelineConfig, build_config
+from mlm_tasks.errors import NO_RETRY_EXIT, NoRetryError, TransientError
 from mlm_tasks.paths import RunPaths
 from mlm_tasks.tpu import api as tpu
 from mlm_tasks.tpu import slices as tpu_slices
@@ -279,7 +280,8 @@ def smoke(args: argparse.Namespace, out: Callable[[str], None] = print) -> int:
         try:
             op = tpu.delete_node(cfg.tpu, name, api=api)
             out(f"Deleting TPU VM {name}: {op or 'already gone'}")
-        except Exception as err:  # say what to run by hand; the janitor's TTL is the last resort
+        except Exception as err:  # any failure recorded for the person, with what to run by hand; not raised, so
+            # it does not hide the smoke's own error (the janitor's TTL is the last resort)
             out(f"DELETE OF TPU VM {name} FAILED ({err}): run `gcloud compute tpus tpu-vm delete {name} "
                 f"--zone {cfg.tpu.zone} --project {cfg.tpu.project}` (its expires label is 2 hours out).")
         for s, handler in previous.items():
@@ -290,10 +292,10 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:
         return smoke(parse_args(argv), out=lambda line: print(line, flush=True))
-    except ConfigError as err:
+    except NoRetryError as err:  # as the CLI: a bad input, a missing artifact, a refused credential
         print(f"error: {err}", file=sys.stderr)
-        return 2
-    except (RuntimeError, Interrupted, KeyboardInterrupt) as err:
+        return NO_RETRY_EXIT
+    except (RuntimeError, TransientError, Interrupted, KeyboardInterrupt) as err:
         print(f"Smoke FAILED: {err}", file=sys.stderr)
         return 1
 

@@ -40,7 +40,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from mlm_tasks.errors import ConfigError
+from mlm_tasks.errors import AuthError, ConfigError, NoRetryError
 
 log = logging.getLogger(__name__)
 
@@ -49,9 +49,8 @@ Published = Callable[[int], "dict[str, str]"]   # worker index -> {key type: bas
 Connect = Callable[..., Any]                    # connect(host, worker=0) -> logged-in paramiko SSHClient
 
 
-# A ConfigError for now: a person must look, a retry reaches the same machine. The integrator
-# re-parents it when mlm_tasks/errors.py has its taxonomy (an error that no retry can fix).
-class HostKeyMismatch(ConfigError):
+# An AuthError: the machine at that IP is not the one the node published; a retry reaches the same one.
+class HostKeyMismatch(AuthError):
     """The worker presented a host key its node did not publish: no retry can fix that."""
 
 
@@ -195,7 +194,7 @@ class Outcome:
     worker: int = 0
     exit_code: int | None = None      # None: did not finish (connection lost, or hung up by us)
     error: str | None = None
-    fatal: bool = False               # a ConfigError (a host-key mismatch, say): no retry can fix it
+    fatal: bool = False               # a NoRetryError (a host-key mismatch, say): no retry can fix it
     tail: collections.deque = field(default_factory=lambda: collections.deque(maxlen=TAIL_LINES))
 
     def describe(self) -> str:
@@ -250,7 +249,7 @@ class Session:
                 out.exit_code = code
         except Exception as err:  # reported in the outcome; the caller fails on it
             out.error = f"{type(err).__name__}: {err}"
-            out.fatal = isinstance(err, ConfigError)
+            out.fatal = isinstance(err, NoRetryError)
         finally:
             self.close()  # also on Ctrl-C or a signal: never leave the remote command running
         return out

@@ -6,6 +6,8 @@ batch API with basic PUT transfers, commit (NDJSON), model info and the recursiv
 checks the bearer token like the Hub does and records every commit for tests to assert on.
 `hub.stall()` makes it a hung Hub: every request is taken in and left unanswered (the connection
 open, never answered) until `hub.unstall()` or stop, so a client without a timeout waits for ever.
+`hub.outage(503)` makes it a Hub that is down: every request is answered with that status (in the Hub's
+error body and headers) until `hub.outage(None)`.
 
     hub = FakeHub(token="hf_test", user="alice").start()
     api = HfApi(endpoint=hub.url, token="hf_test")
@@ -25,6 +27,7 @@ import re
 import threading
 import time
 from dataclasses import dataclass, field
+from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from urllib.parse import unquote
 
@@ -78,6 +81,7 @@ class FakeHub:
         self.commits_released.set()
         self.commit_arrived = threading.Event()
         self.answering = threading.Event()  # cleared by stall(): requests wait, unanswered
+        self.outage_status: int | None = None  # set by outage(): every request gets this status
         self.answering.set()
         self.lock = threading.Lock()
         self._server: ThreadingHTTPServer | None = None
@@ -97,6 +101,9 @@ class FakeHub:
     def stall(self) -> None:
         """From now on, leave every request unanswered (a hung Hub) until unstall() or stop()."""
         self.answering.clear()
+
+    def outage(self, status: int | None) -> None:
+        self.outage_status = status
 
     def unstall(self) -> None:
         self.answering.set()
@@ -175,6 +182,10 @@ class _Handler(BaseHTTPRequestHandler):
             self.fake.answering.wait(timeout=120)
             self.close_connection = True
             return
+        if self.fake.outage_status is not None:
+            self._body()
+            status = self.fake.outage_status
+            return self._error(status, f"{HTTPStatus(status).phrase} (FakeHub.outage({status}))")
         for pattern, name in _ROUTES.get(method, []):
             match = re.fullmatch(pattern, path)
             if match:

@@ -98,7 +98,7 @@ def test_configuration_error_on_the_vm_fails_without_retry(fake_tpu, sshd, ssh_c
     fake_tpu.add_node("proj", ZONE, NAME)
     op = TrainOperator(task_id="train", data=DATA, config=_config(fake_tpu, sshd),
                        command="echo 'error: Global batch 4096 is larger than the 300 train records' >&2; exit 2")
-    with pytest.raises(AirflowFailException, match=r"(?s)exit code 2.*Global batch 4096.*configuration error"):
+    with pytest.raises(AirflowFailException, match=r"(?s)exit code 2.*Global batch 4096.*no retry can fix"):
         _run(op)
     op = TrainOperator(task_id="train", data=DATA, config=_config(fake_tpu, sshd), command="exit 1")
     with pytest.raises(AirflowException) as err:

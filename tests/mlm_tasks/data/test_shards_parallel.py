@@ -10,6 +10,7 @@ from mlm_tasks import storage
 from mlm_tasks.config import build_config
 from mlm_tasks.data.tfrecord import records_from_name
 from mlm_tasks.data.writer import merge_partitions, partition_manifest_uri, write_partition
+from mlm_tasks.errors import MissingArtifactError
 from mlm_tasks.paths import DataPaths, join
 
 
@@ -93,7 +94,7 @@ def test_partition_rerun_is_skipped_and_merge_needs_every_part(setup):
     marker = partition_manifest_uri(paths, 0, 2)
     mtime = os.path.getmtime(marker)
     assert write_partition(cfg, paths, 0, 2) == first and os.path.getmtime(marker) == mtime
-    with pytest.raises(FileNotFoundError, match="Partition 1 of 2"):
+    with pytest.raises(MissingArtifactError, match="Partition 1 of 2"):
         merge_partitions(cfg, paths, 2, {})
     with pytest.raises(ValueError, match="outside"):
         write_partition(cfg, paths, 2, 2)

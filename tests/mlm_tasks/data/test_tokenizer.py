@@ -4,6 +4,7 @@ import pytest
 from mlm_tasks.config import ConfigError, CorpusConfig, TokenizerConfig
 from mlm_tasks.data.corpus import open_corpus
 from mlm_tasks.data.tokenizer import load_tokenizer, save_tokenizer, train_unigram
+from mlm_tasks.errors import MissingArtifactError
 
 ROWS = None
 
@@ -43,5 +44,5 @@ def test_publish_is_first_writer_wins(tmp_path):
 
 
 def test_missing_tokenizer_says_what_to_do(tmp_path):
-    with pytest.raises(FileNotFoundError, match="run plan_shards first"):
+    with pytest.raises(MissingArtifactError, match="run plan_shards first"):
         load_tokenizer(str(tmp_path / "nothing"))

@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from mlm_tasks.config import ConfigError
+from mlm_tasks.errors import AuthError
 from mlm_tasks.paths import RunContext, RunPaths
 from peers.tiny_data import tiny_config
 
@@ -40,7 +41,7 @@ def test_sync_off_by_default_and_fails_fast_without_token_or_repo(tmp_path):
     check_sync_settings(tiny_config(tmp_path), None)  # off: nothing to check
     on = tiny_config(tmp_path, **{"publish.sync_checkpoints": True, "publish.repo_id": REPO})
     for call in (lambda: check_sync_settings(on, None), lambda: hub_checkpoint_sync(on, "", **sizes)):
-        with pytest.raises(ConfigError, match="no Hub token"):
+        with pytest.raises(AuthError, match="no Hub token"):
             call()
     with pytest.raises(ConfigError, match="needs publish.repo_id"):
         check_sync_settings(tiny_config(tmp_path, **{"publish.sync_checkpoints": True}), "hf_token")
@@ -53,7 +54,7 @@ def test_train_with_sync_and_no_token_says_what_to_do_and_ignores_the_environmen
 
     monkeypatch.setenv("HF_TOKEN", "hf_in_the_environment")
     cfg = tiny_config(tmp_path / "out", **{"publish.sync_checkpoints": True, "publish.repo_id": REPO})
-    with pytest.raises(ConfigError) as err:
+    with pytest.raises(AuthError) as err:
         train(cfg, RunContext.of(cfg, "no-token", "0123456789abcdef"))
     msg = str(err.value)
     assert "publish.sync_checkpoints is on but train() got no Hub token (hub_token)" in msg

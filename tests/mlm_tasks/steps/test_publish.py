@@ -13,7 +13,7 @@ import yaml
 
 from mlm_tasks import paths, storage
 from mlm_tasks.config import build_config
-from mlm_tasks.hub.api import PublishError
+from mlm_tasks.errors import AuthError, ConfigError, MissingArtifactError, TransientError
 from mlm_tasks.hub.sync import CheckpointSyncer
 from mlm_tasks.paths import DataPaths, RunContext, join
 from mlm_tasks.steps.publish import publish
@@ -123,7 +123,7 @@ def test_license_is_configurable_and_public_repo_when_asked(tmp_path, fake_hub):
 
 def test_existing_public_repo_is_not_used_when_private_is_required(tmp_path, fake_hub):
     fake_hub.add_repo(REPO, private=False)
-    with pytest.raises(PublishError, match="is public: make it private"):
+    with pytest.raises(ConfigError, match="is public: make it private"):
         publish(_cfg(tmp_path), _ctx(make_run(str(tmp_path), "run-1")), token=fake_hub.token)
     assert fake_hub.commits == []
 
@@ -138,7 +138,7 @@ def test_rerun_after_success_is_a_no_op(tmp_path, fake_hub):
 def test_bad_token_gives_clear_error_without_the_token(tmp_path, fake_hub, caplog):
     secret = "hf_wrongSecretToken123"
     caplog.set_level(logging.DEBUG)
-    with pytest.raises(PublishError) as err:
+    with pytest.raises(AuthError) as err:
         publish(_cfg(tmp_path), _ctx(make_run(str(tmp_path), "run-1")), token=secret)
     message = str(err.value)
     assert "rejected the token (401 Unauthorized)" in message
@@ -150,14 +150,14 @@ def test_bad_token_gives_clear_error_without_the_token(tmp_path, fake_hub, caplo
 
 def test_missing_model_and_missing_token_say_what_to_do(tmp_path, fake_hub):
     cfg = _cfg(tmp_path)
-    with pytest.raises(PublishError, match="run train"):
+    with pytest.raises(MissingArtifactError, match="run train"):
         publish(cfg, _ctx(make_run(str(tmp_path), "untrained", model=False)), token=fake_hub.token)
-    with pytest.raises(PublishError, match="No Hugging Face token"):
+    with pytest.raises(AuthError, match="No Hugging Face token"):
         publish(cfg, _ctx(make_run(str(tmp_path), "run-1")), token="")
 
 
 def test_endpoint_that_disagrees_with_hf_endpoint_is_refused(tmp_path, fake_hub):
-    with pytest.raises(PublishError, match="Set HF_ENDPOINT=http://127.0.0.1:1"):
+    with pytest.raises(ConfigError, match="Set HF_ENDPOINT=http://127.0.0.1:1"):
         publish(_cfg(tmp_path), _ctx(make_run(str(tmp_path), "run-1")), token=fake_hub.token,
                       endpoint="http://127.0.0.1:1")
     result = publish(_cfg(tmp_path), _ctx(make_run(str(tmp_path), "run-1")), token=fake_hub.token,
@@ -216,7 +216,7 @@ def test_checkpoint_syncer_uploads_in_background_and_mirrors_the_latest(tmp_path
                                   "checkpoints/ckpt-3.index"]
     assert sorted(fake_hub.repos[REPO].files) == sorted(last.files)  # step-1 files deleted in that commit
     assert uploaded[-1]["commit_oid"] == last.oid
-    with pytest.raises(PublishError, match="after close"):
+    with pytest.raises(RuntimeError, match="after close"):
         sync.submit(str(folder), step=4)
 
 
@@ -224,7 +224,7 @@ def test_checkpoint_syncer_surfaces_upload_errors_on_close(tmp_path, fake_hub):
     secret = "hf_notTheRightOne456"
     sync = CheckpointSyncer(REPO, secret)
     sync.submit(_write_checkpoint(tmp_path / "ckpt", 1), step=1)  # does not raise: training goes on
-    with pytest.raises(PublishError) as err:
+    with pytest.raises(AuthError) as err:
         sync.close(timeout=30)
     assert "1 checkpoint upload(s)" in str(err.value) and "401" in str(err.value)
     assert secret not in str(err.value)
@@ -256,7 +256,7 @@ def test_a_hung_hub_fails_every_hub_step_within_the_bound_saying_so(tmp_path, fa
     }
     for what, call in steps.items():
         started = time.monotonic()
-        with pytest.raises(PublishError, match=r"did not answer within publish.request_timeout_s=1s"):
+        with pytest.raises(TransientError, match=r"did not answer within publish.request_timeout_s=1s"):
             call()
         assert time.monotonic() - started < 5, what
     assert fake_hub.commits == []

@@ -12,6 +12,7 @@ import pytest
 
 from mlm_tasks import storage
 from mlm_tasks.config import ConfigError
+from mlm_tasks.errors import MissingArtifactError
 from mlm_tasks.paths import RunContext, RunPaths, join
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -102,7 +103,7 @@ def test_batch_larger_than_data_is_refused(tiny_prepared):
 def test_missing_shards_say_run_build_shard_set(tiny_cfg):
     from mlm_tasks.steps.train import train
 
-    with pytest.raises(FileNotFoundError, match="run build_shard_set first"):
+    with pytest.raises(MissingArtifactError, match="run build_shard_set first"):
         train(tiny_cfg, RunContext.of(tiny_cfg, "no-data", "0123456789abcdef"))
 
 

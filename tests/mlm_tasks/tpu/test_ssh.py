@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from mlm_tasks.errors import ConfigError
+from mlm_tasks.errors import AuthError, ConfigError
 from mlm_tasks.tpu import ssh
 from peers.sshd import host_public_key
 
@@ -80,7 +80,7 @@ def test_the_login_runs_only_where_the_published_host_key_answers(sshd, tmp_path
     assert refused.exit_code is None and refused.fatal and not refused.tail
     assert f"HostKeyMismatch: The SSH host key of worker 0 ({sshd.host}:{sshd.port}) does not match what node " \
            "mlm-other published" in refused.describe()
-    assert issubclass(ssh.HostKeyMismatch, ConfigError)  # no retry: the same machine would answer
+    assert issubclass(ssh.HostKeyMismatch, AuthError)  # no retry: the same machine would answer
 
 
 def test_without_published_keys_the_login_needs_the_opt_out(sshd):
