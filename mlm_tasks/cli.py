@@ -19,7 +19,6 @@ Exit status: 0 done, 2 bad configuration (fix the input), 1 anything else.
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import importlib
 import json
 import logging
@@ -108,9 +107,5 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
-    print(json.dumps(result, indent=2, default=_jsonable))
+    print(json.dumps(result, indent=2))  # every result is JSON already (mlm_tasks/results.py)
     return 0
-
-
-def _jsonable(value: object) -> object:
-    return dataclasses.asdict(value) if dataclasses.is_dataclass(value) else str(value)

@@ -15,6 +15,7 @@ from typing import Any
 from airflow.sdk.exceptions import AirflowFailException
 
 from hub_connection import hub_credentials
+from mlm_tasks.results import RemoteTrain, TrainSummary
 from remote_step import TpuSSHStepOperator
 from task_errors import bad_input_fails_fast
 from tpu_operators import resolve_config
@@ -68,7 +69,7 @@ class TrainOperator(TpuSSHStepOperator):
         endpoint = hub_credentials(cfg.publish.hf_conn_id)[1]
         return {"HF_ENDPOINT": endpoint} if endpoint else {}
 
-    def execute(self, context: Any) -> dict[str, Any]:
+    def execute(self, context: Any) -> TrainSummary | RemoteTrain:
         cfg = resolve_config(self.config)
         fingerprint = self._fingerprint()
         if cfg.compute == "tpu_vm":
