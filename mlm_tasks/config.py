@@ -72,7 +72,7 @@ class ShardConfig(_Section):
 
 class ModelConfig(_Section):
     preset: str = Field("tiny", description="Model shape: tiny (CPU minutes), small, base (roberta-base).",
-                        json_schema_extra={"enum": sorted(PRESETS)})
+                        json_schema_extra={"enum": [*sorted(PRESETS)]})  # [*...]: a list of JSON values
     hidden_size: int | None = Field(None, ge=8, description="Override the preset's hidden size.")
     num_hidden_layers: int | None = Field(None, ge=1, description="Override the preset's layer count.")
     num_attention_heads: int | None = Field(None, ge=1, description="Override the preset's head count.")
@@ -165,7 +165,7 @@ class TpuConfig(_Section):
     zone: str = Field("us-central2-b", pattern=r"^[a-z]+(-[a-z]+[0-9]+)+-[a-z]$",
                       description="Zone of the TPU VM, e.g. us-central2-b.")
     accelerator_type: str = Field("v4-8", description="TPU type, e.g. v4-8, v5litepod-8, v4-32 (pod slice).")
-    runtime_version: str = Field(runtimes.DEFAULT, json_schema_extra={"enum": sorted(runtimes.SUPPORTED)},
+    runtime_version: str = Field(runtimes.DEFAULT, json_schema_extra={"enum": [*sorted(runtimes.SUPPORTED)]},
                                  description="TPU VM software version: tpu-vm-tf-X.Y.Z[-pod]-pjrt (-pod for "
                                  "multi-host slices such as v4-32); picks the image's TensorFlow and the VM lock.")
     network: str | None = Field(None, description="VPC network (default network if empty).")
@@ -386,8 +386,8 @@ def read_yaml_config(path: str | Path) -> dict:
     import yaml
 
     class StrictLoader(yaml.SafeLoader):
-        def construct_mapping(self, node, deep=False):
-            seen: dict = {}
+        def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
+            seen: dict[Any, int] = {}  # key: its line
             for key_node, _ in node.value:
                 key = self.construct_object(key_node, deep=deep)
                 if key in seen:

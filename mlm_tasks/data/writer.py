@@ -50,6 +50,7 @@ import time
 from collections.abc import Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from itertools import chain
+from typing import Any, BinaryIO
 
 import numpy as np
 
@@ -129,7 +130,8 @@ class BlockWriter:
         self.dir, self.split, self.prefix, self.cfg = os.path.join(out_dir, split), split, prefix, cfg
         os.makedirs(self.dir, exist_ok=True)
         self.shards: list[dict] = []
-        self.file, self.count, self.records = None, 0, 0
+        self.file: BinaryIO | None = None
+        self.count = self.records = 0
         self.t0 = self.last_log = time.time()
 
     def write(self, block: np.ndarray) -> None:
@@ -144,24 +146,24 @@ class BlockWriter:
             self.file.write(frame_records(encoded[done:done + take]))
             done, self.count, self.records = done + take, self.count + take, self.records + take
             if self.count == self.cfg.records_per_shard:
-                self._close()
+                self._close(self.file)
         if time.time() - self.last_log > 10:  # progress for long corpora, quiet for small ones
             self.last_log = time.time()
             log.info("%s: %d records so far (%.0f tokens/s)", self.split, self.records,
                      self.records * self.cfg.max_length / max(self.last_log - self.t0, 1e-9))
 
-    def _close(self) -> None:
-        self.file.close()
+    def _close(self, file: BinaryIO) -> None:
+        file.close()
         # The count goes into the name only now that it is known: a finished shard is renamed once.
         final = os.path.join(self.dir, shard_name(self.prefix, len(self.shards), self.count))
-        os.replace(self.file.name, final)
+        os.replace(file.name, final)
         self.shards.append({"file": f"{self.split}/{os.path.basename(final)}", "records": self.count,
                             "bytes": os.path.getsize(final), "sha256": file_sha256(final)})
         self.file = None
 
     def finish(self) -> list[dict]:
         if self.file is not None:
-            self._close()
+            self._close(self.file)
         return self.shards
 
 
@@ -214,7 +216,7 @@ def write_partition(cfg: PipelineConfig, paths: DataPaths, part: int, num_parts:
         for split, batch, encodings in encoded_batches(corpus.split_rows(part, num_parts), tokenizer,
                                                        sc.tokenize_batch_rows):
             writers[split].write(chunkers[split].add(batch, encodings))
-        partial = {"part": part, "num_parts": num_parts, "splits": {}}
+        partial: dict[str, Any] = {"part": part, "num_parts": num_parts, "splits": {}}
         articles = getattr(corpus, "articles_seen", {})
         for split in SPLITS:
             shards, chunker = writers[split].finish(), chunkers[split]
