@@ -150,15 +150,6 @@ class InferConfig(_Section):
 
 
 class TpuConfig(_Section):
-    @model_validator(mode="before")
-    @classmethod
-    def _old_names(cls, data: Any) -> Any:
-        # ssh_via_external_ip (bool) was replaced by ssh_via; old configs keep working.
-        if isinstance(data, dict) and "ssh_via_external_ip" in data:
-            data = dict(data)
-            data.setdefault("ssh_via", "external" if data.pop("ssh_via_external_ip") else "internal")
-        return data
-
     project: str = Field("", description="Google Cloud project of the TPU VM.")
     # A run may pick the zone, and it becomes part of the TPU API's resource path (and the janitor's
     # registry path): only the shape of a Google Cloud zone, e.g. us-central2-b, europe-west4-a.

@@ -128,11 +128,6 @@ class ShardSet:
                 raise ConfigError(f"Shard {uri} is corrupted or truncated (sha256 {digest[:12]}…, manifest says "
                                   f"{shard['sha256'][:12]}…); retrying cannot fix it: {rebuild_hint(self.paths)}.")
 
-    def summary(self) -> dict:
-        """Per-split counts: records, tokens, shard files, rows, characters, articles."""
-        return {s: {k: e.get(k) for k in ("records", "tokens", "rows", "characters", "articles")}
-                | {"shards": len(e["shards"])} for s, e in self.data["splits"].items()}
-
 
 def manifest_extra(cfg: PipelineConfig, corpus, corpus_fingerprint: str, paths: DataPaths, tokenizer) -> dict:
     """What the manifest says besides the shards: vocabulary, tokenizer hash, source, credit, special ids."""

@@ -18,7 +18,6 @@ from mlm_tasks.config import SPECIAL_TOKENS, ConfigError, TokenizerConfig
 from mlm_tasks.paths import join
 
 log = logging.getLogger(__name__)
-TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json")
 
 
 def train_unigram(rows: Iterable[str], cfg: TokenizerConfig):
