@@ -40,7 +40,6 @@ the same bytes under the same names, so either may finish first.
 """
 from __future__ import annotations
 
-import hashlib
 import logging
 import os
 import shutil
@@ -56,6 +55,7 @@ import numpy as np
 
 from mlm_tasks import storage
 from mlm_tasks.config import ConfigError, PipelineConfig, ShardConfig
+from mlm_tasks.data.corpus.base import empty_corpus_error
 from mlm_tasks.data.shard_set import ShardSet, build_manifest, publish_manifest
 from mlm_tasks.data.tfrecord import encode_examples, frame_records, shard_name
 from mlm_tasks.paths import SPLITS, DataPaths, join
@@ -158,7 +158,7 @@ class BlockWriter:
         final = os.path.join(self.dir, shard_name(self.prefix, len(self.shards), self.count))
         os.replace(file.name, final)
         self.shards.append({"file": f"{self.split}/{os.path.basename(final)}", "records": self.count,
-                            "bytes": os.path.getsize(final), "sha256": file_sha256(final)})
+                            "bytes": os.path.getsize(final), "sha256": storage.sha256(final)})
         self.file = None
 
     def finish(self) -> list[dict]:
@@ -170,21 +170,12 @@ class BlockWriter:
 def check_split_written(split: str, entry: dict, max_length: int) -> None:
     """Training needs at least one chunk of train and of validation data: say what to change if not."""
     if split == "train" and entry["rows"] == 0:
-        raise ConfigError("The corpus is empty: its train split has no text rows. Check the corpus "
-                          "source settings (paths, dataset name, text_column).")
+        raise empty_corpus_error()
     if split in ("train", "validation") and entry["records"] == 0:
         more = "add text or lower max_length" if split == "train" else \
             "add text, lower max_length, or raise corpus.validation_fraction"
         raise ConfigError(f"The {split} split ({entry['rows']} rows, {entry['characters']} characters) "
                           f"is shorter than one chunk of {max_length} tokens: {more}.")
-
-
-def file_sha256(path: str) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
 
 
 log = logging.getLogger(__name__)

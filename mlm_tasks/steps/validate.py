@@ -18,6 +18,7 @@ from collections.abc import Sequence
 from mlm_tasks import storage
 from mlm_tasks.config import ConfigError, PipelineConfig
 from mlm_tasks.data.corpus import open_corpus
+from mlm_tasks.data.corpus.base import empty_corpus_error
 from mlm_tasks.data.corpus.shards import ShardsCorpus, check_shards
 from mlm_tasks.data.shard_set import load_manifest
 from mlm_tasks.model.training_plan import check_resumable, plan_steps
@@ -49,8 +50,7 @@ def check_local_corpus(corpus) -> None:
     empty corpus then fail now, not after the tokenizer has trained for an hour."""
     train_rows = sum(1 for _ in corpus.rows("train"))  # decodes every line of every file
     if not train_rows:
-        raise ConfigError("The corpus is empty: its train split has no text rows. Check the corpus source "
-                          "settings (paths, dataset name, text_column).")
+        raise empty_corpus_error()
 
 
 def check_run_inputs(cfg: PipelineConfig, ctx: RunContext) -> dict:
