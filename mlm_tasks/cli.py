@@ -20,7 +20,6 @@ artifact, a refused credential; the message says what to do); 1 anything else (w
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import importlib
 import json
 import logging
@@ -110,9 +109,5 @@ def main(argv: list[str] | None = None) -> int:
     except NoRetryError as err:
         print(f"error: {err}", file=sys.stderr)
         return NO_RETRY_EXIT
-    print(json.dumps(result, indent=2, default=_jsonable))
+    print(json.dumps(result, indent=2))  # every result is JSON already (mlm_tasks/results.py)
     return 0
-
-
-def _jsonable(value: object) -> object:
-    return dataclasses.asdict(value) if dataclasses.is_dataclass(value) else str(value)

@@ -72,7 +72,7 @@ class ShardConfig(_Section):
 
 class ModelConfig(_Section):
     preset: str = Field("tiny", description="Model shape: tiny (CPU minutes), small, base (roberta-base).",
-                        json_schema_extra={"enum": sorted(PRESETS)})
+                        json_schema_extra={"enum": [*sorted(PRESETS)]})  # [*...]: a list of JSON values
     hidden_size: int | None = Field(None, ge=8, description="Override the preset's hidden size.")
     num_hidden_layers: int | None = Field(None, ge=1, description="Override the preset's layer count.")
     num_attention_heads: int | None = Field(None, ge=1, description="Override the preset's head count.")
@@ -150,22 +150,13 @@ class InferConfig(_Section):
 
 
 class TpuConfig(_Section):
-    @model_validator(mode="before")
-    @classmethod
-    def _old_names(cls, data: Any) -> Any:
-        # ssh_via_external_ip (bool) was replaced by ssh_via; old configs keep working.
-        if isinstance(data, dict) and "ssh_via_external_ip" in data:
-            data = dict(data)
-            data.setdefault("ssh_via", "external" if data.pop("ssh_via_external_ip") else "internal")
-        return data
-
     project: str = Field("", description="Google Cloud project of the TPU VM.")
     # A run may pick the zone, and it becomes part of the TPU API's resource path (and the janitor's
     # registry path): only the shape of a Google Cloud zone, e.g. us-central2-b, europe-west4-a.
     zone: str = Field("us-central2-b", pattern=r"^[a-z]+(-[a-z]+[0-9]+)+-[a-z]$",
                       description="Zone of the TPU VM, e.g. us-central2-b.")
     accelerator_type: str = Field("v4-8", description="TPU type, e.g. v4-8, v5litepod-8, v4-32 (pod slice).")
-    runtime_version: str = Field(runtimes.DEFAULT, json_schema_extra={"enum": sorted(runtimes.SUPPORTED)},
+    runtime_version: str = Field(runtimes.DEFAULT, json_schema_extra={"enum": [*sorted(runtimes.SUPPORTED)]},
                                  description="TPU VM software version: tpu-vm-tf-X.Y.Z[-pod]-pjrt (-pod for "
                                  "multi-host slices such as v4-32); picks the image's TensorFlow and the VM lock.")
     network: str | None = Field(None, description="VPC network (default network if empty).")
@@ -386,8 +377,8 @@ def read_yaml_config(path: str | Path) -> dict:
     import yaml
 
     class StrictLoader(yaml.SafeLoader):
-        def construct_mapping(self, node, deep=False):
-            seen: dict = {}
+        def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
+            seen: dict[Any, int] = {}  # key: its line
             for key_node, _ in node.value:
                 key = self.construct_object(key_node, deep=deep)
                 if key in seen:

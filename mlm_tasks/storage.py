@@ -9,6 +9,7 @@ gs:// clients (gcsfs, google-cloud-storage) use the credentials handed to `mlm_t
 from __future__ import annotations
 
 import errno
+import hashlib
 import json
 import os
 import uuid
@@ -51,6 +52,15 @@ def filesystem(uri: str) -> fsspec.AbstractFileSystem:
             opts["token"] = "anon"
         return fsspec.filesystem("gs", **opts)
     return fsspec.filesystem(scheme(uri))
+
+
+def sha256(uri: str) -> str:
+    """The hex sha256 of the file or object at `uri`, read in blocks (shards and dumps are large)."""
+    h = hashlib.sha256()
+    with filesystem(uri).open(uri, "rb") as f:
+        for block in iter(lambda: f.read(1 << 22), b""):
+            h.update(block)
+    return h.hexdigest()
 
 
 def exists(uri: str) -> bool:

@@ -6,9 +6,10 @@ wired in the DAG), calls the `mlm_tasks` step of the same name, and returns its 
     evaluate(config, data); fill_mask(config); report(config, data); decision = gate(config)
     publish(config, decision, data); publish_tokenizer(config, data); summary(config, data)
 
-No ML logic and no file I/O live here. TensorFlow and transformers are imported by the steps
-themselves, at run time, so parsing a DAG that uses these stays fast. `train` is an operator
-(plugins/train_operator.py): it trains here or on the run's TPU VM.
+Each result is one XCom (`multiple_outputs=False`): a TypedDict of mlm_tasks/results.py, read whole
+by the next task and by REST API clients. No ML logic and no file I/O live here. TensorFlow and
+transformers are imported by the steps themselves, at run time, so parsing a DAG that uses these
+stays fast. `train` is an operator (plugins/train_operator.py): it trains here or on the run's TPU VM.
 """
 from __future__ import annotations
 
@@ -17,6 +18,16 @@ from typing import Any
 
 from airflow.sdk import task
 
+from mlm_tasks.results import (
+    EvalMetrics,
+    GateDecision,
+    KeyMetrics,
+    ModelCommit,
+    ProbePredictions,
+    RunSummary,
+    TokenizerCommit,
+    ValidatedConfig,
+)
 from step_context import step_context
 from task_errors import bad_input_fails_fast
 from worker_queues import CPU_QUEUE
@@ -24,8 +35,8 @@ from worker_queues import CPU_QUEUE
 log = logging.getLogger(__name__)
 
 
-@task(retries=0)  # retrying cannot fix a bad input: fail now, with what to change
-def validate(probe_write: bool = True, **context: Any) -> dict:
+@task(retries=0, multiple_outputs=False)  # retrying cannot fix a bad input: fail now, with what to change
+def validate(probe_write: bool = True, **context: Any) -> ValidatedConfig:
     """First task: every setting and input checked, before anything costs time or money.
     `probe_write=False`: output_root is not written to (the dataset refresh of an unchanged source).
 
@@ -57,8 +68,8 @@ def validate(probe_write: bool = True, **context: Any) -> dict:
                     probe_write=probe_write)
 
 
-@task(queue=CPU_QUEUE)
-def evaluate(config: dict, data: dict) -> dict:
+@task(queue=CPU_QUEUE, multiple_outputs=False)
+def evaluate(config: dict, data: dict) -> EvalMetrics:
     from mlm_tasks.steps.evaluate import evaluate as step
 
     with bad_input_fails_fast():
@@ -66,15 +77,15 @@ def evaluate(config: dict, data: dict) -> dict:
 
 
 @task(queue=CPU_QUEUE)
-def fill_mask(config: dict) -> list[dict]:
+def fill_mask(config: dict) -> list[ProbePredictions]:
     from mlm_tasks.steps.fill_mask import fill_mask as step
 
     with bad_input_fails_fast():
         return step(*step_context(config))
 
 
-@task(queue=CPU_QUEUE)
-def report(config: dict, data: dict) -> dict:
+@task(queue=CPU_QUEUE, multiple_outputs=False)
+def report(config: dict, data: dict) -> KeyMetrics:
     """Loss/LR curves, metrics table and fill-mask examples in runs/<run>/report/; key metrics as XCom."""
     from mlm_tasks.steps.report import report as step
 
@@ -82,17 +93,17 @@ def report(config: dict, data: dict) -> dict:
         return step(*step_context(config, data), data=data)
 
 
-@task
-def gate(config: dict) -> dict:
+@task(multiple_outputs=False)
+def gate(config: dict) -> GateDecision:
     """Whether this run's model may be published; the reasons go to the log and XCom."""
     from mlm_tasks.steps.gate import gate as step
 
     with bad_input_fails_fast():
-        return step(*step_context(config)).to_dict()
+        return step(*step_context(config))
 
 
-@task
-def publish(config: dict, decision: dict, data: dict) -> dict:
+@task(multiple_outputs=False)
+def publish(config: dict, decision: GateDecision, data: dict) -> ModelCommit:
     from airflow.sdk.exceptions import AirflowSkipException
 
     from hub_connection import hub_credentials
@@ -108,8 +119,8 @@ def publish(config: dict, decision: dict, data: dict) -> dict:
         return step(cfg, ctx, token=token, endpoint=endpoint, data_info=data)
 
 
-@task
-def publish_tokenizer(config: dict, data: dict) -> dict:
+@task(multiple_outputs=False)
+def publish_tokenizer(config: dict, data: dict) -> TokenizerCommit:
     from airflow.sdk.exceptions import AirflowSkipException
 
     from hub_connection import hub_credentials
@@ -124,8 +135,8 @@ def publish_tokenizer(config: dict, data: dict) -> dict:
 
 
 # Runs when publishing was skipped too: the summary is wanted either way.
-@task(trigger_rule="none_failed")
-def summary(config: dict, data: dict) -> dict:
+@task(trigger_rule="none_failed", multiple_outputs=False)
+def summary(config: dict, data: dict) -> RunSummary:
     """Last task: one readable summary of the run in the log and runs/<run>/summary.txt, and as XCom."""
     from mlm_tasks.steps.summary import summary as step
 

@@ -18,6 +18,7 @@ from airflow.sdk.exceptions import AirflowFailException
 
 from gcp_credentials import use_connection
 from hub_connection import hub_credentials
+from mlm_tasks.results import RemoteTrain, TrainSummary
 from mlm_tasks.tpu import api as tpu
 from mlm_tasks.tpu.bundle import SESSION_ENV_TOKEN
 from remote_step import RemoteStep
@@ -58,7 +59,7 @@ class TrainOperator(NodeEnsurer, BaseOperator):
                                        "task's log and return value.")
         return self.data["fingerprint"]
 
-    def execute(self, context: Any) -> dict[str, Any]:
+    def execute(self, context: Any) -> TrainSummary | RemoteTrain:
         cfg = resolve_config(self.config)
         fingerprint = self._fingerprint()
         if cfg.compute == "tpu_vm":

@@ -121,27 +121,17 @@ class ShardSet:
                                   f"{shard['bytes']}); retrying cannot fix it: {rebuild_hint(self.paths)}.")
             if not checksums or "sha256" not in shard:  # a set brought from elsewhere has sizes only
                 continue
-            h = hashlib.sha256()
-            with storage.filesystem(uri).open(uri, "rb") as f:
-                for block in iter(lambda: f.read(1 << 22), b""):
-                    h.update(block)
-            digest = h.hexdigest()
+            digest = storage.sha256(uri)
             if digest != shard["sha256"]:
                 raise ConfigError(f"Shard {uri} is corrupted or truncated (sha256 {digest[:12]}…, manifest says "
                                   f"{shard['sha256'][:12]}…); retrying cannot fix it: {rebuild_hint(self.paths)}.")
-
-    def summary(self) -> dict:
-        """Per-split counts: records, tokens, shard files, rows, characters, articles."""
-        return {s: {k: e.get(k) for k in ("records", "tokens", "rows", "characters", "articles")}
-                | {"shards": len(e["shards"])} for s, e in self.data["splits"].items()}
 
 
 def manifest_extra(cfg: PipelineConfig, corpus, corpus_fingerprint: str, paths: DataPaths, tokenizer) -> dict:
     """What the manifest says besides the shards: vocabulary, tokenizer hash, source, credit, special ids."""
     return {
         "vocab_size": len(tokenizer),
-        "tokenizer_sha256": hashlib.sha256(
-            storage.read_bytes(join(paths.tokenizer, "tokenizer.json"))).hexdigest(),
+        "tokenizer_sha256": storage.sha256(join(paths.tokenizer, "tokenizer.json")),
         "corpus_source": cfg.corpus.source,
         "corpus_fingerprint": corpus_fingerprint,
         "credit": corpus.credit,
@@ -269,8 +259,7 @@ def load_manifest(cfg: PipelineConfig, fingerprint: str) -> ShardSet:
         raise ConfigError(f"The shards at {paths.shards_dir} were built with max_length "
                           f"{shard_set.max_length} but this run asks for {cfg.shards.max_length}: "
                           "prepare data with the run's max_length, or set max_length to match.")
-    tok_sha = hashlib.sha256(storage.read_bytes(join(paths.tokenizer, "tokenizer.json"))).hexdigest()
-    if tok_sha != shard_set.tokenizer_sha256:
+    if storage.sha256(join(paths.tokenizer, "tokenizer.json")) != shard_set.tokenizer_sha256:
         raise ConfigError(f"The tokenizer at {paths.tokenizer} is not the one the shards were encoded "
                           "with (sha256 differs): delete the dataset folder and rerun plan_shards.")
     return shard_set

@@ -196,6 +196,7 @@ def _read_varint(buf: bytes, pos: int) -> tuple[int, int]:
 def _fields(buf: bytes):
     """(field number, wire type, value) of a protobuf message: ints for varints, bytes for the rest."""
     pos = 0
+    value: int | bytes
     while pos < len(buf):
         key, pos = _read_varint(buf, pos)
         field, wire = key >> 3, key & 7

@@ -15,11 +15,11 @@ from collections.abc import Iterable
 
 from mlm_tasks import storage
 from mlm_tasks.config import SPECIAL_TOKENS, ConfigError, TokenizerConfig
+from mlm_tasks.data.corpus.base import empty_corpus_error
 from mlm_tasks.errors import MissingArtifactError
 from mlm_tasks.paths import join
 
 log = logging.getLogger(__name__)
-TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json")
 
 
 def train_unigram(rows: Iterable[str], cfg: TokenizerConfig):
@@ -55,8 +55,7 @@ def train_unigram(rows: Iterable[str], cfg: TokenizerConfig):
                           f"characters plus the {len(SPECIAL_TOKENS)} special tokens (every character needs a "
                           "piece): raise vocab_size.") from None
     if not seen[0]:
-        raise ConfigError("The corpus is empty: its train split has no text rows. Check the corpus source "
-                          "settings (paths, dataset name, text_column).")
+        raise empty_corpus_error()
     if tok.get_vocab_size() < cfg.vocab_size:
         # The trainer stops early when the corpus has fewer useful pieces than asked for.
         raise ConfigError(f"tokenizer.vocab_size {cfg.vocab_size} is larger than this corpus supports "

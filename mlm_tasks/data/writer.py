@@ -40,7 +40,6 @@ the same bytes under the same names, so either may finish first.
 """
 from __future__ import annotations
 
-import hashlib
 import logging
 import os
 import shutil
@@ -50,11 +49,13 @@ import time
 from collections.abc import Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from itertools import chain
+from typing import Any, BinaryIO
 
 import numpy as np
 
 from mlm_tasks import storage
 from mlm_tasks.config import ConfigError, PipelineConfig, ShardConfig
+from mlm_tasks.data.corpus.base import empty_corpus_error
 from mlm_tasks.data.shard_set import ShardSet, build_manifest, publish_manifest
 from mlm_tasks.data.tfrecord import encode_examples, frame_records, shard_name
 from mlm_tasks.errors import MissingArtifactError
@@ -130,7 +131,8 @@ class BlockWriter:
         self.dir, self.split, self.prefix, self.cfg = os.path.join(out_dir, split), split, prefix, cfg
         os.makedirs(self.dir, exist_ok=True)
         self.shards: list[dict] = []
-        self.file, self.count, self.records = None, 0, 0
+        self.file: BinaryIO | None = None
+        self.count = self.records = 0
         self.t0 = self.last_log = time.time()
 
     def write(self, block: np.ndarray) -> None:
@@ -145,45 +147,36 @@ class BlockWriter:
             self.file.write(frame_records(encoded[done:done + take]))
             done, self.count, self.records = done + take, self.count + take, self.records + take
             if self.count == self.cfg.records_per_shard:
-                self._close()
+                self._close(self.file)
         if time.time() - self.last_log > 10:  # progress for long corpora, quiet for small ones
             self.last_log = time.time()
             log.info("%s: %d records so far (%.0f tokens/s)", self.split, self.records,
                      self.records * self.cfg.max_length / max(self.last_log - self.t0, 1e-9))
 
-    def _close(self) -> None:
-        self.file.close()
+    def _close(self, file: BinaryIO) -> None:
+        file.close()
         # The count goes into the name only now that it is known: a finished shard is renamed once.
         final = os.path.join(self.dir, shard_name(self.prefix, len(self.shards), self.count))
-        os.replace(self.file.name, final)
+        os.replace(file.name, final)
         self.shards.append({"file": f"{self.split}/{os.path.basename(final)}", "records": self.count,
-                            "bytes": os.path.getsize(final), "sha256": file_sha256(final)})
+                            "bytes": os.path.getsize(final), "sha256": storage.sha256(final)})
         self.file = None
 
     def finish(self) -> list[dict]:
         if self.file is not None:
-            self._close()
+            self._close(self.file)
         return self.shards
 
 
 def check_split_written(split: str, entry: dict, max_length: int) -> None:
     """Training needs at least one chunk of train and of validation data: say what to change if not."""
     if split == "train" and entry["rows"] == 0:
-        raise ConfigError("The corpus is empty: its train split has no text rows. Check the corpus "
-                          "source settings (paths, dataset name, text_column).")
+        raise empty_corpus_error()
     if split in ("train", "validation") and entry["records"] == 0:
         more = "add text or lower max_length" if split == "train" else \
             "add text, lower max_length, or raise corpus.validation_fraction"
         raise ConfigError(f"The {split} split ({entry['rows']} rows, {entry['characters']} characters) "
                           f"is shorter than one chunk of {max_length} tokens: {more}.")
-
-
-def file_sha256(path: str) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
 
 
 log = logging.getLogger(__name__)
@@ -215,7 +208,7 @@ def write_partition(cfg: PipelineConfig, paths: DataPaths, part: int, num_parts:
         for split, batch, encodings in encoded_batches(corpus.split_rows(part, num_parts), tokenizer,
                                                        sc.tokenize_batch_rows):
             writers[split].write(chunkers[split].add(batch, encodings))
-        partial = {"part": part, "num_parts": num_parts, "splits": {}}
+        partial: dict[str, Any] = {"part": part, "num_parts": num_parts, "splits": {}}
         articles = getattr(corpus, "articles_seen", {})
         for split in SPLITS:
             shards, chunker = writers[split].finish(), chunkers[split]

@@ -42,10 +42,11 @@ from mlm_tasks.paths import join
 log = logging.getLogger(__name__)
 
 
-def check_sync_settings(cfg: PipelineConfig, token: str | None) -> None:
-    """With publish.sync_checkpoints on, fail before any work if the repo or the token is missing."""
+def check_sync_settings(cfg: PipelineConfig, token: str | None) -> tuple[str, str] | None:
+    """With publish.sync_checkpoints on, fail before any work if the repo or the token is missing;
+    (repo id, token) then, None with sync off."""
     if not cfg.publish.sync_checkpoints:
-        return
+        return None
     if not cfg.publish.repo_id:
         raise ConfigError("publish.sync_checkpoints needs publish.repo_id, the Hub repo the checkpoints go to.")
     if not token:
@@ -53,23 +54,25 @@ def check_sync_settings(cfg: PipelineConfig, token: str | None) -> None:
                         "Hub write token — the CLI reads it from HF_TOKEN, the Airflow train task from the "
                         f"password of connection {cfg.publish.hf_conn_id!r} — or turn "
                         "publish.sync_checkpoints off.")
+    return cfg.publish.repo_id, token
 
 
 def hub_checkpoint_sync(cfg: PipelineConfig, token: str | None, *, train_records: int, global_batch: int,
                         total_steps: int, strategy=None, endpoint: str | None = None) -> HubCheckpointSync | None:
     """The Hub sync hook for this training run, or None when sync is off or this is not worker 0."""
-    if not cfg.publish.sync_checkpoints:
+    target = check_sync_settings(cfg, token)
+    if target is None:
         return None
-    check_sync_settings(cfg, token)
+    repo_id, token = target
     task_id = getattr(getattr(strategy, "cluster_resolver", None), "task_id", 0) or 0
     if task_id != 0:  # multi-worker strategies: one upload is enough
         log.info("Checkpoint sync runs on worker 0 only (this is worker %s)", task_id)
         return None
     steps_per_epoch = max(1, train_records // global_batch)
-    syncer = CheckpointSyncer(cfg.publish.repo_id, token, endpoint, private=cfg.publish.private,
+    syncer = CheckpointSyncer(repo_id, token, endpoint, private=cfg.publish.private,
                               conn_id=cfg.publish.hf_conn_id, timeout_s=cfg.publish.request_timeout_s)
     log.info("Syncing checkpoints to %s every %d steps (each epoch) and at the end of training",
-             cfg.publish.repo_id, steps_per_epoch)
+             repo_id, steps_per_epoch)
     return HubCheckpointSync(syncer, steps_per_epoch, total_steps)
 
 

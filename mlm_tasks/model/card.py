@@ -9,6 +9,9 @@ silently left out, so a reader knows what was not measured.
 """
 from __future__ import annotations
 
+from collections.abc import Mapping
+from typing import Any
+
 import yaml
 
 from mlm_tasks import storage
@@ -28,7 +31,7 @@ METRIC_ROWS = [  # (key, label, format)
 ]
 
 
-def read_run_artifacts(run: RunPaths) -> dict:
+def read_run_artifacts(run: RunPaths) -> dict[str, Any]:
     """Every artifact the card and the report draw on; None for the ones not written (yet)."""
     return {
         "metrics": storage.read_json_if_exists(run.eval_metrics),
@@ -38,7 +41,7 @@ def read_run_artifacts(run: RunPaths) -> dict:
     }
 
 
-def corpus_credit(cfg: PipelineConfig, data_info: dict | None) -> tuple[str, list[str]]:
+def corpus_credit(cfg: PipelineConfig, data_info: Mapping[str, Any] | None) -> tuple[str, list[str]]:
     """(attribution line, Hub dataset ids) for the configured corpus."""
     recorded = ((data_info or {}).get("corpus") or {}).get("credit") or (data_info or {}).get("credit")
     source = cfg.corpus.source
@@ -59,7 +62,7 @@ def format_metric(fmt: str, value) -> str:
         return str(value)
 
 
-def metrics_table(metrics: dict | None) -> list[str]:
+def metrics_table(metrics: Mapping[str, Any] | None) -> list[str]:
     if not metrics:
         return ["_No evaluation metrics were recorded for this run (evaluate did not run or failed)._"]
     lines = ["| metric | value |", "|---|---|"]
@@ -82,7 +85,7 @@ def fill_mask_lines(predictions: list | None, limit: int = 3) -> list[str]:
     return lines
 
 
-def config_lines(cfg: PipelineConfig, data_info: dict | None = None) -> list[str]:
+def config_lines(cfg: PipelineConfig, data_info: Mapping[str, Any] | None = None) -> list[str]:
     shape = cfg.model.shape()
     t = cfg.train
     # Unigram training may stop short of the requested size: prefer the size the data step recorded.
@@ -98,7 +101,7 @@ def config_lines(cfg: PipelineConfig, data_info: dict | None = None) -> list[str
     ]
 
 
-def training_lines(summary: dict | None) -> list[str]:
+def training_lines(summary: Mapping[str, Any] | None) -> list[str]:
     if not summary:
         return ["_No training summary was recorded for this run._"]
     lines = [f"- Steps: {summary.get('steps')}"]
@@ -151,8 +154,9 @@ def usage_lines(repo: str) -> list[str]:
     ]
 
 
-def render_model_card(cfg: PipelineConfig, run_id: str, metrics: dict | None, summary: dict | None,
-                      predictions: list | None, data_info: dict | None) -> str:
+def render_model_card(cfg: PipelineConfig, run_id: str, metrics: Mapping[str, Any] | None,
+                      summary: Mapping[str, Any] | None, predictions: list | None,
+                      data_info: Mapping[str, Any] | None) -> str:
     credit, datasets = corpus_credit(cfg, data_info)
     # One library (transformers), two frameworks: tf_model.h5 for TensorFlow, model.safetensors for PyTorch.
     meta = {"language": "en", "license": cfg.publish.license, "library_name": "transformers",
@@ -198,7 +202,7 @@ def render_model_card(cfg: PipelineConfig, run_id: str, metrics: dict | None, su
     return f"---\n{front}\n---\n\n" + "\n".join(body) + "\n"
 
 
-def write_model_card(cfg: PipelineConfig, run: RunPaths, data_info: dict | None = None) -> str:
+def write_model_card(cfg: PipelineConfig, run: RunPaths, data_info: Mapping[str, Any] | None = None) -> str:
     """Write README.md next to the saved model; returns its URI."""
     art = read_run_artifacts(run)
     text = render_model_card(cfg, run.run_id, art["metrics"], art["summary"], art["predictions"],

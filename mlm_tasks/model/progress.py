@@ -1,17 +1,46 @@
 """Training progress: the log lines an operator reads, the TensorBoard scalars and the history the
 report plots, from one place. Throughput leaves out the first step, which traces and compiles.
+
+    history = read_history(run)          # runs/<run>/train/history.jsonl: train resumes it, report plots it
+    write_history(run, history)          # at every checkpoint
 """
 from __future__ import annotations
 
+import json
 import logging
 import time
+from typing import Any
+
+from mlm_tasks import storage
+from mlm_tasks.paths import RunPaths
 
 log = logging.getLogger("mlm_tasks.steps.train")
 SCALARS = ("loss", "accuracy", "learning_rate", "tokens_per_s")
 
 
+def read_history(run: RunPaths) -> list[dict[str, Any]]:
+    """train/history.jsonl as a list, one entry per logged step (empty before training has logged).
+    Tolerant: a line that is not an entry with a step is skipped, since a killed writer (or a copy cut
+    short) can leave a torn last line, and a report must not fail on it."""
+    if not storage.exists(run.train_history):
+        return []
+    rows = []
+    for line in storage.read_text(run.train_history).splitlines():
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError:
+            continue
+        if isinstance(row, dict) and isinstance(row.get("step"), int):
+            rows.append(row)
+    return rows
+
+
+def write_history(run: RunPaths, history: list[dict[str, Any]]) -> None:
+    storage.write_text(run.train_history, "".join(json.dumps(h) + "\n" for h in history))
+
+
 class ProgressLog:
-    def __init__(self, history: list[dict], start_step: int, total_steps: int, every: int,
+    def __init__(self, history: list[dict[str, Any]], start_step: int, total_steps: int, every: int,
                  tokens_per_step: int, tensorboard_uri: str, schedule):
         import tensorflow as tf
 

@@ -17,6 +17,7 @@ from mlm_tasks import storage
 from mlm_tasks.config import ConfigError, PipelineConfig
 from mlm_tasks.errors import MissingArtifactError
 from mlm_tasks.paths import RunContext
+from mlm_tasks.results import EvalMetrics
 
 log = logging.getLogger(__name__)
 
@@ -61,7 +62,7 @@ def _score(model, batches, mask_id: int) -> tuple[float, float, int, float]:
     return loss_sum / max(count, 1), correct / max(count, 1), int(count), at_mask / max(masks, 1)
 
 
-def evaluate(cfg: PipelineConfig, ctx: RunContext) -> dict:
+def evaluate(cfg: PipelineConfig, ctx: RunContext) -> EvalMetrics:
     """Score run `ctx.run_id`'s model on `eval.split` of shard set `ctx.fingerprint`; the metrics."""
     import tensorflow as tf
     from transformers import TFRobertaForMaskedLM
@@ -108,11 +109,11 @@ def evaluate(cfg: PipelineConfig, ctx: RunContext) -> dict:
     labels = tf.boolean_mask(labels, labels != -100)
     baseline = float(tf.reduce_mean(tf.cast(labels == top, tf.float32)))
 
-    metrics = {"split": split, "loss": loss, "perplexity": math.exp(min(loss, 50)), "accuracy": accuracy,
-               "accuracy_at_mask_token": mask_acc, "masked_tokens": masked, "untrained_loss": untrained_loss,
-               "untrained_accuracy": untrained_acc,
-               "baseline_accuracy": baseline, "baseline_token": tokenizer.convert_ids_to_tokens(top),
-               "data_fingerprint": fingerprint}
+    metrics: EvalMetrics = {
+        "split": split, "loss": loss, "perplexity": math.exp(min(loss, 50)), "accuracy": accuracy,
+        "accuracy_at_mask_token": mask_acc, "masked_tokens": masked, "untrained_loss": untrained_loss,
+        "untrained_accuracy": untrained_acc, "baseline_accuracy": baseline,
+        "baseline_token": tokenizer.convert_ids_to_tokens(top), "data_fingerprint": fingerprint}
     storage.write_json(run.eval_metrics, metrics)
     log.info("Eval on %s (%d masked tokens): loss %.3f, perplexity %.1f, accuracy %.1f%% (%.1f%% where the "
              "input shows <mask>) | untrained: loss %.3f, accuracy %.1f%% | always %r: %.1f%%", split, masked, loss,

@@ -14,11 +14,12 @@ from mlm_tasks import storage
 from mlm_tasks.config import ConfigError, PipelineConfig
 from mlm_tasks.errors import MissingArtifactError
 from mlm_tasks.paths import RunContext
+from mlm_tasks.results import Prediction, ProbePredictions
 
 log = logging.getLogger(__name__)
 
 
-def fill_mask(cfg: PipelineConfig, ctx: RunContext) -> list[dict]:
+def fill_mask(cfg: PipelineConfig, ctx: RunContext) -> list[ProbePredictions]:
     """Fill the <mask> of each `infer.probes` with run `ctx.run_id`'s model; the top-k predictions."""
     from transformers import pipeline
 
@@ -35,10 +36,11 @@ def fill_mask(cfg: PipelineConfig, ctx: RunContext) -> list[dict]:
         # and fail to read it (transformers#40028).
         fill = pipeline("fill-mask", model=local, tokenizer=local, framework="tf", dtype=None,
                         model_kwargs={"use_safetensors": False}, top_k=cfg.infer.top_k)
-        results = []
+        results: list[ProbePredictions] = []
         for probe in cfg.infer.probes:
-            preds = [{"token_str": p["token_str"].strip(), "score": float(p["score"]), "sequence": p["sequence"]}
-                     for p in fill(probe)]
+            preds: list[Prediction] = [
+                {"token_str": p["token_str"].strip(), "score": float(p["score"]), "sequence": p["sequence"]}
+                for p in fill(probe)]
             results.append({"probe": probe, "predictions": preds})
             log.info("%s -> %s", probe, ", ".join(f"{p['token_str']!r} {p['score']:.2f}" for p in preds))
     storage.write_json(run.predictions, results)

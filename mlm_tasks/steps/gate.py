@@ -15,11 +15,13 @@ from __future__ import annotations
 
 import logging
 import math
-from dataclasses import asdict, dataclass, field
+from collections.abc import Mapping
+from typing import Any
 
 from mlm_tasks import paths, storage
 from mlm_tasks.config import GateConfig, PipelineConfig
 from mlm_tasks.paths import RunContext
+from mlm_tasks.results import GateDecision
 
 log = logging.getLogger(__name__)
 
@@ -29,16 +31,7 @@ REL_TOLERANCE = 1e-6
 ABS_TOLERANCE = 1e-9
 
 
-@dataclass
-class GateDecision:
-    passed: bool
-    reasons: list[str] = field(default_factory=list)   # one sentence per check, failed ones first
-
-    def to_dict(self) -> dict:
-        return asdict(self)
-
-
-def _number(metrics: dict | None, key: str) -> float | None:
+def _number(metrics: Mapping[str, Any] | None, key: str) -> float | None:
     value = (metrics or {}).get(key)
     if isinstance(value, bool) or not isinstance(value, (int, float)) or math.isnan(value):
         return None
@@ -49,7 +42,7 @@ def _slack(reference: float) -> float:
     return max(ABS_TOLERANCE, REL_TOLERANCE * abs(reference))
 
 
-def evaluate_gate(metrics: dict, gate: GateConfig, previous: dict | None) -> GateDecision:
+def evaluate_gate(metrics: Mapping[str, Any], gate: GateConfig, previous: Mapping[str, Any] | None) -> GateDecision:
     """Check `metrics` (eval/metrics.json) against the thresholds and the previously published metrics."""
     failed: list[str] = []
     passed: list[str] = []
@@ -79,10 +72,10 @@ def evaluate_gate(metrics: dict, gate: GateConfig, previous: dict | None) -> Gat
 
     if not failed and not passed:
         passed.append("no gate checks configured.")
-    return GateDecision(passed=not failed, reasons=failed + passed)
+    return {"passed": not failed, "reasons": failed + passed}
 
 
-def _compare_with_previous(loss: float | None, accuracy: float | None, previous: dict,
+def _compare_with_previous(loss: float | None, accuracy: float | None, previous: Mapping[str, Any],
                            failed: list[str], passed: list[str]) -> None:
     where = f" (run {previous['run_id']})" if previous.get("run_id") else ""
     prev_loss, prev_acc = _number(previous, "loss"), _number(previous, "accuracy")
@@ -117,8 +110,10 @@ def gate(cfg: PipelineConfig, ctx: RunContext) -> GateDecision:
     """Read the run's eval metrics and the published ones, and decide; the reasons go to the log."""
     metrics = storage.read_json_if_exists(ctx.run.eval_metrics)
     if metrics is None:
-        decision = GateDecision(False, [f"No eval metrics at {ctx.run.eval_metrics}: run evaluate for this run first."])
+        decision: GateDecision = {"passed": False, "reasons": [f"No eval metrics at {ctx.run.eval_metrics}: run "
+                                                               "evaluate for this run first."]}
     else:
         decision = evaluate_gate(metrics, cfg.gate, previous_published(cfg))
-    log.info("Evaluation gate %s:\n  %s", "passed" if decision.passed else "failed", "\n  ".join(decision.reasons))
+    log.info("Evaluation gate %s:\n  %s", "passed" if decision["passed"] else "failed",
+             "\n  ".join(decision["reasons"]))
     return decision

@@ -14,6 +14,8 @@ from __future__ import annotations
 import logging
 import os
 import tempfile
+from collections.abc import Mapping
+from typing import Any
 
 from mlm_tasks import paths, storage
 from mlm_tasks.config import PipelineConfig
@@ -22,6 +24,7 @@ from mlm_tasks.hub.api import check_visibility, hub_api, hub_errors, local_files
 from mlm_tasks.model.card import read_run_artifacts, write_model_card
 from mlm_tasks.model.pt_export import SAFETENSORS_NAME, export_pytorch_weights
 from mlm_tasks.paths import RunContext, RunPaths, join
+from mlm_tasks.results import ModelCommit
 
 log = logging.getLogger(__name__)
 # storage.write_bytes' in-flight temporary files; a concurrent writer's leftovers must not be published.
@@ -40,7 +43,7 @@ def _add_pytorch_weights(folder: str, run: RunPaths) -> None:
 
 
 def publish(cfg: PipelineConfig, ctx: RunContext, *, token: str, endpoint: str | None = None,
-            data_info: dict | None = None) -> dict:
+            data_info: Mapping[str, Any] | None = None) -> ModelCommit:
     """Write the card into the run's model dir and push that dir to `publish.repo_id` in one commit.
 
     Returns {"repo_id", "commit_url", "commit_oid", "files", "private", "run_id"} and records the run's
@@ -72,8 +75,8 @@ def publish(cfg: PipelineConfig, ctx: RunContext, *, token: str, endpoint: str |
                 commit_message=f"Upload model from run {run.run_id}",
                 commit_description=", ".join(f"{k}={metrics[k]}" for k in ("loss", "accuracy") if k in metrics))
         files = local_files(folder)
-    result = {"repo_id": repo_id, "commit_url": info.commit_url, "commit_oid": info.oid, "files": files,
-              "private": cfg.publish.private, "run_id": run.run_id}
+    result: ModelCommit = {"repo_id": repo_id, "commit_url": info.commit_url, "commit_oid": info.oid,
+                           "files": files, "private": cfg.publish.private, "run_id": run.run_id}
     log.info("Published run %s as %s to %s (%d files, user %s)", run.run_id, info.oid, repo_id, len(files), user)
     storage.write_json(paths.published_metrics(cfg.output_root, repo_id),
                        {**metrics, "run_id": run.run_id, "repo_id": repo_id, "commit_oid": info.oid})

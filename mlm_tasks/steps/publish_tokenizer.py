@@ -17,6 +17,7 @@ from mlm_tasks.config import PipelineConfig
 from mlm_tasks.errors import ConfigError, MissingArtifactError
 from mlm_tasks.hub.api import check_visibility, hub_api, hub_errors, local_files
 from mlm_tasks.paths import RunContext, join
+from mlm_tasks.results import TokenizerCommit
 
 log = logging.getLogger(__name__)
 
@@ -33,7 +34,8 @@ fingerprint `{fingerprint}`. Load it with `AutoTokenizer.from_pretrained("{repo_
 """
 
 
-def publish_tokenizer(cfg: PipelineConfig, ctx: RunContext, *, token: str, endpoint: str | None = None) -> dict:
+def publish_tokenizer(cfg: PipelineConfig, ctx: RunContext, *, token: str,
+                      endpoint: str | None = None) -> TokenizerCommit:
     """Push the tokenizer of `data` (alone, with a short card) to `publish.tokenizer_repo_id`."""
     data, (repo_id, conn_id) = ctx.data, (cfg.publish.tokenizer_repo_id, cfg.publish.hf_conn_id)
     if not repo_id:

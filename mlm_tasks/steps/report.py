@@ -12,12 +12,14 @@ The step also records the run's data summary in runs/<run>/data.json (what the m
 from __future__ import annotations
 
 import io
-import json
 import logging
 import math
+from collections.abc import Mapping
+from typing import Any
 
 from mlm_tasks import storage
 from mlm_tasks.config import PipelineConfig
+from mlm_tasks.data.shard_set import DataSummary
 from mlm_tasks.model.card import (
     config_lines,
     corpus_credit,
@@ -26,27 +28,15 @@ from mlm_tasks.model.card import (
     read_run_artifacts,
     training_lines,
 )
-from mlm_tasks.paths import RunContext, RunPaths, join
+from mlm_tasks.model.progress import read_history
+from mlm_tasks.paths import RunContext, join
+from mlm_tasks.results import KeyMetrics
 
 log = logging.getLogger(__name__)
 LOSS_PNG, LR_PNG, REPORT_MD = "loss.png", "learning_rate.png", "report.md"
 
 
-def read_history(run: RunPaths) -> list[dict]:
-    """train/history.jsonl as a list (empty if training has not logged yet); bad lines are skipped,
-    since a killed writer can leave a torn last line."""
-    if not storage.exists(run.train_history):
-        return []
-    rows = []
-    for line in storage.read_text(run.train_history).splitlines():
-        try:
-            rows.append(json.loads(line))
-        except json.JSONDecodeError:
-            continue
-    return rows
-
-
-def _series(history: list[dict], key: str) -> tuple[list[float], list[float]]:
+def _series(history: list[dict[str, Any]], key: str) -> tuple[list[float], list[float]]:
     points = [(r["step"], r[key]) for r in history
               if isinstance(r.get(key), (int, float)) and isinstance(r.get("step"), (int, float))
               and math.isfinite(r[key])]
@@ -77,7 +67,7 @@ def render_curve(steps: list[float], values: list[float], title: str, ylabel: st
     return buf.getvalue()
 
 
-def _data_lines(cfg: PipelineConfig, data_info: dict | None) -> list[str]:
+def _data_lines(cfg: PipelineConfig, data_info: Mapping[str, Any] | None) -> list[str]:
     credit, _ = corpus_credit(cfg, data_info)
     if not data_info:
         return [f"- Source: `{cfg.corpus.source}`", f"- Credit: {credit}",
@@ -94,7 +84,7 @@ def _data_lines(cfg: PipelineConfig, data_info: dict | None) -> list[str]:
     return lines
 
 
-def _vs_baseline(metrics: dict | None) -> list[str]:
+def _vs_baseline(metrics: Mapping[str, Any] | None) -> list[str]:
     if not metrics or metrics.get("accuracy") is None:
         return []
     lines = []
@@ -105,7 +95,7 @@ def _vs_baseline(metrics: dict | None) -> list[str]:
     return lines
 
 
-def report(cfg: PipelineConfig, ctx: RunContext, *, data: dict | None = None) -> dict:
+def report(cfg: PipelineConfig, ctx: RunContext, *, data: DataSummary | None = None) -> KeyMetrics:
     """Write the plots and report.md; return the key metrics (small, JSON-serialisable) for XCom.
     `data` is merge_shards' summary; without it, the one of ctx.fingerprint (or none) is used."""
     run = ctx.run
@@ -115,7 +105,7 @@ def report(cfg: PipelineConfig, ctx: RunContext, *, data: dict | None = None) ->
         data = summary_for_fingerprint(cfg, ctx.fingerprint)
     if data is not None:
         storage.write_json(run.data_ref, data)
-    data_info = data
+    data_info: Mapping[str, Any] | None = data
     art = read_run_artifacts(run)
     metrics, summary, predictions = art["metrics"], art["summary"], art["predictions"]
     data_info = data_info if data_info is not None else art["data_info"]
@@ -166,11 +156,11 @@ def report(cfg: PipelineConfig, ctx: RunContext, *, data: dict | None = None) ->
     log.info("Wrote the run report to %s (%d history points; missing: %s)", report_uri, len(history),
              ", ".join(missing) or "nothing")
 
-    result = {"report_uri": report_uri, "plots": plots, "missing": missing,
-              "history_points": len(history), "steps": (summary or {}).get("steps"),
-              "first_loss": (summary or {}).get("first_loss"), "last_loss": (summary or {}).get("last_loss"),
-              "tokens_per_s": (summary or {}).get("tokens_per_s"),
-              "data_fingerprint": (data_info or {}).get("fingerprint")}
-    for key in ("loss", "perplexity", "accuracy", "baseline_accuracy", "untrained_accuracy"):
-        result["eval_loss" if key == "loss" else key] = (metrics or {}).get(key)
-    return result
+    summary, metrics = summary or {}, metrics or {}
+    return {"report_uri": report_uri, "plots": plots, "missing": missing, "history_points": len(history),
+            "steps": summary.get("steps"), "first_loss": summary.get("first_loss"),
+            "last_loss": summary.get("last_loss"), "tokens_per_s": summary.get("tokens_per_s"),
+            "data_fingerprint": (data_info or {}).get("fingerprint"), "eval_loss": metrics.get("loss"),
+            "perplexity": metrics.get("perplexity"), "accuracy": metrics.get("accuracy"),
+            "baseline_accuracy": metrics.get("baseline_accuracy"),
+            "untrained_accuracy": metrics.get("untrained_accuracy")}

@@ -10,12 +10,14 @@ import logging
 
 from mlm_tasks import storage
 from mlm_tasks.config import PipelineConfig
+from mlm_tasks.data.shard_set import DataSummary
 from mlm_tasks.paths import RunContext
+from mlm_tasks.results import RunSummary
 
 log = logging.getLogger(__name__)
 
 
-def summary(cfg: PipelineConfig, ctx: RunContext, *, data: dict | None = None) -> dict:
+def summary(cfg: PipelineConfig, ctx: RunContext, *, data: DataSummary | None = None) -> RunSummary:
     """`data` is merge_shards' summary (read from ctx.fingerprint's shard set when not given)."""
     if data is None:
         from mlm_tasks.data.shard_set import summary_for_fingerprint

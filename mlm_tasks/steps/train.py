@@ -11,7 +11,6 @@ finishes at exactly the configured step count.
 """
 from __future__ import annotations
 
-import json
 import logging
 import os
 import platform
@@ -21,9 +20,10 @@ from collections.abc import Callable
 from mlm_tasks import storage
 from mlm_tasks.config import ConfigError, PipelineConfig
 from mlm_tasks.data.shard_set import load_manifest
-from mlm_tasks.model.progress import ProgressLog
+from mlm_tasks.model.progress import ProgressLog, read_history, write_history
 from mlm_tasks.model.training_plan import check_resumable, plan_steps
 from mlm_tasks.paths import RunContext, RunPaths, join
+from mlm_tasks.results import TrainSummary
 
 log = logging.getLogger(__name__)
 
@@ -72,7 +72,7 @@ def make_strategy(device: str, cfg: PipelineConfig | None = None):
 
 
 def train(cfg: PipelineConfig, ctx: RunContext, *, on_checkpoint: Callable[[int, str], None] | None = None,
-          hub_token: str | None = None, hub_endpoint: str | None = None) -> dict:
+          hub_token: str | None = None, hub_endpoint: str | None = None) -> TrainSummary:
     """Train (or resume) run `ctx.run_id` on the shard set `ctx.fingerprint`; returns the training
     summary (also written to the run's folder).
 
@@ -101,9 +101,9 @@ def train(cfg: PipelineConfig, ctx: RunContext, *, on_checkpoint: Callable[[int,
     tokenizer = load_tokenizer(paths.tokenizer, shard_set.max_length)
     check_resumable(run, fingerprint, len(tokenizer))
     if storage.exists(run.train_summary):
-        summary = storage.read_json(run.train_summary)
-        log.info("Run %s already finished training (%d steps): nothing to do", run_id, summary["steps"])
-        return summary
+        done: TrainSummary = storage.read_json(run.train_summary)
+        log.info("Run %s already finished training (%d steps): nothing to do", run_id, done["steps"])
+        return done
 
     device = select_device(cfg.train.device)
     precision = cfg.train.mixed_precision
@@ -126,8 +126,8 @@ def train(cfg: PipelineConfig, ctx: RunContext, *, on_checkpoint: Callable[[int,
                                         global_batch=global_batch, total_steps=total_steps,
                                         strategy=strategy, endpoint=hub_endpoint)
     hooks = [hook for hook in (on_checkpoint, sync) if hook is not None]
-    save_every = [cfg.train.checkpoint_every, *(h.checkpoint_every for h in hooks
-                                                 if getattr(h, "checkpoint_every", None))]
+    save_every = [cfg.train.checkpoint_every,
+                  *(every for hook in hooks if (every := getattr(hook, "checkpoint_every", None)))]
 
     with strategy.scope():
         model = build_model(roberta_config(cfg, len(tokenizer), shard_set.special_ids),
@@ -143,7 +143,7 @@ def train(cfg: PipelineConfig, ctx: RunContext, *, on_checkpoint: Callable[[int,
         ckpt.restore(manager.latest_checkpoint).assert_existing_objects_matched()
         log.info("Resumed from %s at step %d", manager.latest_checkpoint, int(step_var.numpy()))
     start_step = int(step_var.numpy())  # int() refuses the Mirrored/TPU variable a strategy makes
-    history = [h for h in _read_history(run) if h["step"] <= start_step]
+    history = [h for h in read_history(run) if h["step"] <= start_step]
 
     def dataset_fn(input_context):  # once per input pipeline (host): it reads its own share
         return mlm_dataset(shard_set, "train", tokenizer, global_batch,
@@ -174,7 +174,7 @@ def train(cfg: PipelineConfig, ctx: RunContext, *, on_checkpoint: Callable[[int,
 
     def save_checkpoint(step: int) -> None:
         path = manager.save(checkpoint_number=step)
-        _write_history(run, history)
+        write_history(run, history)
         for hook in hooks:
             hook(step, path)  # the Hub sync queues the upload and returns at once
 
@@ -198,12 +198,13 @@ def train(cfg: PipelineConfig, ctx: RunContext, *, on_checkpoint: Callable[[int,
     if sync:
         sync.finish()  # the final upload; a failure is logged, the checkpoints stay in output_root
     _save_model(model, tokenizer, run)
-    summary = {"steps": total_steps, "resumed_from_step": start_step, "global_batch": global_batch,
-               "replicas": replicas, "device": device, "xla": xla, "precision": precision,
-               "tokens_per_s": progress.tokens_per_s, "first_loss": progress.first_loss,
-               "last_loss": progress.last_loss, "elapsed_s": progress.elapsed_s, "data_fingerprint": fingerprint,
-               "parameters": int(sum(v.shape.num_elements() for v in model.trainable_variables)),
-               "tensorflow": tf.__version__, "python": platform.python_version()}
+    summary: TrainSummary = {
+        "steps": total_steps, "resumed_from_step": start_step, "global_batch": global_batch, "replicas": replicas,
+        "device": device, "xla": xla, "precision": precision, "tokens_per_s": progress.tokens_per_s,
+        "first_loss": progress.first_loss, "last_loss": progress.last_loss, "elapsed_s": progress.elapsed_s,
+        "data_fingerprint": fingerprint,
+        "parameters": int(sum(v.shape.num_elements() for v in model.trainable_variables)),
+        "tensorflow": tf.__version__, "python": platform.python_version()}
     storage.write_json(run.train_summary, summary)  # last: marks training complete
     log.info("Training done: %d steps in %.0fs (%.0f tokens/s), loss %.3f -> %.3f; model at %s",
              total_steps, summary["elapsed_s"], summary["tokens_per_s"] or 0, summary["first_loss"] or float("nan"),
@@ -223,15 +224,5 @@ def _save_model(model, tokenizer, run: RunPaths) -> None:
         export_pytorch_weights(tmp)  # model.safetensors: what PyTorch / transformers 5.x users load
         tokenizer.save_pretrained(tmp)
         storage.upload_dir(tmp, run.model)
-
-
-def _read_history(run: RunPaths) -> list[dict]:
-    if not storage.exists(run.train_history):
-        return []
-    return [json.loads(line) for line in storage.read_text(run.train_history).splitlines() if line.strip()]
-
-
-def _write_history(run: RunPaths, history: list[dict]) -> None:
-    storage.write_text(run.train_history, "".join(json.dumps(h) + "\n" for h in history))
 
 

@@ -18,10 +18,13 @@ from collections.abc import Sequence
 from mlm_tasks import storage
 from mlm_tasks.config import ConfigError, PipelineConfig
 from mlm_tasks.data.corpus import open_corpus
+from mlm_tasks.data.corpus.base import empty_corpus_error
+from mlm_tasks.data.corpus.shards import ShardsCorpus, check_shards
 from mlm_tasks.data.shard_set import load_manifest
 from mlm_tasks.errors import AuthError
 from mlm_tasks.model.training_plan import check_resumable, plan_steps
 from mlm_tasks.paths import RunContext
+from mlm_tasks.results import ValidatedConfig
 from mlm_tasks.storage import check_writable
 
 log = logging.getLogger(__name__)
@@ -48,8 +51,7 @@ def check_local_corpus(corpus) -> None:
     empty corpus then fail now, not after the tokenizer has trained for an hour."""
     train_rows = sum(1 for _ in corpus.rows("train"))  # decodes every line of every file
     if not train_rows:
-        raise ConfigError("The corpus is empty: its train split has no text rows. Check the corpus source "
-                          "settings (paths, dataset name, text_column).")
+        raise empty_corpus_error()
 
 
 def check_run_inputs(cfg: PipelineConfig, ctx: RunContext) -> dict:
@@ -86,7 +88,7 @@ def check_output_root_reachable(output_root: str, distributed_executor: str | No
 
 
 def validate(cfg: PipelineConfig, ctx: RunContext | None = None, *, distributed_executor: str | None = None,
-             shared_roots: Sequence[str] = (), probe_write: bool = True) -> dict:
+             shared_roots: Sequence[str] = (), probe_write: bool = True) -> ValidatedConfig:
     """Every check that needs I/O; the validated config as a JSON-ready dict (what later tasks get).
     `probe_write=False` leaves output_root untouched (a dataset refresh of an unchanged source writes
     nothing at all; plan_shards probes it before it writes)."""
@@ -94,9 +96,7 @@ def validate(cfg: PipelineConfig, ctx: RunContext | None = None, *, distributed_
     corpus = open_corpus(cfg.corpus)  # raises ConfigError for missing paths and bad file types
     if cfg.corpus.source == "local_files":
         check_local_corpus(corpus)
-    if cfg.corpus.source == "tfrecord_shards":
-        from mlm_tasks.data.corpus.shards import check_shards
-
+    if isinstance(corpus, ShardsCorpus):  # corpus.source tfrecord_shards
         check_shards(cfg, corpus)  # features, max_length, ids within the tokenizer's vocabulary
     if storage.scheme(cfg.output_root) == "gs":
         check_gcs_credentials(cfg.output_root)

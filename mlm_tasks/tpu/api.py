@@ -9,8 +9,8 @@
 `ensure_node` never blocks on the API's long-running operations: it says what it did ("ready",
 "wait", "created", "recreating") and the caller (a deferrable Airflow operator) polls. Names and
 labels follow GCP rules (lowercase, [-a-z0-9], <= 63 chars). The remote side lives in
-`mlm_tasks.tpu.bundle` (`remote_command`, `stage_code`), re-exported here; `host_keys` reads the SSH
-host keys a worker published, which the SSH login pins.
+`mlm_tasks.tpu.bundle` (`remote_command`, `stage_code`); `host_keys` reads the SSH host keys a worker
+published, which the SSH login pins.
 
 The client authenticates with the credentials handed to `mlm_tasks.credentials` (on the Airflow
 side: the run's GCP connection), else Application Default Credentials. Every call is retried on 429
@@ -32,7 +32,6 @@ from typing import TYPE_CHECKING, Any
 
 from mlm_tasks import credentials
 from mlm_tasks.config import TpuConfig
-from mlm_tasks.tpu.bundle import remote_command, stage_code  # noqa: F401  (public API of this module)
 
 if TYPE_CHECKING:
     from google.cloud.tpu_v2 import Node, TpuClient

@@ -239,18 +239,26 @@ def _run_lock(step: str, run_id: str, grace_s: int = STOP_GRACE_S) -> list[str]:
             f"echo $$ > {pid_file}"]
 
 
+def _bundle_to_install(cfg: PipelineConfig, code: CodeBundle | None) -> CodeBundle | None:
+    """The bundle the VM installs first: `code` with tpu.bootstrap, None without (the project is in tpu.workdir)."""
+    if not cfg.tpu.bootstrap:
+        return None
+    if code is None:
+        raise ConfigError("tpu.bootstrap is on but no code bundle was given: call stage_code() first, "
+                          "or set tpu.bootstrap=false when the VM already has the project in tpu.workdir.")
+    if not re.fullmatch(r"[0-9a-f]{64}", code.tar_sha256):
+        raise ConfigError(f"The code bundle {code.uri} has no sha256 of its tarball: make it with stage_code(), "
+                          "which the VM's check needs.")
+    return code
+
+
 def remote_command(cfg: PipelineConfig, step: str, run_id: str, *, node: str, extra_args: Sequence[str] = (),
                    code: CodeBundle | None = None, env: dict[str, str] | None = None,
                    expect_token: bool = False) -> str:
     """The shell line worker 0 of TPU VM `node` runs: [install once] then `python -m mlm_tasks <step> ...`.
     `env`: more (non-secret) variables for the step, e.g. the Hub endpoint.
     `expect_token`: the session sends the Hub token; fail at once, saying why, if it did not arrive."""
-    if cfg.tpu.bootstrap and code is None:
-        raise ConfigError("tpu.bootstrap is on but no code bundle was given: call stage_code() first, "
-                          "or set tpu.bootstrap=false when the VM already has the project in tpu.workdir.")
-    if cfg.tpu.bootstrap and not re.fullmatch(r"[0-9a-f]{64}", code.tar_sha256):
-        raise ConfigError(f"The code bundle {code.uri} has no sha256 of its tarball: make it with stage_code(), "
-                          "which the VM's check needs.")
+    install = _bundle_to_install(cfg, code)
     config_json = json.dumps(cfg.model_dump(mode="json"), separators=(",", ":"))
     step_line = " ".join(shlex.quote(a) for a in [cfg.tpu.python, "-m", "mlm_tasks", step, "--config-json",
                                                     config_json, "--run-id", run_id, *extra_args])
@@ -270,8 +278,8 @@ def remote_command(cfg: PipelineConfig, step: str, run_id: str, *, node: str, ex
     parts.append(f'{TOKEN_VAR}="${{{SESSION_ENV_TOKEN}:-${{HF_TOKEN:-}}}}"; unset {SESSION_ENV_TOKEN} HF_TOKEN')
     # The lock before the install: a retry never swaps `code/` under a step an earlier try left running.
     parts += _run_lock(step, run_id)
-    if cfg.tpu.bootstrap:
-        parts += _bootstrap(cfg, code)
+    if install is not None:
+        parts += _bootstrap(cfg, install)
     # exec: the step replaces the shell, so a hang-up of the SSH session (task killed) reaches it, and
     # it keeps the run lock's fd 9 (a partition or a crashed Airflow host: the next try stops it).
     parts.append(f'if [ -n "${TOKEN_VAR}" ]; then export HF_TOKEN="${TOKEN_VAR}"; fi')

@@ -115,7 +115,10 @@ ENVIRONMENT = {
 
 def environment(runtime: Runtime) -> dict[str, str]:
     """The runtime's TensorFlow variables (ENVIRONMENT), for the remote line to export first."""
-    return dict(ENVIRONMENT[(runtime.pod, NAME.match(runtime.version)["api"])])
+    name = NAME.match(runtime.version)
+    if name is None:  # a row of SUPPORTED named against the rule: a bug here, not a setting
+        raise ValueError(f"Runtime {runtime.version!r} does not follow tpu-vm-tf-X.Y.Z[-pod]-pjrt: fix its row.")
+    return dict(ENVIRONMENT[(runtime.pod, name["api"])])
 
 
 def get(version: str) -> Runtime:

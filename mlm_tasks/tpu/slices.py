@@ -50,7 +50,7 @@ def parse(accelerator_type: str) -> tuple[str, int]:
     """("v4", 32) from "v4-32"; ConfigError naming the accepted forms otherwise."""
     match = TYPE_PATTERN.match(accelerator_type)
     gen = GENERATIONS.get(match["gen"]) if match else None
-    if gen is None:
+    if match is None or gen is None:
         raise ConfigError(f"tpu.accelerator_type {accelerator_type!r} is not a TPU type: use "
                           f"<generation>-<size> with a generation among {sorted(GENERATIONS)}, e.g. v4-8, "
                           "v5litepod-8, v5p-8 or v4-32 (a pod slice).")

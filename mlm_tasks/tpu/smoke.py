@@ -32,7 +32,7 @@ import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, cast
 
 from mlm_tasks import credentials
 from mlm_tasks.config import ConfigError, PipelineConfig, build_config
@@ -41,6 +41,9 @@ from mlm_tasks.paths import RunPaths
 from mlm_tasks.tpu import api as tpu
 from mlm_tasks.tpu import slices as tpu_slices
 from mlm_tasks.tpu import ssh
+
+if TYPE_CHECKING:
+    from google.cloud.tpu_v2 import TpuClient
 
 DAG_ID = "mlm_smoke"
 
@@ -223,7 +226,8 @@ def smoke(args: argparse.Namespace, out: Callable[[str], None] = print) -> int:
         from google.oauth2 import service_account
 
         credentials.install(service_account.Credentials.from_service_account_file(args.key_file, scopes=[tpu.SCOPE]))
-    api = DryRunApi(out) if args.dry_run else tpu.client(cfg.tpu)
+    # The dry run's stand-in answers every call ensure_node and delete_node make for an absent node.
+    api = cast("TpuClient", DryRunApi(out)) if args.dry_run else tpu.client(cfg.tpu)
     out(f"Smoke run {run_id}: TPU VM {name} ({cfg.tpu.accelerator_type}, {cfg.tpu.runtime_version}, "
         f"{'Spot' if cfg.tpu.spot else 'on demand'}) in {cfg.tpu.project}/{cfg.tpu.zone}, output {cfg.output_root}")
     previous = {s: signal.signal(s, _on_signal) for s in (signal.SIGTERM, signal.SIGHUP)}

@@ -21,6 +21,7 @@ def test_shipped_config_files_load(path):
 @pytest.mark.parametrize("overrides, message", [
     ({"vocab_sz": 8000}, "Unknown setting 'vocab_sz'"),
     ({"train.learnig_rate": 0.1}, "Unknown setting 'train.learnig_rate'"),
+    ({"tpu.ssh_via_external_ip": True}, "Unknown setting 'tpu.ssh_via_external_ip'"),  # now tpu.ssh_via, no alias
     ({"model_preset": "huge"}, "Unknown model preset 'huge'"),
     ({"max_length": 512}, "max_length can be at most 128"),
     ({"output_root": "s3://bucket/x"}, "unsupported scheme 's3'"),

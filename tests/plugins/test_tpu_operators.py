@@ -330,10 +330,3 @@ def test_train_execution_timeout_comes_from_the_config_and_never_outlives_the_tt
         credentials.stop_sharing_with_tensorflow()
     with pytest.raises(ConfigError, match="longer than tpu.ttl_hours"):
         build_config({**_config(fake_tpu), "train": {"timeout_hours": 13}})
-
-
-def test_old_ssh_via_external_ip_setting_still_reads():
-    from mlm_tasks.config import TpuConfig
-
-    assert TpuConfig(ssh_via_external_ip=True).ssh_via == "external"
-    assert TpuConfig.model_validate({"ssh_via_external_ip": False}).ssh_via == "internal"

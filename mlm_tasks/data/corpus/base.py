@@ -2,14 +2,15 @@
 
     class MySource(Corpus): ...    # fingerprint() and rows_partition(split, part, num_parts)
 
-Also the two helpers the text sources share: the deterministic split of a row or title, and a file's
-content digest. The sources are the other modules of this package; `open_corpus` in its __init__ picks one.
+Also what the text sources share: the deterministic split of a row or title, and the error for a
+corpus without text. The sources are the other modules of this package; `open_corpus` in its __init__ picks one.
 """
 from __future__ import annotations
 
 import hashlib
 from collections.abc import Iterator
 
+from mlm_tasks.errors import ConfigError
 from mlm_tasks.paths import SPLITS
 
 
@@ -48,9 +49,7 @@ def split_of(key: str, validation_fraction: float, test_fraction: float) -> str:
     return "train"
 
 
-def file_digest(path: str) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()[:16]
+def empty_corpus_error() -> ConfigError:
+    """A train split without text rows, found by whichever reads it first (validate, the tokenizer, the writer)."""
+    return ConfigError("The corpus is empty: its train split has no text rows. Check the corpus source settings "
+                       "(paths, dataset name, text_column).")

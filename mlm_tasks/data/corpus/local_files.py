@@ -12,8 +12,9 @@ import json
 import os
 from collections.abc import Iterator
 
+from mlm_tasks import storage
 from mlm_tasks.config import ConfigError, CorpusConfig
-from mlm_tasks.data.corpus.base import Corpus, file_digest, split_of
+from mlm_tasks.data.corpus.base import Corpus, split_of
 
 PARTITION_BLOCK = 1000  # consecutive lines of local files that go to the same partition
 
@@ -35,7 +36,7 @@ class LocalFilesCorpus(Corpus):
                 raise ConfigError(f"{path}: unsupported file type; use .txt, .jsonl or .parquet.")
 
     def fingerprint(self) -> str:
-        return "files:" + ",".join(f"{os.path.basename(p)}={file_digest(p)}" for p in self.files)
+        return "files:" + ",".join(f"{os.path.basename(p)}={storage.sha256(p)[:16]}" for p in self.files)
 
     def _lines(self, path: str, keep) -> Iterator[tuple[int, str]]:
         with open(path, "rb") as f:

@@ -95,7 +95,7 @@ class ShardsCorpus(Corpus):
         if not cfg.shards_uri or not cfg.tokenizer_uri:
             raise ConfigError("corpus.source=tfrecord_shards needs corpus.shards_uri (the folder or gs:// prefix "
                               "of the shards) and corpus.tokenizer_uri (the tokenizer they were encoded with).")
-        self.cfg = cfg
+        self.cfg, self.tokenizer_uri = cfg, cfg.tokenizer_uri
         self.files = list_shards(cfg.shards_uri)
         for split in ("train", "validation"):
             if not self.files[split]:
@@ -108,7 +108,7 @@ class ShardsCorpus(Corpus):
     @property
     def tokenizer_json(self) -> str:
         if self._tokenizer_json is None:
-            self._tokenizer_json = fetch_tokenizer_json(self.cfg.tokenizer_uri)
+            self._tokenizer_json = fetch_tokenizer_json(self.tokenizer_uri)
         return self._tokenizer_json
 
     def fingerprint(self) -> str:
@@ -190,14 +190,16 @@ def _record_ids(record: bytes, where: str) -> list[int]:
     except ValueError as err:  # UnicodeDecodeError too
         raise ConfigError(f"{where} is not a tf.train.Example ({err}): these shards need {' and '.join(FEATURES)} "
                           "as int64 features (as prepare_tfrecord_shards.py writes them).") from None
+    lists: dict[str, list[int]] = {}
     for name in FEATURES:
-        if not isinstance(features.get(name), list):
-            kind = features.get(name, "absent")
-            raise ConfigError(f"{where}: feature {name!r} is {kind}, not an int64 list: these shards need "
+        value = features.get(name, "absent")
+        if not isinstance(value, list):
+            raise ConfigError(f"{where}: feature {name!r} is {value}, not an int64 list: these shards need "
                               f"{' and '.join(FEATURES)} as int64 features (as prepare_tfrecord_shards.py writes "
                               f"them). Found: {sorted(features)}.")
-    ids = features["input_ids"]
-    if len(features["attention_mask"]) != len(ids):
+        lists[name] = value
+    ids = lists["input_ids"]
+    if len(lists["attention_mask"]) != len(ids):
         raise ConfigError(f"{where}: input_ids has {len(ids)} values but attention_mask "
-                          f"{len(features['attention_mask'])}: the shards are malformed.")
+                          f"{len(lists['attention_mask'])}: the shards are malformed.")
     return ids

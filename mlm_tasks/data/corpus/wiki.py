@@ -15,8 +15,9 @@ import re
 from collections.abc import Iterator
 from dataclasses import dataclass
 
+from mlm_tasks import storage
 from mlm_tasks.config import ConfigError, CorpusConfig
-from mlm_tasks.data.corpus.base import Corpus, file_digest, split_of
+from mlm_tasks.data.corpus.base import Corpus, split_of
 from mlm_tasks.paths import SPLITS
 
 log = logging.getLogger(__name__)
@@ -74,7 +75,7 @@ class WikiDumpCorpus(Corpus):
         self.articles_seen: dict[str, int] = {}
 
     def fingerprint(self) -> str:
-        return "wiki:" + file_digest(self.path) + f":max={self.cfg.max_articles}"
+        return "wiki:" + storage.sha256(self.path)[:16] + f":max={self.cfg.max_articles}"
 
     def articles(self, part: int = 0, num_parts: int = 1) -> Iterator[Article]:
         """Articles of partition `part`: page i (counting non-redirect pages) goes to partition i % num_parts.

@@ -78,9 +78,9 @@ def main(argv: list[str]) -> int:
               "pick the runtime the lock was made for.", file=sys.stderr)
         return 1
     import gcsfs  # noqa: F401
+    import google.cloud.storage  # noqa: F401
     import tf_keras
     import transformers
-    from google.cloud import storage  # noqa: F401
 
     if not transformers.is_tf_available():
         print("transformers does not see TensorFlow: FORCE_TF_AVAILABLE=1 must be set for the step.", file=sys.stderr)
