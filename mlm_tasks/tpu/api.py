@@ -31,10 +31,11 @@ from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
 from mlm_tasks import credentials
-from mlm_tasks.config import TpuConfig
 
-if TYPE_CHECKING:
+if TYPE_CHECKING:  # types only: config imports this package's tables, so tpu/ imports no config at run time
     from google.cloud.tpu_v2 import Node, TpuClient
+
+    from mlm_tasks.config import TpuConfig
 
 
 log = logging.getLogger(__name__)

@@ -39,11 +39,15 @@ import tarfile
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from mlm_tasks import storage
-from mlm_tasks.config import ConfigError, PipelineConfig
+from mlm_tasks.errors import ConfigError
 from mlm_tasks.paths import join
 from mlm_tasks.tpu import runtimes
+
+if TYPE_CHECKING:  # types only: config imports this package's tables, so tpu/ imports no config at run time
+    from mlm_tasks.config import PipelineConfig
 
 PACKAGE_DIR = runtimes.PACKAGE_DIR
 
