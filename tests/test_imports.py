@@ -80,21 +80,25 @@ def _import_graph(typing_imports: bool = True) -> dict[str, set[str]]:
     return edges
 
 
-def test_mlm_tasks_has_no_import_cycles():
-    edges = _import_graph()
+def _cycles(graph: dict[str, set[str]]) -> list[tuple[str, str]]:
+    """Every pair of nodes that reach each other."""
 
     def reaches(start: str, goal: str) -> bool:
         seen, todo = set(), [start]
         while todo:
-            for nxt in edges[todo.pop()] - seen:
+            for nxt in graph.get(todo.pop(), set()) - seen:
                 if nxt == goal:
                     return True
                 seen.add(nxt)
                 todo.append(nxt)
         return False
 
-    cycles = sorted({tuple(sorted((a, b))) for a in edges for b in edges[a] if reaches(b, a)})
-    assert "mlm_tasks.data.corpus" in edges and cycles == []
+    return sorted({tuple(sorted((a, b))) for a in graph for b in graph[a] if reaches(b, a)})
+
+
+def test_mlm_tasks_has_no_import_cycles():
+    edges = _import_graph()
+    assert "mlm_tasks.data.corpus" in edges and _cycles(edges) == []
 
 
 def test_steps_import_libraries_not_other_steps():
@@ -127,17 +131,6 @@ def test_packages_form_layers_without_climbing_back():
             if _layer(a) != _layer(b):
                 layers.setdefault(_layer(a), set()).add(_layer(b))
 
-    def reaches(start: str, goal: str) -> bool:
-        seen, todo = set(), [start]
-        while todo:
-            for nxt in layers.get(todo.pop(), set()) - seen:
-                if nxt == goal:
-                    return True
-                seen.add(nxt)
-                todo.append(nxt)
-        return False
-
-    cycles = sorted({tuple(sorted((a, b))) for a in layers for b in layers[a] if reaches(b, a)})
-    assert cycles == []
+    assert _cycles(layers) == []
     assert {"mlm_tasks.steps", "mlm_tasks.config"} <= layers["commands"]
     assert "mlm_tasks.data" in layers["mlm_tasks.steps"] and "mlm_tasks.tpu" in layers["mlm_tasks.config"]
