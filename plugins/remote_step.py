@@ -38,7 +38,8 @@ from airflow.sdk.exceptions import AirflowException, AirflowFailException, Airfl
 from gcp_credentials import use_connection
 from mlm_tasks.tpu import api as tpu
 from mlm_tasks.tpu.bundle import SESSION_ENV_TOKEN, remote_command, stage_code
-from tpu_operators import NodeEnsurer, resolve_config, run_node_name
+from step_context import config_from_xcom
+from tpu_operators import NodeEnsurer, run_node_name
 from worker_ssh import ssh_connect  # noqa: F401  (the login; re-exported for callers of this module)
 
 TAIL_LINES = 20
@@ -202,7 +203,7 @@ class TpuSSHStepOperator(NodeEnsurer, BaseOperator):
         self._runner: RemoteRunner | None = None
 
     def execute(self, context: Any) -> dict[str, Any]:
-        cfg = resolve_config(self.config)
+        cfg = config_from_xcom(self.config)
         if cfg.compute != "tpu_vm":
             raise AirflowSkipException(f"compute is {cfg.compute!r}: the step runs locally, not here.")
         with use_connection(cfg.gcp_conn_id):

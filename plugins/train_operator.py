@@ -16,8 +16,8 @@ from airflow.sdk.exceptions import AirflowFailException
 
 from hub_connection import hub_credentials
 from remote_step import TpuSSHStepOperator
+from step_context import config_from_xcom
 from task_errors import bad_input_fails_fast
-from tpu_operators import resolve_config
 
 
 class TrainOperator(TpuSSHStepOperator):
@@ -35,7 +35,7 @@ class TrainOperator(TpuSSHStepOperator):
         # Runs after the config template is rendered and before the task runner reads the timeout.
         from gcp_credentials import install_for
 
-        cfg = resolve_config(self.config)
+        cfg = config_from_xcom(self.config)
         install_for(cfg)  # local training reads and writes gs:// with the run's connection
         hours = cfg.train.timeout_for(cfg.compute, cfg.tpu.ttl_hours)
         self.execution_timeout = timedelta(hours=hours)
@@ -69,7 +69,7 @@ class TrainOperator(TpuSSHStepOperator):
         return {"HF_ENDPOINT": endpoint} if endpoint else {}
 
     def execute(self, context: Any) -> dict[str, Any]:
-        cfg = resolve_config(self.config)
+        cfg = config_from_xcom(self.config)
         fingerprint = self._fingerprint()
         if cfg.compute == "tpu_vm":
             return super().execute(context)
