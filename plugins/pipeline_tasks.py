@@ -3,11 +3,14 @@ wired in the DAG), calls the `mlm_tasks` step of the same name, and returns its 
 
     config = validate()                          # the validated config, for every later task
     data = shard_set(config)                     # plugins/shard_set.py
+    check_run(config, data)                      # the run fits its data, before any TPU VM
     evaluate(config, data); fill_mask(config); report(config, data); decision = gate(config)
     publish(config, decision, data); publish_tokenizer(config, data); summary(config, data)
 
-No ML logic and no file I/O live here. TensorFlow and transformers are imported by the steps
-themselves, at run time, so parsing a DAG that uses these stays fast. `train` is an operator
+Every task returning a dict returns one value (`multiple_outputs=False`): Airflow would otherwise
+infer from the annotation that each key is an XCom of its own. No ML logic and no file I/O live
+here. TensorFlow and transformers are imported by the steps themselves, at run time, so parsing a
+DAG that uses these stays fast. `train` is an operator
 (plugins/train_operator.py): it trains here or on the run's TPU VM.
 """
 from __future__ import annotations
@@ -24,7 +27,7 @@ from worker_queues import CPU_QUEUE
 log = logging.getLogger(__name__)
 
 
-@task(retries=0)  # retrying cannot fix a bad input: fail now, with what to change
+@task(retries=0, multiple_outputs=False)  # retrying cannot fix a bad input: fail now, with what to change
 def validate(probe_write: bool = True, **context: Any) -> dict:
     """First task: every setting and input checked, before anything costs time or money.
     `probe_write=False`: output_root is not written to (the dataset refresh of an unchanged source).
@@ -52,12 +55,23 @@ def validate(probe_write: bool = True, **context: Any) -> dict:
             cfg = PipelineConfig.model_validate(tree)
             if deployment:
                 deployment.check_run(cfg)
-        cfg, ctx = step_context(cfg)  # validate probes output_root with the connection's credentials
-        return step(cfg, ctx, distributed_executor=distributed_executor(), shared_roots=shared_output_roots(),
+        cfg, _ = step_context(cfg)  # validate probes output_root with the connection's credentials
+        return step(cfg, distributed_executor=distributed_executor(), shared_roots=shared_output_roots(),
                     probe_write=probe_write)
 
 
-@task(queue=CPU_QUEUE)
+@task(multiple_outputs=False)
+def check_run(config: dict, data: dict) -> dict:
+    """The run against its data (batch vs records, the shards' max_length and tokenizer, an earlier
+    checkpoint), after the merge and before wait_for_shards and any TPU VM."""
+    from mlm_tasks.steps.check_run import check_run as step
+
+    with bad_input_fails_fast():
+        cfg, ctx = step_context(config, data)
+        return step(cfg, ctx, data=data)
+
+
+@task(queue=CPU_QUEUE, multiple_outputs=False)
 def evaluate(config: dict, data: dict) -> dict:
     from mlm_tasks.steps.evaluate import evaluate as step
 
@@ -73,7 +87,7 @@ def fill_mask(config: dict) -> list[dict]:
         return step(*step_context(config))
 
 
-@task(queue=CPU_QUEUE)
+@task(queue=CPU_QUEUE, multiple_outputs=False)
 def report(config: dict, data: dict) -> dict:
     """Loss/LR curves, metrics table and fill-mask examples in runs/<run>/report/; key metrics as XCom."""
     from mlm_tasks.steps.report import report as step
@@ -82,7 +96,7 @@ def report(config: dict, data: dict) -> dict:
         return step(*step_context(config, data), data=data)
 
 
-@task
+@task(multiple_outputs=False)
 def gate(config: dict) -> dict:
     """Whether this run's model may be published; the reasons go to the log and XCom."""
     from mlm_tasks.steps.gate import gate as step
@@ -91,7 +105,7 @@ def gate(config: dict) -> dict:
         return step(*step_context(config)).to_dict()
 
 
-@task
+@task(multiple_outputs=False)
 def publish(config: dict, decision: dict, data: dict) -> dict:
     from airflow.sdk.exceptions import AirflowSkipException
 
@@ -108,7 +122,7 @@ def publish(config: dict, decision: dict, data: dict) -> dict:
         return step(cfg, ctx, token=token, endpoint=endpoint, data_info=data)
 
 
-@task
+@task(multiple_outputs=False)
 def publish_tokenizer(config: dict, data: dict) -> dict:
     from airflow.sdk.exceptions import AirflowSkipException
 
@@ -124,7 +138,7 @@ def publish_tokenizer(config: dict, data: dict) -> dict:
 
 
 # Runs when publishing was skipped too: the summary is wanted either way.
-@task(trigger_rule="none_failed")
+@task(trigger_rule="none_failed", multiple_outputs=False)
 def summary(config: dict, data: dict) -> dict:
     """Last task: one readable summary of the run in the log and runs/<run>/summary.txt, and as XCom."""
     from mlm_tasks.steps.summary import summary as step
