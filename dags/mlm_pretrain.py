@@ -3,10 +3,12 @@
 
 validate every input → plan_shards (fingerprint, Unigram tokenizer) → write_shards (TFRecord shards,
 one mapped task per corpus partition, `shards.partitions`) → merge_shards (one manifest; all reused
-when the corpus fingerprint is unchanged) → wait_for_shards (only for shards made elsewhere) →
-[create_tpu_vm] → train (resumes from its last checkpoint on retry) → evaluate → fill_mask → report →
-gate → publish to the Hub (skipped, with the reason, unless enabled and the gate passed) → summary →
-[delete_tpu_vm, a teardown: runs whatever happened upstream]. Each task runs the step of the same
+when the corpus fingerprint is unchanged) → check_run (the run fits its data: batch, max_length,
+tokenizer, earlier checkpoints) → wait_for_shards (only for shards made elsewhere) → [create_tpu_vm]
+→ train (resumes from its last checkpoint on retry) → evaluate → fill_mask → report → gate → publish
+to the Hub (skipped, with the reason, unless enabled and the gate passed) → summary →
+[delete_tpu_vm, a teardown: runs whatever happened upstream]. With `compute: local` the two TPU VM
+tasks end skipped, saying so in their logs. Each task runs the step of the same
 name in `mlm_tasks/steps/` (docs/architecture.md).
 
 The same DAG runs the embedded default (local folder, this machine's CPU, the Wikipedia sample
@@ -29,7 +31,7 @@ from airflow.sdk import DAG, chain
 
 from dag_defaults import config_params, default_args, default_config, form_params
 from mlm_assets import SHARDS
-from pipeline_tasks import evaluate, fill_mask, gate, publish, publish_tokenizer, report, summary, validate
+from pipeline_tasks import check_run, evaluate, fill_mask, gate, publish, publish_tokenizer, report, summary, validate
 from shard_gate import ShardSetCompleteSensor
 from shard_set import shard_set
 from tpu_operators import TpuVmCreateOperator, TpuVmDeleteOperator
@@ -69,12 +71,16 @@ with DAG(
     wait = ShardSetCompleteSensor(task_id="wait_for_shards", config=config, data=data, retries=0)
     create_vm = TpuVmCreateOperator(task_id="create_tpu_vm", config=config)
     # Queues are fixed at parse time: train follows the default config's compute (see worker_queues).
+    # none_failed: with compute local, create_tpu_vm is skipped and train still runs; a failed one stops it.
+    # (Hence create_tpu_vm is no setup task: Airflow skips all of a skipped setup's scope.)
     train = TrainOperator(task_id="train", config=config, data=data, execution_timeout=timedelta(hours=72),
-                          queue=train_queue(_defaults.compute))
+                          queue=train_queue(_defaults.compute), trigger_rule="none_failed")
     decision = gate(config)
     published = publish(config, decision, data)
-    chain(data, wait, create_vm, train, evaluate(config, data), fill_mask(config), report(config, data), decision,
-          published, summary(config, data))
+    chain(data, check_run(config, data), wait, create_vm, train, evaluate(config, data), fill_mask(config),
+          report(config, data), decision, published, summary(config, data))
     data >> publish_tokenizer(config, data)
-    # Teardown: runs after any upstream failure too, so no TPU VM outlives its run.
-    train >> TpuVmDeleteOperator(task_id="delete_tpu_vm", config=config).as_teardown(setups=create_vm)
+    # A teardown without a setup: it runs once train and create_tpu_vm are done, whatever happened (a failed
+    # create too: it deletes what the failed try left), so no TPU VM outlives its run; with compute local it
+    # ends skipped, saying why. Its own failure does not decide the run's state.
+    [create_vm, train] >> TpuVmDeleteOperator(task_id="delete_tpu_vm", config=config).as_teardown()

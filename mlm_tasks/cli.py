@@ -5,6 +5,7 @@
     python -m mlm_tasks plan_shards     --config c.yaml --set shards.partitions=4   # the DAG's fan-out, by hand:
     python -m mlm_tasks write_shards    --config c.yaml --set shards.partitions=4 --part 0   # (any machine)
     python -m mlm_tasks merge_shards    --config c.yaml --set shards.partitions=4   # manifest, then _SUCCESS
+    python -m mlm_tasks check_run       --config configs/default.yaml --run-id r1   # the run fits its data
     python -m mlm_tasks train           --config configs/default.yaml --run-id r1 [--data-fingerprint FP]
     python -m mlm_tasks evaluate|fill_mask|report|gate|summary --config configs/default.yaml --run-id r1
     HF_TOKEN=hf_... python -m mlm_tasks publish|publish_tokenizer --config c.yaml --run-id r1
@@ -65,13 +66,13 @@ def resolve_config(args: argparse.Namespace) -> PipelineConfig:
 
 
 # Steps that read a shard set: without --data-fingerprint, it is computed from the corpus (needs the corpus at hand).
-NEEDS_DATA = ("write_shards", "merge_shards", "train", "evaluate", "publish_tokenizer", "summary")
+NEEDS_DATA = ("write_shards", "merge_shards", "check_run", "train", "evaluate", "publish_tokenizer", "summary")
 
 
 def run_step(step: str, cfg: PipelineConfig, ctx: RunContext, part: int = 0) -> object:
     """One verb: the step function of the same name (mlm_tasks/steps/<step>.py) with this process's inputs."""
     from mlm_tasks import steps
-    from mlm_tasks.data.shard_set import data_fingerprint
+    from mlm_tasks.data.shard_set import data_fingerprint, summary_for_fingerprint
 
     if step == "fingerprint":
         return data_fingerprint(cfg)
@@ -79,10 +80,16 @@ def run_step(step: str, cfg: PipelineConfig, ctx: RunContext, part: int = 0) -> 
         return steps.build_shard_set(cfg, ctx)
     if step == "run_all":
         return steps.run_all(cfg, ctx, hub_token=_hub_token(needed=cfg.publish.sync_checkpoints))
+    if step == "validate":
+        from mlm_tasks.steps.validate import validate
+
+        return validate(cfg)
     if step in NEEDS_DATA and not ctx.fingerprint:
         ctx = ctx.with_data(data_fingerprint(cfg))
     kwargs: dict = {}
-    if step == "write_shards":
+    if step == "check_run":
+        kwargs = {"data": summary_for_fingerprint(cfg, ctx.data.fingerprint)}
+    elif step == "write_shards":
         kwargs = {"part": part, "num_parts": cfg.shards.partitions}
     elif step == "train":
         kwargs = {"hub_token": _hub_token(needed=cfg.publish.sync_checkpoints)}

@@ -6,10 +6,58 @@ A leaf module: it imports nothing of mlm_tasks at run time, so every layer may u
 """
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, TypedDict
+from typing import Any, TypedDict
 
-if TYPE_CHECKING:  # the data summary moves here, under "The shard set", in the shard-set change
-    from mlm_tasks.data.shard_set import DataSummary
+# The shard set: plan_shards → write_shards (one per partition) → merge_shards.
+
+
+class Partition(TypedDict):
+    """One write_shards task's share of the corpus."""
+    fingerprint: str
+    part: int
+    num_parts: int
+
+
+class ShardPlan(TypedDict):
+    """What plan_shards decided, handed to merge_shards; write_shards is mapped over `partitions`."""
+    fingerprint: str
+    cache_hit: bool                   # the complete set was there before this run
+    corpus_fingerprint: str | None    # the plan's, so the merge does not hash a large corpus again
+    partitions: list[Partition]       # empty: nothing to write (the set is complete, or shards were brought)
+
+
+class WrittenPartition(TypedDict):
+    fingerprint: str
+    part: int
+    num_parts: int
+    records: dict[str, int]
+    rows: dict[str, int]
+
+
+class DataSummary(TypedDict):
+    """What merge_shards returns and later steps read: small, JSON-serialisable, no secrets."""
+    fingerprint: str
+    data_root: str
+    tokenizer_uri: str
+    manifest_uri: str
+    success_uri: str
+    cache_hit: bool          # the complete set was there before this run
+    written_here: bool       # this run's merge_shards published it
+    vocab_size: int
+    max_length: int
+    records: dict[str, int]
+    tokens: dict[str, int]
+    shards: dict[str, int]
+    corpus: dict
+
+
+# The run, checked against its shard set
+
+class RunCheck(TypedDict):
+    """check_run: what it found; nothing is written."""
+    fingerprint: str
+    train_records: int
+    steps: int          # at one replica; train() plans again with the global batch of its devices
 
 
 # Training and after

@@ -3,6 +3,7 @@ wired in the DAG), calls the `mlm_tasks` step of the same name, and returns its 
 
     config = validate()                          # the validated config, for every later task
     data = shard_set(config)                     # plugins/shard_set.py
+    check_run(config, data)                      # the run fits its data, before any TPU VM
     evaluate(config, data); fill_mask(config); report(config, data); decision = gate(config)
     publish(config, decision, data); publish_tokenizer(config, data); summary(config, data)
 
@@ -19,11 +20,13 @@ from typing import Any
 from airflow.sdk import task
 
 from mlm_tasks.results import (
+    DataSummary,
     EvalMetrics,
     GateDecision,
     KeyMetrics,
     ModelCommit,
     ProbePredictions,
+    RunCheck,
     RunSummary,
     TokenizerCommit,
     ValidatedConfig,
@@ -63,13 +66,24 @@ def validate(probe_write: bool = True, **context: Any) -> ValidatedConfig:
             cfg = PipelineConfig.model_validate(tree)
             if deployment:
                 deployment.check_run(cfg)
-        cfg, ctx = step_context(cfg)  # validate probes output_root with the connection's credentials
-        return step(cfg, ctx, distributed_executor=distributed_executor(), shared_roots=shared_output_roots(),
+        cfg, _ = step_context(cfg)  # validate probes output_root with the connection's credentials
+        return step(cfg, distributed_executor=distributed_executor(), shared_roots=shared_output_roots(),
                     probe_write=probe_write)
 
 
+@task(multiple_outputs=False)
+def check_run(config: dict, data: DataSummary) -> RunCheck:
+    """The run against its data (batch vs records, the shards' max_length and tokenizer, an earlier
+    checkpoint), after the merge and before wait_for_shards and any TPU VM."""
+    from mlm_tasks.steps.check_run import check_run as step
+
+    with bad_input_fails_fast():
+        cfg, ctx = step_context(config, data)
+        return step(cfg, ctx, data=data)
+
+
 @task(queue=CPU_QUEUE, multiple_outputs=False)
-def evaluate(config: dict, data: dict) -> EvalMetrics:
+def evaluate(config: dict, data: DataSummary) -> EvalMetrics:
     from mlm_tasks.steps.evaluate import evaluate as step
 
     with bad_input_fails_fast():
@@ -85,7 +99,7 @@ def fill_mask(config: dict) -> list[ProbePredictions]:
 
 
 @task(queue=CPU_QUEUE, multiple_outputs=False)
-def report(config: dict, data: dict) -> KeyMetrics:
+def report(config: dict, data: DataSummary) -> KeyMetrics:
     """Loss/LR curves, metrics table and fill-mask examples in runs/<run>/report/; key metrics as XCom."""
     from mlm_tasks.steps.report import report as step
 
@@ -103,7 +117,7 @@ def gate(config: dict) -> GateDecision:
 
 
 @task(multiple_outputs=False)
-def publish(config: dict, decision: GateDecision, data: dict) -> ModelCommit:
+def publish(config: dict, decision: GateDecision, data: DataSummary) -> ModelCommit:
     from airflow.sdk.exceptions import AirflowSkipException
 
     from hub_connection import hub_credentials
@@ -120,7 +134,7 @@ def publish(config: dict, decision: GateDecision, data: dict) -> ModelCommit:
 
 
 @task(multiple_outputs=False)
-def publish_tokenizer(config: dict, data: dict) -> TokenizerCommit:
+def publish_tokenizer(config: dict, data: DataSummary) -> TokenizerCommit:
     from airflow.sdk.exceptions import AirflowSkipException
 
     from hub_connection import hub_credentials
@@ -136,7 +150,7 @@ def publish_tokenizer(config: dict, data: dict) -> TokenizerCommit:
 
 # Runs when publishing was skipped too: the summary is wanted either way.
 @task(trigger_rule="none_failed", multiple_outputs=False)
-def summary(config: dict, data: dict) -> RunSummary:
+def summary(config: dict, data: DataSummary) -> RunSummary:
     """Last task: one readable summary of the run in the log and runs/<run>/summary.txt, and as XCom."""
     from mlm_tasks.steps.summary import summary as step
 

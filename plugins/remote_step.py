@@ -41,7 +41,8 @@ from mlm_tasks.errors import NO_RETRY_EXIT, NoRetryError, TransientError
 from mlm_tasks.tpu import api as tpu
 from mlm_tasks.tpu import ssh
 from mlm_tasks.tpu.bundle import SESSION_ENV_TOKEN, remote_command, stage_code
-from tpu_operators import NodeEnsurer, resolve_config, run_node_name
+from step_context import config_from_xcom
+from tpu_operators import NodeEnsurer, run_node_name
 from worker_ssh import ssh_connect
 
 
@@ -89,7 +90,7 @@ class RemoteStep:
         if replace is None:
             raise AirflowException(f"TPU VM {name} is {node.state}, not READY: clear the create_tpu_vm "
                                    "task (it replaces a dead node) and this one.")
-        # A setup task is not rerun on a retry of this one: replace a preempted (or deleted) node here.
+        # create_tpu_vm is not rerun on a retry of this task: replace a preempted (or deleted) node here.
         self.log.warning("TPU VM %s is %s, not READY (preempted?): getting a READY one before the step.",
                          name, node.state)
         return replace(name, time.time() + cfg.tpu.create_timeout_s)
@@ -186,7 +187,7 @@ class TpuSSHStepOperator(NodeEnsurer, BaseOperator):
         return self.remote
 
     def execute(self, context: Any) -> dict[str, Any]:
-        cfg = resolve_config(self.config)
+        cfg = config_from_xcom(self.config)
         if cfg.compute != "tpu_vm":
             raise AirflowSkipException(f"compute is {cfg.compute!r}: the step runs locally, not here.")
 

@@ -17,8 +17,6 @@ it pokes the file in reschedule mode (the slot is freed between pokes). A timeou
 """
 from __future__ import annotations
 
-import ast
-import json
 import os
 from datetime import timedelta
 from typing import Any
@@ -26,7 +24,7 @@ from typing import Any
 from airflow.sdk import BaseSensorOperator
 from airflow.sdk.exceptions import AirflowException, AirflowFailException, AirflowSensorTimeout
 
-from tpu_operators import resolve_config
+from step_context import config_from_xcom, xcom_dict
 
 
 def split_gs_uri(uri: str) -> tuple[str, str]:
@@ -34,16 +32,6 @@ def split_gs_uri(uri: str) -> tuple[str, str]:
     if not bucket or not name:
         raise AirflowFailException(f"Not a gs://bucket/object URI: {uri!r}. Check output_root in the config.")
     return bucket, name
-
-
-def _as_dict(value: Any) -> dict:
-    """A dict from XCom: as it is, or its JSON / Python repr (a template rendered without native types)."""
-    if isinstance(value, str):
-        try:
-            value = json.loads(value)
-        except json.JSONDecodeError:
-            value = ast.literal_eval(value)
-    return value if isinstance(value, dict) else {}
 
 
 class ShardSetCompleteSensor(BaseSensorOperator):
@@ -66,7 +54,7 @@ class ShardSetCompleteSensor(BaseSensorOperator):
         """Poke interval, timeout and GCP connection from the run's config, before anything reads them."""
         if self._configured:
             return
-        cfg = resolve_config(self.config)
+        cfg = config_from_xcom(self.config)
         self.poke_interval = float(cfg.sensor.poke_interval_s)
         self.timeout = float(cfg.sensor.timeout_s)
         self.gcp_conn_id = cfg.sensor.gcp_conn_id or cfg.gcp_conn_id
@@ -77,7 +65,7 @@ class ShardSetCompleteSensor(BaseSensorOperator):
 
     @property
     def marker_uri(self) -> str:
-        uri = _as_dict(self.data).get("success_uri")
+        uri = xcom_dict(self.data).get("success_uri")
         if not uri:
             raise AirflowFailException(
                 "No shard marker URI: the shard-set summary given to the gate as `data` has no 'success_uri' "
@@ -104,7 +92,7 @@ class ShardSetCompleteSensor(BaseSensorOperator):
     def execute(self, context: Any) -> str:
         self.apply_run_config()
         marker = self.marker_uri
-        if _as_dict(self.data).get("written_here"):
+        if xcom_dict(self.data).get("written_here"):
             self.log.info("Not waiting: this run wrote the shard set %s itself, in merge_shards; the gate waits "
                           "only for shards from elsewhere (a dataset refresh, another DAG, bring-your-own "
                           "shards).", marker.rsplit("/", 1)[0])

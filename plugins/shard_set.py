@@ -3,9 +3,13 @@
     data = shard_set(config)                    # mlm_pretrain: merge_shards' data summary (an XComArg)
     shard_set(config, announce=True, after=changed)   # mlm_dataset_refresh: the merge emits the SHARDS event
 
-Each task calls the step of the same name in mlm_tasks/steps/. Values flow as XComArgs: the plan (a
-list of partitions, never empty) is what write_shards is mapped over, and the written partitions
-hand the fingerprint on to the merge. `source_changed` is the refresh DAG's short-circuit before it.
+Each task calls the step of the same name in mlm_tasks/steps/. Values flow as XComArgs: plan_shards
+returns the partitions still to write, which write_shards is mapped over, and hands its whole plan
+(fingerprint, cache hit, corpus fingerprint, partitions) to merge_shards under the XCom key
+`shard_plan` (a mapped task expands over a return value only). With nothing to write (the set is
+complete, or shards are brought as they are) the list is empty: Airflow skips the mapped task, and
+merge_shards, which runs unless something failed, only reads the set. `source_changed` is the refresh
+DAG's short-circuit before it.
 """
 from __future__ import annotations
 
@@ -16,11 +20,14 @@ from typing import Any
 from airflow.sdk import TaskGroup, get_current_context, task
 
 from mlm_assets import SHARDS, event_extra, triggering_shards_event
+from mlm_tasks.results import DataSummary, Partition, ShardPlan, WrittenPartition
 from step_context import step_context
 from task_errors import bad_input_fails_fast
 from worker_queues import CPU_QUEUE
 
 log = logging.getLogger(__name__)
+
+PLAN_KEY = "shard_plan"  # plan_shards' XCom of the whole plan, for merge_shards
 
 
 @task.short_circuit
@@ -41,12 +48,12 @@ def source_changed(config: dict) -> str | bool:
     return fingerprint
 
 
-@task(queue=CPU_QUEUE, execution_timeout=timedelta(hours=12))
-def plan_shards(config: dict, **context: Any) -> list[dict]:
-    """The partitions write_shards maps over. A run triggered by a dataset-refresh event uses exactly
-    the announced set (never a re-fingerprint of a source that moved on)."""
+@task(queue=CPU_QUEUE, execution_timeout=timedelta(hours=12), multiple_outputs=False)
+def plan_shards(config: dict, **context: Any) -> list[Partition]:
+    """The partitions write_shards maps over (possibly none); the whole plan goes to merge_shards as
+    the XCom PLAN_KEY. A run triggered by a dataset-refresh event uses exactly the announced set
+    (never a re-fingerprint of a source that moved on)."""
     from mlm_tasks.data.shard_set import summary_for_fingerprint
-    from mlm_tasks.steps.plan_shards import nothing_to_write
     from mlm_tasks.steps.plan_shards import plan_shards as step
 
     cfg, ctx = step_context(config)
@@ -56,39 +63,40 @@ def plan_shards(config: dict, **context: Any) -> list[dict]:
             log.info("Triggered by dataset refresh: fingerprint %s under %s",
                      event["fingerprint"], event["output_root"])
             fingerprint = summary_for_fingerprint(cfg, event["fingerprint"])["fingerprint"]
-            return list(nothing_to_write(fingerprint, cache_hit=True))
-        return list(step(cfg, ctx))
+            plan = ShardPlan(fingerprint=fingerprint, cache_hit=True, corpus_fingerprint=None, partitions=[])
+        else:
+            plan = step(cfg, ctx)
+    context["ti"].xcom_push(PLAN_KEY, plan)
+    if not plan["partitions"]:
+        log.info("Nothing to write for data %s: write_shards is skipped, merge_shards reads the set.",
+                 plan["fingerprint"])
+    return plan["partitions"]
 
 
-@task(queue=CPU_QUEUE, execution_timeout=timedelta(hours=24), map_index_template="{{ partition_label }}")
-def write_shards(config: dict, partition: dict) -> dict:
+@task(queue=CPU_QUEUE, execution_timeout=timedelta(hours=24), map_index_template="{{ partition_label }}",
+      multiple_outputs=False)
+def write_shards(config: dict, partition: Partition) -> WrittenPartition:
     """One mapped task per partition: its TFRecord shards and partial manifest."""
     from mlm_tasks.steps.write_shards import write_shards as step
 
-    get_current_context()["partition_label"] = (  # the grid shows "partition 2 of 4", not a bare index
-        f"partition {partition['part'] + 1} of {partition['num_parts']}" if partition["num_parts"]
-        else "nothing to write")
+    # The grid shows "partition 2 of 4", not a bare index.
+    get_current_context()["partition_label"] = f"partition {partition['part'] + 1} of {partition['num_parts']}"
     cfg, ctx = step_context(config, partition)
     with bad_input_fails_fast():
-        return dict(step(cfg, ctx, part=partition["part"], num_parts=partition["num_parts"],
-                         cache_hit=partition["cache_hit"], corpus_fingerprint=partition["corpus_fingerprint"]))
+        return step(cfg, ctx, part=partition["part"], num_parts=partition["num_parts"])
 
 
-@task(queue=CPU_QUEUE)
-def merge_shards(config: dict, written: list[dict], announce: bool = False, **context: Any) -> dict:
-    """The merged, published shard set. In mlm_pretrain, then the run is checked against the data
-    (batch vs records, the shards' max_length, an earlier checkpoint), still before any TPU VM exists;
-    in mlm_dataset_refresh (`announce`), the SHARDS event's extra says exactly which data it is."""
+# After every write_shards, or after none: with nothing to write the mapped task is skipped, and the merge
+# still runs (none_failed); a failed partition stops it (upstream_failed).
+@task(queue=CPU_QUEUE, multiple_outputs=False, trigger_rule="none_failed")
+def merge_shards(config: dict, plan: ShardPlan, announce: bool = False, **context: Any) -> DataSummary:
+    """The merged, published shard set of `plan`; in mlm_dataset_refresh (`announce`), the SHARDS
+    event's extra says exactly which data it is."""
     from mlm_tasks.steps.merge_shards import merge_shards as step
-    from mlm_tasks.steps.validate import check_run_inputs
 
-    first = list(written)[0]  # every partition carries the plan
-    cfg, ctx = step_context(config, first)
+    cfg, ctx = step_context(config, plan)
     with bad_input_fails_fast():
-        data = dict(step(cfg, ctx, cache_hit=first["cache_hit"], corpus_fingerprint=first["corpus_fingerprint"],
-                         num_parts=first["num_parts"] or None))
-        if not announce:
-            check_run_inputs(cfg, ctx)
+        data = step(cfg, ctx, plan=plan)
     if announce:
         context["outlet_events"][SHARDS].extra = event_extra(config, data)
         log.info("Announcing shards %s on asset %s: %s train records, %s train tokens", data["fingerprint"],
@@ -101,9 +109,11 @@ def shard_set(config: Any, *, announce: bool = False, after: Any = None) -> Any:
     them); merge_shards' XComArg (the data summary). Task ids are the step names."""
     with TaskGroup("shard_set", prefix_group_id=False,
                    tooltip="plan, write (per partition), merge the TFRecord shards"):
-        plan = plan_shards(config)
+        partitions = plan_shards(config)
         if after is not None:
-            after >> plan
-        written = write_shards.partial(config=config).expand(partition=plan)
+            after >> partitions
+        written = write_shards.partial(config=config).expand(partition=partitions)
         merge = merge_shards.override(outlets=[SHARDS] if announce else [])
-        return merge(config, written, announce=announce)
+        data = merge(config, partitions[PLAN_KEY], announce=announce)  # the same task's other XCom: the plan
+        written >> data
+        return data

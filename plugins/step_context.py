@@ -2,22 +2,50 @@
 run's GCP connection installed for gs:// and TPU clients, and the step's `RunContext`.
 
     cfg, ctx = step_context(config, data)     # config: validate's return value; data: merge_shards'
+    cfg = config_from_xcom(self.config)       # an operator's templated field, the same way
 
 The values come in as the task's arguments (XComArgs wired in the DAG), never pulled by task id.
 """
 from __future__ import annotations
 
+import json
 from typing import Any
 
 from mlm_tasks.config import PipelineConfig
 from mlm_tasks.paths import RunContext
 
 
-def step_context(config: dict | PipelineConfig, data: dict | None = None,
+def xcom_dict(value: Any) -> dict:
+    """A dict-valued XCom as a task or operator receives it: the dict itself (an XComArg, or a template
+    rendered with native types) or its JSON (a template rendered as text). Anything else is a wiring
+    mistake that a retry cannot fix."""
+    from airflow.sdk.exceptions import AirflowFailException
+
+    if isinstance(value, str):
+        try:
+            value = json.loads(value)
+        except json.JSONDecodeError as err:
+            raise AirflowFailException(
+                f"Expected a dict or its JSON from XCom, got text that is not JSON ({err}): {value[:200]!r}. "
+                "Pass the upstream task's XComArg, not a template of it.") from None
+    if not isinstance(value, dict):
+        raise AirflowFailException(
+            f"Expected a dict or its JSON from XCom, got {type(value).__name__}: {str(value)[:200]!r}. Check the "
+            "upstream task's return value.")
+    return value
+
+
+def config_from_xcom(value: Any) -> PipelineConfig:
+    """The run's config from validate's return value (a dict, or its JSON)."""
+    return PipelineConfig.model_validate(xcom_dict(value))
+
+
+def step_context(config: Any, data: dict | None = None,
                  run_id: str | None = None) -> tuple[PipelineConfig, RunContext]:
+    """`config`: validate's return value (or, in the validate task itself, the PipelineConfig)."""
     from gcp_credentials import install_for
 
-    cfg = config if isinstance(config, PipelineConfig) else PipelineConfig.model_validate(config)
+    cfg = config if isinstance(config, PipelineConfig) else config_from_xcom(config)
     install_for(cfg)  # gs:// and TPU clients of this task use the run's GCP connection
     return cfg, RunContext.of(cfg, run_id or _current_run_id(), (data or {}).get("fingerprint"))
 

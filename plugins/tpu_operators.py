@@ -2,10 +2,12 @@
 
     config = validate()                    # the validated config (an XComArg), plugins/pipeline_tasks.py
     create = TpuVmCreateOperator(task_id="create_tpu_vm", config=config)
-    delete = TpuVmDeleteOperator(task_id="delete_tpu_vm", config=config).as_teardown(setups=create)
+    [create, train] >> TpuVmDeleteOperator(task_id="delete_tpu_vm", config=config).as_teardown()
 
-Both succeed doing nothing unless `compute` is "tpu_vm" (not a skip: downstream tasks follow them
-with all_success). The node is named from the DAG and run ids
+Both end skipped, saying why in their log, unless `compute` is "tpu_vm": the grid then does not read
+as if a VM had been made. Create is a plain task, not a setup, because Airflow skips everything in a
+skipped setup's scope: train follows it with none_failed. Delete is a teardown without a setup: it
+runs once its upstreams are done, whatever happened. The node is named from the DAG and run ids
 (`mlm_tasks.tpu.api.node_name`), so a retry finds the node the first try made. Create is idempotent
 (READY reused, dead nodes replaced) and deferrable: while the node is CREATING it waits in the
 triggerer (plugins/tpu_trigger.py), not in a worker slot. Every TPU API call uses the credentials of the
@@ -22,34 +24,19 @@ task, naming the node and how to delete it by hand.
 """
 from __future__ import annotations
 
-import ast
-import json
 import time
 from datetime import timedelta
 from typing import Any
 
 from airflow.sdk import BaseOperator
-from airflow.sdk.exceptions import AirflowException, AirflowFailException
+from airflow.sdk.exceptions import AirflowException, AirflowFailException, AirflowSkipException
 
 from gcp_credentials import use_connection
 from mlm_tasks.config import PipelineConfig
 from mlm_tasks.tpu import api as tpu
 from mlm_tasks.tpu import registry as tpu_registry
+from step_context import config_from_xcom
 from tpu_trigger import TpuNodeTrigger
-
-
-def resolve_config(config: Any) -> PipelineConfig:
-    """The validated config from a dict, its JSON (or Python repr: a rendered XCom), or a callable."""
-    if callable(config) and not isinstance(config, PipelineConfig):
-        config = config()
-    if isinstance(config, PipelineConfig):
-        return config
-    if isinstance(config, str):
-        try:
-            config = json.loads(config)
-        except json.JSONDecodeError:
-            config = ast.literal_eval(config)  # "{'a': 1}" from a template rendered without native types
-    return PipelineConfig.model_validate(config)
 
 
 def run_node_name(context: Any, override: str | None = None) -> str:
@@ -98,7 +85,7 @@ class NodeEnsurer:
                    timeout=timedelta(seconds=max(0.0, deadline - time.time()) + 600))
 
     def resume(self, context: Any, event: dict[str, Any] | None = None, **_: Any) -> Any:
-        cfg = resolve_config(self.config)
+        cfg = config_from_xcom(self.config)
         event = event or {}
         name, state, error = event.get("name"), event.get("state"), event.get("error")
         if state == "READY" and not error:
@@ -140,11 +127,9 @@ class TpuVmCreateOperator(NodeEnsurer, _RunNodeOperator):
     ui_color = "#d7e8fc"
 
     def execute(self, context: Any) -> dict[str, Any]:
-        cfg = resolve_config(self.config)
+        cfg = config_from_xcom(self.config)
         if cfg.compute != "tpu_vm":
-            # Succeed rather than skip: train follows this setup task with all_success.
-            self.log.info("compute is %r: no TPU VM needed.", cfg.compute)
-            return None
+            raise AirflowSkipException(f"compute is {cfg.compute!r}: this run needs no TPU VM, none is made.")
         deadline = time.time() + cfg.tpu.create_timeout_s
         return self.ensure_then(context, cfg, run_node_name(context, self.node_name), deadline)
 
@@ -157,10 +142,11 @@ class TpuVmDeleteOperator(_RunNodeOperator):
     def execute(self, context: Any) -> str | None:
         from google.api_core.exceptions import ClientError
 
-        cfg = resolve_config(self.config)
+        if self.config is None:  # validate failed: the run never came near create_tpu_vm
+            raise AirflowSkipException("No validated config (validate did not succeed): this run made no TPU VM.")
+        cfg = config_from_xcom(self.config)
         if cfg.compute != "tpu_vm":
-            self.log.info("compute is %r: no TPU VM to delete.", cfg.compute)
-            return None
+            raise AirflowSkipException(f"compute is {cfg.compute!r}: this run made no TPU VM, none to delete.")
         name = run_node_name(context, self.node_name)
         with use_connection(cfg.gcp_conn_id):
             try:
@@ -181,7 +167,7 @@ class TpuVmDeleteOperator(_RunNodeOperator):
                    timeout=timedelta(seconds=cfg.tpu.delete_timeout_s + 600))  # backstop: the trigger has the bound
 
     def deleted(self, context: Any, event: dict[str, Any] | None = None, **_: Any) -> str | None:
-        cfg = resolve_config(self.config)
+        cfg = config_from_xcom(self.config)
         event = event or {}
         name, state, error = event.get("name"), event.get("state"), event.get("error")
         if state == tpu.NOT_FOUND and not error:

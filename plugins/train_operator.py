@@ -3,7 +3,7 @@
 `compute: local` trains in the worker process (the default strategy on CPU, Mirrored on GPUs);
 `compute: tpu_vm` runs the same `python -m mlm_tasks train` on worker 0 of the run's TPU VM over SSH
 (a `RemoteStep`, plugins/remote_step.py). Either way a retry resumes from the run's last checkpoint;
-on a TPU VM a retry first replaces a node that was preempted (create_tpu_vm, a setup task, is not
+on a TPU VM a retry first replaces a node that was preempted (create_tpu_vm, upstream, is not
 rerun), waiting in the triggerer (NodeEnsurer, plugins/tpu_operators.py). The task's
 execution_timeout comes from the run's config (`train.timeout_hours`, on a TPU VM at most
 `tpu.ttl_hours`, which the validate task enforces), set before execute starts the clock.
@@ -22,8 +22,9 @@ from mlm_tasks.results import RemoteTrain, TrainSummary
 from mlm_tasks.tpu import api as tpu
 from mlm_tasks.tpu.bundle import SESSION_ENV_TOKEN
 from remote_step import RemoteStep
+from step_context import config_from_xcom
 from task_errors import bad_input_fails_fast
-from tpu_operators import NodeEnsurer, resolve_config
+from tpu_operators import NodeEnsurer
 
 
 class TrainOperator(NodeEnsurer, BaseOperator):
@@ -46,7 +47,7 @@ class TrainOperator(NodeEnsurer, BaseOperator):
         # Runs after the config template is rendered and before the task runner reads the timeout.
         from gcp_credentials import install_for
 
-        cfg = resolve_config(self.config)
+        cfg = config_from_xcom(self.config)
         install_for(cfg)  # local training reads and writes gs:// with the run's connection
         hours = cfg.train.timeout_for(cfg.compute, cfg.tpu.ttl_hours)
         self.execution_timeout = timedelta(hours=hours)
@@ -60,7 +61,7 @@ class TrainOperator(NodeEnsurer, BaseOperator):
         return self.data["fingerprint"]
 
     def execute(self, context: Any) -> TrainSummary | RemoteTrain:
-        cfg = resolve_config(self.config)
+        cfg = config_from_xcom(self.config)
         fingerprint = self._fingerprint()
         if cfg.compute == "tpu_vm":
             def replace(name: str, deadline: float) -> Any:

@@ -2,12 +2,11 @@
 TPU VM is created.
 
 Each case runs through the real entry points that meet it, in DAG order: `config_from_params` and
-the `validate` step (task validate), `plan_shards`, the `write_shards` partitions, and
-`merge_shards` with `check_run_inputs` (task merge_shards),
-and, for inputs that only a standalone step can be handed (`python -m mlm_tasks train
+the `validate` step (task validate), `plan_shards`, the `write_shards` partitions, `merge_shards`
+and `check_run`, and, for inputs that only a standalone step can be handed (`python -m mlm_tasks train
 --data-fingerprint ...`), the step itself (train / evaluate). `test_checks_run_before_the_tpu_vm`
 shows in the real DAG that these tasks come before create_tpu_vm, and one real `airflow dags test`
-run on the TPU path stops at merge_shards without a single create call to the (fake) TPU API.
+run on the TPU path stops at check_run without a single create call to the (fake) TPU API.
 
     pytest tests/test_bad_input_catalogue.py
     python scripts/print_catalogue.py       # the same cases, printed as the docs/ table
@@ -30,7 +29,7 @@ from peers.tiny_data import TINY_YAML, tiny_config
 
 RECORD = os.environ.get("MLM_CATALOGUE_OUT")  # scripts/print_catalogue.py collects the messages here
 TASK_OF = {"config_from_params": "validate", "validate": "validate", "run_config": "validate",
-           "plan_shards": "plan_shards", "merge_shards": "merge_shards", "check_run_inputs": "merge_shards",
+           "plan_shards": "plan_shards", "merge_shards": "merge_shards", "check_run": "check_run",
            "summary_for_fingerprint": "plan_shards", "train": "train (step run alone)",
            "evaluate": "evaluate (step run alone)"}
 
@@ -112,10 +111,10 @@ def prepare(make_cfg, fails_in: str):
         plan = plan_shards(cfg, RunContext.of(cfg))
         if fails_in == "plan_shards":
             return plan
-        data = RunContext.of(cfg, fingerprint=plan[0]["fingerprint"])
-        for p in plan:
+        data = RunContext.of(cfg, fingerprint=plan["fingerprint"])
+        for p in plan["partitions"]:
             write_shards(cfg, data, part=p["part"], num_parts=p["num_parts"])
-        return merge_shards(cfg, data)
+        return merge_shards(cfg, data, plan=plan)
     return call
 
 
@@ -128,12 +127,13 @@ def find_data(fp_of):
 
 
 def run_check(cfg_of, run_id: str, fp_of):
+    """The check_run step with the part of merge_shards' summary it reads (the shard set may be missing)."""
     def call(ctx):
         from mlm_tasks.paths import RunContext
-        from mlm_tasks.steps.validate import check_run_inputs
+        from mlm_tasks.steps.check_run import check_run
 
-        cfg = cfg_of(ctx)
-        return check_run_inputs(cfg, RunContext.of(cfg, run_id, fp_of(ctx)))
+        cfg, fingerprint = cfg_of(ctx), fp_of(ctx)
+        return check_run(cfg, RunContext.of(cfg, run_id, fingerprint), data={"fingerprint": fingerprint})
     return call
 
 
@@ -212,7 +212,9 @@ def finish(cfg_of, fp_of):
         from mlm_tasks.steps.merge_shards import merge_shards
 
         cfg = cfg_of(ctx)
-        return merge_shards(cfg, RunContext.of(cfg, fingerprint=fp_of(ctx)), cache_hit=True)
+        fingerprint = fp_of(ctx)
+        plan = {"fingerprint": fingerprint, "cache_hit": True, "corpus_fingerprint": None, "partitions": []}
+        return merge_shards(cfg, RunContext.of(cfg, fingerprint=fingerprint), plan=plan)
     return call
 
 
@@ -374,24 +376,24 @@ CASES = [
          [("plan_shards", prepare(lambda c: local_corpus(c, "chars.txt", TINY_TEXT, vocab_size=20), "plan_shards"))]),
     Case("batch-larger-than-data", "batch larger than the data",
          r"batch 100000 is larger than the \d+ train records: lower batch_size or add data",
-         [("check_run_inputs", run_check(_with(train={"batch_size": 100_000}), "big-batch", FP1)),
+         [("check_run", run_check(_with(train={"batch_size": 100_000}), "big-batch", FP1)),
           ("train", train_step(_with(train={"batch_size": 100_000}), "big-batch", FP1))], needs="data"),
     Case("missing-shards", "missing shards",
          r"run build_shard_set first \(or the DAG\) or check output_root and the data fingerprint",
          [("summary_for_fingerprint", find_data(lambda c: NO_DATA),
            r"No complete shard set for fingerprint 0123456789abcdef .*Rerun mlm_dataset_refresh or trigger"),
-          ("check_run_inputs", run_check(CFG, "no-data", lambda c: NO_DATA)),
+          ("check_run", run_check(CFG, "no-data", lambda c: NO_DATA)),
           ("train", train_step(CFG, "no-data", lambda c: NO_DATA))], needs="data", error=MissingArtifactError),
     Case("damaged-manifest", "a damaged manifest.json (not valid JSON)",
          r"manifest\.json is damaged \(JSONDecodeError: .*\): delete .*/shards and .*/partitions, then rerun "
          r"build_shard_set \(or the DAG\) to rebuild the shard set",
          [("merge_shards", finish(damaged_copy(_half_manifest), FP1)),
-          ("check_run_inputs", run_check(damaged_copy(_half_manifest), "damaged", FP1)),
+          ("check_run", run_check(damaged_copy(_half_manifest), "damaged", FP1)),
           ("train", train_step(damaged_copy(_half_manifest), "damaged", FP1))], needs="data"),
     Case("corrupted-shard", "a shard whose size or checksum no longer matches the manifest",
          r"Shard .*\.tfrecord is corrupted or truncated .*retrying cannot fix it: delete .*/shards and "
          r".*/partitions, then rerun build_shard_set",
-         [("check_run_inputs", run_check(damaged_copy(_truncated_shard), "corrupted", FP1)),
+         [("check_run", run_check(damaged_copy(_truncated_shard), "corrupted", FP1)),
           ("train", train_step(damaged_copy(_truncated_shard), "corrupted", FP1))], needs="data"),
     Case("byo-shards-missing-feature", "brought shards (tfrecord_shards) without attention_mask",
          r"feature 'attention_mask' is absent, not an int64 list: these shards need input_ids and attention_mask",
@@ -424,20 +426,20 @@ CASES = [
          needs="data"),
     Case("shards-other-max-length", "shards built with another max_length than the run asks for",
          r"were built with max_length 64 but this run asks for 32: prepare data with the run's max_length",
-         [("check_run_inputs", run_check(_with(shards={"max_length": 32}), "short-run", FP1)),
+         [("check_run", run_check(_with(shards={"max_length": 32}), "short-run", FP1)),
           ("train", train_step(_with(shards={"max_length": 32}), "short-run", FP1))], needs="data"),
     Case("shards-other-tokenizer", "shards built with another tokenizer than the run uses",
          r"is not the one the shards were encoded with \(sha256 differs\): delete the dataset folder and rerun",
-         [("check_run_inputs", run_check(lambda c: c.swapped, "swapped", FP1)),
+         [("check_run", run_check(lambda c: c.swapped, "swapped", FP1)),
           ("train", train_step(lambda c: c.swapped, "swapped", FP1))], needs="data"),
     Case("vocab-mismatch-resume", "tokenizer and model vocab sizes differ (resuming a checkpoint)",
          r"has a vocabulary of 1000 but the tokenizer of data \w+ has 900: the model and tokenizer vocab sizes "
          r"differ\. Use a new run id",
-         [("check_run_inputs", run_check(CFG, "resume-run", FP2)),
+         [("check_run", run_check(CFG, "resume-run", FP2)),
           ("train", train_step(CFG, "resume-run", FP2))], needs="trained"),
     Case("vocab-mismatch-trained-model", "tokenizer and model vocab sizes differ (a trained model, other data)",
          r"Run done-run already trained on data \w+, not \w+: use a new run id",
-         [("check_run_inputs", run_check(CFG, "done-run", FP2)),
+         [("check_run", run_check(CFG, "done-run", FP2)),
           ("evaluate", eval_step(CFG, "done-run", FP2),
            r"Model vocab 1000 != tokenizer vocab 900: .*Evaluate with the data fingerprint the run trained on, or "
            r"retrain")], needs="trained"),
@@ -496,18 +498,18 @@ def test_bad_input_is_refused_with_what_to_fix(case, request, tmp_path, tmp_path
                           "message": message.replace(str(tmp_path), "<tmp>")
                                             .replace(str(tmp_path_factory.getbasetemp()), "<tmp>")})
     # Every case is first refused by a check that mlm_pretrain runs before create_tpu_vm.
-    assert TASK_OF[case.steps[0][0]] in ("validate", "plan_shards", "merge_shards")
+    assert TASK_OF[case.steps[0][0]] in ("validate", "plan_shards", "merge_shards", "check_run")
 
 
 def test_checks_run_before_the_tpu_vm():
-    """Both tasks that run the checks above come before create_tpu_vm (and train) in the real DAG."""
+    """The tasks that run the checks above come before create_tpu_vm (and train) in the real DAG."""
     from airflow.dag_processing.dagbag import DagBag
 
     bag = DagBag(dag_folder=str(Path(__file__).resolve().parents[1] / "dags" / "mlm_pretrain.py"))
     assert not bag.import_errors, bag.import_errors
     dag = bag.dags["mlm_pretrain"]
     before_vm = dag.get_task("create_tpu_vm").get_flat_relative_ids(upstream=True)
-    assert {"validate", "plan_shards", "write_shards", "merge_shards"} <= before_vm
+    assert {"validate", "plan_shards", "write_shards", "merge_shards", "check_run"} <= before_vm
     assert "create_tpu_vm" in dag.get_task("train").get_flat_relative_ids(upstream=True)
     assert dag.get_task("validate").retries == 0  # a bad input is not retried
 
@@ -515,7 +517,7 @@ def test_checks_run_before_the_tpu_vm():
 @pytest.mark.slow
 def test_tpu_run_with_a_bad_input_fails_before_any_vm_is_created(airflow_env, gcs, gcs_root, fake_tpu):
     """A real `dags test` of mlm_pretrain on the TPU path (GCS emulator, fake TPU API) with a batch
-    larger than the data: merge_shards refuses it, and the TPU API never receives a create call."""
+    larger than the data: check_run refuses it, and the TPU API never receives a create call."""
     from peers.airflow_home import dags_test
 
     conf = {"config_file": str(TINY_YAML), "output_root": gcs_root, "compute": "tpu_vm", "tpu_project": "proj",
@@ -527,6 +529,6 @@ def test_tpu_run_with_a_bad_input_fails_before_any_vm_is_created(airflow_env, gc
     log = result.stdout + result.stderr
     assert re.search(r"Global batch 4000 is larger than the \d+ train records: lower batch_size", log), log[-5000:]
     # Failed at once (a bad input is not retried), reported by the failure notifier.
-    assert "Task failed: mlm_pretrain.merge_shards run manual__" in log and "try 1 of 3" in log, log[-5000:]
+    assert "Task failed: mlm_pretrain.check_run run manual__" in log and "try 1 of 3" in log, log[-5000:]
     assert not [r for r in fake_tpu.requests if r[0] == "POST"], fake_tpu.requests
     assert "Creating TPU VM" not in log and "Training on" not in log

@@ -1,6 +1,7 @@
 """docs/architecture.md's step table is true: one step = one module = one task id = one CLI verb = one function.
 
-Every row names a module that exists and defines the step's function with (cfg, ctx) first; the rows are
+Every row names a module that exists and defines the step's function with (cfg, ctx) first (validate, which
+checks the config before there is a run, with cfg alone); the rows are
 mlm_tasks.steps.STEPS in order; the CLI verb is the step's name; the task id is the step's name and is a
 task of mlm_pretrain (the shard-set steps of mlm_dataset_refresh too). Every task of the two DAGs is a
 step or one of the tasks the doc lists as not a step, and no task pulls another's XCom by task id.
@@ -16,6 +17,7 @@ ROOT = Path(__file__).resolve().parents[1]
 DOC = ROOT / "docs" / "architecture.md"
 HEADER = ["step", "module", "task id", "CLI verb", "inputs", "outputs"]
 SHARD_SET_STEPS = ("plan_shards", "write_shards", "merge_shards")
+NO_RUN_CONTEXT = ("validate",)  # steps that take the config alone
 
 
 def _cells(line: str) -> list[str]:
@@ -75,10 +77,13 @@ def test_row_names_one_module_one_function(row):
     assert inspect.isfunction(func), f"{row['module']} defines no function {step}()"
     assert func.__module__ == module.__name__, f"{step}() is imported into {row['module']}, not defined there"
     params = list(inspect.signature(func).parameters.values())
-    assert [p.name for p in params[:2]] == ["cfg", "ctx"], f"{step}{inspect.signature(func)}"
-    assert "PipelineConfig" in str(params[0].annotation) and "RunContext" in str(params[1].annotation), \
-        f"{step}{inspect.signature(func)}"
-    rest = [p.name for p in params[2:] if p.kind is not inspect.Parameter.KEYWORD_ONLY]
+    first = ["cfg"] if step in NO_RUN_CONTEXT else ["cfg", "ctx"]
+    assert [p.name for p in params[:len(first)]] == first, f"{step}{inspect.signature(func)}"
+    assert "PipelineConfig" in str(params[0].annotation), f"{step}{inspect.signature(func)}"
+    assert step in NO_RUN_CONTEXT or "RunContext" in str(params[1].annotation), f"{step}{inspect.signature(func)}"
+    if step in NO_RUN_CONTEXT:
+        assert "ctx" not in [p.name for p in params], f"{step}{inspect.signature(func)}: a ctx it never uses"
+    rest = [p.name for p in params[len(first):] if p.kind is not inspect.Parameter.KEYWORD_ONLY]
     assert not rest, f"{step}(): step-specific inputs must be keyword-only (after `*`): {rest}"
     assert row["inputs"] and row["outputs"], step
 

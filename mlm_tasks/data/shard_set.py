@@ -24,7 +24,6 @@ import json
 import logging
 import time
 from dataclasses import dataclass
-from typing import TypedDict
 
 from mlm_tasks import storage
 from mlm_tasks.config import ConfigError, PipelineConfig
@@ -33,6 +32,7 @@ from mlm_tasks.data.corpus.shards import ShardsCorpus, check_shards
 from mlm_tasks.data.tokenizer import save_tokenizer, train_unigram
 from mlm_tasks.errors import MissingArtifactError
 from mlm_tasks.paths import SPLITS, DataPaths, join
+from mlm_tasks.results import DataSummary
 
 # 2: two features (input_ids, attention_mask) and record counts in the names; 1 had input_ids only.
 MANIFEST_VERSION = 2
@@ -160,23 +160,6 @@ def data_fingerprint(cfg: PipelineConfig, corpus=None, corpus_fingerprint: str |
         "manifest_version": MANIFEST_VERSION,
     }
     return hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16]
-
-
-class DataSummary(TypedDict):
-    """What merge_shards returns and later steps read: small, JSON-serialisable, no secrets."""
-    fingerprint: str
-    data_root: str
-    tokenizer_uri: str
-    manifest_uri: str
-    success_uri: str
-    cache_hit: bool          # the complete set was there before this run
-    written_here: bool       # this run's merge_shards published it
-    vocab_size: int
-    max_length: int
-    records: dict[str, int]
-    tokens: dict[str, int]
-    shards: dict[str, int]
-    corpus: dict
 
 
 def data_summary(shard_set: ShardSet, cache_hit: bool, written_here: bool = False) -> DataSummary:

@@ -1,24 +1,28 @@
 """The pipeline's steps: one module, one function, one Airflow task id and one CLI verb each.
 
-    validate → plan_shards → write_shards (per partition) → merge_shards → train → evaluate →
-    fill_mask → report → gate → publish (+ publish_tokenizer) → summary
+    validate → plan_shards → write_shards (per partition) → merge_shards → check_run → train →
+    evaluate → fill_mask → report → gate → publish (+ publish_tokenizer) → summary
 
 Every step is `name(cfg, ctx, *, step-specific inputs) -> typed result`, with `cfg` the validated
-`PipelineConfig` and `ctx` a `RunContext` (run id, data fingerprint, the paths of both). The DAGs
+`PipelineConfig` and `ctx` a `RunContext` (run id, data fingerprint, the paths of both); validate,
+which checks the config before there is a run to speak of, takes `cfg` alone. The DAGs
 call them through plugins/ (docs/architecture.md has the table); the CLI (`python -m mlm_tasks
 <step>`) calls the same functions. Two compositions live here, for the CLI, benchmarks and tests:
 `build_shard_set` (the three shard-set steps in one process, one partition) and `run_all`.
 """
 from __future__ import annotations
 
+from typing import Any
+
 from mlm_tasks.config import PipelineConfig
 from mlm_tasks.paths import RunContext
+from mlm_tasks.results import DataSummary
 
-STEPS = ("validate", "plan_shards", "write_shards", "merge_shards", "train", "evaluate", "fill_mask", "report",
-         "gate", "publish", "publish_tokenizer", "summary")
+STEPS = ("validate", "plan_shards", "write_shards", "merge_shards", "check_run", "train", "evaluate", "fill_mask",
+         "report", "gate", "publish", "publish_tokenizer", "summary")
 
 
-def build_shard_set(cfg: PipelineConfig, ctx: RunContext | None = None):
+def build_shard_set(cfg: PipelineConfig, ctx: RunContext | None = None) -> DataSummary:
     """plan_shards → write_shards → merge_shards in this process with a single partition (the
     tokenizer's and writer's own threads use the cores); the data summary."""
     from mlm_tasks.data.corpus import open_corpus
@@ -29,15 +33,15 @@ def build_shard_set(cfg: PipelineConfig, ctx: RunContext | None = None):
     ctx = ctx or RunContext.of(cfg)
     corpus = open_corpus(cfg.corpus)
     plan = plan_shards(cfg, ctx, corpus=corpus, num_parts=1)
-    data_ctx = ctx.with_data(plan[0]["fingerprint"])
-    for p in plan:
+    data_ctx = ctx.with_data(plan["fingerprint"])
+    for p in plan["partitions"]:
         write_shards(cfg, data_ctx, part=p["part"], num_parts=p["num_parts"], corpus=corpus)
-    return merge_shards(cfg, data_ctx, cache_hit=plan[0]["cache_hit"], corpus_fingerprint=plan[0]["corpus_fingerprint"],
-                        num_parts=1, corpus=corpus)
+    return merge_shards(cfg, data_ctx, plan=plan, corpus=corpus)
 
 
 def run_all(cfg: PipelineConfig, ctx: RunContext, hub_token: str | None = None) -> dict:
     """Every step up to the report and the gate, no Airflow: what `python -m mlm_tasks run_all` runs."""
+    from mlm_tasks.steps.check_run import check_run
     from mlm_tasks.steps.evaluate import evaluate
     from mlm_tasks.steps.fill_mask import fill_mask
     from mlm_tasks.steps.gate import gate
@@ -47,7 +51,8 @@ def run_all(cfg: PipelineConfig, ctx: RunContext, hub_token: str | None = None) 
 
     data = build_shard_set(cfg, ctx)
     ctx = ctx.with_data(data["fingerprint"])
-    result = {"data": data, "train": train(cfg, ctx, hub_token=hub_token), "evaluate": evaluate(cfg, ctx),
+    result: dict[str, Any] = {"data": data, "check_run": check_run(cfg, ctx, data=data),
+              "train": train(cfg, ctx, hub_token=hub_token), "evaluate": evaluate(cfg, ctx),
               "fill_mask": fill_mask(cfg, ctx), "report": report(cfg, ctx, data=data)}
     result["gate"] = gate(cfg, ctx)
     result["summary"] = summary(cfg, ctx, data=data)

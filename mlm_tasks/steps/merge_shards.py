@@ -2,9 +2,10 @@
 
     python -m mlm_tasks merge_shards --config c.yaml --set shards.partitions=4 --data-fingerprint FP
 
-Last of the shard-set steps. When the set is already complete (an earlier run, a refresh, or shards
-brought as they are) it only reads it. Returns the data summary every later step uses; its
-`written_here` says whether this call published the set (the shard gate then has nothing to wait for).
+Last of the shard-set steps: it takes plan_shards' plan. When the set is already complete (an
+earlier run, a refresh, or shards brought as they are: the plan has no partitions) it only reads it.
+Returns the data summary every later step uses; its `written_here` says whether this call published
+the set (the shard gate then has nothing to wait for).
 """
 from __future__ import annotations
 
@@ -13,25 +14,30 @@ import logging
 from mlm_tasks import storage
 from mlm_tasks.config import PipelineConfig
 from mlm_tasks.data.corpus import open_corpus
-from mlm_tasks.data.shard_set import DataSummary, ShardSet, data_summary, manifest_extra
+from mlm_tasks.data.shard_set import ShardSet, data_summary, manifest_extra
 from mlm_tasks.paths import RunContext
+from mlm_tasks.results import DataSummary, ShardPlan
 
 log = logging.getLogger(__name__)
 
 
-def merge_shards(cfg: PipelineConfig, ctx: RunContext, *, cache_hit: bool = False,
-                 corpus_fingerprint: str | None = None, num_parts: int | None = None, corpus=None) -> DataSummary:
-    """`corpus_fingerprint` is the plan's, so a large local corpus is not hashed a second time."""
+def merge_shards(cfg: PipelineConfig, ctx: RunContext, *, plan: ShardPlan | None = None, corpus=None) -> DataSummary:
+    """The shard set of `plan` (plan_shards' result; none: the fan-out by hand, the config's
+    `shards.partitions` written for ctx's fingerprint). The plan's corpus fingerprint spares hashing
+    a large local corpus a second time."""
     from mlm_tasks.data.tokenizer import load_tokenizer
     from mlm_tasks.data.writer import merge_partitions
 
     paths = ctx.data
     if storage.exists(paths.success):
-        return data_summary(ShardSet.load(paths), cache_hit=cache_hit)
-    num_parts = num_parts or cfg.shards.partitions
+        return data_summary(ShardSet.load(paths), cache_hit=plan["cache_hit"] if plan else False)
+    if plan is not None and not plan["partitions"]:
+        raise FileNotFoundError(f"The shard set {paths.shards_dir} was complete when plan_shards ran, but its "
+                                "_SUCCESS is gone (deleted meanwhile?): run again, so plan_shards plans it anew.")
+    num_parts = len(plan["partitions"]) if plan else cfg.shards.partitions
     corpus = corpus or open_corpus(cfg.corpus)
     tokenizer = load_tokenizer(paths.tokenizer, cfg.shards.max_length)
-    corpus_fp = corpus_fingerprint or corpus.fingerprint()
+    corpus_fp = (plan["corpus_fingerprint"] if plan else None) or corpus.fingerprint()
     extra = {**manifest_extra(cfg, corpus, corpus_fp, paths, tokenizer), "partitions": num_parts}
     shard_set = merge_partitions(cfg, paths, num_parts, extra)
     log.info("Published shard set %s: %s", paths.shards_dir,

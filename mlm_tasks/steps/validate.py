@@ -5,9 +5,8 @@
 `PipelineConfig` already rejects bad values and combinations; this adds what needs I/O: the corpus
 exists and is readable (local files: every line decodes, the train split has text), output_root is
 writable, gs:// has credentials. It runs first in the DAG, so a bad input fails in seconds, long
-before a TPU VM is created. `check_run_inputs` runs right after the data is prepared (still before
-the VM): what needs the shard set — batch vs records, max_length and tokenizer of the shards, and a
-checkpoint or model this run already has that was made with other data.
+before a TPU VM is created. What needs the shard set (batch vs records, the shards' max_length and
+tokenizer, a checkpoint this run already has) is the check_run step's, once the data is prepared.
 """
 from __future__ import annotations
 
@@ -20,10 +19,7 @@ from mlm_tasks.config import ConfigError, PipelineConfig
 from mlm_tasks.data.corpus import open_corpus
 from mlm_tasks.data.corpus.base import empty_corpus_error
 from mlm_tasks.data.corpus.shards import ShardsCorpus, check_shards
-from mlm_tasks.data.shard_set import load_manifest
 from mlm_tasks.errors import AuthError
-from mlm_tasks.model.training_plan import check_resumable, plan_steps
-from mlm_tasks.paths import RunContext
 from mlm_tasks.results import ValidatedConfig
 from mlm_tasks.storage import check_writable
 
@@ -54,19 +50,6 @@ def check_local_corpus(corpus) -> None:
         raise empty_corpus_error()
 
 
-def check_run_inputs(cfg: PipelineConfig, ctx: RunContext) -> dict:
-    """What only the prepared shard set can tell, checked before compute is spent; returns the manifest."""
-    fingerprint = ctx.data.fingerprint
-    shard_set = load_manifest(cfg, fingerprint)  # max_length and tokenizer of the shards
-    for split in ("train", cfg.eval.split):
-        shard_set.verify(split, checksums=False)  # missing or truncated shards; train() checks every sha256
-    # Per replica: the replica count is known only on the training host, so this is the bound
-    # every device count must meet; train() checks the global batch again.
-    plan_steps(cfg, shard_set, cfg.train.batch_size)
-    check_resumable(ctx.run, fingerprint, shard_set.vocab_size)
-    return shard_set.data
-
-
 def check_output_root_reachable(output_root: str, distributed_executor: str | None,
                                 shared_roots: Sequence[str] = ()) -> None:
     """A local output_root works only when every task of the run sees the same folder: one machine
@@ -87,8 +70,8 @@ def check_output_root_reachable(output_root: str, distributed_executor: str | No
         f"MLM_SHARED_OUTPUT_ROOTS={path}")
 
 
-def validate(cfg: PipelineConfig, ctx: RunContext | None = None, *, distributed_executor: str | None = None,
-             shared_roots: Sequence[str] = (), probe_write: bool = True) -> ValidatedConfig:
+def validate(cfg: PipelineConfig, *, distributed_executor: str | None = None, shared_roots: Sequence[str] = (),
+             probe_write: bool = True) -> ValidatedConfig:
     """Every check that needs I/O; the validated config as a JSON-ready dict (what later tasks get).
     `probe_write=False` leaves output_root untouched (a dataset refresh of an unchanged source writes
     nothing at all; plan_shards probes it before it writes)."""

@@ -1,11 +1,14 @@
 """End to end with real Airflow (`airflow dags test`, SQLite): the whole mlm_pretrain DAG on the tiny
 preset in a temporary output_root, with the train task failing once on purpose. Checks every artifact,
-that try 2 resumed from the checkpoint, and that a second run reuses the prepared data."""
+that try 2 resumed from the checkpoint, that the TPU VM tasks end skipped (compute local) while train
+runs, and that a second run reuses the prepared data: nothing to write, so write_shards is skipped and
+merge_shards still runs."""
 import json
 from pathlib import Path
 
 import pytest
 
+from peers.airflow_db import task_states
 from peers.airflow_home import airflow_env, dags_test  # noqa: F401  (fixture)
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -28,6 +31,12 @@ def test_pretrain_dag_end_to_end_with_a_retry(airflow_env, tmp_path):  # noqa: F
     assert result.returncode == 0 and "state=success" in log, log[-5000:]
     assert "Injected fault at step 7" in log and "new_state=up_for_retry" in log
     assert "Resumed from" in log and "at step 5" in log
+    states = task_states(airflow_env, "mlm_pretrain")
+    assert {t: states[t] for t in ("write_shards", "merge_shards", "check_run", "create_tpu_vm", "train",
+                                   "summary", "delete_tpu_vm")} == {
+        "write_shards": "success", "merge_shards": "success", "check_run": "success", "create_tpu_vm": "skipped",
+        "train": "success", "summary": "success", "delete_tpu_vm": "skipped"}, states
+    assert "this run needs no TPU VM, none is made" in log and "this run made no TPU VM, none to delete" in log
 
     (data,) = list((out / "datasets").iterdir())
     for rel in ("tokenizer/tokenizer.json", "tokenizer/tokenizer_config.json", "shards/manifest.json",
@@ -59,4 +68,7 @@ def test_pretrain_dag_end_to_end_with_a_retry(airflow_env, tmp_path):  # noqa: F
                       extra_env={"MLM_RETRY_DELAY_S": "1"}, timeout=900)
     assert again.returncode == 0, (again.stdout + again.stderr)[-3000:]
     assert "Cache hit: data fingerprint" in again.stdout + again.stderr
+    states = task_states(airflow_env, "mlm_pretrain")
+    assert (states["write_shards"], states["merge_shards"], states["train"]) == ("skipped", "success", "success"), \
+        states
     assert len(list((out / "datasets").iterdir())) == 1 and len(list((out / "runs").iterdir())) == 2

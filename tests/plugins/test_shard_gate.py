@@ -93,9 +93,9 @@ def test_local_poke_sees_marker(tmp_path):
 
 def test_settings_come_from_the_runs_config_at_run_time(tmp_path, capfd):
     """Not the defaults of parse time: the run's sensor section, read when the gate runs (production.yaml
-    waits 7200 s). The config may arrive as a rendered template's JSON, the summary as its repr."""
+    waits 7200 s). The config and the summary may arrive as a rendered template's JSON."""
     config = json.dumps(_config(str(tmp_path), "gcp_for_sensor", poke_interval_s=7, timeout_s=7200))
-    sensor = ShardSetCompleteSensor(task_id="wait", config=config, data=repr(_data(str(tmp_path))), timeout=60)
+    sensor = ShardSetCompleteSensor(task_id="wait", config=config, data=json.dumps(_data(str(tmp_path))), timeout=60)
     assert sensor.timeout == 60  # nothing is read before the run
     before = datetime.now(timezone.utc)
     with pytest.raises(AirflowRescheduleException) as resched:

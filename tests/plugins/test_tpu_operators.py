@@ -8,14 +8,15 @@ import time
 from types import SimpleNamespace
 
 import pytest
-from airflow.sdk.exceptions import AirflowException, AirflowFailException, TaskDeferred
+from airflow.sdk.exceptions import AirflowException, AirflowFailException, AirflowSkipException, TaskDeferred
 
 from mlm_tasks.config import ConfigError
 from mlm_tasks.tpu import api as tpu
 from mlm_tasks.tpu import registry as tpu_registry
 from peers.airflow_home import dags_test
 from peers.sshd import airflow_conn_uri
-from tpu_operators import TpuVmCreateOperator, TpuVmDeleteOperator, resolve_config
+from step_context import config_from_xcom
+from tpu_operators import TpuVmCreateOperator, TpuVmDeleteOperator
 
 ZONE = "us-central2-b"
 RUN = "manual__2024-01-01T00:00:00+00:00"
@@ -219,18 +220,26 @@ def test_create_records_the_node_for_the_janitor_and_needs_the_registry(fake_tpu
     assert fake_tpu.nodes == {}, "nothing is made that the janitor would not find"
 
 
-def test_operators_do_nothing_for_local_compute(fake_tpu):
-    # No-ops that succeed (not skips): train follows create_tpu_vm with all_success.
+def test_operators_skip_for_local_compute_saying_why(fake_tpu):
+    # Skipped, not succeeded: the grid must not read as if a VM had been made (train follows with none_failed).
     local = {"compute": "local", "output_root": "/tmp/x"}
-    for op in (TpuVmCreateOperator(task_id="c", config=local), TpuVmDeleteOperator(task_id="d", config=local)):
-        assert op.execute(_context()) is None
+    with pytest.raises(AirflowSkipException, match="compute is 'local': this run needs no TPU VM, none is made"):
+        TpuVmCreateOperator(task_id="c", config=local).execute(_context())
+    with pytest.raises(AirflowSkipException, match="compute is 'local': this run made no TPU VM, none to delete"):
+        TpuVmDeleteOperator(task_id="d", config=local).execute(_context())
+    # The teardown runs after a failed validate too: no config, no VM, nothing asked of the TPU API.
+    with pytest.raises(AirflowSkipException, match="validate did not succeed"):
+        TpuVmDeleteOperator(task_id="d", config=None).execute(_context())
     assert fake_tpu.requests == []
 
 
-def test_resolve_config_accepts_rendered_forms(fake_tpu):
+def test_config_from_xcom_takes_the_forms_an_xcom_renders_to(fake_tpu):
     raw = _config(fake_tpu, publish={"enabled": False, "repo_id": None})
-    for form in (raw, json.dumps(raw), repr(raw), lambda: raw):
-        assert resolve_config(form).tpu.api_endpoint == fake_tpu.url
+    for form in (raw, json.dumps(raw)):  # an XComArg or a template rendered with native types; one rendered as text
+        assert config_from_xcom(form).tpu.api_endpoint == fake_tpu.url
+    for wrong, why in ((repr(raw), "text that is not JSON"), (None, "got NoneType"), ([raw], "got list")):
+        with pytest.raises(AirflowFailException, match=why):
+            config_from_xcom(wrong)
 
 
 DAG_FILE = '''

@@ -118,8 +118,10 @@ def test_cli_fan_out_by_hand_matches_build_shard_set(tmp_path, capsys):
         return _json.loads(capsys.readouterr().out)
 
     plan = run("plan_shards")
-    assert {p["fingerprint"] for p in plan} == {single["fingerprint"]} and [p["part"] for p in plan] == [0, 1, 2]
-    fp = ["--data-fingerprint", plan[0]["fingerprint"]]
+    assert plan["fingerprint"] == single["fingerprint"] and not plan["cache_hit"]
+    assert [(p["fingerprint"], p["part"], p["num_parts"]) for p in plan["partitions"]] == \
+        [(single["fingerprint"], part, 3) for part in (0, 1, 2)]
+    fp = ["--data-fingerprint", plan["fingerprint"]]
     for part in (2, 0, 1):
         assert run("write_shards", "--part", str(part), *fp)["part"] == part
     assert run("write_shards", "--part", "1", *fp)["part"] == 1  # rerun: skipped, same answer
@@ -129,5 +131,19 @@ def test_cli_fan_out_by_hand_matches_build_shard_set(tmp_path, capsys):
     manifest = storage.read_json(merged["manifest_uri"])
     assert manifest["partitions"] == 3 and storage.exists(merged["success_uri"])
     assert merged["written_here"] and not merged["cache_hit"]
-    again = run("plan_shards")  # complete: one entry, nothing left to write
-    assert [(p["num_parts"], p["cache_hit"]) for p in again] == [(0, True)]
+    again = run("plan_shards")  # complete: nothing left to write
+    assert again["cache_hit"] and again["partitions"] == [] and again["fingerprint"] == plan["fingerprint"]
+
+
+def test_merge_of_an_empty_plan_names_a_set_deleted_since_the_plan(tmp_path):
+    """An empty plan (the set was complete, or brought as it is) has the merge read the set: one deleted
+    between the plan and the merge is named, not rebuilt from partitions nobody wrote."""
+    from mlm_tasks.paths import RunContext
+    from mlm_tasks.results import ShardPlan
+    from mlm_tasks.steps.merge_shards import merge_shards
+    from peers.tiny_data import tiny_config
+
+    cfg = tiny_config(tmp_path / "out")
+    plan = ShardPlan(fingerprint="0123456789abcdef", cache_hit=True, corpus_fingerprint=None, partitions=[])
+    with pytest.raises(FileNotFoundError, match=r"was complete when plan_shards ran, but its _SUCCESS is gone"):
+        merge_shards(cfg, RunContext.of(cfg, fingerprint=plan["fingerprint"]), plan=plan)

@@ -114,10 +114,10 @@ def shard_sets(tiny_prepared, tmp_path_factory):
     three = DataPaths(fanned.output_root, data["fingerprint"])
     shutil.copytree(one.tokenizer, three.tokenizer)  # the same tokenizer: no retraining
     plan = plan_shards(fanned, RunContext.of(fanned))
-    ctx = RunContext.of(fanned, fingerprint=plan[0]["fingerprint"])
-    for p in plan:
+    ctx = RunContext.of(fanned, fingerprint=plan["fingerprint"])
+    for p in plan["partitions"]:
         write_shards(fanned, ctx, part=p["part"], num_parts=p["num_parts"])
-    merge_shards(fanned, ctx)
+    merge_shards(fanned, ctx, plan=plan)
     return {"1 partition": ShardSet.load(one), "3 partitions": ShardSet.load(three)}
 
 

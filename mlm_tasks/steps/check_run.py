@@ -1,0 +1,35 @@
+"""Step check_run: check the run against its shard set, before any compute is spent on it.
+
+    python -m mlm_tasks check_run --config configs/tiny.yaml --run-id r1 [--data-fingerprint FP]
+
+It runs after merge_shards and before wait_for_shards and the TPU VM: what only the prepared data can
+tell. validate, which runs before any shard exists, checks the inputs themselves. Here: the shard set
+loads and matches the run (max_length, tokenizer; no shard missing or truncated), the batch fits the
+train records, and the run's earlier checkpoints or model were made with this data.
+"""
+from __future__ import annotations
+
+import logging
+
+from mlm_tasks.config import PipelineConfig
+from mlm_tasks.data.shard_set import load_manifest
+from mlm_tasks.model.training_plan import check_resumable, plan_steps
+from mlm_tasks.paths import RunContext
+from mlm_tasks.results import DataSummary, RunCheck
+
+log = logging.getLogger(__name__)
+
+
+def check_run(cfg: PipelineConfig, ctx: RunContext, *, data: DataSummary) -> RunCheck:
+    """Raises ConfigError for a run that does not fit `data` (merge_shards' summary)."""
+    fingerprint = data["fingerprint"]
+    shard_set = load_manifest(cfg, fingerprint)  # max_length and tokenizer of the shards
+    for split in ("train", cfg.eval.split):
+        shard_set.verify(split, checksums=False)  # missing or truncated shards; train() checks every sha256
+    # Per replica: the replica count is known only on the training host, so this is the bound
+    # every device count must meet; train() checks the global batch again.
+    steps = plan_steps(cfg, shard_set, cfg.train.batch_size)
+    check_resumable(ctx.run, fingerprint, shard_set.vocab_size)
+    log.info("Run %s fits data %s: %d train records, batch %d per replica, %d steps at one replica.",
+             ctx.run_id, fingerprint, shard_set.records("train"), cfg.train.batch_size, steps)
+    return RunCheck(fingerprint=fingerprint, train_records=shard_set.records("train"), steps=steps)
