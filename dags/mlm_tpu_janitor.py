@@ -152,7 +152,7 @@ def _configured_registry(params) -> str:
     """The registry's location; fails (no retry: only a person can fix it) when the janitor is not set up."""
     from airflow.sdk.exceptions import AirflowFailException
 
-    from mlm_tasks.config import ConfigError
+    from mlm_tasks.errors import ConfigError
     from mlm_tasks.tpu import registry as tpu_registry
 
     if not params["project"]:

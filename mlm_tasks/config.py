@@ -17,7 +17,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from mlm_tasks.errors import ConfigError  # noqa: F401  (re-exported: callers import it from here too)
+from mlm_tasks.errors import ConfigError
 from mlm_tasks.paths import check_safe_uri
 from mlm_tasks.presets import PRESETS, ModelShape
 from mlm_tasks.tpu import runtimes

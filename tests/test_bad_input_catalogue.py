@@ -23,8 +23,8 @@ from types import SimpleNamespace
 
 import pytest
 
-from mlm_tasks.config import ConfigError, config_from_params
-from mlm_tasks.errors import AuthError, MissingArtifactError
+from mlm_tasks.config import config_from_params
+from mlm_tasks.errors import AuthError, ConfigError, MissingArtifactError
 from peers.tiny_data import TINY_YAML, tiny_config
 
 RECORD = os.environ.get("MLM_CATALOGUE_OUT")  # scripts/print_catalogue.py collects the messages here

@@ -21,9 +21,9 @@ import logging
 import re
 
 from mlm_tasks import storage
-from mlm_tasks.config import ConfigError
 from mlm_tasks.data.shard_set import ShardSet
 from mlm_tasks.data.tfrecord import count_records
+from mlm_tasks.errors import ConfigError
 
 log = logging.getLogger(__name__)
 

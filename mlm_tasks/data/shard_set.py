@@ -26,11 +26,11 @@ import time
 from dataclasses import dataclass
 
 from mlm_tasks import storage
-from mlm_tasks.config import ConfigError, PipelineConfig
+from mlm_tasks.config import PipelineConfig
 from mlm_tasks.data.corpus import open_corpus
 from mlm_tasks.data.corpus.shards import ShardsCorpus, check_shards
 from mlm_tasks.data.tokenizer import save_tokenizer, train_unigram
-from mlm_tasks.errors import MissingArtifactError
+from mlm_tasks.errors import ConfigError, MissingArtifactError
 from mlm_tasks.paths import SPLITS, DataPaths, join
 from mlm_tasks.results import DataSummary
 

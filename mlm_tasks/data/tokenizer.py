@@ -14,9 +14,9 @@ import tempfile
 from collections.abc import Iterable
 
 from mlm_tasks import storage
-from mlm_tasks.config import SPECIAL_TOKENS, ConfigError, TokenizerConfig
+from mlm_tasks.config import SPECIAL_TOKENS, TokenizerConfig
 from mlm_tasks.data.corpus.base import empty_corpus_error
-from mlm_tasks.errors import MissingArtifactError
+from mlm_tasks.errors import ConfigError, MissingArtifactError
 from mlm_tasks.paths import join
 
 log = logging.getLogger(__name__)

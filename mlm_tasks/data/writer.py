@@ -54,11 +54,11 @@ from typing import Any, BinaryIO
 import numpy as np
 
 from mlm_tasks import storage
-from mlm_tasks.config import ConfigError, PipelineConfig, ShardConfig
+from mlm_tasks.config import PipelineConfig, ShardConfig
 from mlm_tasks.data.corpus.base import empty_corpus_error
 from mlm_tasks.data.shard_set import ShardSet, build_manifest, publish_manifest
 from mlm_tasks.data.tfrecord import encode_examples, frame_records, shard_name
-from mlm_tasks.errors import MissingArtifactError
+from mlm_tasks.errors import ConfigError, MissingArtifactError
 from mlm_tasks.paths import SPLITS, DataPaths, join
 
 log = logging.getLogger(__name__)

@@ -10,8 +10,9 @@ from __future__ import annotations
 import math
 
 from mlm_tasks import storage
-from mlm_tasks.config import ConfigError, PipelineConfig
+from mlm_tasks.config import PipelineConfig
 from mlm_tasks.data.shard_set import ShardSet
+from mlm_tasks.errors import ConfigError
 from mlm_tasks.paths import RunPaths, join
 
 

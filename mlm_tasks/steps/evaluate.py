@@ -14,8 +14,8 @@ import tempfile
 from collections import Counter
 
 from mlm_tasks import storage
-from mlm_tasks.config import ConfigError, PipelineConfig
-from mlm_tasks.errors import MissingArtifactError
+from mlm_tasks.config import PipelineConfig
+from mlm_tasks.errors import ConfigError, MissingArtifactError
 from mlm_tasks.paths import RunContext
 from mlm_tasks.results import EvalMetrics
 

@@ -18,8 +18,9 @@ import tempfile
 from collections.abc import Callable
 
 from mlm_tasks import storage
-from mlm_tasks.config import ConfigError, PipelineConfig
+from mlm_tasks.config import PipelineConfig
 from mlm_tasks.data.shard_set import load_manifest
+from mlm_tasks.errors import ConfigError
 from mlm_tasks.model.progress import ProgressLog, read_history, write_history
 from mlm_tasks.model.training_plan import check_resumable, plan_steps
 from mlm_tasks.paths import RunContext, RunPaths, join

@@ -15,11 +15,11 @@ import os
 from collections.abc import Sequence
 
 from mlm_tasks import storage
-from mlm_tasks.config import ConfigError, PipelineConfig
+from mlm_tasks.config import PipelineConfig
 from mlm_tasks.data.corpus import open_corpus
 from mlm_tasks.data.corpus.base import empty_corpus_error
 from mlm_tasks.data.corpus.shards import ShardsCorpus, check_shards
-from mlm_tasks.errors import AuthError
+from mlm_tasks.errors import AuthError, ConfigError
 from mlm_tasks.results import ValidatedConfig
 from mlm_tasks.storage import check_writable
 

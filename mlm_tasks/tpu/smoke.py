@@ -35,8 +35,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
 
 from mlm_tasks import credentials
-from mlm_tasks.config import ConfigError, PipelineConfig, build_config
-from mlm_tasks.errors import NO_RETRY_EXIT, NoRetryError, TransientError
+from mlm_tasks.config import PipelineConfig, build_config
+from mlm_tasks.errors import NO_RETRY_EXIT, ConfigError, NoRetryError, TransientError
 from mlm_tasks.paths import RunPaths
 from mlm_tasks.tpu import api as tpu
 from mlm_tasks.tpu import slices as tpu_slices

@@ -61,7 +61,8 @@ def test_form_and_validator_agree_on_every_bound_and_choice(dagbag):
     the validator refuses too, and every choice the form offers the validator accepts."""
     from airflow.sdk import Param
 
-    from mlm_tasks.config import PARAM_PATHS, ConfigError, config_from_params
+    from mlm_tasks.config import PARAM_PATHS, config_from_params
+    from mlm_tasks.errors import ConfigError
 
     dag = dagbag.dags["mlm_pretrain"]
     base = {k: dag.params[k] for k in dag.params}
@@ -97,7 +98,8 @@ def test_form_and_validator_agree_on_every_bound_and_choice(dagbag):
 def test_the_form_picks_a_tpu_type_and_its_runtime(dagbag):
     """A pod slice from the form alone: the runtime field offers the supported runtimes (the -pod ones
     among them), so v4-32 validates with its -pod runtime and fails, naming it, without."""
-    from mlm_tasks.config import ConfigError, config_from_params
+    from mlm_tasks.config import config_from_params
+    from mlm_tasks.errors import ConfigError
     from mlm_tasks.tpu import runtimes
 
     dag = dagbag.dags["mlm_pretrain"]

@@ -351,8 +351,8 @@ def test_every_service_reads_the_deployment_file_and_it_bounds_runs(compose, mon
     """The compose stack's deployment file (deploy/deployment.yaml, README "Security model") is the
     one every service reads; with .env.example's values it owns the project and connections, and keeps
     runs inside the mlm-data volume and the MLM_GCS_ROOT prefix."""
-    from mlm_tasks.config import ConfigError
     from mlm_tasks.deployment import Deployment
+    from mlm_tasks.errors import ConfigError
 
     dotenv = read_env_file(ROOT / ".env.example")
     # Every service that parses DAGs or runs tasks (validate runs in the scheduler or a worker).

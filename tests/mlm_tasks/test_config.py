@@ -3,7 +3,8 @@ from pathlib import Path
 
 import pytest
 
-from mlm_tasks.config import ConfigError, PipelineConfig, build_config, config_from_params, load_config
+from mlm_tasks.config import PipelineConfig, build_config, config_from_params, load_config
+from mlm_tasks.errors import ConfigError
 
 CONFIGS = sorted((Path(__file__).resolve().parents[2] / "configs").glob("*.yaml"))
 
@@ -57,7 +58,8 @@ def test_max_length_fits_when_positions_are_raised():
 def test_a_config_file_that_is_not_a_small_regular_file_is_refused(tmp_path):
     import os
 
-    from mlm_tasks.config import ConfigError, load_config
+    from mlm_tasks.config import load_config
+    from mlm_tasks.errors import ConfigError
 
     fifo = tmp_path / "fifo.yaml"
     os.mkfifo(fifo)  # reading it would hang the task

@@ -8,8 +8,8 @@ import os
 
 import pytest
 
-from mlm_tasks.config import ConfigError
 from mlm_tasks.deployment import Deployment, check_event
+from mlm_tasks.errors import ConfigError
 
 
 @pytest.fixture

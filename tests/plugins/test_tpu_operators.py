@@ -10,7 +10,7 @@ from types import SimpleNamespace
 import pytest
 from airflow.sdk.exceptions import AirflowException, AirflowFailException, AirflowSkipException, TaskDeferred
 
-from mlm_tasks.config import ConfigError
+from mlm_tasks.errors import ConfigError
 from mlm_tasks.tpu import api as tpu
 from mlm_tasks.tpu import registry as tpu_registry
 from peers.airflow_home import dags_test
@@ -319,7 +319,8 @@ def test_train_execution_timeout_comes_from_the_config_and_never_outlives_the_tt
     from datetime import timedelta
 
     from mlm_tasks import credentials
-    from mlm_tasks.config import ConfigError, build_config
+    from mlm_tasks.config import build_config
+    from mlm_tasks.errors import ConfigError
     from train_operator import TrainOperator
 
     monkeypatch.setenv("GOOGLE_AUTH_TOKEN_FOR_TESTING", "restored-after-the-test")  # pre_execute sets it

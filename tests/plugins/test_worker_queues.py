@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from mlm_tasks.config import ConfigError
+from mlm_tasks.errors import ConfigError
 from mlm_tasks.steps.validate import check_output_root_reachable
 
 ROOT = Path(__file__).resolve().parents[2]

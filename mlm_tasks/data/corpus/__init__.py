@@ -20,12 +20,13 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from mlm_tasks.config import ConfigError, CorpusConfig
+from mlm_tasks.config import CorpusConfig
 from mlm_tasks.data.corpus.base import Corpus
 from mlm_tasks.data.corpus.hf_dataset import HFDatasetCorpus
 from mlm_tasks.data.corpus.local_files import LocalFilesCorpus
 from mlm_tasks.data.corpus.shards import ShardsCorpus
 from mlm_tasks.data.corpus.wiki import WikiDumpCorpus, embedded_wiki_path
+from mlm_tasks.errors import ConfigError
 
 
 def _wiki_dump(cfg: CorpusConfig) -> Corpus:

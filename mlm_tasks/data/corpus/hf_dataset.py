@@ -9,8 +9,9 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
-from mlm_tasks.config import ConfigError, CorpusConfig
+from mlm_tasks.config import CorpusConfig
 from mlm_tasks.data.corpus.base import Corpus
+from mlm_tasks.errors import ConfigError
 
 
 class HFDatasetCorpus(Corpus):

@@ -13,8 +13,9 @@ import os
 from collections.abc import Iterator
 
 from mlm_tasks import storage
-from mlm_tasks.config import ConfigError, CorpusConfig
+from mlm_tasks.config import CorpusConfig
 from mlm_tasks.data.corpus.base import Corpus, split_of
+from mlm_tasks.errors import ConfigError
 
 PARTITION_BLOCK = 1000  # consecutive lines of local files that go to the same partition
 

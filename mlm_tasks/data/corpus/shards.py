@@ -30,9 +30,10 @@ import logging
 import os
 
 from mlm_tasks import storage
-from mlm_tasks.config import SPECIAL_TOKENS, ConfigError, CorpusConfig, PipelineConfig
+from mlm_tasks.config import SPECIAL_TOKENS, CorpusConfig, PipelineConfig
 from mlm_tasks.data.corpus.base import Corpus
 from mlm_tasks.data.tfrecord import FEATURES, count_records, iter_records, parse_example, records_from_name
+from mlm_tasks.errors import ConfigError
 from mlm_tasks.paths import SPLITS, join
 
 log = logging.getLogger(__name__)

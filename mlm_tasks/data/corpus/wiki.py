@@ -16,8 +16,9 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 
 from mlm_tasks import storage
-from mlm_tasks.config import ConfigError, CorpusConfig
+from mlm_tasks.config import CorpusConfig
 from mlm_tasks.data.corpus.base import Corpus, split_of
+from mlm_tasks.errors import ConfigError
 from mlm_tasks.paths import SPLITS
 
 log = logging.getLogger(__name__)

@@ -16,8 +16,8 @@ import shutil
 import numpy as np
 import pytest
 
-from mlm_tasks.config import ConfigError
 from mlm_tasks.data.shard_set import ShardSet
+from mlm_tasks.errors import ConfigError
 from mlm_tasks.paths import DataPaths
 from peers.seed_shards import MAX_LENGTH, damage_second_record, write_like_prepare_tfrecord_shards
 from peers.tiny_data import TINY_YAML, tiny_config

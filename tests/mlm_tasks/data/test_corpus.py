@@ -3,10 +3,11 @@ import json
 
 import pytest
 
-from mlm_tasks.config import ConfigError, CorpusConfig
+from mlm_tasks.config import CorpusConfig
 from mlm_tasks.data.corpus import open_corpus
 from mlm_tasks.data.corpus.base import split_of
 from mlm_tasks.data.corpus.wiki import wikitext_rows
+from mlm_tasks.errors import ConfigError
 
 
 def test_wikitext_rows_format_headings_and_drop_markup():

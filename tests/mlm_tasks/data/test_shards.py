@@ -6,10 +6,11 @@ import numpy as np
 import pytest
 
 from mlm_tasks import storage
-from mlm_tasks.config import ConfigError, ShardConfig
+from mlm_tasks.config import ShardConfig
 from mlm_tasks.data.shard_set import ShardSet
 from mlm_tasks.data.tfrecord import records_from_name
 from mlm_tasks.data.writer import chunk_stream
+from mlm_tasks.errors import ConfigError
 from mlm_tasks.paths import DataPaths
 from mlm_tasks.steps import build_shard_set
 

@@ -135,7 +135,7 @@ def _flip(at):
     (lambda d: d.__delitem__(slice(-72, None)), 2, r"is truncated: the file ends 5 bytes into its 12-byte header"),
 ])
 def test_a_damaged_record_names_the_file_the_offset_and_what(tmp_path, damage, record, what):
-    from mlm_tasks.config import ConfigError
+    from mlm_tasks.errors import ConfigError
 
     path, size = _framed(tmp_path, damage)
     with pytest.raises(ConfigError, match=rf"part\.tfrecord: the TFRecord at byte {record * size} {what}\. .*copy "
@@ -148,8 +148,8 @@ def test_a_length_of_2_to_the_60_is_refused_without_allocating(tmp_path):
     import struct
     import tracemalloc
 
-    from mlm_tasks.config import ConfigError
     from mlm_tasks.data.tfrecord import masked_crc32c
+    from mlm_tasks.errors import ConfigError
 
     length = struct.pack("<Q", 2**60)
     path, size = _framed(tmp_path, lambda d: d.extend(length + struct.pack("<I", masked_crc32c(length)) + b"x" * 64))

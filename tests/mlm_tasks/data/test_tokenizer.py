@@ -1,10 +1,10 @@
 """Unigram tokenizer: RoBERTa specials, clean <mask> handling, first-writer-wins publishing."""
 import pytest
 
-from mlm_tasks.config import ConfigError, CorpusConfig, TokenizerConfig
+from mlm_tasks.config import CorpusConfig, TokenizerConfig
 from mlm_tasks.data.corpus import open_corpus
 from mlm_tasks.data.tokenizer import load_tokenizer, save_tokenizer, train_unigram
-from mlm_tasks.errors import MissingArtifactError
+from mlm_tasks.errors import ConfigError, MissingArtifactError
 
 ROWS = None
 

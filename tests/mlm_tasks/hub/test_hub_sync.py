@@ -11,8 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from mlm_tasks.config import ConfigError
-from mlm_tasks.errors import AuthError
+from mlm_tasks.errors import AuthError, ConfigError
 from mlm_tasks.paths import RunContext, RunPaths
 from peers.tiny_data import tiny_config
 

@@ -11,8 +11,7 @@ import numpy as np
 import pytest
 
 from mlm_tasks import storage
-from mlm_tasks.config import ConfigError
-from mlm_tasks.errors import MissingArtifactError
+from mlm_tasks.errors import ConfigError, MissingArtifactError
 from mlm_tasks.paths import RunContext, RunPaths, join
 
 ROOT = Path(__file__).resolve().parents[3]

@@ -10,7 +10,8 @@ import pytest
 from google.api_core.exceptions import BadRequest, NotFound
 
 from mlm_tasks import credentials
-from mlm_tasks.config import ConfigError, TpuConfig
+from mlm_tasks.config import TpuConfig
+from mlm_tasks.errors import ConfigError
 from mlm_tasks.tpu import api as tpu
 from mlm_tasks.tpu import slices as tpu_slices
 

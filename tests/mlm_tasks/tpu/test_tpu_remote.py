@@ -21,7 +21,8 @@ from pathlib import Path
 import pytest
 
 from mlm_tasks import storage
-from mlm_tasks.config import ConfigError, PipelineConfig
+from mlm_tasks.config import PipelineConfig
+from mlm_tasks.errors import ConfigError
 from mlm_tasks.paths import join
 from mlm_tasks.tpu import runtimes
 from mlm_tasks.tpu.bundle import _run_lock, remote_command, run_lock_name, stage_code

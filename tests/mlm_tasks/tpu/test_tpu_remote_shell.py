@@ -23,7 +23,8 @@ from pathlib import Path
 
 import pytest
 
-from mlm_tasks.config import ConfigError, PipelineConfig, build_config
+from mlm_tasks.config import PipelineConfig, build_config
+from mlm_tasks.errors import ConfigError
 from mlm_tasks.tpu import runtimes
 from mlm_tasks.tpu.bundle import remote_command, stage_code
 
