@@ -420,8 +420,10 @@ class Stack:
         if cpus is not None:
             argv = ["taskset", "-c", cpus, *argv]
         base = self.spec.envs["airflow-worker"]
+        # tests/ for peers.worker_hostname, after the repo root: tests/mlm_tasks/ mirrors the package's folders
+        # (tpu/, data/, ...), and as a namespace package ahead of an editable install's finder it would shadow them.
         worker_env = {**base, **WORKER_LOCAL_ENV, "MLM_WORKER_QUEUES": queues, "MLM_TEST_WORKER_HOSTNAME": name,
-                      "PYTHONPATH": os.pathsep.join([str(ROOT / "tests"), base.get("PYTHONPATH", "")]),
+                      "PYTHONPATH": os.pathsep.join([str(ROOT), str(ROOT / "tests"), base.get("PYTHONPATH", "")]),
                       **(env or {})}
         proc = self.procs.start(name, argv, worker_env, cwd=self.spec.home)
         self._commands[name] = (argv, worker_env)
