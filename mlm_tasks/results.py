@@ -104,6 +104,20 @@ class TrainStatus(TypedDict):
     error: str | None
 
 
+class TrainJob(TypedDict):
+    """The handle of a trainer started detached on a TPU VM (mlm_tasks/tpu/job.py), kept in the train
+    task's state store so that a retry finds it."""
+    node: str
+    host: str                         # worker 0's address, as dialled
+    worker: int
+    pid: int                          # also its process group id (setsid)
+    try_number: int                   # the Airflow try that started it (MLM_TRY_NUMBER)
+    log: str                          # its output, relative to tpu.workdir
+    workdir: str
+    run_id: str
+    started_at: float                 # unix time on the Airflow side
+
+
 class RemoteTrain(TypedDict):
     """The train task with `compute: tpu_vm`: where it ran; the TrainSummary stays in the run's folder."""
     node: str
