@@ -125,7 +125,7 @@ class DetachedTrain(RemoteStep):
         while True:
             verdict = self._check(cfg, job)
             if verdict.kind == "done":
-                self.log.info("Training done: %s.", verdict.detail)
+                self.log.info("Training done: %s.\n%s", verdict.detail, self._tail_text(job, 10))
                 return
             if verdict.kind == "failed":
                 raise self._failed(job, verdict)
@@ -163,8 +163,8 @@ class DetachedTrain(RemoteStep):
             self.log.info("[worker 0] %s", line)
         return vm_job.parse_probe(outcome.tail, outcome.error)
 
-    def _tail_text(self, job: TrainJob) -> str:
-        outcome = self._short(vm_job.tail_command(job, TAIL_LINES), job)
+    def _tail_text(self, job: TrainJob, lines: int = TAIL_LINES) -> str:
+        outcome = self._short(vm_job.tail_command(job, lines), job)
         lines = "\n    ".join(outcome.tail) or "(empty)"
         return f"Last lines of {job['workdir']}/{job['log']} on worker 0:\n    {lines}"
 

@@ -9,11 +9,9 @@ the GCS emulator, as on a VM to gs://) around a loop of sleeps that records each
 TPU VM image: tests/plugins/test_simulated_tpu_vm.py. The task state store is a file (peers/task_state.py),
 so that it survives a task runner the test SIGKILLs.
 """
-import json
 import os
 import re
 import signal
-import subprocess
 import sys
 import threading
 import time
@@ -27,7 +25,7 @@ from mlm_tasks import storage
 from mlm_tasks.paths import RunPaths
 from mlm_tasks.tpu import api as tpu
 from peers.sshd import airflow_conn_uri
-from peers.task_state import FileTaskState
+from peers.task_state import FileTaskState, start_train_task
 from train_job import JOB_KEY
 from train_operator import TrainOperator
 
@@ -63,18 +61,6 @@ with StatusRecord(run, total_steps=total, start_step=start, heartbeat_s=cfg.trai
         if step % cfg.train.checkpoint_every == 0:
             storage.write_json(ckpt, {{"step": step}})
 """
-# The first try's task runner, in a process of its own so that the test can SIGKILL it.
-TASK = """import json, sys
-from types import SimpleNamespace
-sys.path[:0] = [sys.argv[1], sys.argv[1] + "/plugins", sys.argv[1] + "/tests"]
-from peers.task_state import FileTaskState
-from train_operator import TrainOperator
-context = {"dag": SimpleNamespace(dag_id="mlm_pretrain"), "run_id": sys.argv[3], "ti": SimpleNamespace(try_number=1),
-           "task_state_store": FileTaskState(sys.argv[4])}
-TrainOperator(task_id="train", config=json.loads(sys.argv[2]), data={"fingerprint": "fp123"}).execute(context)
-"""
-
-
 @pytest.fixture
 def vm(tmp_path, sshd, gcs, fake_tpu, monkeypatch):
     """(config, workdir, store): a READY node whose worker 0 is the sshd, a stand-in trainer as its python."""
@@ -130,9 +116,7 @@ def _gone(pid: int) -> bool:
 
 def _first_try_killed(vm, tmp_path, at_step: int) -> dict:
     """Runs try 1's task runner in a subprocess and SIGKILLs it once the trainer passed `at_step`."""
-    with open(tmp_path / "first_try.log", "wb") as out:
-        first = subprocess.Popen([sys.executable, "-c", TASK, str(ROOT), json.dumps(vm.config), RUN,
-                                  str(vm.store.path)], stdout=out, stderr=subprocess.STDOUT)
+    first = start_train_task(vm.config, RUN, vm.store.path, tmp_path / "first_try.log")
     try:
         _wait(f"the first try's trainer to pass step {at_step}",
               lambda: (_status(vm) or {}).get("step", 0) >= at_step, 90)
