@@ -116,6 +116,7 @@ class TrainJob(TypedDict):
     workdir: str
     run_id: str
     started_at: float                 # unix time on the Airflow side
+    starts_before: int                # `starts` in the status record before it started: its record has more
 
 
 class RemoteTrain(TypedDict):

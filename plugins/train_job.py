@@ -107,13 +107,15 @@ class DetachedTrain(RemoteStep):
                                                    env={"MLM_TRY_NUMBER": str(number)})
         self.log.info("Starting the trainer detached on worker 0 of %s (try %d); its output goes to %s/%s.",
                       name, number, cfg.tpu.workdir, log_name)
+        before = read_status(RunPaths(cfg.output_root, context["run_id"]))  # the new trainer's record counts one more
         self.session = ssh.Session(self._require_connect(), host,
                                    on_line=lambda line: self.log.info("[worker 0] %s", line))
         outcome = self.session.run(command, env=self.session_env)
         if outcome.exit_code != 0:
             raise self.failure(cfg, name, outcome)
         job = vm_job.started_job(outcome.tail, node=name, host=host, try_number=number, log=log_name,
-                                 workdir=cfg.tpu.workdir, run_id=context["run_id"], now=time.time())
+                                 workdir=cfg.tpu.workdir, run_id=context["run_id"], now=time.time(),
+                                 starts_before=before["starts"] if before else 0)
         if job is None:
             raise AirflowException(f"The detached start on {name} printed no job id ({outcome.describe()}): "
                                    "retry; if it repeats, run the line by hand on worker 0.")
@@ -125,7 +127,7 @@ class DetachedTrain(RemoteStep):
         while True:
             verdict = self._check(cfg, job)
             if verdict.kind == "done":
-                self.log.info("Training done: %s.\n%s", verdict.detail, self._tail_text(job, 10))
+                self.log.info("Training done: %s.\n%s", verdict.detail, self._tail_text(job))
                 return
             if verdict.kind == "failed":
                 raise self._failed(job, verdict)

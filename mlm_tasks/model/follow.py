@@ -7,8 +7,9 @@ state, clock), so the follow loop can run in the train task (today) or in a trig
 The follow loop waits on starting/running, succeeds on done and fails on failed (with the exit code) or
 stalled (after stopping the trainer: a retry may fix it). A retry that finds a handle reattaches to a
 starting/running trainer, succeeds on done, stops a stalled one and starts a new one otherwise. The
-status record belongs to the job when it names the job's try (MLM_TRY_NUMBER): a record left by an
-earlier try's trainer is not this one's progress.
+status record belongs to the job when it names the job's try (MLM_TRY_NUMBER) and counts more
+starts than the record found before the job began: a record left by an earlier trainer is not this
+one's progress.
 """
 from __future__ import annotations
 
@@ -30,8 +31,11 @@ class Verdict:
 
 
 def own_status(job: TrainJob, status: TrainStatus | None) -> TrainStatus | None:
-    """The status record when it is this job's (its try's), else None."""
-    return status if status is not None and status.get("try_number") == job["try_number"] else None
+    """The status record when this job wrote it, else None: its try's, and counting a start more than
+    the record before the job began (a trainer that finds the run finished writes none)."""
+    if status is None or status.get("try_number") != job["try_number"]:
+        return None
+    return status if status["starts"] > job.get("starts_before", 0) else None
 
 
 def _eta(seconds: float | None) -> str:

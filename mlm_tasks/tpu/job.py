@@ -30,13 +30,13 @@ def log_name(run_id: str, try_number: int) -> str:
 
 
 def started_job(lines: Iterable[str], *, node: str, host: str, try_number: int, log: str, workdir: str,
-                run_id: str, now: float) -> TrainJob | None:
+                run_id: str, now: float, starts_before: int) -> TrainJob | None:
     """The handle from a detached start's output (None: the line printed no JOB_MARK, so nothing started)."""
     for line in lines:
         found = re.fullmatch(rf"{JOB_MARK} pid=(\d+)", line.strip())
         if found:
             return TrainJob(node=node, host=host, worker=0, pid=int(found.group(1)), try_number=try_number,
-                            log=log, workdir=workdir, run_id=run_id, started_at=now)
+                            log=log, workdir=workdir, run_id=run_id, started_at=now, starts_before=starts_before)
     return None
 
 
