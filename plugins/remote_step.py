@@ -23,7 +23,8 @@ it; so does a worker presenting a host key its node did not publish. With `repla
 the last checkpoint. The session has a pty, so closing it (task killed, timed out, or failed) hangs
 up the remote step instead of orphaning it; a session lost without a hang-up (a network partition, a
 crashed Airflow host) leaves the step running, and the next try stops it first (the run lock of
-`remote_command`), so one run never has two trainers. Secrets (the Hub token) travel in the SSH
+`remote_command`), so one run never has two trainers. The train task runs its trainer detached from
+the session instead, and follows it (`DetachedTrain`, plugins/train_job.py). Secrets (the Hub token) travel in the SSH
 session's environment (`session_env`), never on the command line. Google's ComputeEngineSSHHook
 cannot find TPU VMs, hence the SSH connection's login pointed at the worker's IP.
 """
