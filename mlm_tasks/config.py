@@ -118,6 +118,15 @@ class TrainConfig(_Section):
     seed: int = Field(42, description="Seed for init, shuffling and masking.")
     fail_at_step: int | None = Field(None, ge=1, description="Fault injection for tests: raise at this "
                                      "step on the first try of a run.")
+    heartbeat_s: float = Field(30.0, ge=1, description="Seconds between rewrites of the trainer's status record "
+                               "(runs/<run>/train/status.json) while it runs.")
+    stall_minutes: float = Field(30.0, gt=0, description="A trainer whose status has no heartbeat, or no new step, "
+                                 "for this long is stalled: its try fails (and is retried) and it is stopped. "
+                                 "Longer than the first step's XLA compilation.")
+    follow_poll_s: float = Field(30.0, gt=0, description="On a TPU VM: seconds between the train task's checks "
+                                 "of its detached trainer (status record, and `kill -0` over SSH).")
+    progress_log_s: float = Field(180.0, gt=0, description="On a TPU VM: seconds between progress lines (step, "
+                                  "loss, tokens/s, ETA) in the train task's log.")
     timeout_hours: float | None = Field(None, gt=0, description="execution_timeout of the train task (empty: "
                                         "tpu.ttl_hours on a TPU VM, 72 h locally); on a TPU VM at most tpu.ttl_hours.")
 

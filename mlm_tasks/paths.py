@@ -90,6 +90,7 @@ class RunPaths:
     eval_metrics = property(lambda self: join(self.root, "eval", "metrics.json"))
     train_summary = property(lambda self: join(self.root, "train", "summary.json"))
     train_history = property(lambda self: join(self.root, "train", "history.jsonl"))
+    train_status = property(lambda self: join(self.root, "train", "status.json"))
     predictions = property(lambda self: join(self.root, "infer", "predictions.json"))
     report = property(lambda self: join(self.root, "report"))
     tensorboard = property(lambda self: join(self.root, "tensorboard"))

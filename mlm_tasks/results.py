@@ -85,6 +85,40 @@ class TrainSummary(TypedDict):
     python: str
 
 
+class TrainStatus(TypedDict):
+    """The trainer's status record, runs/<run>/train/status.json (mlm_tasks/model/status.py)."""
+    state: str                        # running, done or failed
+    step: int                         # the last step finished
+    total_steps: int
+    last_loss: float | None
+    tokens_per_s: float | None
+    eta_s: float | None
+    heartbeat: float                  # unix time of the last rewrite: the trainer's process was alive then
+    heartbeat_utc: str
+    step_time: float                  # unix time the step last advanced (or training started)
+    try_number: int | None            # the Airflow try that started this trainer (None: the CLI)
+    host: str
+    pid: int
+    starts: int                       # trainers started for this run so far, this one included
+    exit_code: int | None             # None while running; 0 done; 2 no retry can fix it; 1 any other failure
+    error: str | None
+
+
+class TrainJob(TypedDict):
+    """The handle of a trainer started detached on a TPU VM (mlm_tasks/tpu/job.py), kept in the train
+    task's state store so that a retry finds it."""
+    node: str
+    host: str                         # worker 0's address, as dialled
+    worker: int
+    pid: int                          # also its process group id (setsid)
+    try_number: int                   # the Airflow try that started it (MLM_TRY_NUMBER)
+    log: str                          # its output, relative to tpu.workdir
+    workdir: str
+    run_id: str
+    started_at: float                 # unix time on the Airflow side
+    starts_before: int                # `starts` in the status record before it started: its record has more
+
+
 class RemoteTrain(TypedDict):
     """The train task with `compute: tpu_vm`: where it ran; the TrainSummary stays in the run's folder."""
     node: str

@@ -23,7 +23,8 @@ it; so does a worker presenting a host key its node did not publish. With `repla
 the last checkpoint. The session has a pty, so closing it (task killed, timed out, or failed) hangs
 up the remote step instead of orphaning it; a session lost without a hang-up (a network partition, a
 crashed Airflow host) leaves the step running, and the next try stops it first (the run lock of
-`remote_command`), so one run never has two trainers. Secrets (the Hub token) travel in the SSH
+`remote_command`), so one run never has two trainers. The train task runs its trainer detached from
+the session instead, and follows it (`DetachedTrain`, plugins/train_job.py). Secrets (the Hub token) travel in the SSH
 session's environment (`session_env`), never on the command line. Google's ComputeEngineSSHHook
 cannot find TPU VMs, hence the SSH connection's login pointed at the worker's IP.
 """
@@ -96,6 +97,36 @@ class RemoteStep:
         return replace(name, time.time() + cfg.tpu.create_timeout_s)
 
     def run(self, context: Any, cfg: Any, node: tpu.NodeState) -> dict[str, Any]:
+        name, hosts, connect = self.connect_to(context, cfg, node)
+        command = self.command or self.remote_line(context, cfg, name)
+        self.session = ssh.Session(connect, hosts[0], on_line=lambda line: self.log.info("[worker 0] %s", line))
+        outcome = self.session.run(command, env=self.session_env)
+        if outcome.exit_code != 0:
+            raise self.failure(cfg, name, outcome)
+        return {"node": name, "workers": len(hosts)}
+
+    def remote_line(self, context: Any, cfg: Any, name: str, **options: Any) -> str:
+        """remote_command for this step; `options` go to it (detach_log, more env)."""
+        env = {**self.step_env, **options.pop("env", {})}
+        return remote_command(
+            cfg, self.step, context["run_id"], node=name, extra_args=self.args, env=env,
+            expect_token=SESSION_ENV_TOKEN in self.session_env,
+            code=stage_code(cfg.output_root, cfg.tpu.runtime_version) if cfg.tpu.bootstrap else None, **options)
+
+    def failure(self, cfg: Any, name: str, outcome: ssh.Outcome) -> AirflowException:
+        """What to raise for a command that failed on worker 0: exit 2 and fatal errors are not retried."""
+        message = self._failure_message(cfg, name, outcome)
+        if outcome.fatal:  # e.g. a host-key mismatch: the same machine would answer
+            return AirflowFailException(message)
+        if outcome.exit_code == NO_RETRY_EXIT:
+            return AirflowFailException(message + "\nExit code 2 is an error no retry can fix (a bad input, a "
+                                        "missing artifact, a refused credential): act on the message above and "
+                                        "trigger a new run.")
+        return AirflowException(message)
+
+    def connect_to(self, context: Any, cfg: Any, node: tpu.NodeState) -> tuple[str, list[str], ssh.Connect]:
+        """(node name, worker hosts, connect) once the node is checked: READY, host count and runtime agree,
+        worker 0's port answers. Keeps the janitor off the node for tpu.ttl_hours from now."""
         from mlm_tasks.tpu import runtimes
 
         name = node.name
@@ -113,10 +144,6 @@ class RemoteStep:
                 f"{'multi' if runtime.pod else 'single'}-host runtime: use "
                 f"{'a -pod runtime' if multi_host else 'a runtime without -pod'} for {cfg.tpu.accelerator_type}.")
         check_reachable(cfg, name, hosts[0])  # only worker 0 is dialled, on one host or a pod
-        command = self.command or remote_command(
-            cfg, self.step, context["run_id"], node=name, extra_args=self.args, env=self.step_env,
-            expect_token=SESSION_ENV_TOKEN in self.session_env,
-            code=stage_code(cfg.output_root, cfg.tpu.runtime_version) if cfg.tpu.bootstrap else None)
         if multi_host:
             self.log.info("%s is a %d-host slice: running %r on worker 0 (%s) only; the -pod runtime on the "
                           "other hosts serves it.", name, len(hosts), self.step, hosts[0])
@@ -125,18 +152,7 @@ class RemoteStep:
         api = tpu.client(cfg.tpu)
         connect = ssh_connect(cfg.tpu.ssh_conn_id, cfg.tpu.ssh_port, node=name,
                               published=lambda worker: tpu.host_keys(cfg.tpu, name, worker, api=api))
-        self.session = ssh.Session(connect, hosts[0], on_line=lambda line: self.log.info("[worker 0] %s", line))
-        outcome = self.session.run(command, env=self.session_env)
-        if outcome.exit_code != 0:
-            message = self._failure_message(cfg, name, outcome)
-            if outcome.fatal:  # e.g. a host-key mismatch: the same machine would answer
-                raise AirflowFailException(message)
-            if outcome.exit_code == NO_RETRY_EXIT:
-                raise AirflowFailException(message + "\nExit code 2 is an error no retry can fix (a bad input, a "
-                                           "missing artifact, a refused credential): act on the message above and "
-                                           "trigger a new run.")
-            raise AirflowException(message)
-        return {"node": name, "workers": len(hosts)}
+        return name, hosts, connect
 
     def _failure_message(self, cfg: Any, name: str, outcome: ssh.Outcome) -> str:
         import requests

@@ -1,8 +1,10 @@
 """The `train` task: one task in the graph whichever compute the run uses.
 
 `compute: local` trains in the worker process (the default strategy on CPU, Mirrored on GPUs);
-`compute: tpu_vm` runs the same `python -m mlm_tasks train` on worker 0 of the run's TPU VM over SSH
-(a `RemoteStep`, plugins/remote_step.py). Either way a retry resumes from the run's last checkpoint;
+`compute: tpu_vm` starts the same `python -m mlm_tasks train` as a detached job on worker 0 of the run's
+TPU VM and follows it over short SSH calls (`DetachedTrain`, plugins/train_job.py): the trainer outlives
+the task's process, a retry reattaches to it when it still runs, and on_kill stops it. Either way a
+retry resumes from the run's last checkpoint;
 on a TPU VM a retry first replaces a node that was preempted (create_tpu_vm, upstream, is not
 rerun), waiting in the triggerer (NodeEnsurer, plugins/tpu_operators.py). The task's
 execution_timeout comes from the run's config (`train.timeout_hours`, on a TPU VM at most
@@ -21,10 +23,10 @@ from hub_connection import hub_credentials
 from mlm_tasks.results import RemoteTrain, TrainSummary
 from mlm_tasks.tpu import api as tpu
 from mlm_tasks.tpu.bundle import SESSION_ENV_TOKEN
-from remote_step import RemoteStep
 from step_context import config_from_xcom
 from task_errors import bad_input_fails_fast
 from tpu_operators import NodeEnsurer
+from train_job import DetachedTrain
 
 
 class TrainOperator(NodeEnsurer, BaseOperator):
@@ -41,7 +43,7 @@ class TrainOperator(NodeEnsurer, BaseOperator):
         self.data = data
         self.command = command
         self.node_name = node_name
-        self.remote: RemoteStep | None = None
+        self.remote: DetachedTrain | None = None
 
     def pre_execute(self, context: Any) -> None:
         # Runs after the config template is rendered and before the task runner reads the timeout.
@@ -83,7 +85,7 @@ class TrainOperator(NodeEnsurer, BaseOperator):
         with use_connection(cfg.gcp_conn_id):
             return self._remote(cfg).run(context, cfg, tpu.get_state(cfg.tpu, node["name"]))
 
-    def _remote(self, cfg: Any) -> RemoteStep:
+    def _remote(self, cfg: Any) -> DetachedTrain:
         """The step on the TPU VM. With checkpoint sync the Hub token travels in the SSH session's
         environment (never in the command line, a log or XCom), its endpoint in the step's."""
         session_env, step_env = {}, {}
@@ -92,7 +94,7 @@ class TrainOperator(NodeEnsurer, BaseOperator):
             session_env[SESSION_ENV_TOKEN] = token
             if endpoint:
                 step_env["HF_ENDPOINT"] = endpoint
-        self.remote = RemoteStep("train", self.log, args=["--data-fingerprint", self._fingerprint()],
+        self.remote = DetachedTrain("train", self.log, args=["--data-fingerprint", self._fingerprint()],
                                  command=self.command, node_name=self.node_name, session_env=session_env,
                                  step_env=step_env, replaces_dead_node=True)
         return self.remote

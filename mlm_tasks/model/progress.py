@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import logging
 import time
+from collections.abc import Callable
 from typing import Any
 
 from mlm_tasks import storage
@@ -41,11 +42,13 @@ def write_history(run: RunPaths, history: list[dict[str, Any]]) -> None:
 
 class ProgressLog:
     def __init__(self, history: list[dict[str, Any]], start_step: int, total_steps: int, every: int,
-                 tokens_per_step: int, tensorboard_uri: str, schedule):
+                 tokens_per_step: int, tensorboard_uri: str, schedule,
+                 on_line: Callable[[int, float, float, float], None] | None = None):
+        """`on_line(step, loss, tokens_per_s, eta_s)` is called at every progress line (the status record)."""
         import tensorflow as tf
 
         self.history, self.start, self.total, self.every = history, start_step, total_steps, every
-        self.tokens_per_step, self.schedule = tokens_per_step, schedule
+        self.tokens_per_step, self.schedule, self.on_line = tokens_per_step, schedule, on_line
         self.writer = tf.summary.create_file_writer(tensorboard_uri)
         self.t0 = self.t_last = time.time()
         self.t_steady: float | None = None
@@ -76,6 +79,8 @@ class ProgressLog:
         with self.writer.as_default(step=step):
             for key in SCALARS:
                 tf.summary.scalar(f"train/{key}", entry[key])
+        if self.on_line is not None:
+            self.on_line(step, entry["loss"], entry["tokens_per_s"], eta)
         self.window, self.t_last, self.last_logged = [0.0, 0.0, 0.0], now, step
 
     def finish_loop(self) -> None:

@@ -22,6 +22,7 @@ from mlm_tasks.config import PipelineConfig
 from mlm_tasks.data.shard_set import load_manifest
 from mlm_tasks.errors import ConfigError
 from mlm_tasks.model.progress import ProgressLog, read_history, write_history
+from mlm_tasks.model.status import StatusRecord
 from mlm_tasks.model.training_plan import check_resumable, plan_steps
 from mlm_tasks.paths import RunContext, RunPaths, join
 from mlm_tasks.results import TrainSummary
@@ -169,44 +170,46 @@ def train(cfg: PipelineConfig, ctx: RunContext, *, on_checkpoint: Callable[[int,
         per_replica = strategy.run(replica_step, args=(next(it),))
         return [strategy.reduce("SUM", v, axis=None) for v in per_replica]
 
+    status = StatusRecord(run, total_steps=total_steps, start_step=start_step, heartbeat_s=cfg.train.heartbeat_s)
     progress = ProgressLog(history, start_step, total_steps, cfg.train.log_every,
-                           global_batch * shard_set.max_length, run.tensorboard, schedule)
-    fault_marker = join(run.root, "train", ".fault_injected")
+                           global_batch * shard_set.max_length, run.tensorboard, schedule, on_line=status.progress)
+    with status:  # runs/<run>/train/status.json: heartbeats while this runs, then done or failed with its exit code
+        fault_marker = join(run.root, "train", ".fault_injected")
 
-    def save_checkpoint(step: int) -> None:
-        path = manager.save(checkpoint_number=step)
-        write_history(run, history)
-        for hook in hooks:
-            hook(step, path)  # the Hub sync queues the upload and returns at once
+        def save_checkpoint(step: int) -> None:
+            path = manager.save(checkpoint_number=step)
+            write_history(run, history)
+            for hook in hooks:
+                hook(step, path)  # the Hub sync queues the upload and returns at once
 
-    for step in range(start_step + 1, total_steps + 1):
-        try:
-            progress.record(step, *distributed_step(iterator))
-        except tf.errors.DataLossError as err:  # a record failed its checksum: the same bytes fail every retry
-            bad = damaged_shard_error(shard_set, "train", err)
-            if bad is None:
-                raise
-            raise bad from None
-        step_var.assign(step)
-        if step != total_steps and any(step % every == 0 for every in save_every):
-            save_checkpoint(step)
-        if cfg.train.fail_at_step == step and not storage.exists(fault_marker):
-            storage.write_text(fault_marker, f"fault injected at step {step}\n")
-            raise RuntimeError(f"Injected fault at step {step} (train.fail_at_step): a retry resumes from "
-                               "the last checkpoint.")
-    progress.finish_loop()
-    save_checkpoint(total_steps)
-    if sync:
-        sync.finish()  # the final upload; a failure is logged, the checkpoints stay in output_root
-    _save_model(model, tokenizer, run)
-    summary: TrainSummary = {
-        "steps": total_steps, "resumed_from_step": start_step, "global_batch": global_batch, "replicas": replicas,
-        "device": device, "xla": xla, "precision": precision, "tokens_per_s": progress.tokens_per_s,
-        "first_loss": progress.first_loss, "last_loss": progress.last_loss, "elapsed_s": progress.elapsed_s,
-        "data_fingerprint": fingerprint,
-        "parameters": int(sum(v.shape.num_elements() for v in model.trainable_variables)),
-        "tensorflow": tf.__version__, "python": platform.python_version()}
-    storage.write_json(run.train_summary, summary)  # last: marks training complete
+        for step in range(start_step + 1, total_steps + 1):
+            try:
+                progress.record(step, *distributed_step(iterator))
+            except tf.errors.DataLossError as err:  # a record failed its checksum: the same bytes fail every retry
+                bad = damaged_shard_error(shard_set, "train", err)
+                if bad is None:
+                    raise
+                raise bad from None
+            step_var.assign(step)
+            if step != total_steps and any(step % every == 0 for every in save_every):
+                save_checkpoint(step)
+            if cfg.train.fail_at_step == step and not storage.exists(fault_marker):
+                storage.write_text(fault_marker, f"fault injected at step {step}\n")
+                raise RuntimeError(f"Injected fault at step {step} (train.fail_at_step): a retry resumes from "
+                                   "the last checkpoint.")
+        progress.finish_loop()
+        save_checkpoint(total_steps)
+        if sync:
+            sync.finish()  # the final upload; a failure is logged, the checkpoints stay in output_root
+        _save_model(model, tokenizer, run)
+        summary: TrainSummary = {
+            "steps": total_steps, "resumed_from_step": start_step, "global_batch": global_batch, "replicas": replicas,
+            "device": device, "xla": xla, "precision": precision, "tokens_per_s": progress.tokens_per_s,
+            "first_loss": progress.first_loss, "last_loss": progress.last_loss, "elapsed_s": progress.elapsed_s,
+            "data_fingerprint": fingerprint,
+            "parameters": int(sum(v.shape.num_elements() for v in model.trainable_variables)),
+            "tensorflow": tf.__version__, "python": platform.python_version()}
+        storage.write_json(run.train_summary, summary)  # last: marks training complete
     log.info("Training done: %d steps in %.0fs (%.0f tokens/s), loss %.3f -> %.3f; model at %s",
              total_steps, summary["elapsed_s"], summary["tokens_per_s"] or 0, summary["first_loss"] or float("nan"),
              summary["last_loss"] or float("nan"), run.model)

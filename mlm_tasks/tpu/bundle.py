@@ -228,10 +228,12 @@ def _run_lock(step: str, run_id: str, grace_s: int = STOP_GRACE_S) -> list[str]:
     who = shlex.quote("trainer" if step == "train" else f"{step} step")
     # The pid file alone may be stale (a recycled pid): signal it only if that process holds the lock file.
     holder = f'[ -n "$pid" ] && [ "$(stat -L -c %d:%i "/proc/$pid/fd/9" 2>/dev/null)" = "$(stat -c %d:%i {q})" ]'
+    # The holder leads its process group (sshd's session shell, or setsid for a detached trainer): the
+    # group takes the step's children too. SIGCONT after SIGTERM: a frozen trainer gets to handle it.
     stop = (f'echo "Stopping the "{who}" left by an earlier try (pid $pid) of this run: SIGTERM, then SIGKILL '
-            f'after {grace_s}s."; kill -s TERM "$pid" 2>/dev/null || true; '
+            f'after {grace_s}s."; {{ kill -s TERM -- "-$pid" || kill -s TERM "$pid"; }} 2>/dev/null || true; '
+            'kill -s CONT -- "-$pid" 2>/dev/null || true; '
             f'if ! flock -w {grace_s} 9; then echo "pid $pid still runs after {grace_s}s: SIGKILL."; '
-            # sshd makes each session's shell a process-group leader: the group takes the step's children too.
             f'kill -s KILL -- "-$pid" 2>/dev/null || kill -s KILL "$pid" 2>/dev/null || true; fi')
     stuck = (f'echo "The run lock $PWD/"{q}" is still held (its pid file names ${{pid:-nobody}}): another copy of '
              f'this run\'s "{who}" runs. Find it with: fuser -v $PWD/"{q}"; stop it, then clear this task." '
@@ -258,10 +260,12 @@ def _bundle_to_install(cfg: PipelineConfig, code: CodeBundle | None) -> CodeBund
 
 def remote_command(cfg: PipelineConfig, step: str, run_id: str, *, node: str, extra_args: Sequence[str] = (),
                    code: CodeBundle | None = None, env: dict[str, str] | None = None,
-                   expect_token: bool = False) -> str:
+                   expect_token: bool = False, detach_log: str | None = None) -> str:
     """The shell line worker 0 of TPU VM `node` runs: [install once] then `python -m mlm_tasks <step> ...`.
     `env`: more (non-secret) variables for the step, e.g. the Hub endpoint.
-    `expect_token`: the session sends the Hub token; fail at once, saying why, if it did not arrive."""
+    `expect_token`: the session sends the Hub token; fail at once, saying why, if it did not arrive.
+    `detach_log`: start the step detached instead (see `_detached`), its output in that file (relative
+    to tpu.workdir); the line prints `JOB_MARK pid=<pid>` and returns at once."""
     install = _bundle_to_install(cfg, code)
     config_json = json.dumps(cfg.model_dump(mode="json"), separators=(",", ":"))
     step_line = " ".join(shlex.quote(a) for a in [cfg.tpu.python, "-m", "mlm_tasks", step, "--config-json",
@@ -284,8 +288,36 @@ def remote_command(cfg: PipelineConfig, step: str, run_id: str, *, node: str, ex
     parts += _run_lock(step, run_id)
     if install is not None:
         parts += _bootstrap(cfg, install)
+    parts.append(f'if [ -n "${TOKEN_VAR}" ]; then export HF_TOKEN="${TOKEN_VAR}"; fi')
+    if detach_log is not None:
+        return "; ".join(parts + _detached(step_line, detach_log, run_lock_name(run_id, step)))
     # exec: the step replaces the shell, so a hang-up of the SSH session (task killed) reaches it, and
     # it keeps the run lock's fd 9 (a partition or a crashed Airflow host: the next try stops it).
-    parts.append(f'if [ -n "${TOKEN_VAR}" ]; then export HF_TOKEN="${TOKEN_VAR}"; fi')
     parts.append(f"exec {step_line}")
     return "; ".join(parts)
+
+
+# What a detached start prints, with the job's pid: the caller's handle.
+JOB_MARK = "MLM_JOB"
+
+
+def exit_file(log: str) -> str:
+    """Where a detached step's wrapper records its exit code (missing: it was killed, or still runs)."""
+    return log + ".exit"
+
+
+def _detached(step_line: str, log: str, lock: str) -> list[str]:
+    """Shell that starts the step as a job of the VM, not of the SSH session: setsid gives it a session
+    (and process group, whose id is its pid) of its own, so the session's hang-up never reaches it;
+    nohup and the redirects cut it off the pty. It inherits fd 9, the run lock, which it then holds
+    alone: the lock lives exactly as long as the job. A wrapper shell records the step's exit code
+    (137 for a SIGKILL, an OOM kill) beside the log."""
+    q = shlex.quote
+    folder = log.rsplit("/", 1)[0] if "/" in log else "."
+    wrapped = f"{step_line}; echo $? > {q(exit_file(log))}"
+    # trap: the session may hang up the moment this line ends, before setsid runs in the child (still in
+    # the session's process group then); an ignored SIGHUP is inherited, so the hang-up cannot kill it.
+    return [f"mkdir -p {q(folder)}", f"rm -f {q(exit_file(log))}", "trap '' HUP",
+            # `&` ends a command as `;` does: the line goes on with the job's pid.
+            f"setsid nohup sh -c {q(wrapped)} > {q(log)} 2>&1 < /dev/null & "
+            f'pid=$!; echo "$pid" > {q(lock + ".pid")}; echo "{JOB_MARK} pid=$pid"']

@@ -50,6 +50,18 @@ def _site_packages(python: str) -> set[str]:
     return {p.name for p in site.iterdir() if p.name != "__pycache__"}
 
 
+def _vm_config(prepared_cfg, root, runtime, python, workdir, fake_tpu, sshd, tf_gcs_env, **train):
+    return PipelineConfig.model_validate({
+        **prepared_cfg.model_dump(mode="json"), "output_root": root, "compute": "tpu_vm",
+        "train": {**prepared_cfg.train.model_dump(mode="json"), "follow_poll_s": 0.5, **train},
+        "tpu": {"project": "proj", "zone": ZONE, "runtime_version": runtime, "api_endpoint": fake_tpu.url,
+                "transport": "rest",
+                "ssh_port": sshd.port, "poll_interval_s": 0.1, "bootstrap": True, "python": python,
+                "workdir": str(workdir),
+                "env": {**tf_gcs_env, **_pip_past_the_gcs_proxy(tf_gcs_env), "HF_HUB_OFFLINE": "1",
+                        "TF_CPP_MIN_LOG_LEVEL": "2", **tpu_vm_image.NO_LIBTPU}}})
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("runtime", ["tpu-vm-tf-2.16.1-pjrt", "tpu-vm-tf-2.17.0-pjrt"])
 def test_bootstrap_and_train_on_the_simulated_image(runtime, tiny_prepared, gcs_root, tf_gcs_env, fake_tpu, sshd,
@@ -65,14 +77,8 @@ def test_bootstrap_and_train_on_the_simulated_image(runtime, tiny_prepared, gcs_
     monkeypatch.setenv("AIRFLOW_CONN_TPU_SSH", airflow_conn_uri(sshd, no_host_key_check=False))
     for key, value in tf_gcs_env.items():  # evaluate and fill-mask read gs:// here with TensorFlow too
         monkeypatch.setenv(key, value)
-    cfg = PipelineConfig.model_validate({
-        **prepared_cfg.model_dump(mode="json"), "output_root": root, "compute": "tpu_vm",
-        "tpu": {"project": "proj", "zone": ZONE, "runtime_version": runtime, "api_endpoint": fake_tpu.url,
-                "transport": "rest",
-                "ssh_port": sshd.port, "poll_interval_s": 0.1, "bootstrap": True, "python": tpu_vm_python,
-                "workdir": str(tmp_path / "vm home" / "mlm"),
-                "env": {**tf_gcs_env, **_pip_past_the_gcs_proxy(tf_gcs_env), "HF_HUB_OFFLINE": "1",
-                        "TF_CPP_MIN_LOG_LEVEL": "2", **tpu_vm_image.NO_LIBTPU}}})
+    cfg = _vm_config(prepared_cfg, root, runtime, tpu_vm_python, tmp_path / "vm home" / "mlm", fake_tpu, sshd,
+                     tf_gcs_env)
     name = tpu.node_name("mlm_pretrain", RUN)
     fake_tpu.add_node("proj", ZONE, name, state="READY")
     image_before = _site_packages(tpu_vm_python)
@@ -119,4 +125,76 @@ fill_mask(cfg, RunContext.of(cfg, {RUN!r}))
     # A retry finds the install and the finished training: nothing is installed or trained again.
     TrainOperator(task_id="train", config=cfg.model_dump(mode="json"), data=data).execute(context)
     again = capfd.readouterr().out
-    assert "Installing" not in again and "already finished training" in again
+    (tmp_path / "retry_task.log").write_text(again)
+    # The launch prints what it installs ([worker 0] lines); the trainer's log (its last lines) says why it did nothing.
+    assert "[worker 0] Installing" not in again and "already finished training" in again
+
+
+@pytest.mark.slow
+def test_a_sigkilled_train_task_leaves_the_real_trainer_running_and_the_retry_reattaches(
+        tiny_prepared, gcs_root, tf_gcs_env, fake_tpu, sshd, tmp_path, monkeypatch, capfd):
+    """The real trainer (TensorFlow 2.16 on the simulated image) outlives the SIGKILLed process of the
+    train task; the retry reattaches: one start, every step once, the same final loss as a run nobody
+    disturbed."""
+    import json
+    import time
+
+    from peers.task_state import FileTaskState, start_train_task
+    from train_operator import TrainOperator
+
+    runtime = runtimes.get(runtimes.DEFAULT)
+    python = str(tpu_vm_image.build(runtime))
+    prepared_cfg, data = tiny_prepared
+    storage.upload_dir(join(prepared_cfg.output_root, "datasets"), join(gcs_root, "datasets"))
+    monkeypatch.setenv("AIRFLOW_CONN_TPU_SSH", airflow_conn_uri(sshd, no_host_key_check=False))
+    steps = 300
+    cfg = _vm_config(prepared_cfg, gcs_root, runtime.version, python, tmp_path / "vm", fake_tpu, sshd, tf_gcs_env,
+                     steps=steps, log_every=1, checkpoint_every=100, heartbeat_s=1, progress_log_s=2)
+    config = cfg.model_dump(mode="json")
+
+    def context(run_id, store, try_number):
+        return {"dag": SimpleNamespace(dag_id="mlm_pretrain"), "run_id": run_id,
+                "ti": SimpleNamespace(try_number=try_number), "task_state_store": store}
+
+    def history(run_id):
+        return [json.loads(line) for line in storage.read_text(RunPaths(gcs_root, run_id).train_history).splitlines()]
+
+    # The reference: a run nobody disturbs (also the one that installs the project on the "VM").
+    ref = "manual__undisturbed"
+    fake_tpu.add_node("proj", ZONE, tpu.node_name("mlm_pretrain", ref), state="READY")
+    TrainOperator(task_id="train", config=config, data=data).execute(
+        context(ref, FileTaskState(tmp_path / "ref.json"), 1))
+    reference = storage.read_json(RunPaths(gcs_root, ref).train_summary)
+
+    run_id = "manual__killed"
+    run = RunPaths(gcs_root, run_id)
+    fake_tpu.add_node("proj", ZONE, tpu.node_name("mlm_pretrain", run_id), state="READY")
+    store = FileTaskState(tmp_path / "killed.json")
+    first = start_train_task(config, run_id, store.path, tmp_path / "first_try.log", data=data)
+    deadline = time.monotonic() + 300
+    while (storage.read_json_if_exists(run.train_status) or {}).get("step", 0) < 20:
+        assert first.poll() is None, (tmp_path / "first_try.log").read_text()
+        assert time.monotonic() < deadline, "the first try's trainer never reached step 20"
+        time.sleep(0.2)
+    first.kill()  # SIGKILL: no on_kill, no hang-up of anything but the task's own sockets
+    first.wait(timeout=10)
+    killed_at = storage.read_json(run.train_status)["step"]
+    capfd.readouterr()
+
+    began = time.monotonic()
+    TrainOperator(task_id="train", config=config, data=data).execute(context(run_id, store, 2))
+    log = capfd.readouterr().out
+    assert "Reattached to the trainer of try 1" in log and "Starting the trainer" not in log, log
+
+    status = storage.read_json(run.train_status)
+    summary = storage.read_json(run.train_summary)
+    assert (status["state"], status["step"], status["starts"], status["try_number"]) == ("done", steps, 1, 1)
+    assert summary["resumed_from_step"] == 0 and summary["steps"] == steps
+    logged = [h["step"] for h in history(run_id)]
+    assert logged == list(range(1, steps + 1))  # every step once: none lost, none repeated
+    assert summary["last_loss"] == pytest.approx(reference["last_loss"], rel=1e-6)
+    assert [h["loss"] for h in history(run_id)] == pytest.approx([h["loss"] for h in history(ref)], rel=1e-6)
+    reattach = log.split("Reattached to the trainer of try 1", 1)[1].split(" in ", 1)[1].split("s:", 1)[0]
+    print(f"\nreal trainer: task SIGKILLed at step {killed_at}/{steps}; retry reattached in {reattach}s, "
+          f"finished {time.monotonic() - began:.1f}s later; steps lost 0, starts {status['starts']}, final loss "
+          f"{summary['last_loss']:.6f} (undisturbed {reference['last_loss']:.6f})")

@@ -21,14 +21,23 @@ NAME = tpu.node_name("mlm_pretrain", RUN)
 
 
 @pytest.fixture
-def ssh_conn(sshd, monkeypatch):
+def ssh_conn(sshd, gcs, monkeypatch):
     monkeypatch.setenv("AIRFLOW_CONN_TPU_SSH", airflow_conn_uri(sshd))
 
 
-def _config(fake_tpu, sshd, **tpu_settings):
-    return {"compute": "tpu_vm", "output_root": "gs://bucket/p",
+def _config(fake_tpu, sshd, tmp_path, **tpu_settings):
+    # The train task follows the trainer every 0.2 s (its status record in output_root, on the emulator).
+    return {"compute": "tpu_vm", "output_root": "gs://bucket/p", "train": {"follow_poll_s": 0.2},
             "tpu": {"project": "proj", "zone": ZONE, "api_endpoint": fake_tpu.url, "transport": "rest",
-                    "poll_interval_s": 0.05, "bootstrap": False, "ssh_port": sshd.port, **tpu_settings}}
+                    "poll_interval_s": 0.05, "bootstrap": False, "ssh_port": sshd.port,
+                    "workdir": str(tmp_path / "vm"), **tpu_settings}}
+
+
+def _trainer_log(tmp_path, try_number=1):
+    """What the detached trainer wrote to its log file on the VM."""
+    from mlm_tasks.tpu.job import log_name
+
+    return (tmp_path / "vm" / log_name(RUN, try_number)).read_text().splitlines()
 
 
 DATA = {"fingerprint": "fp123"}  # merge_shards' result, as the DAG hands it to train
@@ -57,12 +66,12 @@ def _run(op):
             call, args = getattr(op, deferred.method_name), (_context(), event)
 
 
-def test_retry_after_preemption_replaces_the_node_then_trains(fake_tpu, sshd, ssh_conn):
+def test_retry_after_preemption_replaces_the_node_then_trains(fake_tpu, sshd, ssh_conn, tmp_path):
     fake_tpu.delete_after_gets = 2  # the dead node lingers in DELETING for a while, as on GCP
     fake_tpu.add_node("proj", ZONE, NAME, labels={"run": "first-try"})
     fake_tpu.preempt(NAME)
     # /bin/echo as the VM's python: the worker prints the exact step line it was given.
-    op = TrainOperator(task_id="train", data=DATA, config=_config(fake_tpu, sshd, python="/bin/echo"))
+    op = TrainOperator(task_id="train", data=DATA, config=_config(fake_tpu, sshd, tmp_path, python="/bin/echo"))
     assert _run(op) == {"node": NAME, "workers": 1}
 
     methods = [m for m, _ in fake_tpu.requests]
@@ -70,37 +79,37 @@ def test_retry_after_preemption_replaces_the_node_then_trains(fake_tpu, sshd, ss
     assert methods.index("DELETE") < methods.index("POST")
     node = fake_tpu.node("proj", ZONE, NAME)
     assert node["state"] == "READY" and node["labels"]["run"] != "first-try"
-    line = op.remote.session.outcome.tail[-1]
+    line = _trainer_log(tmp_path)[-1]
     assert line.startswith("-m mlm_tasks train --config-json ")
     assert line.endswith(f"--run-id {RUN} --data-fingerprint fp123")
 
 
-def test_replacement_that_fails_deletes_it_and_fails_the_try(fake_tpu, sshd, ssh_conn):
+def test_replacement_that_fails_deletes_it_and_fails_the_try(fake_tpu, sshd, ssh_conn, tmp_path):
     fake_tpu.add_node("proj", ZONE, NAME)
     fake_tpu.preempt(NAME)
     fake_tpu.fail_next_create("There is no more capacity in the zone")
-    op = TrainOperator(task_id="train", data=DATA, config=_config(fake_tpu, sshd, python="/bin/echo"))
+    op = TrainOperator(task_id="train", data=DATA, config=_config(fake_tpu, sshd, tmp_path, python="/bin/echo"))
     with pytest.raises(AirflowException, match="no more capacity.*deleted it"):
         _run(op)
     assert fake_tpu.nodes == {}
 
 
-def test_plain_step_operator_does_not_replace_nodes(fake_tpu, sshd, ssh_conn):
+def test_plain_step_operator_does_not_replace_nodes(fake_tpu, sshd, ssh_conn, tmp_path):
     fake_tpu.add_node("proj", ZONE, NAME)
     fake_tpu.preempt(NAME)
-    op = TpuSSHStepOperator(task_id="evaluate", config=_config(fake_tpu, sshd), command="true")
+    op = TpuSSHStepOperator(task_id="evaluate", config=_config(fake_tpu, sshd, tmp_path), command="true")
     with pytest.raises(AirflowException, match="PREEMPTED, not READY"):
         op.execute(_context())
     assert [m for m, _ in fake_tpu.requests] == ["GET"]
 
 
-def test_configuration_error_on_the_vm_fails_without_retry(fake_tpu, sshd, ssh_conn):
+def test_configuration_error_on_the_vm_fails_without_retry(fake_tpu, sshd, ssh_conn, tmp_path):
     fake_tpu.add_node("proj", ZONE, NAME)
-    op = TrainOperator(task_id="train", data=DATA, config=_config(fake_tpu, sshd),
+    op = TrainOperator(task_id="train", data=DATA, config=_config(fake_tpu, sshd, tmp_path),
                        command="echo 'error: Global batch 4096 is larger than the 300 train records' >&2; exit 2")
     with pytest.raises(AirflowFailException, match=r"(?s)exit code 2.*Global batch 4096.*no retry can fix"):
         _run(op)
-    op = TrainOperator(task_id="train", data=DATA, config=_config(fake_tpu, sshd), command="exit 1")
+    op = TrainOperator(task_id="train", data=DATA, config=_config(fake_tpu, sshd, tmp_path), command="exit 1")
     with pytest.raises(AirflowException) as err:
         _run(op)
     assert not isinstance(err.value, AirflowFailException)  # other failures are retried
@@ -166,7 +175,7 @@ def test_tpu_vm_training_gets_the_hub_token_through_the_ssh_session_only(fake_tp
                     'endpoint=$HF_ENDPOINT args=$#"\nsleep 2\n')
     step.chmod(0o755)
     fake_tpu.add_node("proj", ZONE, NAME)
-    config = {**_config(fake_tpu, sshd, python=str(step)),
+    config = {**_config(fake_tpu, sshd, tmp_path, python=str(step)),
               "publish": {"sync_checkpoints": True, "repo_id": "org/model"}}
     op = TrainOperator(task_id="train", data=DATA, config=config)
     seen_in_ps = []
@@ -183,7 +192,7 @@ def test_tpu_vm_training_gets_the_hub_token_through_the_ssh_session_only(fake_tp
     log = capfd.readouterr().out + capfd.readouterr().err
 
     want = hashlib.sha256(token.encode()).hexdigest()[:16]
-    assert op.remote.session.outcome.tail[-1].startswith(f"sha={want} lc=unset endpoint=http://127.0.0.1:9 args=")
+    assert _trainer_log(tmp_path)[-1].startswith(f"sha={want} lc=unset endpoint=http://127.0.0.1:9 args=")
     assert any("mlm_tasks train" in snapshot for snapshot in seen_in_ps), "ps never saw the step running"
     assert not any(token in snapshot for snapshot in seen_in_ps)
     assert token not in log and token not in json.dumps(xcom)

@@ -61,6 +61,10 @@ def test_sigkill_then_retry_resumes_and_matches_an_uninterrupted_run(tiny_prepar
     assert summary["steps"] == steps
     resumed = summary["resumed_from_step"]
     assert resumed % 5 == 0 and 0 <= kill_at - resumed <= 5, (kill_at, resumed)
+    # The status record: the killed trainer and the retry, two starts; done at the last step.
+    status = storage.read_json(run.train_status)
+    assert (status["state"], status["exit_code"], status["step"], status["starts"]) == ("done", 0, steps, 2)
+    assert storage.read_json(RunPaths(cfg.output_root, "uninterrupted").train_status)["starts"] == 1
     # Weights, optimizer state, schedule and data position all resumed: same final weights.
     ref_w, got_w = _final_weights(RunPaths(cfg.output_root, "uninterrupted")), _final_weights(run)
     assert ref_w.keys() == got_w.keys()
@@ -79,6 +83,9 @@ def test_train_is_a_noop_once_finished(tiny_prepared):
     assert os.stat(storage.local_path(run.model) + "/tf_model.h5").st_mtime_ns == mtime
     history = [json.loads(x) for x in storage.read_text(run.train_history).splitlines()]
     assert history[-1]["step"] == cfg.train.steps and history[-1]["loss"] < history[0]["loss"]
+    status = storage.read_json(run.train_status)  # the no-op rerun started no trainer
+    assert (status["state"], status["step"], status["starts"]) == ("done", cfg.train.steps, 1)
+    assert status["last_loss"] == pytest.approx(history[-1]["loss"])
 
 
 def test_shards_with_another_max_length_are_refused(tiny_prepared):

@@ -1,0 +1,82 @@
+"""What a detached trainer's state means, as a pure function of (handle, status record, probe, node
+state, clock), so the follow loop can run in the train task (today) or in a trigger.
+
+    verdict = classify(job, read_status(run), probe, now=time.time(), stall_s=cfg.train.stall_minutes * 60)
+    verdict.kind    # starting | running | done | failed | stalled
+
+The follow loop waits on starting/running, succeeds on done and fails on failed (with the exit code) or
+stalled (after stopping the trainer: a retry may fix it). A retry that finds a handle reattaches to a
+starting/running trainer, succeeds on done, stops a stalled one and starts a new one otherwise. The
+status record belongs to the job when it names the job's try (MLM_TRY_NUMBER) and counts more
+starts than the record found before the job began: a record left by an earlier trainer is not this
+one's progress.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+from mlm_tasks.model.status import stalled
+from mlm_tasks.results import TrainJob, TrainStatus
+from mlm_tasks.tpu.job import Probe
+
+Kind = Literal["starting", "running", "done", "failed", "stalled"]
+
+
+@dataclass(frozen=True)
+class Verdict:
+    kind: Kind
+    detail: str
+    exit_code: int | None = None
+
+
+def own_status(job: TrainJob, status: TrainStatus | None) -> TrainStatus | None:
+    """The status record when this job wrote it, else None: its try's, and counting a start more than
+    the record before the job began (a trainer that finds the run finished writes none)."""
+    if status is None or status.get("try_number") != job["try_number"]:
+        return None
+    return status if status["starts"] > job.get("starts_before", 0) else None
+
+
+def _eta(seconds: float | None) -> str:
+    if seconds is None:
+        return "?"
+    minutes, _ = divmod(int(seconds), 60)
+    return f"{minutes // 60}h{minutes % 60:02d}m" if minutes >= 60 else f"{minutes}m{int(seconds) % 60:02d}s"
+
+
+def progress_line(status: TrainStatus) -> str:
+    loss = "?" if status["last_loss"] is None else f"{status['last_loss']:.4f}"
+    speed = "?" if status["tokens_per_s"] is None else f"{status['tokens_per_s']:.0f}"
+    return (f"step {status['step']}/{status['total_steps']}, loss {loss}, {speed} tokens/s, "
+            f"ETA {_eta(status['eta_s'])}")
+
+
+def classify(job: TrainJob, status: TrainStatus | None, probe: Probe, *, now: float, stall_s: float,
+             node_state: str | None = None) -> Verdict:
+    """What the job's state means (the follow loop fails on failed/stalled; a retry reattaches to
+    starting/running, restarts a stalled one and starts a new one when failed)."""
+    who = f"the trainer (pid {job['pid']}, try {job['try_number']}) on {job['node']}"
+    mine = own_status(job, status)
+    if mine is not None and mine["state"] == "done":
+        return Verdict("done", f"{who} finished: {progress_line(mine)}", 0)
+    if mine is not None and mine["state"] == "failed":
+        return Verdict("failed", f"{who} failed: {mine['error']}", mine["exit_code"])
+    if node_state not in (None, "READY"):
+        return Verdict("failed", f"the TPU VM {job['node']} is {node_state} (preempted?): {who} is lost with it")
+    if probe.alive is False:
+        if probe.exit_code == 0:
+            return Verdict("done", f"{who} exited with code 0", 0)
+        how = (f"exited with code {probe.exit_code}" if probe.exit_code is not None else
+               "is gone without an exit code (killed: SIGKILL, the OOM killer, a reboot of the VM)")
+        return Verdict("failed", f"{who} {how}", probe.exit_code)
+    if mine is None:
+        waited = now - job["started_at"]
+        if waited > stall_s:
+            return Verdict("stalled", f"{who} has written no status record {waited:.0f}s after its start "
+                           f"(train.stall_minutes is {stall_s / 60:g})")
+        return Verdict("starting", f"{who} is starting ({waited:.0f}s since its start, no status record yet)")
+    why = stalled(mine, stall_s, now)
+    if why is not None:
+        return Verdict("stalled", why)
+    return Verdict("running", progress_line(mine))

@@ -1,0 +1,229 @@
+"""The train task's detached trainer on a TPU VM (plugins/train_job.py) over a real sshd: it outlives
+the task's process, a retry reattaches to it (or stops a stale one), the watchdog and on_kill stop it.
+
+    TF_USE_LEGACY_KERAS=1 .venv/bin/python -m pytest tests/plugins/test_train_job.py -q -s
+
+The VM's python is a stand-in trainer: the real status record (mlm_tasks/model/status.py, written to
+the GCS emulator, as on a VM to gs://) around a loop of sleeps that records each step it makes and
+"checkpoints" every checkpoint_every steps, resuming from there. The real trainer on the simulated
+TPU VM image: tests/plugins/test_simulated_tpu_vm.py. The task state store is a file (peers/task_state.py),
+so that it survives a task runner the test SIGKILLs.
+"""
+import os
+import re
+import signal
+import sys
+import threading
+import time
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+from airflow.sdk.exceptions import AirflowException, AirflowFailException
+
+from mlm_tasks import storage
+from mlm_tasks.paths import RunPaths
+from mlm_tasks.tpu import api as tpu
+from peers.sshd import airflow_conn_uri
+from peers.task_state import FileTaskState, start_train_task
+from train_job import JOB_KEY
+from train_operator import TrainOperator
+
+ROOT = Path(__file__).resolve().parents[2]
+ZONE = "us-central2-b"
+RUN = "manual__detached"
+NAME = tpu.node_name("mlm_pretrain", RUN)
+DATA = {"fingerprint": "fp123"}
+
+TRAINER = """import os, sys, time
+sys.path.insert(0, {root!r})
+from mlm_tasks import storage
+from mlm_tasks.config import PipelineConfig
+from mlm_tasks.errors import NoRetryError
+from mlm_tasks.model.status import StatusRecord
+from mlm_tasks.paths import RunPaths, join
+args = sys.argv[1:]
+cfg = PipelineConfig.model_validate_json(args[args.index("--config-json") + 1])
+run = RunPaths(cfg.output_root, args[args.index("--run-id") + 1])
+ckpt = join(run.root, "train", "ckpt.json")
+start = storage.read_json(ckpt)["step"] if storage.exists(ckpt) else 0
+total = cfg.train.steps
+print("stand-in trainer from step", start, flush=True)
+with StatusRecord(run, total_steps=total, start_step=start, heartbeat_s=cfg.train.heartbeat_s) as status:
+    for step in range(start + 1, total + 1):
+        time.sleep({step_s})
+        if cfg.train.fail_at_step == step:
+            print("error: the shards are not what this run was planned on", flush=True)
+            raise NoRetryError("bad input at step %d" % step)
+        with open("steps.log", "a") as f:
+            f.write("%d %d\\n" % (os.getpid(), step))
+        status.progress(step, 10.0 / step, 1000.0, (total - step) * {step_s})
+        if step % cfg.train.checkpoint_every == 0:
+            storage.write_json(ckpt, {{"step": step}})
+"""
+@pytest.fixture
+def vm(tmp_path, sshd, gcs, fake_tpu, monkeypatch):
+    """(config, workdir, store): a READY node whose worker 0 is the sshd, a stand-in trainer as its python."""
+    monkeypatch.setenv("AIRFLOW_CONN_TPU_SSH", airflow_conn_uri(sshd))
+    fake_tpu.add_node("proj", ZONE, NAME, state="READY")
+    stub = tmp_path / "trainer.py"
+    stub.write_text(TRAINER.format(root=str(ROOT), step_s=0.15))
+    python = tmp_path / "python"
+    python.write_text(f'#!/bin/sh\n[ "$1 $2 $3" = "-m mlm_tasks train" ] || exit 9\nshift 3\n'
+                      f'exec {sys.executable} {stub} "$@"\n')
+    python.chmod(0o755)
+    workdir = tmp_path / "vm"
+    config = {"compute": "tpu_vm", "output_root": gcs.uri(f"detached-{tmp_path.name}"),
+              "train": {"steps": 60, "checkpoint_every": 5, "heartbeat_s": 1, "stall_minutes": 0.1,
+                        "follow_poll_s": 0.2, "progress_log_s": 1},
+              "tpu": {"project": "proj", "zone": ZONE, "api_endpoint": fake_tpu.url, "transport": "rest",
+                      "poll_interval_s": 0.05, "bootstrap": False, "ssh_port": sshd.port, "python": str(python),
+                      "workdir": str(workdir), "env": {"STORAGE_EMULATOR_HOST": os.environ["STORAGE_EMULATOR_HOST"]}}}
+    return SimpleNamespace(config=config, workdir=workdir, store=FileTaskState(tmp_path / "state.json"),
+                           run=RunPaths(config["output_root"], RUN))
+
+
+def _context(vm, try_number):
+    return {"dag": SimpleNamespace(dag_id="mlm_pretrain"), "run_id": RUN, "ti": SimpleNamespace(try_number=try_number),
+            "task_state_store": vm.store}
+
+
+def _status(vm):
+    return storage.read_json_if_exists(vm.run.train_status)
+
+
+def _steps(vm) -> list[tuple[int, int]]:
+    """(pid, step) of each step the stand-in trainers made, in order."""
+    path = vm.workdir / "steps.log"
+    return [tuple(map(int, line.split())) for line in path.read_text().splitlines()] if path.exists() else []
+
+
+def _wait(what, check, timeout_s=60.0):
+    deadline = time.monotonic() + timeout_s
+    while not (found := check()):
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.05)
+    return found
+
+
+def _gone(pid: int) -> bool:
+    """Not running: no such process, or a zombie nobody reaped yet."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z"
+    except FileNotFoundError:
+        return True
+
+
+def _first_try_killed(vm, tmp_path, at_step: int) -> dict:
+    """Runs try 1's task runner in a subprocess and SIGKILLs it once the trainer passed `at_step`."""
+    first = start_train_task(vm.config, RUN, vm.store.path, tmp_path / "first_try.log")
+    try:
+        _wait(f"the first try's trainer to pass step {at_step}",
+              lambda: (_status(vm) or {}).get("step", 0) >= at_step, 90)
+    finally:
+        first.kill()
+        first.wait(timeout=10)
+    job = vm.store.get(JOB_KEY)
+    assert job and job["try_number"] == 1
+    return job
+
+
+def test_a_sigkilled_task_leaves_the_trainer_running_and_the_retry_reattaches(vm, tmp_path, capfd):
+    job = _first_try_killed(vm, tmp_path, at_step=10)
+    killed_at = _status(vm)["step"]
+    time.sleep(1)  # the trainer goes on without the task
+    assert not _gone(job["pid"]) and _status(vm)["step"] > killed_at
+
+    began = time.monotonic()
+    assert TrainOperator(task_id="train", config=vm.config, data=DATA).execute(_context(vm, 2)) == \
+        {"node": NAME, "workers": 1}
+    log = capfd.readouterr().out  # the task log (structlog -> stdout)
+    [reattached] = re.findall(r"Reattached to the trainer of try 1 \(pid \d+\) in [0-9.]+s", log)
+    assert "No second trainer is started" in log and "Starting the trainer" not in log
+    assert re.search(r"Training: step \d+/60, loss [0-9.]+, 1000 tokens/s, ETA \dm\d\ds", log)  # progress
+
+    status = _status(vm)
+    assert (status["state"], status["exit_code"], status["step"], status["starts"], status["try_number"]) == \
+        ("done", 0, 60, 1, 1)
+    steps = _steps(vm)
+    assert [s for _, s in steps] == list(range(1, 61)) and len({p for p, _ in steps}) == 1  # one trainer, no step twice
+    lost = len(steps) - len({s for _, s in steps})
+    print(f"\nreattach: {reattached.rsplit(' ', 1)[1]} to reattach (try 2 returned after "
+          f"{time.monotonic() - began:.1f}s), steps lost {lost}, starts {status['starts']}")
+
+
+def test_a_frozen_trainer_fails_the_try_by_the_watchdog_and_the_retry_finishes(vm):
+    op = TrainOperator(task_id="train", config=vm.config, data=DATA)
+    stall_s = vm.config["train"]["stall_minutes"] * 60
+    frozen = {}
+
+    def freeze():
+        status = _wait("the trainer to pass step 5", lambda: (s := _status(vm)) and s["step"] >= 5 and s)
+        os.kill(status["pid"], signal.SIGSTOP)
+        frozen.update(pid=status["pid"], at=time.monotonic())
+
+    freezer = threading.Thread(target=freeze)
+    freezer.start()
+    with pytest.raises(AirflowException, match=r"Watchdog: no (heartbeat|new step) for \d+s") as err:
+        op.execute(_context(vm, 1))
+    failed_after = time.monotonic() - frozen["at"]
+    freezer.join()
+    assert not isinstance(err.value, AirflowFailException)  # retried
+    assert "stand-in trainer from step 0" in str(err.value)  # the log's last lines
+    assert stall_s < failed_after < stall_s + 5, failed_after
+    _wait("the frozen trainer to be stopped", lambda: _gone(frozen["pid"]), 10)
+    stopped_at = _steps(vm)[-1][1]
+
+    TrainOperator(task_id="train", config=vm.config, data=DATA).execute(_context(vm, 2))
+    status = _status(vm)
+    assert (status["state"], status["step"], status["starts"], status["try_number"]) == ("done", 60, 2, 2)
+    steps = [s for _, s in _steps(vm)]
+    resumed = stopped_at - stopped_at % 5
+    assert steps == list(range(1, stopped_at + 1)) + list(range(resumed + 1, 61))
+    print(f"\nwatchdog: failed the try {failed_after:.1f}s after the freeze (stall_minutes {stall_s:g}s); "
+          f"steps lost {stopped_at - resumed}, starts {status['starts']}")
+
+
+def test_a_retry_stops_a_stale_trainer_it_finds_alive_then_starts_a_new_one(vm, tmp_path, capfd):
+    job = _first_try_killed(vm, tmp_path, at_step=7)
+    frozen = _status(vm)["pid"]
+    os.kill(frozen, signal.SIGSTOP)  # alive, holding the lock, but beating no more
+    _wait("its heartbeat to go stale", lambda: time.time() - _status(vm)["heartbeat"] > 7, 20)
+
+    TrainOperator(task_id="train", config=vm.config, data=DATA).execute(_context(vm, 2))
+    assert "The stored trainer is alive but stale (no heartbeat for" in capfd.readouterr().out
+    assert _gone(frozen) and _gone(job["pid"])
+    status = _status(vm)
+    assert (status["state"], status["step"], status["starts"]) == ("done", 60, 2)
+    pids = [p for p, _ in _steps(vm)]
+    assert len(set(pids)) == 2 and pids == sorted(pids, key=pids.index)  # one after the other, never both
+
+
+def test_on_kill_stops_the_trainer(vm):
+    op = TrainOperator(task_id="train", config=vm.config, data=DATA)
+    errors = []
+    runner = threading.Thread(target=lambda: errors.append(_raises(op.execute, _context(vm, 1))))
+    runner.start()
+    status = _wait("the trainer to pass step 3", lambda: (s := _status(vm)) and s["step"] >= 3 and s)
+    op.on_kill()
+    assert _gone(status["pid"]) and _gone(vm.store.get(JOB_KEY)["pid"])
+    runner.join(timeout=30)
+    assert "Training failed" in errors[0] and _status(vm)["state"] == "running"  # killed: no end recorded
+
+
+def test_a_trainer_that_exits_2_fails_without_retry_with_its_last_lines(vm):
+    config = {**vm.config, "train": {**vm.config["train"], "fail_at_step": 4}}
+    with pytest.raises(AirflowFailException) as err:
+        TrainOperator(task_id="train", config=config, data=DATA).execute(_context(vm, 1))
+    message = str(err.value)
+    assert "failed: NoRetryError: bad input at step 4" in message and "no retry can fix" in message
+    assert "error: the shards are not what this run was planned on" in message  # from the trainer's log
+    assert _status(vm)["exit_code"] == 2
+
+
+def _raises(fn, *args):
+    try:
+        fn(*args)
+    except AirflowException as err:
+        return str(err)
+    return "no error"
