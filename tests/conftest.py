@@ -70,7 +70,8 @@ def _no_credentials_left_behind():
 _E2E_FIXTURES = {"airflow_env", "airflow_stack", "airflow_api", "pt_python", "tiny_model", "tpu_vm_python",
                  "tf_gcs_env", "tls_gcs_proxy"}
 _SLOW_FIXTURES = {"seed_shards"}  # the seed's own script writes them (datasets.map pipeline): ~15 s to build
-_E2E_FILES = {"test_simulated_tpu_vm.py"}  # builds the simulated TPU VM image (tests/peers/tpu_vm_image.py)
+_E2E_FILES = {"test_simulated_tpu_vm.py",  # builds the simulated TPU VM image (tests/peers/tpu_vm_image.py)
+              "test_train_job.py"}        # detached trainers killed, frozen and left stale over sshd: ~1 min
 
 
 def pytest_collection_modifyitems(config, items):
