@@ -1,6 +1,6 @@
 """How many hosts (TPU VMs) an accelerator type has, and which runtimes fit it.
 
-    from mlm_tasks import tpu_slices
+    from mlm_tasks.tpu import slices as tpu_slices
     tpu_slices.hosts("v4-32")                    # 4
     tpu_slices.check_runtime("v4-32", "tpu-vm-tf-2.16.1-pjrt")   # ConfigError: needs a -pod runtime
 
