@@ -16,6 +16,7 @@ from mlm_tasks.config import PipelineConfig
 from mlm_tasks.tpu.bundle import remote_command, stage_code
 from mlm_tasks.tpu.ssh import Session
 from peers.sshd import airflow_conn_uri, host_public_key
+from peers.waits import error_text
 from remote_step import TpuSSHStepOperator
 from worker_ssh import ssh_connect
 
@@ -153,7 +154,7 @@ def test_kill_hangs_up_the_remote_step(fake_tpu, sshd, ssh_conn):
     op = TpuSSHStepOperator(task_id="train", config=_cfg(fake_tpu, sshd).model_dump(mode="json"),
                             command=f"echo started; {marker}")
     errors = []
-    runner = threading.Thread(target=lambda: errors.append(_raises(op.execute, _context())))
+    runner = threading.Thread(target=lambda: errors.append(error_text(op.execute, _context())))
     runner.start()
     deadline = time.monotonic() + 20
     while subprocess.run(["pgrep", "-c", "-f", marker], capture_output=True, text=True).stdout.strip() != "1":
@@ -167,14 +168,6 @@ def test_kill_hangs_up_the_remote_step(fake_tpu, sshd, ssh_conn):
     while _running(marker) and time.monotonic() < deadline:
         time.sleep(0.1)
     assert not _running(marker), "the remote process survived the kill"
-
-
-def _raises(fn, *args):
-    try:
-        fn(*args)
-    except AirflowException as err:
-        return str(err)
-    return "no error"
 
 
 def test_bootstrap_installs_staged_code_once(ssh_conn, tmp_path, fake_tpu, sshd):

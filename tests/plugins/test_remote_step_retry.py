@@ -9,13 +9,13 @@ import signal
 import subprocess
 import sys
 import threading
-import time
 from pathlib import Path
 
 from mlm_tasks.config import PipelineConfig
 from mlm_tasks.tpu.bundle import remote_command
 from mlm_tasks.tpu.ssh import Session
 from peers.sshd import airflow_conn_uri
+from peers.waits import wait_for
 from worker_ssh import ssh_connect
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -27,14 +27,6 @@ from worker_ssh import ssh_connect
 logging.basicConfig(level=logging.INFO, stream=sys.stdout)
 Session(ssh_connect("tpu_ssh", int(sys.argv[2])), "127.0.0.1", on_line=logging.getLogger("first").info).run(sys.argv[3])
 """
-
-
-def _wait(what, check, timeout_s=60.0):
-    deadline = time.monotonic() + timeout_s
-    while not (found := check()):
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.1)
-    return found
 
 
 def _writers(writes: Path) -> list[str]:
@@ -59,12 +51,12 @@ def test_a_retry_stops_the_trainer_an_unnoticed_earlier_try_left(sshd, tmp_path,
         first = subprocess.Popen([sys.executable, "-c", FIRST_TRY, str(ROOT), str(sshd.port), command],
                                  stdout=out, stderr=subprocess.STDOUT)
     try:
-        old = _wait("the first trainer", lambda: _writers(writes)[:1])[0]
+        old = wait_for("the first trainer", lambda: _writers(writes)[:1])[0]
         # SIGSTOP, not SIGKILL: the frozen client keeps its TCP connection open, as a partition would,
         # so sshd sees no hang-up and the first trainer keeps running.
         os.kill(first.pid, signal.SIGSTOP)
         written = len(_writers(writes))
-        _wait("the first trainer to go on writing", lambda: len(_writers(writes)) > written + 2, 10)
+        wait_for("the first trainer to go on writing", lambda: len(_writers(writes)) > written + 2, 10)
 
         caplog.set_level(logging.INFO, logger="test.retry")
         results = []
@@ -73,9 +65,9 @@ def test_a_retry_stops_the_trainer_an_unnoticed_earlier_try_left(sshd, tmp_path,
             ssh_connect("tpu_ssh", sshd.port), "127.0.0.1", on_line=lambda line: log.info("[worker 0] %s", line)
         ).run(command)))
         retry.start()
-        new = _wait("the retry's trainer", lambda: [p for p in _writers(writes) if p != old][:1])[0]
-        _wait("the retry's trainer to write", lambda: _writers(writes).count(new) >= 5, 20)
-        _wait("the first try's trainer to be gone", lambda: not Path(f"/proc/{old}").exists(), 10)
+        new = wait_for("the retry's trainer", lambda: [p for p in _writers(writes) if p != old][:1])[0]
+        wait_for("the retry's trainer to write", lambda: _writers(writes).count(new) >= 5, 20)
+        wait_for("the first try's trainer to be gone", lambda: not Path(f"/proc/{old}").exists(), 10)
         stop.touch()
         retry.join(timeout=30)
         assert results and results[0].exit_code == 0, results and results[0].describe()

@@ -26,6 +26,7 @@ from mlm_tasks.paths import RunPaths
 from mlm_tasks.tpu import api as tpu
 from peers.sshd import airflow_conn_uri
 from peers.task_state import FileTaskState, start_train_task
+from peers.waits import error_text, wait_for
 from train_job import JOB_KEY
 from train_operator import TrainOperator
 
@@ -98,14 +99,6 @@ def _steps(vm) -> list[tuple[int, int]]:
     return [tuple(map(int, line.split())) for line in path.read_text().splitlines()] if path.exists() else []
 
 
-def _wait(what, check, timeout_s=60.0):
-    deadline = time.monotonic() + timeout_s
-    while not (found := check()):
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.05)
-    return found
-
-
 def _gone(pid: int) -> bool:
     """Not running: no such process, or a zombie nobody reaped yet."""
     try:
@@ -118,7 +111,7 @@ def _first_try_killed(vm, tmp_path, at_step: int) -> dict:
     """Runs try 1's task runner in a subprocess and SIGKILLs it once the trainer passed `at_step`."""
     first = start_train_task(vm.config, RUN, vm.store.path, tmp_path / "first_try.log")
     try:
-        _wait(f"the first try's trainer to pass step {at_step}",
+        wait_for(f"the first try's trainer to pass step {at_step}",
               lambda: (_status(vm) or {}).get("step", 0) >= at_step, 90)
     finally:
         first.kill()
@@ -158,7 +151,7 @@ def test_a_frozen_trainer_fails_the_try_by_the_watchdog_and_the_retry_finishes(v
     frozen = {}
 
     def freeze():
-        status = _wait("the trainer to pass step 5", lambda: (s := _status(vm)) and s["step"] >= 5 and s)
+        status = wait_for("the trainer to pass step 5", lambda: (s := _status(vm)) and s["step"] >= 5 and s)
         os.kill(status["pid"], signal.SIGSTOP)
         frozen.update(pid=status["pid"], at=time.monotonic())
 
@@ -171,7 +164,7 @@ def test_a_frozen_trainer_fails_the_try_by_the_watchdog_and_the_retry_finishes(v
     assert not isinstance(err.value, AirflowFailException)  # retried
     assert "stand-in trainer from step 0" in str(err.value)  # the log's last lines
     assert stall_s < failed_after < stall_s + 5, failed_after
-    _wait("the frozen trainer to be stopped", lambda: _gone(frozen["pid"]), 10)
+    wait_for("the frozen trainer to be stopped", lambda: _gone(frozen["pid"]), 10)
     stopped_at = _steps(vm)[-1][1]
 
     TrainOperator(task_id="train", config=vm.config, data=DATA).execute(_context(vm, 2))
@@ -188,7 +181,7 @@ def test_a_retry_stops_a_stale_trainer_it_finds_alive_then_starts_a_new_one(vm, 
     job = _first_try_killed(vm, tmp_path, at_step=7)
     frozen = _status(vm)["pid"]
     os.kill(frozen, signal.SIGSTOP)  # alive, holding the lock, but beating no more
-    _wait("its heartbeat to go stale", lambda: time.time() - _status(vm)["heartbeat"] > 7, 20)
+    wait_for("its heartbeat to go stale", lambda: time.time() - _status(vm)["heartbeat"] > 7, 20)
 
     TrainOperator(task_id="train", config=vm.config, data=DATA).execute(_context(vm, 2))
     assert "The stored trainer is alive but stale (no heartbeat for" in capfd.readouterr().out
@@ -202,9 +195,9 @@ def test_a_retry_stops_a_stale_trainer_it_finds_alive_then_starts_a_new_one(vm, 
 def test_on_kill_stops_the_trainer(vm):
     op = TrainOperator(task_id="train", config=vm.config, data=DATA)
     errors = []
-    runner = threading.Thread(target=lambda: errors.append(_raises(op.execute, _context(vm, 1))))
+    runner = threading.Thread(target=lambda: errors.append(error_text(op.execute, _context(vm, 1))))
     runner.start()
-    status = _wait("the trainer to pass step 3", lambda: (s := _status(vm)) and s["step"] >= 3 and s)
+    status = wait_for("the trainer to pass step 3", lambda: (s := _status(vm)) and s["step"] >= 3 and s)
     op.on_kill()
     assert _gone(status["pid"]) and _gone(vm.store.get(JOB_KEY)["pid"])
     runner.join(timeout=30)
@@ -219,11 +212,3 @@ def test_a_trainer_that_exits_2_fails_without_retry_with_its_last_lines(vm):
     assert "failed: NoRetryError: bad input at step 4" in message and "no retry can fix" in message
     assert "error: the shards are not what this run was planned on" in message  # from the trainer's log
     assert _status(vm)["exit_code"] == 2
-
-
-def _raises(fn, *args):
-    try:
-        fn(*args)
-    except AirflowException as err:
-        return str(err)
-    return "no error"

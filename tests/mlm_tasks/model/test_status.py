@@ -12,18 +12,9 @@ import pytest
 from mlm_tasks.errors import ConfigError
 from mlm_tasks.model.status import StatusRecord, read_status, stalled
 from mlm_tasks.paths import RunPaths
+from peers.waits import wait_for
 
 ROOT = Path(__file__).resolve().parents[3]
-
-
-def _wait_for(check, timeout_s=20.0):
-    deadline = time.time() + timeout_s
-    while time.time() < deadline:
-        got = check()
-        if got:
-            return got
-        time.sleep(0.1)
-    raise AssertionError("timed out")
 
 
 def test_a_trainer_beats_reports_progress_and_ends_done(tmp_path, monkeypatch):
@@ -37,7 +28,8 @@ def test_a_trainer_beats_reports_progress_and_ends_done(tmp_path, monkeypatch):
         status.progress(4, 2.5, 1000.0, 12.0)
         after = read_status(run)
         assert (after["step"], after["last_loss"], after["tokens_per_s"], after["eta_s"]) == (4, 2.5, 1000.0, 12.0)
-        beat = _wait_for(lambda: (s := read_status(run)) and s["heartbeat"] > after["heartbeat"] and s)
+        beat = wait_for("a heartbeat", lambda: (s := read_status(run)) and s["heartbeat"] > after["heartbeat"] and s,
+                        20)
         assert beat["step_time"] == after["step_time"]  # a heartbeat is not progress
     done = read_status(run)
     assert (done["state"], done["exit_code"], done["error"], done["step"]) == ("done", 0, None, 4)
@@ -75,7 +67,7 @@ def test_a_frozen_trainer_stops_beating_and_counts_as_stalled(tmp_path):
     proc = subprocess.Popen([sys.executable, "-c", code])
     run = RunPaths(str(tmp_path), "frozen")
     try:
-        _wait_for(lambda: read_status(run))
+        wait_for("the first record", lambda: read_status(run), 20)
         proc.send_signal(signal.SIGSTOP)
         time.sleep(0.6)  # a beat in flight lands
         frozen_at = read_status(run)["heartbeat"]
@@ -84,7 +76,8 @@ def test_a_frozen_trainer_stops_beating_and_counts_as_stalled(tmp_path):
         assert record["heartbeat"] == frozen_at  # no beat while frozen
         assert "no heartbeat" in stalled(record, stall_s=2)
         proc.send_signal(signal.SIGCONT)
-        resumed = _wait_for(lambda: (s := read_status(run)) and s["heartbeat"] > frozen_at and s)
+        resumed = wait_for("a heartbeat after SIGCONT",
+                           lambda: (s := read_status(run)) and s["heartbeat"] > frozen_at and s, 20)
         assert "no new step" in stalled(resumed, stall_s=2)  # alive again, but no step since it started
     finally:
         proc.kill()
