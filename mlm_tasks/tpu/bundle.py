@@ -135,7 +135,7 @@ def code_bundle(output_root: str, runtime_version: str, package_dir: Path = PACK
     return bundle, tarball
 
 
-def _shell_path(path: str) -> str:
+def shell_path(path: str) -> str:
     """Quote a path but keep a leading ~ meaning the remote user's home."""
     if path == "~":
         return '"$HOME"'
@@ -274,7 +274,7 @@ def remote_command(cfg: PipelineConfig, step: str, run_id: str, *, node: str, ex
     bad = [k for k in variables if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", k)]
     if bad:
         raise ConfigError(f"tpu.env has invalid variable names {bad}: use letters, digits and _.")
-    parts = ["set -e", f"mkdir -p {_shell_path(cfg.tpu.workdir)}", f"cd {_shell_path(cfg.tpu.workdir)}"]
+    parts = ["set -e", f"mkdir -p {shell_path(cfg.tpu.workdir)}", f"cd {shell_path(cfg.tpu.workdir)}"]
     parts += [f"export {k}={shlex.quote(v)}" for k, v in sorted(variables.items())]
     # The token arrives in the session's environment, never in this line; hand it on under its own name.
     if expect_token:  # an sshd that does not accept the name drops it without a word

@@ -19,7 +19,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 from mlm_tasks.results import TrainJob
-from mlm_tasks.tpu.bundle import JOB_MARK, STOP_GRACE_S, exit_file, run_lock_name
+from mlm_tasks.tpu.bundle import JOB_MARK, STOP_GRACE_S, exit_file, run_lock_name, shell_path
 
 PROBE_MARK = "MLM_PROBE"
 
@@ -41,9 +41,7 @@ def started_job(lines: Iterable[str], *, node: str, host: str, try_number: int, 
 
 
 def _cd(job: TrainJob) -> str:
-    from mlm_tasks.tpu.bundle import _shell_path
-
-    return f"cd {_shell_path(job['workdir'])}"
+    return f"cd {shell_path(job['workdir'])}"
 
 
 def _holds_lock(job: TrainJob) -> str:
