@@ -45,7 +45,8 @@ params = {
                     '{"train.checkpoint_every": 100}'),
     **form_params(_defaults, {
         "compute": "Compute", "corpus_source": "Corpus source", "vocab_size": "Vocabulary size",
-        "max_length": "Sequence length", "model_preset": "Model preset", "steps": "Training steps",
+        "max_length": "Sequence length", "model_preset": "Model preset",
+        "init_from": "Continue from (base model)", "init_revision": "Base model revision", "steps": "Training steps",
         "batch_size": "Batch size per replica", "learning_rate": "Learning rate",
         "accelerator_type": "TPU type", "runtime_version": "TPU runtime",
     }),

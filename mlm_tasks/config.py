@@ -82,6 +82,14 @@ class ModelConfig(_Section):
     dropout: float = Field(0.1, ge=0, lt=1, description="Hidden and attention dropout.")
     sinusoidal_init: bool = Field(False, description="Start learned position embeddings from sinusoids "
                                   "(small models then learn context in far fewer steps).")
+    init_from: str | None = Field(None, description="Continue pretraining from this model instead of random "
+                                  "weights: a Hub repo id (owner/name), a gs:// folder or a local folder of a "
+                                  "transformers RoBERTa masked LM (TensorFlow or PyTorch weights). Its tokenizer "
+                                  "encodes the shards (none is trained) and its config.json gives the shape: "
+                                  "preset and tokenizer.vocab_size are not used, and a conflicting shape setting "
+                                  "is refused.")
+    init_revision: str | None = Field(None, description="With a Hub init_from: the branch, tag or commit to start "
+                                      "from (empty: main); resolved to its commit once per shard set.")
 
     def shape(self) -> ModelShape:
         if self.preset not in PRESETS:
@@ -257,16 +265,18 @@ class PipelineConfig(_Section):
     @model_validator(mode="after")
     def _cross_checks(self) -> PipelineConfig:
         shape = self.model.shape()  # raises on an unknown preset
-        if shape.hidden_size % shape.num_attention_heads:
+        if self.model.init_from is not None:
+            self._init_from_checks()  # the shape, positions and vocabulary are the base's: validate checks them
+        elif shape.hidden_size % shape.num_attention_heads:
             raise ConfigError(f"model.hidden_size {shape.hidden_size} is not a multiple of "
                               f"num_attention_heads {shape.num_attention_heads}.")
-        # RoBERTa offsets positions by padding_idx + 1, so a 512-token model has 514 positions.
-        if self.shards.max_length + 2 > shape.max_position_embeddings:
+        elif self.shards.max_length + 2 > shape.max_position_embeddings:
+            # RoBERTa offsets positions by padding_idx + 1, so a 512-token model has 514 positions.
             raise ConfigError(
                 f"max_length {self.shards.max_length} does not fit the model: preset {self.model.preset!r} has "
                 f"{shape.max_position_embeddings} positions, so max_length can be at most "
                 f"{shape.max_position_embeddings - 2}. Lower max_length or set model.max_position_embeddings.")
-        if self.tokenizer.vocab_size <= len(SPECIAL_TOKENS) + 10:
+        elif self.tokenizer.vocab_size <= len(SPECIAL_TOKENS) + 10:
             raise ConfigError(f"tokenizer.vocab_size {self.tokenizer.vocab_size} leaves no room beside the "
                               f"{len(SPECIAL_TOKENS)} special tokens {' '.join(SPECIAL_TOKENS)}: raise it (1000 or "
                               "more for real text; the default is 8000).")
@@ -281,6 +291,9 @@ class PipelineConfig(_Section):
                               "local folder or gs://bucket/prefix.")
         for setting, value, glob in self._run_uris():
             check_safe_uri(setting, value, glob=glob)
+        if self.model.init_revision and not self.model.init_from:
+            raise ConfigError(f"model.init_revision {self.model.init_revision!r} is set but model.init_from is empty: "
+                              "name the Hub repo to start from, or leave init_revision empty.")
         if self.compute == "tpu_vm" and scheme != "gs":
             raise ConfigError("compute=tpu_vm needs output_root=gs://bucket/prefix: the TPU VM reads shards "
                               "and writes checkpoints there.")
@@ -294,11 +307,22 @@ class PipelineConfig(_Section):
             raise ConfigError("publish.enabled needs publish.repo_id, e.g. my-org/roberta-wiki-mlm.")
         return self
 
+    def _init_from_checks(self) -> None:
+        """What a continued run (model.init_from) needs to be true without reading the base."""
+        if self.corpus.source == "tfrecord_shards":
+            raise ConfigError("model.init_from encodes the corpus with the base model's tokenizer, but "
+                              "corpus.source=tfrecord_shards brings shards already encoded: use a text source, or "
+                              "leave model.init_from empty.")
+        if self.compute == "tpu_vm" and (self.model.init_from or "").startswith(("/", ".", "file://")):
+            raise ConfigError(f"model.init_from {self.model.init_from} is a local folder, but compute=tpu_vm trains on "
+                              "a TPU VM that cannot see it: copy it to gs://bucket/prefix, or give a Hub repo id.")
+
     def _run_uris(self) -> list[tuple[str, str, bool]]:
         """(setting, value, may be a glob) of every place or Hub id a run may set."""
-        c, p = self.corpus, self.publish
+        c, p, m = self.corpus, self.publish, self.model
         named = [("output_root", self.output_root), ("corpus.hf_path", c.hf_path), ("corpus.dump_path", c.dump_path),
                  ("corpus.shards_uri", c.shards_uri), ("corpus.tokenizer_uri", c.tokenizer_uri),
+                 ("model.init_from", m.init_from), ("model.init_revision", m.init_revision),
                  ("publish.repo_id", p.repo_id), ("publish.tokenizer_repo_id", p.tokenizer_repo_id)]
         return ([(k, v, False) for k, v in named if v is not None]
                 + [(f"corpus.local_paths[{i}]", v, True) for i, v in enumerate(c.local_paths)])
@@ -328,6 +352,8 @@ PARAM_PATHS = {
     "vocab_size": "tokenizer.vocab_size",
     "max_length": "shards.max_length",
     "model_preset": "model.preset",
+    "init_from": "model.init_from",
+    "init_revision": "model.init_revision",
     "steps": "train.steps",
     "batch_size": "train.batch_size",
     "learning_rate": "train.learning_rate",

@@ -48,6 +48,7 @@ class DataSummary(TypedDict):
     records: dict[str, int]
     tokens: dict[str, int]
     shards: dict[str, int]
+    base_model: dict | None  # model.init_from: init_from, revision (commit or sha256 of its files), shape
     corpus: dict
 
 

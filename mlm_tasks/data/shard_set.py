@@ -12,8 +12,10 @@
 written elsewhere) is the source of truth for our own reader: counts, checksums, settings. Shard
 file names also carry their record counts, for readers that only list files (Hugging Face's scripts).
 
-The data fingerprint covers the corpus content and every setting that changes the shards, so an
-unchanged corpus is never re-tokenized: a second run finds `_SUCCESS` and returns the same summary.
+The data fingerprint covers the corpus content and every setting that changes the shards (with
+`model.init_from`: the base model and its exact revision instead of the tokenizer settings, since its
+tokenizer encodes the shards; shard sets of different bases never mix), so an unchanged corpus is never
+re-tokenized: a second run finds `_SUCCESS` and returns the same summary.
 `shards.partitions` is not part of it: any partition count gives the same records, tokens and rows,
 only cut at other places (see mlm_tasks/data/writer.py).
 """
@@ -26,6 +28,7 @@ import time
 from dataclasses import dataclass
 
 from mlm_tasks import storage
+from mlm_tasks.base_model import BaseModel
 from mlm_tasks.config import PipelineConfig
 from mlm_tasks.data.corpus import open_corpus
 from mlm_tasks.data.corpus.shards import ShardsCorpus, check_shards
@@ -87,6 +90,7 @@ class ShardSet:
     tokenizer_sha256 = property(lambda self: self.data.get("tokenizer_sha256"))
     special_ids = property(lambda self: self.data.get("special_ids", {}))
     splits = property(lambda self: list(self.data["splits"]))
+    base_model = property(lambda self: self.data.get("base_model"))  # model.init_from's identity and shape
 
     def entry(self, split: str) -> dict:
         if split not in self.data["splits"]:
@@ -128,8 +132,11 @@ class ShardSet:
 
 
 def manifest_extra(cfg: PipelineConfig, corpus, corpus_fingerprint: str, paths: DataPaths, tokenizer) -> dict:
-    """What the manifest says besides the shards: vocabulary, tokenizer hash, source, credit, special ids."""
+    """What the manifest says besides the shards: vocabulary, tokenizer hash, source, credit, special ids,
+    and with model.init_from the base model (its identity, as in the fingerprint, and its shape)."""
+    base = BaseModel.of(cfg)
     return {
+        **({"base_model": {**base.identity(), "kind": base.kind, **base.shape()}} if base else {}),
         "vocab_size": len(tokenizer),
         "tokenizer_sha256": storage.sha256(join(paths.tokenizer, "tokenizer.json")),
         "corpus_source": cfg.corpus.source,
@@ -151,10 +158,12 @@ def data_fingerprint(cfg: PipelineConfig, corpus=None, corpus_fingerprint: str |
     if cfg.corpus.source == "tfrecord_shards":  # shards brought as they are: no setting of ours changes them
         key = {"corpus": corpus_fingerprint, "max_length": cfg.shards.max_length, "manifest_version": MANIFEST_VERSION}
         return hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16]
+    base = BaseModel.of(cfg)
     key = {
         "corpus": corpus_fingerprint,
         "splits": [cfg.corpus.validation_fraction, cfg.corpus.test_fraction],
-        "tokenizer": cfg.tokenizer.model_dump(),
+        # The base's tokenizer encodes the shards (tokenizer.* is not used then); else ours, trained on them.
+        **({"base_model": base.identity()} if base else {"tokenizer": cfg.tokenizer.model_dump()}),
         "max_length": cfg.shards.max_length,
         "records_per_shard": cfg.shards.records_per_shard,
         "manifest_version": MANIFEST_VERSION,
@@ -178,6 +187,7 @@ def data_summary(shard_set: ShardSet, cache_hit: bool, written_here: bool = Fals
         "records": {s: shard_set.records(s) for s in splits},
         "tokens": {s: shard_set.tokens(s) for s in splits},
         "shards": {s: len(shard_set.shards(s)) for s in splits},
+        "base_model": shard_set.base_model,
         "corpus": {"rows": sum(splits[s].get("rows") or 0 for s in splits),
                    "articles": sum(splits[s].get("articles") or 0 for s in splits) or None,
                    "characters": sum(splits[s].get("characters") or 0 for s in splits),
@@ -202,9 +212,22 @@ def summary_for_fingerprint(cfg: PipelineConfig, fingerprint: str) -> DataSummar
 
 def ensure_tokenizer(cfg: PipelineConfig, corpus, paths: DataPaths) -> None:
     """Train the Unigram tokenizer of this fingerprint unless it exists (Unigram training is not
-    id-reproducible: once per fingerprint, first writer wins)."""
+    id-reproducible: once per fingerprint, first writer wins); with model.init_from, copy the base's."""
     if storage.exists(join(paths.tokenizer, "tokenizer.json")):
         log.info("Reusing the tokenizer already trained for this fingerprint: %s", paths.tokenizer)
+        return
+    base = BaseModel.of(cfg)
+    if base is not None:
+        from tokenizers import Tokenizer
+
+        tok = Tokenizer.from_str(base.tokenizer_json())
+        # Rows are packed into max_length chunks after encoding: a truncation (or padding) the base's
+        # tokenizer.json may carry would silently cut long rows short.
+        tok.no_truncation()
+        tok.no_padding()
+        save_tokenizer(tok, paths.tokenizer, cfg.shards.max_length)
+        log.info("Using the tokenizer of the base model %s (vocab %d): no tokenizer is trained -> %s", base.uri,
+                 tok.get_vocab_size(), paths.tokenizer)
         return
     t0 = time.time()
     tok = train_unigram(corpus.rows("train"), cfg.tokenizer)

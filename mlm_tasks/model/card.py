@@ -85,15 +85,31 @@ def fill_mask_lines(predictions: list | None, limit: int = 3) -> list[str]:
     return lines
 
 
+def base_model_line(base: Mapping[str, Any]) -> str:
+    """`model.init_from` as the card and the report name it: the base and its exact revision."""
+    revision = str(base.get("revision", "?"))
+    what = "files sha256" if revision.startswith("sha256:") else "revision"
+    return f"`{base.get('init_from')}` ({what} `{revision.removeprefix('sha256:')}`)"
+
+
 def config_lines(cfg: PipelineConfig, data_info: Mapping[str, Any] | None = None) -> list[str]:
-    shape = cfg.model.shape()
     t = cfg.train
     # Unigram training may stop short of the requested size: prefer the size the data step recorded.
     vocab = (data_info or {}).get("vocab_size") or cfg.tokenizer.vocab_size
+    base = (data_info or {}).get("base_model")
+    if base:  # the shape and tokenizer are the base model's (model.init_from)
+        arch = (f"- Architecture: RoBERTa, the base model's: {base.get('num_hidden_layers')} layers, hidden "
+                f"{base.get('hidden_size')}, {base.get('num_attention_heads')} heads, "
+                f"FFN {base.get('intermediate_size')}")
+        tokenizer = f"- Tokenizer: the base model's, vocabulary {vocab}; sequence length {cfg.shards.max_length}"
+    else:
+        shape = cfg.model.shape()
+        arch = (f"- Architecture: RoBERTa (preset `{cfg.model.preset}`): {shape.num_hidden_layers} layers, hidden "
+                f"{shape.hidden_size}, {shape.num_attention_heads} heads, FFN {shape.intermediate_size}")
+        tokenizer = f"- Tokenizer: Unigram, vocabulary {vocab}; sequence length {cfg.shards.max_length}"
     return [
-        f"- Architecture: RoBERTa (preset `{cfg.model.preset}`): {shape.num_hidden_layers} layers, hidden "
-        f"{shape.hidden_size}, {shape.num_attention_heads} heads, FFN {shape.intermediate_size}",
-        f"- Tokenizer: Unigram, vocabulary {vocab}; sequence length {cfg.shards.max_length}",
+        arch,
+        tokenizer,
         f"- Optimizer: AdamW, peak learning rate {t.learning_rate:g}, warmup {t.warmup_fraction:.0%}, "
         f"weight decay {t.weight_decay:g}; batch {t.batch_size} per replica",
         f"- Masking: {t.mlm_probability:.0%} of tokens selected for prediction",
@@ -164,15 +180,22 @@ def render_model_card(cfg: PipelineConfig, run_id: str, metrics: Mapping[str, An
             "tags": ["roberta", "fill-mask", "masked-lm", "tf", "pytorch", "safetensors", "pretraining"]}
     if datasets:
         meta["datasets"] = datasets
+    base = (data_info or {}).get("base_model")
+    if base and base.get("kind") == "hub":
+        meta["base_model"] = base["init_from"]  # the Hub's model tree links the base (Hub ids only)
     fingerprint = ((data_info or {}).get("fingerprint") or (metrics or {}).get("data_fingerprint")
                    or "unknown (no data reference recorded)")
     repo = cfg.publish.repo_id or "<repo_id>"
     body = [
         f"# {repo.split('/')[-1]}",
         "",
-        f"A small RoBERTa-style masked language model pretrained from scratch with TensorFlow (run `{run_id}`).",
+        (f"A RoBERTa-style masked language model, pretraining continued from {base_model_line(base)} with "
+         f"TensorFlow (run `{run_id}`)." if base else
+         f"A small RoBERTa-style masked language model pretrained from scratch with TensorFlow (run `{run_id}`)."),
         "",
         "## Data",
+        *([f"- Base model: {base_model_line(base)}; its weights and tokenizer were the starting point"]
+          if base else []),
         f"- Source: `{cfg.corpus.source}`"
         + (f" (`{cfg.corpus.hf_path}`)" if cfg.corpus.source == "hf_dataset" else ""),
         f"- Data fingerprint: `{fingerprint}` (identifies the exact corpus and tokenization)",

@@ -12,9 +12,14 @@ from __future__ import annotations
 from mlm_tasks.config import PipelineConfig
 
 
-def roberta_config(cfg: PipelineConfig, vocab_size: int, special_ids: dict):
+def roberta_config(cfg: PipelineConfig, vocab_size: int, special_ids: dict, base_config: dict | None = None):
+    """The model's config: the preset's shape, or with `base_config` (model.init_from) the base's config.json
+    as it is. Dropout is the run's either way: a training setting, like the learning rate."""
     from transformers import RobertaConfig
 
+    if base_config is not None:
+        return RobertaConfig.from_dict({**base_config, "hidden_dropout_prob": cfg.model.dropout,
+                                        "attention_probs_dropout_prob": cfg.model.dropout})
     shape = cfg.model.shape()
     return RobertaConfig(
         vocab_size=vocab_size,

@@ -1,4 +1,5 @@
-"""Step plan_shards: fingerprint the data, train its tokenizer, and list the partitions to write.
+"""Step plan_shards: fingerprint the data, train its tokenizer (or, with model.init_from, copy the base
+model's), and list the partitions to write.
 
     python -m mlm_tasks plan_shards --config configs/tiny.yaml --set shards.partitions=4
 

@@ -21,6 +21,7 @@ from mlm_tasks import storage
 from mlm_tasks.config import PipelineConfig
 from mlm_tasks.data.shard_set import DataSummary
 from mlm_tasks.model.card import (
+    base_model_line,
     config_lines,
     corpus_credit,
     fill_mask_lines,
@@ -73,6 +74,8 @@ def _data_lines(cfg: PipelineConfig, data_info: Mapping[str, Any] | None) -> lis
         return [f"- Source: `{cfg.corpus.source}`", f"- Credit: {credit}",
                 "- _No data reference recorded for this run (fingerprint and counts unknown)._"]
     lines = [f"- Source: `{cfg.corpus.source}`", f"- Data fingerprint: `{data_info.get('fingerprint', '?')}`"]
+    if data_info.get("base_model"):
+        lines.append(f"- Base model (its tokenizer encoded the shards): {base_model_line(data_info['base_model'])}")
     for key in ("records", "tokens", "shards"):
         if isinstance(data_info.get(key), dict):
             lines.append(f"- {key.capitalize()}: " + ", ".join(f"{s} {n:,}" if isinstance(n, int) else f"{s} {n}"

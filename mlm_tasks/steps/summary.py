@@ -33,7 +33,8 @@ def summary(cfg: PipelineConfig, ctx: RunContext, *, data: DataSummary | None = 
         f"Corpus     {corpus['source']}: {corpus.get('articles') or '?'} articles, {corpus['rows']:,} rows, "
         f"{corpus['characters']:,} characters (fingerprint {data['fingerprint']}"
         f"{', reused' if data.get('cache_hit') else ''})",
-        f"Tokenizer  Unigram, vocab {data['vocab_size']:,}",
+        (f"Tokenizer  the base model's ({base['init_from']}), vocab {data['vocab_size']:,}"
+         if (base := data.get("base_model")) else f"Tokenizer  Unigram, vocab {data['vocab_size']:,}"),
         "Shards     " + ", ".join(f"{s}: {data['shards'][s]} files, {data['records'][s]:,} records, "
                                   f"{data['tokens'][s]:,} tokens" for s in data["records"]),
     ]

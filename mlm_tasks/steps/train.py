@@ -8,6 +8,10 @@ A checkpoint (weights, optimizer moments, step; the learning-rate schedule follo
 step) is written every `checkpoint_every` steps; a rerun of the same run restores the latest one and
 skips the batches it already consumed, so a killed process loses at most one checkpoint interval and
 finishes at exactly the configured step count.
+
+With `model.init_from` the model is the base's (its config.json, the run's dropout) and starts from its
+weights (mlm_tasks/model/init_weights.py), read at the revision the shard set recorded; warmup and
+learning rate are the run's own. A resumed run restores its checkpoint instead.
 """
 from __future__ import annotations
 
@@ -18,6 +22,7 @@ import tempfile
 from collections.abc import Callable
 
 from mlm_tasks import storage
+from mlm_tasks.base_model import BaseModel
 from mlm_tasks.config import PipelineConfig
 from mlm_tasks.data.shard_set import load_manifest
 from mlm_tasks.errors import ConfigError
@@ -101,6 +106,7 @@ def train(cfg: PipelineConfig, ctx: RunContext, *, on_checkpoint: Callable[[int,
     paths = shard_set.paths
     shard_set.verify("train")
     tokenizer = load_tokenizer(paths.tokenizer, shard_set.max_length)
+    base = BaseModel.pinned(cfg, shard_set.base_model)  # None: from random weights
     check_resumable(run, fingerprint, len(tokenizer))
     if storage.exists(run.train_summary):
         done: TrainSummary = storage.read_json(run.train_summary)
@@ -132,8 +138,9 @@ def train(cfg: PipelineConfig, ctx: RunContext, *, on_checkpoint: Callable[[int,
                   *(every for hook in hooks if (every := getattr(hook, "checkpoint_every", None)))]
 
     with strategy.scope():
-        model = build_model(roberta_config(cfg, len(tokenizer), shard_set.special_ids),
-                            sinusoidal_positions=cfg.model.sinusoidal_init)
+        model = build_model(roberta_config(cfg, len(tokenizer), shard_set.special_ids,
+                                           base.config() if base else None),
+                            sinusoidal_positions=cfg.model.sinusoidal_init and base is None)
         optimizer, schedule = create_optimizer(
             init_lr=cfg.train.learning_rate, num_train_steps=total_steps, num_warmup_steps=warmup,
             weight_decay_rate=cfg.train.weight_decay, adam_beta2=cfg.train.adam_beta2,
@@ -144,6 +151,12 @@ def train(cfg: PipelineConfig, ctx: RunContext, *, on_checkpoint: Callable[[int,
     if manager.latest_checkpoint:
         ckpt.restore(manager.latest_checkpoint).assert_existing_objects_matched()
         log.info("Resumed from %s at step %d", manager.latest_checkpoint, int(step_var.numpy()))
+    elif base is not None:
+        from mlm_tasks.model.init_weights import load_base_weights
+
+        with tempfile.TemporaryDirectory() as tmp:
+            read = load_base_weights(model, base.local_folder(tmp))
+        log.info("Starting from the base model %s at %s: %s", base.uri, base.identity()["revision"], read)
     start_step = int(step_var.numpy())  # int() refuses the Mirrored/TPU variable a strategy makes
     history = [h for h in read_history(run) if h["step"] <= start_step]
 

@@ -4,9 +4,11 @@
 
 `PipelineConfig` already rejects bad values and combinations; this adds what needs I/O: the corpus
 exists and is readable (local files: every line decodes, the train split has text), output_root is
-writable, gs:// has credentials. It runs first in the DAG, so a bad input fails in seconds, long
-before a TPU VM is created. What needs the shard set (batch vs records, the shards' max_length and
-tokenizer, a checkpoint this run already has) is the check_run step's, once the data is prepared.
+writable, gs:// has credentials, and a base model (model.init_from) fits the run: its config.json and
+tokenizer.json are read (not its weights) and checked against the run's settings. It runs first in
+the DAG, so a bad input fails in seconds, long before a TPU VM is created. What needs the shard set
+(batch vs records, the shards' max_length and tokenizer, a checkpoint this run already has) is the
+check_run step's, once the data is prepared.
 """
 from __future__ import annotations
 
@@ -15,6 +17,7 @@ import os
 from collections.abc import Sequence
 
 from mlm_tasks import storage
+from mlm_tasks.base_model import BaseModel, check_base
 from mlm_tasks.config import PipelineConfig
 from mlm_tasks.data.corpus import open_corpus
 from mlm_tasks.data.corpus.base import empty_corpus_error
@@ -83,6 +86,11 @@ def validate(cfg: PipelineConfig, *, distributed_executor: str | None = None, sh
         check_shards(cfg, corpus)  # features, max_length, ids within the tokenizer's vocabulary
     if storage.scheme(cfg.output_root) == "gs":
         check_gcs_credentials(cfg.output_root)
+    base = BaseModel.of(cfg)
+    if base is not None:
+        check_base(cfg, base)  # the shape, positions and tokenizer of the base against the run's settings
+        log.info("Continuing from %s%s: %s; model.preset and tokenizer.* are not used", base.uri,
+                 f"@{base.revision}" if base.revision else "", ", ".join(f"{k} {v}" for k, v in base.shape().items()))
     if probe_write:
         check_writable(cfg.output_root)
     log.info("Configuration valid: corpus %s, output_root %s, compute %s, preset %s",

@@ -1,9 +1,15 @@
 """A small fake of the Hugging Face Hub HTTP API on 127.0.0.1, driven by the real huggingface_hub client.
 
-Covers what `HfApi.create_repo`, `upload_folder`/`create_commit` (regular and LFS files) and
-`repo_info` call in huggingface_hub 0.36: whoami-v2, repos/create, validate-yaml, preupload, the LFS
-batch API with basic PUT transfers, commit (NDJSON), model info and the recursive tree listing. It
-checks the bearer token like the Hub does and records every commit for tests to assert on.
+Covers what `HfApi.create_repo`, `upload_folder`/`create_commit` (regular and LFS files),
+`repo_info`/`model_info` and `hf_hub_download` call in huggingface_hub 0.36: whoami-v2, repos/create,
+validate-yaml, preupload, the LFS batch API with basic PUT transfers, commit (NDJSON), model info (at a
+revision too), the recursive tree listing, and file downloads (`HEAD`/`GET /<repo>/resolve/<rev>/<file>`,
+with the X-Repo-Commit, ETag and X-Linked-* headers the client checks). Every commit's files are kept, so
+a revision (a commit oid, or `main`) downloads what it held; an unknown one is RevisionNotFound, a
+missing file EntryNotFound. It checks the bearer token like the Hub does (a private repo is not found
+without it) and records every commit for tests to assert on. Leniency left: no redirect to a CDN for
+LFS files (served directly, with the headers the redirect would carry), no Range requests, no branches
+or tags besides main.
 `hub.stall()` makes it a hung Hub: every request is taken in and left unanswered (the connection
 open, never answered) until `hub.unstall()` or stop, so a client without a timeout waits for ever.
 `hub.outage(503)` makes it a Hub that is down: every request is answered with that status (in the Hub's
@@ -65,6 +71,13 @@ class Repo:
     files: dict[str, bytes] = field(default_factory=dict)
     lfs_paths: set[str] = field(default_factory=set)
     sha: str = "0" * 40
+    history: dict[str, dict[str, bytes]] = field(default_factory=dict)  # commit oid -> the files it held
+
+    def at(self, revision: str) -> tuple[str, dict[str, bytes]] | None:
+        """(commit oid, files) of a revision: main, or a commit of this repo; None if it has no such one."""
+        if revision in ("main", self.sha):
+            return self.sha, self.files
+        return (revision, self.history[revision]) if revision in self.history else None
 
 
 class FakeHub:
@@ -152,7 +165,8 @@ class _Handler(BaseHTTPRequestHandler):
         for key, value in (headers or {}).items():
             self.send_header(key, value)
         self.end_headers()
-        self.wfile.write(data)
+        if self.command != "HEAD":  # a HEAD answer has the headers of the GET, never its body
+            self.wfile.write(data)
 
     def _error(self, status: int, message: str, code: str | None = None) -> None:
         headers = {"X-Error-Message": message}
@@ -201,6 +215,9 @@ class _Handler(BaseHTTPRequestHandler):
 
     def do_PUT(self) -> None:
         self._dispatch("PUT")
+
+    def do_HEAD(self) -> None:
+        self._dispatch("HEAD")
 
     def _repo_or_404(self, repo_id: str) -> Repo | None:
         repo = self.fake.repos.get(repo_id)
@@ -320,20 +337,61 @@ class _Handler(BaseHTTPRequestHandler):
             repo.files.update(files)
             repo.lfs_paths = (repo.lfs_paths - set(files)) | lfs_paths
             repo.sha = oid
+            repo.history[oid] = dict(repo.files)
             self.fake.commits.append(Commit(repo_id, revision, oid, header["summary"],
                                             header.get("description", ""), files, lfs_paths, deleted))
         self._send(200, {"success": True, "commitOid": oid, "pullRequestUrl": None,
                          "commitUrl": f"{self.fake.url}/{repo_id}/commit/{oid}"})
 
-    def repo_info(self, repo_id: str, _rev: str | None = None) -> None:
+    def _readable_repo(self, repo_id: str) -> Repo | None:
+        """The repo if this request may read it; otherwise answers 401 (bad token) or 404 (absent, or
+        private without a token), as the Hub does."""
         if not self._authorized(required=False):
-            return
+            return None
         repo = self.fake.repos.get(repo_id)
         if repo is None or (repo.private and self.headers.get("Authorization") is None):
-            return self._error(404, "Repository not found", code="RepoNotFound")
-        self._send(200, {"id": repo_id, "modelId": repo_id, "private": repo.private, "sha": repo.sha,
+            self._error(404, "Repository not found", code="RepoNotFound")
+            return None
+        return repo
+
+    def repo_info(self, repo_id: str, rev: str | None = None) -> None:
+        repo = self._readable_repo(repo_id)
+        if repo is None:
+            return
+        found = repo.at(unquote(rev or "main"))
+        if found is None:
+            return self._error(404, f"Invalid rev id: {rev}", code="RevisionNotFound")
+        sha, files = found
+        self._send(200, {"id": repo_id, "modelId": repo_id, "private": repo.private, "sha": sha,
                          "author": repo_id.split("/")[0], "tags": [], "downloads": 0, "likes": 0,
-                         "siblings": [{"rfilename": p} for p in sorted(repo.files)]})
+                         "siblings": [{"rfilename": p} for p in sorted(files)]})
+
+    def resolve(self, repo_id: str, rev: str, path: str) -> None:
+        """A file at a revision (GET), or only its headers (HEAD): what hf_hub_download reads."""
+        repo = self._readable_repo(repo_id)
+        if repo is None:
+            return
+        found = repo.at(unquote(rev))
+        if found is None:
+            return self._error(404, f"Invalid rev id: {rev}", code="RevisionNotFound")
+        sha, files = found
+        path = unquote(path)
+        if path not in files:
+            return self._error(404, f"Entry not found: {path}", code="EntryNotFound")
+        data = files[path]
+        lfs = path.endswith(LFS_SUFFIXES) or len(data) >= LFS_MIN_SIZE
+        etag = hashlib.sha256(data).hexdigest() if lfs else git_blob_sha1(data)
+        self.send_response(200)
+        self.send_header("Content-Type", "application/octet-stream")
+        self.send_header("Content-Length", str(len(data)))
+        self.send_header("X-Repo-Commit", sha)
+        self.send_header("ETag", f'"{etag}"')
+        if lfs:  # what the Hub's redirect to its CDN carries for an LFS file
+            self.send_header("X-Linked-Etag", f'"{etag}"')
+            self.send_header("X-Linked-Size", str(len(data)))
+        self.end_headers()
+        if self.command == "GET":
+            self.wfile.write(data)
 
 
     def tree(self, repo_id: str, _rev: str, prefix: str | None = None) -> None:
@@ -366,21 +424,30 @@ _ROUTES = {
              (rf"/api/models/{_REPO}/commit/([^/]+)", "commit"),
              (rf"/{_REPO}\.git/info/lfs/objects/batch", "lfs_batch")],
     "PUT": [(r"/_lfs/([0-9a-f]{64})", "lfs_put")],
+    "HEAD": [(rf"/{_REPO}/resolve/([^/]+)/(.+)", "resolve")],
 }
+_ROUTES["GET"].append((rf"/{_REPO}/resolve/([^/]+)/(.+)", "resolve"))
 
 @pytest.fixture
-def fake_hub(monkeypatch):
+def fake_hub(monkeypatch, tmp_path_factory):
     """A fresh FakeHub per test, with huggingface_hub in this process (and subprocesses, through
     HF_ENDPOINT) pointed at it. The client reads HF_ENDPOINT once at import and checks commit URLs
-    against it, so the already-imported constant is patched too."""
+    against it, so the already-imported constant is patched too; downloads go to a fresh cache
+    (HF_HUB_CACHE), never the user's."""
     hub = FakeHub().start()
     from huggingface_hub import constants
 
+    cache = tmp_path_factory.mktemp("hf-hub-cache")
+    monkeypatch.setenv("HF_HUB_CACHE", str(cache))
+    monkeypatch.setattr(constants, "HF_HUB_CACHE", str(cache))
     monkeypatch.setenv("HF_ENDPOINT", hub.url)
     monkeypatch.delenv("HF_TOKEN", raising=False)
     monkeypatch.setattr(constants, "ENDPOINT", hub.url)
-    monkeypatch.setattr(constants, "HUGGINGFACE_CO_URL_TEMPLATE",
-                        hub.url + "/{repo_id}/resolve/{revision}/{filename}")
+    template = hub.url + "/{repo_id}/resolve/{revision}/{filename}"
+    monkeypatch.setattr(constants, "HUGGINGFACE_CO_URL_TEMPLATE", template)
+    from huggingface_hub import file_download  # hf_hub_url's copy of the template, taken at import
+
+    monkeypatch.setattr(file_download, "HUGGINGFACE_CO_URL_TEMPLATE", template)
     try:
         yield hub
     finally:

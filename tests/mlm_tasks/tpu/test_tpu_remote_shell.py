@@ -121,7 +121,8 @@ def test_a_failed_fetch_names_a_hostile_uri_without_running_it(tmp_path, hostile
 HOSTILE_URIS = ["gs://bucket/x'; touch /tmp/pwned; echo '", 'gs://bucket/x"$(id)"', "gs://bucket/`id`",
                 "out\nrm -rf ~", "out; id", "out/a b", "gs://bucket/p/../other", "../up"]
 RUN_URIS = ["output_root", "corpus.hf_path", "corpus.local_paths", "corpus.dump_path", "corpus.shards_uri",
-            "corpus.tokenizer_uri", "publish.repo_id", "publish.tokenizer_repo_id"]
+            "corpus.tokenizer_uri", "model.init_from", "model.init_revision", "publish.repo_id",
+            "publish.tokenizer_repo_id"]
 
 
 @pytest.mark.parametrize("setting", RUN_URIS)

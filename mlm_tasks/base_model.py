@@ -1,0 +1,213 @@
+"""The model a run continues from (`model.init_from`): where its files are, what identifies it, its shape
+and tokenizer, and the checks of the run's settings against it.
+
+    base = BaseModel.of(cfg)                 # None without model.init_from
+    base.identity()                          # {"init_from": ..., "revision": commit sha, or sha256 of its files}
+    base.config(), base.tokenizer_json()     # config.json (a dict), tokenizer.json (text)
+    folder = base.local_folder(tmp)          # config.json and the weights on local disk, to load
+    check_base(cfg, base)                    # validate: conflicting shape settings, max_length, tokenizer
+
+`model.init_from` is a Hub repo id (`owner/name`, at `model.init_revision`: a branch, tag or commit;
+empty: main), a gs:// folder or a local folder of a transformers RoBERTa masked-LM model: config.json,
+tokenizer.json (a fast tokenizer with RoBERTa's special tokens) and tf_model.h5 or model.safetensors
+(TensorFlow or PyTorch names; mlm_tasks/model/init_weights.py reads both). An existing local folder wins
+over a Hub id of the same spelling.
+
+A Hub revision is resolved to its commit once, for the data fingerprint, and recorded in the shard set's
+manifest; train reads the base at that commit (`BaseModel.pinned`), so a branch that moves mid-run
+cannot give the model other weights than the tokenizer its shards were encoded with. A folder has no
+commit: its identity is the sha256 of the files read from it, and train refuses a folder that changed.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from functools import cached_property
+
+from mlm_tasks import storage
+from mlm_tasks.config import SPECIAL_TOKENS, PipelineConfig
+from mlm_tasks.errors import ConfigError
+from mlm_tasks.hub.api import DEFAULT_TIMEOUT_S
+from mlm_tasks.paths import join
+
+WEIGHT_FILES = ("tf_model.h5", "model.safetensors")  # in the order they are preferred
+READ_FILES = ("config.json", "tokenizer.json", *WEIGHT_FILES)  # what the identity of a folder covers
+MODEL_TYPES = ("roberta",)
+SHAPE_KEYS = ("hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size",
+              "max_position_embeddings")
+POSITION_OFFSET = 2  # RoBERTa numbers positions from padding_idx + 1: max_length + 2 positions
+
+
+def where(uri: str) -> str:
+    """"gs", "local" or "hub": how `uri` is read. An existing local folder wins over a Hub id."""
+    if storage.scheme(uri) == "gs":
+        return "gs"
+    if storage.is_local(uri) and os.path.isdir(storage.local_path(uri)):
+        return "local"
+    if uri.count("/") == 1 and not uri.startswith(("/", ".", "file://")):
+        return "hub"
+    raise ConfigError(f"model.init_from {uri!r} is neither an existing local folder, a gs:// folder, nor a Hub "
+                      "repo id (owner/name): fix the path.")
+
+
+class BaseModel:
+    def __init__(self, uri: str, revision: str | None = None, timeout_s: float = DEFAULT_TIMEOUT_S):
+        self.uri, self.kind, self.timeout_s = uri, where(uri), timeout_s
+        if revision and self.kind != "hub":
+            raise ConfigError(f"model.init_revision {revision!r} is for a Hub repo, but model.init_from {uri} is a "
+                              "folder: leave init_revision empty (a folder is identified by its files).")
+        self.revision = revision
+
+    @classmethod
+    def of(cls, cfg: PipelineConfig) -> BaseModel | None:
+        m = cfg.model
+        return cls(m.init_from, m.init_revision, cfg.publish.request_timeout_s) if m.init_from else None
+
+    @classmethod
+    def pinned(cls, cfg: PipelineConfig, recorded: dict | None) -> BaseModel | None:
+        """The base exactly as the shard set's manifest recorded it (train, evaluate: after plan_shards)."""
+        base = cls.of(cfg)
+        if base is None and recorded is None:
+            return None
+        if base is None or recorded is None or recorded.get("init_from") != base.uri:
+            raise ConfigError(f"This run's model.init_from is {base.uri if base else 'empty'}, but its shard set was "
+                              f"made for {(recorded or {}).get('init_from') or 'no base model'}: use the data "
+                              "fingerprint of this run's settings (or the base the shards were made for).")
+        if base.kind == "hub":
+            return cls(base.uri, recorded["revision"], base.timeout_s)
+        if base.identity()["revision"] != recorded["revision"]:
+            raise ConfigError(f"The files of model.init_from {base.uri} changed since its shard set was made "
+                              f"({base.identity()['revision'][:19]}…, recorded {recorded['revision'][:19]}…): "
+                              "restore them, or run again so plan_shards makes a shard set for the new files.")
+        return base
+
+    # -- what is there ----------------------------------------------------------------------------------
+    @cached_property
+    def _hub(self) -> tuple[str, list[str]]:
+        from mlm_tasks.hub.download import resolve_revision
+
+        return resolve_revision(self.uri, self.revision, self.timeout_s)
+
+    @cached_property
+    def files(self) -> list[str]:
+        """Names of the files the base holds, of those this project reads."""
+        if self.kind == "hub":
+            return [f for f in self._hub[1] if f in READ_FILES]
+        return [f for f in READ_FILES if storage.exists(join(self.uri, f))]
+
+    def _path(self, name: str) -> str:
+        """A readable path of one file: local or gs:// as it is, a Hub file from the Hub cache."""
+        if name not in self.files:
+            raise ConfigError(f"model.init_from {self.uri} has no {name}: it must hold a transformers masked-LM "
+                              "model (config.json, tokenizer.json, and tf_model.h5 or model.safetensors).")
+        if self.kind == "hub":
+            from mlm_tasks.hub.download import download_file
+
+            return download_file(self.uri, self._hub[0], name, self.timeout_s)
+        return join(self.uri, name)
+
+    @cached_property
+    def weights_file(self) -> str:
+        for name in WEIGHT_FILES:
+            if name in self.files:
+                return name
+        raise ConfigError(f"model.init_from {self.uri} has neither {' nor '.join(WEIGHT_FILES)}: give a model "
+                          "saved by save_pretrained (TensorFlow or PyTorch).")
+
+    def identity(self) -> dict:
+        """What the data fingerprint and the model card name: the base and its exact revision."""
+        if self.kind == "hub":
+            return {"init_from": self.uri, "revision": self._hub[0]}
+        return {"init_from": self.uri, "revision": self._digest}
+
+    @cached_property
+    def _digest(self) -> str:
+        h = hashlib.sha256()
+        for name in self.files:
+            h.update(f"{name}\0{storage.sha256(join(self.uri, name))}\0".encode())
+        return "sha256:" + h.hexdigest()
+
+    # -- its contents -----------------------------------------------------------------------------------
+    @cached_property
+    def _config(self) -> dict:
+        try:
+            config = json.loads(storage.read_bytes(self._path("config.json")))
+        except (ValueError, UnicodeDecodeError) as err:
+            raise ConfigError(f"config.json of model.init_from {self.uri} is not JSON ({err}): give a folder "
+                              "saved by save_pretrained.") from None
+        if not isinstance(config, dict):
+            raise ConfigError(f"config.json of model.init_from {self.uri} is not a JSON object.")
+        return config
+
+    def config(self) -> dict:
+        return dict(self._config)
+
+    @cached_property
+    def _tokenizer_json(self) -> str:
+        return storage.read_text(self._path("tokenizer.json"))
+
+    def tokenizer_json(self) -> str:
+        return self._tokenizer_json
+
+    def shape(self) -> dict:
+        """The base's shape and vocabulary, as the manifest and the model card show them."""
+        c = self._config
+        return {"model_type": c.get("model_type"), "vocab_size": c.get("vocab_size"),
+                **{k: c.get(k) for k in SHAPE_KEYS}}
+
+    def local_folder(self, tmp: str) -> str:
+        """A local folder with config.json and the weights file, to load from (`tmp`: for a gs:// base)."""
+        names = ["config.json", self.weights_file]
+        if self.kind == "local":
+            return storage.local_path(self.uri)
+        if self.kind == "hub":
+            paths = {os.path.dirname(self._path(n)) for n in names}  # one snapshot folder of the Hub cache
+            (folder,) = paths
+            return folder
+        os.makedirs(tmp, exist_ok=True)
+        for name in names:
+            with open(os.path.join(tmp, name), "wb") as f:
+                f.write(storage.read_bytes(self._path(name)))
+        return tmp
+
+
+def check_base(cfg: PipelineConfig, base: BaseModel) -> None:
+    """What validate checks of a base before any work: a RoBERTa masked LM whose shape the run does not
+    contradict, whose positions hold max_length, and whose tokenizer has our special tokens and fills
+    its vocabulary."""
+    from tokenizers import Tokenizer
+
+    config = base.config()
+    if config.get("model_type") not in MODEL_TYPES:
+        raise ConfigError(f"model.init_from {base.uri} is a {config.get('model_type')!r} model; this project trains "
+                          f"{' and '.join(MODEL_TYPES)} masked LMs only: choose a RoBERTa checkpoint.")
+    missing = [k for k in (*SHAPE_KEYS, "vocab_size") if not isinstance(config.get(k), int)]
+    if missing:
+        raise ConfigError(f"config.json of model.init_from {base.uri} lacks {', '.join(missing)}: give a folder "
+                          "saved by save_pretrained.")
+    conflicts = [f"model.{k}={getattr(cfg.model, k)} (the base has {config[k]})" for k in SHAPE_KEYS
+                 if getattr(cfg.model, k) is not None and getattr(cfg.model, k) != config[k]]
+    if conflicts:
+        raise ConfigError(f"With model.init_from the shape comes from the base model {base.uri}, but this run sets "
+                          f"{', '.join(conflicts)}: remove those settings, or set them to the base's values.")
+    positions = config["max_position_embeddings"]
+    if cfg.shards.max_length + POSITION_OFFSET > positions:
+        raise ConfigError(f"shards.max_length {cfg.shards.max_length} does not fit the base model {base.uri}: it has "
+                          f"{positions} positions, so max_length can be at most {positions - POSITION_OFFSET}. "
+                          "Lower shards.max_length.")
+    try:
+        tok = Tokenizer.from_str(base.tokenizer_json())
+    except Exception as err:  # tokenizers raises a bare Exception for a file it cannot parse
+        raise ConfigError(f"tokenizer.json of model.init_from {base.uri} is not a fast tokenizer ({err}): save it "
+                          "with AutoTokenizer.from_pretrained(..., use_fast=True).save_pretrained(folder).") from None
+    absent = [t for t in SPECIAL_TOKENS if tok.token_to_id(t) is None]
+    if absent:
+        raise ConfigError(f"The tokenizer of model.init_from {base.uri} lacks the special token(s) {' '.join(absent)}: "
+                          f"the masking and the model use RoBERTa's {' '.join(SPECIAL_TOKENS)}.")
+    vocab = tok.get_vocab_size(with_added_tokens=True)
+    if vocab != config["vocab_size"]:
+        raise ConfigError(f"The tokenizer of model.init_from {base.uri} has {vocab} tokens but its config.json "
+                          f"vocab_size is {config['vocab_size']}: this project needs one row of the embeddings per "
+                          "token; give a base whose tokenizer matches its embeddings.")
+    base.weights_file  # noqa: B018  (raises when the base has no weights)
