@@ -114,6 +114,13 @@ class TrainConfig(_Section):
                                          "positions per sequence (0 = every position, the plain way).")
     checkpoint_every: int = Field(100, ge=1, description="Steps between checkpoints (what a retry loses at most).")
     log_every: int = Field(25, ge=1, description="Steps between progress lines in the log.")
+    eval_every: int | None = Field(None, ge=1, description="Steps between validation losses during training "
+                                   "(empty: none). Fixed 15% masking on eval.split, so losses compare across runs; "
+                                   "into the history, TensorBoard (val/loss) and the report's loss curve.")
+    eval_batches: int = Field(8, ge=1, description="Validation batches (of eval.batch_size) per train.eval_every.")
+    keep_checkpoint: Literal["last", "best"] = Field(
+        "last", description="The model the run saves, evaluates and publishes: the last step's, or the one "
+        "with the lowest validation loss (best: needs train.eval_every).")
     xla: Literal["auto", "on", "off"] = Field("auto", description="XLA-compile the step (auto: on for TPU/GPU).")
     mixed_precision: Literal["auto", "off", "bf16"] = Field(
         "auto", description="Compute dtype (auto: bf16 on TPU and GPU, fp32 on CPU).")
@@ -282,6 +289,9 @@ class PipelineConfig(_Section):
                               "more for real text; the default is 8000).")
         if self.train.max_predictions_per_seq > self.shards.max_length:
             raise ConfigError("train.max_predictions_per_seq cannot exceed max_length.")
+        if self.train.keep_checkpoint == "best" and not self.train.eval_every:
+            raise ConfigError("train.keep_checkpoint=best needs train.eval_every (the steps at which the "
+                              "validation loss picks the best): set it, e.g. train.eval_every=500.")
         scheme = self.output_root.split("://", 1)[0] if "://" in self.output_root else "file"
         if scheme == "gs" and not self.output_root[len("gs://"):].split("/", 1)[0]:
             raise ConfigError(f"output_root {self.output_root!r} names no bucket: use gs://bucket/prefix "

@@ -81,6 +81,10 @@ class TrainSummary(TypedDict):
     last_loss: float | None
     elapsed_s: float
     data_fingerprint: str
+    val_loss: float | None            # the last validation loss (train.eval_every; None without it)
+    best_step: int | None             # the step of the lowest validation loss
+    best_val_loss: float | None
+    kept: str                         # the saved model's step: last, or best (train.keep_checkpoint)
     parameters: int
     tensorflow: str
     python: str

@@ -125,6 +125,11 @@ def training_lines(summary: Mapping[str, Any] | None) -> list[str]:
         lines.append(f"- Resumed from step {summary['resumed_from_step']} (a retry continued from a checkpoint)")
     if summary.get("first_loss") is not None and summary.get("last_loss") is not None:
         lines.append(f"- Training loss: {summary['first_loss']:.4f} → {summary['last_loss']:.4f}")
+    if summary.get("best_val_loss") is not None:
+        best, last = (" (this model)", "") if summary.get("kept") == "best" else ("", " (this model)")
+        lines.append(f"- Validation loss (fixed 15% masks): best {summary['best_val_loss']:.4f} at step "
+                     f"{summary.get('best_step')}{best}; last {summary.get('val_loss'):.4f} at step "
+                     f"{summary.get('steps')}{last}")
     if summary.get("tokens_per_s") is not None:
         lines.append(f"- Throughput: {summary['tokens_per_s']:,.0f} tokens/s")
     if summary.get("elapsed_s") is not None:

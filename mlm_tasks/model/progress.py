@@ -3,6 +3,7 @@ report plots, from one place. Throughput leaves out the first step, which traces
 
     history = read_history(run)          # runs/<run>/train/history.jsonl: train resumes it, report plots it
     write_history(run, history)          # at every checkpoint
+    best_so_far(history)                 # (step, val_loss) of the lowest validation loss (train.eval_every)
 """
 from __future__ import annotations
 
@@ -36,6 +37,15 @@ def read_history(run: RunPaths) -> list[dict[str, Any]]:
     return rows
 
 
+def best_so_far(history: list[dict[str, Any]]) -> tuple[int, float] | None:
+    """(step, validation loss) of the lowest validation loss in the history; the earliest on a tie."""
+    scored = [(row["val_loss"], row["step"]) for row in history if isinstance(row.get("val_loss"), (int, float))]
+    if not scored:
+        return None
+    loss, step = min(scored)
+    return step, loss
+
+
 def write_history(run: RunPaths, history: list[dict[str, Any]]) -> None:
     storage.write_text(run.train_history, "".join(json.dumps(h) + "\n" for h in history))
 
@@ -56,12 +66,32 @@ class ProgressLog:
         self.window = [0.0, 0.0, 0.0]  # summed loss, masked tokens, correct predictions
         self.last_logged = start_step
 
-    def record(self, step: int, loss_sum, count, correct) -> None:
+    def record(self, step: int, loss_sum, count, correct, *, force: bool = False) -> None:
+        """One step's sums; a progress line (and history entry) every `every` steps, or when `force`d
+        (a validation step: its entry carries the validation loss)."""
         if step == self.start + 1:
             self.t_steady = time.time()
         self.window = [w + float(v) for w, v in zip(self.window, (loss_sum, count, correct), strict=False)]
-        if step % self.every == 0 or step in (self.total, self.start + 1):
+        if force or step % self.every == 0 or step in (self.total, self.start + 1):
             self._emit(step)
+
+    def validation(self, step: int, loss: float, accuracy: float) -> bool:
+        """Adds the validation loss of `step` to its entry (which `record(..., force=True)` just wrote);
+        True when it is the best so far."""
+        import tensorflow as tf
+
+        entry = self.history[-1]
+        if entry["step"] != step:
+            raise RuntimeError(f"validation({step}) after the entry of step {entry['step']}: record(step, ..., "
+                               "force=True) first.")
+        entry.update(val_loss=loss, val_accuracy=accuracy)
+        best_step, best_loss = best_so_far(self.history) or (step, loss)
+        log.info("validation at step %d: loss %.4f acc %.3f (best %.4f at step %d)", step, loss, accuracy,
+                 best_loss, best_step)
+        with self.writer.as_default(step=step):
+            tf.summary.scalar("val/loss", loss)
+            tf.summary.scalar("val/accuracy", accuracy)
+        return best_step == step
 
     def _emit(self, step: int) -> None:
         import tensorflow as tf

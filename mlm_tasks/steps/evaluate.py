@@ -71,6 +71,7 @@ def evaluate(cfg: PipelineConfig, ctx: RunContext) -> EvalMetrics:
     from mlm_tasks.data.shard_set import load_manifest
     from mlm_tasks.data.tokenizer import load_tokenizer
     from mlm_tasks.model.roberta import build_model
+    from mlm_tasks.model.validation import EVAL_MLM_PROBABILITY
 
     run, run_id, fingerprint = ctx.run, ctx.run_id, ctx.data.fingerprint
     if storage.exists(run.eval_metrics):
@@ -92,10 +93,11 @@ def evaluate(cfg: PipelineConfig, ctx: RunContext) -> EvalMetrics:
                           f"{run.model} was trained with another tokenizer (data {trained_on}, not {fingerprint}). "
                           "Evaluate with the data fingerprint the run trained on, or retrain on this data.")
 
-    # Fixed seed: every run (and the previously published model) is scored on identical masks.
+    # Fixed seed and rate: every run (and the previously published model) is scored on identical masks,
+    # whatever masking rate it trained with; the first batches are those of train.eval_every.
     tf.random.set_seed(cfg.train.seed)
     ds = mlm_dataset(shard_set, split, tokenizer, cfg.eval.batch_size, training=False,
-                     mlm_probability=cfg.train.mlm_probability, seed=cfg.train.seed)
+                     mlm_probability=EVAL_MLM_PROBABILITY, seed=cfg.train.seed)
     if cfg.eval.max_batches:
         ds = ds.take(cfg.eval.max_batches)
     batches = list(ds)  # the same masked batches for all three scores

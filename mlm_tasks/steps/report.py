@@ -45,8 +45,10 @@ def _series(history: list[dict[str, Any]], key: str) -> tuple[list[float], list[
 
 
 def render_curve(steps: list[float], values: list[float], title: str, ylabel: str,
-                 references: dict[str, float] | None = None, log_y: bool = False) -> bytes:
-    """A line plot as PNG bytes. Uses the Agg canvas directly: no pyplot global state, safe in threads."""
+                 references: dict[str, float] | None = None, log_y: bool = False,
+                 more: dict[str, tuple[list[float], list[float]]] | None = None) -> bytes:
+    """A line plot as PNG bytes (`more`: other series, label → (steps, values), drawn with markers). Uses the
+    Agg canvas directly: no pyplot global state, safe in threads."""
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
 
@@ -54,13 +56,16 @@ def render_curve(steps: list[float], values: list[float], title: str, ylabel: st
     FigureCanvasAgg(fig)
     ax = fig.subplots()
     ax.plot(steps, values, marker="." if len(steps) < 30 else None, linewidth=1.2, label=ylabel)
+    series = list((more or {}).items())
+    for i, (label, (xs, ys)) in enumerate(series):
+        ax.plot(xs, ys, marker="o", markersize=3, linewidth=1.2, color=f"C{i + 1}", label=label)
     for i, (label, value) in enumerate((references or {}).items()):
-        ax.axhline(value, linestyle="--", linewidth=1, color=f"C{i + 1}", label=label)
+        ax.axhline(value, linestyle="--", linewidth=1, color=f"C{i + 1 + len(series)}", label=label)
     if log_y and min(values) > 0:
         ax.set_yscale("log")
     ax.set(title=title, xlabel="step", ylabel=ylabel)
     ax.grid(alpha=0.3)
-    if references:
+    if references or series:
         ax.legend(fontsize="small")
     fig.tight_layout()
     buf = io.BytesIO()
@@ -123,7 +128,10 @@ def report(cfg: PipelineConfig, ctx: RunContext, *, data: DataSummary | None = N
     if steps:
         refs = {k: metrics[k] for k in ("loss", "untrained_loss") if metrics and metrics.get(k) is not None}
         refs = {("eval loss" if k == "loss" else "untrained eval loss"): v for k, v in refs.items()}
-        storage.write_bytes(join(run.report, LOSS_PNG), render_curve(steps, losses, "Training loss", "loss", refs))
+        val = _series(history, "val_loss")  # train.eval_every
+        more = {"validation loss (fixed 15% masks)": val} if val[0] else None
+        storage.write_bytes(join(run.report, LOSS_PNG),
+                            render_curve(steps, losses, "Training loss", "loss", refs, more=more))
         plots["loss"] = join(run.report, LOSS_PNG)
     else:
         missing.append("training history (train/history.jsonl): no loss curve")

@@ -26,7 +26,7 @@ from mlm_tasks.base_model import BaseModel
 from mlm_tasks.config import PipelineConfig
 from mlm_tasks.data.shard_set import load_manifest
 from mlm_tasks.errors import ConfigError
-from mlm_tasks.model.progress import ProgressLog, read_history, write_history
+from mlm_tasks.model.progress import ProgressLog, best_so_far, read_history, write_history
 from mlm_tasks.model.status import StatusRecord
 from mlm_tasks.model.training_plan import check_resumable, plan_steps
 from mlm_tasks.paths import RunContext, RunPaths, join
@@ -100,6 +100,7 @@ def train(cfg: PipelineConfig, ctx: RunContext, *, on_checkpoint: Callable[[int,
     from mlm_tasks.data.input import damaged_shard_error, mlm_dataset
     from mlm_tasks.data.tokenizer import load_tokenizer
     from mlm_tasks.model.roberta import build_model, masked_lm_loss, roberta_config
+    from mlm_tasks.model.validation import Validation, validation_batches
 
     run, run_id, fingerprint = ctx.run, ctx.run_id, ctx.data.fingerprint
     shard_set = load_manifest(cfg, fingerprint)
@@ -148,6 +149,11 @@ def train(cfg: PipelineConfig, ctx: RunContext, *, on_checkpoint: Callable[[int,
         step_var = tf.Variable(0, dtype=tf.int64, trainable=False, name="step")
     ckpt = tf.train.Checkpoint(model=model, optimizer=optimizer, step=step_var)
     manager = tf.train.CheckpointManager(ckpt, run.checkpoints, max_to_keep=2)
+    eval_every = cfg.train.eval_every or 0  # 0: no validation during training
+    validate = Validation(strategy, model, validation_batches(shard_set, tokenizer, cfg)) if eval_every else None
+    keep_best = cfg.train.keep_checkpoint == "best"
+    best_dir = join(run.root, "train", "best")  # the best step's weights; its number is the step
+    best_manager = tf.train.CheckpointManager(tf.train.Checkpoint(model=model), best_dir, max_to_keep=1)
     if manager.latest_checkpoint:
         ckpt.restore(manager.latest_checkpoint).assert_existing_objects_matched()
         log.info("Resumed from %s at step %d", manager.latest_checkpoint, int(step_var.numpy()))
@@ -196,14 +202,17 @@ def train(cfg: PipelineConfig, ctx: RunContext, *, on_checkpoint: Callable[[int,
                 hook(step, path)  # the Hub sync queues the upload and returns at once
 
         for step in range(start_step + 1, total_steps + 1):
+            due = bool(eval_every) and (step % eval_every == 0 or step == total_steps)
             try:
-                progress.record(step, *distributed_step(iterator))
+                progress.record(step, *distributed_step(iterator), force=due)
             except tf.errors.DataLossError as err:  # a record failed its checksum: the same bytes fail every retry
                 bad = damaged_shard_error(shard_set, "train", err)
                 if bad is None:
                     raise
                 raise bad from None
             step_var.assign(step)
+            if validate is not None and due and progress.validation(step, *validate()[:2]) and keep_best:
+                best_manager.save(checkpoint_number=step)  # a new best: its weights, numbered by its step
             if step != total_steps and any(step % every == 0 for every in save_every):
                 save_checkpoint(step)
             if cfg.train.fail_at_step == step and not storage.exists(fault_marker):
@@ -214,12 +223,21 @@ def train(cfg: PipelineConfig, ctx: RunContext, *, on_checkpoint: Callable[[int,
         save_checkpoint(total_steps)
         if sync:
             sync.finish()  # the final upload; a failure is logged, the checkpoints stay in output_root
+        best = best_so_far(history)
+        if keep_best and best is not None and best[0] != total_steps:
+            # After the final checkpoint (a resume must continue from the last step, not the best).
+            tf.train.Checkpoint(model=model).restore(join(best_dir, f"ckpt-{best[0]}")).expect_partial()
+            log.info("Keeping the best step's model (train.keep_checkpoint=best): step %d, validation loss %.4f",
+                     *best)
         _save_model(model, tokenizer, run)
         summary: TrainSummary = {
             "steps": total_steps, "resumed_from_step": start_step, "global_batch": global_batch, "replicas": replicas,
             "device": device, "xla": xla, "precision": precision, "tokens_per_s": progress.tokens_per_s,
             "first_loss": progress.first_loss, "last_loss": progress.last_loss, "elapsed_s": progress.elapsed_s,
             "data_fingerprint": fingerprint,
+            "val_loss": next((h["val_loss"] for h in reversed(history) if "val_loss" in h), None),
+            "best_step": best[0] if best else None, "best_val_loss": best[1] if best else None,
+            "kept": "best" if keep_best and best else "last",
             "parameters": int(sum(v.shape.num_elements() for v in model.trainable_variables)),
             "tensorflow": tf.__version__, "python": platform.python_version()}
         storage.write_json(run.train_summary, summary)  # last: marks training complete
