@@ -10,6 +10,7 @@
     python -m mlm_tasks evaluate|fill_mask|report|gate|summary --config configs/default.yaml --run-id r1
     HF_TOKEN=hf_... python -m mlm_tasks publish|publish_tokenizer --config c.yaml --run-id r1
     python -m mlm_tasks run_all         --config configs/tiny.yaml --run-id r1   # every step to the gate, no Airflow
+    python -m mlm_tasks compare         --config configs/default.yaml [--runs r1,r2]  # every run in one table
 
 Each verb is the step function of the same name in mlm_tasks/steps/ (the DAGs' task ids too).
 
@@ -34,8 +35,8 @@ from mlm_tasks.errors import NO_RETRY_EXIT, AuthError, ConfigError, NoRetryError
 from mlm_tasks.paths import RunContext
 from mlm_tasks.steps import STEPS
 
-# The pipeline's steps (mlm_tasks/steps/, the DAGs' task ids) and two conveniences.
-VERBS = (*STEPS, "fingerprint", "build_shard_set", "run_all")
+# The pipeline's steps (mlm_tasks/steps/, the DAGs' task ids) and four conveniences.
+VERBS = (*STEPS, "fingerprint", "build_shard_set", "run_all", "compare")
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -50,6 +51,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--data-fingerprint", help="Use the shard set with this fingerprint.")
     p.add_argument("--part", type=int, default=0, help="write_shards: which partition (0-based) of "
                    "shards.partitions to write.")
+    p.add_argument("--runs", default="", help="compare: the run ids to compare, comma-separated (default: every "
+                   "run under output_root that finished training).")
     return p.parse_args(argv)
 
 
@@ -69,13 +72,17 @@ def resolve_config(args: argparse.Namespace) -> PipelineConfig:
 NEEDS_DATA = ("write_shards", "merge_shards", "check_run", "train", "evaluate", "publish_tokenizer", "summary")
 
 
-def run_step(step: str, cfg: PipelineConfig, ctx: RunContext, part: int = 0) -> object:
+def run_step(step: str, cfg: PipelineConfig, ctx: RunContext, part: int = 0, runs: str = "") -> object:
     """One verb: the step function of the same name (mlm_tasks/steps/<step>.py) with this process's inputs."""
     from mlm_tasks import steps
     from mlm_tasks.data.shard_set import data_fingerprint, summary_for_fingerprint
 
     if step == "fingerprint":
         return data_fingerprint(cfg)
+    if step == "compare":
+        from mlm_tasks.model.compare import compare_runs, write_comparison
+
+        return write_comparison(cfg.output_root, compare_runs(cfg.output_root, [r for r in runs.split(",") if r]))
     if step == "build_shard_set":
         return steps.build_shard_set(cfg, ctx)
     if step == "run_all":
@@ -112,7 +119,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     try:
         cfg = resolve_config(args)
-        result = run_step(args.step, cfg, RunContext.of(cfg, args.run_id, args.data_fingerprint), args.part)
+        result = run_step(args.step, cfg, RunContext.of(cfg, args.run_id, args.data_fingerprint), args.part,
+                          args.runs)
     except NoRetryError as err:
         print(f"error: {err}", file=sys.stderr)
         return NO_RETRY_EXIT

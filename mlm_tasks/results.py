@@ -124,6 +124,23 @@ class TrainJob(TypedDict):
     starts_before: int                # `starts` in the status record before it started: its record has more
 
 
+class RunRow(TypedDict):
+    """One run in the comparison of every run under an output_root (mlm_tasks/model/compare.py)."""
+    run: str                          # its folder under runs/
+    data_fingerprint: str | None
+    base_model: str | None            # model.init_from, None: random init
+    steps: int | None
+    tokens: int | None                # tokens seen: steps x global batch x sequence length
+    val_loss: float | None            # last validation loss during training (train.eval_every)
+    best_val_loss: float | None
+    best_step: int | None
+    eval_loss: float | None           # the evaluate step's
+    downstream: dict[str, float]      # task -> mean score
+    wall_time_s: float | None
+    cost_usd: float | None            # what the run's accelerator cost, when recorded
+    val_curve: list[list[float]]      # [tokens seen, validation loss] per validation
+
+
 class RemoteTrain(TypedDict):
     """The train task with `compute: tpu_vm`: where it ran; the TrainSummary stays in the run's folder."""
     node: str

@@ -11,7 +11,6 @@ The step also records the run's data summary in runs/<run>/data.json (what the m
 """
 from __future__ import annotations
 
-import io
 import logging
 import math
 from collections.abc import Mapping
@@ -29,12 +28,14 @@ from mlm_tasks.model.card import (
     read_run_artifacts,
     training_lines,
 )
+from mlm_tasks.model.plots import line_plot
 from mlm_tasks.model.progress import read_history
 from mlm_tasks.paths import RunContext, join
 from mlm_tasks.results import KeyMetrics
 
 log = logging.getLogger(__name__)
-LOSS_PNG, LR_PNG, REPORT_MD = "loss.png", "learning_rate.png", "report.md"
+LOSS_PNG, LR_PNG, REPORT_MD, RUNS_PNG = "loss.png", "learning_rate.png", "report.md", "runs_val_loss.png"
+COMPARED_RUNS = 20  # the report's table of runs: this one and the latest others (`compare` shows them all)
 
 
 def _series(history: list[dict[str, Any]], key: str) -> tuple[list[float], list[float]]:
@@ -42,35 +43,6 @@ def _series(history: list[dict[str, Any]], key: str) -> tuple[list[float], list[
               if isinstance(r.get(key), (int, float)) and isinstance(r.get("step"), (int, float))
               and math.isfinite(r[key])]
     return [p[0] for p in points], [p[1] for p in points]
-
-
-def render_curve(steps: list[float], values: list[float], title: str, ylabel: str,
-                 references: dict[str, float] | None = None, log_y: bool = False,
-                 more: dict[str, tuple[list[float], list[float]]] | None = None) -> bytes:
-    """A line plot as PNG bytes (`more`: other series, label → (steps, values), drawn with markers). Uses the
-    Agg canvas directly: no pyplot global state, safe in threads."""
-    from matplotlib.backends.backend_agg import FigureCanvasAgg
-    from matplotlib.figure import Figure
-
-    fig = Figure(figsize=(6.4, 3.6), dpi=100)
-    FigureCanvasAgg(fig)
-    ax = fig.subplots()
-    ax.plot(steps, values, marker="." if len(steps) < 30 else None, linewidth=1.2, label=ylabel)
-    series = list((more or {}).items())
-    for i, (label, (xs, ys)) in enumerate(series):
-        ax.plot(xs, ys, marker="o", markersize=3, linewidth=1.2, color=f"C{i + 1}", label=label)
-    for i, (label, value) in enumerate((references or {}).items()):
-        ax.axhline(value, linestyle="--", linewidth=1, color=f"C{i + 1 + len(series)}", label=label)
-    if log_y and min(values) > 0:
-        ax.set_yscale("log")
-    ax.set(title=title, xlabel="step", ylabel=ylabel)
-    ax.grid(alpha=0.3)
-    if references or series:
-        ax.legend(fontsize="small")
-    fig.tight_layout()
-    buf = io.BytesIO()
-    fig.savefig(buf, format="png")
-    return buf.getvalue()
 
 
 def _data_lines(cfg: PipelineConfig, data_info: Mapping[str, Any] | None) -> list[str]:
@@ -89,6 +61,27 @@ def _data_lines(cfg: PipelineConfig, data_info: Mapping[str, Any] | None) -> lis
         if key in data_info:
             lines.append(f"- {key.replace('_', ' ').capitalize()}: `{data_info[key]}`")
     lines.append(f"- Credit: {credit}")
+    return lines
+
+
+def _runs_section(output_root: str, run: Any, plots: dict[str, str]) -> list[str]:
+    """This run beside the latest others under output_root: the table and validation loss by tokens seen."""
+    from mlm_tasks.model.compare import compare_runs, run_names, table_lines, val_loss_plot
+    from mlm_tasks.paths import safe_run_id
+
+    this = safe_run_id(run.run_id)
+    others = [name for name in run_names(output_root) if name != this][-(COMPARED_RUNS - 1):]
+    rows = compare_runs(output_root, [*others, this] if storage.exists(run.train_summary) else others)
+    if not rows:
+        return ["## All runs under output_root", "_No run under this output_root has finished training._"]
+    lines = ["## All runs under output_root",
+             f"The latest {len(rows)} run(s) (`python -m mlm_tasks compare` lists them all):", "",
+             *table_lines(rows, current=this)]
+    png = val_loss_plot(rows)
+    if png is not None:
+        storage.write_bytes(join(run.report, RUNS_PNG), png)
+        plots["runs_val_loss"] = join(run.report, RUNS_PNG)
+        lines += ["", f"![Validation loss against tokens seen]({RUNS_PNG})"]
     return lines
 
 
@@ -128,17 +121,19 @@ def report(cfg: PipelineConfig, ctx: RunContext, *, data: DataSummary | None = N
     if steps:
         refs = {k: metrics[k] for k in ("loss", "untrained_loss") if metrics and metrics.get(k) is not None}
         refs = {("eval loss" if k == "loss" else "untrained eval loss"): v for k, v in refs.items()}
+        series = {"loss": (steps, losses)}
         val = _series(history, "val_loss")  # train.eval_every
-        more = {"validation loss (fixed 15% masks)": val} if val[0] else None
-        storage.write_bytes(join(run.report, LOSS_PNG),
-                            render_curve(steps, losses, "Training loss", "loss", refs, more=more))
+        if val[0]:
+            series["validation loss (fixed 15% masks)"] = val
+        storage.write_bytes(join(run.report, LOSS_PNG), line_plot(series, "Training loss", "step", "loss", refs))
         plots["loss"] = join(run.report, LOSS_PNG)
     else:
         missing.append("training history (train/history.jsonl): no loss curve")
     lr_steps, lrs = _series(history, "learning_rate")
     if lr_steps:
         storage.write_bytes(join(run.report, LR_PNG),
-                            render_curve(lr_steps, lrs, "Learning rate schedule", "learning rate"))
+                            line_plot({"learning rate": (lr_steps, lrs)}, "Learning rate schedule", "step",
+                                      "learning rate"))
         plots["learning_rate"] = join(run.report, LR_PNG)
     elif steps:
         missing.append("learning rate in the training history: no schedule plot")
@@ -156,6 +151,7 @@ def report(cfg: PipelineConfig, ctx: RunContext, *, data: DataSummary | None = N
              "", f"![Learning rate]({LR_PNG})" if "learning_rate" in plots else "_No learning-rate plot._", "",
              "## Evaluation", *metrics_table(metrics), "", *_vs_baseline(metrics), "",
              "## Fill-mask examples", *fill_mask_lines(predictions), "",
+             *_runs_section(cfg.output_root, run, plots), "",
              "## Logs",
              f"- TensorBoard: [../tensorboard/](../tensorboard/) — `tensorboard --logdir {run.tensorboard}`"]
     if published:

@@ -1,0 +1,40 @@
+"""Line plots as PNG bytes, for the run report and the runs comparison: rendered in memory (Agg canvas,
+no pyplot global state, safe in threads) and written through mlm_tasks.storage, so gs:// works too.
+
+    png = line_plot({"loss": (steps, losses), "validation loss": (val_steps, val_losses)}, "Training loss",
+                    "step", "loss", references={"eval loss": 5.4})
+"""
+from __future__ import annotations
+
+import io
+
+Series = tuple[list[float], list[float]]
+
+
+def line_plot(series: dict[str, Series], title: str, xlabel: str, ylabel: str,
+              references: dict[str, float] | None = None, log_y: bool = False) -> bytes:
+    """One line per series (the first without markers when long, the others with), dashed horizontal
+    lines for `references`; a legend when there is more than one thing to tell apart."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=(6.4, 3.6), dpi=100)
+    FigureCanvasAgg(fig)
+    ax = fig.subplots()
+    values: list[float] = []
+    for i, (label, (xs, ys)) in enumerate(series.items()):
+        marker = ("." if len(xs) < 30 else None) if i == 0 else "o"
+        ax.plot(xs, ys, marker=marker, markersize=3 if i else 6, linewidth=1.2, color=f"C{i}", label=label)
+        values += ys
+    for i, (label, value) in enumerate((references or {}).items()):
+        ax.axhline(value, linestyle="--", linewidth=1, color=f"C{i + len(series)}", label=label)
+    if log_y and values and min(values) > 0:
+        ax.set_yscale("log")
+    ax.set(title=title, xlabel=xlabel, ylabel=ylabel)
+    ax.grid(alpha=0.3)
+    if references or len(series) > 1:
+        ax.legend(fontsize="small")
+    fig.tight_layout()
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png")
+    return buf.getvalue()
