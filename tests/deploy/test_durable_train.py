@@ -22,8 +22,10 @@ Figures are printed (`[durable figure] ...`).
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import signal
 import subprocess
 import sys
 import threading
@@ -111,7 +113,15 @@ def tpu_api(oauth_server, sshd):
 
 @pytest.fixture(scope="module")
 def workdir(shared) -> Path:
-    return shared / "vm"  # tpu.workdir: the trainers' logs and steps-<run>.log
+    """tpu.workdir: the trainers' logs and steps-<run>.log; a trainer a failed test left running is
+    killed at the end (the sshd started it: it is no process of the stack's)."""
+    path = shared / "vm"
+    yield path
+    for log in path.glob("steps-*.log"):
+        for pid in {int(line.split()[0]) for line in log.read_text().splitlines()}:
+            with contextlib.suppress(OSError):  # by pid, and only if it still is a stand-in (no reused pid)
+                if not gone(pid) and b"stand_in_trainer" in Path(f"/proc/{pid}/cmdline").read_bytes():
+                    os.kill(pid, signal.SIGKILL)
 
 
 @pytest.fixture(scope="module")
