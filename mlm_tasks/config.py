@@ -123,8 +123,8 @@ class TrainConfig(_Section):
     stall_minutes: float = Field(30.0, gt=0, description="A trainer whose status has no heartbeat, or no new step, "
                                  "for this long is stalled: its try fails (and is retried) and it is stopped. "
                                  "Longer than the first step's XLA compilation.")
-    follow_poll_s: float = Field(30.0, gt=0, description="On a TPU VM: seconds between the train task's checks "
-                                 "of its detached trainer (status record, and `kill -0` over SSH).")
+    follow_poll_s: float = Field(30.0, gt=0, description="On a TPU VM: seconds between the checks of the detached "
+                                 "trainer by the train task's trigger (status record, and `kill -0` over SSH).")
     progress_log_s: float = Field(180.0, gt=0, description="On a TPU VM: seconds between progress lines (step, "
                                   "loss, tokens/s, ETA) in the train task's log.")
     timeout_hours: float | None = Field(None, gt=0, description="execution_timeout of the train task (empty: "

@@ -2,9 +2,11 @@
 
 `compute: local` trains in the worker process (the default strategy on CPU, Mirrored on GPUs);
 `compute: tpu_vm` starts the same `python -m mlm_tasks train` as a detached job on worker 0 of the run's
-TPU VM and follows it over short SSH calls (`DetachedTrain`, plugins/train_job.py): the trainer outlives
-the task's process, a retry reattaches to it when it still runs, and on_kill stops it. Either way a
-retry resumes from the run's last checkpoint;
+TPU VM (`DetachedTrain`, plugins/train_job.py), then defers: the triggerer follows the trainer
+(`TrainJobTrigger`, plugins/train_trigger.py) while the worker slot is free, and the task resumes in
+`trainer_ended` when it is done, failed or stalled. The trainer outlives the task's process and the
+triggerer's; a retry reattaches to it when it still runs; marking the task failed stops it (the
+trigger's on_kill, or on_kill before the deferral). Either way a retry resumes from the run's last checkpoint;
 on a TPU VM a retry first replaces a node that was preempted (create_tpu_vm, upstream, is not
 rerun), waiting in the triggerer (NodeEnsurer, plugins/tpu_operators.py). The task's
 execution_timeout comes from the run's config (`train.timeout_hours`, on a TPU VM at most
@@ -16,17 +18,18 @@ from datetime import timedelta
 from typing import Any
 
 from airflow.sdk import BaseOperator
-from airflow.sdk.exceptions import AirflowFailException
+from airflow.sdk.exceptions import AirflowException, AirflowFailException
 
 from gcp_credentials import use_connection
 from hub_connection import hub_credentials
-from mlm_tasks.results import RemoteTrain, TrainSummary
+from mlm_tasks.results import RemoteTrain, TrainJob, TrainSummary
 from mlm_tasks.tpu import api as tpu
 from mlm_tasks.tpu.bundle import SESSION_ENV_TOKEN
 from step_context import config_from_xcom
 from task_errors import bad_input_fails_fast
 from tpu_operators import NodeEnsurer
-from train_job import DetachedTrain
+from train_job import DetachedTrain, JobWatch
+from train_trigger import TrainJobTrigger
 
 
 class TrainOperator(NodeEnsurer, BaseOperator):
@@ -44,6 +47,7 @@ class TrainOperator(NodeEnsurer, BaseOperator):
         self.command = command
         self.node_name = node_name
         self.remote: DetachedTrain | None = None
+        self.watch: JobWatch | None = None
 
     def pre_execute(self, context: Any) -> None:
         # Runs after the config template is rendered and before the task runner reads the timeout.
@@ -70,7 +74,7 @@ class TrainOperator(NodeEnsurer, BaseOperator):
                 return self.ensure_then(context, cfg, name, deadline)
 
             with use_connection(cfg.gcp_conn_id):
-                return self._remote(cfg).start(context, cfg, replace)
+                return self._follow(cfg, self._remote(cfg).start(context, cfg, replace))
         from mlm_tasks.paths import RunContext
         from mlm_tasks.steps.train import train
 
@@ -83,7 +87,30 @@ class TrainOperator(NodeEnsurer, BaseOperator):
     def node_ready(self, context: Any, cfg: Any, node: dict[str, Any]) -> dict[str, Any]:
         # After waiting for a replacement node the task resumes here, in a fresh operator instance.
         with use_connection(cfg.gcp_conn_id):
-            return self._remote(cfg).run(context, cfg, tpu.get_state(cfg.tpu, node["name"]))
+            return self._follow(cfg, self._remote(cfg).run(context, cfg, tpu.get_state(cfg.tpu, node["name"])))
+
+    def _follow(self, cfg: Any, started: tuple[TrainJob, int]) -> Any:
+        """Wait for the trainer in the triggerer, until the task's execution_timeout (its backstop)."""
+        job, workers = started
+        hours = cfg.train.timeout_for(cfg.compute, cfg.tpu.ttl_hours)
+        self.log.info("Waiting for the trainer in the triggerer: this task holds no worker slot meanwhile.")
+        self.defer(trigger=TrainJobTrigger(cfg.model_dump(mode="json"), dict(job), workers),
+                   method_name="trainer_ended", timeout=timedelta(hours=hours))
+
+    def trainer_ended(self, context: Any, event: dict[str, Any] | None = None, **_: Any) -> RemoteTrain:
+        """Back from the trigger: the training's end as the task's (its log's last lines either way)."""
+        from mlm_tasks.model.follow import Verdict
+
+        cfg = config_from_xcom(self.config)
+        event = event or {}
+        if "job" not in event:
+            raise AirflowException(f"The train trigger fired without a job ({event!r}): retry; the retry "
+                                   "reattaches to the trainer if it still runs.")
+        job = event["job"]
+        with use_connection(cfg.gcp_conn_id):
+            self.watch = JobWatch.connected(cfg, job, self.log)
+            self.watch.ended(Verdict(event["kind"], event["detail"], event.get("exit_code")))
+        return {"node": job["node"], "workers": event.get("workers", 1)}
 
     def _remote(self, cfg: Any) -> DetachedTrain:
         """The step on the TPU VM. With checkpoint sync the Hub token travels in the SSH session's
@@ -102,3 +129,5 @@ class TrainOperator(NodeEnsurer, BaseOperator):
     def on_kill(self) -> None:
         if self.remote is not None:
             self.remote.close()
+        elif self.watch is not None:  # killed while reading the end: the trainer may still be stopping
+            self.watch.stop()

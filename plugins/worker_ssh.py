@@ -19,6 +19,7 @@ from typing import Any
 from mlm_tasks.tpu import ssh
 
 log = logging.getLogger(__name__)
+_warned: set[tuple[str, str]] = set()  # (connection, host) already warned about in this process
 
 
 def login(conn_id: str, host: str, port: int) -> ssh.Login:
@@ -41,7 +42,8 @@ def ssh_connect(conn_id: str, port: int, patience_s: float = 300.0, *, node: str
 
     def login_for(host: str) -> ssh.Login:
         found = login(conn_id, host, port)
-        if found.no_host_key_check:
+        if found.no_host_key_check and (conn_id, host) not in _warned:
+            _warned.add((conn_id, host))  # once: a trigger polling every 30 s would repeat it in every poll
             log.warning("Connection %r sets no_host_key_check=true: the host key of %s is not checked, so any "
                         "machine answering there is trusted. Remove it to pin the keys node %s published.",
                         conn_id, host, node or "(unknown)")

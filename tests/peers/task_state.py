@@ -2,7 +2,7 @@
 
     store = FileTaskState(tmp_path / "state.json")
     context = {..., "task_state_store": store}      # get(key, default) / set(key, value) / delete(key)
-    runner = start_train_task(config, run_id, store.path, log_path)   # try 1 of `train`, in a process to SIGKILL
+    runner = start_train_task(config, run_id, store.path, log_path)   # try 1 of `train` (task and trigger), to SIGKILL
 
 Airflow keeps the store in its database, scoped to the task instance, so it survives the task's
 process and its retries; this file does the same across processes of a test (a task runner that a
@@ -18,15 +18,17 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parents[2]
-# A task runner of the train task: TrainOperator.execute in a process of its own.
+# One try of the train task in a process of its own, as its task runner and its trigger (peers/deferral.py).
 TRAIN_TASK = """import json, sys
 from types import SimpleNamespace
 sys.path[:0] = [sys.argv[1], sys.argv[1] + "/plugins", sys.argv[1] + "/tests"]
+from peers.deferral import run_deferrable
 from peers.task_state import FileTaskState
 from train_operator import TrainOperator
 context = {"dag": SimpleNamespace(dag_id="mlm_pretrain"), "run_id": sys.argv[3],
            "ti": SimpleNamespace(try_number=int(sys.argv[5])), "task_state_store": FileTaskState(sys.argv[4])}
-TrainOperator(task_id="train", config=json.loads(sys.argv[2]), data=json.loads(sys.argv[6])).execute(context)
+op = TrainOperator(task_id="train", config=json.loads(sys.argv[2]), data=json.loads(sys.argv[6]))
+run_deferrable(op, lambda: context, timeout=600)
 """
 
 

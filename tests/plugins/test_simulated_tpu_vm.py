@@ -28,6 +28,7 @@ from mlm_tasks.paths import RunPaths, join
 from mlm_tasks.tpu import api as tpu
 from mlm_tasks.tpu import runtimes
 from peers import tpu_vm_image
+from peers.deferral import run_deferrable
 from peers.sshd import airflow_conn_uri
 
 ZONE = "us-central2-b"
@@ -84,8 +85,8 @@ def test_bootstrap_and_train_on_the_simulated_image(runtime, tiny_prepared, gcs_
     image_before = _site_packages(tpu_vm_python)
     context = {"dag": SimpleNamespace(dag_id="mlm_pretrain"), "run_id": RUN}
 
-    assert TrainOperator(task_id="train", config=cfg.model_dump(mode="json"), data=data).execute(context) == \
-        {"node": name, "workers": 1}
+    train = TrainOperator(task_id="train", config=cfg.model_dump(mode="json"), data=data)
+    assert run_deferrable(train, lambda: context, timeout=900) == {"node": name, "workers": 1}
     log = capfd.readouterr().out
     (tmp_path / "train_task.log").write_text(log)  # kept for debugging
     assert "Installing project" in log and f"Installing {rt.lock_path.name} beside the image TensorFlow" in log
@@ -123,7 +124,7 @@ fill_mask(cfg, RunContext.of(cfg, {RUN!r}))
     assert predictions and all(p["predictions"] for p in predictions)
 
     # A retry finds the install and the finished training: nothing is installed or trained again.
-    TrainOperator(task_id="train", config=cfg.model_dump(mode="json"), data=data).execute(context)
+    run_deferrable(TrainOperator(task_id="train", config=cfg.model_dump(mode="json"), data=data), lambda: context)
     again = capfd.readouterr().out
     (tmp_path / "retry_task.log").write_text(again)
     # The launch prints what it installs ([worker 0] lines); the trainer's log (its last lines) says why it did nothing.
@@ -162,8 +163,9 @@ def test_a_sigkilled_train_task_leaves_the_real_trainer_running_and_the_retry_re
     # The reference: a run nobody disturbs (also the one that installs the project on the "VM").
     ref = "manual__undisturbed"
     fake_tpu.add_node("proj", ZONE, tpu.node_name("mlm_pretrain", ref), state="READY")
-    TrainOperator(task_id="train", config=config, data=data).execute(
-        context(ref, FileTaskState(tmp_path / "ref.json"), 1))
+    ref_store = FileTaskState(tmp_path / "ref.json")
+    run_deferrable(TrainOperator(task_id="train", config=config, data=data), lambda: context(ref, ref_store, 1),
+                   timeout=900)
     reference = storage.read_json(RunPaths(gcs_root, ref).train_summary)
 
     run_id = "manual__killed"
@@ -182,7 +184,8 @@ def test_a_sigkilled_train_task_leaves_the_real_trainer_running_and_the_retry_re
     capfd.readouterr()
 
     began = time.monotonic()
-    TrainOperator(task_id="train", config=config, data=data).execute(context(run_id, store, 2))
+    run_deferrable(TrainOperator(task_id="train", config=config, data=data), lambda: context(run_id, store, 2),
+                   timeout=900)
     log = capfd.readouterr().out
     assert "Reattached to the trainer of try 1" in log and "Starting the trainer" not in log, log
 

@@ -1,6 +1,5 @@
 """TPU VM operators against the fake TPU API: executed directly (deferral and trigger run by hand),
 then in a real `airflow dags test` run with the SSH step on a real sshd and delete as teardown."""
-import asyncio
 import json
 import logging
 import textwrap
@@ -14,6 +13,7 @@ from mlm_tasks.errors import ConfigError
 from mlm_tasks.tpu import api as tpu
 from mlm_tasks.tpu import registry as tpu_registry
 from peers.airflow_home import dags_test
+from peers.deferral import run_deferrable
 from peers.sshd import airflow_conn_uri
 from step_context import config_from_xcom
 from tpu_operators import TpuVmCreateOperator, TpuVmDeleteOperator
@@ -33,26 +33,14 @@ def _context():
     return {"dag": SimpleNamespace(dag_id="mlm_pretrain"), "run_id": RUN}
 
 
-async def _first_event(trigger):
-    async for event in trigger.run():
-        return event.payload
-
-
 def _run(op, tweak_trigger=None):
     """Execute like Airflow does: execute, and on each deferral run the trigger, then resume."""
-    call, args = op.execute, (_context(),)
-    while True:
-        try:
-            return call(*args)
-        except TaskDeferred as deferred:
-            if tweak_trigger:
-                tweak_trigger(deferred.trigger)
-            # What the triggerer stores and rebuilds: the trigger must survive serialization.
-            classpath, kwargs = deferred.trigger.serialize()
-            assert classpath == "tpu_trigger.TpuNodeTrigger"
-            trigger = type(deferred.trigger)(**json.loads(json.dumps(kwargs)))
-            event = asyncio.run(asyncio.wait_for(_first_event(trigger), 30))
-            call, args = getattr(op, deferred.method_name), (_context(), event)
+    def tweak(trigger):
+        assert trigger.serialize()[0] == "tpu_trigger.TpuNodeTrigger"  # the triggerer imports it by this path
+        if tweak_trigger:
+            tweak_trigger(trigger)
+
+    return run_deferrable(op, _context, tweak=tweak, timeout=30)
 
 
 def test_create_defers_until_ready_then_retry_reuses(fake_tpu):

@@ -1,5 +1,6 @@
-"""The train task's detached trainer on a TPU VM (plugins/train_job.py) over a real sshd: it outlives
-the task's process, a retry reattaches to it (or stops a stale one), the watchdog and on_kill stop it.
+"""The train task's detached trainer on a TPU VM (plugins/train_job.py, plugins/train_trigger.py) over a
+real sshd: the task starts it and defers; the trigger follows it; it outlives the task's process and the
+trigger's; a retry reattaches to it (or stops a stale one); the watchdog and on_kill stop it.
 
     TF_USE_LEGACY_KERAS=1 .venv/bin/python -m pytest tests/plugins/test_train_job.py -q -s
 
@@ -7,8 +8,10 @@ The VM's python is a stand-in trainer: the real status record (mlm_tasks/model/s
 the GCS emulator, as on a VM to gs://) around a loop of sleeps that records each step it makes and
 "checkpoints" every checkpoint_every steps, resuming from there. The real trainer on the simulated
 TPU VM image: tests/plugins/test_simulated_tpu_vm.py. The task state store is a file (peers/task_state.py),
-so that it survives a task runner the test SIGKILLs.
+so that it survives a task runner the test SIGKILLs. The task runs as Airflow runs a deferrable task,
+the trigger in this process (peers/deferral.py); the real triggerer: tests/deploy/test_durable_train.py.
 """
+import asyncio
 import os
 import re
 import signal
@@ -19,14 +22,15 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
-from airflow.sdk.exceptions import AirflowException, AirflowFailException
+from airflow.sdk.exceptions import AirflowException, AirflowFailException, TaskDeferred
 
 from mlm_tasks import storage
 from mlm_tasks.paths import RunPaths
 from mlm_tasks.tpu import api as tpu
+from peers.deferral import first_event, rebuilt, run_deferrable
 from peers.sshd import airflow_conn_uri
 from peers.task_state import FileTaskState, start_train_task
-from peers.waits import error_text, wait_for
+from peers.waits import wait_for
 from train_job import JOB_KEY
 from train_operator import TrainOperator
 
@@ -89,6 +93,12 @@ def _context(vm, try_number):
             "task_state_store": vm.store}
 
 
+def _train(vm, try_number, config=None):
+    """One try of the train task, start to end, its trigger run in this process."""
+    op = TrainOperator(task_id="train", config=config or vm.config, data=DATA)
+    return run_deferrable(op, lambda: _context(vm, try_number), timeout=120)
+
+
 def _status(vm):
     return storage.read_json_if_exists(vm.run.train_status)
 
@@ -128,8 +138,7 @@ def test_a_sigkilled_task_leaves_the_trainer_running_and_the_retry_reattaches(vm
     assert not _gone(job["pid"]) and _status(vm)["step"] > killed_at
 
     began = time.monotonic()
-    assert TrainOperator(task_id="train", config=vm.config, data=DATA).execute(_context(vm, 2)) == \
-        {"node": NAME, "workers": 1}
+    assert _train(vm, 2) == {"node": NAME, "workers": 1}
     log = capfd.readouterr().out  # the task log (structlog -> stdout)
     [reattached] = re.findall(r"Reattached to the trainer of try 1 \(pid \d+\) in [0-9.]+s", log)
     assert "No second trainer is started" in log and "Starting the trainer" not in log
@@ -146,7 +155,6 @@ def test_a_sigkilled_task_leaves_the_trainer_running_and_the_retry_reattaches(vm
 
 
 def test_a_frozen_trainer_fails_the_try_by_the_watchdog_and_the_retry_finishes(vm):
-    op = TrainOperator(task_id="train", config=vm.config, data=DATA)
     stall_s = vm.config["train"]["stall_minutes"] * 60
     frozen = {}
 
@@ -158,7 +166,7 @@ def test_a_frozen_trainer_fails_the_try_by_the_watchdog_and_the_retry_finishes(v
     freezer = threading.Thread(target=freeze)
     freezer.start()
     with pytest.raises(AirflowException, match=r"Watchdog: no (heartbeat|new step) for \d+s") as err:
-        op.execute(_context(vm, 1))
+        _train(vm, 1)
     failed_after = time.monotonic() - frozen["at"]
     freezer.join()
     assert not isinstance(err.value, AirflowFailException)  # retried
@@ -167,7 +175,7 @@ def test_a_frozen_trainer_fails_the_try_by_the_watchdog_and_the_retry_finishes(v
     wait_for("the frozen trainer to be stopped", lambda: _gone(frozen["pid"]), 10)
     stopped_at = _steps(vm)[-1][1]
 
-    TrainOperator(task_id="train", config=vm.config, data=DATA).execute(_context(vm, 2))
+    _train(vm, 2)
     status = _status(vm)
     assert (status["state"], status["step"], status["starts"], status["try_number"]) == ("done", 60, 2, 2)
     steps = [s for _, s in _steps(vm)]
@@ -183,7 +191,7 @@ def test_a_retry_stops_a_stale_trainer_it_finds_alive_then_starts_a_new_one(vm, 
     os.kill(frozen, signal.SIGSTOP)  # alive, holding the lock, but beating no more
     wait_for("its heartbeat to go stale", lambda: time.time() - _status(vm)["heartbeat"] > 7, 20)
 
-    TrainOperator(task_id="train", config=vm.config, data=DATA).execute(_context(vm, 2))
+    _train(vm, 2)
     assert "The stored trainer is alive but stale (no heartbeat for" in capfd.readouterr().out
     assert _gone(frozen) and _gone(job["pid"])
     status = _status(vm)
@@ -192,22 +200,70 @@ def test_a_retry_stops_a_stale_trainer_it_finds_alive_then_starts_a_new_one(vm, 
     assert len(set(pids)) == 2 and pids == sorted(pids, key=pids.index)  # one after the other, never both
 
 
-def test_on_kill_stops_the_trainer(vm):
+def _deferred(vm, try_number=1):
+    """The task's first half: start the trainer, then defer. Returns (the trigger it deferred to, seconds)."""
+    began = time.monotonic()
+    with pytest.raises(TaskDeferred) as deferred:
+        TrainOperator(task_id="train", config=vm.config, data=DATA).execute(_context(vm, try_number))
+    assert deferred.value.method_name == "trainer_ended"
+    return deferred.value.trigger, time.monotonic() - began
+
+
+def test_the_task_defers_once_the_trainer_runs_and_a_rebuilt_trigger_follows_on(vm):
+    """The worker slot is held only for the start; the trigger, rebuilt as after a triggerer restart,
+    follows the same trainer to its end: one start, no step twice."""
+    trigger, held_s = _deferred(vm)
+    job = vm.store.get(JOB_KEY)
+    assert trigger.serialize()[0] == "train_trigger.TrainJobTrigger" and trigger.job == job
+
+    async def follow_a_while_then_restart():
+        first = asyncio.ensure_future(first_event(rebuilt(trigger)))
+        passed = lambda: (_status(vm) or {}).get("step", 0) >= 20  # noqa: E731
+        await asyncio.to_thread(wait_for, "the trainer to pass step 20", passed)
+        first.cancel()  # the triggerer stops: the trigger is cancelled, on_kill is not called
+        restarted = time.monotonic()
+        event = await first_event(rebuilt(trigger))
+        return event, restarted
+
+    event, restarted = asyncio.run(asyncio.wait_for(follow_a_while_then_restart(), 120))
+    assert event["kind"] == "done" and event["job"] == job
     op = TrainOperator(task_id="train", config=vm.config, data=DATA)
-    errors = []
-    runner = threading.Thread(target=lambda: errors.append(error_text(op.execute, _context(vm, 1))))
-    runner.start()
+    began = time.monotonic()
+    assert op.trainer_ended(_context(vm, 1), event) == {"node": NAME, "workers": 1}
+    held_s += time.monotonic() - began
+    status = _status(vm)
+    assert (status["state"], status["step"], status["starts"]) == ("done", 60, 1)
+    steps = _steps(vm)
+    assert [s for _, s in steps] == list(range(1, 61)) and len({p for p, _ in steps}) == 1
+    print(f"\ndeferred: the task held a slot {held_s:.1f}s of a {time.time() - job['started_at']:.1f}s "
+          f"training; a rebuilt trigger followed on {time.monotonic() - restarted:.1f}s to the end, starts 1")
+
+
+def test_on_kill_stops_the_trainer(vm):
+    """Marked failed while deferred: Airflow cancels the trigger and calls its on_kill."""
+    trigger, _ = _deferred(vm)
     status = wait_for("the trainer to pass step 3", lambda: (s := _status(vm)) and s["step"] >= 3 and s)
-    op.on_kill()
+    began = time.monotonic()
+    asyncio.run(rebuilt(trigger).on_kill())
     assert _gone(status["pid"]) and _gone(vm.store.get(JOB_KEY)["pid"])
-    runner.join(timeout=30)
-    assert "Training failed" in errors[0] and _status(vm)["state"] == "running"  # killed: no end recorded
+    assert _status(vm)["state"] == "running"  # killed: no end recorded
+    print(f"\non_kill: the trainer was gone {time.monotonic() - began:.2f}s after the trigger's on_kill")
+
+
+def test_on_kill_before_the_deferral_stops_the_trainer(vm):
+    """Killed between the start and the deferral (the task runner's on_kill): the same stop."""
+    op = TrainOperator(task_id="train", config=vm.config, data=DATA)
+    with pytest.raises(TaskDeferred):
+        op.execute(_context(vm, 1))
+    wait_for("the trainer to pass step 2", lambda: (_status(vm) or {}).get("step", 0) >= 2)
+    op.on_kill()
+    assert _gone(vm.store.get(JOB_KEY)["pid"])
 
 
 def test_a_trainer_that_exits_2_fails_without_retry_with_its_last_lines(vm):
     config = {**vm.config, "train": {**vm.config["train"], "fail_at_step": 4}}
     with pytest.raises(AirflowFailException) as err:
-        TrainOperator(task_id="train", config=config, data=DATA).execute(_context(vm, 1))
+        _train(vm, 1, config)
     message = str(err.value)
     assert "failed: NoRetryError: bad input at step 4" in message and "no retry can fix" in message
     assert "error: the shards are not what this run was planned on" in message  # from the trainer's log

@@ -3,14 +3,14 @@
 
     python -m pytest tests/plugins/test_train_operator.py -q
 """
-import asyncio
 import json
 from types import SimpleNamespace
 
 import pytest
-from airflow.sdk.exceptions import AirflowException, AirflowFailException, TaskDeferred
+from airflow.sdk.exceptions import AirflowException, AirflowFailException
 
 from mlm_tasks.tpu import api as tpu
+from peers.deferral import run_deferrable
 from peers.sshd import airflow_conn_uri
 from remote_step import TpuSSHStepOperator
 from train_operator import TrainOperator
@@ -48,22 +48,7 @@ def _context():
 
 
 def _run(op):
-    """Execute like Airflow: on each deferral rebuild the trigger from its serialized form, run it to its
-    first event, and resume the task with that event."""
-    call, args = op.execute, (_context(),)
-    while True:
-        try:
-            return call(*args)
-        except TaskDeferred as deferred:
-            classpath, kwargs = deferred.trigger.serialize()
-            trigger = type(deferred.trigger)(**json.loads(json.dumps(kwargs)))
-
-            async def first_event(trigger):
-                async for event in trigger.run():
-                    return event.payload
-
-            event = asyncio.run(asyncio.wait_for(first_event(trigger), 30))
-            call, args = getattr(op, deferred.method_name), (_context(), event)
+    return run_deferrable(op, _context, timeout=30)
 
 
 def test_retry_after_preemption_replaces_the_node_then_trains(fake_tpu, sshd, ssh_conn, tmp_path):

@@ -1,0 +1,103 @@
+"""Trigger that follows a detached trainer on a TPU VM (runs in the triggerer), so that a training of
+hours holds no worker slot.
+
+    TrainJobTrigger(config=cfg.model_dump(mode="json"), job=job, workers=1)   # what TrainOperator defers to
+
+Every train.follow_poll_s it runs one `JobWatch.check` (plugins/train_job.py: an SSH probe of the job,
+the status record from output_root, the node's state when SSH does not answer) in a thread, with the
+run's GCP connection, and logs a progress line (step, loss, tokens/s, ETA) every
+train.progress_log_s. It fires once, with {"kind", "detail", "exit_code", "job", "workers"}, when the
+verdict is done, failed or stalled; the task resumes in `TrainOperator.trainer_ended`, which succeeds,
+fails with the log's last lines, or stops a stalled trainer and fails the try.
+
+What survives what: a triggerer restart rebuilds the trigger from `serialize()` and it follows on,
+the same try and the same trainer (the stall clock is the record's heartbeat, not this process's).
+A poll that meets a transient error (a GCS 503, a TPU API 5xx) polls again. `on_kill` (Airflow calls
+it when a user marks the deferred task failed or clears it, never on a triggerer restart) stops the
+trainer over SSH.
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import AsyncIterator
+from typing import Any
+
+from airflow.triggers.base import BaseTrigger, TriggerEvent
+
+from mlm_tasks.config import PipelineConfig
+from mlm_tasks.errors import TransientError
+from mlm_tasks.model.follow import Verdict
+from mlm_tasks.results import TrainJob
+
+ENDS = ("done", "failed", "stalled")
+# A check that hangs (a network that drops packets mid-session) must not stop the follow: past this the
+# trigger logs it and checks again (the hung thread ends with its TCP connection).
+CHECK_TIMEOUT_S = 300.0
+# Each poll is a short SSH session: paramiko's "Connected" and "Authentication successful" lines would
+# bury the progress lines in the task's log. Its warnings and errors still show.
+logging.getLogger("paramiko.transport").setLevel(logging.WARNING)
+
+
+class TrainJobTrigger(BaseTrigger):
+    def __init__(self, config: dict[str, Any], job: dict[str, Any], workers: int = 1):
+        super().__init__()
+        self.config = config
+        self.job = job
+        self.workers = workers
+        self._cfg = PipelineConfig.model_validate(config)
+        self._credentials: tuple[Any, str | None] | None = None
+        self._watch: Any = None
+
+    def serialize(self) -> tuple[str, dict[str, Any]]:
+        # The plugins folder is on the triggerer's sys.path, so the classpath is the module name.
+        return (f"{type(self).__module__}.{type(self).__qualname__}",
+                {"config": self.config, "job": self.job, "workers": self.workers})
+
+    def _with_connection(self, call: Any) -> Any:
+        """call(watch) with the run's GCP connection (read once per trigger run) for gs:// and the TPU API."""
+        from gcp_credentials import connection_credentials
+        from mlm_tasks import credentials
+        from train_job import JobWatch
+
+        if self._credentials is None:
+            self._credentials = connection_credentials(self._cfg.gcp_conn_id)
+        with credentials.use(*self._credentials, source=f"Airflow connection {self._cfg.gcp_conn_id!r}"):
+            if self._watch is None:
+                job: TrainJob = self.job  # type: ignore[assignment]
+                self._watch = JobWatch.connected(self._cfg, job, self.log)
+            return call(self._watch)
+
+    def _check(self) -> Verdict:
+        return self._with_connection(lambda watch: watch.check())
+
+    async def run(self) -> AsyncIterator[TriggerEvent]:
+        import requests
+        from google.api_core.exceptions import RetryError, ServerError, TooManyRequests
+
+        train = self._cfg.train
+        who = f"the trainer (pid {self.job['pid']}, try {self.job['try_number']}) on {self.job['node']}"
+        self.log.info("Following %s every %gs; progress every %gs, watchdog after %g min without a heartbeat.",
+                      who, train.follow_poll_s, train.progress_log_s, train.stall_minutes)
+        last_line = 0.0
+        while True:
+            try:
+                verdict: Verdict | None = await asyncio.wait_for(asyncio.to_thread(self._check), CHECK_TIMEOUT_S)
+            except (TransientError, OSError, ServerError, TooManyRequests, RetryError, requests.RequestException,
+                    asyncio.TimeoutError) as err:  # what a blip looks like: poll again
+                self.log.warning("Could not check %s (will retry): %s", who, err)
+                verdict = None
+            if verdict is not None and verdict.kind in ENDS:
+                yield TriggerEvent({"kind": verdict.kind, "detail": verdict.detail, "exit_code": verdict.exit_code,
+                                    "job": self.job, "workers": self.workers})
+                return
+            if verdict is not None and time.monotonic() - last_line >= train.progress_log_s:
+                self.log.info("Training: %s", verdict.detail)
+                last_line = time.monotonic()
+            await asyncio.sleep(train.follow_poll_s)
+
+    async def on_kill(self) -> None:
+        """The task was marked failed or cleared while it waited: stop the trainer."""
+        probe = await asyncio.to_thread(self._with_connection, lambda watch: watch.stop())
+        self.log.info("Task killed: the trainer is %s.", "gone" if probe.alive is False else "maybe still running")

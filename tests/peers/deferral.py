@@ -1,0 +1,41 @@
+"""An operator run the way Airflow runs a deferrable one, in this process: the worker and the triggerer.
+
+    result = run_deferrable(op, lambda: context)                    # execute, then each trigger and resume
+    result = run_deferrable(op, lambda: context, tweak=lambda trigger: ...)
+
+On each TaskDeferred the trigger is rebuilt from its serialized kwargs (through JSON, as the triggerer
+stores them), run to its first event, and the operator resumes in the deferral's method with that event.
+"""
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import Callable
+from typing import Any
+
+from airflow.sdk.exceptions import TaskDeferred
+
+
+def rebuilt(trigger: Any) -> Any:
+    """The trigger as the triggerer gets it back from the database."""
+    _classpath, kwargs = trigger.serialize()
+    return type(trigger)(**json.loads(json.dumps(kwargs)))
+
+
+async def first_event(trigger: Any) -> Any:
+    async for event in trigger.run():
+        return event.payload
+    return None
+
+
+def run_deferrable(op: Any, context: Callable[[], dict], *, tweak: Callable[[Any], None] | None = None,
+                   timeout: float = 60) -> Any:
+    call, args = op.execute, (context(),)
+    while True:
+        try:
+            return call(*args)
+        except TaskDeferred as deferred:
+            if tweak:
+                tweak(deferred.trigger)
+            event = asyncio.run(asyncio.wait_for(first_event(rebuilt(deferred.trigger)), timeout))
+            call, args = getattr(op, deferred.method_name), (context(), event)
