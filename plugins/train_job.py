@@ -23,6 +23,7 @@ trainer and fails the try so that a retry starts a new one from the last checkpo
 from __future__ import annotations
 
 import os
+import threading
 import time
 from typing import Any
 
@@ -44,6 +45,7 @@ TAIL_LINES = 40
 # A check's SSH login is retried this long (the start's: 300 s): a node that does not answer is soon
 # asked about at the TPU API instead, which tells a preemption at once.
 CHECK_PATIENCE_S = 60.0
+ON_KILL_STOP_S = 4.0  # Airflow's supervisor SIGKILLs a task 5 s after asking it to stop
 
 
 def try_number(context: Any) -> int:
@@ -186,8 +188,18 @@ class DetachedTrain(RemoteStep):
         return job
 
     def close(self) -> None:
-        """on_kill before the deferral: stop the trainer (the task was marked failed, cleared or timed out)."""
-        if self.watch is not None:
-            probe = self.watch.stop()
-            self.log.info("Task killed: the trainer is %s.", "gone" if probe.alive is False else "maybe still running")
+        """on_kill before the deferral: stop the trainer (the task was marked failed, cleared or timed out).
+        In a thread, bounded: on_kill runs in a signal handler, which may have interrupted this very process
+        inside an SSH call (and its locks); Airflow SIGKILLs the task a few seconds later anyway. A stop
+        that does not finish in time leaves the trainer to the teardown, which deletes the VM."""
+        watch = self.watch
+        if watch is not None:
+            outcome: list[vm_job.Probe] = []
+            stopper = threading.Thread(target=lambda: outcome.append(watch.stop()), daemon=True)
+            stopper.start()
+            stopper.join(ON_KILL_STOP_S)
+            gone = bool(outcome) and outcome[0].alive is False
+            self.log.info("Task killed: the trainer is %s.", "gone" if gone else
+                          f"maybe still running (no confirmation within {ON_KILL_STOP_S:g}s; the teardown deletes "
+                          "the VM)")
         super().close()

@@ -4,10 +4,10 @@ trigger's; a retry reattaches to it (or stops a stale one); the watchdog and on_
 
     TF_USE_LEGACY_KERAS=1 .venv/bin/python -m pytest tests/plugins/test_train_job.py -q -s
 
-The VM's python is a stand-in trainer: the real status record (mlm_tasks/model/status.py, written to
-the GCS emulator, as on a VM to gs://) around a loop of sleeps that records each step it makes and
-"checkpoints" every checkpoint_every steps, resuming from there. The real trainer on the simulated
-TPU VM image: tests/plugins/test_simulated_tpu_vm.py. The task state store is a file (peers/task_state.py),
+The VM's python is a stand-in trainer (peers/stand_in_trainer.py): the real status record
+(mlm_tasks/model/status.py, written to the GCS emulator, as on a VM to gs://) around a loop of sleeps
+that records each step it makes and "checkpoints" every checkpoint_every steps, resuming from there.
+The real trainer on the simulated TPU VM image: tests/plugins/test_simulated_tpu_vm.py. The task state store is a file (peers/task_state.py),
 so that it survives a task runner the test SIGKILLs. The task runs as Airflow runs a deferrable task,
 the trigger in this process (peers/deferral.py); the real triggerer: tests/deploy/test_durable_train.py.
 """
@@ -15,7 +15,6 @@ import asyncio
 import os
 import re
 import signal
-import sys
 import threading
 import time
 from pathlib import Path
@@ -29,6 +28,7 @@ from mlm_tasks.paths import RunPaths
 from mlm_tasks.tpu import api as tpu
 from peers.deferral import first_event, rebuilt, run_deferrable
 from peers.sshd import airflow_conn_uri
+from peers.stand_in_trainer import steps_made, write_stand_in
 from peers.task_state import FileTaskState, start_train_task
 from peers.waits import wait_for
 from train_job import JOB_KEY
@@ -40,43 +40,12 @@ RUN = "manual__detached"
 NAME = tpu.node_name("mlm_pretrain", RUN)
 DATA = {"fingerprint": "fp123"}
 
-TRAINER = """import os, sys, time
-sys.path.insert(0, {root!r})
-from mlm_tasks import storage
-from mlm_tasks.config import PipelineConfig
-from mlm_tasks.errors import NoRetryError
-from mlm_tasks.model.status import StatusRecord
-from mlm_tasks.paths import RunPaths, join
-args = sys.argv[1:]
-cfg = PipelineConfig.model_validate_json(args[args.index("--config-json") + 1])
-run = RunPaths(cfg.output_root, args[args.index("--run-id") + 1])
-ckpt = join(run.root, "train", "ckpt.json")
-start = storage.read_json(ckpt)["step"] if storage.exists(ckpt) else 0
-total = cfg.train.steps
-print("stand-in trainer from step", start, flush=True)
-with StatusRecord(run, total_steps=total, start_step=start, heartbeat_s=cfg.train.heartbeat_s) as status:
-    for step in range(start + 1, total + 1):
-        time.sleep({step_s})
-        if cfg.train.fail_at_step == step:
-            print("error: the shards are not what this run was planned on", flush=True)
-            raise NoRetryError("bad input at step %d" % step)
-        with open("steps.log", "a") as f:
-            f.write("%d %d\\n" % (os.getpid(), step))
-        status.progress(step, 10.0 / step, 1000.0, (total - step) * {step_s})
-        if step % cfg.train.checkpoint_every == 0:
-            storage.write_json(ckpt, {{"step": step}})
-"""
 @pytest.fixture
 def vm(tmp_path, sshd, gcs, fake_tpu, monkeypatch):
     """(config, workdir, store): a READY node whose worker 0 is the sshd, a stand-in trainer as its python."""
     monkeypatch.setenv("AIRFLOW_CONN_TPU_SSH", airflow_conn_uri(sshd))
     fake_tpu.add_node("proj", ZONE, NAME, state="READY")
-    stub = tmp_path / "trainer.py"
-    stub.write_text(TRAINER.format(root=str(ROOT), step_s=0.15))
-    python = tmp_path / "python"
-    python.write_text(f'#!/bin/sh\n[ "$1 $2 $3" = "-m mlm_tasks train" ] || exit 9\nshift 3\n'
-                      f'exec {sys.executable} {stub} "$@"\n')
-    python.chmod(0o755)
+    python = write_stand_in(tmp_path, step_s=0.15)
     workdir = tmp_path / "vm"
     config = {"compute": "tpu_vm", "output_root": gcs.uri(f"detached-{tmp_path.name}"),
               "train": {"steps": 60, "checkpoint_every": 5, "heartbeat_s": 1, "stall_minutes": 0.1,
@@ -105,8 +74,7 @@ def _status(vm):
 
 def _steps(vm) -> list[tuple[int, int]]:
     """(pid, step) of each step the stand-in trainers made, in order."""
-    path = vm.workdir / "steps.log"
-    return [tuple(map(int, line.split())) for line in path.read_text().splitlines()] if path.exists() else []
+    return steps_made(vm.workdir, RUN)
 
 
 def _gone(pid: int) -> bool:
