@@ -114,6 +114,10 @@ class TrainConfig(_Section):
                                          "positions per sequence (0 = every position, the plain way).")
     checkpoint_every: int = Field(100, ge=1, description="Steps between checkpoints (what a retry loses at most).")
     log_every: int = Field(25, ge=1, description="Steps between progress lines in the log.")
+    steps_per_call: Literal["auto"] | int = Field(
+        "auto", description="Optimizer steps per call of the compiled training loop (one host round trip per call; "
+        "auto: 1 on CPU, 16 on GPU, 64 on TPU). Checkpoints, validation and the fault step land on a call's last "
+        "step; the losses are the same whatever it is.")
     eval_every: int | None = Field(None, ge=1, description="Steps between validation losses during training "
                                    "(empty: none). Fixed 15% masking on eval.split, so losses compare across runs; "
                                    "into the history, TensorBoard (val/loss) and the report's loss curve.")
@@ -289,6 +293,8 @@ class PipelineConfig(_Section):
                               "more for real text; the default is 8000).")
         if self.train.max_predictions_per_seq > self.shards.max_length:
             raise ConfigError("train.max_predictions_per_seq cannot exceed max_length.")
+        if self.train.steps_per_call != "auto" and int(self.train.steps_per_call) < 1:
+            raise ConfigError(f"train.steps_per_call {self.train.steps_per_call} must be auto or at least 1.")
         if self.train.keep_checkpoint == "best" and not self.train.eval_every:
             raise ConfigError("train.keep_checkpoint=best needs train.eval_every (the steps at which the "
                               "validation loss picks the best): set it, e.g. train.eval_every=500.")

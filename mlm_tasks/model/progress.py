@@ -62,6 +62,7 @@ class ProgressLog:
         self.writer = tf.summary.create_file_writer(tensorboard_uri)
         self.t0 = self.t_last = time.time()
         self.t_steady: float | None = None
+        self.steady_from = start_step + 1
         self.steady_s = self.elapsed_s = 0.0
         self.window = [0.0, 0.0, 0.0]  # summed loss, masked tokens, correct predictions
         self.last_logged = start_step
@@ -69,11 +70,14 @@ class ProgressLog:
     def record(self, step: int, loss_sum, count, correct, *, force: bool = False) -> None:
         """One step's sums; a progress line (and history entry) every `every` steps, or when `force`d
         (a validation step: its entry carries the validation loss)."""
-        if step == self.start + 1:
-            self.t_steady = time.time()
         self.window = [w + float(v) for w, v in zip(self.window, (loss_sum, count, correct), strict=False)]
         if force or step % self.every == 0 or step in (self.total, self.start + 1):
             self._emit(step)
+
+    def compiled(self, step: int) -> None:
+        """The first call of the training loop (which traces and compiles) ended at `step`: the steady-state
+        throughput counts the steps after it."""
+        self.t_steady, self.steady_from = time.time(), step
 
     def validation(self, step: int, loss: float, accuracy: float) -> bool:
         """Adds the validation loss of `step` to its entry (which `record(..., force=True)` just wrote);
@@ -121,7 +125,7 @@ class ProgressLog:
 
     @property
     def tokens_per_s(self) -> float | None:
-        steps = self.total - self.start - 1
+        steps = self.total - self.steady_from
         return steps * self.tokens_per_step / self.steady_s if steps > 0 and self.steady_s else None
 
     @property

@@ -2,6 +2,7 @@
 
     steps = plan_steps(cfg, shard_set, global_batch)          # the batch fits the train records
     check_resumable(run, fingerprint, shard_set.vocab_size)   # a checkpoint of this run is of this data
+    per_call = steps_per_call(cfg.train.steps_per_call, device)  # optimizer steps per compiled call
 
 Shared by the steps that need them (validate, check_run, train), so no step imports another.
 """
@@ -51,3 +52,18 @@ def plan_steps(cfg: PipelineConfig, shard_set: ShardSet, global_batch: int) -> i
         raise ConfigError(f"Global batch {global_batch} is larger than the {records} train records: lower "
                           "batch_size or add data.")
     return cfg.train.steps or max(1, math.ceil(cfg.train.epochs * records / global_batch))
+
+
+# train.steps_per_call "auto": on CPU the host is the device, a call per step costs nothing; on an
+# accelerator a small model's step takes about as long as the host's dispatch, so a call runs many.
+AUTO_STEPS_PER_CALL = {"cpu": 1, "gpu": 16, "tpu": 64}
+
+
+def steps_per_call(setting: int | str, device: str) -> int:
+    """Optimizer steps per call of the compiled training loop on `device` (cpu, gpu or tpu)."""
+    return AUTO_STEPS_PER_CALL[device] if setting == "auto" else int(setting)
+
+
+def crossed(every: int, first: int, last: int) -> bool:
+    """Whether steps first..last (one call of the loop) hold a multiple of `every`."""
+    return every > 0 and last // every > (first - 1) // every

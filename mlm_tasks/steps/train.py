@@ -100,6 +100,7 @@ def train(cfg: PipelineConfig, ctx: RunContext, *, on_checkpoint: Callable[[int,
     from mlm_tasks.data.input import damaged_shard_error, mlm_dataset
     from mlm_tasks.data.tokenizer import load_tokenizer
     from mlm_tasks.model.roberta import build_model, masked_lm_loss, roberta_config
+    from mlm_tasks.model.training_plan import crossed, steps_per_call
     from mlm_tasks.model.validation import Validation, validation_batches
 
     run, run_id, fingerprint = ctx.run, ctx.run_id, ctx.data.fingerprint
@@ -127,9 +128,10 @@ def train(cfg: PipelineConfig, ctx: RunContext, *, on_checkpoint: Callable[[int,
     global_batch = cfg.train.batch_size * replicas
     total_steps = plan_steps(cfg, shard_set, global_batch)
     warmup = int(total_steps * cfg.train.warmup_fraction)
-    log.info("Training on %s (%s): %d replica(s), global batch %d, %d steps, warmup %d, XLA %s, precision %s",
-             device, type(strategy).__name__, replicas, global_batch, total_steps, warmup, "on" if xla else "off",
-             precision)
+    per_call = steps_per_call(cfg.train.steps_per_call, device)
+    log.info("Training on %s (%s): %d replica(s), global batch %d, %d steps (%d per call), warmup %d, XLA %s, "
+             "precision %s", device, type(strategy).__name__, replicas, global_batch, total_steps, per_call, warmup,
+             "on" if xla else "off", precision)
     # None unless publish.sync_checkpoints (and on worker 0)
     sync = hub_sync.hub_checkpoint_sync(cfg, hub_token, train_records=shard_set.records("train"),
                                         global_batch=global_batch, total_steps=total_steps,
@@ -185,9 +187,14 @@ def train(cfg: PipelineConfig, ctx: RunContext, *, on_checkpoint: Callable[[int,
         return loss_sum, count, correct
 
     @tf.function
-    def distributed_step(it):
-        per_replica = strategy.run(replica_step, args=(next(it),))
-        return [strategy.reduce("SUM", v, axis=None) for v in per_replica]
+    def distributed_steps(it, k: int):
+        """k optimizer steps in one call (train.steps_per_call): the loop runs on the device side, so the
+        host dispatches once per k steps. Returns each step's [loss sum, masked tokens, correct] (k x 3)."""
+        sums = tf.TensorArray(tf.float32, size=k)
+        for i in tf.range(k):
+            per_replica = strategy.run(replica_step, args=(next(it),))
+            sums = sums.write(i, tf.stack([strategy.reduce("SUM", v, axis=None) for v in per_replica]))
+        return sums.stack()
 
     status = StatusRecord(run, total_steps=total_steps, start_step=start_step, heartbeat_s=cfg.train.heartbeat_s)
     progress = ProgressLog(history, start_step, total_steps, cfg.train.log_every,
@@ -201,24 +208,32 @@ def train(cfg: PipelineConfig, ctx: RunContext, *, on_checkpoint: Callable[[int,
             for hook in hooks:
                 hook(step, path)  # the Hub sync queues the upload and returns at once
 
-        for step in range(start_step + 1, total_steps + 1):
-            due = bool(eval_every) and (step % eval_every == 0 or step == total_steps)
+        step = start_step
+        while step < total_steps:
+            first, step = step + 1, min(step + per_call, total_steps)
             try:
-                progress.record(step, *distributed_step(iterator), force=due)
+                sums = distributed_steps(iterator, step - first + 1).numpy()
             except tf.errors.DataLossError as err:  # a record failed its checksum: the same bytes fail every retry
                 bad = damaged_shard_error(shard_set, "train", err)
                 if bad is None:
                     raise
                 raise bad from None
+            # Validation, checkpoints and the fault land on the call's last step (on multiples of steps_per_call).
+            due = bool(eval_every) and (crossed(eval_every, first, step) or step == total_steps)
+            for s, row in enumerate(sums, start=first):
+                progress.record(s, *row, force=due and s == step)
+            if first == start_step + 1:
+                progress.compiled(step)  # the first call traced and compiled: throughput counts from here
             step_var.assign(step)
             if validate is not None and due and progress.validation(step, *validate()[:2]) and keep_best:
                 best_manager.save(checkpoint_number=step)  # a new best: its weights, numbered by its step
-            if step != total_steps and any(step % every == 0 for every in save_every):
+            if step != total_steps and any(crossed(every, first, step) for every in save_every):
                 save_checkpoint(step)
-            if cfg.train.fail_at_step == step and not storage.exists(fault_marker):
-                storage.write_text(fault_marker, f"fault injected at step {step}\n")
-                raise RuntimeError(f"Injected fault at step {step} (train.fail_at_step): a retry resumes from "
-                                   "the last checkpoint.")
+            fault = cfg.train.fail_at_step
+            if fault is not None and first <= fault <= step and not storage.exists(fault_marker):
+                storage.write_text(fault_marker, f"fault injected at step {fault}\n")
+                raise RuntimeError(f"Injected fault at step {fault} (train.fail_at_step, raised after step {step}): "
+                                   "a retry resumes from the last checkpoint.")
         progress.finish_loop()
         save_checkpoint(total_steps)
         if sync:
@@ -232,7 +247,8 @@ def train(cfg: PipelineConfig, ctx: RunContext, *, on_checkpoint: Callable[[int,
         _save_model(model, tokenizer, run)
         summary: TrainSummary = {
             "steps": total_steps, "resumed_from_step": start_step, "global_batch": global_batch, "replicas": replicas,
-            "device": device, "xla": xla, "precision": precision, "tokens_per_s": progress.tokens_per_s,
+            "device": device, "xla": xla, "precision": precision, "steps_per_call": per_call,
+            "tokens_per_s": progress.tokens_per_s,
             "first_loss": progress.first_loss, "last_loss": progress.last_loss, "elapsed_s": progress.elapsed_s,
             "data_fingerprint": fingerprint,
             "val_loss": next((h["val_loss"] for h in reversed(history) if "val_loss" in h), None),
