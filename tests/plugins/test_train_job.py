@@ -7,9 +7,10 @@ trigger's; a retry reattaches to it (or stops a stale one); the watchdog and on_
 The VM's python is a stand-in trainer (peers/stand_in_trainer.py): the real status record
 (mlm_tasks/model/status.py, written to the GCS emulator, as on a VM to gs://) around a loop of sleeps
 that records each step it makes and "checkpoints" every checkpoint_every steps, resuming from there.
-The real trainer on the simulated TPU VM image: tests/plugins/test_simulated_tpu_vm.py. The task state store is a file (peers/task_state.py),
-so that it survives a task runner the test SIGKILLs. The task runs as Airflow runs a deferrable task,
-the trigger in this process (peers/deferral.py); the real triggerer: tests/deploy/test_durable_train.py.
+The real trainer on the simulated TPU VM image: tests/plugins/test_simulated_tpu_vm.py. The task state
+store is a file (peers/task_state.py), so that it survives a task runner the test SIGKILLs. The task
+runs as Airflow runs a deferrable task, the trigger in this process (peers/deferral.py); the real
+triggerer: tests/deploy/test_durable_train.py.
 """
 import asyncio
 import os
