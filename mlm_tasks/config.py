@@ -190,6 +190,9 @@ class TpuConfig(_Section):
     network: str | None = Field(None, description="VPC network (default network if empty).")
     subnetwork: str | None = Field(None, description="Subnetwork.")
     spot: bool = Field(False, description="Use a Spot VM (cheaper, may be preempted).")
+    price_per_chip_hour: float | None = Field(None, gt=0, description="US$ per chip-hour of the slice, for the "
+                                              "cost estimates and the cost a run reports (empty: Google's list "
+                                              "price for the generation, Spot or on-demand: mlm_tasks/tpu/prices.py).")
     service_account: str | None = Field(None, description="Service account email for the VM.")
     ttl_hours: float = Field(12, gt=0, description="The janitor deletes the VM after this many hours.")
     api_endpoint: str | None = Field(None, description="TPU API endpoint override (tests: http://127.0.0.1:P).")

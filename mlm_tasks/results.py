@@ -59,6 +59,7 @@ class RunCheck(TypedDict):
     fingerprint: str
     train_records: int
     steps: int          # at one replica; train() plans again with the global batch of its devices
+    plan: list[str]     # tokens, FLOPs; on a TPU VM the estimated hours and cost (training_plan.plan_lines)
 
 
 # Training and after
@@ -86,6 +87,13 @@ class TrainSummary(TypedDict):
     best_step: int | None             # the step of the lowest validation loss
     best_val_loss: float | None
     kept: str                         # the saved model's step: last, or best (train.keep_checkpoint)
+    flops_per_token: float            # training FLOPs per token (mlm_tasks/model/flops.py)
+    peak_flops: float | None          # the devices' dense peak in the run's precision (None: unknown)
+    mfu: float | None                 # model FLOPs utilisation at the steady-state tokens/s
+    mfu_of: str                       # "MFU 31.0% of 4 × 275 TFLOP/s bf16 (TPU v4)"
+    accelerator_hours: float | None   # TPU: the training's hours (the VM's start and the other steps not in it)
+    cost_usd: float | None            # TPU: those hours at the run's price
+    cost_basis: str | None            # the slice, Spot or on-demand, and where the price came from
     parameters: int
     tensorflow: str
     python: str

@@ -131,7 +131,11 @@ def training_lines(summary: Mapping[str, Any] | None) -> list[str]:
                      f"{summary.get('best_step')}{best}; last {summary.get('val_loss'):.4f} at step "
                      f"{summary.get('steps')}{last}")
     if summary.get("tokens_per_s") is not None:
-        lines.append(f"- Throughput: {summary['tokens_per_s']:,.0f} tokens/s")
+        lines.append(f"- Throughput: {summary['tokens_per_s']:,.0f} tokens/s" +
+                     (f"; {summary['mfu_of']}" if summary.get("mfu_of") else ""))
+    if summary.get("cost_usd") is not None:
+        lines.append(f"- Accelerator cost: ${summary['cost_usd']:,.2f} for {summary['accelerator_hours']:.2f} h of "
+                     f"training ({summary.get('cost_basis')})")
     if summary.get("elapsed_s") is not None:
         lines.append(f"- Wall time: {summary['elapsed_s'] / 60:.1f} min")
     return lines

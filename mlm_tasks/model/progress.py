@@ -53,10 +53,13 @@ def write_history(run: RunPaths, history: list[dict[str, Any]]) -> None:
 class ProgressLog:
     def __init__(self, history: list[dict[str, Any]], start_step: int, total_steps: int, every: int,
                  tokens_per_step: int, tensorboard_uri: str, schedule,
-                 on_line: Callable[[int, float, float, float], None] | None = None):
-        """`on_line(step, loss, tokens_per_s, eta_s)` is called at every progress line (the status record)."""
+                 on_line: Callable[[int, float, float, float], None] | None = None,
+                 flops_per_token: float | None = None, peak_flops: float | None = None):
+        """`on_line(step, loss, tokens_per_s, eta_s)` is called at every progress line (the status record);
+        with `flops_per_token` and the devices' `peak_flops` each line carries the MFU too."""
         import tensorflow as tf
 
+        self.flops_per_token, self.peak_flops = flops_per_token, peak_flops
         self.history, self.start, self.total, self.every = history, start_step, total_steps, every
         self.tokens_per_step, self.schedule, self.on_line = tokens_per_step, schedule, on_line
         self.writer = tf.summary.create_file_writer(tensorboard_uri)
@@ -106,13 +109,20 @@ class ProgressLog:
                  "learning_rate": float(self.schedule(step)),
                  "tokens_per_s": (step - self.last_logged) * self.tokens_per_step / max(now - self.t_last, 1e-9),
                  "elapsed_s": now - self.t0}
+        mfu = (entry["tokens_per_s"] * self.flops_per_token / self.peak_flops
+               if self.flops_per_token and self.peak_flops else None)
+        if mfu is not None:
+            entry["mfu"] = mfu
         self.history.append(entry)
         eta = (self.total - step) * (now - self.t0) / max(step - self.start, 1)
-        log.info("step %d/%d loss %.4f acc %.3f lr %.2e %.0f tokens/s eta %.0fs", step, self.total,
-                 entry["loss"], entry["accuracy"], entry["learning_rate"], entry["tokens_per_s"], eta)
+        log.info("step %d/%d loss %.4f acc %.3f lr %.2e %.0f tokens/s%s eta %.0fs", step, self.total,
+                 entry["loss"], entry["accuracy"], entry["learning_rate"], entry["tokens_per_s"],
+                 f" MFU {100 * mfu:.1f}%" if mfu is not None else "", eta)
         with self.writer.as_default(step=step):
             for key in SCALARS:
                 tf.summary.scalar(f"train/{key}", entry[key])
+            if mfu is not None:
+                tf.summary.scalar("train/mfu", mfu)
         if self.on_line is not None:
             self.on_line(step, entry["loss"], entry["tokens_per_s"], eta)
         self.window, self.t_last, self.last_logged = [0.0, 0.0, 0.0], now, step

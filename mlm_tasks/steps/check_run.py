@@ -13,7 +13,7 @@ import logging
 
 from mlm_tasks.config import PipelineConfig
 from mlm_tasks.data.shard_set import load_manifest
-from mlm_tasks.model.training_plan import check_resumable, plan_steps
+from mlm_tasks.model.training_plan import check_resumable, plan_lines, plan_steps, planned_replicas
 from mlm_tasks.paths import RunContext
 from mlm_tasks.results import DataSummary, RunCheck
 
@@ -32,4 +32,11 @@ def check_run(cfg: PipelineConfig, ctx: RunContext, *, data: DataSummary) -> Run
     check_resumable(ctx.run, fingerprint, shard_set.vocab_size)
     log.info("Run %s fits data %s: %d train records, batch %d per replica, %d steps at one replica.",
              ctx.run_id, fingerprint, shard_set.records("train"), cfg.train.batch_size, steps)
-    return RunCheck(fingerprint=fingerprint, train_records=shard_set.records("train"), steps=steps)
+    replicas = planned_replicas(cfg)
+    planned = plan_steps(cfg, shard_set, cfg.train.batch_size * replicas) if replicas > 1 else steps
+    base = data.get("base_model")  # model.init_from: the shape is the base's
+    dims = {**base, "vocab_size": shard_set.vocab_size} if base else None
+    plan = plan_lines(cfg, planned, shard_set.vocab_size, dims, replicas)
+    for line in plan:
+        log.info(line)
+    return RunCheck(fingerprint=fingerprint, train_records=shard_set.records("train"), steps=steps, plan=plan)

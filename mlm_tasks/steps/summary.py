@@ -45,6 +45,10 @@ def summary(cfg: PipelineConfig, ctx: RunContext, *, data: DataSummary | None = 
                      f"{train['parameters']:,} parameters), {train['tokens_per_s'] or 0:,.0f} tokens/s, loss "
                      f"{train['first_loss']:.3f} -> {train['last_loss']:.3f}, {train['elapsed_s']:.0f}s"
                      + (f", resumed from step {train['resumed_from_step']}" if train["resumed_from_step"] else ""))
+        if train.get("mfu_of"):
+            lines.append(f"Hardware   {train['mfu_of']}" + (
+                f"; {train['accelerator_hours']:.2f} TPU hours of training = ${train['cost_usd']:,.2f} "
+                f"({train['cost_basis']})" if train.get("cost_usd") is not None else ""))
     if metrics:
         lines.append(f"Evaluation {metrics['split']}: masked-LM loss {metrics['loss']:.3f}, perplexity "
                      f"{metrics['perplexity']:.1f}, masked-token accuracy {pct(metrics['accuracy'])} "

@@ -20,6 +20,7 @@ import os
 import platform
 import tempfile
 from collections.abc import Callable
+from typing import Any
 
 from mlm_tasks import storage
 from mlm_tasks.base_model import BaseModel
@@ -99,6 +100,7 @@ def train(cfg: PipelineConfig, ctx: RunContext, *, on_checkpoint: Callable[[int,
 
     from mlm_tasks.data.input import damaged_shard_error, mlm_dataset
     from mlm_tasks.data.tokenizer import load_tokenizer
+    from mlm_tasks.model.flops import device_peak, flops_per_token, mfu
     from mlm_tasks.model.roberta import build_model, masked_lm_loss, roberta_config
     from mlm_tasks.model.training_plan import crossed, steps_per_call
     from mlm_tasks.model.validation import Validation, validation_batches
@@ -196,9 +198,13 @@ def train(cfg: PipelineConfig, ctx: RunContext, *, on_checkpoint: Callable[[int,
             sums = sums.write(i, tf.stack([strategy.reduce("SUM", v, axis=None) for v in per_replica]))
         return sums.stack()
 
+    per_token = flops_per_token(model.config, shard_set.max_length, max_pred)
+    peak = device_peak(device, precision, replicas, cfg.tpu.accelerator_type)
+    log.info("%.1f MFLOP per token (training); peak %s", per_token / 1e6, peak.describe())
     status = StatusRecord(run, total_steps=total_steps, start_step=start_step, heartbeat_s=cfg.train.heartbeat_s)
     progress = ProgressLog(history, start_step, total_steps, cfg.train.log_every,
-                           global_batch * shard_set.max_length, run.tensorboard, schedule, on_line=status.progress)
+                           global_batch * shard_set.max_length, run.tensorboard, schedule, on_line=status.progress,
+                           flops_per_token=per_token, peak_flops=peak.total)
     with status:  # runs/<run>/train/status.json: heartbeats while this runs, then done or failed with its exit code
         fault_marker = join(run.root, "train", ".fault_injected")
 
@@ -254,13 +260,29 @@ def train(cfg: PipelineConfig, ctx: RunContext, *, on_checkpoint: Callable[[int,
             "val_loss": next((h["val_loss"] for h in reversed(history) if "val_loss" in h), None),
             "best_step": best[0] if best else None, "best_val_loss": best[1] if best else None,
             "kept": "best" if keep_best and best else "last",
+            "flops_per_token": per_token, "peak_flops": peak.total,
+            "mfu": (utilisation := mfu(progress.tokens_per_s, per_token, peak)), "mfu_of": peak.describe(utilisation),
+            **_tpu_cost(cfg, device, progress.elapsed_s),  # type: ignore[typeddict-item]  # the three cost keys
             "parameters": int(sum(v.shape.num_elements() for v in model.trainable_variables)),
             "tensorflow": tf.__version__, "python": platform.python_version()}
         storage.write_json(run.train_summary, summary)  # last: marks training complete
-    log.info("Training done: %d steps in %.0fs (%.0f tokens/s), loss %.3f -> %.3f; model at %s",
-             total_steps, summary["elapsed_s"], summary["tokens_per_s"] or 0, summary["first_loss"] or float("nan"),
+    cost = f", ${summary['cost_usd']:,.2f}" if summary["cost_usd"] is not None else ""
+    log.info("Training done: %d steps in %.0fs (%.0f tokens/s, %s%s), loss %.3f -> %.3f; model at %s",
+             total_steps, summary["elapsed_s"], summary["tokens_per_s"] or 0, summary["mfu_of"], cost,
+             summary["first_loss"] or float("nan"),
              summary["last_loss"] or float("nan"), run.model)
     return summary
+
+
+def _tpu_cost(cfg: PipelineConfig, device: str, elapsed_s: float) -> dict[str, Any]:
+    """The training's TPU hours and their cost at the run's price (tpu.price_per_chip_hour or the list price);
+    the VM's start and the steps around training are not in it. Nothing to count off a TPU."""
+    if device != "tpu":
+        return {"accelerator_hours": None, "cost_usd": None, "cost_basis": None}
+    from mlm_tasks.tpu import prices
+
+    basis = f"{cfg.tpu.accelerator_type} {'Spot' if cfg.tpu.spot else 'on-demand'}, {prices.source(cfg.tpu)}"
+    return {"accelerator_hours": elapsed_s / 3600, "cost_usd": prices.cost(cfg.tpu, elapsed_s), "cost_basis": basis}
 
 
 def _save_model(model, tokenizer, run: RunPaths) -> None:

@@ -1,0 +1,127 @@
+"""How well a run uses its hardware: the model's training FLOPs per token, the device's peak, and
+their ratio, the model FLOPs utilisation (MFU).
+
+    fpt = flops_per_token(model_config, seq_len=128, max_predictions=32)   # training FLOPs per token
+    peak = device_peak("tpu", "bf16", replicas=4, accelerator_type="v4-8")  # Peak(4 x 275 TFLOP/s bf16, ...)
+    mfu(tokens_per_s, fpt, peak)                                            # 0.31
+    peak.describe(mfu)                                                      # "MFU 31% of 4 × 275 TFLOP/s bf16"
+
+FLOPs per token (the PaLM appendix B count, training = 3 × forward, a multiply-add = 2 FLOPs):
+6 × the matrix parameters of the encoder layers (4·d² attention + 2·d·ff FFN per layer), plus 6 × the
+LM head's matrices (d² transform + d·V decoder) at the positions it computes only (max_predictions of
+seq_len, when train.max_predictions_per_seq cuts it), plus the attention term 12 · layers · d · seq_len
+(QKᵀ and AV). Embedding lookups, norms, biases and softmax are left out, as in every MFU quoted.
+
+Peaks are dense (no sparsity), per chip or GPU, in the precision the run computes in, from the
+makers' pages (PEAKS, with sources). On CPU there is no honest datasheet figure for "this VM's share
+of a host": `cpu_peak` measures a short matrix-multiply probe at start instead, so a CPU MFU reads as
+"of what this machine's matmul reaches".
+"""
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass
+from typing import Any
+
+log = logging.getLogger(__name__)
+
+# Dense peak FLOP/s per chip (TPU) or GPU, by precision. Checked 2026-12 against:
+#   TPU v4   https://cloud.google.com/tpu/docs/v4       275 TFLOP/s bf16 per chip
+#   TPU v5e  https://cloud.google.com/tpu/docs/v5e      197 TFLOP/s bf16 per chip
+#   TPU v5p  https://cloud.google.com/tpu/docs/v5p      459 TFLOP/s bf16 per chip
+#   A100     NVIDIA A100 datasheet (SXM)                312 bf16, 19.5 fp32 (156 tf32)
+#   H100     NVIDIA H100 datasheet (SXM)                989 bf16 dense, 67 fp32
+#   H200     NVIDIA H200 datasheet (SXM)                989 bf16 dense, 67 fp32
+# fp32 on a TPU runs through bf16 passes (about a third of bf16): not listed, the run says "unknown".
+PEAKS: dict[str, dict[str, float]] = {
+    "tpu-v4": {"bf16": 275e12},
+    "tpu-v5litepod": {"bf16": 197e12},
+    "tpu-v5p": {"bf16": 459e12},
+    "gpu-a100": {"bf16": 312e12, "fp32": 19.5e12},
+    "gpu-h100": {"bf16": 989e12, "fp32": 67e12},
+    "gpu-h200": {"bf16": 989e12, "fp32": 67e12},
+}
+NAMES = {"tpu-v4": "TPU v4", "tpu-v5litepod": "TPU v5e", "tpu-v5p": "TPU v5p", "gpu-a100": "A100",
+         "gpu-h100": "H100", "gpu-h200": "H200"}
+
+
+@dataclass(frozen=True)
+class Peak:
+    per_device: float | None     # FLOP/s of one chip / GPU / this CPU; None: not known for this device
+    devices: int
+    precision: str               # bf16 or fp32
+    source: str                  # e.g. "TPU v4 (Google's figure)", "measured: matmul probe"
+
+    @property
+    def total(self) -> float | None:
+        return self.per_device * self.devices if self.per_device else None
+
+    def describe(self, utilisation: float | None = None) -> str:
+        """"MFU 31% of 4 × 275 TFLOP/s bf16 (TPU v4)" (or just the peak, without a utilisation)."""
+        if not self.per_device:
+            return f"MFU unknown ({self.source}: no peak for {self.precision})"
+        peak = f"{self.devices} × {self.per_device / 1e12:.3g} TFLOP/s {self.precision} ({self.source})"
+        return f"MFU {100 * utilisation:.1f}% of {peak}" if utilisation is not None else peak
+
+
+def flops_per_token(config: Any, seq_len: int, max_predictions: int = 0) -> float:
+    """Training FLOPs per token of a RoBERTa masked LM (`config`: a RobertaConfig, or its dict)."""
+    values = config if isinstance(config, dict) else config.to_dict()
+    d, ff, layers, vocab = (int(values[k]) for k in ("hidden_size", "intermediate_size", "num_hidden_layers",
+                                                      "vocab_size"))
+    encoder = layers * (4 * d * d + 2 * d * ff)
+    head_share = min(max_predictions, seq_len) / seq_len if max_predictions else 1.0
+    head = (d * d + d * vocab) * head_share
+    attention = 12 * layers * d * seq_len
+    return 6 * (encoder + head) + attention
+
+
+def cpu_peak(precision: str, seconds: float = 0.3, size: int = 512) -> float:
+    """FLOP/s a chain of `size`² matrix multiplies reaches here in `precision`, over about `seconds`."""
+    import tensorflow as tf
+
+    dtype = tf.bfloat16 if precision == "bf16" else tf.float32
+    a = tf.random.stateless_normal((size, size), seed=(1, 2), dtype=tf.float32)
+    a = tf.cast(a / size ** 0.5, dtype)
+
+    @tf.function
+    def chain(x: Any) -> Any:
+        for _ in range(8):
+            x = tf.matmul(x, a)
+        return x
+
+    chain(a).numpy()  # trace and warm up
+    runs, began = 0, time.perf_counter()
+    while time.perf_counter() - began < seconds:
+        chain(a).numpy()
+        runs += 1
+    return runs * 8 * 2 * size ** 3 / (time.perf_counter() - began)
+
+
+def _gpu_key() -> str | None:
+    import tensorflow as tf
+
+    gpus = tf.config.list_physical_devices("GPU")
+    name = tf.config.experimental.get_device_details(gpus[0]).get("device_name", "") if gpus else ""
+    return next((key for key in PEAKS if key.startswith("gpu-") and key[4:] in name.lower()), None)
+
+
+def device_peak(device: str, precision: str, replicas: int, accelerator_type: str = "") -> Peak:
+    """The peak of what trains: `replicas` chips of `accelerator_type` on a TPU, GPUs by their name, or
+    this CPU by a probe (one "device": the whole host)."""
+    precision = "bf16" if precision == "bf16" else "fp32"
+    if device == "cpu":
+        return Peak(cpu_peak(precision), 1, precision, "measured: matmul probe on this CPU")
+    key = f"tpu-{accelerator_type.split('-', 1)[0]}" if device == "tpu" else _gpu_key()
+    if key is None or key not in PEAKS:
+        what = accelerator_type if device == "tpu" else "this GPU"
+        return Peak(None, replicas, precision, f"{what} is not in mlm_tasks/model/flops.py's PEAKS")
+    return Peak(PEAKS[key].get(precision), replicas, precision, NAMES[key])
+
+
+def mfu(tokens_per_s: float | None, per_token: float, peak: Peak) -> float | None:
+    """Model FLOPs utilisation: the FLOP/s the model's math needs at this speed, over the peak."""
+    if not tokens_per_s or not peak.total:
+        return None
+    return tokens_per_s * per_token / peak.total

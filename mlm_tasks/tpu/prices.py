@@ -1,0 +1,58 @@
+"""What a TPU VM costs: list prices per chip-hour, and the estimate a run prints before it spends.
+
+    hourly(cfg.tpu)                          # $/hour of the run's slice (Spot or on-demand, per tpu.spot)
+    estimate_lines(cfg, steps, per_token, replicas=4)   # tokens, steps, hours at ASSUMED_MFU, on-demand and Spot
+
+LIST_PRICES are Google's public list prices in US dollars per chip-hour for the regions where each
+generation first shipped (v4: us-central2; v5e: us-west4/us-central1; v5p: us-east5), as listed on
+https://cloud.google.com/tpu/pricing (read 2025-11; Spot prices move with demand). They are an
+estimate, not a bill: regions, committed-use discounts and negotiated prices differ, so a deployment
+with other prices sets `tpu.price_per_chip_hour` (what its invoice says) and every figure follows it.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+from mlm_tasks.tpu import slices
+
+PRICES_AS_OF = "2025-11"
+LIST_PRICES: dict[str, dict[str, float]] = {  # generation -> {"on_demand", "spot"} US$ per chip-hour
+    "v4": {"on_demand": 3.22, "spot": 0.97},
+    "v5litepod": {"on_demand": 1.20, "spot": 0.48},
+    "v5p": {"on_demand": 4.20, "spot": 1.68},
+}
+ASSUMED_MFU = 0.30  # what a plan assumes before a run measured its own (ModernBERT reports 26-31%)
+
+
+def chips(accelerator_type: str) -> int:
+    """Chips of a slice: v4/v5p suffixes count TensorCores (2 per chip), v5e (v5litepod) counts chips."""
+    generation, size = slices.parse(accelerator_type)
+    return size if generation in ("v5litepod", "v6e") else size // 2
+
+
+def per_chip_hour(tpu: Any, spot: bool | None = None) -> float | None:
+    """US$ per chip-hour of `tpu` (a TpuConfig): its price_per_chip_hour, else the list price."""
+    if tpu.price_per_chip_hour is not None:
+        return float(tpu.price_per_chip_hour)
+    generation = slices.parse(tpu.accelerator_type)[0]
+    prices = LIST_PRICES.get(generation)
+    if prices is None:
+        return None
+    return prices["spot" if (tpu.spot if spot is None else spot) else "on_demand"]
+
+
+def hourly(tpu: Any, spot: bool | None = None) -> float | None:
+    price = per_chip_hour(tpu, spot)
+    return price * chips(tpu.accelerator_type) if price is not None else None
+
+
+def cost(tpu: Any, seconds: float) -> float | None:
+    """What `seconds` of the run's slice cost at its price (Spot or on-demand as the run asked)."""
+    rate = hourly(tpu)
+    return rate * seconds / 3600 if rate is not None else None
+
+
+def source(tpu: Any) -> str:
+    if tpu.price_per_chip_hour is not None:
+        return f"tpu.price_per_chip_hour ${tpu.price_per_chip_hour:g}"
+    return f"list price {PRICES_AS_OF}, cloud.google.com/tpu/pricing"

@@ -1,0 +1,73 @@
+"""MFU and cost (mlm_tasks/model/flops.py, mlm_tasks/tpu/prices.py): the FLOPs count against a hand count,
+the peak a run is measured against, the plan before spending, and MFU in a real run's lines and summary.
+
+    TF_USE_LEGACY_KERAS=1 .venv/bin/python -m pytest tests/mlm_tasks/model/test_flops.py -q
+"""
+import logging
+
+import pytest
+
+from mlm_tasks.config import build_config
+from mlm_tasks.model.flops import Peak, device_peak, flops_per_token, mfu
+from mlm_tasks.model.training_plan import plan_lines
+from mlm_tasks.paths import RunContext
+from mlm_tasks.tpu import prices
+
+ROBERTA_BASE = {"hidden_size": 768, "intermediate_size": 3072, "num_hidden_layers": 12, "vocab_size": 50265}
+
+
+def test_flops_per_token_of_roberta_base_by_hand():
+    # 12 layers x (4 x 768^2 + 2 x 768 x 3072) = 84.9 M matrix parameters; the head 768^2 + 768 x 50265.
+    encoder, head = 12 * (4 * 768 ** 2 + 2 * 768 * 3072), 768 ** 2 + 768 * 50265
+    attention = 12 * 12 * 768 * 128
+    assert flops_per_token(ROBERTA_BASE, 128) == 6 * (encoder + head) + attention
+    # The head runs at 20 of 128 positions: its share of the count shrinks by as much, the rest stays.
+    assert flops_per_token(ROBERTA_BASE, 128, 20) == pytest.approx(6 * (encoder + head * 20 / 128) + attention)
+    assert 0.7e9 < flops_per_token(ROBERTA_BASE, 128) < 0.9e9  # ~6 x 125 M parameters: the usual figure
+
+
+def test_tpu_peak_and_the_mfu_line():
+    peak = device_peak("tpu", "bf16", replicas=4, accelerator_type="v4-8")
+    assert (peak.total, peak.devices) == (4 * 275e12, 4)
+    utilisation = mfu(tokens_per_s=500_000, per_token=0.7e9, peak=peak)
+    assert utilisation == pytest.approx(500_000 * 0.7e9 / 1.1e15)
+    assert peak.describe(utilisation) == "MFU 31.8% of 4 × 275 TFLOP/s bf16 (TPU v4)"
+    unknown = device_peak("tpu", "bf16", replicas=8, accelerator_type="v3-8")  # not in the table
+    assert unknown.total is None and mfu(1000.0, 1e9, unknown) is None
+    assert "not in mlm_tasks/model/flops.py's PEAKS" in unknown.describe()
+
+
+def test_cpu_peak_is_measured_and_positive():
+    peak = device_peak("cpu", "off", replicas=1)
+    assert isinstance(peak, Peak) and peak.precision == "fp32" and 1e9 < peak.total < 1e14
+    assert "measured: matmul probe" in peak.describe()
+
+
+def test_the_plan_prices_a_tpu_run_on_demand_and_spot_before_it_starts():
+    cfg = build_config({"output_root": "gs://b/p", "compute": "tpu_vm", "shards": {"max_length": 128},
+                        "train": {"batch_size": 32, "max_predictions_per_seq": 20},
+                        "model": {"preset": "base"}, "tpu": {"project": "p", "accelerator_type": "v4-8"}})
+    lines = plan_lines(cfg, 10_000, 50265)
+    assert lines[0].startswith("Plan: 10,000 steps × global batch 128 × 128 tokens = 163,840,000 tokens")
+    per_token = flops_per_token({**cfg.model.shape().model_dump(), "vocab_size": 50265}, 128, 20)
+    hours = 163_840_000 * per_token / (4 * 275e12 * prices.ASSUMED_MFU) / 3600
+    assert f"at 30% MFU: {hours:.2f} h of training" in lines[1]
+    assert f"on-demand ${4 * 3.22 * hours:,.2f} ($12.88/h)" in lines[1] and "Spot $" in lines[1]
+    assert "list price 2025-11" in lines[1]
+    own = cfg.model_copy(update={"tpu": cfg.tpu.model_copy(update={"price_per_chip_hour": 2.0})})
+    priced = plan_lines(own, 10_000, 50265)[1]
+    assert "($8.00/h)" in priced and "tpu.price_per_chip_hour $2" in priced
+    assert prices.cost(own.tpu, 3600) == pytest.approx(8.0)  # 4 chips x $2 for an hour
+
+
+def test_a_cpu_run_reports_its_mfu_in_the_lines_and_the_summary(tiny_prepared, caplog):
+    from mlm_tasks.steps.train import train
+    from peers.tiny_data import tiny_config
+
+    cfg, data = tiny_prepared
+    cfg = tiny_config(cfg.output_root, **{"train.steps": 6, "train.log_every": 2})
+    caplog.set_level(logging.INFO, logger="mlm_tasks")
+    summary = train(cfg, RunContext.of(cfg, "mfu-run", data["fingerprint"]))
+    assert 0 < summary["mfu"] < 1 and summary["mfu_of"].startswith(f"MFU {100 * summary['mfu']:.1f}% of 1 × ")
+    assert summary["flops_per_token"] > 0 and summary["cost_usd"] is None  # no TPU, no TPU bill
+    assert any("tokens/s MFU " in r.getMessage() for r in caplog.records if "step 4/6" in r.getMessage())
