@@ -101,6 +101,9 @@ class ModelConfig(_Section):
 
 class TrainConfig(_Section):
     steps: int | None = Field(None, ge=1, description="Optimizer steps; empty = `epochs` over the train shards.")
+    budget_minutes: float | None = Field(None, gt=0, description="Train for this long: the step count is fixed "
+                                         "from the run's own measured step time (then recorded: a resume keeps it), "
+                                         "so the schedule ends on time; train.steps, when set, caps it.")
     epochs: float = Field(1.0, gt=0, description="Passes over the train split when `steps` is empty.")
     batch_size: int = Field(32, ge=1, description="Examples per replica per step (global = × replicas).")
     learning_rate: float = Field(1e-3, gt=0, lt=1, description="Peak AdamW learning rate.")

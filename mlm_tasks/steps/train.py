@@ -100,8 +100,9 @@ def train(cfg: PipelineConfig, ctx: RunContext, *, on_checkpoint: Callable[[int,
 
     from mlm_tasks.data.input import damaged_shard_error, mlm_dataset
     from mlm_tasks.data.tokenizer import load_tokenizer
+    from mlm_tasks.model.budget import budgeted_steps, seconds_per_step
     from mlm_tasks.model.flops import device_peak, flops_per_token, mfu
-    from mlm_tasks.model.roberta import build_model, masked_lm_loss, roberta_config
+    from mlm_tasks.model.roberta import build_model, roberta_config
     from mlm_tasks.model.training_plan import crossed, steps_per_call
     from mlm_tasks.model.validation import Validation, validation_batches
 
@@ -129,8 +130,32 @@ def train(cfg: PipelineConfig, ctx: RunContext, *, on_checkpoint: Callable[[int,
     replicas = strategy.num_replicas_in_sync  # what the hardware gives, never a number from a config
     global_batch = cfg.train.batch_size * replicas
     total_steps = plan_steps(cfg, shard_set, global_batch)
-    warmup = int(total_steps * cfg.train.warmup_fraction)
     per_call = steps_per_call(cfg.train.steps_per_call, device)
+
+    def train_batches(input_context, skip: int, take: int):  # once per input pipeline (host): its own share
+        return mlm_dataset(shard_set, "train", tokenizer, global_batch, mlm_probability=cfg.train.mlm_probability,
+                           seed=cfg.train.seed, shuffle_buffer=cfg.train.shuffle_buffer, skip_batches=skip,
+                           take_batches=take, input_context=input_context)
+
+    model_config = roberta_config(cfg, len(tokenizer), shard_set.special_ids, base.config() if base else None)
+
+    def model_and_optimizer(steps: int):  # in the strategy's scope: variables on its devices
+        with strategy.scope():
+            built = build_model(model_config, sinusoidal_positions=cfg.model.sinusoidal_init and base is None)
+            return built, *create_optimizer(
+                init_lr=cfg.train.learning_rate, num_train_steps=steps,
+                num_warmup_steps=int(steps * cfg.train.warmup_fraction), weight_decay_rate=cfg.train.weight_decay,
+                adam_beta2=cfg.train.adam_beta2, adam_epsilon=cfg.train.adam_epsilon)
+
+    max_pred = cfg.train.max_predictions_per_seq
+    if cfg.train.budget_minutes:
+        def measure() -> tuple[float, float]:  # a throwaway model, on the run's first batches (the input repeats)
+            return seconds_per_step(strategy, model_and_optimizer(total_steps)[:2], step_functions, max_pred, xla,
+                                    lambda context: train_batches(context, 0, 10**6), per_call)
+
+        total_steps = budgeted_steps(run, cfg.train.budget_minutes, total_steps if cfg.train.steps else None, measure)
+        tf.keras.utils.set_random_seed(cfg.train.seed)  # the run's model starts where a run of that count would
+    warmup = int(total_steps * cfg.train.warmup_fraction)
     log.info("Training on %s (%s): %d replica(s), global batch %d, %d steps (%d per call), warmup %d, XLA %s, "
              "precision %s", device, type(strategy).__name__, replicas, global_batch, total_steps, per_call, warmup,
              "on" if xla else "off", precision)
@@ -142,14 +167,8 @@ def train(cfg: PipelineConfig, ctx: RunContext, *, on_checkpoint: Callable[[int,
     save_every = [cfg.train.checkpoint_every,
                   *(every for hook in hooks if (every := getattr(hook, "checkpoint_every", None)))]
 
+    model, optimizer, schedule = model_and_optimizer(total_steps)
     with strategy.scope():
-        model = build_model(roberta_config(cfg, len(tokenizer), shard_set.special_ids,
-                                           base.config() if base else None),
-                            sinusoidal_positions=cfg.model.sinusoidal_init and base is None)
-        optimizer, schedule = create_optimizer(
-            init_lr=cfg.train.learning_rate, num_train_steps=total_steps, num_warmup_steps=warmup,
-            weight_decay_rate=cfg.train.weight_decay, adam_beta2=cfg.train.adam_beta2,
-            adam_epsilon=cfg.train.adam_epsilon)
         step_var = tf.Variable(0, dtype=tf.int64, trainable=False, name="step")
     ckpt = tf.train.Checkpoint(model=model, optimizer=optimizer, step=step_var)
     manager = tf.train.CheckpointManager(ckpt, run.checkpoints, max_to_keep=2)
@@ -170,33 +189,10 @@ def train(cfg: PipelineConfig, ctx: RunContext, *, on_checkpoint: Callable[[int,
     start_step = int(step_var.numpy())  # int() refuses the Mirrored/TPU variable a strategy makes
     history = [h for h in read_history(run) if h["step"] <= start_step]
 
-    def dataset_fn(input_context):  # once per input pipeline (host): it reads its own share
-        return mlm_dataset(shard_set, "train", tokenizer, global_batch,
-                           mlm_probability=cfg.train.mlm_probability, seed=cfg.train.seed,
-                           shuffle_buffer=cfg.train.shuffle_buffer, skip_batches=start_step,
-                           take_batches=total_steps - start_step, input_context=input_context)
+    iterator = iter(strategy.distribute_datasets_from_function(
+        lambda context: train_batches(context, start_step, total_steps - start_step)))
 
-    iterator = iter(strategy.distribute_datasets_from_function(dataset_fn))
-    max_pred = cfg.train.max_predictions_per_seq
-
-    @tf.function(jit_compile=xla)
-    def replica_step(batch):
-        with tf.GradientTape() as tape:
-            loss_sum, count, correct = masked_lm_loss(model, batch, max_pred, training=True)
-            loss = loss_sum / tf.maximum(count, 1.0) / replicas
-        grads = tape.gradient(loss, model.trainable_variables)
-        optimizer.apply_gradients(zip(grads, model.trainable_variables, strict=False))
-        return loss_sum, count, correct
-
-    @tf.function
-    def distributed_steps(it, k: int):
-        """k optimizer steps in one call (train.steps_per_call): the loop runs on the device side, so the
-        host dispatches once per k steps. Returns each step's [loss sum, masked tokens, correct] (k x 3)."""
-        sums = tf.TensorArray(tf.float32, size=k)
-        for i in tf.range(k):
-            per_replica = strategy.run(replica_step, args=(next(it),))
-            sums = sums.write(i, tf.stack([strategy.reduce("SUM", v, axis=None) for v in per_replica]))
-        return sums.stack()
+    distributed_steps = step_functions(strategy, model, optimizer, max_pred, xla)
 
     per_token = flops_per_token(model.config, shard_set.max_length, max_pred)
     peak = device_peak(device, precision, replicas, cfg.tpu.accelerator_type)
@@ -272,6 +268,36 @@ def train(cfg: PipelineConfig, ctx: RunContext, *, on_checkpoint: Callable[[int,
              summary["first_loss"] or float("nan"),
              summary["last_loss"] or float("nan"), run.model)
     return summary
+
+
+def step_functions(strategy, model, optimizer, max_pred: int, xla: bool):
+    """`distributed_steps(iterator, k)`: k optimizer steps in one call (train.steps_per_call). The loop runs
+    on the device side, so the host dispatches once per k steps; it returns each step's [loss sum, masked
+    tokens, correct] (k x 3)."""
+    import tensorflow as tf
+
+    from mlm_tasks.model.roberta import masked_lm_loss
+
+    replicas = strategy.num_replicas_in_sync
+
+    @tf.function(jit_compile=xla)
+    def replica_step(batch):
+        with tf.GradientTape() as tape:
+            loss_sum, count, correct = masked_lm_loss(model, batch, max_pred, training=True)
+            loss = loss_sum / tf.maximum(count, 1.0) / replicas
+        grads = tape.gradient(loss, model.trainable_variables)
+        optimizer.apply_gradients(zip(grads, model.trainable_variables, strict=False))
+        return loss_sum, count, correct
+
+    @tf.function
+    def distributed_steps(it, k: int):
+        sums = tf.TensorArray(tf.float32, size=k)
+        for i in tf.range(k):
+            per_replica = strategy.run(replica_step, args=(next(it),))
+            sums = sums.write(i, tf.stack([strategy.reduce("SUM", v, axis=None) for v in per_replica]))
+        return sums.stack()
+
+    return distributed_steps
 
 
 def _tpu_cost(cfg: PipelineConfig, device: str, elapsed_s: float) -> dict[str, Any]:
