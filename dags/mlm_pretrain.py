@@ -5,8 +5,10 @@ validate every input → plan_shards (fingerprint, Unigram tokenizer) → write_
 one mapped task per corpus partition, `shards.partitions`) → merge_shards (one manifest; all reused
 when the corpus fingerprint is unchanged) → check_run (the run fits its data: batch, max_length,
 tokenizer, earlier checkpoints) → wait_for_shards (only for shards made elsewhere) → [create_tpu_vm]
-→ train (resumes from its last checkpoint on retry) → evaluate → fill_mask → report → gate → publish
-to the Hub (skipped, with the reason, unless enabled and the gate passed) → summary →
+→ train (resumes from its last checkpoint on retry) → evaluate → fill_mask → report → gate →
+approve_release (with `publish.require_approval`, a person approves in "Required actions"; skipped
+otherwise) → publish to the Hub (skipped, with the reason, unless enabled, the gate passed and, when
+asked, a person approved) → summary →
 [delete_tpu_vm, a teardown: runs whatever happened upstream]. With `compute: local` the two TPU VM
 tasks end skipped, saying so in their logs. Each task runs the step of the same
 name in `mlm_tasks/steps/` (docs/architecture.md).
@@ -32,6 +34,7 @@ from airflow.sdk import DAG, chain
 from dag_defaults import config_params, default_args, default_config, form_params
 from mlm_assets import SHARDS
 from pipeline_tasks import check_run, evaluate, fill_mask, gate, publish, publish_tokenizer, report, summary, validate
+from release_approval import ReleaseApprovalOperator
 from shard_gate import ShardSetCompleteSensor
 from shard_set import shard_set
 from tpu_operators import TpuVmCreateOperator, TpuVmDeleteOperator
@@ -77,9 +80,14 @@ with DAG(
     train = TrainOperator(task_id="train", config=config, data=data, execution_timeout=timedelta(hours=72),
                           queue=train_queue(_defaults.compute), trigger_rule="none_failed")
     decision = gate(config)
-    published = publish(config, decision, data)
+    # Always in the DAG (its shape is fixed at parse time, the setting is per run): it skips itself
+    # unless the run asks for approval, and a rejection or timeout skips publish (plugins/release_approval.py).
+    approval = ReleaseApprovalOperator(task_id="approve_release", config=config, decision=decision,
+                                       default_timeout_hours=_defaults.publish.approval_timeout_hours)
+    # none_failed: publish runs after a skipped approval (none asked for) and decides on its own.
+    published = publish.override(trigger_rule="none_failed")(config, decision, data)
     chain(data, check_run(config, data), wait, create_vm, train, evaluate(config, data), fill_mask(config),
-          report(config, data), decision, published, summary(config, data))
+          report(config, data), decision, approval, published, summary(config, data))
     data >> publish_tokenizer(config, data)
     # A teardown without a setup: it runs once train and create_tpu_vm are done, whatever happened (a failed
     # create too: it deletes what the failed try left), so no TPU VM outlives its run; with compute local it

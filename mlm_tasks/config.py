@@ -251,6 +251,10 @@ class PublishConfig(_Section):
     request_timeout_s: float = Field(120, gt=0, description="Seconds one Hub request may go without an answer "
                                      "(connect, or between bytes) before it fails; a hung Hub fails the step.")
     license: str = Field("cc-by-sa-4.0", description="License in the model card (Wikipedia text is CC BY-SA 4.0).")
+    require_approval: bool = Field(False, description="A person approves the release in Airflow (the "
+                                   "approve_release task, between gate and publish) before publish runs.")
+    approval_timeout_hours: float = Field(72, gt=0, description="Hours approve_release waits for an answer; "
+                                          "no answer by then counts as a rejection (publish skipped).")
 
 
 class SensorConfig(_Section):
@@ -385,6 +389,7 @@ PARAM_PATHS = {
     "runtime_version": "tpu.runtime_version",
     "publish": "publish.enabled",
     "hub_repo_id": "publish.repo_id",
+    "require_approval": "publish.require_approval",
 }
 
 

@@ -31,7 +31,8 @@ def test_every_dag_is_documented_owned_tagged_and_retried(dagbag):
 def test_pretrain_shape_and_teardown(dagbag):
     dag = dagbag.dags["mlm_pretrain"]
     order = ["validate", "plan_shards", "write_shards", "merge_shards", "check_run", "wait_for_shards",
-             "create_tpu_vm", "train", "evaluate", "fill_mask", "report", "gate", "publish", "summary"]
+             "create_tpu_vm", "train", "evaluate", "fill_mask", "report", "gate", "approve_release", "publish",
+             "summary"]
     for up, down in zip(order, order[1:], strict=False):
         assert down in dag.get_task(up).downstream_task_ids, (up, down)
     delete = dag.get_task("delete_tpu_vm")
@@ -42,6 +43,27 @@ def test_pretrain_shape_and_teardown(dagbag):
     assert dag.get_task("train").trigger_rule == "none_failed"
     assert dag.get_task("merge_shards").trigger_rule == "none_failed"
     assert dag.get_task("train").retries >= 1
+
+
+def test_approve_release_is_airflows_approval_between_gate_and_publish(dagbag):
+    """publish.require_approval is per run, the DAG's shape is not: the approval task is always there
+    (it skips itself when not asked), and publish runs after a skipped one (none_failed). A rejection
+    skips publish alone (its direct downstream): summary still runs."""
+    from airflow.providers.standard.operators.hitl import ApprovalOperator
+
+    from dag_defaults import default_config
+
+    dag = dagbag.dags["mlm_pretrain"]
+    approval = dag.get_task("approve_release")
+    assert isinstance(approval, ApprovalOperator)
+    assert {"gate", "validate"} <= approval.upstream_task_ids and approval.downstream_task_ids == {"publish"}
+    assert dag.get_task("publish").trigger_rule == "none_failed"
+    assert dag.get_task("summary").trigger_rule == "none_failed"
+    # No answer by the deadline takes the default, Reject: a timeout is a rejection, not a failure.
+    assert approval.defaults == ["Reject"] and not approval.fail_on_reject
+    assert approval.response_timeout.total_seconds() == default_config().publish.approval_timeout_hours * 3600
+    # The form a person fills in is the comment alone, not the trigger form's params.
+    assert set(approval.serialized_params) == {"comment"}
 
 
 def test_param_defaults_build_a_valid_config(dagbag):

@@ -4,12 +4,15 @@
                               loopback (tests/peers/airflow_stack.py), as docker-compose.yaml runs them,
                               with users viewer, user, op of those FAB roles (stack.token_for(name))
     airflow_api     session   REST API v2 client with a JWT (tests/peers/airflow_rest.py)
+    stack_hub       session   the fake Hub the stack publishes to: its huggingface_default connection
     tiny_conf       function  `mlm_pretrain` conf for the tiny preset in a fresh output_root
     artifacts_dir   session   where screenshots go: $PYTEST_ARTIFACTS or tests/artifacts/ (gitignored)
 """
 from __future__ import annotations
 
+import json
 import os
+import secrets
 from pathlib import Path
 
 import pytest
@@ -22,9 +25,22 @@ ROLE_USERS = {"viewer": "Viewer", "user": "User", "op": "Op"}
 
 
 @pytest.fixture(scope="session")
-def airflow_stack(tmp_path_factory):
-    # One user per FAB role besides admin, for the role checks of test_stack_e2e.py.
-    with running_stack(tmp_path_factory.mktemp("stack"), users=ROLE_USERS) as stack:
+def stack_hub():
+    from peers.fake_hub import FakeHub
+
+    with FakeHub(token=f"hf_stack_{secrets.token_hex(8)}", user="ml-team") as hub:
+        yield hub
+
+
+@pytest.fixture(scope="session")
+def airflow_stack(tmp_path_factory, stack_hub):
+    # One user per FAB role besides admin, for the role checks of test_stack_e2e.py. The Hub connection
+    # (.env's, so only the services that run tasks get it) points at the fake Hub, for runs that publish;
+    # HF_ENDPOINT too, as huggingface_hub checks commit URLs against it.
+    connection = json.dumps({"conn_type": "generic", "host": stack_hub.url, "password": stack_hub.token})
+    with running_stack(tmp_path_factory.mktemp("stack"), users=ROLE_USERS,
+                       dotenv={"AIRFLOW_CONN_HUGGINGFACE_DEFAULT": connection},
+                       extra_env={"HF_ENDPOINT": stack_hub.url}) as stack:
         yield stack
 
 

@@ -495,11 +495,13 @@ def get_token(url: str, password: str, username: str = ADMIN_USER) -> str:
 
 @contextlib.contextmanager
 def running_stack(workdir: Path, executor: str = "LocalExecutor", extra_env: dict[str, str] | None = None,
-                  users: dict[str, str] | None = None) -> Iterator[Stack]:
+                  users: dict[str, str] | None = None, dotenv: dict[str, str] | None = None) -> Iterator[Stack]:
     """PostgreSQL + airflow-init + the four Airflow services (+ redis-server with the CeleryExecutor;
     workers are started with `stack.start_worker`); everything stopped and checked on exit.
     `extra_env` is for a test's own tuning (timeouts), on top of what the compose file sets, in every
-    service. `users`: username → FAB role, made after init with generated passwords (`stack.users`)."""
+    service. `users`: username → FAB role, made after init with generated passwords (`stack.users`).
+    `dotenv`: values an operator sets in .env (e.g. a connection), which compose hands only to the
+    services whose environment names them."""
     # A folder outside pytest's 0700 tmp tree: the `postgres` user must reach its data directory.
     pg_dir = Path(tempfile.mkdtemp(prefix="mlm-pg-"))
     home = workdir / "airflow_home"
@@ -513,7 +515,7 @@ def running_stack(workdir: Path, executor: str = "LocalExecutor", extra_env: dic
         pg_password = generated_secret("POSTGRES_PASSWORD")
         start_postgres(procs, pg_dir, pg_port, pg_password)
         spec = stack_spec(home, pg_port, api_port, redis_port=redis_port,
-                          variables={"MLM_EXECUTOR": executor, "POSTGRES_PASSWORD": pg_password})
+                          variables={**(dotenv or {}), "MLM_EXECUTOR": executor, "POSTGRES_PASSWORD": pg_password})
         for env in spec.envs.values():
             env.update(extra_env or {})
         if "CeleryExecutor" in executor:

@@ -1,0 +1,130 @@
+"""What a person reads before approving a release (`publish.require_approval`): one Markdown page.
+
+    body = review_markdown(cfg, ctx.run, decision)           # reads the run's artifacts and the published metrics
+    body = render_review(repo_id=..., metrics=..., ...)      # pure, no I/O
+
+The approval task (plugins/release_approval.py) shows it as the body of Airflow's approval form: the
+eval metrics beside the untrained model and the unigram baseline, the gate's verdict and reasons, the
+comparison with the model last published to the same repo, the validation loss (best and last), the
+downstream table when the run has one, and the repo it would publish to.
+"""
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from typing import Any
+
+from mlm_tasks import paths, storage
+from mlm_tasks.config import PipelineConfig
+from mlm_tasks.model.card import read_run_artifacts
+from mlm_tasks.paths import RunPaths
+from mlm_tasks.results import GateDecision
+
+MISSING = "–"
+
+
+def _num(value: Any, fmt: str = "{:.4f}") -> str:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or math.isnan(value):
+        return MISSING
+    return fmt.format(value)
+
+
+def _perplexity(loss: Any) -> Any:
+    # exp() of a large untrained loss overflows; show it as infinite rather than fail the form.
+    if isinstance(loss, (int, float)) and not isinstance(loss, bool):
+        return math.exp(loss) if loss < 700 else math.inf
+    return None
+
+
+def _metrics_table(metrics: Mapping[str, Any] | None, previous: Mapping[str, Any] | None) -> list[str]:
+    if not metrics:
+        return ["No eval metrics for this run (evaluate did not write eval/metrics.json)."]
+    prev = previous or {}
+    rows = [
+        ("loss", metrics.get("loss"), metrics.get("untrained_loss"), None, prev.get("loss")),
+        ("perplexity", metrics.get("perplexity"), _perplexity(metrics.get("untrained_loss")), None,
+         prev.get("perplexity")),
+        ("masked-token accuracy", metrics.get("accuracy"), metrics.get("untrained_accuracy"),
+         metrics.get("baseline_accuracy"), prev.get("accuracy")),
+    ]
+    lines = ["| metric | this run | untrained model | unigram baseline | last published |",
+             "|---|---|---|---|---|"]
+    lines += [f"| {name} | {_num(run)} | {_num(untrained)} | {_num(baseline)} | {_num(published)} |"
+              for name, run, untrained, baseline, published in rows]
+    lines.append("")
+    lines.append(f"Split `{metrics.get('split', MISSING)}`, {metrics.get('masked_tokens', MISSING)} masked tokens; "
+                 f"the baseline always predicts `{metrics.get('baseline_token', MISSING)}`.")
+    return lines
+
+
+def _published_line(previous: Mapping[str, Any] | None, repo_id: str | None) -> str:
+    if not repo_id:
+        return "No `publish.repo_id`: nothing to compare with."
+    if not previous:
+        return f"Nothing published to `{repo_id}` from this output_root yet: this would be its first model."
+    return (f"Last published to `{repo_id}`: run `{previous.get('run_id', MISSING)}`, commit "
+            f"`{previous.get('commit_oid', MISSING)}` (its metrics are the table's last column).")
+
+
+def _validation_lines(summary: Mapping[str, Any] | None) -> list[str]:
+    if not summary:
+        return ["No training summary (train/summary.json)."]
+    if summary.get("best_val_loss") is None and summary.get("val_loss") is None:
+        return ["No validation during training (`train.eval_every` is off)."]
+    return [f"- best: {_num(summary.get('best_val_loss'))} at step {summary.get('best_step', MISSING)}",
+            f"- last: {_num(summary.get('val_loss'))} (the saved model is the {summary.get('kept', 'last')} step's)"]
+
+
+def _downstream_lines(downstream: Any) -> list[str]:
+    """Downstream fine-tuning scores (issue 21 item 2), when the run has them. Rows are read loosely:
+    a list of {task, metric, mean, spread, seeds, random_init}, or {task: {...}}."""
+    if not downstream:
+        return ["No downstream evaluation for this run."]
+    rows = ([{"task": task, **row} for task, row in downstream.items()] if isinstance(downstream, Mapping)
+            else list(downstream))
+    lines = ["| task | metric | mean ± spread | seeds | random init |", "|---|---|---|---|---|"]
+    for row in rows:
+        lines.append(f"| {row.get('task', MISSING)} | {row.get('metric', MISSING)} | {_num(row.get('mean'))} ± "
+                     f"{_num(row.get('spread'))} | {row.get('seeds', MISSING)} | {_num(row.get('random_init'))} |")
+    return lines
+
+
+def render_review(*, run_id: str, repo_id: str | None, private: bool, decision: GateDecision,
+                  metrics: Mapping[str, Any] | None, previous: Mapping[str, Any] | None,
+                  summary: Mapping[str, Any] | None, downstream: Any = None, timeout_hours: float) -> str:
+    verdict = "passed" if decision.get("passed") else "failed"
+    visibility = "private" if private else "public"
+    return "\n".join([
+        f"The model of run `{run_id}` would be pushed to `{repo_id or MISSING}`, a {visibility} repo.",
+        "",
+        "### Evaluation",
+        *_metrics_table(metrics, previous),
+        "",
+        f"### Gate: {verdict}",
+        *[f"- {reason}" for reason in decision.get("reasons", [])],
+        "",
+        "### Last published model",
+        _published_line(previous, repo_id),
+        "",
+        "### Validation loss during training",
+        *_validation_lines(summary),
+        "",
+        "### Downstream tasks",
+        *_downstream_lines(downstream),
+        "",
+        f"Approve to publish; Reject to skip publishing (say why in the comment, it goes to the log). "
+        f"No answer within {timeout_hours:g} h (`publish.approval_timeout_hours`) counts as a rejection.",
+    ])
+
+
+def review_markdown(cfg: PipelineConfig, run: RunPaths, decision: GateDecision) -> str:
+    """The review page of `run`, from its artifacts and the metrics last published to `publish.repo_id`."""
+    artifacts = read_run_artifacts(run)
+    repo_id = cfg.publish.repo_id
+    previous = storage.read_json_if_exists(paths.published_metrics(cfg.output_root, repo_id)) if repo_id else None
+    return render_review(run_id=run.run_id, repo_id=repo_id, private=cfg.publish.private, decision=decision,
+                         metrics=artifacts["metrics"], previous=previous, summary=artifacts["summary"],
+                         # Item 2 of issue 21 (downstream evaluation) adds "downstream" to the run's
+                         # artifacts; until it lands the section says the run has none.
+                         downstream=artifacts.get("downstream"),
+                         timeout_hours=cfg.publish.approval_timeout_hours)

@@ -1,0 +1,99 @@
+"""approve_release: a person approves the model before `publish` runs (`publish.require_approval`).
+
+    decision = gate(config)
+    approval = ReleaseApprovalOperator(task_id="approve_release", config=config, decision=decision)
+    chain(decision, approval, publish(config, decision, data))     # publish: trigger_rule none_failed
+
+Airflow's own ApprovalOperator (standard provider): the task writes its request (the review page of
+mlm_tasks/model/release_review.py as the Markdown body, a comment field) and waits in the
+`awaiting_input` state, holding no worker slot, until someone answers in the UI ("Required
+actions") or through the REST API (PATCH .../taskInstances/approve_release/-1/hitlDetails).
+  Approve  publish runs.
+  Reject   the operator skips publish; the log names who rejected and their comment.
+  No answer within `publish.approval_timeout_hours`: the scheduler answers the default, Reject, so a
+           timeout is a rejection (publish skipped, the log says it timed out), not a failed run.
+
+The DAG's shape is fixed at parse time but the setting is per run, so the task is always there and
+skips itself when there is nothing to approve: approval not required, publishing off, or a failed
+gate (publish then skips itself with the gate's reasons). `publish` follows it with none_failed, so
+a skipped approval lets publish decide as it does without one.
+"""
+from __future__ import annotations
+
+from datetime import timedelta
+from typing import Any
+
+from airflow.providers.standard.operators.hitl import ApprovalOperator
+from airflow.sdk import Param
+from airflow.sdk.exceptions import AirflowSkipException
+
+from mlm_tasks.config import PipelineConfig
+from step_context import config_from_xcom, step_context, xcom_dict
+
+COMMENT = "comment"
+
+
+class ReleaseApprovalOperator(ApprovalOperator):
+    template_fields = (*ApprovalOperator.template_fields, "config", "decision")
+
+    def __init__(self, *, config: Any, decision: Any, default_timeout_hours: float = 72,
+                 params: Any = None, **kwargs: Any) -> None:
+        # `params` holds the DAG's (the trigger form's), merged in by Airflow; HITLOperator drops those
+        # from its form anyway, so the form is the comment field alone.
+        # response_timeout here only keeps execution_timeout as the default's (HITLOperator would
+        # otherwise take that as the answer's deadline); each run sets its own in execute().
+        super().__init__(
+            subject="Publish this run's model?", defaults=ApprovalOperator.REJECT,
+            response_timeout=timedelta(hours=default_timeout_hours),
+            # Optional (null allowed): the form would otherwise refuse an answer without one.
+            params={COMMENT: Param(None, type=["null", "string"], title="Comment", source="task",
+                                   description="Why you approve or reject; it goes to the task log.")},
+            **kwargs)
+        self.config = config
+        self.decision = decision
+
+    def execute(self, context: Any) -> Any:
+        cfg = config_from_xcom(self.config)
+        decision = xcom_dict(self.decision)
+        reason = self._nothing_to_approve(cfg, decision)
+        if reason:
+            raise AirflowSkipException(reason)
+        from mlm_tasks.model.release_review import review_markdown
+
+        _, ctx = step_context(cfg)  # the run's GCP connection, for artifacts under gs://
+        self.subject = f"Publish run {context['run_id']} to {cfg.publish.repo_id}?"
+        self.body = review_markdown(cfg, ctx.run, decision)
+        self.response_timeout = timedelta(hours=cfg.publish.approval_timeout_hours)
+        self.log.info("Waiting up to %g h for a person to approve or reject publishing to %s (Required actions "
+                      "in the UI, or the REST API's hitlDetails).", cfg.publish.approval_timeout_hours,
+                      cfg.publish.repo_id)
+        return super().execute(context)
+
+    @staticmethod
+    def _nothing_to_approve(cfg: PipelineConfig, decision: dict) -> str | None:
+        if not cfg.publish.require_approval:
+            return "No approval asked (publish.require_approval is false): publish decides on its own."
+        if not cfg.publish.enabled:
+            return "Publishing is off (publish.enabled=false): nothing to approve."
+        if not decision.get("passed"):
+            return "The evaluation gate failed: nothing to approve (publish skips, with the gate's reasons)."
+        return None
+
+    def execute_complete(self, context: Any, event: dict[str, Any]) -> Any:
+        if "error" not in event:
+            self.log.info("%s", self.outcome(event))
+        return super().execute_complete(context, event)
+
+    @staticmethod
+    def outcome(event: dict[str, Any]) -> str:
+        """One line for the log: who answered what and why, or that nobody answered in time."""
+        chosen = (event.get("chosen_options") or [None])[0]
+        if event.get("timedout"):
+            return ("No answer before publish.approval_timeout_hours ran out: that counts as a rejection, so "
+                    "publish is skipped. Trigger a new run (or clear approve_release) to ask again.")
+        user = event.get("responded_by_user") or {}
+        comment = (event.get("params_input") or {}).get(COMMENT) or "no comment given"
+        who = user.get("name") or user.get("id") or "someone"
+        if chosen == ApprovalOperator.APPROVE:
+            return f"Approved by {who} ({comment}): publish runs."
+        return f"Rejected by {who}: {comment}. publish is skipped."
