@@ -80,9 +80,10 @@ def run_step(step: str, cfg: PipelineConfig, ctx: RunContext, part: int = 0, run
     if step == "fingerprint":
         return data_fingerprint(cfg)
     if step == "compare":
-        from mlm_tasks.model.compare import compare_runs, write_comparison
+        from mlm_tasks.model.compare import compare_runs, folders, write_comparison
 
-        return write_comparison(cfg.output_root, compare_runs(cfg.output_root, [r for r in runs.split(",") if r]))
+        chosen = folders([r for r in runs.split(",") if r]) or None  # none named: every run
+        return write_comparison(cfg.output_root, compare_runs(cfg.output_root, chosen))
     if step == "build_shard_set":
         return steps.build_shard_set(cfg, ctx)
     if step == "run_all":

@@ -99,6 +99,14 @@ class RunPaths:
     published = property(lambda self: join(self.root, "publish", "published.json"))
 
 
+@dataclass(frozen=True)
+class RunFolder(RunPaths):
+    """The paths of a run found by listing output_root/runs: `run_id` is its folder's name, already safe
+    (safe_run_id of a hashed name would hash it again)."""
+
+    root = property(lambda self: join(self.output_root, "runs", self.run_id))
+
+
 def published_metrics(output_root: str, repo_id: str) -> str:
     """Metrics of the last model published to `repo_id`; the evaluation gate compares against it."""
     return join(output_root, "published", repo_id.replace("/", "__"), "metrics.json")

@@ -19,7 +19,7 @@ from mlm_tasks import storage
 from mlm_tasks.model.card import read_run_artifacts
 from mlm_tasks.model.plots import line_plot
 from mlm_tasks.model.progress import read_history
-from mlm_tasks.paths import DataPaths, RunPaths, join
+from mlm_tasks.paths import DataPaths, RunFolder, join, safe_run_id
 from mlm_tasks.results import RunRow
 
 log = logging.getLogger(__name__)
@@ -32,7 +32,7 @@ def run_names(output_root: str) -> list[str]:
     if not storage.exists(root):
         return []
     names = sorted(path.rstrip("/").rsplit("/", 1)[-1] for path in storage.listdir(root))
-    return [name for name in names if storage.exists(RunPaths(output_root, name).train_summary)]
+    return [name for name in names if storage.exists(RunFolder(output_root, name).train_summary)]
 
 
 def _tokens_per_step(output_root: str, summary: dict[str, Any], data_info: dict[str, Any] | None) -> int | None:
@@ -47,7 +47,7 @@ def _tokens_per_step(output_root: str, summary: dict[str, Any], data_info: dict[
     return None
 
 
-def downstream_scores(run: RunPaths) -> dict[str, float]:
+def downstream_scores(run: RunFolder) -> dict[str, float]:
     """task → mean score, from eval/downstream.json when the run has one."""
     found = storage.read_json_if_exists(join(run.root, "eval", "downstream.json"))
     tasks = found.get("tasks", []) if isinstance(found, dict) else []
@@ -55,7 +55,7 @@ def downstream_scores(run: RunPaths) -> dict[str, float]:
 
 
 def run_row(output_root: str, name: str) -> RunRow:
-    run = RunPaths(output_root, name)
+    run = RunFolder(output_root, name)
     art = read_run_artifacts(run)
     summary, metrics, data_info = art["summary"] or {}, art["metrics"] or {}, art["data_info"]
     history = read_history(run)
@@ -70,12 +70,15 @@ def run_row(output_root: str, name: str) -> RunRow:
         val_curve=[[h["step"] * per_step, h["val_loss"]] for h in history if "val_loss" in h] if per_step else [])
 
 
-def compare_runs(output_root: str, runs: list[str] | None = None) -> list[RunRow]:
-    """The rows of `runs` (run ids or their folder names), or of every finished run under output_root."""
-    from mlm_tasks.paths import safe_run_id
+def folders(run_ids: list[str]) -> list[str]:
+    """The run folders of Airflow run ids (or of names that are folders already)."""
+    return [safe_run_id(run_id) for run_id in run_ids]
 
-    names = run_names(output_root) if not runs else [safe_run_id(r) for r in runs]
-    missing = [n for n in names if not storage.exists(RunPaths(output_root, n).train_summary)]
+
+def compare_runs(output_root: str, names: list[str] | None = None) -> list[RunRow]:
+    """The rows of the run folders `names` (see `folders`), or of every finished run under output_root."""
+    names = run_names(output_root) if names is None else names
+    missing = [n for n in names if not storage.exists(RunFolder(output_root, n).train_summary)]
     if missing:
         from mlm_tasks.errors import MissingArtifactError
 

@@ -90,12 +90,15 @@ def test_the_compare_verb_writes_the_table_and_the_plot_and_names_unknown_runs(t
 
 
 def test_the_report_shows_this_run_among_the_others(tmp_path):
-    root = str(tmp_path)
+    """Airflow's run ids hold ':' and '+': their folders are hashed (safe_run_id), and found by listing."""
+    root, run_id = str(tmp_path), "manual__2026-12-01T15:45:05.616518+00:00"
     _validated_run(root, "earlier", batch=8, val=[6.0, 5.6])
-    this = _validated_run(root, "this-one", batch=8, val=[5.9, 5.1])
-    result = report(build_config({"output_root": root}), RunContext(root, "this-one"))
+    this = _validated_run(root, run_id, batch=8, val=[5.9, 5.1])
+    folder = this.root.rsplit("/", 1)[-1]
+    assert folder != run_id and [r["run"] for r in compare_runs(root)] == ["earlier", folder]
+    result = report(build_config({"output_root": root}), RunContext(root, run_id))
     page = storage.read_text(join(this.report, "report.md"))
     section = page.split("## All runs under output_root", 1)[1]
-    assert "| earlier |" in section and "| **this-one** |" in section
+    assert "| earlier |" in section and f"| **{folder}** |" in section
     assert "![Validation loss against tokens seen](runs_val_loss.png)" in section
     _png_ok(storage.read_bytes(result["plots"]["runs_val_loss"]))
