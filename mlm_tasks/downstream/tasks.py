@@ -18,7 +18,7 @@ from typing import Any
 from mlm_tasks import storage
 from mlm_tasks.config import CorpusConfig, DownstreamTask
 from mlm_tasks.downstream.examples import Examples, TaskData
-from mlm_tasks.errors import ConfigError, MissingArtifactError
+from mlm_tasks.errors import ConfigError
 
 GLUE_COLUMNS = (["sentence"], ["sentence1", "sentence2"])
 
@@ -26,8 +26,8 @@ GLUE_COLUMNS = (["sentence"], ["sentence1", "sentence2"])
 def _read_file(uri: str) -> list[dict[str, Any]]:
     """The rows of a CSV (with a header), JSONL or parquet file, local or gs://."""
     if not storage.exists(uri):
-        raise MissingArtifactError(f"Downstream task file {uri} does not exist: check the task's train_file / "
-                                   "validation_file.")
+        raise ConfigError(f"Downstream task file {uri} does not exist: check the task's train_file and "
+                          "validation_file.")
     data = storage.read_bytes(uri)
     if uri.endswith(".parquet"):
         import pyarrow.parquet as pq

@@ -52,7 +52,8 @@ def test_csv_and_jsonl_files_with_named_labels(tmp_path):
 
     named = load_task(DownstreamTask(name="jsonl", train_file=str(tmp_path / "train.jsonl"),
                                      validation_file=str(tmp_path / "dev.jsonl")), DEFAULT.corpus)
-    assert named.label_names == ["neg", "pos"] and named.validation.labels == [r["label"] for r in sentiment_rows(10, 2)]
+    assert named.label_names == ["neg", "pos"]
+    assert named.validation.labels == [r["label"] for r in sentiment_rows(10, 2)]
 
     with pytest.raises(ConfigError, match=r"not \['review'\] and 'label'"):
         load_task(DownstreamTask(name="cols", train_file=str(tmp_path / "train.csv"), text_columns=["review"],
@@ -83,6 +84,15 @@ def test_task_settings_are_checked_before_any_work():
     with pytest.raises(ConfigError, match="needs a corpus of articles"):
         load_config(None, {"corpus.source": "local_files", "corpus.local_paths": ["x.txt"],
                            "downstream.tasks": [{"name": "a", "source": "held_out_article"}]})
+
+
+def test_validate_reads_task_files_before_any_training(tmp_path):
+    from mlm_tasks.steps.validate import validate
+
+    cfg = load_config(None, {"output_root": str(tmp_path), "downstream.tasks": [
+        {"name": "gone", "train_file": str(tmp_path / "none.csv"), "validation_file": str(tmp_path / "none.csv")}]})
+    with pytest.raises(ConfigError, match=r"none.csv does not exist: check the task's train_file"):
+        validate(cfg, probe_write=False)
 
 
 def test_default_task_is_held_out_from_pretraining():
