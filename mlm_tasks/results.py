@@ -171,6 +171,7 @@ class DownstreamTaskScores(TypedDict):
 class DownstreamResult(TypedDict):
     """downstream: also runs/<run>/eval/downstream.json (what the gate, the report and the card read)."""
     tasks: list[DownstreamTaskScores]
+    skipped: list[dict[str, str]]     # name, reason: tasks that do not apply to this run (no score)
     model: str                        # the model fine-tuned (runs/<run>/model)
     settings: dict[str, Any]          # downstream.* as run: a rerun with the same settings reuses the file
     elapsed_s: float

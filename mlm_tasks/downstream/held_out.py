@@ -29,12 +29,15 @@ VALIDATION_FRACTION = 0.25  # of the held-out passages: the part scored
 TASK_SEED = 0
 
 
+ARTICLE_SOURCES = ("embedded_wiki", "wiki_dump")  # the corpus sources made of articles (WikiDumpCorpus)
+
+
 def held_out_passages(corpus_cfg: CorpusConfig) -> dict[str, list[str]]:
     """Passages of the corpus's test-split articles, by title, none of which is a row of train or validation."""
     corpus = open_corpus(corpus_cfg)
-    if not isinstance(corpus, WikiDumpCorpus):
+    if corpus_cfg.source not in ARTICLE_SOURCES or not isinstance(corpus, WikiDumpCorpus):
         raise ConfigError(f"The held_out_article downstream task needs a corpus of articles (corpus.source "
-                          f"embedded_wiki or wiki_dump), not {corpus_cfg.source}: give the task as files or a "
+                          f"{' or '.join(ARTICLE_SOURCES)}), not {corpus_cfg.source}: give the task as files or a "
                           "`datasets` id.")
     test: dict[str, list[str]] = {}
     seen: set[str] = set()

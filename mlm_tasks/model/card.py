@@ -79,9 +79,10 @@ def downstream_table(downstream: Mapping[str, Any] | None) -> list[str]:
     """The fine-tuning table: per task its metric's mean ± spread over the seeds, from the trained encoder
     and from random weights under the same budget (what pretraining bought)."""
     tasks = (downstream or {}).get("tasks")
+    skipped = [f"- {s['name']}: skipped ({s['reason']})" for s in (downstream or {}).get("skipped", [])]
     if not tasks:
         return ["_No downstream evaluation was recorded for this run (downstream.tasks is empty, or the "
-                "downstream step did not run)._"]
+                "downstream step did not run)._", *skipped]
     lines = ["| task | metric | this model (mean ± std) | seeds | random init, same budget | gain | examples |",
              "|---|---|---|---|---|---|---|"]
     for t in tasks:
@@ -94,7 +95,7 @@ def downstream_table(downstream: Mapping[str, Any] | None) -> list[str]:
     b = tasks[0]["budget"]
     lines += ["", f"Each seed fine-tunes for {b['steps']} steps of {b['batch_size']} examples (learning rate "
               f"{b['learning_rate']:g}, {b['max_length']} tokens); ± is the standard deviation over the seeds."]
-    return lines
+    return lines + (["", *skipped] if skipped else [])
 
 
 def fill_mask_lines(predictions: list | None, limit: int = 3) -> list[str]:

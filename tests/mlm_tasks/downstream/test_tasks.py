@@ -81,9 +81,6 @@ def test_task_settings_are_checked_before_any_work():
     with pytest.raises(ConfigError, match="min_scores names"):
         load_config(None, {"downstream.tasks": [{"name": "a", "source": "hf_dataset", "hf_path": "glue"}],
                            "downstream.min_scores": {"b": 0.5}})
-    with pytest.raises(ConfigError, match="needs a corpus of articles"):
-        load_config(None, {"corpus.source": "local_files", "corpus.local_paths": ["x.txt"],
-                           "downstream.tasks": [{"name": "a", "source": "held_out_article"}]})
 
 
 def test_validate_reads_task_files_before_any_training(tmp_path):

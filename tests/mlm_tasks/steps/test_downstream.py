@@ -80,8 +80,8 @@ def test_scores_per_task_with_the_random_init_baseline(tmp_path, task_files):
     assert {k: again[k] for k in ("accuracy", "f1", "final_loss")} == {k: first[k] for k in ("accuracy", "f1",
                                                                                              "final_loss")}
 
-    # A rerun with the same settings reuses the file; other settings score again (here: no baseline).
-    assert downstream(cfg, ctx)["elapsed_s"] == result["elapsed_s"]
+    # A rerun with the same settings (the gate's thresholds aside) reuses the file; others score again.
+    assert downstream(_cfg(tmp_path, task_files, min_scores={"sst": 0.9}), ctx)["elapsed_s"] == result["elapsed_s"]
     fewer = _cfg(tmp_path, task_files, random_init=False, seeds=1)
     rerun = downstream(fewer, ctx)
     assert rerun["tasks"][0]["random_init"] is None and rerun["tasks"][0]["seeds"] == [42]
@@ -93,6 +93,21 @@ def test_no_tasks_no_work_and_no_model_needed(tmp_path):
     assert result["tasks"] == [] and not storage.exists(RunPaths(str(tmp_path), "untrained").downstream)
 
 
+def test_the_defaults_held_out_task_is_skipped_on_a_corpus_without_articles(tmp_path):
+    """A run that switched the default's corpus on the form still runs; the table says why the task is missing."""
+    (tmp_path / "c.txt").write_text("some text\n")
+    cfg = build_config({"output_root": str(tmp_path), "corpus": {"source": "local_files",
+                                                                 "local_paths": [str(tmp_path / "c.txt")]},
+                        "downstream": {"tasks": [{"name": "which_article", "source": "held_out_article"}]}})
+    ctx = RunContext.of(cfg, "switched")
+    save_tiny_encoder(ctx.run.model)
+    result = downstream(cfg, ctx)
+    assert result["tasks"] == [] and result["skipped"][0]["name"] == "which_article"
+    page = storage.read_text(report(cfg, ctx)["report_uri"])
+    assert "- which_article: skipped (held_out_article needs a corpus of articles, and corpus.source is " \
+        "local_files)" in page
+
+
 def _result(means: dict[str, float], budget: dict | None = None) -> dict:
     def runs(mean):
         return {"mean": mean, "std": 0.01, "min": mean, "max": mean, "runs": []}
@@ -100,7 +115,7 @@ def _result(means: dict[str, float], budget: dict | None = None) -> dict:
     return {"tasks": [{"name": name, "metric": "accuracy", "seeds": [42, 43], "budget": budget or dict(BUDGET),
                        "examples": {"train": 32, "validation": 16}, "labels": ["0", "1"], "pair": False,
                        "source": "files", "min_score": None, "pretrained": runs(mean), "random_init": runs(0.5)}
-                      for name, mean in means.items()], "model": "m", "settings": {}, "elapsed_s": 1.0}
+                      for name, mean in means.items()], "skipped": [], "model": "m", "settings": {}, "elapsed_s": 1.0}
 
 
 def test_gate_holds_each_task_to_its_minimum(tmp_path, task_files):
