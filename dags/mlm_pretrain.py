@@ -5,10 +5,11 @@ validate every input → plan_shards (fingerprint, Unigram tokenizer) → write_
 one mapped task per corpus partition, `shards.partitions`) → merge_shards (one manifest; all reused
 when the corpus fingerprint is unchanged) → check_run (the run fits its data: batch, max_length,
 tokenizer, earlier checkpoints) → wait_for_shards (only for shards made elsewhere) → [create_tpu_vm]
-→ train (resumes from its last checkpoint on retry) → evaluate → fill_mask → report → gate →
-approve_release (with `publish.require_approval`, a person approves in "Required actions"; skipped
-otherwise) → publish to the Hub (skipped, with the reason, unless enabled, the gate passed and, when
-asked, a person approved) → summary →
+→ train (resumes from its last checkpoint on retry) → evaluate → downstream (fine-tuned on
+`downstream.tasks`, beside random weights) → fill_mask → report → gate → approve_release (with
+`publish.require_approval`, a person approves in "Required actions"; skipped otherwise) → publish to
+the Hub (skipped, with the reason, unless enabled, the gate passed and, when asked, a person approved)
+→ summary →
 [delete_tpu_vm, a teardown: runs whatever happened upstream]. With `compute: local` the two TPU VM
 tasks end skipped, saying so in their logs. Each task runs the step of the same
 name in `mlm_tasks/steps/` (docs/architecture.md).
@@ -33,7 +34,18 @@ from airflow.sdk import DAG, chain
 
 from dag_defaults import config_params, default_args, default_config, form_params
 from mlm_assets import SHARDS
-from pipeline_tasks import check_run, evaluate, fill_mask, gate, publish, publish_tokenizer, report, summary, validate
+from pipeline_tasks import (
+    check_run,
+    downstream,
+    evaluate,
+    fill_mask,
+    gate,
+    publish,
+    publish_tokenizer,
+    report,
+    summary,
+    validate,
+)
 from release_approval import ReleaseApprovalOperator
 from shard_gate import ShardSetCompleteSensor
 from shard_set import shard_set
@@ -86,8 +98,8 @@ with DAG(
                                        default_timeout_hours=_defaults.publish.approval_timeout_hours)
     # none_failed: publish runs after a skipped approval (none asked for) and decides on its own.
     published = publish.override(trigger_rule="none_failed")(config, decision, data)
-    chain(data, check_run(config, data), wait, create_vm, train, evaluate(config, data), fill_mask(config),
-          report(config, data), decision, approval, published, summary(config, data))
+    chain(data, check_run(config, data), wait, create_vm, train, evaluate(config, data), downstream(config),
+          fill_mask(config), report(config, data), decision, approval, published, summary(config, data))
     data >> publish_tokenizer(config, data)
     # A teardown without a setup: it runs once train and create_tpu_vm are done, whatever happened (a failed
     # create too: it deletes what the failed try left), so no TPU VM outlives its run; with compute local it

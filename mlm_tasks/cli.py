@@ -7,7 +7,7 @@
     python -m mlm_tasks merge_shards    --config c.yaml --set shards.partitions=4   # manifest, then _SUCCESS
     python -m mlm_tasks check_run       --config configs/default.yaml --run-id r1   # the run fits its data
     python -m mlm_tasks train           --config configs/default.yaml --run-id r1 [--data-fingerprint FP]
-    python -m mlm_tasks evaluate|fill_mask|report|gate|summary --config configs/default.yaml --run-id r1
+    python -m mlm_tasks evaluate|downstream|fill_mask|report|gate|summary --config configs/default.yaml --run-id r1
     HF_TOKEN=hf_... python -m mlm_tasks publish|publish_tokenizer --config c.yaml --run-id r1
     python -m mlm_tasks run_all         --config configs/tiny.yaml --run-id r1   # every step to the gate, no Airflow
     python -m mlm_tasks compare         --config configs/default.yaml [--runs r1,r2]  # every run in one table

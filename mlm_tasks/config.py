@@ -241,6 +241,81 @@ class GateConfig(_Section):
                                                 description="Publish only if not worse than the last published model.")
 
 
+TASK_FILE_TYPES = (".csv", ".jsonl", ".parquet")
+
+
+class DownstreamTask(_Section):
+    """One text-classification task the trained encoder is fine-tuned on (mlm_tasks/downstream/)."""
+    name: str = Field(pattern=r"^[A-Za-z0-9_.-]+$", description="What the table calls it, e.g. sst2.")
+    source: Literal["files", "hf_dataset", "held_out_article"] = Field(
+        "files", description="files: train_file and validation_file (CSV, JSONL or parquet, local or gs://); "
+        "hf_dataset: a `datasets` id (hf_path, hf_name), e.g. nyu-mll/glue + sst2; held_out_article: passages "
+        "of the corpus's test-split articles (never pretrained on), labelled with their article (a corpus "
+        "without articles, not embedded_wiki or wiki_dump, skips it).")
+    train_file: str | None = Field(None, description="source=files: the training examples.")
+    validation_file: str | None = Field(None, description="source=files: the examples scored.")
+    hf_path: str | None = Field(None, description="source=hf_dataset: `datasets` path, e.g. nyu-mll/glue.")
+    hf_name: str | None = Field(None, description="source=hf_dataset: its config, e.g. sst2, mrpc, rte.")
+    hf_revision: str | None = Field(None, description="source=hf_dataset: a commit or tag (pins the data).")
+    train_split: str = Field("train", description="source=hf_dataset: the split fine-tuned on.")
+    validation_split: str = Field("validation", description="source=hf_dataset: the split scored.")
+    text_columns: list[str] = Field(default_factory=list, max_length=2, description="One column (single "
+                                    "sentences) or two (pairs); empty: `sentence`, or `sentence1` + `sentence2`.")
+    label_column: str = Field("label", description="Column of the class: integers from 0, or names.")
+    metric: Literal["accuracy", "f1"] = Field("accuracy", description="The score the table, the gate and "
+                                              "min_score use (f1: of class 1, binary tasks only).")
+    min_score: float | None = Field(None, ge=0, le=1, description="The gate refuses a mean score below this.")
+    max_train_examples: int | None = Field(None, ge=1, description="Fine-tune on at most this many (the first).")
+    max_eval_examples: int | None = Field(None, ge=1, description="Score at most this many (the first).")
+
+    @model_validator(mode="after")
+    def _source_settings(self) -> DownstreamTask:
+        if self.source == "files":
+            for setting in ("train_file", "validation_file"):
+                value = getattr(self, setting)
+                if not value or not value.endswith(TASK_FILE_TYPES):
+                    raise ConfigError(f"downstream task {self.name!r}: source=files needs {setting}, a "
+                                      f"{'/'.join(TASK_FILE_TYPES)} file (local or gs://), got {value!r}.")
+        elif self.source == "hf_dataset" and not self.hf_path:
+            raise ConfigError(f"downstream task {self.name!r}: source=hf_dataset needs hf_path (and hf_name), "
+                              "e.g. nyu-mll/glue and sst2.")
+        return self
+
+
+class DownstreamConfig(_Section):
+    tasks: list[DownstreamTask] = Field(default_factory=list, description="Tasks the `downstream` step fine-tunes "
+                                        "the trained encoder on (empty: the step does nothing).")
+    seeds: int = Field(3, ge=1, le=20, description="Fine-tuning runs per task and model (seeds train.seed, +1, "
+                       "...): the table shows their mean and spread.")
+    steps: int = Field(100, ge=1, description="Optimizer steps of each fine-tuning run (the fixed budget).")
+    batch_size: int = Field(16, ge=1, description="Examples per fine-tuning step.")
+    learning_rate: float = Field(3e-4, gt=0, lt=1, description="Peak AdamW learning rate (10% warmup, linear "
+                                 "decay).")
+    max_length: int = Field(128, ge=8, description="Tokens per example (a pair shares them); at most the "
+                            "model's positions.")
+    random_init: bool = Field(True, description="Run the same budget from random weights of the same shape: "
+                              "the baseline that shows what pretraining bought.")
+    min_scores: dict[str, float] = Field(default_factory=dict, description="The gate's minimum mean score per "
+                                         "task name (or a task's own min_score).")
+    max_regression: float = Field(0.0, ge=0, le=1, description="With gate.require_better_than_published: how far "
+                                  "a task's mean score may fall below the last published model's.")
+
+    @model_validator(mode="after")
+    def _names(self) -> DownstreamConfig:
+        names = [t.name for t in self.tasks]
+        if len(set(names)) != len(names):
+            raise ConfigError(f"downstream.tasks repeat a name ({names}): give each task its own.")
+        unknown = sorted(set(self.min_scores) - set(names))
+        if unknown:
+            raise ConfigError(f"downstream.min_scores names {unknown}, not tasks of downstream.tasks ({names}).")
+        if any(not 0 <= v <= 1 for v in self.min_scores.values()):
+            raise ConfigError("downstream.min_scores are scores between 0 and 1 (accuracy or F1).")
+        return self
+
+    def min_score(self, task: DownstreamTask) -> float | None:
+        return task.min_score if task.min_score is not None else self.min_scores.get(task.name)
+
+
 class PublishConfig(_Section):
     enabled: bool = Field(False, description="Push the model to the Hugging Face Hub.")
     repo_id: str | None = Field(None, description="Hub model repo id, e.g. my-org/roberta-wiki-mlm.")
@@ -280,6 +355,7 @@ class PipelineConfig(_Section):
     infer: InferConfig = Field(default_factory=InferConfig)
     tpu: TpuConfig = Field(default_factory=TpuConfig)
     sensor: SensorConfig = Field(default_factory=SensorConfig)
+    downstream: DownstreamConfig = Field(default_factory=DownstreamConfig)
     gate: GateConfig = Field(default_factory=GateConfig)
     publish: PublishConfig = Field(default_factory=PublishConfig)
 
@@ -350,6 +426,8 @@ class PipelineConfig(_Section):
                  ("corpus.shards_uri", c.shards_uri), ("corpus.tokenizer_uri", c.tokenizer_uri),
                  ("model.init_from", m.init_from), ("model.init_revision", m.init_revision),
                  ("publish.repo_id", p.repo_id), ("publish.tokenizer_repo_id", p.tokenizer_repo_id)]
+        named += [(f"downstream.tasks[{i}].{key}", getattr(t, key)) for i, t in enumerate(self.downstream.tasks)
+                  for key in ("train_file", "validation_file", "hf_path", "hf_revision")]
         return ([(k, v, False) for k, v in named if v is not None]
                 + [(f"corpus.local_paths[{i}]", v, True) for i, v in enumerate(c.local_paths)])
 

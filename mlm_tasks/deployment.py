@@ -130,6 +130,12 @@ class Deployment(BaseModel):
                 if value and not any(_under(value, r) for r in [*self.input_roots, *self.output_roots]):
                     raise ConfigError(f"{key} {value!r} is outside the folders this deployment lets runs read "
                                       f"({self.input_roots + self.output_roots}): put the data there.")
+        for i, task in enumerate(cfg.downstream.tasks):  # downstream task files are read like a corpus
+            for key in ("train_file", "validation_file"):
+                value = getattr(task, key)
+                if value and not any(_under(value, r) for r in [*self.input_roots, *self.output_roots]):
+                    raise ConfigError(f"downstream.tasks[{i}].{key} {value!r} is outside the folders this deployment "
+                                      f"lets runs read ({self.input_roots + self.output_roots}): put the data there.")
         if self.zones and cfg.compute == "tpu_vm" and cfg.tpu.zone not in self.zones:
             raise ConfigError(f"tpu.zone {cfg.tpu.zone!r} is not one of this deployment's zones {self.zones}.")
 

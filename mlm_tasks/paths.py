@@ -6,7 +6,7 @@
     output_root/datasets/<data_fp>/partitions/p00000-of-00002.json   a written partition's partial manifest
     output_root/datasets/<data_fp>/shards/manifest.json       counts, checksums, config
     output_root/datasets/<data_fp>/shards/_SUCCESS            written last; what sensors wait for
-    output_root/runs/<run>/checkpoints/ model/ eval/ infer/ report/ tensorboard/
+    output_root/runs/<run>/checkpoints/ model/ eval/ (metrics.json, downstream.json) infer/ report/ tensorboard/
 
 Data artifacts are keyed by the data fingerprint (an unchanged corpus is never re-tokenized);
 run artifacts by the run id (two runs never collide). Every step takes a `RunContext`: the run id,
@@ -88,6 +88,7 @@ class RunPaths:
     checkpoints = property(lambda self: join(self.root, "checkpoints"))
     model = property(lambda self: join(self.root, "model"))
     eval_metrics = property(lambda self: join(self.root, "eval", "metrics.json"))
+    downstream = property(lambda self: join(self.root, "eval", "downstream.json"))
     train_summary = property(lambda self: join(self.root, "train", "summary.json"))
     train_history = property(lambda self: join(self.root, "train", "history.jsonl"))
     train_status = property(lambda self: join(self.root, "train", "status.json"))

@@ -171,6 +171,38 @@ class EvalMetrics(TypedDict):
     data_fingerprint: str
 
 
+class DownstreamRuns(TypedDict):
+    """One model's fine-tuning runs on one task: the task's metric over the seeds, and each run."""
+    mean: float
+    std: float                        # sample standard deviation over the seeds (0 for one seed)
+    min: float
+    max: float
+    runs: list[dict[str, Any]]        # per seed: seed, accuracy (f1 for binary tasks), final_loss, elapsed_s
+
+
+class DownstreamTaskScores(TypedDict):
+    name: str
+    source: str                       # files, hf_dataset or same_article
+    metric: str                       # accuracy or f1: what mean/std, the gate and min_score use
+    labels: list[str]
+    pair: bool
+    examples: dict[str, int]          # train, validation
+    seeds: list[int]
+    budget: dict[str, Any]            # steps, batch_size, learning_rate, max_length, seeds
+    min_score: float | None
+    pretrained: DownstreamRuns        # from the run's trained encoder
+    random_init: DownstreamRuns | None  # the same budget from random weights of the same shape
+
+
+class DownstreamResult(TypedDict):
+    """downstream: also runs/<run>/eval/downstream.json (what the gate, the report and the card read)."""
+    tasks: list[DownstreamTaskScores]
+    skipped: list[dict[str, str]]     # name, reason: tasks that do not apply to this run (no score)
+    model: str                        # the model fine-tuned (runs/<run>/model)
+    settings: dict[str, Any]          # downstream.* as run: a rerun with the same settings reuses the file
+    elapsed_s: float
+
+
 class Prediction(TypedDict):
     token_str: str
     score: float
@@ -199,6 +231,7 @@ class KeyMetrics(TypedDict):
     accuracy: float | None
     baseline_accuracy: float | None
     untrained_accuracy: float | None
+    downstream: dict[str, float] | None   # task name: mean score of the trained encoder (None: not run)
 
 
 class GateDecision(TypedDict):

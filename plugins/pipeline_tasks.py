@@ -4,7 +4,7 @@ wired in the DAG), calls the `mlm_tasks` step of the same name, and returns its 
     config = validate()                          # the validated config, for every later task
     data = shard_set(config)                     # plugins/shard_set.py
     check_run(config, data)                      # the run fits its data, before any TPU VM
-    evaluate(config, data); fill_mask(config); report(config, data); decision = gate(config)
+    evaluate(config, data); downstream(config); fill_mask(config); report(config, data); decision = gate(config)
     publish(config, decision, data); publish_tokenizer(config, data); summary(config, data)
 
 Each result is one XCom (`multiple_outputs=False`): a TypedDict of mlm_tasks/results.py, read whole
@@ -21,6 +21,7 @@ from airflow.sdk import task
 
 from mlm_tasks.results import (
     DataSummary,
+    DownstreamResult,
     EvalMetrics,
     GateDecision,
     KeyMetrics,
@@ -88,6 +89,15 @@ def evaluate(config: dict, data: DataSummary) -> EvalMetrics:
 
     with bad_input_fails_fast():
         return step(*step_context(config, data))
+
+
+@task(queue=CPU_QUEUE, multiple_outputs=False)
+def downstream(config: dict) -> DownstreamResult:
+    """Fine-tunes the trained encoder on downstream.tasks (N seeds, and from random weights); the table."""
+    from mlm_tasks.steps.downstream import downstream as step
+
+    with bad_input_fails_fast():
+        return step(*step_context(config))
 
 
 @task(queue=CPU_QUEUE)

@@ -7,7 +7,7 @@ Orchestration-only settings, so they live here (plugins) and in the environment,
 
 | variable | default | what |
 |---|---|---|
-| `MLM_CPU_QUEUE` | `cpu` | the CPU-heavy tasks: tokenizer, shards, merge, CPU training, evaluation, fill-mask, report |
+| `MLM_CPU_QUEUE` | `cpu` | CPU-heavy: tokenizer, shards, merge, CPU training, evaluate, downstream, fill-mask, report |
 | `MLM_CONTROL_QUEUE` | `control` | light drivers: validate, sensors, TPU VM create/delete, SSH driver, gate, publish |
 | `MLM_SHARED_OUTPUT_ROOTS` | (empty) | local folders at the same path on every worker (NFS, Filestore), `:`-separated |
 

@@ -1,8 +1,8 @@
 """The model card (README.md with YAML front matter) published with the model.
 
-Built only from the run's own artifacts: eval/metrics.json, train/summary.json, infer/predictions.json
-and the data reference (fingerprint, corpus credit). Missing pieces are named in the card rather than
-silently left out, so a reader knows what was not measured.
+Built only from the run's own artifacts: eval/metrics.json, eval/downstream.json, train/summary.json,
+infer/predictions.json and the data reference (fingerprint, corpus credit). Missing pieces are named in
+the card rather than silently left out, so a reader knows what was not measured.
 
     text = render_model_card(cfg, run_id, metrics, summary, predictions, data_info)
     uri = write_model_card(cfg, run)          # reads the artifacts, writes runs/<run>/model/README.md
@@ -38,6 +38,7 @@ def read_run_artifacts(run: RunPaths) -> dict[str, Any]:
         "summary": storage.read_json_if_exists(run.train_summary),
         "predictions": storage.read_json_if_exists(run.predictions),
         "data_info": storage.read_json_if_exists(run.data_ref),
+        "downstream": storage.read_json_if_exists(run.downstream),
     }
 
 
@@ -72,6 +73,29 @@ def metrics_table(metrics: Mapping[str, Any] | None) -> list[str]:
                 label = f"{label[:-1]}, `{metrics['baseline_token']}`)"
             lines.append(f"| {label} | {format_metric(fmt, metrics[key])} |")
     return lines
+
+
+def downstream_table(downstream: Mapping[str, Any] | None) -> list[str]:
+    """The fine-tuning table: per task its metric's mean ± spread over the seeds, from the trained encoder
+    and from random weights under the same budget (what pretraining bought)."""
+    tasks = (downstream or {}).get("tasks")
+    skipped = [f"- {s['name']}: skipped ({s['reason']})" for s in (downstream or {}).get("skipped", [])]
+    if not tasks:
+        return ["_No downstream evaluation was recorded for this run (downstream.tasks is empty, or the "
+                "downstream step did not run)._", *skipped]
+    lines = ["| task | metric | this model (mean ± std) | seeds | random init, same budget | gain | examples |",
+             "|---|---|---|---|---|---|---|"]
+    for t in tasks:
+        ours, base = t["pretrained"], t.get("random_init")
+        baseline = f"{base['mean']:.4f} ± {base['std']:.4f}" if base else "not run"
+        gain = f"{ours['mean'] - base['mean']:+.4f}" if base else "—"
+        examples = f"{t['examples']['train']:,} train, {t['examples']['validation']:,} scored"
+        lines.append(f"| {t['name']} | {t['metric']} | {ours['mean']:.4f} ± {ours['std']:.4f} | {len(t['seeds'])} | "
+                     f"{baseline} | {gain} | {examples} |")
+    b = tasks[0]["budget"]
+    lines += ["", f"Each seed fine-tunes for {b['steps']} steps of {b['batch_size']} examples (learning rate "
+              f"{b['learning_rate']:g}, {b['max_length']} tokens); ± is the standard deviation over the seeds."]
+    return lines + (["", *skipped] if skipped else [])
 
 
 def fill_mask_lines(predictions: list | None, limit: int = 3) -> list[str]:
@@ -181,7 +205,7 @@ def usage_lines(repo: str) -> list[str]:
 
 def render_model_card(cfg: PipelineConfig, run_id: str, metrics: Mapping[str, Any] | None,
                       summary: Mapping[str, Any] | None, predictions: list | None,
-                      data_info: Mapping[str, Any] | None) -> str:
+                      data_info: Mapping[str, Any] | None, downstream: Mapping[str, Any] | None = None) -> str:
     credit, datasets = corpus_credit(cfg, data_info)
     # One library (transformers), two frameworks: tf_model.h5 for TensorFlow, model.safetensors for PyTorch.
     meta = {"language": "en", "license": cfg.publish.license, "library_name": "transformers",
@@ -219,6 +243,9 @@ def render_model_card(cfg: PipelineConfig, run_id: str, metrics: Mapping[str, An
         "## Evaluation",
         *metrics_table(metrics),
         "",
+        "## Downstream evaluation",
+        *downstream_table(downstream),
+        "",
         "## Fill-mask examples",
         *fill_mask_lines(predictions),
         "",
@@ -238,7 +265,7 @@ def write_model_card(cfg: PipelineConfig, run: RunPaths, data_info: Mapping[str,
     """Write README.md next to the saved model; returns its URI."""
     art = read_run_artifacts(run)
     text = render_model_card(cfg, run.run_id, art["metrics"], art["summary"], art["predictions"],
-                             data_info if data_info is not None else art["data_info"])
+                             data_info if data_info is not None else art["data_info"], art["downstream"])
     uri = join(run.model, "README.md")
     storage.write_text(uri, text)
     return uri

@@ -48,10 +48,10 @@ def _tokens_per_step(output_root: str, summary: dict[str, Any], data_info: dict[
 
 
 def downstream_scores(run: RunFolder) -> dict[str, float]:
-    """task → mean score, from eval/downstream.json when the run has one."""
-    found = storage.read_json_if_exists(join(run.root, "eval", "downstream.json"))
+    """task → the trained encoder's mean score, from eval/downstream.json when the run has one."""
+    found = storage.read_json_if_exists(run.downstream)
     tasks = found.get("tasks", []) if isinstance(found, dict) else []
-    return {t["task"]: t["mean"] for t in tasks if isinstance(t, dict) and "task" in t and "mean" in t}
+    return {t["name"]: t["pretrained"]["mean"] for t in tasks if isinstance(t, dict) and "pretrained" in t}
 
 
 def run_row(output_root: str, name: str) -> RunRow:

@@ -16,7 +16,7 @@ from typing import Any
 
 from mlm_tasks import paths, storage
 from mlm_tasks.config import PipelineConfig
-from mlm_tasks.model.card import read_run_artifacts
+from mlm_tasks.model.card import downstream_table, read_run_artifacts
 from mlm_tasks.paths import RunPaths
 from mlm_tasks.results import GateDecision
 
@@ -75,20 +75,6 @@ def _validation_lines(summary: Mapping[str, Any] | None) -> list[str]:
             f"- last: {_num(summary.get('val_loss'))} (the saved model is the {summary.get('kept', 'last')} step's)"]
 
 
-def _downstream_lines(downstream: Any) -> list[str]:
-    """Downstream fine-tuning scores (issue 21 item 2), when the run has them. Rows are read loosely:
-    a list of {task, metric, mean, spread, seeds, random_init}, or {task: {...}}."""
-    if not downstream:
-        return ["No downstream evaluation for this run."]
-    rows = ([{"task": task, **row} for task, row in downstream.items()] if isinstance(downstream, Mapping)
-            else list(downstream))
-    lines = ["| task | metric | mean ± spread | seeds | random init |", "|---|---|---|---|---|"]
-    for row in rows:
-        lines.append(f"| {row.get('task', MISSING)} | {row.get('metric', MISSING)} | {_num(row.get('mean'))} ± "
-                     f"{_num(row.get('spread'))} | {row.get('seeds', MISSING)} | {_num(row.get('random_init'))} |")
-    return lines
-
-
 def render_review(*, run_id: str, repo_id: str | None, private: bool, decision: GateDecision,
                   metrics: Mapping[str, Any] | None, previous: Mapping[str, Any] | None,
                   summary: Mapping[str, Any] | None, downstream: Any = None, timeout_hours: float) -> str:
@@ -110,7 +96,7 @@ def render_review(*, run_id: str, repo_id: str | None, private: bool, decision: 
         *_validation_lines(summary),
         "",
         "### Downstream tasks",
-        *_downstream_lines(downstream),
+        *downstream_table(downstream),
         "",
         f"Approve to publish; Reject to skip publishing (say why in the comment, it goes to the log). "
         f"No answer within {timeout_hours:g} h (`publish.approval_timeout_hours`) counts as a rejection.",
@@ -124,7 +110,5 @@ def review_markdown(cfg: PipelineConfig, run: RunPaths, decision: GateDecision) 
     previous = storage.read_json_if_exists(paths.published_metrics(cfg.output_root, repo_id)) if repo_id else None
     return render_review(run_id=run.run_id, repo_id=repo_id, private=cfg.publish.private, decision=decision,
                          metrics=artifacts["metrics"], previous=previous, summary=artifacts["summary"],
-                         # Item 2 of issue 21 (downstream evaluation) adds "downstream" to the run's
-                         # artifacts; until it lands the section says the run has none.
-                         downstream=artifacts.get("downstream"),
+                         downstream=artifacts["downstream"],
                          timeout_hours=cfg.publish.approval_timeout_hours)

@@ -1,7 +1,7 @@
 """The pipeline's steps: one module, one function, one Airflow task id and one CLI verb each.
 
     validate → plan_shards → write_shards (per partition) → merge_shards → check_run → train →
-    evaluate → fill_mask → report → gate → publish (+ publish_tokenizer) → summary
+    evaluate → downstream → fill_mask → report → gate → publish (+ publish_tokenizer) → summary
 
 Every step is `name(cfg, ctx, *, step-specific inputs) -> typed result`, with `cfg` the validated
 `PipelineConfig` and `ctx` a `RunContext` (run id, data fingerprint, the paths of both); validate,
@@ -18,8 +18,8 @@ from mlm_tasks.config import PipelineConfig
 from mlm_tasks.paths import RunContext
 from mlm_tasks.results import DataSummary
 
-STEPS = ("validate", "plan_shards", "write_shards", "merge_shards", "check_run", "train", "evaluate", "fill_mask",
-         "report", "gate", "publish", "publish_tokenizer", "summary")
+STEPS = ("validate", "plan_shards", "write_shards", "merge_shards", "check_run", "train", "evaluate", "downstream",
+         "fill_mask", "report", "gate", "publish", "publish_tokenizer", "summary")
 
 
 def build_shard_set(cfg: PipelineConfig, ctx: RunContext | None = None) -> DataSummary:
@@ -42,6 +42,7 @@ def build_shard_set(cfg: PipelineConfig, ctx: RunContext | None = None) -> DataS
 def run_all(cfg: PipelineConfig, ctx: RunContext, hub_token: str | None = None) -> dict:
     """Every step up to the report and the gate, no Airflow: what `python -m mlm_tasks run_all` runs."""
     from mlm_tasks.steps.check_run import check_run
+    from mlm_tasks.steps.downstream import downstream
     from mlm_tasks.steps.evaluate import evaluate
     from mlm_tasks.steps.fill_mask import fill_mask
     from mlm_tasks.steps.gate import gate
@@ -53,7 +54,8 @@ def run_all(cfg: PipelineConfig, ctx: RunContext, hub_token: str | None = None) 
     ctx = ctx.with_data(data["fingerprint"])
     result: dict[str, Any] = {"data": data, "check_run": check_run(cfg, ctx, data=data),
               "train": train(cfg, ctx, hub_token=hub_token), "evaluate": evaluate(cfg, ctx),
-              "fill_mask": fill_mask(cfg, ctx), "report": report(cfg, ctx, data=data)}
+              "downstream": downstream(cfg, ctx), "fill_mask": fill_mask(cfg, ctx),
+              "report": report(cfg, ctx, data=data)}
     result["gate"] = gate(cfg, ctx)
     result["summary"] = summary(cfg, ctx, data=data)
     return result

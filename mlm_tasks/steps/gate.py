@@ -6,9 +6,12 @@
 A model passes when every configured check passes:
   - eval loss at most `gate.max_eval_loss`, masked-token accuracy at least `gate.min_accuracy`;
   - with `gate.require_better_than_published`, not worse than the model last published to the same
-    repo (loss not higher, accuracy not lower), read from `paths.published_metrics(root, repo_id)`.
+    repo (loss not higher, accuracy not lower), read from `paths.published_metrics(root, repo_id)`;
+  - each downstream task's mean score (eval/downstream.json) at least its min_score
+    (`downstream.min_scores` or the task's own), and, when the published model has a score for the
+    task under the same budget, at most `downstream.max_regression` below it.
 
-    decision = evaluate_gate(metrics, cfg.gate, previous)      # pure, no I/O
+    decision = evaluate_gate(metrics, cfg.gate, previous, downstream, cfg.downstream)   # pure, no I/O
     decision = gate(cfg, ctx)                                 # reads the run's and the published metrics
 """
 from __future__ import annotations
@@ -19,7 +22,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from mlm_tasks import paths, storage
-from mlm_tasks.config import GateConfig, PipelineConfig
+from mlm_tasks.config import DownstreamConfig, GateConfig, PipelineConfig
 from mlm_tasks.paths import RunContext
 from mlm_tasks.results import GateDecision
 
@@ -42,8 +45,11 @@ def _slack(reference: float) -> float:
     return max(ABS_TOLERANCE, REL_TOLERANCE * abs(reference))
 
 
-def evaluate_gate(metrics: Mapping[str, Any], gate: GateConfig, previous: Mapping[str, Any] | None) -> GateDecision:
-    """Check `metrics` (eval/metrics.json) against the thresholds and the previously published metrics."""
+def evaluate_gate(metrics: Mapping[str, Any], gate: GateConfig, previous: Mapping[str, Any] | None,
+                  downstream: Mapping[str, Any] | None = None,
+                  downstream_cfg: DownstreamConfig | None = None) -> GateDecision:
+    """Check `metrics` (eval/metrics.json) and `downstream` (eval/downstream.json) against the thresholds
+    and the previously published metrics."""
     failed: list[str] = []
     passed: list[str] = []
     loss, accuracy = _number(metrics, "loss"), _number(metrics, "accuracy")
@@ -69,6 +75,11 @@ def evaluate_gate(metrics: Mapping[str, Any], gate: GateConfig, previous: Mappin
             passed.append("no previously published model to compare with.")
         else:
             _compare_with_previous(loss, accuracy, previous, failed, passed)
+
+    if downstream_cfg is not None:
+        _downstream_minimums(downstream, downstream_cfg, failed, passed)
+        if gate.require_better_than_published and previous and previous.get("downstream"):
+            _downstream_vs_previous(downstream, downstream_cfg, previous, failed, passed)
 
     if not failed and not passed:
         passed.append("no gate checks configured.")
@@ -99,6 +110,50 @@ def _compare_with_previous(loss: float | None, accuracy: float | None, previous:
                           f"{prev_acc:.4f}.")
 
 
+def _scores_by_task(downstream: Mapping[str, Any] | None) -> dict[str, Mapping[str, Any]]:
+    return {t["name"]: t for t in (downstream or {}).get("tasks", [])}
+
+
+def _downstream_minimums(downstream: Mapping[str, Any] | None, cfg: DownstreamConfig, failed: list[str],
+                         passed: list[str]) -> None:
+    scores = _scores_by_task(downstream)
+    for task in cfg.tasks:
+        minimum = cfg.min_score(task)
+        if minimum is None:
+            continue
+        entry = scores.get(task.name)
+        mean = _number((entry or {}).get("pretrained"), "mean")
+        if entry is None or mean is None:
+            failed.append(f"downstream {task.name}: no score to hold against its min_score {minimum:.4f}: run the "
+                          "downstream step before the gate.")
+        elif mean < minimum:
+            failed.append(f"downstream {task.name}: {entry['metric']} {mean:.4f} (mean of {len(entry['seeds'])} "
+                          f"seeds) is below its min_score {minimum:.4f}.")
+        else:
+            passed.append(f"downstream {task.name}: {entry['metric']} {mean:.4f} meets its min_score {minimum:.4f}.")
+
+
+def _downstream_vs_previous(downstream: Mapping[str, Any] | None, cfg: DownstreamConfig,
+                            previous: Mapping[str, Any], failed: list[str], passed: list[str]) -> None:
+    """Only scores of the same task, metric and budget compare: another budget is another measurement."""
+    where = f" (run {previous['run_id']})" if previous.get("run_id") else ""
+    for name, entry in _scores_by_task(downstream).items():
+        prev = previous["downstream"].get(name)
+        mean, prev_mean = _number(entry.get("pretrained"), "mean"), _number(prev, "mean")
+        if prev is None or prev_mean is None:
+            continue
+        if prev.get("metric") != entry["metric"] or prev.get("budget") != entry["budget"]:
+            passed.append(f"downstream {name}: not compared with the previously published model{where}: its metric "
+                          "or fine-tuning budget differs.")
+        elif mean is None or mean < prev_mean - cfg.max_regression - _slack(prev_mean):
+            shown = "missing" if mean is None else f"{mean:.4f}"
+            failed.append(f"downstream {name}: {entry['metric']} {shown} is worse than the previously published "
+                          f"{prev_mean:.4f}{where} by more than downstream.max_regression {cfg.max_regression:g}.")
+        else:
+            passed.append(f"downstream {name}: {entry['metric']} {mean:.4f} is not worse than the previously "
+                          f"published {prev_mean:.4f}.")
+
+
 def previous_published(cfg: PipelineConfig) -> dict | None:
     """Metrics of the model last published to `publish.repo_id`, or None if none was."""
     if not cfg.publish.repo_id:
@@ -113,7 +168,8 @@ def gate(cfg: PipelineConfig, ctx: RunContext) -> GateDecision:
         decision: GateDecision = {"passed": False, "reasons": [f"No eval metrics at {ctx.run.eval_metrics}: run "
                                                                "evaluate for this run first."]}
     else:
-        decision = evaluate_gate(metrics, cfg.gate, previous_published(cfg))
+        decision = evaluate_gate(metrics, cfg.gate, previous_published(cfg),
+                                 storage.read_json_if_exists(ctx.run.downstream), cfg.downstream)
     log.info("Evaluation gate %s:\n  %s", "passed" if decision["passed"] else "failed",
              "\n  ".join(decision["reasons"]))
     return decision

@@ -19,6 +19,7 @@ from typing import Any
 
 from mlm_tasks import paths, storage
 from mlm_tasks.config import PipelineConfig
+from mlm_tasks.downstream.scores import published_scores
 from mlm_tasks.errors import ConfigError, MissingArtifactError
 from mlm_tasks.hub.api import check_visibility, hub_api, hub_errors, local_files
 from mlm_tasks.model.card import read_run_artifacts, write_model_card
@@ -62,7 +63,8 @@ def publish(cfg: PipelineConfig, ctx: RunContext, *, token: str, endpoint: str |
     with hub_errors("checking the token", token, url, conn_id):
         user = api.whoami()["name"]
     write_model_card(cfg, run, data_info)
-    metrics = read_run_artifacts(run)["metrics"] or {}
+    artifacts = read_run_artifacts(run)
+    metrics = artifacts["metrics"] or {}
     with tempfile.TemporaryDirectory(prefix="mlm-publish-") as tmp:
         folder = storage.download_dir(run.model, tmp)
         _add_pytorch_weights(folder, run)
@@ -79,6 +81,7 @@ def publish(cfg: PipelineConfig, ctx: RunContext, *, token: str, endpoint: str |
                            "files": files, "private": cfg.publish.private, "run_id": run.run_id}
     log.info("Published run %s as %s to %s (%d files, user %s)", run.run_id, info.oid, repo_id, len(files), user)
     storage.write_json(paths.published_metrics(cfg.output_root, repo_id),
-                       {**metrics, "run_id": run.run_id, "repo_id": repo_id, "commit_oid": info.oid})
+                       {**metrics, "downstream": published_scores(artifacts["downstream"]), "run_id": run.run_id,
+                        "repo_id": repo_id, "commit_oid": info.oid})
     storage.write_json(run.published, result)  # last: the step's completion marker
     return result

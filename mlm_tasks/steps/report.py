@@ -1,9 +1,10 @@
 """Step report: the one-page run report — loss and learning-rate curves plus a Markdown summary.
 
 Writes under runs/<run>/report/: loss.png, learning_rate.png and report.md (data, config, training,
-metrics with baselines, fill-mask examples, links to the plots and to TensorBoard). Works on local
-folders and gs:// alike: plots are rendered to bytes in memory and written through mlm_tasks.storage.
-Pieces not produced yet (no eval, no predictions) are named on the page instead of failing the step.
+metrics with baselines, the downstream table with its random-init baseline, fill-mask examples, links
+to the plots and to TensorBoard). Works on local folders and gs:// alike: plots are rendered to bytes
+in memory and written through mlm_tasks.storage. Pieces not produced yet (no eval, no predictions) are
+named on the page instead of failing the step.
 
     python -m mlm_tasks report --config configs/default.yaml --run-id my-run [--data-fingerprint FP]
 
@@ -23,6 +24,7 @@ from mlm_tasks.model.card import (
     base_model_line,
     config_lines,
     corpus_credit,
+    downstream_table,
     fill_mask_lines,
     metrics_table,
     read_run_artifacts,
@@ -150,6 +152,7 @@ def report(cfg: PipelineConfig, ctx: RunContext, *, data: DataSummary | None = N
     page += [f"![Training loss]({LOSS_PNG})" if "loss" in plots else "_No loss curve: no training history yet._",
              "", f"![Learning rate]({LR_PNG})" if "learning_rate" in plots else "_No learning-rate plot._", "",
              "## Evaluation", *metrics_table(metrics), "", *_vs_baseline(metrics), "",
+             "## Downstream tasks", *downstream_table(art["downstream"]), "",
              "## Fill-mask examples", *fill_mask_lines(predictions), "",
              *_runs_section(cfg.output_root, run, plots), "",
              "## Logs",
@@ -170,4 +173,6 @@ def report(cfg: PipelineConfig, ctx: RunContext, *, data: DataSummary | None = N
             "data_fingerprint": (data_info or {}).get("fingerprint"), "eval_loss": metrics.get("loss"),
             "perplexity": metrics.get("perplexity"), "accuracy": metrics.get("accuracy"),
             "baseline_accuracy": metrics.get("baseline_accuracy"),
-            "untrained_accuracy": metrics.get("untrained_accuracy")}
+            "untrained_accuracy": metrics.get("untrained_accuracy"),
+            "downstream": {t["name"]: t["pretrained"]["mean"] for t in art["downstream"]["tasks"]}
+            if art["downstream"] else None}

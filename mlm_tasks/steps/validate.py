@@ -5,8 +5,9 @@
 `PipelineConfig` already rejects bad values and combinations; this adds what needs I/O: the corpus
 exists and is readable (local files: every line decodes, the train split has text), output_root is
 writable, gs:// has credentials, and a base model (model.init_from) fits the run: its config.json and
-tokenizer.json are read (not its weights) and checked against the run's settings. It runs first in
-the DAG, so a bad input fails in seconds, long before a TPU VM is created. What needs the shard set
+tokenizer.json are read (not its weights) and checked against the run's settings, and downstream task
+files are read (columns, labels). It runs first in the DAG, so a bad input fails in seconds, long
+before a TPU VM is created. What needs the shard set
 (batch vs records, the shards' max_length and tokenizer, a checkpoint this run already has) is the
 check_run step's, once the data is prepared.
 """
@@ -22,6 +23,7 @@ from mlm_tasks.config import PipelineConfig
 from mlm_tasks.data.corpus import open_corpus
 from mlm_tasks.data.corpus.base import empty_corpus_error
 from mlm_tasks.data.corpus.shards import ShardsCorpus, check_shards
+from mlm_tasks.downstream.tasks import load_task
 from mlm_tasks.errors import AuthError, ConfigError
 from mlm_tasks.results import ValidatedConfig
 from mlm_tasks.storage import check_writable
@@ -91,6 +93,9 @@ def validate(cfg: PipelineConfig, *, distributed_executor: str | None = None, sh
         check_base(cfg, base)  # the shape, positions and tokenizer of the base against the run's settings
         log.info("Continuing from %s%s: %s; model.preset and tokenizer.* are not used", base.uri,
                  f"@{base.revision}" if base.revision else "", ", ".join(f"{k} {v}" for k, v in base.shape().items()))
+    for task in cfg.downstream.tasks:
+        if task.source == "files":  # read now: a missing file or column fails before training, not after
+            load_task(task, cfg.corpus)
     if probe_write:
         check_writable(cfg.output_root)
     log.info("Configuration valid: corpus %s, output_root %s, compute %s, preset %s",

@@ -31,8 +31,8 @@ def test_every_dag_is_documented_owned_tagged_and_retried(dagbag):
 def test_pretrain_shape_and_teardown(dagbag):
     dag = dagbag.dags["mlm_pretrain"]
     order = ["validate", "plan_shards", "write_shards", "merge_shards", "check_run", "wait_for_shards",
-             "create_tpu_vm", "train", "evaluate", "fill_mask", "report", "gate", "approve_release", "publish",
-             "summary"]
+             "create_tpu_vm", "train", "evaluate", "downstream", "fill_mask", "report", "gate", "approve_release",
+             "publish", "summary"]
     for up, down in zip(order, order[1:], strict=False):
         assert down in dag.get_task(up).downstream_task_ids, (up, down)
     delete = dag.get_task("delete_tpu_vm")

@@ -1,5 +1,6 @@
 """End to end with real Airflow (`airflow dags test`, SQLite): the whole mlm_pretrain DAG on the tiny
-preset in a temporary output_root, with the train task failing once on purpose. Checks every artifact,
+preset in a temporary output_root, with the train task failing once on purpose and a toy downstream task.
+Checks every artifact,
 that try 2 resumed from the checkpoint, that the TPU VM tasks end skipped (compute local) while train
 runs, and that a second run reuses the prepared data: nothing to write, so write_shards is skipped and
 merge_shards still runs."""
@@ -25,7 +26,12 @@ def _only_run(out: Path) -> Path:
 @pytest.mark.slow
 def test_pretrain_dag_end_to_end_with_a_retry(airflow_env, tmp_path):  # noqa: F811
     out = tmp_path / "out"
-    conf = {**TINY, "output_root": str(out), "overrides": {"train.fail_at_step": 7}}
+    task = tmp_path / "task.jsonl"  # a downstream task of the smallest size: the task runs in the DAG
+    task.write_text("".join(json.dumps({"sentence": f"{w} story number {i}", "label": int(w == "good")}) + "\n"
+                            for i in range(8) for w in ("good", "bad")))
+    downstream = {"seeds": 1, "steps": 2, "batch_size": 4, "max_length": 16,
+                  "tasks": [{"name": "toy", "train_file": str(task), "validation_file": str(task)}]}
+    conf = {**TINY, "output_root": str(out), "overrides": {"train.fail_at_step": 7, "downstream": downstream}}
     result = dags_test(airflow_env, "mlm_pretrain", conf=conf, extra_env={"MLM_RETRY_DELAY_S": "1"}, timeout=900)
     log = result.stdout + result.stderr
     assert result.returncode == 0 and "state=success" in log, log[-5000:]
@@ -62,6 +68,9 @@ def test_pretrain_dag_end_to_end_with_a_retry(airflow_env, tmp_path):  # noqa: F
     predictions = json.loads((run / "infer/predictions.json").read_text())
     assert predictions and all(len(p["predictions"]) == 5 for p in predictions)
     assert "Evaluation validation" in (run / "summary.txt").read_text()
+    scores = json.loads((run / "eval/downstream.json").read_text())
+    assert [t["name"] for t in scores["tasks"]] == ["toy"] and scores["tasks"][0]["random_init"]["runs"]
+    assert "| toy | accuracy |" in (run / "report/report.md").read_text()
 
     # A second run over the unchanged corpus reuses tokenizer and shards, and says so.
     again = dags_test(airflow_env, "mlm_pretrain", conf={**TINY, "output_root": str(out)},

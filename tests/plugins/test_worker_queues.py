@@ -18,7 +18,8 @@ ROOT = Path(__file__).resolve().parents[2]
 
 # The routing the README documents: CPU-heavy work on `cpu`, light drivers on `control`.
 CPU_TASKS = {
-    "mlm_pretrain": {"plan_shards", "write_shards", "merge_shards", "train", "evaluate", "fill_mask", "report"},
+    "mlm_pretrain": {"plan_shards", "write_shards", "merge_shards", "train", "evaluate", "downstream", "fill_mask",
+                     "report"},
     "mlm_dataset_refresh": {"plan_shards", "write_shards", "merge_shards"},
     "mlm_tpu_janitor": set(),
 }

@@ -40,8 +40,9 @@ def _validated_run(root: str, name: str, *, batch: int, val: list[float], base: 
     if base:
         storage.write_json(run.data_ref, {**DATA_INFO, "base_model": {"init_from": base, "revision": "abc"}})
     if downstream:
-        tasks = [{"task": t, "mean": m, "spread": 0.01, "seeds": 2} for t, m in downstream.items()]
-        storage.write_json(join(run.root, "eval", "downstream.json"), {"tasks": tasks})
+        tasks = [{"name": t, "metric": "accuracy", "pretrained": {"mean": m, "std": 0.01}}
+                 for t, m in downstream.items()]
+        storage.write_json(run.downstream, {"tasks": tasks, "skipped": []})
     return run
 
 

@@ -40,7 +40,7 @@ def test_the_page_shows_metrics_baselines_gate_published_model_and_validation(tm
     assert "### Gate: passed\n- eval loss 5.1234 is not worse than the previously published 5.3000." in page
     assert "run `weekly-2026-02-23`, commit `abc123`" in page
     assert "- best: 5.1500 at step 8\n- last: 5.2000" in page
-    assert "No downstream evaluation for this run." in page
+    assert "_No downstream evaluation was recorded for this run" in page
     assert "No answer within 24 h (`publish.approval_timeout_hours`) counts as a rejection." in page
 
 
@@ -56,12 +56,16 @@ def test_a_first_release_and_a_run_without_validation_say_so(tmp_path):
 
 
 def test_downstream_scores_become_a_table():
+    """The downstream step's own result (eval/downstream.json), as the card and the report show it."""
+    runs = lambda mean, std: {"mean": mean, "std": std, "min": mean, "max": mean, "runs": []}  # noqa: E731
+    downstream = {"tasks": [{"name": "sst2", "source": "hf_dataset", "metric": "accuracy", "labels": ["0", "1"],
+                             "pair": False, "examples": {"train": 800, "validation": 200}, "seeds": [42, 43, 44],
+                             "budget": {"steps": 100, "batch_size": 16, "learning_rate": 1e-4, "max_length": 64},
+                             "min_score": None, "pretrained": runs(0.81, 0.012), "random_init": runs(0.55, 0.0)}],
+                  "skipped": []}
     page = render_review(run_id="r", repo_id=REPO, private=True, decision=DECISION, metrics=METRICS, previous=None,
-                         summary=SUMMARY, timeout_hours=72,
-                         downstream={"sst2": {"metric": "accuracy", "mean": 0.81, "spread": 0.012, "seeds": 3,
-                                              "random_init": 0.55}})
-    assert "| task | metric | mean ± spread | seeds | random init |" in page
-    assert "| sst2 | accuracy | 0.8100 ± 0.0120 | 3 | 0.5500 |" in page
+                         summary=SUMMARY, timeout_hours=72, downstream=downstream)
+    assert "| sst2 | accuracy | 0.8100 ± 0.0120 | 3 | 0.5500 ± 0.0000 | +0.2600 | 800 train, 200 scored |" in page
 
 
 def test_missing_artifacts_do_not_break_the_page(tmp_path):

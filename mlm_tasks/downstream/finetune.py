@@ -1,0 +1,113 @@
+"""Fine-tune the encoder on one task for a fixed budget and one seed, and score it (TensorFlow, CPU-friendly).
+
+    inputs = encode(tokenizer, task.train, max_length)             # once per task
+    scores = finetune(model_dir, train, validation, labels, budget, seed, pretrained=True)
+
+A `TFRobertaForSequenceClassification` on the run's saved encoder (`pretrained`), or on random weights
+of the same shape (the baseline: what the same budget buys without pretraining). The seed fixes the
+head's initial weights, the order of the batches and dropout, so one seed gives one score: a rerun of
+the same model on the same task reproduces it, and the seeds' spread is the fine-tuning noise.
+AdamW with 10% warmup and linear decay, as GLUE fine-tuning is usually run.
+"""
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from mlm_tasks.config import DownstreamConfig
+from mlm_tasks.downstream.examples import Examples
+
+log = logging.getLogger(__name__)
+EVAL_BATCH = 64
+
+
+@dataclass
+class Encoded:
+    input_ids: np.ndarray
+    attention_mask: np.ndarray
+    labels: np.ndarray
+
+
+def encode(tokenizer, examples: Examples, max_length: int) -> Encoded:
+    """Token ids padded to the longest example (at most max_length; a pair shares the length)."""
+    out = tokenizer(examples.texts, examples.pairs, truncation=True, max_length=max_length, padding="longest",
+                    return_token_type_ids=False, return_tensors="np")
+    return Encoded(out["input_ids"].astype(np.int32), out["attention_mask"].astype(np.int32),
+                   np.asarray(examples.labels, dtype=np.int32))
+
+
+def _batch_order(n: int, batch_size: int, steps: int, rng: np.random.Generator) -> np.ndarray:
+    """`steps` batches of indices: epochs of seeded permutations, one after the other."""
+    need = steps * batch_size
+    order = np.concatenate([rng.permutation(n) for _ in range(-(-need // n))])[:need]
+    return order.reshape(steps, batch_size)
+
+
+def _model(model_dir: str, num_labels: int, pretrained: bool):
+    from transformers import RobertaConfig, TFRobertaForSequenceClassification
+    from transformers.utils import logging as hf_logging
+
+    if not pretrained:
+        return TFRobertaForSequenceClassification(RobertaConfig.from_pretrained(model_dir, num_labels=num_labels))
+    verbosity = hf_logging.get_verbosity()
+    hf_logging.set_verbosity_error()  # "the classifier is newly initialized": that is the point here
+    try:
+        # use_safetensors=False: read tf_model.h5 (transformers 4.57 would pick model.safetensors, transformers#40028).
+        return TFRobertaForSequenceClassification.from_pretrained(model_dir, num_labels=num_labels,
+                                                                  use_safetensors=False)
+    finally:
+        hf_logging.set_verbosity(verbosity)
+
+
+def scores_of(predictions: np.ndarray, labels: np.ndarray, num_labels: int) -> dict[str, float]:
+    """Accuracy, and for a binary task F1 of class 1."""
+    scores = {"accuracy": float(np.mean(predictions == labels))}
+    if num_labels == 2:
+        tp = float(np.sum((predictions == 1) & (labels == 1)))
+        wrong = float(np.sum(predictions != labels))
+        scores["f1"] = 2 * tp / (2 * tp + wrong) if tp + wrong else 0.0
+    return scores
+
+
+def finetune(model_dir: str, train: Encoded, validation: Encoded, num_labels: int, budget: DownstreamConfig,
+             seed: int, pretrained: bool) -> dict[str, Any]:
+    """Fine-tune a fresh classifier for `budget.steps` steps; its scores on `validation`."""
+    import tensorflow as tf
+    from transformers import create_optimizer
+
+    started = time.perf_counter()
+    tf.keras.utils.set_random_seed(seed)  # the head's init and dropout
+    model = _model(model_dir, num_labels, pretrained)
+    optimizer, _ = create_optimizer(init_lr=budget.learning_rate, num_train_steps=budget.steps,
+                                    num_warmup_steps=budget.steps // 10, weight_decay_rate=0.01)
+
+    @tf.function
+    def train_step(ids, mask, labels):
+        with tf.GradientTape() as tape:
+            logits = model(input_ids=ids, attention_mask=mask, training=True).logits
+            loss = tf.reduce_mean(tf.nn.sparse_softmax_cross_entropy_with_logits(labels=labels, logits=logits))
+        grads = tape.gradient(loss, model.trainable_variables)
+        optimizer.apply_gradients(zip(grads, model.trainable_variables, strict=True))
+        return loss
+
+    def predict(ids, mask):  # eager: a few batches, not worth a trace per run
+        return tf.argmax(model(input_ids=ids, attention_mask=mask, training=False).logits, -1, output_type=tf.int32)
+
+    losses = []
+    for batch in _batch_order(len(train.labels), budget.batch_size, budget.steps, np.random.default_rng(seed)):
+        losses.append(float(train_step(train.input_ids[batch], train.attention_mask[batch], train.labels[batch])))
+    n = len(validation.labels)
+    pad = -n % EVAL_BATCH  # whole batches only: one shape, one trace
+    ids, mask = (np.pad(a, ((0, pad), (0, 0))) for a in (validation.input_ids, validation.attention_mask))
+    predictions = np.concatenate([predict(ids[i:i + EVAL_BATCH], mask[i:i + EVAL_BATCH]).numpy()
+                                  for i in range(0, n + pad, EVAL_BATCH)])[:n]
+    result: dict[str, Any] = {"seed": seed, **scores_of(predictions, validation.labels, num_labels),
+                              "final_loss": float(np.mean(losses[-10:])), "elapsed_s": time.perf_counter() - started}
+    log.info("  seed %d, %s weights: %s (%.1fs)", seed, "pretrained" if pretrained else "random",
+             ", ".join(f"{k} {result[k]:.4f}" for k in ("accuracy", "f1", "final_loss") if k in result),
+             result["elapsed_s"])
+    return result

@@ -1,0 +1,73 @@
+"""The embedded default's downstream task, from text pretraining never saw: which article is this passage from?
+
+    task = held_out_article_task(task_cfg, cfg.corpus)    # source: held_out_article
+
+Articles go to the corpus's splits by a hash of their title (data/corpus/base.split_of), exactly as
+the shard writer splits them; only the test split's articles are used (train never trains on it, and
+evaluate reads validation). A passage that also appears word for word in the train or validation
+split (a stock sentence, a repeated caption) is dropped, so no row the model saw is in the task.
+
+Passages (paragraphs of MIN_WORDS words or more, no headings) are labelled with their article's title
+and go to the task's own train or validation part by a hash of their text: the validation passages
+are new to the fine-tuned model too. The order is shuffled with a constant seed: the task is the same
+for every run, seed and model. (Whether two passages share an article was tried first: at a budget
+of a minute both the pretrained and the random-init model stay at chance on it.)
+"""
+from __future__ import annotations
+
+import random
+
+from mlm_tasks.config import CorpusConfig, DownstreamTask
+from mlm_tasks.data.corpus import open_corpus
+from mlm_tasks.data.corpus.base import split_of
+from mlm_tasks.data.corpus.wiki import WikiDumpCorpus
+from mlm_tasks.downstream.examples import Examples, TaskData
+from mlm_tasks.errors import ConfigError
+
+MIN_WORDS = 20
+VALIDATION_FRACTION = 0.25  # of the held-out passages: the part scored
+TASK_SEED = 0
+
+
+ARTICLE_SOURCES = ("embedded_wiki", "wiki_dump")  # the corpus sources made of articles (WikiDumpCorpus)
+
+
+def held_out_passages(corpus_cfg: CorpusConfig) -> dict[str, list[str]]:
+    """Passages of the corpus's test-split articles, by title, none of which is a row of train or validation."""
+    corpus = open_corpus(corpus_cfg)
+    if corpus_cfg.source not in ARTICLE_SOURCES or not isinstance(corpus, WikiDumpCorpus):
+        raise ConfigError(f"The held_out_article downstream task needs a corpus of articles (corpus.source "
+                          f"{' or '.join(ARTICLE_SOURCES)}), not {corpus_cfg.source}: give the task as files or a "
+                          "`datasets` id.")
+    test: dict[str, list[str]] = {}
+    seen: set[str] = set()
+    for article in corpus.articles():
+        if split_of(article.title, corpus_cfg.validation_fraction, corpus_cfg.test_fraction) == "test":
+            test[article.title] = [r for r in article.rows if not r.startswith("=") and len(r.split()) >= MIN_WORDS]
+        else:
+            seen.update(article.rows)
+    return {title: kept for title, rows in test.items() if (kept := [r for r in rows if r not in seen])}
+
+
+def held_out_article_task(task: DownstreamTask, corpus_cfg: CorpusConfig) -> TaskData:
+    passages = held_out_passages(corpus_cfg)
+    titles = sorted(passages)
+    parts: dict[str, Examples] = {"train": Examples([], None, []), "validation": Examples([], None, [])}
+    for label, title in enumerate(titles):
+        for row in passages[title]:
+            part = parts[split_of(row, VALIDATION_FRACTION, 0.0)]
+            part.texts.append(row)
+            part.labels.append(label)
+    rng = random.Random(TASK_SEED)
+    for part in parts.values():  # interleave the articles, so that max_*_examples keeps every class
+        order = list(range(len(part)))
+        rng.shuffle(order)
+        part.texts[:], part.labels[:] = [part.texts[i] for i in order], [part.labels[i] for i in order]
+    train, validation = parts["train"], parts["validation"]
+    if len(titles) < 2 or len(set(validation.labels)) < 2 or set(validation.labels) - set(train.labels):
+        raise ConfigError(f"downstream task {task.name!r}: the corpus's test split holds {len(titles)} article(s) "
+                          f"with passages of {MIN_WORDS}+ words, too few for a task of two or more classes: raise "
+                          "corpus.test_fraction or use more articles.")
+    n, m = task.max_train_examples, task.max_eval_examples
+    return TaskData(task.name, Examples(train.texts[:n], None, train.labels[:n]),
+                    Examples(validation.texts[:m], None, validation.labels[:m]), titles)
