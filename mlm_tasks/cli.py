@@ -125,5 +125,7 @@ def main(argv: list[str] | None = None) -> int:
     except NoRetryError as err:
         print(f"error: {err}", file=sys.stderr)
         return NO_RETRY_EXIT
-    print(json.dumps(result, indent=2))  # every result is JSON already (mlm_tasks/results.py)
+    # Every result is JSON already (mlm_tasks/results.py). One line when stdout is a file (a TPU VM's trainer
+    # log, whose last lines the train task shows): an indented summary would push the log's lines out of them.
+    print(json.dumps(result, indent=2 if sys.stdout.isatty() else None))
     return 0
