@@ -27,7 +27,8 @@ BATCH = 32
 
 
 def _setup(preset: str, xla: str, steps: int, max_pred: int = 32, log_every: int = 10, precision: str = "off",
-           device: str = "cpu"):
+           device: str = "cpu", batch: int = BATCH, extra: dict | None = None):
+    """(cfg, data summary, data paths, shard set) of one run; `extra`: more config overrides."""
     from mlm_tasks.data.shard_set import ShardSet
     from mlm_tasks.paths import DataPaths
 
@@ -36,7 +37,7 @@ def _setup(preset: str, xla: str, steps: int, max_pred: int = 32, log_every: int
                                  "train.log_every": log_every, "train.checkpoint_every": 10**6,
                                  "train.max_predictions_per_seq": max_pred, "train.device": device,
                                  "train.mixed_precision": precision,
-                                 "train.batch_size": BATCH})
+                                 "train.batch_size": batch, **(extra or {})})
     paths = DataPaths(cfg.output_root, data["fingerprint"])
     return cfg, data, paths, ShardSet.load(paths)
 
@@ -57,7 +58,7 @@ def run_ours(preset: str, xla: str, steps: int, warmup: int, precision: str, dev
     return {"tokens_per_s": tokens / seconds, "steps_timed": warmup * len(history), "last_loss": summary["last_loss"]}
 
 
-def reference_dataset(paths, manifest, tokenizer, seed: int = 42):
+def reference_dataset(paths, manifest, tokenizer, seed: int = 42, batch: int = BATCH):
     """The HF TF/TPU MLM example's pipeline over our shards (input_ids and attention_mask, as it parses them)."""
     import tensorflow as tf
     from transformers import DataCollatorForLanguageModeling
@@ -76,7 +77,7 @@ def reference_dataset(paths, manifest, tokenizer, seed: int = 42):
         return {"input_ids": ids, "attention_mask": batch["attention_mask"], "labels": labels}
 
     ds = tf.data.TFRecordDataset(manifest.shard_uris("train")).map(decode, num_parallel_calls=tf.data.AUTOTUNE)
-    ds = ds.shuffle(10_000, seed=seed).repeat().batch(BATCH, drop_remainder=True)
+    ds = ds.shuffle(10_000, seed=seed).repeat().batch(batch, drop_remainder=True)
     return ds.map(mask, num_parallel_calls=tf.data.AUTOTUNE).prefetch(tf.data.AUTOTUNE)
 
 
@@ -96,24 +97,50 @@ def _reference_model(cfg, data, manifest, steps: int, xla: bool):
 
 
 def run_reference(preset: str, xla: str, steps: int, warmup: int, precision: str, device: str) -> dict:
+    cfg, data, paths, manifest = _setup(preset, xla, steps, precision=precision, device=device)
+    return fit_reference(cfg, data, paths, manifest, precision, warmup)[0]
+
+
+def fit_reference(cfg, data, paths, manifest, precision: str, warmup: int):
+    """The reference loop for cfg's steps, batch size and XLA setting; (its tokens/s over the steps after
+    `warmup`, the model)."""
     import tensorflow as tf
     import tf_keras
 
     from mlm_tasks.data.tokenizer import load_tokenizer
 
-    cfg, data, paths, manifest = _setup(preset, xla, steps, precision=precision, device=device)
     tf.keras.utils.set_random_seed(cfg.train.seed)
     if precision == "bf16":  # as train_model.py's --bfloat16 does
         tf_keras.mixed_precision.set_global_policy("mixed_bfloat16")
-    tokenizer = load_tokenizer(data["tokenizer_uri"], common.MAX_LENGTH)
-    model = _reference_model(cfg, data, manifest, steps, xla == "on")
-    marks: list[float] = []
-    timer = tf_keras.callbacks.LambdaCallback(on_train_batch_end=lambda b, logs: marks.append(time.perf_counter()))
-    history = model.fit(reference_dataset(paths, manifest, tokenizer), steps_per_epoch=steps, epochs=1,
-                        callbacks=[timer], verbose=0)
-    seconds = marks[-1] - marks[warmup - 1]
-    return {"tokens_per_s": (steps - warmup) * BATCH * common.MAX_LENGTH / seconds, "steps_timed": steps - warmup,
-            "last_loss": float(history.history["loss"][-1])}
+    tokenizer = load_tokenizer(data["tokenizer_uri"], manifest.max_length)
+    steps, batch = cfg.train.steps, cfg.train.batch_size
+    model = _reference_model(cfg, data, manifest, steps, cfg.train.xla == "on")
+    timer = _timer(marks_at=(warmup, steps))
+    history = model.fit(reference_dataset(paths, manifest, tokenizer, batch=batch), steps_per_epoch=steps,
+                        epochs=1, callbacks=[timer], verbose=0)
+    seconds = timer.marks[steps] - timer.marks[warmup]
+    return {"tokens_per_s": (steps - warmup) * batch * manifest.max_length / seconds, "steps_timed": steps - warmup,
+            "last_loss": float(history.history["loss"][-1])}, model
+
+
+def _timer(marks_at: tuple[int, ...]):
+    """A fit callback noting the time at which steps `marks_at` (1-based) have finished. It waits for the
+    device at those steps only: a callback that takes numpy logs (LambdaCallback) makes fit wait after
+    every step, which on a GPU would slow the reference it times."""
+    import tf_keras
+
+    class Timer(tf_keras.callbacks.Callback):
+        def __init__(self):
+            super().__init__()
+            self._supports_tf_logs = True  # logs stay tensors: no wait per step
+            self.marks: dict[int, float] = {}
+
+        def on_train_batch_end(self, batch, logs=None):
+            if batch + 1 in marks_at:
+                float(logs["loss"])  # waits for this step's result
+                self.marks[batch + 1] = time.perf_counter()
+
+    return Timer()
 
 
 def run_equality(preset: str, n: int = 8) -> dict:

@@ -1,9 +1,9 @@
 """Shared helpers of the benchmarks: the prepared embedded corpus, subprocess workers, tables, the machine.
 
-Every benchmark prepares (once, cached) the embedded corpus with configs/default.yaml under
-$MLM_BENCH_ROOT (default /tmp/mlm-bench), then times each variant in a fresh subprocess so that no
-variant inherits another's warm caches, threads or imports. Import time is excluded: the worker starts
-its clock after its imports.
+Every benchmark prepares (once, cached) the embedded corpus with $MLM_BENCH_CONFIG (default
+configs/default.yaml; tests point it at configs/tiny.yaml) under $MLM_BENCH_ROOT (default /tmp/mlm-bench),
+then times each variant in a fresh subprocess so that no variant inherits another's warm caches, threads or
+imports. Import time is excluded: the worker starts its clock after its imports.
 """
 from __future__ import annotations
 
@@ -23,13 +23,14 @@ if REPO not in sys.path:
 os.environ.setdefault("TF_USE_LEGACY_KERAS", "1")
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 BENCH_ROOT = os.environ.get("MLM_BENCH_ROOT", "/tmp/mlm-bench")
+BENCH_CONFIG = os.environ.get("MLM_BENCH_CONFIG", os.path.join(REPO, "configs", "default.yaml"))
 MAX_LENGTH = 128
 
 
 def bench_config(**overrides):
     from mlm_tasks.config import load_config
 
-    return load_config(os.path.join(REPO, "configs", "default.yaml"), {"output_root": BENCH_ROOT, **overrides})
+    return load_config(BENCH_CONFIG, {"output_root": BENCH_ROOT, **overrides})
 
 
 def prepared() -> dict:
