@@ -9,6 +9,8 @@ The masked-LM loss casts the LM head's logits to fp32, so the softmax stays exac
 """
 from __future__ import annotations
 
+from typing import Literal
+
 BF16_FLAGS = ("amx_bf16", "avx512_bf16")  # /proc/cpuinfo flag names (Linux)
 
 # Whether auto picks bf16 on a CPU with bf16 units: set from bench/bench_quality.py's measurement on
@@ -26,7 +28,7 @@ def cpu_bf16_units(cpuinfo: str = "/proc/cpuinfo") -> list[str]:
     return [flag for flag in BF16_FLAGS if flag in flags]
 
 
-def auto_precision(device: str, cpuinfo: str = "/proc/cpuinfo") -> str:
+def auto_precision(device: str, cpuinfo: str = "/proc/cpuinfo") -> Literal["off", "bf16"]:
     """`train.mixed_precision: auto` on `device` (cpu, gpu or tpu): "bf16" or "off" (fp32)."""
     if device != "cpu":
         return "bf16"
