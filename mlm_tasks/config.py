@@ -313,8 +313,9 @@ class PipelineConfig(_Section):
         if self.train.max_predictions_per_seq > self.shards.max_length:
             raise ConfigError("train.max_predictions_per_seq cannot exceed max_length.")
         expected = self.train.mlm_probability * self.shards.max_length
-        if 0 < self.train.max_predictions_per_seq < expected:
-            # Below the mean masked count most full sequences would lose labels: masked, never scored.
+        if self.train.mlm_probability > 0.15 and 0 < self.train.max_predictions_per_seq < expected:
+            # More masking than BERT's 15% needs the slots for it: below the mean masked count most full
+            # sequences would lose labels (masked, never scored). At 15% the cut is the long-standing default.
             raise ConfigError(f"train.max_predictions_per_seq {self.train.max_predictions_per_seq} is below the "
                               f"{expected:.0f} tokens train.mlm_probability {self.train.mlm_probability} masks in a "
                               f"{self.shards.max_length}-token sequence on average: raise it to about "
