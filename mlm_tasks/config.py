@@ -90,12 +90,16 @@ class ModelConfig(_Section):
                                   "is refused.")
     init_revision: str | None = Field(None, description="With a Hub init_from: the branch, tag or commit to start "
                                       "from (empty: main); resolved to its commit once per shard set.")
+    vocab_multiple: int | None = Field(None, ge=2, le=1024, description="Pad the model's embedding rows (and LM "
+                                       "head) to a multiple of this, e.g. 128 for the matrix units' tiles; the "
+                                       "tokenizer stays, the extra rows are never a label (empty: the tokenizer's "
+                                       "size). Not with init_from: the base's vocabulary is kept.")
 
     def shape(self) -> ModelShape:
         if self.preset not in PRESETS:
             raise ConfigError(f"Unknown model preset {self.preset!r}: choose one of {sorted(PRESETS)}.")
         overrides = {k: v for k, v in self.model_dump().items()
-                     if k not in ("preset", "dropout", "sinusoidal_init") and v is not None}
+                     if k not in ("preset", "dropout", "sinusoidal_init", "vocab_multiple") and v is not None}
         return PRESETS[self.preset].model_copy(update=overrides)
 
 
@@ -108,6 +112,10 @@ class TrainConfig(_Section):
     batch_size: int = Field(32, ge=1, description="Examples per replica per step (global = × replicas).")
     learning_rate: float = Field(1e-3, gt=0, lt=1, description="Peak AdamW learning rate.")
     warmup_fraction: float = Field(0.06, ge=0, lt=1, description="Share of steps of linear warmup.")
+    schedule: Literal["linear", "one_cycle"] = Field(
+        "linear", description="Learning rate after warmup: linear decay to 0 at the last step, or one_cycle "
+        "(cosine decay to 0 at the last step: longer near the peak; Cramming's budget-tied one-cycle). Both are tied "
+        "to the run's step count, so a time-budgeted run anneals on time.")
     weight_decay: float = Field(0.01, ge=0, description="AdamW weight decay (not on norms and biases).")
     adam_beta2: float = Field(0.98, gt=0, lt=1,
                               description="AdamW beta2 (RoBERTa's 0.98 is steadier than 0.999 at high LR).")
@@ -130,7 +138,8 @@ class TrainConfig(_Section):
         "with the lowest validation loss (best: needs train.eval_every).")
     xla: Literal["auto", "on", "off"] = Field("auto", description="XLA-compile the step (auto: on for TPU/GPU).")
     mixed_precision: Literal["auto", "off", "bf16"] = Field(
-        "auto", description="Compute dtype (auto: bf16 on TPU and GPU, fp32 on CPU).")
+        "auto", description="Compute dtype (auto: bf16 on TPU and GPU; on CPU see "
+        "mlm_tasks/model/precision.py: bf16 where it has bf16 matrix units, if measured to pay, else fp32).")
     device: Literal["auto", "tpu", "gpu", "cpu"] = Field(
         "auto", description="Accelerator to train on (auto: TPU if this host has one, else GPU, else CPU).")
     strategy: Literal["auto", "mirrored"] = Field(
@@ -379,6 +388,20 @@ class PipelineConfig(_Section):
                               "more for real text; the default is 8000).")
         if self.train.max_predictions_per_seq > self.shards.max_length:
             raise ConfigError("train.max_predictions_per_seq cannot exceed max_length.")
+        expected = self.train.mlm_probability * self.shards.max_length
+        if self.train.mlm_probability > 0.15 and 0 < self.train.max_predictions_per_seq < expected:
+            # More masking than BERT's 15% needs the slots for it: below the mean masked count most full
+            # sequences would lose labels (masked, never scored). At 15% the cut is the long-standing default.
+            raise ConfigError(f"train.max_predictions_per_seq {self.train.max_predictions_per_seq} is below the "
+                              f"{expected:.0f} tokens train.mlm_probability {self.train.mlm_probability} masks in a "
+                              f"{self.shards.max_length}-token sequence on average: raise it to about "
+                              f"{int(expected * 1.5)} (0 = every position).")
+        if self.train.mlm_probability > 0.5:
+            raise ConfigError(f"train.mlm_probability {self.train.mlm_probability} leaves under half the context: "
+                              "use 0.15-0.4 (Wettig et al. found 40% the most a base model gains from).")
+        if self.model.vocab_multiple and self.model.init_from:
+            raise ConfigError("model.vocab_multiple pads a new model's vocabulary; with model.init_from the base's "
+                              "vocabulary is kept: leave model.vocab_multiple empty.")
         if self.train.steps_per_call != "auto" and int(self.train.steps_per_call) < 1:
             raise ConfigError(f"train.steps_per_call {self.train.steps_per_call} must be auto or at least 1.")
         if self.train.keep_checkpoint == "best" and not self.train.eval_every:

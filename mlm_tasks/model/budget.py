@@ -5,8 +5,8 @@ schedule (warmup, decay) is what a run given that count from the start would fol
     steps = budgeted_steps(run, budget_minutes=5, cap=None, measure=lambda: (0.012, 4.1))
 
 `measure()` returns (seconds per step, seconds spent measuring): train times a throwaway copy of the
-model and optimizer for at least MEASURE_STEPS steps after its first (compiling) call and MEASURE_S
-seconds, on batches of the run's own input, then starts the real run from the seed. The count is
+model and optimizer for at least MEASURE_STEPS steps and MEASURE_S seconds after WARMUP_CALLS untimed
+calls (the first compiles), on batches of the run's own input, then starts the real run from the seed. The count is
 (budget - time spent measuring) / seconds per step, at most `cap` (train.steps, when set), at least 1.
 It lands in runs/<run>/train/budget.json before the first step: every later try of the run reads it.
 """
@@ -21,7 +21,10 @@ from mlm_tasks import storage
 from mlm_tasks.paths import RunPaths, join
 
 log = logging.getLogger(__name__)
-MEASURE_STEPS, MEASURE_S = 20, 3.0
+# Right after compiling, the input pipeline and the kernels are not at their steady pace yet (measured
+# on the embedded default: 20 steps / 3 s read fp32 steps 25-35% slow, bf16 ones 15-20% fast): a warm-up
+# call more, then a longer window, which is ~3% of a 5-minute budget.
+MEASURE_STEPS, MEASURE_S, WARMUP_CALLS = 50, 8.0, 2
 
 
 def budget_record(run: RunPaths) -> str:
@@ -50,13 +53,14 @@ def budgeted_steps(run: RunPaths, budget_minutes: float, cap: int | None,
 
 def seconds_per_step(strategy: Any, model_and_optimizer: tuple[Any, Any], step_functions: Callable[..., Any],
                      max_pred: int, xla: bool, batches: Callable[[Any], Any], per_call: int) -> tuple[float, float]:
-    """(seconds per step, seconds spent) of a throwaway model and optimizer: one call to compile, then
-    calls of `per_call` steps until MEASURE_STEPS steps and MEASURE_S seconds have passed."""
+    """(seconds per step, seconds spent) of a throwaway model and optimizer: WARMUP_CALLS calls (the first
+    compiles), then calls of `per_call` steps until MEASURE_STEPS steps and MEASURE_S seconds have passed."""
     began = time.monotonic()
     model, optimizer = model_and_optimizer
     run_steps = step_functions(strategy, model, optimizer, max_pred, xla)
     iterator = iter(strategy.distribute_datasets_from_function(batches))
-    run_steps(iterator, per_call).numpy()  # traces and compiles: not timed
+    for _ in range(WARMUP_CALLS):  # the first traces and compiles; neither is timed
+        run_steps(iterator, per_call).numpy()
     steps, timed = 0, time.monotonic()
     while steps < MEASURE_STEPS or time.monotonic() - timed < MEASURE_S:
         run_steps(iterator, per_call).numpy()

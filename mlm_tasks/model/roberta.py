@@ -9,7 +9,35 @@ everywhere, the plain way; both give the same loss on the same batch when no seq
 """
 from __future__ import annotations
 
-from mlm_tasks.config import PipelineConfig
+from mlm_tasks.config import PipelineConfig, TrainConfig
+
+
+def model_vocab_size(cfg: PipelineConfig, tokenizer_size: int) -> int:
+    """Rows of the model's embedding and LM head: the tokenizer's size, rounded up to model.vocab_multiple
+    when set (the extra ids are never in the input nor a label; training pushes their logits down)."""
+    multiple = cfg.model.vocab_multiple
+    return -(-tokenizer_size // multiple) * multiple if multiple and not cfg.model.init_from else tokenizer_size
+
+
+def optimizer_and_schedule(train: TrainConfig, steps: int):
+    """AdamW (decay not on norms and biases, as transformers.create_optimizer) and its learning-rate schedule:
+    linear warmup to train.learning_rate over train.warmup_fraction of `steps`, then train.schedule down to 0
+    at the last step."""
+    import tensorflow as tf
+    from transformers import AdamWeightDecay, WarmUp, create_optimizer
+
+    warmup = int(steps * train.warmup_fraction)
+    if train.schedule == "linear":
+        return create_optimizer(init_lr=train.learning_rate, num_train_steps=steps, num_warmup_steps=warmup,
+                                weight_decay_rate=train.weight_decay, adam_beta2=train.adam_beta2,
+                                adam_epsilon=train.adam_epsilon)
+    decay = tf.keras.optimizers.schedules.CosineDecay(train.learning_rate, decay_steps=max(1, steps - warmup))
+    schedule = WarmUp(initial_learning_rate=train.learning_rate, decay_schedule_fn=decay,
+                      warmup_steps=warmup) if warmup else decay
+    optimizer = AdamWeightDecay(learning_rate=schedule, weight_decay_rate=train.weight_decay, beta_1=0.9,
+                                beta_2=train.adam_beta2, epsilon=train.adam_epsilon,
+                                exclude_from_weight_decay=["LayerNorm", "layer_norm", "bias"])
+    return optimizer, schedule
 
 
 def roberta_config(cfg: PipelineConfig, vocab_size: int, special_ids: dict, base_config: dict | None = None):
@@ -22,7 +50,7 @@ def roberta_config(cfg: PipelineConfig, vocab_size: int, special_ids: dict, base
                                         "attention_probs_dropout_prob": cfg.model.dropout})
     shape = cfg.model.shape()
     return RobertaConfig(
-        vocab_size=vocab_size,
+        vocab_size=model_vocab_size(cfg, vocab_size),
         hidden_size=shape.hidden_size,
         num_hidden_layers=shape.num_hidden_layers,
         num_attention_heads=shape.num_attention_heads,

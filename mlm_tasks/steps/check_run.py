@@ -13,6 +13,7 @@ import logging
 
 from mlm_tasks.config import PipelineConfig
 from mlm_tasks.data.shard_set import load_manifest
+from mlm_tasks.model.roberta import model_vocab_size
 from mlm_tasks.model.training_plan import check_resumable, plan_lines, plan_steps, planned_replicas
 from mlm_tasks.paths import RunContext
 from mlm_tasks.results import DataSummary, RunCheck
@@ -29,14 +30,14 @@ def check_run(cfg: PipelineConfig, ctx: RunContext, *, data: DataSummary) -> Run
     # Per replica: the replica count is known only on the training host, so this is the bound
     # every device count must meet; train() checks the global batch again.
     steps = plan_steps(cfg, shard_set, cfg.train.batch_size)
-    check_resumable(ctx.run, fingerprint, shard_set.vocab_size)
+    check_resumable(ctx.run, fingerprint, model_vocab_size(cfg, shard_set.vocab_size))
     log.info("Run %s fits data %s: %d train records, batch %d per replica, %d steps at one replica.",
              ctx.run_id, fingerprint, shard_set.records("train"), cfg.train.batch_size, steps)
     replicas = planned_replicas(cfg)
     planned = plan_steps(cfg, shard_set, cfg.train.batch_size * replicas) if replicas > 1 else steps
     base = data.get("base_model")  # model.init_from: the shape is the base's
     dims = {**base, "vocab_size": shard_set.vocab_size} if base else None
-    plan = plan_lines(cfg, planned, shard_set.vocab_size, dims, replicas)
+    plan = plan_lines(cfg, planned, model_vocab_size(cfg, shard_set.vocab_size), dims, replicas)
     for line in plan:
         log.info(line)
     return RunCheck(fingerprint=fingerprint, train_records=shard_set.records("train"), steps=steps, plan=plan)

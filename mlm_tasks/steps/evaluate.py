@@ -16,6 +16,7 @@ from collections import Counter
 from mlm_tasks import storage
 from mlm_tasks.config import PipelineConfig
 from mlm_tasks.errors import ConfigError, MissingArtifactError
+from mlm_tasks.model.roberta import model_vocab_size
 from mlm_tasks.paths import RunContext
 from mlm_tasks.results import EvalMetrics
 
@@ -87,7 +88,7 @@ def evaluate(cfg: PipelineConfig, ctx: RunContext) -> EvalMetrics:
         # use_safetensors=False: read tf_model.h5. transformers 4.57 would otherwise pick the PyTorch
         # model.safetensors beside it and fail to read it (transformers#40028).
         model = TFRobertaForMaskedLM.from_pretrained(storage.download_dir(run.model, tmp), use_safetensors=False)
-    if model.config.vocab_size != len(tokenizer):
+    if model.config.vocab_size != model_vocab_size(cfg, len(tokenizer)):
         trained_on = storage.read_json(run.train_summary).get("data_fingerprint", "?")
         raise ConfigError(f"Model vocab {model.config.vocab_size} != tokenizer vocab {len(tokenizer)}: the model at "
                           f"{run.model} was trained with another tokenizer (data {trained_on}, not {fingerprint}). "

@@ -96,13 +96,13 @@ def train(cfg: PipelineConfig, ctx: RunContext, *, on_checkpoint: Callable[[int,
 
     import tensorflow as tf
     import tf_keras
-    from transformers import create_optimizer
 
     from mlm_tasks.data.input import damaged_shard_error, mlm_dataset
     from mlm_tasks.data.tokenizer import load_tokenizer
     from mlm_tasks.model.budget import budgeted_steps, seconds_per_step
     from mlm_tasks.model.flops import device_peak, flops_per_token, mfu
-    from mlm_tasks.model.roberta import build_model, roberta_config
+    from mlm_tasks.model.precision import auto_precision
+    from mlm_tasks.model.roberta import build_model, model_vocab_size, optimizer_and_schedule, roberta_config
     from mlm_tasks.model.training_plan import crossed, steps_per_call
     from mlm_tasks.model.validation import Validation, validation_batches
 
@@ -112,7 +112,7 @@ def train(cfg: PipelineConfig, ctx: RunContext, *, on_checkpoint: Callable[[int,
     shard_set.verify("train")
     tokenizer = load_tokenizer(paths.tokenizer, shard_set.max_length)
     base = BaseModel.pinned(cfg, shard_set.base_model)  # None: from random weights
-    check_resumable(run, fingerprint, len(tokenizer))
+    check_resumable(run, fingerprint, model_vocab_size(cfg, len(tokenizer)))
     if storage.exists(run.train_summary):
         done: TrainSummary = storage.read_json(run.train_summary)
         log.info("Run %s already finished training (%d steps): nothing to do", run_id, done["steps"])
@@ -121,7 +121,7 @@ def train(cfg: PipelineConfig, ctx: RunContext, *, on_checkpoint: Callable[[int,
     device = select_device(cfg.train.device)
     precision = cfg.train.mixed_precision
     if precision == "auto":
-        precision = "off" if device == "cpu" else "bf16"
+        precision = auto_precision(device)
     if precision == "bf16":
         tf_keras.mixed_precision.set_global_policy("mixed_bfloat16")
     xla = cfg.train.xla == "on" or (cfg.train.xla == "auto" and device != "cpu")
@@ -142,10 +142,7 @@ def train(cfg: PipelineConfig, ctx: RunContext, *, on_checkpoint: Callable[[int,
     def model_and_optimizer(steps: int):  # in the strategy's scope: variables on its devices
         with strategy.scope():
             built = build_model(model_config, sinusoidal_positions=cfg.model.sinusoidal_init and base is None)
-            return built, *create_optimizer(
-                init_lr=cfg.train.learning_rate, num_train_steps=steps,
-                num_warmup_steps=int(steps * cfg.train.warmup_fraction), weight_decay_rate=cfg.train.weight_decay,
-                adam_beta2=cfg.train.adam_beta2, adam_epsilon=cfg.train.adam_epsilon)
+            return built, *optimizer_and_schedule(cfg.train, steps)
 
     max_pred = cfg.train.max_predictions_per_seq
     if cfg.train.budget_minutes:

@@ -1,0 +1,132 @@
+"""Benchmark 8: a better model in the same CPU minutes. Trains the embedded default (configs/default.yaml) for
+its wall-time budget under each candidate recipe and under the default itself, alternating, each in a fresh
+subprocess, and scores every run by the validation loss on FIXED 15% masks (mlm_tasks/model/validation.py:
+the same tokenizer, split, batches and masked positions for every recipe, whatever it trains with).
+
+    .venv/bin/python bench/bench_quality.py [--budget-minutes 5] [--rounds 1]
+        [--candidates default,bf16,one_cycle,mask25,vocab128,bf16+one_cycle]   # `a+b`: both recipes at once
+        [--config configs/default.yaml]                                        # tests: configs/tiny.yaml
+
+The step count of every run is fixed by train.budget_minutes from its own measured step time, so a faster
+recipe trains more steps in the same minutes; the table gives steps done, tokens/s, the validation loss and
+its difference to the default's (negative: better). Each round runs the recipes in turn, the order reversed
+every other round, so drift of a shared machine's load hits all alike.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import common  # noqa: E402
+
+# Each candidate: the config overrides it trains with (on top of the config file). Off by default until
+# measured here; what helps goes into configs/default.yaml (and mixed_precision's auto).
+CANDIDATES: dict[str, dict] = {
+    "default": {},
+    "bf16": {"train.mixed_precision": "bf16"},  # the CPU's bf16 matrix units (AMX / AVX512-BF16)
+    # Cramming's budget-tied one-cycle: a higher peak, cosine annealing to 0 at the budget's last step.
+    "one_cycle": {"train.schedule": "one_cycle", "train.learning_rate": 0.003, "train.warmup_fraction": 0.1},
+    # Wettig et al.: more masking, with prediction slots for it (25% of 128 is 32 on average).
+    "mask25": {"train.mlm_probability": 0.25, "train.max_predictions_per_seq": 48},
+    "vocab128": {"model.vocab_multiple": 128},  # 8000 -> 8064 embedding rows
+}
+SCORING = {"train.eval_every": 10**6, "train.eval_batches": 10**4}  # one validation, at the last step, all of it
+
+
+def recipe(name: str) -> dict:
+    """The overrides of `name`: one candidate, or several joined by `+`."""
+    overrides: dict = {}
+    for part in name.split("+"):
+        if part not in CANDIDATES:
+            raise SystemExit(f"Unknown candidate {part!r}: choose from {', '.join(CANDIDATES)} (join with +).")
+        overrides.update(CANDIDATES[part])
+    return overrides
+
+
+def load(config: str, budget_minutes: float, name: str = "default"):
+    from mlm_tasks.config import load_config
+
+    return load_config(config, {"output_root": common.BENCH_ROOT, "train.budget_minutes": budget_minutes,
+                                **SCORING, **recipe(name)})
+
+
+def run_recipe(config: str, budget_minutes: float, name: str) -> dict:
+    import logging
+
+    import mlm_tasks
+    from mlm_tasks.paths import RunContext
+    from mlm_tasks.steps import build_shard_set
+    from mlm_tasks.steps.train import train
+
+    logging.disable(logging.INFO)
+    cfg = load(config, budget_minutes, name)
+    data = build_shard_set(cfg)  # cached: prepared by the parent
+    began = time.monotonic()
+    summary = train(cfg, RunContext.of(cfg, f"quality-{name}-{os.getpid()}-{int(time.time())}", data["fingerprint"]))
+    return {"steps": summary["steps"], "tokens_per_s": summary["tokens_per_s"], "val_loss": summary["val_loss"],
+            "train_s": time.monotonic() - began, "loop_s": summary["elapsed_s"], "precision": summary["precision"],
+            "mlm_tasks": os.path.dirname(mlm_tasks.__file__)}
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--config", default=os.path.join(common.REPO, "configs", "default.yaml"))
+    p.add_argument("--budget-minutes", type=float, default=None, help="default: the config's train.budget_minutes")
+    p.add_argument("--candidates", default="default,bf16,one_cycle,mask25,vocab128")
+    p.add_argument("--rounds", type=int, default=1)
+    p.add_argument("--worker")
+    args = p.parse_args()
+    if args.worker:
+        name, budget = args.worker.split(":")
+        return common.emit(run_recipe(args.config, float(budget), name))
+
+    from mlm_tasks.steps import build_shard_set
+
+    base = load(args.config, 1.0)
+    budget = args.budget_minutes if args.budget_minutes is not None else _config_budget(args.config)
+    names = args.candidates.split(",")
+    for name in names:
+        recipe(name)  # an unknown one fails now, not after an hour
+    if "default" not in names:
+        names.insert(0, "default")
+    data = build_shard_set(base)  # once, before any timed run
+    env = {"PYTHONPATH": common.REPO}  # the workers import this checkout's mlm_tasks, not an installed one
+    runs: dict[str, list[dict]] = {name: [] for name in names}
+    for rnd in range(args.rounds):
+        for name in names if rnd % 2 == 0 else names[::-1]:
+            res = common.run_worker(__file__, f"{name}:{budget}", "--config", args.config, env=env)
+            runs[name].append(res)
+            print(f"round {rnd + 1} {name}: {res['steps']} steps, {res['tokens_per_s'] or 0:.0f} tokens/s, "
+                  f"val loss {res['val_loss']:.4f}, {res['wall_s']:.0f} s ({res['mlm_tasks']})", file=sys.stderr)
+    default_loss = common.median([r["val_loss"] for r in runs["default"]])
+    rows = []
+    for name in names:
+        loss = common.median([r["val_loss"] for r in runs[name]])
+        rows.append([name, int(common.median([r["steps"] for r in runs[name]])),
+                     float(common.median([r["tokens_per_s"] or 0 for r in runs[name]])), runs[name][0]["precision"],
+                     f"{loss:.4f}", f"{loss - default_loss:+.4f}", " ".join(f"{r['val_loss']:.3f}" for r in runs[name]),
+                     float(common.median([r["loop_s"] for r in runs[name]])),
+                     float(common.median([r["wall_s"] for r in runs[name]]))])
+    print(f"\n{common.machine()}\n{os.path.relpath(args.config, common.REPO)}, train.budget_minutes={budget:g}; "
+          f"data {data['fingerprint']}; validation loss on fixed 15% masks, whole validation split; median of "
+          f"{args.rounds} alternating round(s)\n")
+    # "loop s": the training loop's own seconds. The budget fixes the step count from a few seconds' measurement,
+    # so on a machine whose load changes the loop can end well before or after the budget: read it beside the loss.
+    print(common.table(["recipe", "steps", "tokens/s", "precision", "val loss", "vs default", "per round",
+                        "loop s", "wall s"], rows))
+
+
+def _config_budget(config: str) -> float:
+    from mlm_tasks.config import load_config
+
+    minutes = load_config(config, {"output_root": common.BENCH_ROOT}).train.budget_minutes
+    if minutes is None:
+        raise SystemExit(f"{config} has no train.budget_minutes: pass --budget-minutes.")
+    return minutes
+
+
+if __name__ == "__main__":
+    main()
