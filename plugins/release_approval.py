@@ -54,6 +54,10 @@ class ReleaseApprovalOperator(ApprovalOperator):
 
     def execute(self, context: Any) -> Any:
         cfg = config_from_xcom(self.config)
+        if not cfg.publish.require_approval:  # first: then the gate's decision is not even read (a run may skip
+            # or mark the gate done without one, e.g. `airflow dags test --mark-success-pattern`)
+            raise AirflowSkipException("No approval asked (publish.require_approval is false): publish decides on "
+                                       "its own.")
         decision = xcom_dict(self.decision)
         reason = self._nothing_to_approve(cfg, decision)
         if reason:
