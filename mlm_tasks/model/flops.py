@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from typing import Any
 
 log = logging.getLogger(__name__)
+WINDOWS = 5  # cpu_peak's measuring windows
 
 # Dense peak FLOP/s per chip (TPU) or GPU, by precision. Checked 2026-12 against:
 #   TPU v4   https://cloud.google.com/tpu/docs/v4       275 TFLOP/s bf16 per chip
@@ -77,8 +78,9 @@ def flops_per_token(config: Any, seq_len: int, max_predictions: int = 0) -> floa
     return 6 * (encoder + head) + attention
 
 
-def cpu_peak(precision: str, seconds: float = 0.3, size: int = 512) -> float:
-    """FLOP/s a chain of `size`² matrix multiplies reaches here in `precision`, over about `seconds`."""
+def cpu_peak(precision: str, seconds: float = 0.5, size: int = 512) -> float:
+    """FLOP/s a chain of `size`² matrix multiplies reaches here in `precision`: the best of WINDOWS windows
+    over about `seconds` in all."""
     import tensorflow as tf
 
     dtype = tf.bfloat16 if precision == "bf16" else tf.float32
@@ -92,11 +94,16 @@ def cpu_peak(precision: str, seconds: float = 0.3, size: int = 512) -> float:
         return x
 
     chain(a).numpy()  # trace and warm up
-    runs, began = 0, time.perf_counter()
-    while time.perf_counter() - began < seconds:
-        chain(a).numpy()
-        runs += 1
-    return runs * 8 * 2 * size ** 3 / (time.perf_counter() - began)
+    # The best of a few short windows: on a shared machine one window can land on a busy moment and read
+    # the peak low (an MFU above 100% then); what the cores reach unhindered is the peak.
+    rates = []
+    for _ in range(WINDOWS):
+        runs, began = 0, time.perf_counter()
+        while time.perf_counter() - began < seconds / WINDOWS:
+            chain(a).numpy()
+            runs += 1
+        rates.append(runs * 8 * 2 * size ** 3 / (time.perf_counter() - began))
+    return max(rates)
 
 
 def _gpu_key() -> str | None:

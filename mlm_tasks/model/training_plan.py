@@ -98,6 +98,10 @@ def plan_lines(cfg: PipelineConfig, steps: int, vocab_size: int, base_config: di
     lines = [f"Plan: {steps:,} steps × global batch {cfg.train.batch_size * replicas} × {cfg.shards.max_length} "
              f"tokens = {tokens:,} tokens; {per_token / 1e6:,.1f} MFLOP per token, {tokens * per_token:.3g} FLOP "
              "in all."]
+    if cfg.train.budget_minutes:
+        cap = f"at most {cfg.train.steps:,}" if cfg.train.steps else "no cap"
+        lines.append(f"train.budget_minutes={cfg.train.budget_minutes:g}: train fixes the step count from its "
+                     f"measured step time ({cap}); the figures here are for {steps:,} steps.")
     if cfg.compute == "tpu_vm":
         generation = cfg.tpu.accelerator_type.split("-", 1)[0]
         peak = PEAKS.get(f"tpu-{generation}", {}).get("bf16")
