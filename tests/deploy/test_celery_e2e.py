@@ -25,6 +25,7 @@ import pytest
 
 from peers.airflow_rest import AirflowApi
 from peers.airflow_stack import ROOT, data_volume, running_stack
+from peers.figures import Figures
 from peers.file_watch import FolderWatch, sha256
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(1800)]
@@ -42,12 +43,7 @@ TIMING = {"AIRFLOW__SCHEDULER__TASK_INSTANCE_HEARTBEAT_TIMEOUT": "20",
           "AIRFLOW__SCHEDULER__TASK_INSTANCE_HEARTBEAT_TIMEOUT_DETECTION_INTERVAL": "5",
           "MLM_RETRY_DELAY_S": "10", "MLM_REFRESH_SCHEDULE": "none"}
 
-FIGURES: dict[str, object] = {}
-
-
-def figure(name: str, value) -> None:
-    FIGURES[name] = value
-    print(f"\n[celery figure] {name}: {value}", flush=True)
+figure = Figures("celery")  # printed as they come, and all at the end (-s shows them)
 
 
 @pytest.fixture(scope="module")
@@ -64,7 +60,7 @@ def stack(tmp_path_factory, shared):
             stack.start_worker(name, queues)
         figure("stack start (PostgreSQL, Redis, 4 services, 2 workers) s", round(time.monotonic() - t0, 1))
         yield stack
-    print("\n[celery figures] " + json.dumps(FIGURES), flush=True)
+    figure.dump()
 
 
 @pytest.fixture(scope="module")

@@ -43,6 +43,7 @@ from mlm_tasks.tpu import api as tpu
 from peers.airflow_rest import AirflowApi
 from peers.airflow_stack import ROOT, running_stack
 from peers.fake_tpu_api import FakeTpuApi
+from peers.figures import Figures
 from peers.sshd import airflow_conn_uri, host_public_key
 from peers.stand_in_trainer import steps_made, write_stand_in
 from peers.waits import wait_for
@@ -73,12 +74,7 @@ train(cfg, RunContext.of(cfg, {REFERENCE!r}, data["fingerprint"]))
 print("fingerprint", data["fingerprint"])
 """
 
-FIGURES: dict[str, object] = {}
-
-
-def figure(name: str, value) -> None:
-    FIGURES[name] = value
-    print(f"\n[durable figure] {name}: {value}", flush=True)
+figure = Figures("durable")  # printed as they come, and all at the end (-s shows them)
 
 
 @pytest.fixture(scope="module")
@@ -152,7 +148,7 @@ def stack(tmp_path_factory, shared, deployment, preparing, sshd, sa_key, tf_gcs_
         stack.start_worker(WORKER, "cpu,control", concurrency=1)
         figure("stack start (PostgreSQL, Redis, 4 services, 1 worker of 1 slot) s", round(time.monotonic() - t0, 1))
         yield stack
-    print("\n[durable figures] " + json.dumps(FIGURES), flush=True)
+    figure.dump()
 
 
 @pytest.fixture(scope="module")
