@@ -20,7 +20,6 @@ import os
 import platform
 import tempfile
 from collections.abc import Callable
-from typing import Any
 
 from mlm_tasks import storage
 from mlm_tasks.base_model import BaseModel
@@ -244,6 +243,7 @@ def train(cfg: PipelineConfig, ctx: RunContext, *, on_checkpoint: Callable[[int,
             log.info("Keeping the best step's model (train.keep_checkpoint=best): step %d, validation loss %.4f",
                      *best)
         _save_model(model, tokenizer, run)
+        hours, cost, basis = _tpu_cost(cfg, device, progress.elapsed_s)
         summary: TrainSummary = {
             "steps": total_steps, "resumed_from_step": start_step, "global_batch": global_batch, "replicas": replicas,
             "device": device, "xla": xla, "precision": precision, "steps_per_call": per_call,
@@ -255,13 +255,13 @@ def train(cfg: PipelineConfig, ctx: RunContext, *, on_checkpoint: Callable[[int,
             "kept": "best" if keep_best and best else "last",
             "flops_per_token": per_token, "peak_flops": peak.total,
             "mfu": (utilisation := mfu(progress.tokens_per_s, per_token, peak)), "mfu_of": peak.describe(utilisation),
-            **_tpu_cost(cfg, device, progress.elapsed_s),  # type: ignore[typeddict-item]  # the three cost keys
+            "accelerator_hours": hours, "cost_usd": cost, "cost_basis": basis,
             "parameters": int(sum(v.shape.num_elements() for v in model.trainable_variables)),
             "tensorflow": tf.__version__, "python": platform.python_version()}
         storage.write_json(run.train_summary, summary)  # last: marks training complete
-    cost = f", ${summary['cost_usd']:,.2f}" if summary["cost_usd"] is not None else ""
+    cost_text = f", ${summary['cost_usd']:,.2f}" if summary["cost_usd"] is not None else ""
     log.info("Training done: %d steps in %.0fs (%.0f tokens/s, %s%s), loss %.3f -> %.3f; model at %s",
-             total_steps, summary["elapsed_s"], summary["tokens_per_s"] or 0, summary["mfu_of"], cost,
+             total_steps, summary["elapsed_s"], summary["tokens_per_s"] or 0, summary["mfu_of"], cost_text,
              summary["first_loss"] or float("nan"),
              summary["last_loss"] or float("nan"), run.model)
     return summary
@@ -297,15 +297,15 @@ def step_functions(strategy, model, optimizer, max_pred: int, xla: bool):
     return distributed_steps
 
 
-def _tpu_cost(cfg: PipelineConfig, device: str, elapsed_s: float) -> dict[str, Any]:
-    """The training's TPU hours and their cost at the run's price (tpu.price_per_chip_hour or the list price);
-    the VM's start and the steps around training are not in it. Nothing to count off a TPU."""
+def _tpu_cost(cfg: PipelineConfig, device: str, elapsed_s: float) -> tuple[float | None, float | None, str | None]:
+    """(hours, US$, basis) of the training on a TPU at the run's price (tpu.price_per_chip_hour or the list
+    price); the VM's start and the steps around training are not in it. Nothing to count off a TPU."""
     if device != "tpu":
-        return {"accelerator_hours": None, "cost_usd": None, "cost_basis": None}
+        return None, None, None
     from mlm_tasks.tpu import prices
 
     basis = f"{cfg.tpu.accelerator_type} {'Spot' if cfg.tpu.spot else 'on-demand'}, {prices.source(cfg.tpu)}"
-    return {"accelerator_hours": elapsed_s / 3600, "cost_usd": prices.cost(cfg.tpu, elapsed_s), "cost_basis": basis}
+    return elapsed_s / 3600, prices.cost(cfg.tpu, elapsed_s), basis
 
 
 def _save_model(model, tokenizer, run: RunPaths) -> None:
