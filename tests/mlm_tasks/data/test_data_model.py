@@ -56,6 +56,31 @@ def test_loss_at_masked_positions_equals_full_head(tiny_prepared):
     assert full[1] == float((batch["labels"].numpy() != -100).sum())
 
 
+def test_packed_head_takes_the_positions_the_static_slots_take(tiny_prepared):
+    """packed=True (CPU without XLA) gathers the masked positions with no padding rows; with a cap that
+    sequences overflow it must keep the same first `max_predictions` of each row as the static slots."""
+    import tensorflow as tf
+
+    from mlm_tasks.model.roberta import build_model, masked_lm_loss, roberta_config
+
+    cfg, data = tiny_prepared
+    ds, tok = _dataset(cfg, data)
+    batch = next(iter(ds))
+    shard_set = ShardSet.load(DataPaths(cfg.output_root, data["fingerprint"]))
+    tf.keras.utils.set_random_seed(0)
+    model = build_model(roberta_config(cfg, len(tok), shard_set.special_ids))
+    per_row = (batch["labels"].numpy() != -100).sum(axis=1)
+    cap = 2
+    assert per_row.max() > cap  # the cap truncates some rows, so the test can tell the two apart
+    for max_pred in (0, cap, 64):
+        static = [float(x) for x in masked_lm_loss(model, batch, max_pred, training=False)]
+        packed = [float(x) for x in masked_lm_loss(model, batch, max_pred, training=False, packed=True)]
+        np.testing.assert_allclose(packed, static, rtol=1e-4)
+    assert static[1] == float(per_row.sum())
+    capped = masked_lm_loss(model, batch, cap, training=False, packed=True)
+    assert float(capped[1]) == float(np.minimum(per_row, cap).sum())
+
+
 def test_shard_policy_is_file_when_every_pipeline_gets_a_file():
     from mlm_tasks.data.input import shard_policy
 
