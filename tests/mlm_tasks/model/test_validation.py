@@ -75,7 +75,10 @@ def test_keep_best_saves_the_best_steps_model_which_evaluate_scores_the_same(tin
     assert summary["kept"] == "best" and summary["best_step"] < cfg.train.steps
     assert summary["val_loss"] > summary["best_val_loss"] + 1.0  # the last step is clearly worse
     metrics = evaluate(cfg, RunContext.of(cfg, "keep-best", data["fingerprint"]))
-    assert metrics["loss"] == pytest.approx(summary["best_val_loss"], rel=1e-4)
+    # Validation runs in the training's precision, evaluate in fp32 (the saved model): bf16 (auto, on a CPU
+    # with bf16 units) rounds the activations to 8 bits of mantissa.
+    rel = 1e-4 if summary["precision"] == "off" else 2e-3
+    assert metrics["loss"] == pytest.approx(summary["best_val_loss"], rel=rel)
 
 
 def test_keep_best_needs_eval_every(tmp_path):
