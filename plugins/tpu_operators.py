@@ -32,8 +32,11 @@ from airflow.sdk import BaseOperator
 from airflow.sdk.exceptions import AirflowException, AirflowFailException, AirflowSkipException
 
 from gcp_credentials import use_connection
+from mlm_tasks import storage
 from mlm_tasks.config import PipelineConfig
+from mlm_tasks.paths import RunContext
 from mlm_tasks.tpu import api as tpu
+from mlm_tasks.tpu import prices
 from mlm_tasks.tpu import registry as tpu_registry
 from step_context import config_from_xcom
 from tpu_trigger import TpuNodeTrigger
@@ -149,6 +152,7 @@ class TpuVmDeleteOperator(_RunNodeOperator):
             raise AirflowSkipException(f"compute is {cfg.compute!r}: this run made no TPU VM, none to delete.")
         name = run_node_name(context, self.node_name)
         with use_connection(cfg.gcp_conn_id):
+            created = self._created(cfg, name)
             try:
                 operation = tpu.delete_node(cfg.tpu, name)
             except ClientError as err:  # 4xx: a retry gets the same answer, and the VM keeps billing
@@ -157,21 +161,22 @@ class TpuVmDeleteOperator(_RunNodeOperator):
                     f"the cause (connection {cfg.gcp_conn_id!r} needs roles/tpu.admin in {cfg.tpu.project}) and "
                     f"clear this task, or delete it by hand: {_delete_command(cfg, name)}") from err
         if operation is None:
-            return self._gone(cfg, name, "already gone")
+            return self._gone(context, cfg, name, "already gone")
         self.log.info("TPU VM %s: deleting (%s); waiting until it is gone (at most tpu.delete_timeout_s=%ss).",
                       name, operation, cfg.tpu.delete_timeout_s)
         deadline = time.time() + cfg.tpu.delete_timeout_s
         trigger = TpuNodeTrigger(cfg.tpu.model_dump(mode="json"), name, deadline, operation,
                                  cfg.tpu.poll_interval_s, gcp_conn_id=cfg.gcp_conn_id, until_gone=True)
-        self.defer(trigger=trigger, method_name="deleted",
+        self.defer(trigger=trigger, method_name="deleted", kwargs={"created": created},
                    timeout=timedelta(seconds=cfg.tpu.delete_timeout_s + 600))  # backstop: the trigger has the bound
 
-    def deleted(self, context: Any, event: dict[str, Any] | None = None, **_: Any) -> str | None:
+    def deleted(self, context: Any, event: dict[str, Any] | None = None, created: float | None = None,
+                **_: Any) -> str | None:
         cfg = config_from_xcom(self.config)
         event = event or {}
         name, state, error = event.get("name"), event.get("state"), event.get("error")
         if state == tpu.NOT_FOUND and not error:
-            self._gone(cfg, name, "deleted")
+            self._gone(context, cfg, name, "deleted", created)
             return name
         if state == "TIMEOUT":
             self.log.warning(
@@ -184,12 +189,37 @@ class TpuVmDeleteOperator(_RunNodeOperator):
             f"Deleting TPU VM {name} did not take: {error or 'the node is ' + str(state)}. It keeps running, and "
             f"billing: retry this task, or delete it by hand: {_delete_command(cfg, name)}")
 
-    def _gone(self, cfg: PipelineConfig, name: str, how: str) -> None:
+    def _gone(self, context: Any, cfg: PipelineConfig, name: str, how: str, created: float | None = None) -> None:
         registry = tpu_registry.location(required=False)
-        if registry:
-            with use_connection(cfg.gcp_conn_id):
+        with use_connection(cfg.gcp_conn_id):
+            if registry:
                 tpu_registry.forget(registry, cfg.tpu.project, cfg.tpu.zone, name)
-        self.log.info("TPU VM %s: %s (confirmed: the API no longer knows it).", name, how)
+            self.log.info("TPU VM %s: %s (confirmed: the API no longer knows it).", name, how)
+            if created is not None:
+                self._record_bill(context, cfg, prices.vm_bill(cfg.tpu, name, created, time.time()))
+
+    def _created(self, cfg: PipelineConfig, name: str) -> float | None:
+        """When Google started billing the node (its createTime); None when it is gone or the API does not
+        say. Never a reason not to delete: a failed read costs the bill's figure, not the deletion."""
+        from google.api_core.exceptions import GoogleAPIError
+
+        try:
+            return tpu.get_state(cfg.tpu, name).created
+        except GoogleAPIError as err:
+            self.log.warning("Could not read TPU VM %s's createTime (%s): deleting it; its hours go unrecorded.",
+                             name, err)
+            return None
+
+    def _record_bill(self, context: Any, cfg: PipelineConfig, bill: dict[str, Any]) -> None:
+        """What the VM cost, in the log and beside the run's artifacts (runs/<run>/tpu_vm.json). The VM is
+        gone either way: a record that cannot be written is a warning, not a reason to delete again."""
+        self.log.info("%s.", prices.bill_line(bill))
+        where = RunContext.of(cfg, context["run_id"]).run.tpu_vm_bill
+        try:
+            storage.write_json(where, bill)
+        except Exception as err:  # noqa: BLE001 - any storage error: the figure is in the log above
+            self.log.warning("Could not write the TPU VM's hours and cost to %s (%s); they are in the line above.",
+                             where, err)
 
 
 def _delete_command(cfg: PipelineConfig, name: str) -> str:

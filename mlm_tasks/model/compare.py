@@ -7,7 +7,7 @@
 
 A run is a folder under runs/ with a training summary (runs still training are left out). What a row
 holds comes from the run's own artifacts only (train/summary.json, train/history.jsonl, eval/metrics.json,
-eval/downstream.json, data.json), so runs made by any version of the pipeline, on any machine, compare.
+eval/downstream.json, data.json, tpu_vm.json), so runs made by any version of the pipeline, on any machine, compare.
 Tokens seen = step × global batch × sequence length, so runs with other batch sizes share one axis.
 """
 from __future__ import annotations
@@ -61,12 +61,14 @@ def run_row(output_root: str, name: str) -> RunRow:
     history = read_history(run)
     per_step = _tokens_per_step(output_root, summary, data_info)
     base = (data_info or {}).get("base_model") or {}
+    vm_bill = storage.read_json_if_exists(run.tpu_vm_bill)
     return RunRow(
         run=name, data_fingerprint=summary.get("data_fingerprint"), base_model=base.get("init_from"),
         steps=summary.get("steps"), tokens=per_step * summary["steps"] if per_step and summary.get("steps") else None,
         val_loss=summary.get("val_loss"), best_val_loss=summary.get("best_val_loss"),
         best_step=summary.get("best_step"), eval_loss=metrics.get("loss"), downstream=downstream_scores(run),
-        wall_time_s=summary.get("elapsed_s"), cost_usd=summary.get("cost_usd"),
+        # The VM's whole bill once delete_tpu_vm recorded it, else the training's own hours at the price.
+        wall_time_s=summary.get("elapsed_s"), cost_usd=(vm_bill or {}).get("cost_usd", summary.get("cost_usd")),
         val_curve=[[h["step"] * per_step, h["val_loss"]] for h in history if "val_loss" in h] if per_step else [])
 
 

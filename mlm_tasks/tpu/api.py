@@ -66,6 +66,7 @@ class NodeState:
     workers: tuple[tuple[str, str], ...] = ()   # (internal ip, external ip) per worker, in order
     labels: dict[str, str] = field(default_factory=dict)
     operation: str | None = None    # long-running operation started by this call, if any
+    created: float | None = None    # the node's createTime (epoch seconds): billing runs from then
 
     @property
     def ready(self) -> bool:
@@ -149,7 +150,13 @@ def full_name(cfg: TpuConfig, name: str) -> str:
 def _state_of(node: Node) -> NodeState:
     workers = tuple((e.ip_address, e.access_config.external_ip) for e in node.network_endpoints)
     return NodeState(name=node.name.rsplit("/", 1)[-1], state=node.state.name, workers=workers,
-                     labels=dict(node.labels))
+                     labels=dict(node.labels), created=_epoch(node.create_time))
+
+
+def _epoch(stamp: Any) -> float | None:
+    """A Node's timestamp in epoch seconds: proto-plus hands a datetime (its stubs say protobuf's
+    Timestamp); an unset one is None."""
+    return stamp.timestamp() if stamp else None
 
 
 def get_state(cfg: TpuConfig, name: str, api: TpuClient | None = None) -> NodeState:

@@ -1,6 +1,7 @@
 """What a TPU VM costs: list prices per chip-hour, and the estimate a run prints before it spends.
 
     hourly(cfg.tpu)                          # $/hour of the run's slice (Spot or on-demand, per tpu.spot)
+    vm_bill(cfg.tpu, name, created_s, gone_s)   # what the VM cost from its createTime until it was gone
     estimate_lines(cfg, steps, per_token, replicas=4)   # tokens, steps, hours at ASSUMED_MFU, on-demand and Spot
 
 LIST_PRICES are Google's public list prices in US dollars per chip-hour for the regions where each
@@ -56,3 +57,23 @@ def source(tpu: Any) -> str:
     if tpu.price_per_chip_hour is not None:
         return f"tpu.price_per_chip_hour ${tpu.price_per_chip_hour:g}"
     return f"list price {PRICES_AS_OF}, cloud.google.com/tpu/pricing"
+
+
+def vm_bill(tpu: Any, name: str, created_s: float, gone_s: float) -> dict[str, Any]:
+    """The run's TPU VM from its createTime until the API no longer knew it: the hours Google bills
+    (VM start, training and the steps around it, deletion) and their cost at the run's price."""
+    import time
+
+    hours = max(0.0, gone_s - created_s) / 3600
+    rate = hourly(tpu)
+    stamp = lambda t: time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(t))  # noqa: E731
+    return {"node": name, "accelerator_type": tpu.accelerator_type, "chips": chips(tpu.accelerator_type),
+            "spot": bool(tpu.spot), "created": stamp(created_s), "gone": stamp(gone_s), "hours": hours,
+            "cost_usd": rate * hours if rate is not None else None,
+            "cost_basis": f"{tpu.accelerator_type} {'Spot' if tpu.spot else 'on-demand'}, {source(tpu)}"}
+
+
+def bill_line(bill: dict[str, Any]) -> str:
+    cost = f"${bill['cost_usd']:,.2f}" if bill["cost_usd"] is not None else "no price known"
+    return (f"TPU VM {bill['node']} was up {bill['hours']:.2f} h ({bill['created']} to {bill['gone']}): {cost} "
+            f"({bill['cost_basis']})")

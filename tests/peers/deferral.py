@@ -38,4 +38,16 @@ def run_deferrable(op: Any, context: Callable[[], dict], *, tweak: Callable[[Any
             if tweak:
                 tweak(deferred.trigger)
             event = asyncio.run(asyncio.wait_for(first_event(rebuilt(deferred.trigger)), timeout))
-            call, args = getattr(op, deferred.method_name), (context(), event)
+            call = getattr(op, deferred.method_name)
+            if deferred.kwargs:  # Airflow resumes with the deferral's kwargs as keyword arguments
+                call = _with_kwargs(call, deferred.kwargs)
+            args = (context(), event)
+
+
+def _with_kwargs(method: Callable[..., Any], kwargs: dict[str, Any]) -> Callable[..., Any]:
+    kwargs = json.loads(json.dumps(kwargs))  # stored in the database as JSON, like the trigger's
+
+    def call(*args: Any) -> Any:
+        return method(*args, **kwargs)
+
+    return call

@@ -9,8 +9,11 @@ from types import SimpleNamespace
 import pytest
 from airflow.sdk.exceptions import AirflowException, AirflowFailException, AirflowSkipException, TaskDeferred
 
+from mlm_tasks import storage
 from mlm_tasks.errors import ConfigError
+from mlm_tasks.paths import RunContext
 from mlm_tasks.tpu import api as tpu
+from mlm_tasks.tpu import prices
 from mlm_tasks.tpu import registry as tpu_registry
 from peers.airflow_home import dags_test
 from peers.deferral import run_deferrable
@@ -155,20 +158,29 @@ def _with_tpu(config, **tpu_settings):
     return {**config, "tpu": {**config["tpu"], **tpu_settings}}
 
 
-def test_delete_waits_until_the_node_is_gone_and_forgets_it(fake_tpu, caplog):
+def test_delete_waits_until_the_node_is_gone_and_forgets_it(fake_tpu, gcs_root, caplog):
     fake_tpu.delete_after_gets = 3  # DELETING for three reads, as the real API lingers
+    created = time.time()
     fake_tpu.add_node("proj", ZONE, NAME)
     tpu_registry.record(fake_tpu.registry, "proj", ZONE, NAME, expires=1)
-    op = _logging_to_caplog(TpuVmDeleteOperator(task_id="d", config=_config(fake_tpu)))
-    with pytest.raises(TaskDeferred):
+    op = _logging_to_caplog(TpuVmDeleteOperator(task_id="d", config=_config(fake_tpu, output_root=gcs_root)))
+    with pytest.raises(TaskDeferred) as deferred:
         op.execute(_context())  # the delete was accepted, the node is still DELETING: wait, not done
+    assert deferred.value.kwargs["created"] > time.time() - 60  # the node's createTime rides along
     fake_tpu.delete_after_gets, fake_tpu._transient = 3, {}
     fake_tpu.add_node("proj", ZONE, NAME)
     with caplog.at_level("INFO"):
         assert _run(op) == NAME
+    gone = time.time()
     assert fake_tpu.node("proj", ZONE, NAME) is None
     assert "deleted (confirmed: the API no longer knows it)" in caplog.text
     assert tpu_registry.entries(fake_tpu.registry) == []
+    # What the VM cost, from its createTime to its confirmed deletion, in the log and beside the run.
+    bill = json.loads(storage.read_text(RunContext.of(config_from_xcom(op.config), RUN).run.tpu_vm_bill))
+    assert bill["node"] == NAME and bill["accelerator_type"] == "v4-8" and bill["chips"] == 4
+    assert 0 <= bill["hours"] * 3600 <= gone - created + 1  # createTime is in whole seconds
+    assert bill["cost_usd"] == pytest.approx(bill["hours"] * 4 * prices.LIST_PRICES["v4"]["on_demand"])
+    assert f"TPU VM {NAME} was up {bill['hours']:.2f} h" in caplog.text and "on-demand, list price" in caplog.text
 
 
 def test_delete_not_gone_within_the_bound_is_left_to_the_janitor(fake_tpu, caplog):
