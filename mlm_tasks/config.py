@@ -122,7 +122,8 @@ class TrainConfig(_Section):
     adam_epsilon: float = Field(1e-6, gt=0, description="AdamW epsilon.")
     mlm_probability: float = Field(0.15, gt=0, lt=1, description="Share of tokens selected for masking.")
     max_predictions_per_seq: int = Field(32, ge=0, description="LM head runs only at this many masked "
-                                         "positions per sequence (0 = every position, the plain way).")
+                                         "positions per sequence (0 = every position, the plain way); without "
+                                         "XLA off a TPU, at exactly the masked ones, at most this many a sequence.")
     checkpoint_every: int = Field(100, ge=1, description="Steps between checkpoints (what a retry loses at most).")
     log_every: int = Field(25, ge=1, description="Steps between progress lines in the log.")
     steps_per_call: Literal["auto"] | int = Field(
@@ -138,8 +139,8 @@ class TrainConfig(_Section):
         "with the lowest validation loss (best: needs train.eval_every).")
     xla: Literal["auto", "on", "off"] = Field("auto", description="XLA-compile the step (auto: on for TPU/GPU).")
     mixed_precision: Literal["auto", "off", "bf16"] = Field(
-        "auto", description="Compute dtype (auto: bf16 on TPU and GPU; on CPU see "
-        "mlm_tasks/model/precision.py: bf16 where it has bf16 matrix units, if measured to pay, else fp32).")
+        "auto", description="Compute dtype (auto: bf16 on TPU, GPU and a CPU with bf16 matrix units, AMX-BF16 or "
+        "AVX512-BF16, measured faster there (mlm_tasks/model/precision.py); fp32 on other CPUs).")
     device: Literal["auto", "tpu", "gpu", "cpu"] = Field(
         "auto", description="Accelerator to train on (auto: TPU if this host has one, else GPU, else CPU).")
     strategy: Literal["auto", "mirrored"] = Field(
