@@ -1,4 +1,4 @@
-"""Benchmark 8: a better model in the same CPU minutes. Trains the embedded default (configs/default.yaml) for
+"""Benchmark 9: a better model in the same CPU minutes. Trains the embedded default (configs/default.yaml) for
 its wall-time budget under each candidate recipe and under the default itself, alternating, each in a fresh
 subprocess, and scores every run by the validation loss on FIXED 15% masks (mlm_tasks/model/validation.py:
 the same tokenizer, split, batches and masked positions for every recipe, whatever it trains with).
@@ -6,11 +6,14 @@ the same tokenizer, split, batches and masked positions for every recipe, whatev
     .venv/bin/python bench/bench_quality.py [--budget-minutes 5] [--rounds 1]
         [--candidates default,bf16,one_cycle,mask25,vocab128,bf16+one_cycle]   # `a+b`: both recipes at once
         [--config configs/default.yaml]                                        # tests: configs/tiny.yaml
+        [--today ../main-before]   # the baseline: another checkout's code and its version of --config
 
 The step count of every run is fixed by train.budget_minutes from its own measured step time, so a faster
 recipe trains more steps in the same minutes; the table gives steps done, tokens/s, the validation loss and
-its difference to the default's (negative: better). Each round runs the recipes in turn, the order reversed
-every other round, so drift of a shared machine's load hits all alike.
+its difference to the baseline's (negative: better; the baseline is `today` when given, else `default`).
+`in3min` runs a recipe on 3 minutes instead: does it reach the baseline's loss in 60% of its time? Each round
+runs the recipes in turn, the order reversed every other round, so drift of a shared machine's load hits all
+alike.
 """
 from __future__ import annotations
 
@@ -32,6 +35,16 @@ CANDIDATES: dict[str, dict] = {
     # Wettig et al.: more masking, with prediction slots for it (25% of 128 is 32 on average).
     "mask25": {"train.mlm_probability": 0.25, "train.max_predictions_per_seq": 48},
     "vocab128": {"model.vocab_multiple": 128},  # 8000 -> 8064 embedding rows
+    # Smaller batches, more steps from the same tokens: early in training the useful batch is small.
+    "batch16": {"train.batch_size": 16},
+    "batch8": {"train.batch_size": 8},
+    "mask30": {"train.mlm_probability": 0.3, "train.max_predictions_per_seq": 56},
+    "mask40": {"train.mlm_probability": 0.4, "train.max_predictions_per_seq": 64},
+    # The same recipe on 60% of the default's minutes: does it reach the default's loss in them?
+    "in3min": {"train.budget_minutes": 3},
+    "lr1e3": {"train.learning_rate": 0.001},
+    "lr3e3": {"train.learning_rate": 0.003},
+    "lr5e3": {"train.learning_rate": 0.005},
 }
 SCORING = {"train.eval_every": 10**6, "train.eval_batches": 10**4}  # one validation, at the last step, all of it
 
@@ -77,6 +90,9 @@ def main() -> None:
     p.add_argument("--budget-minutes", type=float, default=None, help="default: the config's train.budget_minutes")
     p.add_argument("--candidates", default="default,bf16,one_cycle,mask25,vocab128")
     p.add_argument("--rounds", type=int, default=1)
+    p.add_argument("--today", metavar="CHECKOUT",
+                   help="also run recipe `today`: that checkout's code and its own version of --config (e.g. a git "
+                        "worktree of the commit before a change), the baseline a target is measured against")
     p.add_argument("--worker")
     args = p.parse_args()
     if args.worker:
@@ -90,18 +106,20 @@ def main() -> None:
     names = args.candidates.split(",")
     for name in names:
         recipe(name)  # an unknown one fails now, not after an hour
-    if "default" not in names:
+    if args.today:
+        names.insert(0, "today")  # the baseline
+    elif "default" not in names:
         names.insert(0, "default")
     data = build_shard_set(base)  # once, before any timed run
-    env = {"PYTHONPATH": common.REPO}  # the workers import this checkout's mlm_tasks, not an installed one
     runs: dict[str, list[dict]] = {name: [] for name in names}
     for rnd in range(args.rounds):
         for name in names if rnd % 2 == 0 else names[::-1]:
-            res = common.run_worker(__file__, f"{name}:{budget}", "--config", args.config, env=env)
+            res = _run(name, budget, args.config, args.today)
             runs[name].append(res)
             print(f"round {rnd + 1} {name}: {res['steps']} steps, {res['tokens_per_s'] or 0:.0f} tokens/s, "
                   f"val loss {res['val_loss']:.4f}, {res['wall_s']:.0f} s ({res['mlm_tasks']})", file=sys.stderr)
-    default_loss = common.median([r["val_loss"] for r in runs["default"]])
+    baseline = "today" if args.today else "default"
+    default_loss = common.median([r["val_loss"] for r in runs[baseline]])
     rows = []
     for name in names:
         loss = common.median([r["val_loss"] for r in runs[name]])
@@ -110,13 +128,32 @@ def main() -> None:
                      f"{loss:.4f}", f"{loss - default_loss:+.4f}", " ".join(f"{r['val_loss']:.3f}" for r in runs[name]),
                      float(common.median([r["loop_s"] for r in runs[name]])),
                      float(common.median([r["wall_s"] for r in runs[name]]))])
-    print(f"\n{common.machine()}\n{os.path.relpath(args.config, common.REPO)}, train.budget_minutes={budget:g}; "
+    today = f"; today: {_commit(args.today)}'s code and config, from {args.today}" if args.today else ""
+    print(f"\n{common.machine()}\n{os.path.relpath(args.config, common.REPO)} at {_commit(common.REPO)}, "
+          f"train.budget_minutes={budget:g}{today}; "
           f"data {data['fingerprint']}; validation loss on fixed 15% masks, whole validation split; median of "
           f"{args.rounds} alternating round(s)\n")
     # "loop s": the training loop's own seconds. The budget fixes the step count from a few seconds' measurement,
     # so on a machine whose load changes the loop can end well before or after the budget: read it beside the loss.
-    print(common.table(["recipe", "steps", "tokens/s", "precision", "val loss", "vs default", "per round",
+    print(common.table(["recipe", "steps", "tokens/s", "precision", "val loss", f"vs {baseline}", "per round",
                         "loop s", "wall s"], rows))
+
+
+def _run(name: str, budget: float, config: str, today: str | None) -> dict:
+    """One recipe in a fresh process of this checkout (PYTHONPATH: not an installed mlm_tasks), or `today`:
+    the other checkout's bench worker, code and its own copy of the config file, on the same bench root."""
+    if name == "today":
+        assert today is not None
+        return common.run_worker(os.path.join(today, "bench", "bench_quality.py"), f"default:{budget}", "--config",
+                                 os.path.join(today, os.path.relpath(config, common.REPO)), env={"PYTHONPATH": today})
+    return common.run_worker(__file__, f"{name}:{budget}", "--config", config, env={"PYTHONPATH": common.REPO})
+
+
+def _commit(checkout: str) -> str:
+    import subprocess
+
+    found = subprocess.run(["git", "-C", checkout, "log", "-1", "--format=%h"], capture_output=True, text=True)
+    return found.stdout.strip() or "?"
 
 
 def _config_budget(config: str) -> float:
