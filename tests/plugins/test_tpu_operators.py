@@ -141,9 +141,10 @@ def test_connection_without_credentials_falls_back_to_adc_and_says_so(fake_tpu, 
     assert "No Airflow connection 'google_cloud_default'" in caplog.text
 
 
-def test_delete_is_idempotent(fake_tpu):
+def test_delete_is_idempotent(fake_tpu, gcs_root):
     fake_tpu.add_node("proj", ZONE, NAME)
-    op = TpuVmDeleteOperator(task_id="d", config=json.dumps(_config(fake_tpu)))
+    # output_root in the emulator: the confirmed deletion writes the VM's bill there, never to real GCS.
+    op = TpuVmDeleteOperator(task_id="d", config=json.dumps(_config(fake_tpu, output_root=gcs_root)))
     assert _run(op) == NAME
     assert fake_tpu.node("proj", ZONE, NAME) is None
     assert op.execute(_context()) is None  # NotFound is success
@@ -270,10 +271,10 @@ tpu_ops_test()
 
 
 @pytest.mark.parametrize("command, ok", [("echo remote-says-hi $((6*7))", True), ("echo about-to-fail; exit 5", False)])
-def test_dag_run_creates_runs_and_tears_down(airflow_env, fake_tpu, sshd, tmp_path, command, ok):
+def test_dag_run_creates_runs_and_tears_down(airflow_env, fake_tpu, sshd, gcs_root, tmp_path, command, ok):
     dag_file = tmp_path / "tpu_ops_test.py"
     dag_file.write_text(textwrap.dedent(DAG_FILE))
-    config = _config(fake_tpu)
+    config = _config(fake_tpu, output_root=gcs_root)  # the teardown writes the VM's bill under output_root
     # Two hosts: a pod slice, so a -pod runtime, and the step runs on worker 0 only (single-client TF).
     config["tpu"].update(ssh_port=sshd.port, poll_interval_s=0.2, accelerator_type="v4-32",
                          runtime_version="tpu-vm-tf-2.16.1-pod-pjrt")
