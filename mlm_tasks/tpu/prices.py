@@ -12,6 +12,7 @@ with other prices sets `tpu.price_per_chip_hour` (what its invoice says) and eve
 """
 from __future__ import annotations
 
+import time
 from typing import Any
 
 from mlm_tasks.tpu import slices
@@ -62,8 +63,6 @@ def source(tpu: Any) -> str:
 def vm_bill(tpu: Any, name: str, created_s: float, gone_s: float) -> dict[str, Any]:
     """The run's TPU VM from its createTime until the API no longer knew it: the hours Google bills
     (VM start, training and the steps around it, deletion) and their cost at the run's price."""
-    import time
-
     hours = max(0.0, gone_s - created_s) / 3600
     rate = hourly(tpu)
     stamp = lambda t: time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(t))  # noqa: E731

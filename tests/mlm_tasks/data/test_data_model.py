@@ -39,17 +39,23 @@ def test_skip_reproduces_the_same_batches_and_masks(tiny_prepared):
             np.testing.assert_array_equal(e[key].numpy(), g[key].numpy())
 
 
-def test_loss_at_masked_positions_equals_full_head(tiny_prepared):
+def _model_and_batch(tiny_prepared):
+    """A fresh tiny model (seed 0) and the first masked batch of the tiny shard set."""
     import tensorflow as tf
 
-    from mlm_tasks.model.roberta import build_model, masked_lm_loss, roberta_config
+    from mlm_tasks.model.roberta import build_model, roberta_config
 
     cfg, data = tiny_prepared
     ds, tok = _dataset(cfg, data)
-    batch = next(iter(ds))
     shard_set = ShardSet.load(DataPaths(cfg.output_root, data["fingerprint"]))
     tf.keras.utils.set_random_seed(0)
-    model = build_model(roberta_config(cfg, len(tok), shard_set.special_ids))
+    return build_model(roberta_config(cfg, len(tok), shard_set.special_ids)), next(iter(ds))
+
+
+def test_loss_at_masked_positions_equals_full_head(tiny_prepared):
+    from mlm_tasks.model.roberta import masked_lm_loss
+
+    model, batch = _model_and_batch(tiny_prepared)
     full = [float(x) for x in masked_lm_loss(model, batch, 0, training=False)]
     sparse = [float(x) for x in masked_lm_loss(model, batch, 64, training=False)]
     np.testing.assert_allclose(sparse, full, rtol=1e-4)
@@ -59,16 +65,9 @@ def test_loss_at_masked_positions_equals_full_head(tiny_prepared):
 def test_packed_head_takes_the_positions_the_static_slots_take(tiny_prepared):
     """packed=True (CPU without XLA) gathers the masked positions with no padding rows; with a cap that
     sequences overflow it must keep the same first `max_predictions` of each row as the static slots."""
-    import tensorflow as tf
+    from mlm_tasks.model.roberta import masked_lm_loss
 
-    from mlm_tasks.model.roberta import build_model, masked_lm_loss, roberta_config
-
-    cfg, data = tiny_prepared
-    ds, tok = _dataset(cfg, data)
-    batch = next(iter(ds))
-    shard_set = ShardSet.load(DataPaths(cfg.output_root, data["fingerprint"]))
-    tf.keras.utils.set_random_seed(0)
-    model = build_model(roberta_config(cfg, len(tok), shard_set.special_ids))
+    model, batch = _model_and_batch(tiny_prepared)
     per_row = (batch["labels"].numpy() != -100).sum(axis=1)
     cap = 2
     assert per_row.max() > cap  # the cap truncates some rows, so the test can tell the two apart
