@@ -151,7 +151,7 @@ class RemoteStep:
             self.log.info("Running %r on %s (%s).", self.step, name, hosts[0])
         api = tpu.client(cfg.tpu)
         connect = ssh_connect(cfg.tpu.ssh_conn_id, cfg.tpu.ssh_port, node=name,
-                              published=lambda worker: tpu.host_keys(cfg.tpu, name, worker, api=api))
+                              published=tpu.published_keys(cfg.tpu, name, api=api))
         return name, hosts, connect
 
     def _failure_message(self, cfg: Any, name: str, outcome: ssh.Outcome) -> str:

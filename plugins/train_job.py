@@ -66,7 +66,7 @@ class JobWatch:
         """A watch that logs in as the run's SSH connection, pinning the host keys the node published."""
         api = tpu.client(cfg.tpu)
         connect = ssh_connect(cfg.tpu.ssh_conn_id, cfg.tpu.ssh_port, CHECK_PATIENCE_S, node=job["node"],
-                              published=lambda worker: tpu.host_keys(cfg.tpu, job["node"], worker, api=api))
+                              published=tpu.published_keys(cfg.tpu, job["node"], api=api))
         return cls(cfg, job, connect, log)
 
     def check(self) -> Verdict:

@@ -14,7 +14,8 @@ What survives what: a triggerer restart rebuilds the trigger from `serialize()` 
 the same try and the same trainer (the stall clock is the record's heartbeat, not this process's).
 A poll that meets a transient error (a GCS 503, a TPU API 5xx) polls again. `on_kill` (Airflow calls
 it when a user marks the deferred task failed or clears it, never on a triggerer restart) stops the
-trainer over SSH.
+trainer over SSH. Airflow only calls on_kill on a trigger the triggerer runs: a mark in the second or two
+before it picks the trigger up leaves the trainer to the teardown, whose delete of the VM ends it.
 """
 from __future__ import annotations
 

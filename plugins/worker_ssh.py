@@ -1,7 +1,7 @@
 """The login to a TPU VM worker, read from the Airflow SSH connection; the SSH itself is mlm_tasks/tpu/ssh.py.
 
     connect = ssh_connect("tpu_ssh", 22, node=name,
-                          published=lambda worker: tpu.host_keys(cfg.tpu, name, worker, api=api))
+                          published=tpu.published_keys(cfg.tpu, name, api=api))
     client = connect("10.128.0.7", 0)   # a logged-in paramiko SSHClient for worker 0
 
 The login (user, `key_file` or `private_key`, password, timeouts, a ProxyCommand from ~/.ssh/config)

@@ -27,6 +27,7 @@ import logging
 import os
 import re
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
@@ -318,6 +319,27 @@ def host_keys(cfg: TpuConfig, name: str, worker: int = 0, timeout_s: float = 30.
             # The agent publishes the key's base64 alone; tolerate a whole `type key [comment]` line.
             keys[item.key] = parts[1] if len(parts) > 1 and parts[0] == item.key else parts[0]
     return keys
+
+
+class NodeNotReady(RuntimeError):
+    """The node publishes no host keys because it is not READY (preempted, stopped, being deleted)."""
+
+
+def published_keys(cfg: TpuConfig, name: str, api: TpuClient | None = None) -> Callable[[int], dict[str, str]]:
+    """ssh.connector's `published` for node `name`: worker -> host_keys. When the node publishes none, its
+    state decides: READY is a guest agent still starting (the connector waits for it), anything else
+    raises NodeNotReady at once. A preempted node's agent never starts again; waiting minutes for its keys
+    would only delay what its state already says (the follow then reads the node's state, and a retry
+    replaces it)."""
+    def published(worker: int) -> dict[str, str]:
+        keys = host_keys(cfg, name, worker, api=api)
+        if not keys:
+            state = get_state(cfg, name, api=api).state
+            if state != "READY":
+                raise NodeNotReady(f"Node {name} is {state}: it publishes no SSH host keys and takes no SSH "
+                                   "until it is READY again (a preempted node never is: a retry replaces it).")
+        return keys
+    return published
 
 
 def describe(state: NodeState) -> dict[str, Any]:

@@ -170,7 +170,7 @@ def login_to(cfg: PipelineConfig, name: str, args: argparse.Namespace, api: Any)
     login = ssh.Login(args.ssh_user, f"--ssh-user {args.ssh_user} --ssh-key {args.ssh_key}",
                       {"key_filename": args.ssh_key, "timeout": 30, "allow_agent": False, "look_for_keys": False})
     return ssh.connector(lambda host: login, cfg.tpu.ssh_port, node=name,
-                         published=lambda worker: tpu.host_keys(cfg.tpu, name, worker, api=api))
+                         published=tpu.published_keys(cfg.tpu, name, api=api))
 
 
 def run_on_worker_0(connect: ssh.Connect, host: str, command: str, on_line: Callable[[str], None]) -> ssh.Outcome:

@@ -1,7 +1,7 @@
 """SSH to worker 0 of a TPU VM: the login pinned to the host keys its node published, one command in a pty.
 
     connect = connector(lambda host: Login("mlm", "--ssh-key ~/.ssh/id_ed25519", {"key_filename": key}),
-                        port, node=name, published=lambda worker: tpu.host_keys(cfg.tpu, name, worker, api=api))
+                        port, node=name, published=tpu.published_keys(cfg.tpu, name, api=api))
     problem = unreachable("10.128.0.7", port, timeout_s=10)      # None, or why the port does not answer
     session = Session(connect, "10.128.0.7", on_line=print)      # close() from any thread hangs up
     outcome = session.run(command, env={"LC_MLM_HF_TOKEN": token})

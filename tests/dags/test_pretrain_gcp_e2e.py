@@ -183,6 +183,9 @@ def test_failed_create_and_preemption_recover_on_fresh_nodes(  # noqa: F811
     assert fake_tpu.nodes == {}
     assert "no more capacity in the zone" in log and "deleted it" in log
     assert "Injected fault at step 7" in log and "PREEMPTED" in log
+    # The preempted node was not waited on for host keys it never publishes: its state answered at once.
+    assert "is PREEMPTED: it publishes no SSH host keys" in log
+    assert "has not published worker 0's SSH host keys yet" not in log
 
     # The trainer is a detached job whose log stays on the VM: its resume shows in the run's records.
     run = RunPaths(gcs_root, _run_id(log))

@@ -308,6 +308,9 @@ def test_marking_train_failed_stops_the_trainer_and_the_teardown_deletes_the_vm(
         pid = deferred_and_past(api, watch, output_root, run_id, 3)["pid"]
         node = f"projects/{PROJECT}/locations/{ZONE}/nodes/{tpu.node_name(DAG_ID, run_id)}"
         assert node in tpu_api.nodes
+        # The triggerer runs the trigger (its first progress line is in the log): only a running trigger
+        # has an on_kill. One marked failed before the triggerer picked it up ends with the VM's delete.
+        wait_for("the trigger's first progress line", lambda: progress_lines(api, run_id) >= 1, 60, 0.5)
         marked_at = time.monotonic()
         reply = api.client.patch(f"/dags/{DAG_ID}/dagRuns/{quote(run_id, safe='')}/taskInstances/train",
                                  json={"new_state": "failed"})

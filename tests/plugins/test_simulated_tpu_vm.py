@@ -148,9 +148,9 @@ def test_a_sigkilled_train_task_leaves_the_real_trainer_running_and_the_retry_re
     prepared_cfg, data = tiny_prepared
     storage.upload_dir(join(prepared_cfg.output_root, "datasets"), join(gcs_root, "datasets"))
     monkeypatch.setenv("AIRFLOW_CONN_TPU_SSH", airflow_conn_uri(sshd, no_host_key_check=False))
-    steps = 300
+    steps = 120  # the retry reattaches within a second or two of the kill at step 20: ample margin
     cfg = _vm_config(prepared_cfg, gcs_root, runtime.version, python, tmp_path / "vm", fake_tpu, sshd, tf_gcs_env,
-                     steps=steps, log_every=1, checkpoint_every=100, heartbeat_s=1, progress_log_s=2)
+                     steps=steps, log_every=1, checkpoint_every=50, heartbeat_s=1, progress_log_s=2)
     config = cfg.model_dump(mode="json")
 
     def context(run_id, store, try_number):

@@ -14,6 +14,7 @@ from mlm_tasks.config import TpuConfig
 from mlm_tasks.errors import ConfigError
 from mlm_tasks.tpu import api as tpu
 from mlm_tasks.tpu import slices as tpu_slices
+from mlm_tasks.tpu import ssh
 
 SSH_KEY = "mlm:ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIFakeKeyMaterialForTheFakeOnly mlm"
 
@@ -259,6 +260,26 @@ def test_host_keys_are_what_the_worker_published(cfg, fake_tpu):
         tpu.host_keys(cfg, name, worker=2)
     with pytest.raises(NotFound):
         tpu.host_keys(cfg, "mlm-no-such-node", worker=0)
+
+
+def test_published_keys_wait_on_a_ready_node_and_fail_at_once_on_a_preempted_one(cfg, fake_tpu):
+    name = tpu.node_name("mlm_pretrain", "run-preempted-keys")
+    fake_tpu.add_node("proj", ZONE, name)
+    published = tpu.published_keys(cfg, name)
+    assert published(0) == {}  # READY, agent still starting: the connector asks again
+    fake_tpu.host_keys = {"ssh-ed25519": "AAAAC3Nz"}
+    assert published(0) == {"ssh-ed25519": "AAAAC3Nz"}
+    fake_tpu.preempt(name)  # a node that is not READY publishes none (see the fake's docstring)
+    with pytest.raises(tpu.NodeNotReady, match=f"Node {name} is PREEMPTED"):
+        published(0)
+    # Through the connector: one ask, no wait of patience_s for keys that never come.
+    connect = ssh.connector(lambda host: ssh.Login("mlm", "test", {}), 22, node=name, published=published,
+                            patience_s=600, poll_s=5)
+    asked = len(fake_tpu.requests)
+    with pytest.raises(tpu.NodeNotReady):
+        connect("127.0.0.1")
+    node = f"/v2/projects/proj/locations/{ZONE}/nodes/{name}"
+    assert fake_tpu.requests[asked:] == [("POST", f"{node}:getGuestAttributes"), ("GET", node)]
 
 
 def test_every_call_to_a_hung_api_fails_within_the_bound_saying_so(cfg, fake_tpu):
