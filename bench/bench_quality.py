@@ -45,6 +45,14 @@ CANDIDATES: dict[str, dict] = {
     "lr1e3": {"train.learning_rate": 0.001},
     "lr3e3": {"train.learning_rate": 0.003},
     "lr5e3": {"train.learning_rate": 0.005},
+    "lr2e3": {"train.learning_rate": 0.002},
+    "warm02": {"train.warmup_fraction": 0.02},
+    "wd0": {"train.weight_decay": 0.0},
+    # The tiny shape (2 layers of 128, 2 heads, FFN 512): four heads of 32, one layer (~1.3x the tokens/s),
+    # half the FFN width (~1.1x).
+    "heads4": {"model.num_attention_heads": 4},
+    "layers1": {"model.num_hidden_layers": 1},
+    "ffn256": {"model.intermediate_size": 256},
 }
 SCORING = {"train.eval_every": 10**6, "train.eval_batches": 10**4}  # one validation, at the last step, all of it
 
