@@ -143,12 +143,15 @@ def test_a_frozen_trainer_fails_the_try_by_the_watchdog_and_the_retry_finishes(v
     assert stall_s < failed_after < stall_s + 5, failed_after
     wait_for("the frozen trainer to be stopped", lambda: _gone(frozen["pid"]), 10)
     stopped_at = _steps(vm)[-1][1]
+    # The stand-in's last checkpoint (every 5 steps): the freeze can land between a step and its
+    # checkpoint, so the resume point is read, and held to within one checkpoint interval.
+    resumed = storage.read_json(f"{vm.run.root}/train/ckpt.json")["step"]
+    assert stopped_at - 5 <= resumed <= stopped_at and resumed % 5 == 0, (resumed, stopped_at)
 
     _train(vm, 2)
     status = _status(vm)
     assert (status["state"], status["step"], status["starts"], status["try_number"]) == ("done", 60, 2, 2)
     steps = [s for _, s in _steps(vm)]
-    resumed = stopped_at - stopped_at % 5
     assert steps == list(range(1, stopped_at + 1)) + list(range(resumed + 1, 61))
     print(f"\nwatchdog: failed the try {failed_after:.1f}s after the freeze (stall_minutes {stall_s:g}s); "
           f"steps lost {stopped_at - resumed}, starts {status['starts']}")
