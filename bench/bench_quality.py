@@ -47,7 +47,6 @@ CANDIDATES: dict[str, dict] = {
     "lr5e3": {"train.learning_rate": 0.005},
     "lr2e3": {"train.learning_rate": 0.002},
     "warm02": {"train.warmup_fraction": 0.02},
-    "wd0": {"train.weight_decay": 0.0},
     # The tiny shape (2 layers of 128, 2 heads, FFN 512): four heads of 32, one layer (~1.3x the tokens/s),
     # half the FFN width (~1.1x).
     "heads4": {"model.num_attention_heads": 4},

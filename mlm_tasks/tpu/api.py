@@ -333,11 +333,9 @@ def published_keys(cfg: TpuConfig, name: str, api: TpuClient | None = None) -> C
     replaces it)."""
     def published(worker: int) -> dict[str, str]:
         keys = host_keys(cfg, name, worker, api=api)
-        if not keys:
-            state = get_state(cfg, name, api=api).state
-            if state != "READY":
-                raise NodeNotReady(f"Node {name} is {state}: it publishes no SSH host keys and takes no SSH "
-                                   "until it is READY again (a preempted node never is: a retry replaces it).")
+        if not keys and not (node := get_state(cfg, name, api=api)).ready:
+            raise NodeNotReady(f"Node {name} is {node.state}: it publishes no SSH host keys and takes no SSH "
+                               "until it is READY again (a preempted node never is: a retry replaces it).")
         return keys
     return published
 

@@ -25,7 +25,7 @@ import pytest
 from airflow.sdk.exceptions import AirflowException, AirflowFailException, TaskDeferred
 
 from mlm_tasks import storage
-from mlm_tasks.paths import RunPaths
+from mlm_tasks.paths import RunPaths, join
 from mlm_tasks.tpu import api as tpu
 from peers.deferral import first_event, rebuilt, run_deferrable
 from peers.sshd import airflow_conn_uri
@@ -145,7 +145,7 @@ def test_a_frozen_trainer_fails_the_try_by_the_watchdog_and_the_retry_finishes(v
     stopped_at = _steps(vm)[-1][1]
     # The stand-in's last checkpoint (every 5 steps): the freeze can land between a step and its
     # checkpoint, so the resume point is read, and held to within one checkpoint interval.
-    resumed = storage.read_json(f"{vm.run.root}/train/ckpt.json")["step"]
+    resumed = (storage.read_json_if_exists(join(vm.run.root, "train", "ckpt.json")) or {"step": 0})["step"]
     assert stopped_at - 5 <= resumed <= stopped_at and resumed % 5 == 0, (resumed, stopped_at)
 
     _train(vm, 2)
