@@ -167,8 +167,7 @@ class BaseModel:
             return folder
         os.makedirs(tmp, exist_ok=True)
         for name in names:
-            with open(os.path.join(tmp, name), "wb") as f:
-                f.write(storage.read_bytes(self._path(name)))
+            storage.copy_to_local(self._path(name), os.path.join(tmp, name))
         return tmp
 
 

@@ -30,6 +30,7 @@ import sys
 
 import yaml
 
+from mlm_tasks import storage
 from mlm_tasks.config import PipelineConfig, build_config, load_config
 from mlm_tasks.errors import NO_RETRY_EXIT, AuthError, ConfigError, NoRetryError
 from mlm_tasks.paths import RunContext
@@ -120,6 +121,9 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     try:
         cfg = resolve_config(args)
+        storage.set_timeout(cfg.storage.timeout_s)
+        for name, value in storage.tensorflow_env().items():  # before TensorFlow's first gs:// call
+            os.environ.setdefault(name, value)
         result = run_step(args.step, cfg, RunContext.of(cfg, args.run_id, args.data_fingerprint), args.part,
                           args.runs)
     except NoRetryError as err:

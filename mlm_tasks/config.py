@@ -351,6 +351,13 @@ class SensorConfig(_Section):
                                     "top-level gcp_conn_id).")
 
 
+class StorageConfig(_Section):
+    """gs:// calls of every step, task and trigger (mlm_tasks/storage.py), and TensorFlow's gs:// client."""
+    timeout_s: float = Field(60, gt=0, le=600, description="Seconds a gs:// request may wait for a connection "
+                             "or for the next bytes of its answer; a call fails as transient (the task retries) "
+                             "after 3 times this, retries included, plus a second per MiB it moves.")
+
+
 class PipelineConfig(_Section):
     output_root: str = Field("out", description="Where every artifact goes: a local folder or gs://bucket/prefix.")
     compute: Literal["local", "tpu_vm"] = Field("local", description="Train here, or on a TPU VM made for the run.")
@@ -365,6 +372,7 @@ class PipelineConfig(_Section):
     infer: InferConfig = Field(default_factory=InferConfig)
     tpu: TpuConfig = Field(default_factory=TpuConfig)
     sensor: SensorConfig = Field(default_factory=SensorConfig)
+    storage: StorageConfig = Field(default_factory=StorageConfig)
     downstream: DownstreamConfig = Field(default_factory=DownstreamConfig)
     gate: GateConfig = Field(default_factory=GateConfig)
     publish: PublishConfig = Field(default_factory=PublishConfig)

@@ -5,6 +5,12 @@ to a temporary name and renamed; a GCS object upload is atomic by itself. `creat
 first-writer-wins for artifacts that must not be replaced once published (the tokenizer).
 gs:// clients (gcsfs, google-cloud-storage) use the credentials handed to `mlm_tasks.credentials`
 (on the Airflow side: the run's GCP connection), else Application Default Credentials.
+
+Every gs:// call has a deadline (`set_timeout`, from `storage.timeout_s`): a request that gets no
+connection, or no next bytes of its answer, within it is abandoned and retried by gcsfs; a call fails
+as a `TransientError` once its whole deadline has passed (see `call_deadline`), cancelled, so no thread
+stays blocked on a half-open connection. TensorFlow's own gs:// client gets the same bound through its
+GCS_* variables (`tensorflow_env`).
 """
 from __future__ import annotations
 
@@ -13,7 +19,8 @@ import hashlib
 import json
 import os
 import uuid
-from typing import Any
+from collections.abc import Callable
+from typing import Any, TypeVar
 
 import fsspec
 
@@ -22,6 +29,66 @@ from mlm_tasks.errors import AuthError, ConfigError, TransientError
 
 # gcsfs' HNS probe stalls ~60 s a call against anything but the real service; we never use HNS.
 os.environ.setdefault("GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT", "false")
+
+DEFAULT_TIMEOUT_S = 60.0
+MAX_TIMEOUT_S = 600.0
+# A call may retry a stalled request twice within its deadline; a transfer adds a second per MiB (it
+# fails only below that rate, which no healthy link is).
+ATTEMPTS_PER_CALL = 3
+MIN_BYTES_PER_S = 1 << 20
+_timeout_s = DEFAULT_TIMEOUT_S
+T = TypeVar("T")
+
+
+def set_timeout(seconds: float) -> None:
+    """The seconds a gs:// request may wait for a connection or for the next bytes of its answer (the
+    run's `storage.timeout_s`; the CLI and every Airflow task set it before any storage call)."""
+    global _timeout_s
+    if not 0 < seconds <= MAX_TIMEOUT_S:
+        raise ConfigError(f"storage.timeout_s {seconds!r} must be above 0 and at most {MAX_TIMEOUT_S:g} seconds.")
+    _timeout_s = float(seconds)
+
+
+def timeout_s() -> float:
+    return _timeout_s
+
+
+def call_deadline(nbytes: int = 0) -> float:
+    """Seconds one storage call may take in all, gcsfs' retries included: a few stalled requests' worth,
+    plus time for the bytes it moves."""
+    return ATTEMPTS_PER_CALL * _timeout_s + nbytes / MIN_BYTES_PER_S
+
+
+def tensorflow_env() -> dict[str, str]:
+    """TensorFlow's gs:// client bounds (read when it first touches gs://): connect and idle as ours,
+    metadata calls as one of our calls. Its read/write totals keep TensorFlow's defaults (an hour), which
+    a large shard or checkpoint may need."""
+    seconds = str(max(1, round(_timeout_s)))
+    return {"GCS_REQUEST_CONNECTION_TIMEOUT_SECS": seconds, "GCS_REQUEST_IDLE_TIMEOUT_SECS": seconds,
+            "GCS_METADATA_REQUEST_TIMEOUT_SECS": str(max(1, round(call_deadline())))}
+
+
+def _bounded(uri: str, call: Callable[..., T], *args: Any, nbytes: int = 0, **kwargs: Any) -> T:
+    """`call(*args)` of a gs:// filesystem within its deadline (fsspec cancels the coroutine when it
+    passes); a deadline passed, a connection that failed or timed out after gcsfs' retries, is a
+    TransientError. Local calls run as they are."""
+    if is_local(uri):
+        return call(*args, **kwargs)
+    import aiohttp
+    from fsspec.exceptions import FSTimeoutError
+
+    deadline = call_deadline(nbytes)
+    try:
+        return call(*args, timeout=deadline, **kwargs)
+    except (FSTimeoutError, TimeoutError, aiohttp.ServerTimeoutError, aiohttp.ClientConnectionError) as err:
+        raise _no_answer(uri, deadline, err) from None
+
+
+def _no_answer(uri: str, deadline: float, err: BaseException) -> TransientError:
+    return TransientError(f"Storage did not answer for {uri} within {deadline:g}s ({type(err).__name__}: "
+                          f"{err or 'no answer'}; storage.timeout_s={_timeout_s:g}s a request). The task retries; "
+                          "if it persists, check the network and the storage service, or raise storage.timeout_s "
+                          "if the link is only slow.")
 
 
 def scheme(uri: str) -> str:
@@ -41,15 +108,24 @@ def filesystem(uri: str) -> fsspec.AbstractFileSystem:
         # No listings cache: gcsfs would otherwise answer exists()/ls() from a listing taken
         # earlier in this process, missing objects written since (by create_only, TensorFlow or
         # another worker), and a poll for a marker would never see it appear.
-        opts: dict[str, Any] = {"use_listings_cache": False}
+        import aiohttp
+
+        # Each request: a connection and every next chunk of its answer within the timeout (a stalled peer
+        # or a half-open connection fails the request, which gcsfs retries); `_bounded` caps the call.
+        opts: dict[str, Any] = {"use_listings_cache": False, "requests_timeout": aiohttp.ClientTimeout(
+            total=None, sock_connect=_timeout_s, sock_read=_timeout_s)}
         creds = credentials.current()
         if creds is not None:
             # The connection's credentials (gcsfs refreshes them itself). The emulator accepts any
             # token and checks none, so tests assert which object was used, not what it may do.
             opts["token"] = creds
         elif os.environ.get("STORAGE_EMULATOR_HOST"):
-            # The emulator takes no credentials; gcsfs reads the host from the environment itself.
+            # The emulator takes no credentials.
             opts["token"] = "anon"
+        if os.environ.get("STORAGE_EMULATOR_HOST"):
+            # gcsfs reads the host from the environment itself; named here, it is part of fsspec's instance
+            # cache key, so a process that points at another endpoint gets a filesystem for it.
+            opts["endpoint_url"] = os.environ["STORAGE_EMULATOR_HOST"]
         return fsspec.filesystem("gs", **opts)
     return fsspec.filesystem(scheme(uri))
 
@@ -64,11 +140,26 @@ def sha256(uri: str) -> str:
 
 
 def exists(uri: str) -> bool:
-    return filesystem(uri).exists(uri)
+    return _bounded(uri, filesystem(uri).exists, uri)
+
+
+def size(uri: str) -> int:
+    return int(_bounded(uri, filesystem(uri).size, uri))
 
 
 def read_bytes(uri: str) -> bytes:
-    return filesystem(uri).cat_file(uri)
+    """A record or a small file, whole (a large one: `copy_to_local`, or stream it with `filesystem(uri).open`)."""
+    return _bounded(uri, filesystem(uri).cat_file, uri)
+
+
+def copy_to_local(uri: str, path: str) -> None:
+    """Copy one file of any size to the local `path`, in bounded requests (no whole-call deadline)."""
+    if is_local(uri):
+        with open(local_path(uri), "rb") as src, open(path, "wb") as dst:
+            for block in iter(lambda: src.read(1 << 22), b""):
+                dst.write(block)
+        return
+    _bounded(uri, filesystem(uri).get_file, uri, path, nbytes=size(uri))
 
 
 def read_text(uri: str) -> str:
@@ -112,7 +203,7 @@ def write_bytes(uri: str, data: bytes) -> None:
             os.unlink(tmp)
             raise
     else:
-        filesystem(uri).pipe_file(uri, data)
+        _bounded(uri, filesystem(uri).pipe_file, uri, data, nbytes=len(data))
 
 
 def write_text(uri: str, text: str) -> None:
@@ -142,14 +233,24 @@ def create_only(uri: str, data: bytes) -> bool:
         finally:
             if os.path.exists(tmp):
                 os.unlink(tmp)
-    from google.api_core.exceptions import PreconditionFailed
+    from google.api_core.exceptions import GatewayTimeout, PreconditionFailed, RetryError, ServiceUnavailable
+    from google.cloud.storage.retry import DEFAULT_RETRY
+    from requests import ConnectionError as RequestsConnectionError
+    from requests import Timeout
 
     bucket, _, name = uri[len("gs://"):].partition("/")
+    deadline = call_deadline(len(data))
     try:
-        _gcs_client().bucket(bucket).blob(name).upload_from_string(data, if_generation_match=0)
+        # The precondition makes a repeat safe, so the client's retry applies (what it does for any upload
+        # with a generation precondition); each request gets our connect and read timeouts, and the retries
+        # stop at the call's deadline.
+        _gcs_client().bucket(bucket).blob(name).upload_from_string(
+            data, if_generation_match=0, timeout=(_timeout_s, _timeout_s), retry=DEFAULT_RETRY.with_timeout(deadline))
         return True
     except PreconditionFailed:
         return False
+    except (RetryError, ServiceUnavailable, GatewayTimeout, Timeout, RequestsConnectionError) as err:
+        raise _no_answer(uri, deadline, err) from None
 
 
 def _gcs_client():
@@ -168,17 +269,37 @@ def _gcs_client():
 
 def listdir(uri: str) -> list[str]:
     """Full URIs of the files directly under `uri` (empty if it does not exist)."""
+    return [entry["uri"] for entry in _entries(uri)]
+
+
+def subdirs(uri: str) -> list[str]:
+    """Full URIs of the folders directly under `uri` (empty if it does not exist)."""
+    return [entry["uri"].rstrip("/") for entry in _entries(uri, kind="directory")]
+
+
+def _entries(uri: str, kind: str | None = None) -> list[dict[str, Any]]:
     fs = filesystem(uri)
-    if not fs.exists(uri):
+    if not exists(uri):
         return []
     prefix = "gs://" if scheme(uri) == "gs" else ""
-    return sorted(prefix + p for p in fs.ls(uri, detail=False))
+    listed = _bounded(uri, fs.ls, uri, detail=True)
+    return sorted(({**e, "uri": prefix + e["name"]} for e in listed if kind is None or e["type"] == kind),
+                  key=lambda e: e["uri"])
+
+
+def find(uri: str) -> dict[str, dict[str, Any]]:
+    """Every file below `uri` with its details (size, generation or mtime), by path; empty if none."""
+    fs = filesystem(uri)
+    path = local_path(uri) if is_local(uri) else uri
+    try:
+        return _bounded(uri, fs.find, path, detail=True) if exists(uri) else {}
+    except FileNotFoundError:
+        return {}
 
 
 def remove(uri: str, recursive: bool = False) -> None:
-    fs = filesystem(uri)
-    if fs.exists(uri):
-        fs.rm(uri, recursive=recursive)
+    if exists(uri):
+        _bounded(uri, filesystem(uri).rm, uri, recursive=recursive)
 
 
 def upload_dir(local_dir: str, uri: str) -> None:
@@ -195,9 +316,14 @@ def download_dir(uri: str, local_dir: str) -> str:
     """Make a folder at `uri` available locally (HF loaders need local files); returns the path."""
     if is_local(uri):
         return local_path(uri)
-    fs = filesystem(uri)
     os.makedirs(local_dir, exist_ok=True)
-    fs.get(uri.rstrip("/") + "/", local_dir.rstrip("/") + "/", recursive=True)
+    for path, info in find(uri).items():
+        if path.endswith("/"):
+            continue  # a folder marker (TensorFlow's makedirs), not a file
+        rel = path.removeprefix(uri.removeprefix("gs://").rstrip("/") + "/")
+        target = os.path.join(local_dir, *rel.split("/"))
+        os.makedirs(os.path.dirname(target), exist_ok=True)
+        _bounded(uri, filesystem(uri).get_file, "gs://" + path, target, nbytes=int(info.get("size") or 0))
     return local_dir
 
 

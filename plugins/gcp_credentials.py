@@ -20,7 +20,7 @@ import logging
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
-from mlm_tasks import credentials
+from mlm_tasks import credentials, storage
 
 if TYPE_CHECKING:
     from mlm_tasks.config import PipelineConfig
@@ -61,7 +61,9 @@ def install(conn_id: str) -> None:
 
 
 def install_for(cfg: PipelineConfig) -> None:
-    """A task's Google clients use the run's connection, when the run touches Google Cloud at all."""
+    """A task's Google clients use the run's connection, when the run touches Google Cloud at all; its
+    storage calls get the run's deadline (storage.timeout_s)."""
+    storage.set_timeout(cfg.storage.timeout_s)
     if cfg.output_root.startswith("gs://") or cfg.compute == "tpu_vm":
         install(cfg.gcp_conn_id)
 

@@ -45,6 +45,8 @@ TAIL_LINES = 40
 # A check's SSH login is retried this long (the start's: 300 s): a node that does not answer is soon
 # asked about at the TPU API instead, which tells a preemption at once.
 CHECK_PATIENCE_S = 60.0
+# A check's commands print within a second; no output for this long is a connection gone half-open.
+CHECK_IDLE_S = 60.0
 ON_KILL_STOP_S = 4.0  # Airflow's supervisor SIGKILLs a task 5 s after asking it to stop
 
 
@@ -82,7 +84,7 @@ class JobWatch:
                         node_state=node_state)
 
     def _short(self, command: str) -> ssh.Outcome:
-        return ssh.Session(self.connect, self.job["host"]).run(command)
+        return ssh.Session(self.connect, self.job["host"], idle_timeout_s=CHECK_IDLE_S).run(command)
 
     def _probe(self) -> vm_job.Probe:
         outcome = self._short(vm_job.probe_command(self.job))

@@ -27,15 +27,13 @@ from typing import Any
 
 from airflow.triggers.base import BaseTrigger, TriggerEvent
 
+from mlm_tasks import storage
 from mlm_tasks.config import PipelineConfig
 from mlm_tasks.errors import TransientError
 from mlm_tasks.model.follow import Verdict
 from mlm_tasks.results import TrainJob
 
 ENDS = ("done", "failed", "stalled")
-# A check that hangs (a network that drops packets mid-session) must not stop the follow: past this the
-# trigger logs it and checks again (the hung thread ends with its TCP connection).
-CHECK_TIMEOUT_S = 300.0
 # Each poll is a short SSH session: paramiko's "Connected" and "Authentication successful" lines would
 # bury the progress lines in the task's log. Its warnings and errors still show.
 logging.getLogger("paramiko.transport").setLevel(logging.WARNING)
@@ -62,6 +60,7 @@ class TrainJobTrigger(BaseTrigger):
         from mlm_tasks import credentials
         from train_job import JobWatch
 
+        storage.set_timeout(self._cfg.storage.timeout_s)
         if self._credentials is None:
             self._credentials = connection_credentials(self._cfg.gcp_conn_id)
         with credentials.use(*self._credentials, source=f"Airflow connection {self._cfg.gcp_conn_id!r}"):
@@ -84,7 +83,10 @@ class TrainJobTrigger(BaseTrigger):
         last_line = 0.0
         while True:
             try:
-                verdict: Verdict | None = await asyncio.wait_for(asyncio.to_thread(self._check), CHECK_TIMEOUT_S)
+                # Awaited to its end, never abandoned: every call in it has its own deadline (the SSH login's
+                # patience and idle bound, storage.timeout_s, tpu.api_timeout_s), so a hung network fails the
+                # check instead of leaving a thread blocked in the triggerer's shared pool.
+                verdict: Verdict | None = await asyncio.to_thread(self._check)
             except (TransientError, OSError, ServerError, TooManyRequests, RetryError, requests.RequestException,
                     asyncio.TimeoutError) as err:  # what a blip looks like: poll again
                 self.log.warning("Could not check %s (will retry): %s", who, err)

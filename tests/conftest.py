@@ -60,6 +60,15 @@ def _no_credentials_left_behind():
         credentials.stop_sharing_with_tensorflow()
 
 
+@pytest.fixture(autouse=True)
+def _storage_deadline_restored():
+    """storage.set_timeout is process-wide (as in a task): a test that shortens it must not shorten the next's."""
+    yield
+    from mlm_tasks import storage
+
+    storage.set_timeout(storage.DEFAULT_TIMEOUT_S)
+
+
 # Test kinds, by where a test lives and what it needs (`make test-fast` runs `-m unit`):
 #   deploy  tests/deploy/: the compose stack's services (PostgreSQL, Redis, Celery, a browser)
 #   e2e     a real Airflow (migrated DB, `airflow dags test`), the PyTorch env, the simulated TPU VM image,

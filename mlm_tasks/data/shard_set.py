@@ -119,7 +119,7 @@ class ShardSet:
             if not storage.exists(uri):
                 raise ConfigError(f"Shard {uri} listed in {self.paths.manifest} is missing: "
                                   f"{rebuild_hint(self.paths)}.")
-            size = storage.filesystem(uri).size(uri)
+            size = storage.size(uri)
             if shard.get("bytes") is not None and size != shard["bytes"]:
                 raise ConfigError(f"Shard {uri} is corrupted or truncated ({size} bytes, manifest says "
                                   f"{shard['bytes']}); retrying cannot fix it: {rebuild_hint(self.paths)}.")

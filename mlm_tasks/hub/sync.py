@@ -123,8 +123,7 @@ def stage_checkpoint(checkpoint_path: str) -> str:
                 continue
             except OSError:  # another filesystem
                 pass
-        with open(target, "wb") as f:  # gs://: training waits for this download, not for the upload
-            f.write(storage.read_bytes(join(folder, name)))
+        storage.copy_to_local(join(folder, name), target)  # gs://: training waits for this download, not the upload
     with open(os.path.join(staged, "checkpoint"), "w", encoding="utf-8") as f:
         f.write(f'model_checkpoint_path: "{prefix}"\nall_model_checkpoint_paths: "{prefix}"\n')
     if not storage.is_local(folder):

@@ -72,21 +72,13 @@ def forget(root: str, project: str, zone: str, name: str) -> None:
 def entries(root: str) -> list[Entry]:
     """Every recorded node, sorted by (project, zone, name)."""
     found = []
-    for project_dir in _subdirs(root):
-        for zone_dir in _subdirs(project_dir):
+    for project_dir in storage.subdirs(root):
+        for zone_dir in storage.subdirs(project_dir):
             for uri in storage.listdir(zone_dir):
                 if uri.endswith(".json") and ".tmp-" not in uri:
                     data = storage.read_json(uri)
                     found.append(Entry(data["project"], data["zone"], data["name"], int(data["expires"]), uri))
     return sorted(found, key=lambda e: (e.project, e.zone, e.name))
-
-
-def _subdirs(uri: str) -> list[str]:
-    fs = storage.filesystem(uri)
-    if not fs.exists(uri):
-        return []
-    prefix = "gs://" if storage.scheme(uri) == "gs" else ""
-    return sorted(prefix + d["name"].rstrip("/") for d in fs.ls(uri, detail=True) if d["type"] == "directory")
 
 
 def places_to_check(project: str, zones: list[str], recorded: list[Entry]) -> list[tuple[str, str]]:

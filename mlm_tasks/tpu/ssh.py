@@ -208,8 +208,11 @@ class Session:
     close(), from any thread, hangs up: sshd then sends SIGHUP to the remote command."""
 
     def __init__(self, connect: Connect, host: str, *, worker: int = 0,
-                 on_line: Callable[[str], None] | None = None):
+                 on_line: Callable[[str], None] | None = None, idle_timeout_s: float | None = None):
         self.connect = connect
+        # A short command's bound: no output for this long (a half-open connection) ends the session
+        # with an error. None for the long ones (a training's start streams for minutes).
+        self.idle_timeout_s = idle_timeout_s
         self.outcome = Outcome(host, worker)
         self.on_line = on_line or (lambda line: None)
         self._open: list[Any] = []     # the client, then its channel: what close() hangs up
@@ -232,6 +235,8 @@ class Session:
             self._keep(client)
             channel = client.get_transport().open_session()
             self._keep(channel)
+            if self.idle_timeout_s is not None:
+                channel.settimeout(self.idle_timeout_s)
             channel.get_pty(width=200)  # a hang-up of the pty is what stops the remote command
             if env:
                 # paramiko sends these without asking for a reply: a name the sshd does not accept is

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 import threading
+import time
 
 import pytest
 
@@ -135,3 +136,38 @@ def test_exists_sees_objects_written_by_another_client(gcs, gcs_root):
     gcs.client().bucket(gcs.bucket).blob(name).upload_from_string(b"")
     assert storage.exists(join(gcs_root, "shards", "_SUCCESS"))
     assert join(gcs_root, "shards", "_SUCCESS") in storage.listdir(join(gcs_root, "shards"))
+
+
+@pytest.mark.parametrize("call", ["read_json", "write_json", "exists", "listdir", "create_only"])
+def test_a_stalled_gcs_peer_fails_each_call_as_transient_within_its_deadline(call, monkeypatch):
+    """A storage service that accepts the connection and never answers (a half-open connection): the
+    call gives up at its deadline, cancelled, as a TransientError that names the setting."""
+    from mlm_tasks.errors import TransientError
+    from peers.stalled_peer import StalledPeer
+
+    calls = {"read_json": storage.read_json, "write_json": lambda uri: storage.write_json(uri, {}),
+             "exists": storage.exists, "listdir": storage.listdir,
+             "create_only": lambda uri: storage.create_only(uri, b"x")}
+    storage.set_timeout(0.5)
+    with StalledPeer() as peer:
+        monkeypatch.setenv("STORAGE_EMULATOR_HOST", peer.endpoint)
+        began = time.monotonic()
+        with pytest.raises(TransientError, match=r"storage\.timeout_s=0\.5s") as err:
+            calls[call]("gs://stalled-bucket/run/status.json")
+        took = time.monotonic() - began
+        assert peer.connections >= 1  # it got through to the peer, and waited on its answer
+    assert took < storage.call_deadline() + 2, took  # the call's deadline (1.5 s), not gcsfs' 6 retries
+    assert "The task retries" in str(err.value)
+
+
+def test_the_deadline_is_bounded_and_reaches_tensorflow():
+    from mlm_tasks.errors import ConfigError
+
+    for bad in (0, -1, storage.MAX_TIMEOUT_S + 1):
+        with pytest.raises(ConfigError, match="storage.timeout_s"):
+            storage.set_timeout(bad)
+    storage.set_timeout(20)
+    assert storage.call_deadline() == 60 and storage.call_deadline(10 << 20) == 70
+    assert storage.tensorflow_env() == {"GCS_REQUEST_CONNECTION_TIMEOUT_SECS": "20",
+                                        "GCS_REQUEST_IDLE_TIMEOUT_SECS": "20",
+                                        "GCS_METADATA_REQUEST_TIMEOUT_SECS": "60"}

@@ -13,6 +13,7 @@ runs as Airflow runs a deferrable task, the trigger in this process (peers/defer
 triggerer: tests/deploy/test_durable_train.py.
 """
 import asyncio
+import contextlib
 import os
 import re
 import signal
@@ -29,6 +30,7 @@ from mlm_tasks.paths import RunPaths, join
 from mlm_tasks.tpu import api as tpu
 from peers.deferral import first_event, rebuilt, run_deferrable
 from peers.sshd import airflow_conn_uri
+from peers.stalled_peer import StalledPeer
 from peers.stand_in_trainer import steps_made, write_stand_in
 from peers.task_state import FileTaskState, start_train_task
 from peers.waits import wait_for
@@ -172,11 +174,11 @@ def test_a_retry_stops_a_stale_trainer_it_finds_alive_then_starts_a_new_one(vm, 
     assert len(set(pids)) == 2 and pids == sorted(pids, key=pids.index)  # one after the other, never both
 
 
-def _deferred(vm, try_number=1):
+def _deferred(vm, try_number=1, config=None):
     """The task's first half: start the trainer, then defer. Returns (the trigger it deferred to, seconds)."""
     began = time.monotonic()
     with pytest.raises(TaskDeferred) as deferred:
-        TrainOperator(task_id="train", config=vm.config, data=DATA).execute(_context(vm, try_number))
+        TrainOperator(task_id="train", config=config or vm.config, data=DATA).execute(_context(vm, try_number))
     assert deferred.value.method_name == "trainer_ended"
     return deferred.value.trigger, time.monotonic() - began
 
@@ -209,6 +211,32 @@ def test_the_task_defers_once_the_trainer_runs_and_a_rebuilt_trigger_follows_on(
     assert [s for _, s in steps] == list(range(1, 61)) and len({p for p, _ in steps}) == 1
     print(f"\ndeferred: the task held a slot {held_s:.1f}s of a {time.time() - job['started_at']:.1f}s "
           f"training; a rebuilt trigger followed on {time.monotonic() - restarted:.1f}s to the end, starts 1")
+
+
+def test_a_check_against_silent_storage_fails_within_its_deadline_and_leaves_no_thread(vm, monkeypatch, capfd):
+    """The CI hang of issue 28: the trigger's check blocked for ever on a GCS read, and asyncio's shutdown
+    waited on that thread. Against a storage peer that accepts and never answers, each check fails at
+    storage.timeout_s' deadline and the trigger polls again; stopping it leaves no thread running."""
+    trigger, _ = _deferred(vm, config={**vm.config, "storage": {"timeout_s": 0.5}})
+    wait_for("the trainer to pass step 2", lambda: (_status(vm) or {}).get("step", 0) >= 2)
+    follow_s = 8.0
+
+    async def follow_a_while():
+        with contextlib.suppress(asyncio.TimeoutError):  # no event: every check fails, the trigger goes on
+            await asyncio.wait_for(first_event(rebuilt(trigger)), follow_s)
+
+    with StalledPeer() as peer:
+        monkeypatch.setenv("STORAGE_EMULATOR_HOST", peer.endpoint)
+        before = set(threading.enumerate())
+        began = time.monotonic()
+        asyncio.run(follow_a_while())  # its close joins the loop's executor: a blocked check would hang it here
+        took = time.monotonic() - began
+        left = [t.name for t in set(threading.enumerate()) - before if t.is_alive()]
+    log = "".join(capfd.readouterr())
+    assert took < follow_s + storage.call_deadline() + 2, took
+    assert left == [], left
+    assert log.count("Could not check the trainer") >= 2 and "Storage did not answer for gs://" in log
+    assert "storage.timeout_s=0.5s" in log
 
 
 def test_on_kill_stops_the_trainer(vm):

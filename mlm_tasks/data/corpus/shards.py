@@ -46,14 +46,9 @@ def _fs_path(uri: str) -> str:
 
 def list_shards(shards_uri: str) -> dict[str, list[dict]]:
     """Per split, the *.tfrecord files under `<shards_uri>/<split>/`, by name: uri, bytes, version."""
-    fs = storage.filesystem(shards_uri)
     found: dict[str, list[dict]] = {}
     for split in SPLITS:
-        folder = join(shards_uri, split)
-        try:
-            infos = fs.find(_fs_path(folder), detail=True) if fs.exists(_fs_path(folder)) else {}
-        except FileNotFoundError:
-            infos = {}
+        infos = storage.find(join(shards_uri, split))
         files = []
         for name, info in sorted(infos.items()):
             if not name.endswith(".tfrecord") or info.get("type") == "directory":
