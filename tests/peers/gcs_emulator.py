@@ -5,14 +5,22 @@
 Same CLI and behaviour as `gcp-storage-emulator`, except that uploads honour `ifGenerationMatch`
 the way real GCS does (412 Precondition Failed when it does not hold). Without that,
 `storage.create_only` (first-writer-wins for the tokenizer) would pass its tests against the
-emulator while never exercising the precondition it depends on in production. The emulator
-serves one request at a time (http.server.HTTPServer), so check-then-write here is atomic.
-It also stores empty media uploads (TensorFlow's `dir/` markers), which the emulator crashes on.
+emulator while never exercising the precondition it depends on in production. It also stores empty
+media uploads (TensorFlow's `dir/` markers), which the emulator crashes on.
+
+Clients are served concurrently, as GCS serves them: each connection has its own thread
+(ThreadingHTTPServer), so a client that holds a keep-alive connection and sends nothing (a process
+frozen mid-session, a half-open connection) blocks no other. The upstream server is one request at a
+time; here one lock runs each request's handler, after its body is read from the socket and before its
+answer is written, so check-then-write (the precondition, then the insert) stays atomic.
 """
 from __future__ import annotations
 
+import functools
 import http.server
 import sys
+import threading
+from functools import partial
 from http import HTTPStatus
 
 from gcp_storage_emulator import server
@@ -68,16 +76,42 @@ def insert(request, response, storage, *args, **kwargs):
     return _original_insert(request, response, storage, *args, **kwargs)
 
 
+_STORE = threading.Lock()  # one handler at a time over the shared store
+
+
+def _serialized(handler):
+    @functools.wraps(handler)
+    def run(request, response, storage, *args, **kwargs):
+        request.data  # noqa: B018 (read the body now, outside the lock: a client slow to send it blocks no other)
+        with _STORE:
+            return handler(request, response, storage, *args, **kwargs)
+    return run
+
+
+class ThreadingServer(http.server.ThreadingHTTPServer):
+    daemon_threads = True
+    # The default listen backlog of 5: gcsfs and TensorFlow open connections in parallel, and dropped
+    # SYNs would stall them for a second each.
+    request_queue_size = 128
+
+
+def _serve(self) -> None:
+    """APIThread.run with a thread per connection."""
+    self._httpd = ThreadingServer((self._host, self._port), partial(server.RequestHandler, self._storage))
+    self.is_running.set()
+    self._httpd.serve_forever()
+
+
 def install() -> None:
-    """Route every upload through `insert` above (the route table holds direct references)."""
-    # One request at a time, and a listen backlog of 5 by default: gcsfs and TensorFlow open
-    # connections in parallel, and dropped SYNs would stall them for a second each.
-    http.server.HTTPServer.request_queue_size = 128
+    """Serve connections concurrently, run handlers one at a time, and route every upload through `insert`
+    above (the route table holds direct references)."""
+    server.APIThread.run = _serve
     objects.insert = insert
     for _, handlers in server.HANDLERS:
         for method, handler in list(handlers.items()):
-            if handler is _original_insert:
-                handlers[method] = insert
+            handlers[method] = _serialized(insert if handler is _original_insert else handler)
+    # The route for uploads POSTed without the /upload prefix calls objects.insert by name.
+    objects.insert = _serialized(insert)
 
 
 if __name__ == "__main__":
