@@ -44,7 +44,7 @@ class CorpusConfig(_Section):
     local_paths: list[str] = Field(default_factory=list, description="Files or globs (source=local_files"
                                    "): .txt (one row per line), .jsonl, .parquet.")
     dump_path: str | None = Field(None, description="Path of an enwiki pages-articles*.xml.bz2 dump.")
-    max_articles: int | None = Field(None, ge=1, description="Read at most this many articles (dumps).")
+    max_articles: int | None = Field(None, ge=1, le=10**9, description="Read at most this many articles (dumps).")
     validation_fraction: float = Field(0.05, ge=0.0, lt=0.5, description="Share of articles (or rows"
                                        ") held out for validation when the source has no such split.")
     test_fraction: float = Field(0.05, ge=0.0, lt=0.5, description="Share held out for test.")
@@ -63,8 +63,8 @@ class TokenizerConfig(_Section):
 
 class ShardConfig(_Section):
     max_length: int = Field(128, ge=8, le=4096, description="Tokens per training example (chunk length).")
-    records_per_shard: int = Field(2048, ge=1, description="TFRecord examples per shard file.")
-    tokenize_batch_rows: int = Field(1000, ge=1, description="Rows per encode_batch call.")
+    records_per_shard: int = Field(2048, ge=1, le=1_000_000, description="TFRecord examples per shard file.")
+    tokenize_batch_rows: int = Field(1000, ge=1, le=100_000, description="Rows per encode_batch call.")
     partitions: int = Field(1, ge=1, le=1024, description="Shard-writing tasks run in parallel by the DAGs "
                             "(dynamic task mapping): the corpus is cut into this many partitions, each "
                             "written by one `write_shards` task, merged into one manifest at the end.")
@@ -73,11 +73,11 @@ class ShardConfig(_Section):
 class ModelConfig(_Section):
     preset: str = Field("tiny", description="Model shape: tiny (CPU minutes), small, base (roberta-base).",
                         json_schema_extra={"enum": [*sorted(PRESETS)]})  # [*...]: a list of JSON values
-    hidden_size: int | None = Field(None, ge=8, description="Override the preset's hidden size.")
-    num_hidden_layers: int | None = Field(None, ge=1, description="Override the preset's layer count.")
-    num_attention_heads: int | None = Field(None, ge=1, description="Override the preset's head count.")
-    intermediate_size: int | None = Field(None, ge=8, description="Override the preset's FFN width.")
-    max_position_embeddings: int | None = Field(None, ge=10, description="Override positions (RoBERTa "
+    hidden_size: int | None = Field(None, ge=8, le=16_384, description="Override the preset's hidden size.")
+    num_hidden_layers: int | None = Field(None, ge=1, le=128, description="Override the preset's layer count.")
+    num_attention_heads: int | None = Field(None, ge=1, le=256, description="Override the preset's head count.")
+    intermediate_size: int | None = Field(None, ge=8, le=65_536, description="Override the preset's FFN width.")
+    max_position_embeddings: int | None = Field(None, ge=10, le=8194, description="Override positions (RoBERTa "
                                                 "needs max_length + 2).")
     dropout: float = Field(0.1, ge=0, lt=1, description="Hidden and attention dropout.")
     sinusoidal_init: bool = Field(False, description="Start learned position embeddings from sinusoids "
@@ -104,36 +104,41 @@ class ModelConfig(_Section):
 
 
 class TrainConfig(_Section):
-    steps: int | None = Field(None, ge=1, description="Optimizer steps; empty = `epochs` over the train shards.")
-    budget_minutes: float | None = Field(None, gt=0, description="Train for this long: the step count is fixed "
+    steps: int | None = Field(None, ge=1, le=100_000_000,
+                              description="Optimizer steps; empty = `epochs` over the train shards.")
+    budget_minutes: float | None = Field(None, gt=0, le=43_200,
+                                         description="Train for this long: the step count is fixed "
                                          "from the run's own measured step time (then recorded: a resume keeps it), "
                                          "so the schedule ends on time; train.steps, when set, caps it.")
-    epochs: float = Field(1.0, gt=0, description="Passes over the train split when `steps` is empty.")
-    batch_size: int = Field(32, ge=1, description="Examples per replica per step (global = × replicas).")
+    epochs: float = Field(1.0, gt=0, le=10_000, description="Passes over the train split when `steps` is empty.")
+    batch_size: int = Field(32, ge=1, le=65_536, description="Examples per replica per step (global = × replicas).")
     learning_rate: float = Field(1e-3, gt=0, lt=1, description="Peak AdamW learning rate.")
     warmup_fraction: float = Field(0.06, ge=0, lt=1, description="Share of steps of linear warmup.")
     schedule: Literal["linear", "one_cycle"] = Field(
         "linear", description="Learning rate after warmup: linear decay to 0 at the last step, or one_cycle "
         "(cosine decay to 0 at the last step: longer near the peak; Cramming's budget-tied one-cycle). Both are tied "
         "to the run's step count, so a time-budgeted run anneals on time.")
-    weight_decay: float = Field(0.01, ge=0, description="AdamW weight decay (not on norms and biases).")
+    weight_decay: float = Field(0.01, ge=0, le=1, description="AdamW weight decay (not on norms and biases).")
     adam_beta2: float = Field(0.98, gt=0, lt=1,
                               description="AdamW beta2 (RoBERTa's 0.98 is steadier than 0.999 at high LR).")
-    adam_epsilon: float = Field(1e-6, gt=0, description="AdamW epsilon.")
+    adam_epsilon: float = Field(1e-6, gt=0, le=1, description="AdamW epsilon.")
     mlm_probability: float = Field(0.15, gt=0, lt=1, description="Share of tokens selected for masking.")
-    max_predictions_per_seq: int = Field(32, ge=0, description="LM head runs only at this many masked "
+    max_predictions_per_seq: int = Field(32, ge=0, le=8192, description="LM head runs only at this many masked "
                                          "positions per sequence (0 = every position, the plain way); without "
                                          "XLA off a TPU, at exactly the masked ones, at most this many a sequence.")
-    checkpoint_every: int = Field(100, ge=1, description="Steps between checkpoints (what a retry loses at most).")
-    log_every: int = Field(25, ge=1, description="Steps between progress lines in the log.")
+    checkpoint_every: int = Field(100, ge=1, le=100_000_000,
+                                  description="Steps between checkpoints (what a retry loses at most).")
+    log_every: int = Field(25, ge=1, le=100_000_000, description="Steps between progress lines in the log.")
     steps_per_call: Literal["auto"] | int = Field(
         "auto", description="Optimizer steps per call of the compiled training loop (one host round trip per call; "
         "auto: 1 on CPU, 16 on GPU, 64 on TPU). Checkpoints, validation and the fault step land on a call's last "
         "step; the losses are the same whatever it is.")
-    eval_every: int | None = Field(None, ge=1, description="Steps between validation losses during training "
+    eval_every: int | None = Field(None, ge=1, le=100_000_000,
+                                   description="Steps between validation losses during training "
                                    "(empty: none). Fixed 15% masking on eval.split, so losses compare across runs; "
                                    "into the history, TensorBoard (val/loss) and the report's loss curve.")
-    eval_batches: int = Field(8, ge=1, description="Validation batches (of eval.batch_size) per train.eval_every.")
+    eval_batches: int = Field(8, ge=1, le=1_000_000,
+                              description="Validation batches (of eval.batch_size) per train.eval_every.")
     keep_checkpoint: Literal["last", "best"] = Field(
         "last", description="The model the run saves, evaluates and publishes: the last step's, or the one "
         "with the lowest validation loss (best: needs train.eval_every).")
@@ -146,20 +151,24 @@ class TrainConfig(_Section):
     strategy: Literal["auto", "mirrored"] = Field(
         "auto", description="tf.distribute strategy (auto: TPU, Mirrored on several GPUs, else none; mirrored: "
         "MirroredStrategy on CPU/GPU even for one device, the TPU's strategy.run path, for tests).")
-    shuffle_buffer: int = Field(10_000, ge=1, description="Examples in the tf.data shuffle buffer.")
+    shuffle_buffer: int = Field(10_000, ge=1, le=1_000_000, description="Examples in the tf.data shuffle buffer.")
     seed: int = Field(42, description="Seed for init, shuffling and masking.")
     fail_at_step: int | None = Field(None, ge=1, description="Fault injection for tests: raise at this "
                                      "step on the first try of a run.")
-    heartbeat_s: float = Field(30.0, ge=1, description="Seconds between rewrites of the trainer's status record "
+    heartbeat_s: float = Field(30.0, ge=1, le=3600,
+                               description="Seconds between rewrites of the trainer's status record "
                                "(runs/<run>/train/status.json) while it runs.")
-    stall_minutes: float = Field(30.0, gt=0, description="A trainer whose status has no heartbeat, or no new step, "
+    stall_minutes: float = Field(30.0, gt=0, le=1440,
+                                 description="A trainer whose status has no heartbeat, or no new step, "
                                  "for this long is stalled: its try fails (and is retried) and it is stopped. "
                                  "Longer than the first step's XLA compilation.")
-    follow_poll_s: float = Field(30.0, gt=0, description="On a TPU VM: seconds between the checks of the detached "
+    follow_poll_s: float = Field(30.0, gt=0, le=3600,
+                                 description="On a TPU VM: seconds between the checks of the detached "
                                  "trainer by the train task's trigger (status record, and `kill -0` over SSH).")
-    progress_log_s: float = Field(180.0, gt=0, description="On a TPU VM: seconds between progress lines (step, "
+    progress_log_s: float = Field(180.0, gt=0, le=86_400,
+                                  description="On a TPU VM: seconds between progress lines (step, "
                                   "loss, tokens/s, ETA) in the train task's log.")
-    timeout_hours: float | None = Field(None, gt=0, description="execution_timeout of the train task (empty: "
+    timeout_hours: float | None = Field(None, gt=0, le=720, description="execution_timeout of the train task (empty: "
                                         "tpu.ttl_hours on a TPU VM, 72 h locally); on a TPU VM at most tpu.ttl_hours.")
 
     def timeout_for(self, compute: str, ttl_hours: float) -> float:
@@ -171,8 +180,9 @@ class TrainConfig(_Section):
 
 class EvalConfig(_Section):
     split: Literal["validation", "test"] = Field("validation", description="Split to evaluate on.")
-    batch_size: int = Field(64, ge=1, description="Examples per evaluation batch.")
-    max_batches: int | None = Field(None, ge=1, description="Cap on evaluation batches (empty = whole split).")
+    batch_size: int = Field(64, ge=1, le=65_536, description="Examples per evaluation batch.")
+    max_batches: int | None = Field(None, ge=1, le=100_000_000,
+                                    description="Cap on evaluation batches (empty = whole split).")
 
 
 DEFAULT_PROBES = [
@@ -203,22 +213,27 @@ class TpuConfig(_Section):
     network: str | None = Field(None, description="VPC network (default network if empty).")
     subnetwork: str | None = Field(None, description="Subnetwork.")
     spot: bool = Field(False, description="Use a Spot VM (cheaper, may be preempted).")
-    price_per_chip_hour: float | None = Field(None, gt=0, description="US$ per chip-hour of the slice, for the "
+    price_per_chip_hour: float | None = Field(None, gt=0, le=1000,
+                                              description="US$ per chip-hour of the slice, for the "
                                               "cost estimates and the cost a run reports (empty: Google's list "
                                               "price for the generation, Spot or on-demand: mlm_tasks/tpu/prices.py).")
     service_account: str | None = Field(None, description="Service account email for the VM.")
-    ttl_hours: float = Field(12, gt=0, description="The janitor deletes the VM after this many hours.")
+    ttl_hours: float = Field(12, gt=0, le=720, description="The janitor deletes the VM after this many hours.")
     api_endpoint: str | None = Field(None, description="TPU API endpoint override (tests: http://127.0.0.1:P).")
     transport: Literal["grpc", "rest"] = Field("grpc", description="TPU API client transport.")
     ssh_conn_id: str = Field("tpu_ssh", description="Airflow SSH connection (user, private key) for the VM.")
     ssh_port: int = Field(22, ge=1, le=65535, description="SSH port on the VM workers.")
     workdir: str = Field("~/mlm", description="Directory on the VM where the project is installed.")
     python: str = Field("python3", description="Python interpreter on the VM.")
-    create_timeout_s: int = Field(1800, ge=60, description="Give up waiting for a READY node after this long.")
-    poll_interval_s: float = Field(15, gt=0, description="Seconds between TPU API checks while waiting for the node.")
-    api_timeout_s: float = Field(60, gt=0, description="Seconds one TPU API request may go unanswered before it "
+    create_timeout_s: int = Field(1800, ge=60, le=86_400,
+                                  description="Give up waiting for a READY node after this long.")
+    poll_interval_s: float = Field(15, gt=0, le=3600,
+                                   description="Seconds between TPU API checks while waiting for the node.")
+    api_timeout_s: float = Field(60, gt=0, le=600,
+                                 description="Seconds one TPU API request may go unanswered before it "
                                  "fails (a hung API or network); busy answers (429, 503) are retried for 5 minutes.")
-    delete_timeout_s: int = Field(900, ge=1, description="Seconds the teardown waits for the deleted node to be gone; "
+    delete_timeout_s: int = Field(900, ge=1, le=86_400,
+                                  description="Seconds the teardown waits for the deleted node to be gone; "
                                   "then it leaves the node to mlm_tpu_janitor and says so in its log.")
     bootstrap: bool = Field(True, description="Install the staged project code on the VM before a step "
                             "(off: the VM already has it in workdir, e.g. tests or a custom image).")
@@ -228,7 +243,7 @@ class TpuConfig(_Section):
         "external", description="Which worker IPs Airflow dials for SSH: external (Airflow outside the VPC, e.g. "
         "docker compose on a laptop or VM elsewhere; needs external_ips) or internal (Airflow inside the "
         "VPC, e.g. Composer or a GCE VM on the same network).")
-    ssh_probe_timeout_s: float = Field(10, gt=0, description="Seconds to wait for port 22 of each worker once "
+    ssh_probe_timeout_s: float = Field(10, gt=0, le=600, description="Seconds to wait for port 22 of each worker once "
                                        "the node is READY; an unreachable worker fails the task at once.")
     enable_oslogin: bool = Field(False, description="Node metadata enable-oslogin. False: the ssh-keys "
                                  "metadata (the tpu_ssh connection's key) lets Airflow log in; True: grant the "
@@ -275,8 +290,9 @@ class DownstreamTask(_Section):
     metric: Literal["accuracy", "f1"] = Field("accuracy", description="The score the table, the gate and "
                                               "min_score use (f1: of class 1, binary tasks only).")
     min_score: float | None = Field(None, ge=0, le=1, description="The gate refuses a mean score below this.")
-    max_train_examples: int | None = Field(None, ge=1, description="Fine-tune on at most this many (the first).")
-    max_eval_examples: int | None = Field(None, ge=1, description="Score at most this many (the first).")
+    max_train_examples: int | None = Field(None, ge=1, le=10_000_000,
+                                           description="Fine-tune on at most this many (the first).")
+    max_eval_examples: int | None = Field(None, ge=1, le=10_000_000, description="Score at most this many (the first).")
 
     @model_validator(mode="after")
     def _source_settings(self) -> DownstreamTask:
@@ -297,11 +313,12 @@ class DownstreamConfig(_Section):
                                         "the trained encoder on (empty: the step does nothing).")
     seeds: int = Field(3, ge=1, le=20, description="Fine-tuning runs per task and model (seeds train.seed, +1, "
                        "...): the table shows their mean and spread.")
-    steps: int = Field(100, ge=1, description="Optimizer steps of each fine-tuning run (the fixed budget).")
-    batch_size: int = Field(16, ge=1, description="Examples per fine-tuning step.")
+    steps: int = Field(100, ge=1, le=1_000_000,
+                       description="Optimizer steps of each fine-tuning run (the fixed budget).")
+    batch_size: int = Field(16, ge=1, le=4096, description="Examples per fine-tuning step.")
     learning_rate: float = Field(3e-4, gt=0, lt=1, description="Peak AdamW learning rate (10% warmup, linear "
                                  "decay).")
-    max_length: int = Field(128, ge=8, description="Tokens per example (a pair shares them); at most the "
+    max_length: int = Field(128, ge=8, le=8192, description="Tokens per example (a pair shares them); at most the "
                             "model's positions.")
     random_init: bool = Field(True, description="Run the same budget from random weights of the same shape: "
                               "the baseline that shows what pretraining bought.")
@@ -333,20 +350,22 @@ class PublishConfig(_Section):
     private: bool = Field(True, description="Create the Hub repo as private.")
     hf_conn_id: str = Field("huggingface_default", description="Airflow connection whose password is the Hub token.")
     sync_checkpoints: bool = Field(False, description="Upload checkpoints to the Hub during training (non-blocking).")
-    request_timeout_s: float = Field(120, gt=0, description="Seconds one Hub request may go without an answer "
+    request_timeout_s: float = Field(120, gt=0, le=3600, description="Seconds one Hub request may go without an answer "
                                      "(connect, or between bytes) before it fails; a hung Hub fails the step.")
     license: str = Field("cc-by-sa-4.0", description="License in the model card (Wikipedia text is CC BY-SA 4.0).")
     require_approval: bool = Field(False, description="A person approves the release in Airflow (the "
                                    "approve_release task, between gate and publish) before publish runs.")
-    approval_timeout_hours: float = Field(72, gt=0, description="Hours approve_release waits for an answer; "
+    approval_timeout_hours: float = Field(72, gt=0, le=720, description="Hours approve_release waits for an answer; "
                                           "no answer by then counts as a rejection (publish skipped).")
 
 
 class SensorConfig(_Section):
     """Orchestration only: the shard gate (plugins/shard_gate.py) reads this section at run time; no
     step of mlm_tasks does. It lives in the run's config so a run (production.yaml) can set it."""
-    poke_interval_s: int = Field(30, ge=1, description="Seconds between checks for the shard completion marker.")
-    timeout_s: int = Field(3600, ge=1, description="Fail the run if shards are not complete after this long.")
+    poke_interval_s: int = Field(30, ge=1, le=3600,
+                                 description="Seconds between checks for the shard completion marker.")
+    timeout_s: int = Field(3600, ge=1, le=604_800,
+                           description="Fail the run if shards are not complete after this long.")
     gcp_conn_id: str | None = Field(None, description="Airflow GCP connection of the sensor (empty: the "
                                     "top-level gcp_conn_id).")
 

@@ -2,7 +2,8 @@
 
     dep = Deployment.load()              # $MLM_DEPLOYMENT (a YAML file), or None: no boundary
     cfg = dep.run_config(params)         # the trigger form / REST conf -> PipelineConfig
-    check_event(extra, dep)              # a dataset-refresh event, checked like a form
+    extra = check_event(extra, dep, source_dag_id)   # a dataset-refresh event: from the refresh DAG, data only
+    cfg = run_config(params, dep, extra)  # the one door: form, conf and event in, the deployment last
 
 A platform team gives ML engineers the trigger form and keeps the deployment: the Google Cloud
 project, service accounts, connection ids, the TPU API endpoint, the VM's python, workdir and
@@ -30,7 +31,7 @@ import posixpath
 import re
 import stat
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -47,7 +48,25 @@ DEPLOYMENT_KEYS = (
 )
 # Run settings that name local files or gs:// objects to read: they must lie under input_roots.
 INPUT_KEYS = ("corpus.local_paths", "corpus.dump_path", "corpus.shards_uri", "corpus.tokenizer_uri")
+# Run settings that name a Hub repo or a local folder (datasets and transformers load either): a
+# local one must lie under the roots too.
+HUB_OR_PATH_KEYS = ("model.init_from", "corpus.hf_path")
+HUB_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,95}(/[A-Za-z0-9][A-Za-z0-9_.-]{0,95})?$")
 FINGERPRINT = re.compile(r"^[0-9a-f]{16}$")
+# What a dataset-refresh event may set (the sections mlm_dataset_refresh sends), and who may send one.
+DATA_SECTIONS = ("corpus", "tokenizer", "shards")
+REFRESH_DAG = "mlm_dataset_refresh"
+
+
+class Limits(BaseModel):
+    """What one run may spend, whatever it asks for (check_run refuses more, naming the limit)."""
+    model_config = ConfigDict(extra="forbid")
+
+    max_ttl_hours: float | None = Field(None, gt=0, description="The most tpu.ttl_hours (the janitor's bound).")
+    max_train_hours: float | None = Field(None, gt=0, description="The most train.timeout_hours, and budget.")
+    accelerator_types: list[str] = Field(default_factory=list, description="tpu.accelerator_type values allowed.")
+    max_batch_size: int | None = Field(None, ge=1, description="The most train.batch_size and eval.batch_size.")
+    max_steps: int | None = Field(None, ge=1, description="The most train.steps.")
 
 
 class Deployment(BaseModel):
@@ -59,6 +78,10 @@ class Deployment(BaseModel):
     config_dirs: list[str] = Field(default_factory=list, description="Where config_file may come from.")
     input_roots: list[str] = Field(default_factory=list, description="Where local corpora and shards may come from.")
     zones: list[str] = Field(default_factory=list, description="The tpu.zone values a run may pick (empty: any).")
+    limits: Limits = Field(default_factory=Limits, description="What one run may spend.")
+    foreign_events: Literal["refuse", "as_form"] = Field(
+        "refuse", description="A shards event not made by mlm_dataset_refresh (REST-made, or another DAG's): refused, "
+        "or its data settings taken like a form's.")
 
     @classmethod
     def load(cls, path: str | None = None) -> Deployment | None:
@@ -130,19 +153,91 @@ class Deployment(BaseModel):
                 if value and not any(_under(value, r) for r in [*self.input_roots, *self.output_roots]):
                     raise ConfigError(f"{key} {value!r} is outside the folders this deployment lets runs read "
                                       f"({self.input_roots + self.output_roots}): put the data there.")
+            if key == "corpus.local_paths":  # a pattern reads what it expands to: each of those, links resolved
+                for pattern in values:
+                    for path in _expanded(pattern):
+                        if not any(_under(path, r) for r in [*self.input_roots, *self.output_roots]):
+                            raise ConfigError(f"{key} {pattern!r} reaches {path!r}, outside the folders this "
+                                              f"deployment lets runs read ({self.input_roots + self.output_roots}) "
+                                              "(through a link?): put the data there.")
+        for key in HUB_OR_PATH_KEYS:
+            section, leaf = key.split(".")
+            self._check_hub_or_path(key, tree[section][leaf])
         for i, task in enumerate(cfg.downstream.tasks):  # downstream task files are read like a corpus
             for key in ("train_file", "validation_file"):
                 value = getattr(task, key)
                 if value and not any(_under(value, r) for r in [*self.input_roots, *self.output_roots]):
                     raise ConfigError(f"downstream.tasks[{i}].{key} {value!r} is outside the folders this deployment "
                                       f"lets runs read ({self.input_roots + self.output_roots}): put the data there.")
+            self._check_hub_or_path(f"downstream.tasks[{i}].hf_path", task.hf_path)
         if self.zones and cfg.compute == "tpu_vm" and cfg.tpu.zone not in self.zones:
             raise ConfigError(f"tpu.zone {cfg.tpu.zone!r} is not one of this deployment's zones {self.zones}.")
+        self._check_limits(cfg)
+
+    def _check_limits(self, cfg: PipelineConfig) -> None:
+        lim, train = self.limits, cfg.train
+        hours = train.timeout_hours if train.timeout_hours is not None or cfg.compute != "tpu_vm" else cfg.tpu.ttl_hours
+        over = [
+            ("tpu.ttl_hours", cfg.tpu.ttl_hours, lim.max_ttl_hours, "max_ttl_hours"),
+            ("train.timeout_hours", hours, lim.max_train_hours, "max_train_hours"),
+            ("train.budget_minutes / 60", (train.budget_minutes or 0) / 60, lim.max_train_hours, "max_train_hours"),
+            ("train.batch_size", train.batch_size, lim.max_batch_size, "max_batch_size"),
+            ("eval.batch_size", cfg.eval.batch_size, lim.max_batch_size, "max_batch_size"),
+            ("train.steps", train.steps or 0, lim.max_steps, "max_steps"),
+        ]
+        for key, value, limit, name in over:
+            if limit is not None and value is not None and value > limit:
+                raise ConfigError(f"{key} {value:g} is over this deployment's limit ({name}: {limit:g} in "
+                                  f"{self.source}, `limits`): ask for less, or ask whoever runs the deployment.")
+        if lim.accelerator_types and cfg.compute == "tpu_vm" and cfg.tpu.accelerator_type not in lim.accelerator_types:
+            raise ConfigError(f"tpu.accelerator_type {cfg.tpu.accelerator_type!r} is not one this deployment allows "
+                              f"({lim.accelerator_types}, `limits.accelerator_types` in {self.source}).")
 
 
-def check_event(extra: dict[str, Any], dep: Deployment | None) -> dict[str, Any]:
-    """A dataset-refresh event's extra, checked like a form: its fingerprint names a folder, its
-    data settings are run settings (the validate task then checks the roots, `check_run`)."""
+    def _check_hub_or_path(self, key: str, value: str | None) -> None:
+        """A Hub repo id, or a local folder under the roots: judged as the loader will read it (a string that
+        names an existing local path is read from disk, whatever it looks like)."""
+        if not value:
+            return
+        readable = [*self.input_roots, *self.output_roots]
+        local = storage_path(value)
+        if value.startswith("gs://") or value.startswith(("/", ".", "~", "file://")) or os.path.lexists(local):
+            if not any(_under(value, r) for r in readable):
+                raise ConfigError(f"{key} {value!r} is a path outside the folders this deployment lets runs read "
+                                  f"({readable}): put it there, or give a Hub repo id (owner/name).")
+        elif not HUB_ID.match(value):
+            raise ConfigError(f"{key} {value!r} is neither a Hub repo id (owner/name: letters, digits, '-', '_', '.') "
+                              "nor a folder under the deployment's roots: fix it.")
+
+
+def run_config(params: dict[str, Any], dep: Deployment | None, event: dict[str, Any] | None = None) -> PipelineConfig:
+    """The one door of a run's settings: the trigger's params (form, REST conf), then a checked dataset-refresh
+    event's data sections and output_root (`check_event`), then the deployment's settings last, and its limits."""
+    from mlm_tasks.config import config_from_params
+
+    cfg = dep.run_config(params) if dep else config_from_params(params)
+    if event is None:
+        return cfg
+    tree = cfg.model_dump(mode="json")
+    tree.update(event["data_config"], output_root=event["output_root"])
+    cfg = build_config(tree, _dotted(dep.settings) if dep else None)
+    if dep:
+        dep.check_run(cfg)
+    return cfg
+
+
+def check_event(extra: dict[str, Any], dep: Deployment | None, source_dag_id: str | None = REFRESH_DAG,
+                ) -> dict[str, Any]:
+    """A dataset-refresh event's extra, checked like a form: it comes from mlm_dataset_refresh (or the deployment
+    takes foreign events as forms), its fingerprint names a folder, it sets data sections only, and those are
+    run settings (`run_config` then puts the deployment on top and checks the roots)."""
+    foreign = bool(extra.get("from_rest_api")) or source_dag_id != REFRESH_DAG
+    if foreign and (dep is None or dep.foreign_events == "refuse"):
+        made_by = "the REST API" if extra.get("from_rest_api") else f"DAG {source_dag_id!r}"
+        raise ConfigError(f"The shards event that triggered this run was made by {made_by}, not by {REFRESH_DAG}: "
+                          "this deployment takes only the refresh DAG's events. Trigger the run from the form "
+                          "instead (corpus.source=tfrecord_shards for shards built elsewhere), or set "
+                          "foreign_events: as_form in the deployment file.")
     fingerprint = extra.get("fingerprint")
     if not isinstance(fingerprint, str) or not FINGERPRINT.match(fingerprint):
         raise ConfigError(f"The dataset-refresh event's fingerprint {fingerprint!r} is not 16 hex digits: the "
@@ -151,9 +246,34 @@ def check_event(extra: dict[str, Any], dep: Deployment | None) -> dict[str, Any]
     if not isinstance(data, dict) or not isinstance(extra.get("output_root"), str):
         raise ConfigError("The dataset-refresh event carries no data settings or output_root: it was not written "
                           "by mlm_dataset_refresh. Trigger the run by hand.")
+    other = sorted(set(data) - set(DATA_SECTIONS))
+    if other:
+        raise ConfigError(f"The dataset-refresh event sets {', '.join(other)}: an event may set only the data "
+                          f"sections {', '.join(DATA_SECTIONS)} (what {REFRESH_DAG} sends). Trigger the run by hand "
+                          "to change anything else.")
+    if any(not isinstance(data[k], dict) for k in data):
+        raise ConfigError("The dataset-refresh event's data sections are not mappings of settings: it was not "
+                          f"written by {REFRESH_DAG}. Trigger the run by hand.")
     if dep is not None:
         dep.refuse_owned({"output_root": extra["output_root"], **data}, "a dataset-refresh event")
     return extra
+
+
+def storage_path(uri: str) -> str:
+    """The local path a consumer opens for `uri` (storage.local_path: `file://` stripped, as it is used)."""
+    return uri[len("file://"):] if uri.startswith("file://") else uri
+
+
+def _expanded(pattern: str) -> list[str]:
+    """The files a local pattern reads (corpus.local_paths are globbed), as real paths; the pattern itself
+    when it matches nothing yet (then it is judged as written)."""
+    import glob
+
+    if pattern.startswith("gs://"):
+        return [pattern]
+    local = os.path.expanduser(storage_path(pattern))
+    found = glob.glob(local, recursive=True)
+    return [os.path.realpath(p) for p in found] or [local]
 
 
 def _expand(value: Any) -> Any:
@@ -223,4 +343,5 @@ def _under(uri: str, root: str) -> bool:
             return False
         path, top = posixpath.normpath(uri[5:]), posixpath.normpath(root[5:])
         return path == top or path.startswith(top + "/")
-    return _under_local(os.path.realpath(str(Path(uri).expanduser())), str(Path(root).expanduser()))
+    return _under_local(os.path.realpath(str(Path(storage_path(uri)).expanduser())),
+                        str(Path(storage_path(root)).expanduser()))

@@ -9,10 +9,11 @@ from typing import Any
 
 from airflow.sdk import Asset
 
+from mlm_tasks.deployment import DATA_SECTIONS
+
 # An "x-" scheme is Airflow's mark for a private URI: no provider normalises it, so parsing the DAGs
 # does not load every provider to look for a normaliser (0.5 s per parse, bench/bench_parse.py).
 SHARDS = Asset(name="mlm_shards", uri="x-mlm://shards", group="mlm")
-DATA_SECTIONS = ("corpus", "tokenizer", "shards")
 
 
 def event_extra(cfg_dict: dict, data: dict) -> dict:
@@ -21,17 +22,19 @@ def event_extra(cfg_dict: dict, data: dict) -> dict:
             "records": data["records"], "tokens": data["tokens"]}
 
 
-def triggering_shards_event(context: Any) -> dict | None:
+def triggering_shards_event(context: Any, deployment: Any = None) -> dict | None:
     """The newest SHARDS event that triggered this run, or None for a manual run.
 
     A run consumes every event since the previous asset-triggered run (several refreshes while the
     scheduler was busy or the DAG paused), and the execution API returns them in no set order: pick
     by timestamp, never by position."""
-    from mlm_tasks.deployment import Deployment, check_event
+    from mlm_tasks.deployment import check_event
 
     events = context.get("triggering_asset_events") or {}
     for asset, asset_events in events.items():
         if getattr(asset, "name", None) == SHARDS.name and asset_events:
             # An event is input like a form: its fingerprint becomes a path, its settings the run's.
-            return check_event(dict(max(asset_events, key=lambda e: e.timestamp).extra or {}), Deployment.load())
+            # Who made it: the refresh DAG's merge_shards, or someone else (the REST API, another DAG).
+            newest = max(asset_events, key=lambda e: e.timestamp)
+            return check_event(dict(newest.extra or {}), deployment, getattr(newest, "source_dag_id", None))
     return None

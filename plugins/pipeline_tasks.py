@@ -50,23 +50,17 @@ def validate(probe_write: bool = True, **context: Any) -> ValidatedConfig:
     event may set run settings only, within the deployment's roots; its own settings come on top.
     """
     from mlm_assets import triggering_shards_event
-    from mlm_tasks.config import PipelineConfig, config_from_params
-    from mlm_tasks.deployment import Deployment
+    from mlm_tasks.deployment import Deployment, run_config
     from mlm_tasks.steps.validate import validate as step
     from worker_queues import distributed_executor, shared_output_roots
 
     with bad_input_fails_fast():
         deployment = Deployment.load()
-        cfg = deployment.run_config(context["params"]) if deployment else config_from_params(context["params"])
-        event = triggering_shards_event(context)
+        event = triggering_shards_event(context, deployment)
         if event:
             log.info("Triggered by dataset refresh: fingerprint %s under %s", event["fingerprint"],
                      event["output_root"])
-            tree = cfg.model_dump(mode="json")
-            tree.update(event["data_config"], output_root=event["output_root"])
-            cfg = PipelineConfig.model_validate(tree)
-            if deployment:
-                deployment.check_run(cfg)
+        cfg = run_config(context["params"], deployment, event)
         cfg, _ = step_context(cfg)  # validate probes output_root with the connection's credentials
         return step(cfg, distributed_executor=distributed_executor(), shared_roots=shared_output_roots(),
                     probe_write=probe_write)

@@ -1,4 +1,5 @@
 """Config: defaults valid, every bad setting rejected with a message that says what to fix."""
+import re
 from pathlib import Path
 
 import pytest
@@ -66,3 +67,16 @@ def test_a_config_file_that_is_not_a_small_regular_file_is_refused(tmp_path):
     for path in (fifo, "/dev/zero", tmp_path):
         with pytest.raises(ConfigError, match="is not a regular file of at most"):
             load_config(path)
+
+
+@pytest.mark.parametrize("key, value", [
+    ("tpu.api_timeout_s", 1e12), ("publish.request_timeout_s", 1e12), ("tpu.ttl_hours", 1e9),
+    ("storage.timeout_s", 1e6), ("train.batch_size", 10**9), ("train.shuffle_buffer", 10**12),
+    ("shards.records_per_shard", 10**12), ("eval.batch_size", 10**9), ("train.stall_minutes", 1e9),
+])
+def test_every_limit_has_an_upper_bound_named_in_the_error(key, value):
+    from mlm_tasks.config import build_config
+    from mlm_tasks.errors import ConfigError
+
+    with pytest.raises(ConfigError, match=rf"{re.escape(key)}: Input should be less than or equal to"):
+        build_config({}, {key: value})

@@ -8,7 +8,7 @@ import os
 
 import pytest
 
-from mlm_tasks.deployment import Deployment, check_event
+from mlm_tasks.deployment import Deployment, check_event, run_config
 from mlm_tasks.errors import ConfigError
 
 
@@ -115,8 +115,8 @@ def test_zones_are_the_deployments(deployment):
     ({"fingerprint": "../../etc", "output_root": "gs://team-bucket/mlm", "data_config": {}}, "not 16 hex digits"),
     ({"fingerprint": "0123456789abcdef", "output_root": "gs://team-bucket/mlm"}, "carries no data settings"),
     ({"fingerprint": "0123456789abcdef", "output_root": "gs://team-bucket/mlm",
-      "data_config": {"tpu": {"api_endpoint": "http://x"}}}, "tpu.api_endpoint is a deployment setting: a "
-                                                              "dataset-refresh event may not set it"),
+      "data_config": {"tpu": {"api_endpoint": "http://x"}}}, "The dataset-refresh event sets tpu: an event may set "
+                                                              "only the data sections"),
 ])
 def test_an_event_is_checked_like_a_form(deployment, extra, message):
     with pytest.raises(ConfigError, match=message):
@@ -149,3 +149,131 @@ def test_a_zone_a_run_picks_is_only_a_zone(zone):
     with pytest.raises(ConfigError, match="tpu.zone"):
         build_config({}, {"tpu_zone": zone})
     assert build_config({}, {"tpu_zone": "northamerica-northeast1-a"}).tpu.zone == "northamerica-northeast1-a"
+
+
+def _pinned(tmp_path, monkeypatch, extra: str = "") -> Deployment:
+    """A deployment shaped like deploy/deployment.yaml that also pins release policy."""
+    out, corpora = tmp_path / "out", tmp_path / "corpora"
+    for d in (out, corpora):
+        d.mkdir(exist_ok=True)
+    path = tmp_path / "pinned.yaml"
+    path.write_text(f"""
+settings:
+  gcp_conn_id: team_gcp
+  publish: {{hf_conn_id: hf_team_restricted, require_approval: true}}
+  gate: {{max_eval_loss: 3.0}}
+  tpu: {{project: team-project, service_account: trainer@team-project.iam.gserviceaccount.com}}
+output_roots: [{out}]
+input_roots: [{corpora}]
+{extra}
+""")
+    monkeypatch.setenv("MLM_DEPLOYMENT", str(path))
+    return Deployment.load()
+
+
+def _event(tmp_path, data_config: dict, **extra) -> dict:
+    return {"fingerprint": "0123456789abcdef", "output_root": str(tmp_path / "out" / "refresh"),
+            "data_config": data_config, **extra}
+
+
+@pytest.mark.parametrize("data_config", [
+    {"publish": {"hf_conn_id": "huggingface_default", "require_approval": False}}, {"gate": {}}, {"tpu": {}},
+    {"model": {"init_from": "/etc"}}, {"corpus": {}, "train": {"steps": 10**9}},
+])
+def test_an_event_may_set_data_sections_only(tmp_path, monkeypatch, data_config):
+    dep = _pinned(tmp_path, monkeypatch)
+    with pytest.raises(ConfigError, match="an event may set only the data sections corpus, tokenizer, shards"):
+        check_event(_event(tmp_path, data_config), dep)
+
+
+def test_an_events_data_comes_under_the_deployment_whose_pins_hold(tmp_path, monkeypatch):
+    dep = _pinned(tmp_path, monkeypatch)
+    corpus = {"source": "local_files", "local_paths": [str(tmp_path / "corpora" / "*.txt")]}
+    event = check_event(_event(tmp_path, {"corpus": corpus}), dep)
+    cfg = run_config({"output_root": str(tmp_path / "out")}, dep, event)
+    assert cfg.output_root == str(tmp_path / "out" / "refresh") and cfg.corpus.local_paths == corpus["local_paths"]
+    assert (cfg.publish.hf_conn_id, cfg.publish.require_approval, cfg.gate.max_eval_loss, cfg.tpu.project,
+            cfg.gcp_conn_id) == ("hf_team_restricted", True, 3.0, "team-project", "team_gcp")
+    outside = check_event(_event(tmp_path, {"corpus": {"source": "local_files", "local_paths": ["/etc/*"]}}), dep)
+    with pytest.raises(ConfigError, match="outside the folders this deployment lets runs read"):
+        run_config({"output_root": str(tmp_path / "out")}, dep, outside)
+
+
+def test_a_rest_made_event_is_refused_or_taken_as_a_form_by_the_deployments_choice(tmp_path, monkeypatch):
+    rest = _event(tmp_path, {"corpus": {"source": "wiki_sample"}}, from_rest_api=True)
+    with pytest.raises(ConfigError, match="made by the REST API, not by mlm_dataset_refresh"):
+        check_event(rest, _pinned(tmp_path, monkeypatch), source_dag_id=None)
+    with pytest.raises(ConfigError, match="made by DAG 'other', not by mlm_dataset_refresh"):
+        check_event({**rest, "from_rest_api": False}, _pinned(tmp_path, monkeypatch), source_dag_id="other")
+    with pytest.raises(ConfigError, match="not by mlm_dataset_refresh"):
+        check_event(rest, None, source_dag_id=None)  # no deployment file: refused too
+    as_form = _pinned(tmp_path, monkeypatch, "foreign_events: as_form")
+    assert check_event(rest, as_form, source_dag_id=None) == rest
+    with pytest.raises(ConfigError, match="may set only the data sections"):
+        check_event({**rest, "data_config": {"gate": {}}}, as_form, source_dag_id=None)
+
+
+@pytest.mark.parametrize("key", ["init_from", "overrides.corpus.hf_path", "overrides.downstream"])
+def test_a_hub_or_folder_setting_reads_no_folder_outside_the_roots(tmp_path, monkeypatch, key):
+    """datasets and transformers read a local folder when the string names one: /etc, a relative path
+    that exists here (looks like owner/name), a file:// URI."""
+    dep = _pinned(tmp_path, monkeypatch)
+    secret = tmp_path / "airflow-auth" / "keys"
+    secret.mkdir(parents=True)
+    (secret / "keys.json").write_text('{"private_key": "not a real key"}\n')
+    monkeypatch.chdir(tmp_path)
+    out = str(tmp_path / "out")
+
+    def params(value):
+        if key == "init_from":
+            return {"output_root": out, "init_from": value}
+        if key == "overrides.corpus.hf_path":
+            return {"output_root": out, "overrides": {"corpus.source": "hf_dataset", "corpus.hf_path": value}}
+        return {"output_root": out, "overrides": {"downstream.tasks": [
+            {"name": "t", "source": "hf_dataset", "hf_path": value, "text_columns": ["private_key"]}]}}
+
+    for value in ("/etc", "airflow-auth/keys", f"file://{secret}", "./airflow-auth/keys", "gs://elsewhere/x"):
+        with pytest.raises(ConfigError, match=r"is a path outside the folders this deployment lets runs read"):
+            dep.run_config(params(value))
+    with pytest.raises(ConfigError, match="neither a Hub repo id"):
+        dep.run_config(params("owner/name/extra"))
+    if key != "init_from":  # a Hub id loads (no network here: validate's own checks are another test's)
+        assert dep.run_config(params("wikitext")) is not None
+
+
+def test_a_pattern_is_judged_by_the_files_it_reaches_links_resolved(tmp_path, monkeypatch):
+    dep = _pinned(tmp_path, monkeypatch)
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    (elsewhere / "notes.txt").write_text("private\n")
+    (tmp_path / "corpora" / "link").symlink_to(elsewhere)
+    (tmp_path / "corpora" / "own").mkdir()
+    (tmp_path / "corpora" / "own" / "notes.txt").write_text("ok\n")
+    base = {"output_root": str(tmp_path / "out"), "corpus_source": "local_files"}
+    with pytest.raises(ConfigError, match=r"reaches .*elsewhere/notes\.txt', outside .* \(through a link\?\)"):
+        dep.run_config({**base, "local_paths": [str(tmp_path / "corpora" / "*" / "notes.txt")]})
+    assert dep.run_config({**base, "local_paths": [str(tmp_path / "corpora" / "own" / "*.txt")]})
+
+
+def test_a_file_uri_is_judged_as_the_absolute_path_it_is_used_as(tmp_path, monkeypatch):
+    dep = _pinned(tmp_path, monkeypatch)
+    monkeypatch.chdir(tmp_path / "out")  # "etc" relative to here would be inside the root
+    for root in ("file:///etc", f"file://{tmp_path}/elsewhere"):
+        with pytest.raises(ConfigError, match="outside the roots this deployment allows"):
+            dep.run_config({"output_root": root})
+    assert dep.run_config({"output_root": f"file://{tmp_path}/out/a"}).output_root == f"file://{tmp_path}/out/a"
+
+
+def test_the_deployments_limits_bound_what_a_run_spends(tmp_path, monkeypatch):
+    dep = _pinned(tmp_path, monkeypatch, "limits: {max_ttl_hours: 48, max_train_hours: 24, max_batch_size: 256, "
+                                         "max_steps: 100000, accelerator_types: [v4-8, v4-32]}")
+    monkeypatch.setenv("MLM_DEPLOYMENT", str(tmp_path / "pinned.yaml"))
+    out = str(tmp_path / "out")
+    assert dep.run_config({"output_root": out, "steps": 1000, "batch_size": 256})
+    for overrides, message in [({"train.batch_size": 257}, r"train\.batch_size 257 is over .*max_batch_size: 256"),
+                               ({"eval.batch_size": 1024}, r"eval\.batch_size 1024 is over"),
+                               ({"train.steps": 200_000}, r"train\.steps 200000 is over .*max_steps"),
+                               ({"train.timeout_hours": 30}, r"train\.timeout_hours 30 is over .*max_train_hours"),
+                               ({"train.budget_minutes": 24 * 60 + 1}, r"budget_minutes / 60 24\.0\d* is over")]:
+        with pytest.raises(ConfigError, match=message):
+            dep.run_config({"output_root": out, "overrides": overrides})

@@ -13,6 +13,7 @@ name. Built with uv into `<repo>/.venv-tpuvm/tfX.Y/` and reused while the image 
 """
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import os
 import shutil
@@ -47,6 +48,14 @@ def build(runtime: runtimes.Runtime | None = None) -> Path:
     runtime = runtime or runtimes.get(runtimes.DEFAULT)
     venv = VENVS / f"tf{runtime.tf_minor}"
     stamp = hashlib.sha256(runtime.image_path.read_bytes()).hexdigest()
+    VENVS.mkdir(exist_ok=True)
+    # pytest-xdist workers build it at once: one builds, the others wait and reuse it.
+    with open(VENVS / f".tf{runtime.tf_minor}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        return _build(runtime, venv, stamp)
+
+
+def _build(runtime: runtimes.Runtime, venv: Path, stamp: str) -> Path:
     marker = venv / ".image"
     python = venv / "bin" / "python"
     if marker.exists() and marker.read_text() == stamp and python.exists():
