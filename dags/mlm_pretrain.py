@@ -97,7 +97,7 @@ with DAG(
     approval = ReleaseApprovalOperator(task_id="approve_release", config=config, decision=decision,
                                        default_timeout_hours=_defaults.publish.approval_timeout_hours)
     # none_failed: publish runs after a skipped approval (none asked for) and decides on its own.
-    published = publish.override(trigger_rule="none_failed")(config, decision, data)
+    published = publish.override(trigger_rule="none_failed")(config, decision, data, approval.output)
     chain(data, check_run(config, data), wait, create_vm, train, evaluate(config, data), downstream(config),
           fill_mask(config), report(config, data), decision, approval, published, summary(config, data))
     data >> publish_tokenizer(config, data)

@@ -12,6 +12,7 @@ outside world (paths exist, credentials present) live in `mlm_tasks.steps.valida
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 from typing import Any, Literal
 
@@ -26,6 +27,7 @@ from mlm_tasks.tpu import slices as tpu_slices
 SPECIAL_TOKENS = ["<s>", "<pad>", "</s>", "<unk>", "<mask>"]
 SUPPORTED_SCHEMES = ("file", "gs")
 MAX_CONFIG_BYTES = 1 << 20
+HUB_REPO_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,95}/[A-Za-z0-9][A-Za-z0-9_.-]{0,95}$")
 
 
 class _Section(BaseModel):
@@ -357,6 +359,9 @@ class PublishConfig(_Section):
                                    "approve_release task, between gate and publish) before publish runs.")
     approval_timeout_hours: float = Field(72, gt=0, le=720, description="Hours approve_release waits for an answer; "
                                           "no answer by then counts as a rejection (publish skipped).")
+    releases_root: str | None = Field(None, description="Where the metrics of each model published to a repo_id are "
+                                      "kept (the gate's baseline); empty: under output_root. A deployment sets it to "
+                                      "a place runs cannot choose.")
 
 
 class SensorConfig(_Section):
@@ -456,6 +461,11 @@ class PipelineConfig(_Section):
             self.sensor.gcp_conn_id = self.gcp_conn_id
         if self.compute == "tpu_vm":
             self._tpu_checks()
+        if self.publish.repo_id and not HUB_REPO_ID.match(self.publish.repo_id) or \
+                self.publish.tokenizer_repo_id and not HUB_REPO_ID.match(self.publish.tokenizer_repo_id):
+            raise ConfigError(f"publish.repo_id {self.publish.repo_id!r} / tokenizer_repo_id "
+                              f"{self.publish.tokenizer_repo_id!r}: a Hub repo id is owner/name (letters, digits, '-', "
+                              "'_', '.'), e.g. my-org/roberta-wiki-mlm.")
         if self.publish.enabled and not self.publish.repo_id:
             raise ConfigError("publish.enabled needs publish.repo_id, e.g. my-org/roberta-wiki-mlm.")
         return self
@@ -476,7 +486,8 @@ class PipelineConfig(_Section):
         named = [("output_root", self.output_root), ("corpus.hf_path", c.hf_path), ("corpus.dump_path", c.dump_path),
                  ("corpus.shards_uri", c.shards_uri), ("corpus.tokenizer_uri", c.tokenizer_uri),
                  ("model.init_from", m.init_from), ("model.init_revision", m.init_revision),
-                 ("publish.repo_id", p.repo_id), ("publish.tokenizer_repo_id", p.tokenizer_repo_id)]
+                 ("publish.repo_id", p.repo_id), ("publish.tokenizer_repo_id", p.tokenizer_repo_id),
+                 ("publish.releases_root", p.releases_root)]
         named += [(f"downstream.tasks[{i}].{key}", getattr(t, key)) for i, t in enumerate(self.downstream.tasks)
                   for key in ("train_file", "validation_file", "hf_path", "hf_revision")]
         return ([(k, v, False) for k, v in named if v is not None]

@@ -44,7 +44,7 @@ DEPLOYMENT_KEYS = (
     "gcp_conn_id", "sensor.gcp_conn_id", "publish.hf_conn_id",
     "tpu.project", "tpu.service_account", "tpu.api_endpoint", "tpu.transport", "tpu.ssh_conn_id", "tpu.ssh_port",
     "tpu.ssh_via", "tpu.external_ips", "tpu.enable_oslogin", "tpu.network", "tpu.subnetwork", "tpu.python",
-    "tpu.workdir", "tpu.env", "tpu.bootstrap",
+    "tpu.workdir", "tpu.env", "tpu.bootstrap", "publish.releases_root",
 )
 # Run settings that name local files or gs:// objects to read: they must lie under input_roots.
 INPUT_KEYS = ("corpus.local_paths", "corpus.dump_path", "corpus.shards_uri", "corpus.tokenizer_uri")
@@ -69,6 +69,15 @@ class Limits(BaseModel):
     max_steps: int | None = Field(None, ge=1, description="The most train.steps.")
 
 
+class Approver(BaseModel):
+    """An Airflow user who may answer approve_release (HITL's assigned_users): the auth manager's user id (FAB:
+    the number in Security > List Users; the compose's first user, admin, is 1) and the name shown."""
+    model_config = ConfigDict(extra="forbid")
+
+    id: str = Field(min_length=1, max_length=200)
+    name: str = Field(min_length=1, max_length=200)
+
+
 class Deployment(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
@@ -79,6 +88,10 @@ class Deployment(BaseModel):
     input_roots: list[str] = Field(default_factory=list, description="Where local corpora and shards may come from.")
     zones: list[str] = Field(default_factory=list, description="The tpu.zone values a run may pick (empty: any).")
     limits: Limits = Field(default_factory=Limits, description="What one run may spend.")
+    approvers: list[Approver] = Field(default_factory=list, description="Who may approve a release (empty: anyone "
+                                      "whose role may answer human-in-the-loop tasks).")
+    hub_namespaces: list[str] = Field(default_factory=list, description="The Hub owners publish.repo_id and "
+                                      "tokenizer_repo_id may name (empty: any).")
     foreign_events: Literal["refuse", "as_form"] = Field(
         "refuse", description="A shards event not made by mlm_dataset_refresh (REST-made, or another DAG's): refused, "
         "or its data settings taken like a form's.")
@@ -145,6 +158,10 @@ class Deployment(BaseModel):
         if not any(_under(cfg.output_root, r) for r in self.output_roots):
             raise ConfigError(f"output_root {cfg.output_root!r} is outside the roots this deployment allows "
                               f"({self.output_roots}): use one of them or a folder under one.")
+        releases = cfg.publish.releases_root
+        if releases and _under(cfg.output_root, releases):  # a run's folders never lie among the baselines
+            raise ConfigError(f"output_root {cfg.output_root!r} is inside the deployment's releases_root {releases!r} "
+                              "(the published models' baselines): use another folder.")
         tree = cfg.model_dump(mode="json")
         for key in INPUT_KEYS:
             section, leaf = key.split(".")
@@ -173,6 +190,11 @@ class Deployment(BaseModel):
         if self.zones and cfg.compute == "tpu_vm" and cfg.tpu.zone not in self.zones:
             raise ConfigError(f"tpu.zone {cfg.tpu.zone!r} is not one of this deployment's zones {self.zones}.")
         self._check_limits(cfg)
+        for key, repo in (("publish.repo_id", cfg.publish.repo_id), ("publish.tokenizer_repo_id",
+                                                                     cfg.publish.tokenizer_repo_id)):
+            if repo and self.hub_namespaces and repo.split("/")[0] not in self.hub_namespaces:
+                raise ConfigError(f"{key} {repo!r} is not under one of this deployment's Hub namespaces "
+                                  f"{self.hub_namespaces} (`hub_namespaces` in {self.source}).")
 
     def _check_limits(self, cfg: PipelineConfig) -> None:
         lim, train = self.limits, cfg.train
@@ -257,6 +279,27 @@ def check_event(extra: dict[str, Any], dep: Deployment | None, source_dag_id: st
     if dep is not None:
         dep.refuse_owned({"output_root": extra["output_root"], **data}, "a dataset-refresh event")
     return extra
+
+
+def check_approval(approval: Any, approvers: list[Approver]) -> str:
+    """The release's approval as recorded by approve_release (its return value: Airflow's HITL answer), or an
+    AuthError: none recorded (the task was skipped or marked done by hand), not "Approve", or by someone the
+    deployment does not list. Returns the log line of who approved."""
+    from mlm_tasks.errors import AuthError
+
+    if not isinstance(approval, dict) or "chosen_options" not in approval:
+        raise AuthError("publish.require_approval is set, but approve_release recorded no answer for this run (it was "
+                        "skipped, or marked done by hand): nothing is published. Clear approve_release so that an "
+                        "approver answers it in Required actions.")
+    chosen = list(approval.get("chosen_options") or [])
+    user = approval.get("responded_by_user") or {}
+    who = f"{user.get('name') or '?'} (id {user.get('id') or '?'})"
+    if chosen != ["Approve"]:
+        raise AuthError(f"approve_release's recorded answer is {chosen} by {who}, not Approve: nothing is published.")
+    if approvers and str(user.get("id")) not in {a.id for a in approvers}:
+        raise AuthError(f"The release was approved by {who}, who is not one of this deployment's approvers "
+                        f"({', '.join(a.name for a in approvers)}): nothing is published. Ask one of them.")
+    return f"Release approved by {who}."
 
 
 def storage_path(uri: str) -> str:

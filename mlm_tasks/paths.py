@@ -109,8 +109,12 @@ class RunFolder(RunPaths):
     root = property(lambda self: join(self.output_root, "runs", self.run_id))
 
 
-def published_metrics(output_root: str, repo_id: str) -> str:
-    """Metrics of the last model published to `repo_id`; the evaluation gate compares against it."""
+def published_metrics(output_root: str, repo_id: str, releases_root: str | None = None) -> str:
+    """Metrics of the last model published to `repo_id`; the evaluation gate compares against it. Kept under
+    `releases_root` when the deployment names one (a run's own output_root would let a fresh folder skip
+    the comparison), else under output_root."""
+    if releases_root:
+        return join(releases_root, repo_id.replace("/", "__"), "metrics.json")
     return join(output_root, "published", repo_id.replace("/", "__"), "metrics.json")
 
 

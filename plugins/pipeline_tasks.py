@@ -121,10 +121,14 @@ def gate(config: dict) -> GateDecision:
 
 
 @task(multiple_outputs=False)
-def publish(config: dict, decision: GateDecision, data: DataSummary) -> ModelCommit:
+def publish(config: dict, decision: GateDecision, data: DataSummary, approval: Any = None) -> ModelCommit:
+    """`approval`: approve_release's return value (Airflow's HITL answer; None when it was skipped or marked
+    done by hand). With publish.require_approval nothing is pushed without a recorded Approve by one of the
+    deployment's approvers: a task marked success is no approval."""
     from airflow.sdk.exceptions import AirflowSkipException
 
     from hub_connection import hub_credentials
+    from mlm_tasks.deployment import Deployment, check_approval
     from mlm_tasks.steps.publish import publish as step
 
     cfg, ctx = step_context(config, data)
@@ -132,8 +136,11 @@ def publish(config: dict, decision: GateDecision, data: DataSummary) -> ModelCom
         raise AirflowSkipException("Publishing is off (publish.enabled=false): nothing pushed to the Hub.")
     if not decision["passed"]:
         raise AirflowSkipException("Not published: the evaluation gate failed:\n  " + "\n  ".join(decision["reasons"]))
-    token, endpoint = hub_credentials(cfg.publish.hf_conn_id)
     with bad_input_fails_fast():
+        if cfg.publish.require_approval:
+            deployment = Deployment.load()
+            log.info("%s", check_approval(approval, deployment.approvers if deployment else []))
+        token, endpoint = hub_credentials(cfg.publish.hf_conn_id)
         return step(cfg, ctx, token=token, endpoint=endpoint, data_info=data)
 
 

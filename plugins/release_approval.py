@@ -62,15 +62,19 @@ class ReleaseApprovalOperator(ApprovalOperator):
         reason = self._nothing_to_approve(cfg, decision)
         if reason:
             raise AirflowSkipException(reason)
+        from mlm_tasks.deployment import Deployment
         from mlm_tasks.model.release_review import review_markdown
 
+        deployment = Deployment.load()
+        if deployment and deployment.approvers:  # only they may answer (the api-server checks assigned_users)
+            self.assigned_users = [{"id": a.id, "name": a.name} for a in deployment.approvers]
         _, ctx = step_context(cfg)  # the run's GCP connection, for artifacts under gs://
         self.subject = f"Publish run {context['run_id']} to {cfg.publish.repo_id}?"
         self.body = review_markdown(cfg, ctx.run, decision)
         self.response_timeout = timedelta(hours=cfg.publish.approval_timeout_hours)
-        self.log.info("Waiting up to %g h for a person to approve or reject publishing to %s (Required actions "
-                      "in the UI, or the REST API's hitlDetails).", cfg.publish.approval_timeout_hours,
-                      cfg.publish.repo_id)
+        self.log.info("Waiting up to %g h for %s to approve or reject publishing to %s (Required actions in the "
+                      "UI, or the REST API's hitlDetails).", cfg.publish.approval_timeout_hours,
+                      ", ".join(u["name"] for u in self.assigned_users or []) or "a person", cfg.publish.repo_id)
         return super().execute(context)
 
     @staticmethod

@@ -107,7 +107,8 @@ def review_markdown(cfg: PipelineConfig, run: RunPaths, decision: GateDecision) 
     """The review page of `run`, from its artifacts and the metrics last published to `publish.repo_id`."""
     artifacts = read_run_artifacts(run)
     repo_id = cfg.publish.repo_id
-    previous = storage.read_json_if_exists(paths.published_metrics(cfg.output_root, repo_id)) if repo_id else None
+    baseline = paths.published_metrics(cfg.output_root, repo_id, cfg.publish.releases_root) if repo_id else None
+    previous = storage.read_json_if_exists(baseline) if baseline else None
     return render_review(run_id=run.run_id, repo_id=repo_id, private=cfg.publish.private, decision=decision,
                          metrics=artifacts["metrics"], previous=previous, summary=artifacts["summary"],
                          downstream=artifacts["downstream"],

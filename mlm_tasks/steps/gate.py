@@ -158,7 +158,8 @@ def previous_published(cfg: PipelineConfig) -> dict | None:
     """Metrics of the model last published to `publish.repo_id`, or None if none was."""
     if not cfg.publish.repo_id:
         return None
-    return storage.read_json_if_exists(paths.published_metrics(cfg.output_root, cfg.publish.repo_id))
+    return storage.read_json_if_exists(paths.published_metrics(cfg.output_root, cfg.publish.repo_id,
+                                                               cfg.publish.releases_root))
 
 
 def gate(cfg: PipelineConfig, ctx: RunContext) -> GateDecision:

@@ -80,7 +80,7 @@ def publish(cfg: PipelineConfig, ctx: RunContext, *, token: str, endpoint: str |
     result: ModelCommit = {"repo_id": repo_id, "commit_url": info.commit_url, "commit_oid": info.oid,
                            "files": files, "private": cfg.publish.private, "run_id": run.run_id}
     log.info("Published run %s as %s to %s (%d files, user %s)", run.run_id, info.oid, repo_id, len(files), user)
-    storage.write_json(paths.published_metrics(cfg.output_root, repo_id),
+    storage.write_json(paths.published_metrics(cfg.output_root, repo_id, cfg.publish.releases_root),
                        {**metrics, "downstream": published_scores(artifacts["downstream"]), "run_id": run.run_id,
                         "repo_id": repo_id, "commit_oid": info.oid})
     storage.write_json(run.published, result)  # last: the step's completion marker

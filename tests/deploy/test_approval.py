@@ -4,12 +4,17 @@ form seen once in a real browser.
 
     .venv/bin/python -m pytest tests/deploy/test_approval.py
 
-Two tiny runs are triggered at once, each in its own output_root, both asking for approval before
-publishing to the fake Hub (the stack's huggingface_default connection, conftest.py):
+Three tiny runs are triggered at once, each in its own output_root, all asking for approval before
+publishing to the fake Hub (the stack's huggingface_default connection, conftest.py), since the
+stack's deployment file (deploy/deployment.yaml) pins publish.require_approval and names the admin
+as the one approver:
   approve  the form shows the review page (screenshot approval_form.png); approved with
            PATCH .../taskInstances/approve_release/-1/hitlDetails → publish commits the model to the Hub;
-  reject   rejected with a comment → publish is skipped, the comment is in approve_release's log,
-           nothing is committed, and the run still succeeds (summary runs).
+  reject   a User (who may answer HITL tasks in FAB, but is no approver) is refused; rejected with a
+           comment → publish is skipped, the comment is in approve_release's log, nothing is committed,
+           and the run still succeeds (summary runs);
+  bypass   a User marks approve_release success instead of answering it → publish refuses: no
+           recorded approval, nothing committed.
 A timeout (the scheduler answers the default, Reject) is tested without a stack in
 tests/plugins/test_release_approval.py.
 """
@@ -30,7 +35,8 @@ pytestmark = [pytest.mark.slow, pytest.mark.timeout(1800)]
 DAG_ID = "mlm_pretrain"
 TASK = "approve_release"
 RUN_TIMEOUT_S = 1200
-REPOS = {"approve": "ml-team/roberta-approved", "reject": "ml-team/roberta-rejected"}
+REPOS = {"approve": "ml-team/roberta-approved", "reject": "ml-team/roberta-rejected",
+         "bypass": "ml-team/roberta-bypassed"}
 CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
 
 
@@ -38,7 +44,7 @@ CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
 def runs(airflow_stack, airflow_api) -> dict[str, str]:
     """Both runs triggered up front, so their training overlaps: {name: run_id}."""
     tiny = {"config_file": str(ROOT / "configs" / "tiny.yaml"), "vocab_size": 1000, "max_length": 64,
-            "steps": 12, "batch_size": 8, "require_approval": True}
+            "steps": 12, "batch_size": 8}  # approval: the deployment asks for it (a run may not set it)
     out = {}
     for name, repo in REPOS.items():
         conf = {**tiny, "output_root": str(data_volume(airflow_stack) / f"out-approval-{name}"),
@@ -127,17 +133,18 @@ def test_approved_through_rest_publishes(airflow_api, runs, stack_hub):
     assert len(stack_hub.commits_to(REPOS["approve"])) == 1
     log = airflow_api.log(DAG_ID, run_id, TASK, 1)
     assert f"Approved by {ADMIN_USER} (numbers look right): publish runs." in log, log[-3000:]
+    assert f"Release approved by {ADMIN_USER} (id 1)." in airflow_api.log(DAG_ID, run_id, "publish", 1)
 
 
 def test_rejected_through_rest_skips_publish_with_the_reason(airflow_stack, airflow_api, runs, stack_hub):
     run_id = runs["reject"]
     _check_request(_awaiting(airflow_api, run_id), REPOS["reject"])
-    # A Viewer sees the request but may not answer it.
-    viewer = httpx.Client(base_url=f"{airflow_stack.url}/api/v2", timeout=60,
-                          headers={"Authorization": f"Bearer {airflow_stack.token_for('viewer')}"})
-    assert viewer.get(_hitl_path(run_id)).status_code == 200
-    refused = viewer.patch(_hitl_path(run_id), json={"chosen_options": ["Approve"]})
-    assert refused.status_code == 403, refused.text
+    # A Viewer sees the request but may not answer it; nor may a User, who is no approver.
+    for role in ("viewer", "user"):
+        client = _client(airflow_stack, role)
+        assert client.get(_hitl_path(run_id)).status_code == 200
+        refused = client.patch(_hitl_path(run_id), json={"chosen_options": ["Approve"]})
+        assert refused.status_code == 403, (role, refused.text)
     _answer(airflow_api, run_id, "Reject", "val loss still falling, train longer")
     # A second answer is refused: the decision is made once.
     again = airflow_api.client.patch(_hitl_path(run_id), json={"chosen_options": ["Approve"]})
@@ -150,3 +157,23 @@ def test_rejected_through_rest_skips_publish_with_the_reason(airflow_stack, airf
     assert not stack_hub.commits_to(REPOS["reject"])
     log = airflow_api.log(DAG_ID, run_id, TASK, 1)
     assert f"Rejected by {ADMIN_USER}: val loss still falling, train longer. publish is skipped." in log, log[-3000:]
+
+
+def _client(airflow_stack, user: str) -> httpx.Client:
+    return httpx.Client(base_url=f"{airflow_stack.url}/api/v2", timeout=60,
+                        headers={"Authorization": f"Bearer {airflow_stack.token_for(user)}"})
+
+
+def test_a_task_marked_success_is_no_approval(airflow_stack, airflow_api, runs, stack_hub):
+    run_id = runs["bypass"]
+    _awaiting(airflow_api, run_id)
+    ti_path = f"/dags/{DAG_ID}/dagRuns/{quote(run_id, safe='')}/taskInstances/{TASK}"
+    marked = _client(airflow_stack, "user").patch(ti_path, json={"new_state": "success"})
+    assert marked.status_code == 200, marked.text  # FAB's User may mark task instances
+
+    done = airflow_api.wait_for_run(DAG_ID, run_id, timeout=RUN_TIMEOUT_S)
+    states = _states(airflow_api, run_id)
+    assert done["state"] == "failed" and states[TASK] == "success" and states["publish"] == "failed", states
+    assert not stack_hub.commits_to(REPOS["bypass"])
+    log = airflow_api.log(DAG_ID, run_id, "publish", 1)
+    assert "approve_release recorded no answer for this run" in log, log[-3000:]

@@ -277,3 +277,33 @@ def test_the_deployments_limits_bound_what_a_run_spends(tmp_path, monkeypatch):
                                ({"train.budget_minutes": 24 * 60 + 1}, r"budget_minutes / 60 24\.0\d* is over")]:
         with pytest.raises(ConfigError, match=message):
             dep.run_config({"output_root": out, "overrides": overrides})
+
+
+def test_publish_needs_a_recorded_approve_by_a_listed_approver(tmp_path, monkeypatch):
+    from mlm_tasks.deployment import check_approval
+    from mlm_tasks.errors import AuthError
+
+    dep = _pinned(tmp_path, monkeypatch, "approvers: [{id: '1', name: admin}]")
+    answer = {"chosen_options": ["Approve"], "params_input": {}, "responded_by_user": {"id": "1", "name": "admin"}}
+    assert check_approval(answer, dep.approvers) == "Release approved by admin (id 1)."
+    for approval, message in [
+        (None, "recorded no answer for this run"),                     # approve_release marked success by hand
+        ({"chosen_options": ["Reject"], "responded_by_user": {"id": "1", "name": "admin"}}, "not Approve"),
+        ({**answer, "responded_by_user": {"id": "3", "name": "user"}}, "user \\(id 3\\), who is not one of"),
+    ]:
+        with pytest.raises(AuthError, match=message):
+            check_approval(approval, dep.approvers)
+    assert check_approval({**answer, "responded_by_user": {"id": "3", "name": "user"}}, [])  # no list: any answer
+
+
+def test_release_policy_is_the_deployments(tmp_path, monkeypatch):
+    dep = _pinned(tmp_path, monkeypatch, "hub_namespaces: [ml-team]\n")
+    out = str(tmp_path / "out")
+    for overrides, message in [({"publish.require_approval": False}, "publish.require_approval is a deployment"),
+                               ({"gate.max_eval_loss": 100.0}, "gate.max_eval_loss is a deployment setting"),
+                               ({"publish.releases_root": out}, "publish.releases_root is a deployment setting"),
+                               ({"publish.repo_id": "someone/x"}, "not under one of this deployment's Hub namespaces"),
+                               ({"publish.repo_id": "no-owner"}, "a Hub repo id is owner/name")]:
+        with pytest.raises(ConfigError, match=message):
+            dep.run_config({"output_root": out, "overrides": overrides})
+    assert dep.run_config({"output_root": out, "hub_repo_id": "ml-team/roberta"}).publish.repo_id == "ml-team/roberta"
