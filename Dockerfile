@@ -37,7 +37,9 @@ RUN useradd --uid 50000 --gid 0 --home-dir /opt/airflow --no-create-home airflow
 COPY --chown=airflow:0 dags /opt/airflow/dags
 COPY --chown=airflow:0 plugins /opt/airflow/plugins
 COPY --chown=airflow:0 configs /opt/airflow/configs
-COPY --chown=airflow:0 deploy /opt/airflow/deploy
+# root-owned and read-only: the deployment file is the boundary every run is held to, and task code runs as
+# `airflow` (compose also mounts it read-only over this copy).
+COPY --chown=root:root --chmod=a=rX deploy /opt/airflow/deploy
 
 USER airflow
 WORKDIR /opt/airflow

@@ -99,3 +99,9 @@ def pytest_collection_modifyitems(config, items):
             kinds.add("unit")
         for kind in sorted(kinds):
             item.add_marker(kind)
+        # pytest-xdist (`--dist loadgroup`): tests that share an expensive stack run on one worker, so it is
+        # built once: the session's Airflow stack, and each module's own stacks and sshd-backed VMs.
+        if "airflow_stack" in fixtures:
+            item.add_marker(pytest.mark.xdist_group("airflow_stack"))
+        elif kinds & {"deploy", "e2e"}:
+            item.add_marker(pytest.mark.xdist_group(os.path.basename(path)))

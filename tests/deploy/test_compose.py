@@ -86,9 +86,9 @@ def test_volumes_mount_project_folders_and_declared_named_volumes(compose):
     volumes = compose["x-airflow-common"]["volumes"]
     binds = {v.split(":")[1]: v.split(":")[0] for v in volumes if v.startswith(".")}
     assert binds == {"/opt/airflow/dags": "./dags", "/opt/airflow/plugins": "./plugins",
-                     "/opt/airflow/configs": "./configs"}
+                     "/opt/airflow/configs": "./configs", "/opt/airflow/deploy/deployment.yaml": "./deploy/deployment.yaml"}
     for source in binds.values():
-        assert (ROOT / source).is_dir(), source
+        assert (ROOT / source).exists(), source
     named = {v.split(":")[0] for v in volumes if not v.startswith(".")}
     named.add(compose["services"]["postgres"]["volumes"][0].split(":")[0])
     named.add(compose["services"]["redis"]["volumes"][0].split(":")[0])
@@ -229,8 +229,10 @@ def test_dockerfile_builds_from_the_lock_and_copies_what_compose_uses():
         *sources, _target = line.split()
         for source in sources:
             assert (ROOT / source).exists(), f"Dockerfile copies {source}, which the repo lacks"
-    for folder in ("dags", "plugins", "configs", "deploy"):
+    for folder in ("dags", "plugins", "configs"):
         assert f"COPY --chown=airflow:0 {folder} {stack.CONTAINER_HOME}/{folder}" in dockerfile
+    # The deployment file is the boundary: the task user (airflow) may not rewrite it.
+    assert f"COPY --chown=root:root --chmod=a=rX deploy {stack.CONTAINER_HOME}/deploy" in dockerfile
 
 
 def test_image_has_the_postgres_drivers_the_stack_uses():
@@ -359,11 +361,16 @@ def test_every_service_reads_the_deployment_file_and_it_bounds_runs(compose, mon
     for name in ("airflow-scheduler", "airflow-dag-processor", "airflow-triggerer", "airflow-worker"):
         env = compose["services"][name]["environment"]
         assert env["MLM_DEPLOYMENT"] == "/opt/airflow/deploy/deployment.yaml", name
+        # mounted read-only over the image's copy: task code, which runs in these, cannot change it
+        assert "./deploy/deployment.yaml:/opt/airflow/deploy/deployment.yaml:ro" in compose["services"][name]["volumes"]
     for key, value in {**dotenv, "MLM_GCP_CONN_ID": "google_cloud_default", "MLM_TPU_PROJECT": "team-project",
                        "MLM_GCS_ROOT": "gs://team-bucket/mlm", "MLM_SHARED_OUTPUT_ROOTS": ""}.items():
         monkeypatch.setenv(key, value)
     dep = Deployment.load(str(ROOT / "deploy" / "deployment.yaml"))
     assert dep.settings["tpu"]["project"] == "team-project" and "tpu.api_endpoint" in dep.owned_keys()
+    # The release policy is the deployment's: approval by the listed approver, a private repo, the baselines
+    assert {"publish.require_approval", "publish.private", "publish.releases_root"} <= set(dep.owned_keys())
+    assert [(a.id, a.name) for a in dep.approvers] == [("1", "admin")] and dep.foreign_events == "refuse"
     assert dep.output_roots == ["/opt/airflow/out", "gs://team-bucket/mlm"]
     with pytest.raises(ConfigError, match="outside the roots this deployment allows"):
         dep.check_run(dep.run_config({"output_root": "/opt/airflow/out"}).model_copy(

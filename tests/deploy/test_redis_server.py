@@ -43,7 +43,18 @@ def test_password_required_and_appendonly_on(redis):
     assert redis.ask(f"AUTH {redis.password}", "PING").startswith(b"+OK\r\n+PONG\r\n")
     assert redis.ask("AUTH wrong-password").startswith(b"-WRONGPASS")
     assert redis.ask("PING").startswith(b"-NOAUTH")
-    assert b"appendonly\r\n$3\r\nyes" in redis.ask(f"AUTH {redis.password}", "CONFIG GET appendonly")
+    assert "appendonly yes" in (redis.dir / "run" / "redis.conf").read_text()
+    assert redis.ask(f"AUTH {redis.password}", "SET probe 1").startswith(b"+OK\r\n+OK")
+    assert any(p.name.startswith("appendonly") for p in redis.dir.rglob("*"))  # the append-only file is written
+
+
+@pytest.mark.parametrize("command", ["CONFIG SET dir /tmp", "FLUSHALL", "KEYS *", "ACL LIST", "BGSAVE",
+                                     "EVAL \"return 1\" 0", "SHUTDOWN NOSAVE", "MONITOR"])
+def test_the_one_user_may_not_reconfigure_flush_or_script_the_server(redis, command):
+    """The Celery broker's user (every worker, so every task's code, holds its password) gets the data
+    commands only."""
+    answer = redis.ask(f"AUTH {redis.password}", command)
+    assert answer.startswith(b"+OK\r\n-NOPERM"), answer
 
 
 def test_password_is_in_no_argv_environment_or_file(redis):
