@@ -86,7 +86,8 @@ def test_volumes_mount_project_folders_and_declared_named_volumes(compose):
     volumes = compose["x-airflow-common"]["volumes"]
     binds = {v.split(":")[1]: v.split(":")[0] for v in volumes if v.startswith(".")}
     assert binds == {"/opt/airflow/dags": "./dags", "/opt/airflow/plugins": "./plugins",
-                     "/opt/airflow/configs": "./configs", "/opt/airflow/deploy/deployment.yaml": "./deploy/deployment.yaml"}
+                     "/opt/airflow/configs": "./configs",
+                     "/opt/airflow/deploy/deployment.yaml": "./deploy/deployment.yaml"}
     for source in binds.values():
         assert (ROOT / source).exists(), source
     named = {v.split(":")[0] for v in volumes if not v.startswith(".")}
