@@ -13,6 +13,8 @@ airflow db migrate
 
 python "$here/result-backend-db.py"
 
+python "$here/fab-roles.py"
+
 # The password reaches the script in its environment, never on a command line.
 MLM_USER_PASSWORD_ADMIN="$AIRFLOW_ADMIN_PASSWORD" python "$here/fab-user.py" admin=Admin
 echo "airflow-init: done; user 'admin' (role Admin) logs in with AIRFLOW_ADMIN_PASSWORD"

@@ -67,6 +67,14 @@ def deployed(**params):
     return make
 
 
+def rest_made_event(ctx):
+    """A shards event POSTed through the REST API (FAB's User role may), as the validate task receives it."""
+    from mlm_tasks.deployment import check_event
+
+    return check_event({"fingerprint": "0123456789abcdef", "output_root": str(ctx.tmp / "o"), "from_rest_api": True,
+                        "data_config": {"corpus": {"source": "local_files", "local_paths": ["/etc/*"]}}}, None, None)
+
+
 def config_file(text: str):
     """The trigger form naming a config file with `text` in it."""
     def make(ctx):
@@ -348,6 +356,15 @@ CASES = [
     Case("run-config-file-not-allowed", "a config_file outside the deployment's configs folder",
          r"config_file '/dev/zero' is outside the deployment's config folders",
          [("run_config", deployed(config_file="/dev/zero"))]),
+    Case("run-reads-outside-roots", "a base model (or dataset) folder outside the deployment's roots",
+         r"model\.init_from '/etc' is a path outside the folders this deployment lets runs read",
+         [("run_config", deployed(init_from="/etc"))]),
+    Case("rest-made-shards-event", "a shards event made through the REST API, not by mlm_dataset_refresh",
+         r"The shards event that triggered this run was made by the REST API, not by mlm_dataset_refresh",
+         [("run_config", rest_made_event)]),
+    Case("unbounded-timeout", "a timeout without bound (tpu.api_timeout_s=1e12)",
+         r"tpu\.api_timeout_s: Input should be less than or equal to 600",
+         [("config_from_params", form(overrides={"tpu.api_timeout_s": 1e12}))]),
     Case("gs-without-credentials", "gs:// output_root without credentials",
          r"output_root gs://mlm-no-such-bucket/prefix needs Google Cloud credentials and none were found .*"
          r"set GOOGLE_APPLICATION_CREDENTIALS",

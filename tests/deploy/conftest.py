@@ -21,7 +21,7 @@ from peers.airflow_rest import AirflowApi
 from peers.airflow_stack import ROOT, data_volume, running_stack
 
 DAG_ID = "mlm_pretrain"
-ROLE_USERS = {"viewer": "Viewer", "user": "User", "op": "Op"}
+ROLE_USERS = {"viewer": "Viewer", "user": "User", "op": "Op", "trainer": "Trainer"}
 
 
 @pytest.fixture(scope="session")

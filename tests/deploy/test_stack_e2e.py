@@ -147,6 +147,60 @@ def test_a_rest_conf_cannot_set_a_deployment_setting(airflow_stack, airflow_api,
     assert not (data_volume(airflow_stack) / "out-boundary").exists()
 
 
+def test_a_trainer_triggers_runs_but_cannot_release_mark_or_send_events(airflow_stack, airflow_api, runs):
+    """deploy/fab-roles.py's Trainer: Viewer + trigger. FAB's User may also create Asset events, mark task
+    instances and answer HITL tasks; a Trainer none of these."""
+    trainer = _as(airflow_stack, "trainer")
+    run_id = runs["param"]["run_id"]
+    assert trainer.get(f"/dags/{DAG_ID}/dagRuns/{run_id}").status_code == 200
+    # Refused by role before any body is looked at: an event, a mark, an answer, a pause.
+    event = trainer.post("/assets/events", json={"asset_id": 1, "extra": {"fingerprint": "0" * 16}})
+    assert event.status_code == 403, event.text
+    ti = f"/dags/{DAG_ID}/dagRuns/{run_id}/taskInstances/validate"
+    assert trainer.patch(ti, json={"new_state": "success"}).status_code == 403
+    hitl = f"/dags/{DAG_ID}/dagRuns/{run_id}/taskInstances/approve_release/-1/hitlDetails"
+    assert trainer.patch(hitl, json={"chosen_options": ["Approve"]}).status_code == 403
+    assert trainer.patch(f"/dags/{DAG_ID}", json={"is_paused": True}).status_code == 403
+    # It may trigger (a conf validate refuses at once, so the run costs nothing), not stop a run.
+    made = trainer.post(f"/dags/{DAG_ID}/dagRuns", json={"dag_run_id": "trainer-run", "logical_date": None,
+                                                         "conf": {"steps": 0}})
+    assert made.status_code == 200, made.text
+    assert trainer.patch(f"/dags/{DAG_ID}/dagRuns/trainer-run", json={"state": "failed"}).status_code == 403
+    assert airflow_api.wait_for_run(DAG_ID, "trainer-run", timeout=RUN_TIMEOUT_S)["state"] == "failed"
+
+
+def test_a_rest_made_shards_event_schedules_a_run_that_refuses_it(airflow_stack, airflow_api):
+    """FAB's User may POST an Asset event; mlm_pretrain is scheduled on mlm_shards, so the event starts a
+    run. Its validate refuses the event (made by the REST API, not by mlm_dataset_refresh), whatever it
+    says: here it would lift the deployment's approval pin and point the corpus at /etc."""
+    user = _as(airflow_stack, "user")
+    assets = user.get("/assets", params={"name_pattern": "mlm_shards"}).json()["assets"]
+    extra = {"fingerprint": "0123456789abcdef", "output_root": str(data_volume(airflow_stack) / "out-event"),
+             "data_config": {"corpus": {"source": "local_files", "local_paths": ["/etc/*"]},
+                             "publish": {"require_approval": False}}}
+    made = user.post("/assets/events", json={"asset_id": assets[0]["id"], "extra": extra})
+    assert made.status_code == 200, made.text
+    assert made.json()["extra"]["from_rest_api"] is True
+    run_id = _wait_for_asset_run(airflow_api)
+    done = airflow_api.wait_for_run(DAG_ID, run_id, timeout=RUN_TIMEOUT_S)
+    assert done["state"] == "failed"
+    log = airflow_api.log(DAG_ID, run_id, "validate", 1)
+    assert "was made by the REST API, not by mlm_dataset_refresh" in log, log[-3000:]
+    assert not (data_volume(airflow_stack) / "out-event").exists()
+
+
+def _wait_for_asset_run(api, timeout: float = 180) -> str:
+    import time
+
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        found = [r for r in api.get(f"/dags/{DAG_ID}/dagRuns", params={"run_type": "asset_triggered"})["dag_runs"]]
+        if found:
+            return found[-1]["dag_run_id"]
+        time.sleep(2)
+    raise AssertionError(f"no asset-triggered run of {DAG_ID} within {timeout}s")
+
+
 def test_user_cannot_edit_connections_op_can(airflow_stack):
     conn = {"connection_id": "mlm_role_check", "conn_type": "generic", "password": "not-a-real-secret"}
     for username in ("viewer", "user"):

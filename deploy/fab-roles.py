@@ -1,0 +1,42 @@
+"""The FAB role for people who train models but do not release them, made by airflow-init.sh:
+
+    Trainer   Viewer + trigger runs (can_create on DAG Runs); it may not mark, clear or delete task
+              instances, answer approve_release (HITL), create Asset events, nor edit DAGs or runs.
+
+FAB's stock User role may do all of those: with it, whoever triggers a run could approve its release,
+mark approve_release done, or send the shards event a scheduled run trains on (README "Users and
+roles"). Idempotent: the role's permissions are set anew on every run (a permission removed here is
+removed from the role).
+
+    python deploy/fab-roles.py
+"""
+from __future__ import annotations
+
+from airflow.providers.fab.auth_manager.cli_commands.utils import get_application_builder
+from airflow.utils.providers_configuration_loader import providers_configuration_loaded
+
+ROLE = "Trainer"
+ADDED = [("can_create", "DAG Runs")]
+
+
+@providers_configuration_loaded
+def main() -> None:
+    from airflow.providers.fab.auth_manager.security_manager.override import FabAirflowSecurityManagerOverride
+
+    with get_application_builder() as appbuilder:
+        sm = appbuilder.sm
+        role = sm.find_role(ROLE) or sm.add_role(ROLE)
+        wanted = [*FabAirflowSecurityManagerOverride.VIEWER_PERMISSIONS, *ADDED]
+        perms = []
+        for action, resource in wanted:
+            perm = sm.get_permission(action, resource) or sm.create_permission(action, resource)
+            if perm is not None:
+                perms.append(perm)
+        role.permissions = perms
+        sm.get_session.merge(role)
+        sm.get_session.commit()
+        print(f"fab-roles: role {ROLE!r} has {len(perms)} permissions (Viewer's, and triggering runs)")
+
+
+if __name__ == "__main__":
+    main()
