@@ -26,13 +26,19 @@ $(VENV)/.installed: requirements.txt requirements-dev.txt pyproject.toml
 run: env
 	@scripts/make_run.sh
 
+# In parallel (pytest-xdist): most of the suite waits on Airflow stacks, sshd and subprocesses, so three
+# workers share two cores well; `--dist loadgroup` keeps the tests of one shared stack on one worker
+# (the xdist_group marks of tests/conftest.py). PYTEST_WORKERS=0 runs them in this process, in order.
+PYTEST_WORKERS ?= 3
+XDIST = $(if $(filter 0,$(PYTEST_WORKERS)),-p no:xdist,-n $(PYTEST_WORKERS) --dist loadgroup)
+
 test: env lint
-	$(PY) -m pytest $(PYTEST_ARGS)
+	$(PY) -m pytest $(XDIST) $(PYTEST_ARGS)
 
 # The quick subset (marker `unit`, set in tests/conftest.py): no Airflow stack or `airflow dags test`,
 # no PyTorch env (so no env-pt here), no simulated TPU VM image, no training past a few seconds.
 test-fast: env lint
-	$(PY) -m pytest -m unit $(PYTEST_ARGS)
+	$(PY) -m pytest -m unit $(XDIST) $(PYTEST_ARGS)
 
 # Style and types are checked, not debated: ruff's rules and per-file waivers are in pyproject.toml
 # ([tool.ruff]), and so is mypy's setup for the task library ([tool.mypy]). `make test` and
