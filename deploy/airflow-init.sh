@@ -9,9 +9,12 @@ here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 
 bash "$here/check-secrets.sh"
 
-airflow db migrate
-
+# As PostgreSQL's superuser (the only step that is): Airflow's own role, which owns the metadata
+# database and is no superuser, and the Celery result backend's role and database.
+python "$here/metadata-db.py"
 python "$here/result-backend-db.py"
+
+airflow db migrate
 
 python "$here/fab-roles.py"
 

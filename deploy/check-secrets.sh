@@ -10,6 +10,7 @@ set -euo pipefail
 # The "Secrets" section of .env.example, in its order (test_check_secrets.py keeps the two in step).
 SECRETS=(
     POSTGRES_PASSWORD
+    POSTGRES_SUPERUSER_PASSWORD
     AIRFLOW_ADMIN_PASSWORD
     AIRFLOW__CORE__FERNET_KEY
     AIRFLOW__API__SECRET_KEY

@@ -33,8 +33,8 @@ def main() -> None:
             if perm is not None:
                 perms.append(perm)
         role.permissions = perms
-        sm.get_session.merge(role)
-        sm.get_session.commit()
+        sm.session.merge(role)
+        sm.session.commit()
         print(f"fab-roles: role {ROLE!r} has {len(perms)} permissions (Viewer's, and triggering runs)")
 
 

@@ -1,7 +1,8 @@
 """Give the Celery result backend its own PostgreSQL database and role, so that a Celery worker (which
 runs task code) holds no credential of the metadata database. Run by airflow-init.sh with:
 
-    AIRFLOW__DATABASE__SQL_ALCHEMY_CONN   the metadata DB, as its owner (creates the role and database)
+    AIRFLOW__DATABASE__SQL_ALCHEMY_CONN   the metadata DB (its host, and its name to close it to the role)
+    POSTGRES_SUPERUSER_PASSWORD           the `postgres` superuser's, who creates the role and database
     AIRFLOW__CELERY__RESULT_BACKEND       db+postgresql://<role>:<password>@host/<database>: what to create
 
 Idempotent: the role's password is (re)set from the URL, the database is created once, and
@@ -24,8 +25,8 @@ def main() -> int:
         print(f"result-backend-db: AIRFLOW__CELERY__RESULT_BACKEND must name its own role and database, "
               f"not the metadata DB's ({metadata.username}@{metadata.database})", file=sys.stderr)
         return 1
-    conn = psycopg2.connect(host=metadata.host, port=metadata.port or 5432, user=metadata.username,
-                            password=metadata.password, dbname=metadata.database)
+    conn = psycopg2.connect(host=metadata.host, port=metadata.port or 5432, user="postgres",
+                            password=os.environ["POSTGRES_SUPERUSER_PASSWORD"], dbname="postgres")
     conn.autocommit = True  # CREATE DATABASE cannot run in a transaction
     role, database = sql.Identifier(results.username), sql.Identifier(results.database)
     with conn.cursor() as cur:

@@ -45,7 +45,7 @@ def test_the_script_checks_exactly_the_secrets_of_env_example():
 def test_all_set_passes():
     done = run(good())
     assert done.returncode == 0, done.stderr
-    assert "all 8 secrets set" in done.stdout
+    assert "all 9 secrets set" in done.stdout
 
 
 @pytest.mark.parametrize("key", secrets_section())

@@ -79,7 +79,7 @@ def test_ui_on_localhost_8080_and_tasks_reach_the_api_server(compose):
     # ${POSTGRES_PASSWORD:?...} is filled in by compose from .env.
     database = urlsplit(re.sub(r"\$\{[^}]*\}", "secret", env["AIRFLOW__DATABASE__SQL_ALCHEMY_CONN"]))
     assert database.scheme == "postgresql+psycopg2" and database.hostname == "postgres"
-    assert services["postgres"]["environment"]["POSTGRES_DB"] == database.path.lstrip("/")
+    assert database.username == "airflow" and "POSTGRES_USER" not in services["postgres"]["environment"]
 
 
 def test_volumes_mount_project_folders_and_declared_named_volumes(compose):
@@ -162,7 +162,7 @@ def test_env_example_holds_connections_and_secrets_and_env_is_ignored(compose):
 TASK_RUNNERS = {"airflow-scheduler", "airflow-triggerer", "airflow-worker"}  # run task or trigger code
 ALL_SECRETS = set(stack.GENERATED)
 HOLDS = {
-    "postgres": {"POSTGRES_PASSWORD"},
+    "postgres": {"POSTGRES_SUPERUSER_PASSWORD"},  # the superuser's; Airflow's own role is made by airflow-init
     "airflow-init": ALL_SECRETS,  # checks them all (deploy/check-secrets.sh), runs no task code
     "airflow-apiserver": {"POSTGRES_PASSWORD", "AIRFLOW__CORE__FERNET_KEY", "AIRFLOW__API__SECRET_KEY",
                           "AIRFLOW__API_AUTH__JWT_SECRET"},

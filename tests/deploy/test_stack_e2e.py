@@ -213,6 +213,24 @@ def test_user_cannot_edit_connections_op_can(airflow_stack):
     assert op.delete(f"/connections/{conn['connection_id']}").status_code == 204
 
 
+def test_airflow_connects_to_postgresql_as_no_superuser(airflow_stack):
+    """The metadata DB's role (every Airflow service and, under the LocalExecutor, every task can read its
+    URL) owns its database and nothing more: no COPY ... TO PROGRAM, no other database, no new roles."""
+    import psycopg2
+
+    url = urlsplit(airflow_stack.spec.envs["airflow-scheduler"]["AIRFLOW__DATABASE__SQL_ALCHEMY_CONN"])
+    login = {"host": url.hostname, "port": url.port, "user": url.username, "password": url.password}
+    with psycopg2.connect(dbname="airflow", **login) as conn, conn.cursor() as cur:
+        cur.execute("SELECT rolsuper, rolcreatedb, rolcreaterole FROM pg_roles WHERE rolname = current_user")
+        assert cur.fetchone() == (False, False, False)
+        cur.execute("SELECT count(*) FROM dag")  # it owns Airflow's tables
+        assert cur.fetchone()[0] >= 1
+        with pytest.raises(psycopg2.errors.InsufficientPrivilege, match="COPY to or from an external program"):
+            cur.execute("COPY (SELECT 1) TO PROGRAM 'id'")
+    with pytest.raises(psycopg2.OperationalError, match="permission denied for database"):
+        psycopg2.connect(dbname="celery_results", **login)
+
+
 def test_result_backend_role_reaches_only_its_own_database(airflow_stack):
     import psycopg2
 

@@ -74,7 +74,7 @@ WORKER_LOCAL_ENV = {
 # --celery-hostname: unique Celery node names; --skip-serve-logs: one log server port (8793) per
 # machine, and the api-server reads these workers' logs from the shared log folder instead.
 WORKER_LOCAL_ARGS = ("--celery-hostname", "--concurrency", "--skip-serve-logs")
-GENERATED = ("POSTGRES_PASSWORD", "AIRFLOW_ADMIN_PASSWORD", "AIRFLOW__CORE__FERNET_KEY",
+GENERATED = ("POSTGRES_PASSWORD", "POSTGRES_SUPERUSER_PASSWORD", "AIRFLOW_ADMIN_PASSWORD", "AIRFLOW__CORE__FERNET_KEY",
              "AIRFLOW__API__SECRET_KEY", "AIRFLOW__API_AUTH__JWT_SECRET", "REDIS_PASSWORD",
              "CELERY_RESULT_DB_PASSWORD", "FLOWER_PASSWORD")
 MARKER = "MLM_TEST_STACK_ID"
@@ -341,10 +341,11 @@ def pg_bin(name: str) -> str:
     raise RuntimeError(f"PostgreSQL's {name} not found: apt-get install -y postgresql")
 
 
-def start_postgres(procs: Procs, workdir: Path, port: int, password: str) -> str:
-    """initdb + postgres on 127.0.0.1:port (as the `postgres` user when we are root), superuser `airflow`
+def start_postgres(procs: Procs, workdir: Path, port: int, password: str) -> None:
+    """initdb + postgres on 127.0.0.1:port (as the `postgres` user when we are root), superuser `postgres`
     with `password`, checked on TCP (scram-sha-256, as the postgres image does; the Unix socket is
-    trusted, as there); creates the `airflow` database and returns its URL."""
+    trusted, as there). Nothing else: airflow-init makes Airflow's role and database (deploy/metadata-db.py),
+    as in the compose stack."""
     as_user = {}
     if os.geteuid() == 0:  # PostgreSQL refuses to run as root
         as_user = {"user": "postgres", "group": "postgres", "extra_groups": []}
@@ -355,7 +356,7 @@ def start_postgres(procs: Procs, workdir: Path, port: int, password: str) -> str
     if as_user:
         shutil.chown(pwfile, "postgres", "postgres")
     pwfile.chmod(0o600)
-    init = subprocess.run([pg_bin("initdb"), "-D", str(data), "-U", "airflow", "--auth-local=trust",
+    init = subprocess.run([pg_bin("initdb"), "-D", str(data), "-U", "postgres", "--auth-local=trust",
                            "--auth-host=scram-sha-256", f"--pwfile={pwfile}", "-E", "UTF8", "--no-sync"],
                           capture_output=True, text=True, timeout=120, **as_user)
     pwfile.unlink()
@@ -376,11 +377,6 @@ def start_postgres(procs: Procs, workdir: Path, port: int, password: str) -> str
         if time.monotonic() > deadline:
             raise RuntimeError(f"PostgreSQL did not accept connections:\n{procs.tail('postgres')}")
         time.sleep(0.3)
-    made = subprocess.run([pg_bin("createdb"), "-h", str(sockets), "-p", str(port), "-U", "airflow", "airflow"],
-                          capture_output=True, text=True)
-    if made.returncode:
-        raise RuntimeError(f"createdb failed: {made.stderr}")
-    return f"postgresql+psycopg2://airflow:{password}@127.0.0.1:{port}/airflow"
 
 
 # --- the stack ------------------------------------------------------------------------------------
@@ -512,10 +508,11 @@ def running_stack(workdir: Path, executor: str = "LocalExecutor", extra_env: dic
     pg_port, api_port, redis_port = free_port(), free_port(), free_port()
     redis = None
     try:
-        pg_password = generated_secret("POSTGRES_PASSWORD")
-        start_postgres(procs, pg_dir, pg_port, pg_password)
+        pg_password, superuser_password = generated_secret("POSTGRES_PASSWORD"), generated_secret("POSTGRES_SUPERUSER_PASSWORD")
+        start_postgres(procs, pg_dir, pg_port, superuser_password)
         spec = stack_spec(home, pg_port, api_port, redis_port=redis_port,
-                          variables={**(dotenv or {}), "MLM_EXECUTOR": executor, "POSTGRES_PASSWORD": pg_password})
+                          variables={**(dotenv or {}), "MLM_EXECUTOR": executor, "POSTGRES_PASSWORD": pg_password,
+                                     "POSTGRES_SUPERUSER_PASSWORD": superuser_password})
         for env in spec.envs.values():
             env.update(extra_env or {})
         if "CeleryExecutor" in executor:
