@@ -508,7 +508,8 @@ def running_stack(workdir: Path, executor: str = "LocalExecutor", extra_env: dic
     pg_port, api_port, redis_port = free_port(), free_port(), free_port()
     redis = None
     try:
-        pg_password, superuser_password = generated_secret("POSTGRES_PASSWORD"), generated_secret("POSTGRES_SUPERUSER_PASSWORD")
+        pg_password = generated_secret("POSTGRES_PASSWORD")
+        superuser_password = generated_secret("POSTGRES_SUPERUSER_PASSWORD")
         start_postgres(procs, pg_dir, pg_port, superuser_password)
         spec = stack_spec(home, pg_port, api_port, redis_port=redis_port,
                           variables={**(dotenv or {}), "MLM_EXECUTOR": executor, "POSTGRES_PASSWORD": pg_password,
