@@ -83,6 +83,21 @@ _E2E_FILES = {"test_simulated_tpu_vm.py",  # builds the simulated TPU VM image (
               "test_train_job.py"}        # detached trainers killed, frozen and left stale over sshd: ~1 min
 
 
+def _suffix_xdist_groups(config, items):
+    """`--dist loadgroup` schedules by a `@<group>` suffix of each nodeid, which pytest-xdist 3.8 adds by
+    setting `item._nodeid`; pytest 9 reads the nodeid from `item._id`, so that suffix never appears and
+    the groups are ignored (a shared stack then starts on every worker). Add it the way pytest 9 keeps it."""
+    if not config.getoption("loadgroup", default=False):
+        return
+    from _pytest.nodeid import NodeId
+
+    for item in items:
+        names = sorted({str(m.args[0] if m.args else m.kwargs.get("name", "default"))
+                        for m in item.iter_markers("xdist_group")})
+        if names and "@" not in item.nodeid:
+            item._id = NodeId.parse(f"{item.nodeid}@{'_'.join(names)}")
+
+
 def pytest_collection_modifyitems(config, items):
     deploy = os.path.join(_TESTS, "deploy") + os.sep
     for item in items:
@@ -105,3 +120,4 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(pytest.mark.xdist_group("airflow_stack"))
         elif kinds & {"deploy", "e2e"}:
             item.add_marker(pytest.mark.xdist_group(os.path.basename(path)))
+    _suffix_xdist_groups(config, items)
