@@ -37,6 +37,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from mlm_tasks.config import MAX_CONFIG_BYTES, PARAM_PATHS, PipelineConfig, build_config, read_yaml_config, split_params
 from mlm_tasks.errors import ConfigError
+from mlm_tasks.storage import local_path
 
 ENV = "MLM_DEPLOYMENT"
 # Settings that reach a credential, a shell or a machine: only the deployment sets them.
@@ -222,7 +223,7 @@ class Deployment(BaseModel):
         if not value:
             return
         readable = [*self.input_roots, *self.output_roots]
-        local = storage_path(value)
+        local = local_path(value)
         if value.startswith("gs://") or value.startswith(("/", ".", "~", "file://")) or os.path.lexists(local):
             if not any(_under(value, r) for r in readable):
                 raise ConfigError(f"{key} {value!r} is a path outside the folders this deployment lets runs read "
@@ -302,11 +303,6 @@ def check_approval(approval: Any, approvers: list[Approver]) -> str:
     return f"Release approved by {who}."
 
 
-def storage_path(uri: str) -> str:
-    """The local path a consumer opens for `uri` (storage.local_path: `file://` stripped, as it is used)."""
-    return uri[len("file://"):] if uri.startswith("file://") else uri
-
-
 def _expanded(pattern: str) -> list[str]:
     """The files a local pattern reads (corpus.local_paths are globbed), as real paths; the pattern itself
     when it matches nothing yet (then it is judged as written)."""
@@ -314,7 +310,7 @@ def _expanded(pattern: str) -> list[str]:
 
     if pattern.startswith("gs://"):
         return [pattern]
-    local = os.path.expanduser(storage_path(pattern))
+    local = os.path.expanduser(local_path(pattern))
     found = glob.glob(local, recursive=True)
     return [os.path.realpath(p) for p in found] or [local]
 
@@ -386,5 +382,5 @@ def _under(uri: str, root: str) -> bool:
             return False
         path, top = posixpath.normpath(uri[5:]), posixpath.normpath(root[5:])
         return path == top or path.startswith(top + "/")
-    return _under_local(os.path.realpath(str(Path(storage_path(uri)).expanduser())),
-                        str(Path(storage_path(root)).expanduser()))
+    return _under_local(os.path.realpath(str(Path(local_path(uri)).expanduser())),
+                        str(Path(local_path(root)).expanduser()))
