@@ -19,10 +19,12 @@ mkdir -p "$run"
 # printf is a shell builtin: the password is piped to sha256sum, not passed as an argument.
 hash="$(printf '%s' "$REDIS_PASSWORD" | sha256sum | cut -d' ' -f1)"
 unset REDIS_PASSWORD
-# What Celery's broker needs (keys, lists, sorted sets, pub/sub, transactions), none of what would let a
-# worker's task code reconfigure, flush, dump or script the server: -@dangerous takes CONFIG, FLUSHALL,
-# DEBUG, KEYS, MONITOR, SHUTDOWN, ACL, MODULE, SAVE and the like; -@scripting takes EVAL and FUNCTION.
-printf 'user default on #%s ~* &* +@all -@dangerous -@scripting\n' "$hash" > "$run/users.acl"
+# What Celery's broker needs (keys, lists, sorted sets, pub/sub, transactions, and kombu's lock, a
+# registered Lua script run by EVALSHA after SCRIPT LOAD), none of what would let a worker's task code
+# reconfigure, flush or dump the server: -@dangerous takes CONFIG, FLUSHALL, DEBUG, KEYS, MONITOR,
+# SHUTDOWN, ACL, MODULE, SAVE and the like; -@scripting takes EVAL, FUNCTION and SCRIPT FLUSH/KILL. A
+# script runs under its caller's ACL, so the two kept back grant no command the user lacks.
+printf 'user default on #%s ~* &* +@all -@dangerous -@scripting +evalsha +script|load\n' "$hash" > "$run/users.acl"
 printf 'appendonly yes\naclfile %s/users.acl\n' "$run" > "$run/redis.conf"
 
 if [[ "$(id -u)" == 0 ]] && command -v docker-entrypoint.sh >/dev/null; then

@@ -57,6 +57,24 @@ def test_the_one_user_may_not_reconfigure_flush_or_script_the_server(redis, comm
     assert answer.startswith(b"+OK\r\n-NOPERM"), answer
 
 
+def test_kombus_lock_works_and_a_loaded_script_gets_no_more_than_its_caller(redis):
+    """Celery's Redis transport restores unacked messages under kombu's lock, a Lua script that redis-py
+    registers (SCRIPT LOAD) and runs (EVALSHA): the ACL must let that through, or every worker dies at
+    its first poll. A script runs under its caller's ACL, so one that calls FLUSHALL is still refused."""
+    import redis as redis_py
+    from kombu.transport.redis import Mutex
+
+    client = redis_py.Redis.from_url(redis.url)
+    client.set("probe", "1")
+    with Mutex(client, "unacked_mutex", expire=5):
+        assert client.get("unacked_mutex") is not None  # held
+    assert client.get("unacked_mutex") is None  # released by the Lua script
+    flush = client.register_script("return redis.call('FLUSHALL')")
+    with pytest.raises(redis_py.exceptions.ResponseError, match="can.t run this command"):
+        flush()
+    assert client.get("probe") == b"1"
+
+
 def test_password_is_in_no_argv_environment_or_file(redis):
     pid = redis.procs.running["redis"].pid  # exec'd: the script's pid is redis-server's
     secret = redis.password.encode()
