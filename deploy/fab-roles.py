@@ -1,7 +1,12 @@
 """The FAB role for people who train models but do not release them, made by airflow-init.sh:
 
-    Trainer   Viewer + trigger runs (can_create on DAG Runs); it may not mark, clear or delete task
-              instances, answer approve_release (HITL), create Asset events, nor edit DAGs or runs.
+    Trainer   Viewer + trigger mlm_pretrain runs; it may not mark, clear or delete task instances,
+              answer approve_release (HITL), create Asset events, edit or delete runs, nor trigger
+              or edit the other DAGs (the refresh, the janitor).
+
+FAB's auth manager lets a trigger (POST dagRuns) through only with can_create on DAG Runs *and* can_edit
+on the DAG: the edit is granted on DAG:mlm_pretrain alone, which also lets a Trainer pause that one DAG
+(Airflow has no permission between the two).
 
 FAB's stock User role may do all of those: with it, whoever triggers a run could approve its release,
 mark approve_release done, or send the shards event a scheduled run trains on (README "Users and
@@ -16,7 +21,7 @@ from airflow.providers.fab.auth_manager.cli_commands.utils import get_applicatio
 from airflow.utils.providers_configuration_loader import providers_configuration_loaded
 
 ROLE = "Trainer"
-ADDED = [("can_create", "DAG Runs")]
+ADDED = [("can_create", "DAG Runs"), ("can_edit", "DAG:mlm_pretrain")]
 
 
 @providers_configuration_loaded
@@ -35,7 +40,7 @@ def main() -> None:
         role.permissions = perms
         sm.session.merge(role)
         sm.session.commit()
-        print(f"fab-roles: role {ROLE!r} has {len(perms)} permissions (Viewer's, and triggering runs)")
+        print(f"fab-roles: role {ROLE!r} has {len(perms)} permissions (Viewer's, and triggering mlm_pretrain)")
 
 
 if __name__ == "__main__":

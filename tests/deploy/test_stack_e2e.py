@@ -148,7 +148,7 @@ def test_a_rest_conf_cannot_set_a_deployment_setting(airflow_stack, airflow_api,
 
 
 def test_a_trainer_triggers_runs_but_cannot_release_mark_or_send_events(airflow_stack, airflow_api, runs):
-    """deploy/fab-roles.py's Trainer: Viewer + trigger. FAB's User may also create Asset events, mark task
+    """deploy/fab-roles.py's Trainer: Viewer + trigger mlm_pretrain. FAB's User may also create Asset events, mark task
     instances and answer HITL tasks; a Trainer none of these."""
     trainer = _as(airflow_stack, "trainer")
     run_id = runs["param"]["run_id"]
@@ -160,10 +160,12 @@ def test_a_trainer_triggers_runs_but_cannot_release_mark_or_send_events(airflow_
     assert trainer.patch(ti, json={"new_state": "success"}).status_code == 403
     hitl = f"/dags/{DAG_ID}/dagRuns/{run_id}/taskInstances/approve_release/-1/hitlDetails"
     assert trainer.patch(hitl, json={"chosen_options": ["Approve"]}).status_code == 403
-    assert trainer.patch(f"/dags/{DAG_ID}", json={"is_paused": True}).status_code == 403
+    assert trainer.delete(f"/dags/{DAG_ID}").status_code == 403
+    refresh = trainer.post("/dags/mlm_dataset_refresh/dagRuns", json={"logical_date": None})
+    assert refresh.status_code == 403, refresh.text  # the edit it needs to trigger is on mlm_pretrain alone
     # It may trigger (a conf validate refuses at once, so the run costs nothing), not stop a run.
     made = trainer.post(f"/dags/{DAG_ID}/dagRuns", json={"dag_run_id": "trainer-run", "logical_date": None,
-                                                         "conf": {"steps": 0}})
+                                                         "conf": {"output_root": "/etc/mlm"}})
     assert made.status_code == 200, made.text
     assert trainer.patch(f"/dags/{DAG_ID}/dagRuns/trainer-run", json={"state": "failed"}).status_code == 403
     assert airflow_api.wait_for_run(DAG_ID, "trainer-run", timeout=RUN_TIMEOUT_S)["state"] == "failed"
