@@ -21,8 +21,10 @@ and brought shards may come from), `zones` (which `tpu.zone` a run may pick). Th
     zones: [us-central2-b]
 
 `${VAR}` in the file's strings is taken from the environment (e.g. `project: ${MLM_TPU_PROJECT}`).
-Without MLM_DEPLOYMENT there is no boundary (a laptop, `make run`, the tests), and the CLI on an
-operator's machine never applies one: whoever runs it holds the deployment anyway.
+Without MLM_DEPLOYMENT, every Airflow task still refuses DEPLOYMENT_KEYS from any trigger
+(`Deployment.for_airflow()`, the built-in boundary: a deployment made without knowing of the file is
+closed by default), with no roots to check. Only the CLI on an operator's machine applies none: whoever
+runs it holds the deployment anyway.
 """
 from __future__ import annotations
 
@@ -33,13 +35,14 @@ import stat
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError
 
 from mlm_tasks.config import MAX_CONFIG_BYTES, PARAM_PATHS, PipelineConfig, build_config, read_yaml_config, split_params
 from mlm_tasks.errors import ConfigError
 from mlm_tasks.storage import local_path
 
 ENV = "MLM_DEPLOYMENT"
+BUILTIN = "the built-in boundary (no deployment file: MLM_DEPLOYMENT is unset)"
 # Settings that reach a credential, a shell or a machine: only the deployment sets them.
 DEPLOYMENT_KEYS = (
     "gcp_conn_id", "sensor.gcp_conn_id", "publish.hf_conn_id",
@@ -97,6 +100,23 @@ class Deployment(BaseModel):
         "refuse", description="A shards event not made by mlm_dataset_refresh (REST-made, or another DAG's): refused, "
         "or its data settings taken like a form's.")
 
+    # Set only by `builtin()`, never by a file: no roots to check (there is no file to name them).
+    _open_roots: bool = PrivateAttr(False)
+
+    @classmethod
+    def for_airflow(cls) -> Deployment:
+        """What every Airflow task judges a run by: the deployment file, or, where a platform team deployed
+        without one (Helm, Cloud Composer), the built-in boundary: no deployment setting from any trigger."""
+        return cls.load() or cls.builtin()
+
+    @classmethod
+    def builtin(cls) -> Deployment:
+        """DEPLOYMENT_KEYS are refused from every trigger and come from their defaults and the services'
+        environment; roots, zones and limits are open, as there is no file to name them."""
+        dep = cls(source=BUILTIN)
+        dep._open_roots = True
+        return dep
+
     @classmethod
     def load(cls, path: str | None = None) -> Deployment | None:
         path = path or os.environ.get(ENV)
@@ -113,7 +133,12 @@ class Deployment(BaseModel):
             if isinstance(tree.get(key), list):
                 tree[key] = [part for v in tree[key] if isinstance(v, str)
                              for part in ([v] if v.startswith("gs://") else v.split(":")) if part]
-        dep = cls.model_validate({**tree, "source": str(path)})
+        try:
+            dep = cls.model_validate({**tree, "source": str(path)})
+        except ValidationError as exc:  # the keys by name, not a traceback
+            wrong = "; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors())
+            raise ConfigError(f"The deployment file {path} is not valid ({wrong}): fix it (README, "
+                              "\"Security model\").") from None
         build_config(dep.settings)  # a typo in the deployment's own settings fails here, naming it
         return dep
 
@@ -135,6 +160,11 @@ class Deployment(BaseModel):
         owned = self.owned_keys()
         for key in _leaves(_nested(run)):
             hit = next((d for d in owned if key == d or key.startswith(d + ".") or d.startswith(key + ".")), None)
+            if hit and self._open_roots:
+                raise ConfigError(f"{hit} is a deployment setting: {where} may not set it ({self.source}; it "
+                                  "comes from its default and the services' environment). Remove it from the run; "
+                                  "to set it, write a deployment file (`settings`, README \"Deployment settings\") "
+                                  f"and point {ENV} at it in every Airflow service.")
             if hit:
                 raise ConfigError(f"{hit} is a deployment setting: {where} may not set it (the deployment sets it "
                                   f"in {self.source}, `settings`). Remove it from the run, or ask whoever runs the "
@@ -142,7 +172,7 @@ class Deployment(BaseModel):
 
     def check_config_file(self, path: str) -> str:
         real = os.path.realpath(path)
-        if not any(_under_local(real, d) for d in self.config_dirs):
+        if not self._open_roots and not any(_under_local(real, d) for d in self.config_dirs):
             raise ConfigError(f"config_file {path!r} is outside the deployment's config folders "
                               f"{self.config_dirs}: pick a file there (the form's default is one).")
         try:
@@ -156,6 +186,8 @@ class Deployment(BaseModel):
 
     def check_run(self, cfg: PipelineConfig) -> None:
         """Where the run writes and reads, and its zone, within the deployment's limits."""
+        if self._open_roots:
+            return
         if not any(_under(cfg.output_root, r) for r in self.output_roots):
             raise ConfigError(f"output_root {cfg.output_root!r} is outside the roots this deployment allows "
                               f"({self.output_roots}): use one of them or a folder under one.")

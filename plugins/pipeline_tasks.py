@@ -55,7 +55,7 @@ def validate(probe_write: bool = True, **context: Any) -> ValidatedConfig:
     from worker_queues import distributed_executor, shared_output_roots
 
     with bad_input_fails_fast():
-        deployment = Deployment.load()
+        deployment = Deployment.for_airflow()
         event = triggering_shards_event(context, deployment)
         if event:
             log.info("Triggered by dataset refresh: fingerprint %s under %s", event["fingerprint"],

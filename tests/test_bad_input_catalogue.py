@@ -541,17 +541,24 @@ def test_checks_run_before_the_tpu_vm():
 
 
 @pytest.mark.slow
-def test_tpu_run_with_a_bad_input_fails_before_any_vm_is_created(airflow_env, gcs, gcs_root, fake_tpu):
+def test_tpu_run_with_a_bad_input_fails_before_any_vm_is_created(airflow_env, gcs, gcs_root, fake_tpu, tmp_path):
     """A real `dags test` of mlm_pretrain on the TPU path (GCS emulator, fake TPU API) with a batch
-    larger than the data: check_run refuses it, and the TPU API never receives a create call."""
+    larger than the data: check_run refuses it, and the TPU API never receives a create call. The
+    project and the API endpoint are the deployment's (a trigger may not set them, file or no file)."""
+    import yaml
+
     from peers.airflow_home import dags_test
 
-    conf = {"config_file": str(TINY_YAML), "output_root": gcs_root, "compute": "tpu_vm", "tpu_project": "proj",
+    deployment = tmp_path / "deployment.yaml"
+    deployment.write_text(yaml.safe_dump({
+        "settings": {"tpu": {"project": "proj", "api_endpoint": fake_tpu.url, "transport": "rest"}},
+        "output_roots": [gcs_root], "config_dirs": [str(TINY_YAML.parent)]}))
+    conf = {"config_file": str(TINY_YAML), "output_root": gcs_root, "compute": "tpu_vm",
             "vocab_size": 1000, "max_length": 64, "steps": 12, "batch_size": 4000,
-            "overrides": {"tpu.api_endpoint": fake_tpu.url, "tpu.transport": "rest", "tpu.poll_interval_s": 0.1}}
+            "overrides": {"tpu.poll_interval_s": 0.1}}
     result = dags_test(airflow_env, "mlm_pretrain", conf=conf, timeout=600, extra_env={
         "STORAGE_EMULATOR_HOST": gcs.endpoint, "GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT": "false",
-        "MLM_RETRY_DELAY_S": "0"})
+        "MLM_RETRY_DELAY_S": "0", "MLM_DEPLOYMENT": str(deployment)})
     log = result.stdout + result.stderr
     assert re.search(r"Global batch 4000 is larger than the \d+ train records: lower batch_size", log), log[-5000:]
     # Failed at once (a bad input is not retried), reported by the failure notifier.

@@ -19,8 +19,10 @@ import time
 from pathlib import Path
 
 import pytest
+import yaml
 
 from mlm_tasks import storage
+from mlm_tasks.deployment import DEPLOYMENT_KEYS
 from mlm_tasks.paths import DataPaths, RunPaths, join
 from peers.airflow_home import airflow_env, dags_test  # noqa: F401  (fixture)
 from peers.fake_tpu_api import is_read
@@ -51,9 +53,29 @@ def _env(sshd, tf_gcs_env: dict, gcs) -> dict:
             "AIRFLOW_CONN_TPU_SSH": airflow_conn_uri(sshd, no_host_key_check=False)}
 
 
+def _deployment(conf: dict, tmp_path: Path) -> tuple[dict, Path]:
+    """The conf's deployment settings (project, endpoint, the VM's python and env, ...) moved into a deployment
+    file, as production has them: under Airflow a trigger may not set them, file or no file."""
+    run, settings = {}, {}
+    for key, value in conf["overrides"].items():
+        owned = any(key == d or key.startswith(d + ".") for d in DEPLOYMENT_KEYS)
+        if owned:
+            section, _, leaf = key.rpartition(".")
+            (settings.setdefault(section, {}) if section else settings)[leaf] = value
+        else:
+            run[key] = value
+    path = tmp_path / "deployment.yaml"
+    path.write_text(yaml.safe_dump({"settings": settings, "output_roots": [conf["output_root"]],
+                                    "config_dirs": [str(ROOT / "configs")], "input_roots": [str(ROOT)]}))
+    return {**conf, "overrides": run}, path
+
+
 def _dags_test(airflow_env, conf: dict, env: dict, tmp_path: Path, **kwargs) -> str:
-    """`airflow dags test mlm_pretrain`; returns stdout+stderr, also kept in tmp_path for debugging."""
-    result = dags_test(airflow_env, "mlm_pretrain", conf=conf, extra_env=env, timeout=900, **kwargs)
+    """`airflow dags test mlm_pretrain` under a deployment file holding the conf's deployment settings; returns
+    stdout+stderr, also kept in tmp_path for debugging."""
+    conf, deployment = _deployment(conf, tmp_path)
+    result = dags_test(airflow_env, "mlm_pretrain", conf=conf, extra_env={**env, "MLM_DEPLOYMENT": str(deployment)},
+                       timeout=900, **kwargs)
     log = result.stdout + result.stderr
     (tmp_path / "airflow.log").write_text(log)
     return log if result.returncode == 0 else "DAG RUN FAILED\n" + log

@@ -33,9 +33,28 @@ zones: [us-central2-b]
     return Deployment.load()
 
 
-def test_no_deployment_file_means_no_boundary(monkeypatch):
+def test_without_a_file_airflow_still_refuses_every_deployment_setting(monkeypatch, tmp_path):
+    """Secure by default: a platform team that deploys without MLM_DEPLOYMENT (Helm, Cloud Composer) gets the
+    built-in boundary in every Airflow task, not an open door; only the CLI applies none (Deployment.load())."""
     monkeypatch.delenv("MLM_DEPLOYMENT", raising=False)
     assert Deployment.load() is None
+    builtin = Deployment.for_airflow()
+    for overrides in ({"tpu.api_endpoint": "http://anywhere"}, {"publish.hf_conn_id": "x"},
+                      {"tpu": {"env": {"BROWSER": "sh -c id"}}}, {"publish.releases_root": str(tmp_path)}):
+        with pytest.raises(ConfigError, match=r"is a deployment setting: the trigger's settings may not set it "
+                                              r"\(the built-in boundary.*point MLM_DEPLOYMENT at it"):
+            run_config({"output_root": str(tmp_path / "out"), "overrides": overrides}, builtin)
+    with pytest.raises(ConfigError, match="gcp_conn_id is a deployment setting"):
+        run_config({"output_root": str(tmp_path / "out"), "gcp_conn_id": "prod_admin"}, builtin)
+    # No file names roots, so none are checked; the run's own settings go through.
+    cfg = run_config({"output_root": str(tmp_path / "anywhere"), "steps": 3}, builtin)
+    assert (cfg.output_root, cfg.train.steps, cfg.gcp_conn_id) == (str(tmp_path / "anywhere"), 3,
+                                                                   "google_cloud_default")
+    # A file cannot open its roots the built-in way: the flag is no field.
+    path = tmp_path / "deployment.yaml"
+    path.write_text("_open_roots: true\noutput_roots: [/nowhere]\n")
+    with pytest.raises(ConfigError, match="_open_roots: Extra inputs are not permitted"):
+        Deployment.load(str(path))
 
 
 def test_a_run_gets_the_deployment_settings_on_top_of_its_own(deployment, tmp_path):
@@ -129,7 +148,7 @@ def test_a_typo_in_the_deployment_file_names_itself(tmp_path):
     with pytest.raises(ValueError, match="projekt"):
         Deployment.load(str(path))
     path.write_text("output_root: [x]\n")
-    with pytest.raises(ValueError, match="output_root"):
+    with pytest.raises(ConfigError, match="output_root: Extra inputs"):
         Deployment.load(str(path))
 
 
