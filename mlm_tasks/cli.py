@@ -50,6 +50,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="Override a setting: a flat param name or a dotted path; VALUE is parsed as YAML.")
     p.add_argument("--run-id", default="cli-run", help="Run id: keys the run's artifacts.")
     p.add_argument("--data-fingerprint", help="Use the shard set with this fingerprint.")
+    p.add_argument("--hub-token-stdin", action="store_true", help="Read the Hub token from the first line of "
+                   "stdin instead of HF_TOKEN (how a TPU VM's line hands it over: in no environment block).")
     p.add_argument("--part", type=int, default=0, help="write_shards: which partition (0-based) of "
                    "shards.partitions to write.")
     p.add_argument("--runs", default="", help="compare: the run ids to compare, comma-separated (default: every "
@@ -107,9 +109,13 @@ def run_step(step: str, cfg: PipelineConfig, ctx: RunContext, part: int = 0, run
     return getattr(importlib.import_module(f"mlm_tasks.steps.{step}"), step)(cfg, ctx, **kwargs)
 
 
+_stdin_token: str | None = None  # --hub-token-stdin: read once in main(), before any step runs
+
+
 def _hub_token(needed: bool) -> str | None:
-    """The CLI's Hub token: HF_TOKEN from this process's environment, read here once and passed on."""
-    token = os.environ.get("HF_TOKEN")
+    """The CLI's Hub token: the first line of stdin with --hub-token-stdin, else HF_TOKEN from this
+    process's environment; read here once and passed on as an argument."""
+    token = _stdin_token or os.environ.get("HF_TOKEN")
     if needed and not token:
         raise AuthError("This step talks to the Hugging Face Hub (publish, or publish.sync_checkpoints): set "
                         "HF_TOKEN to a token with write access, or turn publishing off.")
@@ -119,6 +125,9 @@ def _hub_token(needed: bool) -> str | None:
 def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     args = parse_args(argv)
+    if args.hub_token_stdin:
+        global _stdin_token
+        _stdin_token = sys.stdin.readline().strip() or None
     try:
         cfg = resolve_config(args)
         storage.set_timeout(cfg.storage.timeout_s)

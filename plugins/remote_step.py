@@ -1,7 +1,7 @@
 """Run one pipeline step on the run's TPU VM over SSH (the `compute: tpu_vm` path).
 
     train = TpuSSHStepOperator(task_id="train", config=cfg, step="train")
-    remote = RemoteStep("train", log, args=[...], session_env={...})    # what TrainOperator composes
+    remote = RemoteStep("train", log, args=[...], hub_token=token)     # what TrainOperator composes
 
 `RemoteStep` is the whole remote path, which both `TpuSSHStepOperator` and the train task
 (plugins/train_operator.py) use: the node lookup, the checks, the command line, the session's
@@ -24,9 +24,10 @@ the last checkpoint. The session has a pty, so closing it (task killed, timed ou
 up the remote step instead of orphaning it; a session lost without a hang-up (a network partition, a
 crashed Airflow host) leaves the step running, and the next try stops it first (the run lock of
 `remote_command`), so one run never has two trainers. The train task runs its trainer detached from
-the session instead, and follows it (`DetachedTrain`, plugins/train_job.py). Secrets (the Hub token) travel in the SSH
-session's environment (`session_env`), never on the command line. Google's ComputeEngineSSHHook
-cannot find TPU VMs, hence the SSH connection's login pointed at the worker's IP.
+the session instead, and follows it (`DetachedTrain`, plugins/train_job.py). Secrets (the Hub
+token) travel on the SSH session's stdin when the line asks (`hub_token`), never on the command line
+or in an environment. Google's ComputeEngineSSHHook cannot find TPU VMs, hence the SSH connection's
+login pointed at the worker's IP.
 """
 from __future__ import annotations
 
@@ -41,7 +42,7 @@ from gcp_credentials import use_connection
 from mlm_tasks.errors import NO_RETRY_EXIT, NoRetryError, TransientError
 from mlm_tasks.tpu import api as tpu
 from mlm_tasks.tpu import ssh
-from mlm_tasks.tpu.bundle import SESSION_ENV_TOKEN, remote_command, stage_code
+from mlm_tasks.tpu.bundle import TOKEN_PROMPT, remote_command, stage_code
 from step_context import config_from_xcom
 from tpu_operators import NodeEnsurer, run_node_name
 from worker_ssh import ssh_connect
@@ -66,18 +67,19 @@ def check_reachable(cfg: Any, name: str, host: str) -> None:
 class RemoteStep:
     """`python -m mlm_tasks <step> <args>` (or `command`) on worker 0 of the run's TPU VM.
 
-    `session_env`: secrets, sent in the SSH session's environment; `step_env`: non-secret variables
-    (part of the logged command line). `close()` (on_kill) hangs the session up."""
+    `hub_token`: sent on the session's stdin when the line asks (bundle.TOKEN_PROMPT), never in an
+    environment; `step_env`: non-secret variables (part of the logged command line). `close()`
+    (on_kill) hangs the session up."""
 
     def __init__(self, step: str, log: Any, *, args: Sequence[str] = (), command: str | None = None,
-                 node_name: str | None = None, session_env: dict[str, str] | None = None,
+                 node_name: str | None = None, hub_token: str | None = None,
                  step_env: dict[str, str] | None = None, replaces_dead_node: bool = False) -> None:
         self.step = step
         self.log = log
         self.args = list(args)
         self.command = command
         self.node_name = node_name
-        self.session_env = dict(session_env or {})
+        self.hub_token = hub_token
         self.step_env = dict(step_env or {})
         self.replaces_dead_node = replaces_dead_node
         self.session: ssh.Session | None = None
@@ -100,7 +102,7 @@ class RemoteStep:
         name, hosts, connect = self.connect_to(context, cfg, node)
         command = self.command or self.remote_line(context, cfg, name)
         self.session = ssh.Session(connect, hosts[0], on_line=lambda line: self.log.info("[worker 0] %s", line))
-        outcome = self.session.run(command, env=self.session_env)
+        outcome = self.session.run(command, secret=self.secret())
         if outcome.exit_code != 0:
             raise self.failure(cfg, name, outcome)
         return {"node": name, "workers": len(hosts)}
@@ -110,8 +112,12 @@ class RemoteStep:
         env = {**self.step_env, **options.pop("env", {})}
         return remote_command(
             cfg, self.step, context["run_id"], node=name, extra_args=self.args, env=env,
-            expect_token=SESSION_ENV_TOKEN in self.session_env,
+            expect_token=self.hub_token is not None,
             code=stage_code(cfg.output_root, cfg.tpu.runtime_version) if cfg.tpu.bootstrap else None, **options)
+
+    def secret(self) -> tuple[str, str] | None:
+        """What the session answers the line's token prompt with (ssh.Session.run)."""
+        return (TOKEN_PROMPT, self.hub_token) if self.hub_token is not None else None
 
     def failure(self, cfg: Any, name: str, outcome: ssh.Outcome) -> AirflowException:
         """What to raise for a command that failed on worker 0: exit 2 and fatal errors are not retried."""

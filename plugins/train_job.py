@@ -1,7 +1,7 @@
 """The train task on a TPU VM: the trainer runs as a detached job on worker 0, which the task starts
 (or finds again); the task then waits in the triggerer (plugins/train_trigger.py), not in a worker slot.
 
-    remote = DetachedTrain("train", log, args=[...], session_env={...})   # what TrainOperator composes
+    remote = DetachedTrain("train", log, args=[...], hub_token=token)    # what TrainOperator composes
     job, workers = remote.start(context, cfg, replace)   # as RemoteStep: replaces a dead node, then run()
     watch = JobWatch.connected(cfg, job, log)             # the trigger's and the task's view of the job
     watch.check()                                         # a Verdict: starting | running | done | failed | stalled
@@ -177,7 +177,7 @@ class DetachedTrain(RemoteStep):
                       name, number, cfg.tpu.workdir, log_name)
         before = read_status(RunPaths(cfg.output_root, context["run_id"]))  # the new trainer's record counts one more
         self.session = ssh.Session(connect, host, on_line=lambda line: self.log.info("[worker 0] %s", line))
-        outcome = self.session.run(command, env=self.session_env)
+        outcome = self.session.run(command, secret=self.secret())
         if outcome.exit_code != 0:
             raise self.failure(cfg, name, outcome)
         job = vm_job.started_job(outcome.tail, node=name, host=host, try_number=number, log=log_name,

@@ -24,7 +24,6 @@ from gcp_credentials import use_connection
 from hub_connection import hub_credentials
 from mlm_tasks.results import RemoteTrain, TrainJob, TrainSummary
 from mlm_tasks.tpu import api as tpu
-from mlm_tasks.tpu.bundle import SESSION_ENV_TOKEN
 from step_context import config_from_xcom
 from task_errors import bad_input_fails_fast
 from tpu_operators import NodeEnsurer
@@ -113,16 +112,15 @@ class TrainOperator(NodeEnsurer, BaseOperator):
         return {"node": job["node"], "workers": event.get("workers", 1)}
 
     def _remote(self, cfg: Any) -> DetachedTrain:
-        """The step on the TPU VM. With checkpoint sync the Hub token travels in the SSH session's
-        environment (never in the command line, a log or XCom), its endpoint in the step's."""
-        session_env, step_env = {}, {}
+        """The step on the TPU VM. With checkpoint sync the Hub token travels on the SSH session's stdin
+        (never in the command line, an environment, a log or XCom), its endpoint in the step's environment."""
+        token, step_env = None, {}
         if cfg.publish.sync_checkpoints:
             token, endpoint = hub_credentials(cfg.publish.hf_conn_id)
-            session_env[SESSION_ENV_TOKEN] = token
             if endpoint:
                 step_env["HF_ENDPOINT"] = endpoint
         self.remote = DetachedTrain("train", self.log, args=["--data-fingerprint", self._fingerprint()],
-                                 command=self.command, node_name=self.node_name, session_env=session_env,
+                                 command=self.command, node_name=self.node_name, hub_token=token,
                                  step_env=step_env, replaces_dead_node=True)
         return self.remote
 

@@ -22,10 +22,12 @@ id and step>` for as long as it runs. A retry that finds the lock held (an earli
 SSH session to a partition or a crashed Airflow host, which sshd may not notice for hours) stops that
 try's step first: SIGTERM, SIGKILL after STOP_GRACE_S, exit 3 if the lock is still held.
 
-Secrets never ride on the command line (it shows in `ps` and in logs): the Hub token reaches the
-step through the SSH session's environment as LC_MLM_HF_TOKEN (stock Ubuntu sshd accepts LC_*
-variables; see `SESSION_ENV_TOKEN`), and the line hands it on as HF_TOKEN to the step alone: the
-bootstrap's commands (the fetch, pip, the image check) run without it.
+Secrets never ride on the command line (it shows in `ps` and in logs) nor in an environment block
+(`/proc/<pid>/environ` keeps a process's first environment for its whole life, whatever the shell
+unsets): the line turns the pty's echo off and prints `TOKEN_PROMPT`, the SSH session answers with the
+Hub token on stdin, the shell reads it into an unexported variable, and pipes it to the step alone
+(`--hub-token-stdin`, printf being a builtin): the bootstrap's commands (the fetch, pip, the image check)
+never see it.
 """
 from __future__ import annotations
 
@@ -52,9 +54,10 @@ if TYPE_CHECKING:  # types only: config imports this package's tables, so tpu/ i
 PACKAGE_DIR = runtimes.PACKAGE_DIR
 
 
-# Ubuntu's sshd_config has `AcceptEnv LANG LC_*`: an LC_ name passes through a stock TPU VM's sshd.
-SESSION_ENV_TOKEN = "LC_MLM_HF_TOKEN"
+# The line asks for the Hub token with this line; the session answers on stdin (ssh.Session.run's `secret`).
+TOKEN_PROMPT = "MLM_SEND_HUB_TOKEN"
 TOKEN_VAR = "mlm_hf_token"  # the line's own, unexported copy of the token
+TOKEN_ARG = "--hub-token-stdin"  # the step reads the token from its stdin (mlm_tasks/cli.py)
 
 
 # The images' TPU build is a wheel named `tensorflow`, which transformers 4.57 finds; FORCE_TF_AVAILABLE
@@ -276,24 +279,27 @@ def remote_command(cfg: PipelineConfig, step: str, run_id: str, *, node: str, ex
         raise ConfigError(f"tpu.env has invalid variable names {bad}: use letters, digits and _.")
     parts = ["set -e", f"mkdir -p {shell_path(cfg.tpu.workdir)}", f"cd {shell_path(cfg.tpu.workdir)}"]
     parts += [f"export {k}={shlex.quote(v)}" for k, v in sorted(variables.items())]
-    # The token arrives in the session's environment, never in this line; hand it on under its own name.
-    if expect_token:  # an sshd that does not accept the name drops it without a word
-        parts.append(f'if [ -z "${{{SESSION_ENV_TOKEN}:-}}" ]; then echo "The Hub token did not reach the VM: its '
-                     f'sshd_config needs AcceptEnv LANG LC_* (Ubuntu\'s default) for {SESSION_ENV_TOKEN}." '
-                     '>&2; exit 3; fi')
-    # Held in a shell variable (not exported) until the exec: the fetch, pip and the image check never
-    # see it, in their environment or in what they might log or hand on.
-    parts.append(f'{TOKEN_VAR}="${{{SESSION_ENV_TOKEN}:-${{HF_TOKEN:-}}}}"; unset {SESSION_ENV_TOKEN} HF_TOKEN')
+    # The token arrives on stdin once asked for, never in this line or an environment; echo off first,
+    # so the pty does not print it back into the log.
+    if expect_token:
+        parts += ["stty -echo 2>/dev/null || true", f"echo {TOKEN_PROMPT}", f"IFS= read -r {TOKEN_VAR} || true",
+                  f'if [ -z "${TOKEN_VAR}" ]; then echo "The Hub token did not reach the VM (the session sends it on '
+                  f'stdin when the line prints {TOKEN_PROMPT}): retry; if it repeats, check the Hub '
+                  'connection (publish.hf_conn_id) has a password." >&2; exit 3; fi']
+        step_line = f"{step_line} {TOKEN_ARG}"
     # The lock before the install: a retry never swaps `code/` under a step an earlier try left running.
     parts += _run_lock(step, run_id)
     if install is not None:
         parts += _bootstrap(cfg, install)
-    parts.append(f'if [ -n "${TOKEN_VAR}" ]; then export HF_TOKEN="${TOKEN_VAR}"; fi')
+    # The token through a pipe: printf is a builtin, so it is in no argv, and the step's environment is
+    # the line's, which never held it.
+    feed = f'printf \'%s\\n\' "${TOKEN_VAR}" | ' if expect_token else ""
     if detach_log is not None:
-        return "; ".join(parts + _detached(step_line, detach_log, run_lock_name(run_id, step)))
-    # exec: the step replaces the shell, so a hang-up of the SSH session (task killed) reaches it, and
-    # it keeps the run lock's fd 9 (a partition or a crashed Airflow host: the next try stops it).
-    parts.append(f"exec {step_line}")
+        return "; ".join(parts + _detached(step_line, detach_log, run_lock_name(run_id, step), feed))
+    # exec: the step replaces the shell (with a token, the pipeline's last command, in the shell's
+    # process group), so a hang-up of the SSH session (task killed) reaches it, and it keeps the run
+    # lock's fd 9 (a partition or a crashed Airflow host: the next try stops it).
+    parts.append(f"{feed}exec {step_line}")
     return "; ".join(parts)
 
 
@@ -306,7 +312,7 @@ def exit_file(log: str) -> str:
     return log + ".exit"
 
 
-def _detached(step_line: str, log: str, lock: str) -> list[str]:
+def _detached(step_line: str, log: str, lock: str, feed: str = "") -> list[str]:
     """Shell that starts the step as a job of the VM, not of the SSH session: setsid gives it a session
     (and process group, whose id is its pid) of its own, so the session's hang-up never reaches it;
     nohup and the redirects cut it off the pty. It inherits fd 9, the run lock, which it then holds
@@ -319,5 +325,6 @@ def _detached(step_line: str, log: str, lock: str) -> list[str]:
     # the session's process group then); an ignored SIGHUP is inherited, so the hang-up cannot kill it.
     return [f"mkdir -p {q(folder)}", f"rm -f {q(exit_file(log))}", "trap '' HUP",
             # `&` ends a command as `;` does: the line goes on with the job's pid.
-            f"setsid nohup sh -c {q(wrapped)} > {q(log)} 2>&1 < /dev/null & "
+            # `feed` (the token's pipe) replaces /dev/null as stdin; `$!` is still the job's pid.
+            f"{feed}setsid nohup sh -c {q(wrapped)} > {q(log)} 2>&1{'' if feed else ' < /dev/null'} & "
             f'pid=$!; echo "$pid" > {q(lock + ".pid")}; echo "{JOB_MARK} pid=$pid"']

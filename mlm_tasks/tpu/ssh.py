@@ -4,7 +4,7 @@
                         port, node=name, published=tpu.published_keys(cfg.tpu, name, api=api))
     problem = unreachable("10.128.0.7", port, timeout_s=10)      # None, or why the port does not answer
     session = Session(connect, "10.128.0.7", on_line=print)      # close() from any thread hangs up
-    outcome = session.run(command, env={"LC_MLM_HF_TOKEN": token})
+    outcome = session.run(command, secret=(TOKEN_PROMPT, token))  # the token on stdin, when asked
     outcome.exit_code, outcome.describe()
 
 The one SSH path of the project: the DAG's step runner (plugins/remote_step.py, with the login read
@@ -227,8 +227,11 @@ class Session:
             thing.close()
             raise EOFError("hung up before the command started")
 
-    def run(self, command: str, env: dict[str, str] | None = None) -> Outcome:
-        """Runs `command`; any failure is reported in the Outcome (the caller decides what it means)."""
+    def run(self, command: str, env: dict[str, str] | None = None, secret: tuple[str, str] | None = None,
+            ) -> Outcome:
+        """Runs `command`; any failure is reported in the Outcome (the caller decides what it means).
+        `secret` (prompt, value): when the command prints the line `prompt`, the value is sent on its stdin
+        (an empty line without one), never in its environment; the prompt is kept out of the tail."""
         out = self.outcome
         try:
             client = self.connect(out.host, out.worker)
@@ -245,6 +248,9 @@ class Session:
             channel.exec_command(command)
             for raw in channel.makefile("rb"):
                 line = raw.decode("utf-8", "replace").rstrip("\r\n")
+                if secret is not None and line == secret[0]:
+                    channel.sendall((secret[1] + "\n").encode())
+                    continue
                 out.tail.append(line)
                 self.on_line(line)
             code = channel.recv_exit_status()  # -1: hung up, killed by a signal, or connection lost

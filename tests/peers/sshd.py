@@ -92,7 +92,7 @@ def running_sshd(work_dir: Path) -> Iterator[SshServer]:
         "KbdInteractiveAuthentication no", "PermitRootLogin prohibit-password", f"AllowUsers {user}",
         "StrictModes no", "UsePAM no", "PrintMotd no", "LogLevel VERBOSE", "MaxSessions 50",
         "MaxStartups 50:30:100",
-        # As Ubuntu's (and so a TPU VM's) sshd_config: the Hub token rides in as LC_MLM_HF_TOKEN.
+        # As Ubuntu's (and so a TPU VM's) sshd_config (the Hub token does not use it: it goes on stdin).
         "AcceptEnv LANG LC_*", "",
     ]))
     if os.geteuid() == 0:

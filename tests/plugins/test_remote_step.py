@@ -241,13 +241,33 @@ def test_remote_command_exports_tpu_env(ssh_conn, fake_tpu, sshd, tmp_path):
     assert list(outcome.tail) == [f"{tmp_path}|http://127.0.0.1:1|a b'c"]
 
 
-def test_a_token_the_sshd_drops_fails_the_step_saying_why(ssh_conn, fake_tpu, sshd, tmp_path):
-    """paramiko's env requests expect no reply: a name the sshd does not accept vanishes silently.
-    The remote line notices and says what to fix, instead of a step failing later without HF_TOKEN."""
-    cfg = _cfg(fake_tpu, sshd, workdir=str(tmp_path))
-    command = (remote_command(cfg, "train", "r", node="mlm-n", expect_token=True).split("; exec ", 1)[0]
-               + '; echo "token ${#HF_TOKEN}"')
-    arrived = Session(ssh_conn, "127.0.0.1").run(command, env={"LC_MLM_HF_TOKEN": "hf_secret_value"})
-    assert list(arrived.tail) == ["token 15"]
-    dropped = Session(ssh_conn, "127.0.0.1").run(command, env={"NOT_ACCEPTED": "hf_secret_value"})
-    assert dropped.exit_code == 3 and "sshd_config needs AcceptEnv LANG LC_*" in dropped.describe()
+STEP_THAT_LOOKS = """#!/bin/sh
+# The step's stand-in (tpu.python): reads the token from stdin as mlm_tasks' CLI does, then looks for it
+# in every process's first environment (/proc/<pid>/environ) and prints what it found.
+IFS= read -r token
+hits=$(grep -lF "$token" /proc/[0-9]*/environ 2>/dev/null | wc -l)
+echo "token ${#token} environ-hits $hits"
+"""
+
+
+def test_the_token_reaches_the_step_on_stdin_and_no_environment_holds_it(ssh_conn, fake_tpu, sshd, tmp_path):
+    """Through a real sshd and pty: the line asks, the session answers on stdin with echo off, and while the
+    step runs no process on the machine (the login shell, sshd's child, the step) holds the token in its
+    environment block, which /proc keeps readable for a process's whole life. Without it: exit 3, why."""
+    python = tmp_path / "python"
+    python.write_text(STEP_THAT_LOOKS)
+    python.chmod(0o755)
+    cfg = _cfg(fake_tpu, sshd, workdir=str(tmp_path), python=str(python))
+    command = remote_command(cfg, "train", "r", node="mlm-n", expect_token=True)
+    token = "hf_" + "s3cret" * 6
+    arrived = Session(ssh_conn, "127.0.0.1").run(command, secret=("MLM_SEND_HUB_TOKEN", token))
+    assert arrived.exit_code == 0, arrived.describe()
+    assert list(arrived.tail) == [f"token {len(token)} environ-hits 0"]  # no prompt, no echo of the token
+    # The look can see: the same token sent the old way, in the session's environment (LC_*, which the
+    # sshd accepts), sits in the login shell's environ block, and in the step's, for their whole lives.
+    old_way = Session(ssh_conn, "127.0.0.1").run(command, env={"LC_MLM_HF_TOKEN": token},
+                                                 secret=("MLM_SEND_HUB_TOKEN", token))
+    hits = int(old_way.tail[-1].rsplit(" ", 1)[1])
+    assert hits >= 2, old_way.describe()
+    dropped = Session(ssh_conn, "127.0.0.1").run(command, secret=("MLM_SEND_HUB_TOKEN", ""))
+    assert dropped.exit_code == 3 and "The Hub token did not reach the VM" in dropped.describe()

@@ -144,9 +144,9 @@ def test_hub_credentials_from_the_connection_say_what_is_missing(monkeypatch):
 
 def test_tpu_vm_training_gets_the_hub_token_through_the_ssh_session_only(fake_tpu, sshd, ssh_conn, tmp_path,
                                                                         monkeypatch, capfd):
-    """On a TPU VM the token travels in the SSH session's environment (LC_MLM_HF_TOKEN, which a stock
-    sshd accepts) and the step sees it as HF_TOKEN; it is never on a command line (`ps` of the VM), in
-    the task log or in the task's XCom."""
+    """On a TPU VM the token travels on the SSH session's stdin when the line asks, and the step reads it
+    from its own stdin (--hub-token-stdin); it is never in the step's environment, on a command line (`ps`
+    of the VM), in the task log or in the task's XCom."""
     import hashlib
     import subprocess
     import threading
@@ -155,8 +155,8 @@ def test_tpu_vm_training_gets_the_hub_token_through_the_ssh_session_only(fake_tp
     monkeypatch.setenv("AIRFLOW_CONN_HUGGINGFACE_DEFAULT", json.dumps(
         {"conn_type": "generic", "password": token, "host": "http://127.0.0.1:9"}))
     step = tmp_path / "python"  # the VM's python: reports what the train step would see, then lingers
-    step.write_text("#!/bin/sh\n"
-                    'echo "sha=$(printf %s "$HF_TOKEN" | sha256sum | cut -c1-16) lc=${LC_MLM_HF_TOKEN:-unset} '
+    step.write_text("#!/bin/sh\nIFS= read -r token\n"
+                    'echo "sha=$(printf %s "$token" | sha256sum | cut -c1-16) env=${HF_TOKEN:-unset} '
                     'endpoint=$HF_ENDPOINT args=$#"\nsleep 2\n')
     step.chmod(0o755)
     fake_tpu.add_node("proj", ZONE, NAME)
@@ -177,7 +177,7 @@ def test_tpu_vm_training_gets_the_hub_token_through_the_ssh_session_only(fake_tp
     log = capfd.readouterr().out + capfd.readouterr().err
 
     want = hashlib.sha256(token.encode()).hexdigest()[:16]
-    assert _trainer_log(tmp_path)[-1].startswith(f"sha={want} lc=unset endpoint=http://127.0.0.1:9 args=")
+    assert _trainer_log(tmp_path)[-1].startswith(f"sha={want} env=unset endpoint=http://127.0.0.1:9 args=")
     assert any("mlm_tasks train" in snapshot for snapshot in seen_in_ps), "ps never saw the step running"
     assert not any(token in snapshot for snapshot in seen_in_ps)
     assert token not in log and token not in json.dumps(xcom)

@@ -61,7 +61,8 @@ def test_train_with_sync_and_no_token_says_what_to_do_and_ignores_the_environmen
 
 
 def test_cli_hands_hf_token_to_train_explicitly(tmp_path, monkeypatch):
-    """The CLI boundary reads HF_TOKEN once and passes it; a TPU VM's remote line exports it there."""
+    """The CLI boundary reads HF_TOKEN once and passes it (a TPU VM's line hands it on stdin instead:
+    test_the_cli_reads_the_token_from_stdin)."""
     import mlm_tasks.steps.train
     from mlm_tasks.cli import run_step
 
@@ -74,6 +75,24 @@ def test_cli_hands_hf_token_to_train_explicitly(tmp_path, monkeypatch):
     monkeypatch.delenv("HF_TOKEN")
     run_step("train", cfg, RunContext.of(cfg, "r", "fp"))
     assert seen == {"hub_token": None}
+
+
+def test_the_cli_reads_the_token_from_stdin(tmp_path, monkeypatch):
+    """--hub-token-stdin: the first line of stdin, ahead of HF_TOKEN, read before the step runs."""
+    import io
+
+    import mlm_tasks.cli
+    import mlm_tasks.steps.train
+
+    seen = {}
+    monkeypatch.setattr(mlm_tasks.steps.train, "train", lambda cfg, ctx, **kw: seen.update(kw) or {"steps": 1})
+    monkeypatch.setattr(mlm_tasks.cli, "_stdin_token", None)
+    monkeypatch.setenv("HF_TOKEN", "hf_from_the_environment")
+    monkeypatch.setattr("sys.stdin", io.StringIO("hf_from_stdin\n"))
+    cfg = tiny_config(tmp_path)
+    code = mlm_tasks.cli.main(["train", "--config-json", cfg.model_dump_json(), "--run-id", "r",
+                               "--data-fingerprint", "0123456789abcdef", "--hub-token-stdin"])
+    assert code == 0 and seen == {"hub_token": "hf_from_stdin"}
 
 
 @pytest.mark.slow

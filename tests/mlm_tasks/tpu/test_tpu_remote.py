@@ -250,9 +250,8 @@ def test_the_remote_line_takes_the_run_lock_just_before_the_step():
     assert re.fullmatch(r"\.run-lock-[0-9a-f]{16}", lock)
     assert len({lock, run_lock_name(run_id, "evaluate"), run_lock_name("manual__2", "train")}) == 3
     lines = _run_lock("train", run_id)
-    # With bootstrap off, last before the step but for the token's hand-over (only the exec gets it).
-    assert setup.endswith("; " + "; ".join(lines)
-                          + '; if [ -n "$mlm_hf_token" ]; then export HF_TOKEN="$mlm_hf_token"; fi')
+    # With bootstrap off, last before the step.
+    assert setup.endswith("; " + "; ".join(lines))
     assert lines[0].startswith(f"if ! {{ exec 9>>{lock} && flock -n 9; }}; then ")
     assert lines[1] == f"echo $$ > {lock}.pid"
     assert "Stopping the \"trainer\" left by an earlier try (pid $pid)" in setup and "exit 3" in setup

@@ -38,8 +38,9 @@ kind = {{"pip": "pip", "mlm_tasks.tpu.vm.check_image": "check", "mlm_tasks": "st
     args[1] if args[:1] == ["-m"] else "")
 if kind is None:
     sys.exit(9)
+stdin = sys.stdin.readline() if "--hub-token-stdin" in args else None
 with open("calls.jsonl", "a") as f:  # the current directory: the workdir
-    f.write(json.dumps({{"kind": kind, "argv": args, "env": dict(os.environ)}}) + "\\n")
+    f.write(json.dumps({{"kind": kind, "argv": args, "env": dict(os.environ), "stdin": stdin}}) + "\\n")
 if kind == "pip":
     os.makedirs(args[args.index("--target") + 1])
 """
@@ -69,9 +70,10 @@ class VM:
         return cfg.model_copy(update={"output_root": output_root})  # no validation: the quoting layer alone
 
     def run(self, line: str, token: str | None = None) -> subprocess.CompletedProcess:
-        env = {"PATH": self.path, "HOME": str(self.tmp / "home"), **({"LC_MLM_HF_TOKEN": token} if token else {})}
+        """The line under bash; `token`: what the session answers the token prompt with, on stdin."""
+        env = {"PATH": self.path, "HOME": str(self.tmp / "home")}
         return subprocess.run(["bash", "-c", line], env=env, cwd=self.tmp / "home", capture_output=True,
-                              text=True, timeout=60)
+                              text=True, timeout=60, input=f"{token}\n" if token else "")
 
     def calls(self, kind: str) -> list[dict]:
         path = self.workdir / "calls.jsonl"
@@ -188,6 +190,7 @@ def test_the_installed_marker_is_not_trusted_and_stage_code_repairs_the_bundle(t
 
 
 def test_only_the_step_sees_the_hub_token(tmp_path):
+    """On stdin, after the prompt, and only to the step: no environment (the bootstrap's or the step's) holds it."""
     vm = VM(tmp_path)
     bundle = stage_code(str(tmp_path / "out"), runtimes.DEFAULT)
     line = remote_command(vm.cfg(), "train", "r", node="mlm-n", code=bundle, expect_token=True)
@@ -195,7 +198,10 @@ def test_only_the_step_sees_the_hub_token(tmp_path):
     assert done.returncode == 0, done.stderr
     [pip], [check], [step] = vm.calls("pip"), vm.calls("check"), vm.calls("step")
     for bootstrap in (pip, check):
-        assert not {"HF_TOKEN", "LC_MLM_HF_TOKEN"} & set(bootstrap["env"])
         assert "hf_secret_value" not in json.dumps(bootstrap)
-    assert step["env"]["HF_TOKEN"] == "hf_secret_value" and "LC_MLM_HF_TOKEN" not in step["env"]
+    assert step["stdin"] == "hf_secret_value\n" and step["argv"][-1] == "--hub-token-stdin"
+    assert "hf_secret_value" not in json.dumps(step["env"]) + json.dumps(step["argv"])
     assert "hf_secret_value" not in line + done.stdout + done.stderr
+    assert done.stdout.splitlines()[0] == "MLM_SEND_HUB_TOKEN"
+    missing = vm.run(line)  # the session sent an empty line: no token
+    assert missing.returncode == 3 and "The Hub token did not reach the VM" in missing.stderr
