@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # A Celery worker, run by the `airflow-worker` service of docker-compose.yaml (profile `celery`), by
-# a worker on another machine (README: "Add a worker on another machine"), and by
+# a worker on another machine (docs/operations.md: "Add a worker on another machine"), and by
 # tests/peers/airflow_stack.py. Extra arguments go to `airflow celery worker` (e.g. --celery-hostname).
 #
 #   MLM_WORKER_QUEUES   queues this worker consumes, comma-separated (default: MLM_CPU_QUEUE,MLM_CONTROL_QUEUE,

@@ -9,7 +9,7 @@ on the DAG: the edit is granted on DAG:mlm_pretrain alone, which also lets a Tra
 (Airflow has no permission between the two).
 
 FAB's stock User role may do all of those: with it, whoever triggers a run could approve its release,
-mark approve_release done, or send the shards event a scheduled run trains on (README "Users and
+mark approve_release done, or send the shards event a scheduled run trains on (docs/security.md, "Users and
 roles"). Idempotent: the role's permissions are set anew on every run (a permission removed here is
 removed from the role).
 

@@ -7,7 +7,7 @@ shell history would show it (`airflow users create --password` puts it there).
 
 An existing user gets the given role (only that one) and the password again, so a rerun applies a
 changed AIRFLOW_ADMIN_PASSWORD. Roles: Admin, Op, User, Viewer, Public, and Trainer (deploy/fab-roles.py;
-README "Users and roles").
+docs/security.md, "Users and roles").
 """
 from __future__ import annotations
 

@@ -137,8 +137,8 @@ class Deployment(BaseModel):
             dep = cls.model_validate({**tree, "source": str(path)})
         except ValidationError as exc:  # the keys by name, not a traceback
             wrong = "; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors())
-            raise ConfigError(f"The deployment file {path} is not valid ({wrong}): fix it (README, "
-                              "\"Security model\").") from None
+            raise ConfigError(f"The deployment file {path} is not valid ({wrong}): fix it "
+                              "(docs/security.md, \"Security model\").") from None
         build_config(dep.settings)  # a typo in the deployment's own settings fails here, naming it
         return dep
 
@@ -163,7 +163,7 @@ class Deployment(BaseModel):
             if hit and self._open_roots:
                 raise ConfigError(f"{hit} is a deployment setting: {where} may not set it ({self.source}; it "
                                   "comes from its default and the services' environment). Remove it from the run; "
-                                  "to set it, write a deployment file (`settings`, README \"Deployment settings\") "
+                                  "to set it, write a deployment file (`settings`, docs/security.md) "
                                   f"and point {ENV} at it in every Airflow service.")
             if hit:
                 raise ConfigError(f"{hit} is a deployment setting: {where} may not set it (the deployment sets it "

@@ -25,7 +25,7 @@ def hub_credentials(conn_id: str) -> tuple[str, str | None]:
         conn = BaseHook.get_connection(conn_id)
     except AirflowNotFoundException:
         raise AirflowFailException(f"No Airflow connection {conn_id!r}: create it with the Hub token as "
-                                   "password (see README, 'Publishing'). If it exists, a secrets backend failed to "
+                                   "password (see docs/releases.md). If it exists, a secrets backend failed to "
                                    "answer (the task log says so at debug level): clear the task.") from None
     except AirflowSecretsBackendAccessDenied as err:  # an authoritative deny: a retry gets the same answer
         raise AirflowFailException(f"Airflow connection {conn_id!r} may not be read by this task ({err}): grant "

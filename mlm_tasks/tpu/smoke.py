@@ -15,12 +15,12 @@ mlm_tasks train` runs on worker 0 (the smoke slices are one host), and the VM is
 JSON body) and every shell command instead of sending them, and touches nothing: no credentials, no
 bucket, no VM; it takes any type and runtime that validate, pod slices included (`--accelerator
 v4-32`). `--capture-image` records the real image's `pip freeze` into the runtime's image file (see
-the README, "Running on Google Cloud").
+docs/google-cloud.md).
 
 Credentials: Application Default Credentials (`gcloud auth application-default login`), or
 `--key-file` with a service-account key. The account needs roles/tpu.admin, roles/storage.objectAdmin
 on the bucket and roles/iam.serviceAccountUser on the VM's service account; the network needs a
-firewall rule allowing tcp:22 from this machine (see the README, "Running on Google Cloud").
+firewall rule allowing tcp:22 from this machine (see docs/google-cloud.md).
 """
 from __future__ import annotations
 

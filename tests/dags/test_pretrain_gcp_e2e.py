@@ -48,7 +48,7 @@ def _conf(gcs_root: str, fake_tpu, sshd, tf_gcs_env: dict, **overrides) -> dict:
 def _env(sshd, tf_gcs_env: dict, gcs) -> dict:
     """The Airflow process: connections as env JSON/URI (google_cloud_default, the service-account key, comes
     from the fake_tpu fixture); TF's gs:// for the local evaluate step."""
-    # The connection as README describes it: the login pins the host key the fake TPU API publishes.
+    # The connection as docs/google-cloud.md describes it: the login pins the host key the fake TPU API publishes.
     return {**tf_gcs_env, "MLM_RETRY_DELAY_S": "1",
             "AIRFLOW_CONN_TPU_SSH": airflow_conn_uri(sshd, no_host_key_check=False)}
 

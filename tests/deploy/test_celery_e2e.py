@@ -157,8 +157,8 @@ def test_write_shards_fan_out_over_both_workers_and_queues_route(api, undisturbe
 
 def test_workers_hold_no_metadata_db_or_token_secret(stack, undisturbed):
     """The workers ran the tasks above (`undisturbed`) with the environment the compose file gives
-    them, which has no metadata-DB password, JWT secret, API secret key or Fernet key (README "Who
-    holds which secret"): only the broker's and the `celery_results` role's. Read from what each
+    them, which has no metadata-DB password, JWT secret, API secret key or Fernet key (docs/security.md,
+    "Who holds which secret"): only the broker's and the `celery_results` role's. Read from what each
     worker was started with: /proc/<pid>/environ cannot tell, Celery's setproctitle overwrites it."""
     dotenv = stack.spec.dotenv
     for name in WORKERS:
@@ -277,7 +277,8 @@ def test_redis_down_20s_mid_run_completes_after_it_returns(api, stack, undisturb
 
 
 def celery_control(stack, *args: str) -> str:
-    """The README's drain commands: `celery --app <Airflow's Celery app> ...` with the services' environment."""
+    """The drain commands of docs/operations.md: `celery --app <Airflow's Celery app> ...` with the
+    services' environment."""
     import subprocess
     import sys
 
@@ -290,7 +291,7 @@ def celery_control(stack, *args: str) -> str:
 
 
 def test_drained_worker_takes_no_new_tasks(api, stack, undisturbed, shared):
-    """cancel_consumer (README: "Drain a worker") stops worker-b taking tasks; the run goes on worker-a."""
+    """cancel_consumer (docs/operations.md: "Drain a worker") stops worker-b taking tasks; the run goes on worker-a."""
     celery_control(stack, "control", "cancel_consumer", "cpu", "-d", "celery@worker-b")
     try:
         assert "'name': 'cpu'" not in celery_control(stack, "inspect", "active_queues", "-d", "celery@worker-b")

@@ -71,7 +71,7 @@ def test_services_and_shared_airflow_definition(compose):
 def test_ui_on_localhost_8080_and_tasks_reach_the_api_server(compose):
     services = compose["services"]
     env = services["airflow-apiserver"]["environment"]
-    # Published on this machine's loopback only: others reach it through a TLS proxy (README).
+    # Published on this machine's loopback only: others reach it through a TLS proxy (docs/security.md).
     assert services["airflow-apiserver"]["ports"] == ["127.0.0.1:8080:8080"]
     assert env["AIRFLOW__API__PORT"] == "8080"
     execution = urlsplit(env["AIRFLOW__CORE__EXECUTION_API_SERVER_URL"])
@@ -157,7 +157,7 @@ def test_env_example_holds_connections_and_secrets_and_env_is_ignored(compose):
     assert ".env" in (ROOT / ".gitignore").read_text().split()
 
 
-# --- who holds which secret (README "Who holds which secret") ---------------------------------------
+# --- who holds which secret (docs/security.md, "Who holds which secret") ----------------------------
 
 TASK_RUNNERS = {"airflow-scheduler", "airflow-triggerer", "airflow-worker"}  # run task or trigger code
 ALL_SECRETS = set(stack.GENERATED)
@@ -166,7 +166,7 @@ HOLDS = {
     "airflow-init": ALL_SECRETS,  # checks them all (deploy/check-secrets.sh), runs no task code
     "airflow-apiserver": {"POSTGRES_PASSWORD", "AIRFLOW__CORE__FERNET_KEY", "AIRFLOW__API__SECRET_KEY",
                           "AIRFLOW__API_AUTH__JWT_SECRET"},
-    # Mints task tokens; under the LocalExecutor its tasks can read this (README).
+    # Mints task tokens; under the LocalExecutor its tasks can read this (docs/security.md).
     "airflow-scheduler": {"POSTGRES_PASSWORD", "AIRFLOW__API_AUTH__JWT_SECRET", "REDIS_PASSWORD",
                           "CELERY_RESULT_DB_PASSWORD"},
     "airflow-dag-processor": {"POSTGRES_PASSWORD", "AIRFLOW__CORE__FERNET_KEY"},
@@ -351,7 +351,7 @@ def test_ci_installs_redis_and_the_lock_has_the_celery_provider():
 
 
 def test_every_service_reads_the_deployment_file_and_it_bounds_runs(compose, monkeypatch):
-    """The compose stack's deployment file (deploy/deployment.yaml, README "Security model") is the
+    """The compose stack's deployment file (deploy/deployment.yaml, docs/security.md) is the
     one every service reads; with .env.example's values it owns the project and connections, and keeps
     runs inside the mlm-data volume and the MLM_GCS_ROOT prefix."""
     from mlm_tasks.deployment import Deployment

@@ -75,9 +75,13 @@ def test_refuses_what_would_install_nothing_useful(auth_dir, name, data, user, m
 
 
 def test_readme_and_env_example_install_keys_with_this_script():
-    readme = (ROOT / "README.md").read_text()
+    """The manual (docs/operations.md, "Bring up Airflow") installs the key with this script, and no page
+    of README.md or docs/ copies one in with `docker compose cp`."""
+    operations = (ROOT / "docs" / "operations.md").read_text()
     assert ("docker compose exec -T -u 0 airflow-scheduler bash /opt/airflow/deploy/install-secret.sh tpu_ssh_key"
-            in readme)
-    assert not re.search(r"docker compose cp \S+ \S+:/opt/airflow/auth/", readme), "that file is root's, 0600"
+            in operations)
+    for page in [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]:
+        assert not re.search(r"docker compose cp \S+ \S+:/opt/airflow/auth/", page.read_text()), \
+            f"{page.name}: that file is root's, 0600"
     example = (ROOT / ".env.example").read_text()
     assert '"key_file": "/opt/airflow/auth/tpu_ssh_key"' in example and "no_host_key_check" not in example

@@ -38,7 +38,7 @@ class SshServer(NamedTuple):
 
 def airflow_conn_uri(server: SshServer, no_host_key_check: bool = True) -> str:
     """An Airflow connection URI (e.g. for AIRFLOW_CONN_TPU_SSH) that logs in to `server`. With
-    no_host_key_check=False it is the connection README describes (user + key): the login then pins
+    no_host_key_check=False it is the connection docs/google-cloud.md describes (user + key): the login then pins
     the host key the fake TPU API publishes (`host_public_key`)."""
     uri = f"ssh://{quote(server.user)}@{server.host}:{server.port}?key_file={quote(server.key_path, safe='')}"
     return uri + ("&no_host_key_check=true" if no_host_key_check else "")

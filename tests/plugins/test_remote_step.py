@@ -26,7 +26,7 @@ POD = {"accelerator_type": "v4-32", "runtime_version": "tpu-vm-tf-2.16.1-pod-pjr
 
 @pytest.fixture
 def ssh_conn(sshd, monkeypatch):
-    """The connection README describes (user + key): the login pins the sshd's host key, which the
+    """The connection docs/google-cloud.md describes (user + key): the login pins the sshd's host key, which the
     fake TPU API also publishes for the operator's nodes."""
     monkeypatch.setenv("AIRFLOW_CONN_TPU_SSH", airflow_conn_uri(sshd, no_host_key_check=False))
     return ssh_connect("tpu_ssh", sshd.port, node="mlm-test", published=lambda worker: dict([host_public_key(sshd)]))

@@ -16,7 +16,7 @@ from mlm_tasks.steps.validate import check_output_root_reachable
 
 ROOT = Path(__file__).resolve().parents[2]
 
-# The routing the README documents: CPU-heavy work on `cpu`, light drivers on `control`.
+# The routing docs/operations.md documents: CPU-heavy work on `cpu`, light drivers on `control`.
 CPU_TASKS = {
     "mlm_pretrain": {"plan_shards", "write_shards", "merge_shards", "train", "evaluate", "downstream", "fill_mask",
                      "report"},

@@ -30,7 +30,7 @@ def short_patience(monkeypatch):
 
 
 def _readme_connection(monkeypatch, sshd, **changes):
-    """The tpu_ssh connection as README describes it: login user + private key, no extras."""
+    """The tpu_ssh connection as docs/google-cloud.md describes it: login user + private key, no extras."""
     server = sshd._replace(**changes)
     monkeypatch.setenv("AIRFLOW_CONN_TPU_SSH", airflow_conn_uri(server, no_host_key_check=False))
 
