@@ -44,11 +44,12 @@ NAME = tpu.node_name("mlm_pretrain", RUN)
 DATA = {"fingerprint": "fp123"}
 
 @pytest.fixture
-def vm(tmp_path, sshd, gcs, fake_tpu, monkeypatch):
-    """(config, workdir, store): a READY node whose worker 0 is the sshd, a stand-in trainer as its python."""
+def vm(request, tmp_path, sshd, gcs, fake_tpu, monkeypatch):
+    """(config, workdir, store): a READY node whose worker 0 is the sshd, a stand-in trainer as its python
+    (0.15 s a step, or the test's `@pytest.mark.parametrize("vm", [{"step_s": ...}], indirect=True)`)."""
     monkeypatch.setenv("AIRFLOW_CONN_TPU_SSH", airflow_conn_uri(sshd))
     fake_tpu.add_node("proj", ZONE, NAME, state="READY")
-    python = write_stand_in(tmp_path, step_s=0.15)
+    python = write_stand_in(tmp_path, step_s=getattr(request, "param", {}).get("step_s", 0.15))
     workdir = tmp_path / "vm"
     config = {"compute": "tpu_vm", "output_root": gcs.uri(f"detached-{tmp_path.name}"),
               "train": {"steps": 60, "checkpoint_every": 5, "heartbeat_s": 1, "stall_minutes": 0.1,
@@ -102,7 +103,11 @@ def _first_try_killed(vm, tmp_path, at_step: int) -> dict:
     return job
 
 
+@pytest.mark.parametrize("vm", [{"step_s": 0.4}], indirect=True)
 def test_a_sigkilled_task_leaves_the_trainer_running_and_the_retry_reattaches(vm, tmp_path, capfd):
+    """The retry must find the trainer still at work to log its progress: at 0.15 s a step the 50 steps left
+    after the kill took 7.5 s, less than a loaded machine's retry needs to reattach and defer (a loop of 20
+    runs failed once so, issue 28); at 0.4 s they take 20 s."""
     job = _first_try_killed(vm, tmp_path, at_step=10)
     killed_at = _status(vm)["step"]
     time.sleep(1)  # the trainer goes on without the task
