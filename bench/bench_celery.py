@@ -29,12 +29,12 @@ from datetime import datetime
 from pathlib import Path
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import common  # noqa: E402
-from bench_memory import corpus_file  # noqa: E402
+import common
+from bench_memory import corpus_file
 
 sys.path.insert(0, os.path.join(common.REPO, "tests"))
-from peers.airflow_rest import AirflowApi  # noqa: E402
-from peers.airflow_stack import running_stack  # noqa: E402
+from peers.airflow_rest import AirflowApi
+from peers.airflow_stack import running_stack
 
 DAG_ID = "mlm_dataset_refresh"
 TINY = os.path.join(common.REPO, "configs", "tiny.yaml")

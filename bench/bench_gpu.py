@@ -34,8 +34,8 @@ import sys
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import bench_train  # noqa: E402
-import common  # noqa: E402
+import bench_train
+import common
 
 GPU_BATCH = 256  # roberta-base at 128 tokens: large enough to fill an H200's tensor cores, far from its memory
 BOUND_S = 8 * 60  # the whole command, data preparation included

@@ -15,8 +15,8 @@ import sys
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import common  # noqa: E402
-from bench_train import BATCH, run_ours  # noqa: E402
+import common
+from bench_train import BATCH, run_ours
 
 
 def input_rate(batches: int) -> float:

@@ -23,7 +23,7 @@ import sys
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import common  # noqa: E402
+import common
 
 # Each candidate: the config overrides it trains with (on top of the config file). Off by default until
 # measured here; what helps goes into configs/default.yaml (and mixed_precision's auto).

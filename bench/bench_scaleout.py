@@ -28,8 +28,8 @@ import tempfile
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import common  # noqa: E402
-from bench_memory import corpus_file  # noqa: E402
+import common
+from bench_memory import corpus_file
 
 COUNTS = ("records", "tokens", "rows", "characters")
 

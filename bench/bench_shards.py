@@ -33,7 +33,7 @@ import time
 from itertools import chain
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import common  # noqa: E402
+import common
 
 RECORDS_PER_SHARD = 2048
 

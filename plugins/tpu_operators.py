@@ -217,7 +217,7 @@ class TpuVmDeleteOperator(_RunNodeOperator):
         where = RunContext.of(cfg, context["run_id"]).run.tpu_vm_bill
         try:
             storage.write_json(where, bill)
-        except Exception as err:  # noqa: BLE001 - any storage error: the figure is in the log above
+        except Exception as err:  # any storage error: the figure is in the log above
             self.log.warning("Could not write the TPU VM's hours and cost to %s (%s); they are in the line above.",
                              where, err)
 

@@ -217,7 +217,7 @@ class CheckpointSyncer:
                 job, self._pending = self._pending, None
             try:
                 self._upload(job)
-            except Exception as err:  # noqa: BLE001 - recorded for close(): a background failure, whatever it is
+            except Exception as err:  # recorded for close(): a background failure, whatever it is
                 message = scrub(str(err), self._token)
                 self._last_kind = type(err)
                 log.warning("Checkpoint upload of step %d to %s failed (training goes on): %s",

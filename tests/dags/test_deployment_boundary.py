@@ -11,7 +11,7 @@ from peers.tiny_data import TINY_YAML
 
 
 @pytest.fixture
-def deployment_env(airflow_env, tmp_path):  # noqa: F811
+def deployment_env(airflow_env, tmp_path):
     configs = tmp_path / "configs"
     configs.mkdir()
     (configs / "tiny.yaml").write_text(TINY_YAML.read_text())

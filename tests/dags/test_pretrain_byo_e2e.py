@@ -15,7 +15,7 @@ TINY = {"config_file": str(TINY_YAML), "vocab_size": 1000, "max_length": 64, "st
 
 
 @pytest.mark.slow
-def test_pretrain_dag_trains_on_brought_shards(airflow_env, tiny_prepared, tmp_path):  # noqa: F811
+def test_pretrain_dag_trains_on_brought_shards(airflow_env, tiny_prepared, tmp_path):
     from mlm_tasks.data.corpus import open_corpus
 
     cfg, data = tiny_prepared

@@ -24,7 +24,7 @@ def _only_run(out: Path) -> Path:
 
 
 @pytest.mark.slow
-def test_pretrain_dag_end_to_end_with_a_retry(airflow_env, tmp_path):  # noqa: F811
+def test_pretrain_dag_end_to_end_with_a_retry(airflow_env, tmp_path):
     out = tmp_path / "out"
     task = tmp_path / "task.jsonl"  # a downstream task of the smallest size: the task runs in the DAG
     task.write_text("".join(json.dumps({"sentence": f"{w} story number {i}", "label": int(w == "good")}) + "\n"

@@ -98,7 +98,7 @@ def _methods(fake_tpu) -> list[str]:
 
 
 @pytest.mark.slow
-def test_gcs_and_tpu_vm_end_to_end(airflow_env, gcs, gcs_root, tf_gcs_env, fake_tpu, sshd, tmp_path,  # noqa: F811
+def test_gcs_and_tpu_vm_end_to_end(airflow_env, gcs, gcs_root, tf_gcs_env, fake_tpu, sshd, tmp_path,
                                    oauth_server, sa_key):
     conf = _conf(gcs_root, fake_tpu, sshd, tf_gcs_env)
     grants_before = len(oauth_server.grants)
@@ -147,7 +147,7 @@ def test_gcs_and_tpu_vm_end_to_end(airflow_env, gcs, gcs_root, tf_gcs_env, fake_
 
 
 @pytest.mark.slow
-def test_training_failure_on_the_vm_fails_the_task_and_deletes_the_node(  # noqa: F811
+def test_training_failure_on_the_vm_fails_the_task_and_deletes_the_node(
         airflow_env, gcs, gcs_root, tf_gcs_env, fake_tpu, sshd, tmp_path):
     # The "VM" has no TPU runtime: train.device=tpu makes train() fail on it in TPUStrategy setup,
     # after loading the shards' manifest and tokenizer from gs://; every try fails the same way.
@@ -181,7 +181,7 @@ def _preempt_at_fault(fake_tpu, gcs_root: str, stop: threading.Event, seen: list
 
 
 @pytest.mark.slow
-def test_failed_create_and_preemption_recover_on_fresh_nodes(  # noqa: F811
+def test_failed_create_and_preemption_recover_on_fresh_nodes(
         airflow_env, gcs, gcs_root, tf_gcs_env, fake_tpu, sshd, tmp_path):
     # Try 1 of create_tpu_vm: the node appears, then its create operation fails (stockout).
     fake_tpu.fail_next_create("There is no more capacity in the zone")
@@ -257,7 +257,7 @@ gate_before_tpu()
 '''
 
 
-def test_sensor_timeout_fails_clearly_and_creates_no_node(  # noqa: F811
+def test_sensor_timeout_fails_clearly_and_creates_no_node(
         airflow_env, gcs, gcs_root, tf_gcs_env, fake_tpu, sshd, tmp_path):
     dag_file = tmp_path / "gate_before_tpu.py"
     dag_file.write_text(SENSOR_DAG)

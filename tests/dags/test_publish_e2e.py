@@ -80,7 +80,7 @@ def _assert_token_nowhere(env, out: Path, token: str, logs: list[str]) -> None:
 
 
 @pytest.mark.slow
-def test_gate_decides_what_reaches_the_hub_and_no_secret_leaks(airflow_env, hub, tmp_path):  # noqa: F811
+def test_gate_decides_what_reaches_the_hub_and_no_secret_leaks(airflow_env, hub, tmp_path):
     out = tmp_path / "out"
 
     # A: first model, nothing published before: published with its card; tokenizer pushed alone.

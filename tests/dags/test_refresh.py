@@ -45,7 +45,7 @@ def _log(result) -> str:
 
 
 @pytest.fixture
-def refresh(airflow_env, tmp_path):  # noqa: F811
+def refresh(airflow_env, tmp_path):
     """Runs mlm_dataset_refresh on tmp_path/corpus.txt into tmp_path/out. Every process sees a config dir
     whose default.yaml is the tiny preset with output_root elsewhere, so asset-triggered runs (which
     have no conf) are small, and any artifact they write outside the event's output_root would show."""
@@ -69,7 +69,7 @@ def refresh(airflow_env, tmp_path):  # noqa: F811
 
 
 @pytest.mark.slow
-def test_unchanged_source_is_a_no_op_and_a_changed_one_triggers_training(airflow_env, refresh):  # noqa: F811
+def test_unchanged_source_is_a_no_op_and_a_changed_one_triggers_training(airflow_env, refresh):
     import subprocess
 
     _write_corpus(refresh.corpus, articles=6)

@@ -138,7 +138,7 @@ def _handler(server: OAuthTokenServer):
         def log_message(self, *args) -> None:
             pass
 
-        def do_POST(self) -> None:  # noqa: N802
+        def do_POST(self) -> None:
             length = int(self.headers.get("Content-Length") or 0)
             form = {k: v[0] for k, v in parse_qs(self.rfile.read(length).decode()).items()}
             code, payload = (server.grant(form) if self.path.split("?")[0] == "/token"

@@ -10,9 +10,9 @@ import pytest
 
 pytest.importorskip("airflow")
 
-from airflow.sdk.exceptions import AirflowSkipException, DownstreamTasksSkipped  # noqa: E402
+from airflow.sdk.exceptions import AirflowSkipException, DownstreamTasksSkipped
 
-from mlm_tasks.config import load_config  # noqa: E402
+from mlm_tasks.config import load_config
 
 PASSED = {"passed": True, "reasons": ["no gate checks configured."]}
 

@@ -90,7 +90,7 @@ def main(argv: list[str]) -> int:
         # at the first training step without these: find out now, before the slice trains.
         from tensorflow.python.tpu.client import client as tpu_client
 
-        if not tpu_client._GOOGLE_API_CLIENT_INSTALLED:  # noqa: SLF001 (TensorFlow's own switch)
+        if not tpu_client._GOOGLE_API_CLIENT_INSTALLED:  # TensorFlow's own switch
             print("The TPU client TPUClusterResolver needs on a pod (googleapiclient, oauth2client) does not "
                   "import: the VM lock must carry google-api-python-client and oauth2client.", file=sys.stderr)
             return 1

@@ -121,7 +121,7 @@ def test_checkpoints_reach_the_hub_at_epoch_ends_without_blocking_training(tmp_p
             outcome["summary"] = train(cfg, RunContext.of(cfg, "sync-run", data["fingerprint"]),
                                        hub_token=fake_hub.token,
                                        on_checkpoint=lambda step, path: saved.append((step, path)))
-        except BaseException as err:  # noqa: BLE001 - reported by the assertion below
+        except BaseException as err:  # reported by the assertion below
             outcome["error"] = err
 
     worker = threading.Thread(target=work, daemon=True)
