@@ -11,7 +11,7 @@ Why not `tf.train.Example(...).SerializeToString()` and `tf.io.TFRecordWriter`: 
 per record from a Python list costs more than tokenizing the text (profiled in bench/bench_shards.py),
 and importing TensorFlow costs seconds in every shard-writing worker. Here the int64 list of a whole
 block is varint-encoded at once with numpy; only a few header bytes and two crc32c are made per
-record. tests/mlm_tasks/test_shards_format.py checks the bytes against TensorFlow's writer.
+record. tests/mlm_tasks/data/test_shards_format.py checks the bytes against TensorFlow's writer.
 
 Wire format written (two features, each an Int64List; the entries in key order):
     Example  { 1: Features { 1: MapEntry { 1: "attention_mask", 2: Feature { 3: Int64List { 1: packed 1s }}}

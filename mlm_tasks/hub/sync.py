@@ -1,7 +1,7 @@
 """Checkpoint sync to the Hugging Face Hub during training (`publish.sync_checkpoints`), never blocking it.
 
 What Keras' `PushToHubCallback(save_strategy="epoch")` did, on the current huggingface_hub client, as an
-`on_checkpoint(step, path)` hook of `mlm_tasks.train.train`, which builds it when the config asks:
+`on_checkpoint(step, path)` hook of `mlm_tasks.steps.train.train`, which builds it when the config asks:
 
     sync = hub_checkpoint_sync(cfg, hub_token, train_records=..., global_batch=..., total_steps=...,
                                strategy=strategy, endpoint=hub_endpoint)  # None: sync off, or not worker 0

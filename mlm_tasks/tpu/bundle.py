@@ -11,7 +11,7 @@ an unchanged project is uploaded once (its bytes are read back and re-uploaded i
 does. The line carries the tarball's full sha256: the VM fetches it and checks that hash before
 unpacking anything (exit 3 on a mismatch), whenever `<workdir>/.installed-<sha>` is missing or the
 tarball kept beside `code/` no longer has that hash. It installs the runtime's VM lock
-(mlm_tasks.tpu.api.runtimes) with `pip --no-deps --require-hashes --target` into
+(mlm_tasks.tpu.runtimes) with `pip --no-deps --require-hashes --target` into
 `<workdir>/deps-<lock sha>/` when that is missing: nothing of the image (its Python, its TPU build of
 TensorFlow, numpy, protobuf) is replaced, and the image is checked to hold the runtime's TensorFlow.
 Then it runs `python -m mlm_tasks <step> --config-json <cfg> --run-id <run>`. With
@@ -205,7 +205,7 @@ def _bootstrap(cfg: PipelineConfig, code: CodeBundle) -> list[str]:
 
 def step_environment(cfg: PipelineConfig, node: str) -> dict[str, str]:
     """What the remote line exports before anything imports TensorFlow: the runtime's variables
-    (mlm_tasks.tpu.api.runtimes.ENVIRONMENT: PJRT's pluggable device on one host, TPU_LOAD_LIBRARY=0 on a
+    (mlm_tasks.tpu.runtimes.ENVIRONMENT: PJRT's pluggable device on one host, TPU_LOAD_LIBRARY=0 on a
     pod), the slice's node name on a pod (train: TPUClusterResolver(tpu=<node>, zone, project)),
     then the project's own, then tpu.env."""
 

@@ -1,7 +1,7 @@
 """The TensorFlow TPU VM runtimes this project supports: each one's image as released, its VM lock,
 and the environment its TensorFlow needs.
 
-    from mlm_tasks.tpu.vm import runtimes
+    from mlm_tasks.tpu import runtimes
     rt = runtimes.get("tpu-vm-tf-2.16.1-pjrt")   # Runtime(tensorflow="2.16.1", python="3.10", pod=False, ...)
     rt.lock_path                                   # .../mlm_tasks/tpu/vm/requirements-tf2.16.txt
     runtimes.environment(rt)                       # {"NEXT_PLUGGABLE_DEVICE_USE_C_API": "true", ...}
