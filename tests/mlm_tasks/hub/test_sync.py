@@ -1,7 +1,7 @@
 """Checkpoint sync during training (publish.sync_checkpoints, mlm_tasks/hub/sync.py) against the fake Hub:
 the real train step, the real huggingface_hub client, uploads at epoch ends that never hold training up.
 
-    python -m pytest tests/mlm_tasks/hub/test_hub_sync.py -q
+    python -m pytest tests/mlm_tasks/hub/test_sync.py -q
 """
 import json
 import os

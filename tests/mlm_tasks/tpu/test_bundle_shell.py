@@ -2,7 +2,7 @@
 cannot set a hostile URI in the first place), the staged code is unpacked only with the hash the line
 carries, and only the step sees the Hub token.
 
-    python -m pytest tests/mlm_tasks/tpu/test_tpu_remote_shell.py -q
+    python -m pytest tests/mlm_tasks/tpu/test_bundle_shell.py -q
 
 A stand-in `python` (tpu.python) plays the image's interpreter: pip, the image check and the step
 record their argv and environment in the workdir instead of installing or training; the rest of the

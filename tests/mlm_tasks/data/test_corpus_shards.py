@@ -6,7 +6,7 @@ examples/tensorflow/language-modeling-tpu/prepare_tfrecord_shards.py: `datasets.
 `map(group_texts)` + a `tf.train.Example` of input_ids and attention_mask per record into
 `tf.io.TFRecordWriter`, files named `<split>/dataset-{shard_count}-{records_containing}.tfrecord`.
 
-    pytest tests/mlm_tasks/data/test_byo_shards.py
+    pytest tests/mlm_tasks/data/test_corpus_shards.py
 """
 import json
 import os

@@ -1,6 +1,6 @@
 """The TPU VM's side of the project: the runtime table, the VM lock, and staging from any install.
 
-    python -m pytest tests/mlm_tasks/tpu/test_tpu_remote.py -q
+    python -m pytest tests/mlm_tasks/tpu/test_bundle.py -q
 
 The lock check resolves the committed VM lock with the image's TensorFlow for the image's Python
 (`uv pip compile --python-version 3.10`, PyPI through uv's cache): a new pin that the image's
