@@ -98,6 +98,9 @@ def _suffix_xdist_groups(config, items):
             item._id = NodeId.parse(f"{item.nodeid}@{'_'.join(names)}")
 
 
+SLOW_TIMEOUT_S = 900
+
+
 def pytest_collection_modifyitems(config, items):
     deploy = os.path.join(_TESTS, "deploy") + os.sep
     for item in items:
@@ -114,6 +117,11 @@ def pytest_collection_modifyitems(config, items):
             kinds.add("unit")
         for kind in sorted(kinds):
             item.add_marker(kind)
+        # pytest-timeout: 300 s (pyproject) for a test, 900 s for a slow or end-to-end one without a mark of its
+        # own (a DAG run end to end took 197 s alone and over 300 s beside two other workers on 2 cores).
+        slow = kinds & {"e2e", "deploy"} or item.get_closest_marker("slow")
+        if slow and item.get_closest_marker("timeout") is None:
+            item.add_marker(pytest.mark.timeout(SLOW_TIMEOUT_S))
         # pytest-xdist (`--dist loadgroup`): tests that share an expensive stack run on one worker, so it is
         # built once: the session's Airflow stack, and each module's own stacks and sshd-backed VMs.
         if "airflow_stack" in fixtures:

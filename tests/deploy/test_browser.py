@@ -99,9 +99,7 @@ def test_trigger_form_to_successful_run_in_grid(page, airflow_stack, airflow_api
     if expand.is_enabled():
         expand.click()
     for task_id, state in states.items():  # e.g. publishing is skipped when the gate says no
-        page.get_by_test_id(f"grid-{RUN_ID}-{task_id}").hover()
-        tooltip = page.get_by_role("tooltip").filter(has_text=f"Task ID: {task_id}")
-        tooltip.wait_for()
+        tooltip = _hover_tooltip(page, page.get_by_test_id(f"grid-{RUN_ID}-{task_id}"), task_id)
         assert f"State: {state.replace('_', ' ').title()}" in tooltip.inner_text(), tooltip.inner_text()
         page.mouse.move(0, 0)  # close it: an open tooltip covers the next cell
         tooltip.wait_for(state="hidden")
@@ -109,3 +107,19 @@ def test_trigger_form_to_successful_run_in_grid(page, airflow_stack, airflow_api
 
     summary = json.loads((output_root / "runs" / safe_run_id(RUN_ID) / "train" / "summary.json").read_text())
     assert summary["steps"] == 8, summary
+
+
+def _hover_tooltip(page, cell, task_id: str):
+    """The grid cell's tooltip. The grid re-renders as it polls the API, and a re-render under the pointer can
+    swallow the hover (on a loaded machine the first one never showed in 60 s): hover again until it shows."""
+    from playwright.sync_api import TimeoutError as PlaywrightTimeout
+
+    tooltip = page.get_by_role("tooltip").filter(has_text=f"Task ID: {task_id}")
+    for _ in range(6):
+        cell.hover()
+        try:
+            tooltip.wait_for(timeout=10_000)
+            return tooltip
+        except PlaywrightTimeout:
+            page.mouse.move(0, 0)
+    raise AssertionError(f"no tooltip for {task_id} after 6 hovers of 10 s")
