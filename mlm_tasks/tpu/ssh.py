@@ -230,8 +230,9 @@ class Session:
     def run(self, command: str, env: dict[str, str] | None = None, secret: tuple[str, str] | None = None,
             ) -> Outcome:
         """Runs `command`; any failure is reported in the Outcome (the caller decides what it means).
-        `secret` (prompt, value): when the command prints the line `prompt`, the value is sent on its stdin
-        (an empty line without one), never in its environment; the prompt is kept out of the tail."""
+        `secret` (prompt, value): when the command prints the line `prompt`, the value is sent on its stdin,
+        never in its environment; the prompt is kept out of the tail. A line that asks (bundle.remote_command's
+        expect_token) waits for that answer: run it only with a secret (an empty value fails it at once)."""
         out = self.outcome
         try:
             client = self.connect(out.host, out.worker)
