@@ -11,7 +11,7 @@ export AIRFLOW__CORE__PLUGINS_FOLDER := $(CURDIR)/plugins
 export AIRFLOW__CORE__LOAD_EXAMPLES := False
 export TF_USE_LEGACY_KERAS := 1
 
-.PHONY: env run test test-fast lint typecheck lock lock-dev clean lock-vm tpuvm-env
+.PHONY: env run test test-fast lint typecheck docs lock lock-dev clean lock-vm tpuvm-env
 
 env: $(VENV)/.installed
 
@@ -41,14 +41,18 @@ test-fast: env lint
 	$(PY) -m pytest -m unit $(XDIST) $(PYTEST_ARGS)
 
 # Style and types are checked, not debated: ruff's rules and per-file waivers are in pyproject.toml
-# ([tool.ruff]), and so is mypy's setup for the task library ([tool.mypy]). `make test` and
-# `make test-fast` run both first.
+# ([tool.ruff]), and so is mypy's setup for the task library ([tool.mypy]); the manual (docs/, mkdocs.yml)
+# builds strictly. `make test` and `make test-fast` run all three first.
 LINT_PATHS := mlm_tasks plugins dags tests scripts bench
-lint: env typecheck
+lint: env typecheck docs
 	$(VENV)/bin/ruff check $(LINT_PATHS)
 
 typecheck: env
 	$(VENV)/bin/mypy
+
+# The docs site (MkDocs + Material), strict: a broken link or anchor, or a page not in the nav, fails it.
+docs: env
+	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --quiet
 
 # Every lock pins hashes and every install requires them: a changed file on the index fails the install.
 # uv keeps the committed pins (it prefers what -o's file holds): add --upgrade to move them.
