@@ -9,7 +9,7 @@ and the environment its TensorFlow needs.
 A runtime image (`tpu-vm-tf-X.Y.Z[-pod]-pjrt`) is Ubuntu 22.04 with Python 3.10, a TPU build of
 TensorFlow X.Y.Z (wheel named `tensorflow`) and the rest of its packages as of the runtime's release:
 `image_date` is that day, and `image-tfX.Y.txt` the packages (resolved as of that day by `make
-lock-vm`, or captured from a real VM by `python -m mlm_tasks.tpu.smoke --capture-image`). The VM lock
+lock-vm`, or captured from a real VM by `python -m mlm_tasks.smoke --capture-image`). The VM lock
 holds what runs beside that TensorFlow, resolved against the image's exact pins; only the packages in
 `SHADOWED` may be newer than the image's (the lock's copy comes first on PYTHONPATH, within
 TensorFlow's own bounds). `-pod` images are for multi-host slices, where TensorFlow is single-client:

@@ -8,7 +8,7 @@
     outcome.exit_code, outcome.describe()
 
 The one SSH path of the project: the DAG's step runner (plugins/remote_step.py, with the login read
-from the Airflow SSH connection in plugins/worker_ssh.py) and the smoke tool (mlm_tasks.tpu.smoke)
+from the Airflow SSH connection in plugins/worker_ssh.py) and the smoke tool (mlm_tasks.smoke)
 both use it. Only worker 0 is ever dialled: TensorFlow on TPU is single-client, so on a pod slice
 worker 0 runs the program and the `-pod` runtime on the other hosts serves it.
 

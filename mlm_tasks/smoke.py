@@ -1,6 +1,6 @@
 """Real-cloud smoke test: one tiny training on a real TPU VM, then the VM is deleted, whatever happens.
 
-    python -m mlm_tasks.tpu.smoke --project my-project --zone us-west4-a --bucket gs://my-bucket/smoke \
+    python -m mlm_tasks.smoke --project my-project --zone us-west4-a --bucket gs://my-bucket/smoke \
         --ssh-key ~/.ssh/id_ed25519 [--accelerator v5litepod-1] [--dry-run]
 
 It proves the production path on real hardware in about 15 minutes for a few dollars (a Spot
@@ -35,7 +35,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
 
 from mlm_tasks import credentials
-from mlm_tasks.config import PipelineConfig, build_config
+from mlm_tasks.config import PipelineConfig, build_config, read_yaml_config
 from mlm_tasks.errors import NO_RETRY_EXIT, ConfigError, NoRetryError, TransientError
 from mlm_tasks.paths import RunPaths
 from mlm_tasks.tpu import api as tpu
@@ -48,19 +48,16 @@ if TYPE_CHECKING:
 DAG_ID = "mlm_smoke"
 
 
-# configs/tiny.yaml, inlined so that the smoke test runs the same from a wheel as from the checkout.
-TINY = {"corpus": {"source": "embedded_wiki", "max_articles": 12, "validation_fraction": 0.2, "test_fraction": 0.1},
-        "tokenizer": {"vocab_size": 1000}, "shards": {"max_length": 64, "records_per_shard": 512},
-        "model": {"preset": "tiny", "hidden_size": 64, "intermediate_size": 128, "max_position_embeddings": 66},
-        "train": {"steps": 12, "batch_size": 8, "checkpoint_every": 5, "log_every": 4, "shuffle_buffer": 256}}
+# The tests' smallest run, the same file (output_root and compute are the smoke test's own, below).
+TINY_CONFIG = Path(__file__).resolve().parents[1] / "configs" / "tiny.yaml"
 
 
 API = "https://tpu.googleapis.com/v2"
-log = logging.getLogger("mlm_tasks.tpu.smoke")
+log = logging.getLogger("mlm_tasks.smoke")
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="python -m mlm_tasks.tpu.smoke", description=__doc__,
+    p = argparse.ArgumentParser(prog="python -m mlm_tasks.smoke", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--project", required=True, help="Google Cloud project.")
     p.add_argument("--zone", required=True, help="Zone with capacity for the type (v5litepod: e.g. us-west4-a; "
@@ -81,6 +78,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--key-file", help="Service-account key JSON (default: Application Default Credentials).")
     p.add_argument("--run-id", default=None, help="Names the node and the run (default: smoke-<UTC time>).")
     p.add_argument("--data-fingerprint", help="Reuse the shards of an earlier smoke run instead of preparing.")
+    p.add_argument("--config", default=str(TINY_CONFIG), help="The run's settings (default: the checkout's "
+                   "configs/tiny.yaml); --bucket, --accelerator and the flags above override it.")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="Any other setting.")
     p.add_argument("--dry-run", action="store_true", help="Print every request and command; send nothing.")
     p.add_argument("--api-endpoint", help=argparse.SUPPRESS)  # tests: the fake TPU API
@@ -106,7 +105,7 @@ def smoke_config(args: argparse.Namespace) -> PipelineConfig:
         if not sep:
             raise ConfigError(f"--set {item!r}: use KEY=VALUE.")
         overrides[key] = yaml.safe_load(value)
-    return build_config(TINY, overrides)
+    return build_config(read_yaml_config(args.config), overrides)
 
 
 class DryRunApi:
@@ -206,7 +205,7 @@ def capture_image(cfg: PipelineConfig, name: str, connect: ssh.Connect, host: st
     other = [line for line in freeze if re.match(r"[A-Za-z0-9._-]+ @ ", line)]  # not installable from an index
     path.write_text(
         f"# captured from TPU VM {name} ({cfg.tpu.accelerator_type}, {runtime.version}) on "
-        f"{time.strftime('%Y-%m-%d', time.gmtime())} by `python -m mlm_tasks.tpu.smoke --capture-image`: "
+        f"{time.strftime('%Y-%m-%d', time.gmtime())} by `python -m mlm_tasks.smoke --capture-image`: "
         f"Python {python}.\n" + "".join(f"# not from an index: {line}\n" for line in other)
         + "\n".join(pinned) + "\n")
     out(f"Captured {len(pinned)} packages of {runtime.version} into {path}: run `make lock-vm`, "

@@ -1,4 +1,4 @@
-"""The real-cloud smoke test's command (mlm_tasks.tpu.smoke): its dry run prints every request and
+"""The real-cloud smoke test's command (mlm_tasks.smoke): its dry run prints every request and
 command and sends nothing; a failing run still deletes its VM; its login accepts only the host key the
 node published (against the fake TPU API and a real sshd)."""
 import json
@@ -10,12 +10,12 @@ from pathlib import Path
 
 import pytest
 
+from mlm_tasks import smoke as tpu_smoke
 from mlm_tasks.tpu import api as tpu
-from mlm_tasks.tpu import smoke as tpu_smoke
 from mlm_tasks.tpu import ssh
 from peers.sshd import host_public_key
 
-ROOT = Path(__file__).resolve().parents[3]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture
@@ -30,7 +30,7 @@ def test_dry_run_prints_every_request_and_command_and_sends_nothing(ssh_key, tmp
     env = {"PATH": "/usr/bin:/bin", "HOME": str(tmp_path),
            "GOOGLE_APPLICATION_CREDENTIALS": str(tmp_path / "none.json"),
            "NO_PROXY": "*", "HTTPS_PROXY": "http://127.0.0.1:9", "HTTP_PROXY": "http://127.0.0.1:9"}
-    result = subprocess.run([sys.executable, "-m", "mlm_tasks.tpu.smoke", "--project", "my-proj", "--zone",
+    result = subprocess.run([sys.executable, "-m", "mlm_tasks.smoke", "--project", "my-proj", "--zone",
                              "us-west4-a", "--bucket", "gs://no-such-bucket/smoke", "--ssh-key", ssh_key,
                              "--run-id", "smoke-1", "--dry-run"], cwd=ROOT, env=env, capture_output=True,
                             text=True, timeout=120)
@@ -115,7 +115,7 @@ def test_the_smoke_login_accepts_only_the_host_key_the_node_published(published,
 
 
 def test_smoke_module_imports_no_airflow():
-    code = "import mlm_tasks.tpu.smoke, sys; assert 'airflow' not in sys.modules"
+    code = "import mlm_tasks.smoke, sys; assert 'airflow' not in sys.modules"
     subprocess.run([sys.executable, "-c", code], check=True, cwd=str(ROOT))
 
 
@@ -128,7 +128,7 @@ def test_sigterm_while_waiting_for_the_vm_still_deletes_it(ssh_key, fake_tpu, sa
     key_file.write_text(json.dumps(sa_key))
     fake_tpu.ready_after_gets = 10**6  # stays CREATING: the smoke run waits
     env = {**os.environ, "STORAGE_EMULATOR_HOST": gcs.endpoint}
-    proc = subprocess.Popen([sys.executable, "-m", "mlm_tasks.tpu.smoke", "--project", "proj", "--zone", "us-west4-a",
+    proc = subprocess.Popen([sys.executable, "-m", "mlm_tasks.smoke", "--project", "proj", "--zone", "us-west4-a",
                              "--bucket", gcs_root, "--ssh-key", ssh_key, "--run-id", "smoke-3", "--key-file",
                              str(key_file), "--api-endpoint", fake_tpu.url, "--data-fingerprint", "0123456789abcdef",
                              "--set", "tpu.poll_interval_s=0.2"], cwd=ROOT, env=env, stdout=subprocess.PIPE,
