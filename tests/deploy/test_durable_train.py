@@ -45,7 +45,7 @@ from peers.airflow_stack import ROOT, running_stack
 from peers.fake_tpu_api import FakeTpuApi
 from peers.figures import Figures
 from peers.sshd import airflow_conn_uri, host_public_key
-from peers.stand_in_trainer import steps_made, write_stand_in
+from peers.stand_in_trainer import set_pace, steps_made, write_stand_in
 from peers.waits import wait_for
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
@@ -251,6 +251,10 @@ def test_scheduler_restart_and_triggerer_sigkill_mid_training_lose_no_step(api, 
     steps = 120
     with TrainWatch(stack, trigger(api, run_id, output_root, steps)) as watch:
         deferred_and_past(api, watch, output_root, run_id, 3)
+        # 2 s a step until the new triggerer has reattached: the trainer runs on while the services are down,
+        # and cannot finish before they are back however long a loaded machine takes to restart them (at
+        # 0.25 s a step, 120 steps were over before a restarted triggerer logged on a loaded 2-core machine).
+        set_pace(workdir, run_id, 2.0)
         stack.stop("airflow-scheduler")  # SIGTERM, as `docker compose restart` does
         stack.restart("airflow-scheduler")
         stack.kill("airflow-triggerer")  # SIGKILL: its trigger dies with it, no cleanup
@@ -261,6 +265,7 @@ def test_scheduler_restart_and_triggerer_sigkill_mid_training_lose_no_step(api, 
         wait_for("a progress line of the restarted triggerer", lambda: progress_lines(api, run_id) > seen, 120, 0.5)
         reattach_s = time.monotonic() - restarted_at
         reattached_at_step = status(output_root, run_id)["step"]
+        set_pace(workdir, run_id, None)
         finished(api, run_id)
 
     record = status(output_root, run_id)
@@ -271,7 +276,9 @@ def test_scheduler_restart_and_triggerer_sigkill_mid_training_lose_no_step(api, 
     tis = {ti["task_id"]: ti for ti in api.task_instances(DAG_ID, run_id)}
     assert tis["train"]["try_number"] == 1
     assert tis["write_shards"]["state"] == "skipped"  # the prepared shard set: no shard written in this module
-    assert killed_at_step < reattached_at_step < steps, "the trainer did not run on while the triggerer was down"
+    assert killed_at_step < reattached_at_step < steps, (
+        f"the trainer did not run on while the triggerer was down: step {killed_at_step} when it was killed, "
+        f"{reattached_at_step} when the new one logged, of {steps}")
     figure("scheduler restart + triggerer SIGKILL: restart to the next progress line s", round(reattach_s, 1))
     figure("... trainer steps made meanwhile / steps lost / starts",
            (reattached_at_step - killed_at_step, len(made) - len({s for _, s in made}), record["starts"]))

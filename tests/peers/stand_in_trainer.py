@@ -6,7 +6,8 @@ of sleeps, so that a test can kill, freeze, reattach to and stop a trainer in se
     steps = steps_made(workdir, run_id)   # [(pid, step), ...] of every step the run's stand-ins made, in order
 
 The stand-in writes runs/<run>/train/status.json (mlm_tasks/model/status.py) as the real trainer does,
-records each step it makes with its pid in `<tpu.workdir>/steps-<run>.log`, "checkpoints" every
+records each step it makes with its pid in `<tpu.workdir>/steps-<run>.log`, takes the seconds a step
+from `<tpu.workdir>/pace-<run>` while that file exists (`set_pace`), "checkpoints" every
 checkpoint_every steps (train/ckpt.json) and resumes from there. With `model_from` (a RunPaths of a
 run the real train step made on the same data) it ends as the real trainer does: the model in
 runs/<run>/model/, its own loss curve in history.jsonl, summary.json last, so that evaluate,
@@ -35,9 +36,10 @@ start = storage.read_json(ckpt)["step"] if storage.exists(ckpt) else 0
 total = cfg.train.steps
 model_from = {model_from!r}
 print("stand-in trainer from step", start, flush=True)
+pace = "pace-%s" % os.path.basename(run.root)  # a test slows the trainer down by writing seconds a step here
 with StatusRecord(run, total_steps=total, start_step=start, heartbeat_s=cfg.train.heartbeat_s) as status:
     for step in range(start + 1, total + 1):
-        time.sleep({step_s})
+        time.sleep(float(open(pace).read()) if os.path.exists(pace) else {step_s})
         if cfg.train.fail_at_step == step:
             print("error: the shards are not what this run was planned on", flush=True)
             raise NoRetryError("bad input at step %d" % step)
@@ -69,6 +71,19 @@ def write_stand_in(folder: Path, step_s: float, model_from: str | None = None) -
                       f'exec {sys.executable} {stub} "$@"\n')
     python.chmod(0o755)
     return python
+
+
+def set_pace(workdir: Path, run_id: str, step_s: float | None) -> None:
+    """Slow the run's stand-in down to `step_s` a step from its next step on (None: its own pace again), so
+    that a window a test must see open (a trainer running on while a service restarts) stays open however
+    slowly a loaded machine restarts that service."""
+    from mlm_tasks.paths import safe_run_id
+
+    path = workdir / f"pace-{safe_run_id(run_id)}"
+    if step_s is None:
+        path.unlink(missing_ok=True)
+    else:
+        path.write_text(str(step_s))
 
 
 def steps_made(workdir: Path, run_id: str) -> list[tuple[int, int]]:
