@@ -1,19 +1,13 @@
 """The tf.data input pipeline: read shards, shuffle, batch, mask in-graph, prefetch.
 
-Masking uses the TF-native collator (`DataCollatorForLanguageModeling(return_tensors="tf")`:
-15% of tokens, 80% <mask> / 10% random / 10% unchanged, special tokens never masked), applied to
-whole batches inside the graph, so the input pipeline never drops to Python per example.
+    ds = mlm_dataset(shard_set, "train", tokenizer, global_batch, mlm_probability=cfg.train.mlm_probability,
+                     seed=cfg.train.seed, input_context=input_context)   # training=False: one ordered pass
 
-Reads work the same from a local folder and from gs:// (TensorFlow's own GCS filesystem), which is
-what a TPU VM needs: the host streams shards straight from the bucket.
-
-On a pod each host runs its own input pipeline (`tf.distribute.InputContext`, from
-`strategy.distribute_datasets_from_function`). With at least as many shard files as pipelines each
-pipeline reads only its own files (FILE); with fewer, every pipeline reads every file and keeps its
-slice of each batch (DATA). `shard_policy` makes that choice.
-
-TFRecordDataset checks both checksums of every record; a bad one is a `DataLossError` naming a byte
-offset but no file. `damaged_shard_error` finds the file with our own reader and says what is wrong.
+Why it looks so: masking is transformers' TF-native collator applied to whole batches inside the graph,
+so the pipeline never drops to Python per example; reads go through TensorFlow's own GCS filesystem, so
+a TPU VM streams shards straight from the bucket; on a pod `shard_policy` picks FILE (each pipeline its
+own files) or DATA (every file, a slice of each batch). A bad record is a `DataLossError` naming no
+file: `damaged_shard_error` finds it. More: docs/data.md#reading-shards-in-training
 """
 from __future__ import annotations
 

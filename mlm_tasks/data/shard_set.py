@@ -3,21 +3,12 @@
     fp = data_fingerprint(cfg, corpus)            # corpus content + every setting that changes the shards
     shard_set = ShardSet.load(paths)              # needs _SUCCESS; a damaged manifest.json is a ConfigError
     shard_set = load_manifest(cfg, fp)            # the same, checked against what this run asks for
-    shard_set.max_length, shard_set.vocab_size, shard_set.records("train")
-    shard_set.shard_uris("train")                 # what tf.data reads
-    shard_set.verify("train")                     # sha256 of every shard against the manifest
+    shard_set.shard_uris("train"), shard_set.records("train"), shard_set.verify("train")   # sha256
     summary = summary_for_fingerprint(cfg, fp)    # of a complete set (e.g. from a dataset-refresh event)
 
-`manifest.json` (written by the merge of mlm_tasks/data/writer.py, or by `adopt` here for a set
-written elsewhere) is the source of truth for our own reader: counts, checksums, settings. Shard
-file names also carry their record counts, for readers that only list files (Hugging Face's scripts).
-
-The data fingerprint covers the corpus content and every setting that changes the shards (with
-`model.init_from`: the base model and its exact revision instead of the tokenizer settings, since its
-tokenizer encodes the shards; shard sets of different bases never mix), so an unchanged corpus is never
-re-tokenized: a second run finds `_SUCCESS` and returns the same summary.
-`shards.partitions` is not part of it: any partition count gives the same records, tokens and rows,
-only cut at other places (see mlm_tasks/data/writer.py).
+Why: `manifest.json` is the source of truth for our reader (counts, checksums, settings); the file
+names carry counts only for readers that list files. `shards.partitions` stays out of the fingerprint
+(any count gives the same records). docs/data.md#the-shard-set-fingerprint-and-manifest
 """
 from __future__ import annotations
 

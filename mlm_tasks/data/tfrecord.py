@@ -1,22 +1,14 @@
 """Encode blocks of token ids as TFRecord files of `tf.train.Example`s, byte-identical to TensorFlow's own.
 
-    from mlm_tasks.data.tfrecord import encode_examples, frame_records
     with open("part.tfrecord", "wb") as f:
         f.write(frame_records(encode_examples(block)))          # block: [n, max_length] ids
     with open("part.tfrecord", "rb") as f:
         for offset, record in iter_records(f, "part.tfrecord"):  # both crc32c checked; ConfigError if bad
             parse_example(record)
 
-Why not `tf.train.Example(...).SerializeToString()` and `tf.io.TFRecordWriter`: building a proto
-per record from a Python list costs more than tokenizing the text (profiled in bench/bench_shards.py),
-and importing TensorFlow costs seconds in every shard-writing worker. Here the int64 list of a whole
-block is varint-encoded at once with numpy; only a few header bytes and two crc32c are made per
-record. tests/mlm_tasks/data/test_shards_format.py checks the bytes against TensorFlow's writer.
-
-Wire format written (two features, each an Int64List; the entries in key order):
-    Example  { 1: Features { 1: MapEntry { 1: "attention_mask", 2: Feature { 3: Int64List { 1: packed 1s }}}
-                             1: MapEntry { 1: "input_ids",      2: Feature { 3: Int64List { 1: packed varints }}}}}
-TFRecord framing: uint64 length, masked crc32c(length), data, masked crc32c(data), little-endian.
+Why not tf.train.Example and tf.io.TFRecordWriter: a proto per record costs more than tokenizing
+(bench/bench_shards.py) and importing TensorFlow costs seconds per writer; numpy encodes a whole block
+at once. Held to TensorFlow's bytes by tests/mlm_tasks/data/test_shards_format.py; docs/data.md#the-file-format
 """
 from __future__ import annotations
 

@@ -1,42 +1,14 @@
-r"""The shard-set writer: each task writes one corpus partition, a merge publishes the set.
+"""The shard-set writer: each task writes one corpus partition, a merge publishes the set.
 
     parts = [write_partition(cfg, paths, p, 4) for p in range(4)]    # any order, any machine, in parallel
     shard_set = merge_partitions(cfg, paths, 4, extra)               # manifest.json and _SUCCESS last
 
-Inside a partition, rows are tokenized in batches, packed into `max_length` chunks and written in
-blocks as TFRecord shard files:
-
-    for split, batch, encodings in encoded_batches(corpus.split_rows(0, 1), tokenizer, 1000):
-        block = chunkers[split].add(batch, encodings)          # [n, max_length] ids, tail carried over
-        writers[split].write(block)                            # shards of records_per_shard records
-    shards = writers[split].finish()                           # [{"file", "records", "bytes", "sha256"}]
-
-Streaming: rows are encoded a batch at a time and records leave memory as soon as they are written,
-so memory stays flat however large the corpus. Records are encoded a block at a time without
-TensorFlow (mlm_tasks/data/tfrecord.py: the same bytes as tf.io.TFRecordWriter, several times faster).
-
-The DAGs map the `write_shards` step over `shards.partitions` partitions; the CLI (`build_shard_set`,
-`run_all`), the benchmarks and the test fixtures write one partition of one, through the same step
-functions (mlm_tasks/steps/plan_shards.py, write_shards.py, merge_shards.py). The tokenizer must already be
-published at `paths.tokenizer`.
-
-One read per partition: the corpus yields this partition's (split, row) pairs for every split in one
-pass (`Corpus.split_rows`), skipping the other partitions' rows before parsing them (whole pages of a
-dump, blocks of lines of local files, `datasets`' `shard()`).
-
-Equal counts: a partition keeps only whole chunks and records its tail (< max_length ids) in its
-partial manifest; the merge joins the tails in partition order and writes the whole chunks among them
-as one more shard. Records = floor(sum of all ids / max_length), whatever the partition count.
-
-Names: `<split>/<split>-p00001of00004-00000-2048.tfrecord` (partition 1 of 4, its shard 0, 2048
-records) and `<split>/<split>-tail-00000-37.tfrecord` for the joined tails: partitions never collide,
-and Hugging Face's `-\d+-(\d+)\.tfrecord` reads exactly the record count from every name.
-
-Safe to kill and to rerun: a partition writes into a private staging folder and moves its finished
-shards into the set's folder only at the end (a rename on local disk; object uploads on GCS), then
-writes its partial manifest; a partition whose partial manifest exists is skipped. Nothing is trusted
-before the merge writes manifest.json and then `_SUCCESS`, last. Two writers of one fingerprint write
-the same bytes under the same names, so either may finish first.
+Why (docs/data.md#how-a-partition-is-written): it streams, so memory stays flat however large the
+corpus; a partition keeps whole chunks and the merge joins the tails, so records = floor(sum of all
+ids / max_length) whatever the partition count; names carry partition and record count
+(`<split>-p00001of00004-00000-2048.tfrecord`), so partitions never collide and Hugging Face's regex
+reads the count; a partition stages privately and writes its partial manifest last, the merge writes
+manifest.json then `_SUCCESS`, and two writers of one fingerprint write the same bytes.
 """
 from __future__ import annotations
 

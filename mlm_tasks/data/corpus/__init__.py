@@ -3,18 +3,11 @@
     corpus = open_corpus(cfg.corpus)      # one of SOURCES, by corpus.source
     for split, row in corpus.split_rows(part, num_parts): ...
 
-Five sources, one interface (base.Corpus: rows per split, a content fingerprint, a credit):
-- embedded_wiki: the real English Wikipedia sample shipped in the gensim wheel (no network; the default);
-- wiki_dump: any enwiki `pages-articles*.xml.bz2` dump at a path, parsed the same way (wiki.py);
-- hf_dataset: any `datasets` dataset (production default: Salesforce/wikitext, wikitext-103-raw-v1);
-- local_files: .txt (a row per line), .jsonl or .parquet files;
-- tfrecord_shards: shards tokenized elsewhere, brought as they are (shards.py: token ids, no text).
-
-Every source has a content fingerprint, so unchanged data is never re-tokenized. Splits are
-deterministic: by a hash of the article title (or row), never by random draws. `split_rows(part,
-num_parts)` yields one partition's (split, row) pairs for every split in one read of the source,
-skipping the other partitions' rows before parsing them: the DAGs' mapped `write_shards` tasks each
-read only their own part, once (mlm_tasks/data/writer.py).
+Five sources (docs/data.md#sources-corpussource), one interface (base.Corpus: rows per split, a content
+fingerprint, a credit). Before editing a source: its fingerprint is what lets unchanged data skip
+tokenizing; its splits come from a hash of the article title (or row), never from random draws; and
+`split_rows` yields one partition's rows of every split in one read, skipping the other partitions'
+rows before parsing them, so each mapped `write_shards` task reads only its own part, once.
 """
 from __future__ import annotations
 

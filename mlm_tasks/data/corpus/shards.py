@@ -1,26 +1,14 @@
-"""Bring your own shards: train on TFRecord shards tokenized elsewhere, e.g. by Hugging Face's
-language-modeling-tpu `prepare_tfrecord_shards.py`, in a local folder or under a gs:// prefix.
+"""Bring your own shards: train on TFRecord shards tokenized elsewhere (a folder or gs://); nothing is tokenized here.
 
     corpus:
       source: tfrecord_shards
       shards_uri: gs://my-bucket/wikitext-shards      # holds train/, validation/ (and test/) *.tfrecord
       tokenizer_uri: my-org/my-unigram-tokenizer       # or a local folder, or a gs:// folder
 
-Nothing is tokenized or written here: the source lists the shards with their record counts, and
-`mlm_tasks.data.shard_set.adopt` publishes the small things our steps read (the tokenizer copied under
-the data folder, a manifest listing the shards by URI). Adoption reads every record of every shard
-once (the manifest, keyed by the data fingerprint, is the cache): both TFRecord checksums, no record
-cut short, and the count, which must equal the one a file name carries (`-<index>-<records>.tfrecord`,
-as that script names them): a file cut at a record boundary passes every checksum but not that.
-
-The data fingerprint is a hash of every shard's URI, size and generation (gs://) or mtime (local),
-and of the tokenizer: changing a file gives a new fingerprint, so runs stay reproducible and the
-Assets flow announces it.
-
-`check_shards` runs in the validate step, before any TPU VM exists: framing and checksums, both
-features present as int64 lists of one length, that length equal to `shards.max_length`, and every id
-inside the tokenizer's vocabulary. It reads the first records of a bounded number of shards per split,
-as validate runs on every DAG run and adoption only once per fingerprint.
+Why two checks: adoption (`mlm_tasks.data.shard_set.adopt`, once per fingerprint) reads every record and
+holds its count to the one the file name carries, since a file cut at a record boundary passes every
+checksum; `check_shards` runs in validate, on every DAG run and before any TPU VM, so it reads only the
+first records of a few shards per split. Fingerprint and checks: docs/data.md#bring-your-own-shards
 """
 from __future__ import annotations
 
