@@ -1,25 +1,14 @@
 """Hugging Face Hub client plumbing shared by publishing and checkpoint sync: one place that builds the
 client, resolves the endpoint, and turns HTTP failures into errors that say what to do.
 
-Failures take the kinds of mlm_tasks.errors: a rejected token (401) or a missing permission (403) is an
-AuthError; a Hub that failed (5xx, 429) or did not answer (a timeout, no connection) a TransientError;
-any other refusal (4xx) a ConfigError, since only a change of the request's settings can help.
-
     api, url = hub_api(token, endpoint, conn_id="huggingface_default")
     with hub_errors("uploading the model", token, url, conn_id):
         api.upload_folder(...)
 
-The token is only ever passed to HfApi; every message built here is scrubbed of it.
-
-Every Hub request is bounded. huggingface_hub 0.36 sends most HfApi calls (whoami, create_repo, the
-commit, ...) with no timeout, so a hung Hub would hold the task for ever, and its env settings
-(HF_HUB_ETAG_TIMEOUT, HF_HUB_DOWNLOAD_TIMEOUT) only cover downloads. `hub_api(..., timeout_s=)`
-therefore installs, through huggingface_hub's `configure_http_backend`, sessions whose adapters give
-every request without one a (connect, read) timeout of `publish.request_timeout_s`: no request waits
-longer than that for a connection or for the next bytes of an answer. The bound is process-wide (the
-client's sessions are), and the last `hub_api` call sets it: in this project a process serves one
-run's config. Uploads that huggingface_hub retries itself (LFS parts) are retried on a timeout at most
-5 times, so they are bounded too.
+Why: 401/403 is an AuthError, 5xx, 429 and no answer a TransientError, any other 4xx a ConfigError; the
+token goes only to HfApi and every message is scrubbed of it. huggingface_hub 0.36 sends most calls with
+no timeout, so `hub_api(..., timeout_s=)` installs bounded sessions via `configure_http_backend`: that is
+process-wide, and the last call sets it. docs/security.md ("Limits on everything that waits")
 """
 from __future__ import annotations
 

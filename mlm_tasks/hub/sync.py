@@ -1,27 +1,14 @@
 """Checkpoint sync to the Hugging Face Hub during training (`publish.sync_checkpoints`), never blocking it.
 
-What Keras' `PushToHubCallback(save_strategy="epoch")` did, on the current huggingface_hub client, as an
-`on_checkpoint(step, path)` hook of `mlm_tasks.steps.train.train`, which builds it when the config asks:
-
     sync = hub_checkpoint_sync(cfg, hub_token, train_records=..., global_batch=..., total_steps=...,
                                strategy=strategy, endpoint=hub_endpoint)  # None: sync off, or not worker 0
-    # train saves a checkpoint every `sync.checkpoint_every` steps (one epoch) as well as its own, and
-    # calls sync(step, path) after each saved checkpoint and after the final one
-    sync.finish()  # after training: waits for the uploads; a failure is logged, never raised
+    sync(step, path)   # train: after each checkpoint of `sync.checkpoint_every` steps (an epoch), and the last
+    sync.finish()      # after training: waits for the uploads; a failure is logged, never raised
+    with CheckpointSyncer(repo_id, token) as syncer:   # the uploader on its own
+        syncer.submit(checkpoint_dir, step)            # returns at once
 
-The hook queues the checkpoints of epoch ends (every `train records // global batch` steps) and the final
-one. Each is staged in a temporary folder (only that checkpoint's files plus a `checkpoint` state file
-naming it: local files hard-linked, gs:// files downloaded first) and handed to `CheckpointSyncer`, whose
-background thread makes the repo's `checkpoints/` folder an exact copy of it while training goes on (the
-repo's commit history keeps every uploaded one). If uploads fall behind, only the newest waiting
-checkpoint is kept. Only worker 0 of a multi-worker strategy uploads (TPU is single-client: always 0).
-A failed upload never fails training: the checkpoints stay safe in output_root.
-
-The token is an argument (train's `hub_token`): the Airflow train task reads it from the Hub connection,
-the CLI from HF_TOKEN; nothing here reads the environment. The uploader also works on its own:
-
-    with CheckpointSyncer(repo_id, token) as syncer:
-        syncer.submit(checkpoint_dir, step)  # returns at once
+Why: a background thread uploads and keeps only the newest waiting checkpoint; a failed upload never
+fails training; the token is an argument. docs/releases.md#checkpoints-on-the-hub-during-training
 """
 from __future__ import annotations
 
