@@ -6,16 +6,9 @@ their ratio, the model FLOPs utilisation (MFU).
     mfu(tokens_per_s, fpt, peak)                                            # 0.31
     peak.describe(mfu)                                                      # "MFU 31% of 4 × 275 TFLOP/s bf16"
 
-FLOPs per token (the PaLM appendix B count, training = 3 × forward, a multiply-add = 2 FLOPs):
-6 × the matrix parameters of the encoder layers (4·d² attention + 2·d·ff FFN per layer), plus 6 × the
-LM head's matrices (d² transform + d·V decoder) at the positions it computes only (max_predictions of
-seq_len, when train.max_predictions_per_seq cuts it), plus the attention term 12 · layers · d · seq_len
-(QKᵀ and AV). Embedding lookups, norms, biases and softmax are left out, as in every MFU quoted.
-
-Peaks are dense (no sparsity), per chip or GPU, in the precision the run computes in, from the
-makers' pages (PEAKS, with sources). On CPU there is no honest datasheet figure for "this VM's share
-of a host": `cpu_peak` measures a short matrix-multiply probe at start instead, so a CPU MFU reads as
-"of what this machine's matmul reaches".
+Why these counts: PaLM's FLOPs (appendix B), the LM head only where it runs; dense datasheet peaks
+(PEAKS, with sources); on a CPU, with no honest figure for a VM's share of a host, a measured matmul
+probe (`cpu_peak`). docs/google-cloud.md#what-a-run-costs-and-how-well-it-uses-the-hardware
 """
 from __future__ import annotations
 

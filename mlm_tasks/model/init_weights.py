@@ -2,17 +2,12 @@
 
     source = load_base_weights(model, folder)   # folder: config.json + tf_model.h5 or model.safetensors
 
-Three files are read, the way each is laid out:
-- `tf_model.h5` (TensorFlow's save_pretrained, this project's own models): Keras' h5 groups;
-- `model.safetensors` with TensorFlow names (`roberta/encoder/...`, what TensorFlow's save_pretrained
-  writes with safe_serialization);
-- `model.safetensors` with PyTorch names (`roberta.encoder....`, what most Hub checkpoints ship and what
-  mlm_tasks/model/pt_export.py writes): read with safetensors.numpy, each variable's PyTorch name found
-  with pt_export's own mapping and its Dense kernels transposed back. transformers 4.57 cannot do this
-  itself without torch (`TypeError: 'builtins.safe_open' object is not iterable`).
-
-Every variable of the model must be found with its shape; names the model does not have (a pooler, a
-tied `lm_head.decoder.*` copy, `position_ids`) are left out. A shortfall is a ConfigError listing a few.
+Reads `tf_model.h5` (Keras' h5 groups), `model.safetensors` with TensorFlow names (`roberta/encoder/...`)
+or with PyTorch names (`roberta.encoder....`: most Hub checkpoints, and mlm_tasks/model/pt_export.py's):
+those with safetensors.numpy, each name found with pt_export's own mapping, Dense kernels transposed
+back. Why by hand: transformers 4.57 cannot do this without torch (`TypeError: 'builtins.safe_open'
+object is not iterable`). Every variable must be found with its shape; names the model lacks (a pooler,
+a tied `lm_head.decoder.*` copy, `position_ids`) are left out; a shortfall is a ConfigError listing a few.
 """
 from __future__ import annotations
 

@@ -1,18 +1,13 @@
 """PyTorch-layout weights for a saved model: `model.safetensors` beside `tf_model.h5`, without torch.
 
-Transformers 5.x has no TensorFlow: it loads `model.safetensors` (or `pytorch_model.bin`) with the
-parameter names of `RobertaForMaskedLM`. TensorFlow's own `save_pretrained(safe_serialization=True)`
-writes TensorFlow names, which 5.x loads as a randomly initialised model with only a warning. So the
-weights are renamed and laid out here with numpy (Dense kernels are [in, out] in Keras, [out, in] in
-torch.nn.Linear), read from the saved `tf_model.h5` itself: the export is a function of the artifact,
-whatever process wrote it, and the training image needs neither torch nor TensorFlow for it.
-
     export_pytorch_weights(folder)   # folder holds tf_model.h5 + config.json; writes model.safetensors
 
-Every parameter of `RobertaForMaskedLM` is written, the tied ones too (`lm_head.decoder.weight` is the
-word-embedding matrix, `lm_head.decoder.bias` is `lm_head.bias`), so loaders that do not tie weights
-themselves find them as well. Our training may run the LM head only at masked positions
-(mlm_tasks/model/roberta.py), but with the standard head's weights: nothing about the head differs here.
+Why: transformers 5.x has no TensorFlow and loads `RobertaForMaskedLM`'s parameter names; TensorFlow's
+`save_pretrained(safe_serialization=True)` writes TensorFlow names, which 5.x loads as a randomly
+initialised model with only a warning. So the weights are renamed and laid out here with numpy (Dense
+kernels [in, out] in Keras, [out, in] in torch), read from `tf_model.h5` itself: the export is a
+function of the artifact, and the training image needs neither torch nor TensorFlow for it. Every
+parameter is written, tied ones too. docs/releases.md#interoperability
 """
 from __future__ import annotations
 

@@ -1,5 +1,4 @@
-"""The trainer's status record: runs/<run>/train/status.json beside its checkpoints, so whoever watches a
-training (the train task, a trigger, a person with `gsutil cat`) reads one small file wherever it runs.
+"""The trainer's status record, runs/<run>/train/status.json: one small file whoever watches a training reads.
 
     status = StatusRecord(run, total_steps=3500, start_step=1200, heartbeat_s=30)   # starts += 1
     with status:                       # a heartbeat thread rewrites the record every heartbeat_s
@@ -8,11 +7,8 @@ training (the train task, a trigger, a person with `gsutil cat`) reads one small
     record = read_status(run)          # None before a trainer has started
     why = stalled(record, stall_s=1800)   # None, or what is stale: the heartbeat or the step
 
-The heartbeat comes from a thread of the trainer's process, so it proves the process runs (a frozen or
-killed trainer stops beating); the step time proves training advances (a trainer stuck in a collective
-still beats). `starts` counts the trainers a run has had: a retry that reattaches to a running trainer
-starts none, so a test can prove that exactly one ran. The try number is the Airflow try that started
-the trainer: MLM_TRY_NUMBER (set by the train task for a TPU VM), else Airflow's AIRFLOW_CTX_TRY_NUMBER.
+Why two clocks: the heartbeat proves the process runs, the step time that training advances (a trainer
+stuck in a collective still beats). docs/operations.md#durable-training-what-survives-what
 """
 from __future__ import annotations
 
