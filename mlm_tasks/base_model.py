@@ -1,5 +1,4 @@
-"""The model a run continues from (`model.init_from`): where its files are, what identifies it, its shape
-and tokenizer, and the checks of the run's settings against it.
+"""The model a run continues from (`model.init_from`): files, identity, shape, tokenizer, checks against the run.
 
     base = BaseModel.of(cfg)                 # None without model.init_from
     base.identity()                          # {"init_from": ..., "revision": commit sha, or sha256 of its files}
@@ -7,16 +6,9 @@ and tokenizer, and the checks of the run's settings against it.
     folder = base.local_folder(tmp)          # config.json and the weights on local disk, to load
     check_base(cfg, base)                    # validate: conflicting shape settings, max_length, tokenizer
 
-`model.init_from` is a Hub repo id (`owner/name`, at `model.init_revision`: a branch, tag or commit;
-empty: main), a gs:// folder or a local folder of a transformers RoBERTa masked-LM model: config.json,
-tokenizer.json (a fast tokenizer with RoBERTa's special tokens) and tf_model.h5 or model.safetensors
-(TensorFlow or PyTorch names; mlm_tasks/model/init_weights.py reads both). An existing local folder wins
-over a Hub id of the same spelling.
-
-A Hub revision is resolved to its commit once, for the data fingerprint, and recorded in the shard set's
-manifest; train reads the base at that commit (`BaseModel.pinned`), so a branch that moves mid-run
-cannot give the model other weights than the tokenizer its shards were encoded with. A folder has no
-commit: its identity is the sha256 of the files read from it, and train refuses a folder that changed.
+Why pinned: a Hub revision is resolved to its commit once and train reads that commit (`BaseModel.pinned`),
+so a moving branch cannot pair other weights with the shards' tokenizer; a changed folder is refused.
+docs/configuration.md#continued-pretraining-modelinit_from
 """
 from __future__ import annotations
 

@@ -1,23 +1,14 @@
-"""Command line for every step, the same functions the DAG calls.
+"""Command line for every step, the same functions the DAG calls: each verb is the step function of the
+same name in mlm_tasks/steps/ (the DAGs' task ids too).
 
     python -m mlm_tasks validate        --config configs/default.yaml [--set train.steps=100 ...]
     python -m mlm_tasks build_shard_set --config configs/default.yaml    # plan, write, merge in one process
-    python -m mlm_tasks plan_shards     --config c.yaml --set shards.partitions=4   # the DAG's fan-out, by hand:
-    python -m mlm_tasks write_shards    --config c.yaml --set shards.partitions=4 --part 0   # (any machine)
-    python -m mlm_tasks merge_shards    --config c.yaml --set shards.partitions=4   # manifest, then _SUCCESS
-    python -m mlm_tasks check_run       --config configs/default.yaml --run-id r1   # the run fits its data
     python -m mlm_tasks train           --config configs/default.yaml --run-id r1 [--data-fingerprint FP]
-    python -m mlm_tasks evaluate|downstream|fill_mask|report|gate|summary --config configs/default.yaml --run-id r1
-    HF_TOKEN=hf_... python -m mlm_tasks publish|publish_tokenizer --config c.yaml --run-id r1
     python -m mlm_tasks run_all         --config configs/tiny.yaml --run-id r1   # every step to the gate, no Airflow
-    python -m mlm_tasks compare         --config configs/default.yaml [--runs r1,r2]  # every run in one table
+    HF_TOKEN=hf_... python -m mlm_tasks publish|publish_tokenizer --config c.yaml --run-id r1
 
-Each verb is the step function of the same name in mlm_tasks/steps/ (the DAGs' task ids too).
-
-`--config-json` takes the whole validated config as JSON (how a TPU VM receives the run's config).
-Without --data-fingerprint, the fingerprint is computed from the corpus (needs the corpus at hand).
-Exit status: 0 done; 2 an error no retry can fix (mlm_tasks.errors.NoRetryError: a bad input, a missing
-artifact, a refused credential; the message says what to do); 1 anything else (worth a retry).
+Why the exit status matters: 2 is an error no retry can fix (mlm_tasks.errors.NoRetryError), 1 anything
+else (worth a retry). Every verb and flag: docs/configuration.md#the-command-line
 """
 from __future__ import annotations
 

@@ -5,26 +5,10 @@
     extra = check_event(extra, dep, source_dag_id)   # a dataset-refresh event: from the refresh DAG, data only
     cfg = run_config(params, dep, extra)  # the one door: form, conf and event in, the deployment last
 
-A platform team gives ML engineers the trigger form and keeps the deployment: the Google Cloud
-project, service accounts, connection ids, the TPU API endpoint, the VM's python, workdir and
-environment, the buckets. Those are *deployment settings* (`DEPLOYMENT_KEYS`, plus anything the
-file's `settings` pins): they come only from the deployment file, which every Airflow service reads
-through MLM_DEPLOYMENT, and a run that sets one is refused, naming the key and where the deployment
-sets it. Everything else is a *run setting*, within the file's limits: `output_roots` (where a run
-may write), `config_dirs` (where `config_file` may come from), `input_roots` (where local corpora
-and brought shards may come from), `zones` (which `tpu.zone` a run may pick). The file:
-
-    settings: {gcp_conn_id: google_cloud_default, tpu: {project: my-project, service_account: sa@...}}
-    output_roots: [/opt/airflow/out, gs://team-bucket/mlm/]
-    config_dirs: [/opt/airflow/configs]
-    input_roots: [/opt/airflow/corpora]
-    zones: [us-central2-b]
-
-`${VAR}` in the file's strings is taken from the environment (e.g. `project: ${MLM_TPU_PROJECT}`).
-Without MLM_DEPLOYMENT, every Airflow task still refuses DEPLOYMENT_KEYS from any trigger
-(`Deployment.for_airflow()`, the built-in boundary: a deployment made without knowing of the file is
-closed by default), with no roots to check. Only the CLI on an operator's machine applies none: whoever
-runs it holds the deployment anyway.
+Why: a platform team keeps the deployment (project, service accounts, connections, endpoints, the VM's
+environment, buckets); `DEPLOYMENT_KEYS` and what the file's `settings` pins come only from the file, and
+a run that sets one is refused, naming the key. Without MLM_DEPLOYMENT every Airflow task still refuses
+them (`Deployment.for_airflow()`: closed by default); only the CLI applies none. docs/security.md
 """
 from __future__ import annotations
 

@@ -2,18 +2,11 @@
 
     from mlm_tasks.errors import ConfigError, MissingArtifactError, AuthError, TransientError
 
-The contract, which the glue keeps (plugins/task_errors.py, mlm_tasks/cli.py, the SSH runner):
-
-| kind | means | Airflow task | CLI exit |
-|---|---|---|---|
-| `ConfigError` | a setting or an input is wrong; only a person can fix it | fails, no retry | 2 |
-| `MissingArtifactError` | an earlier step's output is not there: run that step first | fails, no retry | 2 |
-| `AuthError` | a credential is missing, invalid or lacks a permission (401/403) | fails, no retry | 2 |
-| `TransientError` | a service did not answer or failed on its side (5xx, 429, timeouts) | retried | 1 |
-| anything else | unforeseen: taken as worth a retry | retried | 1 |
-
-The three no-retry kinds share the base `NoRetryError`; catch that to fail fast. Every message says
-what happened and what to do next.
+ConfigError (a setting or input is wrong), MissingArtifactError (an earlier step's output is missing)
+and AuthError (401/403) share NoRetryError: only a person can fix them, so an Airflow task fails
+without retries and the CLI exits 2. TransientError (5xx, 429, timeouts) and anything unforeseen are
+retried; the CLI exits 1. The glue keeps this contract (plugins/task_errors.py, mlm_tasks/cli.py, the
+SSH runner); every message says what happened and what to do. docs/architecture.md#errors
 """
 from __future__ import annotations
 

@@ -1,26 +1,13 @@
-"""Real-cloud smoke test: one tiny training on a real TPU VM, then the VM is deleted, whatever happens.
+r"""Real-cloud smoke test: one tiny training on a real TPU VM, then the VM is deleted, whatever happens.
 
     python -m mlm_tasks.smoke --project my-project --zone us-west4-a --bucket gs://my-bucket/smoke \
-        --ssh-key ~/.ssh/id_ed25519 [--accelerator v5litepod-1] [--dry-run]
+        --ssh-key ~/.ssh/id_ed25519 [--accelerator v5litepod-1] [--dry-run] [--capture-image]
 
-It proves the production path on real hardware in about 15 minutes for a few dollars (a Spot
-v5litepod-1 is well under US$1/hour; a v4-8 about US$4/hour Spot): the tiny config's data is
-prepared into the bucket from this machine, a Spot TPU VM `mlm-smoke-<hash>` is created with the
-same request the DAG sends (labels with a 2-hour TTL, so the janitor catches it if all else fails;
-ssh-keys from --ssh-key; enable-oslogin FALSE; the cloud-platform scope), port 22 of worker 0 is
-probed, the login accepts only the host keys the node published (mlm_tasks.tpu.ssh, as the DAG's
-step does), the real bootstrap stages the code to the bucket and installs it on the VM, `python -m
-mlm_tasks train` runs on worker 0 (the smoke slices are one host), and the VM is deleted in a
-`finally` that SIGTERM and SIGHUP reach too. `--dry-run` prints every TPU API request (method, URL,
-JSON body) and every shell command instead of sending them, and touches nothing: no credentials, no
-bucket, no VM; it takes any type and runtime that validate, pod slices included (`--accelerator
-v4-32`). `--capture-image` records the real image's `pip freeze` into the runtime's image file (see
-docs/google-cloud.md).
-
-Credentials: Application Default Credentials (`gcloud auth application-default login`), or
-`--key-file` with a service-account key. The account needs roles/tpu.admin, roles/storage.objectAdmin
-on the bucket and roles/iam.serviceAccountUser on the VM's service account; the network needs a
-firewall rule allowing tcp:22 from this machine (see docs/google-cloud.md).
+Why it is built so: it sends the DAG's own TPU VM request and runs the real bootstrap and `python -m
+mlm_tasks train` on worker 0, so it proves the production path; the delete sits in a `finally` that
+SIGTERM and SIGHUP reach too, and the node carries a 2-hour TTL label for the janitor; `--dry-run`
+prints every request and command and touches nothing (no credentials, bucket or VM). Credentials,
+roles and the firewall: docs/google-cloud.md#smoke-test-on-real-hardware
 """
 from __future__ import annotations
 
