@@ -1,18 +1,14 @@
 """Step gate: decide whether a trained model is good enough to publish.
 
     python -m mlm_tasks gate --config configs/default.yaml --run-id my-run
-
-
-A model passes when every configured check passes:
-  - eval loss at most `gate.max_eval_loss`, masked-token accuracy at least `gate.min_accuracy`;
-  - with `gate.require_better_than_published`, not worse than the model last published to the same
-    repo (loss not higher, accuracy not lower), read from `paths.published_metrics(root, repo_id)`;
-  - each downstream task's mean score (eval/downstream.json) at least its min_score
-    (`downstream.min_scores` or the task's own), and, when the published model has a score for the
-    task under the same budget, at most `downstream.max_regression` below it.
-
     decision = evaluate_gate(metrics, cfg.gate, previous, downstream, cfg.downstream)   # pure, no I/O
     decision = gate(cfg, ctx)                                 # reads the run's and the published metrics
+
+A model passes when every configured check passes: eval loss at most `gate.max_eval_loss` and accuracy
+at least `gate.min_accuracy`; with `gate.require_better_than_published`, no worse than the model last
+published to the repo (`paths.published_metrics(root, repo_id)`); each downstream task's mean at least
+its min_score and, when the published model has a score under the same budget, at most
+`downstream.max_regression` below it. docs/releases.md
 """
 from __future__ import annotations
 
