@@ -7,6 +7,7 @@
     output_root/datasets/<data_fp>/shards/manifest.json       counts, checksums, config
     output_root/datasets/<data_fp>/shards/_SUCCESS            written last; what sensors wait for
     output_root/runs/<run>/checkpoints/ model/ eval/ (metrics.json, downstream.json) infer/ report/ tensorboard/
+    output_root/runs/<run>/train/  summary.json history.jsonl status.json budget.json best/ .fault_injected
 
 Data artifacts are keyed by the data fingerprint (an unchanged corpus is never re-tokenized);
 run artifacts by the run id (two runs never collide). Every step takes a `RunContext`: the run id,
@@ -92,6 +93,9 @@ class RunPaths:
     train_summary = property(lambda self: join(self.root, "train", "summary.json"))
     train_history = property(lambda self: join(self.root, "train", "history.jsonl"))
     train_status = property(lambda self: join(self.root, "train", "status.json"))
+    train_budget = property(lambda self: join(self.root, "train", "budget.json"))  # train.budget_minutes' count
+    train_best = property(lambda self: join(self.root, "train", "best"))  # the best step's weights, by step number
+    fault_marker = property(lambda self: join(self.root, "train", ".fault_injected"))  # train.fail_at_step fired
     predictions = property(lambda self: join(self.root, "infer", "predictions.json"))
     report = property(lambda self: join(self.root, "report"))
     tensorboard = property(lambda self: join(self.root, "tensorboard"))

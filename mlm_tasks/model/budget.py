@@ -8,7 +8,8 @@ schedule (warmup, decay) is what a run given that count from the start would fol
 model and optimizer for at least MEASURE_STEPS steps and MEASURE_S seconds after WARMUP_CALLS untimed
 calls (the first compiles), on batches of the run's own input, then starts the real run from the seed. The count is
 (budget - time spent measuring) / seconds per step, at most `cap` (train.steps, when set), at least 1.
-It lands in runs/<run>/train/budget.json before the first step: every later try of the run reads it.
+It lands in runs/<run>/train/budget.json (RunPaths.train_budget) before the first step: every later try of
+the run reads it.
 """
 from __future__ import annotations
 
@@ -18,7 +19,7 @@ from collections.abc import Callable
 from typing import Any
 
 from mlm_tasks import storage
-from mlm_tasks.paths import RunPaths, join
+from mlm_tasks.paths import RunPaths
 
 log = logging.getLogger(__name__)
 # Right after compiling, the input pipeline and the kernels are not at their steady pace yet (measured
@@ -27,16 +28,12 @@ log = logging.getLogger(__name__)
 MEASURE_STEPS, MEASURE_S, WARMUP_CALLS = 50, 8.0, 2
 
 
-def budget_record(run: RunPaths) -> str:
-    return join(run.root, "train", "budget.json")
-
-
 def budgeted_steps(run: RunPaths, budget_minutes: float, cap: int | None,
                    measure: Callable[[], tuple[float, float]]) -> int:
-    recorded = storage.read_json_if_exists(budget_record(run))
+    recorded = storage.read_json_if_exists(run.train_budget)
     if recorded:
         log.info("Step count %d from the run's time budget (recorded %s: %.4f s/step, %g min): kept on this try",
-                 recorded["steps"], budget_record(run), recorded["seconds_per_step"], recorded["budget_minutes"])
+                 recorded["steps"], run.train_budget, recorded["seconds_per_step"], recorded["budget_minutes"])
         return int(recorded["steps"])
     step_s, spent_s = measure()
     steps = max(1, int((budget_minutes * 60 - spent_s) / step_s))
@@ -44,10 +41,10 @@ def budgeted_steps(run: RunPaths, budget_minutes: float, cap: int | None,
         log.info("%d steps would fit train.budget_minutes=%g, but train.steps caps them at %d", steps, budget_minutes,
                  cap)
         steps = cap
-    storage.write_json(budget_record(run), {"steps": steps, "seconds_per_step": step_s, "measured_in_s": spent_s,
+    storage.write_json(run.train_budget, {"steps": steps, "seconds_per_step": step_s, "measured_in_s": spent_s,
                                             "budget_minutes": budget_minutes, "cap": cap})
     log.info("Time budget %g min: %.4f s/step measured in %.1f s, so %d steps (recorded in %s)", budget_minutes,
-             step_s, spent_s, steps, budget_record(run))
+             step_s, spent_s, steps, run.train_budget)
     return steps
 
 

@@ -171,8 +171,7 @@ def train(cfg: PipelineConfig, ctx: RunContext, *, on_checkpoint: Callable[[int,
     eval_every = cfg.train.eval_every or 0  # 0: no validation during training
     validate = Validation(strategy, model, validation_batches(shard_set, tokenizer, cfg)) if eval_every else None
     keep_best = cfg.train.keep_checkpoint == "best"
-    best_dir = join(run.root, "train", "best")  # the best step's weights; its number is the step
-    best_manager = tf.train.CheckpointManager(tf.train.Checkpoint(model=model), best_dir, max_to_keep=1)
+    best_manager = tf.train.CheckpointManager(tf.train.Checkpoint(model=model), run.train_best, max_to_keep=1)
     if manager.latest_checkpoint:
         ckpt.restore(manager.latest_checkpoint).assert_existing_objects_matched()
         log.info("Resumed from %s at step %d", manager.latest_checkpoint, int(step_var.numpy()))
@@ -198,8 +197,6 @@ def train(cfg: PipelineConfig, ctx: RunContext, *, on_checkpoint: Callable[[int,
                            global_batch * shard_set.max_length, run.tensorboard, schedule, on_line=status.progress,
                            flops_per_token=per_token, peak_flops=peak.total)
     with status:  # runs/<run>/train/status.json: heartbeats while this runs, then done or failed with its exit code
-        fault_marker = join(run.root, "train", ".fault_injected")
-
         def save_checkpoint(step: int) -> None:
             path = manager.save(checkpoint_number=step)
             write_history(run, history)
@@ -228,8 +225,8 @@ def train(cfg: PipelineConfig, ctx: RunContext, *, on_checkpoint: Callable[[int,
             if step != total_steps and any(crossed(every, first, step) for every in save_every):
                 save_checkpoint(step)
             fault = cfg.train.fail_at_step
-            if fault is not None and first <= fault <= step and not storage.exists(fault_marker):
-                storage.write_text(fault_marker, f"fault injected at step {fault}\n")
+            if fault is not None and first <= fault <= step and not storage.exists(run.fault_marker):
+                storage.write_text(run.fault_marker, f"fault injected at step {fault}\n")
                 raise RuntimeError(f"Injected fault at step {fault} (train.fail_at_step, raised after step {step}): "
                                    "a retry resumes from the last checkpoint.")
         progress.finish_loop()
@@ -239,7 +236,7 @@ def train(cfg: PipelineConfig, ctx: RunContext, *, on_checkpoint: Callable[[int,
         best = best_so_far(history)
         if keep_best and best is not None and best[0] != total_steps:
             # After the final checkpoint (a resume must continue from the last step, not the best).
-            tf.train.Checkpoint(model=model).restore(join(best_dir, f"ckpt-{best[0]}")).expect_partial()
+            tf.train.Checkpoint(model=model).restore(join(run.train_best, f"ckpt-{best[0]}")).expect_partial()
             log.info("Keeping the best step's model (train.keep_checkpoint=best): step %d, validation loss %.4f",
                      *best)
         _save_model(model, tokenizer, run)

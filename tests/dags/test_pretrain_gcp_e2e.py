@@ -23,7 +23,7 @@ import yaml
 
 from mlm_tasks import storage
 from mlm_tasks.deployment import DEPLOYMENT_KEYS
-from mlm_tasks.paths import DataPaths, RunPaths, join
+from mlm_tasks.paths import DataPaths, RunFolder, RunPaths, join
 from peers.airflow_home import airflow_env, dags_test  # noqa: F401  (fixture)
 from peers.fake_tpu_api import is_read
 from peers.sshd import airflow_conn_uri
@@ -172,7 +172,7 @@ def _preempt_at_fault(fake_tpu, gcs_root: str, stop: threading.Event, seen: list
     """When the train step dies on the VM (the injected fault), mark the node PREEMPTED, as GCP would."""
     fs = storage.filesystem(gcs_root)
     while not stop.is_set():
-        if fs.glob(join(gcs_root, "runs", "*", "train", ".fault_injected")):
+        if fs.glob(RunFolder(gcs_root, "*").fault_marker):  # any run's: the run id is Airflow's to choose
             (name,) = list(fake_tpu.nodes)
             fake_tpu.preempt(name.rsplit("/", 1)[-1])
             seen.append(name)

@@ -8,7 +8,7 @@ import logging
 import pytest
 
 from mlm_tasks import storage
-from mlm_tasks.model.budget import budget_record, budgeted_steps
+from mlm_tasks.model.budget import budgeted_steps
 from mlm_tasks.model.progress import read_history
 from mlm_tasks.paths import RunContext, RunPaths
 from peers.tiny_data import tiny_config
@@ -26,11 +26,11 @@ def test_a_budgeted_run_keeps_its_count_across_a_retry_and_trains_as_that_count_
     caplog.set_level(logging.INFO, logger="mlm_tasks")
     with pytest.raises(RuntimeError, match="Injected fault"):
         train(budgeted, ctx)
-    record = storage.read_json(budget_record(ctx.run))
+    record = storage.read_json(ctx.run.train_budget)
     assert 8 <= record["steps"] <= 60 and record["seconds_per_step"] > 0 and record["budget_minutes"] == 0.5
     summary = train(budgeted, ctx)  # the retry: resumes from step 5 with the recorded count
     assert summary["steps"] == record["steps"] and summary["resumed_from_step"] == 5
-    assert storage.read_json(budget_record(ctx.run)) == record
+    assert storage.read_json(ctx.run.train_budget) == record
     assert "kept on this try" in caplog.text
 
     fixed = tiny_config(cfg.output_root, **common, **{"train.steps": record["steps"]})
