@@ -102,8 +102,8 @@ def nvidia_smi() -> str:
 
 def plan(args) -> dict:
     """What both loops run: the device, steps per call, batch and warm-up, checked against each other."""
+    from mlm_tasks.model.device import select_device
     from mlm_tasks.model.training_plan import steps_per_call
-    from mlm_tasks.steps.train import select_device
 
     device = select_device(args.device)
     if args.device != "cpu":  # (the CPU check skips TensorFlow's import here)

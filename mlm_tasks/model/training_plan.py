@@ -5,21 +5,30 @@
     per_call = steps_per_call(cfg.train.steps_per_call, device)  # optimizer steps per compiled call
     plan_lines(cfg, steps, vocab_size)   # tokens, FLOPs; on a TPU VM hours and cost, before spending
 
-Shared by the steps that need them (validate, check_run, train), so no step imports another.
+Shared by the steps that need them (validate, check_run, train), so no step imports another. The train
+step's first two parts live here too, each handing a typed result to the next:
+
+    inputs = load_inputs(cfg, ctx)                 # TrainInputs: the checked shard set, tokenizer, base model
+    plan = plan_training(cfg, ctx.run, inputs)     # TrainPlan: device, precision, strategy, batch, steps
 """
 from __future__ import annotations
 
 import logging
 import math
+from dataclasses import dataclass, replace
 from typing import Any
 
 from mlm_tasks import storage
+from mlm_tasks.base_model import BaseModel
 from mlm_tasks.config import PipelineConfig
-from mlm_tasks.data.shard_set import ShardSet
+from mlm_tasks.data.shard_set import ShardSet, load_manifest
 from mlm_tasks.errors import ConfigError
-from mlm_tasks.paths import RunPaths, join
+from mlm_tasks.model.device import make_strategy, select_device
+from mlm_tasks.model.train_step import model_and_optimizer, step_functions, train_input
+from mlm_tasks.paths import RunContext, RunPaths, join
 
 log = logging.getLogger(__name__)
+train_log = logging.getLogger("mlm_tasks.steps.train")  # the train step's own lines, as its other parts write them
 
 
 def checkpoint_vocab_size(checkpoint_dir: str) -> int | None:
@@ -115,3 +124,90 @@ def plan_lines(cfg: PipelineConfig, steps: int, vocab_size: int, base_config: di
                      f"{100 * prices.ASSUMED_MFU:.0f}% MFU: {hours:.2f} h of training; {cost_text} "
                      f"[{prices.source(cfg.tpu)}], plus the VM's start and the steps around training.")
     return lines
+
+
+# The train step's plan: what it trains on, then how it trains on this host.
+
+@dataclass(frozen=True)
+class TrainInputs:
+    """What a run trains on: its shard set (train split verified), its tokenizer, and the base model whose
+    weights it starts from (None: random weights)."""
+    shard_set: ShardSet
+    tokenizer: Any
+    base: BaseModel | None
+
+
+def load_inputs(cfg: PipelineConfig, ctx: RunContext) -> TrainInputs:
+    """The run's shard set, tokenizer and base model, once the shards pass their checksums and the run's
+    earlier checkpoint (if any) fits this data."""
+    from mlm_tasks.data.tokenizer import load_tokenizer
+    from mlm_tasks.model.roberta import model_vocab_size
+
+    shard_set = load_manifest(cfg, ctx.data.fingerprint)
+    shard_set.verify("train")
+    tokenizer = load_tokenizer(shard_set.paths.tokenizer, shard_set.max_length)
+    base = BaseModel.pinned(cfg, shard_set.base_model)  # at the revision the shard set recorded
+    check_resumable(ctx.run, ctx.data.fingerprint, model_vocab_size(cfg, len(tokenizer)))
+    return TrainInputs(shard_set, tokenizer, base)
+
+
+@dataclass(frozen=True)
+class TrainPlan:
+    """How the run trains on this host, fixed before its model is built."""
+    device: str           # cpu, gpu or tpu
+    precision: str        # off or bf16 (the global Keras policy is set to match)
+    xla: bool
+    strategy: Any         # the tf.distribute strategy the model is built in
+    replicas: int         # what the hardware gives, never a number from a config
+    global_batch: int     # train.batch_size per replica x replicas
+    total_steps: int      # train.steps, epochs over the records, or what fits train.budget_minutes
+    per_call: int         # optimizer steps per call of the compiled loop
+    model_config: Any     # the RobertaConfig the model is built from
+
+
+def plan_training(cfg: PipelineConfig, run: RunPaths, inputs: TrainInputs) -> TrainPlan:
+    """Pick the device, precision and strategy, and fix the batch and the step count (with
+    train.budget_minutes, from the measured speed of the run's own step). Seeds the run's RNG."""
+    import tensorflow as tf
+    import tf_keras
+
+    from mlm_tasks.model.precision import auto_precision
+    from mlm_tasks.model.roberta import roberta_config
+
+    device = select_device(cfg.train.device)
+    precision = auto_precision(device) if cfg.train.mixed_precision == "auto" else cfg.train.mixed_precision
+    if precision == "bf16":
+        tf_keras.mixed_precision.set_global_policy("mixed_bfloat16")
+    xla = cfg.train.xla == "on" or (cfg.train.xla == "auto" and device != "cpu")
+    tf.keras.utils.set_random_seed(cfg.train.seed)
+    strategy = make_strategy(device, cfg)
+    replicas = strategy.num_replicas_in_sync
+    global_batch = cfg.train.batch_size * replicas
+    base = inputs.base
+    plan = TrainPlan(device, precision, xla, strategy, replicas, global_batch,
+                     total_steps=plan_steps(cfg, inputs.shard_set, global_batch),
+                     per_call=steps_per_call(cfg.train.steps_per_call, device),
+                     model_config=roberta_config(cfg, len(inputs.tokenizer), inputs.shard_set.special_ids,
+                                                 base.config() if base else None))
+    if cfg.train.budget_minutes:
+        plan = replace(plan, total_steps=_budgeted_steps(cfg, run, inputs, plan, cfg.train.budget_minutes))
+        tf.keras.utils.set_random_seed(cfg.train.seed)  # the run's model starts where a run of that count would
+    train_log.info("Training on %s (%s): %d replica(s), global batch %d, %d steps (%d per call), warmup %d, XLA %s, "
+             "precision %s", device, type(strategy).__name__, replicas, global_batch, plan.total_steps, plan.per_call,
+             int(plan.total_steps * cfg.train.warmup_fraction), "on" if xla else "off", precision)
+    return plan
+
+
+def _budgeted_steps(cfg: PipelineConfig, run: RunPaths, inputs: TrainInputs, plan: TrainPlan, minutes: float) -> int:
+    """The step count that fits train.budget_minutes (recorded in RunPaths.train_budget; a retry reads it)."""
+    from mlm_tasks.model.budget import budgeted_steps, seconds_per_step
+
+    def measure() -> tuple[float, float]:  # a throwaway model, on the run's first batches (the input repeats)
+        throwaway = model_and_optimizer(plan.strategy, cfg, plan.model_config, plan.total_steps,
+                                        from_base=inputs.base is not None)
+        batches = train_input(cfg, inputs.shard_set, inputs.tokenizer, plan.global_batch, 0, 10**6)
+        return seconds_per_step(plan.strategy, throwaway[:2], step_functions, cfg.train.max_predictions_per_seq,
+                                plan.xla, batches, plan.per_call)
+
+    cap = plan.total_steps if cfg.train.steps else None
+    return budgeted_steps(run, minutes, cap, measure)

@@ -1,0 +1,73 @@
+"""The train step's third part: the model, optimizer and checkpoints a plan trains, restored or started.
+
+    state = build_training(cfg, ctx.run, inputs, plan)   # TrainState: model, checkpoints, start step, history
+
+A checkpoint holds weights, optimizer moments and the step (the learning-rate schedule follows the
+optimizer's step). A run with a checkpoint restores the latest; a fresh run with `model.init_from` starts
+from the base model's weights (mlm_tasks/model/init_weights.py), else from random ones.
+"""
+from __future__ import annotations
+
+import logging
+import tempfile
+from dataclasses import dataclass
+from typing import Any
+
+from mlm_tasks.base_model import BaseModel
+from mlm_tasks.config import PipelineConfig
+from mlm_tasks.model.progress import read_history
+from mlm_tasks.model.train_step import model_and_optimizer
+from mlm_tasks.model.training_plan import TrainInputs, TrainPlan
+from mlm_tasks.paths import RunPaths
+
+log = logging.getLogger("mlm_tasks.steps.train")
+
+
+@dataclass
+class TrainState:
+    """What the loop trains and saves. `history` is the run's logged steps up to `start_step`; the loop
+    appends to it."""
+    model: Any
+    optimizer: Any
+    schedule: Any                 # the learning-rate schedule (the progress lines print its value)
+    step: Any                     # tf.Variable: the step the checkpoint records
+    checkpoints: Any              # tf.train.CheckpointManager of runs/<run>/checkpoints (the last two)
+    best: Any                     # ... of RunPaths.train_best: the weights of the lowest validation loss
+    validate: Any | None          # Validation (train.eval_every), None without it
+    start_step: int
+    history: list[dict[str, Any]]
+
+
+def build_training(cfg: PipelineConfig, run: RunPaths, inputs: TrainInputs, plan: TrainPlan) -> TrainState:
+    """Build the model and optimizer in the plan's strategy, their checkpoints, and restore the run's latest
+    checkpoint (or load the base model's weights into a fresh run)."""
+    import tensorflow as tf
+
+    from mlm_tasks.model.validation import Validation, validation_batches
+
+    model, optimizer, schedule = model_and_optimizer(plan.strategy, cfg, plan.model_config, plan.total_steps,
+                                                     from_base=inputs.base is not None)
+    with plan.strategy.scope():
+        step = tf.Variable(0, dtype=tf.int64, trainable=False, name="step")
+    checkpoint = tf.train.Checkpoint(model=model, optimizer=optimizer, step=step)
+    manager = tf.train.CheckpointManager(checkpoint, run.checkpoints, max_to_keep=2)
+    validate = Validation(plan.strategy, model, validation_batches(inputs.shard_set, inputs.tokenizer, cfg)) \
+        if cfg.train.eval_every else None
+    best = tf.train.CheckpointManager(tf.train.Checkpoint(model=model), run.train_best, max_to_keep=1)
+    _restore_or_start(checkpoint, manager, step, model, inputs.base)
+    start_step = int(step.numpy())  # int() refuses the Mirrored/TPU variable a strategy makes
+    history = [h for h in read_history(run) if h["step"] <= start_step]
+    return TrainState(model, optimizer, schedule, step, manager, best, validate, start_step, history)
+
+
+def _restore_or_start(checkpoint: Any, manager: Any, step: Any, model: Any, base: BaseModel | None) -> None:
+    """The latest checkpoint of the run when it has one; else the base model's weights, if any."""
+    if manager.latest_checkpoint:
+        checkpoint.restore(manager.latest_checkpoint).assert_existing_objects_matched()
+        log.info("Resumed from %s at step %d", manager.latest_checkpoint, int(step.numpy()))
+    elif base is not None:
+        from mlm_tasks.model.init_weights import load_base_weights
+
+        with tempfile.TemporaryDirectory() as tmp:
+            read = load_base_weights(model, base.local_folder(tmp))
+        log.info("Starting from the base model %s at %s: %s", base.uri, base.identity()["revision"], read)

@@ -1,0 +1,74 @@
+"""What one training step is made of: the model and optimizer in the strategy's scope, the train input,
+and the compiled loop that runs k optimizer steps a call. Shared by the run and by the time budget's
+throwaway measurement (mlm_tasks/model/budget.py), so both time the same step.
+
+    model, optimizer, schedule = model_and_optimizer(strategy, cfg, model_config, steps, from_base=False)
+    batches = train_input(cfg, shard_set, tokenizer, global_batch, skip=0, take=steps)
+    iterator = iter(strategy.distribute_datasets_from_function(batches))
+    sums = step_functions(strategy, model, optimizer, max_pred, xla)(iterator, k).numpy()  # k x 3
+"""
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from mlm_tasks.config import PipelineConfig
+
+
+def model_and_optimizer(strategy: Any, cfg: PipelineConfig, model_config: Any, steps: int, *,
+                        from_base: bool) -> tuple[Any, Any, Any]:
+    """(model, optimizer, learning-rate schedule over `steps`), their variables on the strategy's devices.
+    A model that will load a base's weights (`from_base`) skips the sinusoidal init they overwrite."""
+    from mlm_tasks.model.roberta import build_model, optimizer_and_schedule
+
+    with strategy.scope():
+        built = build_model(model_config, sinusoidal_positions=cfg.model.sinusoidal_init and not from_base)
+        optimizer, schedule = optimizer_and_schedule(cfg.train, steps)
+        return built, optimizer, schedule
+
+
+def train_input(cfg: PipelineConfig, shard_set: Any, tokenizer: Any, global_batch: int, skip: int,
+                take: int) -> Callable[[Any], Any]:
+    """The masked train batches `skip`..`skip + take`, as a function of the input context: called once per
+    input pipeline (host), each reading its own share of the shards."""
+    from mlm_tasks.data.input import mlm_dataset
+
+    def batches(input_context: Any) -> Any:
+        return mlm_dataset(shard_set, "train", tokenizer, global_batch, mlm_probability=cfg.train.mlm_probability,
+                           seed=cfg.train.seed, shuffle_buffer=cfg.train.shuffle_buffer, skip_batches=skip,
+                           take_batches=take, input_context=input_context)
+
+    return batches
+
+
+def step_functions(strategy: Any, model: Any, optimizer: Any, max_pred: int, xla: bool) -> Any:
+    """`distributed_steps(iterator, k)`: k optimizer steps in one call (train.steps_per_call). The loop runs
+    on the device side, so the host dispatches once per k steps; it returns each step's [loss sum, masked
+    tokens, correct] (k x 3)."""
+    import tensorflow as tf
+
+    from mlm_tasks.model.roberta import masked_lm_loss
+
+    replicas = strategy.num_replicas_in_sync
+    # Without XLA off a TPU, shapes may change per batch: the LM head then runs at the masked positions
+    # only, with no padding slots (same loss; on the embedded default ~1.2x the tokens/s).
+    packed = not xla and not isinstance(strategy, tf.distribute.TPUStrategy)
+
+    @tf.function(jit_compile=xla)
+    def replica_step(batch):
+        with tf.GradientTape() as tape:
+            loss_sum, count, correct = masked_lm_loss(model, batch, max_pred, training=True, packed=packed)
+            loss = loss_sum / tf.maximum(count, 1.0) / replicas
+        grads = tape.gradient(loss, model.trainable_variables)
+        optimizer.apply_gradients(zip(grads, model.trainable_variables, strict=False))
+        return loss_sum, count, correct
+
+    @tf.function
+    def distributed_steps(it, k: int):
+        sums = tf.TensorArray(tf.float32, size=k)
+        for i in tf.range(k):
+            per_replica = strategy.run(replica_step, args=(next(it),))
+            sums = sums.write(i, tf.stack([strategy.reduce("SUM", v, axis=None) for v in per_replica]))
+        return sums.stack()
+
+    return distributed_steps
