@@ -2,19 +2,32 @@
 test's fault) without the loop knowing who they are.
 
     train(cfg, ctx, hooks=[FailAtStep(6)])                        # in this process (a test)
+    MLM_TRAIN_HOOKS=mlm_tasks.model.train_hooks:fail_at_step=6     # a trainer in another process
 
 A hook overrides what it needs of `TrainHook`: `on_start(run, start_step, total_steps)` before the first
 step, `on_steps(first, last)` after each call of the compiled loop (steps first..last, any checkpoint of
 that call saved), `on_checkpoint(step, path)` after each saved checkpoint and the final one, `on_end()`
 after the final checkpoint. An int `checkpoint_every` asks for a checkpoint that often as well.
+
+MLM_TRAIN_HOOKS is a test and diagnostic seam, not a setting: `module:factory` or `module:factory=ARG`
+entries, comma-separated, each factory called (with ARG, a string, when given) for a hook. It is read
+from the trainer's own environment (the worker's, or tpu.env's on a TPU VM, both the deployment's),
+never from a run's config, so no DAG-run conf or trigger form can set it.
 """
 from __future__ import annotations
 
-from collections.abc import Callable
+import importlib
+import logging
+import os
+from collections.abc import Callable, Mapping
+from typing import Any
 
 from mlm_tasks import storage
 from mlm_tasks.errors import ConfigError
 from mlm_tasks.paths import RunPaths
+
+log = logging.getLogger("mlm_tasks.steps.train")
+ENV = "MLM_TRAIN_HOOKS"
 
 
 class TrainHook:
@@ -76,3 +89,36 @@ class FailAtStep(TrainHook):
         raise RuntimeError(f"Injected fault at step {self.step} (FailAtStep hook, raised after step {last}): a "
                            "retry resumes from the last checkpoint.")
 
+
+def fail_at_step(argument: str) -> FailAtStep:
+    """MLM_TRAIN_HOOKS factory: `fail_at_step=STEP` (every run) or `fail_at_step=STEP@RUN_ID` (that run only)."""
+    step, _, run_id = argument.partition("@")
+    if not step.strip().isdigit():
+        raise ConfigError(f"{ENV}: fail_at_step takes STEP or STEP@RUN_ID (e.g. fail_at_step=6), not {argument!r}.")
+    return FailAtStep(int(step), run_id.strip() or None)
+
+
+def hooks_from_env(environ: Mapping[str, str] = os.environ) -> list[TrainHook]:
+    """The hooks MLM_TRAIN_HOOKS names (none when it is unset or empty); a bad entry is a ConfigError."""
+    hooks = [_load(entry.strip()) for entry in environ.get(ENV, "").split(",") if entry.strip()]
+    for hook in hooks:
+        log.warning("%s adds the training hook %r (a test and diagnostic seam; unset it for real runs)", ENV, hook)
+    return hooks
+
+
+def _load(entry: str) -> TrainHook:
+    target, has_argument, argument = entry.partition("=")
+    module_name, _, name = target.partition(":")
+    if not module_name or not name:
+        raise ConfigError(f"{ENV} entry {entry!r} is not module:factory or module:factory=ARG (e.g. "
+                          "mlm_tasks.model.train_hooks:fail_at_step=6): fix the variable or unset it.")
+    try:
+        factory: Any = getattr(importlib.import_module(module_name), name)
+    except (ImportError, AttributeError) as err:
+        raise ConfigError(f"{ENV} entry {entry!r} names no importable factory ({err}): check the module path "
+                          "(importable by the trainer's Python) and the name after ':'.") from None
+    hook = factory(argument) if has_argument else factory()
+    if not isinstance(hook, TrainHook):
+        raise ConfigError(f"{ENV} entry {entry!r} made a {type(hook).__name__}, not a TrainHook "
+                          "(mlm_tasks/model/train_hooks.py): name a factory that returns one.")
+    return hook
