@@ -31,8 +31,11 @@ def test_pretrain_dag_end_to_end_with_a_retry(airflow_env, tmp_path):
                             for i in range(8) for w in ("good", "bad")))
     downstream = {"seeds": 1, "steps": 2, "batch_size": 4, "max_length": 16,
                   "tasks": [{"name": "toy", "train_file": str(task), "validation_file": str(task)}]}
-    conf = {**TINY, "output_root": str(out), "overrides": {"train.fail_at_step": 7, "downstream": downstream}}
-    result = dags_test(airflow_env, "mlm_pretrain", conf=conf, extra_env={"MLM_RETRY_DELAY_S": "1"}, timeout=900)
+    conf = {**TINY, "output_root": str(out), "overrides": {"downstream": downstream}}
+    # The fault: a hook the trainer's environment names (no run setting can), firing once per run.
+    fault = {"MLM_TRAIN_HOOKS": "mlm_tasks.model.train_hooks:fail_at_step=7"}
+    result = dags_test(airflow_env, "mlm_pretrain", conf=conf, extra_env={"MLM_RETRY_DELAY_S": "1", **fault},
+                       timeout=900)
     log = result.stdout + result.stderr
     assert result.returncode == 0 and "state=success" in log, log[-5000:]
     assert "Injected fault at step 7" in log and "new_state=up_for_retry" in log

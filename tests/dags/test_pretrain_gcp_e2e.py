@@ -35,14 +35,15 @@ TINY = {"config_file": str(ROOT / "configs" / "tiny.yaml"), "vocab_size": 1000, 
 PROJECT, ZONE = "mlm-test-project", "us-central2-b"
 
 
-def _conf(gcs_root: str, fake_tpu, sshd, tf_gcs_env: dict, **overrides) -> dict:
+def _conf(gcs_root: str, fake_tpu, sshd, tf_gcs_env: dict, vm_env: dict | None = None, **overrides) -> dict:
     """Tiny preset on gs:// + tpu_vm; the "VM" is this checkout behind sshd, reading the emulator the way
-    a TPU VM reads GCS (tpu.env carries the emulator and TLS-proxy settings to the remote step)."""
+    a TPU VM reads GCS (tpu.env carries the emulator and TLS-proxy settings, and `vm_env`, to the remote step)."""
     return {**TINY, "output_root": gcs_root, "compute": "tpu_vm", "overrides": {
         "tpu.project": PROJECT, "tpu.zone": ZONE, "tpu.api_endpoint": fake_tpu.url, "tpu.transport": "rest",
         "tpu.bootstrap": False, "tpu.workdir": str(ROOT), "tpu.python": sys.executable,
         "tpu.ssh_port": sshd.port, "tpu.poll_interval_s": 0.2, "train.follow_poll_s": 1,
-        "tpu.env": {**tf_gcs_env, "HF_HUB_OFFLINE": "1", "TF_CPP_MIN_LOG_LEVEL": "2", **NO_LIBTPU}, **overrides}}
+        "tpu.env": {**tf_gcs_env, "HF_HUB_OFFLINE": "1", "TF_CPP_MIN_LOG_LEVEL": "2", **NO_LIBTPU, **(vm_env or {})},
+        **overrides}}
 
 
 def _env(sshd, tf_gcs_env: dict, gcs) -> dict:
@@ -185,7 +186,9 @@ def test_failed_create_and_preemption_recover_on_fresh_nodes(
         airflow_env, gcs, gcs_root, tf_gcs_env, fake_tpu, sshd, tmp_path):
     # Try 1 of create_tpu_vm: the node appears, then its create operation fails (stockout).
     fake_tpu.fail_next_create("There is no more capacity in the zone")
-    conf = _conf(gcs_root, fake_tpu, sshd, tf_gcs_env, **{"train.fail_at_step": 7})
+    # The fault: a hook the trainer's environment on the VM names (tpu.env, the deployment's: no run can set it).
+    fault = {"MLM_TRAIN_HOOKS": "mlm_tasks.model.train_hooks:fail_at_step=7"}
+    conf = _conf(gcs_root, fake_tpu, sshd, tf_gcs_env, fault)
     stop, preempted = threading.Event(), []
     watcher = threading.Thread(target=_preempt_at_fault, args=(fake_tpu, gcs_root, stop, preempted), daemon=True)
     watcher.start()

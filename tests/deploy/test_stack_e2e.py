@@ -4,8 +4,9 @@ driven only through the public REST API v2, as an operator's script would.
     .venv/bin/python -m pytest tests/deploy/test_stack_e2e.py
 
 Two runs are triggered at once (each in its own output_root) so the retry delay of the second
-overlaps the first: one changes a param (steps=10) and must honour it; the other injects a fault
-(`train.fail_at_step`) and must show try 2 of `train` succeeding, resumed from the checkpoint.
+overlaps the first: one changes a param (steps=10) and must honour it; the other, `rest-fault`, meets a
+fault at step 6 (a FailAtStep hook the stack's environment names for that run: tests/deploy/conftest.py)
+and must show try 2 of `train` succeeding, resumed from the checkpoint.
 
 On the same stack (one start), the deployment's safety: the FAB roles through the real api-server
 (Admin triggers, a Viewer is refused; a User cannot create a connection, an Op can), the Celery result
@@ -40,7 +41,7 @@ def runs(airflow_stack, airflow_api) -> dict[str, dict]:
             "steps": 12, "batch_size": 8}
     wanted = {
         "param": {**tiny, "steps": 10},
-        "fault": {**tiny, "overrides": {"train.fail_at_step": 6}},
+        "fault": tiny,  # run `rest-fault`: the stack's MLM_TRAIN_HOOKS fails its first try at step 6
     }
     out = {}
     for name, conf in wanted.items():

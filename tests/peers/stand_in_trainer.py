@@ -3,6 +3,7 @@ of sleeps, so that a test can kill, freeze, reattach to and stop a trainer in se
 
     python = write_stand_in(tmp_path, step_s=0.25)                        # tpu.python of the run
     python = write_stand_in(tmp_path, step_s=0.25, model_from=reference)  # + a model for evaluate
+    python = write_stand_in(tmp_path, step_s=0.15, bad_input_at_step=4)   # exits 2 at step 4
     steps = steps_made(workdir, run_id)   # [(pid, step), ...] of every step the run's stand-ins made, in order
 
 The stand-in writes runs/<run>/train/status.json (mlm_tasks/model/status.py) as the real trainer does,
@@ -11,7 +12,7 @@ from `<tpu.workdir>/pace-<run>` while that file exists (`set_pace`), "checkpoint
 checkpoint_every steps (train/ckpt.json) and resumes from there. With `model_from` (a RunPaths of a
 run the real train step made on the same data) it ends as the real trainer does: the model in
 runs/<run>/model/, its own loss curve in history.jsonl, summary.json last, so that evaluate,
-fill_mask and report run on a real model. `train.fail_at_step` makes it exit 2 (no retry can fix it).
+fill_mask and report run on a real model. `bad_input_at_step` makes it exit 2 there (no retry can fix it).
 The wrapper refuses any other command than `-m mlm_tasks train` (exit 9).
 """
 from __future__ import annotations
@@ -35,12 +36,13 @@ ckpt = join(run.root, "train", "ckpt.json")
 start = storage.read_json(ckpt)["step"] if storage.exists(ckpt) else 0
 total = cfg.train.steps
 model_from = {model_from!r}
+bad_input_at_step = {bad_input_at_step!r}
 print("stand-in trainer from step", start, flush=True)
 pace = "pace-%s" % os.path.basename(run.root)  # a test slows the trainer down by writing seconds a step here
 with StatusRecord(run, total_steps=total, start_step=start, heartbeat_s=cfg.train.heartbeat_s) as status:
     for step in range(start + 1, total + 1):
         time.sleep(float(open(pace).read()) if os.path.exists(pace) else {step_s})
-        if cfg.train.fail_at_step == step:
+        if bad_input_at_step == step:
             print("error: the shards are not what this run was planned on", flush=True)
             raise NoRetryError("bad input at step %d" % step)
         with open("steps-%s.log" % os.path.basename(run.root), "a") as f:
@@ -61,11 +63,14 @@ print("stand-in trainer done at step", total, flush=True)
 """
 
 
-def write_stand_in(folder: Path, step_s: float, model_from: str | None = None) -> Path:
+def write_stand_in(folder: Path, step_s: float, model_from: str | None = None,
+                   bad_input_at_step: int | None = None) -> Path:
     """The VM's `python` (a wrapper script in `folder`) that runs the stand-in trainer; `model_from`:
-    the run id, under the same output_root, whose model the stand-in hands on at its end."""
+    the run id, under the same output_root, whose model the stand-in hands on at its end;
+    `bad_input_at_step`: the step at which it fails as a trainer given bad input does (exit 2)."""
     stub = folder / "stand_in_trainer.py"
-    stub.write_text(TRAINER.format(root=str(ROOT), step_s=step_s, model_from=model_from))
+    stub.write_text(TRAINER.format(root=str(ROOT), step_s=step_s, model_from=model_from,
+                                   bad_input_at_step=bad_input_at_step))
     python = folder / "python"
     python.write_text(f'#!/bin/sh\n[ "$1 $2 $3" = "-m mlm_tasks train" ] || exit 9\nshift 3\n'
                       f'exec {sys.executable} {stub} "$@"\n')

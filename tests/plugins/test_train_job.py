@@ -46,10 +46,13 @@ DATA = {"fingerprint": "fp123"}
 @pytest.fixture
 def vm(request, tmp_path, sshd, gcs, fake_tpu, monkeypatch):
     """(config, workdir, store): a READY node whose worker 0 is the sshd, a stand-in trainer as its python
-    (0.15 s a step, or the test's `@pytest.mark.parametrize("vm", [{"step_s": ...}], indirect=True)`)."""
+    (0.15 s a step, or the test's `@pytest.mark.parametrize("vm", [{"step_s": ...}], indirect=True)`;
+    `bad_input_at_step` there too)."""
     monkeypatch.setenv("AIRFLOW_CONN_TPU_SSH", airflow_conn_uri(sshd))
     fake_tpu.add_node("proj", ZONE, NAME, state="READY")
-    python = write_stand_in(tmp_path, step_s=getattr(request, "param", {}).get("step_s", 0.15))
+    param = getattr(request, "param", {})
+    python = write_stand_in(tmp_path, step_s=param.get("step_s", 0.15),
+                            bad_input_at_step=param.get("bad_input_at_step"))
     workdir = tmp_path / "vm"
     config = {"compute": "tpu_vm", "output_root": gcs.uri(f"detached-{tmp_path.name}"),
               "train": {"steps": 60, "checkpoint_every": 5, "heartbeat_s": 1, "stall_minutes": 0.1,
@@ -292,10 +295,10 @@ def test_on_kill_before_the_deferral_stops_the_trainer(vm):
     assert _gone(vm.store.get(JOB_KEY)["pid"])
 
 
+@pytest.mark.parametrize("vm", [{"bad_input_at_step": 4}], indirect=True)
 def test_a_trainer_that_exits_2_fails_without_retry_with_its_last_lines(vm):
-    config = {**vm.config, "train": {**vm.config["train"], "fail_at_step": 4}}
     with pytest.raises(AirflowFailException) as err:
-        _train(vm, 1, config)
+        _train(vm, 1)
     message = str(err.value)
     assert "failed: NoRetryError: bad input at step 4" in message and "no retry can fix" in message
     assert "error: the shards are not what this run was planned on" in message  # from the trainer's log

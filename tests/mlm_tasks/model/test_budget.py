@@ -10,6 +10,7 @@ import pytest
 from mlm_tasks import storage
 from mlm_tasks.model.budget import budgeted_steps
 from mlm_tasks.model.progress import read_history
+from mlm_tasks.model.train_hooks import FailAtStep
 from mlm_tasks.paths import RunContext, RunPaths
 from peers.tiny_data import tiny_config
 
@@ -20,12 +21,11 @@ def test_a_budgeted_run_keeps_its_count_across_a_retry_and_trains_as_that_count_
     cfg, data = tiny_prepared
     common = {"train.log_every": 1, "train.checkpoint_every": 5, "train.device": "cpu"}
     # 30 s, capped at 60 steps (train.steps): the measuring takes ~10 s here, a step ~15 ms.
-    budgeted = tiny_config(cfg.output_root, **common, **{"train.budget_minutes": 0.5, "train.steps": 60,
-                                                         "train.fail_at_step": 7})
+    budgeted = tiny_config(cfg.output_root, **common, **{"train.budget_minutes": 0.5, "train.steps": 60})
     ctx = RunContext.of(budgeted, "budgeted", data["fingerprint"])
     caplog.set_level(logging.INFO, logger="mlm_tasks")
     with pytest.raises(RuntimeError, match="Injected fault"):
-        train(budgeted, ctx)
+        train(budgeted, ctx, hooks=[FailAtStep(7)])
     record = storage.read_json(ctx.run.train_budget)
     assert 8 <= record["steps"] <= 60 and record["seconds_per_step"] > 0 and record["budget_minutes"] == 0.5
     summary = train(budgeted, ctx)  # the retry: resumes from step 5 with the recorded count

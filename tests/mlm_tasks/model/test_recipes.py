@@ -10,6 +10,7 @@ import pytest
 from mlm_tasks.errors import ConfigError
 from mlm_tasks.model import precision
 from mlm_tasks.model.roberta import model_vocab_size, optimizer_and_schedule
+from mlm_tasks.model.train_hooks import FailAtStep
 from mlm_tasks.paths import RunContext
 from peers.tiny_data import tiny_config
 
@@ -75,10 +76,10 @@ def test_bf16_one_cycle_more_masking_and_a_padded_vocabulary_train_resume_evalua
     knobs = tiny_config(cfg.output_root, **{
         "train.mixed_precision": "bf16", "train.schedule": "one_cycle", "train.learning_rate": 0.003,
         "train.mlm_probability": 0.3, "train.max_predictions_per_seq": 32, "model.vocab_multiple": 128,
-        "train.steps": 16, "train.fail_at_step": 7, "train.eval_every": 8, "train.device": "cpu"})
+        "train.steps": 16, "train.eval_every": 8, "train.device": "cpu"})
     ctx = RunContext.of(knobs, "knobs", data["fingerprint"])
     with pytest.raises(RuntimeError, match="Injected fault"):
-        train(knobs, ctx)
+        train(knobs, ctx, hooks=[FailAtStep(7)])
     summary = train(knobs, ctx)
     assert summary["precision"] == "bf16" and summary["resumed_from_step"] == 5
     assert abs(summary["first_loss"] - math.log(data["vocab_size"])) < 1.0  # the fp32 head's softmax: sane

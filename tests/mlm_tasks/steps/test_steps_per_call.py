@@ -6,6 +6,7 @@ step per call, with XLA on and off; a fault and the resume after it keep them ex
 import pytest
 
 from mlm_tasks.model.progress import read_history
+from mlm_tasks.model.train_hooks import FailAtStep
 from mlm_tasks.model.training_plan import crossed
 from mlm_tasks.paths import RunContext, RunPaths
 from peers.tiny_data import tiny_config
@@ -13,17 +14,17 @@ from peers.tiny_data import tiny_config
 STEPS = 16
 
 
-def _losses(cfg, data, run_id, **settings):
+def _losses(cfg, data, run_id, hooks=(), **settings):
     from mlm_tasks.steps.train import train
 
     cfg = tiny_config(cfg.output_root, **{"train.steps": STEPS, "train.log_every": 1, "train.checkpoint_every": 4,
                                           "train.device": "cpu", **settings})
     ctx = RunContext.of(cfg, run_id, data["fingerprint"])
     try:
-        summary = train(cfg, ctx)
-    except RuntimeError as err:  # train.fail_at_step: the first try fails, as a task's would; the retry resumes
+        summary = train(cfg, ctx, hooks=hooks)
+    except RuntimeError as err:  # a FailAtStep hook: the first try fails, as a task's would; the retry resumes
         assert "Injected fault" in str(err)
-        summary = train(cfg, ctx)
+        summary = train(cfg, ctx, hooks=hooks)  # the same hooks, as a task's retry has: the fault fired once
     history = read_history(RunPaths(cfg.output_root, run_id))
     assert [h["step"] for h in history] == list(range(1, STEPS + 1))
     return [h["loss"] for h in history], summary
@@ -43,7 +44,7 @@ def test_a_fault_mid_call_resumes_exactly_with_several_steps_per_call(tiny_prepa
     resumes there and skips the batches it consumed: the losses are an undisturbed run's."""
     cfg, data = tiny_prepared
     undisturbed, _ = _losses(cfg, data, "k4-undisturbed", **{"train.steps_per_call": 4})
-    faulted, summary = _losses(cfg, data, "k4-faulted", **{"train.steps_per_call": 4, "train.fail_at_step": 6})
+    faulted, summary = _losses(cfg, data, "k4-faulted", [FailAtStep(6)], **{"train.steps_per_call": 4})
     assert summary["resumed_from_step"] == 8
     assert faulted == pytest.approx(undisturbed, rel=1e-6, abs=1e-6)
 
