@@ -133,7 +133,7 @@ class TrainConfig(_Section):
     log_every: int = Field(25, ge=1, le=100_000_000, description="Steps between progress lines in the log.")
     steps_per_call: Literal["auto"] | int = Field(
         "auto", description="Optimizer steps per call of the compiled training loop (one host round trip per call; "
-        "auto: 1 on CPU, 16 on GPU, 64 on TPU). Checkpoints, validation and the fault step land on a call's last "
+        "auto: 1 on CPU, 16 on GPU, 64 on TPU). Checkpoints, validation and the loop's hooks land on a call's last "
         "step; the losses are the same whatever it is.")
     eval_every: int | None = Field(None, ge=1, le=100_000_000,
                                    description="Steps between validation losses during training "
@@ -155,8 +155,6 @@ class TrainConfig(_Section):
         "MirroredStrategy on CPU/GPU even for one device, the TPU's strategy.run path, for tests).")
     shuffle_buffer: int = Field(10_000, ge=1, le=1_000_000, description="Examples in the tf.data shuffle buffer.")
     seed: int = Field(42, description="Seed for init, shuffling and masking.")
-    fail_at_step: int | None = Field(None, ge=1, description="Fault injection for tests: raise at this "
-                                     "step on the first try of a run.")
     heartbeat_s: float = Field(30.0, ge=1, le=3600,
                                description="Seconds between rewrites of the trainer's status record "
                                "(runs/<run>/train/status.json) while it runs.")
@@ -560,11 +558,22 @@ def build_config(base: dict | None = None, overrides: dict[str, Any] | None = No
         raise ConfigError(_explain(err)) from None
 
 
+# Settings that are gone, and what to use instead: naming one says so, not "check its spelling".
+REMOVED_SETTINGS = {
+    "train.fail_at_step": "fault injection is a training hook now, never a setting of a run: in process, "
+    "train(cfg, ctx, hooks=[FailAtStep(N)]); for a trainer in another process (a task, the CLI, a TPU VM), "
+    "MLM_TRAIN_HOOKS=mlm_tasks.model.train_hooks:fail_at_step=N in its environment "
+    "(mlm_tasks/model/train_hooks.py). Remove the setting.",
+}
+
+
 def _explain(err: ValidationError) -> str:
     lines = []
     for e in err.errors():
         where = ".".join(str(p) for p in e["loc"]) or "config"
-        if e["type"] == "extra_forbidden":
+        if e["type"] == "extra_forbidden" and where in REMOVED_SETTINGS:
+            lines.append(f"Setting {where!r} is gone: {REMOVED_SETTINGS[where]}")
+        elif e["type"] == "extra_forbidden":
             lines.append(f"Unknown setting {where!r}: check its spelling (see configs/default.yaml).")
         elif e["type"] == "value_error" and isinstance(e.get("ctx", {}).get("error"), ConfigError):
             lines.append(str(e["ctx"]["error"]))

@@ -95,7 +95,7 @@ class RunPaths:
     train_status = property(lambda self: join(self.root, "train", "status.json"))
     train_budget = property(lambda self: join(self.root, "train", "budget.json"))  # train.budget_minutes' count
     train_best = property(lambda self: join(self.root, "train", "best"))  # the best step's weights, by step number
-    fault_marker = property(lambda self: join(self.root, "train", ".fault_injected"))  # train.fail_at_step fired
+    fault_marker = property(lambda self: join(self.root, "train", ".fault_injected"))  # a FailAtStep hook fired
     predictions = property(lambda self: join(self.root, "infer", "predictions.json"))
     report = property(lambda self: join(self.root, "report"))
     tensorboard = property(lambda self: join(self.root, "tensorboard"))

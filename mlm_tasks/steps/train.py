@@ -29,7 +29,7 @@ from collections.abc import Callable, Sequence
 from mlm_tasks import storage
 from mlm_tasks.config import PipelineConfig
 from mlm_tasks.model.progress import best_so_far
-from mlm_tasks.model.train_hooks import CheckpointCallback, FailAtStep, TrainHook, hooks_from_env
+from mlm_tasks.model.train_hooks import CheckpointCallback, TrainHook, hooks_from_env
 from mlm_tasks.model.train_loop import TrainLoop
 from mlm_tasks.model.train_state import TrainState, build_training
 from mlm_tasks.model.training_plan import TrainInputs, TrainPlan, load_inputs, plan_training
@@ -56,8 +56,6 @@ def train(cfg: PipelineConfig, ctx: RunContext, *, on_checkpoint: Callable[[int,
 
     hub_sync.check_sync_settings(cfg, hub_token)  # a missing token fails now, not after the data checks
     hooks = [*hooks, *hooks_from_env()]  # a bad MLM_TRAIN_HOOKS fails now too
-    if cfg.train.fail_at_step is not None:  # the test setting, as a hook of the loop
-        hooks = [*hooks, FailAtStep(cfg.train.fail_at_step)]
     inputs = load_inputs(cfg, ctx)
     if storage.exists(ctx.run.train_summary):
         done: TrainSummary = storage.read_json(ctx.run.train_summary)

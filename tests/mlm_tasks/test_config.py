@@ -39,6 +39,23 @@ def test_bad_settings_fail_with_a_message(overrides, message):
         build_config(overrides=overrides)
 
 
+def test_train_fail_at_step_is_gone_and_the_error_says_what_replaces_it(tmp_path):
+    """Fault injection is a training hook now: whichever door still names the setting (an override, a YAML
+    file, a trigger's conf) is told it is gone and what to use, not to check its spelling."""
+    with pytest.raises(ConfigError, match=r"Setting 'train\.fail_at_step' is gone: .*hooks=\[FailAtStep\(N\)\]"
+                                          r".*MLM_TRAIN_HOOKS=mlm_tasks\.model\.train_hooks:fail_at_step=N"):
+        build_config(overrides={"train.fail_at_step": 6})
+    old = tmp_path / "old.yaml"
+    old.write_text("train:\n  steps: 12\n  fail_at_step: 6\n")
+    with pytest.raises(ConfigError, match=r"'train\.fail_at_step' is gone"):
+        load_config(old)
+    with pytest.raises(ConfigError, match=r"'train\.fail_at_step' is gone"):
+        config_from_params({"steps": 12, "overrides": {"train": {"fail_at_step": 6}}})
+    # What replaces it is no setting by any name: a trigger's conf cannot reach it.
+    with pytest.raises(ConfigError, match="Unknown setting 'MLM_TRAIN_HOOKS'"):
+        config_from_params({"MLM_TRAIN_HOOKS": "mlm_tasks.model.train_hooks:fail_at_step=6"})
+
+
 def test_flat_params_and_overrides_map_into_sections():
     cfg = config_from_params({"vocab_size": 2000, "steps": 7, "overrides": {"train.checkpoint_every": 3},
                               "output_root": "gs://bucket/prefix", "corpus_source": ""})
