@@ -4,7 +4,7 @@
 
 Rows: every row of the embedded corpus (all three splits), written once into a parquet file. Variants,
 each in a fresh subprocess, timed after their imports, in alternating order per round:
-  task        exactly what the Airflow `write_shards` task runs (plugins/shard_set.py ->
+  task        exactly what the Airflow `write_shards` task runs (plugins/mlm_airflow/tasks/shard_set.py ->
               mlm_tasks.steps.write_shards), here partition 0 of 1: load the tokenizer, read
               the parquet (corpus reading included, local_files source), split the rows, tokenize,
               pack, write the shards of all three splits, move them into the set, write the partial

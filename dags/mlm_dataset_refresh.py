@@ -27,9 +27,9 @@ from datetime import datetime
 
 from airflow.sdk import DAG
 
-from dag_defaults import config_params, default_args, default_config
-from pipeline_tasks import validate
-from shard_set import shard_set, source_changed
+from mlm_airflow.defaults import config_params, default_args, default_config
+from mlm_airflow.tasks.shard_set import shard_set, source_changed
+from mlm_airflow.tasks.steps import validate
 
 _defaults = default_config()
 _schedule = os.environ.get("MLM_REFRESH_SCHEDULE", "@weekly").strip()

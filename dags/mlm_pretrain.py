@@ -32,9 +32,14 @@ from datetime import datetime, timedelta
 
 from airflow.sdk import DAG, chain
 
-from dag_defaults import config_params, default_args, default_config, form_params
-from mlm_assets import SHARDS
-from pipeline_tasks import (
+from mlm_airflow.assets import SHARDS
+from mlm_airflow.defaults import config_params, default_args, default_config, form_params, train_queue
+from mlm_airflow.operators.release_approval import ReleaseApprovalOperator
+from mlm_airflow.operators.tpu_vm import TpuVmCreateOperator, TpuVmDeleteOperator
+from mlm_airflow.operators.train import TrainOperator
+from mlm_airflow.sensors.shard_set import ShardSetCompleteSensor
+from mlm_airflow.tasks.shard_set import shard_set
+from mlm_airflow.tasks.steps import (
     check_run,
     downstream,
     evaluate,
@@ -46,12 +51,6 @@ from pipeline_tasks import (
     summary,
     validate,
 )
-from release_approval import ReleaseApprovalOperator
-from shard_gate import ShardSetCompleteSensor
-from shard_set import shard_set
-from tpu_operators import TpuVmCreateOperator, TpuVmDeleteOperator
-from train_operator import TrainOperator
-from worker_queues import train_queue
 
 _defaults = default_config()
 
@@ -86,14 +85,15 @@ with DAG(
     # Waits only for shards from elsewhere (a refresh, bring-your-own); passes at once when this run wrote them.
     wait = ShardSetCompleteSensor(task_id="wait_for_shards", config=config, data=data, retries=0)
     create_vm = TpuVmCreateOperator(task_id="create_tpu_vm", config=config)
-    # Queues are fixed at parse time: train follows the default config's compute (see worker_queues).
+    # Queues are fixed at parse time: train follows the default config's compute (see mlm_airflow.defaults).
     # none_failed: with compute local, create_tpu_vm is skipped and train still runs; a failed one stops it.
     # (Hence create_tpu_vm is no setup task: Airflow skips all of a skipped setup's scope.)
     train = TrainOperator(task_id="train", config=config, data=data, execution_timeout=timedelta(hours=72),
                           queue=train_queue(_defaults.compute), trigger_rule="none_failed")
     decision = gate(config)
-    # Always in the DAG (its shape is fixed at parse time, the setting is per run): it skips itself
-    # unless the run asks for approval, and a rejection or timeout skips publish (plugins/release_approval.py).
+    # Always in the DAG (its shape is fixed at parse time, the setting is per run): it skips itself unless the
+    # run asks for approval, and a rejection or timeout skips publish
+    # (plugins/mlm_airflow/operators/release_approval.py).
     approval = ReleaseApprovalOperator(task_id="approve_release", config=config, decision=decision,
                                        default_timeout_hours=_defaults.publish.approval_timeout_hours)
     # none_failed: publish runs after a skipped approval (none asked for) and decides on its own.

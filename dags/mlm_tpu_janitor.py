@@ -29,7 +29,7 @@ from datetime import timedelta
 import pendulum
 from airflow.sdk import Param, dag, task
 
-from dag_defaults import default_args
+from mlm_airflow.defaults import default_args
 
 DEFAULT_ZONES = [z.strip() for z in (os.environ.get("MLM_TPU_ZONES") or os.environ.get("MLM_TPU_ZONE")
                                      or "us-central2-b").split(",") if z.strip()]
@@ -58,7 +58,7 @@ def mlm_tpu_janitor():
         from airflow.sdk.exceptions import AirflowException
         from google.api_core.exceptions import GoogleAPICallError
 
-        from gcp_credentials import use_connection
+        from mlm_airflow.connections import use_connection
         from mlm_tasks.config import TpuConfig
         from mlm_tasks.tpu import api as tpu
         from mlm_tasks.tpu import registry as tpu_registry
@@ -107,7 +107,7 @@ def mlm_tpu_janitor():
     def forget_gone_nodes(**context) -> list[str]:
         from google.api_core.exceptions import GoogleAPICallError
 
-        from gcp_credentials import use_connection
+        from mlm_airflow.connections import use_connection
         from mlm_tasks.config import TpuConfig
         from mlm_tasks.tpu import api as tpu
         from mlm_tasks.tpu import registry as tpu_registry

@@ -5,13 +5,13 @@
 ConfigError (a setting or input is wrong), MissingArtifactError (an earlier step's output is missing)
 and AuthError (401/403) share NoRetryError: only a person can fix them, so an Airflow task fails
 without retries and the CLI exits 2. TransientError (5xx, 429, timeouts) and anything unforeseen are
-retried; the CLI exits 1. The glue keeps this contract (plugins/task_errors.py, mlm_tasks/cli.py, the
+retried; the CLI exits 1. The glue keeps this contract (plugins/mlm_airflow/errors.py, mlm_tasks/cli.py, the
 SSH runner); every message says what happened and what to do. docs/architecture.md#errors
 """
 from __future__ import annotations
 
-# The CLI's exit status for every NoRetryError; the SSH runner (plugins/remote_step.py) reads a remote
-# step's exit 2 as "do not retry".
+# The CLI's exit status for every NoRetryError; the SSH runner (plugins/mlm_airflow/operators/remote_step.py) reads
+# a remote step's exit 2 as "do not retry".
 NO_RETRY_EXIT = 2
 
 
@@ -36,5 +36,5 @@ class AuthError(NoRetryError):
 
 class TransientError(Exception):
     """A service failed on its side or did not answer in time (5xx, 429, a timeout, a secrets backend
-    that is down): worth a retry, which Airflow does (plugins/dag_defaults.py). The message says what to
+    that is down): worth a retry, which Airflow does (plugins/mlm_airflow/defaults.py). The message says what to
     check if it persists."""

@@ -99,7 +99,7 @@ def test_cli_verb_and_task_id_are_the_step_name(row):
 
 def test_no_task_pulls_xcom_by_task_id():
     offenders = [f"{path.relative_to(ROOT)}:{n}: {line.strip()}"
-                 for folder in ("plugins", "dags") for path in sorted((ROOT / folder).glob("*.py"))
+                 for folder in ("plugins", "dags") for path in sorted((ROOT / folder).rglob("*.py"))
                  for n, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1) if "task_ids=" in line]
     assert not offenders, "values flow as XComArgs, never pulled by task id:\n" + "\n".join(offenders)
 

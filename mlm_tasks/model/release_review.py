@@ -3,8 +3,8 @@
     body = review_markdown(cfg, ctx.run, decision)           # reads the run's artifacts and the published metrics
     body = render_review(repo_id=..., metrics=..., ...)      # pure, no I/O
 
-The approval task (plugins/release_approval.py) shows it as the body of Airflow's approval form: the
-eval metrics beside the untrained model and the unigram baseline, the gate's verdict and reasons, the
+The approval task (plugins/mlm_airflow/operators/release_approval.py) shows it as the body of Airflow's approval
+form: the eval metrics beside the untrained model and the unigram baseline, the gate's verdict and reasons, the
 comparison with the model last published to the same repo, the validation loss (best and last), the
 downstream table when the run has one, and the repo it would publish to.
 """

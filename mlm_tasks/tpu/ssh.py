@@ -7,9 +7,9 @@
     outcome = session.run(command, secret=(TOKEN_PROMPT, token))  # the token on stdin, when asked
     outcome.exit_code, outcome.describe()
 
-The one SSH path of the project: the DAG's step runner (plugins/remote_step.py, with the login read
-from the Airflow SSH connection in plugins/worker_ssh.py) and the smoke tool (mlm_tasks.smoke)
-both use it. Only worker 0 is ever dialled: TensorFlow on TPU is single-client, so on a pod slice
+The one SSH path of the project: the DAG's step runner (plugins/mlm_airflow/operators/remote_step.py, with the
+login read from the Airflow SSH connection in plugins/mlm_airflow/connections.py) and the smoke tool
+(mlm_tasks.smoke) both use it. Only worker 0 is ever dialled: TensorFlow on TPU is single-client, so on a pod slice
 worker 0 runs the program and the `-pod` runtime on the other hosts serves it.
 
 Host keys: a TPU VM's guest agent publishes its sshd host keys as guest attributes (`hostkeys/`),

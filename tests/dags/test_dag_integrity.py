@@ -51,7 +51,7 @@ def test_approve_release_is_airflows_approval_between_gate_and_publish(dagbag):
     skips publish alone (its direct downstream): summary still runs."""
     from airflow.providers.standard.operators.hitl import ApprovalOperator
 
-    from dag_defaults import default_config
+    from mlm_airflow.defaults import default_config
 
     dag = dagbag.dags["mlm_pretrain"]
     approval = dag.get_task("approve_release")

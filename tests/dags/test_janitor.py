@@ -106,7 +106,7 @@ def test_the_janitor_looks_in_its_zones_then_in_every_recorded_place():
 def test_janitor_dag_is_thin():
     source = (ROOT / "dags" / "mlm_tpu_janitor.py").read_text()
     assert "@hourly" in source and "doc_md=__doc__" in source
-    # plugins/ on the path as Airflow puts it there (the DAG uses plugins/failure_notifier.py).
+    # plugins/ on the path as Airflow puts it there (the DAG uses plugins/mlm_airflow/notifications.py).
     code = ("import sys, runpy; sys.path[:0] = [{root!r}, {plugins!r}]; g = runpy.run_path({path!r}); "
             "assert 'google.cloud.tpu_v2' not in sys.modules and 'tensorflow' not in sys.modules")
     subprocess.run([sys.executable, "-c", code.format(root=str(ROOT), plugins=str(ROOT / "plugins"),

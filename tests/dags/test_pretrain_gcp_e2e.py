@@ -226,9 +226,9 @@ SENSOR_DAG = '''
 import pendulum
 from airflow.sdk import dag, task
 
-from shard_gate import ShardSetCompleteSensor
-from tpu_operators import TpuVmCreateOperator, TpuVmDeleteOperator
-from train_operator import TrainOperator
+from mlm_airflow.sensors.shard_set import ShardSetCompleteSensor
+from mlm_airflow.operators.tpu_vm import TpuVmCreateOperator, TpuVmDeleteOperator
+from mlm_airflow.operators.train import TrainOperator
 
 
 @dag(dag_id="gate_before_tpu", schedule=None, start_date=pendulum.datetime(2024, 1, 1), catchup=False)

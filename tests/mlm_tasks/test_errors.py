@@ -23,7 +23,8 @@ def test_the_no_retry_kinds_share_one_base_and_transient_is_not_one_of_them():
         assert issubclass(kind, NoRetryError)
     assert not issubclass(TransientError, NoRetryError)
     assert issubclass(ConfigError, ValueError)  # pydantic validators may raise it
-    assert errors.NO_RETRY_EXIT == 2  # plugins/remote_step.py reads a remote step's exit 2 as "no retry"
+    # plugins/mlm_airflow/operators/remote_step.py reads a remote step's exit 2 as "no retry"
+    assert errors.NO_RETRY_EXIT == 2
 
 
 def test_errors_is_a_leaf():
@@ -187,12 +188,12 @@ def test_the_cli_lets_a_transient_error_out_exit_1(tmp_path, answering_gcs):
         _cli(tmp_path, "validate", "--set", "output_root=gs://b/p")
 
 
-# -- the Airflow side: plugins/task_errors.py --------------------------------------------------------
+# -- the Airflow side: plugins/mlm_airflow/errors.py --------------------------------------------------------
 @pytest.mark.parametrize("kind", [ConfigError, MissingArtifactError, AuthError])
 def test_task_errors_fail_every_no_retry_kind_at_once(kind):
     from airflow.sdk.exceptions import AirflowFailException
 
-    from task_errors import bad_input_fails_fast
+    from mlm_airflow.errors import bad_input_fails_fast
 
     with pytest.raises(AirflowFailException, match="the message says what to do") as caught, bad_input_fails_fast():
         raise kind("the message says what to do")
@@ -201,7 +202,7 @@ def test_task_errors_fail_every_no_retry_kind_at_once(kind):
 
 @pytest.mark.parametrize("error", [TransientError("503 from the service"), OSError("disk hiccup")])
 def test_task_errors_leave_transient_and_unforeseen_errors_to_retries(error):
-    from task_errors import bad_input_fails_fast
+    from mlm_airflow.errors import bad_input_fails_fast
 
     with pytest.raises(type(error)), bad_input_fails_fast():
         raise error
@@ -213,7 +214,7 @@ def test_hub_connection_fails_fast_only_when_the_connection_is_missing(monkeypat
     from airflow.sdk import BaseHook
     from airflow.sdk.exceptions import AirflowFailException, AirflowSecretsBackendAccessDenied
 
-    from hub_connection import hub_credentials
+    from mlm_airflow.connections import hub_credentials
 
     with pytest.raises(AirflowFailException, match="No Airflow connection 'hf_absent'"):
         hub_credentials("hf_absent")

@@ -24,7 +24,7 @@ from types import SimpleNamespace
 sys.path[:0] = [sys.argv[1], sys.argv[1] + "/plugins", sys.argv[1] + "/tests"]
 from peers.deferral import run_deferrable
 from peers.task_state import FileTaskState
-from train_operator import TrainOperator
+from mlm_airflow.operators.train import TrainOperator
 context = {"dag": SimpleNamespace(dag_id="mlm_pretrain"), "run_id": sys.argv[3],
            "ti": SimpleNamespace(try_number=int(sys.argv[5])), "task_state_store": FileTaskState(sys.argv[4])}
 op = TrainOperator(task_id="train", config=json.loads(sys.argv[2]), data=json.loads(sys.argv[6]))

@@ -8,7 +8,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
-from failure_notifier import scrub
+from mlm_airflow.notifications import scrub
 from peers.airflow_home import dags_test
 
 TOKEN = "hf_" + "Q" * 34
@@ -18,7 +18,7 @@ from datetime import datetime, timedelta
 
 from airflow.sdk import DAG, task
 
-from failure_notifier import FailureNotifier
+from mlm_airflow.notifications import FailureNotifier
 
 with DAG("{DAG_ID}", start_date=datetime(2026, 1, 1), schedule=None, catchup=False, tags=["test"],
          default_args={{"owner": "test", "retries": 1, "retry_delay": timedelta(seconds=0),
@@ -116,7 +116,7 @@ def test_every_project_dag_notifies_on_failure():
 
     from airflow.dag_processing.dagbag import DagBag
 
-    from failure_notifier import FailureNotifier
+    from mlm_airflow.notifications import FailureNotifier
 
     bag = DagBag(dag_folder=str(Path(__file__).resolve().parents[2] / "dags"))
     assert not bag.import_errors, bag.import_errors

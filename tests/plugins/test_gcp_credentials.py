@@ -1,4 +1,4 @@
-"""plugins/gcp_credentials.py: a task's Google clients get the credentials of the run's Airflow GCP
+"""plugins/mlm_airflow/connections.py: a task's Google clients get the credentials of the run's Airflow GCP
 connection, read by the Google provider's own hook; ADC only where the connection has none (logged)."""
 import json
 import os
@@ -9,7 +9,7 @@ from mlm_tasks.paths import join
 
 
 def test_install_for_a_gs_run_hands_the_connections_key_to_gcsfs(gcs_root, oauth_server, monkeypatch):
-    from gcp_credentials import install_for
+    from mlm_airflow.connections import install_for
 
     key = oauth_server.new_service_account("conn@mlm-test-project.iam.gserviceaccount.com")
     monkeypatch.setenv("AIRFLOW_CONN_MLM_GCP", json.dumps(
@@ -34,7 +34,7 @@ def test_install_for_a_gs_run_hands_the_connections_key_to_gcsfs(gcs_root, oauth
 
 
 def test_a_local_run_hands_nothing(monkeypatch):
-    from gcp_credentials import install_for
+    from mlm_airflow.connections import install_for
 
     monkeypatch.delenv("AIRFLOW_CONN_GOOGLE_CLOUD_DEFAULT", raising=False)
     install_for(build_config({"output_root": "/tmp/x"}))

@@ -8,7 +8,7 @@ pytest.importorskip("airflow")
 
 
 def test_event_extra_carries_exactly_what_a_training_run_needs(tiny_cfg):
-    from mlm_assets import event_extra
+    from mlm_airflow.assets import event_extra
 
     cfg = tiny_cfg.model_dump(mode="json")
     data = {"fingerprint": "abc123", "records": {"train": 10}, "tokens": {"train": 640}, "data_root": "x"}
@@ -19,7 +19,7 @@ def test_event_extra_carries_exactly_what_a_training_run_needs(tiny_cfg):
 
 
 def test_a_run_that_consumed_several_events_uses_the_newest_whatever_their_order():
-    from mlm_assets import SHARDS, triggering_shards_event
+    from mlm_airflow.assets import SHARDS, triggering_shards_event
 
     t0 = datetime(2026, 1, 5, tzinfo=timezone.utc)
     events = [SimpleNamespace(timestamp=t0 + timedelta(days=d), source_dag_id="mlm_dataset_refresh",
@@ -38,7 +38,7 @@ def test_a_run_that_consumed_several_events_uses_the_newest_whatever_their_order
 def test_an_event_the_refresh_dag_did_not_make_is_refused(source_dag_id, extra):
     """FAB's User role may POST /api/v2/assets/events: such an event (Airflow marks it from_rest_api, with no
     source DAG) or another DAG's never reaches the run's settings."""
-    from mlm_assets import SHARDS, triggering_shards_event
+    from mlm_airflow.assets import SHARDS, triggering_shards_event
     from mlm_tasks.errors import ConfigError
 
     event = SimpleNamespace(timestamp=datetime(2026, 1, 5, tzinfo=timezone.utc), source_dag_id=source_dag_id,

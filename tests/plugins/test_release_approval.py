@@ -1,4 +1,4 @@
-"""approve_release (plugins/release_approval.py) on the operator of the real DAG, without a stack:
+"""approve_release (plugins/mlm_airflow/operators/release_approval.py) on the operator of the real DAG, without a stack:
 when it skips itself, and what a timeout does. Approve and reject through the REST API on the real
 stack, and the form in a browser: tests/deploy/test_approval.py."""
 from __future__ import annotations

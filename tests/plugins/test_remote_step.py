@@ -1,5 +1,5 @@
-"""plugins/remote_step.py and the session of mlm_tasks/tpu/ssh.py against a real sshd (worker 0 of the TPU VM is
-this machine)."""
+"""plugins/mlm_airflow/operators/remote_step.py and the session of mlm_tasks/tpu/ssh.py against a real sshd
+(worker 0 of the TPU VM is this machine)."""
 import logging
 import re
 import shlex
@@ -12,13 +12,13 @@ from types import SimpleNamespace
 import pytest
 from airflow.sdk.exceptions import AirflowException
 
+from mlm_airflow.connections import ssh_connect
+from mlm_airflow.operators.remote_step import TpuSSHStepOperator
 from mlm_tasks.config import PipelineConfig
 from mlm_tasks.tpu.bundle import remote_command, stage_code
 from mlm_tasks.tpu.ssh import Session
 from peers.sshd import airflow_conn_uri, host_public_key
 from peers.waits import error_text
-from remote_step import TpuSSHStepOperator
-from worker_ssh import ssh_connect
 
 ZONE = "us-central2-b"
 POD = {"accelerator_type": "v4-32", "runtime_version": "tpu-vm-tf-2.16.1-pod-pjrt"}

@@ -11,19 +11,19 @@ import sys
 import threading
 from pathlib import Path
 
+from mlm_airflow.connections import ssh_connect
 from mlm_tasks.config import PipelineConfig
 from mlm_tasks.tpu.bundle import remote_command
 from mlm_tasks.tpu.ssh import Session
 from peers.sshd import airflow_conn_uri
 from peers.waits import wait_for
-from worker_ssh import ssh_connect
 
 ROOT = Path(__file__).resolve().parents[2]
 # The first try's Airflow side, in a process of its own so that the test can freeze it.
 FIRST_TRY = """import logging, sys
 sys.path[:0] = [sys.argv[1], sys.argv[1] + "/plugins"]
 from mlm_tasks.tpu.ssh import Session
-from worker_ssh import ssh_connect
+from mlm_airflow.connections import ssh_connect
 logging.basicConfig(level=logging.INFO, stream=sys.stdout)
 Session(ssh_connect("tpu_ssh", int(sys.argv[2])), "127.0.0.1", on_line=logging.getLogger("first").info).run(sys.argv[3])
 """

@@ -26,10 +26,10 @@ from airflow.sdk.exceptions import (
     TaskDeferred,
 )
 
+from mlm_airflow.sensors.shard_set import ShardSetCompleteSensor
 from mlm_tasks import storage
 from mlm_tasks.paths import DataPaths
 from peers.tiny_data import tiny_config
-from shard_gate import ShardSetCompleteSensor
 
 CONN_ID = "gcs_emulator"
 

@@ -67,7 +67,7 @@ def _vm_config(prepared_cfg, root, runtime, python, workdir, fake_tpu, sshd, tf_
 @pytest.mark.parametrize("runtime", ["tpu-vm-tf-2.16.1-pjrt", "tpu-vm-tf-2.17.0-pjrt"])
 def test_bootstrap_and_train_on_the_simulated_image(runtime, tiny_prepared, gcs_root, tf_gcs_env, fake_tpu, sshd,
                                                      tmp_path, monkeypatch, capfd):
-    from train_operator import TrainOperator
+    from mlm_airflow.operators.train import TrainOperator
 
     rt = runtimes.get(runtime)
     tpu_vm_python = str(tpu_vm_image.build(rt))  # the image as released: its date's packages
@@ -140,8 +140,8 @@ def test_a_sigkilled_train_task_leaves_the_real_trainer_running_and_the_retry_re
     import json
     import time
 
+    from mlm_airflow.operators.train import TrainOperator
     from peers.task_state import FileTaskState, start_train_task
-    from train_operator import TrainOperator
 
     runtime = runtimes.get(runtimes.DEFAULT)
     python = str(tpu_vm_image.build(runtime))

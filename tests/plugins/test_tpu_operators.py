@@ -7,8 +7,11 @@ import time
 from types import SimpleNamespace
 
 import pytest
+from airflow._shared.module_loading import import_string  # what the triggerer imports a classpath with
 from airflow.sdk.exceptions import AirflowException, AirflowFailException, AirflowSkipException, TaskDeferred
 
+from mlm_airflow.operators.tpu_vm import TpuVmCreateOperator, TpuVmDeleteOperator
+from mlm_airflow.tasks.step_context import config_from_xcom
 from mlm_tasks import storage
 from mlm_tasks.errors import ConfigError
 from mlm_tasks.paths import RunContext
@@ -18,8 +21,6 @@ from mlm_tasks.tpu import registry as tpu_registry
 from peers.airflow_home import dags_test
 from peers.deferral import run_deferrable
 from peers.sshd import airflow_conn_uri
-from step_context import config_from_xcom
-from tpu_operators import TpuVmCreateOperator, TpuVmDeleteOperator
 
 ZONE = "us-central2-b"
 RUN = "manual__2024-01-01T00:00:00+00:00"
@@ -39,7 +40,9 @@ def _context():
 def _run(op, tweak_trigger=None):
     """Execute like Airflow does: execute, and on each deferral run the trigger, then resume."""
     def tweak(trigger):
-        assert trigger.serialize()[0] == "tpu_trigger.TpuNodeTrigger"  # the triggerer imports it by this path
+        # The triggerer imports the trigger by this path (plugins/ is on its sys.path).
+        assert trigger.serialize()[0] == "mlm_airflow.triggers.tpu_vm.TpuNodeTrigger"
+        assert import_string(trigger.serialize()[0]) is type(trigger)
         if tweak_trigger:
             tweak_trigger(trigger)
 
@@ -248,8 +251,8 @@ DAG_FILE = '''
 import pendulum
 from airflow.sdk import dag, task
 
-from remote_step import TpuSSHStepOperator
-from tpu_operators import TpuVmCreateOperator, TpuVmDeleteOperator
+from mlm_airflow.operators.remote_step import TpuSSHStepOperator
+from mlm_airflow.operators.tpu_vm import TpuVmCreateOperator, TpuVmDeleteOperator
 
 
 @dag(dag_id="tpu_ops_test", schedule=None, start_date=pendulum.datetime(2024, 1, 1), catchup=False)
@@ -295,7 +298,7 @@ def test_dag_run_creates_runs_and_tears_down(airflow_env, fake_tpu, sshd, gcs_ro
 def test_unreachable_worker_fails_the_step_at_once_with_the_fix(fake_tpu, sshd, monkeypatch):
     from airflow.sdk.exceptions import AirflowFailException
 
-    from remote_step import TpuSSHStepOperator
+    from mlm_airflow.operators.remote_step import TpuSSHStepOperator
 
     monkeypatch.setenv("AIRFLOW_CONN_TPU_SSH", airflow_conn_uri(sshd))
     # ssh_via=external: the workers' external IP is one where nothing listens (sshd is on 127.0.0.1).
@@ -319,10 +322,10 @@ def test_unreachable_worker_fails_the_step_at_once_with_the_fix(fake_tpu, sshd, 
 def test_train_execution_timeout_comes_from_the_config_and_never_outlives_the_ttl(fake_tpu, monkeypatch):
     from datetime import timedelta
 
+    from mlm_airflow.operators.train import TrainOperator
     from mlm_tasks import credentials
     from mlm_tasks.config import build_config
     from mlm_tasks.errors import ConfigError
-    from train_operator import TrainOperator
 
     monkeypatch.setenv("GOOGLE_AUTH_TOKEN_FOR_TESTING", "restored-after-the-test")  # pre_execute sets it
     try:

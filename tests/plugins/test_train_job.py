@@ -1,6 +1,7 @@
-"""The train task's detached trainer on a TPU VM (plugins/train_job.py, plugins/train_trigger.py) over a
-real sshd: the task starts it and defers; the trigger follows it; it outlives the task's process and the
-trigger's; a retry reattaches to it (or stops a stale one); the watchdog and on_kill stop it.
+"""The train task's detached trainer on a TPU VM (plugins/mlm_airflow/operators/train_job.py,
+plugins/mlm_airflow/triggers/train_job.py) over a real sshd: the task starts it and defers; the trigger follows
+it; it outlives the task's process and the trigger's; a retry reattaches to it (or stops a stale one); the
+watchdog and on_kill stop it.
 
     TF_USE_LEGACY_KERAS=1 .venv/bin/python -m pytest tests/plugins/test_train_job.py -q -s
 
@@ -23,8 +24,11 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
+from airflow._shared.module_loading import import_string  # what the triggerer imports a classpath with
 from airflow.sdk.exceptions import AirflowException, AirflowFailException, TaskDeferred
 
+from mlm_airflow.operators.train import TrainOperator
+from mlm_airflow.operators.train_job import JOB_KEY
 from mlm_tasks import storage
 from mlm_tasks.paths import RunPaths, join
 from mlm_tasks.tpu import api as tpu
@@ -34,8 +38,6 @@ from peers.stalled_peer import StalledPeer
 from peers.stand_in_trainer import steps_made, write_stand_in
 from peers.task_state import FileTaskState, start_train_task
 from peers.waits import wait_for
-from train_job import JOB_KEY
-from train_operator import TrainOperator
 
 ROOT = Path(__file__).resolve().parents[2]
 ZONE = "us-central2-b"
@@ -203,7 +205,9 @@ def test_the_task_defers_once_the_trainer_runs_and_a_rebuilt_trigger_follows_on(
     follows the same trainer to its end: one start, no step twice."""
     trigger, held_s = _deferred(vm)
     job = vm.store.get(JOB_KEY)
-    assert trigger.serialize()[0] == "train_trigger.TrainJobTrigger" and trigger.job == job
+    classpath = trigger.serialize()[0]
+    assert classpath == "mlm_airflow.triggers.train_job.TrainJobTrigger" and trigger.job == job
+    assert import_string(classpath) is type(trigger)  # as the triggerer imports it (plugins/ on its sys.path)
 
     async def follow_a_while_then_restart():
         first = asyncio.ensure_future(first_event(rebuilt(trigger)))

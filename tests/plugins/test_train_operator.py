@@ -1,4 +1,4 @@
-"""plugins/train_operator.py on the TPU path: a retry after a preemption replaces the node itself
+"""plugins/mlm_airflow/operators/train.py on the TPU path: a retry after a preemption replaces the node itself
 (create_tpu_vm, a setup task, is not rerun by Airflow), then runs the step over a real sshd.
 
     python -m pytest tests/plugins/test_train_operator.py -q
@@ -9,11 +9,11 @@ from types import SimpleNamespace
 import pytest
 from airflow.sdk.exceptions import AirflowException, AirflowFailException
 
+from mlm_airflow.operators.remote_step import TpuSSHStepOperator
+from mlm_airflow.operators.train import TrainOperator
 from mlm_tasks.tpu import api as tpu
 from peers.deferral import run_deferrable
 from peers.sshd import airflow_conn_uri
-from remote_step import TpuSSHStepOperator
-from train_operator import TrainOperator
 
 ZONE = "us-central2-b"
 RUN = "manual__1"
@@ -131,7 +131,7 @@ def test_local_training_gets_the_hub_token_from_the_connection_as_an_argument(mo
 
 
 def test_hub_credentials_from_the_connection_say_what_is_missing(monkeypatch):
-    from hub_connection import hub_credentials
+    from mlm_airflow.connections import hub_credentials
 
     monkeypatch.setenv("AIRFLOW_CONN_HF_OK", json.dumps({"conn_type": "generic", "password": "hf_x"}))
     assert hub_credentials("hf_ok") == ("hf_x", None)

@@ -64,7 +64,7 @@ def test_queue_names_are_settings_read_at_parse_time(parse_env):
 
 
 def test_train_queue_follows_the_default_compute():
-    from worker_queues import CONTROL_QUEUE, CPU_QUEUE, train_queue
+    from mlm_airflow.defaults import CONTROL_QUEUE, CPU_QUEUE, train_queue
 
     assert train_queue("tpu_vm") == CONTROL_QUEUE and train_queue("local") == CPU_QUEUE
 
@@ -78,7 +78,7 @@ def test_train_queue_follows_the_default_compute():
 def test_distributed_executor_is_read_from_airflow_conf(executor, expected, monkeypatch):
     from airflow.configuration import conf
 
-    from worker_queues import distributed_executor
+    from mlm_airflow.defaults import distributed_executor
 
     monkeypatch.setattr(conf, "get", lambda section, key, fallback=None: executor
                         if (section, key) == ("core", "executor") else fallback)

@@ -1,6 +1,7 @@
-"""plugins/worker_ssh.py with mlm_tasks/tpu/ssh.py: the login to a worker, read from the Airflow connection, pins
-the host key its node published (the fake TPU API serves the test sshd's real host key, read back by the real
-google-cloud-tpu client), and each failure names its kind: host key, user and key, or no answer."""
+"""`ssh_connect` (plugins/mlm_airflow/connections.py) with mlm_tasks/tpu/ssh.py: the login to a worker, read
+from the Airflow connection, pins the host key its node published (the fake TPU API serves the test sshd's real
+host key, read back by the real google-cloud-tpu client), and each failure names its kind: host key, user and
+key, or no answer."""
 import functools
 import logging
 import socket
@@ -12,13 +13,13 @@ from types import SimpleNamespace
 import pytest
 from airflow.sdk.exceptions import AirflowException, AirflowFailException
 
-import remote_step
-import worker_ssh
+from mlm_airflow import connections
+from mlm_airflow.operators import remote_step
+from mlm_airflow.operators.remote_step import TpuSSHStepOperator
 from mlm_tasks.config import PipelineConfig
 from mlm_tasks.tpu import api as tpu
 from mlm_tasks.tpu.ssh import Session
 from peers.sshd import airflow_conn_uri, host_public_key
-from remote_step import TpuSSHStepOperator
 
 ZONE = "us-central2-b"
 PATIENCE_S = 4  # instead of 300 s: a login that cannot succeed fails within the test's patience
@@ -92,8 +93,8 @@ def test_a_refused_login_still_says_user_and_key(fake_tpu, sshd, monkeypatch, tm
 def test_the_opt_out_is_honoured_and_warned(fake_tpu, sshd, monkeypatch, tmp_path, caplog):
     monkeypatch.setenv("AIRFLOW_CONN_TPU_SSH", airflow_conn_uri(sshd))  # no_host_key_check=true
     fake_tpu.host_keys = {"ssh-ed25519": "AAAAC3NzaC1lZDI1NTE5AAAAIAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAA"}
-    caplog.set_level(logging.WARNING, logger="worker_ssh")
-    monkeypatch.setattr(worker_ssh, "_warned", set())  # warned once per process: not by an earlier test
+    caplog.set_level(logging.WARNING, logger="mlm_airflow.connections")
+    monkeypatch.setattr(connections, "_warned", set())  # warned once per process: not by an earlier test
     op, name, context = _operator(fake_tpu, sshd)
     assert op.execute(context) == {"node": name, "workers": 1}
     op.execute(context)
@@ -109,11 +110,11 @@ def test_host_keys_not_published_yet_are_waited_for_then_named(fake_tpu, sshd, m
     published = functools.partial(tpu.host_keys, cfg, name, api=api)
     key = dict([host_public_key(sshd)])
     fake_tpu.host_keys = {}
-    late = worker_ssh.ssh_connect("tpu_ssh", sshd.port, patience_s=0.5, node=name, published=published, poll_s=0.1)
+    late = connections.ssh_connect("tpu_ssh", sshd.port, patience_s=0.5, node=name, published=published, poll_s=0.1)
     outcome = Session(late, "127.0.0.1").run("true")
     assert f"Node {name} has published no SSH host keys for worker 0" in outcome.describe() and not outcome.fatal
     threading.Timer(0.5, lambda: setattr(fake_tpu, "host_keys", key)).start()  # the guest agent is up
-    waits = worker_ssh.ssh_connect("tpu_ssh", sshd.port, patience_s=20, node=name, published=published, poll_s=0.1)
+    waits = connections.ssh_connect("tpu_ssh", sshd.port, patience_s=20, node=name, published=published, poll_s=0.1)
     assert Session(waits, "127.0.0.1").run("true").exit_code == 0
 
 
@@ -122,7 +123,7 @@ def test_an_unreachable_port_names_the_firewall(sshd, monkeypatch):
     with socket.socket() as s:  # a port nobody listens on
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    connect = worker_ssh.ssh_connect("tpu_ssh", port, patience_s=0, node="n",
+    connect = connections.ssh_connect("tpu_ssh", port, patience_s=0, node="n",
                                      published=lambda worker: dict([host_public_key(sshd)]))
     message = Session(connect, "127.0.0.1").run("true").describe()
     assert f"Cannot SSH to 127.0.0.1:{port}" in message and "firewall allows" in message

@@ -43,7 +43,7 @@ def config_from_xcom(value: Any) -> PipelineConfig:
 def step_context(config: Any, data: dict | None = None,
                  run_id: str | None = None) -> tuple[PipelineConfig, RunContext]:
     """`config`: validate's return value (or, in the validate task itself, the PipelineConfig)."""
-    from gcp_credentials import install_for
+    from mlm_airflow.connections import install_for
 
     cfg = config if isinstance(config, PipelineConfig) else config_from_xcom(config)
     install_for(cfg)  # gs:// and TPU clients of this task use the run's GCP connection

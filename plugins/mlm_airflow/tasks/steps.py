@@ -2,7 +2,7 @@
 wired in the DAG), calls the `mlm_tasks` step of the same name, and returns its small result.
 
     config = validate()                          # the validated config, for every later task
-    data = shard_set(config)                     # plugins/shard_set.py
+    data = shard_set(config)                     # plugins/mlm_airflow/tasks/shard_set.py
     check_run(config, data)                      # the run fits its data, before any TPU VM
     evaluate(config, data); downstream(config); fill_mask(config); report(config, data); decision = gate(config)
     publish(config, decision, data); publish_tokenizer(config, data); summary(config, data)
@@ -10,7 +10,7 @@ wired in the DAG), calls the `mlm_tasks` step of the same name, and returns its 
 Each result is one XCom (`multiple_outputs=False`): a TypedDict of mlm_tasks/results.py, read whole
 by the next task and by REST API clients. No ML logic and no file I/O live here. TensorFlow and
 transformers are imported by the steps themselves, at run time, so parsing a DAG that uses these
-stays fast. `train` is an operator (plugins/train_operator.py): it trains here or on the run's TPU VM.
+stays fast. `train` is an operator (plugins/mlm_airflow/operators/train.py): it trains here or on the run's TPU VM.
 """
 from __future__ import annotations
 
@@ -19,6 +19,9 @@ from typing import Any
 
 from airflow.sdk import task
 
+from mlm_airflow.defaults import CPU_QUEUE
+from mlm_airflow.errors import bad_input_fails_fast
+from mlm_airflow.tasks.step_context import step_context
 from mlm_tasks.results import (
     DataSummary,
     DownstreamResult,
@@ -32,9 +35,6 @@ from mlm_tasks.results import (
     TokenizerCommit,
     ValidatedConfig,
 )
-from step_context import step_context
-from task_errors import bad_input_fails_fast
-from worker_queues import CPU_QUEUE
 
 log = logging.getLogger(__name__)
 
@@ -49,10 +49,10 @@ def validate(probe_write: bool = True, **context: Any) -> ValidatedConfig:
     Under a deployment file (MLM_DEPLOYMENT, mlm_tasks/deployment.py) the form, the REST conf and the
     event may set run settings only, within the deployment's roots; its own settings come on top.
     """
-    from mlm_assets import triggering_shards_event
+    from mlm_airflow.assets import triggering_shards_event
+    from mlm_airflow.defaults import distributed_executor, shared_output_roots
     from mlm_tasks.deployment import Deployment, run_config
     from mlm_tasks.steps.validate import validate as step
-    from worker_queues import distributed_executor, shared_output_roots
 
     with bad_input_fails_fast():
         deployment = Deployment.for_airflow()
@@ -127,7 +127,7 @@ def publish(config: dict, decision: GateDecision, data: DataSummary, approval: A
     deployment's approvers: a task marked success is no approval."""
     from airflow.sdk.exceptions import AirflowSkipException
 
-    from hub_connection import hub_credentials
+    from mlm_airflow.connections import hub_credentials
     from mlm_tasks.deployment import Deployment, check_approval
     from mlm_tasks.steps.publish import publish as step
 
@@ -148,7 +148,7 @@ def publish(config: dict, decision: GateDecision, data: DataSummary, approval: A
 def publish_tokenizer(config: dict, data: DataSummary) -> TokenizerCommit:
     from airflow.sdk.exceptions import AirflowSkipException
 
-    from hub_connection import hub_credentials
+    from mlm_airflow.connections import hub_credentials
     from mlm_tasks.steps.publish_tokenizer import publish_tokenizer as step
 
     cfg, ctx = step_context(config, data)

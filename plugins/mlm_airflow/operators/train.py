@@ -2,13 +2,13 @@
 
 `compute: local` trains in the worker process (the default strategy on CPU, Mirrored on GPUs);
 `compute: tpu_vm` starts the same `python -m mlm_tasks train` as a detached job on worker 0 of the run's
-TPU VM (`DetachedTrain`, plugins/train_job.py), then defers: the triggerer follows the trainer
-(`TrainJobTrigger`, plugins/train_trigger.py) while the worker slot is free, and the task resumes in
+TPU VM (`DetachedTrain`, plugins/mlm_airflow/operators/train_job.py), then defers: the triggerer follows the trainer
+(`TrainJobTrigger`, plugins/mlm_airflow/triggers/train_job.py) while the worker slot is free, and the task resumes in
 `trainer_ended` when it is done, failed or stalled. The trainer outlives the task's process and the
 triggerer's; a retry reattaches to it when it still runs; marking the task failed stops it (the
 trigger's on_kill, or on_kill before the deferral). Either way a retry resumes from the run's last checkpoint;
 on a TPU VM a retry first replaces a node that was preempted (create_tpu_vm, upstream, is not
-rerun), waiting in the triggerer (NodeEnsurer, plugins/tpu_operators.py). The task's
+rerun), waiting in the triggerer (NodeEnsurer, plugins/mlm_airflow/operators/tpu_vm.py). The task's
 execution_timeout comes from the run's config (`train.timeout_hours`, on a TPU VM at most
 `tpu.ttl_hours`, which the validate task enforces), set before execute starts the clock.
 """
@@ -20,15 +20,14 @@ from typing import Any
 from airflow.sdk import BaseOperator
 from airflow.sdk.exceptions import AirflowException, AirflowFailException
 
-from gcp_credentials import use_connection
-from hub_connection import hub_credentials
+from mlm_airflow.connections import hub_credentials, use_connection
+from mlm_airflow.errors import bad_input_fails_fast
+from mlm_airflow.operators.tpu_vm import NodeEnsurer
+from mlm_airflow.operators.train_job import DetachedTrain, JobWatch
+from mlm_airflow.tasks.step_context import config_from_xcom
+from mlm_airflow.triggers.train_job import TrainJobTrigger
 from mlm_tasks.results import RemoteTrain, TrainJob, TrainSummary
 from mlm_tasks.tpu import api as tpu
-from step_context import config_from_xcom
-from task_errors import bad_input_fails_fast
-from tpu_operators import NodeEnsurer
-from train_job import DetachedTrain, JobWatch
-from train_trigger import TrainJobTrigger
 
 
 class TrainOperator(NodeEnsurer, BaseOperator):
@@ -50,7 +49,7 @@ class TrainOperator(NodeEnsurer, BaseOperator):
 
     def pre_execute(self, context: Any) -> None:
         # Runs after the config template is rendered and before the task runner reads the timeout.
-        from gcp_credentials import install_for
+        from mlm_airflow.connections import install_for
 
         cfg = config_from_xcom(self.config)
         install_for(cfg)  # local training reads and writes gs:// with the run's connection

@@ -1,6 +1,6 @@
 """The shard gate: wait until a shard set's _SUCCESS marker exists, locally or on gs://.
 
-    from shard_gate import ShardSetCompleteSensor      # Airflow puts plugins/ on sys.path
+    from mlm_airflow.sensors.shard_set import ShardSetCompleteSensor      # Airflow puts plugins/ on sys.path
     wait = ShardSetCompleteSensor(task_id="wait_for_shards", config=validate_output, data=merge_output)
 
 `config` is the run's validated config and `data` the shard-set summary the merge step returns
@@ -24,7 +24,7 @@ from typing import Any
 from airflow.sdk import BaseSensorOperator
 from airflow.sdk.exceptions import AirflowException, AirflowFailException, AirflowSensorTimeout
 
-from step_context import config_from_xcom, xcom_dict
+from mlm_airflow.tasks.step_context import config_from_xcom, xcom_dict
 
 
 def split_gs_uri(uri: str) -> tuple[str, str]:

@@ -1,13 +1,31 @@
 """What every project DAG shares: owner, retries with backoff, the failure notifier, the default
 config file and the trigger-form fields, generated from the config model so the form and the
-validator cannot disagree on types, bounds, choices or descriptions.
+validator cannot disagree on types, bounds, choices or descriptions; and where tasks run (the two
+Celery queues, and whether this deployment spreads a run over machines).
+
+    from mlm_airflow.defaults import CPU_QUEUE, CONTROL_QUEUE, default_args, distributed_executor
 
 MLM_CONFIG_DIR moves the configs folder (a deployment mounts it elsewhere); MLM_RETRY_DELAY_S lets
 tests and local runs retry at once, production keeps 30 s, doubling up to 10 minutes. Every task
-goes to the `control` queue unless its DAG puts it on `cpu` (see worker_queues.py).
+goes to the `control` queue unless its DAG puts it on `cpu` (the table below).
 Every task has an execution_timeout, MLM_TASK_TIMEOUT_H hours (default 6): a task stuck on something
 that never answers fails and retries instead of holding its slot for ever. Tasks whose run decides
-how long they may take set their own (train: `train.timeout_hours`, see train_operator.py).
+how long they may take set their own (train: `train.timeout_hours`, see operators/train.py).
+
+Queues are orchestration-only settings, so they live here (plugins) and in the environment, not in
+`mlm_tasks.config` (which describes a run, and knows nothing of Airflow):
+
+| variable | default | what |
+|---|---|---|
+| `MLM_CPU_QUEUE` | `cpu` | CPU-heavy: tokenizer, shards, merge, CPU training, evaluate, downstream, fill-mask, report |
+| `MLM_CONTROL_QUEUE` | `control` | light drivers: validate, sensors, TPU VM create/delete, SSH driver, gate, publish |
+| `MLM_SHARED_OUTPUT_ROOTS` | (empty) | local folders at the same path on every worker (NFS, Filestore), `:`-separated |
+
+The queue is an operator attribute, fixed when the dag-processor parses the DAG files: set the two
+names in the environment of the dag-processor (and of the workers that consume them, which the
+compose file does for every service at once), then the next parse (about 30 s) routes new task
+instances. A run's own settings cannot move a task to another queue. The LocalExecutor ignores
+queues, so the default deployment runs everything whatever the names are.
 """
 from __future__ import annotations
 
@@ -18,12 +36,18 @@ from pathlib import Path
 
 from airflow.sdk import Param
 
-from failure_notifier import FailureNotifier
+from mlm_airflow.notifications import FailureNotifier
 from mlm_tasks.config import PARAM_PATHS, PipelineConfig, load_config
-from worker_queues import CONTROL_QUEUE
 
-CONFIG_DIR = Path(os.environ.get("MLM_CONFIG_DIR", Path(__file__).resolve().parents[1] / "configs"))
+CONFIG_DIR = Path(os.environ.get("MLM_CONFIG_DIR", Path(__file__).resolve().parents[2] / "configs"))
 DEFAULT_CONFIG = str(CONFIG_DIR / "default.yaml")
+
+CPU_QUEUE = os.environ.get("MLM_CPU_QUEUE", "").strip() or "cpu"
+CONTROL_QUEUE = os.environ.get("MLM_CONTROL_QUEUE", "").strip() or "control"
+
+# Executors whose tasks all run on the scheduler's machine. Every other executor (Celery, Kubernetes,
+# Edge, ...) may run two tasks of one run on two machines.
+SINGLE_MACHINE_EXECUTORS = {"LocalExecutor", "SequentialExecutor", "DebugExecutor"}
 
 
 def default_config() -> PipelineConfig:
@@ -113,3 +137,24 @@ def form_params(defaults: PipelineConfig, titles: dict[str, str]) -> dict:
         params[name] = Param(getattr(section, leaf), title=title, description=description,
                              **field_schema(dotted))
     return params
+
+
+def train_queue(default_compute: str) -> str:
+    """`train` drives a TPU VM over SSH (light) or trains on the worker's CPU (heavy). The queue is
+    fixed at parse time, so it follows the compute of the default config file."""
+    return CONTROL_QUEUE if default_compute == "tpu_vm" else CPU_QUEUE
+
+
+def distributed_executor() -> str | None:
+    """The name of the first configured executor that may run tasks on other machines, else None."""
+    from airflow.configuration import conf
+
+    for name in conf.get("core", "executor", fallback="LocalExecutor").split(","):
+        name = name.strip().split(":")[-1].rsplit(".", 1)[-1]  # alias:module.Class or module.Class
+        if name and name not in SINGLE_MACHINE_EXECUTORS:
+            return name
+    return None
+
+
+def shared_output_roots() -> list[str]:
+    return [p for p in os.environ.get("MLM_SHARED_OUTPUT_ROOTS", "").split(os.pathsep) if p.strip()]

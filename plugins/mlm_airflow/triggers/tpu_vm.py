@@ -21,6 +21,9 @@ from airflow.triggers.base import BaseTrigger, TriggerEvent
 from mlm_tasks.config import TpuConfig
 from mlm_tasks.tpu import api as tpu
 
+# Stored with every deferred task and imported by the triggerer: a rename must keep this path importable.
+CLASSPATH = "mlm_airflow.triggers.tpu_vm.TpuNodeTrigger"
+
 
 class TpuNodeTrigger(BaseTrigger):
     def __init__(self, tpu_config: dict[str, Any], name: str, deadline: float,
@@ -37,15 +40,16 @@ class TpuNodeTrigger(BaseTrigger):
         self.poll_interval_s = poll_interval_s
 
     def serialize(self) -> tuple[str, dict[str, Any]]:
-        # The plugins folder is on the triggerer's sys.path, so the classpath is the module name.
-        return (f"{type(self).__module__}.{type(self).__qualname__}",
+        # Airflow puts the plugins folder on the triggerer's sys.path (settings.prepare_syspath_for_config_and_plugins):
+        # the triggerer imports the package by this path.
+        return (CLASSPATH,
                 {"tpu_config": self.tpu_config, "name": self.name, "deadline": self.deadline,
                  "operation": self.operation, "poll_interval_s": self.poll_interval_s,
                  "gcp_conn_id": self.gcp_conn_id, "until_gone": self.until_gone})
 
     def _check(self) -> dict[str, Any] | None:
         """One poll with the connection's credentials; the event payload when waiting is over, else None."""
-        from gcp_credentials import connection_credentials
+        from mlm_airflow.connections import connection_credentials
         from mlm_tasks import credentials
 
         if self._credentials is None:

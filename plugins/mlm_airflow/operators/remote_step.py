@@ -4,10 +4,10 @@
     remote = RemoteStep("train", log, args=[...], hub_token=token)     # what TrainOperator composes
 
 `RemoteStep` is the whole remote path, which both `TpuSSHStepOperator` and the train task
-(plugins/train_operator.py) use: the node lookup, the checks, the command line, the session's
+(plugins/mlm_airflow/operators/train.py) use: the node lookup, the checks, the command line, the session's
 environment and the SSH session itself (mlm_tasks/tpu/ssh.py). The node's workers come from the TPU
 API (their IPs, internal or external per `tpu.ssh_via`; the port is `tpu.ssh_port`), the login from
-the Airflow SSH connection `tpu.ssh_conn_id` (user + private key, plugins/worker_ssh.py). Before the
+the Airflow SSH connection `tpu.ssh_conn_id` (user + private key, plugins/mlm_airflow/connections.py). Before the
 SSH session, the port of worker 0 is probed with a short timeout: a worker Airflow cannot reach
 fails the task at once, without retries, naming the fix (firewall rule, external IPs, ssh_via),
 instead of waiting out the SSH patience on every try. TensorFlow on TPU is single-client: on one
@@ -19,12 +19,12 @@ exits non-zero, naming the worker and its exit code, and says so when the node w
 meanwhile. Exit code 2 (the CLI's "bad configuration") fails without retries: a retry cannot fix
 it; so does a worker presenting a host key its node did not publish. With `replace_dead_node`
 (the train task) a node found PREEMPTED or gone is replaced first, waiting in the triggerer
-(NodeEnsurer, plugins/tpu_operators.py), so a retry after a preemption continues on a fresh VM from
+(NodeEnsurer, plugins/mlm_airflow/operators/tpu_vm.py), so a retry after a preemption continues on a fresh VM from
 the last checkpoint. The session has a pty, so closing it (task killed, timed out, or failed) hangs
 up the remote step instead of orphaning it; a session lost without a hang-up (a network partition, a
 crashed Airflow host) leaves the step running, and the next try stops it first (the run lock of
 `remote_command`), so one run never has two trainers. The train task runs its trainer detached from
-the session instead, and follows it (`DetachedTrain`, plugins/train_job.py). Secrets (the Hub
+the session instead, and follows it (`DetachedTrain`, plugins/mlm_airflow/operators/train_job.py). Secrets (the Hub
 token) travel on the SSH session's stdin when the line asks (`hub_token`), never on the command line
 or in an environment. Google's ComputeEngineSSHHook cannot find TPU VMs, hence the SSH connection's
 login pointed at the worker's IP.
@@ -38,14 +38,13 @@ from typing import Any
 from airflow.sdk import BaseOperator
 from airflow.sdk.exceptions import AirflowException, AirflowFailException, AirflowSkipException
 
-from gcp_credentials import use_connection
+from mlm_airflow.connections import ssh_connect, use_connection
+from mlm_airflow.operators.tpu_vm import NodeEnsurer, run_node_name
+from mlm_airflow.tasks.step_context import config_from_xcom
 from mlm_tasks.errors import NO_RETRY_EXIT, NoRetryError, TransientError
 from mlm_tasks.tpu import api as tpu
 from mlm_tasks.tpu import ssh
 from mlm_tasks.tpu.bundle import TOKEN_PROMPT, remote_command, stage_code
-from step_context import config_from_xcom
-from tpu_operators import NodeEnsurer, run_node_name
-from worker_ssh import ssh_connect
 
 
 def check_reachable(cfg: Any, name: str, host: str) -> None:

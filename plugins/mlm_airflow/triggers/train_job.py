@@ -3,8 +3,8 @@ hours holds no worker slot.
 
     TrainJobTrigger(config=cfg.model_dump(mode="json"), job=job, workers=1)   # what TrainOperator defers to
 
-Every train.follow_poll_s it runs one `JobWatch.check` (plugins/train_job.py: an SSH probe of the job,
-the status record from output_root, the node's state when SSH does not answer) in a thread, with the
+Every train.follow_poll_s it runs one `JobWatch.check` (plugins/mlm_airflow/operators/train_job.py: an SSH
+probe of the job, the status record from output_root, the node's state when SSH does not answer) in a thread, with the
 run's GCP connection, and logs a progress line (step, loss, tokens/s, ETA) every
 train.progress_log_s. It fires once, with {"kind", "detail", "exit_code", "job", "workers"}, when the
 verdict is done, failed or stalled; the task resumes in `TrainOperator.trainer_ended`, which succeeds,
@@ -39,6 +39,10 @@ ENDS = ("done", "failed", "stalled")
 logging.getLogger("paramiko.transport").setLevel(logging.WARNING)
 
 
+# Stored with every deferred task and imported by the triggerer: a rename must keep this path importable.
+CLASSPATH = "mlm_airflow.triggers.train_job.TrainJobTrigger"
+
+
 class TrainJobTrigger(BaseTrigger):
     def __init__(self, config: dict[str, Any], job: dict[str, Any], workers: int = 1):
         super().__init__()
@@ -50,15 +54,16 @@ class TrainJobTrigger(BaseTrigger):
         self._watch: Any = None
 
     def serialize(self) -> tuple[str, dict[str, Any]]:
-        # The plugins folder is on the triggerer's sys.path, so the classpath is the module name.
-        return (f"{type(self).__module__}.{type(self).__qualname__}",
+        # Airflow puts the plugins folder on the triggerer's sys.path (settings.prepare_syspath_for_config_and_plugins):
+        # the triggerer imports the package by this path.
+        return (CLASSPATH,
                 {"config": self.config, "job": self.job, "workers": self.workers})
 
     def _with_connection(self, call: Any) -> Any:
         """call(watch) with the run's GCP connection (read once per trigger run) for gs:// and the TPU API."""
-        from gcp_credentials import connection_credentials
+        from mlm_airflow.connections import connection_credentials
+        from mlm_airflow.operators.train_job import JobWatch
         from mlm_tasks import credentials
-        from train_job import JobWatch
 
         storage.set_timeout(self._cfg.storage.timeout_s)
         if self._credentials is None:

@@ -19,11 +19,11 @@ from typing import Any
 
 from airflow.sdk import TaskGroup, get_current_context, task
 
-from mlm_assets import SHARDS, event_extra, triggering_shards_event
+from mlm_airflow.assets import SHARDS, event_extra, triggering_shards_event
+from mlm_airflow.defaults import CPU_QUEUE
+from mlm_airflow.errors import bad_input_fails_fast
+from mlm_airflow.tasks.step_context import step_context
 from mlm_tasks.results import DataSummary, Partition, ShardPlan, WrittenPartition
-from step_context import step_context
-from task_errors import bad_input_fails_fast
-from worker_queues import CPU_QUEUE
 
 log = logging.getLogger(__name__)
 

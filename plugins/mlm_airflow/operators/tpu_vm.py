@@ -1,6 +1,6 @@
 """Airflow operators that make and remove the run's TPU VM (Google Cloud path).
 
-    config = validate()                    # the validated config (an XComArg), plugins/pipeline_tasks.py
+    config = validate()                    # the validated config (an XComArg), plugins/mlm_airflow/tasks/steps.py
     create = TpuVmCreateOperator(task_id="create_tpu_vm", config=config)
     [create, train] >> TpuVmDeleteOperator(task_id="delete_tpu_vm", config=config).as_teardown()
 
@@ -10,7 +10,7 @@ skipped setup's scope: train follows it with none_failed. Delete is a teardown w
 runs once its upstreams are done, whatever happened. The node is named from the DAG and run ids
 (`mlm_tasks.tpu.api.node_name`), so a retry finds the node the first try made. Create is idempotent
 (READY reused, dead nodes replaced) and deferrable: while the node is CREATING it waits in the
-triggerer (plugins/tpu_trigger.py), not in a worker slot. Every TPU API call uses the credentials of the
+triggerer (plugins/mlm_airflow/triggers/tpu_vm.py), not in a worker slot. Every TPU API call uses the credentials of the
 run's Airflow GCP connection (`gcp_conn_id`). If creation fails after the node appeared,
 the node is deleted before the task fails, so a stockout does not leave a half-made VM behind.
 `NodeEnsurer` is that logic as a mixin: the train step uses it to replace a node preempted mid-run.
@@ -31,15 +31,15 @@ from typing import Any
 from airflow.sdk import BaseOperator
 from airflow.sdk.exceptions import AirflowException, AirflowFailException, AirflowSkipException
 
-from gcp_credentials import use_connection
+from mlm_airflow.connections import use_connection
+from mlm_airflow.tasks.step_context import config_from_xcom
+from mlm_airflow.triggers.tpu_vm import TpuNodeTrigger
 from mlm_tasks import storage
 from mlm_tasks.config import PipelineConfig
 from mlm_tasks.paths import RunContext
 from mlm_tasks.tpu import api as tpu
 from mlm_tasks.tpu import prices
 from mlm_tasks.tpu import registry as tpu_registry
-from step_context import config_from_xcom
-from tpu_trigger import TpuNodeTrigger
 
 
 def run_node_name(context: Any, override: str | None = None) -> str:

@@ -27,8 +27,8 @@ from airflow.providers.standard.operators.hitl import ApprovalOperator
 from airflow.sdk import Param
 from airflow.sdk.exceptions import AirflowSkipException
 
+from mlm_airflow.tasks.step_context import config_from_xcom, step_context, xcom_dict
 from mlm_tasks.config import PipelineConfig
-from step_context import config_from_xcom, step_context, xcom_dict
 
 COMMENT = "comment"
 

@@ -1,5 +1,6 @@
 """The train task on a TPU VM: the trainer runs as a detached job on worker 0, which the task starts
-(or finds again); the task then waits in the triggerer (plugins/train_trigger.py), not in a worker slot.
+(or finds again); the task then waits in the triggerer (plugins/mlm_airflow/triggers/train_job.py), not in a
+worker slot.
 
     remote = DetachedTrain("train", log, args=[...], hub_token=token)    # what TrainOperator composes
     job, workers = remote.start(context, cfg, replace)   # as RemoteStep: replaces a dead node, then run()
@@ -29,6 +30,8 @@ from typing import Any
 
 from airflow.sdk.exceptions import AirflowException, AirflowFailException
 
+from mlm_airflow.connections import ssh_connect
+from mlm_airflow.operators.remote_step import RemoteStep
 from mlm_tasks.errors import NO_RETRY_EXIT
 from mlm_tasks.model.follow import Verdict, classify
 from mlm_tasks.model.status import read_status
@@ -37,8 +40,6 @@ from mlm_tasks.results import TrainJob
 from mlm_tasks.tpu import api as tpu
 from mlm_tasks.tpu import job as vm_job
 from mlm_tasks.tpu import ssh
-from remote_step import RemoteStep
-from worker_ssh import ssh_connect
 
 JOB_KEY = "train_job"
 TAIL_LINES = 40
