@@ -13,11 +13,11 @@ import pytest
 from airflow.sdk.exceptions import AirflowException
 
 from mlm_airflow.connections import ssh_connect
-from mlm_airflow.operators.remote_step import TpuSSHStepOperator
 from mlm_tasks.config import PipelineConfig
 from mlm_tasks.tpu.bundle import remote_command, stage_code
 from mlm_tasks.tpu.ssh import Session
 from peers.sshd import airflow_conn_uri, host_public_key
+from peers.tpu_step_operator import TpuSSHStepOperator
 from peers.waits import error_text
 
 ZONE = "us-central2-b"

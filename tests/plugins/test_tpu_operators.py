@@ -2,6 +2,7 @@
 then in a real `airflow dags test` run with the SSH step on a real sshd and delete as teardown."""
 import json
 import logging
+import os
 import textwrap
 import time
 from types import SimpleNamespace
@@ -18,7 +19,7 @@ from mlm_tasks.paths import RunContext
 from mlm_tasks.tpu import api as tpu
 from mlm_tasks.tpu import prices
 from mlm_tasks.tpu import registry as tpu_registry
-from peers.airflow_home import dags_test
+from peers.airflow_home import ROOT, dags_test
 from peers.deferral import run_deferrable
 from peers.sshd import airflow_conn_uri
 
@@ -251,8 +252,8 @@ DAG_FILE = '''
 import pendulum
 from airflow.sdk import dag, task
 
-from mlm_airflow.operators.remote_step import TpuSSHStepOperator
 from mlm_airflow.operators.tpu_vm import TpuVmCreateOperator, TpuVmDeleteOperator
+from peers.tpu_step_operator import TpuSSHStepOperator
 
 
 @dag(dag_id="tpu_ops_test", schedule=None, start_date=pendulum.datetime(2024, 1, 1), catchup=False)
@@ -281,8 +282,10 @@ def test_dag_run_creates_runs_and_tears_down(airflow_env, fake_tpu, sshd, gcs_ro
     # Two hosts: a pod slice, so a -pod runtime, and the step runs on worker 0 only (single-client TF).
     config["tpu"].update(ssh_port=sshd.port, poll_interval_s=0.2, accelerator_type="v4-32",
                          runtime_version="tpu-vm-tf-2.16.1-pod-pjrt")
+    # tests/ on the path too: the test DAG's step operator is a peer (peers/tpu_step_operator.py).
+    pythonpath = os.pathsep.join([airflow_env["PYTHONPATH"], str(ROOT / "tests")])
     result = dags_test(airflow_env, "tpu_ops_test", dagfile=dag_file, conf={"config": config, "command": command},
-                       extra_env={"AIRFLOW_CONN_TPU_SSH": airflow_conn_uri(sshd)})
+                       extra_env={"AIRFLOW_CONN_TPU_SSH": airflow_conn_uri(sshd), "PYTHONPATH": pythonpath})
     logs = result.stdout + result.stderr
     assert (result.returncode == 0) == ok, logs[-6000:]
     created = [p for m, p in fake_tpu.requests if m == "POST"]
@@ -298,7 +301,7 @@ def test_dag_run_creates_runs_and_tears_down(airflow_env, fake_tpu, sshd, gcs_ro
 def test_unreachable_worker_fails_the_step_at_once_with_the_fix(fake_tpu, sshd, monkeypatch):
     from airflow.sdk.exceptions import AirflowFailException
 
-    from mlm_airflow.operators.remote_step import TpuSSHStepOperator
+    from peers.tpu_step_operator import TpuSSHStepOperator
 
     monkeypatch.setenv("AIRFLOW_CONN_TPU_SSH", airflow_conn_uri(sshd))
     # ssh_via=external: the workers' external IP is one where nothing listens (sshd is on 127.0.0.1).

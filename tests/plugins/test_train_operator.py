@@ -9,11 +9,11 @@ from types import SimpleNamespace
 import pytest
 from airflow.sdk.exceptions import AirflowException, AirflowFailException
 
-from mlm_airflow.operators.remote_step import TpuSSHStepOperator
 from mlm_airflow.operators.train import TrainOperator
 from mlm_tasks.tpu import api as tpu
 from peers.deferral import run_deferrable
 from peers.sshd import airflow_conn_uri
+from peers.tpu_step_operator import TpuSSHStepOperator
 
 ZONE = "us-central2-b"
 RUN = "manual__1"

@@ -15,11 +15,11 @@ from airflow.sdk.exceptions import AirflowException, AirflowFailException
 
 from mlm_airflow import connections
 from mlm_airflow.operators import remote_step
-from mlm_airflow.operators.remote_step import TpuSSHStepOperator
 from mlm_tasks.config import PipelineConfig
 from mlm_tasks.tpu import api as tpu
 from mlm_tasks.tpu.ssh import Session
 from peers.sshd import airflow_conn_uri, host_public_key
+from peers.tpu_step_operator import TpuSSHStepOperator
 
 ZONE = "us-central2-b"
 PATIENCE_S = 4  # instead of 300 s: a login that cannot succeed fails within the test's patience

@@ -1,11 +1,12 @@
 """Run one pipeline step on the run's TPU VM over SSH (the `compute: tpu_vm` path).
 
-    train = TpuSSHStepOperator(task_id="train", config=cfg, step="train")
     remote = RemoteStep("train", log, args=[...], hub_token=token)     # what TrainOperator composes
+    node = node_for_step(op, context, cfg, name, replace_in=op.resume)  # operators/tpu_vm.py
+    remote.run(context, cfg, node)                                      # {"node", "workers"}
 
-`RemoteStep` is the whole remote path, which both `TpuSSHStepOperator` and the train task
-(plugins/mlm_airflow/operators/train.py) use: the node lookup, the checks, the command line, the session's
-environment and the SSH session itself (mlm_tasks/tpu/ssh.py). The node's workers come from the TPU
+`RemoteStep` is the whole remote path, which the train task (plugins/mlm_airflow/operators/train.py) and
+the tests' step operator (tests/peers/tpu_step_operator.py) use: the checks of the node, the command line,
+the session's environment and the SSH session itself (mlm_tasks/tpu/ssh.py). The node's workers come from the TPU
 API (their IPs, internal or external per `tpu.ssh_via`; the port is `tpu.ssh_port`), the login from
 the Airflow SSH connection `tpu.ssh_conn_id` (user + private key, plugins/mlm_airflow/connections.py). Before the
 SSH session, the port of worker 0 is probed with a short timeout: a worker Airflow cannot reach
@@ -19,7 +20,7 @@ exits non-zero, naming the worker and its exit code, and says so when the node w
 meanwhile. Exit code 2 (the CLI's "bad configuration") fails without retries: a retry cannot fix
 it; so does a worker presenting a host key its node did not publish. With `replace_dead_node`
 (the train task) a node found PREEMPTED or gone is replaced first, waiting in the triggerer
-(NodeEnsurer, plugins/mlm_airflow/operators/tpu_vm.py), so a retry after a preemption continues on a fresh VM from
+(`node_for_step`, plugins/mlm_airflow/operators/tpu_vm.py), so a retry after a preemption continues on a fresh VM from
 the last checkpoint. The session has a pty, so closing it (task killed, timed out, or failed) hangs
 up the remote step instead of orphaning it; a session lost without a hang-up (a network partition, a
 crashed Airflow host) leaves the step running, and the next try stops it first (the run lock of
@@ -31,16 +32,12 @@ login pointed at the worker's IP.
 """
 from __future__ import annotations
 
-import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Any
 
-from airflow.sdk import BaseOperator
-from airflow.sdk.exceptions import AirflowException, AirflowFailException, AirflowSkipException
+from airflow.sdk.exceptions import AirflowException, AirflowFailException
 
-from mlm_airflow.connections import ssh_connect, use_connection
-from mlm_airflow.operators.tpu_vm import NodeEnsurer, run_node_name
-from mlm_airflow.tasks.step_context import config_from_xcom
+from mlm_airflow.connections import ssh_connect
 from mlm_tasks.errors import NO_RETRY_EXIT, NoRetryError, TransientError
 from mlm_tasks.tpu import api as tpu
 from mlm_tasks.tpu import ssh
@@ -71,31 +68,16 @@ class RemoteStep:
     (on_kill) hangs the session up."""
 
     def __init__(self, step: str, log: Any, *, args: Sequence[str] = (), command: str | None = None,
-                 node_name: str | None = None, hub_token: str | None = None,
-                 step_env: dict[str, str] | None = None, replaces_dead_node: bool = False) -> None:
+                 hub_token: str | None = None, step_env: dict[str, str] | None = None,
+                 replaces_dead_node: bool = False) -> None:
         self.step = step
         self.log = log
         self.args = list(args)
         self.command = command
-        self.node_name = node_name
         self.hub_token = hub_token
         self.step_env = dict(step_env or {})
         self.replaces_dead_node = replaces_dead_node
         self.session: ssh.Session | None = None
-
-    def start(self, context: Any, cfg: Any, replace: Callable[[str, float], Any] | None) -> Any:
-        """Run the step if the node is READY; else `replace(name, deadline)` it (None: fail, naming the fix)."""
-        name = run_node_name(context, self.node_name)
-        node = tpu.get_state(cfg.tpu, name)
-        if node.ready:
-            return self.run(context, cfg, node)
-        if replace is None:
-            raise AirflowException(f"TPU VM {name} is {node.state}, not READY: clear the create_tpu_vm "
-                                   "task (it replaces a dead node) and this one.")
-        # create_tpu_vm is not rerun on a retry of this task: replace a preempted (or deleted) node here.
-        self.log.warning("TPU VM %s is %s, not READY (preempted?): getting a READY one before the step.",
-                         name, node.state)
-        return replace(name, time.time() + cfg.tpu.create_timeout_s)
 
     def run(self, context: Any, cfg: Any, node: tpu.NodeState) -> dict[str, Any]:
         name, hosts, connect = self.connect_to(context, cfg, node)
@@ -182,46 +164,3 @@ class RemoteStep:
             self.log.info("Task killed: hanging up the SSH session, which stops the remote step.")
             self.session.close()
 
-
-class TpuSSHStepOperator(NodeEnsurer, BaseOperator):
-    """Run `python -m mlm_tasks <step>` (or `command`) on the run's TPU VM (worker 0 of a pod slice)."""
-
-    template_fields = ("config", "step", "step_args", "command", "node_name")
-    ui_color = "#e8f7d7"
-
-    def __init__(self, *, config: Any, step: str = "train", step_args: Sequence[str] = (),
-                 command: str | None = None, node_name: str | None = None, replace_dead_node: bool = False,
-                 **kwargs: Any) -> None:
-        super().__init__(**kwargs)
-        self.config = config
-        self.step = step
-        self.step_args = list(step_args)
-        self.command = command
-        self.node_name = node_name
-        self.replace_dead_node = replace_dead_node
-        self.remote: RemoteStep | None = None
-
-    def _remote(self) -> RemoteStep:
-        # Built at run time: the templated fields are rendered by then.
-        self.remote = RemoteStep(self.step, self.log, args=self.step_args, command=self.command,
-                                 node_name=self.node_name, replaces_dead_node=self.replace_dead_node)
-        return self.remote
-
-    def execute(self, context: Any) -> dict[str, Any]:
-        cfg = config_from_xcom(self.config)
-        if cfg.compute != "tpu_vm":
-            raise AirflowSkipException(f"compute is {cfg.compute!r}: the step runs locally, not here.")
-
-        def replace(name: str, deadline: float) -> Any:
-            return self.ensure_then(context, cfg, name, deadline)
-
-        with use_connection(cfg.gcp_conn_id):
-            return self._remote().start(context, cfg, replace if self.replace_dead_node else None)
-
-    def node_ready(self, context: Any, cfg: Any, node: dict[str, Any]) -> dict[str, Any]:
-        with use_connection(cfg.gcp_conn_id):
-            return self._remote().run(context, cfg, tpu.get_state(cfg.tpu, node["name"]))
-
-    def on_kill(self) -> None:
-        if self.remote is not None:
-            self.remote.close()

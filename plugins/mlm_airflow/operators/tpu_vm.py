@@ -13,7 +13,9 @@ runs once its upstreams are done, whatever happened. The node is named from the 
 triggerer (plugins/mlm_airflow/triggers/tpu_vm.py), not in a worker slot. Every TPU API call uses the credentials of the
 run's Airflow GCP connection (`gcp_conn_id`). If creation fails after the node appeared,
 the node is deleted before the task fails, so a stockout does not leave a half-made VM behind.
-`NodeEnsurer` is that logic as a mixin: the train step uses it to replace a node preempted mid-run.
+`create_or_reuse_node` is that logic as a function of the operator that waits (its `resume` method
+takes the trigger's event to `node_from_event`); the train step uses it, through `node_for_step`, to
+replace a node preempted mid-run.
 Before it creates (or reuses) a node it records it in the deployment's registry
 (`mlm_tasks.tpu.registry`, MLM_TPU_REGISTRY), where mlm_tpu_janitor finds it whatever its zone.
 
@@ -25,10 +27,11 @@ task, naming the node and how to delete it by hand.
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from datetime import timedelta
 from typing import Any
 
-from airflow.sdk import BaseOperator
+from airflow.sdk import BaseOperator, Context
 from airflow.sdk.exceptions import AirflowException, AirflowFailException, AirflowSkipException
 
 from mlm_airflow.connections import use_connection
@@ -42,7 +45,7 @@ from mlm_tasks.tpu import prices
 from mlm_tasks.tpu import registry as tpu_registry
 
 
-def run_node_name(context: Any, override: str | None = None) -> str:
+def run_node_name(context: Context, override: str | None = None) -> str:
     return override or tpu.node_name(context["dag"].dag_id, context["run_id"])
 
 
@@ -65,52 +68,72 @@ def ssh_key_metadata(conn_id: str, log: Any) -> dict[str, str]:
     return {"ssh-keys": f"{hook.username}:{key.get_name()} {key.get_base64()} {hook.username}"}
 
 
-class NodeEnsurer:
-    """Mixin for operators that need the run's node READY: create or reuse it (replacing a dead one),
-    wait for it in the triggerer, then continue in `node_ready(context, cfg, node)`."""
+def create_or_reuse_node(op: BaseOperator, context: Context, cfg: PipelineConfig, name: str, deadline: float,
+                         *, resume_in: Callable[..., Any]) -> dict[str, Any]:
+    """The run's node READY (`tpu.describe` of it): reused, created, or a dead one replaced. Until it is READY
+    `op` defers to TpuNodeTrigger and the task resumes in `resume_in` (a method of `op`, which hands the
+    event to `node_from_event`); `deadline` (epoch seconds) bounds the whole wait."""
+    metadata = ssh_key_metadata(cfg.tpu.ssh_conn_id, op.log)
+    node_labels = tpu.labels(context["run_id"], cfg.tpu.ttl_hours)
+    registry = tpu_registry.location()  # unset: fail before anything is made that nobody would find
+    with use_connection(cfg.gcp_conn_id):
+        # First: a node that exists is always one the janitor knows about.
+        tpu_registry.record(registry, cfg.tpu.project, cfg.tpu.zone, name, node_labels["expires"])
+        state = tpu.ensure_node(cfg.tpu, name, node_labels, metadata)
+    op.log.info("TPU VM %s: %s (%s).", name, state.state, state.action)
+    if state.ready:
+        return tpu.describe(state)
+    operation = state.operation if state.action == "created" else None
+    trigger = TpuNodeTrigger(cfg.tpu.model_dump(mode="json"), name, deadline, operation,
+                             cfg.tpu.poll_interval_s, gcp_conn_id=cfg.gcp_conn_id)
+    # The trigger enforces the deadline itself (so we can clean up); this is only a backstop.
+    op.defer(trigger=trigger, method_name=resume_in.__name__,
+             timeout=timedelta(seconds=max(0.0, deadline - time.time()) + 600))
 
-    def ensure_then(self, context: Any, cfg: PipelineConfig, name: str, deadline: float) -> Any:
-        metadata = ssh_key_metadata(cfg.tpu.ssh_conn_id, self.log)
-        node_labels = tpu.labels(context["run_id"], cfg.tpu.ttl_hours)
-        registry = tpu_registry.location()  # unset: fail before anything is made that nobody would find
-        with use_connection(cfg.gcp_conn_id):
-            # First: a node that exists is always one the janitor knows about.
-            tpu_registry.record(registry, cfg.tpu.project, cfg.tpu.zone, name, node_labels["expires"])
-            state = tpu.ensure_node(cfg.tpu, name, node_labels, metadata)
-        self.log.info("TPU VM %s: %s (%s).", name, state.state, state.action)
-        if state.ready:
-            return self.node_ready(context, cfg, tpu.describe(state))
-        operation = state.operation if state.action == "created" else None
-        trigger = TpuNodeTrigger(cfg.tpu.model_dump(mode="json"), name, deadline, operation,
-                                 cfg.tpu.poll_interval_s, gcp_conn_id=cfg.gcp_conn_id)
-        # The trigger enforces the deadline itself (so we can clean up); this is only a backstop.
-        self.defer(trigger=trigger, method_name="resume",
-                   timeout=timedelta(seconds=max(0.0, deadline - time.time()) + 600))
 
-    def resume(self, context: Any, event: dict[str, Any] | None = None, **_: Any) -> Any:
-        cfg = config_from_xcom(self.config)
-        event = event or {}
-        name, state, error = event.get("name"), event.get("state"), event.get("error")
-        if state == "READY" and not error:
-            self.log.info("TPU VM %s is READY: %s", name, event["node"]["workers"])
-            return self.node_ready(context, cfg, event["node"])
-        if state == tpu.NOT_FOUND and not error and time.time() < event.get("deadline", 0):
-            self.log.info("TPU VM %s is gone (replaced node deleted): creating it again.", name)
-            return self.ensure_then(context, cfg, name, event["deadline"])
-        with use_connection(cfg.gcp_conn_id):
-            deleted = tpu.delete_node(cfg.tpu, name) if state != tpu.NOT_FOUND else None
-        cleanup = "deleted it" if deleted else "nothing left to delete"
-        if state == "TIMEOUT":
-            raise AirflowException(
-                f"TPU VM {name} was not READY within tpu.create_timeout_s={cfg.tpu.create_timeout_s}s "
-                f"({error}); {cleanup}. Retry later, raise the timeout, or pick another tpu.zone.")
+def node_from_event(op: BaseOperator, context: Context, cfg: PipelineConfig, event: dict[str, Any] | None,
+                    *, resume_in: Callable[..., Any]) -> dict[str, Any]:
+    """The READY node TpuNodeTrigger's event reports. A node gone before the deadline (the dead one it
+    replaces, deleted) is created again, deferring once more; any other end deletes what is left of the
+    node and fails the task, naming what to try."""
+    event = event or {}
+    name: str = event.get("name", "")
+    state, error = event.get("state"), event.get("error")
+    if state == "READY" and not error:
+        op.log.info("TPU VM %s is READY: %s", name, event["node"]["workers"])
+        return event["node"]
+    if state == tpu.NOT_FOUND and not error and time.time() < event.get("deadline", 0):
+        op.log.info("TPU VM %s is gone (replaced node deleted): creating it again.", name)
+        return create_or_reuse_node(op, context, cfg, name, event["deadline"], resume_in=resume_in)
+    with use_connection(cfg.gcp_conn_id):
+        deleted = tpu.delete_node(cfg.tpu, name) if state != tpu.NOT_FOUND else None
+    cleanup = "deleted it" if deleted else "nothing left to delete"
+    if state == "TIMEOUT":
         raise AirflowException(
-            f"Creating TPU VM {name} ({cfg.tpu.accelerator_type} in {cfg.tpu.zone}) failed: "
-            f"{error or 'node is ' + str(state)}; {cleanup}. Capacity errors pass with time: retry, "
-            "or try another zone / tpu.spot=false / a reservation.")
+            f"TPU VM {name} was not READY within tpu.create_timeout_s={cfg.tpu.create_timeout_s}s "
+            f"({error}); {cleanup}. Retry later, raise the timeout, or pick another tpu.zone.")
+    raise AirflowException(
+        f"Creating TPU VM {name} ({cfg.tpu.accelerator_type} in {cfg.tpu.zone}) failed: "
+        f"{error or 'node is ' + str(state)}; {cleanup}. Capacity errors pass with time: retry, "
+        "or try another zone / tpu.spot=false / a reservation.")
 
-    def node_ready(self, context: Any, cfg: PipelineConfig, node: dict[str, Any]) -> Any:
+
+def node_for_step(op: BaseOperator, context: Context, cfg: PipelineConfig, name: str,
+                  *, replace_in: Callable[..., Any] | None) -> tpu.NodeState:
+    """The node a step runs on, READY. A dead one (preempted, deleted) is replaced first when `replace_in`
+    is given (a resume method of `op`: see create_or_reuse_node); else the task fails, naming the fix."""
+    node = tpu.get_state(cfg.tpu, name)
+    if node.ready:
         return node
+    if replace_in is None:
+        raise AirflowException(f"TPU VM {name} is {node.state}, not READY: clear the create_tpu_vm "
+                               "task (it replaces a dead node) and this one.")
+    # create_tpu_vm is not rerun on a retry of this task: replace a preempted (or deleted) node here.
+    op.log.warning("TPU VM %s is %s, not READY (preempted?): getting a READY one before the step.",
+                   name, node.state)
+    replaced = create_or_reuse_node(op, context, cfg, name, time.time() + cfg.tpu.create_timeout_s,
+                                    resume_in=replace_in)
+    return tpu.get_state(cfg.tpu, replaced["name"])
 
 
 class _RunNodeOperator(BaseOperator):
@@ -124,17 +147,21 @@ class _RunNodeOperator(BaseOperator):
         self.node_name = node_name
 
 
-class TpuVmCreateOperator(NodeEnsurer, _RunNodeOperator):
+class TpuVmCreateOperator(_RunNodeOperator):
     """Create (or reuse) the run's TPU VM and return {"name", "state", "workers"} once READY."""
 
     ui_color = "#d7e8fc"
 
-    def execute(self, context: Any) -> dict[str, Any]:
+    def execute(self, context: Context) -> dict[str, Any]:
         cfg = config_from_xcom(self.config)
         if cfg.compute != "tpu_vm":
             raise AirflowSkipException(f"compute is {cfg.compute!r}: this run needs no TPU VM, none is made.")
         deadline = time.time() + cfg.tpu.create_timeout_s
-        return self.ensure_then(context, cfg, run_node_name(context, self.node_name), deadline)
+        return create_or_reuse_node(self, context, cfg, run_node_name(context, self.node_name), deadline,
+                                    resume_in=self.resume)
+
+    def resume(self, context: Context, event: dict[str, Any] | None = None, **_: Any) -> dict[str, Any]:
+        return node_from_event(self, context, config_from_xcom(self.config), event, resume_in=self.resume)
 
 
 class TpuVmDeleteOperator(_RunNodeOperator):

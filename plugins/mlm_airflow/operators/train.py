@@ -8,7 +8,7 @@ TPU VM (`DetachedTrain`, plugins/mlm_airflow/operators/train_job.py), then defer
 triggerer's; a retry reattaches to it when it still runs; marking the task failed stops it (the
 trigger's on_kill, or on_kill before the deferral). Either way a retry resumes from the run's last checkpoint;
 on a TPU VM a retry first replaces a node that was preempted (create_tpu_vm, upstream, is not
-rerun), waiting in the triggerer (NodeEnsurer, plugins/mlm_airflow/operators/tpu_vm.py). The task's
+rerun), waiting in the triggerer (`node_for_step`, plugins/mlm_airflow/operators/tpu_vm.py). The task's
 execution_timeout comes from the run's config (`train.timeout_hours`, on a TPU VM at most
 `tpu.ttl_hours`, which the validate task enforces), set before execute starts the clock.
 """
@@ -22,7 +22,7 @@ from airflow.sdk.exceptions import AirflowException, AirflowFailException
 
 from mlm_airflow.connections import hub_credentials, use_connection
 from mlm_airflow.errors import bad_input_fails_fast
-from mlm_airflow.operators.tpu_vm import NodeEnsurer
+from mlm_airflow.operators.tpu_vm import node_for_step, node_from_event, run_node_name
 from mlm_airflow.operators.train_job import DetachedTrain, JobWatch
 from mlm_airflow.tasks.step_context import config_from_xcom
 from mlm_airflow.triggers.train_job import TrainJobTrigger
@@ -30,7 +30,7 @@ from mlm_tasks.results import RemoteTrain, TrainJob, TrainSummary
 from mlm_tasks.tpu import api as tpu
 
 
-class TrainOperator(NodeEnsurer, BaseOperator):
+class TrainOperator(BaseOperator):
     """`config`: validate's return value; `data`: merge_shards' (both XComArgs, resolved at run time).
     `command` replaces the remote step line (tests); `node_name` the run's node name."""
 
@@ -68,11 +68,9 @@ class TrainOperator(NodeEnsurer, BaseOperator):
         cfg = config_from_xcom(self.config)
         fingerprint = self._fingerprint()
         if cfg.compute == "tpu_vm":
-            def replace(name: str, deadline: float) -> Any:
-                return self.ensure_then(context, cfg, name, deadline)
-
             with use_connection(cfg.gcp_conn_id):
-                return self._follow(cfg, self._remote(cfg).start(context, cfg, replace))
+                node = node_for_step(self, context, cfg, run_node_name(context, self.node_name), replace_in=self.resume)
+                return self._follow(cfg, self._remote(cfg).run(context, cfg, node))
         from mlm_tasks.paths import RunContext
         from mlm_tasks.steps.train import train
 
@@ -82,8 +80,10 @@ class TrainOperator(NodeEnsurer, BaseOperator):
             return train(cfg, RunContext.of(cfg, context["run_id"], fingerprint), hub_token=token,
                          hub_endpoint=endpoint)
 
-    def node_ready(self, context: Any, cfg: Any, node: dict[str, Any]) -> dict[str, Any]:
+    def resume(self, context: Any, event: dict[str, Any] | None = None, **_: Any) -> Any:
         # After waiting for a replacement node the task resumes here, in a fresh operator instance.
+        cfg = config_from_xcom(self.config)
+        node = node_from_event(self, context, cfg, event, resume_in=self.resume)
         with use_connection(cfg.gcp_conn_id):
             return self._follow(cfg, self._remote(cfg).run(context, cfg, tpu.get_state(cfg.tpu, node["name"])))
 
@@ -119,7 +119,7 @@ class TrainOperator(NodeEnsurer, BaseOperator):
             if endpoint:
                 step_env["HF_ENDPOINT"] = endpoint
         self.remote = DetachedTrain("train", self.log, args=["--data-fingerprint", self._fingerprint()],
-                                 command=self.command, node_name=self.node_name, hub_token=token,
+                                 command=self.command, hub_token=token,
                                  step_env=step_env, replaces_dead_node=True)
         return self.remote
 
