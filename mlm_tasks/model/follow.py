@@ -1,8 +1,11 @@
 """What a detached trainer's state means, as a pure function of (handle, status record, probe, node
-state, clock), so the follow loop can run in the train task (today) or in a trigger.
+state, clock), and the check and reattach built on it, which the train task and its trigger run.
 
     verdict = classify(job, read_status(run), probe, now=time.time(), stall_s=cfg.train.stall_minutes * 60)
     verdict.kind    # starting | running | done | failed | stalled
+    watch = JobWatch(DetachedJob(job, connect), cfg.tpu, output_root=cfg.output_root, stall_s=..., log=log)
+    watch.check()                                   # one look: probe, record, node state -> classify
+    reattach(watch, node=name, host=host)           # a retry: follow this job on? (stops a stale one)
 
 The follow loop waits on starting/running, succeeds on done and fails on failed (with the exit code) or
 stalled (after stopping the trainer: a retry may fix it). A retry that finds a handle reattaches to a
@@ -13,12 +16,18 @@ one's progress.
 """
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
-from mlm_tasks.model.status import stalled
+from mlm_tasks.model.status import read_status, stalled
+from mlm_tasks.paths import RunPaths
 from mlm_tasks.results import TrainJob, TrainStatus
-from mlm_tasks.tpu.job import Probe
+from mlm_tasks.tpu import api as tpu
+from mlm_tasks.tpu.job import DetachedJob, Log, Probe
+
+if TYPE_CHECKING:
+    from mlm_tasks.config import TpuConfig
 
 Kind = Literal["starting", "running", "done", "failed", "stalled"]
 
@@ -80,3 +89,55 @@ def classify(job: TrainJob, status: TrainStatus | None, probe: Probe, *, now: fl
     if why is not None:
         return Verdict("stalled", why)
     return Verdict("running", progress_line(mine))
+
+
+class JobWatch:
+    """The detached trainer as its driver follows it: one check, a stop, its log's last lines. The status
+    record is read from `output_root`; the node's state is asked of the TPU API only when SSH is silent."""
+
+    def __init__(self, vm: DetachedJob, tpu_cfg: TpuConfig, *, output_root: str, stall_s: float, log: Log) -> None:
+        self.vm, self.job, self.tpu_cfg, self.log = vm, vm.job, tpu_cfg, log
+        self.output_root, self.stall_s = output_root, stall_s
+
+    def check(self) -> Verdict:
+        # The probe first, then the record: a trainer that finishes between the two is read as done.
+        probe = self.vm.probe()
+        status = read_status(RunPaths(self.output_root, self.job["run_id"]))
+        node_state = None
+        if probe.alive is None:  # no SSH answer: a preempted node explains it at once
+            node_state = tpu.get_state(self.tpu_cfg, self.job["node"]).state
+            self.log.warning("No answer from worker 0 (%s); the node is %s.", probe.error, node_state)
+        return classify(self.job, status, probe, now=time.time(), stall_s=self.stall_s, node_state=node_state)
+
+    def stop(self) -> Probe:
+        return self.vm.stop(self.log)
+
+    def tail_text(self) -> str:
+        return self.vm.tail_text()
+
+
+def reattach(watch: JobWatch, *, node: str, host: str) -> bool:
+    """Whether a retry follows the stored job on (it runs, or it is done) rather than start a new one. A job
+    of a node since replaced is gone with it; a stale one is stopped first."""
+    job, log = watch.job, watch.log
+    if (job["node"], job["host"]) != (node, host):
+        log.warning("The stored trainer ran on %s (%s), this try finds %s (%s): the node was replaced, "
+                    "its trainer is gone with it. Starting a new one.", job["node"], job["host"], node, host)
+        return False
+    began = time.monotonic()
+    verdict = watch.check()
+    if verdict.kind in ("starting", "running"):
+        log.info("Reattached to %s in %.2fs: %s. No second trainer is started.",
+                 f"the trainer of try {job['try_number']} (pid {job['pid']})", time.monotonic() - began,
+                 verdict.detail)
+        return True
+    if verdict.kind == "done":
+        log.info("The stored trainer already finished: %s.", verdict.detail)
+        return True
+    if verdict.kind == "stalled":
+        log.warning("The stored trainer is alive but stale (%s): stopping it, then starting a new one "
+                    "from the last checkpoint.", verdict.detail)
+        watch.stop()
+    else:
+        log.warning("The stored trainer ended (%s): starting a new one from the last checkpoint.", verdict.detail)
+    return False

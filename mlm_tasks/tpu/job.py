@@ -1,14 +1,16 @@
-"""The trainer as a job of the TPU VM, not a child of an SSH session: the shell the train task runs
-over short SSH calls to start, probe and stop it (what the answers mean: mlm_tasks/model/follow.py).
+"""The trainer as a job of the TPU VM, not a child of an SSH session: start it, then probe, stop and tail
+it over short SSH sessions to worker 0 (what the answers mean, and the check and reattach built on them:
+mlm_tasks/model/follow.py). No Airflow here: the train task and its trigger drive these.
 
     line = remote_command(cfg, "train", run_id, node=name, detach_log=log_name(run_id, try_number), ...)
-    job = started_job(outcome.tail, node=name, host=host, ...)      # the handle: pid, log, try
-    probe = parse_probe(run(probe_command(job)).tail)                # alive? else its exit code
-    run(stop_command(job))                                           # SIGTERM+SIGCONT, then SIGKILL, the group
-    run(tail_command(job))                                           # the last lines of its log
+    outcome, job = start(ssh.Session(connect, host), line, node=name, host=host, ...)  # job: pid, log, try
+    vm = DetachedJob(job, connect)                   # one short session per call
+    vm.probe()                                       # Probe: alive? else its exit code
+    vm.stop(log)                                     # SIGTERM+SIGCONT, then SIGKILL, the process group
+    vm.tail_text()                                   # the last lines of its log, for a task's message
 
 A job is alive while its pid runs and holds the run lock on fd 9 (`bundle._run_lock`): a recycled pid,
-or a zombie, is not it.
+or a zombie, is not it. A handle read back from a store is checked before it is used (`job_handle`).
 """
 from __future__ import annotations
 
@@ -17,11 +19,24 @@ import re
 import shlex
 from collections.abc import Iterable
 from dataclasses import dataclass
+from typing import Any, Protocol, cast
 
 from mlm_tasks.results import TrainJob
+from mlm_tasks.tpu import ssh
 from mlm_tasks.tpu.bundle import JOB_MARK, STOP_GRACE_S, exit_file, run_lock_name, shell_path
 
 PROBE_MARK = "MLM_PROBE"
+TAIL_LINES = 40
+# A probe, stop or tail prints within a second; no output for this long is a connection gone half-open.
+CHECK_IDLE_S = 60.0
+
+
+class Log(Protocol):
+    """Where a driver's lines go: the task's or the trigger's logger (so they land in the task log)."""
+
+    def info(self, msg: str, /, *args: Any) -> Any: ...
+
+    def warning(self, msg: str, /, *args: Any) -> Any: ...
 
 
 def log_name(run_id: str, try_number: int) -> str:
@@ -38,6 +53,26 @@ def started_job(lines: Iterable[str], *, node: str, host: str, try_number: int, 
             return TrainJob(node=node, host=host, worker=0, pid=int(found.group(1)), try_number=try_number,
                             log=log, workdir=workdir, run_id=run_id, started_at=now, starts_before=starts_before)
     return None
+
+
+def job_handle(stored: object) -> TrainJob | None:
+    """A handle as a store gives it back (JSON), or None when there is none (nothing stored, or no pid). Only
+    the pid is required: a handle of an older try may lack a later field (follow reads those with a default)."""
+    if not isinstance(stored, dict) or "pid" not in stored:
+        return None
+    return cast(TrainJob, stored)
+
+
+def start(session: ssh.Session, command: str, *, secret: tuple[str, str] | None, node: str, host: str,
+          try_number: int, log: str, workdir: str, run_id: str, now: float,
+          starts_before: int) -> tuple[ssh.Outcome, TrainJob | None]:
+    """Runs the detached start line (`remote_command(..., detach_log=log)`) in `session`: its outcome, and
+    the job's handle (None when the line failed or printed no JOB_MARK: nothing was started)."""
+    outcome = session.run(command, secret=secret)
+    if outcome.exit_code != 0:
+        return outcome, None
+    return outcome, started_job(outcome.tail, node=node, host=host, try_number=try_number, log=log,
+                                workdir=workdir, run_id=run_id, now=now, starts_before=starts_before)
 
 
 def _cd(job: TrainJob) -> str:
@@ -97,3 +132,33 @@ def stop_command(job: TrainJob, grace_s: int = STOP_GRACE_S) -> str:
 
 def tail_command(job: TrainJob, lines: int = 40) -> str:
     return f"{_cd(job)} && tail -n {int(lines)} {shlex.quote(job['log'])}"
+
+
+class DetachedJob:
+    """A started job and the login to its worker 0: each call is one short SSH session, bounded by
+    CHECK_IDLE_S without output (the login's own patience is the connector's)."""
+
+    def __init__(self, job: TrainJob, connect: ssh.Connect) -> None:
+        self.job = job
+        self.connect = connect
+
+    def _short(self, command: str) -> ssh.Outcome:
+        return ssh.Session(self.connect, self.job["host"], idle_timeout_s=CHECK_IDLE_S).run(command)
+
+    def probe(self) -> Probe:
+        outcome = self._short(probe_command(self.job))
+        return parse_probe(outcome.tail, outcome.error)
+
+    def stop(self, log: Log) -> Probe:
+        """Stops the job's process group (SIGTERM, SIGCONT, then SIGKILL) and says whether it is gone."""
+        log.info("Stopping the trainer (pid %d, its process group) on %s.", self.job["pid"], self.job["node"])
+        outcome = self._short(stop_command(self.job))
+        for line in outcome.tail:
+            log.info("[worker 0] %s", line)
+        return parse_probe(outcome.tail, outcome.error)
+
+    def tail_text(self, lines: int = TAIL_LINES) -> str:
+        """The last lines of the job's log, as a task's message shows them."""
+        outcome = self._short(tail_command(self.job, lines))
+        text = "\n    ".join(outcome.tail) or (f"(none: {outcome.error})" if outcome.error else "(empty)")
+        return f"Last lines of {self.job['workdir']}/{self.job['log']} on worker 0:\n    {text}"

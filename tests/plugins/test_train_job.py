@@ -1,5 +1,6 @@
-"""The train task's detached trainer on a TPU VM (plugins/mlm_airflow/operators/train_job.py,
-plugins/mlm_airflow/triggers/train_job.py) over a real sshd: the task starts it and defers; the trigger follows
+"""The train task's detached trainer on a TPU VM (plugins/mlm_airflow/operators/train.py,
+plugins/mlm_airflow/triggers/train_job.py, the driver in mlm_tasks/tpu/job.py and mlm_tasks/model/follow.py)
+over a real sshd: the task starts it and defers; the trigger follows
 it; it outlives the task's process and the trigger's; a retry reattaches to it (or stops a stale one); the
 watchdog and on_kill stop it.
 
@@ -27,8 +28,7 @@ import pytest
 from airflow._shared.module_loading import import_string  # what the triggerer imports a classpath with
 from airflow.sdk.exceptions import AirflowException, AirflowFailException, TaskDeferred
 
-from mlm_airflow.operators.train import TrainOperator
-from mlm_airflow.operators.train_job import JOB_KEY
+from mlm_airflow.operators.train import JOB_KEY, TrainOperator
 from mlm_tasks import storage
 from mlm_tasks.paths import RunPaths, join
 from mlm_tasks.tpu import api as tpu

@@ -25,7 +25,7 @@ the last checkpoint. The session has a pty, so closing it (task killed, timed ou
 up the remote step instead of orphaning it; a session lost without a hang-up (a network partition, a
 crashed Airflow host) leaves the step running, and the next try stops it first (the run lock of
 `remote_command`), so one run never has two trainers. The train task runs its trainer detached from
-the session instead, and follows it (`DetachedTrain`, plugins/mlm_airflow/operators/train_job.py). Secrets (the Hub
+the session instead, and follows it (`DetachedTrain`, plugins/mlm_airflow/operators/train.py). Secrets (the Hub
 token) travel on the SSH session's stdin when the line asks (`hub_token`), never on the command line
 or in an environment. Google's ComputeEngineSSHHook cannot find TPU VMs, hence the SSH connection's
 login pointed at the worker's IP.

@@ -1,14 +1,22 @@
 """Trigger that follows a detached trainer on a TPU VM (runs in the triggerer), so that a training of
 hours holds no worker slot.
 
-    TrainJobTrigger(config=cfg.model_dump(mode="json"), job=job, workers=1)   # what TrainOperator defers to
+    TrainJobTrigger(output_root=cfg.output_root, job=job, workers=1, tpu_config=cfg.tpu.model_dump(mode="json"),
+                    poll_s=..., stall_s=..., progress_s=..., storage_timeout_s=..., gcp_conn_id=...)
 
-Every train.follow_poll_s it runs one `JobWatch.check` (plugins/mlm_airflow/operators/train_job.py: an SSH
-probe of the job, the status record from output_root, the node's state when SSH does not answer) in a thread, with the
-run's GCP connection, and logs a progress line (step, loss, tokens/s, ETA) every
-train.progress_log_s. It fires once, with {"kind", "detail", "exit_code", "job", "workers"}, when the
-verdict is done, failed or stalled; the task resumes in `TrainOperator.trainer_ended`, which succeeds,
-fails with the log's last lines, or stops a stalled trainer and fails the try.
+What TrainOperator defers to, with primitive arguments (as the Google provider's CloudBatchJobFinishedTrigger
+takes a job name, a project, a connection id and a poll period), not the run's whole config: the output
+root whose status record it reads, the job's handle (node, host, pid, run id, try), the TPU VM's
+location (`tpu_config`: project, zone, API endpoint, SSH connection and port), the run's poll, stall
+and progress seconds (train.follow_poll_s, train.stall_minutes, train.progress_log_s), the storage
+deadline (storage.timeout_s) and the GCP connection id.
+
+Every poll_s it runs one check (`JobWatch.check`, mlm_tasks/model/follow.py: an SSH probe of the job,
+the status record from output_root, the node's state when SSH does not answer) in a thread, with the
+run's GCP connection, and logs a progress line (step, loss, tokens/s, ETA) every progress_s. It fires
+once, with {"kind", "detail", "exit_code", "job", "workers"}, when the verdict is done, failed or
+stalled; the task resumes in `TrainOperator.trainer_ended`, which succeeds, fails with the log's last
+lines, or stops a stalled trainer and fails the try.
 
 What survives what: a triggerer restart rebuilds the trigger from `serialize()` and it follows on,
 the same try and the same trainer (the stall clock is the record's heartbeat, not this process's).
@@ -22,56 +30,74 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import AsyncIterator
-from typing import Any
+from collections.abc import AsyncIterator, Callable
+from typing import Any, TypeVar
 
 from airflow.triggers.base import BaseTrigger, TriggerEvent
 
-from mlm_tasks import storage
-from mlm_tasks.config import PipelineConfig
+from mlm_airflow.connections import connection_credentials, ssh_connect
+from mlm_tasks import credentials, storage
+from mlm_tasks.config import TpuConfig
 from mlm_tasks.errors import TransientError
-from mlm_tasks.model.follow import Verdict
+from mlm_tasks.model.follow import JobWatch, Verdict
 from mlm_tasks.results import TrainJob
+from mlm_tasks.tpu import api as tpu
+from mlm_tasks.tpu.job import DetachedJob, Log
 
 ENDS = ("done", "failed", "stalled")
+# A check's SSH login is retried this long (the start's: 300 s): a node that does not answer is soon
+# asked about at the TPU API instead, which tells a preemption at once.
+CHECK_PATIENCE_S = 60.0
 # Each poll is a short SSH session: paramiko's "Connected" and "Authentication successful" lines would
 # bury the progress lines in the task's log. Its warnings and errors still show.
 logging.getLogger("paramiko.transport").setLevel(logging.WARNING)
 
-
 # Stored with every deferred task and imported by the triggerer: a rename must keep this path importable.
 CLASSPATH = "mlm_airflow.triggers.train_job.TrainJobTrigger"
+T = TypeVar("T")
+
+
+def connected_watch(tpu_cfg: TpuConfig, job: TrainJob, *, output_root: str, stall_s: float, log: Log) -> JobWatch:
+    """A watch of `job` that logs in as the run's SSH connection, pinning the host keys the node published."""
+    api = tpu.client(tpu_cfg)
+    connect = ssh_connect(tpu_cfg.ssh_conn_id, tpu_cfg.ssh_port, CHECK_PATIENCE_S, node=job["node"],
+                          published=tpu.published_keys(tpu_cfg, job["node"], api=api))
+    return JobWatch(DetachedJob(job, connect), tpu_cfg, output_root=output_root, stall_s=stall_s, log=log)
 
 
 class TrainJobTrigger(BaseTrigger):
-    def __init__(self, config: dict[str, Any], job: dict[str, Any], workers: int = 1):
+    def __init__(self, *, output_root: str, job: TrainJob, workers: int, tpu_config: dict[str, Any],
+                 poll_s: float, stall_s: float, progress_s: float, storage_timeout_s: float,
+                 gcp_conn_id: str) -> None:
         super().__init__()
-        self.config = config
+        self.output_root = output_root
         self.job = job
         self.workers = workers
-        self._cfg = PipelineConfig.model_validate(config)
+        self.tpu_config = tpu_config
+        self.poll_s, self.stall_s, self.progress_s = poll_s, stall_s, progress_s
+        self.storage_timeout_s = storage_timeout_s
+        self.gcp_conn_id = gcp_conn_id
         self._credentials: tuple[Any, str | None] | None = None
-        self._watch: Any = None
+        self._watch: JobWatch | None = None
 
     def serialize(self) -> tuple[str, dict[str, Any]]:
         # Airflow puts the plugins folder on the triggerer's sys.path (settings.prepare_syspath_for_config_and_plugins):
         # the triggerer imports the package by this path.
         return (CLASSPATH,
-                {"config": self.config, "job": self.job, "workers": self.workers})
+                {"output_root": self.output_root, "job": self.job, "workers": self.workers,
+                 "tpu_config": self.tpu_config, "poll_s": self.poll_s, "stall_s": self.stall_s,
+                 "progress_s": self.progress_s, "storage_timeout_s": self.storage_timeout_s,
+                 "gcp_conn_id": self.gcp_conn_id})
 
-    def _with_connection(self, call: Any) -> Any:
+    def _with_connection(self, call: Callable[[JobWatch], T]) -> T:
         """call(watch) with the run's GCP connection (read once per trigger run) for gs:// and the TPU API."""
-        from mlm_airflow.connections import connection_credentials
-        from mlm_airflow.operators.train_job import JobWatch
-        from mlm_tasks import credentials
-
-        storage.set_timeout(self._cfg.storage.timeout_s)
+        storage.set_timeout(self.storage_timeout_s)
         if self._credentials is None:
-            self._credentials = connection_credentials(self._cfg.gcp_conn_id)
-        with credentials.use(*self._credentials, source=f"Airflow connection {self._cfg.gcp_conn_id!r}"):
+            self._credentials = connection_credentials(self.gcp_conn_id)
+        with credentials.use(*self._credentials, source=f"Airflow connection {self.gcp_conn_id!r}"):
             if self._watch is None:
-                job: TrainJob = self.job  # type: ignore[assignment]
-                self._watch = JobWatch.connected(self._cfg, job, self.log)
+                self._watch = connected_watch(TpuConfig.model_validate(self.tpu_config), self.job,
+                                              output_root=self.output_root, stall_s=self.stall_s, log=self.log)
             return call(self._watch)
 
     def _check(self) -> Verdict:
@@ -81,10 +107,9 @@ class TrainJobTrigger(BaseTrigger):
         import requests
         from google.api_core.exceptions import RetryError, ServerError, TooManyRequests
 
-        train = self._cfg.train
         who = f"the trainer (pid {self.job['pid']}, try {self.job['try_number']}) on {self.job['node']}"
         self.log.info("Following %s every %gs; progress every %gs, watchdog after %g min without a heartbeat.",
-                      who, train.follow_poll_s, train.progress_log_s, train.stall_minutes)
+                      who, self.poll_s, self.progress_s, self.stall_s / 60)
         last_line = 0.0
         while True:
             try:
@@ -100,10 +125,10 @@ class TrainJobTrigger(BaseTrigger):
                 yield TriggerEvent({"kind": verdict.kind, "detail": verdict.detail, "exit_code": verdict.exit_code,
                                     "job": self.job, "workers": self.workers})
                 return
-            if verdict is not None and time.monotonic() - last_line >= train.progress_log_s:
+            if verdict is not None and time.monotonic() - last_line >= self.progress_s:
                 self.log.info("Training: %s", verdict.detail)
                 last_line = time.monotonic()
-            await asyncio.sleep(train.follow_poll_s)
+            await asyncio.sleep(self.poll_s)
 
     async def on_kill(self) -> None:
         """The task was marked failed or cleared while it waited: stop the trainer."""
