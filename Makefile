@@ -41,7 +41,7 @@ test-fast: env lint
 	$(PY) -m pytest -m unit $(XDIST) $(PYTEST_ARGS)
 
 # Style and types are checked, not debated: ruff's rules and per-file waivers are in pyproject.toml
-# ([tool.ruff]), and so is mypy's setup for the task library ([tool.mypy]); the manual (docs/, mkdocs.yml)
+# ([tool.ruff]), and so is mypy's setup ([tool.mypy]: mlm_tasks, plugins and dags); the manual (docs/, mkdocs.yml)
 # builds strictly. `make test` and `make test-fast` run all three first.
 LINT_PATHS := mlm_tasks plugins dags tests scripts bench
 lint: env typecheck docs

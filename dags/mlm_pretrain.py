@@ -80,6 +80,8 @@ with DAG(
     params=params,
     tags=["mlm", "training", "tensorflow"],
 ) as dag:
+    # TaskFlow: a task called here takes XComArgs (Airflow hands it their values at run time), but Airflow's stubs
+    # type the call with the function's own parameters (apache/airflow#39514): hence the ignore[arg-type] below.
     config = validate()
     data = shard_set(config)
     # Waits only for shards from elsewhere (a refresh, bring-your-own); passes at once when this run wrote them.
@@ -90,17 +92,19 @@ with DAG(
     # (Hence create_tpu_vm is no setup task: Airflow skips all of a skipped setup's scope.)
     train = TrainOperator(task_id="train", config=config, data=data, execution_timeout=timedelta(hours=72),
                           queue=train_queue(_defaults.compute), trigger_rule="none_failed")
-    decision = gate(config)
+    decision = gate(config)  # type: ignore[arg-type]
     # Always in the DAG (its shape is fixed at parse time, the setting is per run): it skips itself unless the
     # run asks for approval, and a rejection or timeout skips publish
     # (plugins/mlm_airflow/operators/release_approval.py).
     approval = ReleaseApprovalOperator(task_id="approve_release", config=config, decision=decision,
                                        default_timeout_hours=_defaults.publish.approval_timeout_hours)
     # none_failed: publish runs after a skipped approval (none asked for) and decides on its own.
-    published = publish.override(trigger_rule="none_failed")(config, decision, data, approval.output)
-    chain(data, check_run(config, data), wait, create_vm, train, evaluate(config, data), downstream(config),
-          fill_mask(config), report(config, data), decision, approval, published, summary(config, data))
-    data >> publish_tokenizer(config, data)
+    published = publish.override(trigger_rule="none_failed")(config, decision, data,  # type: ignore[arg-type]
+                                                              approval.output)
+    chain(data, check_run(config, data), wait, create_vm, train,  # type: ignore[arg-type]
+          evaluate(config, data), downstream(config), fill_mask(config),  # type: ignore[arg-type]
+          report(config, data), decision, approval, published, summary(config, data))  # type: ignore[arg-type]
+    data >> publish_tokenizer(config, data)  # type: ignore[arg-type]
     # A teardown without a setup: it runs once train and create_tpu_vm are done, whatever happened (a failed
     # create too: it deletes what the failed try left), so no TPU VM outlives its run; with compute local it
     # ends skipped, saying why. Its own failure does not decide the run's state.

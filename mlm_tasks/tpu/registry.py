@@ -21,6 +21,7 @@ from __future__ import annotations
 import os
 import re
 from dataclasses import dataclass
+from typing import Literal, overload
 
 from mlm_tasks import storage
 from mlm_tasks.errors import ConfigError
@@ -37,6 +38,14 @@ class Entry:
     name: str
     expires: int        # epoch seconds: the node's `expires` label when it was recorded
     uri: str            # the entry's file
+
+
+@overload
+def location(required: Literal[True] = True) -> str: ...
+
+
+@overload
+def location(required: bool) -> str | None: ...
 
 
 def location(required: bool = True) -> str | None:

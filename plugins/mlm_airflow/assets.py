@@ -5,24 +5,27 @@ output_root it lives under, the data settings it was built with, and its record/
 """
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 from airflow.sdk import Asset
 
-from mlm_tasks.deployment import DATA_SECTIONS
+from mlm_tasks.deployment import DATA_SECTIONS, Deployment
+from mlm_tasks.results import DataSummary
 
 # An "x-" scheme is Airflow's mark for a private URI: no provider normalises it, so parsing the DAGs
 # does not load every provider to look for a normaliser (0.5 s per parse, bench/bench_parse.py).
 SHARDS = Asset(name="mlm_shards", uri="x-mlm://shards", group="mlm")
 
 
-def event_extra(cfg_dict: dict, data: dict) -> dict:
+def event_extra(cfg_dict: dict[str, Any], data: DataSummary) -> dict[str, Any]:
     return {"fingerprint": data["fingerprint"], "output_root": cfg_dict["output_root"],
             "data_config": {k: cfg_dict[k] for k in DATA_SECTIONS},
             "records": data["records"], "tokens": data["tokens"]}
 
 
-def triggering_shards_event(context: Any, deployment: Any = None) -> dict | None:
+def triggering_shards_event(context: Mapping[str, Any], deployment: Deployment | None = None,
+                            ) -> dict[str, Any] | None:
     """The newest SHARDS event that triggered this run, or None for a manual run.
 
     A run consumes every event since the previous asset-triggered run (several refreshes while the

@@ -37,6 +37,7 @@ mismatch, a ConfigError) fails the task without retries (plugins/mlm_airflow/ope
 from __future__ import annotations
 
 import contextlib
+import getpass
 import logging
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
@@ -127,7 +128,9 @@ def ssh_login(conn_id: str, host: str, port: int) -> ssh.Login:
         "look_for_keys": hook.look_for_keys, "timeout": hook.conn_timeout, "banner_timeout": hook.banner_timeout,
         "auth_timeout": hook.auth_timeout, "compress": hook.compress, "sock": hook.host_proxy,
         "disabled_algorithms": hook.disabled_algorithms}
-    return ssh.Login(hook.username, f"connection {conn_id!r}", options, keepalive_s=hook.keepalive_interval or 0,
+    # SSHHook's __init__ already falls back to the local user's name; its attribute is typed Optional.
+    user = hook.username or getpass.getuser()
+    return ssh.Login(user, f"connection {conn_id!r}", options, keepalive_s=hook.keepalive_interval or 0,
                      no_host_key_check=bool(hook.no_host_key_check))
 
 

@@ -35,6 +35,7 @@ from datetime import timedelta
 from pathlib import Path
 
 from airflow.sdk import Param
+from pydantic import BaseModel
 
 from mlm_airflow.notifications import FailureNotifier
 from mlm_tasks.config import PARAM_PATHS, PipelineConfig, load_config
@@ -98,7 +99,7 @@ def _config_schema() -> dict:
     return PipelineConfig.model_json_schema()
 
 
-def _json_schema(model: type) -> dict:
+def _json_schema(model: type[BaseModel]) -> dict:
     """A section's JSON schema, read from the top-level schema's $defs."""
     tree = _config_schema()
     return tree if model is PipelineConfig else tree["$defs"][model.__name__]
@@ -108,9 +109,12 @@ def field_schema(dotted: str) -> dict:
     """The JSON schema of one setting (`tokenizer.vocab_size`), as pydantic derives it from the model.
     An optional setting (`int | None`) becomes `type: [integer, null]` with the integer's bounds."""
     *sections, leaf = dotted.split(".")
-    model = PipelineConfig
+    model: type[BaseModel] = PipelineConfig
     for section in sections:
-        model = model.model_fields[section].annotation
+        annotation = model.model_fields[section].annotation
+        if not (isinstance(annotation, type) and issubclass(annotation, BaseModel)):
+            raise TypeError(f"{dotted}: {section!r} is not a section of the config (its type: {annotation!r})")
+        model = annotation
     prop = _json_schema(model)["properties"][leaf]
     options = prop.get("anyOf", [prop])
     schema: dict = {}

@@ -22,7 +22,7 @@ import urllib.request
 from typing import Any
 from urllib.parse import urlsplit
 
-from airflow.sdk import BaseNotifier
+from airflow.sdk import BaseNotifier, Context
 
 log = logging.getLogger(__name__)
 
@@ -70,7 +70,7 @@ def webhook_url() -> str | None:
     return host or None
 
 
-def failure_payload(context: dict[str, Any]) -> dict[str, Any]:
+def failure_payload(context: Context) -> dict[str, Any]:
     ti = context["ti"]
     exception = context.get("exception")
     return {
@@ -91,7 +91,7 @@ class FailureNotifier(BaseNotifier):
         super().__init__()
         self.timeout_s = timeout_s
 
-    def notify(self, context: dict[str, Any]) -> None:
+    def notify(self, context: Context) -> None:
         payload = failure_payload(context)
         log.error("Task failed: %s.%s run %s, try %s of %s; log: %s; error: %s", payload["dag_id"],
                   payload["task_id"], payload["run_id"], payload["try_number"], payload["max_tries"] + 1,

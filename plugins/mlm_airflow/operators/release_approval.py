@@ -24,11 +24,12 @@ from datetime import timedelta
 from typing import Any
 
 from airflow.providers.standard.operators.hitl import ApprovalOperator
-from airflow.sdk import Param
+from airflow.sdk import Context, Param
 from airflow.sdk.exceptions import AirflowSkipException
 
-from mlm_airflow.tasks.step_context import config_from_xcom, step_context, xcom_dict
+from mlm_airflow.tasks.step_context import config_from_xcom, gate_decision, step_context
 from mlm_tasks.config import PipelineConfig
+from mlm_tasks.results import GateDecision
 
 COMMENT = "comment"
 
@@ -52,13 +53,13 @@ class ReleaseApprovalOperator(ApprovalOperator):
         self.config = config
         self.decision = decision
 
-    def execute(self, context: Any) -> Any:
+    def execute(self, context: Context) -> Any:
         cfg = config_from_xcom(self.config)
         if not cfg.publish.require_approval:  # first: then the gate's decision is not even read (a run may skip
             # or mark the gate done without one, e.g. `airflow dags test --mark-success-pattern`)
             raise AirflowSkipException("No approval asked (publish.require_approval is false): publish decides on "
                                        "its own.")
-        decision = xcom_dict(self.decision)
+        decision = gate_decision(self.decision)
         reason = self._nothing_to_approve(cfg, decision)
         if reason:
             raise AirflowSkipException(reason)
@@ -78,7 +79,7 @@ class ReleaseApprovalOperator(ApprovalOperator):
         return super().execute(context)
 
     @staticmethod
-    def _nothing_to_approve(cfg: PipelineConfig, decision: dict) -> str | None:
+    def _nothing_to_approve(cfg: PipelineConfig, decision: GateDecision) -> str | None:
         if not cfg.publish.require_approval:
             return "No approval asked (publish.require_approval is false): publish decides on its own."
         if not cfg.publish.enabled:
@@ -87,7 +88,7 @@ class ReleaseApprovalOperator(ApprovalOperator):
             return "The evaluation gate failed: nothing to approve (publish skips, with the gate's reasons)."
         return None
 
-    def execute_complete(self, context: Any, event: dict[str, Any]) -> Any:
+    def execute_complete(self, context: Context, event: dict[str, Any]) -> Any:
         if "error" not in event:
             self.log.info("%s", self.outcome(event))
         return super().execute_complete(context, event)

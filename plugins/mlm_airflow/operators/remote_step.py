@@ -35,16 +35,19 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+from airflow.sdk import Context
 from airflow.sdk.exceptions import AirflowException, AirflowFailException
 
 from mlm_airflow.connections import ssh_connect
+from mlm_tasks.config import PipelineConfig
 from mlm_tasks.errors import NO_RETRY_EXIT, NoRetryError, TransientError
 from mlm_tasks.tpu import api as tpu
 from mlm_tasks.tpu import ssh
 from mlm_tasks.tpu.bundle import TOKEN_PROMPT, remote_command, stage_code
+from mlm_tasks.tpu.job import Log
 
 
-def check_reachable(cfg: Any, name: str, host: str) -> None:
+def check_reachable(cfg: PipelineConfig, name: str, host: str) -> None:
     """AirflowFailException (no retry can fix a firewall) when worker 0's SSH port is unreachable."""
     problem = ssh.unreachable(host, cfg.tpu.ssh_port, cfg.tpu.ssh_probe_timeout_s)
     if problem is None:
@@ -67,7 +70,7 @@ class RemoteStep:
     environment; `step_env`: non-secret variables (part of the logged command line). `close()`
     (on_kill) hangs the session up."""
 
-    def __init__(self, step: str, log: Any, *, args: Sequence[str] = (), command: str | None = None,
+    def __init__(self, step: str, log: Log, *, args: Sequence[str] = (), command: str | None = None,
                  hub_token: str | None = None, step_env: dict[str, str] | None = None,
                  replaces_dead_node: bool = False) -> None:
         self.step = step
@@ -79,7 +82,7 @@ class RemoteStep:
         self.replaces_dead_node = replaces_dead_node
         self.session: ssh.Session | None = None
 
-    def run(self, context: Any, cfg: Any, node: tpu.NodeState) -> dict[str, Any]:
+    def run(self, context: Context, cfg: PipelineConfig, node: tpu.NodeState) -> dict[str, Any]:
         name, hosts, connect = self.connect_to(context, cfg, node)
         command = self.command or self.remote_line(context, cfg, name)
         self.session = ssh.Session(connect, hosts[0], on_line=lambda line: self.log.info("[worker 0] %s", line))
@@ -88,7 +91,7 @@ class RemoteStep:
             raise self.failure(cfg, name, outcome)
         return {"node": name, "workers": len(hosts)}
 
-    def remote_line(self, context: Any, cfg: Any, name: str, **options: Any) -> str:
+    def remote_line(self, context: Context, cfg: PipelineConfig, name: str, **options: Any) -> str:
         """remote_command for this step; `options` go to it (detach_log, more env)."""
         env = {**self.step_env, **options.pop("env", {})}
         return remote_command(
@@ -100,7 +103,7 @@ class RemoteStep:
         """What the session answers the line's token prompt with (ssh.Session.run)."""
         return (TOKEN_PROMPT, self.hub_token) if self.hub_token is not None else None
 
-    def failure(self, cfg: Any, name: str, outcome: ssh.Outcome) -> AirflowException:
+    def failure(self, cfg: PipelineConfig, name: str, outcome: ssh.Outcome) -> AirflowException:
         """What to raise for a command that failed on worker 0: exit 2 and fatal errors are not retried."""
         message = self._failure_message(cfg, name, outcome)
         if outcome.fatal:  # e.g. a host-key mismatch: the same machine would answer
@@ -111,7 +114,8 @@ class RemoteStep:
                                         "trigger a new run.")
         return AirflowException(message)
 
-    def connect_to(self, context: Any, cfg: Any, node: tpu.NodeState) -> tuple[str, list[str], ssh.Connect]:
+    def connect_to(self, context: Context, cfg: PipelineConfig, node: tpu.NodeState,
+                   ) -> tuple[str, list[str], ssh.Connect]:
         """(node name, worker hosts, connect) once the node is checked: READY, host count and runtime agree,
         worker 0's port answers. Keeps the janitor off the node for tpu.ttl_hours from now."""
         from mlm_tasks.tpu import runtimes
@@ -141,7 +145,7 @@ class RemoteStep:
                               published=tpu.published_keys(cfg.tpu, name, api=api))
         return name, hosts, connect
 
-    def _failure_message(self, cfg: Any, name: str, outcome: ssh.Outcome) -> str:
+    def _failure_message(self, cfg: PipelineConfig, name: str, outcome: ssh.Outcome) -> str:
         import requests
         from google.api_core.exceptions import GoogleAPIError
         from google.auth.exceptions import GoogleAuthError

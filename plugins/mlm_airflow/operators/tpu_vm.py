@@ -43,13 +43,14 @@ from mlm_tasks.paths import RunContext
 from mlm_tasks.tpu import api as tpu
 from mlm_tasks.tpu import prices
 from mlm_tasks.tpu import registry as tpu_registry
+from mlm_tasks.tpu.job import Log
 
 
 def run_node_name(context: Context, override: str | None = None) -> str:
     return override or tpu.node_name(context["dag"].dag_id, context["run_id"])
 
 
-def ssh_key_metadata(conn_id: str, log: Any) -> dict[str, str]:
+def ssh_key_metadata(conn_id: str, log: Log) -> dict[str, str]:
     """`ssh-keys` metadata for the node: the public half of the SSH connection's key, so the SSH step
     can log in without OS Login. Projects that enforce OS Login ignore it (grant the key there)."""
     import paramiko
@@ -169,7 +170,7 @@ class TpuVmDeleteOperator(_RunNodeOperator):
 
     ui_color = "#fcd7d7"
 
-    def execute(self, context: Any) -> str | None:
+    def execute(self, context: Context) -> str | None:
         from google.api_core.exceptions import ClientError
 
         if self.config is None:  # validate failed: the run never came near create_tpu_vm
@@ -188,7 +189,8 @@ class TpuVmDeleteOperator(_RunNodeOperator):
                     f"the cause (connection {cfg.gcp_conn_id!r} needs roles/tpu.admin in {cfg.tpu.project}) and "
                     f"clear this task, or delete it by hand: {_delete_command(cfg, name)}") from err
         if operation is None:
-            return self._gone(context, cfg, name, "already gone")
+            self._gone(context, cfg, name, "already gone")
+            return None
         self.log.info("TPU VM %s: deleting (%s); waiting until it is gone (at most tpu.delete_timeout_s=%ss).",
                       name, operation, cfg.tpu.delete_timeout_s)
         deadline = time.time() + cfg.tpu.delete_timeout_s
@@ -197,11 +199,12 @@ class TpuVmDeleteOperator(_RunNodeOperator):
         self.defer(trigger=trigger, method_name="deleted", kwargs={"created": created},
                    timeout=timedelta(seconds=cfg.tpu.delete_timeout_s + 600))  # backstop: the trigger has the bound
 
-    def deleted(self, context: Any, event: dict[str, Any] | None = None, created: float | None = None,
+    def deleted(self, context: Context, event: dict[str, Any] | None = None, created: float | None = None,
                 **_: Any) -> str | None:
         cfg = config_from_xcom(self.config)
         event = event or {}
-        name, state, error = event.get("name"), event.get("state"), event.get("error")
+        name: str = event.get("name", "")
+        state, error = event.get("state"), event.get("error")
         if state == tpu.NOT_FOUND and not error:
             self._gone(context, cfg, name, "deleted", created)
             return name
@@ -216,7 +219,7 @@ class TpuVmDeleteOperator(_RunNodeOperator):
             f"Deleting TPU VM {name} did not take: {error or 'the node is ' + str(state)}. It keeps running, and "
             f"billing: retry this task, or delete it by hand: {_delete_command(cfg, name)}")
 
-    def _gone(self, context: Any, cfg: PipelineConfig, name: str, how: str, created: float | None = None) -> None:
+    def _gone(self, context: Context, cfg: PipelineConfig, name: str, how: str, created: float | None = None) -> None:
         registry = tpu_registry.location(required=False)
         with use_connection(cfg.gcp_conn_id):
             if registry:
@@ -237,7 +240,7 @@ class TpuVmDeleteOperator(_RunNodeOperator):
                              name, err)
             return None
 
-    def _record_bill(self, context: Any, cfg: PipelineConfig, bill: dict[str, Any]) -> None:
+    def _record_bill(self, context: Context, cfg: PipelineConfig, bill: dict[str, Any]) -> None:
         """What the VM cost, in the log and beside the run's artifacts (runs/<run>/tpu_vm.json). The VM is
         gone either way: a record that cannot be written is a warning, not a reason to delete again."""
         self.log.info("%s.", prices.bill_line(bill))

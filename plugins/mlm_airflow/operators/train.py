@@ -30,7 +30,7 @@ import os
 import threading
 import time
 from datetime import timedelta
-from typing import Any, NoReturn
+from typing import TYPE_CHECKING, Any, NoReturn, cast
 
 from airflow.sdk import BaseOperator, Context
 from airflow.sdk.exceptions import AirflowException, AirflowFailException
@@ -50,6 +50,9 @@ from mlm_tasks.results import RemoteTrain, TrainJob, TrainSummary
 from mlm_tasks.tpu import api as tpu
 from mlm_tasks.tpu import job as vm_job
 from mlm_tasks.tpu import ssh
+
+if TYPE_CHECKING:
+    from pydantic import JsonValue  # what Airflow's task state store takes
 
 JOB_KEY = "train_job"
 ON_KILL_STOP_S = 4.0  # Airflow's supervisor SIGKILLs a task 5 s after asking it to stop
@@ -103,7 +106,8 @@ class DetachedTrain:
         if job is None:
             job = self._start(context, cfg, name, hosts[0], connect)
             if store is not None:
-                store.set(JOB_KEY, dict(job))
+                # A handle is JSON (str, int and float fields); mypy sees no TypedDict as a dict[str, JsonValue].
+                store.set(JOB_KEY, cast("JsonValue", dict(job)))
         self.watch = watch_of(cfg, job, connect, self.log)
         return job, len(hosts)
 

@@ -19,12 +19,15 @@ from __future__ import annotations
 
 import os
 from datetime import timedelta
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from airflow.sdk import BaseSensorOperator
+from airflow.sdk import BaseSensorOperator, Context
 from airflow.sdk.exceptions import AirflowException, AirflowFailException, AirflowSensorTimeout
 
 from mlm_airflow.tasks.step_context import config_from_xcom, xcom_dict
+
+if TYPE_CHECKING:  # imported when it runs: parsing a DAG loads no provider trigger
+    from airflow.providers.google.cloud.triggers.gcs import GCSBlobTrigger
 
 
 def split_gs_uri(uri: str) -> tuple[str, str]:
@@ -47,7 +50,7 @@ class ShardSetCompleteSensor(BaseSensorOperator):
         self.config = config
         self.data = data
         self.deferrable = deferrable
-        self.gcp_conn_id: str | None = None  # from the run's config, in apply_run_config
+        self.gcp_conn_id = ""  # from the run's config, in apply_run_config: every entry point calls it first
         self._configured = False
 
     def apply_run_config(self) -> None:
@@ -77,7 +80,7 @@ class ShardSetCompleteSensor(BaseSensorOperator):
     def _is_gcs(self) -> bool:
         return self.marker_uri.startswith("gs://")
 
-    def poke(self, context: Any) -> bool:
+    def poke(self, context: Context) -> bool:
         self.apply_run_config()
         marker = self.marker_uri
         self.log.info("Waiting for the shard marker %s", marker)
@@ -89,7 +92,7 @@ class ShardSetCompleteSensor(BaseSensorOperator):
         path = marker[len("file://"):] if marker.startswith("file://") else marker
         return os.path.isfile(path)
 
-    def execute(self, context: Any) -> str:
+    def execute(self, context: Context) -> str:
         self.apply_run_config()
         marker = self.marker_uri
         if xcom_dict(self.data).get("written_here"):
@@ -108,7 +111,7 @@ class ShardSetCompleteSensor(BaseSensorOperator):
             raise AirflowSensorTimeout(self.timeout_message()) from e
         return marker
 
-    def trigger(self):
+    def trigger(self) -> GCSBlobTrigger:
         from airflow.providers.google.cloud.triggers.gcs import GCSBlobTrigger
 
         bucket, name = split_gs_uri(self.marker_uri)
@@ -116,7 +119,7 @@ class ShardSetCompleteSensor(BaseSensorOperator):
                               poke_interval=self.poke_interval, google_cloud_conn_id=self.gcp_conn_id,
                               hook_params={})
 
-    def execute_complete(self, context: Any, event: dict[str, Any]) -> str:
+    def execute_complete(self, context: Context, event: dict[str, Any]) -> str:
         self.apply_run_config()
         if event.get("status") != "success":
             raise AirflowException(
@@ -125,7 +128,7 @@ class ShardSetCompleteSensor(BaseSensorOperator):
         self.log.info("Shard set complete: %s", self.marker_uri)
         return self.marker_uri
 
-    def resume_execution(self, next_method: str, next_kwargs: dict[str, Any] | None, context: Any):
+    def resume_execution(self, next_method: str, next_kwargs: dict[str, Any] | None, context: Context) -> Any:
         self.apply_run_config()  # a resumed task is a fresh operator: the config's timeout is for the message
         try:
             return super().resume_execution(next_method, next_kwargs, context)

@@ -17,7 +17,7 @@ import logging
 from datetime import timedelta
 from typing import Any
 
-from airflow.sdk import TaskGroup, get_current_context, task
+from airflow.sdk import TaskGroup, XComArg, get_current_context, task
 
 from mlm_airflow.assets import SHARDS, event_extra, triggering_shards_event
 from mlm_airflow.defaults import CPU_QUEUE
@@ -79,8 +79,10 @@ def write_shards(config: dict, partition: Partition) -> WrittenPartition:
     """One mapped task per partition: its TFRecord shards and partial manifest."""
     from mlm_tasks.steps.write_shards import write_shards as step
 
-    # The grid shows "partition 2 of 4", not a bare index.
-    get_current_context()["partition_label"] = f"partition {partition['part'] + 1} of {partition['num_parts']}"
+    # The grid shows "partition 2 of 4", not a bare index. A key added to the context for map_index_template is
+    # Airflow's documented way; its Context TypedDict lists only its own keys.
+    label = f"partition {partition['part'] + 1} of {partition['num_parts']}"
+    get_current_context()["partition_label"] = label  # type: ignore[typeddict-unknown-key]
     cfg, ctx = step_context(config, partition)
     with bad_input_fails_fast():
         return step(cfg, ctx, part=partition["part"], num_parts=partition["num_parts"])
@@ -104,16 +106,21 @@ def merge_shards(config: dict, plan: ShardPlan, announce: bool = False, **contex
     return data
 
 
-def shard_set(config: Any, *, announce: bool = False, after: Any = None) -> Any:
+def shard_set(config: XComArg, *, announce: bool = False, after: XComArg | None = None) -> XComArg:
     """The three tasks, wired (after `after`, e.g. the refresh's short-circuit, so its skip reaches
     them); merge_shards' XComArg (the data summary). Task ids are the step names."""
     with TaskGroup("shard_set", prefix_group_id=False,
                    tooltip="plan, write (per partition), merge the TFRecord shards"):
-        partitions = plan_shards(config)
+        # TaskFlow: a task called here takes XComArgs (Airflow hands it their values at run time), but Airflow's
+        # stubs type the call with the function's own parameters (apache/airflow#39514).
+        partitions = plan_shards(config)  # type: ignore[arg-type]
         if after is not None:
             after >> partitions
         written = write_shards.partial(config=config).expand(partition=partitions)
         merge = merge_shards.override(outlets=[SHARDS] if announce else [])
-        data = merge(config, partitions[PLAN_KEY], announce=announce)  # the same task's other XCom: the plan
+        # The same task's other XCom, the plan: `xcomarg[key]` is XComArg's documented API (a task's call returns
+        # a PlainXComArg, which has it), but the call is typed as returning the base class, which lacks it.
+        plan = partitions[PLAN_KEY]  # type: ignore[index]
+        data = merge(config, plan, announce=announce)  # type: ignore[arg-type]
         written >> data
         return data

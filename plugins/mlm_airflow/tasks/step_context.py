@@ -9,13 +9,15 @@ The values come in as the task's arguments (XComArgs wired in the DAG), never pu
 from __future__ import annotations
 
 import json
-from typing import Any
+from collections.abc import Mapping
+from typing import Any, cast
 
 from mlm_tasks.config import PipelineConfig
 from mlm_tasks.paths import RunContext
+from mlm_tasks.results import GateDecision
 
 
-def xcom_dict(value: Any) -> dict:
+def xcom_dict(value: Any) -> dict[str, Any]:
     """A dict-valued XCom as a task or operator receives it: the dict itself (an XComArg, or a template
     rendered with native types) or its JSON (a template rendered as text). Anything else is a wiring
     mistake that a retry cannot fix."""
@@ -40,9 +42,16 @@ def config_from_xcom(value: Any) -> PipelineConfig:
     return PipelineConfig.model_validate(xcom_dict(value))
 
 
-def step_context(config: Any, data: dict | None = None,
+def gate_decision(value: Any) -> GateDecision:
+    """gate's return value from XCom (a dict, or its JSON). Its fields are read with .get (as the review
+    page does): a decision without them reads as failed, with no reasons."""
+    return cast(GateDecision, xcom_dict(value))
+
+
+def step_context(config: Any, data: Mapping[str, Any] | None = None,
                  run_id: str | None = None) -> tuple[PipelineConfig, RunContext]:
-    """`config`: validate's return value (or, in the validate task itself, the PipelineConfig)."""
+    """`config`: validate's return value (or, in the validate task itself, the PipelineConfig); `data`: an
+    upstream result that names the shard set (its `fingerprint`), if any."""
     from mlm_airflow.connections import install_for
 
     cfg = config if isinstance(config, PipelineConfig) else config_from_xcom(config)
@@ -53,5 +62,4 @@ def step_context(config: Any, data: dict | None = None,
 def _current_run_id() -> str:
     from airflow.sdk import get_current_context
 
-    context: Any = get_current_context()
-    return context["run_id"]
+    return get_current_context()["run_id"]
