@@ -21,7 +21,15 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError
 
-from mlm_tasks.config import MAX_CONFIG_BYTES, PARAM_PATHS, PipelineConfig, build_config, read_yaml_config, split_params
+from mlm_tasks.config import (
+    MAX_CONFIG_BYTES,
+    PARAM_PATHS,
+    PipelineConfig,
+    TpuConfig,
+    build_config,
+    read_yaml_config,
+    split_params,
+)
 from mlm_tasks.errors import ConfigError
 from mlm_tasks.storage import local_path
 
@@ -296,6 +304,25 @@ def check_event(extra: dict[str, Any], dep: Deployment | None, source_dag_id: st
     if dep is not None:
         dep.refuse_owned({"output_root": extra["output_root"], **data}, "a dataset-refresh event")
     return extra
+
+
+def janitor_api(dep: Deployment | None = None) -> tuple[TpuConfig, str]:
+    """What mlm_tpu_janitor checks with: the TPU API settings of the deployment's project (endpoint and
+    transport) and its GCP connection id. Deployment settings, never a trigger's: the deployment file's
+    `settings` (`dep`, default: MLM_DEPLOYMENT's), else the environment (MLM_TPU_PROJECT, MLM_GCP_CONN_ID,
+    MLM_TPU_API_ENDPOINT, MLM_TPU_TRANSPORT). No project is a ConfigError: a janitor that skipped in green
+    would leave VMs billing unseen."""
+    dep = dep if dep is not None else Deployment.load()
+    settings = dep.settings if dep else {}
+    tpu = settings.get("tpu", {})
+    project = tpu.get("project") or os.environ.get("MLM_TPU_PROJECT", "")
+    if not project:
+        raise ConfigError("The janitor has no project to check: set MLM_TPU_PROJECT (and MLM_TPU_ZONES) in "
+                          "the environment of the Airflow services, or tpu.project in the deployment file.")
+    api = TpuConfig(project=project, transport=tpu.get("transport") or os.environ.get("MLM_TPU_TRANSPORT", "grpc"),
+                    api_endpoint=tpu.get("api_endpoint") or os.environ.get("MLM_TPU_API_ENDPOINT") or None)
+    conn_id = settings.get("gcp_conn_id") or os.environ.get("MLM_GCP_CONN_ID", "google_cloud_default")
+    return api, conn_id
 
 
 def check_approval(approval: Any, approvers: list[Approver]) -> str:

@@ -6,6 +6,8 @@ project or zone a run chose (not only the zones the janitor is told about).
     for entry in tpu_registry.entries(root): ...            # Entry(project, zone, name, expires, uri)
     tpu_registry.forget(root, "proj", "us-central2-b", "mlm-pretrain-3f2a9c01bd")
     tpu_registry.places_to_check("proj", ["us-central2-b"], entries)  # the janitor's (project, zone) pairs
+    sweep = tpu_registry.delete_expired(api, zones, root)   # mlm_tpu_janitor: every expired mlm-* node
+    tpu_registry.forget_gone(api, root)                      # then the entries of nodes that are gone
 
 One small JSON file per node, `<root>/<project>/<zone>/<name>.json`, written by the task that creates
 the node and removed once the node is known to be gone (teardown confirmed it, or the janitor found
@@ -15,17 +17,32 @@ Variable holding a list is a read-modify-write race); every Celery worker, whate
 janitor read the same place when it is gs:// (or a volume they share); it goes through the storage
 layer the artifacts use; and an entry outlives the metadata database (`airflow db clean` drops old
 XCom, a cleared run rewrites it). A node recorded twice (a retry) is one file, rewritten.
+
+The janitor's sweep (`delete_expired`, `forget_gone`) lives here too, with no Airflow in it: the DAG
+(dags/mlm_tpu_janitor.py) hands it the deployment's TPU API settings (`api`, a TpuConfig whose project
+is the janitor's own; mlm_tasks.deployment.janitor_api) and the trigger's zones. A zone whose listing
+fails, or a node whose delete the API refuses, does not stop the others: the Sweep names them, and
+the task fails at the end (`Sweep.problems`). Only nodes named `mlm-*` whose `expires` label is past
+are deleted (tpu.api.list_expired).
 """
 from __future__ import annotations
 
+import logging
 import os
 import re
-from dataclasses import dataclass
-from typing import Literal, overload
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from typing import TYPE_CHECKING, Literal, overload
 
 from mlm_tasks import storage
 from mlm_tasks.errors import ConfigError
 from mlm_tasks.paths import join
+from mlm_tasks.tpu import api as tpu
+
+if TYPE_CHECKING:  # types only: config imports this package's tables, so tpu/ imports no config at run time
+    from mlm_tasks.config import TpuConfig
+
+log = logging.getLogger(__name__)
 
 ENV = "MLM_TPU_REGISTRY"
 _SAFE = re.compile(r"[a-z0-9][-a-z0-9.]*")  # what GCP allows in project ids, zones and node names
@@ -94,3 +111,79 @@ def places_to_check(project: str, zones: list[str], recorded: list[Entry]) -> li
     """The janitor's (project, zone) pairs: its own project's zones, then every pair a recorded node is in."""
     pairs = [(project, zone) for zone in zones] + [(e.project, e.zone) for e in recorded]
     return list(dict.fromkeys(pairs))  # in order, once each
+
+
+def _at(api: TpuConfig, project: str, zone: str) -> TpuConfig:
+    """`api`'s TPU API settings for another (project, zone), validated as a run's are (a zone from a
+    trigger or a registry file becomes part of a resource path)."""
+    return api.model_validate({**api.model_dump(), "project": project, "zone": zone})
+
+
+@dataclass
+class Sweep:
+    """What one janitor run did: `zone/name` of each node deleted or refused, the zones it could not list."""
+
+    deleted: list[str] = field(default_factory=list)
+    undeleted: list[str] = field(default_factory=list)
+    unlisted: list[str] = field(default_factory=list)
+
+    def problems(self, conn_id: str) -> str | None:
+        """Why the janitor's task fails (None: it does not), naming every zone and node and what to check."""
+        problems = []
+        if self.unlisted:
+            problems.append(f"Could not list TPU VMs in zone(s) {self.unlisted}: check the zone names and that "
+                            f"connection {conn_id!r} may list TPU nodes (roles/tpu.admin).")
+        if self.undeleted:
+            problems.append(f"Could not delete TPU VM(s) {self.undeleted} (they still cost money): check that "
+                            f"connection {conn_id!r} may delete TPU nodes (roles/tpu.admin), or "
+                            "delete them by hand with `gcloud compute tpus tpu-vm delete NAME --zone ZONE`.")
+        return " ".join(problems) or None
+
+
+def delete_expired(api: TpuConfig, zones: list[str], root: str) -> Sweep:
+    """Deletes the expired `mlm-*` nodes in `zones` of api.project and wherever the registry under `root`
+    says a node was made; one zone's or one node's trouble spares none of the others."""
+    from google.api_core.exceptions import GoogleAPICallError
+
+    sweep = Sweep()
+    for project, zone in places_to_check(api.project, zones, entries(root)):
+        cfg = _at(api, project, zone)
+        try:
+            expired_nodes = tpu.list_expired(cfg)
+        except GoogleAPICallError as err:  # one zone's trouble must not spare the others' VMs
+            log.error("Cannot list TPU VMs in %s/%s: %s", cfg.project, zone, err)
+            sweep.unlisted.append(zone)
+            continue
+        for node in expired_nodes:
+            expired = datetime.fromtimestamp(int(node.labels["expires"]), timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+            log.info("Deleting TPU VM %s in %s (%s, run %s, expired %s).", node.name, zone, node.state,
+                     node.labels.get("run", "?"), expired)
+            try:
+                tpu.delete_node(cfg, node.name)
+            except GoogleAPICallError as err:  # one refused node must not spare the others
+                log.error("Cannot delete TPU VM %s in %s/%s: %s", node.name, cfg.project, zone, err)
+                sweep.undeleted.append(f"{zone}/{node.name}")
+                continue
+            sweep.deleted.append(f"{zone}/{node.name}")
+    log.info("Deleted %d expired TPU VM(s) in %s %s: %s", len(sweep.deleted), api.project, zones, sweep.deleted)
+    return sweep
+
+
+def forget_gone(api: TpuConfig, root: str) -> list[str]:
+    """Drops the entries of recorded nodes the TPU API no longer knows; `project/zone/name` of each. A node
+    that cannot be checked is kept, and looked at again on the next run."""
+    from google.api_core.exceptions import GoogleAPICallError
+
+    forgotten = []
+    for entry in entries(root):
+        cfg = _at(api, entry.project, entry.zone)
+        try:
+            state = tpu.get_state(cfg, entry.name).state
+        except GoogleAPICallError as err:  # kept, and looked at again next hour
+            log.warning("Cannot check TPU VM %s in %s/%s: %s", entry.name, entry.project, entry.zone, err)
+            continue
+        if state == tpu.NOT_FOUND:
+            forget(root, entry.project, entry.zone, entry.name)
+            forgotten.append(f"{entry.project}/{entry.zone}/{entry.name}")
+    log.info("Forgot %d gone TPU VM(s) of the registry: %s", len(forgotten), forgotten)
+    return forgotten
