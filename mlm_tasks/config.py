@@ -363,7 +363,7 @@ class PublishConfig(_Section):
 
 
 class SensorConfig(_Section):
-    """Orchestration only: the shard gate (plugins/shard_gate.py) reads this section at run time; no
+    """Orchestration only: the shard gate (plugins/mlm_airflow/sensors/shard_set.py) reads this section at run time; no
     step of mlm_tasks does. It lives in the run's config so a run (production.yaml) can set it."""
     poke_interval_s: int = Field(30, ge=1, le=3600,
                                  description="Seconds between checks for the shard completion marker.")
