@@ -64,8 +64,8 @@ lock:
 lock-dev:
 	uv pip compile requirements-dev.in -o requirements-dev.txt -c requirements.txt --python-version 3.11 --generate-hashes
 
-# The PyTorch + transformers 5.x client of the published model, for tests only (tests/mlm_tasks/
-# test_pt_export.py, test_model_card.py). The PyPI torch wheel brings CUDA libraries (~5 GB, cached by uv).
+# The PyTorch + transformers 5.x client of the published model, for tests only (tests/mlm_tasks/model/
+# test_pt_export.py, reporting/test_card.py). The PyPI torch wheel brings CUDA libraries (~5 GB, cached by uv).
 VENV_PT ?= .venv-pt
 .PHONY: env-pt lock-pt
 test: env-pt

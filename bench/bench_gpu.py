@@ -42,9 +42,9 @@ BOUND_S = 8 * 60  # the whole command, data preparation included
 
 
 def run_ours(spec: dict) -> dict:
-    from mlm_tasks.model.progress import read_history
     from mlm_tasks.paths import RunContext, RunPaths
     from mlm_tasks.steps.train import train
+    from mlm_tasks.training.progress import read_history
 
     cfg, data, _, manifest = bench_train._setup(
         spec["preset"], "on", spec["steps"], log_every=spec["per_call"], precision=spec["precision"],
@@ -102,8 +102,8 @@ def nvidia_smi() -> str:
 
 def plan(args) -> dict:
     """What both loops run: the device, steps per call, batch and warm-up, checked against each other."""
-    from mlm_tasks.model.device import select_device
-    from mlm_tasks.model.training_plan import steps_per_call
+    from mlm_tasks.training.device import select_device
+    from mlm_tasks.training.plan import steps_per_call
 
     device = select_device(args.device)
     if args.device != "cpu":  # (the CPU check skips TensorFlow's import here)

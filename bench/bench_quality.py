@@ -1,6 +1,6 @@
 """Benchmark 9: a better model in the same CPU minutes. Trains the embedded default (configs/default.yaml) for
 its wall-time budget under each candidate recipe and under the default itself, alternating, each in a fresh
-subprocess, and scores every run by the validation loss on FIXED 15% masks (mlm_tasks/model/validation.py:
+subprocess, and scores every run by the validation loss on FIXED 15% masks (mlm_tasks/training/validation.py:
 the same tokenizer, split, batches and masked positions for every recipe, whatever it trains with).
 
     .venv/bin/python bench/bench_quality.py [--budget-minutes 5] [--rounds 1]

@@ -49,8 +49,8 @@ def run_ours(preset: str, xla: str, steps: int, warmup: int, precision: str, dev
     cfg, data, _, _ = _setup(preset, xla, steps, log_every=warmup, precision=precision, device=device)
     run_id = f"bench-{preset}-{xla}-{os.getpid()}-{int(time.time())}"
     summary = train(cfg, RunContext.of(cfg, run_id, data["fingerprint"]))
-    from mlm_tasks.model.progress import read_history
     from mlm_tasks.paths import RunPaths
+    from mlm_tasks.training.progress import read_history
 
     history = [h for h in read_history(RunPaths(cfg.output_root, run_id)) if h["step"] > warmup]
     tokens = warmup * BATCH * common.MAX_LENGTH * len(history)

@@ -74,7 +74,7 @@ def run_step(step: str, cfg: PipelineConfig, ctx: RunContext, part: int = 0, run
     if step == "fingerprint":
         return data_fingerprint(cfg)
     if step == "compare":
-        from mlm_tasks.model.compare import compare_runs, folders, write_comparison
+        from mlm_tasks.reporting.compare import compare_runs, folders, write_comparison
 
         chosen = folders([r for r in runs.split(",") if r]) or None  # none named: every run
         return write_comparison(cfg.output_root, compare_runs(cfg.output_root, chosen))

@@ -562,8 +562,8 @@ def build_config(base: dict | None = None, overrides: dict[str, Any] | None = No
 REMOVED_SETTINGS = {
     "train.fail_at_step": "fault injection is a training hook now, never a setting of a run: in process, "
     "train(cfg, ctx, hooks=[FailAtStep(N)]); for a trainer in another process (a task, the CLI, a TPU VM), "
-    "MLM_TRAIN_HOOKS=mlm_tasks.model.train_hooks:fail_at_step=N in its environment "
-    "(mlm_tasks/model/train_hooks.py). Remove the setting.",
+    "MLM_TRAIN_HOOKS=mlm_tasks.training.hooks:fail_at_step=N in its environment "
+    "(mlm_tasks/training/hooks.py). Remove the setting.",
 }
 
 

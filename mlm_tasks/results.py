@@ -59,7 +59,7 @@ class RunCheck(TypedDict):
     fingerprint: str
     train_records: int
     steps: int          # at one replica; train() plans again with the global batch of its devices
-    plan: list[str]     # tokens, FLOPs; on a TPU VM the estimated hours and cost (training_plan.plan_lines)
+    plan: list[str]     # tokens, FLOPs; on a TPU VM the estimated hours and cost (training.plan.plan_lines)
 
 
 # Training and after
@@ -100,7 +100,7 @@ class TrainSummary(TypedDict):
 
 
 class TrainStatus(TypedDict):
-    """The trainer's status record, runs/<run>/train/status.json (mlm_tasks/model/status.py)."""
+    """The trainer's status record, runs/<run>/train/status.json (mlm_tasks/training/status.py)."""
     state: str                        # running, done or failed
     step: int                         # the last step finished
     total_steps: int
@@ -134,7 +134,7 @@ class TrainJob(TypedDict):
 
 
 class RunRow(TypedDict):
-    """One run in the comparison of every run under an output_root (mlm_tasks/model/compare.py)."""
+    """One run in the comparison of every run under an output_root (mlm_tasks/reporting/compare.py)."""
     run: str                          # its folder under runs/
     data_fingerprint: str | None
     base_model: str | None            # model.init_from, None: random init

@@ -1,3 +1,2 @@
-"""The model and what training needs around it: the RoBERTa masked LM, the training plan and resume
-checks, progress logging, the PyTorch-layout export and the model card.
-"""
+"""The model: the RoBERTa masked LM (`roberta`), its weights in and out (`init_weights` from a base model,
+`pt_export` to PyTorch's layout), the precision policy (`precision`) and its FLOPs and MFU (`flops`)."""

@@ -14,9 +14,9 @@ import logging
 from mlm_tasks.config import PipelineConfig
 from mlm_tasks.data.shard_set import load_manifest
 from mlm_tasks.model.roberta import model_vocab_size
-from mlm_tasks.model.training_plan import check_resumable, plan_lines, plan_steps, planned_replicas
 from mlm_tasks.paths import RunContext
 from mlm_tasks.results import DataSummary, RunCheck
+from mlm_tasks.training.plan import check_resumable, plan_lines, plan_steps, planned_replicas
 
 log = logging.getLogger(__name__)
 

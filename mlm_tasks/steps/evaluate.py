@@ -72,7 +72,7 @@ def evaluate(cfg: PipelineConfig, ctx: RunContext) -> EvalMetrics:
     from mlm_tasks.data.shard_set import load_manifest
     from mlm_tasks.data.tokenizer import load_tokenizer
     from mlm_tasks.model.roberta import build_model
-    from mlm_tasks.model.validation import EVAL_MLM_PROBABILITY
+    from mlm_tasks.training.validation import EVAL_MLM_PROBABILITY
 
     run, run_id, fingerprint = ctx.run, ctx.run_id, ctx.data.fingerprint
     if storage.exists(run.eval_metrics):

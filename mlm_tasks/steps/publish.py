@@ -22,9 +22,9 @@ from mlm_tasks.config import PipelineConfig
 from mlm_tasks.downstream.scores import published_scores
 from mlm_tasks.errors import ConfigError, MissingArtifactError
 from mlm_tasks.hub.api import check_visibility, hub_api, hub_errors, local_files
-from mlm_tasks.model.card import read_run_artifacts, write_model_card
 from mlm_tasks.model.pt_export import SAFETENSORS_NAME, export_pytorch_weights
 from mlm_tasks.paths import RunContext, RunPaths, join
+from mlm_tasks.reporting.card import read_run_artifacts, write_model_card
 from mlm_tasks.results import ModelCommit
 
 log = logging.getLogger(__name__)

@@ -20,7 +20,8 @@ from typing import Any
 from mlm_tasks import storage
 from mlm_tasks.config import PipelineConfig
 from mlm_tasks.data.shard_set import DataSummary
-from mlm_tasks.model.card import (
+from mlm_tasks.paths import RunContext, join
+from mlm_tasks.reporting.card import (
     base_model_line,
     config_lines,
     corpus_credit,
@@ -30,10 +31,9 @@ from mlm_tasks.model.card import (
     read_run_artifacts,
     training_lines,
 )
-from mlm_tasks.model.plots import line_plot
-from mlm_tasks.model.progress import read_history
-from mlm_tasks.paths import RunContext, join
+from mlm_tasks.reporting.plots import line_plot
 from mlm_tasks.results import KeyMetrics
+from mlm_tasks.training.progress import read_history
 
 log = logging.getLogger(__name__)
 LOSS_PNG, LR_PNG, REPORT_MD, RUNS_PNG = "loss.png", "learning_rate.png", "report.md", "runs_val_loss.png"
@@ -68,8 +68,8 @@ def _data_lines(cfg: PipelineConfig, data_info: Mapping[str, Any] | None) -> lis
 
 def _runs_section(output_root: str, run: Any, plots: dict[str, str]) -> list[str]:
     """This run beside the latest others under output_root: the table and validation loss by tokens seen."""
-    from mlm_tasks.model.compare import compare_runs, run_names, table_lines, val_loss_plot
     from mlm_tasks.paths import safe_run_id
+    from mlm_tasks.reporting.compare import compare_runs, run_names, table_lines, val_loss_plot
 
     this = safe_run_id(run.run_id)
     others = [name for name in run_names(output_root) if name != this][-(COMPARED_RUNS - 1):]

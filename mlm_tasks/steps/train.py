@@ -2,10 +2,10 @@
 
     python -m mlm_tasks train --config configs/default.yaml --run-id my-run --data-fingerprint FP
 
-Four parts, each handing a typed result to the next: **plan** (mlm_tasks/model/training_plan.py: the
+Four parts, each handing a typed result to the next: **plan** (mlm_tasks/training/plan.py: the
 device, precision and strategy, the batch, the step count and the time budget), **build**
-(mlm_tasks/model/train_state.py: model, optimizer, checkpoints, restored or from the base's weights),
-**loop** (mlm_tasks/model/train_loop.py: the steps, with hooks, mlm_tasks/model/train_hooks.py) and
+(mlm_tasks/training/state.py: model, optimizer, checkpoints, restored or from the base's weights),
+**loop** (mlm_tasks/training/loop.py: the steps, with hooks, mlm_tasks/training/hooks.py) and
 **finish** (here: the model saved, the summary written last).
 
 The model is built inside the strategy's scope (TPUStrategy on a TPU VM, Mirrored on several GPUs,
@@ -28,13 +28,13 @@ from collections.abc import Callable, Sequence
 
 from mlm_tasks import storage
 from mlm_tasks.config import PipelineConfig
-from mlm_tasks.model.progress import best_so_far
-from mlm_tasks.model.train_hooks import CheckpointCallback, TrainHook, hooks_from_env
-from mlm_tasks.model.train_loop import TrainLoop
-from mlm_tasks.model.train_state import TrainState, build_training
-from mlm_tasks.model.training_plan import TrainInputs, TrainPlan, load_inputs, plan_training
 from mlm_tasks.paths import RunContext, RunPaths, join
 from mlm_tasks.results import TrainSummary
+from mlm_tasks.training.hooks import CheckpointCallback, TrainHook, hooks_from_env
+from mlm_tasks.training.loop import TrainLoop
+from mlm_tasks.training.plan import TrainInputs, TrainPlan, load_inputs, plan_training
+from mlm_tasks.training.progress import best_so_far
+from mlm_tasks.training.state import TrainState, build_training
 
 log = logging.getLogger(__name__)
 
@@ -49,7 +49,7 @@ def train(cfg: PipelineConfig, ctx: RunContext, *, on_checkpoint: Callable[[int,
     .../checkpoints/ckpt-40) and at the end with the final one; a hook with an int `checkpoint_every`
     attribute also gets a checkpoint saved every that many steps. With `publish.sync_checkpoints`, train
     adds the Hub sync hook of `mlm_tasks.hub.sync`, which uploads with `hub_token` to `hub_endpoint`
-    (None: HF_ENDPOINT or huggingface.co). `hooks` (TrainHook, mlm_tasks/model/train_hooks.py) run
+    (None: HF_ENDPOINT or huggingface.co). `hooks` (TrainHook, mlm_tasks/training/hooks.py) run
     around the loop, after those and before the ones MLM_TRAIN_HOOKS names (a test and diagnostic seam).
     """
     from mlm_tasks.hub import sync as hub_sync

@@ -1,6 +1,6 @@
 """The trainer as a job of the TPU VM, not a child of an SSH session: start it, then probe, stop and tail
 it over short SSH sessions to worker 0 (what the answers mean, and the check and reattach built on them:
-mlm_tasks/model/follow.py). No Airflow here: the train task and its trigger drive these.
+mlm_tasks/training/follow.py). No Airflow here: the train task and its trigger drive these.
 
     line = remote_command(cfg, "train", run_id, node=name, detach_log=log_name(run_id, try_number), ...)
     outcome, job = start(ssh.Session(connect, host), line, node=name, host=host, ...)  # job: pid, log, try

@@ -33,7 +33,7 @@ def test_pretrain_dag_end_to_end_with_a_retry(airflow_env, tmp_path):
                   "tasks": [{"name": "toy", "train_file": str(task), "validation_file": str(task)}]}
     conf = {**TINY, "output_root": str(out), "overrides": {"downstream": downstream}}
     # The fault: a hook the trainer's environment names (no run setting can), firing once per run.
-    fault = {"MLM_TRAIN_HOOKS": "mlm_tasks.model.train_hooks:fail_at_step=7"}
+    fault = {"MLM_TRAIN_HOOKS": "mlm_tasks.training.hooks:fail_at_step=7"}
     result = dags_test(airflow_env, "mlm_pretrain", conf=conf, extra_env={"MLM_RETRY_DELAY_S": "1", **fault},
                        timeout=900)
     log = result.stdout + result.stderr

@@ -187,7 +187,7 @@ def test_failed_create_and_preemption_recover_on_fresh_nodes(
     # Try 1 of create_tpu_vm: the node appears, then its create operation fails (stockout).
     fake_tpu.fail_next_create("There is no more capacity in the zone")
     # The fault: a hook the trainer's environment on the VM names (tpu.env, the deployment's: no run can set it).
-    fault = {"MLM_TRAIN_HOOKS": "mlm_tasks.model.train_hooks:fail_at_step=7"}
+    fault = {"MLM_TRAIN_HOOKS": "mlm_tasks.training.hooks:fail_at_step=7"}
     conf = _conf(gcs_root, fake_tpu, sshd, tf_gcs_env, fault)
     stop, preempted = threading.Event(), []
     watcher = threading.Thread(target=_preempt_at_fault, args=(fake_tpu, gcs_root, stop, preempted), daemon=True)

@@ -24,7 +24,7 @@ DAG_ID = "mlm_pretrain"
 ROLE_USERS = {"viewer": "Viewer", "user": "User", "op": "Op", "trainer": "Trainer"}
 # test_stack_e2e.py's run `rest-fault` fails once at step 6, and its retry resumes: a training hook named in the
 # environment of the services that run tasks (no run setting can name one); the stack's other runs train as usual.
-TRAIN_HOOKS = {"MLM_TRAIN_HOOKS": "mlm_tasks.model.train_hooks:fail_at_step=6@rest-fault"}
+TRAIN_HOOKS = {"MLM_TRAIN_HOOKS": "mlm_tasks.training.hooks:fail_at_step=6@rest-fault"}
 
 
 @pytest.fixture(scope="session")

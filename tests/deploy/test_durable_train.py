@@ -37,9 +37,9 @@ from urllib.parse import quote
 import pytest
 import yaml
 
-from mlm_tasks.model.status import read_status
 from mlm_tasks.paths import RunPaths
 from mlm_tasks.tpu import api as tpu
+from mlm_tasks.training.status import read_status
 from peers.airflow_rest import AirflowApi
 from peers.airflow_stack import ROOT, running_stack
 from peers.fake_tpu_api import FakeTpuApi

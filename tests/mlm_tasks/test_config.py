@@ -53,7 +53,7 @@ def test_train_fail_at_step_is_gone_and_the_error_says_what_replaces_it(tmp_path
         config_from_params({"steps": 12, "overrides": {"train": {"fail_at_step": 6}}})
     # What replaces it is no setting by any name: a trigger's conf cannot reach it.
     with pytest.raises(ConfigError, match="Unknown setting 'MLM_TRAIN_HOOKS'"):
-        config_from_params({"MLM_TRAIN_HOOKS": "mlm_tasks.model.train_hooks:fail_at_step=6"})
+        config_from_params({"MLM_TRAIN_HOOKS": "mlm_tasks.training.hooks:fail_at_step=6"})
 
 
 def test_flat_params_and_overrides_map_into_sections():

@@ -70,7 +70,7 @@ def test_a_run_gets_the_deployment_settings_on_top_of_its_own(deployment, tmp_pa
     {"tpu.api_endpoint": "http://anywhere"},          # would receive the GCP connection's token
     {"tpu.env": {"PYTHONWARNINGS": "x", "BROWSER": "sh -c id"}},  # exported on the VM before Python
     {"tpu": {"env": {"HF_ENDPOINT": "http://elsewhere"}}},         # the same, as a nested section
-    {"tpu.env": {"MLM_TRAIN_HOOKS": "mlm_tasks.model.train_hooks:fail_at_step=1"}},  # the trainer's test seam
+    {"tpu.env": {"MLM_TRAIN_HOOKS": "mlm_tasks.training.hooks:fail_at_step=1"}},  # the trainer's test seam
     {"publish.hf_conn_id": "someone_elses_hub"}, {"gcp_conn_id": "prod_admin"}, {"tpu.ssh_conn_id": "x"},
     {"tpu.service_account": "owner@p.iam.gserviceaccount.com"}, {"tpu.project": "other"},
     {"tpu.python": "/bin/sh"}, {"tpu.workdir": "/etc"}, {"sensor.gcp_conn_id": "x"},

@@ -104,7 +104,7 @@ def test_single_host_runs_with_the_local_resolver(fake_tpu, sshd, ssh_conn, tmp_
 
 
 def test_resolver_arguments_follow_the_remote_environment(monkeypatch):
-    from mlm_tasks.model.device import tpu_resolver_args
+    from mlm_tasks.training.device import tpu_resolver_args
 
     cfg = PipelineConfig.model_validate({"tpu": {"project": "proj", "zone": ZONE, **POD}})
     monkeypatch.delenv("MLM_TPU_NODE", raising=False)

@@ -1,5 +1,5 @@
 """The train task's detached trainer on a TPU VM (plugins/mlm_airflow/operators/train.py,
-plugins/mlm_airflow/triggers/train_job.py, the driver in mlm_tasks/tpu/job.py and mlm_tasks/model/follow.py)
+plugins/mlm_airflow/triggers/train_job.py, the driver in mlm_tasks/tpu/job.py and mlm_tasks/training/follow.py)
 over a real sshd: the task starts it and defers; the trigger follows
 it; it outlives the task's process and the trigger's; a retry reattaches to it (or stops a stale one); the
 watchdog and on_kill stop it.
@@ -7,7 +7,7 @@ watchdog and on_kill stop it.
     TF_USE_LEGACY_KERAS=1 .venv/bin/python -m pytest tests/plugins/test_train_job.py -q -s
 
 The VM's python is a stand-in trainer (peers/stand_in_trainer.py): the real status record
-(mlm_tasks/model/status.py, written to the GCS emulator, as on a VM to gs://) around a loop of sleeps
+(mlm_tasks/training/status.py, written to the GCS emulator, as on a VM to gs://) around a loop of sleeps
 that records each step it makes and "checkpoints" every checkpoint_every steps, resuming from there.
 The real trainer on the simulated TPU VM image: tests/plugins/test_simulated_tpu_vm.py. The task state
 store is a file (peers/task_state.py), so that it survives a task runner the test SIGKILLs. The task

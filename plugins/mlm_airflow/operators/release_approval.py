@@ -5,7 +5,7 @@
     chain(decision, approval, publish(config, decision, data))     # publish: trigger_rule none_failed
 
 Airflow's own ApprovalOperator (standard provider): the task writes its request (the review page of
-mlm_tasks/model/release_review.py as the Markdown body, a comment field) and waits in the
+mlm_tasks/reporting/review.py as the Markdown body, a comment field) and waits in the
 `awaiting_input` state, holding no worker slot, until someone answers in the UI ("Required
 actions") or through the REST API (PATCH .../taskInstances/approve_release/-1/hitlDetails).
   Approve  publish runs.
@@ -64,7 +64,7 @@ class ReleaseApprovalOperator(ApprovalOperator):
         if reason:
             raise AirflowSkipException(reason)
         from mlm_tasks.deployment import Deployment
-        from mlm_tasks.model.release_review import review_markdown
+        from mlm_tasks.reporting.review import review_markdown
 
         deployment = Deployment.load()
         if deployment and deployment.approvers:  # only they may answer (the api-server checks assigned_users)

@@ -15,7 +15,7 @@ task's execution_timeout comes from the run's config (`train.timeout_hours`, on 
 `DetachedTrain` holds the RemoteStep (plugins/mlm_airflow/operators/remote_step.py: the node's checks,
 the line, the session) and reads the job handle from the task state store (`context["task_state_store"]`,
 key JOB_KEY). A handle whose trainer is alive and beating is reattached to (`reattach`,
-mlm_tasks/model/follow.py): no second start, no lost step. A trainer that is gone (or a handle of a
+mlm_tasks/training/follow.py): no second start, no lost step. A trainer that is gone (or a handle of a
 node since replaced) is followed by a new start (mlm_tasks/tpu/job.py), which resumes from the last
 checkpoint; one that is alive but stale is stopped first (its process group: SIGTERM, SIGCONT, then
 SIGKILL). A new start runs the detached line of `remote_command` (the run lock, the install, then
@@ -43,13 +43,13 @@ from mlm_airflow.tasks.step_context import config_from_xcom
 from mlm_airflow.triggers.train_job import TrainJobTrigger, connected_watch
 from mlm_tasks.config import PipelineConfig
 from mlm_tasks.errors import NO_RETRY_EXIT
-from mlm_tasks.model.follow import JobWatch, Verdict, reattach
-from mlm_tasks.model.status import read_status
 from mlm_tasks.paths import RunPaths
 from mlm_tasks.results import RemoteTrain, TrainJob, TrainSummary
 from mlm_tasks.tpu import api as tpu
 from mlm_tasks.tpu import job as vm_job
 from mlm_tasks.tpu import ssh
+from mlm_tasks.training.follow import JobWatch, Verdict, reattach
+from mlm_tasks.training.status import read_status
 
 if TYPE_CHECKING:
     from pydantic import JsonValue  # what Airflow's task state store takes

@@ -9,9 +9,9 @@ import pytest
 
 from mlm_tasks.config import build_config
 from mlm_tasks.model.flops import Peak, device_peak, flops_per_token, mfu
-from mlm_tasks.model.training_plan import plan_lines
 from mlm_tasks.paths import RunContext
 from mlm_tasks.tpu import prices
+from mlm_tasks.training.plan import plan_lines
 
 ROBERTA_BASE = {"hidden_size": 768, "intermediate_size": 3072, "num_hidden_layers": 12, "vocab_size": 50265}
 

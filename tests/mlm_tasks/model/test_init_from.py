@@ -60,7 +60,7 @@ def _pytorch_only(folder: Path, dest: Path) -> Path:
 
 def test_a_continued_run_starts_from_the_base_weights_and_tokenizer(base, scratch_first_loss, tmp_path, caplog):
     from mlm_tasks.data.shard_set import data_fingerprint
-    from mlm_tasks.model.card import write_model_card
+    from mlm_tasks.reporting.card import write_model_card
     from mlm_tasks.steps import build_shard_set
     from mlm_tasks.steps.validate import validate
 
@@ -129,7 +129,7 @@ def test_the_hub_peer_serves_a_published_model_at_a_pinned_revision(base, scratc
                                                                     monkeypatch):
     from huggingface_hub import HfApi
 
-    from mlm_tasks.model.card import write_model_card
+    from mlm_tasks.reporting.card import write_model_card
     from mlm_tasks.steps import build_shard_set
     from mlm_tasks.steps.publish import publish
     from mlm_tasks.steps.validate import validate

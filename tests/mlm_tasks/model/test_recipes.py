@@ -10,8 +10,8 @@ import pytest
 from mlm_tasks.errors import ConfigError
 from mlm_tasks.model import precision
 from mlm_tasks.model.roberta import model_vocab_size, optimizer_and_schedule
-from mlm_tasks.model.train_hooks import FailAtStep
 from mlm_tasks.paths import RunContext
+from mlm_tasks.training.hooks import FailAtStep
 from peers.tiny_data import tiny_config
 
 CPUINFO = "processor\t: 0\nmodel name\t: Some CPU\nflags\t\t: fpu sse2 avx2 avx512f {extra}\n\n"

@@ -11,8 +11,8 @@ import pytest
 
 from mlm_tasks import paths, storage
 from mlm_tasks.config import GateConfig, build_config
-from mlm_tasks.model.card import render_model_card
 from mlm_tasks.paths import RunContext, RunPaths
+from mlm_tasks.reporting.card import render_model_card
 from mlm_tasks.steps.downstream import downstream
 from mlm_tasks.steps.gate import evaluate_gate, gate
 from mlm_tasks.steps.report import report

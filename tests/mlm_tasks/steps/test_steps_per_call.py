@@ -5,10 +5,10 @@ step per call, with XLA on and off; a fault and the resume after it keep them ex
 """
 import pytest
 
-from mlm_tasks.model.progress import read_history
-from mlm_tasks.model.train_hooks import FailAtStep
-from mlm_tasks.model.training_plan import crossed
 from mlm_tasks.paths import RunContext, RunPaths
+from mlm_tasks.training.hooks import FailAtStep
+from mlm_tasks.training.plan import crossed
+from mlm_tasks.training.progress import read_history
 from peers.tiny_data import tiny_config
 
 STEPS = 16

@@ -20,11 +20,11 @@ import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Literal
 
-from mlm_tasks.model.status import read_status, stalled
 from mlm_tasks.paths import RunPaths
 from mlm_tasks.results import TrainJob, TrainStatus
 from mlm_tasks.tpu import api as tpu
 from mlm_tasks.tpu.job import DetachedJob, Log, Probe
+from mlm_tasks.training.status import read_status, stalled
 
 if TYPE_CHECKING:
     from mlm_tasks.config import TpuConfig

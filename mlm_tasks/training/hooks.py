@@ -2,7 +2,7 @@
 test's fault) without the loop knowing who they are.
 
     train(cfg, ctx, hooks=[FailAtStep(6)])                        # in this process (a test)
-    MLM_TRAIN_HOOKS=mlm_tasks.model.train_hooks:fail_at_step=6     # a trainer in another process
+    MLM_TRAIN_HOOKS=mlm_tasks.training.hooks:fail_at_step=6     # a trainer in another process
 
 A hook overrides what it needs of `TrainHook`: `on_start(run, start_step, total_steps)` before the first
 step, `on_steps(first, last)` after each call of the compiled loop (steps first..last, any checkpoint of
@@ -111,7 +111,7 @@ def _load(entry: str) -> TrainHook:
     module_name, _, name = target.partition(":")
     if not module_name or not name:
         raise ConfigError(f"{ENV} entry {entry!r} is not module:factory or module:factory=ARG (e.g. "
-                          "mlm_tasks.model.train_hooks:fail_at_step=6): fix the variable or unset it.")
+                          "mlm_tasks.training.hooks:fail_at_step=6): fix the variable or unset it.")
     try:
         factory: Any = getattr(importlib.import_module(module_name), name)
     except (ImportError, AttributeError) as err:
@@ -120,5 +120,5 @@ def _load(entry: str) -> TrainHook:
     hook = factory(argument) if has_argument else factory()
     if not isinstance(hook, TrainHook):
         raise ConfigError(f"{ENV} entry {entry!r} made a {type(hook).__name__}, not a TrainHook "
-                          "(mlm_tasks/model/train_hooks.py): name a factory that returns one.")
+                          "(mlm_tasks/training/hooks.py): name a factory that returns one.")
     return hook

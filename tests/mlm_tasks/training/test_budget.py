@@ -1,17 +1,17 @@
 """train.budget_minutes: the step count comes from the run's measured step time, is recorded, and a
 retry keeps it, so a faulted budgeted run trains exactly as a run given that count from the start.
 
-    TF_USE_LEGACY_KERAS=1 .venv/bin/python -m pytest tests/mlm_tasks/model/test_budget.py -q
+    TF_USE_LEGACY_KERAS=1 .venv/bin/python -m pytest tests/mlm_tasks/training/test_budget.py -q
 """
 import logging
 
 import pytest
 
 from mlm_tasks import storage
-from mlm_tasks.model.budget import budgeted_steps
-from mlm_tasks.model.progress import read_history
-from mlm_tasks.model.train_hooks import FailAtStep
 from mlm_tasks.paths import RunContext, RunPaths
+from mlm_tasks.training.budget import budgeted_steps
+from mlm_tasks.training.hooks import FailAtStep
+from mlm_tasks.training.progress import read_history
 from peers.tiny_data import tiny_config
 
 

@@ -1,4 +1,4 @@
-"""The review page a person approves a release from (mlm_tasks/model/release_review.py), built from a
+"""The review page a person approves a release from (mlm_tasks/reporting/review.py), built from a
 run's artifacts on disk and the metrics last published to the repo."""
 from __future__ import annotations
 
@@ -6,8 +6,8 @@ import math
 
 from mlm_tasks import paths, storage
 from mlm_tasks.config import load_config
-from mlm_tasks.model.release_review import render_review, review_markdown
 from mlm_tasks.paths import RunContext
+from mlm_tasks.reporting.review import render_review, review_markdown
 
 REPO = "ml-team/roberta-wiki"
 METRICS = {"split": "validation", "loss": 5.1234, "perplexity": math.exp(5.1234), "accuracy": 0.2468,

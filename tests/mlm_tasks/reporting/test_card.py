@@ -14,7 +14,7 @@ import yaml
 
 from mlm_tasks import storage
 from mlm_tasks.config import build_config
-from mlm_tasks.model.card import USAGE_MARKERS, render_model_card, write_model_card
+from mlm_tasks.reporting.card import USAGE_MARKERS, render_model_card, write_model_card
 
 REPO = "tester/roberta-wiki"
 BLOCK = re.compile(r"^```(\w*)\n(.*?)^```$", re.S | re.M)

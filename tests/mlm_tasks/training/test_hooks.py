@@ -1,14 +1,14 @@
-"""The training loop's hooks (mlm_tasks/model/train_hooks.py): FailAtStep fires once per run, and only for its
+"""The training loop's hooks (mlm_tasks/training/hooks.py): FailAtStep fires once per run, and only for its
 run; MLM_TRAIN_HOOKS names hooks by import path, and every entry it cannot use is a ConfigError saying why.
 
-    .venv/bin/python -m pytest tests/mlm_tasks/model/test_train_hooks.py -q
+    .venv/bin/python -m pytest tests/mlm_tasks/training/test_hooks.py -q
 """
 import pytest
 
 from mlm_tasks import storage
 from mlm_tasks.errors import ConfigError
-from mlm_tasks.model.train_hooks import CheckpointCallback, FailAtStep, TrainHook, hooks_from_env
 from mlm_tasks.paths import RunPaths
+from mlm_tasks.training.hooks import CheckpointCallback, FailAtStep, TrainHook, hooks_from_env
 
 
 def _calls(hook: TrainHook, run: RunPaths, calls: list[tuple[int, int]]) -> None:
@@ -34,17 +34,17 @@ def test_a_fault_for_one_run_leaves_the_others_alone(tmp_path):
 
 def test_the_environment_names_hooks_by_import_path():
     assert hooks_from_env({}) == [] and hooks_from_env({"MLM_TRAIN_HOOKS": " "}) == []
-    every, one = hooks_from_env({"MLM_TRAIN_HOOKS": "mlm_tasks.model.train_hooks:fail_at_step=6, "
-                                                    "mlm_tasks.model.train_hooks:fail_at_step=3@rest-fault"})
+    every, one = hooks_from_env({"MLM_TRAIN_HOOKS": "mlm_tasks.training.hooks:fail_at_step=6, "
+                                                    "mlm_tasks.training.hooks:fail_at_step=3@rest-fault"})
     assert (every.step, every.run_id, one.step, one.run_id) == (6, None, 3, "rest-fault")
 
 
 @pytest.mark.parametrize("value, message", [
     ("fail_at_step=6", "is not module:factory or module:factory=ARG"),
     ("no_such_package.hooks:fail_at_step=6", "names no importable factory"),
-    ("mlm_tasks.model.train_hooks:no_such_factory", "names no importable factory"),
-    ("mlm_tasks.model.train_hooks:fail_at_step=six", "fail_at_step takes STEP or STEP@RUN_ID"),
-    ("mlm_tasks.model.train_hooks:fail_at_step=0", "at least 1"),
+    ("mlm_tasks.training.hooks:no_such_factory", "names no importable factory"),
+    ("mlm_tasks.training.hooks:fail_at_step=six", "fail_at_step takes STEP or STEP@RUN_ID"),
+    ("mlm_tasks.training.hooks:fail_at_step=0", "at least 1"),
     ("mlm_tasks.paths:RunContext=out", "made a RunContext, not a TrainHook"),
 ])
 def test_an_entry_that_makes_no_hook_is_a_config_error(value, message):

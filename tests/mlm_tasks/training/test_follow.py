@@ -1,9 +1,9 @@
-"""What a detached trainer's state means (mlm_tasks/model/follow.py): the follow loop's and a retry's
+"""What a detached trainer's state means (mlm_tasks/training/follow.py): the follow loop's and a retry's
 decisions, from (handle, status record, probe, node state, clock) alone."""
 import pytest
 
-from mlm_tasks.model.follow import classify
 from mlm_tasks.tpu.job import Probe, parse_probe
+from mlm_tasks.training.follow import classify
 
 NOW = 1_000_000.0
 JOB = {"node": "mlm-n", "host": "10.0.0.2", "worker": 0, "pid": 4242, "try_number": 2, "log": "logs/t.log",

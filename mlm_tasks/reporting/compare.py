@@ -16,11 +16,11 @@ import logging
 from typing import Any
 
 from mlm_tasks import storage
-from mlm_tasks.model.card import read_run_artifacts
-from mlm_tasks.model.plots import line_plot
-from mlm_tasks.model.progress import read_history
 from mlm_tasks.paths import DataPaths, RunFolder, join, safe_run_id
+from mlm_tasks.reporting.card import read_run_artifacts
+from mlm_tasks.reporting.plots import line_plot
 from mlm_tasks.results import RunRow
+from mlm_tasks.training.progress import read_history
 
 log = logging.getLogger(__name__)
 MAX_PLOTTED = 8  # lines past this are unreadable: the plot keeps the chosen runs' first eight

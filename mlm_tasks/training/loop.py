@@ -18,13 +18,13 @@ from collections.abc import Sequence
 from typing import Any
 
 from mlm_tasks.config import PipelineConfig
-from mlm_tasks.model.progress import ProgressLog, write_history
-from mlm_tasks.model.status import StatusRecord
-from mlm_tasks.model.train_hooks import TrainHook
-from mlm_tasks.model.train_state import TrainState
-from mlm_tasks.model.train_step import step_functions, train_input
-from mlm_tasks.model.training_plan import TrainInputs, TrainPlan, crossed
 from mlm_tasks.paths import RunPaths
+from mlm_tasks.training.hooks import TrainHook
+from mlm_tasks.training.plan import TrainInputs, TrainPlan, crossed
+from mlm_tasks.training.progress import ProgressLog, write_history
+from mlm_tasks.training.state import TrainState
+from mlm_tasks.training.status import StatusRecord
+from mlm_tasks.training.step import step_functions, train_input
 
 log = logging.getLogger("mlm_tasks.steps.train")
 

@@ -165,7 +165,7 @@ def training_lines(summary: Mapping[str, Any] | None) -> list[str]:
     return lines
 
 
-# Each usage block's first line names its framework; tests/mlm_tasks/model/test_model_card.py runs every block
+# Each usage block's first line names its framework; tests/mlm_tasks/reporting/test_card.py runs every block
 # in the matching environment, so the card's code works as written.
 USAGE_MARKERS = {"pytorch": "# PyTorch, transformers 5.x", "tensorflow": "# TensorFlow, transformers 4.57"}
 

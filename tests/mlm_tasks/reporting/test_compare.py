@@ -1,7 +1,7 @@
-"""Every run under an output_root in one table (mlm_tasks/model/compare.py): the `compare` verb and the
+"""Every run under an output_root in one table (mlm_tasks/reporting/compare.py): the `compare` verb and the
 run report's section, with validation loss against tokens seen.
 
-    .venv/bin/python -m pytest tests/mlm_tasks/model/test_compare.py -q
+    .venv/bin/python -m pytest tests/mlm_tasks/reporting/test_compare.py -q
 """
 from __future__ import annotations
 
@@ -15,8 +15,8 @@ from matplotlib import image as mpimg
 
 from mlm_tasks import storage
 from mlm_tasks.config import build_config
-from mlm_tasks.model.compare import compare_runs, table_lines, val_loss_plot
 from mlm_tasks.paths import RunContext, RunPaths, join
+from mlm_tasks.reporting.compare import compare_runs, table_lines, val_loss_plot
 from mlm_tasks.steps.report import report
 from peers.run_artifacts import DATA_INFO, make_run
 

@@ -23,9 +23,9 @@ from mlm_tasks.base_model import BaseModel
 from mlm_tasks.config import PipelineConfig
 from mlm_tasks.data.shard_set import ShardSet, load_manifest
 from mlm_tasks.errors import ConfigError
-from mlm_tasks.model.device import make_strategy, select_device
-from mlm_tasks.model.train_step import model_and_optimizer, step_functions, train_input
 from mlm_tasks.paths import RunContext, RunPaths, join
+from mlm_tasks.training.device import make_strategy, select_device
+from mlm_tasks.training.step import model_and_optimizer, step_functions, train_input
 
 log = logging.getLogger(__name__)
 train_log = logging.getLogger("mlm_tasks.steps.train")  # the train step's own lines, as its other parts write them
@@ -200,7 +200,7 @@ def plan_training(cfg: PipelineConfig, run: RunPaths, inputs: TrainInputs) -> Tr
 
 def _budgeted_steps(cfg: PipelineConfig, run: RunPaths, inputs: TrainInputs, plan: TrainPlan, minutes: float) -> int:
     """The step count that fits train.budget_minutes (recorded in RunPaths.train_budget; a retry reads it)."""
-    from mlm_tasks.model.budget import budgeted_steps, seconds_per_step
+    from mlm_tasks.training.budget import budgeted_steps, seconds_per_step
 
     def measure() -> tuple[float, float]:  # a throwaway model, on the run's first batches (the input repeats)
         throwaway = model_and_optimizer(plan.strategy, cfg, plan.model_config, plan.total_steps,

@@ -15,10 +15,10 @@ from typing import Any
 
 from mlm_tasks.base_model import BaseModel
 from mlm_tasks.config import PipelineConfig
-from mlm_tasks.model.progress import read_history
-from mlm_tasks.model.train_step import model_and_optimizer
-from mlm_tasks.model.training_plan import TrainInputs, TrainPlan
 from mlm_tasks.paths import RunPaths
+from mlm_tasks.training.plan import TrainInputs, TrainPlan
+from mlm_tasks.training.progress import read_history
+from mlm_tasks.training.step import model_and_optimizer
 
 log = logging.getLogger("mlm_tasks.steps.train")
 
@@ -43,7 +43,7 @@ def build_training(cfg: PipelineConfig, run: RunPaths, inputs: TrainInputs, plan
     checkpoint (or load the base model's weights into a fresh run)."""
     import tensorflow as tf
 
-    from mlm_tasks.model.validation import Validation, validation_batches
+    from mlm_tasks.training.validation import Validation, validation_batches
 
     model, optimizer, schedule = model_and_optimizer(plan.strategy, cfg, plan.model_config, plan.total_steps,
                                                      from_base=inputs.base is not None)

@@ -1,7 +1,7 @@
 """Validation during training (train.eval_every): fixed 15% masks, in the history and TensorBoard, the
 best step recorded, and train.keep_checkpoint=best keeping that step's model.
 
-    TF_USE_LEGACY_KERAS=1 .venv/bin/python -m pytest tests/mlm_tasks/model/test_validation.py -q
+    TF_USE_LEGACY_KERAS=1 .venv/bin/python -m pytest tests/mlm_tasks/training/test_validation.py -q
 """
 import glob
 
@@ -9,8 +9,8 @@ import pytest
 
 from mlm_tasks import storage
 from mlm_tasks.errors import ConfigError
-from mlm_tasks.model.progress import best_so_far, read_history
 from mlm_tasks.paths import RunContext, RunPaths
+from mlm_tasks.training.progress import best_so_far, read_history
 from peers.tiny_data import tiny_config
 
 VALIDATED = {"train.steps": 24, "train.eval_every": 4, "train.eval_batches": 2, "eval.batch_size": 16,
@@ -19,7 +19,7 @@ VALIDATED = {"train.steps": 24, "train.eval_every": 4, "train.eval_batches": 2, 
 
 def _batches(cfg, shard_set):
     from mlm_tasks.data.tokenizer import load_tokenizer
-    from mlm_tasks.model.validation import validation_batches
+    from mlm_tasks.training.validation import validation_batches
 
     tokenizer = load_tokenizer(shard_set.paths.tokenizer, shard_set.max_length)
     return [{k: v.numpy().tolist() for k, v in b.items()} for b in validation_batches(shard_set, tokenizer, cfg)]
