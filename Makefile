@@ -40,12 +40,14 @@ test: env lint
 test-fast: env lint
 	$(PY) -m pytest -m unit $(XDIST) $(PYTEST_ARGS)
 
-# Style and types are checked, not debated: ruff's rules and per-file waivers are in pyproject.toml
+# Style and types are checked, not debated: ruff's rules, its formatter (`ruff format $(LINT_PATHS)` to apply)
+# and per-file waivers are in pyproject.toml
 # ([tool.ruff]), and so is mypy's setup ([tool.mypy]: mlm_tasks, plugins and dags); the manual (docs/, mkdocs.yml)
 # builds strictly. `make test` and `make test-fast` run all three first.
 LINT_PATHS := mlm_tasks plugins dags tests scripts bench
 lint: env typecheck docs
 	$(VENV)/bin/ruff check $(LINT_PATHS)
+	$(VENV)/bin/ruff format --check $(LINT_PATHS)
 
 typecheck: env
 	$(VENV)/bin/mypy

@@ -16,6 +16,7 @@ the REST API, timed from the task instances the API reports:
    two workers. Per task: queued → running (TI `queued_when` → `start_date`), and the part of it
    that is overhead alone: from max(queued, the end of that worker's previous task) to running.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -46,8 +47,7 @@ def ts(value: str) -> float:
 
 
 def corpus_overrides(factor: int, parts: int) -> dict:
-    return {"corpus.source": "local_files", "corpus.local_paths": [corpus_file(factor)],
-            "shards.partitions": parts}
+    return {"corpus.source": "local_files", "corpus.local_paths": [corpus_file(factor)], "shards.partitions": parts}
 
 
 def seed_tokenizer(out: Path, factor: int) -> None:
@@ -71,9 +71,11 @@ def fanout_seconds(tis: list[dict]) -> dict:
     by = {(t["task_id"], t["map_index"]): t for t in tis}
     plan_end = ts(by[("plan_shards", -1)]["end_date"])
     writes = [t for t in tis if t["task_id"] == "write_shards"]
-    return {"wall_s": ts(by[("build_shards", -1)]["end_date"]) - plan_end,
-            "task_s": [round(ts(t["end_date"]) - ts(t["start_date"]), 2) for t in writes],
-            "hosts": sorted(t["hostname"] for t in writes)}
+    return {
+        "wall_s": ts(by[("build_shards", -1)]["end_date"]) - plan_end,
+        "task_s": [round(ts(t["end_date"]) - ts(t["start_date"]), 2) for t in writes],
+        "hosts": sorted(t["hostname"] for t in writes),
+    }
 
 
 def overhead(tis: list[dict]) -> tuple[list[float], list[float]]:
@@ -93,16 +95,25 @@ def main() -> None:
     ap.add_argument("--factor", type=int, default=4)
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--overhead-tasks", type=int, default=24, help="0: skip the per-task overhead run")
-    ap.add_argument("--env", action="append", default=[], metavar="KEY=VALUE",
-                    help="an Airflow setting for every process, on top of the compose file's (A/B of a setting)")
+    ap.add_argument(
+        "--env",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="an Airflow setting for every process, on top of the compose file's (A/B of a setting)",
+    )
     args = ap.parse_args()
 
     common.prepared()
     corpus_file(args.factor)
     shared = Path(tempfile.mkdtemp(prefix="bench-celery-"))
     load_before = os.getloadavg()
-    env = {"MLM_SHARED_OUTPUT_ROOTS": str(shared), "MLM_REFRESH_SCHEDULE": "none", "MLM_RETRY_DELAY_S": "5",
-           **dict(kv.split("=", 1) for kv in args.env)}
+    env = {
+        "MLM_SHARED_OUTPUT_ROOTS": str(shared),
+        "MLM_REFRESH_SCHEDULE": "none",
+        "MLM_RETRY_DELAY_S": "5",
+        **dict(kv.split("=", 1) for kv in args.env),
+    }
     results: dict[str, list[dict]] = {}
     try:
         with running_stack(shared / "stack", executor="CeleryExecutor", extra_env=env) as stack:
@@ -112,11 +123,15 @@ def main() -> None:
             # Warm-up: the first run pays the first parse and imports in every process.
             out = shared / "warmup"
             seed_tokenizer(out, args.factor)
-            run(api, "warmup", {"config_file": DEFAULT, "output_root": str(out),
-                                "overrides": corpus_overrides(args.factor, 1)})
+            run(
+                api,
+                "warmup",
+                {"config_file": DEFAULT, "output_root": str(out), "overrides": corpus_overrides(args.factor, 1)},
+            )
             variants = [("1 worker, partitions 1", 1, 1), ("1 worker, partitions 2", 1, 2), ("2 workers", 2, 2)]
-            env_note = {k: stack.env_of("airflow-scheduler").get(k)
-                        for k in ("AIRFLOW__WORKERS__MIN_HEARTBEAT_INTERVAL",)}
+            env_note = {
+                k: stack.env_of("airflow-scheduler").get(k) for k in ("AIRFLOW__WORKERS__MIN_HEARTBEAT_INTERVAL",)
+            }
             for r in range(args.rounds):
                 order = variants if r % 2 == 0 else variants[::-1]
                 for name, workers, parts in order:
@@ -127,8 +142,15 @@ def main() -> None:
                         stack.stop("worker-b")
                     out = shared / f"r{r}-{workers}w{parts}p"
                     seed_tokenizer(out, args.factor)
-                    tis = run(api, f"r{r}-{workers}w{parts}p", {"config_file": DEFAULT, "output_root": str(out),
-                                                               "overrides": corpus_overrides(args.factor, parts)})
+                    tis = run(
+                        api,
+                        f"r{r}-{workers}w{parts}p",
+                        {
+                            "config_file": DEFAULT,
+                            "output_root": str(out),
+                            "overrides": corpus_overrides(args.factor, parts),
+                        },
+                    )
                     figures = fanout_seconds(tis)
                     manifest = json.loads(next((out / "datasets").glob("*/shards/manifest.json")).read_text())
                     figures["tokens"] = sum(s["tokens"] for s in manifest["splits"].values())
@@ -138,35 +160,79 @@ def main() -> None:
             if args.overhead_tasks:
                 if "worker-b" not in stack.procs.running:
                     stack.start_worker("worker-b", "cpu", cpus="1")
-                tis = run(api, "overhead", {"config_file": TINY, "output_root": str(shared / "overhead"),
-                                            "overrides": {"shards.partitions": args.overhead_tasks}})
+                tis = run(
+                    api,
+                    "overhead",
+                    {
+                        "config_file": TINY,
+                        "output_root": str(shared / "overhead"),
+                        "overrides": {"shards.partitions": args.overhead_tasks},
+                    },
+                )
                 queued_to_running, alone = overhead(tis)
     finally:
         shutil.rmtree(shared, ignore_errors=True)
 
-    print(f"\n```\n{common.machine()}\nload avg before the stack started: "
-          f"{load_before[0]:.1f}/{load_before[1]:.1f}/{load_before[2]:.1f}; {env_note}\n```\n")
-    best_one = min((common.median([f["wall_s"] for f in results[n]]) for n in results if n.startswith("1 worker")),
-                   default=0)
+    print(
+        f"\n```\n{common.machine()}\nload avg before the stack started: "
+        f"{load_before[0]:.1f}/{load_before[1]:.1f}/{load_before[2]:.1f}; {env_note}\n```\n"
+    )
+    best_one = min(
+        (common.median([f["wall_s"] for f in results[n]]) for n in results if n.startswith("1 worker")), default=0
+    )
     rows = []
     for name, runs in results.items():
         wall = common.median([f["wall_s"] for f in runs])
-        rows.append([name, wall, runs[0]["tokens"] / wall, best_one / wall,
-                     " ".join(f"{f['wall_s']:.1f}" for f in runs),
-                     "; ".join(" ".join(str(s) for s in f["task_s"]) for f in runs),
-                     " ".join(sorted(set(h for f in runs for h in f["hosts"])))])
+        rows.append(
+            [
+                name,
+                wall,
+                runs[0]["tokens"] / wall,
+                best_one / wall,
+                " ".join(f"{f['wall_s']:.1f}" for f in runs),
+                "; ".join(" ".join(str(s) for s in f["task_s"]) for f in runs),
+                " ".join(sorted(set(h for f in runs for h in f["hosts"]))),
+            ]
+        )
     if rows:
-        print(common.table(["variant", "median s plan end → merge end", "tokens/s", "speed-up vs best 1 worker",
-                            "runs (s)", "write_shards task s", "workers"], rows))
+        print(
+            common.table(
+                [
+                    "variant",
+                    "median s plan end → merge end",
+                    "tokens/s",
+                    "speed-up vs best 1 worker",
+                    "runs (s)",
+                    "write_shards task s",
+                    "workers",
+                ],
+                rows,
+            )
+        )
     if not alone:
         return
     print()
-    print(common.table(["per mapped task (n)", "median s", "p90 s", "min s", "max s"], [
-        [f"queued → running ({len(queued_to_running)})", statistics.median(queued_to_running),
-         sorted(queued_to_running)[int(0.9 * (len(queued_to_running) - 1))], min(queued_to_running),
-         max(queued_to_running)],
-        [f"overhead alone: max(queued, slot free) → running ({len(alone)})", statistics.median(alone),
-         sorted(alone)[int(0.9 * (len(alone) - 1))], min(alone), max(alone)]]))
+    print(
+        common.table(
+            ["per mapped task (n)", "median s", "p90 s", "min s", "max s"],
+            [
+                [
+                    f"queued → running ({len(queued_to_running)})",
+                    statistics.median(queued_to_running),
+                    sorted(queued_to_running)[int(0.9 * (len(queued_to_running) - 1))],
+                    min(queued_to_running),
+                    max(queued_to_running),
+                ],
+                [
+                    f"overhead alone: max(queued, slot free) → running ({len(alone)})",
+                    statistics.median(alone),
+                    sorted(alone)[int(0.9 * (len(alone) - 1))],
+                    min(alone),
+                    max(alone),
+                ],
+            ],
+        )
+    )
 
 
 if __name__ == "__main__":

@@ -23,6 +23,7 @@ Figures, per loop, each in a fresh subprocess (ours first):
   what XLA's buffers come from too); the subprocess' peak RSS on CPU.
 - steps per call: optimizer steps per host dispatch (ours: train.steps_per_call; fit: 1, its default).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -47,32 +48,49 @@ def run_ours(spec: dict) -> dict:
     from mlm_tasks.training.progress import read_history
 
     cfg, data, _, manifest = bench_train._setup(
-        spec["preset"], "on", spec["steps"], log_every=spec["per_call"], precision=spec["precision"],
-        device=spec["device"], batch=spec["batch"],
-        extra={"train.steps_per_call": spec["per_call"], "train.eval_every": None})  # no validation in the timing
+        spec["preset"],
+        "on",
+        spec["steps"],
+        log_every=spec["per_call"],
+        precision=spec["precision"],
+        device=spec["device"],
+        batch=spec["batch"],
+        extra={"train.steps_per_call": spec["per_call"], "train.eval_every": None},
+    )  # no validation in the timing
     run_id = f"bench-gpu-{spec['preset']}-{os.getpid()}-{int(time.time())}"
     summary = train(cfg, RunContext.of(cfg, run_id, data["fingerprint"]))
     # One history entry per call (log_every = steps_per_call), stamped when the call's results are back.
     elapsed = {h["step"]: h["elapsed_s"] for h in read_history(RunPaths(cfg.output_root, run_id))}
     seconds = elapsed[spec["steps"]] - elapsed[spec["warmup"]]
     tokens = (spec["steps"] - spec["warmup"]) * summary["global_batch"] * manifest.max_length
-    return {"tokens_per_s": tokens / seconds, "flops_per_token": summary["flops_per_token"],
-            "peak_flops": summary["peak_flops"], "steps_per_call": summary["steps_per_call"],
-            "last_loss": summary["last_loss"], "parameters": summary["parameters"],
-            "summary_tokens_per_s": summary["tokens_per_s"], "summary_mfu_of": summary["mfu_of"],
-            "seq_len": manifest.max_length, "vocab_size": data["vocab_size"], **device_facts(spec["device"])}
+    return {
+        "tokens_per_s": tokens / seconds,
+        "flops_per_token": summary["flops_per_token"],
+        "peak_flops": summary["peak_flops"],
+        "steps_per_call": summary["steps_per_call"],
+        "last_loss": summary["last_loss"],
+        "parameters": summary["parameters"],
+        "summary_tokens_per_s": summary["tokens_per_s"],
+        "summary_mfu_of": summary["mfu_of"],
+        "seq_len": manifest.max_length,
+        "vocab_size": data["vocab_size"],
+        **device_facts(spec["device"]),
+    }
 
 
 def run_reference(spec: dict) -> dict:
     from mlm_tasks.model.flops import flops_per_token
 
-    cfg, data, paths, manifest = bench_train._setup(spec["preset"], "on", spec["steps"],
-                                                    precision=spec["precision"], device=spec["device"],
-                                                    batch=spec["batch"])
+    cfg, data, paths, manifest = bench_train._setup(
+        spec["preset"], "on", spec["steps"], precision=spec["precision"], device=spec["device"], batch=spec["batch"]
+    )
     result, model = bench_train.fit_reference(cfg, data, paths, manifest, spec["precision"], spec["warmup"])
-    return {**result, "flops_per_token": flops_per_token(model.config, manifest.max_length),  # head everywhere
-            "steps_per_call": 1,  # compile() without steps_per_execution: one host dispatch per step
-            **device_facts(spec["device"])}
+    return {
+        **result,
+        "flops_per_token": flops_per_token(model.config, manifest.max_length),  # head everywhere
+        "steps_per_call": 1,  # compile() without steps_per_execution: one host dispatch per step
+        **device_facts(spec["device"]),
+    }
 
 
 def device_facts(device: str) -> dict:
@@ -84,8 +102,12 @@ def device_facts(device: str) -> dict:
     gpus = tf.config.list_physical_devices("GPU")
     if device == "gpu" and gpus:
         details = tf.config.experimental.get_device_details(gpus[0])
-        facts.update(gpu=details.get("device_name"), compute_capability=details.get("compute_capability"),
-                     gpus=len(gpus), device_peak_mb=tf.config.experimental.get_memory_info("GPU:0")["peak"] / 2**20)
+        facts.update(
+            gpu=details.get("device_name"),
+            compute_capability=details.get("compute_capability"),
+            gpus=len(gpus),
+            device_peak_mb=tf.config.experimental.get_memory_info("GPU:0")["peak"] / 2**20,
+        )
     return facts
 
 
@@ -93,8 +115,11 @@ def nvidia_smi() -> str:
     """Name, driver and memory of each GPU, as nvidia-smi reports them ('' without it)."""
     if not shutil.which("nvidia-smi"):
         return ""
-    out = subprocess.run(["nvidia-smi", "--query-gpu=name,driver_version,memory.total", "--format=csv,noheader"],
-                         capture_output=True, text=True)
+    out = subprocess.run(
+        ["nvidia-smi", "--query-gpu=name,driver_version,memory.total", "--format=csv,noheader"],
+        capture_output=True,
+        text=True,
+    )
     if out.returncode:  # installed, but no driver or no GPU answers
         return ""
     return "; ".join(line.strip() for line in out.stdout.splitlines() if line.strip())
@@ -111,18 +136,29 @@ def plan(args) -> dict:
 
         seen = tf.config.list_physical_devices("GPU")
         if (device == "gpu" and not seen) or (device == "cpu" and nvidia_smi()):
-            raise SystemExit(f"nvidia-smi sees {nvidia_smi() or 'no GPU'}, TensorFlow sees {len(seen)} GPU(s): install "
-                             'its CUDA libraries (uv pip install "tensorflow[and-cuda]==<the locked version>", '
-                             "bench/README.md), or run the CPU check with --device cpu.")
+            raise SystemExit(
+                f"nvidia-smi sees {nvidia_smi() or 'no GPU'}, TensorFlow sees {len(seen)} GPU(s): install "
+                'its CUDA libraries (uv pip install "tensorflow[and-cuda]==<the locked version>", '
+                "bench/README.md), or run the CPU check with --device cpu."
+            )
         if device == "gpu":  # this process only plans: it never takes GPU memory the workers need
             tf.config.set_visible_devices([], "GPU")
     per_call = steps_per_call(args.steps_per_call, device)
     warmup = args.warmup if args.warmup is not None else 2 * per_call
     if warmup % per_call or args.steps % per_call or args.steps <= warmup:
-        raise SystemExit(f"--steps {args.steps} and --warmup {warmup} must be multiples of steps per call ({per_call}"
-                         f" on {device}) with steps > warmup: e.g. --steps {per_call * 20} --warmup {2 * per_call}.")
-    return {"preset": args.preset, "device": device, "precision": args.precision, "steps": args.steps,
-            "warmup": warmup, "per_call": per_call, "batch": args.batch or (GPU_BATCH if device == "gpu" else 32)}
+        raise SystemExit(
+            f"--steps {args.steps} and --warmup {warmup} must be multiples of steps per call ({per_call}"
+            f" on {device}) with steps > warmup: e.g. --steps {per_call * 20} --warmup {2 * per_call}."
+        )
+    return {
+        "preset": args.preset,
+        "device": device,
+        "precision": args.precision,
+        "steps": args.steps,
+        "warmup": warmup,
+        "per_call": per_call,
+        "batch": args.batch or (GPU_BATCH if device == "gpu" else 32),
+    }
 
 
 def report(spec: dict, results: dict, walls: dict) -> None:
@@ -130,27 +166,49 @@ def report(spec: dict, results: dict, walls: dict) -> None:
     peak = ours["peak_flops"]  # the same device and precision for both loops: the training summary's peak
     gpu = ours.get("gpu")
     print(f"\n{common.machine()}")
-    print(f"GPU: {gpu} (compute capability {ours.get('compute_capability')}, {ours.get('gpus')} visible; "
-          f"nvidia-smi: {nvidia_smi() or 'absent'})" if gpu else f"device: {spec['device']} (no GPU)")
+    print(
+        f"GPU: {gpu} (compute capability {ours.get('compute_capability')}, {ours.get('gpus')} visible; "
+        f"nvidia-smi: {nvidia_smi() or 'absent'})"
+        if gpu
+        else f"device: {spec['device']} (no GPU)"
+    )
     print(f"TensorFlow {ours['tensorflow']} built for CUDA {ours['cuda']}, cuDNN {ours['cudnn']}")
-    print(f"model.preset {spec['preset']} ({ours['parameters'] / 1e6:.1f} M parameters, vocab {ours['vocab_size']}), "
-          f"sequence length {ours['seq_len']}, global batch {spec['batch']}, {spec['precision']}, XLA on; "
-          f"{spec['steps']} steps each, the first {spec['warmup']} not timed")
-    print(f"peak: {peak / 1e12:.4g} TFLOP/s {spec['precision']}, ours' training summary's (flops.py: a GPU's dense "
-          "datasheet figure by its name; on CPU a matmul probe)" if peak else "peak: unknown (not in flops.py's "
-          "PEAKS: add the GPU there): no MFU")
+    print(
+        f"model.preset {spec['preset']} ({ours['parameters'] / 1e6:.1f} M parameters, vocab {ours['vocab_size']}), "
+        f"sequence length {ours['seq_len']}, global batch {spec['batch']}, {spec['precision']}, XLA on; "
+        f"{spec['steps']} steps each, the first {spec['warmup']} not timed"
+    )
+    print(
+        f"peak: {peak / 1e12:.4g} TFLOP/s {spec['precision']}, ours' training summary's (flops.py: a GPU's dense "
+        "datasheet figure by its name; on CPU a matmul probe)"
+        if peak
+        else "peak: unknown (not in flops.py's PEAKS: add the GPU there): no MFU"
+    )
     bound = "met" if walls["total"] <= BOUND_S else "NOT met"
-    print(f"whole command {walls['total']:.0f} s (data {walls['data']:.0f} s, ours {walls['ours']:.0f} s, "
-          f"reference {walls['reference']:.0f} s); bound {BOUND_S} s: {bound}\n")
+    print(
+        f"whole command {walls['total']:.0f} s (data {walls['data']:.0f} s, ours {walls['ours']:.0f} s, "
+        f"reference {walls['reference']:.0f} s); bound {BOUND_S} s: {bound}\n"
+    )
     memory = "peak GPU:0 MiB" if gpu else "peak RSS MiB"
     rows = []
     for name, r in (("ours", ours), ("reference", ref)):
         utilisation = f"{100 * r['tokens_per_s'] * r['flops_per_token'] / peak:.1f}%" if peak else "unknown"
-        rows.append([name, r["tokens_per_s"], utilisation, r["flops_per_token"] / 1e6,
-                     r.get("device_peak_mb", r["peak_rss_mb"]), r["steps_per_call"], r["last_loss"]])
+        rows.append(
+            [
+                name,
+                r["tokens_per_s"],
+                utilisation,
+                r["flops_per_token"] / 1e6,
+                r.get("device_peak_mb", r["peak_rss_mb"]),
+                r["steps_per_call"],
+                r["last_loss"],
+            ]
+        )
     print(common.table(["loop", "tokens/s", "MFU", "MFLOP/token", memory, "steps/call", "last loss"], rows))
-    print(f"\nours / reference tokens/s: **{ours['tokens_per_s'] / ref['tokens_per_s']:.2f}×**; ours' training summary "
-          f"(after its first call): {ours['summary_tokens_per_s'] or 0:,.0f} tokens/s, {ours['summary_mfu_of']}")
+    print(
+        f"\nours / reference tokens/s: **{ours['tokens_per_s'] / ref['tokens_per_s']:.2f}×**; ours' training summary "
+        f"(after its first call): {ours['summary_tokens_per_s'] or 0:,.0f} tokens/s, {ours['summary_mfu_of']}"
+    )
     print("target: ours >= 40% MFU on an H200, the reference beside it")
 
 

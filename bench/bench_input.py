@@ -7,6 +7,7 @@ in-graph masking, prefetch), batches/s after 20 warm-up batches. Consumption: st
 mlm_tasks.steps.train (tiny preset, configs/default.yaml) after its first log window, in a fresh
 subprocess. Target: input batches/s >= 10x training steps/s.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -57,9 +58,12 @@ def main() -> None:
     inp = common.run_worker(__file__, f"input:{args.batches}")
     train = common.run_worker(__file__, f"train:{args.train_steps}")
     print(f"\n{common.machine()}\n")
-    print(common.table(["input pipeline batches/s", "tiny model steps/s (ours, XLA off)", "ratio", "target"],
-                       [[inp["batches_per_s"], train["steps_per_s"], inp["batches_per_s"] / train["steps_per_s"],
-                         ">= 10"]]))
+    print(
+        common.table(
+            ["input pipeline batches/s", "tiny model steps/s (ours, XLA off)", "ratio", "target"],
+            [[inp["batches_per_s"], train["steps_per_s"], inp["batches_per_s"] / train["steps_per_s"], ">= 10"]],
+        )
+    )
 
 
 if __name__ == "__main__":

@@ -9,6 +9,7 @@ with the embedded tokenizer. Peak RSS is the child's own ru_maxrss (os.wait4); "
 peak minus the RSS just before writing began (imports and tokenizer excluded). Target: peak at 10x
 <= 1.2x peak at 1x.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -58,9 +59,16 @@ def worker(factor: str) -> None:
         write_partition(cfg, paths, 0, 1)
         shard_set = merge_partitions(cfg, paths, 1, {})
         seconds = time.perf_counter() - t0
-    common.emit({"factor": int(factor), "rss_before_mb": before, "hwm_mb": _status_mb("VmHWM"),
-                 "seconds": seconds, "tokens": sum(shard_set.tokens(s) for s in shard_set.splits),
-                 "file_mb": os.path.getsize(corpus_file(int(factor))) / 2**20})
+    common.emit(
+        {
+            "factor": int(factor),
+            "rss_before_mb": before,
+            "hwm_mb": _status_mb("VmHWM"),
+            "seconds": seconds,
+            "tokens": sum(shard_set.tokens(s) for s in shard_set.splits),
+            "file_mb": os.path.getsize(corpus_file(int(factor))) / 2**20,
+        }
+    )
 
 
 def main() -> None:
@@ -76,12 +84,26 @@ def main() -> None:
         corpus_file(f)
     results = [common.run_worker(__file__, str(f)) for f in factors]
     base = results[0]
-    rows = [[f"{r['factor']}x", r["file_mb"], r["tokens"], r["seconds"], r["tokens"] / r["seconds"],
-             r["peak_rss_mb"], r["peak_rss_mb"] - r["rss_before_mb"], r["peak_rss_mb"] / base["peak_rss_mb"]]
-            for r in results]
+    rows = [
+        [
+            f"{r['factor']}x",
+            r["file_mb"],
+            r["tokens"],
+            r["seconds"],
+            r["tokens"] / r["seconds"],
+            r["peak_rss_mb"],
+            r["peak_rss_mb"] - r["rss_before_mb"],
+            r["peak_rss_mb"] / base["peak_rss_mb"],
+        ]
+        for r in results
+    ]
     print(f"\n{common.machine()}\n")
-    print(common.table(["corpus", "text MB", "tokens written", "s", "tokens/s", "peak RSS MB",
-                        "working set MB", "peak / 1x peak"], rows))
+    print(
+        common.table(
+            ["corpus", "text MB", "tokens written", "s", "tokens/s", "peak RSS MB", "working set MB", "peak / 1x peak"],
+            rows,
+        )
+    )
     print("\ntarget: peak RSS at 10x <= 1.2x the peak at 1x")
 
 

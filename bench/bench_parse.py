@@ -8,6 +8,7 @@ tensorflow and transformers. Target: < 1 s. --make-run also runs `make run` (the
 real Airflow, into a temporary OUTPUT_ROOT and AIRFLOW_HOME) and reports the wall time and peak memory
 it prints.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -30,14 +31,24 @@ def worker(_: str) -> None:
     # Airflow 3 dropped include_examples; AIRFLOW__CORE__LOAD_EXAMPLES=False (airflow_env) does its job.
     bag = DagBag(dag_folder=os.path.join(common.REPO, "dags"))
     seconds = time.perf_counter() - t0
-    common.emit({"seconds": seconds, "dags": sorted(bag.dag_ids), "import_errors": len(bag.import_errors),
-                 "tensorflow": "tensorflow" in sys.modules, "transformers": "transformers" in sys.modules})
+    common.emit(
+        {
+            "seconds": seconds,
+            "dags": sorted(bag.dag_ids),
+            "import_errors": len(bag.import_errors),
+            "tensorflow": "tensorflow" in sys.modules,
+            "transformers": "transformers" in sys.modules,
+        }
+    )
 
 
 def airflow_env(home: str) -> dict:
-    return {"AIRFLOW_HOME": home, "AIRFLOW__CORE__DAGS_FOLDER": os.path.join(common.REPO, "dags"),
-            "AIRFLOW__CORE__PLUGINS_FOLDER": os.path.join(common.REPO, "plugins"),
-            "AIRFLOW__CORE__LOAD_EXAMPLES": "False"}
+    return {
+        "AIRFLOW_HOME": home,
+        "AIRFLOW__CORE__DAGS_FOLDER": os.path.join(common.REPO, "dags"),
+        "AIRFLOW__CORE__PLUGINS_FOLDER": os.path.join(common.REPO, "plugins"),
+        "AIRFLOW__CORE__LOAD_EXAMPLES": "False",
+    }
 
 
 def make_run() -> list:
@@ -63,10 +74,15 @@ def main() -> None:
         with tempfile.TemporaryDirectory(prefix="bench-airflow-home-") as home:
             results.append(common.run_worker(__file__, "parse", env=airflow_env(home)))
     print(f"\n{common.machine()}\n")
-    print(common.table(["run", "DagBag parse s", "DAGs", "import errors", "tensorflow imported",
-                        "transformers imported"],
-                       [[i + 1, r["seconds"], " ".join(r["dags"]), r["import_errors"], r["tensorflow"],
-                         r["transformers"]] for i, r in enumerate(results)]))
+    print(
+        common.table(
+            ["run", "DagBag parse s", "DAGs", "import errors", "tensorflow imported", "transformers imported"],
+            [
+                [i + 1, r["seconds"], " ".join(r["dags"]), r["import_errors"], r["tensorflow"], r["transformers"]]
+                for i, r in enumerate(results)
+            ],
+        )
+    )
     print(f"\nmedian {common.median([r['seconds'] for r in results]):.3f} s; target < 1 s, no TensorFlow")
     if args.make_run:
         print()

@@ -15,6 +15,7 @@ its difference to the baseline's (negative: better; the baseline is `today` when
 runs the recipes in turn, the order reversed every other round, so drift of a shared machine's load hits all
 alike.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -69,8 +70,9 @@ def recipe(name: str) -> dict:
 def load(config: str, budget_minutes: float, name: str = "default"):
     from mlm_tasks.config import load_config
 
-    return load_config(config, {"output_root": common.BENCH_ROOT, "train.budget_minutes": budget_minutes,
-                                **SCORING, **recipe(name)})
+    return load_config(
+        config, {"output_root": common.BENCH_ROOT, "train.budget_minutes": budget_minutes, **SCORING, **recipe(name)}
+    )
 
 
 def run_recipe(config: str, budget_minutes: float, name: str) -> dict:
@@ -86,9 +88,15 @@ def run_recipe(config: str, budget_minutes: float, name: str) -> dict:
     data = build_shard_set(cfg)  # cached: prepared by the parent
     began = time.monotonic()
     summary = train(cfg, RunContext.of(cfg, f"quality-{name}-{os.getpid()}-{int(time.time())}", data["fingerprint"]))
-    return {"steps": summary["steps"], "tokens_per_s": summary["tokens_per_s"], "val_loss": summary["val_loss"],
-            "train_s": time.monotonic() - began, "loop_s": summary["elapsed_s"], "precision": summary["precision"],
-            "mlm_tasks": os.path.dirname(mlm_tasks.__file__)}
+    return {
+        "steps": summary["steps"],
+        "tokens_per_s": summary["tokens_per_s"],
+        "val_loss": summary["val_loss"],
+        "train_s": time.monotonic() - began,
+        "loop_s": summary["elapsed_s"],
+        "precision": summary["precision"],
+        "mlm_tasks": os.path.dirname(mlm_tasks.__file__),
+    }
 
 
 def main() -> None:
@@ -97,9 +105,12 @@ def main() -> None:
     p.add_argument("--budget-minutes", type=float, default=None, help="default: the config's train.budget_minutes")
     p.add_argument("--candidates", default="default,bf16,one_cycle,mask25,vocab128")
     p.add_argument("--rounds", type=int, default=1)
-    p.add_argument("--today", metavar="CHECKOUT",
-                   help="also run recipe `today`: that checkout's code and its own version of --config (e.g. a git "
-                        "worktree of the commit before a change), the baseline a target is measured against")
+    p.add_argument(
+        "--today",
+        metavar="CHECKOUT",
+        help="also run recipe `today`: that checkout's code and its own version of --config (e.g. a git "
+        "worktree of the commit before a change), the baseline a target is measured against",
+    )
     p.add_argument("--worker")
     args = p.parse_args()
     if args.worker:
@@ -123,27 +134,44 @@ def main() -> None:
         for name in names if rnd % 2 == 0 else names[::-1]:
             res = _run(name, budget, args.config, args.today)
             runs[name].append(res)
-            print(f"round {rnd + 1} {name}: {res['steps']} steps, {res['tokens_per_s'] or 0:.0f} tokens/s, "
-                  f"val loss {res['val_loss']:.4f}, {res['wall_s']:.0f} s ({res['mlm_tasks']})", file=sys.stderr)
+            print(
+                f"round {rnd + 1} {name}: {res['steps']} steps, {res['tokens_per_s'] or 0:.0f} tokens/s, "
+                f"val loss {res['val_loss']:.4f}, {res['wall_s']:.0f} s ({res['mlm_tasks']})",
+                file=sys.stderr,
+            )
     baseline = "today" if args.today else "default"
     default_loss = common.median([r["val_loss"] for r in runs[baseline]])
     rows = []
     for name in names:
         loss = common.median([r["val_loss"] for r in runs[name]])
-        rows.append([name, int(common.median([r["steps"] for r in runs[name]])),
-                     float(common.median([r["tokens_per_s"] or 0 for r in runs[name]])), runs[name][0]["precision"],
-                     f"{loss:.4f}", f"{loss - default_loss:+.4f}", " ".join(f"{r['val_loss']:.3f}" for r in runs[name]),
-                     float(common.median([r["loop_s"] for r in runs[name]])),
-                     float(common.median([r["wall_s"] for r in runs[name]]))])
+        rows.append(
+            [
+                name,
+                int(common.median([r["steps"] for r in runs[name]])),
+                float(common.median([r["tokens_per_s"] or 0 for r in runs[name]])),
+                runs[name][0]["precision"],
+                f"{loss:.4f}",
+                f"{loss - default_loss:+.4f}",
+                " ".join(f"{r['val_loss']:.3f}" for r in runs[name]),
+                float(common.median([r["loop_s"] for r in runs[name]])),
+                float(common.median([r["wall_s"] for r in runs[name]])),
+            ]
+        )
     today = f"; today: {_commit(args.today)}'s code and config, from {args.today}" if args.today else ""
-    print(f"\n{common.machine()}\n{os.path.relpath(args.config, common.REPO)} at {_commit(common.REPO)}, "
-          f"train.budget_minutes={budget:g}{today}; "
-          f"data {data['fingerprint']}; validation loss on fixed 15% masks, whole validation split; median of "
-          f"{args.rounds} alternating round(s)\n")
+    print(
+        f"\n{common.machine()}\n{os.path.relpath(args.config, common.REPO)} at {_commit(common.REPO)}, "
+        f"train.budget_minutes={budget:g}{today}; "
+        f"data {data['fingerprint']}; validation loss on fixed 15% masks, whole validation split; median of "
+        f"{args.rounds} alternating round(s)\n"
+    )
     # "loop s": the training loop's own seconds. The budget fixes the step count from a few seconds' measurement,
     # so on a machine whose load changes the loop can end well before or after the budget: read it beside the loss.
-    print(common.table(["recipe", "steps", "tokens/s", "precision", "val loss", f"vs {baseline}", "per round",
-                        "loop s", "wall s"], rows))
+    print(
+        common.table(
+            ["recipe", "steps", "tokens/s", "precision", "val loss", f"vs {baseline}", "per round", "loop s", "wall s"],
+            rows,
+        )
+    )
 
 
 def _run(name: str, budget: float, config: str, today: str | None) -> dict:
@@ -151,8 +179,13 @@ def _run(name: str, budget: float, config: str, today: str | None) -> dict:
     the other checkout's bench worker, code and its own copy of the config file, on the same bench root."""
     if name == "today":
         assert today is not None
-        return common.run_worker(os.path.join(today, "bench", "bench_quality.py"), f"default:{budget}", "--config",
-                                 os.path.join(today, os.path.relpath(config, common.REPO)), env={"PYTHONPATH": today})
+        return common.run_worker(
+            os.path.join(today, "bench", "bench_quality.py"),
+            f"default:{budget}",
+            "--config",
+            os.path.join(today, os.path.relpath(config, common.REPO)),
+            env={"PYTHONPATH": today},
+        )
     return common.run_worker(__file__, f"{name}:{budget}", "--config", config, env={"PYTHONPATH": common.REPO})
 
 

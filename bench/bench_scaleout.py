@@ -16,6 +16,7 @@ too: on a machine shared with other work, wall time measures the scheduler's sha
 manifest's counts are
 compared with those of one partition of one (what build_shard_set writes).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -58,8 +59,14 @@ def worker(arg: str) -> None:
         time.sleep(0.01)
     t0, c0 = time.time(), time.process_time()
     partial = write_partition(cfg, paths, int(part), int(num_parts))
-    common.emit({"start": t0, "end": time.time(), "cpu_s": time.process_time() - c0,
-                 "records": sum(s["records"] for s in partial["splits"].values())})
+    common.emit(
+        {
+            "start": t0,
+            "end": time.time(),
+            "cpu_s": time.process_time() - c0,
+            "records": sum(s["records"] for s in partial["splits"].values()),
+        }
+    )
 
 
 def run_fanout(factor: int, num_parts: int, env: dict, pin: bool = False) -> tuple[float, float, dict]:
@@ -69,10 +76,15 @@ def run_fanout(factor: int, num_parts: int, env: dict, pin: bool = False) -> tup
     root = tempfile.mkdtemp(prefix="bench-scaleout-")
     try:
         shutil.copytree(common.prepared()["tokenizer_uri"], _paths(root).tokenizer)
-        procs = [subprocess.Popen([sys.executable, __file__, "--worker",
-                                   f"{factor}:{p}:{num_parts}:{p if pin else -1}:{root}"],
-                                  stdout=subprocess.PIPE, text=True, env={**os.environ, **env})
-                 for p in range(num_parts)]
+        procs = [
+            subprocess.Popen(
+                [sys.executable, __file__, "--worker", f"{factor}:{p}:{num_parts}:{p if pin else -1}:{root}"],
+                stdout=subprocess.PIPE,
+                text=True,
+                env={**os.environ, **env},
+            )
+            for p in range(num_parts)
+        ]
         while not all(os.path.exists(os.path.join(root, f"ready-{p}")) for p in range(num_parts)):
             if any(p.poll() for p in procs):
                 raise RuntimeError("a worker failed before the barrier")
@@ -116,40 +128,73 @@ def main() -> None:
     corpus_file(args.factor)
     logging.disable(logging.INFO)
     one_thread = {"TOKENIZERS_PARALLELISM": "false"}
-    variants = {"1 worker, threads": (1, {}), "1 worker": (1, one_thread), "2 workers": (2, one_thread),
-                "1 worker, pinned": (1, one_thread, True), "2 workers, pinned": (2, one_thread, True)}
+    variants = {
+        "1 worker, threads": (1, {}),
+        "1 worker": (1, one_thread),
+        "2 workers": (2, one_thread),
+        "1 worker, pinned": (1, one_thread, True),
+        "2 workers, pinned": (2, one_thread, True),
+    }
     times: dict[str, list[float]] = {v: [] for v in variants}
     cpu: dict[str, list[float]] = {v: [] for v in variants}
     manifests = {}
     for r in range(args.rounds):
-        for name in (list(variants) if r % 2 == 0 else list(variants)[::-1]):
+        for name in list(variants) if r % 2 == 0 else list(variants)[::-1]:
             seconds, busiest, manifests[name] = run_fanout(args.factor, *variants[name])
             times[name].append(seconds)
             cpu[name].append(busiest)
             print(f"round {r + 1} {name}: {seconds:.2f}s wall, busiest worker {busiest:.2f} CPU s", file=sys.stderr)
     single = run_single(args.factor)
     tokens = manifests["2 workers"]["splits"]["train"]["tokens"] + sum(
-        manifests["2 workers"]["splits"][s]["tokens"] for s in ("validation", "test"))
+        manifests["2 workers"]["splits"][s]["tokens"] for s in ("validation", "test")
+    )
     threaded = common.median(times["1 worker, threads"])
 
     def one(v: str) -> float:  # the 1-worker run of the same kind (pinned or not)
         return common.median(times["1 worker, pinned" if "pinned" in v else "1 worker"])
-    print(f"\n{common.machine()}\ncorpus: embedded rows x{args.factor} (local_files), {tokens:,} tokens written; "
-          f"median of {args.rounds} alternating rounds\n")
+
+    print(
+        f"\n{common.machine()}\ncorpus: embedded rows x{args.factor} (local_files), {tokens:,} tokens written; "
+        f"median of {args.rounds} alternating rounds\n"
+    )
     one_cpu = common.median(cpu["1 worker"])
-    print(common.table(["variant", "median wall s (write + merge)", "tokens/s", "wall speed-up vs 1 worker alike",
-                        "vs 1 worker, threads", "busiest worker CPU s", "CPU-bound speed-up", "wall runs (s)"],
-                       [[v, common.median(t), tokens / common.median(t), one(v) / common.median(t),
-                         threaded / common.median(t), common.median(cpu[v]), one_cpu / common.median(cpu[v]),
-                         " ".join(f"{x:.2f}" for x in t)]
-                        for v, t in times.items()]))
-    print("\nCPU-bound speed-up = CPU s of the 1-worker run / CPU s of the busiest worker: the wall speed-up on "
-          "cores nobody else uses (wall figures only hold when the cores are otherwise idle).")
+    print(
+        common.table(
+            [
+                "variant",
+                "median wall s (write + merge)",
+                "tokens/s",
+                "wall speed-up vs 1 worker alike",
+                "vs 1 worker, threads",
+                "busiest worker CPU s",
+                "CPU-bound speed-up",
+                "wall runs (s)",
+            ],
+            [
+                [
+                    v,
+                    common.median(t),
+                    tokens / common.median(t),
+                    one(v) / common.median(t),
+                    threaded / common.median(t),
+                    common.median(cpu[v]),
+                    one_cpu / common.median(cpu[v]),
+                    " ".join(f"{x:.2f}" for x in t),
+                ]
+                for v, t in times.items()
+            ],
+        )
+    )
+    print(
+        "\nCPU-bound speed-up = CPU s of the 1-worker run / CPU s of the busiest worker: the wall speed-up on "
+        "cores nobody else uses (wall figures only hold when the cores are otherwise idle)."
+    )
     rows = []
     for split in ("train", "validation", "test"):
         a, b = single["splits"][split], manifests["2 workers"]["splits"][split]
-        rows.append([split] + [f"{a[k]:,} / {b[k]:,}" for k in COUNTS]
-                    + ["yes" if all(a[k] == b[k] for k in COUNTS) else "NO"])
+        rows.append(
+            [split] + [f"{a[k]:,} / {b[k]:,}" for k in COUNTS] + ["yes" if all(a[k] == b[k] for k in COUNTS) else "NO"]
+        )
     print("\none partition (build_shard_set) vs merged 2-worker manifest:\n")
     print(common.table(["split", *COUNTS, "equal"], rows))
     print("\ntarget: 2 workers >= 1.7x one worker; merged counts equal the single writer's")

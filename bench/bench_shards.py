@@ -22,6 +22,7 @@ tokens/s = tokens the rows encode to / seconds, the same numerator for every var
 reference write the same two features per record (input_ids, attention_mask).
 --profile: cProfile of `task` in this process, the top functions by own time.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -70,7 +71,7 @@ def run_raw(rows) -> dict:
     backend = _tokenizer().backend_tokenizer
     t0, tokens = time.perf_counter(), 0
     for i in range(0, len(rows), 1000):
-        encodings = backend.encode_batch(rows[i:i + 1000])
+        encodings = backend.encode_batch(rows[i : i + 1000])
         tokens += sum(len(e) for e in encodings)
     return {"seconds": time.perf_counter() - t0, "tokens_in": tokens}
 
@@ -106,18 +107,20 @@ def run_reference(rows, out_dir: str, num_proc: int, linear_concat: bool = False
         else:
             concatenated = {k: sum(examples[k], []) for k in examples.keys()}
         total = len(concatenated["input_ids"]) // block * block
-        return {k: [t[i:i + block] for i in range(0, total, block)] for k, t in concatenated.items()}
+        return {k: [t[i : i + block] for i in range(0, total, block)] for k, t in concatenated.items()}
 
     t0 = time.perf_counter()
     ds = datasets.Dataset.from_dict({"text": rows})
     ds = ds.map(tokenize, batched=True, num_proc=num_proc, remove_columns=["text"])
     ds = ds.map(group_texts, batched=True, batch_size=1000, num_proc=num_proc)
     for shard, start in enumerate(range(0, len(ds), RECORDS_PER_SHARD)):
-        snapshot = ds[start:start + RECORDS_PER_SHARD]
+        snapshot = ds[start : start + RECORDS_PER_SHARD]
         with tf.io.TFRecordWriter(os.path.join(out_dir, f"dataset-{shard}.tfrecord")) as writer:
             for ids, mask in zip(snapshot["input_ids"], snapshot["attention_mask"], strict=False):
-                features = {"input_ids": tf.train.Feature(int64_list=tf.train.Int64List(value=ids)),
-                            "attention_mask": tf.train.Feature(int64_list=tf.train.Int64List(value=mask))}
+                features = {
+                    "input_ids": tf.train.Feature(int64_list=tf.train.Int64List(value=ids)),
+                    "attention_mask": tf.train.Feature(int64_list=tf.train.Int64List(value=mask)),
+                }
                 writer.write(tf.train.Example(features=tf.train.Features(feature=features)).SerializeToString())
     return {"seconds": time.perf_counter() - t0, "records": len(ds)}
 
@@ -166,7 +169,7 @@ def main() -> None:
     records: dict[str, int] = {}
     tokens_in = None
     for r in range(args.rounds):
-        for v in (variants if r % 2 == 0 else variants[::-1]):  # alternate, so drift hits all alike
+        for v in variants if r % 2 == 0 else variants[::-1]:  # alternate, so drift hits all alike
             with tempfile.TemporaryDirectory(prefix="bench-hf-cache-") as cache:
                 res = common.run_worker(__file__, v, env={"HF_DATASETS_CACHE": cache, "TMPDIR": cache})
             times[v].append(res["seconds"])
@@ -176,11 +179,16 @@ def main() -> None:
     if tokens_in is None:
         tokens_in = common.run_worker(__file__, "raw")["tokens_in"]
     rate = {v: tokens_in / common.median(t) for v, t in times.items()}
-    print(f"\n{common.machine()}\ncorpus: {len(all_rows()):,} rows (all splits) -> {tokens_in:,} tokens; "
-          f"max_length {common.MAX_LENGTH}; median of {args.rounds} alternating rounds\n")
-    print(common.table(["variant", "median s", "tokens/s", "records", "runs (s)"],
-                       [[v, common.median(t), rate[v], records[v], " ".join(f"{x:.2f}" for x in t)]
-                        for v, t in times.items()]))
+    print(
+        f"\n{common.machine()}\ncorpus: {len(all_rows()):,} rows (all splits) -> {tokens_in:,} tokens; "
+        f"max_length {common.MAX_LENGTH}; median of {args.rounds} alternating rounds\n"
+    )
+    print(
+        common.table(
+            ["variant", "median s", "tokens/s", "records", "runs (s)"],
+            [[v, common.median(t), rate[v], records[v], " ".join(f"{x:.2f}" for x in t)] for v, t in times.items()],
+        )
+    )
     ratios = []
     for other, target in (("ref N=2", "≥ 3"), ("ref-chain N=2", "-"), ("ref N=1", "-"), ("raw", "-")):
         if "task" in rate and other in rate:

@@ -13,6 +13,7 @@ counts steps after `warmup` (tracing/compilation excluded): ours from its histor
 reference from a per-batch timing callback. Loss equality: the same initial weights and the same 8
 batches through both; the per-step losses are compared.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -26,18 +27,36 @@ import common
 BATCH = 32
 
 
-def _setup(preset: str, xla: str, steps: int, max_pred: int = 32, log_every: int = 10, precision: str = "off",
-           device: str = "cpu", batch: int = BATCH, extra: dict | None = None):
+def _setup(
+    preset: str,
+    xla: str,
+    steps: int,
+    max_pred: int = 32,
+    log_every: int = 10,
+    precision: str = "off",
+    device: str = "cpu",
+    batch: int = BATCH,
+    extra: dict | None = None,
+):
     """(cfg, data summary, data paths, shard set) of one run; `extra`: more config overrides."""
     from mlm_tasks.data.shard_set import ShardSet
     from mlm_tasks.paths import DataPaths
 
     data = common.prepared()
-    cfg = common.bench_config(**{"model.preset": preset, "train.xla": xla, "train.steps": steps,
-                                 "train.log_every": log_every, "train.checkpoint_every": 10**6,
-                                 "train.max_predictions_per_seq": max_pred, "train.device": device,
-                                 "train.mixed_precision": precision,
-                                 "train.batch_size": batch, **(extra or {})})
+    cfg = common.bench_config(
+        **{
+            "model.preset": preset,
+            "train.xla": xla,
+            "train.steps": steps,
+            "train.log_every": log_every,
+            "train.checkpoint_every": 10**6,
+            "train.max_predictions_per_seq": max_pred,
+            "train.device": device,
+            "train.mixed_precision": precision,
+            "train.batch_size": batch,
+            **(extra or {}),
+        }
+    )
     paths = DataPaths(cfg.output_root, data["fingerprint"])
     return cfg, data, paths, ShardSet.load(paths)
 
@@ -70,10 +89,18 @@ def reference_dataset(paths, manifest, tokenizer, seed: int = 42, batch: int = B
         return tf.io.parse_single_example(serialized, feature)
 
     def mask(batch):
-        special = tf.cast(tf.reduce_any(batch["input_ids"][..., None] == tf.constant(
-            tokenizer.all_special_ids, dtype=tf.int64), axis=-1), tf.bool)
-        ids, labels = collator.tf_mask_tokens(batch["input_ids"], vocab_size=len(tokenizer),
-                                              mask_token_id=tokenizer.mask_token_id, special_tokens_mask=special)
+        special = tf.cast(
+            tf.reduce_any(
+                batch["input_ids"][..., None] == tf.constant(tokenizer.all_special_ids, dtype=tf.int64), axis=-1
+            ),
+            tf.bool,
+        )
+        ids, labels = collator.tf_mask_tokens(
+            batch["input_ids"],
+            vocab_size=len(tokenizer),
+            mask_token_id=tokenizer.mask_token_id,
+            special_tokens_mask=special,
+        )
         return {"input_ids": ids, "attention_mask": batch["attention_mask"], "labels": labels}
 
     ds = tf.data.TFRecordDataset(manifest.shard_uris("train")).map(decode, num_parallel_calls=tf.data.AUTOTUNE)
@@ -87,9 +114,12 @@ def _reference_model(cfg, data, manifest, steps: int, xla: bool):
     from mlm_tasks.model.roberta import build_model, roberta_config
 
     model = build_model(roberta_config(cfg, data["vocab_size"], manifest.special_ids))
-    optimizer, _ = create_optimizer(init_lr=cfg.train.learning_rate, num_train_steps=steps,
-                                    num_warmup_steps=int(steps * cfg.train.warmup_fraction),
-                                    weight_decay_rate=cfg.train.weight_decay)
+    optimizer, _ = create_optimizer(
+        init_lr=cfg.train.learning_rate,
+        num_train_steps=steps,
+        num_warmup_steps=int(steps * cfg.train.warmup_fraction),
+        weight_decay_rate=cfg.train.weight_decay,
+    )
     # As the reference (train_model.py) compiles it: the model's own MLM loss, and an accuracy metric
     # (ours reports masked-token accuracy every step too).
     model.compile(optimizer=optimizer, metrics=["accuracy"], jit_compile=xla)
@@ -116,11 +146,19 @@ def fit_reference(cfg, data, paths, manifest, precision: str, warmup: int):
     steps, batch = cfg.train.steps, cfg.train.batch_size
     model = _reference_model(cfg, data, manifest, steps, cfg.train.xla == "on")
     timer = _timer(marks_at=(warmup, steps))
-    history = model.fit(reference_dataset(paths, manifest, tokenizer, batch=batch), steps_per_epoch=steps,
-                        epochs=1, callbacks=[timer], verbose=0)
+    history = model.fit(
+        reference_dataset(paths, manifest, tokenizer, batch=batch),
+        steps_per_epoch=steps,
+        epochs=1,
+        callbacks=[timer],
+        verbose=0,
+    )
     seconds = timer.marks[steps] - timer.marks[warmup]
-    return {"tokens_per_s": (steps - warmup) * batch * manifest.max_length / seconds, "steps_timed": steps - warmup,
-            "last_loss": float(history.history["loss"][-1])}, model
+    return {
+        "tokens_per_s": (steps - warmup) * batch * manifest.max_length / seconds,
+        "steps_timed": steps - warmup,
+        "last_loss": float(history.history["loss"][-1]),
+    }, model
 
 
 def _timer(marks_at: tuple[int, ...]):
@@ -161,9 +199,12 @@ def run_equality(preset: str, n: int = 8) -> dict:
     ref = _reference_model(cfg, data, manifest, n, False)
     ours = _reference_model(cfg, data, manifest, n, False)
     ours.set_weights(ref.get_weights())
-    optimizer, _ = create_optimizer(init_lr=cfg.train.learning_rate, num_train_steps=n,
-                                    num_warmup_steps=int(n * cfg.train.warmup_fraction),
-                                    weight_decay_rate=cfg.train.weight_decay)
+    optimizer, _ = create_optimizer(
+        init_lr=cfg.train.learning_rate,
+        num_train_steps=n,
+        num_warmup_steps=int(n * cfg.train.warmup_fraction),
+        weight_decay_rate=cfg.train.weight_decay,
+    )
 
     @tf.function
     def step(batch):
@@ -177,14 +218,17 @@ def run_equality(preset: str, n: int = 8) -> dict:
     ours_losses = [float(step(b)) for b in batches]
     running: list[float] = []
     cb = tf_keras.callbacks.LambdaCallback(on_train_batch_end=lambda b, logs: running.append(logs["loss"]))
-    ds = tf.data.Dataset.from_generator(lambda: iter(batches), output_signature={
-        k: tf.TensorSpec((BATCH, common.MAX_LENGTH), tf.int32 if v.dtype == np.int32 else tf.int64)
-        for k, v in batches[0].items()})
+    ds = tf.data.Dataset.from_generator(
+        lambda: iter(batches),
+        output_signature={
+            k: tf.TensorSpec((BATCH, common.MAX_LENGTH), tf.int32 if v.dtype == np.int32 else tf.int64)
+            for k, v in batches[0].items()
+        },
+    )
     ref.fit(ds, epochs=1, callbacks=[cb], verbose=0)
     # Keras logs the running mean over the epoch: undo it to get each step's loss.
     ref_losses = [running[0]] + [(k + 1) * running[k] - k * running[k - 1] for k in range(1, len(running))]
-    overflow = sum(int(((b["labels"] != -100).sum(axis=1) > cfg.train.max_predictions_per_seq).sum())
-                   for b in batches)
+    overflow = sum(int(((b["labels"] != -100).sum(axis=1) > cfg.train.max_predictions_per_seq).sum()) for b in batches)
     return {"ours": ours_losses, "reference": ref_losses, "sequences_over_max_predictions": overflow}
 
 
@@ -217,28 +261,68 @@ def main() -> None:
         for xla, precision in [(x, m) for x in args.xla.split(",") for m in args.precision.split(",")]:
             res: dict[str, list[dict]] = {"ours": [], "reference": []}
             for rnd in range(args.rounds):  # alternate which goes first, so drift hits both alike
-                for impl in (("ours", "reference") if rnd % 2 == 0 else ("reference", "ours")):
-                    res[impl].append(common.run_worker(
-                        __file__, f"{impl}:{preset}:{xla}:{precision}:{args.device}:{steps}:{warmup}"))
-                    print(f"{preset} xla={xla} precision={precision} {impl}: "
-                          f"{res[impl][-1]['tokens_per_s']:.0f} tokens/s", file=sys.stderr)
+                for impl in ("ours", "reference") if rnd % 2 == 0 else ("reference", "ours"):
+                    res[impl].append(
+                        common.run_worker(__file__, f"{impl}:{preset}:{xla}:{precision}:{args.device}:{steps}:{warmup}")
+                    )
+                    print(
+                        f"{preset} xla={xla} precision={precision} {impl}: "
+                        f"{res[impl][-1]['tokens_per_s']:.0f} tokens/s",
+                        file=sys.stderr,
+                    )
             o = common.median([x["tokens_per_s"] for x in res["ours"]])
             r = common.median([x["tokens_per_s"] for x in res["reference"]])
-            rounds = " ".join(f"{a['tokens_per_s'] / b['tokens_per_s']:.2f}"
-                              for a, b in zip(res["ours"], res["reference"], strict=False))
-            rows.append([preset, xla, precision, r, o, o / r, rounds,
-                         f"{res['ours'][0]['steps_timed']}/{res['reference'][0]['steps_timed']}",
-                         res["reference"][0]["peak_rss_mb"], res["ours"][0]["peak_rss_mb"]])
+            rounds = " ".join(
+                f"{a['tokens_per_s'] / b['tokens_per_s']:.2f}"
+                for a, b in zip(res["ours"], res["reference"], strict=False)
+            )
+            rows.append(
+                [
+                    preset,
+                    xla,
+                    precision,
+                    r,
+                    o,
+                    o / r,
+                    rounds,
+                    f"{res['ours'][0]['steps_timed']}/{res['reference'][0]['steps_timed']}",
+                    res["reference"][0]["peak_rss_mb"],
+                    res["ours"][0]["peak_rss_mb"],
+                ]
+            )
     eq = common.run_worker(__file__, "equality:tiny")
     print(f"\n{common.machine()}\nbatch {BATCH} x {common.MAX_LENGTH} tokens, vocab 8000; tokens/s after warmup\n")
     print(f"median of {args.rounds} alternating round(s)\n")
-    print(common.table(["preset", "XLA", "precision", "reference tokens/s", "ours tokens/s", "ours / reference",
-                        "per-round ratios", "steps timed (ours/ref)", "ref peak RSS MB", "ours peak RSS MB"], rows))
-    print(f"\nloss per step, tiny, same initial weights and batches ({eq['sequences_over_max_predictions']} "
-          "sequences had more than 32 masked tokens):\n")
-    print(common.table(["step", "reference", "ours", "|diff|"],
-                       [[i + 1, f"{r:.6f}", f"{o:.6f}", f"{abs(r - o):.1e}"]
-                        for i, (r, o) in enumerate(zip(eq["reference"], eq["ours"], strict=False))]))
+    print(
+        common.table(
+            [
+                "preset",
+                "XLA",
+                "precision",
+                "reference tokens/s",
+                "ours tokens/s",
+                "ours / reference",
+                "per-round ratios",
+                "steps timed (ours/ref)",
+                "ref peak RSS MB",
+                "ours peak RSS MB",
+            ],
+            rows,
+        )
+    )
+    print(
+        f"\nloss per step, tiny, same initial weights and batches ({eq['sequences_over_max_predictions']} "
+        "sequences had more than 32 masked tokens):\n"
+    )
+    print(
+        common.table(
+            ["step", "reference", "ours", "|diff|"],
+            [
+                [i + 1, f"{r:.6f}", f"{o:.6f}", f"{abs(r - o):.1e}"]
+                for i, (r, o) in enumerate(zip(eq["reference"], eq["ours"], strict=False))
+            ],
+        )
+    )
     print("\ntarget: ours >= 2x the reference at equal config, equal loss per step")
 
 

@@ -5,6 +5,7 @@ configs/default.yaml; tests point it at configs/tiny.yaml) under $MLM_BENCH_ROOT
 then times each variant in a fresh subprocess so that no variant inherits another's warm caches, threads or
 imports. Import time is excluded: the worker starts its clock after its imports.
 """
+
 from __future__ import annotations
 
 import json
@@ -95,6 +96,7 @@ def median(values):
 
 def table(headers: list[str], rows: list[list]) -> str:
     """A Markdown table (pastes straight into bench/RESULTS.md)."""
+
     def fmt(v):
         if isinstance(v, bool):
             return "yes" if v else "no"
@@ -110,10 +112,11 @@ def table(headers: list[str], rows: list[list]) -> str:
 
 def machine() -> str:
     with open("/proc/cpuinfo") as f:
-        cpu = next((line.split(":", 1)[1].strip() for line in f if line.startswith("model name")),
-                   platform.processor())
+        cpu = next((line.split(":", 1)[1].strip() for line in f if line.startswith("model name")), platform.processor())
     mem = subprocess.run(["free", "-h"], capture_output=True, text=True).stdout.strip().splitlines()
     load = os.getloadavg()
-    return (f"{time.strftime('%Y-%m-%d %H:%M %Z')} · {os.cpu_count()} CPUs ({cpu}) · "
-            f"{mem[1].split()[1] if len(mem) > 1 else '?'} RAM · load avg {load[0]:.1f}/{load[1]:.1f}/{load[2]:.1f} "
-            f"· Python {platform.python_version()}")
+    return (
+        f"{time.strftime('%Y-%m-%d %H:%M %Z')} · {os.cpu_count()} CPUs ({cpu}) · "
+        f"{mem[1].split()[1] if len(mem) > 1 else '?'} RAM · load avg {load[0]:.1f}/{load[1]:.1f}/{load[2]:.1f} "
+        f"· Python {platform.python_version()}"
+    )

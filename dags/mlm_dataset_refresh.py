@@ -20,6 +20,7 @@ manual runs only. The form's fields are those of `mlm_pretrain` (config file, ou
 ["/data/*.txt"]}`); scheduled runs use their defaults, so put the production settings in the config
 file. Run by hand: `airflow dags test mlm_dataset_refresh -c '{"config_file": "configs/tiny.yaml"}'`.
 """
+
 from __future__ import annotations
 
 import os
@@ -35,8 +36,9 @@ _defaults = default_config()
 _schedule = os.environ.get("MLM_REFRESH_SCHEDULE", "@weekly").strip()
 SCHEDULE = None if _schedule.lower() in ("", "none") else _schedule
 
-params = config_params(_defaults, "Local folder or gs://bucket/prefix where the datasets are kept.",
-                       '{"corpus.hf_revision": "abc123"}')
+params = config_params(
+    _defaults, "Local folder or gs://bucket/prefix where the datasets are kept.", '{"corpus.hf_revision": "abc123"}'
+)
 
 with DAG(
     dag_id="mlm_dataset_refresh",

@@ -1,3 +1,6 @@
+# mypy: disable-error-code="arg-type"
+# (a TaskFlow task called with XComArgs, and chain() of tasks and XComArgs: Airflow's stubs type the
+# arguments as the values the task receives at run time, apache/airflow#39514)
 """
 ### mlm_pretrain — raw text to a trained, evaluated RoBERTa masked LM
 
@@ -26,6 +29,7 @@ and trains on exactly the fingerprint in the event.
 Artifacts: `<output_root>/datasets/<fingerprint>/` (tokenizer, shards, manifest) and
 `<output_root>/runs/<run_id>/` (checkpoints, model, metrics, predictions, TensorBoard logs).
 """
+
 from __future__ import annotations
 
 from datetime import datetime, timedelta
@@ -55,15 +59,26 @@ from mlm_airflow.tasks.steps import (
 _defaults = default_config()
 
 params = {
-    **config_params(_defaults, "Local folder or gs://bucket/prefix where every artifact goes.",
-                    '{"train.checkpoint_every": 100}'),
-    **form_params(_defaults, {
-        "compute": "Compute", "corpus_source": "Corpus source", "vocab_size": "Vocabulary size",
-        "max_length": "Sequence length", "model_preset": "Model preset",
-        "init_from": "Continue from (base model)", "init_revision": "Base model revision", "steps": "Training steps",
-        "batch_size": "Batch size per replica", "learning_rate": "Learning rate",
-        "accelerator_type": "TPU type", "runtime_version": "TPU runtime",
-    }),
+    **config_params(
+        _defaults, "Local folder or gs://bucket/prefix where every artifact goes.", '{"train.checkpoint_every": 100}'
+    ),
+    **form_params(
+        _defaults,
+        {
+            "compute": "Compute",
+            "corpus_source": "Corpus source",
+            "vocab_size": "Vocabulary size",
+            "max_length": "Sequence length",
+            "model_preset": "Model preset",
+            "init_from": "Continue from (base model)",
+            "init_revision": "Base model revision",
+            "steps": "Training steps",
+            "batch_size": "Batch size per replica",
+            "learning_rate": "Learning rate",
+            "accelerator_type": "TPU type",
+            "runtime_version": "TPU runtime",
+        },
+    ),
 }
 params["overrides"] = params.pop("overrides")  # last in the form: the catch-all
 
@@ -90,21 +105,47 @@ with DAG(
     # Queues are fixed at parse time: train follows the default config's compute (see mlm_airflow.defaults).
     # none_failed: with compute local, create_tpu_vm is skipped and train still runs; a failed one stops it.
     # (Hence create_tpu_vm is no setup task: Airflow skips all of a skipped setup's scope.)
-    train = TrainOperator(task_id="train", config=config, data=data, execution_timeout=timedelta(hours=72),
-                          queue=train_queue(_defaults.compute), trigger_rule="none_failed")
-    decision = gate(config)  # type: ignore[arg-type]
+    train = TrainOperator(
+        task_id="train",
+        config=config,
+        data=data,
+        execution_timeout=timedelta(hours=72),
+        queue=train_queue(_defaults.compute),
+        trigger_rule="none_failed",
+    )
+    decision = gate(config)
     # Always in the DAG (its shape is fixed at parse time, the setting is per run): it skips itself unless the
     # run asks for approval, and a rejection or timeout skips publish
     # (plugins/mlm_airflow/operators/release_approval.py).
-    approval = ReleaseApprovalOperator(task_id="approve_release", config=config, decision=decision,
-                                       default_timeout_hours=_defaults.publish.approval_timeout_hours)
+    approval = ReleaseApprovalOperator(
+        task_id="approve_release",
+        config=config,
+        decision=decision,
+        default_timeout_hours=_defaults.publish.approval_timeout_hours,
+    )
     # none_failed: publish runs after a skipped approval (none asked for) and decides on its own.
-    published = publish.override(trigger_rule="none_failed")(config, decision, data,  # type: ignore[arg-type]
-                                                              approval.output)
-    chain(data, check_run(config, data), wait, create_vm, train,  # type: ignore[arg-type]
-          evaluate(config, data), downstream(config), fill_mask(config),  # type: ignore[arg-type]
-          report(config, data), decision, approval, published, summary(config, data))  # type: ignore[arg-type]
-    data >> publish_tokenizer(config, data)  # type: ignore[arg-type]
+    published = publish.override(trigger_rule="none_failed")(
+        config,
+        decision,
+        data,
+        approval.output,
+    )
+    chain(
+        data,
+        check_run(config, data),
+        wait,
+        create_vm,
+        train,
+        evaluate(config, data),
+        downstream(config),
+        fill_mask(config),
+        report(config, data),
+        decision,
+        approval,
+        published,
+        summary(config, data),
+    )
+    data >> publish_tokenizer(config, data)
     # A teardown without a setup: it runs once train and create_tpu_vm are done, whatever happened (a failed
     # create too: it deletes what the failed try left), so no TPU VM outlives its run; with compute local it
     # ends skipped, saying why. Its own failure does not decide the run's state.

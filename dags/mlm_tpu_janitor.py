@@ -21,6 +21,7 @@ file's (`MLM_DEPLOYMENT`), else the environment's (`MLM_TPU_PROJECT`, `MLM_GCP_C
 of the Airflow GCP connection. By hand:
 `airflow dags test mlm_tpu_janitor -c '{"zones": ["us-central2-b", "europe-west4-a"]}'`.
 """
+
 from __future__ import annotations
 
 import os
@@ -32,8 +33,11 @@ from airflow.sdk import Param, dag, task
 
 from mlm_airflow.defaults import default_args
 
-DEFAULT_ZONES = [z.strip() for z in (os.environ.get("MLM_TPU_ZONES") or os.environ.get("MLM_TPU_ZONE")
-                                     or "us-central2-b").split(",") if z.strip()]
+DEFAULT_ZONES = [
+    z.strip()
+    for z in (os.environ.get("MLM_TPU_ZONES") or os.environ.get("MLM_TPU_ZONE") or "us-central2-b").split(",")
+    if z.strip()
+]
 
 
 @dag(
@@ -46,11 +50,19 @@ DEFAULT_ZONES = [z.strip() for z in (os.environ.get("MLM_TPU_ZONES") or os.envir
     tags=["mlm", "tpu", "cleanup"],
     # The API may be briefly unavailable; the next hourly run is the real retry. MLM_RETRY_DELAY_S, as
     # for every DAG, lets tests and local runs retry at once.
-    default_args={**default_args(), "retry_exponential_backoff": False,
-                  "retry_delay": timedelta(seconds=float(os.environ.get("MLM_RETRY_DELAY_S", 300)))},
+    default_args={
+        **default_args(),
+        "retry_exponential_backoff": False,
+        "retry_delay": timedelta(seconds=float(os.environ.get("MLM_RETRY_DELAY_S", 300))),
+    },
     params={
-        "zones": Param(DEFAULT_ZONES, type="array", items={"type": "string"}, minItems=1,
-                       description="Zones whose TPU VMs are checked (every zone runs may use)."),
+        "zones": Param(
+            DEFAULT_ZONES,
+            type="array",
+            items={"type": "string"},
+            minItems=1,
+            description="Zones whose TPU VMs are checked (every zone runs may use).",
+        ),
     },
 )
 def mlm_tpu_janitor() -> None:

@@ -9,6 +9,7 @@ libraries they use (config, storage, paths, corpus, tokenizer, shards, manifest,
 
 Importing this package is cheap: TensorFlow and transformers load only inside the steps that need them.
 """
+
 import os
 
 # transformers' TF models need Keras 2 (tf-keras); this must be set before TensorFlow is imported.

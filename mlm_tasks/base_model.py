@@ -10,6 +10,7 @@ Why pinned: a Hub revision is resolved to its commit once and train reads that c
 so a moving branch cannot pair other weights with the shards' tokenizer; a changed folder is refused.
 docs/configuration.md#continued-pretraining-modelinit_from
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -26,29 +27,32 @@ from mlm_tasks.paths import join
 WEIGHT_FILES = ("tf_model.h5", "model.safetensors")  # in the order they are preferred
 READ_FILES = ("config.json", "tokenizer.json", *WEIGHT_FILES)  # what the identity of a folder covers
 MODEL_TYPES = ("roberta",)
-SHAPE_KEYS = ("hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size",
-              "max_position_embeddings")
+SHAPE_KEYS = ("hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size", "max_position_embeddings")
 POSITION_OFFSET = 2  # RoBERTa numbers positions from padding_idx + 1: max_length + 2 positions
 
 
 def where(uri: str) -> str:
-    """"gs", "local" or "hub": how `uri` is read. An existing local folder wins over a Hub id."""
+    """ "gs", "local" or "hub": how `uri` is read. An existing local folder wins over a Hub id."""
     if storage.scheme(uri) == "gs":
         return "gs"
     if storage.is_local(uri) and os.path.isdir(storage.local_path(uri)):
         return "local"
     if uri.count("/") == 1 and not uri.startswith(("/", ".", "file://")):
         return "hub"
-    raise ConfigError(f"model.init_from {uri!r} is neither an existing local folder, a gs:// folder, nor a Hub "
-                      "repo id (owner/name): fix the path.")
+    raise ConfigError(
+        f"model.init_from {uri!r} is neither an existing local folder, a gs:// folder, nor a Hub "
+        "repo id (owner/name): fix the path."
+    )
 
 
 class BaseModel:
     def __init__(self, uri: str, revision: str | None = None, timeout_s: float = DEFAULT_TIMEOUT_S):
         self.uri, self.kind, self.timeout_s = uri, where(uri), timeout_s
         if revision and self.kind != "hub":
-            raise ConfigError(f"model.init_revision {revision!r} is for a Hub repo, but model.init_from {uri} is a "
-                              "folder: leave init_revision empty (a folder is identified by its files).")
+            raise ConfigError(
+                f"model.init_revision {revision!r} is for a Hub repo, but model.init_from {uri} is a "
+                "folder: leave init_revision empty (a folder is identified by its files)."
+            )
         self.revision = revision
 
     @classmethod
@@ -63,15 +67,19 @@ class BaseModel:
         if base is None and recorded is None:
             return None
         if base is None or recorded is None or recorded.get("init_from") != base.uri:
-            raise ConfigError(f"This run's model.init_from is {base.uri if base else 'empty'}, but its shard set was "
-                              f"made for {(recorded or {}).get('init_from') or 'no base model'}: use the data "
-                              "fingerprint of this run's settings (or the base the shards were made for).")
+            raise ConfigError(
+                f"This run's model.init_from is {base.uri if base else 'empty'}, but its shard set was "
+                f"made for {(recorded or {}).get('init_from') or 'no base model'}: use the data "
+                "fingerprint of this run's settings (or the base the shards were made for)."
+            )
         if base.kind == "hub":
             return cls(base.uri, recorded["revision"], base.timeout_s)
         if base.identity()["revision"] != recorded["revision"]:
-            raise ConfigError(f"The files of model.init_from {base.uri} changed since its shard set was made "
-                              f"({base.identity()['revision'][:19]}…, recorded {recorded['revision'][:19]}…): "
-                              "restore them, or run again so plan_shards makes a shard set for the new files.")
+            raise ConfigError(
+                f"The files of model.init_from {base.uri} changed since its shard set was made "
+                f"({base.identity()['revision'][:19]}…, recorded {recorded['revision'][:19]}…): "
+                "restore them, or run again so plan_shards makes a shard set for the new files."
+            )
         return base
 
     # -- what is there ----------------------------------------------------------------------------------
@@ -91,8 +99,10 @@ class BaseModel:
     def _path(self, name: str) -> str:
         """A readable path of one file: local or gs:// as it is, a Hub file from the Hub cache."""
         if name not in self.files:
-            raise ConfigError(f"model.init_from {self.uri} has no {name}: it must hold a transformers masked-LM "
-                              "model (config.json, tokenizer.json, and tf_model.h5 or model.safetensors).")
+            raise ConfigError(
+                f"model.init_from {self.uri} has no {name}: it must hold a transformers masked-LM "
+                "model (config.json, tokenizer.json, and tf_model.h5 or model.safetensors)."
+            )
         if self.kind == "hub":
             from mlm_tasks.hub.download import download_file
 
@@ -104,8 +114,10 @@ class BaseModel:
         for name in WEIGHT_FILES:
             if name in self.files:
                 return name
-        raise ConfigError(f"model.init_from {self.uri} has neither {' nor '.join(WEIGHT_FILES)}: give a model "
-                          "saved by save_pretrained (TensorFlow or PyTorch).")
+        raise ConfigError(
+            f"model.init_from {self.uri} has neither {' nor '.join(WEIGHT_FILES)}: give a model "
+            "saved by save_pretrained (TensorFlow or PyTorch)."
+        )
 
     def identity(self) -> dict:
         """What the data fingerprint and the model card name: the base and its exact revision."""
@@ -126,8 +138,10 @@ class BaseModel:
         try:
             config = json.loads(storage.read_bytes(self._path("config.json")))
         except (ValueError, UnicodeDecodeError) as err:
-            raise ConfigError(f"config.json of model.init_from {self.uri} is not JSON ({err}): give a folder "
-                              "saved by save_pretrained.") from None
+            raise ConfigError(
+                f"config.json of model.init_from {self.uri} is not JSON ({err}): give a folder "
+                "saved by save_pretrained."
+            ) from None
         if not isinstance(config, dict):
             raise ConfigError(f"config.json of model.init_from {self.uri} is not a JSON object.")
         return config
@@ -145,8 +159,11 @@ class BaseModel:
     def shape(self) -> dict:
         """The base's shape and vocabulary, as the manifest and the model card show them."""
         c = self._config
-        return {"model_type": c.get("model_type"), "vocab_size": c.get("vocab_size"),
-                **{k: c.get(k) for k in SHAPE_KEYS}}
+        return {
+            "model_type": c.get("model_type"),
+            "vocab_size": c.get("vocab_size"),
+            **{k: c.get(k) for k in SHAPE_KEYS},
+        }
 
     def local_folder(self, tmp: str) -> str:
         """A local folder with config.json and the weights file, to load from (`tmp`: for a gs:// base)."""
@@ -171,34 +188,51 @@ def check_base(cfg: PipelineConfig, base: BaseModel) -> None:
 
     config = base.config()
     if config.get("model_type") not in MODEL_TYPES:
-        raise ConfigError(f"model.init_from {base.uri} is a {config.get('model_type')!r} model; this project trains "
-                          f"{' and '.join(MODEL_TYPES)} masked LMs only: choose a RoBERTa checkpoint.")
+        raise ConfigError(
+            f"model.init_from {base.uri} is a {config.get('model_type')!r} model; this project trains "
+            f"{' and '.join(MODEL_TYPES)} masked LMs only: choose a RoBERTa checkpoint."
+        )
     missing = [k for k in (*SHAPE_KEYS, "vocab_size") if not isinstance(config.get(k), int)]
     if missing:
-        raise ConfigError(f"config.json of model.init_from {base.uri} lacks {', '.join(missing)}: give a folder "
-                          "saved by save_pretrained.")
-    conflicts = [f"model.{k}={getattr(cfg.model, k)} (the base has {config[k]})" for k in SHAPE_KEYS
-                 if getattr(cfg.model, k) is not None and getattr(cfg.model, k) != config[k]]
+        raise ConfigError(
+            f"config.json of model.init_from {base.uri} lacks {', '.join(missing)}: give a folder "
+            "saved by save_pretrained."
+        )
+    conflicts = [
+        f"model.{k}={getattr(cfg.model, k)} (the base has {config[k]})"
+        for k in SHAPE_KEYS
+        if getattr(cfg.model, k) is not None and getattr(cfg.model, k) != config[k]
+    ]
     if conflicts:
-        raise ConfigError(f"With model.init_from the shape comes from the base model {base.uri}, but this run sets "
-                          f"{', '.join(conflicts)}: remove those settings, or set them to the base's values.")
+        raise ConfigError(
+            f"With model.init_from the shape comes from the base model {base.uri}, but this run sets "
+            f"{', '.join(conflicts)}: remove those settings, or set them to the base's values."
+        )
     positions = config["max_position_embeddings"]
     if cfg.shards.max_length + POSITION_OFFSET > positions:
-        raise ConfigError(f"shards.max_length {cfg.shards.max_length} does not fit the base model {base.uri}: it has "
-                          f"{positions} positions, so max_length can be at most {positions - POSITION_OFFSET}. "
-                          "Lower shards.max_length.")
+        raise ConfigError(
+            f"shards.max_length {cfg.shards.max_length} does not fit the base model {base.uri}: it has "
+            f"{positions} positions, so max_length can be at most {positions - POSITION_OFFSET}. "
+            "Lower shards.max_length."
+        )
     try:
         tok = Tokenizer.from_str(base.tokenizer_json())
     except Exception as err:  # tokenizers raises a bare Exception for a file it cannot parse
-        raise ConfigError(f"tokenizer.json of model.init_from {base.uri} is not a fast tokenizer ({err}): save it "
-                          "with AutoTokenizer.from_pretrained(..., use_fast=True).save_pretrained(folder).") from None
+        raise ConfigError(
+            f"tokenizer.json of model.init_from {base.uri} is not a fast tokenizer ({err}): save it "
+            "with AutoTokenizer.from_pretrained(..., use_fast=True).save_pretrained(folder)."
+        ) from None
     absent = [t for t in SPECIAL_TOKENS if tok.token_to_id(t) is None]
     if absent:
-        raise ConfigError(f"The tokenizer of model.init_from {base.uri} lacks the special token(s) {' '.join(absent)}: "
-                          f"the masking and the model use RoBERTa's {' '.join(SPECIAL_TOKENS)}.")
+        raise ConfigError(
+            f"The tokenizer of model.init_from {base.uri} lacks the special token(s) {' '.join(absent)}: "
+            f"the masking and the model use RoBERTa's {' '.join(SPECIAL_TOKENS)}."
+        )
     vocab = tok.get_vocab_size(with_added_tokens=True)
     if vocab != config["vocab_size"]:
-        raise ConfigError(f"The tokenizer of model.init_from {base.uri} has {vocab} tokens but its config.json "
-                          f"vocab_size is {config['vocab_size']}: this project needs one row of the embeddings per "
-                          "token; give a base whose tokenizer matches its embeddings.")
+        raise ConfigError(
+            f"The tokenizer of model.init_from {base.uri} has {vocab} tokens but its config.json "
+            f"vocab_size is {config['vocab_size']}: this project needs one row of the embeddings per "
+            "token; give a base whose tokenizer matches its embeddings."
+        )
     base.weights_file  # noqa: B018  (raises when the base has no weights)

@@ -10,6 +10,7 @@ same name in mlm_tasks/steps/ (the DAGs' task ids too).
 Why the exit status matters: 2 is an error no retry can fix (mlm_tasks.errors.NoRetryError), 1 anything
 else (worth a retry). Every verb and flag: docs/configuration.md#the-command-line
 """
+
 from __future__ import annotations
 
 import argparse
@@ -32,21 +33,36 @@ VERBS = (*STEPS, "fingerprint", "build_shard_set", "run_all", "compare")
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="python -m mlm_tasks", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        prog="python -m mlm_tasks", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     p.add_argument("step", choices=VERBS, metavar="step", help="One of: " + ", ".join(VERBS))
     p.add_argument("--config", help="YAML config file (see configs/).")
     p.add_argument("--config-json", help="The whole config as JSON (overrides --config).")
-    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
-                   help="Override a setting: a flat param name or a dotted path; VALUE is parsed as YAML.")
+    p.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="Override a setting: a flat param name or a dotted path; VALUE is parsed as YAML.",
+    )
     p.add_argument("--run-id", default="cli-run", help="Run id: keys the run's artifacts.")
     p.add_argument("--data-fingerprint", help="Use the shard set with this fingerprint.")
-    p.add_argument("--hub-token-stdin", action="store_true", help="Read the Hub token from the first line of "
-                   "stdin instead of HF_TOKEN (how a TPU VM's line hands it over: in no environment block).")
-    p.add_argument("--part", type=int, default=0, help="write_shards: which partition (0-based) of "
-                   "shards.partitions to write.")
-    p.add_argument("--runs", default="", help="compare: the run ids to compare, comma-separated (default: every "
-                   "run under output_root that finished training).")
+    p.add_argument(
+        "--hub-token-stdin",
+        action="store_true",
+        help="Read the Hub token from the first line of "
+        "stdin instead of HF_TOKEN (how a TPU VM's line hands it over: in no environment block).",
+    )
+    p.add_argument(
+        "--part", type=int, default=0, help="write_shards: which partition (0-based) of shards.partitions to write."
+    )
+    p.add_argument(
+        "--runs",
+        default="",
+        help="compare: the run ids to compare, comma-separated (default: every "
+        "run under output_root that finished training).",
+    )
     return p.parse_args(argv)
 
 
@@ -108,8 +124,10 @@ def _hub_token(needed: bool) -> str | None:
     process's environment; read here once and passed on as an argument."""
     token = _stdin_token or os.environ.get("HF_TOKEN")
     if needed and not token:
-        raise AuthError("This step talks to the Hugging Face Hub (publish, or publish.sync_checkpoints): set "
-                        "HF_TOKEN to a token with write access, or turn publishing off.")
+        raise AuthError(
+            "This step talks to the Hugging Face Hub (publish, or publish.sync_checkpoints): set "
+            "HF_TOKEN to a token with write access, or turn publishing off."
+        )
     return token
 
 
@@ -124,8 +142,7 @@ def main(argv: list[str] | None = None) -> int:
         storage.set_timeout(cfg.storage.timeout_s)
         for name, value in storage.tensorflow_env().items():  # before TensorFlow's first gs:// call
             os.environ.setdefault(name, value)
-        result = run_step(args.step, cfg, RunContext.of(cfg, args.run_id, args.data_fingerprint), args.part,
-                          args.runs)
+        result = run_step(args.step, cfg, RunContext.of(cfg, args.run_id, args.data_fingerprint), args.part, args.runs)
     except NoRetryError as err:
         print(f"error: {err}", file=sys.stderr)
         return NO_RETRY_EXIT

@@ -9,6 +9,7 @@ DAG param or a YAML file fails before any work starts instead of silently using 
 Cross-field checks that need no I/O live in `PipelineConfig`'s validators; checks that touch the
 outside world (paths exist, credentials present) live in `mlm_tasks.steps.validate`.
 """
+
 from __future__ import annotations
 
 import json
@@ -36,26 +37,40 @@ class _Section(BaseModel):
 
 class CorpusConfig(_Section):
     source: Literal["embedded_wiki", "hf_dataset", "local_files", "wiki_dump", "tfrecord_shards"] = Field(
-        "embedded_wiki", description="Where the text comes from: the Wikipedia sample shipped in the "
+        "embedded_wiki",
+        description="Where the text comes from: the Wikipedia sample shipped in the "
         "gensim wheel, a `datasets` dataset, local text/jsonl/parquet files, or an enwiki XML dump; or "
-        "tfrecord_shards: shards already tokenized elsewhere (bring your own, see shards_uri).")
+        "tfrecord_shards: shards already tokenized elsewhere (bring your own, see shards_uri).",
+    )
     hf_path: str = Field("Salesforce/wikitext", description="`datasets` path (source=hf_dataset).")
     hf_name: str | None = Field("wikitext-103-raw-v1", description="`datasets` config name.")
     hf_revision: str | None = Field(None, description="Dataset revision (commit/tag); pins the data.")
     text_column: str = Field("text", description="Column holding the text in datasets/jsonl/parquet.")
-    local_paths: list[str] = Field(default_factory=list, description="Files or globs (source=local_files"
-                                   "): .txt (one row per line), .jsonl, .parquet.")
+    local_paths: list[str] = Field(
+        default_factory=list,
+        description="Files or globs (source=local_files): .txt (one row per line), .jsonl, .parquet.",
+    )
     dump_path: str | None = Field(None, description="Path of an enwiki pages-articles*.xml.bz2 dump.")
     max_articles: int | None = Field(None, ge=1, le=10**9, description="Read at most this many articles (dumps).")
-    validation_fraction: float = Field(0.05, ge=0.0, lt=0.5, description="Share of articles (or rows"
-                                       ") held out for validation when the source has no such split.")
+    validation_fraction: float = Field(
+        0.05,
+        ge=0.0,
+        lt=0.5,
+        description="Share of articles (or rows) held out for validation when the source has no such split.",
+    )
     test_fraction: float = Field(0.05, ge=0.0, lt=0.5, description="Share held out for test.")
-    shards_uri: str | None = Field(None, description="source=tfrecord_shards: a folder or gs:// prefix holding "
-                                   "train/ and validation/ (test/ optional) folders of *.tfrecord shards with "
-                                   "int64 input_ids and attention_mask, as Hugging Face's prepare_tfrecord_shards.py "
-                                   "writes them.")
-    tokenizer_uri: str | None = Field(None, description="source=tfrecord_shards: the tokenizer the shards were "
-                                      "encoded with: a local folder, a gs:// folder, or a Hub repo id.")
+    shards_uri: str | None = Field(
+        None,
+        description="source=tfrecord_shards: a folder or gs:// prefix holding "
+        "train/ and validation/ (test/ optional) folders of *.tfrecord shards with "
+        "int64 input_ids and attention_mask, as Hugging Face's prepare_tfrecord_shards.py "
+        "writes them.",
+    )
+    tokenizer_uri: str | None = Field(
+        None,
+        description="source=tfrecord_shards: the tokenizer the shards were "
+        "encoded with: a local folder, a gs:// folder, or a Hub repo id.",
+    )
 
 
 class TokenizerConfig(_Section):
@@ -67,109 +82,183 @@ class ShardConfig(_Section):
     max_length: int = Field(128, ge=8, le=4096, description="Tokens per training example (chunk length).")
     records_per_shard: int = Field(2048, ge=1, le=1_000_000, description="TFRecord examples per shard file.")
     tokenize_batch_rows: int = Field(1000, ge=1, le=100_000, description="Rows per encode_batch call.")
-    partitions: int = Field(1, ge=1, le=1024, description="Shard-writing tasks run in parallel by the DAGs "
-                            "(dynamic task mapping): the corpus is cut into this many partitions, each "
-                            "written by one `write_shards` task, merged into one manifest at the end.")
+    partitions: int = Field(
+        1,
+        ge=1,
+        le=1024,
+        description="Shard-writing tasks run in parallel by the DAGs "
+        "(dynamic task mapping): the corpus is cut into this many partitions, each "
+        "written by one `write_shards` task, merged into one manifest at the end.",
+    )
 
 
 class ModelConfig(_Section):
-    preset: str = Field("tiny", description="Model shape: tiny (CPU minutes), small, base (roberta-base).",
-                        json_schema_extra={"enum": [*sorted(PRESETS)]})  # [*...]: a list of JSON values
+    preset: str = Field(
+        "tiny",
+        description="Model shape: tiny (CPU minutes), small, base (roberta-base).",
+        json_schema_extra={"enum": [*sorted(PRESETS)]},
+    )  # [*...]: a list of JSON values
     hidden_size: int | None = Field(None, ge=8, le=16_384, description="Override the preset's hidden size.")
     num_hidden_layers: int | None = Field(None, ge=1, le=128, description="Override the preset's layer count.")
     num_attention_heads: int | None = Field(None, ge=1, le=256, description="Override the preset's head count.")
     intermediate_size: int | None = Field(None, ge=8, le=65_536, description="Override the preset's FFN width.")
-    max_position_embeddings: int | None = Field(None, ge=10, le=8194, description="Override positions (RoBERTa "
-                                                "needs max_length + 2).")
+    max_position_embeddings: int | None = Field(
+        None, ge=10, le=8194, description="Override positions (RoBERTa needs max_length + 2)."
+    )
     dropout: float = Field(0.1, ge=0, lt=1, description="Hidden and attention dropout.")
-    sinusoidal_init: bool = Field(False, description="Start learned position embeddings from sinusoids "
-                                  "(small models then learn context in far fewer steps).")
-    init_from: str | None = Field(None, description="Continue pretraining from this model instead of random "
-                                  "weights: a Hub repo id (owner/name), a gs:// folder or a local folder of a "
-                                  "transformers RoBERTa masked LM (TensorFlow or PyTorch weights). Its tokenizer "
-                                  "encodes the shards (none is trained) and its config.json gives the shape: "
-                                  "preset and tokenizer.vocab_size are not used, and a conflicting shape setting "
-                                  "is refused.")
-    init_revision: str | None = Field(None, description="With a Hub init_from: the branch, tag or commit to start "
-                                      "from (empty: main); resolved to its commit once per shard set.")
-    vocab_multiple: int | None = Field(None, ge=2, le=1024, description="Pad the model's embedding rows (and LM "
-                                       "head) to a multiple of this, e.g. 128 for the matrix units' tiles; the "
-                                       "tokenizer stays, the extra rows are never a label (empty: the tokenizer's "
-                                       "size). Not with init_from: the base's vocabulary is kept.")
+    sinusoidal_init: bool = Field(
+        False,
+        description="Start learned position embeddings from sinusoids "
+        "(small models then learn context in far fewer steps).",
+    )
+    init_from: str | None = Field(
+        None,
+        description="Continue pretraining from this model instead of random "
+        "weights: a Hub repo id (owner/name), a gs:// folder or a local folder of a "
+        "transformers RoBERTa masked LM (TensorFlow or PyTorch weights). Its tokenizer "
+        "encodes the shards (none is trained) and its config.json gives the shape: "
+        "preset and tokenizer.vocab_size are not used, and a conflicting shape setting "
+        "is refused.",
+    )
+    init_revision: str | None = Field(
+        None,
+        description="With a Hub init_from: the branch, tag or commit to start "
+        "from (empty: main); resolved to its commit once per shard set.",
+    )
+    vocab_multiple: int | None = Field(
+        None,
+        ge=2,
+        le=1024,
+        description="Pad the model's embedding rows (and LM "
+        "head) to a multiple of this, e.g. 128 for the matrix units' tiles; the "
+        "tokenizer stays, the extra rows are never a label (empty: the tokenizer's "
+        "size). Not with init_from: the base's vocabulary is kept.",
+    )
 
     def shape(self) -> ModelShape:
         if self.preset not in PRESETS:
             raise ConfigError(f"Unknown model preset {self.preset!r}: choose one of {sorted(PRESETS)}.")
-        overrides = {k: v for k, v in self.model_dump().items()
-                     if k not in ("preset", "dropout", "sinusoidal_init", "vocab_multiple") and v is not None}
+        overrides = {
+            k: v
+            for k, v in self.model_dump().items()
+            if k not in ("preset", "dropout", "sinusoidal_init", "vocab_multiple") and v is not None
+        }
         return PRESETS[self.preset].model_copy(update=overrides)
 
 
 class TrainConfig(_Section):
-    steps: int | None = Field(None, ge=1, le=100_000_000,
-                              description="Optimizer steps; empty = `epochs` over the train shards.")
-    budget_minutes: float | None = Field(None, gt=0, le=43_200,
-                                         description="Train for this long: the step count is fixed "
-                                         "from the run's own measured step time (then recorded: a resume keeps it), "
-                                         "so the schedule ends on time; train.steps, when set, caps it.")
+    steps: int | None = Field(
+        None, ge=1, le=100_000_000, description="Optimizer steps; empty = `epochs` over the train shards."
+    )
+    budget_minutes: float | None = Field(
+        None,
+        gt=0,
+        le=43_200,
+        description="Train for this long: the step count is fixed "
+        "from the run's own measured step time (then recorded: a resume keeps it), "
+        "so the schedule ends on time; train.steps, when set, caps it.",
+    )
     epochs: float = Field(1.0, gt=0, le=10_000, description="Passes over the train split when `steps` is empty.")
     batch_size: int = Field(32, ge=1, le=65_536, description="Examples per replica per step (global = × replicas).")
     learning_rate: float = Field(1e-3, gt=0, lt=1, description="Peak AdamW learning rate.")
     warmup_fraction: float = Field(0.06, ge=0, lt=1, description="Share of steps of linear warmup.")
     schedule: Literal["linear", "one_cycle"] = Field(
-        "linear", description="Learning rate after warmup: linear decay to 0 at the last step, or one_cycle "
+        "linear",
+        description="Learning rate after warmup: linear decay to 0 at the last step, or one_cycle "
         "(cosine decay to 0 at the last step: longer near the peak; Cramming's budget-tied one-cycle). Both are tied "
-        "to the run's step count, so a time-budgeted run anneals on time.")
+        "to the run's step count, so a time-budgeted run anneals on time.",
+    )
     weight_decay: float = Field(0.01, ge=0, le=1, description="AdamW weight decay (not on norms and biases).")
-    adam_beta2: float = Field(0.98, gt=0, lt=1,
-                              description="AdamW beta2 (RoBERTa's 0.98 is steadier than 0.999 at high LR).")
+    adam_beta2: float = Field(
+        0.98, gt=0, lt=1, description="AdamW beta2 (RoBERTa's 0.98 is steadier than 0.999 at high LR)."
+    )
     adam_epsilon: float = Field(1e-6, gt=0, le=1, description="AdamW epsilon.")
     mlm_probability: float = Field(0.15, gt=0, lt=1, description="Share of tokens selected for masking.")
-    max_predictions_per_seq: int = Field(32, ge=0, le=8192, description="LM head runs only at this many masked "
-                                         "positions per sequence (0 = every position, the plain way); without "
-                                         "XLA off a TPU, at exactly the masked ones, at most this many a sequence.")
-    checkpoint_every: int = Field(100, ge=1, le=100_000_000,
-                                  description="Steps between checkpoints (what a retry loses at most).")
+    max_predictions_per_seq: int = Field(
+        32,
+        ge=0,
+        le=8192,
+        description="LM head runs only at this many masked "
+        "positions per sequence (0 = every position, the plain way); without "
+        "XLA off a TPU, at exactly the masked ones, at most this many a sequence.",
+    )
+    checkpoint_every: int = Field(
+        100, ge=1, le=100_000_000, description="Steps between checkpoints (what a retry loses at most)."
+    )
     log_every: int = Field(25, ge=1, le=100_000_000, description="Steps between progress lines in the log.")
     steps_per_call: Literal["auto"] | int = Field(
-        "auto", description="Optimizer steps per call of the compiled training loop (one host round trip per call; "
+        "auto",
+        description="Optimizer steps per call of the compiled training loop (one host round trip per call; "
         "auto: 1 on CPU, 16 on GPU, 64 on TPU). Checkpoints, validation and the loop's hooks land on a call's last "
-        "step; the losses are the same whatever it is.")
-    eval_every: int | None = Field(None, ge=1, le=100_000_000,
-                                   description="Steps between validation losses during training "
-                                   "(empty: none). Fixed 15% masking on eval.split, so losses compare across runs; "
-                                   "into the history, TensorBoard (val/loss) and the report's loss curve.")
-    eval_batches: int = Field(8, ge=1, le=1_000_000,
-                              description="Validation batches (of eval.batch_size) per train.eval_every.")
+        "step; the losses are the same whatever it is.",
+    )
+    eval_every: int | None = Field(
+        None,
+        ge=1,
+        le=100_000_000,
+        description="Steps between validation losses during training "
+        "(empty: none). Fixed 15% masking on eval.split, so losses compare across runs; "
+        "into the history, TensorBoard (val/loss) and the report's loss curve.",
+    )
+    eval_batches: int = Field(
+        8, ge=1, le=1_000_000, description="Validation batches (of eval.batch_size) per train.eval_every."
+    )
     keep_checkpoint: Literal["last", "best"] = Field(
-        "last", description="The model the run saves, evaluates and publishes: the last step's, or the one "
-        "with the lowest validation loss (best: needs train.eval_every).")
+        "last",
+        description="The model the run saves, evaluates and publishes: the last step's, or the one "
+        "with the lowest validation loss (best: needs train.eval_every).",
+    )
     xla: Literal["auto", "on", "off"] = Field("auto", description="XLA-compile the step (auto: on for TPU/GPU).")
     mixed_precision: Literal["auto", "off", "bf16"] = Field(
-        "auto", description="Compute dtype (auto: bf16 on TPU, GPU and a CPU with bf16 matrix units, AMX-BF16 or "
-        "AVX512-BF16, measured faster there (mlm_tasks/model/precision.py); fp32 on other CPUs).")
+        "auto",
+        description="Compute dtype (auto: bf16 on TPU, GPU and a CPU with bf16 matrix units, AMX-BF16 or "
+        "AVX512-BF16, measured faster there (mlm_tasks/model/precision.py); fp32 on other CPUs).",
+    )
     device: Literal["auto", "tpu", "gpu", "cpu"] = Field(
-        "auto", description="Accelerator to train on (auto: TPU if this host has one, else GPU, else CPU).")
+        "auto", description="Accelerator to train on (auto: TPU if this host has one, else GPU, else CPU)."
+    )
     strategy: Literal["auto", "mirrored"] = Field(
-        "auto", description="tf.distribute strategy (auto: TPU, Mirrored on several GPUs, else none; mirrored: "
-        "MirroredStrategy on CPU/GPU even for one device, the TPU's strategy.run path, for tests).")
+        "auto",
+        description="tf.distribute strategy (auto: TPU, Mirrored on several GPUs, else none; mirrored: "
+        "MirroredStrategy on CPU/GPU even for one device, the TPU's strategy.run path, for tests).",
+    )
     shuffle_buffer: int = Field(10_000, ge=1, le=1_000_000, description="Examples in the tf.data shuffle buffer.")
     seed: int = Field(42, description="Seed for init, shuffling and masking.")
-    heartbeat_s: float = Field(30.0, ge=1, le=3600,
-                               description="Seconds between rewrites of the trainer's status record "
-                               "(runs/<run>/train/status.json) while it runs.")
-    stall_minutes: float = Field(30.0, gt=0, le=1440,
-                                 description="A trainer whose status has no heartbeat, or no new step, "
-                                 "for this long is stalled: its try fails (and is retried) and it is stopped. "
-                                 "Longer than the first step's XLA compilation.")
-    follow_poll_s: float = Field(30.0, gt=0, le=3600,
-                                 description="On a TPU VM: seconds between the checks of the detached "
-                                 "trainer by the train task's trigger (status record, and `kill -0` over SSH).")
-    progress_log_s: float = Field(180.0, gt=0, le=86_400,
-                                  description="On a TPU VM: seconds between progress lines (step, "
-                                  "loss, tokens/s, ETA) in the train task's log.")
-    timeout_hours: float | None = Field(None, gt=0, le=720, description="execution_timeout of the train task (empty: "
-                                        "tpu.ttl_hours on a TPU VM, 72 h locally); on a TPU VM at most tpu.ttl_hours.")
+    heartbeat_s: float = Field(
+        30.0,
+        ge=1,
+        le=3600,
+        description="Seconds between rewrites of the trainer's status record "
+        "(runs/<run>/train/status.json) while it runs.",
+    )
+    stall_minutes: float = Field(
+        30.0,
+        gt=0,
+        le=1440,
+        description="A trainer whose status has no heartbeat, or no new step, "
+        "for this long is stalled: its try fails (and is retried) and it is stopped. "
+        "Longer than the first step's XLA compilation.",
+    )
+    follow_poll_s: float = Field(
+        30.0,
+        gt=0,
+        le=3600,
+        description="On a TPU VM: seconds between the checks of the detached "
+        "trainer by the train task's trigger (status record, and `kill -0` over SSH).",
+    )
+    progress_log_s: float = Field(
+        180.0,
+        gt=0,
+        le=86_400,
+        description="On a TPU VM: seconds between progress lines (step, loss, tokens/s, ETA) in the train task's log.",
+    )
+    timeout_hours: float | None = Field(
+        None,
+        gt=0,
+        le=720,
+        description="execution_timeout of the train task (empty: "
+        "tpu.ttl_hours on a TPU VM, 72 h locally); on a TPU VM at most tpu.ttl_hours.",
+    )
 
     def timeout_for(self, compute: str, ttl_hours: float) -> float:
         """Hours one try of the train task may run (a TPU VM's try must end before its TTL)."""
@@ -181,8 +270,9 @@ class TrainConfig(_Section):
 class EvalConfig(_Section):
     split: Literal["validation", "test"] = Field("validation", description="Split to evaluate on.")
     batch_size: int = Field(64, ge=1, le=65_536, description="Examples per evaluation batch.")
-    max_batches: int | None = Field(None, ge=1, le=100_000_000,
-                                    description="Cap on evaluation batches (empty = whole split).")
+    max_batches: int | None = Field(
+        None, ge=1, le=100_000_000, description="Cap on evaluation batches (empty = whole split)."
+    )
 
 
 DEFAULT_PROBES = [
@@ -195,8 +285,9 @@ DEFAULT_PROBES = [
 
 
 class InferConfig(_Section):
-    probes: list[str] = Field(default_factory=lambda: list(DEFAULT_PROBES),
-                              description="Fill-mask probe sentences, each with one <mask>.")
+    probes: list[str] = Field(
+        default_factory=lambda: list(DEFAULT_PROBES), description="Fill-mask probe sentences, each with one <mask>."
+    )
     top_k: int = Field(5, ge=1, le=50, description="Predictions kept per probe.")
 
 
@@ -204,19 +295,29 @@ class TpuConfig(_Section):
     project: str = Field("", description="Google Cloud project of the TPU VM.")
     # A run may pick the zone, and it becomes part of the TPU API's resource path (and the janitor's
     # registry path): only the shape of a Google Cloud zone, e.g. us-central2-b, europe-west4-a.
-    zone: str = Field("us-central2-b", pattern=r"^[a-z]+(-[a-z]+[0-9]+)+-[a-z]$",
-                      description="Zone of the TPU VM, e.g. us-central2-b.")
+    zone: str = Field(
+        "us-central2-b",
+        pattern=r"^[a-z]+(-[a-z]+[0-9]+)+-[a-z]$",
+        description="Zone of the TPU VM, e.g. us-central2-b.",
+    )
     accelerator_type: str = Field("v4-8", description="TPU type, e.g. v4-8, v5litepod-8, v4-32 (pod slice).")
-    runtime_version: str = Field(runtimes.DEFAULT, json_schema_extra={"enum": [*sorted(runtimes.SUPPORTED)]},
-                                 description="TPU VM software version: tpu-vm-tf-X.Y.Z[-pod]-pjrt (-pod for "
-                                 "multi-host slices such as v4-32); picks the image's TensorFlow and the VM lock.")
+    runtime_version: str = Field(
+        runtimes.DEFAULT,
+        json_schema_extra={"enum": [*sorted(runtimes.SUPPORTED)]},
+        description="TPU VM software version: tpu-vm-tf-X.Y.Z[-pod]-pjrt (-pod for "
+        "multi-host slices such as v4-32); picks the image's TensorFlow and the VM lock.",
+    )
     network: str | None = Field(None, description="VPC network (default network if empty).")
     subnetwork: str | None = Field(None, description="Subnetwork.")
     spot: bool = Field(False, description="Use a Spot VM (cheaper, may be preempted).")
-    price_per_chip_hour: float | None = Field(None, gt=0, le=1000,
-                                              description="US$ per chip-hour of the slice, for the "
-                                              "cost estimates and the cost a run reports (empty: Google's list "
-                                              "price for the generation, Spot or on-demand: mlm_tasks/tpu/prices.py).")
+    price_per_chip_hour: float | None = Field(
+        None,
+        gt=0,
+        le=1000,
+        description="US$ per chip-hour of the slice, for the "
+        "cost estimates and the cost a run reports (empty: Google's list "
+        "price for the generation, Spot or on-demand: mlm_tasks/tpu/prices.py).",
+    )
     service_account: str | None = Field(None, description="Service account email for the VM.")
     ttl_hours: float = Field(12, gt=0, le=720, description="The janitor deletes the VM after this many hours.")
     api_endpoint: str | None = Field(None, description="TPU API endpoint override (tests: http://127.0.0.1:P).")
@@ -225,31 +326,60 @@ class TpuConfig(_Section):
     ssh_port: int = Field(22, ge=1, le=65535, description="SSH port on the VM workers.")
     workdir: str = Field("~/mlm", description="Directory on the VM where the project is installed.")
     python: str = Field("python3", description="Python interpreter on the VM.")
-    create_timeout_s: int = Field(1800, ge=60, le=86_400,
-                                  description="Give up waiting for a READY node after this long.")
-    poll_interval_s: float = Field(15, gt=0, le=3600,
-                                   description="Seconds between TPU API checks while waiting for the node.")
-    api_timeout_s: float = Field(60, gt=0, le=600,
-                                 description="Seconds one TPU API request may go unanswered before it "
-                                 "fails (a hung API or network); busy answers (429, 503) are retried for 5 minutes.")
-    delete_timeout_s: int = Field(900, ge=1, le=86_400,
-                                  description="Seconds the teardown waits for the deleted node to be gone; "
-                                  "then it leaves the node to mlm_tpu_janitor and says so in its log.")
-    bootstrap: bool = Field(True, description="Install the staged project code on the VM before a step "
-                            "(off: the VM already has it in workdir, e.g. tests or a custom image).")
-    external_ips: bool = Field(True, description="Give the workers external IPs (as gcloud does; pip on the "
-                               "VM needs them unless the VPC has Cloud NAT).")
+    create_timeout_s: int = Field(
+        1800, ge=60, le=86_400, description="Give up waiting for a READY node after this long."
+    )
+    poll_interval_s: float = Field(
+        15, gt=0, le=3600, description="Seconds between TPU API checks while waiting for the node."
+    )
+    api_timeout_s: float = Field(
+        60,
+        gt=0,
+        le=600,
+        description="Seconds one TPU API request may go unanswered before it "
+        "fails (a hung API or network); busy answers (429, 503) are retried for 5 minutes.",
+    )
+    delete_timeout_s: int = Field(
+        900,
+        ge=1,
+        le=86_400,
+        description="Seconds the teardown waits for the deleted node to be gone; "
+        "then it leaves the node to mlm_tpu_janitor and says so in its log.",
+    )
+    bootstrap: bool = Field(
+        True,
+        description="Install the staged project code on the VM before a step "
+        "(off: the VM already has it in workdir, e.g. tests or a custom image).",
+    )
+    external_ips: bool = Field(
+        True,
+        description="Give the workers external IPs (as gcloud does; pip on the "
+        "VM needs them unless the VPC has Cloud NAT).",
+    )
     ssh_via: Literal["internal", "external"] = Field(
-        "external", description="Which worker IPs Airflow dials for SSH: external (Airflow outside the VPC, e.g. "
+        "external",
+        description="Which worker IPs Airflow dials for SSH: external (Airflow outside the VPC, e.g. "
         "docker compose on a laptop or VM elsewhere; needs external_ips) or internal (Airflow inside the "
-        "VPC, e.g. Composer or a GCE VM on the same network).")
-    ssh_probe_timeout_s: float = Field(10, gt=0, le=600, description="Seconds to wait for port 22 of each worker once "
-                                       "the node is READY; an unreachable worker fails the task at once.")
-    enable_oslogin: bool = Field(False, description="Node metadata enable-oslogin. False: the ssh-keys "
-                                 "metadata (the tpu_ssh connection's key) lets Airflow log in; True: grant the "
-                                 "key through OS Login instead (ssh-keys metadata is then ignored).")
-    env: dict[str, str] = Field(default_factory=dict, description="Environment variables for the step on every "
-                                "worker (no secrets: the config is logged and kept in XCom).")
+        "VPC, e.g. Composer or a GCE VM on the same network).",
+    )
+    ssh_probe_timeout_s: float = Field(
+        10,
+        gt=0,
+        le=600,
+        description="Seconds to wait for port 22 of each worker once "
+        "the node is READY; an unreachable worker fails the task at once.",
+    )
+    enable_oslogin: bool = Field(
+        False,
+        description="Node metadata enable-oslogin. False: the ssh-keys "
+        "metadata (the tpu_ssh connection's key) lets Airflow log in; True: grant the "
+        "key through OS Login instead (ssh-keys metadata is then ignored).",
+    )
+    env: dict[str, str] = Field(
+        default_factory=dict,
+        description="Environment variables for the step on every "
+        "worker (no secrets: the config is logged and kept in XCom).",
+    )
 
     @model_validator(mode="after")
     def _supported_runtime(self) -> TpuConfig:
@@ -260,10 +390,12 @@ class TpuConfig(_Section):
 
 class GateConfig(_Section):
     max_eval_loss: float | None = Field(None, gt=0, description="Publish only if eval loss is at most this.")
-    min_accuracy: float | None = Field(None, ge=0, le=1,
-                                       description="Publish only if masked accuracy is at least this.")
-    require_better_than_published: bool = Field(True,
-                                                description="Publish only if not worse than the last published model.")
+    min_accuracy: float | None = Field(
+        None, ge=0, le=1, description="Publish only if masked accuracy is at least this."
+    )
+    require_better_than_published: bool = Field(
+        True, description="Publish only if not worse than the last published model."
+    )
 
 
 TASK_FILE_TYPES = (".csv", ".jsonl", ".parquet")
@@ -271,12 +403,15 @@ TASK_FILE_TYPES = (".csv", ".jsonl", ".parquet")
 
 class DownstreamTask(_Section):
     """One text-classification task the trained encoder is fine-tuned on (mlm_tasks/downstream/)."""
+
     name: str = Field(pattern=r"^[A-Za-z0-9_.-]+$", description="What the table calls it, e.g. sst2.")
     source: Literal["files", "hf_dataset", "held_out_article"] = Field(
-        "files", description="files: train_file and validation_file (CSV, JSONL or parquet, local or gs://); "
+        "files",
+        description="files: train_file and validation_file (CSV, JSONL or parquet, local or gs://); "
         "hf_dataset: a `datasets` id (hf_path, hf_name), e.g. nyu-mll/glue + sst2; held_out_article: passages "
         "of the corpus's test-split articles (never pretrained on), labelled with their article (a corpus "
-        "without articles, not embedded_wiki or wiki_dump, skips it).")
+        "without articles, not embedded_wiki or wiki_dump, skips it).",
+    )
     train_file: str | None = Field(None, description="source=files: the training examples.")
     validation_file: str | None = Field(None, description="source=files: the examples scored.")
     hf_path: str | None = Field(None, description="source=hf_dataset: `datasets` path, e.g. nyu-mll/glue.")
@@ -284,14 +419,19 @@ class DownstreamTask(_Section):
     hf_revision: str | None = Field(None, description="source=hf_dataset: a commit or tag (pins the data).")
     train_split: str = Field("train", description="source=hf_dataset: the split fine-tuned on.")
     validation_split: str = Field("validation", description="source=hf_dataset: the split scored.")
-    text_columns: list[str] = Field(default_factory=list, max_length=2, description="One column (single "
-                                    "sentences) or two (pairs); empty: `sentence`, or `sentence1` + `sentence2`.")
+    text_columns: list[str] = Field(
+        default_factory=list,
+        max_length=2,
+        description="One column (single sentences) or two (pairs); empty: `sentence`, or `sentence1` + `sentence2`.",
+    )
     label_column: str = Field("label", description="Column of the class: integers from 0, or names.")
-    metric: Literal["accuracy", "f1"] = Field("accuracy", description="The score the table, the gate and "
-                                              "min_score use (f1: of class 1, binary tasks only).")
+    metric: Literal["accuracy", "f1"] = Field(
+        "accuracy", description="The score the table, the gate and min_score use (f1: of class 1, binary tasks only)."
+    )
     min_score: float | None = Field(None, ge=0, le=1, description="The gate refuses a mean score below this.")
-    max_train_examples: int | None = Field(None, ge=1, le=10_000_000,
-                                           description="Fine-tune on at most this many (the first).")
+    max_train_examples: int | None = Field(
+        None, ge=1, le=10_000_000, description="Fine-tune on at most this many (the first)."
+    )
     max_eval_examples: int | None = Field(None, ge=1, le=10_000_000, description="Score at most this many (the first).")
 
     @model_validator(mode="after")
@@ -300,32 +440,53 @@ class DownstreamTask(_Section):
             for setting in ("train_file", "validation_file"):
                 value = getattr(self, setting)
                 if not value or not value.endswith(TASK_FILE_TYPES):
-                    raise ConfigError(f"downstream task {self.name!r}: source=files needs {setting}, a "
-                                      f"{'/'.join(TASK_FILE_TYPES)} file (local or gs://), got {value!r}.")
+                    raise ConfigError(
+                        f"downstream task {self.name!r}: source=files needs {setting}, a "
+                        f"{'/'.join(TASK_FILE_TYPES)} file (local or gs://), got {value!r}."
+                    )
         elif self.source == "hf_dataset" and not self.hf_path:
-            raise ConfigError(f"downstream task {self.name!r}: source=hf_dataset needs hf_path (and hf_name), "
-                              "e.g. nyu-mll/glue and sst2.")
+            raise ConfigError(
+                f"downstream task {self.name!r}: source=hf_dataset needs hf_path (and hf_name), "
+                "e.g. nyu-mll/glue and sst2."
+            )
         return self
 
 
 class DownstreamConfig(_Section):
-    tasks: list[DownstreamTask] = Field(default_factory=list, description="Tasks the `downstream` step fine-tunes "
-                                        "the trained encoder on (empty: the step does nothing).")
-    seeds: int = Field(3, ge=1, le=20, description="Fine-tuning runs per task and model (seeds train.seed, +1, "
-                       "...): the table shows their mean and spread.")
-    steps: int = Field(100, ge=1, le=1_000_000,
-                       description="Optimizer steps of each fine-tuning run (the fixed budget).")
+    tasks: list[DownstreamTask] = Field(
+        default_factory=list,
+        description="Tasks the `downstream` step fine-tunes the trained encoder on (empty: the step does nothing).",
+    )
+    seeds: int = Field(
+        3,
+        ge=1,
+        le=20,
+        description="Fine-tuning runs per task and model (seeds train.seed, +1, "
+        "...): the table shows their mean and spread.",
+    )
+    steps: int = Field(
+        100, ge=1, le=1_000_000, description="Optimizer steps of each fine-tuning run (the fixed budget)."
+    )
     batch_size: int = Field(16, ge=1, le=4096, description="Examples per fine-tuning step.")
-    learning_rate: float = Field(3e-4, gt=0, lt=1, description="Peak AdamW learning rate (10% warmup, linear "
-                                 "decay).")
-    max_length: int = Field(128, ge=8, le=8192, description="Tokens per example (a pair shares them); at most the "
-                            "model's positions.")
-    random_init: bool = Field(True, description="Run the same budget from random weights of the same shape: "
-                              "the baseline that shows what pretraining bought.")
-    min_scores: dict[str, float] = Field(default_factory=dict, description="The gate's minimum mean score per "
-                                         "task name (or a task's own min_score).")
-    max_regression: float = Field(0.0, ge=0, le=1, description="With gate.require_better_than_published: how far "
-                                  "a task's mean score may fall below the last published model's.")
+    learning_rate: float = Field(3e-4, gt=0, lt=1, description="Peak AdamW learning rate (10% warmup, linear decay).")
+    max_length: int = Field(
+        128, ge=8, le=8192, description="Tokens per example (a pair shares them); at most the model's positions."
+    )
+    random_init: bool = Field(
+        True,
+        description="Run the same budget from random weights of the same shape: "
+        "the baseline that shows what pretraining bought.",
+    )
+    min_scores: dict[str, float] = Field(
+        default_factory=dict, description="The gate's minimum mean score per task name (or a task's own min_score)."
+    )
+    max_regression: float = Field(
+        0.0,
+        ge=0,
+        le=1,
+        description="With gate.require_better_than_published: how far "
+        "a task's mean score may fall below the last published model's.",
+    )
 
     @model_validator(mode="after")
     def _names(self) -> DownstreamConfig:
@@ -350,41 +511,70 @@ class PublishConfig(_Section):
     private: bool = Field(True, description="Create the Hub repo as private.")
     hf_conn_id: str = Field("huggingface_default", description="Airflow connection whose password is the Hub token.")
     sync_checkpoints: bool = Field(False, description="Upload checkpoints to the Hub during training (non-blocking).")
-    request_timeout_s: float = Field(120, gt=0, le=3600, description="Seconds one Hub request may go without an answer "
-                                     "(connect, or between bytes) before it fails; a hung Hub fails the step.")
+    request_timeout_s: float = Field(
+        120,
+        gt=0,
+        le=3600,
+        description="Seconds one Hub request may go without an answer "
+        "(connect, or between bytes) before it fails; a hung Hub fails the step.",
+    )
     license: str = Field("cc-by-sa-4.0", description="License in the model card (Wikipedia text is CC BY-SA 4.0).")
-    require_approval: bool = Field(False, description="A person approves the release in Airflow (the "
-                                   "approve_release task, between gate and publish) before publish runs.")
-    approval_timeout_hours: float = Field(72, gt=0, le=720, description="Hours approve_release waits for an answer; "
-                                          "no answer by then counts as a rejection (publish skipped).")
-    releases_root: str | None = Field(None, description="Where the metrics of each model published to a repo_id are "
-                                      "kept (the gate's baseline); empty: under output_root. A deployment sets it to "
-                                      "a place runs cannot choose.")
+    require_approval: bool = Field(
+        False,
+        description="A person approves the release in Airflow (the "
+        "approve_release task, between gate and publish) before publish runs.",
+    )
+    approval_timeout_hours: float = Field(
+        72,
+        gt=0,
+        le=720,
+        description="Hours approve_release waits for an answer; "
+        "no answer by then counts as a rejection (publish skipped).",
+    )
+    releases_root: str | None = Field(
+        None,
+        description="Where the metrics of each model published to a repo_id are "
+        "kept (the gate's baseline); empty: under output_root. A deployment sets it to "
+        "a place runs cannot choose.",
+    )
 
 
 class SensorConfig(_Section):
     """Orchestration only: the shard gate (plugins/mlm_airflow/sensors/shard_set.py) reads this section at run time; no
     step of mlm_tasks does. It lives in the run's config so a run (production.yaml) can set it."""
-    poke_interval_s: int = Field(30, ge=1, le=3600,
-                                 description="Seconds between checks for the shard completion marker.")
-    timeout_s: int = Field(3600, ge=1, le=604_800,
-                           description="Fail the run if shards are not complete after this long.")
-    gcp_conn_id: str | None = Field(None, description="Airflow GCP connection of the sensor (empty: the "
-                                    "top-level gcp_conn_id).")
+
+    poke_interval_s: int = Field(
+        30, ge=1, le=3600, description="Seconds between checks for the shard completion marker."
+    )
+    timeout_s: int = Field(
+        3600, ge=1, le=604_800, description="Fail the run if shards are not complete after this long."
+    )
+    gcp_conn_id: str | None = Field(
+        None, description="Airflow GCP connection of the sensor (empty: the top-level gcp_conn_id)."
+    )
 
 
 class StorageConfig(_Section):
     """gs:// calls of every step, task and trigger (mlm_tasks/storage.py), and TensorFlow's gs:// client."""
-    timeout_s: float = Field(60, gt=0, le=600, description="Seconds a gs:// request may wait for a connection "
-                             "or for the next bytes of its answer; a call fails as transient (the task retries) "
-                             "after 3 times this, retries included, plus a second per MiB it moves.")
+
+    timeout_s: float = Field(
+        60,
+        gt=0,
+        le=600,
+        description="Seconds a gs:// request may wait for a connection "
+        "or for the next bytes of its answer; a call fails as transient (the task retries) "
+        "after 3 times this, retries included, plus a second per MiB it moves.",
+    )
 
 
 class PipelineConfig(_Section):
     output_root: str = Field("out", description="Where every artifact goes: a local folder or gs://bucket/prefix.")
     compute: Literal["local", "tpu_vm"] = Field("local", description="Train here, or on a TPU VM made for the run.")
-    gcp_conn_id: str = Field("google_cloud_default", description="Airflow GCP connection whose credentials every "
-                             "Google client on the Airflow side uses (GCS, the shard sensor, the TPU API).")
+    gcp_conn_id: str = Field(
+        "google_cloud_default",
+        description="Airflow GCP connection whose credentials every "
+        "Google client on the Airflow side uses (GCS, the shard sensor, the TPU API).",
+    )
     corpus: CorpusConfig = Field(default_factory=CorpusConfig)
     tokenizer: TokenizerConfig = Field(default_factory=TokenizerConfig)
     shards: ShardConfig = Field(default_factory=ShardConfig)
@@ -405,65 +595,92 @@ class PipelineConfig(_Section):
         if self.model.init_from is not None:
             self._init_from_checks()  # the shape, positions and vocabulary are the base's: validate checks them
         elif shape.hidden_size % shape.num_attention_heads:
-            raise ConfigError(f"model.hidden_size {shape.hidden_size} is not a multiple of "
-                              f"num_attention_heads {shape.num_attention_heads}.")
+            raise ConfigError(
+                f"model.hidden_size {shape.hidden_size} is not a multiple of "
+                f"num_attention_heads {shape.num_attention_heads}."
+            )
         elif self.shards.max_length + 2 > shape.max_position_embeddings:
             # RoBERTa offsets positions by padding_idx + 1, so a 512-token model has 514 positions.
             raise ConfigError(
                 f"max_length {self.shards.max_length} does not fit the model: preset {self.model.preset!r} has "
                 f"{shape.max_position_embeddings} positions, so max_length can be at most "
-                f"{shape.max_position_embeddings - 2}. Lower max_length or set model.max_position_embeddings.")
+                f"{shape.max_position_embeddings - 2}. Lower max_length or set model.max_position_embeddings."
+            )
         elif self.tokenizer.vocab_size <= len(SPECIAL_TOKENS) + 10:
-            raise ConfigError(f"tokenizer.vocab_size {self.tokenizer.vocab_size} leaves no room beside the "
-                              f"{len(SPECIAL_TOKENS)} special tokens {' '.join(SPECIAL_TOKENS)}: raise it (1000 or "
-                              "more for real text; the default is 8000).")
+            raise ConfigError(
+                f"tokenizer.vocab_size {self.tokenizer.vocab_size} leaves no room beside the "
+                f"{len(SPECIAL_TOKENS)} special tokens {' '.join(SPECIAL_TOKENS)}: raise it (1000 or "
+                "more for real text; the default is 8000)."
+            )
         if self.train.max_predictions_per_seq > self.shards.max_length:
             raise ConfigError("train.max_predictions_per_seq cannot exceed max_length.")
         expected = self.train.mlm_probability * self.shards.max_length
         if self.train.mlm_probability > 0.15 and 0 < self.train.max_predictions_per_seq < expected:
             # More masking than BERT's 15% needs the slots for it: below the mean masked count most full
             # sequences would lose labels (masked, never scored). At 15% the cut is the long-standing default.
-            raise ConfigError(f"train.max_predictions_per_seq {self.train.max_predictions_per_seq} is below the "
-                              f"{expected:.0f} tokens train.mlm_probability {self.train.mlm_probability} masks in a "
-                              f"{self.shards.max_length}-token sequence on average: raise it to about "
-                              f"{int(expected * 1.5)} (0 = every position).")
+            raise ConfigError(
+                f"train.max_predictions_per_seq {self.train.max_predictions_per_seq} is below the "
+                f"{expected:.0f} tokens train.mlm_probability {self.train.mlm_probability} masks in a "
+                f"{self.shards.max_length}-token sequence on average: raise it to about "
+                f"{int(expected * 1.5)} (0 = every position)."
+            )
         if self.train.mlm_probability > 0.5:
-            raise ConfigError(f"train.mlm_probability {self.train.mlm_probability} leaves under half the context: "
-                              "use 0.15-0.4 (Wettig et al. found 40% the most a base model gains from).")
+            raise ConfigError(
+                f"train.mlm_probability {self.train.mlm_probability} leaves under half the context: "
+                "use 0.15-0.4 (Wettig et al. found 40% the most a base model gains from)."
+            )
         if self.model.vocab_multiple and self.model.init_from:
-            raise ConfigError("model.vocab_multiple pads a new model's vocabulary; with model.init_from the base's "
-                              "vocabulary is kept: leave model.vocab_multiple empty.")
+            raise ConfigError(
+                "model.vocab_multiple pads a new model's vocabulary; with model.init_from the base's "
+                "vocabulary is kept: leave model.vocab_multiple empty."
+            )
         if self.train.steps_per_call != "auto" and int(self.train.steps_per_call) < 1:
             raise ConfigError(f"train.steps_per_call {self.train.steps_per_call} must be auto or at least 1.")
         if self.train.keep_checkpoint == "best" and not self.train.eval_every:
-            raise ConfigError("train.keep_checkpoint=best needs train.eval_every (the steps at which the "
-                              "validation loss picks the best): set it, e.g. train.eval_every=500.")
+            raise ConfigError(
+                "train.keep_checkpoint=best needs train.eval_every (the steps at which the "
+                "validation loss picks the best): set it, e.g. train.eval_every=500."
+            )
         scheme = self.output_root.split("://", 1)[0] if "://" in self.output_root else "file"
-        if scheme == "gs" and not self.output_root[len("gs://"):].split("/", 1)[0]:
-            raise ConfigError(f"output_root {self.output_root!r} names no bucket: use gs://bucket/prefix "
-                              "(the bucket must exist; create it with `gcloud storage buckets create`).")
+        if scheme == "gs" and not self.output_root[len("gs://") :].split("/", 1)[0]:
+            raise ConfigError(
+                f"output_root {self.output_root!r} names no bucket: use gs://bucket/prefix "
+                "(the bucket must exist; create it with `gcloud storage buckets create`)."
+            )
         if scheme not in SUPPORTED_SCHEMES:
-            raise ConfigError(f"output_root {self.output_root!r} has unsupported scheme {scheme!r}: use a "
-                              "local folder or gs://bucket/prefix.")
+            raise ConfigError(
+                f"output_root {self.output_root!r} has unsupported scheme {scheme!r}: use a "
+                "local folder or gs://bucket/prefix."
+            )
         for setting, value, glob in self._run_uris():
             check_safe_uri(setting, value, glob=glob)
         if self.model.init_revision and not self.model.init_from:
-            raise ConfigError(f"model.init_revision {self.model.init_revision!r} is set but model.init_from is empty: "
-                              "name the Hub repo to start from, or leave init_revision empty.")
+            raise ConfigError(
+                f"model.init_revision {self.model.init_revision!r} is set but model.init_from is empty: "
+                "name the Hub repo to start from, or leave init_revision empty."
+            )
         if self.compute == "tpu_vm" and scheme != "gs":
-            raise ConfigError("compute=tpu_vm needs output_root=gs://bucket/prefix: the TPU VM reads shards "
-                              "and writes checkpoints there.")
+            raise ConfigError(
+                "compute=tpu_vm needs output_root=gs://bucket/prefix: the TPU VM reads shards "
+                "and writes checkpoints there."
+            )
         if self.compute == "tpu_vm" and not self.tpu.project:
             raise ConfigError("compute=tpu_vm needs tpu.project (the Google Cloud project of the TPU VM).")
         if self.sensor.gcp_conn_id is None:
             self.sensor.gcp_conn_id = self.gcp_conn_id
         if self.compute == "tpu_vm":
             self._tpu_checks()
-        if self.publish.repo_id and not HUB_REPO_ID.match(self.publish.repo_id) or \
-                self.publish.tokenizer_repo_id and not HUB_REPO_ID.match(self.publish.tokenizer_repo_id):
-            raise ConfigError(f"publish.repo_id {self.publish.repo_id!r} / tokenizer_repo_id "
-                              f"{self.publish.tokenizer_repo_id!r}: a Hub repo id is owner/name (letters, digits, '-', "
-                              "'_', '.'), e.g. my-org/roberta-wiki-mlm.")
+        if (
+            self.publish.repo_id
+            and not HUB_REPO_ID.match(self.publish.repo_id)
+            or self.publish.tokenizer_repo_id
+            and not HUB_REPO_ID.match(self.publish.tokenizer_repo_id)
+        ):
+            raise ConfigError(
+                f"publish.repo_id {self.publish.repo_id!r} / tokenizer_repo_id "
+                f"{self.publish.tokenizer_repo_id!r}: a Hub repo id is owner/name (letters, digits, '-', "
+                "'_', '.'), e.g. my-org/roberta-wiki-mlm."
+            )
         if self.publish.enabled and not self.publish.repo_id:
             raise ConfigError("publish.enabled needs publish.repo_id, e.g. my-org/roberta-wiki-mlm.")
         return self
@@ -471,37 +688,56 @@ class PipelineConfig(_Section):
     def _init_from_checks(self) -> None:
         """What a continued run (model.init_from) needs to be true without reading the base."""
         if self.corpus.source == "tfrecord_shards":
-            raise ConfigError("model.init_from encodes the corpus with the base model's tokenizer, but "
-                              "corpus.source=tfrecord_shards brings shards already encoded: use a text source, or "
-                              "leave model.init_from empty.")
+            raise ConfigError(
+                "model.init_from encodes the corpus with the base model's tokenizer, but "
+                "corpus.source=tfrecord_shards brings shards already encoded: use a text source, or "
+                "leave model.init_from empty."
+            )
         if self.compute == "tpu_vm" and (self.model.init_from or "").startswith(("/", ".", "file://")):
-            raise ConfigError(f"model.init_from {self.model.init_from} is a local folder, but compute=tpu_vm trains on "
-                              "a TPU VM that cannot see it: copy it to gs://bucket/prefix, or give a Hub repo id.")
+            raise ConfigError(
+                f"model.init_from {self.model.init_from} is a local folder, but compute=tpu_vm trains on "
+                "a TPU VM that cannot see it: copy it to gs://bucket/prefix, or give a Hub repo id."
+            )
 
     def _run_uris(self) -> list[tuple[str, str, bool]]:
         """(setting, value, may be a glob) of every place or Hub id a run may set."""
         c, p, m = self.corpus, self.publish, self.model
-        named = [("output_root", self.output_root), ("corpus.hf_path", c.hf_path), ("corpus.dump_path", c.dump_path),
-                 ("corpus.shards_uri", c.shards_uri), ("corpus.tokenizer_uri", c.tokenizer_uri),
-                 ("model.init_from", m.init_from), ("model.init_revision", m.init_revision),
-                 ("publish.repo_id", p.repo_id), ("publish.tokenizer_repo_id", p.tokenizer_repo_id),
-                 ("publish.releases_root", p.releases_root)]
-        named += [(f"downstream.tasks[{i}].{key}", getattr(t, key)) for i, t in enumerate(self.downstream.tasks)
-                  for key in ("train_file", "validation_file", "hf_path", "hf_revision")]
-        return ([(k, v, False) for k, v in named if v is not None]
-                + [(f"corpus.local_paths[{i}]", v, True) for i, v in enumerate(c.local_paths)])
+        named = [
+            ("output_root", self.output_root),
+            ("corpus.hf_path", c.hf_path),
+            ("corpus.dump_path", c.dump_path),
+            ("corpus.shards_uri", c.shards_uri),
+            ("corpus.tokenizer_uri", c.tokenizer_uri),
+            ("model.init_from", m.init_from),
+            ("model.init_revision", m.init_revision),
+            ("publish.repo_id", p.repo_id),
+            ("publish.tokenizer_repo_id", p.tokenizer_repo_id),
+            ("publish.releases_root", p.releases_root),
+        ]
+        named += [
+            (f"downstream.tasks[{i}].{key}", getattr(t, key))
+            for i, t in enumerate(self.downstream.tasks)
+            for key in ("train_file", "validation_file", "hf_path", "hf_revision")
+        ]
+        return [(k, v, False) for k, v in named if v is not None] + [
+            (f"corpus.local_paths[{i}]", v, True) for i, v in enumerate(c.local_paths)
+        ]
 
     def _tpu_checks(self) -> None:
         """What a TPU VM run needs to be true before the VM exists (no I/O)."""
         tpu_slices.check_runtime(self.tpu.accelerator_type, self.tpu.runtime_version)
         if self.tpu.ssh_via == "external" and not self.tpu.external_ips:
-            raise ConfigError("tpu.ssh_via=external needs tpu.external_ips=true (the workers get no external IP "
-                              "otherwise); inside the VPC use tpu.ssh_via=internal.")
+            raise ConfigError(
+                "tpu.ssh_via=external needs tpu.external_ips=true (the workers get no external IP "
+                "otherwise); inside the VPC use tpu.ssh_via=internal."
+            )
         hours = self.train.timeout_for(self.compute, self.tpu.ttl_hours)
         if hours > self.tpu.ttl_hours:
-            raise ConfigError(f"train.timeout_hours {hours:g} is longer than tpu.ttl_hours {self.tpu.ttl_hours:g}: the "
-                              "janitor would delete the TPU VM under a training that may still run. Raise "
-                              "tpu.ttl_hours or lower train.timeout_hours.")
+            raise ConfigError(
+                f"train.timeout_hours {hours:g} is longer than tpu.ttl_hours {self.tpu.ttl_hours:g}: the "
+                "janitor would delete the TPU VM under a training that may still run. Raise "
+                "tpu.ttl_hours or lower train.timeout_hours."
+            )
 
 
 # Flat names used by the Airflow trigger form and `--set`, mapped to their place in the config.
@@ -547,8 +783,10 @@ def build_config(base: dict | None = None, overrides: dict[str, Any] | None = No
     for key, value in (overrides or {}).items():
         dotted = PARAM_PATHS.get(key, key)
         if "." not in dotted and dotted not in PipelineConfig.model_fields:
-            raise ConfigError(f"Unknown setting {key!r}. Known flat names: {sorted(PARAM_PATHS)}; "
-                              "or use a dotted path such as train.learning_rate.")
+            raise ConfigError(
+                f"Unknown setting {key!r}. Known flat names: {sorted(PARAM_PATHS)}; "
+                "or use a dotted path such as train.learning_rate."
+            )
         _set_dotted(tree, dotted, value)
     try:
         return PipelineConfig.model_validate(tree)
@@ -593,8 +831,10 @@ def read_yaml_config(path: str | Path) -> dict:
             for key_node, _ in node.value:
                 key = self.construct_object(key_node, deep=deep)
                 if key in seen:
-                    raise ConfigError(f"{path} line {key_node.start_mark.line + 1}: key {key!r} is repeated "
-                                      f"(first at line {seen[key]}): keep one of them.")
+                    raise ConfigError(
+                        f"{path} line {key_node.start_mark.line + 1}: key {key!r} is repeated "
+                        f"(first at line {seen[key]}): keep one of them."
+                    )
                 seen[key] = key_node.start_mark.line + 1
             return super().construct_mapping(node, deep=deep)
 
@@ -603,21 +843,26 @@ def read_yaml_config(path: str | Path) -> dict:
         raise ConfigError(f"Config file {path} does not exist: see configs/ for examples.")
     # Reading a FIFO would hang the task and /dev/zero fill its memory: a config is a small regular file.
     if not path.is_file() or path.stat().st_size > MAX_CONFIG_BYTES:
-        raise ConfigError(f"Config file {path} is not a regular file of at most {MAX_CONFIG_BYTES} bytes: give a YAML "
-                          "file of settings (see configs/).")
+        raise ConfigError(
+            f"Config file {path} is not a regular file of at most {MAX_CONFIG_BYTES} bytes: give a YAML "
+            "file of settings (see configs/)."
+        )
     try:
         tree = yaml.load(path.read_text(), Loader=StrictLoader)
     except yaml.YAMLError as err:
         where = getattr(err, "problem_mark", None)
         line = f" line {where.line + 1}" if where is not None else ""
         problem = getattr(err, "problem", None) or str(err)
-        raise ConfigError(f"{path}{line} is not valid YAML ({problem}): fix the file (indentation with "
-                          "spaces, `key: value` pairs).") from None
+        raise ConfigError(
+            f"{path}{line} is not valid YAML ({problem}): fix the file (indentation with spaces, `key: value` pairs)."
+        ) from None
     if tree is None:
         return {}
     if not isinstance(tree, dict):
-        raise ConfigError(f"{path} holds a YAML {type(tree).__name__}, not a mapping of settings: see "
-                          "configs/default.yaml for the shape.")
+        raise ConfigError(
+            f"{path} holds a YAML {type(tree).__name__}, not a mapping of settings: see "
+            "configs/default.yaml for the shape."
+        )
     return tree
 
 

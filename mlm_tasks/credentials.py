@@ -10,6 +10,7 @@ GCP connection with the Google provider's own hook and hands the google-auth obj
 nothing was handed in (the CLI, the TPU VM itself), the clients find credentials the usual way:
 Application Default Credentials (GOOGLE_APPLICATION_CREDENTIALS, gcloud, the VM's service account).
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -25,9 +26,9 @@ from typing import Any
 
 @dataclass(frozen=True)
 class Handed:
-    credentials: Any          # a google.auth.credentials.Credentials
+    credentials: Any  # a google.auth.credentials.Credentials
     project: str | None = None
-    source: str = ""          # where they came from, for logs ("Airflow connection 'google_cloud_default'")
+    source: str = ""  # where they came from, for logs ("Airflow connection 'google_cloud_default'")
 
 
 _process: Handed | None = None

@@ -10,6 +10,7 @@ environment, buckets); `DEPLOYMENT_KEYS` and what the file's `settings` pins com
 a run that sets one is refused, naming the key. Without MLM_DEPLOYMENT every Airflow task still refuses
 them (`Deployment.for_airflow()`: closed by default); only the CLI applies none. docs/security.md
 """
+
 from __future__ import annotations
 
 import os
@@ -37,10 +38,25 @@ ENV = "MLM_DEPLOYMENT"
 BUILTIN = "the built-in boundary (no deployment file: MLM_DEPLOYMENT is unset)"
 # Settings that reach a credential, a shell or a machine: only the deployment sets them.
 DEPLOYMENT_KEYS = (
-    "gcp_conn_id", "sensor.gcp_conn_id", "publish.hf_conn_id",
-    "tpu.project", "tpu.service_account", "tpu.api_endpoint", "tpu.transport", "tpu.ssh_conn_id", "tpu.ssh_port",
-    "tpu.ssh_via", "tpu.external_ips", "tpu.enable_oslogin", "tpu.network", "tpu.subnetwork", "tpu.python",
-    "tpu.workdir", "tpu.env", "tpu.bootstrap", "publish.releases_root",
+    "gcp_conn_id",
+    "sensor.gcp_conn_id",
+    "publish.hf_conn_id",
+    "tpu.project",
+    "tpu.service_account",
+    "tpu.api_endpoint",
+    "tpu.transport",
+    "tpu.ssh_conn_id",
+    "tpu.ssh_port",
+    "tpu.ssh_via",
+    "tpu.external_ips",
+    "tpu.enable_oslogin",
+    "tpu.network",
+    "tpu.subnetwork",
+    "tpu.python",
+    "tpu.workdir",
+    "tpu.env",
+    "tpu.bootstrap",
+    "publish.releases_root",
 )
 # Run settings that name local files or gs:// objects to read: they must lie under input_roots.
 INPUT_KEYS = ("corpus.local_paths", "corpus.dump_path", "corpus.shards_uri", "corpus.tokenizer_uri")
@@ -56,6 +72,7 @@ REFRESH_DAG = "mlm_dataset_refresh"
 
 class Limits(BaseModel):
     """What one run may spend, whatever it asks for (check_run refuses more, naming the limit)."""
+
     model_config = ConfigDict(extra="forbid")
 
     max_ttl_hours: float | None = Field(None, gt=0, description="The most tpu.ttl_hours (the janitor's bound).")
@@ -68,6 +85,7 @@ class Limits(BaseModel):
 class Approver(BaseModel):
     """An Airflow user who may answer approve_release (HITL's assigned_users): the auth manager's user id (FAB:
     the number in Security > List Users; the compose's first user, admin, is 1) and the name shown."""
+
     model_config = ConfigDict(extra="forbid")
 
     id: str = Field(min_length=1, max_length=200)
@@ -84,13 +102,18 @@ class Deployment(BaseModel):
     input_roots: list[str] = Field(default_factory=list, description="Where local corpora and shards may come from.")
     zones: list[str] = Field(default_factory=list, description="The tpu.zone values a run may pick (empty: any).")
     limits: Limits = Field(default_factory=Limits, description="What one run may spend.")
-    approvers: list[Approver] = Field(default_factory=list, description="Who may approve a release (empty: anyone "
-                                      "whose role may answer human-in-the-loop tasks).")
-    hub_namespaces: list[str] = Field(default_factory=list, description="The Hub owners publish.repo_id and "
-                                      "tokenizer_repo_id may name (empty: any).")
+    approvers: list[Approver] = Field(
+        default_factory=list,
+        description="Who may approve a release (empty: anyone whose role may answer human-in-the-loop tasks).",
+    )
+    hub_namespaces: list[str] = Field(
+        default_factory=list, description="The Hub owners publish.repo_id and tokenizer_repo_id may name (empty: any)."
+    )
     foreign_events: Literal["refuse", "as_form"] = Field(
-        "refuse", description="A shards event not made by mlm_dataset_refresh (REST-made, or another DAG's): refused, "
-        "or its data settings taken like a form's.")
+        "refuse",
+        description="A shards event not made by mlm_dataset_refresh (REST-made, or another DAG's): refused, "
+        "or its data settings taken like a form's.",
+    )
 
     # Set only by `builtin()`, never by a file: no roots to check (there is no file to name them).
     _open_roots: bool = PrivateAttr(False)
@@ -117,20 +140,28 @@ class Deployment(BaseModel):
         tree = _expand(read_yaml_config(path))
         unset = sorted(set(re.findall(r"\$\{?([A-Za-z_][A-Za-z0-9_]*)", repr(tree))))
         if unset:
-            raise ConfigError(f"The deployment file {path} uses {', '.join(unset)}, which this service's environment "
-                              "does not set: set them (.env) or write the values into the file.")
+            raise ConfigError(
+                f"The deployment file {path} uses {', '.join(unset)}, which this service's environment "
+                "does not set: set them (.env) or write the values into the file."
+            )
         # An empty root (a ${VAR} set to nothing) allows nothing, never the current folder; a local
         # entry may list several folders, `:`-separated as MLM_SHARED_OUTPUT_ROOTS does.
         for key in ("output_roots", "config_dirs", "input_roots", "zones"):
             if isinstance(tree.get(key), list):
-                tree[key] = [part for v in tree[key] if isinstance(v, str)
-                             for part in ([v] if v.startswith("gs://") else v.split(":")) if part]
+                tree[key] = [
+                    part
+                    for v in tree[key]
+                    if isinstance(v, str)
+                    for part in ([v] if v.startswith("gs://") else v.split(":"))
+                    if part
+                ]
         try:
             dep = cls.model_validate({**tree, "source": str(path)})
         except ValidationError as exc:  # the keys by name, not a traceback
             wrong = "; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors())
-            raise ConfigError(f"The deployment file {path} is not valid ({wrong}): fix it "
-                              "(docs/security.md, \"Security model\").") from None
+            raise ConfigError(
+                f'The deployment file {path} is not valid ({wrong}): fix it (docs/security.md, "Security model").'
+            ) from None
         build_config(dep.settings)  # a typo in the deployment's own settings fails here, naming it
         return dep
 
@@ -153,27 +184,35 @@ class Deployment(BaseModel):
         for key in _leaves(_nested(run)):
             hit = next((d for d in owned if key == d or key.startswith(d + ".") or d.startswith(key + ".")), None)
             if hit and self._open_roots:
-                raise ConfigError(f"{hit} is a deployment setting: {where} may not set it ({self.source}; it "
-                                  "comes from its default and the services' environment). Remove it from the run; "
-                                  "to set it, write a deployment file (`settings`, docs/security.md) "
-                                  f"and point {ENV} at it in every Airflow service.")
+                raise ConfigError(
+                    f"{hit} is a deployment setting: {where} may not set it ({self.source}; it "
+                    "comes from its default and the services' environment). Remove it from the run; "
+                    "to set it, write a deployment file (`settings`, docs/security.md) "
+                    f"and point {ENV} at it in every Airflow service."
+                )
             if hit:
-                raise ConfigError(f"{hit} is a deployment setting: {where} may not set it (the deployment sets it "
-                                  f"in {self.source}, `settings`). Remove it from the run, or ask whoever runs the "
-                                  "deployment to change it there.")
+                raise ConfigError(
+                    f"{hit} is a deployment setting: {where} may not set it (the deployment sets it "
+                    f"in {self.source}, `settings`). Remove it from the run, or ask whoever runs the "
+                    "deployment to change it there."
+                )
 
     def check_config_file(self, path: str) -> str:
         real = os.path.realpath(path)
         if not self._open_roots and not any(_under_local(real, d) for d in self.config_dirs):
-            raise ConfigError(f"config_file {path!r} is outside the deployment's config folders "
-                              f"{self.config_dirs}: pick a file there (the form's default is one).")
+            raise ConfigError(
+                f"config_file {path!r} is outside the deployment's config folders "
+                f"{self.config_dirs}: pick a file there (the form's default is one)."
+            )
         try:
             info = os.stat(real)
         except FileNotFoundError:
             raise ConfigError(f"Config file {path} does not exist: pick one in {self.config_dirs}.") from None
         if not stat.S_ISREG(info.st_mode) or info.st_size > MAX_CONFIG_BYTES:
-            raise ConfigError(f"config_file {path!r} is not a regular file of at most {MAX_CONFIG_BYTES} bytes: "
-                              "pick a YAML config file.")
+            raise ConfigError(
+                f"config_file {path!r} is not a regular file of at most {MAX_CONFIG_BYTES} bytes: "
+                "pick a YAML config file."
+            )
         return real
 
     def check_run(self, cfg: PipelineConfig) -> None:
@@ -181,27 +220,35 @@ class Deployment(BaseModel):
         if self._open_roots:
             return
         if not any(_under(cfg.output_root, r) for r in self.output_roots):
-            raise ConfigError(f"output_root {cfg.output_root!r} is outside the roots this deployment allows "
-                              f"({self.output_roots}): use one of them or a folder under one.")
+            raise ConfigError(
+                f"output_root {cfg.output_root!r} is outside the roots this deployment allows "
+                f"({self.output_roots}): use one of them or a folder under one."
+            )
         releases = cfg.publish.releases_root
         if releases and _under(cfg.output_root, releases):  # a run's folders never lie among the baselines
-            raise ConfigError(f"output_root {cfg.output_root!r} is inside the deployment's releases_root {releases!r} "
-                              "(the published models' baselines): use another folder.")
+            raise ConfigError(
+                f"output_root {cfg.output_root!r} is inside the deployment's releases_root {releases!r} "
+                "(the published models' baselines): use another folder."
+            )
         tree = cfg.model_dump(mode="json")
         for key in INPUT_KEYS:
             section, leaf = key.split(".")
             values = tree[section][leaf]
             for value in values if isinstance(values, list) else [values]:
                 if value and not any(_under(value, r) for r in [*self.input_roots, *self.output_roots]):
-                    raise ConfigError(f"{key} {value!r} is outside the folders this deployment lets runs read "
-                                      f"({self.input_roots + self.output_roots}): put the data there.")
+                    raise ConfigError(
+                        f"{key} {value!r} is outside the folders this deployment lets runs read "
+                        f"({self.input_roots + self.output_roots}): put the data there."
+                    )
             if key == "corpus.local_paths":  # a pattern reads what it expands to: each of those, links resolved
                 for pattern in values:
                     for path in _expanded(pattern):
                         if not any(_under(path, r) for r in [*self.input_roots, *self.output_roots]):
-                            raise ConfigError(f"{key} {pattern!r} reaches {path!r}, outside the folders this "
-                                              f"deployment lets runs read ({self.input_roots + self.output_roots}) "
-                                              "(through a link?): put the data there.")
+                            raise ConfigError(
+                                f"{key} {pattern!r} reaches {path!r}, outside the folders this "
+                                f"deployment lets runs read ({self.input_roots + self.output_roots}) "
+                                "(through a link?): put the data there."
+                            )
         for key in HUB_OR_PATH_KEYS:
             section, leaf = key.split(".")
             self._check_hub_or_path(key, tree[section][leaf])
@@ -209,17 +256,23 @@ class Deployment(BaseModel):
             for key in ("train_file", "validation_file"):
                 value = getattr(task, key)
                 if value and not any(_under(value, r) for r in [*self.input_roots, *self.output_roots]):
-                    raise ConfigError(f"downstream.tasks[{i}].{key} {value!r} is outside the folders this deployment "
-                                      f"lets runs read ({self.input_roots + self.output_roots}): put the data there.")
+                    raise ConfigError(
+                        f"downstream.tasks[{i}].{key} {value!r} is outside the folders this deployment "
+                        f"lets runs read ({self.input_roots + self.output_roots}): put the data there."
+                    )
             self._check_hub_or_path(f"downstream.tasks[{i}].hf_path", task.hf_path)
         if self.zones and cfg.compute == "tpu_vm" and cfg.tpu.zone not in self.zones:
             raise ConfigError(f"tpu.zone {cfg.tpu.zone!r} is not one of this deployment's zones {self.zones}.")
         self._check_limits(cfg)
-        for key, repo in (("publish.repo_id", cfg.publish.repo_id), ("publish.tokenizer_repo_id",
-                                                                     cfg.publish.tokenizer_repo_id)):
+        for key, repo in (
+            ("publish.repo_id", cfg.publish.repo_id),
+            ("publish.tokenizer_repo_id", cfg.publish.tokenizer_repo_id),
+        ):
             if repo and self.hub_namespaces and repo.split("/")[0] not in self.hub_namespaces:
-                raise ConfigError(f"{key} {repo!r} is not under one of this deployment's Hub namespaces "
-                                  f"{self.hub_namespaces} (`hub_namespaces` in {self.source}).")
+                raise ConfigError(
+                    f"{key} {repo!r} is not under one of this deployment's Hub namespaces "
+                    f"{self.hub_namespaces} (`hub_namespaces` in {self.source})."
+                )
 
     def _check_limits(self, cfg: PipelineConfig) -> None:
         lim, train = self.limits, cfg.train
@@ -234,12 +287,15 @@ class Deployment(BaseModel):
         ]
         for key, value, limit, name in over:
             if limit is not None and value is not None and value > limit:
-                raise ConfigError(f"{key} {value:g} is over this deployment's limit ({name}: {limit:g} in "
-                                  f"{self.source}, `limits`): ask for less, or ask whoever runs the deployment.")
+                raise ConfigError(
+                    f"{key} {value:g} is over this deployment's limit ({name}: {limit:g} in "
+                    f"{self.source}, `limits`): ask for less, or ask whoever runs the deployment."
+                )
         if lim.accelerator_types and cfg.compute == "tpu_vm" and cfg.tpu.accelerator_type not in lim.accelerator_types:
-            raise ConfigError(f"tpu.accelerator_type {cfg.tpu.accelerator_type!r} is not one this deployment allows "
-                              f"({lim.accelerator_types}, `limits.accelerator_types` in {self.source}).")
-
+            raise ConfigError(
+                f"tpu.accelerator_type {cfg.tpu.accelerator_type!r} is not one this deployment allows "
+                f"({lim.accelerator_types}, `limits.accelerator_types` in {self.source})."
+            )
 
     def _check_hub_or_path(self, key: str, value: str | None) -> None:
         """A Hub repo id, or a local folder under the roots: judged as the loader will read it (a string that
@@ -250,11 +306,15 @@ class Deployment(BaseModel):
         local = local_path(value)
         if value.startswith("gs://") or value.startswith(("/", ".", "~", "file://")) or os.path.lexists(local):
             if not any(_under(value, r) for r in readable):
-                raise ConfigError(f"{key} {value!r} is a path outside the folders this deployment lets runs read "
-                                  f"({readable}): put it there, or give a Hub repo id (owner/name).")
+                raise ConfigError(
+                    f"{key} {value!r} is a path outside the folders this deployment lets runs read "
+                    f"({readable}): put it there, or give a Hub repo id (owner/name)."
+                )
         elif not HUB_ID.match(value):
-            raise ConfigError(f"{key} {value!r} is neither a Hub repo id (owner/name: letters, digits, '-', '_', '.') "
-                              "nor a folder under the deployment's roots: fix it.")
+            raise ConfigError(
+                f"{key} {value!r} is neither a Hub repo id (owner/name: letters, digits, '-', '_', '.') "
+                "nor a folder under the deployment's roots: fix it."
+            )
 
 
 def run_config(params: dict[str, Any], dep: Deployment | None, event: dict[str, Any] | None = None) -> PipelineConfig:
@@ -273,34 +333,47 @@ def run_config(params: dict[str, Any], dep: Deployment | None, event: dict[str, 
     return cfg
 
 
-def check_event(extra: dict[str, Any], dep: Deployment | None, source_dag_id: str | None = REFRESH_DAG,
-                ) -> dict[str, Any]:
+def check_event(
+    extra: dict[str, Any],
+    dep: Deployment | None,
+    source_dag_id: str | None = REFRESH_DAG,
+) -> dict[str, Any]:
     """A dataset-refresh event's extra, checked like a form: it comes from mlm_dataset_refresh (or the deployment
     takes foreign events as forms), its fingerprint names a folder, it sets data sections only, and those are
     run settings (`run_config` then puts the deployment on top and checks the roots)."""
     foreign = bool(extra.get("from_rest_api")) or source_dag_id != REFRESH_DAG
     if foreign and (dep is None or dep.foreign_events == "refuse"):
         made_by = "the REST API" if extra.get("from_rest_api") else f"DAG {source_dag_id!r}"
-        raise ConfigError(f"The shards event that triggered this run was made by {made_by}, not by {REFRESH_DAG}: "
-                          "this deployment takes only the refresh DAG's events. Trigger the run from the form "
-                          "instead (corpus.source=tfrecord_shards for shards built elsewhere), or set "
-                          "foreign_events: as_form in the deployment file.")
+        raise ConfigError(
+            f"The shards event that triggered this run was made by {made_by}, not by {REFRESH_DAG}: "
+            "this deployment takes only the refresh DAG's events. Trigger the run from the form "
+            "instead (corpus.source=tfrecord_shards for shards built elsewhere), or set "
+            "foreign_events: as_form in the deployment file."
+        )
     fingerprint = extra.get("fingerprint")
     if not isinstance(fingerprint, str) or not FINGERPRINT.match(fingerprint):
-        raise ConfigError(f"The dataset-refresh event's fingerprint {fingerprint!r} is not 16 hex digits: the "
-                          "event was not written by mlm_dataset_refresh. Trigger the run by hand.")
+        raise ConfigError(
+            f"The dataset-refresh event's fingerprint {fingerprint!r} is not 16 hex digits: the "
+            "event was not written by mlm_dataset_refresh. Trigger the run by hand."
+        )
     data = extra.get("data_config")
     if not isinstance(data, dict) or not isinstance(extra.get("output_root"), str):
-        raise ConfigError("The dataset-refresh event carries no data settings or output_root: it was not written "
-                          "by mlm_dataset_refresh. Trigger the run by hand.")
+        raise ConfigError(
+            "The dataset-refresh event carries no data settings or output_root: it was not written "
+            "by mlm_dataset_refresh. Trigger the run by hand."
+        )
     other = sorted(set(data) - set(DATA_SECTIONS))
     if other:
-        raise ConfigError(f"The dataset-refresh event sets {', '.join(other)}: an event may set only the data "
-                          f"sections {', '.join(DATA_SECTIONS)} (what {REFRESH_DAG} sends). Trigger the run by hand "
-                          "to change anything else.")
+        raise ConfigError(
+            f"The dataset-refresh event sets {', '.join(other)}: an event may set only the data "
+            f"sections {', '.join(DATA_SECTIONS)} (what {REFRESH_DAG} sends). Trigger the run by hand "
+            "to change anything else."
+        )
     if any(not isinstance(data[k], dict) for k in data):
-        raise ConfigError("The dataset-refresh event's data sections are not mappings of settings: it was not "
-                          f"written by {REFRESH_DAG}. Trigger the run by hand.")
+        raise ConfigError(
+            "The dataset-refresh event's data sections are not mappings of settings: it was not "
+            f"written by {REFRESH_DAG}. Trigger the run by hand."
+        )
     if dep is not None:
         dep.refuse_owned({"output_root": extra["output_root"], **data}, "a dataset-refresh event")
     return extra
@@ -317,10 +390,15 @@ def janitor_api(dep: Deployment | None = None) -> tuple[TpuConfig, str]:
     tpu = settings.get("tpu", {})
     project = tpu.get("project") or os.environ.get("MLM_TPU_PROJECT", "")
     if not project:
-        raise ConfigError("The janitor has no project to check: set MLM_TPU_PROJECT (and MLM_TPU_ZONES) in "
-                          "the environment of the Airflow services, or tpu.project in the deployment file.")
-    api = TpuConfig(project=project, transport=tpu.get("transport") or os.environ.get("MLM_TPU_TRANSPORT", "grpc"),
-                    api_endpoint=tpu.get("api_endpoint") or os.environ.get("MLM_TPU_API_ENDPOINT") or None)
+        raise ConfigError(
+            "The janitor has no project to check: set MLM_TPU_PROJECT (and MLM_TPU_ZONES) in "
+            "the environment of the Airflow services, or tpu.project in the deployment file."
+        )
+    api = TpuConfig(
+        project=project,
+        transport=tpu.get("transport") or os.environ.get("MLM_TPU_TRANSPORT", "grpc"),
+        api_endpoint=tpu.get("api_endpoint") or os.environ.get("MLM_TPU_API_ENDPOINT") or None,
+    )
     conn_id = settings.get("gcp_conn_id") or os.environ.get("MLM_GCP_CONN_ID", "google_cloud_default")
     return api, conn_id
 
@@ -332,17 +410,21 @@ def check_approval(approval: Any, approvers: list[Approver]) -> str:
     from mlm_tasks.errors import AuthError
 
     if not isinstance(approval, dict) or "chosen_options" not in approval:
-        raise AuthError("publish.require_approval is set, but approve_release recorded no answer for this run (it was "
-                        "skipped, or marked done by hand): nothing is published. Clear approve_release so that an "
-                        "approver answers it in Required actions.")
+        raise AuthError(
+            "publish.require_approval is set, but approve_release recorded no answer for this run (it was "
+            "skipped, or marked done by hand): nothing is published. Clear approve_release so that an "
+            "approver answers it in Required actions."
+        )
     chosen = list(approval.get("chosen_options") or [])
     user = approval.get("responded_by_user") or {}
     who = f"{user.get('name') or '?'} (id {user.get('id') or '?'})"
     if chosen != ["Approve"]:
         raise AuthError(f"approve_release's recorded answer is {chosen} by {who}, not Approve: nothing is published.")
     if approvers and str(user.get("id")) not in {a.id for a in approvers}:
-        raise AuthError(f"The release was approved by {who}, who is not one of this deployment's approvers "
-                        f"({', '.join(a.name for a in approvers)}): nothing is published. Ask one of them.")
+        raise AuthError(
+            f"The release was approved by {who}, who is not one of this deployment's approvers "
+            f"({', '.join(a.name for a in approvers)}): nothing is published. Ask one of them."
+        )
     return f"Release approved by {who}."
 
 
@@ -394,8 +476,9 @@ def _leaves(tree: dict[str, Any], prefix: str = "") -> list[str]:
     for key, value in tree.items():
         path = f"{prefix}{key}"
         section = PipelineConfig.model_fields.get(path) if not prefix else None
-        if isinstance(value, dict) and (section is not None and isinstance(section.annotation, type)
-                                        and issubclass(section.annotation, BaseModel)):
+        if isinstance(value, dict) and (
+            section is not None and isinstance(section.annotation, type) and issubclass(section.annotation, BaseModel)
+        ):
             out += _leaves(value, path + ".")
         else:
             out.append(path)
@@ -425,5 +508,6 @@ def _under(uri: str, root: str) -> bool:
             return False
         path, top = posixpath.normpath(uri[5:]), posixpath.normpath(root[5:])
         return path == top or path.startswith(top + "/")
-    return _under_local(os.path.realpath(str(Path(local_path(uri)).expanduser())),
-                        str(Path(local_path(root)).expanduser()))
+    return _under_local(
+        os.path.realpath(str(Path(local_path(uri)).expanduser())), str(Path(local_path(root)).expanduser())
+    )

@@ -8,6 +8,7 @@ without retries and the CLI exits 2. TransientError (5xx, 429, timeouts) and any
 retried; the CLI exits 1. The glue keeps this contract (plugins/mlm_airflow/errors.py, mlm_tasks/cli.py, the
 SSH runner); every message says what happened and what to do. docs/architecture.md#errors
 """
+
 from __future__ import annotations
 
 # The CLI's exit status for every NoRetryError; the SSH runner (plugins/mlm_airflow/operators/remote_step.py) reads

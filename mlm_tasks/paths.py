@@ -13,6 +13,7 @@ Data artifacts are keyed by the data fingerprint (an unchanged corpus is never r
 run artifacts by the run id (two runs never collide). Every step takes a `RunContext`: the run id,
 the fingerprint of the shard set it uses, and the paths of both.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -45,12 +46,16 @@ def check_safe_uri(setting: str, value: str, *, glob: bool = False) -> None:
     """ConfigError unless `value` is a plain path, gs:// or file:// URI or Hub id (`glob`: * and ? too)."""
     allowed = "[A-Za-z0-9._/*?-]" if glob else SAFE_URI_CHARS
     if not (_SAFE_GLOB if glob else _SAFE_URI).fullmatch(value):
-        raise ConfigError(f"{setting} {value!r} holds characters outside the allowed set {allowed} (after an "
-                          "optional gs:// or file:// scheme): rename the folder, bucket prefix or repo so it "
-                          "uses only letters, digits, '.', '_', '-' and '/'.")
+        raise ConfigError(
+            f"{setting} {value!r} holds characters outside the allowed set {allowed} (after an "
+            "optional gs:// or file:// scheme): rename the folder, bucket prefix or repo so it "
+            "uses only letters, digits, '.', '_', '-' and '/'."
+        )
     if ".." in value.split("://", 1)[-1].split("/"):
-        raise ConfigError(f"{setting} {value!r} has a '..' path segment: give the place itself (an absolute "
-                          "path or a gs://bucket/prefix), not a way up out of another.")
+        raise ConfigError(
+            f"{setting} {value!r} has a '..' path segment: give the place itself (an absolute "
+            "path or a gs://bucket/prefix), not a way up out of another."
+        )
 
 
 def safe_run_id(run_id: str) -> str:
@@ -126,9 +131,10 @@ def published_metrics(output_root: str, repo_id: str, releases_root: str | None 
 class RunContext:
     """What every step gets besides the config: the run id, the shard set it uses, and their paths.
 
-        ctx = RunContext.of(cfg, run_id="r1", fingerprint=fp)
-        ctx.run.model, ctx.data.manifest
+    ctx = RunContext.of(cfg, run_id="r1", fingerprint=fp)
+    ctx.run.model, ctx.data.manifest
     """
+
     output_root: str
     run_id: str = "cli-run"
     fingerprint: str | None = None
@@ -147,6 +153,8 @@ class RunContext:
     @property
     def data(self) -> DataPaths:
         if not self.fingerprint:
-            raise MissingArtifactError("This step needs the data fingerprint of a shard set: pass --data-fingerprint "
-                                       "(the CLI), or run plan_shards first.")
+            raise MissingArtifactError(
+                "This step needs the data fingerprint of a shard set: pass --data-fingerprint "
+                "(the CLI), or run plan_shards first."
+            )
         return DataPaths(self.output_root, self.fingerprint)

@@ -9,6 +9,7 @@ SIGTERM and SIGHUP reach too, and the node carries a 2-hour TTL label for the ja
 prints every request and command and touches nothing (no credentials, bucket or VM). Credentials,
 roles and the firewall: docs/google-cloud.md#smoke-test-on-real-hardware
 """
+
 from __future__ import annotations
 
 import argparse
@@ -44,29 +45,49 @@ log = logging.getLogger("mlm_tasks.smoke")
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="python -m mlm_tasks.smoke", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        prog="python -m mlm_tasks.smoke", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     p.add_argument("--project", required=True, help="Google Cloud project.")
-    p.add_argument("--zone", required=True, help="Zone with capacity for the type (v5litepod: e.g. us-west4-a; "
-                   "v4: us-central2-b).")
+    p.add_argument(
+        "--zone", required=True, help="Zone with capacity for the type (v5litepod: e.g. us-west4-a; v4: us-central2-b)."
+    )
     p.add_argument("--bucket", required=True, help="gs://bucket/prefix for data, code and the run's artifacts.")
-    p.add_argument("--ssh-key", required=True, help="Private key file; its public half (KEY.pub) goes in the "
-                   "node's ssh-keys metadata.")
+    p.add_argument(
+        "--ssh-key",
+        required=True,
+        help="Private key file; its public half (KEY.pub) goes in the node's ssh-keys metadata.",
+    )
     p.add_argument("--ssh-user", default="mlm", help="Login user on the VM (created from ssh-keys).")
-    p.add_argument("--accelerator", default="v5litepod-1", help="TPU type: any that validates (v5litepod-1, v4-8, "
-                   "or a pod slice such as v4-32 or v5litepod-16: see its request and remote line with --dry-run).")
-    p.add_argument("--runtime", default=None, help="TPU runtime (default: the config's tpu.runtime_version, or its "
-                   "-pod twin for a multi-host type).")
-    p.add_argument("--capture-image", action="store_true", help="Before the bootstrap, record the VM image's "
-                   "`pip freeze` into the runtime's image file (mlm_tasks/tpu/vm/image-tfX.Y.txt), so that the next "
-                   "`make lock-vm` locks against the real image.")
+    p.add_argument(
+        "--accelerator",
+        default="v5litepod-1",
+        help="TPU type: any that validates (v5litepod-1, v4-8, "
+        "or a pod slice such as v4-32 or v5litepod-16: see its request and remote line with --dry-run).",
+    )
+    p.add_argument(
+        "--runtime",
+        default=None,
+        help="TPU runtime (default: the config's tpu.runtime_version, or its -pod twin for a multi-host type).",
+    )
+    p.add_argument(
+        "--capture-image",
+        action="store_true",
+        help="Before the bootstrap, record the VM image's "
+        "`pip freeze` into the runtime's image file (mlm_tasks/tpu/vm/image-tfX.Y.txt), so that the next "
+        "`make lock-vm` locks against the real image.",
+    )
     p.add_argument("--on-demand", action="store_true", help="Not a Spot VM (dearer, never preempted).")
     p.add_argument("--ssh-via", default="external", choices=["external", "internal"])
     p.add_argument("--key-file", help="Service-account key JSON (default: Application Default Credentials).")
     p.add_argument("--run-id", default=None, help="Names the node and the run (default: smoke-<UTC time>).")
     p.add_argument("--data-fingerprint", help="Reuse the shards of an earlier smoke run instead of preparing.")
-    p.add_argument("--config", default=str(TINY_CONFIG), help="The run's settings (default: the checkout's "
-                   "configs/tiny.yaml); --bucket, --accelerator and the flags above override it.")
+    p.add_argument(
+        "--config",
+        default=str(TINY_CONFIG),
+        help="The run's settings (default: the checkout's "
+        "configs/tiny.yaml); --bucket, --accelerator and the flags above override it.",
+    )
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="Any other setting.")
     p.add_argument("--dry-run", action="store_true", help="Print every request and command; send nothing.")
     p.add_argument("--api-endpoint", help=argparse.SUPPRESS)  # tests: the fake TPU API
@@ -77,10 +98,19 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 def smoke_config(args: argparse.Namespace) -> PipelineConfig:
     import yaml
 
-    overrides = {"output_root": args.bucket, "compute": "tpu_vm", "tpu.project": args.project,
-                 "tpu.zone": args.zone, "tpu.accelerator_type": args.accelerator, "tpu.spot": not args.on_demand,
-                 "tpu.ttl_hours": 2, "tpu.ssh_via": args.ssh_via, "tpu.poll_interval_s": 10,
-                 "tpu.create_timeout_s": int(args.timeout_s), "train.device": "tpu"}
+    overrides = {
+        "output_root": args.bucket,
+        "compute": "tpu_vm",
+        "tpu.project": args.project,
+        "tpu.zone": args.zone,
+        "tpu.accelerator_type": args.accelerator,
+        "tpu.spot": not args.on_demand,
+        "tpu.ttl_hours": 2,
+        "tpu.ssh_via": args.ssh_via,
+        "tpu.poll_interval_s": 10,
+        "tpu.create_timeout_s": int(args.timeout_s),
+        "train.device": "tpu",
+    }
     if args.runtime:
         overrides["tpu.runtime_version"] = args.runtime
     elif tpu_slices.hosts(args.accelerator) > 1:
@@ -153,10 +183,14 @@ def wait_ready(cfg: PipelineConfig, name: str, api: Any, deadline: float, out: C
 def login_to(cfg: PipelineConfig, name: str, args: argparse.Namespace, api: Any) -> ssh.Connect:
     """connect(host) as --ssh-user with --ssh-key, accepting only the host keys the node published
     (as the DAG's SSH step does)."""
-    login = ssh.Login(args.ssh_user, f"--ssh-user {args.ssh_user} --ssh-key {args.ssh_key}",
-                      {"key_filename": args.ssh_key, "timeout": 30, "allow_agent": False, "look_for_keys": False})
-    return ssh.connector(lambda host: login, cfg.tpu.ssh_port, node=name,
-                         published=tpu.published_keys(cfg.tpu, name, api=api))
+    login = ssh.Login(
+        args.ssh_user,
+        f"--ssh-user {args.ssh_user} --ssh-key {args.ssh_key}",
+        {"key_filename": args.ssh_key, "timeout": 30, "allow_agent": False, "look_for_keys": False},
+    )
+    return ssh.connector(
+        lambda host: login, cfg.tpu.ssh_port, node=name, published=tpu.published_keys(cfg.tpu, name, api=api)
+    )
 
 
 def run_on_worker_0(connect: ssh.Connect, host: str, command: str, on_line: Callable[[str], None]) -> ssh.Outcome:
@@ -172,8 +206,14 @@ def capture_command(cfg: PipelineConfig) -> str:
     return f"{py} -c 'import platform; print(platform.python_version())' && {py} -m pip freeze --all"
 
 
-def capture_image(cfg: PipelineConfig, name: str, connect: ssh.Connect, host: str,
-                  out: Callable[[str], None], path: Path | None = None) -> Path:
+def capture_image(
+    cfg: PipelineConfig,
+    name: str,
+    connect: ssh.Connect,
+    host: str,
+    out: Callable[[str], None],
+    path: Path | None = None,
+) -> Path:
     """Write worker 0's `pip freeze` into the runtime's image file (or `path`), marked as captured
     (make lock-vm then locks against it instead of resolving the image as of its date)."""
     import re
@@ -193,10 +233,12 @@ def capture_image(cfg: PipelineConfig, name: str, connect: ssh.Connect, host: st
     path.write_text(
         f"# captured from TPU VM {name} ({cfg.tpu.accelerator_type}, {runtime.version}) on "
         f"{time.strftime('%Y-%m-%d', time.gmtime())} by `python -m mlm_tasks.smoke --capture-image`: "
-        f"Python {python}.\n" + "".join(f"# not from an index: {line}\n" for line in other)
-        + "\n".join(pinned) + "\n")
-    out(f"Captured {len(pinned)} packages of {runtime.version} into {path}: run `make lock-vm`, "
-        "then the tests, and commit both files.")
+        f"Python {python}.\n" + "".join(f"# not from an index: {line}\n" for line in other) + "\n".join(pinned) + "\n"
+    )
+    out(
+        f"Captured {len(pinned)} packages of {runtime.version} into {path}: run `make lock-vm`, "
+        "then the tests, and commit both files."
+    )
     return path
 
 
@@ -214,14 +256,18 @@ def smoke(args: argparse.Namespace, out: Callable[[str], None] = print) -> int:
         credentials.install(service_account.Credentials.from_service_account_file(args.key_file, scopes=[tpu.SCOPE]))
     # The dry run's stand-in answers every call ensure_node and delete_node make for an absent node.
     api = cast("TpuClient", DryRunApi(out)) if args.dry_run else tpu.client(cfg.tpu)
-    out(f"Smoke run {run_id}: TPU VM {name} ({cfg.tpu.accelerator_type}, {cfg.tpu.runtime_version}, "
-        f"{'Spot' if cfg.tpu.spot else 'on demand'}) in {cfg.tpu.project}/{cfg.tpu.zone}, output {cfg.output_root}")
+    out(
+        f"Smoke run {run_id}: TPU VM {name} ({cfg.tpu.accelerator_type}, {cfg.tpu.runtime_version}, "
+        f"{'Spot' if cfg.tpu.spot else 'on demand'}) in {cfg.tpu.project}/{cfg.tpu.zone}, output {cfg.output_root}"
+    )
     previous = {s: signal.signal(s, _on_signal) for s in (signal.SIGTERM, signal.SIGHUP)}
     try:
         if args.dry_run:
             fingerprint = args.data_fingerprint or "<fingerprint>"
-            out(f"(dry run) would prepare the tiny data set under {cfg.output_root}/datasets/ and stage the code "
-                f"under {cfg.output_root}/_code/")
+            out(
+                f"(dry run) would prepare the tiny data set under {cfg.output_root}/datasets/ and stage the code "
+                f"under {cfg.output_root}/_code/"
+            )
             code = code_bundle(cfg.output_root, cfg.tpu.runtime_version)[0]  # the real hashes, nothing sent
         else:
             from mlm_tasks.steps import build_shard_set
@@ -230,9 +276,11 @@ def smoke(args: argparse.Namespace, out: Callable[[str], None] = print) -> int:
             code = stage_code(cfg.output_root, cfg.tpu.runtime_version)
         tpu.ensure_node(cfg.tpu, name, tpu.labels(run_id, cfg.tpu.ttl_hours), metadata, api=api)
         if args.dry_run:
-            out(f"(dry run) would poll GET {API}/{tpu.full_name(cfg.tpu, name)} every {cfg.tpu.poll_interval_s:g}s "
+            out(
+                f"(dry run) would poll GET {API}/{tpu.full_name(cfg.tpu, name)} every {cfg.tpu.poll_interval_s:g}s "
                 f"until READY, probe tcp:{cfg.tpu.ssh_port} on worker 0's {cfg.tpu.ssh_via} IP, then run there "
-                f"as {args.ssh_user}, accepting only the host keys the node publishes (:getGuestAttributes):")
+                f"as {args.ssh_user}, accepting only the host keys the node publishes (:getGuestAttributes):"
+            )
             hosts = ["<worker-0-ip>"]
         else:
             node = wait_ready(cfg, name, api, time.time() + cfg.tpu.create_timeout_s, out)
@@ -243,9 +291,11 @@ def smoke(args: argparse.Namespace, out: Callable[[str], None] = print) -> int:
                     f"Worker 0 is unreachable ({problem}): add a firewall rule allowing tcp:{cfg.tpu.ssh_port} "
                     f"from this machine (gcloud compute firewall-rules create allow-ssh-smoke "
                     f"--allow=tcp:{cfg.tpu.ssh_port} --source-ranges=<your IP>/32), or use --ssh-via internal "
-                    "from inside the VPC.")
-        command = remote_command(cfg, "train", run_id, node=name, extra_args=["--data-fingerprint", fingerprint],
-                                 code=code)
+                    "from inside the VPC."
+                )
+        command = remote_command(
+            cfg, "train", run_id, node=name, extra_args=["--data-fingerprint", fingerprint], code=code
+        )
         ssh_line = f"ssh -p {cfg.tpu.ssh_port} -i {args.ssh_key} {args.ssh_user}@{hosts[0]}"
         if args.capture_image:
             out(f"{ssh_line} {capture_command(cfg)}")
@@ -262,8 +312,10 @@ def smoke(args: argparse.Namespace, out: Callable[[str], None] = print) -> int:
         from mlm_tasks import storage
 
         summary = storage.read_json(RunPaths(cfg.output_root, run_id).train_summary)
-        out(f"Smoke PASSED: {summary.get('steps')} steps on {cfg.tpu.accelerator_type}, summary in "
-            f"{RunPaths(cfg.output_root, run_id).train_summary}")
+        out(
+            f"Smoke PASSED: {summary.get('steps')} steps on {cfg.tpu.accelerator_type}, summary in "
+            f"{RunPaths(cfg.output_root, run_id).train_summary}"
+        )
         return 0
     finally:
         # Always: whatever failed above, Ctrl-C, SIGTERM or SIGHUP. A failed delete is loud: the VM costs money.
@@ -272,8 +324,10 @@ def smoke(args: argparse.Namespace, out: Callable[[str], None] = print) -> int:
             out(f"Deleting TPU VM {name}: {op or 'already gone'}")
         except Exception as err:  # any failure recorded for the person, with what to run by hand; not raised, so
             # it does not hide the smoke's own error (the janitor's TTL is the last resort)
-            out(f"DELETE OF TPU VM {name} FAILED ({err}): run `gcloud compute tpus tpu-vm delete {name} "
-                f"--zone {cfg.tpu.zone} --project {cfg.tpu.project}` (its expires label is 2 hours out).")
+            out(
+                f"DELETE OF TPU VM {name} FAILED ({err}): run `gcloud compute tpus tpu-vm delete {name} "
+                f"--zone {cfg.tpu.zone} --project {cfg.tpu.project}` (its expires label is 2 hours out)."
+            )
         for s, handler in previous.items():
             signal.signal(s, handler)
 

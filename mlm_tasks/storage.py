@@ -12,6 +12,7 @@ as a `TransientError` once its whole deadline has passed (see `call_deadline`), 
 stays blocked on a half-open connection. TensorFlow's own gs:// client gets the same bound through its
 GCS_* variables (`tensorflow_env`).
 """
+
 from __future__ import annotations
 
 import errno
@@ -64,8 +65,11 @@ def tensorflow_env() -> dict[str, str]:
     metadata calls as one of our calls. Its read/write totals keep TensorFlow's defaults (an hour), which
     a large shard or checkpoint may need."""
     seconds = str(max(1, round(_timeout_s)))
-    return {"GCS_REQUEST_CONNECTION_TIMEOUT_SECS": seconds, "GCS_REQUEST_IDLE_TIMEOUT_SECS": seconds,
-            "GCS_METADATA_REQUEST_TIMEOUT_SECS": str(max(1, round(call_deadline())))}
+    return {
+        "GCS_REQUEST_CONNECTION_TIMEOUT_SECS": seconds,
+        "GCS_REQUEST_IDLE_TIMEOUT_SECS": seconds,
+        "GCS_METADATA_REQUEST_TIMEOUT_SECS": str(max(1, round(call_deadline()))),
+    }
 
 
 def _bounded(uri: str, call: Callable[..., T], *args: Any, nbytes: int = 0, **kwargs: Any) -> T:
@@ -85,10 +89,12 @@ def _bounded(uri: str, call: Callable[..., T], *args: Any, nbytes: int = 0, **kw
 
 
 def _no_answer(uri: str, deadline: float, err: BaseException) -> TransientError:
-    return TransientError(f"Storage did not answer for {uri} within {deadline:g}s ({type(err).__name__}: "
-                          f"{err or 'no answer'}; storage.timeout_s={_timeout_s:g}s a request). The task retries; "
-                          "if it persists, check the network and the storage service, or raise storage.timeout_s "
-                          "if the link is only slow.")
+    return TransientError(
+        f"Storage did not answer for {uri} within {deadline:g}s ({type(err).__name__}: "
+        f"{err or 'no answer'}; storage.timeout_s={_timeout_s:g}s a request). The task retries; "
+        "if it persists, check the network and the storage service, or raise storage.timeout_s "
+        "if the link is only slow."
+    )
 
 
 def scheme(uri: str) -> str:
@@ -100,7 +106,7 @@ def is_local(uri: str) -> bool:
 
 
 def local_path(uri: str) -> str:
-    return uri[len("file://"):] if uri.startswith("file://") else uri
+    return uri[len("file://") :] if uri.startswith("file://") else uri
 
 
 def filesystem(uri: str) -> fsspec.AbstractFileSystem:
@@ -112,8 +118,10 @@ def filesystem(uri: str) -> fsspec.AbstractFileSystem:
 
         # Each request: a connection and every next chunk of its answer within the timeout (a stalled peer
         # or a half-open connection fails the request, which gcsfs retries); `_bounded` caps the call.
-        opts: dict[str, Any] = {"use_listings_cache": False, "requests_timeout": aiohttp.ClientTimeout(
-            total=None, sock_connect=_timeout_s, sock_read=_timeout_s)}
+        opts: dict[str, Any] = {
+            "use_listings_cache": False,
+            "requests_timeout": aiohttp.ClientTimeout(total=None, sock_connect=_timeout_s, sock_read=_timeout_s),
+        }
         creds = credentials.current()
         if creds is not None:
             # The connection's credentials (gcsfs refreshes them itself). The emulator accepts any
@@ -238,14 +246,15 @@ def create_only(uri: str, data: bytes) -> bool:
     from requests import ConnectionError as RequestsConnectionError
     from requests import Timeout
 
-    bucket, _, name = uri[len("gs://"):].partition("/")
+    bucket, _, name = uri[len("gs://") :].partition("/")
     deadline = call_deadline(len(data))
     try:
         # The precondition makes a repeat safe, so the client's retry applies (what it does for any upload
         # with a generation precondition); each request gets our connect and read timeouts, and the retries
         # stop at the call's deadline.
         _gcs_client().bucket(bucket).blob(name).upload_from_string(
-            data, if_generation_match=0, timeout=(_timeout_s, _timeout_s), retry=DEFAULT_RETRY.with_timeout(deadline))
+            data, if_generation_match=0, timeout=(_timeout_s, _timeout_s), retry=DEFAULT_RETRY.with_timeout(deadline)
+        )
         return True
     except PreconditionFailed:
         return False
@@ -283,8 +292,9 @@ def _entries(uri: str, kind: str | None = None) -> list[dict[str, Any]]:
         return []
     prefix = "gs://" if scheme(uri) == "gs" else ""
     listed = _bounded(uri, fs.ls, uri, detail=True)
-    return sorted(({**e, "uri": prefix + e["name"]} for e in listed if kind is None or e["type"] == kind),
-                  key=lambda e: e["uri"])
+    return sorted(
+        ({**e, "uri": prefix + e["name"]} for e in listed if kind is None or e["type"] == kind), key=lambda e: e["uri"]
+    )
 
 
 def find(uri: str) -> dict[str, dict[str, Any]]:
@@ -341,8 +351,15 @@ def check_writable(uri: str) -> None:
     try:
         write_text(probe, "ok")
         remove(probe)
-    except (OSError, ValueError, ImportError, HttpError, GoogleAuthError, requests.RequestException,
-            aiohttp.ClientError) as err:  # what fsspec, gcsfs and google-auth raise; the rest is a bug, raised as it is
+    except (
+        OSError,
+        ValueError,
+        ImportError,
+        HttpError,
+        GoogleAuthError,
+        requests.RequestException,
+        aiohttp.ClientError,
+    ) as err:  # what fsspec, gcsfs and google-auth raise; the rest is a bug, raised as it is
         raise probe_failure(uri, err) from None
 
 
@@ -356,11 +373,15 @@ def probe_failure(uri: str, err: Exception) -> Exception:
     what = " ".join(f"{type(err).__name__}: {err}".split()).rstrip(":")  # one line: gcsfs puts the reason on a second
     where = "the path and its permissions" if is_local(uri) else "that the bucket exists and the path"
     fix = ConfigError(f"Cannot write to output_root {uri} ({what}): check {where}.")
-    auth = AuthError(f"Cannot write to output_root {uri}: the credentials were refused ({what}). Give the "
-                     "run's identity (the Airflow GCP connection, or Application Default Credentials) write "
-                     "access to it.")
-    retry = TransientError(f"Cannot write to output_root {uri} now: the storage service failed or did not "
-                           f"answer ({what}). The task retries; if it persists, check the service and the network.")
+    auth = AuthError(
+        f"Cannot write to output_root {uri}: the credentials were refused ({what}). Give the "
+        "run's identity (the Airflow GCP connection, or Application Default Credentials) write "
+        "access to it."
+    )
+    retry = TransientError(
+        f"Cannot write to output_root {uri} now: the storage service failed or did not "
+        f"answer ({what}). The task retries; if it persists, check the service and the network."
+    )
     if isinstance(err, HttpError):
         code = int(err.code) if str(err.code or "").isdigit() else None
         if code in (401, 403):

@@ -6,6 +6,7 @@
 The messages are not copied by hand: the script runs the cases of tests/test_bad_input_catalogue.py
 for real (pytest, a few minutes on the tiny preset) and renders what they raised.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -39,9 +40,23 @@ def collect() -> list[dict]:
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "catalogue.json"
         env = {**os.environ, "MLM_CATALOGUE_OUT": str(out), "TF_USE_LEGACY_KERAS": "1"}
-        done = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
-                               str(ROOT / "tests" / "test_bad_input_catalogue.py"), "-k", "refused"],
-                              cwd=ROOT, env=env, capture_output=True, text=True)
+        done = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "pytest",
+                "-q",
+                "-p",
+                "no:cacheprovider",
+                str(ROOT / "tests" / "test_bad_input_catalogue.py"),
+                "-k",
+                "refused",
+            ],
+            cwd=ROOT,
+            env=env,
+            capture_output=True,
+            text=True,
+        )
         if done.returncode != 0:
             sys.exit(f"The catalogue tests failed:\n{done.stdout[-4000:]}")
         return json.loads(out.read_text())

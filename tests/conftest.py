@@ -1,17 +1,18 @@
 """Shared pytest fixtures. Peers (fake servers, emulators) live in tests/peers/, one module each.
 
-    gcs         session   gcp-storage-emulator on a free loopback port; sets STORAGE_EMULATOR_HOST
-    gcs_root    function  a fresh gs://<bucket>/<prefix> on that emulator
-    tf_gcs_env  session   env for a TensorFlow subprocess whose gs:// I/O lands in the emulator
-    fake_hub    function  a fake Hugging Face Hub API on loopback; huggingface_hub points at it
-    fake_tpu    function  a fake Cloud TPU v2 REST API on loopback (FakeTpuApi; .url for api_endpoint) that
-                          takes only tokens of the OAuth peer; google_cloud_default holds sa_key
-    oauth_server session  a loopback OAuth2 token endpoint (peers.oauth_token); sa_key: a key for it
-    sshd        session   a real OpenSSH server on loopback: (host, port, user, private_key_path)
-    airflow_env session   env of a migrated SQLite Airflow in a temp AIRFLOW_HOME (peers.airflow_home.dags_test)
-    pt_python   session   python of the PyTorch + transformers 5.x env (.venv-pt/, `make env-pt`)
-    tiny_model  session   (cfg, run) of a tiny model trained and saved by the real train step
+gcs         session   gcp-storage-emulator on a free loopback port; sets STORAGE_EMULATOR_HOST
+gcs_root    function  a fresh gs://<bucket>/<prefix> on that emulator
+tf_gcs_env  session   env for a TensorFlow subprocess whose gs:// I/O lands in the emulator
+fake_hub    function  a fake Hugging Face Hub API on loopback; huggingface_hub points at it
+fake_tpu    function  a fake Cloud TPU v2 REST API on loopback (FakeTpuApi; .url for api_endpoint) that
+                      takes only tokens of the OAuth peer; google_cloud_default holds sa_key
+oauth_server session  a loopback OAuth2 token endpoint (peers.oauth_token); sa_key: a key for it
+sshd        session   a real OpenSSH server on loopback: (host, port, user, private_key_path)
+airflow_env session   env of a migrated SQLite Airflow in a temp AIRFLOW_HOME (peers.airflow_home.dags_test)
+pt_python   session   python of the PyTorch + transformers 5.x env (.venv-pt/, `make env-pt`)
+tiny_model  session   (cfg, run) of a tiny model trained and saved by the real train step
 """
+
 import os
 import sys
 
@@ -76,11 +77,21 @@ def _storage_deadline_restored():
 #   slow    marked by hand (trains a model, runs Airflow end to end, resolves locks against the index), or
 #           needs a fixture that takes long to build (_SLOW_FIXTURES)
 #   unit    everything else: seconds each, on this machine's CPU and loopback peers
-_E2E_FIXTURES = {"airflow_env", "airflow_stack", "airflow_api", "pt_python", "tiny_model", "tpu_vm_python",
-                 "tf_gcs_env", "tls_gcs_proxy"}
+_E2E_FIXTURES = {
+    "airflow_env",
+    "airflow_stack",
+    "airflow_api",
+    "pt_python",
+    "tiny_model",
+    "tpu_vm_python",
+    "tf_gcs_env",
+    "tls_gcs_proxy",
+}
 _SLOW_FIXTURES = {"seed_shards"}  # the seed's own script writes them (datasets.map pipeline): ~15 s to build
-_E2E_FILES = {"test_simulated_tpu_vm.py",  # builds the simulated TPU VM image (tests/peers/tpu_vm_image.py)
-              "test_train_job.py"}        # detached trainers killed, frozen and left stale over sshd: ~1 min
+_E2E_FILES = {
+    "test_simulated_tpu_vm.py",  # builds the simulated TPU VM image (tests/peers/tpu_vm_image.py)
+    "test_train_job.py",
+}  # detached trainers killed, frozen and left stale over sshd: ~1 min
 
 
 def _suffix_xdist_groups(config, items):
@@ -92,8 +103,9 @@ def _suffix_xdist_groups(config, items):
     from _pytest.nodeid import NodeId
 
     for item in items:
-        names = sorted({str(m.args[0] if m.args else m.kwargs.get("name", "default"))
-                        for m in item.iter_markers("xdist_group")})
+        names = sorted(
+            {str(m.args[0] if m.args else m.kwargs.get("name", "default")) for m in item.iter_markers("xdist_group")}
+        )
         if names and "@" not in item.nodeid:
             item._id = NodeId.parse(f"{item.nodeid}@{'_'.join(names)}")
 

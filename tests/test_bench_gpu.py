@@ -1,5 +1,6 @@
 """bench/bench_gpu.py keeps working without a GPU: its CPU check (tiny preset, a few steps, the tiny
 corpus) runs as a subprocess, as a user runs it, and prints both loops' rows with every column."""
+
 import os
 import subprocess
 import sys
@@ -21,9 +22,27 @@ def _number(cell: str) -> float:
 
 def test_cpu_check_prints_both_loops_with_throughput_mfu_and_memory(tmp_path):
     env = {**os.environ, "MLM_BENCH_ROOT": str(tmp_path / "bench"), "TF_CPP_MIN_LOG_LEVEL": "3"}
-    out = subprocess.run([sys.executable, "bench/bench_gpu.py", "--device", "cpu", "--preset", "tiny", "--steps", "6",
-                          "--batch", "8", "--config", "configs/tiny.yaml"],
-                         cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    out = subprocess.run(
+        [
+            sys.executable,
+            "bench/bench_gpu.py",
+            "--device",
+            "cpu",
+            "--preset",
+            "tiny",
+            "--steps",
+            "6",
+            "--batch",
+            "8",
+            "--config",
+            "configs/tiny.yaml",
+        ],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert out.returncode == 0, out.stderr[-3000:]
     lines = out.stdout.splitlines()
     table = [line for line in lines if line.startswith("|")]
@@ -37,6 +56,7 @@ def test_cpu_check_prints_both_loops_with_throughput_mfu_and_memory(tmp_path):
         assert row["steps/call"] == "1", (name, row)  # CPU: train.steps_per_call auto is 1; fit's default
     # The reference computes the LM head at every position, ours at the masked slots only.
     assert _number(rows["reference"]["MFLOP/token"]) > _number(rows["ours"]["MFLOP/token"])
-    assert any(line.startswith("model.preset tiny") and "XLA on" in line and "the first 2 not timed" in line
-               for line in lines), out.stdout
+    assert any(
+        line.startswith("model.preset tiny") and "XLA on" in line and "the first 2 not timed" in line for line in lines
+    ), out.stdout
     assert any(line.startswith("whole command") for line in lines), out.stdout

@@ -1,5 +1,6 @@
 """pyproject.toml declares what mlm_tasks imports, no more and no less, with bounds that the locked
 environment meets (a dependency added to the code and forgotten in the package fails here)."""
+
 import ast
 import functools
 import sys
@@ -52,8 +53,11 @@ def _distribution_of(module: str) -> str:
     parts = module.split(".")
     for depth in range(len(parts), 1, -1):  # the longest package path a distribution ships
         prefix = "/".join(parts[:depth])
-        owners = {canonicalize_name(d) for d in candidates
-                  if f"{prefix}/__init__.py" in _files_of(d) or f"{prefix}.py" in _files_of(d)}
+        owners = {
+            canonicalize_name(d)
+            for d in candidates
+            if f"{prefix}/__init__.py" in _files_of(d) or f"{prefix}.py" in _files_of(d)
+        }
         if len(owners) == 1:
             return owners.pop()
     raise AssertionError(f"No single installed distribution provides {module} (candidates {candidates})")
@@ -70,7 +74,8 @@ def test_the_locked_versions_meet_the_declared_bounds():
     for name, req in _declared().items():
         assert req.specifier.contains(metadata.version(name)), (
             f"{name} {metadata.version(name)} (requirements.txt) does not meet pyproject.toml's {req}: "
-            "move the bound or the pin")
+            "move the bound or the pin"
+        )
 
 
 def test_the_tpu_vm_images_and_locks_meet_the_declared_bounds():

@@ -1,5 +1,6 @@
 """Import boundaries: mlm_tasks runs without Airflow; parsing the DAGs loads no TensorFlow, quickly; mlm_tasks has
 no import cycles, and its steps import libraries, never other steps (house style rule 19)."""
+
 import subprocess
 import sys
 from pathlib import Path
@@ -10,18 +11,25 @@ ROOT = Path(__file__).resolve().parents[1]
 def _run(code: str, **env) -> str:
     import os
 
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, timeout=300,
-                         env={**os.environ, **env})
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, timeout=300, env={**os.environ, **env}
+    )
     assert out.returncode == 0, out.stderr
     return out.stdout.strip()
 
 
 def test_importing_mlm_tasks_does_not_import_airflow_or_tensorflow():
-    mods = [".".join(p.relative_to(ROOT).with_suffix("").parts).removesuffix(".__init__")
-            for p in (ROOT / "mlm_tasks").rglob("*.py") if p.stem != "__main__"]
+    mods = [
+        ".".join(p.relative_to(ROOT).with_suffix("").parts).removesuffix(".__init__")
+        for p in (ROOT / "mlm_tasks").rglob("*.py")
+        if p.stem != "__main__"
+    ]
     assert {"mlm_tasks.steps.train", "mlm_tasks.data.corpus.wiki", "mlm_tasks.tpu.vm.check_image"} <= set(mods)
-    code = ("import sys\n" + "".join(f"import {m}\n" for m in mods)
-            + "print(sorted({m.split('.')[0] for m in sys.modules} & {'airflow', 'tensorflow', 'transformers'}))")
+    code = (
+        "import sys\n"
+        + "".join(f"import {m}\n" for m in mods)
+        + "print(sorted({m.split('.')[0] for m in sys.modules} & {'airflow', 'tensorflow', 'transformers'}))"
+    )
     assert _run(code) == "[]"
 
 
@@ -31,14 +39,18 @@ import sys, time
 import airflow.sdk
 from airflow.dag_processing.dagbag import DagBag
 t = time.perf_counter()
-bag = DagBag(dag_folder={str(ROOT / 'dags')!r})
+bag = DagBag(dag_folder={str(ROOT / "dags")!r})
 took = time.perf_counter() - t
 assert not bag.import_errors, bag.import_errors
 print(sorted(bag.dag_ids), 'tensorflow' in sys.modules, 'transformers' in sys.modules, round(took, 2))
 """
-    out = _run(code, AIRFLOW_HOME=str(tmp_path), AIRFLOW__CORE__LOAD_EXAMPLES="False",
-               AIRFLOW__CORE__PLUGINS_FOLDER=str(ROOT / "plugins"),
-               PYTHONPATH=f"{ROOT}:{ROOT / 'plugins'}").splitlines()[-1]
+    out = _run(
+        code,
+        AIRFLOW_HOME=str(tmp_path),
+        AIRFLOW__CORE__LOAD_EXAMPLES="False",
+        AIRFLOW__CORE__PLUGINS_FOLDER=str(ROOT / "plugins"),
+        PYTHONPATH=f"{ROOT}:{ROOT / 'plugins'}",
+    ).splitlines()[-1]
     dag_ids, tf_loaded, hf_loaded, took = eval(out.split("] ")[0] + "]"), *out.split("] ")[1].split()
     assert {"mlm_pretrain", "mlm_tpu_janitor"} <= set(dag_ids)
     assert tf_loaded == "False" and hf_loaded == "False"
@@ -103,8 +115,9 @@ def test_mlm_tasks_has_no_import_cycles():
 
 def test_steps_import_libraries_not_other_steps():
     edges = _import_graph()
-    step_imports_step = sorted((a, b) for a in edges for b in edges[a]
-                               if a.startswith("mlm_tasks.steps.") and b.startswith("mlm_tasks.steps."))
+    step_imports_step = sorted(
+        (a, b) for a in edges for b in edges[a] if a.startswith("mlm_tasks.steps.") and b.startswith("mlm_tasks.steps.")
+    )
     assert "mlm_tasks.steps.train" in edges and step_imports_step == []
 
 

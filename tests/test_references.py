@@ -1,6 +1,7 @@
 """No page, docstring or comment points at a file or module that does not exist: a reader who follows a
 reference (`plugins/mlm_airflow/connections.py`, `mlm_tasks.smoke`, `bench/bench_shards.py`) finds it. Paths are
 checked against the checkout; dotted names against the modules of mlm_tasks and the names they define."""
+
 import ast
 import os
 import re
@@ -17,8 +18,15 @@ SKIP_DIRS = {".venv", ".venv-pt", ".venv-tpuvm", ".git", ".site", "node_modules"
 
 
 def _sources() -> list[Path]:
-    files = [ROOT / "README.md", *(ROOT / "docs").glob("*.md"), ROOT / "bench" / "RESULTS.md",
-             ROOT / "Makefile", ROOT / "pyproject.toml", ROOT / "docker-compose.yaml", ROOT / "Dockerfile"]
+    files = [
+        ROOT / "README.md",
+        *(ROOT / "docs").glob("*.md"),
+        ROOT / "bench" / "RESULTS.md",
+        ROOT / "Makefile",
+        ROOT / "pyproject.toml",
+        ROOT / "docker-compose.yaml",
+        ROOT / "Dockerfile",
+    ]
     for top in TOP:
         for folder, dirs, names in os.walk(ROOT / top):
             dirs[:] = [d for d in dirs if d not in SKIP_DIRS and not d.startswith(".")]
@@ -78,7 +86,13 @@ def test_every_file_and_module_a_page_or_comment_names_exists():
     assert not missing, "references to files or modules that do not exist:\n" + "\n".join(sorted(set(missing)))
 
 
-@pytest.mark.parametrize("ref,ok", [("mlm_tasks.storage.read_json", True), ("mlm_tasks.tpu.nothere", False),
-                                    ("mlm_tasks.config.PipelineConfig", True)])
+@pytest.mark.parametrize(
+    "ref,ok",
+    [
+        ("mlm_tasks.storage.read_json", True),
+        ("mlm_tasks.tpu.nothere", False),
+        ("mlm_tasks.config.PipelineConfig", True),
+    ],
+)
 def test_the_dotted_check_tells_a_module_or_name_from_a_stale_one(ref, ok):
     assert _dotted_ok(ref, _module_names()) is ok

@@ -6,6 +6,7 @@ mlm_tasks.steps.STEPS in order; the CLI verb is the step's name; the task id is 
 task of mlm_pretrain (the shard-set steps of mlm_dataset_refresh too). Every task of the two DAGs is a
 step or one of the tasks the doc lists as not a step, and no task pulls another's XCom by task id.
 """
+
 import importlib
 import inspect
 import re
@@ -34,7 +35,7 @@ def read_table(text: str) -> list[dict]:
     starts = [i for i, line in enumerate(lines) if line.lstrip().startswith("|") and _cells(line) == HEADER]
     assert len(starts) == 1, f"{DOC.name} must hold exactly one table with columns {HEADER}, found {len(starts)}"
     rows = []
-    for line in lines[starts[0] + 2:]:  # skip the |---| line
+    for line in lines[starts[0] + 2 :]:  # skip the |---| line
         if not line.lstrip().startswith("|"):
             break
         cells = _cells(line)
@@ -78,12 +79,12 @@ def test_row_names_one_module_one_function(row):
     assert func.__module__ == module.__name__, f"{step}() is imported into {row['module']}, not defined there"
     params = list(inspect.signature(func).parameters.values())
     first = ["cfg"] if step in NO_RUN_CONTEXT else ["cfg", "ctx"]
-    assert [p.name for p in params[:len(first)]] == first, f"{step}{inspect.signature(func)}"
+    assert [p.name for p in params[: len(first)]] == first, f"{step}{inspect.signature(func)}"
     assert "PipelineConfig" in str(params[0].annotation), f"{step}{inspect.signature(func)}"
     assert step in NO_RUN_CONTEXT or "RunContext" in str(params[1].annotation), f"{step}{inspect.signature(func)}"
     if step in NO_RUN_CONTEXT:
         assert "ctx" not in [p.name for p in params], f"{step}{inspect.signature(func)}: a ctx it never uses"
-    rest = [p.name for p in params[len(first):] if p.kind is not inspect.Parameter.KEYWORD_ONLY]
+    rest = [p.name for p in params[len(first) :] if p.kind is not inspect.Parameter.KEYWORD_ONLY]
     assert not rest, f"{step}(): step-specific inputs must be keyword-only (after `*`): {rest}"
     assert row["inputs"] and row["outputs"], step
 
@@ -98,13 +99,18 @@ def test_cli_verb_and_task_id_are_the_step_name(row):
 
 
 def test_no_task_pulls_xcom_by_task_id():
-    offenders = [f"{path.relative_to(ROOT)}:{n}: {line.strip()}"
-                 for folder in ("plugins", "dags") for path in sorted((ROOT / folder).rglob("*.py"))
-                 for n, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1) if "task_ids=" in line]
+    offenders = [
+        f"{path.relative_to(ROOT)}:{n}: {line.strip()}"
+        for folder in ("plugins", "dags")
+        for path in sorted((ROOT / folder).rglob("*.py"))
+        for n, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1)
+        if "task_ids=" in line
+    ]
     assert not offenders, "values flow as XComArgs, never pulled by task id:\n" + "\n".join(offenders)
 
 
 # --- the DAGs, loaded as tests/dags/test_dag_integrity.py loads them ----------------------------------
+
 
 @pytest.fixture(scope="module")
 def dagbag():
@@ -117,7 +123,7 @@ def dagbag():
 def _last_error(trace: str) -> str:
     lines = trace.strip().splitlines()
     raised = [n for n, line in enumerate(lines) if re.match(r"^[\w.]+(Error|Exception)\b", line)]
-    return " ".join(line.strip() for line in lines[raised[-1] if raised else -1:])
+    return " ".join(line.strip() for line in lines[raised[-1] if raised else -1 :])
 
 
 def _dag(bag, dag_id: str):

@@ -9,6 +9,7 @@ a TPU VM streams shards straight from the bucket; on a pod `shard_policy` picks 
 own files) or DATA (every file, a slice of each batch). A bad record is a `DataLossError` naming no
 file: `damaged_shard_error` finds it. More: docs/data.md#reading-shards-in-training
 """
+
 from __future__ import annotations
 
 import logging
@@ -25,8 +26,9 @@ log = logging.getLogger(__name__)
 def make_collator(tokenizer, mlm_probability: float):
     from transformers import DataCollatorForLanguageModeling
 
-    return DataCollatorForLanguageModeling(tokenizer=tokenizer, mlm=True, mlm_probability=mlm_probability,
-                                           return_tensors="tf")
+    return DataCollatorForLanguageModeling(
+        tokenizer=tokenizer, mlm=True, mlm_probability=mlm_probability, return_tensors="tf"
+    )
 
 
 class BatchSeededRng:
@@ -44,8 +46,7 @@ class BatchSeededRng:
         import tensorflow as tf
 
         self.calls += 1  # counted at trace time: each draw site gets its own stream
-        key = tf.stack([tf.constant(self.seed * 1_000_003 + self.calls, tf.int64),
-                        tf.cast(self.batch_index, tf.int64)])
+        key = tf.stack([tf.constant(self.seed * 1_000_003 + self.calls, tf.int64), tf.cast(self.batch_index, tf.int64)])
         dtype = dtype or tf.float32
         if maxval is None:
             maxval = 1 if dtype.is_floating else None
@@ -55,17 +56,31 @@ class BatchSeededRng:
 def shard_policy(num_files: int, num_pipelines: int) -> tuple[str, str]:
     """("file" or "data", why): FILE when every input pipeline gets at least one whole file."""
     if num_files >= num_pipelines:
-        return "file", (f"{num_files} shard files >= {num_pipelines} input pipeline(s): each pipeline reads "
-                        f"only its own ~{num_files // num_pipelines} file(s)")
-    return "data", (f"only {num_files} shard files for {num_pipelines} input pipelines: every pipeline reads "
-                    f"every file and keeps its 1/{num_pipelines} of each batch (write smaller shards, "
-                    f"at least {num_pipelines} files, to read each file once)")
+        return "file", (
+            f"{num_files} shard files >= {num_pipelines} input pipeline(s): each pipeline reads "
+            f"only its own ~{num_files // num_pipelines} file(s)"
+        )
+    return "data", (
+        f"only {num_files} shard files for {num_pipelines} input pipelines: every pipeline reads "
+        f"every file and keeps its 1/{num_pipelines} of each batch (write smaller shards, "
+        f"at least {num_pipelines} files, to read each file once)"
+    )
 
 
-def mlm_dataset(shard_set: ShardSet, split: str, tokenizer, batch_size: int, *,
-                mlm_probability: float = 0.15, seed: int = 0, training: bool = True,
-                shuffle_buffer: int = 10_000, skip_batches: int = 0, take_batches: int | None = None,
-                input_context=None):
+def mlm_dataset(
+    shard_set: ShardSet,
+    split: str,
+    tokenizer,
+    batch_size: int,
+    *,
+    mlm_probability: float = 0.15,
+    seed: int = 0,
+    training: bool = True,
+    shuffle_buffer: int = 10_000,
+    skip_batches: int = 0,
+    take_batches: int | None = None,
+    input_context=None,
+):
     """Batches of {"input_ids", "attention_mask", "labels"} (labels = -100 where nothing is masked).
 
     training=True: shuffled, repeated, `skip_batches` skipped so a resumed run continues where the
@@ -86,8 +101,10 @@ def mlm_dataset(shard_set: ShardSet, split: str, tokenizer, batch_size: int, *,
         pipelines, pipeline_id = input_context.num_input_pipelines, input_context.input_pipeline_id
         per_replica = input_context.get_per_replica_batch_size(batch_size)
     if batch_size % pipelines:
-        raise ValueError(f"Global batch {batch_size} does not split over {pipelines} input pipelines: "
-                         "use a batch that the replica count divides.")
+        raise ValueError(
+            f"Global batch {batch_size} does not split over {pipelines} input pipelines: "
+            "use a batch that the replica count divides."
+        )
     policy, why = shard_policy(len(files), pipelines)
     log.info("Input pipeline %d of %d shards %s by %s: %s", pipeline_id + 1, pipelines, split, policy.upper(), why)
     step_batch = batch_size // pipelines  # this pipeline's examples per step
@@ -101,8 +118,12 @@ def mlm_dataset(shard_set: ShardSet, split: str, tokenizer, batch_size: int, *,
     ds = tf.data.Dataset.from_tensor_slices(files)
     if training:
         ds = ds.shuffle(len(files), seed=seed, reshuffle_each_iteration=True)
-    ds = ds.interleave(tf.data.TFRecordDataset, cycle_length=min(4, len(files)),
-                       num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
+    ds = ds.interleave(
+        tf.data.TFRecordDataset,
+        cycle_length=min(4, len(files)),
+        num_parallel_calls=tf.data.AUTOTUNE,
+        deterministic=True,
+    )
     if training:
         ds = ds.shuffle(shuffle_buffer, seed=seed, reshuffle_each_iteration=True).repeat()
     ds = ds.batch(batch_size if policy == "data" else step_batch, drop_remainder=training).enumerate()
@@ -115,13 +136,14 @@ def mlm_dataset(shard_set: ShardSet, split: str, tokenizer, batch_size: int, *,
 
     def parse_and_mask(index, serialized):
         if policy == "data":  # this pipeline's slice of the global batch, cut before the costly parse
-            serialized = serialized[pipeline_id * step_batch:(pipeline_id + 1) * step_batch]
+            serialized = serialized[pipeline_id * step_batch : (pipeline_id + 1) * step_batch]
         ids = tf.cast(tf.io.parse_example(serialized, feature)["input_ids"], tf.int32)
         special = tf.reduce_any(ids[..., None] == special_ids, axis=-1)
         # Each (step, pipeline) its own masks; on one pipeline the key is the step, as it always was.
         collator.generator = BatchSeededRng(seed, index * pipelines + pipeline_id)
-        masked, labels = collator.tf_mask_tokens(ids, vocab_size=vocab_size, mask_token_id=mask_id,
-                                                 special_tokens_mask=special)
+        masked, labels = collator.tf_mask_tokens(
+            ids, vocab_size=vocab_size, mask_token_id=mask_id, special_tokens_mask=special
+        )
         # Chunks are packed, so every position is real text: the mask is all ones.
         return {"input_ids": masked, "attention_mask": tf.ones_like(ids), "labels": labels}
 
@@ -147,6 +169,8 @@ def damaged_shard_error(shard_set: ShardSet, split: str, err) -> ConfigError | N
             try:
                 count_records(f, uri)
             except ConfigError as bad:
-                return ConfigError(f"Training read a damaged {split} shard (TensorFlow: {said}). {bad} Retrying "
-                                   "cannot fix it, so the run fails now.")
+                return ConfigError(
+                    f"Training read a damaged {split} shard (TensorFlow: {said}). {bad} Retrying "
+                    "cannot fix it, so the run fails now."
+                )
     return None

@@ -10,6 +10,7 @@ Why: `manifest.json` is the source of truth for our reader (counts, checksums, s
 names carry counts only for readers that list files. `shards.partitions` stays out of the fingerprint
 (any count gives the same records). docs/data.md#the-shard-set-fingerprint-and-manifest
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -34,15 +35,23 @@ MANIFEST_VERSION = 2
 
 def rebuild_hint(paths: DataPaths) -> str:
     """What to delete so the next run rebuilds this shard set (the tokenizer is kept)."""
-    return (f"delete {paths.shards_dir} and {paths.partitions_dir}, then rerun build_shard_set (or the DAG) to "
-            "rebuild the shard set")
+    return (
+        f"delete {paths.shards_dir} and {paths.partitions_dir}, then rerun build_shard_set (or the DAG) to "
+        "rebuild the shard set"
+    )
 
 
 def build_manifest(paths: DataPaths, max_length: int, records_per_shard: int, splits: dict, extra: dict) -> dict:
     """The manifest of a shard set: the one place its fields are named."""
-    return {"version": MANIFEST_VERSION, "fingerprint": paths.fingerprint, "max_length": max_length,
-            "records_per_shard": records_per_shard, "features": ["input_ids", "attention_mask"],
-            "splits": splits, **extra}
+    return {
+        "version": MANIFEST_VERSION,
+        "fingerprint": paths.fingerprint,
+        "max_length": max_length,
+        "records_per_shard": records_per_shard,
+        "features": ["input_ids", "attention_mask"],
+        "splits": splits,
+        **extra,
+    }
 
 
 def publish_manifest(paths: DataPaths, manifest: dict) -> ShardSet:
@@ -60,19 +69,23 @@ class ShardSet:
     @classmethod
     def load(cls, paths: DataPaths) -> ShardSet:
         if not storage.exists(paths.success):
-            raise MissingArtifactError(f"No complete shard set under {paths.shards_dir} (no _SUCCESS): run "
-                                       "build_shard_set first (or the DAG) or check output_root and the data "
-                                       "fingerprint.")
+            raise MissingArtifactError(
+                f"No complete shard set under {paths.shards_dir} (no _SUCCESS): run "
+                "build_shard_set first (or the DAG) or check output_root and the data "
+                "fingerprint."
+            )
         try:
             data = json.loads(storage.read_bytes(paths.manifest))
             if not isinstance(data, dict) or not isinstance(data.get("splits"), dict):
                 raise ValueError("not a manifest object with 'splits'")
         except FileNotFoundError:
-            raise ConfigError(f"{paths.manifest} is missing although {paths.success} exists: "
-                              f"{rebuild_hint(paths)}.") from None
+            raise ConfigError(
+                f"{paths.manifest} is missing although {paths.success} exists: {rebuild_hint(paths)}."
+            ) from None
         except (ValueError, UnicodeDecodeError) as err:  # JSONDecodeError is a ValueError
-            raise ConfigError(f"{paths.manifest} is damaged ({type(err).__name__}: {err}): "
-                              f"{rebuild_hint(paths)}.") from None
+            raise ConfigError(
+                f"{paths.manifest} is damaged ({type(err).__name__}: {err}): {rebuild_hint(paths)}."
+            ) from None
         return cls(paths, data)
 
     fingerprint = property(lambda self: self.data["fingerprint"])
@@ -85,8 +98,10 @@ class ShardSet:
 
     def entry(self, split: str) -> dict:
         if split not in self.data["splits"]:
-            raise ConfigError(f"The shard set {self.paths.shards_dir} has no {split!r} split (has "
-                              f"{self.splits}): choose one of those.")
+            raise ConfigError(
+                f"The shard set {self.paths.shards_dir} has no {split!r} split (has "
+                f"{self.splits}): choose one of those."
+            )
         return self.data["splits"][split]
 
     def records(self, split: str) -> int:
@@ -108,18 +123,23 @@ class ShardSet:
         checksums=False compares sizes only: no shard is read (cheap enough for a check before the VM)."""
         for shard, uri in zip(self.shards(split), self.shard_uris(split), strict=False):
             if not storage.exists(uri):
-                raise ConfigError(f"Shard {uri} listed in {self.paths.manifest} is missing: "
-                                  f"{rebuild_hint(self.paths)}.")
+                raise ConfigError(
+                    f"Shard {uri} listed in {self.paths.manifest} is missing: {rebuild_hint(self.paths)}."
+                )
             size = storage.size(uri)
             if shard.get("bytes") is not None and size != shard["bytes"]:
-                raise ConfigError(f"Shard {uri} is corrupted or truncated ({size} bytes, manifest says "
-                                  f"{shard['bytes']}); retrying cannot fix it: {rebuild_hint(self.paths)}.")
+                raise ConfigError(
+                    f"Shard {uri} is corrupted or truncated ({size} bytes, manifest says "
+                    f"{shard['bytes']}); retrying cannot fix it: {rebuild_hint(self.paths)}."
+                )
             if not checksums or "sha256" not in shard:  # a set brought from elsewhere has sizes only
                 continue
             digest = storage.sha256(uri)
             if digest != shard["sha256"]:
-                raise ConfigError(f"Shard {uri} is corrupted or truncated (sha256 {digest[:12]}…, manifest says "
-                                  f"{shard['sha256'][:12]}…); retrying cannot fix it: {rebuild_hint(self.paths)}.")
+                raise ConfigError(
+                    f"Shard {uri} is corrupted or truncated (sha256 {digest[:12]}…, manifest says "
+                    f"{shard['sha256'][:12]}…); retrying cannot fix it: {rebuild_hint(self.paths)}."
+                )
 
 
 def manifest_extra(cfg: PipelineConfig, corpus, corpus_fingerprint: str, paths: DataPaths, tokenizer) -> dict:
@@ -133,8 +153,12 @@ def manifest_extra(cfg: PipelineConfig, corpus, corpus_fingerprint: str, paths: 
         "corpus_source": cfg.corpus.source,
         "corpus_fingerprint": corpus_fingerprint,
         "credit": corpus.credit,
-        "special_ids": {"pad": tokenizer.pad_token_id, "mask": tokenizer.mask_token_id,
-                        "bos": tokenizer.cls_token_id, "eos": tokenizer.sep_token_id},
+        "special_ids": {
+            "pad": tokenizer.pad_token_id,
+            "mask": tokenizer.mask_token_id,
+            "bos": tokenizer.cls_token_id,
+            "eos": tokenizer.sep_token_id,
+        },
     }
 
 
@@ -179,10 +203,13 @@ def data_summary(shard_set: ShardSet, cache_hit: bool, written_here: bool = Fals
         "tokens": {s: shard_set.tokens(s) for s in splits},
         "shards": {s: len(shard_set.shards(s)) for s in splits},
         "base_model": shard_set.base_model,
-        "corpus": {"rows": sum(splits[s].get("rows") or 0 for s in splits),
-                   "articles": sum(splits[s].get("articles") or 0 for s in splits) or None,
-                   "characters": sum(splits[s].get("characters") or 0 for s in splits),
-                   "source": manifest["corpus_source"], "credit": manifest.get("credit", "")},
+        "corpus": {
+            "rows": sum(splits[s].get("rows") or 0 for s in splits),
+            "articles": sum(splits[s].get("articles") or 0 for s in splits) or None,
+            "characters": sum(splits[s].get("characters") or 0 for s in splits),
+            "source": manifest["corpus_source"],
+            "credit": manifest.get("credit", ""),
+        },
     }
 
 
@@ -195,8 +222,10 @@ def summary_for_fingerprint(cfg: PipelineConfig, fingerprint: str) -> DataSummar
     """The summary of an already prepared shard set, by fingerprint (e.g. from a dataset-refresh event)."""
     paths = DataPaths(cfg.output_root, fingerprint)
     if not storage.exists(paths.success):
-        raise MissingArtifactError(f"No complete shard set for fingerprint {fingerprint} under {paths.shards_dir}: "
-                                   "was it deleted? Rerun mlm_dataset_refresh or trigger mlm_pretrain manually.")
+        raise MissingArtifactError(
+            f"No complete shard set for fingerprint {fingerprint} under {paths.shards_dir}: "
+            "was it deleted? Rerun mlm_dataset_refresh or trigger mlm_pretrain manually."
+        )
     log.info("Using the shard set with fingerprint %s at %s", fingerprint, paths.shards_dir)
     return data_summary(ShardSet.load(paths), cache_hit=True)
 
@@ -217,14 +246,19 @@ def ensure_tokenizer(cfg: PipelineConfig, corpus, paths: DataPaths) -> None:
         tok.no_truncation()
         tok.no_padding()
         save_tokenizer(tok, paths.tokenizer, cfg.shards.max_length)
-        log.info("Using the tokenizer of the base model %s (vocab %d): no tokenizer is trained -> %s", base.uri,
-                 tok.get_vocab_size(), paths.tokenizer)
+        log.info(
+            "Using the tokenizer of the base model %s (vocab %d): no tokenizer is trained -> %s",
+            base.uri,
+            tok.get_vocab_size(),
+            paths.tokenizer,
+        )
         return
     t0 = time.time()
     tok = train_unigram(corpus.rows("train"), cfg.tokenizer)
     save_tokenizer(tok, paths.tokenizer, cfg.shards.max_length)
-    log.info("Trained Unigram tokenizer (vocab %d) in %.1fs -> %s", tok.get_vocab_size(), time.time() - t0,
-             paths.tokenizer)
+    log.info(
+        "Trained Unigram tokenizer (vocab %d) in %.1fs -> %s", tok.get_vocab_size(), time.time() - t0, paths.tokenizer
+    )
 
 
 def adopt(cfg: PipelineConfig, corpus: ShardsCorpus, paths: DataPaths, corpus_fingerprint: str) -> None:
@@ -241,11 +275,18 @@ def adopt(cfg: PipelineConfig, corpus: ShardsCorpus, paths: DataPaths, corpus_fi
         entry = corpus.split_entry(split)
         entry["tokens"] = entry["records"] * max_length
         splits[split] = entry
-    extra = {**manifest_extra(cfg, corpus, corpus_fingerprint, paths, tokenizer),
-             "shards_uri": cfg.corpus.shards_uri, "tokenizer_uri": cfg.corpus.tokenizer_uri}
+    extra = {
+        **manifest_extra(cfg, corpus, corpus_fingerprint, paths, tokenizer),
+        "shards_uri": cfg.corpus.shards_uri,
+        "tokenizer_uri": cfg.corpus.tokenizer_uri,
+    }
     publish_manifest(paths, build_manifest(paths, max_length, 0, splits, extra))
-    log.info("Adopted the shards under %s as data %s: %s", cfg.corpus.shards_uri, paths.fingerprint,
-             ", ".join(f"{s} {e['records']} records in {len(e['shards'])} files" for s, e in splits.items()))
+    log.info(
+        "Adopted the shards under %s as data %s: %s",
+        cfg.corpus.shards_uri,
+        paths.fingerprint,
+        ", ".join(f"{s} {e['records']} records in {len(e['shards'])} files" for s, e in splits.items()),
+    )
 
 
 def load_manifest(cfg: PipelineConfig, fingerprint: str) -> ShardSet:
@@ -253,10 +294,14 @@ def load_manifest(cfg: PipelineConfig, fingerprint: str) -> ShardSet:
     paths = DataPaths(cfg.output_root, fingerprint)
     shard_set = ShardSet.load(paths)
     if shard_set.max_length != cfg.shards.max_length:
-        raise ConfigError(f"The shards at {paths.shards_dir} were built with max_length "
-                          f"{shard_set.max_length} but this run asks for {cfg.shards.max_length}: "
-                          "prepare data with the run's max_length, or set max_length to match.")
+        raise ConfigError(
+            f"The shards at {paths.shards_dir} were built with max_length "
+            f"{shard_set.max_length} but this run asks for {cfg.shards.max_length}: "
+            "prepare data with the run's max_length, or set max_length to match."
+        )
     if storage.sha256(join(paths.tokenizer, "tokenizer.json")) != shard_set.tokenizer_sha256:
-        raise ConfigError(f"The tokenizer at {paths.tokenizer} is not the one the shards were encoded "
-                          "with (sha256 differs): delete the dataset folder and rerun plan_shards.")
+        raise ConfigError(
+            f"The tokenizer at {paths.tokenizer} is not the one the shards were encoded "
+            "with (sha256 differs): delete the dataset folder and rerun plan_shards."
+        )
     return shard_set

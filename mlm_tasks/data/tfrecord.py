@@ -10,6 +10,7 @@ Why not tf.train.Example and tf.io.TFRecordWriter: a proto per record costs more
 (bench/bench_shards.py) and importing TensorFlow costs seconds per writer; numpy encodes a whole block
 at once. Held to TensorFlow's bytes by tests/mlm_tasks/data/test_shards_format.py; docs/data.md#the-file-format
 """
+
 from __future__ import annotations
 
 import re
@@ -66,12 +67,12 @@ def _varint_block(values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     # Bytes the largest value needs: one pass over the block, not one per possible width.
     width = max(1, (int(v.max()).bit_length() + 6) // 7) if v.size else 1
     shifts = np.arange(width, dtype=np.uint64) * np.uint64(7)
-    groups = ((v[..., None] >> shifts) & np.uint64(0x7F)).astype(np.uint8)     # [n, m, width]
+    groups = ((v[..., None] >> shifts) & np.uint64(0x7F)).astype(np.uint8)  # [n, m, width]
     nbytes = np.ones(v.shape, dtype=np.int64)
     for k in range(1, width):
         nbytes += v >= (1 << (7 * k))
     position = np.arange(width)
-    groups[position < nbytes[..., None] - 1] |= 0x80                           # continuation bits
+    groups[position < nbytes[..., None] - 1] |= 0x80  # continuation bits
     return groups[position < nbytes[..., None]], nbytes.sum(axis=1)
 
 
@@ -82,8 +83,17 @@ def _feature_entry(key: str, payload_len: int) -> bytes:
     int64_list = 1 + len(_varint(payload_len)) + payload_len
     feature = 1 + len(_varint(int64_list)) + int64_list
     entry = len(key_field) + 1 + len(_varint(feature)) + feature
-    return (b"\x0a" + _varint(entry) + key_field + b"\x12" + _varint(feature) + b"\x1a" + _varint(int64_list)
-            + b"\x0a" + _varint(payload_len))
+    return (
+        b"\x0a"
+        + _varint(entry)
+        + key_field
+        + b"\x12"
+        + _varint(feature)
+        + b"\x1a"
+        + _varint(int64_list)
+        + b"\x0a"
+        + _varint(payload_len)
+    )
 
 
 def encode_examples(block: np.ndarray) -> list[bytes]:
@@ -105,7 +115,7 @@ def encode_examples(block: np.ndarray) -> list[bytes]:
             ids_header = _feature_entry("input_ids", payload_len)
             features = len(mask_entry) + len(ids_header) + payload_len
             header = headers[payload_len] = b"\x0a" + _varint(features) + mask_entry + ids_header
-        out.append(header + data[start:start + payload_len])
+        out.append(header + data[start : start + payload_len])
         start += payload_len
     return out
 
@@ -115,8 +125,9 @@ def frame_records(records: list[bytes]) -> bytes:
     parts = []
     for record in records:
         length = struct.pack("<Q", len(record))
-        parts.append(length + struct.pack("<I", masked_crc32c(length)) + record
-                     + struct.pack("<I", masked_crc32c(record)))
+        parts.append(
+            length + struct.pack("<I", masked_crc32c(length)) + record + struct.pack("<I", masked_crc32c(record))
+        )
     return b"".join(parts)
 
 
@@ -124,8 +135,10 @@ _HEADER, _FOOTER = 12, 4  # uint64 length + its crc; the data's crc
 
 
 def _damaged(name: str, offset: int, what: str) -> ConfigError:
-    return ConfigError(f"{name}: the TFRecord at byte {offset} {what}. The file was cut short or altered after "
-                       "it was written: copy it again from its source, or remove it from the shard set.")
+    return ConfigError(
+        f"{name}: the TFRecord at byte {offset} {what}. The file was cut short or altered after "
+        "it was written: copy it again from its source, or remove it from the shard set."
+    )
 
 
 def iter_records(f, name: str, limit: int | None = None):
@@ -143,8 +156,9 @@ def iter_records(f, name: str, limit: int | None = None):
         if not header:
             return
         if len(header) < _HEADER:
-            raise _damaged(name, offset, f"is truncated: the file ends {len(header)} bytes into its "
-                                         f"{_HEADER}-byte header")
+            raise _damaged(
+                name, offset, f"is truncated: the file ends {len(header)} bytes into its {_HEADER}-byte header"
+            )
         if struct.unpack("<I", header[8:])[0] != masked_crc32c(header[:8]):
             hint = "" if offset else " (at byte 0: is this a TFRecord file? GZIP or ZLIB shards must be decompressed)"
             raise _damaged(name, offset, "has a wrong length checksum (length CRC)" + hint)
@@ -152,10 +166,15 @@ def iter_records(f, name: str, limit: int | None = None):
         left = size - offset - _HEADER
         if length + _FOOTER > left:
             if length + _HEADER + _FOOTER > size:
-                raise _damaged(name, offset, f"claims {length} bytes of data, more than the whole file "
-                                             f"({size} bytes) holds (length beyond the file)")
-            raise _damaged(name, offset, f"is truncated: it needs {length + _FOOTER} more bytes, the file "
-                                         f"ends after {left}")
+                raise _damaged(
+                    name,
+                    offset,
+                    f"claims {length} bytes of data, more than the whole file "
+                    f"({size} bytes) holds (length beyond the file)",
+                )
+            raise _damaged(
+                name, offset, f"is truncated: it needs {length + _FOOTER} more bytes, the file ends after {left}"
+            )
         data, footer = f.read(length), f.read(_FOOTER)
         if len(data) < length or len(footer) < _FOOTER:  # the file shrank while being read
             raise _damaged(name, offset, "is truncated: the file ended while it was read")
@@ -196,9 +215,9 @@ def _fields(buf: bytes):
             value, pos = _read_varint(buf, pos)
         elif wire == 2:
             size, pos = _read_varint(buf, pos)
-            value, pos = buf[pos:pos + size], pos + size
+            value, pos = buf[pos : pos + size], pos + size
         elif wire in (1, 5):
-            value, pos = buf[pos:pos + (8 if wire == 1 else 4)], pos + (8 if wire == 1 else 4)
+            value, pos = buf[pos : pos + (8 if wire == 1 else 4)], pos + (8 if wire == 1 else 4)
         else:
             raise ValueError(f"unsupported protobuf wire type {wire}")
         if pos > len(buf):  # slicing would silently hand back a shorter field

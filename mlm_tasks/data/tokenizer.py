@@ -6,6 +6,7 @@ Unigram training is not reproducible id-for-id (ties swap ~5% of ids), so a toke
 once per data fingerprint and published first-writer-wins: whoever loses the race uses the winner's
 file, and shards are always encoded with the tokenizer read back from storage.
 """
+
 from __future__ import annotations
 
 import logging
@@ -27,8 +28,9 @@ def train_unigram(rows: Iterable[str], cfg: TokenizerConfig):
     from tokenizers import AddedToken, Tokenizer, decoders, models, normalizers, pre_tokenizers, processors, trainers
 
     tok = Tokenizer(models.Unigram())
-    tok.normalizer = normalizers.Sequence([normalizers.NFKC(), normalizers.Replace("``", '"'),
-                                           normalizers.Replace("''", '"')])
+    tok.normalizer = normalizers.Sequence(
+        [normalizers.NFKC(), normalizers.Replace("``", '"'), normalizers.Replace("''", '"')]
+    )
     # prepend_scheme="first": without it "is <mask>." gains stray ▁ pieces and fill-mask collapses.
     tok.pre_tokenizer = pre_tokenizers.Metaspace(replacement="▁", prepend_scheme="first")
     tok.decoder = decoders.Metaspace(replacement="▁", prepend_scheme="first")
@@ -51,17 +53,22 @@ def train_unigram(rows: Iterable[str], cfg: TokenizerConfig):
     except Exception as err:  # the trainer raises a bare Exception for this one bad input
         if "not large enough to contain all chars" not in str(err):
             raise
-        raise ConfigError(f"tokenizer.vocab_size {cfg.vocab_size} is smaller than this corpus's distinct "
-                          f"characters plus the {len(SPECIAL_TOKENS)} special tokens (every character needs a "
-                          "piece): raise vocab_size.") from None
+        raise ConfigError(
+            f"tokenizer.vocab_size {cfg.vocab_size} is smaller than this corpus's distinct "
+            f"characters plus the {len(SPECIAL_TOKENS)} special tokens (every character needs a "
+            "piece): raise vocab_size."
+        ) from None
     if not seen[0]:
         raise empty_corpus_error()
     if tok.get_vocab_size() < cfg.vocab_size:
         # The trainer stops early when the corpus has fewer useful pieces than asked for.
-        raise ConfigError(f"tokenizer.vocab_size {cfg.vocab_size} is larger than this corpus supports "
-                          f"(the trainer found only {tok.get_vocab_size()} pieces): lower vocab_size.")
+        raise ConfigError(
+            f"tokenizer.vocab_size {cfg.vocab_size} is larger than this corpus supports "
+            f"(the trainer found only {tok.get_vocab_size()} pieces): lower vocab_size."
+        )
     tok.post_processor = processors.TemplateProcessing(
-        single="<s> $A </s>", pair="<s> $A </s> </s> $B </s>",
+        single="<s> $A </s>",
+        pair="<s> $A </s> </s> $B </s>",
         special_tokens=[("<s>", tok.token_to_id("<s>")), ("</s>", tok.token_to_id("</s>"))],
     )
     return tok
@@ -73,8 +80,12 @@ def to_pretrained(tok, max_length: int):
 
     return PreTrainedTokenizerFast(
         tokenizer_object=tok,
-        bos_token="<s>", eos_token="</s>", sep_token="</s>", cls_token="<s>",
-        unk_token="<unk>", pad_token="<pad>",
+        bos_token="<s>",
+        eos_token="</s>",
+        sep_token="</s>",
+        cls_token="<s>",
+        unk_token="<unk>",
+        pad_token="<pad>",
         mask_token=AddedToken("<mask>", lstrip=True, normalized=False),
         model_max_length=max_length,
     )

@@ -10,6 +10,7 @@ ids / max_length) whatever the partition count; names carry partition and record
 reads the count; a partition stages privately and writes its partial manifest last, the merge writes
 manifest.json then `_SUCCESS`, and two writers of one fingerprint write the same bytes.
 """
+
 from __future__ import annotations
 
 import logging
@@ -36,8 +37,9 @@ from mlm_tasks.paths import SPLITS, DataPaths, join
 log = logging.getLogger(__name__)
 
 
-def encoded_batches(split_rows: Iterable[tuple[str, str]], tokenizer, batch_rows: int
-                    ) -> Iterator[tuple[str, list[str], list]]:
+def encoded_batches(
+    split_rows: Iterable[tuple[str, str]], tokenizer, batch_rows: int
+) -> Iterator[tuple[str, list[str], list]]:
     """(split, rows, encodings) for batches of `batch_rows` rows of one split each, in row order per split,
     from one stream of (split, row) pairs: a corpus is read once for all its splits."""
     backend = tokenizer.backend_tokenizer if hasattr(tokenizer, "backend_tokenizer") else tokenizer
@@ -116,22 +118,32 @@ class BlockWriter:
                 name = os.path.join(self.dir, f"part-{len(self.shards):05d}.tfrecord")
                 self.file, self.count = open(name, "wb"), 0  # noqa: SIM115
             take = min(self.cfg.records_per_shard - self.count, len(encoded) - done)
-            self.file.write(frame_records(encoded[done:done + take]))
+            self.file.write(frame_records(encoded[done : done + take]))
             done, self.count, self.records = done + take, self.count + take, self.records + take
             if self.count == self.cfg.records_per_shard:
                 self._close(self.file)
         if time.time() - self.last_log > 10:  # progress for long corpora, quiet for small ones
             self.last_log = time.time()
-            log.info("%s: %d records so far (%.0f tokens/s)", self.split, self.records,
-                     self.records * self.cfg.max_length / max(self.last_log - self.t0, 1e-9))
+            log.info(
+                "%s: %d records so far (%.0f tokens/s)",
+                self.split,
+                self.records,
+                self.records * self.cfg.max_length / max(self.last_log - self.t0, 1e-9),
+            )
 
     def _close(self, file: BinaryIO) -> None:
         file.close()
         # The count goes into the name only now that it is known: a finished shard is renamed once.
         final = os.path.join(self.dir, shard_name(self.prefix, len(self.shards), self.count))
         os.replace(file.name, final)
-        self.shards.append({"file": f"{self.split}/{os.path.basename(final)}", "records": self.count,
-                            "bytes": os.path.getsize(final), "sha256": storage.sha256(final)})
+        self.shards.append(
+            {
+                "file": f"{self.split}/{os.path.basename(final)}",
+                "records": self.count,
+                "bytes": os.path.getsize(final),
+                "sha256": storage.sha256(final),
+            }
+        )
         self.file = None
 
     def finish(self) -> list[dict]:
@@ -145,10 +157,15 @@ def check_split_written(split: str, entry: dict, max_length: int) -> None:
     if split == "train" and entry["rows"] == 0:
         raise empty_corpus_error()
     if split in ("train", "validation") and entry["records"] == 0:
-        more = "add text or lower max_length" if split == "train" else \
-            "add text, lower max_length, or raise corpus.validation_fraction"
-        raise ConfigError(f"The {split} split ({entry['rows']} rows, {entry['characters']} characters) "
-                          f"is shorter than one chunk of {max_length} tokens: {more}.")
+        more = (
+            "add text or lower max_length"
+            if split == "train"
+            else "add text, lower max_length, or raise corpus.validation_fraction"
+        )
+        raise ConfigError(
+            f"The {split} split ({entry['rows']} rows, {entry['characters']} characters) "
+            f"is shorter than one chunk of {max_length} tokens: {more}."
+        )
 
 
 log = logging.getLogger(__name__)
@@ -177,8 +194,9 @@ def write_partition(cfg: PipelineConfig, paths: DataPaths, part: int, num_parts:
     try:
         chunkers = {s: Chunker(sc.max_length) for s in SPLITS}
         writers = {s: BlockWriter(staging, s, f"{s}-p{part:05d}of{num_parts:05d}", sc) for s in SPLITS}
-        for split, batch, encodings in encoded_batches(corpus.split_rows(part, num_parts), tokenizer,
-                                                       sc.tokenize_batch_rows):
+        for split, batch, encodings in encoded_batches(
+            corpus.split_rows(part, num_parts), tokenizer, sc.tokenize_batch_rows
+        ):
             writers[split].write(chunkers[split].add(batch, encodings))
         partial: dict[str, Any] = {"part": part, "num_parts": num_parts, "splits": {}}
         articles = getattr(corpus, "articles_seen", {})
@@ -186,9 +204,14 @@ def write_partition(cfg: PipelineConfig, paths: DataPaths, part: int, num_parts:
             shards, chunker = writers[split].finish(), chunkers[split]
             records = sum(s["records"] for s in shards)
             partial["splits"][split] = {
-                "records": records, "tokens": records * sc.max_length, "rows": chunker.rows,
-                "characters": chunker.characters, "shards": shards, "tail": chunker.tail.tolist(),
-                "articles": articles.get(split)}
+                "records": records,
+                "tokens": records * sc.max_length,
+                "rows": chunker.rows,
+                "characters": chunker.characters,
+                "shards": shards,
+                "tail": chunker.tail.tolist(),
+                "articles": articles.get(split),
+            }
         _move_into_set(staging, paths, [s for e in partial["splits"].values() for s in e["shards"]])
     finally:
         shutil.rmtree(staging, ignore_errors=True)
@@ -204,8 +227,9 @@ def merge_partitions(cfg: PipelineConfig, paths: DataPaths, num_parts: int, extr
     for part in range(num_parts):
         uri = partition_manifest_uri(paths, part, num_parts)
         if not storage.exists(uri):
-            raise MissingArtifactError(f"Partition {part} of {num_parts} is not written ({uri} missing): rerun "
-                                       "its shard task, then the merge.")
+            raise MissingArtifactError(
+                f"Partition {part} of {num_parts} is not written ({uri} missing): rerun its shard task, then the merge."
+            )
         partials.append(storage.read_json(uri))
     sc = cfg.shards
     splits = {}
@@ -221,9 +245,13 @@ def merge_partitions(cfg: PipelineConfig, paths: DataPaths, num_parts: int, extr
             _move_into_set(staging, paths, last)
             shards = [s for e in entries for s in e["shards"]] + last
             records = sum(s["records"] for s in shards)
-            entry = {"records": records, "tokens": records * sc.max_length,
-                     "rows": sum(e["rows"] for e in entries),
-                     "characters": sum(e["characters"] for e in entries), "shards": shards}
+            entry = {
+                "records": records,
+                "tokens": records * sc.max_length,
+                "rows": sum(e["rows"] for e in entries),
+                "characters": sum(e["characters"] for e in entries),
+                "shards": shards,
+            }
             if all(e.get("articles") is not None for e in entries):
                 entry["articles"] = sum(e["articles"] for e in entries)
             check_split_written(split, entry, sc.max_length)
@@ -263,7 +291,7 @@ def _remove_dead_stagings(parent: str) -> None:
     for name in os.listdir(parent):
         if not name.startswith(f"{STAGING_PREFIX}{host}-"):
             continue
-        pid = name[len(f"{STAGING_PREFIX}{host}-"):].split("-", 1)[0]
+        pid = name[len(f"{STAGING_PREFIX}{host}-") :].split("-", 1)[0]
         if pid.isdigit() and not _alive(int(pid)):
             log.info("Removing %s, left by a writer that was killed half way", name)
             shutil.rmtree(os.path.join(parent, name), ignore_errors=True)

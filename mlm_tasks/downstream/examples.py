@@ -1,4 +1,5 @@
 """A downstream task's examples, as every source gives them (tasks.py, held_out.py) and finetune.py reads them."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass

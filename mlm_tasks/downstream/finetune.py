@@ -9,6 +9,7 @@ head's initial weights, the order of the batches and dropout, so one seed gives 
 the same model on the same task reproduces it, and the seeds' spread is the fine-tuning noise.
 AdamW with 10% warmup and linear decay, as GLUE fine-tuning is usually run.
 """
+
 from __future__ import annotations
 
 import logging
@@ -34,10 +35,20 @@ class Encoded:
 
 def encode(tokenizer, examples: Examples, max_length: int) -> Encoded:
     """Token ids padded to the longest example (at most max_length; a pair shares the length)."""
-    out = tokenizer(examples.texts, examples.pairs, truncation=True, max_length=max_length, padding="longest",
-                    return_token_type_ids=False, return_tensors="np")
-    return Encoded(out["input_ids"].astype(np.int32), out["attention_mask"].astype(np.int32),
-                   np.asarray(examples.labels, dtype=np.int32))
+    out = tokenizer(
+        examples.texts,
+        examples.pairs,
+        truncation=True,
+        max_length=max_length,
+        padding="longest",
+        return_token_type_ids=False,
+        return_tensors="np",
+    )
+    return Encoded(
+        out["input_ids"].astype(np.int32),
+        out["attention_mask"].astype(np.int32),
+        np.asarray(examples.labels, dtype=np.int32),
+    )
 
 
 def _batch_order(n: int, batch_size: int, steps: int, rng: np.random.Generator) -> np.ndarray:
@@ -57,8 +68,9 @@ def _model(model_dir: str, num_labels: int, pretrained: bool):
     hf_logging.set_verbosity_error()  # "the classifier is newly initialized": that is the point here
     try:
         # use_safetensors=False: read tf_model.h5 (transformers 4.57 would pick model.safetensors, transformers#40028).
-        return TFRobertaForSequenceClassification.from_pretrained(model_dir, num_labels=num_labels,
-                                                                  use_safetensors=False)
+        return TFRobertaForSequenceClassification.from_pretrained(
+            model_dir, num_labels=num_labels, use_safetensors=False
+        )
     finally:
         hf_logging.set_verbosity(verbosity)
 
@@ -73,8 +85,15 @@ def scores_of(predictions: np.ndarray, labels: np.ndarray, num_labels: int) -> d
     return scores
 
 
-def finetune(model_dir: str, train: Encoded, validation: Encoded, num_labels: int, budget: DownstreamConfig,
-             seed: int, pretrained: bool) -> dict[str, Any]:
+def finetune(
+    model_dir: str,
+    train: Encoded,
+    validation: Encoded,
+    num_labels: int,
+    budget: DownstreamConfig,
+    seed: int,
+    pretrained: bool,
+) -> dict[str, Any]:
     """Fine-tune a fresh classifier for `budget.steps` steps; its scores on `validation`."""
     import tensorflow as tf
     from transformers import create_optimizer
@@ -82,8 +101,12 @@ def finetune(model_dir: str, train: Encoded, validation: Encoded, num_labels: in
     started = time.perf_counter()
     tf.keras.utils.set_random_seed(seed)  # the head's init and dropout
     model = _model(model_dir, num_labels, pretrained)
-    optimizer, _ = create_optimizer(init_lr=budget.learning_rate, num_train_steps=budget.steps,
-                                    num_warmup_steps=budget.steps // 10, weight_decay_rate=0.01)
+    optimizer, _ = create_optimizer(
+        init_lr=budget.learning_rate,
+        num_train_steps=budget.steps,
+        num_warmup_steps=budget.steps // 10,
+        weight_decay_rate=0.01,
+    )
 
     @tf.function
     def train_step(ids, mask, labels):
@@ -103,11 +126,20 @@ def finetune(model_dir: str, train: Encoded, validation: Encoded, num_labels: in
     n = len(validation.labels)
     pad = -n % EVAL_BATCH  # whole batches only: one shape, one trace
     ids, mask = (np.pad(a, ((0, pad), (0, 0))) for a in (validation.input_ids, validation.attention_mask))
-    predictions = np.concatenate([predict(ids[i:i + EVAL_BATCH], mask[i:i + EVAL_BATCH]).numpy()
-                                  for i in range(0, n + pad, EVAL_BATCH)])[:n]
-    result: dict[str, Any] = {"seed": seed, **scores_of(predictions, validation.labels, num_labels),
-                              "final_loss": float(np.mean(losses[-10:])), "elapsed_s": time.perf_counter() - started}
-    log.info("  seed %d, %s weights: %s (%.1fs)", seed, "pretrained" if pretrained else "random",
-             ", ".join(f"{k} {result[k]:.4f}" for k in ("accuracy", "f1", "final_loss") if k in result),
-             result["elapsed_s"])
+    predictions = np.concatenate(
+        [predict(ids[i : i + EVAL_BATCH], mask[i : i + EVAL_BATCH]).numpy() for i in range(0, n + pad, EVAL_BATCH)]
+    )[:n]
+    result: dict[str, Any] = {
+        "seed": seed,
+        **scores_of(predictions, validation.labels, num_labels),
+        "final_loss": float(np.mean(losses[-10:])),
+        "elapsed_s": time.perf_counter() - started,
+    }
+    log.info(
+        "  seed %d, %s weights: %s (%.1fs)",
+        seed,
+        "pretrained" if pretrained else "random",
+        ", ".join(f"{k} {result[k]:.4f}" for k in ("accuracy", "f1", "final_loss") if k in result),
+        result["elapsed_s"],
+    )
     return result

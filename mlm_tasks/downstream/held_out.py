@@ -13,6 +13,7 @@ are new to the fine-tuned model too. The order is shuffled with a constant seed:
 for every run, seed and model. (Whether two passages share an article was tried first: at a budget
 of a minute both the pretrained and the random-init model stay at chance on it.)
 """
+
 from __future__ import annotations
 
 import random
@@ -36,9 +37,11 @@ def held_out_passages(corpus_cfg: CorpusConfig) -> dict[str, list[str]]:
     """Passages of the corpus's test-split articles, by title, none of which is a row of train or validation."""
     corpus = open_corpus(corpus_cfg)
     if corpus_cfg.source not in ARTICLE_SOURCES or not isinstance(corpus, WikiDumpCorpus):
-        raise ConfigError(f"The held_out_article downstream task needs a corpus of articles (corpus.source "
-                          f"{' or '.join(ARTICLE_SOURCES)}), not {corpus_cfg.source}: give the task as files or a "
-                          "`datasets` id.")
+        raise ConfigError(
+            f"The held_out_article downstream task needs a corpus of articles (corpus.source "
+            f"{' or '.join(ARTICLE_SOURCES)}), not {corpus_cfg.source}: give the task as files or a "
+            "`datasets` id."
+        )
     test: dict[str, list[str]] = {}
     seen: set[str] = set()
     for article in corpus.articles():
@@ -65,9 +68,15 @@ def held_out_article_task(task: DownstreamTask, corpus_cfg: CorpusConfig) -> Tas
         part.texts[:], part.labels[:] = [part.texts[i] for i in order], [part.labels[i] for i in order]
     train, validation = parts["train"], parts["validation"]
     if len(titles) < 2 or len(set(validation.labels)) < 2 or set(validation.labels) - set(train.labels):
-        raise ConfigError(f"downstream task {task.name!r}: the corpus's test split holds {len(titles)} article(s) "
-                          f"with passages of {MIN_WORDS}+ words, too few for a task of two or more classes: raise "
-                          "corpus.test_fraction or use more articles.")
+        raise ConfigError(
+            f"downstream task {task.name!r}: the corpus's test split holds {len(titles)} article(s) "
+            f"with passages of {MIN_WORDS}+ words, too few for a task of two or more classes: raise "
+            "corpus.test_fraction or use more articles."
+        )
     n, m = task.max_train_examples, task.max_eval_examples
-    return TaskData(task.name, Examples(train.texts[:n], None, train.labels[:n]),
-                    Examples(validation.texts[:m], None, validation.labels[:m]), titles)
+    return TaskData(
+        task.name,
+        Examples(train.texts[:n], None, train.labels[:n]),
+        Examples(validation.texts[:m], None, validation.labels[:m]),
+        titles,
+    )

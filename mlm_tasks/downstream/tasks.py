@@ -7,6 +7,7 @@ Columns: one text column (single sentences) or two (pairs); by default GLUE's `s
 `sentence1` + `sentence2`. Labels are integers from 0, or names (sorted, then numbered); a validation
 label the training examples never show is an error, not a silent extra class.
 """
+
 from __future__ import annotations
 
 import csv
@@ -26,8 +27,9 @@ GLUE_COLUMNS = (["sentence"], ["sentence1", "sentence2"])
 def _read_file(uri: str) -> list[dict[str, Any]]:
     """The rows of a CSV (with a header), JSONL or parquet file, local or gs://."""
     if not storage.exists(uri):
-        raise ConfigError(f"Downstream task file {uri} does not exist: check the task's train_file and "
-                          "validation_file.")
+        raise ConfigError(
+            f"Downstream task file {uri} does not exist: check the task's train_file and validation_file."
+        )
     data = storage.read_bytes(uri)
     if uri.endswith(".parquet"):
         import pyarrow.parquet as pq
@@ -53,8 +55,10 @@ def _load_split(task: DownstreamTask, split: str) -> tuple[list[dict[str, Any]],
     try:
         ds = datasets.load_dataset(task.hf_path, task.hf_name, split=split, revision=task.hf_revision)
     except ValueError as err:  # an unknown split or config
-        raise ConfigError(f"downstream task {task.name!r}: {task.hf_path} ({task.hf_name}) has no split {split!r} "
-                          f"or config ({err}). Check hf_name, train_split and validation_split.") from None
+        raise ConfigError(
+            f"downstream task {task.name!r}: {task.hf_path} ({task.hf_name}) has no split {split!r} "
+            f"or config ({err}). Check hf_name, train_split and validation_split."
+        ) from None
     feature = ds.features.get(task.label_column)
     return ds.to_list(), list(feature.names) if isinstance(feature, datasets.ClassLabel) else None
 
@@ -63,17 +67,21 @@ def _columns(task: DownstreamTask, row: Mapping[str, Any], where: str) -> list[s
     columns = task.text_columns or next((c for c in reversed(GLUE_COLUMNS) if all(k in row for k in c)), [])
     missing = [c for c in [*columns, task.label_column] if c not in row]
     if not columns or missing:
-        raise ConfigError(f"downstream task {task.name!r}: {where} has columns {sorted(row)}, not "
-                          f"{columns or 'sentence, or sentence1 + sentence2'} and {task.label_column!r}: set the "
-                          "task's text_columns and label_column.")
+        raise ConfigError(
+            f"downstream task {task.name!r}: {where} has columns {sorted(row)}, not "
+            f"{columns or 'sentence, or sentence1 + sentence2'} and {task.label_column!r}: set the "
+            "task's text_columns and label_column."
+        )
     return columns
 
 
-def _examples(task: DownstreamTask, rows: Sequence[Mapping[str, Any]], columns: list[str], labels: list[int],
-              limit: int | None) -> Examples:
+def _examples(
+    task: DownstreamTask, rows: Sequence[Mapping[str, Any]], columns: list[str], labels: list[int], limit: int | None
+) -> Examples:
     rows, labels = rows[:limit], labels[:limit]
-    return Examples([str(r[columns[0]]) for r in rows],
-                    [str(r[columns[1]]) for r in rows] if len(columns) == 2 else None, labels)
+    return Examples(
+        [str(r[columns[0]]) for r in rows], [str(r[columns[1]]) for r in rows] if len(columns) == 2 else None, labels
+    )
 
 
 def _as_int(value: Any) -> Any:
@@ -81,14 +89,17 @@ def _as_int(value: Any) -> Any:
     return int(value) if isinstance(value, str) and value.strip().lstrip("-").isdigit() else value
 
 
-def _label_ids(task: DownstreamTask, train: list[Any], validation: list[Any],
-               names: list[str] | None) -> tuple[list[int], list[int], list[str]]:
+def _label_ids(
+    task: DownstreamTask, train: list[Any], validation: list[Any], names: list[str] | None
+) -> tuple[list[int], list[int], list[str]]:
     """Integer labels (0..K-1) and the names of the classes."""
     train, validation = [_as_int(v) for v in train], [_as_int(v) for v in validation]
     if all(isinstance(v, int) and not isinstance(v, bool) for v in [*train, *validation]):
         if min([*train, *validation]) < 0:
-            raise ConfigError(f"downstream task {task.name!r}: a label is negative (GLUE marks unlabelled test rows "
-                              "-1): fine-tune and score on labelled splits only.")
+            raise ConfigError(
+                f"downstream task {task.name!r}: a label is negative (GLUE marks unlabelled test rows "
+                "-1): fine-tune and score on labelled splits only."
+            )
         count = max(max(train) + 1, len(names or []))
         names = names or [str(i) for i in range(count)]
         train_ids, validation_ids = list(train), list(validation)
@@ -99,8 +110,10 @@ def _label_ids(task: DownstreamTask, train: list[Any], validation: list[Any],
         validation_ids = [index.get(str(v), -1) for v in validation]
     unseen = sorted({v for v in validation_ids if v == -1 or v >= len(names)})
     if unseen or len(names) < 2:
-        raise ConfigError(f"downstream task {task.name!r}: the training examples show {len(names)} classes "
-                          f"({names}) and the validation examples others: give both splits every class.")
+        raise ConfigError(
+            f"downstream task {task.name!r}: the training examples show {len(names)} classes "
+            f"({names}) and the validation examples others: give both splits every class."
+        )
     return train_ids, validation_ids, names
 
 
@@ -116,13 +129,20 @@ def load_task(task: DownstreamTask, corpus: CorpusConfig) -> TaskData:
         train_rows, validation_rows = _read_file(task.train_file), _read_file(task.validation_file)
         where = task.train_file
     else:
-        (train_rows, names), (validation_rows, _) = (_load_split(task, task.train_split),
-                                                     _load_split(task, task.validation_split))
+        (train_rows, names), (validation_rows, _) = (
+            _load_split(task, task.train_split),
+            _load_split(task, task.validation_split),
+        )
         where = f"{task.hf_path} ({task.hf_name})"
     if not train_rows or not validation_rows:
         raise ConfigError(f"downstream task {task.name!r}: {where} has no training or no validation examples.")
     columns = _columns(task, train_rows[0], where)
-    train_ids, validation_ids, names = _label_ids(task, [r[task.label_column] for r in train_rows],
-                                                  [r[task.label_column] for r in validation_rows], names)
-    return TaskData(task.name, _examples(task, train_rows, columns, train_ids, task.max_train_examples),
-                    _examples(task, validation_rows, columns, validation_ids, task.max_eval_examples), names)
+    train_ids, validation_ids, names = _label_ids(
+        task, [r[task.label_column] for r in train_rows], [r[task.label_column] for r in validation_rows], names
+    )
+    return TaskData(
+        task.name,
+        _examples(task, train_rows, columns, train_ids, task.max_train_examples),
+        _examples(task, validation_rows, columns, validation_ids, task.max_eval_examples),
+        names,
+    )

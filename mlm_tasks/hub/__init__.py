@@ -1,2 +1,1 @@
-"""The Hugging Face Hub: one client setup with bounded requests and scrubbed errors, and checkpoint sync.
-"""
+"""The Hugging Face Hub: one client setup with bounded requests and scrubbed errors, and checkpoint sync."""

@@ -10,6 +10,7 @@ token goes only to HfApi and every message is scrubbed of it. huggingface_hub 0.
 no timeout, so `hub_api(..., timeout_s=)` installs bounded sessions via `configure_http_backend`: that is
 process-wide, and the last call sets it. docs/security.md ("Limits on everything that waits")
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -23,7 +24,7 @@ from requests.adapters import BaseAdapter
 from mlm_tasks.errors import AuthError, ConfigError, TransientError
 
 log = logging.getLogger(__name__)
-DEFAULT_TIMEOUT_S = 120.0    # publish.request_timeout_s's default, for callers without a config
+DEFAULT_TIMEOUT_S = 120.0  # publish.request_timeout_s's default, for callers without a config
 _timeout_s = DEFAULT_TIMEOUT_S
 _installed = False
 
@@ -45,9 +46,11 @@ def resolve_endpoint(endpoint: str | None) -> str:
     from huggingface_hub import constants
 
     if endpoint and endpoint != constants.ENDPOINT:
-        raise ConfigError(f"Hub endpoint {endpoint} differs from HF_ENDPOINT={constants.ENDPOINT}, which "
-                           "huggingface_hub was imported with and checks commit URLs against. Set "
-                           f"HF_ENDPOINT={endpoint} in the worker's environment, or leave the endpoint empty.")
+        raise ConfigError(
+            f"Hub endpoint {endpoint} differs from HF_ENDPOINT={constants.ENDPOINT}, which "
+            "huggingface_hub was imported with and checks commit URLs against. Set "
+            f"HF_ENDPOINT={endpoint} in the worker's environment, or leave the endpoint empty."
+        )
     return constants.ENDPOINT
 
 
@@ -90,8 +93,10 @@ def bound_requests(timeout_s: float) -> None:
 
 def hub_api(token: str | None, endpoint: str | None, conn_id: str, timeout_s: float = DEFAULT_TIMEOUT_S):
     if not token:
-        raise AuthError(f"No Hugging Face token: set the password of Airflow connection {conn_id!r} (or "
-                           "HF_TOKEN for the CLI) to a token with write access.")
+        raise AuthError(
+            f"No Hugging Face token: set the password of Airflow connection {conn_id!r} (or "
+            "HF_TOKEN for the CLI) to a token with write access."
+        )
     from huggingface_hub import HfApi
 
     url = resolve_endpoint(endpoint)
@@ -105,29 +110,57 @@ def hub_errors(action: str, token: str, endpoint: str, conn_id: str):
     try:
         yield
     except requests.Timeout as err:  # before ConnectionError: a ConnectTimeout is both
-        raise TransientError(scrub(f"The Hub at {endpoint} did not answer within publish.request_timeout_s="
-                                   f"{_timeout_s:g}s while {action} ({type(err).__name__}): the task retries; if "
-                                   f"it persists, check {endpoint} and the network, or raise "
-                                   "publish.request_timeout_s if the Hub is only slow.", token)) from None
+        raise TransientError(
+            scrub(
+                f"The Hub at {endpoint} did not answer within publish.request_timeout_s="
+                f"{_timeout_s:g}s while {action} ({type(err).__name__}): the task retries; if "
+                f"it persists, check {endpoint} and the network, or raise "
+                "publish.request_timeout_s if the Hub is only slow.",
+                token,
+            )
+        ) from None
     except requests.HTTPError as err:
         status = err.response.status_code if err.response is not None else None
         if status == 401:
-            raise AuthError(scrub(f"The Hugging Face Hub at {endpoint} rejected the token (401 Unauthorized) while "
-                                  f"{action}: put a valid write token in the password of Airflow connection "
-                                  f"{conn_id!r}.", token)) from None
+            raise AuthError(
+                scrub(
+                    f"The Hugging Face Hub at {endpoint} rejected the token (401 Unauthorized) while "
+                    f"{action}: put a valid write token in the password of Airflow connection "
+                    f"{conn_id!r}.",
+                    token,
+                )
+            ) from None
         if status == 403:
-            raise AuthError(scrub(f"The token has no write permission (403 Forbidden) while {action} on "
-                                  f"{endpoint}: grant it write access to that namespace, or change publish.repo_id.",
-                                  token)) from None
+            raise AuthError(
+                scrub(
+                    f"The token has no write permission (403 Forbidden) while {action} on "
+                    f"{endpoint}: grant it write access to that namespace, or change publish.repo_id.",
+                    token,
+                )
+            ) from None
         if status is None or status >= 500 or status in RETRY_STATUSES:
-            raise TransientError(scrub(f"The Hub failed while {action} ({status}): {err}. The task retries; if it "
-                                       f"persists, check the status of {endpoint}.", token)) from None
-        raise ConfigError(scrub(f"The Hub refused the request while {action} ({status}): {err}. Check "
-                                "publish.repo_id (and publish.tokenizer_repo_id) and the files to upload.",
-                                token)) from None
+            raise TransientError(
+                scrub(
+                    f"The Hub failed while {action} ({status}): {err}. The task retries; if it "
+                    f"persists, check the status of {endpoint}.",
+                    token,
+                )
+            ) from None
+        raise ConfigError(
+            scrub(
+                f"The Hub refused the request while {action} ({status}): {err}. Check "
+                "publish.repo_id (and publish.tokenizer_repo_id) and the files to upload.",
+                token,
+            )
+        ) from None
     except requests.ConnectionError as err:
-        raise TransientError(scrub(f"Cannot reach the Hub at {endpoint} while {action}: {err}. The task retries; "
-                                   "if it persists, check the network or HF_ENDPOINT.", token)) from None
+        raise TransientError(
+            scrub(
+                f"Cannot reach the Hub at {endpoint} while {action}: {err}. The task retries; "
+                "if it persists, check the network or HF_ENDPOINT.",
+                token,
+            )
+        ) from None
 
 
 def local_files(folder: str) -> list[str]:
@@ -144,7 +177,9 @@ def check_visibility(api, repo_id: str, private: bool) -> None:
     """An existing repo must be as private as publish.private asks."""
     actual = api.repo_info(repo_id).private
     if private and not actual:
-        raise ConfigError(f"publish.private is true but the existing Hub repo {repo_id} is public: make it "
-                           "private on the Hub, or set publish.private=false if public is intended.")
+        raise ConfigError(
+            f"publish.private is true but the existing Hub repo {repo_id} is public: make it "
+            "private on the Hub, or set publish.private=false if public is intended."
+        )
     if actual and not private:
         log.warning("publish.private is false but %s already exists as a private repo; it stays private", repo_id)

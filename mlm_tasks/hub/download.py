@@ -11,6 +11,7 @@ Failures take the kinds of mlm_tasks.errors: a repo, revision or file that is no
 (fix model.init_from / model.init_revision), a gated repo or a refused token an AuthError, a Hub that
 failed or did not answer a TransientError.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -36,40 +37,55 @@ def download_errors(repo_id: str, revision: str | None, what: str):
     try:
         yield
     except GatedRepoError:  # before RepositoryNotFoundError: a gated repo is one of those
-        raise AuthError(f"The Hub repo {repo_id} (model.init_from) is gated: accept its terms on the Hub with the "
-                        "account of HF_TOKEN, and set HF_TOKEN in the worker's environment.") from None
+        raise AuthError(
+            f"The Hub repo {repo_id} (model.init_from) is gated: accept its terms on the Hub with the "
+            "account of HF_TOKEN, and set HF_TOKEN in the worker's environment."
+        ) from None
     except RepositoryNotFoundError:
-        raise ConfigError(f"The Hub has no model repo {repo_id} (model.init_from), or it is private: check the "
-                          "repo id, or set HF_TOKEN to a token that may read it.") from None
+        raise ConfigError(
+            f"The Hub has no model repo {repo_id} (model.init_from), or it is private: check the "
+            "repo id, or set HF_TOKEN to a token that may read it."
+        ) from None
     except RevisionNotFoundError:
-        raise ConfigError(f"model.init_revision {revision!r} is not a branch, tag or commit of {repo_id}: give "
-                          "one the repo has (leave it empty for main).") from None
+        raise ConfigError(
+            f"model.init_revision {revision!r} is not a branch, tag or commit of {repo_id}: give "
+            "one the repo has (leave it empty for main)."
+        ) from None
     except LocalEntryNotFoundError as err:  # before EntryNotFoundError: huggingface_hub's "could not connect"
-        raise TransientError(f"Cannot reach the Hub while reading {what} of {at} ({err}): the task retries; "
-                             "if it persists, check the network or HF_ENDPOINT.") from None
+        raise TransientError(
+            f"Cannot reach the Hub while reading {what} of {at} ({err}): the task retries; "
+            "if it persists, check the network or HF_ENDPOINT."
+        ) from None
     except EntryNotFoundError:
-        raise ConfigError(f"{at} has no {what}: model.init_from must be a transformers masked-LM repo "
-                          "(config.json, tokenizer.json, tf_model.h5 or model.safetensors).") from None
+        raise ConfigError(
+            f"{at} has no {what}: model.init_from must be a transformers masked-LM repo "
+            "(config.json, tokenizer.json, tf_model.h5 or model.safetensors)."
+        ) from None
     except requests.Timeout:  # before ConnectionError: a ConnectTimeout is both
-        raise TransientError(f"The Hub did not answer while reading {what} of {at}: the task retries; if it "
-                             "persists, check HF_ENDPOINT and the network.") from None
+        raise TransientError(
+            f"The Hub did not answer while reading {what} of {at}: the task retries; if it "
+            "persists, check HF_ENDPOINT and the network."
+        ) from None
     except requests.HTTPError as err:
         status = err.response.status_code if err.response is not None else None
         if status in (401, 403):
-            raise AuthError(f"The Hub refused the token ({status}) while reading {what} of {at}: set HF_TOKEN to "
-                            "a token that may read the repo.") from None
+            raise AuthError(
+                f"The Hub refused the token ({status}) while reading {what} of {at}: set HF_TOKEN to "
+                "a token that may read the repo."
+            ) from None
         if status is None or status >= 500 or status in RETRY_STATUSES:
-            raise TransientError(f"The Hub failed ({status}) while reading {what} of {at}: the task retries.") \
-                from None
-        raise ConfigError(f"The Hub refused reading {what} of {at} ({status}): {err}. Check model.init_from and "
-                          "model.init_revision.") from None
+            raise TransientError(f"The Hub failed ({status}) while reading {what} of {at}: the task retries.") from None
+        raise ConfigError(
+            f"The Hub refused reading {what} of {at} ({status}): {err}. Check model.init_from and model.init_revision."
+        ) from None
     except requests.ConnectionError as err:
-        raise TransientError(f"Cannot reach the Hub while reading {what} of {at}: {err}. The task retries; if "
-                             "it persists, check the network or HF_ENDPOINT.") from None
+        raise TransientError(
+            f"Cannot reach the Hub while reading {what} of {at}: {err}. The task retries; if "
+            "it persists, check the network or HF_ENDPOINT."
+        ) from None
 
 
-def resolve_revision(repo_id: str, revision: str | None, timeout_s: float = DEFAULT_TIMEOUT_S
-                     ) -> tuple[str, list[str]]:
+def resolve_revision(repo_id: str, revision: str | None, timeout_s: float = DEFAULT_TIMEOUT_S) -> tuple[str, list[str]]:
     """The commit sha that `revision` (None: main) names in model repo `repo_id`, and its file names."""
     from huggingface_hub import HfApi, constants
 
@@ -87,5 +103,4 @@ def download_file(repo_id: str, sha: str, filename: str, timeout_s: float = DEFA
 
     bound_requests(timeout_s)
     with download_errors(repo_id, sha, filename):
-        return hf_hub_download(repo_id, filename, revision=sha, endpoint=constants.ENDPOINT,
-                               etag_timeout=timeout_s)
+        return hf_hub_download(repo_id, filename, revision=sha, endpoint=constants.ENDPOINT, etag_timeout=timeout_s)

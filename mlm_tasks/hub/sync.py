@@ -10,6 +10,7 @@
 Why: a background thread uploads and keeps only the newest waiting checkpoint; a failed upload never
 fails training; the token is an argument. docs/releases.md#checkpoints-on-the-hub-during-training
 """
+
 from __future__ import annotations
 
 import logging
@@ -37,15 +38,25 @@ def check_sync_settings(cfg: PipelineConfig, token: str | None) -> tuple[str, st
     if not cfg.publish.repo_id:
         raise ConfigError("publish.sync_checkpoints needs publish.repo_id, the Hub repo the checkpoints go to.")
     if not token:
-        raise AuthError("publish.sync_checkpoints is on but train() got no Hub token (hub_token): give it a "
-                        "Hub write token — the CLI reads it from HF_TOKEN, the Airflow train task from the "
-                        f"password of connection {cfg.publish.hf_conn_id!r} — or turn "
-                        "publish.sync_checkpoints off.")
+        raise AuthError(
+            "publish.sync_checkpoints is on but train() got no Hub token (hub_token): give it a "
+            "Hub write token — the CLI reads it from HF_TOKEN, the Airflow train task from the "
+            f"password of connection {cfg.publish.hf_conn_id!r} — or turn "
+            "publish.sync_checkpoints off."
+        )
     return cfg.publish.repo_id, token
 
 
-def hub_checkpoint_sync(cfg: PipelineConfig, token: str | None, *, train_records: int, global_batch: int,
-                        total_steps: int, strategy=None, endpoint: str | None = None) -> HubCheckpointSync | None:
+def hub_checkpoint_sync(
+    cfg: PipelineConfig,
+    token: str | None,
+    *,
+    train_records: int,
+    global_batch: int,
+    total_steps: int,
+    strategy=None,
+    endpoint: str | None = None,
+) -> HubCheckpointSync | None:
     """The Hub sync hook for this training run, or None when sync is off or this is not worker 0."""
     target = check_sync_settings(cfg, token)
     if target is None:
@@ -56,10 +67,17 @@ def hub_checkpoint_sync(cfg: PipelineConfig, token: str | None, *, train_records
         log.info("Checkpoint sync runs on worker 0 only (this is worker %s)", task_id)
         return None
     steps_per_epoch = max(1, train_records // global_batch)
-    syncer = CheckpointSyncer(repo_id, token, endpoint, private=cfg.publish.private,
-                              conn_id=cfg.publish.hf_conn_id, timeout_s=cfg.publish.request_timeout_s)
-    log.info("Syncing checkpoints to %s every %d steps (each epoch) and at the end of training",
-             repo_id, steps_per_epoch)
+    syncer = CheckpointSyncer(
+        repo_id,
+        token,
+        endpoint,
+        private=cfg.publish.private,
+        conn_id=cfg.publish.hf_conn_id,
+        timeout_s=cfg.publish.request_timeout_s,
+    )
+    log.info(
+        "Syncing checkpoints to %s every %d steps (each epoch) and at the end of training", repo_id, steps_per_epoch
+    )
     return HubCheckpointSync(syncer, steps_per_epoch, total_steps)
 
 
@@ -84,11 +102,16 @@ class HubCheckpointSync:
         try:
             uploaded = self.syncer.close(timeout)
         except (NoRetryError, TransientError) as err:  # what close() raises
-            log.warning("Checkpoint sync to the Hub failed (training is complete; checkpoints are in "
-                        "output_root): %s", err)
+            log.warning(
+                "Checkpoint sync to the Hub failed (training is complete; checkpoints are in output_root): %s", err
+            )
             return list(self.syncer.uploaded)
-        log.info("Synced %d checkpoint(s) to %s (steps %s)", len(uploaded), self.syncer.repo_id,
-                 [u["step"] for u in uploaded])
+        log.info(
+            "Synced %d checkpoint(s) to %s (steps %s)",
+            len(uploaded),
+            self.syncer.repo_id,
+            [u["step"] for u in uploaded],
+        )
         return uploaded
 
 
@@ -122,8 +145,8 @@ def stage_checkpoint(checkpoint_path: str) -> str:
 @dataclass
 class _Job:
     step: int
-    source: str              # the folder as submitted (local path or gs://)
-    snapshot: str | None     # temp folder with the files frozen at submit time (local sources)
+    source: str  # the folder as submitted (local path or gs://)
+    snapshot: str | None  # temp folder with the files frozen at submit time (local sources)
 
 
 class CheckpointSyncer:
@@ -135,9 +158,16 @@ class CheckpointSyncer:
     an error of the last failure's kind (mlm_tasks.errors; TransientError for an unforeseen one).
     """
 
-    def __init__(self, repo_id: str, token: str, endpoint: str | None = None, private: bool = True,
-                 path_in_repo: str = "checkpoints", conn_id: str = "huggingface_default",
-                 timeout_s: float = DEFAULT_TIMEOUT_S):
+    def __init__(
+        self,
+        repo_id: str,
+        token: str,
+        endpoint: str | None = None,
+        private: bool = True,
+        path_in_repo: str = "checkpoints",
+        conn_id: str = "huggingface_default",
+        timeout_s: float = DEFAULT_TIMEOUT_S,
+    ):
         # Resolve the client now so a missing token fails at the start of training, not at its end.
         # timeout_s bounds each Hub request (publish.request_timeout_s), so a hung Hub fails the upload.
         self._api, self._url = hub_api(token, endpoint, conn_id, timeout_s)
@@ -149,7 +179,7 @@ class CheckpointSyncer:
         self._repo_ready = False
         self.errors: list[str] = []
         self._last_kind: type[Exception] = TransientError  # of the last failed upload
-        self.uploaded: list[dict] = []      # {"step", "commit_oid", "commit_url"} per finished upload
+        self.uploaded: list[dict] = []  # {"step", "commit_oid", "commit_url"} per finished upload
         self.skipped_steps: list[int] = []
         self._thread = threading.Thread(target=self._run, name="hub-checkpoint-sync", daemon=True)
         self._thread.start()
@@ -174,9 +204,11 @@ class CheckpointSyncer:
             self._cond.notify_all()
         self._thread.join(timeout)
         if self._thread.is_alive():
-            raise TransientError(f"A checkpoint upload to {self.repo_id} is still running after {timeout}s: the "
-                                 "Hub or the network is slow. Training results are safe in output_root; retry "
-                                 "the upload later or raise the timeout.")
+            raise TransientError(
+                f"A checkpoint upload to {self.repo_id} is still running after {timeout}s: the "
+                "Hub or the network is slow. Training results are safe in output_root; retry "
+                "the upload later or raise the timeout."
+            )
         if self.errors:
             kind = self._last_kind if issubclass(self._last_kind, (NoRetryError, TransientError)) else TransientError
             raise kind(f"{len(self.errors)} checkpoint upload(s) to {self.repo_id} failed; the last: {self.errors[-1]}")
@@ -207,8 +239,9 @@ class CheckpointSyncer:
             except Exception as err:  # recorded for close(): a background failure, whatever it is
                 message = scrub(str(err), self._token)
                 self._last_kind = type(err)
-                log.warning("Checkpoint upload of step %d to %s failed (training goes on): %s",
-                            job.step, self.repo_id, message)
+                log.warning(
+                    "Checkpoint upload of step %d to %s failed (training goes on): %s", job.step, self.repo_id, message
+                )
                 self.errors.append(message)
             finally:
                 _cleanup(job)
@@ -222,9 +255,13 @@ class CheckpointSyncer:
                     self._api.create_repo(self.repo_id, private=self.private, exist_ok=True)
                     self._repo_ready = True
                 info = self._api.upload_folder(
-                    repo_id=self.repo_id, folder_path=folder, path_in_repo=self.path_in_repo,
-                    delete_patterns="*", ignore_patterns=["*.tmp-*", "**/*.tmp-*"],
-                    commit_message=f"Training checkpoint at step {job.step}")
+                    repo_id=self.repo_id,
+                    folder_path=folder,
+                    path_in_repo=self.path_in_repo,
+                    delete_patterns="*",
+                    ignore_patterns=["*.tmp-*", "**/*.tmp-*"],
+                    commit_message=f"Training checkpoint at step {job.step}",
+                )
         self.uploaded.append({"step": job.step, "commit_oid": info.oid, "commit_url": info.commit_url})
         log.info("Uploaded the step %d checkpoint to %s (%s)", job.step, self.repo_id, info.oid)
 
@@ -239,8 +276,9 @@ def _snapshot(local_dir: str) -> str:
     """Freeze the checkpoint's files as they are now, so training may write the next one meanwhile."""
     src = storage.local_path(local_dir)
     if not os.path.isdir(src):
-        raise MissingArtifactError(f"Checkpoint folder {local_dir} does not exist: submit the folder the "
-                                   "checkpoint was just written to.")
+        raise MissingArtifactError(
+            f"Checkpoint folder {local_dir} does not exist: submit the folder the checkpoint was just written to."
+        )
     dest = tempfile.mkdtemp(prefix="mlm-ckpt-snapshot-")
     for dirpath, _, names in os.walk(src):
         for name in names:

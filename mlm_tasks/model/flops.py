@@ -10,6 +10,7 @@ Why these counts: PaLM's FLOPs (appendix B), the LM head only where it runs; den
 (PEAKS, with sources); on a CPU, with no honest figure for a VM's share of a host, a measured matmul
 probe (`cpu_peak`). docs/google-cloud.md#what-a-run-costs-and-how-well-it-uses-the-hardware
 """
+
 from __future__ import annotations
 
 import logging
@@ -36,23 +37,29 @@ PEAKS: dict[str, dict[str, float]] = {
     "gpu-h100": {"bf16": 989e12, "fp32": 67e12},
     "gpu-h200": {"bf16": 989e12, "fp32": 67e12},
 }
-NAMES = {"tpu-v4": "TPU v4", "tpu-v5litepod": "TPU v5e", "tpu-v5p": "TPU v5p", "gpu-a100": "A100",
-         "gpu-h100": "H100", "gpu-h200": "H200"}
+NAMES = {
+    "tpu-v4": "TPU v4",
+    "tpu-v5litepod": "TPU v5e",
+    "tpu-v5p": "TPU v5p",
+    "gpu-a100": "A100",
+    "gpu-h100": "H100",
+    "gpu-h200": "H200",
+}
 
 
 @dataclass(frozen=True)
 class Peak:
-    per_device: float | None     # FLOP/s of one chip / GPU / this CPU; None: not known for this device
+    per_device: float | None  # FLOP/s of one chip / GPU / this CPU; None: not known for this device
     devices: int
-    precision: str               # bf16 or fp32
-    source: str                  # e.g. "TPU v4 (Google's figure)", "measured: matmul probe"
+    precision: str  # bf16 or fp32
+    source: str  # e.g. "TPU v4 (Google's figure)", "measured: matmul probe"
 
     @property
     def total(self) -> float | None:
         return self.per_device * self.devices if self.per_device else None
 
     def describe(self, utilisation: float | None = None) -> str:
-        """"MFU 31% of 4 × 275 TFLOP/s bf16 (TPU v4)" (or just the peak, without a utilisation)."""
+        """ "MFU 31% of 4 × 275 TFLOP/s bf16 (TPU v4)" (or just the peak, without a utilisation)."""
         if not self.per_device:
             return f"MFU unknown ({self.source}: no peak for {self.precision})"
         peak = f"{self.devices} × {self.per_device / 1e12:.3g} TFLOP/s {self.precision} ({self.source})"
@@ -62,8 +69,9 @@ class Peak:
 def flops_per_token(config: Any, seq_len: int, max_predictions: int = 0) -> float:
     """Training FLOPs per token of a RoBERTa masked LM (`config`: a RobertaConfig, or its dict)."""
     values = config if isinstance(config, dict) else config.to_dict()
-    d, ff, layers, vocab = (int(values[k]) for k in ("hidden_size", "intermediate_size", "num_hidden_layers",
-                                                      "vocab_size"))
+    d, ff, layers, vocab = (
+        int(values[k]) for k in ("hidden_size", "intermediate_size", "num_hidden_layers", "vocab_size")
+    )
     encoder = layers * (4 * d * d + 2 * d * ff)
     head_share = min(max_predictions, seq_len) / seq_len if max_predictions else 1.0
     head = (d * d + d * vocab) * head_share
@@ -78,7 +86,7 @@ def cpu_peak(precision: str, seconds: float = 0.5, size: int = 512) -> float:
 
     dtype = tf.bfloat16 if precision == "bf16" else tf.float32
     a = tf.random.stateless_normal((size, size), seed=(1, 2), dtype=tf.float32)
-    a = tf.cast(a / size ** 0.5, dtype)
+    a = tf.cast(a / size**0.5, dtype)
 
     @tf.function
     def chain(x: Any) -> Any:
@@ -95,7 +103,7 @@ def cpu_peak(precision: str, seconds: float = 0.5, size: int = 512) -> float:
         while time.perf_counter() - began < seconds / WINDOWS:
             chain(a).numpy()
             runs += 1
-        rates.append(runs * 8 * 2 * size ** 3 / (time.perf_counter() - began))
+        rates.append(runs * 8 * 2 * size**3 / (time.perf_counter() - began))
     return max(rates)
 
 

@@ -9,6 +9,7 @@ back. Why by hand: transformers 4.57 cannot do this without torch (`TypeError: '
 object is not iterable`). Every variable must be found with its shape; names the model lacks (a pooler,
 a tied `lm_head.decoder.*` copy, `position_ids`) are left out; a shortfall is a ConfigError listing a few.
 """
+
 from __future__ import annotations
 
 import logging
@@ -37,8 +38,10 @@ def read_safetensors(path: str) -> dict[str, np.ndarray]:
     try:
         return load_file(path)
     except (SafetensorError, TypeError, ValueError) as err:  # TypeError: a dtype numpy lacks (bfloat16)
-        raise ConfigError(f"Cannot read {path} ({type(err).__name__}: {err}): give float32 or float16 weights "
-                          "(bfloat16 has no numpy type), or a folder with tf_model.h5.") from None
+        raise ConfigError(
+            f"Cannot read {path} ({type(err).__name__}: {err}): give float32 or float16 weights "
+            "(bfloat16 has no numpy type), or a folder with tf_model.h5."
+        ) from None
 
 
 def base_weights(folder: str) -> tuple[str, dict[str, np.ndarray], bool]:
@@ -70,9 +73,11 @@ def load_base_weights(model, folder: str) -> str:
             continue
         values.append((variable, value))
     if missing or mismatched:
-        raise ConfigError(f"The weights in {os.path.join(folder, source)} do not fit a RoBERTa masked LM of its "
-                          f"config.json: {len(missing)} missing (e.g. {missing[:3]}), {len(mismatched)} of another "
-                          f"shape (e.g. {mismatched[:3]}). Give a RobertaForMaskedLM checkpoint (with its lm_head).")
+        raise ConfigError(
+            f"The weights in {os.path.join(folder, source)} do not fit a RoBERTa masked LM of its "
+            f"config.json: {len(missing)} missing (e.g. {missing[:3]}), {len(mismatched)} of another "
+            f"shape (e.g. {mismatched[:3]}). Give a RobertaForMaskedLM checkpoint (with its lm_head)."
+        )
     for variable, value in values:
         variable.assign(value.astype(variable.dtype.as_numpy_dtype))
     layout = "PyTorch" if pytorch else "TensorFlow"

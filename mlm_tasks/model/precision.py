@@ -7,6 +7,7 @@ A CPU with bf16 matrix units (Intel AMX-BF16, or AVX512-BF16 on Intel Cooper Lak
 runs oneDNN's bf16 matrix multiplies faster than fp32; one without them emulates bf16 and is slower.
 The masked-LM loss casts the LM head's logits to fp32, so the softmax stays exact either way.
 """
+
 from __future__ import annotations
 
 from typing import Literal

@@ -9,6 +9,7 @@ kernels [in, out] in Keras, [out, in] in torch), read from `tf_model.h5` itself:
 function of the artifact, and the training image needs neither torch nor TensorFlow for it. Every
 parameter is written, tied ones too. docs/releases.md#interoperability
 """
+
 from __future__ import annotations
 
 import json
@@ -22,12 +23,17 @@ ARCHITECTURE = "RobertaForMaskedLM"
 
 
 # The last part of a Keras variable name -> (PyTorch parameter name, transpose?).
-_LEAF = {"kernel": ("weight", True), "gamma": ("weight", False), "beta": ("bias", False),
-         "embeddings": ("weight", False), "weight": ("weight", False), "bias": ("bias", False)}
+_LEAF = {
+    "kernel": ("weight", True),
+    "gamma": ("weight", False),
+    "beta": ("bias", False),
+    "embeddings": ("weight", False),
+    "weight": ("weight", False),
+    "bias": ("bias", False),
+}
 
 
-_TIED = {"lm_head.decoder.weight": "roberta.embeddings.word_embeddings.weight",
-         "lm_head.decoder.bias": "lm_head.bias"}
+_TIED = {"lm_head.decoder.weight": "roberta.embeddings.word_embeddings.weight", "lm_head.decoder.bias": "lm_head.bias"}
 
 
 def read_tf_weights(h5_path: str) -> dict[str, np.ndarray]:
@@ -60,18 +66,30 @@ def pt_name(tf_name: str) -> tuple[str, bool]:
 def expected_shapes(config: dict) -> dict[str, tuple[int, ...]]:
     """Every parameter of transformers' RobertaForMaskedLM (PyTorch) for this config.json, tied ones included."""
     h, ffn, vocab = config["hidden_size"], config["intermediate_size"], config["vocab_size"]
-    shapes = {"roberta.embeddings.word_embeddings.weight": (vocab, h),
-              "roberta.embeddings.position_embeddings.weight": (config["max_position_embeddings"], h),
-              "roberta.embeddings.token_type_embeddings.weight": (config["type_vocab_size"], h),
-              "roberta.embeddings.LayerNorm.weight": (h,), "roberta.embeddings.LayerNorm.bias": (h,),
-              "lm_head.dense.weight": (h, h), "lm_head.dense.bias": (h,),
-              "lm_head.layer_norm.weight": (h,), "lm_head.layer_norm.bias": (h,),
-              "lm_head.bias": (vocab,), "lm_head.decoder.weight": (vocab, h), "lm_head.decoder.bias": (vocab,)}
+    shapes = {
+        "roberta.embeddings.word_embeddings.weight": (vocab, h),
+        "roberta.embeddings.position_embeddings.weight": (config["max_position_embeddings"], h),
+        "roberta.embeddings.token_type_embeddings.weight": (config["type_vocab_size"], h),
+        "roberta.embeddings.LayerNorm.weight": (h,),
+        "roberta.embeddings.LayerNorm.bias": (h,),
+        "lm_head.dense.weight": (h, h),
+        "lm_head.dense.bias": (h,),
+        "lm_head.layer_norm.weight": (h,),
+        "lm_head.layer_norm.bias": (h,),
+        "lm_head.bias": (vocab,),
+        "lm_head.decoder.weight": (vocab, h),
+        "lm_head.decoder.bias": (vocab,),
+    }
     for i in range(config["num_hidden_layers"]):
         p = f"roberta.encoder.layer.{i}."
-        for dense, (out_dim, in_dim) in {"attention.self.query": (h, h), "attention.self.key": (h, h),
-                                         "attention.self.value": (h, h), "attention.output.dense": (h, h),
-                                         "intermediate.dense": (ffn, h), "output.dense": (h, ffn)}.items():
+        for dense, (out_dim, in_dim) in {
+            "attention.self.query": (h, h),
+            "attention.self.key": (h, h),
+            "attention.self.value": (h, h),
+            "attention.output.dense": (h, h),
+            "intermediate.dense": (ffn, h),
+            "output.dense": (h, ffn),
+        }.items():
             shapes[f"{p}{dense}.weight"], shapes[f"{p}{dense}.bias"] = (out_dim, in_dim), (out_dim,)
         for norm in ("attention.output.LayerNorm", "output.LayerNorm"):
             shapes[f"{p}{norm}.weight"] = shapes[f"{p}{norm}.bias"] = (h,)
@@ -91,8 +109,10 @@ def to_pytorch(tf_weights: dict[str, np.ndarray], config: dict) -> dict[str, np.
     got = {k: tuple(v.shape) for k, v in out.items()}
     if got != want:
         diff = sorted(set(want.items()) ^ set(got.items()))
-        raise ValueError(f"The saved TensorFlow weights do not map onto RobertaForMaskedLM ({len(diff)} "
-                         f"names or shapes differ, e.g. {diff[:4]}): is this a RoBERTa masked-LM folder?")
+        raise ValueError(
+            f"The saved TensorFlow weights do not map onto RobertaForMaskedLM ({len(diff)} "
+            f"names or shapes differ, e.g. {diff[:4]}): is this a RoBERTa masked-LM folder?"
+        )
     return out
 
 

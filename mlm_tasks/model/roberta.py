@@ -7,6 +7,7 @@ the head over the full vocabulary at every position is most of a small model's s
 original BERT TPU code did) keeps shapes static for XLA. With max_predictions_per_seq=0 the head runs
 everywhere, the plain way; both give the same loss on the same batch when no sequence overflows.
 """
+
 from __future__ import annotations
 
 from mlm_tasks.config import PipelineConfig, TrainConfig
@@ -28,15 +29,28 @@ def optimizer_and_schedule(train: TrainConfig, steps: int):
 
     warmup = int(steps * train.warmup_fraction)
     if train.schedule == "linear":
-        return create_optimizer(init_lr=train.learning_rate, num_train_steps=steps, num_warmup_steps=warmup,
-                                weight_decay_rate=train.weight_decay, adam_beta2=train.adam_beta2,
-                                adam_epsilon=train.adam_epsilon)
+        return create_optimizer(
+            init_lr=train.learning_rate,
+            num_train_steps=steps,
+            num_warmup_steps=warmup,
+            weight_decay_rate=train.weight_decay,
+            adam_beta2=train.adam_beta2,
+            adam_epsilon=train.adam_epsilon,
+        )
     decay = tf.keras.optimizers.schedules.CosineDecay(train.learning_rate, decay_steps=max(1, steps - warmup))
-    schedule = WarmUp(initial_learning_rate=train.learning_rate, decay_schedule_fn=decay,
-                      warmup_steps=warmup) if warmup else decay
-    optimizer = AdamWeightDecay(learning_rate=schedule, weight_decay_rate=train.weight_decay, beta_1=0.9,
-                                beta_2=train.adam_beta2, epsilon=train.adam_epsilon,
-                                exclude_from_weight_decay=["LayerNorm", "layer_norm", "bias"])
+    schedule = (
+        WarmUp(initial_learning_rate=train.learning_rate, decay_schedule_fn=decay, warmup_steps=warmup)
+        if warmup
+        else decay
+    )
+    optimizer = AdamWeightDecay(
+        learning_rate=schedule,
+        weight_decay_rate=train.weight_decay,
+        beta_1=0.9,
+        beta_2=train.adam_beta2,
+        epsilon=train.adam_epsilon,
+        exclude_from_weight_decay=["LayerNorm", "layer_norm", "bias"],
+    )
     return optimizer, schedule
 
 
@@ -46,8 +60,9 @@ def roberta_config(cfg: PipelineConfig, vocab_size: int, special_ids: dict, base
     from transformers import RobertaConfig
 
     if base_config is not None:
-        return RobertaConfig.from_dict({**base_config, "hidden_dropout_prob": cfg.model.dropout,
-                                        "attention_probs_dropout_prob": cfg.model.dropout})
+        return RobertaConfig.from_dict(
+            {**base_config, "hidden_dropout_prob": cfg.model.dropout, "attention_probs_dropout_prob": cfg.model.dropout}
+        )
     shape = cfg.model.shape()
     return RobertaConfig(
         vocab_size=model_vocab_size(cfg, vocab_size),
@@ -99,8 +114,7 @@ def masked_lm_loss(model, batch, max_predictions: int, training: bool, packed: b
     import tensorflow as tf
 
     labels = batch["labels"]
-    hidden = model.roberta(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"],
-                           training=training)[0]
+    hidden = model.roberta(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"], training=training)[0]
     if packed:
         is_masked = labels != -100
         if max_predictions:  # the same positions top_k picks below: the first max_predictions of each row

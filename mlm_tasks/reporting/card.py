@@ -7,6 +7,7 @@ the card rather than silently left out, so a reader knows what was not measured.
     text = render_model_card(cfg, run_id, metrics, summary, predictions, data_info)
     uri = write_model_card(cfg, run)          # reads the artifacts, writes runs/<run>/model/README.md
 """
+
 from __future__ import annotations
 
 from collections.abc import Mapping
@@ -50,8 +51,7 @@ def corpus_credit(cfg: PipelineConfig, data_info: Mapping[str, Any] | None) -> t
         return recorded or WIKIPEDIA_CREDIT, ["wikimedia/wikipedia"]
     if source == "hf_dataset":
         name = f"{cfg.corpus.hf_path}" + (f" ({cfg.corpus.hf_name})" if cfg.corpus.hf_name else "")
-        default = (f"{WIKIPEDIA_CREDIT} (via {name})" if "wiki" in cfg.corpus.hf_path.lower()
-                   else f"Text from {name}")
+        default = f"{WIKIPEDIA_CREDIT} (via {name})" if "wiki" in cfg.corpus.hf_path.lower() else f"Text from {name}"
         return recorded or default, [cfg.corpus.hf_path]
     return recorded or "Text from local files (see the data manifest for their origin)", []
 
@@ -81,20 +81,30 @@ def downstream_table(downstream: Mapping[str, Any] | None) -> list[str]:
     tasks = (downstream or {}).get("tasks")
     skipped = [f"- {s['name']}: skipped ({s['reason']})" for s in (downstream or {}).get("skipped", [])]
     if not tasks:
-        return ["_No downstream evaluation was recorded for this run (downstream.tasks is empty, or the "
-                "downstream step did not run)._", *skipped]
-    lines = ["| task | metric | this model (mean ± std) | seeds | random init, same budget | gain | examples |",
-             "|---|---|---|---|---|---|---|"]
+        return [
+            "_No downstream evaluation was recorded for this run (downstream.tasks is empty, or the "
+            "downstream step did not run)._",
+            *skipped,
+        ]
+    lines = [
+        "| task | metric | this model (mean ± std) | seeds | random init, same budget | gain | examples |",
+        "|---|---|---|---|---|---|---|",
+    ]
     for t in tasks:
         ours, base = t["pretrained"], t.get("random_init")
         baseline = f"{base['mean']:.4f} ± {base['std']:.4f}" if base else "not run"
         gain = f"{ours['mean'] - base['mean']:+.4f}" if base else "—"
         examples = f"{t['examples']['train']:,} train, {t['examples']['validation']:,} scored"
-        lines.append(f"| {t['name']} | {t['metric']} | {ours['mean']:.4f} ± {ours['std']:.4f} | {len(t['seeds'])} | "
-                     f"{baseline} | {gain} | {examples} |")
+        lines.append(
+            f"| {t['name']} | {t['metric']} | {ours['mean']:.4f} ± {ours['std']:.4f} | {len(t['seeds'])} | "
+            f"{baseline} | {gain} | {examples} |"
+        )
     b = tasks[0]["budget"]
-    lines += ["", f"Each seed fine-tunes for {b['steps']} steps of {b['batch_size']} examples (learning rate "
-              f"{b['learning_rate']:g}, {b['max_length']} tokens); ± is the standard deviation over the seeds."]
+    lines += [
+        "",
+        f"Each seed fine-tunes for {b['steps']} steps of {b['batch_size']} examples (learning rate "
+        f"{b['learning_rate']:g}, {b['max_length']} tokens); ± is the standard deviation over the seeds.",
+    ]
     return lines + (["", *skipped] if skipped else [])
 
 
@@ -103,8 +113,10 @@ def fill_mask_lines(predictions: list | None, limit: int = 3) -> list[str]:
         return ["_No fill-mask predictions were recorded for this run (the smoke test did not run)._"]
     lines = []
     for probe in predictions:
-        top = ", ".join(f"`{p.get('token_str', '').strip()}` ({p.get('score', 0):.3f})"
-                        for p in (probe.get("predictions") or [])[:limit])
+        top = ", ".join(
+            f"`{p.get('token_str', '').strip()}` ({p.get('score', 0):.3f})"
+            for p in (probe.get("predictions") or [])[:limit]
+        )
         lines.append(f"- `{probe.get('probe', '')}` → {top or '_no predictions_'}")
     return lines
 
@@ -122,14 +134,18 @@ def config_lines(cfg: PipelineConfig, data_info: Mapping[str, Any] | None = None
     vocab = (data_info or {}).get("vocab_size") or cfg.tokenizer.vocab_size
     base = (data_info or {}).get("base_model")
     if base:  # the shape and tokenizer are the base model's (model.init_from)
-        arch = (f"- Architecture: RoBERTa, the base model's: {base.get('num_hidden_layers')} layers, hidden "
-                f"{base.get('hidden_size')}, {base.get('num_attention_heads')} heads, "
-                f"FFN {base.get('intermediate_size')}")
+        arch = (
+            f"- Architecture: RoBERTa, the base model's: {base.get('num_hidden_layers')} layers, hidden "
+            f"{base.get('hidden_size')}, {base.get('num_attention_heads')} heads, "
+            f"FFN {base.get('intermediate_size')}"
+        )
         tokenizer = f"- Tokenizer: the base model's, vocabulary {vocab}; sequence length {cfg.shards.max_length}"
     else:
         shape = cfg.model.shape()
-        arch = (f"- Architecture: RoBERTa (preset `{cfg.model.preset}`): {shape.num_hidden_layers} layers, hidden "
-                f"{shape.hidden_size}, {shape.num_attention_heads} heads, FFN {shape.intermediate_size}")
+        arch = (
+            f"- Architecture: RoBERTa (preset `{cfg.model.preset}`): {shape.num_hidden_layers} layers, hidden "
+            f"{shape.hidden_size}, {shape.num_attention_heads} heads, FFN {shape.intermediate_size}"
+        )
         tokenizer = f"- Tokenizer: Unigram, vocabulary {vocab}; sequence length {cfg.shards.max_length}"
     return [
         arch,
@@ -151,15 +167,21 @@ def training_lines(summary: Mapping[str, Any] | None) -> list[str]:
         lines.append(f"- Training loss: {summary['first_loss']:.4f} → {summary['last_loss']:.4f}")
     if summary.get("best_val_loss") is not None:
         best, last = (" (this model)", "") if summary.get("kept") == "best" else ("", " (this model)")
-        lines.append(f"- Validation loss (fixed 15% masks): best {summary['best_val_loss']:.4f} at step "
-                     f"{summary.get('best_step')}{best}; last {summary.get('val_loss'):.4f} at step "
-                     f"{summary.get('steps')}{last}")
+        lines.append(
+            f"- Validation loss (fixed 15% masks): best {summary['best_val_loss']:.4f} at step "
+            f"{summary.get('best_step')}{best}; last {summary.get('val_loss'):.4f} at step "
+            f"{summary.get('steps')}{last}"
+        )
     if summary.get("tokens_per_s") is not None:
-        lines.append(f"- Throughput: {summary['tokens_per_s']:,.0f} tokens/s" +
-                     (f"; {summary['mfu_of']}" if summary.get("mfu_of") else ""))
+        lines.append(
+            f"- Throughput: {summary['tokens_per_s']:,.0f} tokens/s"
+            + (f"; {summary['mfu_of']}" if summary.get("mfu_of") else "")
+        )
     if summary.get("cost_usd") is not None:
-        lines.append(f"- Accelerator cost: ${summary['cost_usd']:,.2f} for {summary['accelerator_hours']:.2f} h of "
-                     f"training ({summary.get('cost_basis')})")
+        lines.append(
+            f"- Accelerator cost: ${summary['cost_usd']:,.2f} for {summary['accelerator_hours']:.2f} h of "
+            f"training ({summary.get('cost_basis')})"
+        )
     if summary.get("elapsed_s") is not None:
         lines.append(f"- Wall time: {summary['elapsed_s'] / 60:.1f} min")
     return lines
@@ -186,7 +208,7 @@ def usage_lines(repo: str) -> list[str]:
         "```",
         "",
         "With TensorFlow: Transformers 4.57 is the last release with TensorFlow models",
-        "(`pip install \"transformers==4.57.*\" tensorflow tf-keras`). `dtype=None` keeps the pipeline",
+        '(`pip install "transformers==4.57.*" tensorflow tf-keras`). `dtype=None` keeps the pipeline',
         "from looking up PyTorch's default dtype, which fails where torch is not installed;",
         "`use_safetensors=False` makes it read `tf_model.h5` (4.57 would pick `model.safetensors` and fail",
         "to read it with current safetensors releases):",
@@ -203,32 +225,52 @@ def usage_lines(repo: str) -> list[str]:
     ]
 
 
-def render_model_card(cfg: PipelineConfig, run_id: str, metrics: Mapping[str, Any] | None,
-                      summary: Mapping[str, Any] | None, predictions: list | None,
-                      data_info: Mapping[str, Any] | None, downstream: Mapping[str, Any] | None = None) -> str:
+def render_model_card(
+    cfg: PipelineConfig,
+    run_id: str,
+    metrics: Mapping[str, Any] | None,
+    summary: Mapping[str, Any] | None,
+    predictions: list | None,
+    data_info: Mapping[str, Any] | None,
+    downstream: Mapping[str, Any] | None = None,
+) -> str:
     credit, datasets = corpus_credit(cfg, data_info)
     # One library (transformers), two frameworks: tf_model.h5 for TensorFlow, model.safetensors for PyTorch.
-    meta = {"language": "en", "license": cfg.publish.license, "library_name": "transformers",
-            "pipeline_tag": "fill-mask",
-            "tags": ["roberta", "fill-mask", "masked-lm", "tf", "pytorch", "safetensors", "pretraining"]}
+    meta = {
+        "language": "en",
+        "license": cfg.publish.license,
+        "library_name": "transformers",
+        "pipeline_tag": "fill-mask",
+        "tags": ["roberta", "fill-mask", "masked-lm", "tf", "pytorch", "safetensors", "pretraining"],
+    }
     if datasets:
         meta["datasets"] = datasets
     base = (data_info or {}).get("base_model")
     if base and base.get("kind") == "hub":
         meta["base_model"] = base["init_from"]  # the Hub's model tree links the base (Hub ids only)
-    fingerprint = ((data_info or {}).get("fingerprint") or (metrics or {}).get("data_fingerprint")
-                   or "unknown (no data reference recorded)")
+    fingerprint = (
+        (data_info or {}).get("fingerprint")
+        or (metrics or {}).get("data_fingerprint")
+        or "unknown (no data reference recorded)"
+    )
     repo = cfg.publish.repo_id or "<repo_id>"
     body = [
         f"# {repo.split('/')[-1]}",
         "",
-        (f"A RoBERTa-style masked language model, pretraining continued from {base_model_line(base)} with "
-         f"TensorFlow (run `{run_id}`)." if base else
-         f"A small RoBERTa-style masked language model pretrained from scratch with TensorFlow (run `{run_id}`)."),
+        (
+            f"A RoBERTa-style masked language model, pretraining continued from {base_model_line(base)} with "
+            f"TensorFlow (run `{run_id}`)."
+            if base
+            else "A small RoBERTa-style masked language model pretrained from scratch with TensorFlow "
+            f"(run `{run_id}`)."
+        ),
         "",
         "## Data",
-        *([f"- Base model: {base_model_line(base)}; its weights and tokenizer were the starting point"]
-          if base else []),
+        *(
+            [f"- Base model: {base_model_line(base)}; its weights and tokenizer were the starting point"]
+            if base
+            else []
+        ),
         f"- Source: `{cfg.corpus.source}`"
         + (f" (`{cfg.corpus.hf_path}`)" if cfg.corpus.source == "hf_dataset" else ""),
         f"- Data fingerprint: `{fingerprint}` (identifies the exact corpus and tokenization)",
@@ -264,8 +306,15 @@ def render_model_card(cfg: PipelineConfig, run_id: str, metrics: Mapping[str, An
 def write_model_card(cfg: PipelineConfig, run: RunPaths, data_info: Mapping[str, Any] | None = None) -> str:
     """Write README.md next to the saved model; returns its URI."""
     art = read_run_artifacts(run)
-    text = render_model_card(cfg, run.run_id, art["metrics"], art["summary"], art["predictions"],
-                             data_info if data_info is not None else art["data_info"], art["downstream"])
+    text = render_model_card(
+        cfg,
+        run.run_id,
+        art["metrics"],
+        art["summary"],
+        art["predictions"],
+        data_info if data_info is not None else art["data_info"],
+        art["downstream"],
+    )
     uri = join(run.model, "README.md")
     storage.write_text(uri, text)
     return uri

@@ -10,6 +10,7 @@ holds comes from the run's own artifacts only (train/summary.json, train/history
 eval/downstream.json, data.json, tpu_vm.json), so runs made by any version of the pipeline, on any machine, compare.
 Tokens seen = step × global batch × sequence length, so runs with other batch sizes share one axis.
 """
+
 from __future__ import annotations
 
 import logging
@@ -63,13 +64,21 @@ def run_row(output_root: str, name: str) -> RunRow:
     base = (data_info or {}).get("base_model") or {}
     vm_bill = storage.read_json_if_exists(run.tpu_vm_bill)
     return RunRow(
-        run=name, data_fingerprint=summary.get("data_fingerprint"), base_model=base.get("init_from"),
-        steps=summary.get("steps"), tokens=per_step * summary["steps"] if per_step and summary.get("steps") else None,
-        val_loss=summary.get("val_loss"), best_val_loss=summary.get("best_val_loss"),
-        best_step=summary.get("best_step"), eval_loss=metrics.get("loss"), downstream=downstream_scores(run),
+        run=name,
+        data_fingerprint=summary.get("data_fingerprint"),
+        base_model=base.get("init_from"),
+        steps=summary.get("steps"),
+        tokens=per_step * summary["steps"] if per_step and summary.get("steps") else None,
+        val_loss=summary.get("val_loss"),
+        best_val_loss=summary.get("best_val_loss"),
+        best_step=summary.get("best_step"),
+        eval_loss=metrics.get("loss"),
+        downstream=downstream_scores(run),
         # The VM's whole bill once delete_tpu_vm recorded it, else the training's own hours at the price.
-        wall_time_s=summary.get("elapsed_s"), cost_usd=(vm_bill or {}).get("cost_usd", summary.get("cost_usd")),
-        val_curve=[[h["step"] * per_step, h["val_loss"]] for h in history if "val_loss" in h] if per_step else [])
+        wall_time_s=summary.get("elapsed_s"),
+        cost_usd=(vm_bill or {}).get("cost_usd", summary.get("cost_usd")),
+        val_curve=[[h["step"] * per_step, h["val_loss"]] for h in history if "val_loss" in h] if per_step else [],
+    )
 
 
 def folders(run_ids: list[str]) -> list[str]:
@@ -84,8 +93,10 @@ def compare_runs(output_root: str, names: list[str] | None = None) -> list[RunRo
     if missing:
         from mlm_tasks.errors import MissingArtifactError
 
-        raise MissingArtifactError(f"No finished training for run(s) {', '.join(missing)} under {output_root}: "
-                                   f"the runs there are {', '.join(run_names(output_root)) or 'none'}.")
+        raise MissingArtifactError(
+            f"No finished training for run(s) {', '.join(missing)} under {output_root}: "
+            f"the runs there are {', '.join(run_names(output_root)) or 'none'}."
+        )
     return [run_row(output_root, name) for name in names]
 
 
@@ -96,26 +107,46 @@ def _num(value: Any, fmt: str) -> str:
 def table_lines(rows: list[RunRow], current: str | None = None) -> list[str]:
     """The Markdown table (`current`, the run a report is about, in bold)."""
     tasks = sorted({task for row in rows for task in row["downstream"]})
-    head = ["run", "data", "base model", "steps", "tokens", "val loss (last)", "val loss (best @ step)",
-            "eval loss", *tasks, "wall time", "cost"]
+    head = [
+        "run",
+        "data",
+        "base model",
+        "steps",
+        "tokens",
+        "val loss (last)",
+        "val loss (best @ step)",
+        "eval loss",
+        *tasks,
+        "wall time",
+        "cost",
+    ]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for row in rows:
-        best = (f"{row['best_val_loss']:.4f} @ {row['best_step']}" if row["best_val_loss"] is not None else "—")
-        cells = [f"**{row['run']}**" if row["run"] == current else row["run"],
-                 f"`{row['data_fingerprint']}`" if row["data_fingerprint"] else "—",
-                 f"`{row['base_model']}`" if row["base_model"] else "random init",
-                 _num(row["steps"], "{:,}"), _num(row["tokens"], "{:,}"), _num(row["val_loss"], "{:.4f}"), best,
-                 _num(row["eval_loss"], "{:.4f}"), *[_num(row["downstream"].get(t), "{:.3f}") for t in tasks],
-                 _num((row["wall_time_s"] or 0) / 60 if row["wall_time_s"] is not None else None, "{:.1f} min"),
-                 _num(row["cost_usd"], "${:,.2f}")]
+        best = f"{row['best_val_loss']:.4f} @ {row['best_step']}" if row["best_val_loss"] is not None else "—"
+        cells = [
+            f"**{row['run']}**" if row["run"] == current else row["run"],
+            f"`{row['data_fingerprint']}`" if row["data_fingerprint"] else "—",
+            f"`{row['base_model']}`" if row["base_model"] else "random init",
+            _num(row["steps"], "{:,}"),
+            _num(row["tokens"], "{:,}"),
+            _num(row["val_loss"], "{:.4f}"),
+            best,
+            _num(row["eval_loss"], "{:.4f}"),
+            *[_num(row["downstream"].get(t), "{:.3f}") for t in tasks],
+            _num((row["wall_time_s"] or 0) / 60 if row["wall_time_s"] is not None else None, "{:.1f} min"),
+            _num(row["cost_usd"], "${:,.2f}"),
+        ]
         lines.append("| " + " | ".join(cells) + " |")
     return lines
 
 
 def val_loss_plot(rows: list[RunRow]) -> bytes | None:
     """Validation loss against tokens seen, one line per run that validated during training."""
-    series = {row["run"]: ([p[0] for p in row["val_curve"]], [p[1] for p in row["val_curve"]])
-              for row in rows if row["val_curve"]}
+    series = {
+        row["run"]: ([p[0] for p in row["val_curve"]], [p[1] for p in row["val_curve"]])
+        for row in rows
+        if row["val_curve"]
+    }
     if not series:
         return None
     if len(series) > MAX_PLOTTED:
@@ -135,5 +166,8 @@ def write_comparison(output_root: str, rows: list[RunRow]) -> dict[str, Any]:
         page += ["", "![Validation loss against tokens seen](val_loss.png)"]
     storage.write_text(join(folder, "compare.md"), "\n".join(page) + "\n")
     log.info("Compared %d run(s): %s", len(rows), join(folder, "compare.md"))
-    return {"table": join(folder, "compare.md"), "plot": join(folder, "val_loss.png") if png else None,
-            "rows": [{k: v for k, v in row.items() if k != "val_curve"} for row in rows]}
+    return {
+        "table": join(folder, "compare.md"),
+        "plot": join(folder, "val_loss.png") if png else None,
+        "rows": [{k: v for k, v in row.items() if k != "val_curve"} for row in rows],
+    }

@@ -4,6 +4,7 @@ no pyplot global state, safe in threads) and written through mlm_tasks.storage, 
     png = line_plot({"loss": (steps, losses), "validation loss": (val_steps, val_losses)}, "Training loss",
                     "step", "loss", references={"eval loss": 5.4})
 """
+
 from __future__ import annotations
 
 import io
@@ -11,8 +12,14 @@ import io
 Series = tuple[list[float], list[float]]
 
 
-def line_plot(series: dict[str, Series], title: str, xlabel: str, ylabel: str,
-              references: dict[str, float] | None = None, log_y: bool = False) -> bytes:
+def line_plot(
+    series: dict[str, Series],
+    title: str,
+    xlabel: str,
+    ylabel: str,
+    references: dict[str, float] | None = None,
+    log_y: bool = False,
+) -> bytes:
     """One line per series (the first without markers when long, the others with), dashed horizontal
     lines for `references`; a legend when there is more than one thing to tell apart."""
     from matplotlib.backends.backend_agg import FigureCanvasAgg

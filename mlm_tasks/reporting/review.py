@@ -8,6 +8,7 @@ form: the eval metrics beside the untrained model and the unigram baseline, the 
 comparison with the model last published to the same repo, the validation loss (best and last), the
 downstream table when the run has one, and the repo it would publish to.
 """
+
 from __future__ import annotations
 
 import math
@@ -42,18 +43,31 @@ def _metrics_table(metrics: Mapping[str, Any] | None, previous: Mapping[str, Any
     prev = previous or {}
     rows = [
         ("loss", metrics.get("loss"), metrics.get("untrained_loss"), None, prev.get("loss")),
-        ("perplexity", metrics.get("perplexity"), _perplexity(metrics.get("untrained_loss")), None,
-         prev.get("perplexity")),
-        ("masked-token accuracy", metrics.get("accuracy"), metrics.get("untrained_accuracy"),
-         metrics.get("baseline_accuracy"), prev.get("accuracy")),
+        (
+            "perplexity",
+            metrics.get("perplexity"),
+            _perplexity(metrics.get("untrained_loss")),
+            None,
+            prev.get("perplexity"),
+        ),
+        (
+            "masked-token accuracy",
+            metrics.get("accuracy"),
+            metrics.get("untrained_accuracy"),
+            metrics.get("baseline_accuracy"),
+            prev.get("accuracy"),
+        ),
     ]
-    lines = ["| metric | this run | untrained model | unigram baseline | last published |",
-             "|---|---|---|---|---|"]
-    lines += [f"| {name} | {_num(run)} | {_num(untrained)} | {_num(baseline)} | {_num(published)} |"
-              for name, run, untrained, baseline, published in rows]
+    lines = ["| metric | this run | untrained model | unigram baseline | last published |", "|---|---|---|---|---|"]
+    lines += [
+        f"| {name} | {_num(run)} | {_num(untrained)} | {_num(baseline)} | {_num(published)} |"
+        for name, run, untrained, baseline, published in rows
+    ]
     lines.append("")
-    lines.append(f"Split `{metrics.get('split', MISSING)}`, {metrics.get('masked_tokens', MISSING)} masked tokens; "
-                 f"the baseline always predicts `{metrics.get('baseline_token', MISSING)}`.")
+    lines.append(
+        f"Split `{metrics.get('split', MISSING)}`, {metrics.get('masked_tokens', MISSING)} masked tokens; "
+        f"the baseline always predicts `{metrics.get('baseline_token', MISSING)}`."
+    )
     return lines
 
 
@@ -62,8 +76,10 @@ def _published_line(previous: Mapping[str, Any] | None, repo_id: str | None) -> 
         return "No `publish.repo_id`: nothing to compare with."
     if not previous:
         return f"Nothing published to `{repo_id}` from this output_root yet: this would be its first model."
-    return (f"Last published to `{repo_id}`: run `{previous.get('run_id', MISSING)}`, commit "
-            f"`{previous.get('commit_oid', MISSING)}` (its metrics are the table's last column).")
+    return (
+        f"Last published to `{repo_id}`: run `{previous.get('run_id', MISSING)}`, commit "
+        f"`{previous.get('commit_oid', MISSING)}` (its metrics are the table's last column)."
+    )
 
 
 def _validation_lines(summary: Mapping[str, Any] | None) -> list[str]:
@@ -71,36 +87,49 @@ def _validation_lines(summary: Mapping[str, Any] | None) -> list[str]:
         return ["No training summary (train/summary.json)."]
     if summary.get("best_val_loss") is None and summary.get("val_loss") is None:
         return ["No validation during training (`train.eval_every` is off)."]
-    return [f"- best: {_num(summary.get('best_val_loss'))} at step {summary.get('best_step', MISSING)}",
-            f"- last: {_num(summary.get('val_loss'))} (the saved model is the {summary.get('kept', 'last')} step's)"]
+    return [
+        f"- best: {_num(summary.get('best_val_loss'))} at step {summary.get('best_step', MISSING)}",
+        f"- last: {_num(summary.get('val_loss'))} (the saved model is the {summary.get('kept', 'last')} step's)",
+    ]
 
 
-def render_review(*, run_id: str, repo_id: str | None, private: bool, decision: GateDecision,
-                  metrics: Mapping[str, Any] | None, previous: Mapping[str, Any] | None,
-                  summary: Mapping[str, Any] | None, downstream: Any = None, timeout_hours: float) -> str:
+def render_review(
+    *,
+    run_id: str,
+    repo_id: str | None,
+    private: bool,
+    decision: GateDecision,
+    metrics: Mapping[str, Any] | None,
+    previous: Mapping[str, Any] | None,
+    summary: Mapping[str, Any] | None,
+    downstream: Any = None,
+    timeout_hours: float,
+) -> str:
     verdict = "passed" if decision.get("passed") else "failed"
     visibility = "private" if private else "public"
-    return "\n".join([
-        f"The model of run `{run_id}` would be pushed to `{repo_id or MISSING}`, a {visibility} repo.",
-        "",
-        "### Evaluation",
-        *_metrics_table(metrics, previous),
-        "",
-        f"### Gate: {verdict}",
-        *[f"- {reason}" for reason in decision.get("reasons", [])],
-        "",
-        "### Last published model",
-        _published_line(previous, repo_id),
-        "",
-        "### Validation loss during training",
-        *_validation_lines(summary),
-        "",
-        "### Downstream tasks",
-        *downstream_table(downstream),
-        "",
-        f"Approve to publish; Reject to skip publishing (say why in the comment, it goes to the log). "
-        f"No answer within {timeout_hours:g} h (`publish.approval_timeout_hours`) counts as a rejection.",
-    ])
+    return "\n".join(
+        [
+            f"The model of run `{run_id}` would be pushed to `{repo_id or MISSING}`, a {visibility} repo.",
+            "",
+            "### Evaluation",
+            *_metrics_table(metrics, previous),
+            "",
+            f"### Gate: {verdict}",
+            *[f"- {reason}" for reason in decision.get("reasons", [])],
+            "",
+            "### Last published model",
+            _published_line(previous, repo_id),
+            "",
+            "### Validation loss during training",
+            *_validation_lines(summary),
+            "",
+            "### Downstream tasks",
+            *downstream_table(downstream),
+            "",
+            f"Approve to publish; Reject to skip publishing (say why in the comment, it goes to the log). "
+            f"No answer within {timeout_hours:g} h (`publish.approval_timeout_hours`) counts as a rejection.",
+        ]
+    )
 
 
 def review_markdown(cfg: PipelineConfig, run: RunPaths, decision: GateDecision) -> str:
@@ -109,7 +138,14 @@ def review_markdown(cfg: PipelineConfig, run: RunPaths, decision: GateDecision) 
     repo_id = cfg.publish.repo_id
     baseline = paths.published_metrics(cfg.output_root, repo_id, cfg.publish.releases_root) if repo_id else None
     previous = storage.read_json_if_exists(baseline) if baseline else None
-    return render_review(run_id=run.run_id, repo_id=repo_id, private=cfg.publish.private, decision=decision,
-                         metrics=artifacts["metrics"], previous=previous, summary=artifacts["summary"],
-                         downstream=artifacts["downstream"],
-                         timeout_hours=cfg.publish.approval_timeout_hours)
+    return render_review(
+        run_id=run.run_id,
+        repo_id=repo_id,
+        private=cfg.publish.private,
+        decision=decision,
+        metrics=artifacts["metrics"],
+        previous=previous,
+        summary=artifacts["summary"],
+        downstream=artifacts["downstream"],
+        timeout_hours=cfg.publish.approval_timeout_hours,
+    )

@@ -10,6 +10,7 @@ call them through plugins/ (docs/architecture.md has the table); the CLI (`pytho
 <step>`) calls the same functions. Two compositions live here, for the CLI, benchmarks and tests:
 `build_shard_set` (the three shard-set steps in one process, one partition) and `run_all`.
 """
+
 from __future__ import annotations
 
 from typing import Any
@@ -18,8 +19,22 @@ from mlm_tasks.config import PipelineConfig
 from mlm_tasks.paths import RunContext
 from mlm_tasks.results import DataSummary
 
-STEPS = ("validate", "plan_shards", "write_shards", "merge_shards", "check_run", "train", "evaluate", "downstream",
-         "fill_mask", "report", "gate", "publish", "publish_tokenizer", "summary")
+STEPS = (
+    "validate",
+    "plan_shards",
+    "write_shards",
+    "merge_shards",
+    "check_run",
+    "train",
+    "evaluate",
+    "downstream",
+    "fill_mask",
+    "report",
+    "gate",
+    "publish",
+    "publish_tokenizer",
+    "summary",
+)
 
 
 def build_shard_set(cfg: PipelineConfig, ctx: RunContext | None = None) -> DataSummary:
@@ -52,10 +67,15 @@ def run_all(cfg: PipelineConfig, ctx: RunContext, hub_token: str | None = None) 
 
     data = build_shard_set(cfg, ctx)
     ctx = ctx.with_data(data["fingerprint"])
-    result: dict[str, Any] = {"data": data, "check_run": check_run(cfg, ctx, data=data),
-              "train": train(cfg, ctx, hub_token=hub_token), "evaluate": evaluate(cfg, ctx),
-              "downstream": downstream(cfg, ctx), "fill_mask": fill_mask(cfg, ctx),
-              "report": report(cfg, ctx, data=data)}
+    result: dict[str, Any] = {
+        "data": data,
+        "check_run": check_run(cfg, ctx, data=data),
+        "train": train(cfg, ctx, hub_token=hub_token),
+        "evaluate": evaluate(cfg, ctx),
+        "downstream": downstream(cfg, ctx),
+        "fill_mask": fill_mask(cfg, ctx),
+        "report": report(cfg, ctx, data=data),
+    }
     result["gate"] = gate(cfg, ctx)
     result["summary"] = summary(cfg, ctx, data=data)
     return result

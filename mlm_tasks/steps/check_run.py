@@ -7,6 +7,7 @@ tell. validate, which runs before any shard exists, checks the inputs themselves
 loads and matches the run (max_length, tokenizer; no shard missing or truncated), the batch fits the
 train records, and the run's earlier checkpoints or model were made with this data.
 """
+
 from __future__ import annotations
 
 import logging
@@ -31,8 +32,14 @@ def check_run(cfg: PipelineConfig, ctx: RunContext, *, data: DataSummary) -> Run
     # every device count must meet; train() checks the global batch again.
     steps = plan_steps(cfg, shard_set, cfg.train.batch_size)
     check_resumable(ctx.run, fingerprint, model_vocab_size(cfg, shard_set.vocab_size))
-    log.info("Run %s fits data %s: %d train records, batch %d per replica, %d steps at one replica.",
-             ctx.run_id, fingerprint, shard_set.records("train"), cfg.train.batch_size, steps)
+    log.info(
+        "Run %s fits data %s: %d train records, batch %d per replica, %d steps at one replica.",
+        ctx.run_id,
+        fingerprint,
+        shard_set.records("train"),
+        cfg.train.batch_size,
+        steps,
+    )
     replicas = planned_replicas(cfg)
     planned = plan_steps(cfg, shard_set, cfg.train.batch_size * replicas) if replicas > 1 else steps
     base = data.get("base_model")  # model.init_from: the shape is the base's

@@ -10,6 +10,7 @@ same downstream settings a rerun (a retry, a cleared task) reuses the file; no t
 The default's held_out_article task is skipped, with the reason in the log and the file, on a corpus
 without articles (a run that switched corpus.source on the form).
 """
+
 from __future__ import annotations
 
 import json
@@ -35,11 +36,11 @@ def downstream(cfg: PipelineConfig, ctx: RunContext) -> DownstreamResult:
     from mlm_tasks.downstream.finetune import encode, finetune
 
     # What the scores depend on: the gate's thresholds are left out, so changing one does not fine-tune again.
-    settings = cfg.downstream.model_dump(mode="json", exclude={"min_scores": True, "max_regression": True,
-                                                               "tasks": {"__all__": {"min_score"}}})
+    settings = cfg.downstream.model_dump(
+        mode="json", exclude={"min_scores": True, "max_regression": True, "tasks": {"__all__": {"min_score"}}}
+    )
     run = ctx.run
-    result: DownstreamResult = {"tasks": [], "skipped": [], "model": run.model, "settings": settings,
-                                "elapsed_s": 0.0}
+    result: DownstreamResult = {"tasks": [], "skipped": [], "model": run.model, "settings": settings, "elapsed_s": 0.0}
     if not cfg.downstream.tasks:
         log.info("downstream.tasks is empty: no downstream evaluation for run %s", run.run_id)
         return result
@@ -66,21 +67,42 @@ def downstream(cfg: PipelineConfig, ctx: RunContext) -> DownstreamResult:
                 result["skipped"].append({"name": task_cfg.name, "reason": reason})
                 continue
             task = load_task(task_cfg, cfg.corpus)
-            log.info("Task %s: %d training and %d validation examples, %d classes%s; %d steps of %d, lr %g, seeds %s",
-                     task.name, len(task.train), len(task.validation), task.num_labels, " (pairs)" if task.is_pair
-                     else "", budget["steps"], budget["batch_size"], budget["learning_rate"], seeds)
-            train, validation = encode(tokenizer, task.train, max_length), encode(tokenizer, task.validation,
-                                                                                   max_length)
-            pretrained = [finetune(model_dir, train, validation, task.num_labels, cfg.downstream, seed, True)
-                          for seed in seeds]
-            random_init = [finetune(model_dir, train, validation, task.num_labels, cfg.downstream, seed, False)
-                           for seed in seeds] if cfg.downstream.random_init else []
+            log.info(
+                "Task %s: %d training and %d validation examples, %d classes%s; %d steps of %d, lr %g, seeds %s",
+                task.name,
+                len(task.train),
+                len(task.validation),
+                task.num_labels,
+                " (pairs)" if task.is_pair else "",
+                budget["steps"],
+                budget["batch_size"],
+                budget["learning_rate"],
+                seeds,
+            )
+            train, validation = (
+                encode(tokenizer, task.train, max_length),
+                encode(tokenizer, task.validation, max_length),
+            )
+            pretrained = [
+                finetune(model_dir, train, validation, task.num_labels, cfg.downstream, seed, True) for seed in seeds
+            ]
+            random_init = (
+                [finetune(model_dir, train, validation, task.num_labels, cfg.downstream, seed, False) for seed in seeds]
+                if cfg.downstream.random_init
+                else []
+            )
             entry = task_scores(task_cfg, task, budget, cfg.downstream.min_score(task_cfg), pretrained, random_init)
             result["tasks"].append(entry)
             base = entry["random_init"]
-            log.info("Task %s: %s %.4f ± %.4f over %d seeds%s", task.name, entry["metric"], entry["pretrained"]["mean"],
-                     entry["pretrained"]["std"], len(seeds),
-                     f" (random init: {base['mean']:.4f} ± {base['std']:.4f})" if base else "")
+            log.info(
+                "Task %s: %s %.4f ± %.4f over %d seeds%s",
+                task.name,
+                entry["metric"],
+                entry["pretrained"]["mean"],
+                entry["pretrained"]["std"],
+                len(seeds),
+                f" (random init: {base['mean']:.4f} ± {base['std']:.4f})" if base else "",
+            )
     result["elapsed_s"] = time.perf_counter() - started
     storage.write_json(run.downstream, result)
     log.info("Downstream scores of %d task(s) in %.0fs: %s", len(result["tasks"]), result["elapsed_s"], run.downstream)

@@ -6,6 +6,7 @@ Two reference points are measured on exactly the same masked batches, so "it lea
 in metrics.json rather than a feeling: the untrained model (same shape and seed, no training) and
 the unigram baseline (always predict the most frequent token of the train split).
 """
+
 from __future__ import annotations
 
 import logging
@@ -47,8 +48,10 @@ def _score(model, batches, mask_id: int) -> tuple[float, float, int, float]:
 
     loss_sum = count = correct = at_mask = masks = 0.0
     for batch in batches:
-        logits = tf.cast(model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"],
-                               training=False).logits, tf.float32)
+        logits = tf.cast(
+            model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"], training=False).logits,
+            tf.float32,
+        )
         labels = batch["labels"]
         valid = labels != -100
         safe = tf.where(valid, labels, 0)
@@ -79,8 +82,9 @@ def evaluate(cfg: PipelineConfig, ctx: RunContext) -> EvalMetrics:
         log.info("Metrics already at %s: nothing to do", run.eval_metrics)
         return storage.read_json(run.eval_metrics)
     if not storage.exists(run.train_summary):
-        raise MissingArtifactError(f"No trained model for run {run_id} ({run.train_summary} missing): run the "
-                                   "train step first.")
+        raise MissingArtifactError(
+            f"No trained model for run {run_id} ({run.train_summary} missing): run the train step first."
+        )
     shard_set = load_manifest(cfg, fingerprint)
     split = cfg.eval.split
     tokenizer = load_tokenizer(shard_set.paths.tokenizer, shard_set.max_length)
@@ -90,15 +94,24 @@ def evaluate(cfg: PipelineConfig, ctx: RunContext) -> EvalMetrics:
         model = TFRobertaForMaskedLM.from_pretrained(storage.download_dir(run.model, tmp), use_safetensors=False)
     if model.config.vocab_size != model_vocab_size(cfg, len(tokenizer)):
         trained_on = storage.read_json(run.train_summary).get("data_fingerprint", "?")
-        raise ConfigError(f"Model vocab {model.config.vocab_size} != tokenizer vocab {len(tokenizer)}: the model at "
-                          f"{run.model} was trained with another tokenizer (data {trained_on}, not {fingerprint}). "
-                          "Evaluate with the data fingerprint the run trained on, or retrain on this data.")
+        raise ConfigError(
+            f"Model vocab {model.config.vocab_size} != tokenizer vocab {len(tokenizer)}: the model at "
+            f"{run.model} was trained with another tokenizer (data {trained_on}, not {fingerprint}). "
+            "Evaluate with the data fingerprint the run trained on, or retrain on this data."
+        )
 
     # Fixed seed and rate: every run (and the previously published model) is scored on identical masks,
     # whatever masking rate it trained with; the first batches are those of train.eval_every.
     tf.random.set_seed(cfg.train.seed)
-    ds = mlm_dataset(shard_set, split, tokenizer, cfg.eval.batch_size, training=False,
-                     mlm_probability=EVAL_MLM_PROBABILITY, seed=cfg.train.seed)
+    ds = mlm_dataset(
+        shard_set,
+        split,
+        tokenizer,
+        cfg.eval.batch_size,
+        training=False,
+        mlm_probability=EVAL_MLM_PROBABILITY,
+        seed=cfg.train.seed,
+    )
     if cfg.eval.max_batches:
         ds = ds.take(cfg.eval.max_batches)
     batches = list(ds)  # the same masked batches for all three scores
@@ -113,13 +126,31 @@ def evaluate(cfg: PipelineConfig, ctx: RunContext) -> EvalMetrics:
     baseline = float(tf.reduce_mean(tf.cast(labels == top, tf.float32)))
 
     metrics: EvalMetrics = {
-        "split": split, "loss": loss, "perplexity": math.exp(min(loss, 50)), "accuracy": accuracy,
-        "accuracy_at_mask_token": mask_acc, "masked_tokens": masked, "untrained_loss": untrained_loss,
-        "untrained_accuracy": untrained_acc, "baseline_accuracy": baseline,
-        "baseline_token": tokenizer.convert_ids_to_tokens(top), "data_fingerprint": fingerprint}
+        "split": split,
+        "loss": loss,
+        "perplexity": math.exp(min(loss, 50)),
+        "accuracy": accuracy,
+        "accuracy_at_mask_token": mask_acc,
+        "masked_tokens": masked,
+        "untrained_loss": untrained_loss,
+        "untrained_accuracy": untrained_acc,
+        "baseline_accuracy": baseline,
+        "baseline_token": tokenizer.convert_ids_to_tokens(top),
+        "data_fingerprint": fingerprint,
+    }
     storage.write_json(run.eval_metrics, metrics)
-    log.info("Eval on %s (%d masked tokens): loss %.3f, perplexity %.1f, accuracy %.1f%% (%.1f%% where the "
-             "input shows <mask>) | untrained: loss %.3f, accuracy %.1f%% | always %r: %.1f%%", split, masked, loss,
-             metrics["perplexity"], 100 * accuracy, 100 * mask_acc, untrained_loss, 100 * untrained_acc,
-             metrics["baseline_token"], 100 * baseline)
+    log.info(
+        "Eval on %s (%d masked tokens): loss %.3f, perplexity %.1f, accuracy %.1f%% (%.1f%% where the "
+        "input shows <mask>) | untrained: loss %.3f, accuracy %.1f%% | always %r: %.1f%%",
+        split,
+        masked,
+        loss,
+        metrics["perplexity"],
+        100 * accuracy,
+        100 * mask_acc,
+        untrained_loss,
+        100 * untrained_acc,
+        metrics["baseline_token"],
+        100 * baseline,
+    )
     return metrics

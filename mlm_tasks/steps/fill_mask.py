@@ -5,6 +5,7 @@
 Each probe sentence holds one <mask>; the top predictions are logged and saved, so a person can see
 at a glance whether the model produces plausible English.
 """
+
 from __future__ import annotations
 
 import logging
@@ -34,13 +35,21 @@ def fill_mask(cfg: PipelineConfig, ctx: RunContext) -> list[ProbePredictions]:
         # dtype=None: without torch installed the pipeline's default dtype lookup fails.
         # use_safetensors=False: read tf_model.h5; 4.57 would pick the PyTorch model.safetensors beside it
         # and fail to read it (transformers#40028).
-        fill = pipeline("fill-mask", model=local, tokenizer=local, framework="tf", dtype=None,
-                        model_kwargs={"use_safetensors": False}, top_k=cfg.infer.top_k)
+        fill = pipeline(
+            "fill-mask",
+            model=local,
+            tokenizer=local,
+            framework="tf",
+            dtype=None,
+            model_kwargs={"use_safetensors": False},
+            top_k=cfg.infer.top_k,
+        )
         results: list[ProbePredictions] = []
         for probe in cfg.infer.probes:
             preds: list[Prediction] = [
                 {"token_str": p["token_str"].strip(), "score": float(p["score"]), "sequence": p["sequence"]}
-                for p in fill(probe)]
+                for p in fill(probe)
+            ]
             results.append({"probe": probe, "predictions": preds})
             log.info("%s -> %s", probe, ", ".join(f"{p['token_str']!r} {p['score']:.2f}" for p in preds))
     storage.write_json(run.predictions, results)

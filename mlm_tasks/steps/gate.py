@@ -10,6 +10,7 @@ published to the repo (`paths.published_metrics(root, repo_id)`); each downstrea
 its min_score and, when the published model has a score under the same budget, at most
 `downstream.max_regression` below it. docs/releases.md
 """
+
 from __future__ import annotations
 
 import logging
@@ -41,9 +42,13 @@ def _slack(reference: float) -> float:
     return max(ABS_TOLERANCE, REL_TOLERANCE * abs(reference))
 
 
-def evaluate_gate(metrics: Mapping[str, Any], gate: GateConfig, previous: Mapping[str, Any] | None,
-                  downstream: Mapping[str, Any] | None = None,
-                  downstream_cfg: DownstreamConfig | None = None) -> GateDecision:
+def evaluate_gate(
+    metrics: Mapping[str, Any],
+    gate: GateConfig,
+    previous: Mapping[str, Any] | None,
+    downstream: Mapping[str, Any] | None = None,
+    downstream_cfg: DownstreamConfig | None = None,
+) -> GateDecision:
     """Check `metrics` (eval/metrics.json) and `downstream` (eval/downstream.json) against the thresholds
     and the previously published metrics."""
     failed: list[str] = []
@@ -82,36 +87,41 @@ def evaluate_gate(metrics: Mapping[str, Any], gate: GateConfig, previous: Mappin
     return {"passed": not failed, "reasons": failed + passed}
 
 
-def _compare_with_previous(loss: float | None, accuracy: float | None, previous: Mapping[str, Any],
-                           failed: list[str], passed: list[str]) -> None:
+def _compare_with_previous(
+    loss: float | None, accuracy: float | None, previous: Mapping[str, Any], failed: list[str], passed: list[str]
+) -> None:
     where = f" (run {previous['run_id']})" if previous.get("run_id") else ""
     prev_loss, prev_acc = _number(previous, "loss"), _number(previous, "accuracy")
     if prev_loss is not None:
         if loss is None:
-            failed.append(f"eval loss is missing, so it cannot be compared with the previously published "
-                          f"{prev_loss:.4f}{where}.")
+            failed.append(
+                f"eval loss is missing, so it cannot be compared with the previously published {prev_loss:.4f}{where}."
+            )
         elif loss > prev_loss + _slack(prev_loss):
             failed.append(f"eval loss {loss:.4f} is worse than the previously published {prev_loss:.4f}{where}.")
         else:
             passed.append(f"eval loss {loss:.4f} is not worse than the previously published {prev_loss:.4f}.")
     if prev_acc is not None:
         if accuracy is None:
-            failed.append(f"masked accuracy is missing, so it cannot be compared with the previously published "
-                          f"{prev_acc:.4f}{where}.")
+            failed.append(
+                f"masked accuracy is missing, so it cannot be compared with the previously published "
+                f"{prev_acc:.4f}{where}."
+            )
         elif accuracy < prev_acc - _slack(prev_acc):
-            failed.append(f"masked accuracy {accuracy:.4f} is worse than the previously published "
-                          f"{prev_acc:.4f}{where}.")
+            failed.append(
+                f"masked accuracy {accuracy:.4f} is worse than the previously published {prev_acc:.4f}{where}."
+            )
         else:
-            passed.append(f"masked accuracy {accuracy:.4f} is not worse than the previously published "
-                          f"{prev_acc:.4f}.")
+            passed.append(f"masked accuracy {accuracy:.4f} is not worse than the previously published {prev_acc:.4f}.")
 
 
 def _scores_by_task(downstream: Mapping[str, Any] | None) -> dict[str, Mapping[str, Any]]:
     return {t["name"]: t for t in (downstream or {}).get("tasks", [])}
 
 
-def _downstream_minimums(downstream: Mapping[str, Any] | None, cfg: DownstreamConfig, failed: list[str],
-                         passed: list[str]) -> None:
+def _downstream_minimums(
+    downstream: Mapping[str, Any] | None, cfg: DownstreamConfig, failed: list[str], passed: list[str]
+) -> None:
     scores = _scores_by_task(downstream)
     for task in cfg.tasks:
         minimum = cfg.min_score(task)
@@ -120,17 +130,26 @@ def _downstream_minimums(downstream: Mapping[str, Any] | None, cfg: DownstreamCo
         entry = scores.get(task.name)
         mean = _number((entry or {}).get("pretrained"), "mean")
         if entry is None or mean is None:
-            failed.append(f"downstream {task.name}: no score to hold against its min_score {minimum:.4f}: run the "
-                          "downstream step before the gate.")
+            failed.append(
+                f"downstream {task.name}: no score to hold against its min_score {minimum:.4f}: run the "
+                "downstream step before the gate."
+            )
         elif mean < minimum:
-            failed.append(f"downstream {task.name}: {entry['metric']} {mean:.4f} (mean of {len(entry['seeds'])} "
-                          f"seeds) is below its min_score {minimum:.4f}.")
+            failed.append(
+                f"downstream {task.name}: {entry['metric']} {mean:.4f} (mean of {len(entry['seeds'])} "
+                f"seeds) is below its min_score {minimum:.4f}."
+            )
         else:
             passed.append(f"downstream {task.name}: {entry['metric']} {mean:.4f} meets its min_score {minimum:.4f}.")
 
 
-def _downstream_vs_previous(downstream: Mapping[str, Any] | None, cfg: DownstreamConfig,
-                            previous: Mapping[str, Any], failed: list[str], passed: list[str]) -> None:
+def _downstream_vs_previous(
+    downstream: Mapping[str, Any] | None,
+    cfg: DownstreamConfig,
+    previous: Mapping[str, Any],
+    failed: list[str],
+    passed: list[str],
+) -> None:
     """Only scores of the same task, metric and budget compare: another budget is another measurement."""
     where = f" (run {previous['run_id']})" if previous.get("run_id") else ""
     for name, entry in _scores_by_task(downstream).items():
@@ -139,34 +158,45 @@ def _downstream_vs_previous(downstream: Mapping[str, Any] | None, cfg: Downstrea
         if prev is None or prev_mean is None:
             continue
         if prev.get("metric") != entry["metric"] or prev.get("budget") != entry["budget"]:
-            passed.append(f"downstream {name}: not compared with the previously published model{where}: its metric "
-                          "or fine-tuning budget differs.")
+            passed.append(
+                f"downstream {name}: not compared with the previously published model{where}: its metric "
+                "or fine-tuning budget differs."
+            )
         elif mean is None or mean < prev_mean - cfg.max_regression - _slack(prev_mean):
             shown = "missing" if mean is None else f"{mean:.4f}"
-            failed.append(f"downstream {name}: {entry['metric']} {shown} is worse than the previously published "
-                          f"{prev_mean:.4f}{where} by more than downstream.max_regression {cfg.max_regression:g}.")
+            failed.append(
+                f"downstream {name}: {entry['metric']} {shown} is worse than the previously published "
+                f"{prev_mean:.4f}{where} by more than downstream.max_regression {cfg.max_regression:g}."
+            )
         else:
-            passed.append(f"downstream {name}: {entry['metric']} {mean:.4f} is not worse than the previously "
-                          f"published {prev_mean:.4f}.")
+            passed.append(
+                f"downstream {name}: {entry['metric']} {mean:.4f} is not worse than the previously "
+                f"published {prev_mean:.4f}."
+            )
 
 
 def previous_published(cfg: PipelineConfig) -> dict | None:
     """Metrics of the model last published to `publish.repo_id`, or None if none was."""
     if not cfg.publish.repo_id:
         return None
-    return storage.read_json_if_exists(paths.published_metrics(cfg.output_root, cfg.publish.repo_id,
-                                                               cfg.publish.releases_root))
+    return storage.read_json_if_exists(
+        paths.published_metrics(cfg.output_root, cfg.publish.repo_id, cfg.publish.releases_root)
+    )
 
 
 def gate(cfg: PipelineConfig, ctx: RunContext) -> GateDecision:
     """Read the run's eval metrics and the published ones, and decide; the reasons go to the log."""
     metrics = storage.read_json_if_exists(ctx.run.eval_metrics)
     if metrics is None:
-        decision: GateDecision = {"passed": False, "reasons": [f"No eval metrics at {ctx.run.eval_metrics}: run "
-                                                               "evaluate for this run first."]}
+        decision: GateDecision = {
+            "passed": False,
+            "reasons": [f"No eval metrics at {ctx.run.eval_metrics}: run evaluate for this run first."],
+        }
     else:
-        decision = evaluate_gate(metrics, cfg.gate, previous_published(cfg),
-                                 storage.read_json_if_exists(ctx.run.downstream), cfg.downstream)
-    log.info("Evaluation gate %s:\n  %s", "passed" if decision["passed"] else "failed",
-             "\n  ".join(decision["reasons"]))
+        decision = evaluate_gate(
+            metrics, cfg.gate, previous_published(cfg), storage.read_json_if_exists(ctx.run.downstream), cfg.downstream
+        )
+    log.info(
+        "Evaluation gate %s:\n  %s", "passed" if decision["passed"] else "failed", "\n  ".join(decision["reasons"])
+    )
     return decision

@@ -7,6 +7,7 @@ earlier run, a refresh, or shards brought as they are: the plan has no partition
 Returns the data summary every later step uses; its `written_here` says whether this call published
 the set (the shard gate then has nothing to wait for).
 """
+
 from __future__ import annotations
 
 import logging
@@ -32,14 +33,19 @@ def merge_shards(cfg: PipelineConfig, ctx: RunContext, *, plan: ShardPlan | None
     if storage.exists(paths.success):
         return data_summary(ShardSet.load(paths), cache_hit=plan["cache_hit"] if plan else False)
     if plan is not None and not plan["partitions"]:
-        raise FileNotFoundError(f"The shard set {paths.shards_dir} was complete when plan_shards ran, but its "
-                                "_SUCCESS is gone (deleted meanwhile?): run again, so plan_shards plans it anew.")
+        raise FileNotFoundError(
+            f"The shard set {paths.shards_dir} was complete when plan_shards ran, but its "
+            "_SUCCESS is gone (deleted meanwhile?): run again, so plan_shards plans it anew."
+        )
     num_parts = len(plan["partitions"]) if plan else cfg.shards.partitions
     corpus = corpus or open_corpus(cfg.corpus)
     tokenizer = load_tokenizer(paths.tokenizer, cfg.shards.max_length)
     corpus_fp = (plan["corpus_fingerprint"] if plan else None) or corpus.fingerprint()
     extra = {**manifest_extra(cfg, corpus, corpus_fp, paths, tokenizer), "partitions": num_parts}
     shard_set = merge_partitions(cfg, paths, num_parts, extra)
-    log.info("Published shard set %s: %s", paths.shards_dir,
-             ", ".join(f"{s} {shard_set.records(s)} records" for s in shard_set.splits))
+    log.info(
+        "Published shard set %s: %s",
+        paths.shards_dir,
+        ", ".join(f"{s} {shard_set.records(s)} records" for s in shard_set.splits),
+    )
     return data_summary(shard_set, cache_hit=False, written_here=True)

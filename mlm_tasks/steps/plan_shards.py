@@ -8,6 +8,7 @@ plan_shards → write_shards (one task per partition, in parallel) → merge_sha
 partitions are still to write; none when a complete shard set already has this fingerprint or
 shards were brought as they are (the DAGs then skip write_shards, and the merge only reads the set).
 """
+
 from __future__ import annotations
 
 import logging
@@ -31,8 +32,11 @@ def plan_shards(cfg: PipelineConfig, ctx: RunContext, *, corpus=None, num_parts:
     paths = DataPaths(cfg.output_root, ctx.fingerprint or data_fingerprint(cfg, corpus_fingerprint=corpus_fp))
     n = num_parts or cfg.shards.partitions
     if storage.exists(paths.success):
-        log.info("Cache hit: data fingerprint %s already prepared at %s; no shard to write",
-                 paths.fingerprint, paths.shards_dir)
+        log.info(
+            "Cache hit: data fingerprint %s already prepared at %s; no shard to write",
+            paths.fingerprint,
+            paths.shards_dir,
+        )
         return ShardPlan(fingerprint=paths.fingerprint, cache_hit=True, corpus_fingerprint=corpus_fp, partitions=[])
     if cfg.corpus.source == "tfrecord_shards":
         from mlm_tasks.data.shard_set import adopt
@@ -44,5 +48,9 @@ def plan_shards(cfg: PipelineConfig, ctx: RunContext, *, corpus=None, num_parts:
     # (probe_write=False: an unchanged source writes nothing) nor when plan_shards runs alone (the CLI).
     check_writable(cfg.output_root)
     ensure_tokenizer(cfg, corpus, paths)
-    return ShardPlan(fingerprint=paths.fingerprint, cache_hit=False, corpus_fingerprint=corpus_fp,
-                     partitions=[Partition(fingerprint=paths.fingerprint, part=p, num_parts=n) for p in range(n)])
+    return ShardPlan(
+        fingerprint=paths.fingerprint,
+        cache_hit=False,
+        corpus_fingerprint=corpus_fp,
+        partitions=[Partition(fingerprint=paths.fingerprint, part=p, num_parts=n) for p in range(n)],
+    )

@@ -9,6 +9,7 @@ from HF_TOKEN. It never
 reaches logs, error messages, XCom or files. `endpoint` (or HF_ENDPOINT) selects another Hub, such
 as the loopback fake the tests use.
 """
+
 from __future__ import annotations
 
 import logging
@@ -32,19 +33,27 @@ log = logging.getLogger(__name__)
 IGNORE_PATTERNS = ["*.tmp-*", "**/*.tmp-*"]
 
 
-
 def _add_pytorch_weights(folder: str, run: RunPaths) -> None:
     """A model saved before `save` wrote model.safetensors gets it now: without it, PyTorch and
     transformers 5.x users cannot load the repo at all."""
     present = set(os.listdir(folder))
     if SAFETENSORS_NAME not in present and "tf_model.h5" in present:
-        log.info("%s has no %s (saved by an older version): converting tf_model.h5 for PyTorch users",
-                 run.model, SAFETENSORS_NAME)
+        log.info(
+            "%s has no %s (saved by an older version): converting tf_model.h5 for PyTorch users",
+            run.model,
+            SAFETENSORS_NAME,
+        )
         export_pytorch_weights(folder)
 
 
-def publish(cfg: PipelineConfig, ctx: RunContext, *, token: str, endpoint: str | None = None,
-            data_info: Mapping[str, Any] | None = None) -> ModelCommit:
+def publish(
+    cfg: PipelineConfig,
+    ctx: RunContext,
+    *,
+    token: str,
+    endpoint: str | None = None,
+    data_info: Mapping[str, Any] | None = None,
+) -> ModelCommit:
     """Write the card into the run's model dir and push that dir to `publish.repo_id` in one commit.
 
     Returns {"repo_id", "commit_url", "commit_oid", "files", "private", "run_id"} and records the run's
@@ -54,8 +63,9 @@ def publish(cfg: PipelineConfig, ctx: RunContext, *, token: str, endpoint: str |
         raise ConfigError("publish.repo_id is empty: set it to the Hub repo to push to, e.g. my-org/roberta-wiki.")
     done = storage.read_json_if_exists(run.published)
     if done and done.get("repo_id") == repo_id:
-        log.info("Run %s was already published to %s (commit %s); nothing to do", run.run_id, repo_id,
-                 done.get("commit_oid"))
+        log.info(
+            "Run %s was already published to %s (commit %s); nothing to do", run.run_id, repo_id, done.get("commit_oid")
+        )
         return done
     if not storage.exists(join(run.model, "config.json")):
         raise MissingArtifactError(f"No saved model at {run.model}: run train for run {run.run_id} first.")
@@ -73,15 +83,31 @@ def publish(cfg: PipelineConfig, ctx: RunContext, *, token: str, endpoint: str |
             check_visibility(api, repo_id, cfg.publish.private)
         with hub_errors(f"uploading {run.model} to {repo_id}", token, url, conn_id):
             info = api.upload_folder(
-                repo_id=repo_id, folder_path=folder, ignore_patterns=list(IGNORE_PATTERNS),
+                repo_id=repo_id,
+                folder_path=folder,
+                ignore_patterns=list(IGNORE_PATTERNS),
                 commit_message=f"Upload model from run {run.run_id}",
-                commit_description=", ".join(f"{k}={metrics[k]}" for k in ("loss", "accuracy") if k in metrics))
+                commit_description=", ".join(f"{k}={metrics[k]}" for k in ("loss", "accuracy") if k in metrics),
+            )
         files = local_files(folder)
-    result: ModelCommit = {"repo_id": repo_id, "commit_url": info.commit_url, "commit_oid": info.oid,
-                           "files": files, "private": cfg.publish.private, "run_id": run.run_id}
+    result: ModelCommit = {
+        "repo_id": repo_id,
+        "commit_url": info.commit_url,
+        "commit_oid": info.oid,
+        "files": files,
+        "private": cfg.publish.private,
+        "run_id": run.run_id,
+    }
     log.info("Published run %s as %s to %s (%d files, user %s)", run.run_id, info.oid, repo_id, len(files), user)
-    storage.write_json(paths.published_metrics(cfg.output_root, repo_id, cfg.publish.releases_root),
-                       {**metrics, "downstream": published_scores(artifacts["downstream"]), "run_id": run.run_id,
-                        "repo_id": repo_id, "commit_oid": info.oid})
+    storage.write_json(
+        paths.published_metrics(cfg.output_root, repo_id, cfg.publish.releases_root),
+        {
+            **metrics,
+            "downstream": published_scores(artifacts["downstream"]),
+            "run_id": run.run_id,
+            "repo_id": repo_id,
+            "commit_oid": info.oid,
+        },
+    )
     storage.write_json(run.published, result)  # last: the step's completion marker
     return result

@@ -5,6 +5,7 @@
 Runs in mlm_pretrain beside the training, as soon as the shard set exists; skipped when
 publish.tokenizer_repo_id is empty. The token is an argument and never reaches logs or XCom.
 """
+
 from __future__ import annotations
 
 import logging
@@ -34,8 +35,9 @@ fingerprint `{fingerprint}`. Load it with `AutoTokenizer.from_pretrained("{repo_
 """
 
 
-def publish_tokenizer(cfg: PipelineConfig, ctx: RunContext, *, token: str,
-                      endpoint: str | None = None) -> TokenizerCommit:
+def publish_tokenizer(
+    cfg: PipelineConfig, ctx: RunContext, *, token: str, endpoint: str | None = None
+) -> TokenizerCommit:
     """Push the tokenizer of `data` (alone, with a short card) to `publish.tokenizer_repo_id`."""
     data, (repo_id, conn_id) = ctx.data, (cfg.publish.tokenizer_repo_id, cfg.publish.hf_conn_id)
     if not repo_id:
@@ -49,14 +51,26 @@ def publish_tokenizer(cfg: PipelineConfig, ctx: RunContext, *, token: str,
         folder = os.path.join(tmp, "upload")
         shutil.copytree(src, folder, ignore=shutil.ignore_patterns("*.tmp-*"))
         with open(os.path.join(folder, "README.md"), "w", encoding="utf-8") as f:
-            f.write(TOKENIZER_CARD.format(license=cfg.publish.license, name=repo_id.split("/")[-1],
-                                          fingerprint=data.fingerprint, repo_id=repo_id))
+            f.write(
+                TOKENIZER_CARD.format(
+                    license=cfg.publish.license,
+                    name=repo_id.split("/")[-1],
+                    fingerprint=data.fingerprint,
+                    repo_id=repo_id,
+                )
+            )
         with hub_errors(f"publishing the tokenizer to {repo_id}", token, url, conn_id):
             api.create_repo(repo_id, private=cfg.publish.private, exist_ok=True)
             check_visibility(api, repo_id, cfg.publish.private)
-            info = api.upload_folder(repo_id=repo_id, folder_path=folder,
-                                     commit_message=f"Upload tokenizer for data {data.fingerprint}")
+            info = api.upload_folder(
+                repo_id=repo_id, folder_path=folder, commit_message=f"Upload tokenizer for data {data.fingerprint}"
+            )
         files = local_files(folder)
     log.info("Published tokenizer %s to %s as %s", data.fingerprint, repo_id, info.oid)
-    return {"repo_id": repo_id, "commit_url": info.commit_url, "commit_oid": info.oid, "files": files,
-            "fingerprint": data.fingerprint}
+    return {
+        "repo_id": repo_id,
+        "commit_url": info.commit_url,
+        "commit_oid": info.oid,
+        "files": files,
+        "fingerprint": data.fingerprint,
+    }

@@ -10,6 +10,7 @@ named on the page instead of failing the step.
 
 The step also records the run's data summary in runs/<run>/data.json (what the model card reads).
 """
+
 from __future__ import annotations
 
 import logging
@@ -41,24 +42,31 @@ COMPARED_RUNS = 20  # the report's table of runs: this one and the latest others
 
 
 def _series(history: list[dict[str, Any]], key: str) -> tuple[list[float], list[float]]:
-    points = [(r["step"], r[key]) for r in history
-              if isinstance(r.get(key), (int, float)) and isinstance(r.get("step"), (int, float))
-              and math.isfinite(r[key])]
+    points = [
+        (r["step"], r[key])
+        for r in history
+        if isinstance(r.get(key), (int, float)) and isinstance(r.get("step"), (int, float)) and math.isfinite(r[key])
+    ]
     return [p[0] for p in points], [p[1] for p in points]
 
 
 def _data_lines(cfg: PipelineConfig, data_info: Mapping[str, Any] | None) -> list[str]:
     credit, _ = corpus_credit(cfg, data_info)
     if not data_info:
-        return [f"- Source: `{cfg.corpus.source}`", f"- Credit: {credit}",
-                "- _No data reference recorded for this run (fingerprint and counts unknown)._"]
+        return [
+            f"- Source: `{cfg.corpus.source}`",
+            f"- Credit: {credit}",
+            "- _No data reference recorded for this run (fingerprint and counts unknown)._",
+        ]
     lines = [f"- Source: `{cfg.corpus.source}`", f"- Data fingerprint: `{data_info.get('fingerprint', '?')}`"]
     if data_info.get("base_model"):
         lines.append(f"- Base model (its tokenizer encoded the shards): {base_model_line(data_info['base_model'])}")
     for key in ("records", "tokens", "shards"):
         if isinstance(data_info.get(key), dict):
-            lines.append(f"- {key.capitalize()}: " + ", ".join(f"{s} {n:,}" if isinstance(n, int) else f"{s} {n}"
-                                                               for s, n in data_info[key].items()))
+            lines.append(
+                f"- {key.capitalize()}: "
+                + ", ".join(f"{s} {n:,}" if isinstance(n, int) else f"{s} {n}" for s, n in data_info[key].items())
+            )
     for key in ("vocab_size", "max_length", "cache_hit", "data_root"):
         if key in data_info:
             lines.append(f"- {key.replace('_', ' ').capitalize()}: `{data_info[key]}`")
@@ -72,13 +80,16 @@ def _runs_section(output_root: str, run: Any, plots: dict[str, str]) -> list[str
     from mlm_tasks.reporting.compare import compare_runs, run_names, table_lines, val_loss_plot
 
     this = safe_run_id(run.run_id)
-    others = [name for name in run_names(output_root) if name != this][-(COMPARED_RUNS - 1):]
+    others = [name for name in run_names(output_root) if name != this][-(COMPARED_RUNS - 1) :]
     rows = compare_runs(output_root, [*others, this] if storage.exists(run.train_summary) else others)
     if not rows:
         return ["## All runs under output_root", "_No run under this output_root has finished training._"]
-    lines = ["## All runs under output_root",
-             f"The latest {len(rows)} run(s) (`python -m mlm_tasks compare` lists them all):", "",
-             *table_lines(rows, current=this)]
+    lines = [
+        "## All runs under output_root",
+        f"The latest {len(rows)} run(s) (`python -m mlm_tasks compare` lists them all):",
+        "",
+        *table_lines(rows, current=this),
+    ]
     png = val_loss_plot(rows)
     if png is not None:
         storage.write_bytes(join(run.report, RUNS_PNG), png)
@@ -91,8 +102,10 @@ def _vs_baseline(metrics: Mapping[str, Any] | None) -> list[str]:
     if not metrics or metrics.get("accuracy") is None:
         return []
     lines = []
-    for key, label in (("baseline_accuracy", "the most-frequent-token baseline"),
-                       ("untrained_accuracy", "the untrained model")):
+    for key, label in (
+        ("baseline_accuracy", "the most-frequent-token baseline"),
+        ("untrained_accuracy", "the untrained model"),
+    ):
         if metrics.get(key) is not None:
             lines.append(f"- Accuracy vs {label}: {metrics['accuracy'] - metrics[key]:+.4f}")
     return lines
@@ -133,9 +146,10 @@ def report(cfg: PipelineConfig, ctx: RunContext, *, data: DataSummary | None = N
         missing.append("training history (train/history.jsonl): no loss curve")
     lr_steps, lrs = _series(history, "learning_rate")
     if lr_steps:
-        storage.write_bytes(join(run.report, LR_PNG),
-                            line_plot({"learning rate": (lr_steps, lrs)}, "Learning rate schedule", "step",
-                                      "learning rate"))
+        storage.write_bytes(
+            join(run.report, LR_PNG),
+            line_plot({"learning rate": (lr_steps, lrs)}, "Learning rate schedule", "step", "learning rate"),
+        )
         plots["learning_rate"] = join(run.report, LR_PNG)
     elif steps:
         missing.append("learning rate in the training history: no schedule plot")
@@ -146,33 +160,72 @@ def report(cfg: PipelineConfig, ctx: RunContext, *, data: DataSummary | None = N
     if not predictions:
         missing.append("fill-mask predictions (infer/predictions.json)")
 
-    page = [f"# Run report: `{run.run_id}`", "", f"Artifacts: `{run.root}`", "", "## Data",
-            *_data_lines(cfg, data_info), "", "## Configuration", *config_lines(cfg, data_info), "", "## Training",
-            *training_lines(summary), ""]
-    page += [f"![Training loss]({LOSS_PNG})" if "loss" in plots else "_No loss curve: no training history yet._",
-             "", f"![Learning rate]({LR_PNG})" if "learning_rate" in plots else "_No learning-rate plot._", "",
-             "## Evaluation", *metrics_table(metrics), "", *_vs_baseline(metrics), "",
-             "## Downstream tasks", *downstream_table(art["downstream"]), "",
-             "## Fill-mask examples", *fill_mask_lines(predictions), "",
-             *_runs_section(cfg.output_root, run, plots), "",
-             "## Logs",
-             f"- TensorBoard: [../tensorboard/](../tensorboard/) — `tensorboard --logdir {run.tensorboard}`"]
+    page = [
+        f"# Run report: `{run.run_id}`",
+        "",
+        f"Artifacts: `{run.root}`",
+        "",
+        "## Data",
+        *_data_lines(cfg, data_info),
+        "",
+        "## Configuration",
+        *config_lines(cfg, data_info),
+        "",
+        "## Training",
+        *training_lines(summary),
+        "",
+    ]
+    page += [
+        f"![Training loss]({LOSS_PNG})" if "loss" in plots else "_No loss curve: no training history yet._",
+        "",
+        f"![Learning rate]({LR_PNG})" if "learning_rate" in plots else "_No learning-rate plot._",
+        "",
+        "## Evaluation",
+        *metrics_table(metrics),
+        "",
+        *_vs_baseline(metrics),
+        "",
+        "## Downstream tasks",
+        *downstream_table(art["downstream"]),
+        "",
+        "## Fill-mask examples",
+        *fill_mask_lines(predictions),
+        "",
+        *_runs_section(cfg.output_root, run, plots),
+        "",
+        "## Logs",
+        f"- TensorBoard: [../tensorboard/](../tensorboard/) — `tensorboard --logdir {run.tensorboard}`",
+    ]
     if published:
         page.append(f"- Published to the Hub: [{published.get('repo_id')}]({published.get('commit_url')})")
     if missing:
         page += ["", "## Not available", *[f"- {m}" for m in missing]]
     report_uri = join(run.report, REPORT_MD)
     storage.write_text(report_uri, "\n".join(page) + "\n")
-    log.info("Wrote the run report to %s (%d history points; missing: %s)", report_uri, len(history),
-             ", ".join(missing) or "nothing")
+    log.info(
+        "Wrote the run report to %s (%d history points; missing: %s)",
+        report_uri,
+        len(history),
+        ", ".join(missing) or "nothing",
+    )
 
     summary, metrics = summary or {}, metrics or {}
-    return {"report_uri": report_uri, "plots": plots, "missing": missing, "history_points": len(history),
-            "steps": summary.get("steps"), "first_loss": summary.get("first_loss"),
-            "last_loss": summary.get("last_loss"), "tokens_per_s": summary.get("tokens_per_s"),
-            "data_fingerprint": (data_info or {}).get("fingerprint"), "eval_loss": metrics.get("loss"),
-            "perplexity": metrics.get("perplexity"), "accuracy": metrics.get("accuracy"),
-            "baseline_accuracy": metrics.get("baseline_accuracy"),
-            "untrained_accuracy": metrics.get("untrained_accuracy"),
-            "downstream": {t["name"]: t["pretrained"]["mean"] for t in art["downstream"]["tasks"]}
-            if art["downstream"] else None}
+    return {
+        "report_uri": report_uri,
+        "plots": plots,
+        "missing": missing,
+        "history_points": len(history),
+        "steps": summary.get("steps"),
+        "first_loss": summary.get("first_loss"),
+        "last_loss": summary.get("last_loss"),
+        "tokens_per_s": summary.get("tokens_per_s"),
+        "data_fingerprint": (data_info or {}).get("fingerprint"),
+        "eval_loss": metrics.get("loss"),
+        "perplexity": metrics.get("perplexity"),
+        "accuracy": metrics.get("accuracy"),
+        "baseline_accuracy": metrics.get("baseline_accuracy"),
+        "untrained_accuracy": metrics.get("untrained_accuracy"),
+        "downstream": {t["name"]: t["pretrained"]["mean"] for t in art["downstream"]["tasks"]}
+        if art["downstream"]
+        else None,
+    }

@@ -4,6 +4,7 @@ artifacts; written to runs/<run>/summary.txt and logged.
 
     python -m mlm_tasks summary --config configs/default.yaml --run-id r1 --data-fingerprint FP
 """
+
 from __future__ import annotations
 
 import logging
@@ -33,29 +34,45 @@ def summary(cfg: PipelineConfig, ctx: RunContext, *, data: DataSummary | None = 
         f"Corpus     {corpus['source']}: {corpus.get('articles') or '?'} articles, {corpus['rows']:,} rows, "
         f"{corpus['characters']:,} characters (fingerprint {data['fingerprint']}"
         f"{', reused' if data.get('cache_hit') else ''})",
-        (f"Tokenizer  the base model's ({base['init_from']}), vocab {data['vocab_size']:,}"
-         if (base := data.get("base_model")) else f"Tokenizer  Unigram, vocab {data['vocab_size']:,}"),
-        "Shards     " + ", ".join(f"{s}: {data['shards'][s]} files, {data['records'][s]:,} records, "
-                                  f"{data['tokens'][s]:,} tokens" for s in data["records"]),
+        (
+            f"Tokenizer  the base model's ({base['init_from']}), vocab {data['vocab_size']:,}"
+            if (base := data.get("base_model"))
+            else f"Tokenizer  Unigram, vocab {data['vocab_size']:,}"
+        ),
+        "Shards     "
+        + ", ".join(
+            f"{s}: {data['shards'][s]} files, {data['records'][s]:,} records, {data['tokens'][s]:,} tokens"
+            for s in data["records"]
+        ),
     ]
     if train:
-        lines.append(f"Training   {train['steps']} steps on {train['device']} (global batch {train['global_batch']} = "
-                     f"{train['global_batch'] // max(train.get('replicas', 1), 1)} x "
-                     f"{train.get('replicas', 1)} replica(s), "
-                     f"{train['parameters']:,} parameters), {train['tokens_per_s'] or 0:,.0f} tokens/s, loss "
-                     f"{train['first_loss']:.3f} -> {train['last_loss']:.3f}, {train['elapsed_s']:.0f}s"
-                     + (f", resumed from step {train['resumed_from_step']}" if train["resumed_from_step"] else ""))
+        lines.append(
+            f"Training   {train['steps']} steps on {train['device']} (global batch {train['global_batch']} = "
+            f"{train['global_batch'] // max(train.get('replicas', 1), 1)} x "
+            f"{train.get('replicas', 1)} replica(s), "
+            f"{train['parameters']:,} parameters), {train['tokens_per_s'] or 0:,.0f} tokens/s, loss "
+            f"{train['first_loss']:.3f} -> {train['last_loss']:.3f}, {train['elapsed_s']:.0f}s"
+            + (f", resumed from step {train['resumed_from_step']}" if train["resumed_from_step"] else "")
+        )
         if train.get("mfu_of"):
-            lines.append(f"Hardware   {train['mfu_of']}" + (
-                f"; {train['accelerator_hours']:.2f} TPU hours of training = ${train['cost_usd']:,.2f} "
-                f"({train['cost_basis']})" if train.get("cost_usd") is not None else ""))
+            lines.append(
+                f"Hardware   {train['mfu_of']}"
+                + (
+                    f"; {train['accelerator_hours']:.2f} TPU hours of training = ${train['cost_usd']:,.2f} "
+                    f"({train['cost_basis']})"
+                    if train.get("cost_usd") is not None
+                    else ""
+                )
+            )
     if metrics:
-        lines.append(f"Evaluation {metrics['split']}: masked-LM loss {metrics['loss']:.3f}, perplexity "
-                     f"{metrics['perplexity']:.1f}, masked-token accuracy {pct(metrics['accuracy'])} "
-                     f"({pct(metrics.get('accuracy_at_mask_token'))} where the input shows <mask>) "
-                     f"(untrained {pct(metrics['untrained_accuracy'])}, loss {metrics['untrained_loss']:.3f}; "
-                     f"always {metrics['baseline_token']!r} {pct(metrics['baseline_accuracy'])}) over "
-                     f"{metrics['masked_tokens']:,} masked tokens")
+        lines.append(
+            f"Evaluation {metrics['split']}: masked-LM loss {metrics['loss']:.3f}, perplexity "
+            f"{metrics['perplexity']:.1f}, masked-token accuracy {pct(metrics['accuracy'])} "
+            f"({pct(metrics.get('accuracy_at_mask_token'))} where the input shows <mask>) "
+            f"(untrained {pct(metrics['untrained_accuracy'])}, loss {metrics['untrained_loss']:.3f}; "
+            f"always {metrics['baseline_token']!r} {pct(metrics['baseline_accuracy'])}) over "
+            f"{metrics['masked_tokens']:,} masked tokens"
+        )
     for p in preds:
         best = ", ".join(f"{x['token_str']} ({x['score']:.2f})" for x in p["predictions"][:3])
         lines.append(f"Fill-mask  {p['probe']} -> {best}")

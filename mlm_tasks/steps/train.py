@@ -19,6 +19,7 @@ With `model.init_from` the model is the base's (its config.json, the run's dropo
 weights (mlm_tasks/model/init_weights.py), read at the revision the shard set recorded; warmup and
 learning rate are the run's own. A resumed run restores its checkpoint instead.
 """
+
 from __future__ import annotations
 
 import logging
@@ -39,9 +40,15 @@ from mlm_tasks.training.state import TrainState, build_training
 log = logging.getLogger(__name__)
 
 
-def train(cfg: PipelineConfig, ctx: RunContext, *, on_checkpoint: Callable[[int, str], None] | None = None,
-          hub_token: str | None = None, hub_endpoint: str | None = None,
-          hooks: Sequence[TrainHook] = ()) -> TrainSummary:
+def train(
+    cfg: PipelineConfig,
+    ctx: RunContext,
+    *,
+    on_checkpoint: Callable[[int, str], None] | None = None,
+    hub_token: str | None = None,
+    hub_endpoint: str | None = None,
+    hooks: Sequence[TrainHook] = (),
+) -> TrainSummary:
     """Train (or resume) run `ctx.run_id` on the shard set `ctx.fingerprint`; returns the training
     summary (also written to the run's folder).
 
@@ -63,25 +70,42 @@ def train(cfg: PipelineConfig, ctx: RunContext, *, on_checkpoint: Callable[[int,
         return done
     plan = plan_training(cfg, ctx.run, inputs)
     # None unless publish.sync_checkpoints (and on worker 0)
-    sync = hub_sync.hub_checkpoint_sync(cfg, hub_token, train_records=inputs.shard_set.records("train"),
-                                        global_batch=plan.global_batch, total_steps=plan.total_steps,
-                                        strategy=plan.strategy, endpoint=hub_endpoint)
-    callbacks = [*([CheckpointCallback(on_checkpoint)] if on_checkpoint else []),
-                 *([CheckpointCallback(sync, end=sync.finish)] if sync else [])]  # finish: the final upload
+    sync = hub_sync.hub_checkpoint_sync(
+        cfg,
+        hub_token,
+        train_records=inputs.shard_set.records("train"),
+        global_batch=plan.global_batch,
+        total_steps=plan.total_steps,
+        strategy=plan.strategy,
+        endpoint=hub_endpoint,
+    )
+    callbacks = [
+        *([CheckpointCallback(on_checkpoint)] if on_checkpoint else []),
+        *([CheckpointCallback(sync, end=sync.finish)] if sync else []),
+    ]  # finish: the final upload
     state = build_training(cfg, ctx.run, inputs, plan)
     loop = TrainLoop(cfg, ctx.run, inputs, plan, state, [*callbacks, *hooks])
     with loop.status:  # runs/<run>/train/status.json: heartbeats while this runs, then done or failed
         loop.run()
         summary = _finish(cfg, ctx, inputs, plan, state, loop)
     cost_text = f", ${summary['cost_usd']:,.2f}" if summary["cost_usd"] is not None else ""
-    log.info("Training done: %d steps in %.0fs (%.0f tokens/s, %s%s), loss %.3f -> %.3f; model at %s",
-             plan.total_steps, summary["elapsed_s"], summary["tokens_per_s"] or 0, summary["mfu_of"], cost_text,
-             summary["first_loss"] or float("nan"), summary["last_loss"] or float("nan"), ctx.run.model)
+    log.info(
+        "Training done: %d steps in %.0fs (%.0f tokens/s, %s%s), loss %.3f -> %.3f; model at %s",
+        plan.total_steps,
+        summary["elapsed_s"],
+        summary["tokens_per_s"] or 0,
+        summary["mfu_of"],
+        cost_text,
+        summary["first_loss"] or float("nan"),
+        summary["last_loss"] or float("nan"),
+        ctx.run.model,
+    )
     return summary
 
 
-def _finish(cfg: PipelineConfig, ctx: RunContext, inputs: TrainInputs, plan: TrainPlan, state: TrainState,
-            loop: TrainLoop) -> TrainSummary:
+def _finish(
+    cfg: PipelineConfig, ctx: RunContext, inputs: TrainInputs, plan: TrainPlan, state: TrainState, loop: TrainLoop
+) -> TrainSummary:
     """After the final checkpoint: the kept step's weights (train.keep_checkpoint) saved as the model, then
     the summary, written last (it marks training complete)."""
     best = best_so_far(state.history)
@@ -97,8 +121,14 @@ def _finish(cfg: PipelineConfig, ctx: RunContext, inputs: TrainInputs, plan: Tra
     return summary
 
 
-def _summary(cfg: PipelineConfig, ctx: RunContext, plan: TrainPlan, state: TrainState, loop: TrainLoop,
-             best: tuple[int, float] | None) -> TrainSummary:
+def _summary(
+    cfg: PipelineConfig,
+    ctx: RunContext,
+    plan: TrainPlan,
+    state: TrainState,
+    loop: TrainLoop,
+    best: tuple[int, float] | None,
+) -> TrainSummary:
     import tensorflow as tf
 
     from mlm_tasks.model.flops import mfu
@@ -107,19 +137,34 @@ def _summary(cfg: PipelineConfig, ctx: RunContext, plan: TrainPlan, state: Train
     hours, cost, basis = _tpu_cost(cfg, plan.device, progress.elapsed_s)
     utilisation = mfu(progress.tokens_per_s, loop.flops_per_token, peak)
     return {
-        "steps": plan.total_steps, "resumed_from_step": state.start_step, "global_batch": plan.global_batch,
-        "replicas": plan.replicas, "device": plan.device, "xla": plan.xla, "precision": plan.precision,
-        "steps_per_call": plan.per_call, "tokens_per_s": progress.tokens_per_s,
-        "first_loss": progress.first_loss, "last_loss": progress.last_loss, "elapsed_s": progress.elapsed_s,
+        "steps": plan.total_steps,
+        "resumed_from_step": state.start_step,
+        "global_batch": plan.global_batch,
+        "replicas": plan.replicas,
+        "device": plan.device,
+        "xla": plan.xla,
+        "precision": plan.precision,
+        "steps_per_call": plan.per_call,
+        "tokens_per_s": progress.tokens_per_s,
+        "first_loss": progress.first_loss,
+        "last_loss": progress.last_loss,
+        "elapsed_s": progress.elapsed_s,
         "data_fingerprint": ctx.data.fingerprint,
         "val_loss": next((h["val_loss"] for h in reversed(history) if "val_loss" in h), None),
-        "best_step": best[0] if best else None, "best_val_loss": best[1] if best else None,
+        "best_step": best[0] if best else None,
+        "best_val_loss": best[1] if best else None,
         "kept": "best" if cfg.train.keep_checkpoint == "best" and best else "last",
-        "flops_per_token": loop.flops_per_token, "peak_flops": peak.total,
-        "mfu": utilisation, "mfu_of": peak.describe(utilisation),
-        "accelerator_hours": hours, "cost_usd": cost, "cost_basis": basis,
+        "flops_per_token": loop.flops_per_token,
+        "peak_flops": peak.total,
+        "mfu": utilisation,
+        "mfu_of": peak.describe(utilisation),
+        "accelerator_hours": hours,
+        "cost_usd": cost,
+        "cost_basis": basis,
         "parameters": int(sum(v.shape.num_elements() for v in state.model.trainable_variables)),
-        "tensorflow": tf.__version__, "python": platform.python_version()}
+        "tensorflow": tf.__version__,
+        "python": platform.python_version(),
+    }
 
 
 def _tpu_cost(cfg: PipelineConfig, device: str, elapsed_s: float) -> tuple[float | None, float | None, str | None]:
@@ -145,5 +190,3 @@ def _save_model(model, tokenizer, run: RunPaths) -> None:
         export_pytorch_weights(tmp)  # model.safetensors: what PyTorch / transformers 5.x users load
         tokenizer.save_pretrained(tmp)
         storage.upload_dir(tmp, run.model)
-
-

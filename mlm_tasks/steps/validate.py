@@ -11,6 +11,7 @@ before a TPU VM is created. What needs the shard set
 (batch vs records, the shards' max_length and tokenizer, a checkpoint this run already has) is the
 check_run step's, once the data is prepared.
 """
+
 from __future__ import annotations
 
 import logging
@@ -42,9 +43,11 @@ def check_gcs_credentials(uri: str) -> None:
     try:
         google.auth.default()
     except DefaultCredentialsError as err:
-        raise AuthError(f"output_root {uri} needs Google Cloud credentials and none were found ({err}): set "
-                        "GOOGLE_APPLICATION_CREDENTIALS to a key file, run `gcloud auth application-default "
-                        "login`, or give the Airflow GCP connection (gcp_conn_id) a service-account key.") from None
+        raise AuthError(
+            f"output_root {uri} needs Google Cloud credentials and none were found ({err}): set "
+            "GOOGLE_APPLICATION_CREDENTIALS to a key file, run `gcloud auth application-default "
+            "login`, or give the Airflow GCP connection (gcp_conn_id) a service-account key."
+        ) from None
 
 
 def check_local_corpus(corpus) -> None:
@@ -55,8 +58,9 @@ def check_local_corpus(corpus) -> None:
         raise empty_corpus_error()
 
 
-def check_output_root_reachable(output_root: str, distributed_executor: str | None,
-                                shared_roots: Sequence[str] = ()) -> None:
+def check_output_root_reachable(
+    output_root: str, distributed_executor: str | None, shared_roots: Sequence[str] = ()
+) -> None:
     """A local output_root works only when every task of the run sees the same folder: one machine
     (LocalExecutor), or a shared mount declared as such. `distributed_executor` names the executor
     when it may spread the run's tasks over machines (the Airflow side detects it)."""
@@ -72,11 +76,17 @@ def check_output_root_reachable(output_root: str, distributed_executor: str | No
         "on several workers, and a worker on another machine would not see the files the others wrote. Use "
         "output_root gs://bucket/prefix, or, if this folder is a shared mount (NFS, Filestore) at the same path "
         "on every worker, declare it in the environment of every Airflow service: "
-        f"MLM_SHARED_OUTPUT_ROOTS={path}")
+        f"MLM_SHARED_OUTPUT_ROOTS={path}"
+    )
 
 
-def validate(cfg: PipelineConfig, *, distributed_executor: str | None = None, shared_roots: Sequence[str] = (),
-             probe_write: bool = True) -> ValidatedConfig:
+def validate(
+    cfg: PipelineConfig,
+    *,
+    distributed_executor: str | None = None,
+    shared_roots: Sequence[str] = (),
+    probe_write: bool = True,
+) -> ValidatedConfig:
     """Every check that needs I/O; the validated config as a JSON-ready dict (what later tasks get).
     `probe_write=False` leaves output_root untouched (a dataset refresh of an unchanged source writes
     nothing at all; plan_shards probes it before it writes)."""
@@ -91,13 +101,22 @@ def validate(cfg: PipelineConfig, *, distributed_executor: str | None = None, sh
     base = BaseModel.of(cfg)
     if base is not None:
         check_base(cfg, base)  # the shape, positions and tokenizer of the base against the run's settings
-        log.info("Continuing from %s%s: %s; model.preset and tokenizer.* are not used", base.uri,
-                 f"@{base.revision}" if base.revision else "", ", ".join(f"{k} {v}" for k, v in base.shape().items()))
+        log.info(
+            "Continuing from %s%s: %s; model.preset and tokenizer.* are not used",
+            base.uri,
+            f"@{base.revision}" if base.revision else "",
+            ", ".join(f"{k} {v}" for k, v in base.shape().items()),
+        )
     for task in cfg.downstream.tasks:
         if task.source == "files":  # read now: a missing file or column fails before training, not after
             load_task(task, cfg.corpus)
     if probe_write:
         check_writable(cfg.output_root)
-    log.info("Configuration valid: corpus %s, output_root %s, compute %s, preset %s",
-             cfg.corpus.source, cfg.output_root, cfg.compute, cfg.model.preset)
+    log.info(
+        "Configuration valid: corpus %s, output_root %s, compute %s, preset %s",
+        cfg.corpus.source,
+        cfg.output_root,
+        cfg.compute,
+        cfg.model.preset,
+    )
     return cfg.model_dump(mode="json")

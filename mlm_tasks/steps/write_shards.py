@@ -6,6 +6,7 @@ The DAGs run one task per partition of the plan (Airflow dynamic task mapping), 
 sees output_root; the CLI writes the single partition of `shards.partitions=1` the same way.
 The writer itself is mlm_tasks/data/writer.py.
 """
+
 from __future__ import annotations
 
 import logging
@@ -18,8 +19,9 @@ from mlm_tasks.results import WrittenPartition
 log = logging.getLogger(__name__)
 
 
-def write_shards(cfg: PipelineConfig, ctx: RunContext, *, part: int = 0, num_parts: int = 1,
-                 corpus=None) -> WrittenPartition:
+def write_shards(
+    cfg: PipelineConfig, ctx: RunContext, *, part: int = 0, num_parts: int = 1, corpus=None
+) -> WrittenPartition:
     """Write partition `part` of `num_parts` and its partial manifest (a partition already written
     is left as it is); its record and row counts per split."""
     from mlm_tasks.data.writer import write_partition
@@ -28,9 +30,18 @@ def write_shards(cfg: PipelineConfig, ctx: RunContext, *, part: int = 0, num_par
     splits = write_partition(cfg, ctx.data, part, num_parts, corpus=corpus)["splits"]
     seconds = time.time() - t0
     tokens = sum(e["records"] for e in splits.values()) * cfg.shards.max_length
-    log.info("Partition %d of %d: %s in %.1fs (%.0f tokens/s)", part + 1, num_parts,
-             ", ".join(f"{s} {e['records']} records ({e['rows']} rows)" for s, e in splits.items()),
-             seconds, tokens / max(seconds, 1e-9))
-    return WrittenPartition(fingerprint=ctx.data.fingerprint, part=part, num_parts=num_parts,
-                            records={s: e["records"] for s, e in splits.items()},
-                            rows={s: e["rows"] for s, e in splits.items()})
+    log.info(
+        "Partition %d of %d: %s in %.1fs (%.0f tokens/s)",
+        part + 1,
+        num_parts,
+        ", ".join(f"{s} {e['records']} records ({e['rows']} rows)" for s, e in splits.items()),
+        seconds,
+        tokens / max(seconds, 1e-9),
+    )
+    return WrittenPartition(
+        fingerprint=ctx.data.fingerprint,
+        part=part,
+        num_parts=num_parts,
+        records={s: e["records"] for s, e in splits.items()},
+        rows={s: e["rows"] for s, e in splits.items()},
+    )

@@ -19,6 +19,7 @@ Every request is bounded by `tpu.api_timeout_s`: a hung API or network fails the
 DeadlineExceeded that says so (a 504, so pollers treat it as transient), instead of blocking a worker
 or the triggerer for ever.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -46,11 +47,12 @@ NAME_PREFIX = "mlm-"
 
 # States that end by themselves; anything else but READY (PREEMPTED, TERMINATED, STOPPED, ...)
 # will not become READY without help, so the node is replaced.
-WAIT_STATES = frozenset({"CREATING", "STARTING", "RESTARTING", "REPAIRING", "REIMAGING", "DELETING",
-                         "STOPPING", "UNHIDING"})
+WAIT_STATES = frozenset(
+    {"CREATING", "STARTING", "RESTARTING", "REPAIRING", "REIMAGING", "DELETING", "STOPPING", "UNHIDING"}
+)
 
 
-SCOPE = "https://www.googleapis.com/auth/cloud-platform"   # what the VM's service account may call
+SCOPE = "https://www.googleapis.com/auth/cloud-platform"  # what the VM's service account may call
 
 
 # First wait of the 429/503 retry (doubling up to 30 s, 5 min in all); tests shorten it.
@@ -61,13 +63,13 @@ HOST_KEYS = "hostkeys"  # guest-attribute namespace where a VM's guest agent pub
 
 @dataclass(frozen=True)
 class NodeState:
-    name: str                       # node id, e.g. mlm-pretrain-3f2a9c01bd
-    state: str                      # API state name (READY, CREATING, ...) or NOT_FOUND
-    action: str = "none"            # what ensure_node did: ready | wait | created | recreating
-    workers: tuple[tuple[str, str], ...] = ()   # (internal ip, external ip) per worker, in order
+    name: str  # node id, e.g. mlm-pretrain-3f2a9c01bd
+    state: str  # API state name (READY, CREATING, ...) or NOT_FOUND
+    action: str = "none"  # what ensure_node did: ready | wait | created | recreating
+    workers: tuple[tuple[str, str], ...] = ()  # (internal ip, external ip) per worker, in order
     labels: dict[str, str] = field(default_factory=dict)
-    operation: str | None = None    # long-running operation started by this call, if any
-    created: float | None = None    # the node's createTime (epoch seconds): billing runs from then
+    operation: str | None = None  # long-running operation started by this call, if any
+    created: float | None = None  # the node's createTime (epoch seconds): billing runs from then
 
     @property
     def ready(self) -> bool:
@@ -82,17 +84,21 @@ def node_name(dag_id: str, run_id: str) -> str:
     """`mlm-<dag>-<hash of dag and run>`: a retry of the run finds the node the first try made."""
     digest = hashlib.sha1(f"{dag_id}/{run_id}".encode()).hexdigest()[:10]
     dag = re.sub(r"[^a-z0-9]+", "-", dag_id.lower()).strip("-")
-    dag = dag[len(NAME_PREFIX):] if dag.startswith(NAME_PREFIX) else dag
-    dag = dag[:63 - len(NAME_PREFIX) - 1 - len(digest)].strip("-")
+    dag = dag[len(NAME_PREFIX) :] if dag.startswith(NAME_PREFIX) else dag
+    dag = dag[: 63 - len(NAME_PREFIX) - 1 - len(digest)].strip("-")
     return f"{NAME_PREFIX}{dag}-{digest}" if dag else f"{NAME_PREFIX}{digest}"
 
 
 def labels(run_id: str, ttl_hours: float, now: float | None = None) -> dict[str, str]:
     """Labels on every node: which run made it and when the janitor may delete it (epoch seconds)."""
     now = time.time() if now is None else now
-    return {"managed-by": "mlm-tasks", "run": _label_value(run_id) or "run",
-            "run-hash": hashlib.sha1(run_id.encode()).hexdigest()[:10],
-            "created": str(int(now)), "expires": str(int(now + ttl_hours * 3600))}
+    return {
+        "managed-by": "mlm-tasks",
+        "run": _label_value(run_id) or "run",
+        "run-hash": hashlib.sha1(run_id.encode()).hexdigest()[:10],
+        "created": str(int(now)),
+        "expires": str(int(now + ttl_hours * 3600)),
+    }
 
 
 def client(cfg: TpuConfig) -> TpuClient:
@@ -111,8 +117,13 @@ def retry():
     from google.api_core.exceptions import ServiceUnavailable, TooManyRequests
     from google.api_core.retry import Retry, if_exception_type
 
-    return Retry(predicate=if_exception_type(TooManyRequests, ServiceUnavailable), initial=RETRY_INITIAL_S,
-                 maximum=30.0, multiplier=2.0, timeout=RETRY_DEADLINE_S)
+    return Retry(
+        predicate=if_exception_type(TooManyRequests, ServiceUnavailable),
+        initial=RETRY_INITIAL_S,
+        maximum=30.0,
+        multiplier=2.0,
+        timeout=RETRY_DEADLINE_S,
+    )
 
 
 def limits(cfg: TpuConfig, timeout_s: float | None = None) -> dict[str, Any]:
@@ -137,7 +148,8 @@ def answered(cfg: TpuConfig, what: str):
         raise DeadlineExceeded(
             f"The TPU API at {endpoint} did not answer {what} within tpu.api_timeout_s={cfg.api_timeout_s:g}s "
             f"({type(err).__name__}): check the network and the endpoint, then retry the task; raise "
-            "tpu.api_timeout_s if the API is only slow.") from err
+            "tpu.api_timeout_s if the API is only slow."
+        ) from err
 
 
 def parent(cfg: TpuConfig) -> str:
@@ -150,8 +162,13 @@ def full_name(cfg: TpuConfig, name: str) -> str:
 
 def _state_of(node: Node) -> NodeState:
     workers = tuple((e.ip_address, e.access_config.external_ip) for e in node.network_endpoints)
-    return NodeState(name=node.name.rsplit("/", 1)[-1], state=node.state.name, workers=workers,
-                     labels=dict(node.labels), created=_epoch(node.create_time))
+    return NodeState(
+        name=node.name.rsplit("/", 1)[-1],
+        state=node.state.name,
+        workers=workers,
+        labels=dict(node.labels),
+        created=_epoch(node.create_time),
+    )
 
 
 def _epoch(stamp: Any) -> float | None:
@@ -185,20 +202,31 @@ def operation_error(cfg: TpuConfig, operation: str, api: TpuClient | None = None
 def _new_node(cfg: TpuConfig, node_labels: dict[str, str], metadata: dict[str, str] | None) -> Node:
     from google.cloud import tpu_v2
 
-    network = tpu_v2.NetworkConfig(network=cfg.network or "", subnetwork=cfg.subnetwork or "",
-                                   enable_external_ips=cfg.external_ips)
+    network = tpu_v2.NetworkConfig(
+        network=cfg.network or "", subnetwork=cfg.subnetwork or "", enable_external_ips=cfg.external_ips
+    )
     # OS Login ignores ssh-keys metadata, so it is off unless configured (the key then goes to OS Login).
     metadata = {**(metadata or {}), "enable-oslogin": "TRUE" if cfg.enable_oslogin else "FALSE"}
-    return tpu_v2.Node(accelerator_type=cfg.accelerator_type, runtime_version=cfg.runtime_version,
-                       labels=node_labels, metadata=metadata, network_config=network,
-                       scheduling_config=tpu_v2.SchedulingConfig(spot=cfg.spot),
-                       # An empty email is the project's default compute service account; the scope is
-                       # explicit so the VM can reach GCS whatever the API's default is.
-                       service_account=tpu_v2.ServiceAccount(email=cfg.service_account or "", scope=[SCOPE]))
+    return tpu_v2.Node(
+        accelerator_type=cfg.accelerator_type,
+        runtime_version=cfg.runtime_version,
+        labels=node_labels,
+        metadata=metadata,
+        network_config=network,
+        scheduling_config=tpu_v2.SchedulingConfig(spot=cfg.spot),
+        # An empty email is the project's default compute service account; the scope is
+        # explicit so the VM can reach GCS whatever the API's default is.
+        service_account=tpu_v2.ServiceAccount(email=cfg.service_account or "", scope=[SCOPE]),
+    )
 
 
-def ensure_node(cfg: TpuConfig, name: str, node_labels: dict[str, str],
-                metadata: dict[str, str] | None = None, api: TpuClient | None = None) -> NodeState:
+def ensure_node(
+    cfg: TpuConfig,
+    name: str,
+    node_labels: dict[str, str],
+    metadata: dict[str, str] | None = None,
+    api: TpuClient | None = None,
+) -> NodeState:
     """Make sure node `name` exists or is on its way; never waits for the API's operations.
 
     READY -> reused ("ready"); CREATING and other passing states -> "wait"; PREEMPTED, TERMINATED
@@ -216,19 +244,17 @@ def ensure_node(cfg: TpuConfig, name: str, node_labels: dict[str, str],
     if current.state in WAIT_STATES:
         return replace(current, action="wait")
     if current.state != NOT_FOUND:
-        log.warning("TPU VM %s is %s and will not become READY: deleting it to make a fresh one.",
-                    name, current.state)
-        return replace(current, state="DELETING", action="recreating",
-                       operation=delete_node(cfg, name, api))
+        log.warning("TPU VM %s is %s and will not become READY: deleting it to make a fresh one.", name, current.state)
+        return replace(current, state="DELETING", action="recreating", operation=delete_node(cfg, name, api))
     try:
         with answered(cfg, f"create_node {name}"):
-            op = api.create_node(parent=parent(cfg), node_id=name, node=_new_node(cfg, node_labels, metadata),
-                                 **limits(cfg))
+            op = api.create_node(
+                parent=parent(cfg), node_id=name, node=_new_node(cfg, node_labels, metadata), **limits(cfg)
+            )
     except Conflict:  # another try created it between our get and create: wait for that one
         return NodeState(name=name, state="CREATING", action="wait")
     log.info("Creating TPU VM %s (%s, %s) in %s.", name, cfg.accelerator_type, cfg.runtime_version, cfg.zone)
-    return NodeState(name=name, state="CREATING", action="created", labels=node_labels,
-                     operation=op.operation.name)
+    return NodeState(name=name, state="CREATING", action="created", labels=node_labels, operation=op.operation.name)
 
 
 def delete_node(cfg: TpuConfig, name: str, api: TpuClient | None = None) -> str | None:
@@ -245,8 +271,7 @@ def delete_node(cfg: TpuConfig, name: str, api: TpuClient | None = None) -> str 
     return op.operation.name
 
 
-def refresh_expiry(cfg: TpuConfig, node: NodeState, expires: str | None,
-                   api: TpuClient | None = None) -> str | None:
+def refresh_expiry(cfg: TpuConfig, node: NodeState, expires: str | None, api: TpuClient | None = None) -> str | None:
     """Move the node's `expires` label to `expires` (epoch seconds) when that is later; returns the
     update operation, or None when nothing had to change. Only the labels field is written."""
     from google.cloud import tpu_v2
@@ -259,7 +284,9 @@ def refresh_expiry(cfg: TpuConfig, node: NodeState, expires: str | None,
     with answered(cfg, f"update_node {node.name}"):
         op = (api or client(cfg)).update_node(
             node=tpu_v2.Node(name=full_name(cfg, node.name), labels=node_labels),
-            update_mask=field_mask_pb2.FieldMask(paths=["labels"]), **limits(cfg))
+            update_mask=field_mask_pb2.FieldMask(paths=["labels"]),
+            **limits(cfg),
+        )
     log.info("TPU VM %s reused: its expires label moves from %s to %s.", node.name, old or "none", expires)
     return op.operation.name
 
@@ -270,8 +297,9 @@ def list_nodes(cfg: TpuConfig, api: TpuClient | None = None) -> list[NodeState]:
         return [_state_of(node) for node in (api or client(cfg)).list_nodes(parent=parent(cfg), **limits(cfg))]
 
 
-def list_expired(cfg: TpuConfig, now: float | None = None, prefix: str = NAME_PREFIX,
-                 api: TpuClient | None = None) -> list[NodeState]:
+def list_expired(
+    cfg: TpuConfig, now: float | None = None, prefix: str = NAME_PREFIX, api: TpuClient | None = None
+) -> list[NodeState]:
     """Nodes named `prefix*` whose `expires` label is in the past; nodes without one are left alone
     (we did not make them, or someone labelled them by hand)."""
     now = time.time() if now is None else now
@@ -289,13 +317,16 @@ def worker_endpoints(node: Node | NodeState, external: bool = False) -> list[str
     ips = [ext if external else internal for internal, ext in state.workers]
     if not all(ips):
         kind = "external" if external else "internal"
-        raise RuntimeError(f"TPU VM {state.name} has a worker without an {kind} IP ({state.workers}): "
-                           "set tpu.external_ips=true (or tpu.ssh_via=internal inside the VPC).")
+        raise RuntimeError(
+            f"TPU VM {state.name} has a worker without an {kind} IP ({state.workers}): "
+            "set tpu.external_ips=true (or tpu.ssh_via=internal inside the VPC)."
+        )
     return ips
 
 
-def host_keys(cfg: TpuConfig, name: str, worker: int = 0, timeout_s: float = 30.0,
-              api: TpuClient | None = None) -> dict[str, str]:
+def host_keys(
+    cfg: TpuConfig, name: str, worker: int = 0, timeout_s: float = 30.0, api: TpuClient | None = None
+) -> dict[str, str]:
     """SSH host public keys worker `worker` of node `name` published, as {type: base64 key}.
 
     The VM's guest agent publishes them as guest attributes (namespace `hostkeys`); they are what
@@ -305,8 +336,9 @@ def host_keys(cfg: TpuConfig, name: str, worker: int = 0, timeout_s: float = 30.
     """
     from google.cloud import tpu_v2
 
-    request = tpu_v2.GetGuestAttributesRequest(name=full_name(cfg, name), query_path=f"{HOST_KEYS}/",
-                                               worker_ids=[str(worker)])
+    request = tpu_v2.GetGuestAttributesRequest(
+        name=full_name(cfg, name), query_path=f"{HOST_KEYS}/", worker_ids=[str(worker)]
+    )
     bounds = {**limits(cfg, timeout_s), "retry": retry().with_timeout(timeout_s)}
     with answered(cfg, f"get_guest_attributes {name}"):
         answer = (api or client(cfg)).get_guest_attributes(request=request, **bounds)
@@ -331,12 +363,16 @@ def published_keys(cfg: TpuConfig, name: str, api: TpuClient | None = None) -> C
     raises NodeNotReady at once. A preempted node's agent never starts again; waiting minutes for its keys
     would only delay what its state already says (the follow then reads the node's state, and a retry
     replaces it)."""
+
     def published(worker: int) -> dict[str, str]:
         keys = host_keys(cfg, name, worker, api=api)
         if not keys and not (node := get_state(cfg, name, api=api)).ready:
-            raise NodeNotReady(f"Node {name} is {node.state}: it publishes no SSH host keys and takes no SSH "
-                               "until it is READY again (a preempted node never is: a retry replaces it).")
+            raise NodeNotReady(
+                f"Node {name} is {node.state}: it publishes no SSH host keys and takes no SSH "
+                "until it is READY again (a preempted node never is: a retry replaces it)."
+            )
         return keys
+
     return published
 
 

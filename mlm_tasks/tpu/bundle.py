@@ -29,6 +29,7 @@ Hub token on stdin, the shell reads it into an unexported variable, and pipes it
 (`--hub-token-stdin`, printf being a builtin): the bootstrap's commands (the fetch, pip, the image check)
 never see it.
 """
+
 from __future__ import annotations
 
 import gzip
@@ -76,10 +77,10 @@ KILL_WAIT_S = 10
 
 @dataclass(frozen=True)
 class CodeBundle:
-    sha: str        # content hash of the package (code and VM locks)
-    uri: str        # folder holding mlm_tasks.tar.gz
-    lock: str       # the runtime's VM lock, relative to the unpacked code
-    lock_sha: str   # content hash of that lock: its install is shared by every code version
+    sha: str  # content hash of the package (code and VM locks)
+    uri: str  # folder holding mlm_tasks.tar.gz
+    lock: str  # the runtime's VM lock, relative to the unpacked code
+    lock_sha: str  # content hash of that lock: its install is shared by every code version
     tensorflow: str  # the image TensorFlow the runtime promises
     pod: bool = False  # a -pod runtime: the image check also imports the TPU client
     tar_sha256: str = ""  # full sha256 of the tarball's bytes: the VM unpacks nothing else
@@ -110,8 +111,11 @@ def stage_code(output_root: str, runtime_version: str, package_dir: Path = PACKA
     bundle, tarball = code_bundle(output_root, runtime_version, package_dir)
     marker, uri = join(bundle.uri, "_SUCCESS"), join(bundle.uri, "mlm_tasks.tar.gz")
     # The marker says an upload finished, not that the bytes are still ours: read them back every time.
-    if not (storage.exists(marker) and storage.exists(uri)
-            and hashlib.sha256(storage.read_bytes(uri)).hexdigest() == bundle.tar_sha256):
+    if not (
+        storage.exists(marker)
+        and storage.exists(uri)
+        and hashlib.sha256(storage.read_bytes(uri)).hexdigest() == bundle.tar_sha256
+    ):
         storage.write_bytes(uri, tarball)
         storage.write_text(marker, bundle.sha)  # last: a bundle with a marker is complete
     return bundle
@@ -125,16 +129,24 @@ def code_bundle(output_root: str, runtime_version: str, package_dir: Path = PACK
     lock_name = f"{package_dir.name}/{runtime.lock_path.relative_to(runtimes.PACKAGE_DIR).as_posix()}"
     lock = dict(files).get(lock_name)
     if lock is None:
-        raise ConfigError(f"{package_dir} has no {lock_name}: this install of mlm_tasks lacks its package data "
-                          "(the VM locks). Reinstall the project (pip install .), or stage from a checkout.")
+        raise ConfigError(
+            f"{package_dir} has no {lock_name}: this install of mlm_tasks lacks its package data "
+            "(the VM locks). Reinstall the project (pip install .), or stage from a checkout."
+        )
     digest = hashlib.sha256()
     for name, data in files:
         digest.update(name.encode() + b"\0" + hashlib.sha256(data).digest())
     sha = digest.hexdigest()[:16]
     tarball = _tarball(files)
-    bundle = CodeBundle(sha=sha, uri=join(output_root, "_code", sha), lock=lock_name,
-                        lock_sha=hashlib.sha256(lock).hexdigest()[:16], tensorflow=runtime.tensorflow,
-                        pod=runtime.pod, tar_sha256=hashlib.sha256(tarball).hexdigest())
+    bundle = CodeBundle(
+        sha=sha,
+        uri=join(output_root, "_code", sha),
+        lock=lock_name,
+        lock_sha=hashlib.sha256(lock).hexdigest()[:16],
+        tensorflow=runtime.tensorflow,
+        pod=runtime.pod,
+        tar_sha256=hashlib.sha256(tarball).hexdigest(),
+    )
     return bundle, tarball
 
 
@@ -165,37 +177,48 @@ def _bootstrap(cfg: PipelineConfig, code: CodeBundle) -> list[str]:
     deps, deps_tmp = q(f"deps-{code.lock_sha}"), q(f"deps-{code.lock_sha}.tmp")
     want = q(code.tar_sha256)
     tar_hash = "$(sha256sum mlm_tasks.tar.gz 2>/dev/null | cut -c1-64)"
-    mismatch = (f'echo "The staged code "{q(join(code.uri, "mlm_tasks.tar.gz"))}" has sha256 {tar_hash}, not "{want}'
-                f'" (hash mismatch: it changed after staging). Retry the task: stage_code re-uploads a bundle whose '
-                'bytes differ; if it fails again, check who writes under output_root/_code/." >&2; exit 3')
-    unpack = " && ".join([
-        _fetch(py, code.uri),
-        # Before tar: nothing of an unverified tarball is unpacked, let alone imported.
-        f'{{ [ "{tar_hash}" = {want} ] || {{ {mismatch}; }}; }}',
-        "rm -rf code.tmp && mkdir code.tmp && tar -xzf mlm_tasks.tar.gz -C code.tmp && rm -rf code && mv code.tmp code",
-        f"touch {installed}",
-    ])
+    mismatch = (
+        f'echo "The staged code "{q(join(code.uri, "mlm_tasks.tar.gz"))}" has sha256 {tar_hash}, not "{want}'
+        f'" (hash mismatch: it changed after staging). Retry the task: stage_code re-uploads a bundle whose '
+        'bytes differ; if it fails again, check who writes under output_root/_code/." >&2; exit 3'
+    )
+    unpack = " && ".join(
+        [
+            _fetch(py, code.uri),
+            # Before tar: nothing of an unverified tarball is unpacked, let alone imported.
+            f'{{ [ "{tar_hash}" = {want} ] || {{ {mismatch}; }}; }}',
+            "rm -rf code.tmp && mkdir code.tmp && tar -xzf mlm_tasks.tar.gz -C code.tmp"
+            " && rm -rf code && mv code.tmp code",
+            f"touch {installed}",
+        ]
+    )
     # --no-deps: the lock is complete beside the image's packages, and must never pull PyPI's
     # TensorFlow (tf-keras asks for `tensorflow`, which the image's TPU build may not be named).
     # --require-hashes: a wheel that is not the one locked (a swapped file, a proxy) fails the install.
-    install = " && ".join([
-        f"rm -rf {deps_tmp}",
-        f"{py} -m pip install --quiet --disable-pip-version-check --no-deps --require-hashes --only-binary=:all: "
-        f"--target {deps_tmp} -r code/{q(code.lock)}",
-        # Once per lock: the image must hold the runtime's TensorFlow and whatever the lock needs.
-        f"PYTHONPATH=\"$PWD/code:$PWD/\"{deps_tmp} {py} -m mlm_tasks.tpu.vm.check_image "
-        f"{q(code.tensorflow)} {deps_tmp}" + (" --pod" if code.pod else ""),
-        f"mv {deps_tmp} {deps}",
-    ])
-    fetch_failed = q(f"Fetching the staged code from {code.uri} failed (see above): check that the VM can read "
-                     "the bucket (its service account needs storage access).")
-    install_failed = q("Installing the VM lock failed (see above): the VM needs the package index (external IP "
-                       "or Cloud NAT), and tpu.runtime_version must name the image it runs.")
+    install = " && ".join(
+        [
+            f"rm -rf {deps_tmp}",
+            f"{py} -m pip install --quiet --disable-pip-version-check --no-deps --require-hashes --only-binary=:all: "
+            f"--target {deps_tmp} -r code/{q(code.lock)}",
+            # Once per lock: the image must hold the runtime's TensorFlow and whatever the lock needs.
+            f'PYTHONPATH="$PWD/code:$PWD/"{deps_tmp} {py} -m mlm_tasks.tpu.vm.check_image '
+            f"{q(code.tensorflow)} {deps_tmp}" + (" --pod" if code.pod else ""),
+            f"mv {deps_tmp} {deps}",
+        ]
+    )
+    fetch_failed = q(
+        f"Fetching the staged code from {code.uri} failed (see above): check that the VM can read "
+        "the bucket (its service account needs storage access)."
+    )
+    install_failed = q(
+        "Installing the VM lock failed (see above): the VM needs the package index (external IP "
+        "or Cloud NAT), and tpu.runtime_version must name the image it runs."
+    )
     # `set -e` ignores a failure inside an && chain: each chain says so and exits itself.
     return [
         # The marker alone is not trusted: the tarball kept beside code/ must still have the bundle's hash.
         f'if [ ! -f {installed} ] || [ "{tar_hash}" != {want} ]; then rm -f {installed}; '
-        f"echo {q(f'Installing project {code.sha} in ')}\"$PWD\"; "
+        f'echo {q(f"Installing project {code.sha} in ")}"$PWD"; '
         f"{unpack} || {{ echo {fetch_failed} >&2; exit 3; }}; fi",
         f"if [ ! -d {deps} ]; then echo {q(f'Installing {Path(code.lock).name} beside the image TensorFlow')}; "
         f"{install} || {{ echo {install_failed} >&2; exit 3; }}; fi",
@@ -233,19 +256,25 @@ def _run_lock(step: str, run_id: str, grace_s: int = STOP_GRACE_S) -> list[str]:
     holder = f'[ -n "$pid" ] && [ "$(stat -L -c %d:%i "/proc/$pid/fd/9" 2>/dev/null)" = "$(stat -c %d:%i {q})" ]'
     # The holder leads its process group (sshd's session shell, or setsid for a detached trainer): the
     # group takes the step's children too. SIGCONT after SIGTERM: a frozen trainer gets to handle it.
-    stop = (f'echo "Stopping the "{who}" left by an earlier try (pid $pid) of this run: SIGTERM, then SIGKILL '
-            f'after {grace_s}s."; {{ kill -s TERM -- "-$pid" || kill -s TERM "$pid"; }} 2>/dev/null || true; '
-            'kill -s CONT -- "-$pid" 2>/dev/null || true; '
-            f'if ! flock -w {grace_s} 9; then echo "pid $pid still runs after {grace_s}s: SIGKILL."; '
-            f'kill -s KILL -- "-$pid" 2>/dev/null || kill -s KILL "$pid" 2>/dev/null || true; fi')
-    stuck = (f'echo "The run lock $PWD/"{q}" is still held (its pid file names ${{pid:-nobody}}): another copy of '
-             f'this run\'s "{who}" runs. Find it with: fuser -v $PWD/"{q}"; stop it, then clear this task." '
-             '>&2; exit 3')
+    stop = (
+        f'echo "Stopping the "{who}" left by an earlier try (pid $pid) of this run: SIGTERM, then SIGKILL '
+        f'after {grace_s}s."; {{ kill -s TERM -- "-$pid" || kill -s TERM "$pid"; }} 2>/dev/null || true; '
+        'kill -s CONT -- "-$pid" 2>/dev/null || true; '
+        f'if ! flock -w {grace_s} 9; then echo "pid $pid still runs after {grace_s}s: SIGKILL."; '
+        f'kill -s KILL -- "-$pid" 2>/dev/null || kill -s KILL "$pid" 2>/dev/null || true; fi'
+    )
+    stuck = (
+        f'echo "The run lock $PWD/"{q}" is still held (its pid file names ${{pid:-nobody}}): another copy of '
+        f'this run\'s "{who}" runs. Find it with: fuser -v $PWD/"{q}"; stop it, then clear this task." '
+        ">&2; exit 3"
+    )
     # `exec 9>>` inside `{ }` runs in this shell (no subshell), so the step's `exec` inherits fd 9.
-    return [f'if ! {{ exec 9>>{q} && flock -n 9; }}; then pid=$(cat {pid_file} 2>/dev/null || true); '
-            f'if {holder}; then {stop}; fi; flock -w {KILL_WAIT_S} 9 || {{ {stuck}; }}; '
-            f'echo "The earlier try stopped: starting this one."; fi',
-            f"echo $$ > {pid_file}"]
+    return [
+        f"if ! {{ exec 9>>{q} && flock -n 9; }}; then pid=$(cat {pid_file} 2>/dev/null || true); "
+        f"if {holder}; then {stop}; fi; flock -w {KILL_WAIT_S} 9 || {{ {stuck}; }}; "
+        f'echo "The earlier try stopped: starting this one."; fi',
+        f"echo $$ > {pid_file}",
+    ]
 
 
 def _bundle_to_install(cfg: PipelineConfig, code: CodeBundle | None) -> CodeBundle | None:
@@ -253,17 +282,30 @@ def _bundle_to_install(cfg: PipelineConfig, code: CodeBundle | None) -> CodeBund
     if not cfg.tpu.bootstrap:
         return None
     if code is None:
-        raise ConfigError("tpu.bootstrap is on but no code bundle was given: call stage_code() first, "
-                          "or set tpu.bootstrap=false when the VM already has the project in tpu.workdir.")
+        raise ConfigError(
+            "tpu.bootstrap is on but no code bundle was given: call stage_code() first, "
+            "or set tpu.bootstrap=false when the VM already has the project in tpu.workdir."
+        )
     if not re.fullmatch(r"[0-9a-f]{64}", code.tar_sha256):
-        raise ConfigError(f"The code bundle {code.uri} has no sha256 of its tarball: make it with stage_code(), "
-                          "which the VM's check needs.")
+        raise ConfigError(
+            f"The code bundle {code.uri} has no sha256 of its tarball: make it with stage_code(), "
+            "which the VM's check needs."
+        )
     return code
 
 
-def remote_command(cfg: PipelineConfig, step: str, run_id: str, *, node: str, extra_args: Sequence[str] = (),
-                   code: CodeBundle | None = None, env: dict[str, str] | None = None,
-                   expect_token: bool = False, detach_log: str | None = None) -> str:
+def remote_command(
+    cfg: PipelineConfig,
+    step: str,
+    run_id: str,
+    *,
+    node: str,
+    extra_args: Sequence[str] = (),
+    code: CodeBundle | None = None,
+    env: dict[str, str] | None = None,
+    expect_token: bool = False,
+    detach_log: str | None = None,
+) -> str:
     """The shell line worker 0 of TPU VM `node` runs: [install once] then `python -m mlm_tasks <step> ...`.
     `env`: more (non-secret) variables for the step, e.g. the Hub endpoint.
     `expect_token`: the session sends the Hub token; fail at once, saying why, if it did not arrive.
@@ -271,8 +313,20 @@ def remote_command(cfg: PipelineConfig, step: str, run_id: str, *, node: str, ex
     to tpu.workdir); the line prints `JOB_MARK pid=<pid>` and returns at once."""
     install = _bundle_to_install(cfg, code)
     config_json = json.dumps(cfg.model_dump(mode="json"), separators=(",", ":"))
-    step_line = " ".join(shlex.quote(a) for a in [cfg.tpu.python, "-m", "mlm_tasks", step, "--config-json",
-                                                    config_json, "--run-id", run_id, *extra_args])
+    step_line = " ".join(
+        shlex.quote(a)
+        for a in [
+            cfg.tpu.python,
+            "-m",
+            "mlm_tasks",
+            step,
+            "--config-json",
+            config_json,
+            "--run-id",
+            run_id,
+            *extra_args,
+        ]
+    )
     variables = {**step_environment(cfg, node), **(env or {})}
     bad = [k for k in variables if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", k)]
     if bad:
@@ -282,10 +336,14 @@ def remote_command(cfg: PipelineConfig, step: str, run_id: str, *, node: str, ex
     # The token arrives on stdin once asked for, never in this line or an environment; echo off first,
     # so the pty does not print it back into the log.
     if expect_token:
-        parts += ["stty -echo 2>/dev/null || true", f"echo {TOKEN_PROMPT}", f"IFS= read -r {TOKEN_VAR} || true",
-                  f'if [ -z "${TOKEN_VAR}" ]; then echo "The Hub token did not reach the VM (the session sends it on '
-                  f'stdin when the line prints {TOKEN_PROMPT}): retry; if it repeats, check the Hub '
-                  'connection (publish.hf_conn_id) has a password." >&2; exit 3; fi']
+        parts += [
+            "stty -echo 2>/dev/null || true",
+            f"echo {TOKEN_PROMPT}",
+            f"IFS= read -r {TOKEN_VAR} || true",
+            f'if [ -z "${TOKEN_VAR}" ]; then echo "The Hub token did not reach the VM (the session sends it on '
+            f"stdin when the line prints {TOKEN_PROMPT}): retry; if it repeats, check the Hub "
+            'connection (publish.hf_conn_id) has a password." >&2; exit 3; fi',
+        ]
         step_line = f"{step_line} {TOKEN_ARG}"
     # The lock before the install: a retry never swaps `code/` under a step an earlier try left running.
     parts += _run_lock(step, run_id)
@@ -293,7 +351,7 @@ def remote_command(cfg: PipelineConfig, step: str, run_id: str, *, node: str, ex
         parts += _bootstrap(cfg, install)
     # The token through a pipe: printf is a builtin, so it is in no argv, and the step's environment is
     # the line's, which never held it.
-    feed = f'printf \'%s\\n\' "${TOKEN_VAR}" | ' if expect_token else ""
+    feed = f"printf '%s\\n' \"${TOKEN_VAR}\" | " if expect_token else ""
     if detach_log is not None:
         return "; ".join(parts + _detached(step_line, detach_log, run_lock_name(run_id, step), feed))
     # exec: the step replaces the shell (with a token, the pipeline's last command, in the shell's
@@ -323,8 +381,12 @@ def _detached(step_line: str, log: str, lock: str, feed: str = "") -> list[str]:
     wrapped = f"{step_line}; echo $? > {q(exit_file(log))}"
     # trap: the session may hang up the moment this line ends, before setsid runs in the child (still in
     # the session's process group then); an ignored SIGHUP is inherited, so the hang-up cannot kill it.
-    return [f"mkdir -p {q(folder)}", f"rm -f {q(exit_file(log))}", "trap '' HUP",
-            # `&` ends a command as `;` does: the line goes on with the job's pid.
-            # `feed` (the token's pipe) replaces /dev/null as stdin; `$!` is still the job's pid.
-            f"{feed}setsid nohup sh -c {q(wrapped)} > {q(log)} 2>&1{'' if feed else ' < /dev/null'} & "
-            f'pid=$!; echo "$pid" > {q(lock + ".pid")}; echo "{JOB_MARK} pid=$pid"']
+    return [
+        f"mkdir -p {q(folder)}",
+        f"rm -f {q(exit_file(log))}",
+        "trap '' HUP",
+        # `&` ends a command as `;` does: the line goes on with the job's pid.
+        # `feed` (the token's pipe) replaces /dev/null as stdin; `$!` is still the job's pid.
+        f"{feed}setsid nohup sh -c {q(wrapped)} > {q(log)} 2>&1{'' if feed else ' < /dev/null'} & "
+        f'pid=$!; echo "$pid" > {q(lock + ".pid")}; echo "{JOB_MARK} pid=$pid"',
+    ]

@@ -12,6 +12,7 @@ mlm_tasks/training/follow.py). No Airflow here: the train task and its trigger d
 A job is alive while its pid runs and holds the run lock on fd 9 (`bundle._run_lock`): a recycled pid,
 or a zombie, is not it. A handle read back from a store is checked before it is used (`job_handle`).
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -44,14 +45,34 @@ def log_name(run_id: str, try_number: int) -> str:
     return f"logs/train-{hashlib.sha256(run_id.encode()).hexdigest()[:16]}-try{try_number}.log"
 
 
-def started_job(lines: Iterable[str], *, node: str, host: str, try_number: int, log: str, workdir: str,
-                run_id: str, now: float, starts_before: int) -> TrainJob | None:
+def started_job(
+    lines: Iterable[str],
+    *,
+    node: str,
+    host: str,
+    try_number: int,
+    log: str,
+    workdir: str,
+    run_id: str,
+    now: float,
+    starts_before: int,
+) -> TrainJob | None:
     """The handle from a detached start's output (None: the line printed no JOB_MARK, so nothing started)."""
     for line in lines:
         found = re.fullmatch(rf"{JOB_MARK} pid=(\d+)", line.strip())
         if found:
-            return TrainJob(node=node, host=host, worker=0, pid=int(found.group(1)), try_number=try_number,
-                            log=log, workdir=workdir, run_id=run_id, started_at=now, starts_before=starts_before)
+            return TrainJob(
+                node=node,
+                host=host,
+                worker=0,
+                pid=int(found.group(1)),
+                try_number=try_number,
+                log=log,
+                workdir=workdir,
+                run_id=run_id,
+                started_at=now,
+                starts_before=starts_before,
+            )
     return None
 
 
@@ -63,16 +84,36 @@ def job_handle(stored: object) -> TrainJob | None:
     return cast(TrainJob, stored)
 
 
-def start(session: ssh.Session, command: str, *, secret: tuple[str, str] | None, node: str, host: str,
-          try_number: int, log: str, workdir: str, run_id: str, now: float,
-          starts_before: int) -> tuple[ssh.Outcome, TrainJob | None]:
+def start(
+    session: ssh.Session,
+    command: str,
+    *,
+    secret: tuple[str, str] | None,
+    node: str,
+    host: str,
+    try_number: int,
+    log: str,
+    workdir: str,
+    run_id: str,
+    now: float,
+    starts_before: int,
+) -> tuple[ssh.Outcome, TrainJob | None]:
     """Runs the detached start line (`remote_command(..., detach_log=log)`) in `session`: its outcome, and
     the job's handle (None when the line failed or printed no JOB_MARK: nothing was started)."""
     outcome = session.run(command, secret=secret)
     if outcome.exit_code != 0:
         return outcome, None
-    return outcome, started_job(outcome.tail, node=node, host=host, try_number=try_number, log=log,
-                                workdir=workdir, run_id=run_id, now=now, starts_before=starts_before)
+    return outcome, started_job(
+        outcome.tail,
+        node=node,
+        host=host,
+        try_number=try_number,
+        log=log,
+        workdir=workdir,
+        run_id=run_id,
+        now=now,
+        starts_before=starts_before,
+    )
 
 
 def _cd(job: TrainJob) -> str:
@@ -83,14 +124,18 @@ def _holds_lock(job: TrainJob) -> str:
     """Shell test: the job's pid runs and holds the run lock (so it is our trainer, not a recycled pid)."""
     lock = shlex.quote(run_lock_name(job["run_id"], "train"))
     pid = int(job["pid"])
-    return (f'{{ kill -0 {pid} 2>/dev/null && [ "$(stat -L -c %d:%i /proc/{pid}/fd/9 2>/dev/null)" = '
-            f'"$(stat -c %d:%i {lock} 2>/dev/null)" ]; }}')
+    return (
+        f'{{ kill -0 {pid} 2>/dev/null && [ "$(stat -L -c %d:%i /proc/{pid}/fd/9 2>/dev/null)" = '
+        f'"$(stat -c %d:%i {lock} 2>/dev/null)" ]; }}'
+    )
 
 
 def _answer(job: TrainJob) -> str:
     code = shlex.quote(exit_file(job["log"]))
-    return (f"if {_holds_lock(job)}; then echo {PROBE_MARK} alive; "
-            f'else echo "{PROBE_MARK} gone $(cat {code} 2>/dev/null || echo -)"; fi')
+    return (
+        f"if {_holds_lock(job)}; then echo {PROBE_MARK} alive; "
+        f'else echo "{PROBE_MARK} gone $(cat {code} 2>/dev/null || echo -)"; fi'
+    )
 
 
 def probe_command(job: TrainJob) -> str:
@@ -100,7 +145,7 @@ def probe_command(job: TrainJob) -> str:
 
 @dataclass(frozen=True)
 class Probe:
-    alive: bool | None            # None: the probe itself failed (SSH down): only the status record tells
+    alive: bool | None  # None: the probe itself failed (SSH down): only the status record tells
     exit_code: int | None = None  # of a gone job, when its wrapper recorded one
     error: str | None = None
 
@@ -121,13 +166,15 @@ def stop_command(job: TrainJob, grace_s: int = STOP_GRACE_S) -> str:
     after grace_s. Prints `MLM_PROBE gone ...` once it is gone."""
     pid = int(job["pid"])
     ticks = max(1, int(grace_s * 5))
-    return (f"{_cd(job)} && if {_holds_lock(job)}; then "
-            f"kill -s TERM -- -{pid} 2>/dev/null || kill -s TERM {pid} 2>/dev/null || true; "
-            f"kill -s CONT -- -{pid} 2>/dev/null || true; i=0; "
-            f"while {_holds_lock(job)} && [ $i -lt {ticks} ]; do sleep 0.2; i=$((i+1)); done; "
-            f"if {_holds_lock(job)}; then echo \"pid {pid} still runs after {grace_s}s: SIGKILL.\"; "
-            f"kill -s KILL -- -{pid} 2>/dev/null || kill -s KILL {pid} 2>/dev/null || true; sleep 0.5; fi; fi; "
-            + _answer(job))
+    return (
+        f"{_cd(job)} && if {_holds_lock(job)}; then "
+        f"kill -s TERM -- -{pid} 2>/dev/null || kill -s TERM {pid} 2>/dev/null || true; "
+        f"kill -s CONT -- -{pid} 2>/dev/null || true; i=0; "
+        f"while {_holds_lock(job)} && [ $i -lt {ticks} ]; do sleep 0.2; i=$((i+1)); done; "
+        f'if {_holds_lock(job)}; then echo "pid {pid} still runs after {grace_s}s: SIGKILL."; '
+        f"kill -s KILL -- -{pid} 2>/dev/null || kill -s KILL {pid} 2>/dev/null || true; sleep 0.5; fi; fi; "
+        + _answer(job)
+    )
 
 
 def tail_command(job: TrainJob, lines: int = 40) -> str:

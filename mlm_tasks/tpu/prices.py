@@ -10,6 +10,7 @@ https://cloud.google.com/tpu/pricing (read 2025-11; Spot prices move with demand
 estimate, not a bill: regions, committed-use discounts and negotiated prices differ, so a deployment
 with other prices sets `tpu.price_per_chip_hour` (what its invoice says) and every figure follows it.
 """
+
 from __future__ import annotations
 
 import time
@@ -66,13 +67,22 @@ def vm_bill(tpu: Any, name: str, created_s: float, gone_s: float) -> dict[str, A
     hours = max(0.0, gone_s - created_s) / 3600
     rate = hourly(tpu)
     stamp = lambda t: time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(t))  # noqa: E731
-    return {"node": name, "accelerator_type": tpu.accelerator_type, "chips": chips(tpu.accelerator_type),
-            "spot": bool(tpu.spot), "created": stamp(created_s), "gone": stamp(gone_s), "hours": hours,
-            "cost_usd": rate * hours if rate is not None else None,
-            "cost_basis": f"{tpu.accelerator_type} {'Spot' if tpu.spot else 'on-demand'}, {source(tpu)}"}
+    return {
+        "node": name,
+        "accelerator_type": tpu.accelerator_type,
+        "chips": chips(tpu.accelerator_type),
+        "spot": bool(tpu.spot),
+        "created": stamp(created_s),
+        "gone": stamp(gone_s),
+        "hours": hours,
+        "cost_usd": rate * hours if rate is not None else None,
+        "cost_basis": f"{tpu.accelerator_type} {'Spot' if tpu.spot else 'on-demand'}, {source(tpu)}",
+    }
 
 
 def bill_line(bill: dict[str, Any]) -> str:
     cost = f"${bill['cost_usd']:,.2f}" if bill["cost_usd"] is not None else "no price known"
-    return (f"TPU VM {bill['node']} was up {bill['hours']:.2f} h ({bill['created']} to {bill['gone']}): {cost} "
-            f"({bill['cost_basis']})")
+    return (
+        f"TPU VM {bill['node']} was up {bill['hours']:.2f} h ({bill['created']} to {bill['gone']}): {cost} "
+        f"({bill['cost_basis']})"
+    )

@@ -25,6 +25,7 @@ fails, or a node whose delete the API refuses, does not stop the others: the Swe
 the task fails at the end (`Sweep.problems`). Only nodes named `mlm-*` whose `expires` label is past
 are deleted (tpu.api.list_expired).
 """
+
 from __future__ import annotations
 
 import logging
@@ -53,8 +54,8 @@ class Entry:
     project: str
     zone: str
     name: str
-    expires: int        # epoch seconds: the node's `expires` label when it was recorded
-    uri: str            # the entry's file
+    expires: int  # epoch seconds: the node's `expires` label when it was recorded
+    uri: str  # the entry's file
 
 
 @overload
@@ -72,9 +73,11 @@ def location(required: bool = True) -> str | None:
     if not root and not required:
         return None
     if not root:
-        raise ConfigError(f"{ENV} is not set: set it in the environment of every Airflow worker and the "
-                          "janitor to a folder they all share, e.g. gs://YOUR-BUCKET/mlm/tpu-registry (or a "
-                          "shared volume), where each TPU VM the pipeline creates is recorded for mlm_tpu_janitor.")
+        raise ConfigError(
+            f"{ENV} is not set: set it in the environment of every Airflow worker and the "
+            "janitor to a folder they all share, e.g. gs://YOUR-BUCKET/mlm/tpu-registry (or a "
+            "shared volume), where each TPU VM the pipeline creates is recorded for mlm_tpu_janitor."
+        )
     return root.rstrip("/")
 
 
@@ -131,12 +134,16 @@ class Sweep:
         """Why the janitor's task fails (None: it does not), naming every zone and node and what to check."""
         problems = []
         if self.unlisted:
-            problems.append(f"Could not list TPU VMs in zone(s) {self.unlisted}: check the zone names and that "
-                            f"connection {conn_id!r} may list TPU nodes (roles/tpu.admin).")
+            problems.append(
+                f"Could not list TPU VMs in zone(s) {self.unlisted}: check the zone names and that "
+                f"connection {conn_id!r} may list TPU nodes (roles/tpu.admin)."
+            )
         if self.undeleted:
-            problems.append(f"Could not delete TPU VM(s) {self.undeleted} (they still cost money): check that "
-                            f"connection {conn_id!r} may delete TPU nodes (roles/tpu.admin), or "
-                            "delete them by hand with `gcloud compute tpus tpu-vm delete NAME --zone ZONE`.")
+            problems.append(
+                f"Could not delete TPU VM(s) {self.undeleted} (they still cost money): check that "
+                f"connection {conn_id!r} may delete TPU nodes (roles/tpu.admin), or "
+                "delete them by hand with `gcloud compute tpus tpu-vm delete NAME --zone ZONE`."
+            )
         return " ".join(problems) or None
 
 
@@ -156,8 +163,14 @@ def delete_expired(api: TpuConfig, zones: list[str], root: str) -> Sweep:
             continue
         for node in expired_nodes:
             expired = datetime.fromtimestamp(int(node.labels["expires"]), timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
-            log.info("Deleting TPU VM %s in %s (%s, run %s, expired %s).", node.name, zone, node.state,
-                     node.labels.get("run", "?"), expired)
+            log.info(
+                "Deleting TPU VM %s in %s (%s, run %s, expired %s).",
+                node.name,
+                zone,
+                node.state,
+                node.labels.get("run", "?"),
+                expired,
+            )
             try:
                 tpu.delete_node(cfg, node.name)
             except GoogleAPICallError as err:  # one refused node must not spare the others

@@ -22,6 +22,7 @@ training page: TensorFlow is not supported on v6e (Trillium) and later. Supporte
 VM lock, a dated image and the simulated end-to-end test (tests/plugins/test_simulated_tpu_vm.py).
 Adding one = a row below, `make lock-vm`, and that test's parameter.
 """
+
 from __future__ import annotations
 
 import re
@@ -31,9 +32,11 @@ from pathlib import Path
 from mlm_tasks.errors import ConfigError
 
 PACKAGE_DIR = Path(__file__).resolve().parents[1]  # mlm_tasks/
-VM_DIR = PACKAGE_DIR / "tpu" / "vm"            # the VM locks and image files, shipped in the bundle
-NAME = re.compile(r"^tpu-vm-tf-(?P<tf>\d+\.\d+\.\d+)(?P<pod>-pod)?(?:-(?P<api>pjrt|se))?"
-                  r"(?P<chips>-v5p-and-below|-v5e-and-v6)?$")
+VM_DIR = PACKAGE_DIR / "tpu" / "vm"  # the VM locks and image files, shipped in the bundle
+NAME = re.compile(
+    r"^tpu-vm-tf-(?P<tf>\d+\.\d+\.\d+)(?P<pod>-pod)?(?:-(?P<api>pjrt|se))?"
+    r"(?P<chips>-v5p-and-below|-v5e-and-v6)?$"
+)
 
 
 # Packages the VM lock may carry newer than the image (they shadow its copy on PYTHONPATH): pure
@@ -43,12 +46,12 @@ SHADOWED = frozenset({"typing-extensions"})
 
 @dataclass(frozen=True)
 class Runtime:
-    version: str       # the TPU API's runtime_version
-    tensorflow: str    # the image's TensorFlow (TPU build)
-    python: str        # the image's Python
-    pod: bool          # -pod image: for multi-host slices (program on worker 0 only)
-    libtpu: str        # the image's libtpu (Google's table)
-    image_date: str    # packages as of this day (uv --exclude-newer); see `image_source`
+    version: str  # the TPU API's runtime_version
+    tensorflow: str  # the image's TensorFlow (TPU build)
+    python: str  # the image's Python
+    pod: bool  # -pod image: for multi-host slices (program on worker 0 only)
+    libtpu: str  # the image's libtpu (Google's table)
+    image_date: str  # packages as of this day (uv --exclude-newer); see `image_source`
     image_source: str  # why that day
 
     @property
@@ -68,18 +71,31 @@ class Runtime:
 
 
 def _both(tensorflow: str, libtpu: str, image_date: str, image_source: str) -> list[Runtime]:
-    return [Runtime(f"tpu-vm-tf-{tensorflow}{pod}-pjrt", tensorflow, "3.10", bool(pod), libtpu, image_date,
-                    image_source) for pod in ("", "-pod")]
+    return [
+        Runtime(f"tpu-vm-tf-{tensorflow}{pod}-pjrt", tensorflow, "3.10", bool(pod), libtpu, image_date, image_source)
+        for pod in ("", "-pod")
+    ]
 
 
-SUPPORTED: dict[str, Runtime] = {rt.version: rt for rt in [
-    *_both("2.16.1", "1.10.1", "2024-04-29",
-           "TensorFlow 2.16.1 with libtpu 1.10.1; a resolve as of that day gives what the released image "
-           "holds: typing-extensions 4.11.0, protobuf 4.25.3, grpcio 1.62.2 (grpcio 1.63.0 came on April 30)"),
-    *_both("2.17.0", "1.11.0", "2024-07-31",
-           "TensorFlow 2.17.0 (PyPI: 2024-07-11) with libtpu 1.11.0; Google gives no date for the image: "
-           "the end of its release month, until `tpu_smoke --capture-image` records the real set"),
-]}
+SUPPORTED: dict[str, Runtime] = {
+    rt.version: rt
+    for rt in [
+        *_both(
+            "2.16.1",
+            "1.10.1",
+            "2024-04-29",
+            "TensorFlow 2.16.1 with libtpu 1.10.1; a resolve as of that day gives what the released image "
+            "holds: typing-extensions 4.11.0, protobuf 4.25.3, grpcio 1.62.2 (grpcio 1.63.0 came on April 30)",
+        ),
+        *_both(
+            "2.17.0",
+            "1.11.0",
+            "2024-07-31",
+            "TensorFlow 2.17.0 (PyPI: 2024-07-11) with libtpu 1.11.0; Google gives no date for the image: "
+            "the end of its release month, until `tpu_smoke --capture-image` records the real set",
+        ),
+    ]
+}
 
 
 DEFAULT = "tpu-vm-tf-2.16.1-pjrt"
@@ -97,8 +113,10 @@ PUBLISHED_UNSUPPORTED = {
 
 
 # Google, Vertex AI "Train on TPUs": TensorFlow is not supported on v6e (Trillium) or later.
-NO_TENSORFLOW = {"v6e": "Google's Vertex AI TPU page: TensorFlow is not supported on v6e (Trillium) and later TPUs, "
-                        "and tpu-vm-tf-2.16.1-pjrt does not see v6e devices"}
+NO_TENSORFLOW = {
+    "v6e": "Google's Vertex AI TPU page: TensorFlow is not supported on v6e (Trillium) and later TPUs, "
+    "and tpu-vm-tf-2.16.1-pjrt does not see v6e devices"
+}
 
 
 # The variables each kind of runtime needs before TensorFlow is first imported, with their source.
@@ -127,20 +145,28 @@ def get(version: str) -> Runtime:
         return SUPPORTED[version]
     choices = ", ".join(sorted(SUPPORTED))
     if version in PUBLISHED_UNSUPPORTED:
-        raise ConfigError(f"tpu.runtime_version {version!r} is not supported here ({PUBLISHED_UNSUPPORTED[version]}): "
-                          f"use one of {choices}.")
+        raise ConfigError(
+            f"tpu.runtime_version {version!r} is not supported here ({PUBLISHED_UNSUPPORTED[version]}): "
+            f"use one of {choices}."
+        )
     if NAME.match(version):
-        raise ConfigError(f"tpu.runtime_version {version!r} has no VM lock in this project (its TensorFlow "
-                          f"or device API is not one it is tested on): use one of {choices}.")
-    raise ConfigError(f"tpu.runtime_version {version!r} is not a TensorFlow TPU VM runtime "
-                      f"(tpu-vm-tf-X.Y.Z[-pod]-pjrt): use one of {choices}.")
+        raise ConfigError(
+            f"tpu.runtime_version {version!r} has no VM lock in this project (its TensorFlow "
+            f"or device API is not one it is tested on): use one of {choices}."
+        )
+    raise ConfigError(
+        f"tpu.runtime_version {version!r} is not a TensorFlow TPU VM runtime "
+        f"(tpu-vm-tf-X.Y.Z[-pod]-pjrt): use one of {choices}."
+    )
 
 
 def check_accelerator(generation: str) -> None:
     """ConfigError for a TPU generation TensorFlow does not run on."""
     if generation in NO_TENSORFLOW:
-        raise ConfigError(f"tpu.accelerator_type {generation}-*: {NO_TENSORFLOW[generation]}. This project trains "
-                          "with TensorFlow: use v5p, v5litepod (v5e) or v4.")
+        raise ConfigError(
+            f"tpu.accelerator_type {generation}-*: {NO_TENSORFLOW[generation]}. This project trains "
+            "with TensorFlow: use v5p, v5litepod (v5e) or v4."
+        )
 
 
 def locks() -> list[Runtime]:

@@ -15,6 +15,7 @@ shape, but refused for TensorFlow: `runtimes.check_accelerator`):
 | v4, v5p | TensorCores (2 per chip) | 8 .. 8192 (v5p: 12288), multiples of 8 | 8 cores | 8 cores (4 chips) |
 | v5litepod (v5e), v6e | chips | 1, 4, 8, 16, 32, 64, 128, 256 | 8 chips | 4 chips |
 """
+
 from __future__ import annotations
 
 import re
@@ -26,9 +27,9 @@ from mlm_tasks.tpu import runtimes
 
 @dataclass(frozen=True)
 class Generation:
-    units_per_host: int          # type-suffix units on one host of a multi-host slice
-    single_host_max: int         # largest suffix that is still one host
-    sizes: frozenset[int] | None = None   # allowed suffixes when not "multiples of units_per_host"
+    units_per_host: int  # type-suffix units on one host of a multi-host slice
+    single_host_max: int  # largest suffix that is still one host
+    sizes: frozenset[int] | None = None  # allowed suffixes when not "multiples of units_per_host"
     max_size: int = 0
 
 
@@ -51,14 +52,15 @@ def parse(accelerator_type: str) -> tuple[str, int]:
     match = TYPE_PATTERN.match(accelerator_type)
     gen = GENERATIONS.get(match["gen"]) if match else None
     if match is None or gen is None:
-        raise ConfigError(f"tpu.accelerator_type {accelerator_type!r} is not a TPU type: use "
-                          f"<generation>-<size> with a generation among {sorted(GENERATIONS)}, e.g. v4-8, "
-                          "v5litepod-8, v5p-8 or v4-32 (a pod slice).")
+        raise ConfigError(
+            f"tpu.accelerator_type {accelerator_type!r} is not a TPU type: use "
+            f"<generation>-<size> with a generation among {sorted(GENERATIONS)}, e.g. v4-8, "
+            "v5litepod-8, v5p-8 or v4-32 (a pod slice)."
+        )
     size = int(match["size"])
     ok = size in gen.sizes if gen.sizes else (size % gen.units_per_host == 0 and size <= gen.max_size)
     if not ok:
-        allowed = (sorted(gen.sizes) if gen.sizes else
-                   f"multiples of {gen.units_per_host} up to {gen.max_size}")
+        allowed = sorted(gen.sizes) if gen.sizes else f"multiples of {gen.units_per_host} up to {gen.max_size}"
         raise ConfigError(f"tpu.accelerator_type {accelerator_type!r}: {match['gen']} comes in sizes {allowed}.")
     return match["gen"], size
 
@@ -85,17 +87,19 @@ def check_runtime(accelerator_type: str, runtime_version: str) -> int:
             f"tpu.accelerator_type {accelerator_type} is a pod slice of {count} hosts, but "
             f"tpu.runtime_version {runtime_version!r} is a single-host runtime: TensorFlow on a multi-host "
             f"slice needs the -pod runtime of the same version (e.g. {pod_name(runtime_version)!r}), or pick "
-            "a one-host type (v4-8, v5litepod-8, v5p-8).")
+            "a one-host type (v4-8, v5litepod-8, v5p-8)."
+        )
     if count == 1 and pod:
         raise ConfigError(
             f"tpu.runtime_version {runtime_version!r} is a -pod runtime, but tpu.accelerator_type "
             f"{accelerator_type} is one host: use the single-host runtime of the same version "
-            f"(e.g. {runtime_version.replace('-pod', '')!r}) or a multi-host type (v4-32, v5litepod-16).")
+            f"(e.g. {runtime_version.replace('-pod', '')!r}) or a multi-host type (v4-32, v5litepod-16)."
+        )
     return count
 
 
 def pod_name(runtime_version: str) -> str:
     """tpu-vm-tf-2.16.1-pjrt -> tpu-vm-tf-2.16.1-pod-pjrt (Google's naming of the -pod runtimes)."""
     if runtime_version.endswith("-pjrt"):
-        return runtime_version[:-len("-pjrt")] + "-pod-pjrt"
+        return runtime_version[: -len("-pjrt")] + "-pod-pjrt"
     return runtime_version + "-pod"

@@ -27,6 +27,7 @@ Session: the command runs in a pty, so closing the session (killed, timed out, f
 sshd hang up the remote process instead of orphaning it. Secrets travel as SSH "env" requests
 (`env`), never on the command line.
 """
+
 from __future__ import annotations
 
 import base64
@@ -45,8 +46,8 @@ from mlm_tasks.errors import AuthError, ConfigError, NoRetryError
 log = logging.getLogger(__name__)
 
 TAIL_LINES = 20
-Published = Callable[[int], "dict[str, str]"]   # worker index -> {key type: base64 key}
-Connect = Callable[..., Any]                    # connect(host, worker=0) -> logged-in paramiko SSHClient
+Published = Callable[[int], "dict[str, str]"]  # worker index -> {key type: base64 key}
+Connect = Callable[..., Any]  # connect(host, worker=0) -> logged-in paramiko SSHClient
 
 
 # An AuthError: the machine at that IP is not the one the node published; a retry reaches the same one.
@@ -108,7 +109,8 @@ def _mismatch(node: str, worker: int, host: str, port: int, presented: Any, pinn
         f"presented {presented.get_name()} {presented.fingerprint}, the node published {expected}. A different "
         "machine answered at that IP (a new VM reusing it, or one impersonating the worker), or tpu.ssh_port "
         f"leads to another server. Check that {host} is still worker {worker} of {node} (`gcloud compute tpus "
-        "tpu-vm describe`) and try again; do not turn the host key check off to get past this.")
+        "tpu-vm describe`) and try again; do not turn the host key check off to get past this."
+    )
 
 
 def _published_keys(published: Published, node: str, worker: int, deadline: float, poll_s: float) -> list[Any]:
@@ -122,14 +124,23 @@ def _published_keys(published: Published, node: str, worker: int, deadline: floa
                 f"Node {node} has published no SSH host keys for worker {worker} (guest attributes "
                 "hostkeys/ are empty): its guest agent may still be starting, or be disabled in the image. "
                 "Retry in a few minutes; if they never appear, check that google-guest-agent runs "
-                "on the VM (or turn the host key check off, trusting any machine at that IP).")
-        log.info("Node %s has not published worker %d's SSH host keys yet: asking again in %.0fs.",
-                 node, worker, poll_s)
+                "on the VM (or turn the host key check off, trusting any machine at that IP)."
+            )
+        log.info(
+            "Node %s has not published worker %d's SSH host keys yet: asking again in %.0fs.", node, worker, poll_s
+        )
         time.sleep(poll_s)
 
 
-def connector(login_for: Callable[[str], Login], port: int, *, node: str, published: Published | None,
-              patience_s: float = 300.0, poll_s: float = 5.0) -> Connect:
+def connector(
+    login_for: Callable[[str], Login],
+    port: int,
+    *,
+    node: str,
+    published: Published | None,
+    patience_s: float = 300.0,
+    poll_s: float = 5.0,
+) -> Connect:
     """connect(host, worker=0) -> logged-in paramiko SSHClient; see the module docstring.
     `login_for(host)` is asked once per connect (a proxy socket, for one, belongs to one host)."""
     import paramiko
@@ -140,8 +151,10 @@ def connector(login_for: Callable[[str], Login], port: int, *, node: str, publis
         if login.no_host_key_check:
             pinned = None
         elif published is None:
-            raise ConfigError(f"No host keys to check {host} against: pass the node's published keys, or turn "
-                              f"the host key check off for {login.source} (anyone at that IP is then trusted).")
+            raise ConfigError(
+                f"No host keys to check {host} against: pass the node's published keys, or turn "
+                f"the host key check off for {login.source} (anyone at that IP is then trusted)."
+            )
         else:
             pinned = _published_keys(published, node, worker, deadline, poll_s)
         where = f"{host}:{port} as {login.source}"
@@ -155,13 +168,15 @@ def connector(login_for: Callable[[str], Login], port: int, *, node: str, publis
                     raise RuntimeError(
                         f"Cannot SSH to {where}: the worker refused the login for {patience_s:.0f}s ({err}). "
                         f"Check the connection's user and key: the login must match a key in the node's "
-                        "ssh-keys metadata (or OS Login, with tpu.enable_oslogin).") from err
+                        "ssh-keys metadata (or OS Login, with tpu.enable_oslogin)."
+                    ) from err
             except (OSError, paramiko.SSHException) as err:
                 if time.monotonic() > deadline:
                     raise RuntimeError(
                         f"Cannot SSH to {where}: no SSH session for {patience_s:.0f}s ({type(err).__name__}: "
                         f"{err}). Check that the firewall allows tcp:{port} from here and that sshd runs "
-                        "on the worker.") from err
+                        "on the worker."
+                    ) from err
             time.sleep(max(0.1, min(5.0, deadline - time.monotonic())))
 
     return connect
@@ -192,9 +207,9 @@ class Outcome:
 
     host: str
     worker: int = 0
-    exit_code: int | None = None      # None: did not finish (connection lost, or hung up by us)
+    exit_code: int | None = None  # None: did not finish (connection lost, or hung up by us)
     error: str | None = None
-    fatal: bool = False               # a NoRetryError (a host-key mismatch, say): no retry can fix it
+    fatal: bool = False  # a NoRetryError (a host-key mismatch, say): no retry can fix it
     tail: collections.deque = field(default_factory=lambda: collections.deque(maxlen=TAIL_LINES))
 
     def describe(self) -> str:
@@ -207,15 +222,22 @@ class Session:
     """`command` on one worker in a pty; each output line goes to `on_line` as it comes.
     close(), from any thread, hangs up: sshd then sends SIGHUP to the remote command."""
 
-    def __init__(self, connect: Connect, host: str, *, worker: int = 0,
-                 on_line: Callable[[str], None] | None = None, idle_timeout_s: float | None = None):
+    def __init__(
+        self,
+        connect: Connect,
+        host: str,
+        *,
+        worker: int = 0,
+        on_line: Callable[[str], None] | None = None,
+        idle_timeout_s: float | None = None,
+    ):
         self.connect = connect
         # A short command's bound: no output for this long (a half-open connection) ends the session
         # with an error. None for the long ones (a training's start streams for minutes).
         self.idle_timeout_s = idle_timeout_s
         self.outcome = Outcome(host, worker)
         self.on_line = on_line or (lambda line: None)
-        self._open: list[Any] = []     # the client, then its channel: what close() hangs up
+        self._open: list[Any] = []  # the client, then its channel: what close() hangs up
         self._lock = threading.Lock()
         self._closed = False
 
@@ -227,8 +249,12 @@ class Session:
             thing.close()
             raise EOFError("hung up before the command started")
 
-    def run(self, command: str, env: dict[str, str] | None = None, secret: tuple[str, str] | None = None,
-            ) -> Outcome:
+    def run(
+        self,
+        command: str,
+        env: dict[str, str] | None = None,
+        secret: tuple[str, str] | None = None,
+    ) -> Outcome:
         """Runs `command`; any failure is reported in the Outcome (the caller decides what it means).
         `secret` (prompt, value): when the command prints the line `prompt`, the value is sent on its stdin,
         never in its environment; the prompt is kept out of the tail. A line that asks (bundle.remote_command's

@@ -11,6 +11,7 @@ calls (the first compiles), on batches of the run's own input, then starts the r
 It lands in runs/<run>/train/budget.json (RunPaths.train_budget) before the first step: every later try of
 the run reads it.
 """
+
 from __future__ import annotations
 
 import logging
@@ -28,28 +29,56 @@ log = logging.getLogger(__name__)
 MEASURE_STEPS, MEASURE_S, WARMUP_CALLS = 50, 8.0, 2
 
 
-def budgeted_steps(run: RunPaths, budget_minutes: float, cap: int | None,
-                   measure: Callable[[], tuple[float, float]]) -> int:
+def budgeted_steps(
+    run: RunPaths, budget_minutes: float, cap: int | None, measure: Callable[[], tuple[float, float]]
+) -> int:
     recorded = storage.read_json_if_exists(run.train_budget)
     if recorded:
-        log.info("Step count %d from the run's time budget (recorded %s: %.4f s/step, %g min): kept on this try",
-                 recorded["steps"], run.train_budget, recorded["seconds_per_step"], recorded["budget_minutes"])
+        log.info(
+            "Step count %d from the run's time budget (recorded %s: %.4f s/step, %g min): kept on this try",
+            recorded["steps"],
+            run.train_budget,
+            recorded["seconds_per_step"],
+            recorded["budget_minutes"],
+        )
         return int(recorded["steps"])
     step_s, spent_s = measure()
     steps = max(1, int((budget_minutes * 60 - spent_s) / step_s))
     if cap is not None and steps > cap:
-        log.info("%d steps would fit train.budget_minutes=%g, but train.steps caps them at %d", steps, budget_minutes,
-                 cap)
+        log.info(
+            "%d steps would fit train.budget_minutes=%g, but train.steps caps them at %d", steps, budget_minutes, cap
+        )
         steps = cap
-    storage.write_json(run.train_budget, {"steps": steps, "seconds_per_step": step_s, "measured_in_s": spent_s,
-                                            "budget_minutes": budget_minutes, "cap": cap})
-    log.info("Time budget %g min: %.4f s/step measured in %.1f s, so %d steps (recorded in %s)", budget_minutes,
-             step_s, spent_s, steps, run.train_budget)
+    storage.write_json(
+        run.train_budget,
+        {
+            "steps": steps,
+            "seconds_per_step": step_s,
+            "measured_in_s": spent_s,
+            "budget_minutes": budget_minutes,
+            "cap": cap,
+        },
+    )
+    log.info(
+        "Time budget %g min: %.4f s/step measured in %.1f s, so %d steps (recorded in %s)",
+        budget_minutes,
+        step_s,
+        spent_s,
+        steps,
+        run.train_budget,
+    )
     return steps
 
 
-def seconds_per_step(strategy: Any, model_and_optimizer: tuple[Any, Any], step_functions: Callable[..., Any],
-                     max_pred: int, xla: bool, batches: Callable[[Any], Any], per_call: int) -> tuple[float, float]:
+def seconds_per_step(
+    strategy: Any,
+    model_and_optimizer: tuple[Any, Any],
+    step_functions: Callable[..., Any],
+    max_pred: int,
+    xla: bool,
+    batches: Callable[[Any], Any],
+    per_call: int,
+) -> tuple[float, float]:
     """(seconds per step, seconds spent) of a throwaway model and optimizer: WARMUP_CALLS calls (the first
     compiles), then calls of `per_call` steps until MEASURE_STEPS steps and MEASURE_S seconds have passed."""
     began = time.monotonic()

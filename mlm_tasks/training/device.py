@@ -6,6 +6,7 @@
 TensorFlow on TPU is single-client: on one host the program talks to its own chips; on a multi-host slice
 it runs on worker 0 only and addresses the whole slice by name (tpu_resolver_args).
 """
+
 from __future__ import annotations
 
 import logging
@@ -45,8 +46,10 @@ def make_strategy(device: str, cfg: PipelineConfig | None = None) -> Any:
 
     if device == "tpu":
         if cfg is not None and cfg.train.strategy == "mirrored":
-            raise ConfigError("train.strategy=mirrored is for CPU and GPU; a TPU always trains with "
-                              "TPUStrategy: set train.strategy=auto.")
+            raise ConfigError(
+                "train.strategy=mirrored is for CPU and GPU; a TPU always trains with "
+                "TPUStrategy: set train.strategy=auto."
+            )
         args = tpu_resolver_args(cfg) if cfg is not None else {"tpu": "local"}
         resolver = tf.distribute.cluster_resolver.TPUClusterResolver(**args)
         tf.config.experimental_connect_to_cluster(resolver)

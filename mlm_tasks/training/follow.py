@@ -14,6 +14,7 @@ status record belongs to the job when it names the job's try (MLM_TRY_NUMBER) an
 starts than the record found before the job began: a record left by an earlier trainer is not this
 one's progress.
 """
+
 from __future__ import annotations
 
 import time
@@ -57,12 +58,18 @@ def _eta(seconds: float | None) -> str:
 def progress_line(status: TrainStatus) -> str:
     loss = "?" if status["last_loss"] is None else f"{status['last_loss']:.4f}"
     speed = "?" if status["tokens_per_s"] is None else f"{status['tokens_per_s']:.0f}"
-    return (f"step {status['step']}/{status['total_steps']}, loss {loss}, {speed} tokens/s, "
-            f"ETA {_eta(status['eta_s'])}")
+    return f"step {status['step']}/{status['total_steps']}, loss {loss}, {speed} tokens/s, ETA {_eta(status['eta_s'])}"
 
 
-def classify(job: TrainJob, status: TrainStatus | None, probe: Probe, *, now: float, stall_s: float,
-             node_state: str | None = None) -> Verdict:
+def classify(
+    job: TrainJob,
+    status: TrainStatus | None,
+    probe: Probe,
+    *,
+    now: float,
+    stall_s: float,
+    node_state: str | None = None,
+) -> Verdict:
     """What the job's state means (the follow loop fails on failed/stalled; a retry reattaches to
     starting/running, restarts a stalled one and starts a new one when failed)."""
     who = f"the trainer (pid {job['pid']}, try {job['try_number']}) on {job['node']}"
@@ -76,14 +83,20 @@ def classify(job: TrainJob, status: TrainStatus | None, probe: Probe, *, now: fl
     if probe.alive is False:
         if probe.exit_code == 0:
             return Verdict("done", f"{who} exited with code 0", 0)
-        how = (f"exited with code {probe.exit_code}" if probe.exit_code is not None else
-               "is gone without an exit code (killed: SIGKILL, the OOM killer, a reboot of the VM)")
+        how = (
+            f"exited with code {probe.exit_code}"
+            if probe.exit_code is not None
+            else "is gone without an exit code (killed: SIGKILL, the OOM killer, a reboot of the VM)"
+        )
         return Verdict("failed", f"{who} {how}", probe.exit_code)
     if mine is None:
         waited = now - job["started_at"]
         if waited > stall_s:
-            return Verdict("stalled", f"{who} has written no status record {waited:.0f}s after its start "
-                           f"(train.stall_minutes is {stall_s / 60:g})")
+            return Verdict(
+                "stalled",
+                f"{who} has written no status record {waited:.0f}s after its start "
+                f"(train.stall_minutes is {stall_s / 60:g})",
+            )
         return Verdict("starting", f"{who} is starting ({waited:.0f}s since its start, no status record yet)")
     why = stalled(mine, stall_s, now)
     if why is not None:
@@ -121,22 +134,34 @@ def reattach(watch: JobWatch, *, node: str, host: str) -> bool:
     of a node since replaced is gone with it; a stale one is stopped first."""
     job, log = watch.job, watch.log
     if (job["node"], job["host"]) != (node, host):
-        log.warning("The stored trainer ran on %s (%s), this try finds %s (%s): the node was replaced, "
-                    "its trainer is gone with it. Starting a new one.", job["node"], job["host"], node, host)
+        log.warning(
+            "The stored trainer ran on %s (%s), this try finds %s (%s): the node was replaced, "
+            "its trainer is gone with it. Starting a new one.",
+            job["node"],
+            job["host"],
+            node,
+            host,
+        )
         return False
     began = time.monotonic()
     verdict = watch.check()
     if verdict.kind in ("starting", "running"):
-        log.info("Reattached to %s in %.2fs: %s. No second trainer is started.",
-                 f"the trainer of try {job['try_number']} (pid {job['pid']})", time.monotonic() - began,
-                 verdict.detail)
+        log.info(
+            "Reattached to %s in %.2fs: %s. No second trainer is started.",
+            f"the trainer of try {job['try_number']} (pid {job['pid']})",
+            time.monotonic() - began,
+            verdict.detail,
+        )
         return True
     if verdict.kind == "done":
         log.info("The stored trainer already finished: %s.", verdict.detail)
         return True
     if verdict.kind == "stalled":
-        log.warning("The stored trainer is alive but stale (%s): stopping it, then starting a new one "
-                    "from the last checkpoint.", verdict.detail)
+        log.warning(
+            "The stored trainer is alive but stale (%s): stopping it, then starting a new one "
+            "from the last checkpoint.",
+            verdict.detail,
+        )
         watch.stop()
     else:
         log.warning("The stored trainer ended (%s): starting a new one from the last checkpoint.", verdict.detail)

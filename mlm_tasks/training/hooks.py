@@ -14,6 +14,7 @@ entries, comma-separated, each factory called (with ARG, a string, when given) f
 from the trainer's own environment (the worker's, or tpu.env's on a TPU VM, both the deployment's),
 never from a run's config, so no DAG-run conf or trigger form can set it.
 """
+
 from __future__ import annotations
 
 import importlib
@@ -86,8 +87,10 @@ class FailAtStep(TrainHook):
         if self.marker is None or not first <= self.step <= last or storage.exists(self.marker):
             return
         storage.write_text(self.marker, f"fault injected at step {self.step}\n")
-        raise RuntimeError(f"Injected fault at step {self.step} (FailAtStep hook, raised after step {last}): a "
-                           "retry resumes from the last checkpoint.")
+        raise RuntimeError(
+            f"Injected fault at step {self.step} (FailAtStep hook, raised after step {last}): a "
+            "retry resumes from the last checkpoint."
+        )
 
 
 def fail_at_step(argument: str) -> FailAtStep:
@@ -110,15 +113,21 @@ def _load(entry: str) -> TrainHook:
     target, has_argument, argument = entry.partition("=")
     module_name, _, name = target.partition(":")
     if not module_name or not name:
-        raise ConfigError(f"{ENV} entry {entry!r} is not module:factory or module:factory=ARG (e.g. "
-                          "mlm_tasks.training.hooks:fail_at_step=6): fix the variable or unset it.")
+        raise ConfigError(
+            f"{ENV} entry {entry!r} is not module:factory or module:factory=ARG (e.g. "
+            "mlm_tasks.training.hooks:fail_at_step=6): fix the variable or unset it."
+        )
     try:
         factory: Any = getattr(importlib.import_module(module_name), name)
     except (ImportError, AttributeError) as err:
-        raise ConfigError(f"{ENV} entry {entry!r} names no importable factory ({err}): check the module path "
-                          "(importable by the trainer's Python) and the name after ':'.") from None
+        raise ConfigError(
+            f"{ENV} entry {entry!r} names no importable factory ({err}): check the module path "
+            "(importable by the trainer's Python) and the name after ':'."
+        ) from None
     hook = factory(argument) if has_argument else factory()
     if not isinstance(hook, TrainHook):
-        raise ConfigError(f"{ENV} entry {entry!r} made a {type(hook).__name__}, not a TrainHook "
-                          "(mlm_tasks/training/hooks.py): name a factory that returns one.")
+        raise ConfigError(
+            f"{ENV} entry {entry!r} made a {type(hook).__name__}, not a TrainHook "
+            "(mlm_tasks/training/hooks.py): name a factory that returns one."
+        )
     return hook

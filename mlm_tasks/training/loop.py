@@ -11,6 +11,7 @@ often as a hook's `checkpoint_every` asks), with the history up to it; a rerun o
 latest one and skips the batches it already consumed, so a killed process loses at most one checkpoint
 interval and finishes at exactly the planned step count.
 """
+
 from __future__ import annotations
 
 import logging
@@ -33,14 +34,23 @@ class TrainLoop:
     """One try's steps: the input from the start step on, the compiled step, the progress and status
     records, and the hooks."""
 
-    def __init__(self, cfg: PipelineConfig, run: RunPaths, inputs: TrainInputs, plan: TrainPlan, state: TrainState,
-                 hooks: Sequence[TrainHook] = ()):
+    def __init__(
+        self,
+        cfg: PipelineConfig,
+        run: RunPaths,
+        inputs: TrainInputs,
+        plan: TrainPlan,
+        state: TrainState,
+        hooks: Sequence[TrainHook] = (),
+    ):
         from mlm_tasks.model.flops import device_peak, flops_per_token
 
         self.cfg, self.run_paths, self.inputs, self.plan, self.state = cfg, run, inputs, plan, state
         self.hooks = list(hooks)
-        self.save_every = [cfg.train.checkpoint_every, *(hook.checkpoint_every for hook in hooks
-                                                         if hook.checkpoint_every)]
+        self.save_every = [
+            cfg.train.checkpoint_every,
+            *(hook.checkpoint_every for hook in hooks if hook.checkpoint_every),
+        ]
         start, total = state.start_step, plan.total_steps
         batches = train_input(cfg, inputs.shard_set, inputs.tokenizer, plan.global_batch, start, total - start)
         self.iterator = iter(plan.strategy.distribute_datasets_from_function(batches))
@@ -50,10 +60,18 @@ class TrainLoop:
         self.peak = device_peak(plan.device, plan.precision, plan.replicas, cfg.tpu.accelerator_type)
         log.info("%.1f MFLOP per token (training); peak %s", self.flops_per_token / 1e6, self.peak.describe())
         self.status = StatusRecord(run, total_steps=total, start_step=start, heartbeat_s=cfg.train.heartbeat_s)
-        self.progress = ProgressLog(state.history, start, total, cfg.train.log_every,
-                                    plan.global_batch * inputs.shard_set.max_length, run.tensorboard, state.schedule,
-                                    on_line=self.status.progress, flops_per_token=self.flops_per_token,
-                                    peak_flops=self.peak.total)
+        self.progress = ProgressLog(
+            state.history,
+            start,
+            total,
+            cfg.train.log_every,
+            plan.global_batch * inputs.shard_set.max_length,
+            run.tensorboard,
+            state.schedule,
+            on_line=self.status.progress,
+            flops_per_token=self.flops_per_token,
+            peak_flops=self.peak.total,
+        )
 
     def run(self) -> None:
         """Train to the plan's last step, save the final checkpoint, and end the hooks."""

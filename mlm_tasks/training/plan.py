@@ -11,6 +11,7 @@ step's first two parts live here too, each handing a typed result to the next:
     inputs = load_inputs(cfg, ctx)                 # TrainInputs: the checked shard set, tokenizer, base model
     plan = plan_training(cfg, ctx.run, inputs)     # TrainPlan: device, precision, strategy, batch, steps
 """
+
 from __future__ import annotations
 
 import logging
@@ -50,21 +51,26 @@ def check_resumable(run: RunPaths, fingerprint: str, vocab_size: int) -> None:
     made with another tokenizer would fail deep in TensorFlow or, same size, silently mean nonsense."""
     summary = storage.read_json_if_exists(run.train_summary)
     if summary and summary.get("data_fingerprint", fingerprint) != fingerprint:
-        raise ConfigError(f"Run {run.run_id} already trained on data {summary['data_fingerprint']}, not "
-                          f"{fingerprint}: use a new run id for other data, or the run's own fingerprint.")
+        raise ConfigError(
+            f"Run {run.run_id} already trained on data {summary['data_fingerprint']}, not "
+            f"{fingerprint}: use a new run id for other data, or the run's own fingerprint."
+        )
     found = checkpoint_vocab_size(run.checkpoints)
     if found is not None and found != vocab_size:
-        raise ConfigError(f"The checkpoint in {run.checkpoints} has a vocabulary of {found} but the tokenizer "
-                          f"of data {fingerprint} has {vocab_size}: the model and tokenizer vocab sizes differ. "
-                          "Use a new run id, or delete the checkpoints to start over with this data.")
+        raise ConfigError(
+            f"The checkpoint in {run.checkpoints} has a vocabulary of {found} but the tokenizer "
+            f"of data {fingerprint} has {vocab_size}: the model and tokenizer vocab sizes differ. "
+            "Use a new run id, or delete the checkpoints to start over with this data."
+        )
 
 
 def plan_steps(cfg: PipelineConfig, shard_set: ShardSet, global_batch: int) -> int:
     """The run's step count (train.steps, or epochs over the train records), once the batch fits them."""
     records = shard_set.records("train")
     if global_batch > records:
-        raise ConfigError(f"Global batch {global_batch} is larger than the {records} train records: lower "
-                          "batch_size or add data.")
+        raise ConfigError(
+            f"Global batch {global_batch} is larger than the {records} train records: lower batch_size or add data."
+        )
     return cfg.train.steps or max(1, math.ceil(cfg.train.epochs * records / global_batch))
 
 
@@ -93,8 +99,13 @@ def planned_replicas(cfg: PipelineConfig) -> int:
     return chips(cfg.tpu.accelerator_type)
 
 
-def plan_lines(cfg: PipelineConfig, steps: int, vocab_size: int, base_config: dict[str, Any] | None = None,
-               replicas: int | None = None) -> list[str]:
+def plan_lines(
+    cfg: PipelineConfig,
+    steps: int,
+    vocab_size: int,
+    base_config: dict[str, Any] | None = None,
+    replicas: int | None = None,
+) -> list[str]:
     """What the run will cost, before it spends: tokens, steps and FLOPs; on a TPU VM the hours at
     ASSUMED_MFU of the slice's peak and their price on-demand and Spot."""
     from mlm_tasks.model.flops import PEAKS, flops_per_token
@@ -104,13 +115,17 @@ def plan_lines(cfg: PipelineConfig, steps: int, vocab_size: int, base_config: di
     dims = base_config or {**cfg.model.shape().model_dump(), "vocab_size": vocab_size}
     per_token = flops_per_token(dims, cfg.shards.max_length, cfg.train.max_predictions_per_seq)
     tokens = steps * cfg.train.batch_size * replicas * cfg.shards.max_length
-    lines = [f"Plan: {steps:,} steps × global batch {cfg.train.batch_size * replicas} × {cfg.shards.max_length} "
-             f"tokens = {tokens:,} tokens; {per_token / 1e6:,.1f} MFLOP per token, {tokens * per_token:.3g} FLOP "
-             "in all."]
+    lines = [
+        f"Plan: {steps:,} steps × global batch {cfg.train.batch_size * replicas} × {cfg.shards.max_length} "
+        f"tokens = {tokens:,} tokens; {per_token / 1e6:,.1f} MFLOP per token, {tokens * per_token:.3g} FLOP "
+        "in all."
+    ]
     if cfg.train.budget_minutes:
         cap = f"at most {cfg.train.steps:,}" if cfg.train.steps else "no cap"
-        lines.append(f"train.budget_minutes={cfg.train.budget_minutes:g}: train fixes the step count from its "
-                     f"measured step time ({cap}); the figures here are for {steps:,} steps.")
+        lines.append(
+            f"train.budget_minutes={cfg.train.budget_minutes:g}: train fixes the step count from its "
+            f"measured step time ({cap}); the figures here are for {steps:,} steps."
+        )
     if cfg.compute == "tpu_vm":
         generation = cfg.tpu.accelerator_type.split("-", 1)[0]
         peak = PEAKS.get(f"tpu-{generation}", {}).get("bf16")
@@ -118,20 +133,30 @@ def plan_lines(cfg: PipelineConfig, steps: int, vocab_size: int, base_config: di
             return [*lines, f"No bf16 peak for {cfg.tpu.accelerator_type} in mlm_tasks/model/flops.py: no estimate."]
         hours = tokens * per_token / (replicas * peak * prices.ASSUMED_MFU) / 3600
         costs = {spot: prices.hourly(cfg.tpu, spot) for spot in (False, True)}
-        cost_text = ", ".join(f"{'Spot' if spot else 'on-demand'} ${rate * hours:,.2f} (${rate:,.2f}/h)"
-                              for spot, rate in costs.items() if rate is not None) or "no price known"
-        lines.append(f"Estimate on {cfg.tpu.accelerator_type} ({replicas} chips × {peak / 1e12:.0f} TFLOP/s bf16) at "
-                     f"{100 * prices.ASSUMED_MFU:.0f}% MFU: {hours:.2f} h of training; {cost_text} "
-                     f"[{prices.source(cfg.tpu)}], plus the VM's start and the steps around training.")
+        cost_text = (
+            ", ".join(
+                f"{'Spot' if spot else 'on-demand'} ${rate * hours:,.2f} (${rate:,.2f}/h)"
+                for spot, rate in costs.items()
+                if rate is not None
+            )
+            or "no price known"
+        )
+        lines.append(
+            f"Estimate on {cfg.tpu.accelerator_type} ({replicas} chips × {peak / 1e12:.0f} TFLOP/s bf16) at "
+            f"{100 * prices.ASSUMED_MFU:.0f}% MFU: {hours:.2f} h of training; {cost_text} "
+            f"[{prices.source(cfg.tpu)}], plus the VM's start and the steps around training."
+        )
     return lines
 
 
 # The train step's plan: what it trains on, then how it trains on this host.
 
+
 @dataclass(frozen=True)
 class TrainInputs:
     """What a run trains on: its shard set (train split verified), its tokenizer, and the base model whose
     weights it starts from (None: random weights)."""
+
     shard_set: ShardSet
     tokenizer: Any
     base: BaseModel | None
@@ -154,15 +179,16 @@ def load_inputs(cfg: PipelineConfig, ctx: RunContext) -> TrainInputs:
 @dataclass(frozen=True)
 class TrainPlan:
     """How the run trains on this host, fixed before its model is built."""
-    device: str           # cpu, gpu or tpu
-    precision: str        # off or bf16 (the global Keras policy is set to match)
+
+    device: str  # cpu, gpu or tpu
+    precision: str  # off or bf16 (the global Keras policy is set to match)
     xla: bool
-    strategy: Any         # the tf.distribute strategy the model is built in
-    replicas: int         # what the hardware gives, never a number from a config
-    global_batch: int     # train.batch_size per replica x replicas
-    total_steps: int      # train.steps, epochs over the records, or what fits train.budget_minutes
-    per_call: int         # optimizer steps per call of the compiled loop
-    model_config: Any     # the RobertaConfig the model is built from
+    strategy: Any  # the tf.distribute strategy the model is built in
+    replicas: int  # what the hardware gives, never a number from a config
+    global_batch: int  # train.batch_size per replica x replicas
+    total_steps: int  # train.steps, epochs over the records, or what fits train.budget_minutes
+    per_call: int  # optimizer steps per call of the compiled loop
+    model_config: Any  # the RobertaConfig the model is built from
 
 
 def plan_training(cfg: PipelineConfig, run: RunPaths, inputs: TrainInputs) -> TrainPlan:
@@ -184,17 +210,34 @@ def plan_training(cfg: PipelineConfig, run: RunPaths, inputs: TrainInputs) -> Tr
     replicas = strategy.num_replicas_in_sync
     global_batch = cfg.train.batch_size * replicas
     base = inputs.base
-    plan = TrainPlan(device, precision, xla, strategy, replicas, global_batch,
-                     total_steps=plan_steps(cfg, inputs.shard_set, global_batch),
-                     per_call=steps_per_call(cfg.train.steps_per_call, device),
-                     model_config=roberta_config(cfg, len(inputs.tokenizer), inputs.shard_set.special_ids,
-                                                 base.config() if base else None))
+    plan = TrainPlan(
+        device,
+        precision,
+        xla,
+        strategy,
+        replicas,
+        global_batch,
+        total_steps=plan_steps(cfg, inputs.shard_set, global_batch),
+        per_call=steps_per_call(cfg.train.steps_per_call, device),
+        model_config=roberta_config(
+            cfg, len(inputs.tokenizer), inputs.shard_set.special_ids, base.config() if base else None
+        ),
+    )
     if cfg.train.budget_minutes:
         plan = replace(plan, total_steps=_budgeted_steps(cfg, run, inputs, plan, cfg.train.budget_minutes))
         tf.keras.utils.set_random_seed(cfg.train.seed)  # the run's model starts where a run of that count would
-    train_log.info("Training on %s (%s): %d replica(s), global batch %d, %d steps (%d per call), warmup %d, XLA %s, "
-             "precision %s", device, type(strategy).__name__, replicas, global_batch, plan.total_steps, plan.per_call,
-             int(plan.total_steps * cfg.train.warmup_fraction), "on" if xla else "off", precision)
+    train_log.info(
+        "Training on %s (%s): %d replica(s), global batch %d, %d steps (%d per call), warmup %d, XLA %s, precision %s",
+        device,
+        type(strategy).__name__,
+        replicas,
+        global_batch,
+        plan.total_steps,
+        plan.per_call,
+        int(plan.total_steps * cfg.train.warmup_fraction),
+        "on" if xla else "off",
+        precision,
+    )
     return plan
 
 
@@ -203,11 +246,19 @@ def _budgeted_steps(cfg: PipelineConfig, run: RunPaths, inputs: TrainInputs, pla
     from mlm_tasks.training.budget import budgeted_steps, seconds_per_step
 
     def measure() -> tuple[float, float]:  # a throwaway model, on the run's first batches (the input repeats)
-        throwaway = model_and_optimizer(plan.strategy, cfg, plan.model_config, plan.total_steps,
-                                        from_base=inputs.base is not None)
+        throwaway = model_and_optimizer(
+            plan.strategy, cfg, plan.model_config, plan.total_steps, from_base=inputs.base is not None
+        )
         batches = train_input(cfg, inputs.shard_set, inputs.tokenizer, plan.global_batch, 0, 10**6)
-        return seconds_per_step(plan.strategy, throwaway[:2], step_functions, cfg.train.max_predictions_per_seq,
-                                plan.xla, batches, plan.per_call)
+        return seconds_per_step(
+            plan.strategy,
+            throwaway[:2],
+            step_functions,
+            cfg.train.max_predictions_per_seq,
+            plan.xla,
+            batches,
+            plan.per_call,
+        )
 
     cap = plan.total_steps if cfg.train.steps else None
     return budgeted_steps(run, minutes, cap, measure)

@@ -5,6 +5,7 @@ report plots, from one place. Throughput leaves out the first step, which traces
     write_history(run, history)          # at every checkpoint
     best_so_far(history)                 # (step, val_loss) of the lowest validation loss (train.eval_every)
 """
+
 from __future__ import annotations
 
 import json
@@ -51,10 +52,19 @@ def write_history(run: RunPaths, history: list[dict[str, Any]]) -> None:
 
 
 class ProgressLog:
-    def __init__(self, history: list[dict[str, Any]], start_step: int, total_steps: int, every: int,
-                 tokens_per_step: int, tensorboard_uri: str, schedule,
-                 on_line: Callable[[int, float, float, float], None] | None = None,
-                 flops_per_token: float | None = None, peak_flops: float | None = None):
+    def __init__(
+        self,
+        history: list[dict[str, Any]],
+        start_step: int,
+        total_steps: int,
+        every: int,
+        tokens_per_step: int,
+        tensorboard_uri: str,
+        schedule,
+        on_line: Callable[[int, float, float, float], None] | None = None,
+        flops_per_token: float | None = None,
+        peak_flops: float | None = None,
+    ):
         """`on_line(step, loss, tokens_per_s, eta_s)` is called at every progress line (the status record);
         with `flops_per_token` and the devices' `peak_flops` each line carries the MFU too."""
         import tensorflow as tf
@@ -89,12 +99,19 @@ class ProgressLog:
 
         entry = self.history[-1]
         if entry["step"] != step:
-            raise RuntimeError(f"validation({step}) after the entry of step {entry['step']}: record(step, ..., "
-                               "force=True) first.")
+            raise RuntimeError(
+                f"validation({step}) after the entry of step {entry['step']}: record(step, ..., force=True) first."
+            )
         entry.update(val_loss=loss, val_accuracy=accuracy)
         best_step, best_loss = best_so_far(self.history) or (step, loss)
-        log.info("validation at step %d: loss %.4f acc %.3f (best %.4f at step %d)", step, loss, accuracy,
-                 best_loss, best_step)
+        log.info(
+            "validation at step %d: loss %.4f acc %.3f (best %.4f at step %d)",
+            step,
+            loss,
+            accuracy,
+            best_loss,
+            best_step,
+        )
         with self.writer.as_default(step=step):
             tf.summary.scalar("val/loss", loss)
             tf.summary.scalar("val/accuracy", accuracy)
@@ -105,19 +122,34 @@ class ProgressLog:
 
         now = time.time()
         loss_sum, count, correct = self.window
-        entry = {"step": step, "loss": loss_sum / max(count, 1), "accuracy": correct / max(count, 1),
-                 "learning_rate": float(self.schedule(step)),
-                 "tokens_per_s": (step - self.last_logged) * self.tokens_per_step / max(now - self.t_last, 1e-9),
-                 "elapsed_s": now - self.t0}
-        mfu = (entry["tokens_per_s"] * self.flops_per_token / self.peak_flops
-               if self.flops_per_token and self.peak_flops else None)
+        entry = {
+            "step": step,
+            "loss": loss_sum / max(count, 1),
+            "accuracy": correct / max(count, 1),
+            "learning_rate": float(self.schedule(step)),
+            "tokens_per_s": (step - self.last_logged) * self.tokens_per_step / max(now - self.t_last, 1e-9),
+            "elapsed_s": now - self.t0,
+        }
+        mfu = (
+            entry["tokens_per_s"] * self.flops_per_token / self.peak_flops
+            if self.flops_per_token and self.peak_flops
+            else None
+        )
         if mfu is not None:
             entry["mfu"] = mfu
         self.history.append(entry)
         eta = (self.total - step) * (now - self.t0) / max(step - self.start, 1)
-        log.info("step %d/%d loss %.4f acc %.3f lr %.2e %.0f tokens/s%s eta %.0fs", step, self.total,
-                 entry["loss"], entry["accuracy"], entry["learning_rate"], entry["tokens_per_s"],
-                 f" MFU {100 * mfu:.1f}%" if mfu is not None else "", eta)
+        log.info(
+            "step %d/%d loss %.4f acc %.3f lr %.2e %.0f tokens/s%s eta %.0fs",
+            step,
+            self.total,
+            entry["loss"],
+            entry["accuracy"],
+            entry["learning_rate"],
+            entry["tokens_per_s"],
+            f" MFU {100 * mfu:.1f}%" if mfu is not None else "",
+            eta,
+        )
         with self.writer.as_default(step=step):
             for key in SCALARS:
                 tf.summary.scalar(f"train/{key}", entry[key])

@@ -6,6 +6,7 @@ A checkpoint holds weights, optimizer moments and the step (the learning-rate sc
 optimizer's step). A run with a checkpoint restores the latest; a fresh run with `model.init_from` starts
 from the base model's weights (mlm_tasks/model/init_weights.py), else from random ones.
 """
+
 from __future__ import annotations
 
 import logging
@@ -27,13 +28,14 @@ log = logging.getLogger("mlm_tasks.steps.train")
 class TrainState:
     """What the loop trains and saves. `history` is the run's logged steps up to `start_step`; the loop
     appends to it."""
+
     model: Any
     optimizer: Any
-    schedule: Any                 # the learning-rate schedule (the progress lines print its value)
-    step: Any                     # tf.Variable: the step the checkpoint records
-    checkpoints: Any              # tf.train.CheckpointManager of runs/<run>/checkpoints (the last two)
-    best: Any                     # ... of RunPaths.train_best: the weights of the lowest validation loss
-    validate: Any | None          # Validation (train.eval_every), None without it
+    schedule: Any  # the learning-rate schedule (the progress lines print its value)
+    step: Any  # tf.Variable: the step the checkpoint records
+    checkpoints: Any  # tf.train.CheckpointManager of runs/<run>/checkpoints (the last two)
+    best: Any  # ... of RunPaths.train_best: the weights of the lowest validation loss
+    validate: Any | None  # Validation (train.eval_every), None without it
     start_step: int
     history: list[dict[str, Any]]
 
@@ -45,14 +47,18 @@ def build_training(cfg: PipelineConfig, run: RunPaths, inputs: TrainInputs, plan
 
     from mlm_tasks.training.validation import Validation, validation_batches
 
-    model, optimizer, schedule = model_and_optimizer(plan.strategy, cfg, plan.model_config, plan.total_steps,
-                                                     from_base=inputs.base is not None)
+    model, optimizer, schedule = model_and_optimizer(
+        plan.strategy, cfg, plan.model_config, plan.total_steps, from_base=inputs.base is not None
+    )
     with plan.strategy.scope():
         step = tf.Variable(0, dtype=tf.int64, trainable=False, name="step")
     checkpoint = tf.train.Checkpoint(model=model, optimizer=optimizer, step=step)
     manager = tf.train.CheckpointManager(checkpoint, run.checkpoints, max_to_keep=2)
-    validate = Validation(plan.strategy, model, validation_batches(inputs.shard_set, inputs.tokenizer, cfg)) \
-        if cfg.train.eval_every else None
+    validate = (
+        Validation(plan.strategy, model, validation_batches(inputs.shard_set, inputs.tokenizer, cfg))
+        if cfg.train.eval_every
+        else None
+    )
     best = tf.train.CheckpointManager(tf.train.Checkpoint(model=model), run.train_best, max_to_keep=1)
     _restore_or_start(checkpoint, manager, step, model, inputs.base)
     start_step = int(step.numpy())  # int() refuses the Mirrored/TPU variable a strategy makes

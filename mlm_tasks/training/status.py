@@ -10,6 +10,7 @@
 Why two clocks: the heartbeat proves the process runs, the step time that training advances (a trainer
 stuck in a collective still beats). docs/operations.md#durable-training-what-survives-what
 """
+
 from __future__ import annotations
 
 import logging
@@ -44,11 +45,15 @@ def stalled(record: TrainStatus, stall_s: float, now: float | None = None) -> st
         return None
     now = time.time() if now is None else now
     if now - record["heartbeat"] > stall_s:
-        return (f"no heartbeat for {now - record['heartbeat']:.0f}s (train.stall_minutes is {stall_s / 60:g}): "
-                f"the trainer (pid {record['pid']} on {record['host']}) is frozen or gone")
+        return (
+            f"no heartbeat for {now - record['heartbeat']:.0f}s (train.stall_minutes is {stall_s / 60:g}): "
+            f"the trainer (pid {record['pid']} on {record['host']}) is frozen or gone"
+        )
     if now - record["step_time"] > stall_s:
-        return (f"no new step for {now - record['step_time']:.0f}s (train.stall_minutes is {stall_s / 60:g}), "
-                f"still at step {record['step']}: the trainer (pid {record['pid']} on {record['host']}) is stuck")
+        return (
+            f"no new step for {now - record['step_time']:.0f}s (train.stall_minutes is {stall_s / 60:g}), "
+            f"still at step {record['step']}: the trainer (pid {record['pid']} on {record['host']}) is stuck"
+        )
     return None
 
 
@@ -69,11 +74,23 @@ class StatusRecord:
         now = time.time()
         self.run, self.heartbeat_s = run, heartbeat_s
         self.record: TrainStatus = {
-            "state": "running", "step": start_step, "total_steps": total_steps, "last_loss": None,
-            "tokens_per_s": None, "eta_s": None, "heartbeat": now, "heartbeat_utc": "", "step_time": now,
-            "try_number": _try_number(), "host": socket.gethostname(), "pid": os.getpid(),
-            "starts": (previous["starts"] if previous else 0) + 1, "exit_code": None, "error": None}
-        self._lock = threading.Lock()        # the record, updated by the loop and read by the heartbeat
+            "state": "running",
+            "step": start_step,
+            "total_steps": total_steps,
+            "last_loss": None,
+            "tokens_per_s": None,
+            "eta_s": None,
+            "heartbeat": now,
+            "heartbeat_utc": "",
+            "step_time": now,
+            "try_number": _try_number(),
+            "host": socket.gethostname(),
+            "pid": os.getpid(),
+            "starts": (previous["starts"] if previous else 0) + 1,
+            "exit_code": None,
+            "error": None,
+        }
+        self._lock = threading.Lock()  # the record, updated by the loop and read by the heartbeat
         self._write_lock = threading.Lock()  # one write at a time, so an older snapshot never lands last
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._beat, name="train-status-heartbeat", daemon=True)
@@ -81,8 +98,14 @@ class StatusRecord:
     def __enter__(self) -> StatusRecord:
         self._write()
         self._thread.start()
-        log.info("Trainer status in %s (start %d of this run, try %s, pid %d on %s).", self.run.train_status,
-                 self.record["starts"], self.record["try_number"], self.record["pid"], self.record["host"])
+        log.info(
+            "Trainer status in %s (start %d of this run, try %s, pid %d on %s).",
+            self.run.train_status,
+            self.record["starts"],
+            self.record["try_number"],
+            self.record["pid"],
+            self.record["host"],
+        )
         return self
 
     def progress(self, step: int, loss: float | None, tokens_per_s: float | None, eta_s: float | None) -> None:
@@ -92,8 +115,7 @@ class StatusRecord:
             record["tokens_per_s"], record["eta_s"], record["step_time"] = tokens_per_s, eta_s, time.time()
         self._write()
 
-    def __exit__(self, kind: type[BaseException] | None, err: BaseException | None,
-                 tb: TracebackType | None) -> None:
+    def __exit__(self, kind: type[BaseException] | None, err: BaseException | None, tb: TracebackType | None) -> None:
         self._stop.set()
         self._thread.join(timeout=self.heartbeat_s + 10)
         with self._lock:

@@ -7,6 +7,7 @@ throwaway measurement (mlm_tasks/training/budget.py), so both time the same step
     iterator = iter(strategy.distribute_datasets_from_function(batches))
     sums = step_functions(strategy, model, optimizer, max_pred, xla)(iterator, k).numpy()  # k x 3
 """
+
 from __future__ import annotations
 
 from collections.abc import Callable
@@ -15,8 +16,9 @@ from typing import Any
 from mlm_tasks.config import PipelineConfig
 
 
-def model_and_optimizer(strategy: Any, cfg: PipelineConfig, model_config: Any, steps: int, *,
-                        from_base: bool) -> tuple[Any, Any, Any]:
+def model_and_optimizer(
+    strategy: Any, cfg: PipelineConfig, model_config: Any, steps: int, *, from_base: bool
+) -> tuple[Any, Any, Any]:
     """(model, optimizer, learning-rate schedule over `steps`), their variables on the strategy's devices.
     A model that will load a base's weights (`from_base`) skips the sinusoidal init they overwrite."""
     from mlm_tasks.model.roberta import build_model, optimizer_and_schedule
@@ -27,16 +29,26 @@ def model_and_optimizer(strategy: Any, cfg: PipelineConfig, model_config: Any, s
         return built, optimizer, schedule
 
 
-def train_input(cfg: PipelineConfig, shard_set: Any, tokenizer: Any, global_batch: int, skip: int,
-                take: int) -> Callable[[Any], Any]:
+def train_input(
+    cfg: PipelineConfig, shard_set: Any, tokenizer: Any, global_batch: int, skip: int, take: int
+) -> Callable[[Any], Any]:
     """The masked train batches `skip`..`skip + take`, as a function of the input context: called once per
     input pipeline (host), each reading its own share of the shards."""
     from mlm_tasks.data.input import mlm_dataset
 
     def batches(input_context: Any) -> Any:
-        return mlm_dataset(shard_set, "train", tokenizer, global_batch, mlm_probability=cfg.train.mlm_probability,
-                           seed=cfg.train.seed, shuffle_buffer=cfg.train.shuffle_buffer, skip_batches=skip,
-                           take_batches=take, input_context=input_context)
+        return mlm_dataset(
+            shard_set,
+            "train",
+            tokenizer,
+            global_batch,
+            mlm_probability=cfg.train.mlm_probability,
+            seed=cfg.train.seed,
+            shuffle_buffer=cfg.train.shuffle_buffer,
+            skip_batches=skip,
+            take_batches=take,
+            input_context=input_context,
+        )
 
     return batches
 

@@ -10,6 +10,7 @@ one shard set score the same masked positions, and a resumed run scores what an 
 would. Every masked position is scored (no `max_predictions_per_seq` cut). Only whole batches are
 used: a TPU compiles one batch shape.
 """
+
 from __future__ import annotations
 
 import logging
@@ -29,14 +30,33 @@ def validation_batches(shard_set: Any, tokenizer: Any, cfg: Any) -> Any:
     if whole < 1:
         from mlm_tasks.errors import ConfigError
 
-        raise ConfigError(f"train.eval_every needs at least one whole batch of {split}: it has "
-                          f"{shard_set.records(split)} records, eval.batch_size is {batch}. Lower eval.batch_size "
-                          "or raise corpus.validation_fraction.")
+        raise ConfigError(
+            f"train.eval_every needs at least one whole batch of {split}: it has "
+            f"{shard_set.records(split)} records, eval.batch_size is {batch}. Lower eval.batch_size "
+            "or raise corpus.validation_fraction."
+        )
     count = min(cfg.train.eval_batches, whole)
-    log.info("Validation every %d steps on %d batch(es) of %d %s records (%d%% fixed masking)",
-             cfg.train.eval_every, count, batch, split, round(100 * EVAL_MLM_PROBABILITY))
-    return mlm_dataset(shard_set, split, tokenizer, batch, training=False, mlm_probability=EVAL_MLM_PROBABILITY,
-                       seed=cfg.train.seed).take(count).cache()
+    log.info(
+        "Validation every %d steps on %d batch(es) of %d %s records (%d%% fixed masking)",
+        cfg.train.eval_every,
+        count,
+        batch,
+        split,
+        round(100 * EVAL_MLM_PROBABILITY),
+    )
+    return (
+        mlm_dataset(
+            shard_set,
+            split,
+            tokenizer,
+            batch,
+            training=False,
+            mlm_probability=EVAL_MLM_PROBABILITY,
+            seed=cfg.train.seed,
+        )
+        .take(count)
+        .cache()
+    )
 
 
 class Validation:

@@ -3,6 +3,7 @@
 An event's `extra` carries what a training run needs to use exactly that data: the fingerprint, the
 output_root it lives under, the data settings it was built with, and its record/token counts.
 """
+
 from __future__ import annotations
 
 from collections.abc import Mapping
@@ -19,13 +20,19 @@ SHARDS = Asset(name="mlm_shards", uri="x-mlm://shards", group="mlm")
 
 
 def event_extra(cfg_dict: dict[str, Any], data: DataSummary) -> dict[str, Any]:
-    return {"fingerprint": data["fingerprint"], "output_root": cfg_dict["output_root"],
-            "data_config": {k: cfg_dict[k] for k in DATA_SECTIONS},
-            "records": data["records"], "tokens": data["tokens"]}
+    return {
+        "fingerprint": data["fingerprint"],
+        "output_root": cfg_dict["output_root"],
+        "data_config": {k: cfg_dict[k] for k in DATA_SECTIONS},
+        "records": data["records"],
+        "tokens": data["tokens"],
+    }
 
 
-def triggering_shards_event(context: Mapping[str, Any], deployment: Deployment | None = None,
-                            ) -> dict[str, Any] | None:
+def triggering_shards_event(
+    context: Mapping[str, Any],
+    deployment: Deployment | None = None,
+) -> dict[str, Any] | None:
     """The newest SHARDS event that triggered this run, or None for a manual run.
 
     A run consumes every event since the previous asset-triggered run (several refreshes while the

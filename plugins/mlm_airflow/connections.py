@@ -34,6 +34,7 @@ own), nor ~/.ssh/known_hosts. `no_host_key_check: true` in the extra accepts any
 warning: anyone answering at that IP is then believed. A failure that no retry can fix (a host-key
 mismatch, a ConfigError) fails the task without retries (plugins/mlm_airflow/operators/remote_step.py).
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -52,8 +53,15 @@ log = logging.getLogger(__name__)
 _warned: set[tuple[str, str]] = set()  # (connection, host) already warned about in this process
 
 # Connection extras that make the hook use something other than google.auth.default().
-KEY_FIELDS = ("key_path", "keyfile_dict", "key_secret_name", "credential_config_file", "idp_issuer_url",
-              "is_anonymous", "impersonation_chain")
+KEY_FIELDS = (
+    "key_path",
+    "keyfile_dict",
+    "key_secret_name",
+    "credential_config_file",
+    "idp_issuer_url",
+    "is_anonymous",
+    "impersonation_chain",
+)
 
 
 def connection_credentials(conn_id: str) -> tuple[Any | None, str | None]:
@@ -64,12 +72,18 @@ def connection_credentials(conn_id: str) -> tuple[Any | None, str | None]:
     try:
         hook = GoogleBaseHook(gcp_conn_id=conn_id)
     except AirflowNotFoundException:
-        log.warning("No Airflow connection %r: Google clients use Application Default Credentials. Add the "
-                    "connection (a service-account key) to use it instead.", conn_id)
+        log.warning(
+            "No Airflow connection %r: Google clients use Application Default Credentials. Add the "
+            "connection (a service-account key) to use it instead.",
+            conn_id,
+        )
         return None, None
     if not any(hook._get_field(f, None) for f in KEY_FIELDS):
-        log.warning("Airflow connection %r holds no key or other credentials: Google clients use Application "
-                    "Default Credentials.", conn_id)
+        log.warning(
+            "Airflow connection %r holds no key or other credentials: Google clients use Application "
+            "Default Credentials.",
+            conn_id,
+        )
         return None, None
     creds, project = hook.get_credentials_and_project_id()
     log.info("Google clients use the credentials of Airflow connection %r (%s).", conn_id, type(creds).__name__)
@@ -107,12 +121,16 @@ def hub_credentials(conn_id: str) -> tuple[str, str | None]:
     try:
         conn = BaseHook.get_connection(conn_id)
     except AirflowNotFoundException:
-        raise AirflowFailException(f"No Airflow connection {conn_id!r}: create it with the Hub token as "
-                                   "password (see docs/releases.md). If it exists, a secrets backend failed to "
-                                   "answer (the task log says so at debug level): clear the task.") from None
+        raise AirflowFailException(
+            f"No Airflow connection {conn_id!r}: create it with the Hub token as "
+            "password (see docs/releases.md). If it exists, a secrets backend failed to "
+            "answer (the task log says so at debug level): clear the task."
+        ) from None
     except AirflowSecretsBackendAccessDenied as err:  # an authoritative deny: a retry gets the same answer
-        raise AirflowFailException(f"Airflow connection {conn_id!r} may not be read by this task ({err}): grant "
-                                   "the DAG access to it, or set publish.hf_conn_id to one it may read.") from None
+        raise AirflowFailException(
+            f"Airflow connection {conn_id!r} may not be read by this task ({err}): grant "
+            "the DAG access to it, or set publish.hf_conn_id to one it may read."
+        ) from None
     if not conn.password:
         raise AirflowFailException(f"Airflow connection {conn_id!r} has no password: put the Hub token there.")
     return conn.password, (conn.host or None)
@@ -124,27 +142,50 @@ def ssh_login(conn_id: str, host: str, port: int) -> ssh.Login:
 
     hook = SSHHook(ssh_conn_id=conn_id, remote_host=host, port=port, conn_timeout=30)
     options: dict[str, Any] = {
-        "password": hook.password or None, "pkey": hook.pkey, "key_filename": hook.key_file,
-        "look_for_keys": hook.look_for_keys, "timeout": hook.conn_timeout, "banner_timeout": hook.banner_timeout,
-        "auth_timeout": hook.auth_timeout, "compress": hook.compress, "sock": hook.host_proxy,
-        "disabled_algorithms": hook.disabled_algorithms}
+        "password": hook.password or None,
+        "pkey": hook.pkey,
+        "key_filename": hook.key_file,
+        "look_for_keys": hook.look_for_keys,
+        "timeout": hook.conn_timeout,
+        "banner_timeout": hook.banner_timeout,
+        "auth_timeout": hook.auth_timeout,
+        "compress": hook.compress,
+        "sock": hook.host_proxy,
+        "disabled_algorithms": hook.disabled_algorithms,
+    }
     # SSHHook's __init__ already falls back to the local user's name; its attribute is typed Optional.
     user = hook.username or getpass.getuser()
-    return ssh.Login(user, f"connection {conn_id!r}", options, keepalive_s=hook.keepalive_interval or 0,
-                     no_host_key_check=bool(hook.no_host_key_check))
+    return ssh.Login(
+        user,
+        f"connection {conn_id!r}",
+        options,
+        keepalive_s=hook.keepalive_interval or 0,
+        no_host_key_check=bool(hook.no_host_key_check),
+    )
 
 
-def ssh_connect(conn_id: str, port: int, patience_s: float = 300.0, *, node: str = "",
-                published: ssh.Published | None = None, poll_s: float = 5.0) -> ssh.Connect:
+def ssh_connect(
+    conn_id: str,
+    port: int,
+    patience_s: float = 300.0,
+    *,
+    node: str = "",
+    published: ssh.Published | None = None,
+    poll_s: float = 5.0,
+) -> ssh.Connect:
     """connect(host, worker=0) -> logged-in paramiko SSHClient, as connection `conn_id`."""
 
     def login_for(host: str) -> ssh.Login:
         found = ssh_login(conn_id, host, port)
         if found.no_host_key_check and (conn_id, host) not in _warned:
             _warned.add((conn_id, host))  # once: a trigger polling every 30 s would repeat it in every poll
-            log.warning("Connection %r sets no_host_key_check=true: the host key of %s is not checked, so any "
-                        "machine answering there is trusted. Remove it to pin the keys node %s published.",
-                        conn_id, host, node or "(unknown)")
+            log.warning(
+                "Connection %r sets no_host_key_check=true: the host key of %s is not checked, so any "
+                "machine answering there is trusted. Remove it to pin the keys node %s published.",
+                conn_id,
+                host,
+                node or "(unknown)",
+            )
         return found
 
     return ssh.connector(login_for, port, node=node, published=published, patience_s=patience_s, poll_s=poll_s)

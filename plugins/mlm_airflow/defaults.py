@@ -27,6 +27,7 @@ compose file does for every service at once), then the next parse (about 30 s) r
 instances. A run's own settings cannot move a task to another queue. The LocalExecutor ignores
 queues, so the default deployment runs everything whatever the names are.
 """
+
 from __future__ import annotations
 
 import functools
@@ -80,12 +81,19 @@ def default_args() -> dict:
 def config_params(defaults: PipelineConfig, output_root_help: str, overrides_example: str) -> dict:
     """The form fields every DAG has: the config file, output_root and a free `overrides` object."""
     return {
-        "config_file": Param(DEFAULT_CONFIG, type="string", title="Config file",
-                             description="YAML with every setting (see configs/); the fields below override it."),
-        "output_root": Param(defaults.output_root, type="string", title="Output root",
-                             description=output_root_help),
-        "overrides": Param({}, type="object", title="Other settings",
-                           description=f"Any other setting by dotted path, e.g. {overrides_example}."),
+        "config_file": Param(
+            DEFAULT_CONFIG,
+            type="string",
+            title="Config file",
+            description="YAML with every setting (see configs/); the fields below override it.",
+        ),
+        "output_root": Param(defaults.output_root, type="string", title="Output root", description=output_root_help),
+        "overrides": Param(
+            {},
+            type="object",
+            title="Other settings",
+            description=f"Any other setting by dotted path, e.g. {overrides_example}.",
+        ),
     }
 
 
@@ -138,8 +146,7 @@ def form_params(defaults: PipelineConfig, titles: dict[str, str]) -> dict:
         for part in sections:
             section = getattr(section, part)
         description = type(section).model_fields[leaf].description
-        params[name] = Param(getattr(section, leaf), title=title, description=description,
-                             **field_schema(dotted))
+        params[name] = Param(getattr(section, leaf), title=title, description=description, **field_schema(dotted))
     return params
 
 

@@ -8,6 +8,7 @@
 credential (`AuthError`). A retry would fail the same way, so it becomes `AirflowFailException`.
 `TransientError` and anything unforeseen keep their normal retries.
 """
+
 from __future__ import annotations
 
 from collections.abc import Iterator

@@ -12,6 +12,7 @@ connection `mlm_alerts` (its host holds the URL, e.g. `AIRFLOW_CONN_MLM_ALERTS='
 webhooks land in chat rooms. Airflow calls on_failure_callback only once retries are exhausted, so
 `try_number` is the last try. A webhook that is down never fails the task twice: the error is logged.
 """
+
 from __future__ import annotations
 
 import json
@@ -30,12 +31,12 @@ WEBHOOK_ENV = "MLM_ALERT_WEBHOOK_URL"
 WEBHOOK_CONN_ID = "mlm_alerts"
 # Secrets that may sit in an error message without Airflow knowing them (not from a connection).
 _TOKEN_PATTERNS = [
-    re.compile(r"hf_[A-Za-z0-9]{16,}"),                                    # Hugging Face tokens
-    re.compile(r"ya29\.[A-Za-z0-9_\-.]+"),                                  # Google OAuth access tokens
+    re.compile(r"hf_[A-Za-z0-9]{16,}"),  # Hugging Face tokens
+    re.compile(r"ya29\.[A-Za-z0-9_\-.]+"),  # Google OAuth access tokens
     re.compile(r"-----BEGIN [A-Z ]*PRIVATE KEY-----.*?-----END [A-Z ]*PRIVATE KEY-----", re.S),
     re.compile(r"(?i)(bearer\s+)[A-Za-z0-9_\-.=]{8,}"),
     re.compile(r"(?i)(\b(?:token|password|passwd|secret|api_key|apikey|key)[\"']?\s*[=:]\s*[\"']?)[^\s\"'&,;]+"),
-    re.compile(r"(://[^/\s:@]+:)[^@\s/]+(@)"),                              # user:password@ in URLs
+    re.compile(r"(://[^/\s:@]+:)[^@\s/]+(@)"),  # user:password@ in URLs
 ]
 
 
@@ -48,8 +49,9 @@ def scrub(text: str) -> str:
     except ImportError:  # a future layout: the patterns below still apply
         pass
     for pattern in _TOKEN_PATTERNS:
-        text = pattern.sub(lambda m: (m.group(1) if m.groups() else "") + "***"
-                           + (m.group(2) if len(m.groups()) > 1 else ""), text)
+        text = pattern.sub(
+            lambda m: (m.group(1) if m.groups() else "") + "***" + (m.group(2) if len(m.groups()) > 1 else ""), text
+        )
     return text
 
 
@@ -93,20 +95,34 @@ class FailureNotifier(BaseNotifier):
 
     def notify(self, context: Context) -> None:
         payload = failure_payload(context)
-        log.error("Task failed: %s.%s run %s, try %s of %s; log: %s; error: %s", payload["dag_id"],
-                  payload["task_id"], payload["run_id"], payload["try_number"], payload["max_tries"] + 1,
-                  payload["log_url"], payload["exception"])
+        log.error(
+            "Task failed: %s.%s run %s, try %s of %s; log: %s; error: %s",
+            payload["dag_id"],
+            payload["task_id"],
+            payload["run_id"],
+            payload["try_number"],
+            payload["max_tries"] + 1,
+            payload["log_url"],
+            payload["exception"],
+        )
         url = webhook_url()
         if not url:
-            log.info("No alert webhook (set %s or the %r connection): failure logged only.",
-                     WEBHOOK_ENV, WEBHOOK_CONN_ID)
+            log.info(
+                "No alert webhook (set %s or the %r connection): failure logged only.", WEBHOOK_ENV, WEBHOOK_CONN_ID
+            )
             return
-        request = urllib.request.Request(url, data=json.dumps(payload).encode(), method="POST",
-                                         headers={"Content-Type": "application/json"})
+        request = urllib.request.Request(
+            url, data=json.dumps(payload).encode(), method="POST", headers={"Content-Type": "application/json"}
+        )
         target = "{0.scheme}://{0.hostname}".format(urlsplit(url))  # webhook paths often hold a secret
         try:
             with urllib.request.urlopen(request, timeout=self.timeout_s) as response:
                 log.info("Failure alert sent to %s (HTTP %s)", target, response.status)
         except OSError as err:
-            log.error("Could not send the failure alert to %s: %s. Check %s or the %r connection.",
-                      target, err, WEBHOOK_ENV, WEBHOOK_CONN_ID)
+            log.error(
+                "Could not send the failure alert to %s: %s. Check %s or the %r connection.",
+                target,
+                err,
+                WEBHOOK_ENV,
+                WEBHOOK_CONN_ID,
+            )

@@ -1,5 +1,6 @@
 """DAG integrity: every DAG loads, has docs, owner, tags, retries and execution timeouts; the form's defaults are
 valid."""
+
 import pytest
 
 pytest.importorskip("airflow")
@@ -30,9 +31,24 @@ def test_every_dag_is_documented_owned_tagged_and_retried(dagbag):
 
 def test_pretrain_shape_and_teardown(dagbag):
     dag = dagbag.dags["mlm_pretrain"]
-    order = ["validate", "plan_shards", "write_shards", "merge_shards", "check_run", "wait_for_shards",
-             "create_tpu_vm", "train", "evaluate", "downstream", "fill_mask", "report", "gate", "approve_release",
-             "publish", "summary"]
+    order = [
+        "validate",
+        "plan_shards",
+        "write_shards",
+        "merge_shards",
+        "check_run",
+        "wait_for_shards",
+        "create_tpu_vm",
+        "train",
+        "evaluate",
+        "downstream",
+        "fill_mask",
+        "report",
+        "gate",
+        "approve_release",
+        "publish",
+        "summary",
+    ]
     for up, down in zip(order, order[1:], strict=False):
         assert down in dag.get_task(up).downstream_task_ids, (up, down)
     delete = dag.get_task("delete_tpu_vm")
@@ -126,8 +142,13 @@ def test_the_form_picks_a_tpu_type_and_its_runtime(dagbag):
 
     dag = dagbag.dags["mlm_pretrain"]
     assert dag.params.get_param("runtime_version").schema["enum"] == sorted(runtimes.SUPPORTED)
-    form = {**{k: dag.params[k] for k in dag.params}, "compute": "tpu_vm", "output_root": "gs://b/p",
-            "overrides": {"tpu.project": "p"}, "accelerator_type": "v4-32"}
+    form = {
+        **{k: dag.params[k] for k in dag.params},
+        "compute": "tpu_vm",
+        "output_root": "gs://b/p",
+        "overrides": {"tpu.project": "p"},
+        "accelerator_type": "v4-32",
+    }
     cfg = config_from_params({**form, "runtime_version": "tpu-vm-tf-2.16.1-pod-pjrt"})
     assert (cfg.tpu.accelerator_type, cfg.tpu.runtime_version) == ("v4-32", "tpu-vm-tf-2.16.1-pod-pjrt")
     with pytest.raises(ConfigError, match="tpu-vm-tf-2.16.1-pod-pjrt"):

@@ -1,4 +1,5 @@
 """mlm_tpu_janitor run for real (`airflow dags test`) against the fake TPU API."""
+
 import subprocess
 import sys
 import time
@@ -24,8 +25,13 @@ def test_janitor_deletes_expired_nodes_only_in_every_zone(airflow_env, fake_tpu)
     # google_cloud_default holds the service-account key the fake TPU API insists on (fixture).
     conf = {"zones": [ZONE, OTHER_ZONE]}
 
-    result = dags_test(airflow_env, "mlm_tpu_janitor", conf=conf, dagfile=ROOT / "dags" / "mlm_tpu_janitor.py",
-                       extra_env=_deployed(fake_tpu))
+    result = dags_test(
+        airflow_env,
+        "mlm_tpu_janitor",
+        conf=conf,
+        dagfile=ROOT / "dags" / "mlm_tpu_janitor.py",
+        extra_env=_deployed(fake_tpu),
+    )
 
     log = result.stdout + result.stderr
     assert result.returncode == 0, log[-6000:]
@@ -48,8 +54,14 @@ def test_janitor_goes_on_after_a_refused_delete_and_fails_naming_it(airflow_env,
     conf = {"zones": [ZONE, OTHER_ZONE]}
 
     # The task fails, so `dags test` runs its retries: no delay between them.
-    result = dags_test(airflow_env, "mlm_tpu_janitor", conf=conf, dagfile=ROOT / "dags" / "mlm_tpu_janitor.py",
-                       extra_env=_deployed(fake_tpu, MLM_RETRY_DELAY_S="0"), timeout=240)
+    result = dags_test(
+        airflow_env,
+        "mlm_tpu_janitor",
+        conf=conf,
+        dagfile=ROOT / "dags" / "mlm_tpu_janitor.py",
+        extra_env=_deployed(fake_tpu, MLM_RETRY_DELAY_S="0"),
+        timeout=240,
+    )
 
     log = result.stdout + result.stderr
     assert result.returncode != 0, log[-6000:]
@@ -70,8 +82,13 @@ def test_janitor_checks_every_node_the_registry_knows_and_forgets_the_gone(airfl
     tpu_registry.record(fake_tpu.registry, "proj", "us-east5-a", "mlm-pretrain-long-gone", now - 60)
     conf = {"zones": [ZONE]}
 
-    result = dags_test(airflow_env, "mlm_tpu_janitor", conf=conf, dagfile=ROOT / "dags" / "mlm_tpu_janitor.py",
-                       extra_env=_deployed(fake_tpu))
+    result = dags_test(
+        airflow_env,
+        "mlm_tpu_janitor",
+        conf=conf,
+        dagfile=ROOT / "dags" / "mlm_tpu_janitor.py",
+        extra_env=_deployed(fake_tpu),
+    )
 
     log = result.stdout + result.stderr
     assert result.returncode == 0, log[-6000:]
@@ -84,22 +101,35 @@ def test_janitor_checks_every_node_the_registry_knows_and_forgets_the_gone(airfl
 def test_janitor_fails_loudly_when_not_configured(airflow_env, fake_tpu):
     # A conf cannot stand in for the deployment's project: it is ignored.
     conf = {"zones": [ZONE], "project": "from-a-trigger"}
-    result = dags_test(airflow_env, "mlm_tpu_janitor", conf=conf, dagfile=ROOT / "dags" / "mlm_tpu_janitor.py",
-                       extra_env=_deployed(fake_tpu, project=""))
+    result = dags_test(
+        airflow_env,
+        "mlm_tpu_janitor",
+        conf=conf,
+        dagfile=ROOT / "dags" / "mlm_tpu_janitor.py",
+        extra_env=_deployed(fake_tpu, project=""),
+    )
     log = result.stdout + result.stderr
     assert result.returncode != 0, "an unconfigured janitor must not pass (or skip) in green"
     assert "The janitor has no project to check: set MLM_TPU_PROJECT" in log, log[-6000:]
     assert fake_tpu.requests == []
 
-    result = dags_test(airflow_env, "mlm_tpu_janitor", conf={"zones": [ZONE]},
-                       dagfile=ROOT / "dags" / "mlm_tpu_janitor.py", extra_env=_deployed(fake_tpu, MLM_TPU_REGISTRY=""))
+    result = dags_test(
+        airflow_env,
+        "mlm_tpu_janitor",
+        conf={"zones": [ZONE]},
+        dagfile=ROOT / "dags" / "mlm_tpu_janitor.py",
+        extra_env=_deployed(fake_tpu, MLM_TPU_REGISTRY=""),
+    )
     assert result.returncode != 0
     assert "MLM_TPU_REGISTRY is not set: set it" in result.stdout + result.stderr
 
 
 def test_the_janitor_looks_in_its_zones_then_in_every_recorded_place():
-    entries = [tpu_registry.Entry("p2", "z9", "mlm-a", 1, "u"), tpu_registry.Entry("p1", "z1", "mlm-b", 1, "u"),
-               tpu_registry.Entry("p2", "z9", "mlm-c", 1, "u")]
+    entries = [
+        tpu_registry.Entry("p2", "z9", "mlm-a", 1, "u"),
+        tpu_registry.Entry("p1", "z1", "mlm-b", 1, "u"),
+        tpu_registry.Entry("p2", "z9", "mlm-c", 1, "u"),
+    ]
     assert tpu_registry.places_to_check("p1", ["z1", "z2"], entries) == [("p1", "z1"), ("p1", "z2"), ("p2", "z9")]
 
 
@@ -107,7 +137,15 @@ def test_janitor_dag_is_thin():
     source = (ROOT / "dags" / "mlm_tpu_janitor.py").read_text()
     assert "@hourly" in source and "doc_md=__doc__" in source
     # plugins/ on the path as Airflow puts it there (the DAG uses plugins/mlm_airflow/notifications.py).
-    code = ("import sys, runpy; sys.path[:0] = [{root!r}, {plugins!r}]; g = runpy.run_path({path!r}); "
-            "assert 'google.cloud.tpu_v2' not in sys.modules and 'tensorflow' not in sys.modules")
-    subprocess.run([sys.executable, "-c", code.format(root=str(ROOT), plugins=str(ROOT / "plugins"),
-                                                      path=str(ROOT / "dags" / "mlm_tpu_janitor.py"))], check=True)
+    code = (
+        "import sys, runpy; sys.path[:0] = [{root!r}, {plugins!r}]; g = runpy.run_path({path!r}); "
+        "assert 'google.cloud.tpu_v2' not in sys.modules and 'tensorflow' not in sys.modules"
+    )
+    subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            code.format(root=str(ROOT), plugins=str(ROOT / "plugins"), path=str(ROOT / "dags" / "mlm_tpu_janitor.py")),
+        ],
+        check=True,
+    )

@@ -1,6 +1,7 @@
 """Bring your own shards through the real DAG (`airflow dags test`, SQLite): shards written as Hugging
 Face's prepare_tfrecord_shards.py writes them (tests/peers/seed_shards.py) are validated, adopted by
 plan_shards with no partition to write and no tokenizer to train, and trained on by mlm_pretrain."""
+
 import json
 import shutil
 
@@ -21,20 +22,31 @@ def test_pretrain_dag_trains_on_brought_shards(airflow_env, tiny_prepared, tmp_p
     cfg, data = tiny_prepared
     shutil.copytree(data["tokenizer_uri"], tmp_path / "tokenizer")
     corpus = open_corpus(cfg.corpus)
-    written = {split: write_like_prepare_tfrecord_shards(list(corpus.rows(split)), str(tmp_path / "tokenizer"),
-                                                         str(tmp_path / "shards" / split))
-               for split in ("train", "validation")}
+    written = {
+        split: write_like_prepare_tfrecord_shards(
+            list(corpus.rows(split)), str(tmp_path / "tokenizer"), str(tmp_path / "shards" / split)
+        )
+        for split in ("train", "validation")
+    }
     out = tmp_path / "out"
-    conf = {**TINY, "output_root": str(out), "corpus_source": "tfrecord_shards",
-            "overrides": {"corpus.shards_uri": str(tmp_path / "shards"),
-                          "corpus.tokenizer_uri": str(tmp_path / "tokenizer")}}
+    conf = {
+        **TINY,
+        "output_root": str(out),
+        "corpus_source": "tfrecord_shards",
+        "overrides": {
+            "corpus.shards_uri": str(tmp_path / "shards"),
+            "corpus.tokenizer_uri": str(tmp_path / "tokenizer"),
+        },
+    }
     result = dags_test(airflow_env, "mlm_pretrain", conf=conf, timeout=900)
     log = result.stdout + result.stderr
     assert result.returncode == 0 and "state=success" in log, log[-5000:]
     assert "Adopted the shards under" in log
     # plan_shards listed nothing to write: Airflow skipped the mapped write_shards, and the merge still ran.
-    assert db_rows(airflow_env, "SELECT task_id, state FROM task_instance WHERE task_id IN ('write_shards', "
-                   "'merge_shards') ORDER BY task_id") == [("merge_shards", "success"), ("write_shards", "skipped")]
+    assert db_rows(
+        airflow_env,
+        "SELECT task_id, state FROM task_instance WHERE task_id IN ('write_shards', 'merge_shards') ORDER BY task_id",
+    ) == [("merge_shards", "success"), ("write_shards", "skipped")]
     # Shards from elsewhere: the gate checked for their _SUCCESS instead of passing at once.
     assert "Waiting for the shard marker" in log and "Not waiting" not in log
     (dataset,) = list((out / "datasets").iterdir())

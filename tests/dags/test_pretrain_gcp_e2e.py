@@ -10,6 +10,7 @@ out, the node is preempted mid-training.
 
 Every test asserts that no node outlives its run.
 """
+
 from __future__ import annotations
 
 import re
@@ -30,28 +31,55 @@ from peers.sshd import airflow_conn_uri
 from peers.tpu_vm_image import NO_LIBTPU
 
 ROOT = Path(__file__).resolve().parents[2]
-TINY = {"config_file": str(ROOT / "configs" / "tiny.yaml"), "vocab_size": 1000, "max_length": 64, "steps": 12,
-        "batch_size": 8}
+TINY = {
+    "config_file": str(ROOT / "configs" / "tiny.yaml"),
+    "vocab_size": 1000,
+    "max_length": 64,
+    "steps": 12,
+    "batch_size": 8,
+}
 PROJECT, ZONE = "mlm-test-project", "us-central2-b"
 
 
 def _conf(gcs_root: str, fake_tpu, sshd, tf_gcs_env: dict, vm_env: dict | None = None, **overrides) -> dict:
     """Tiny preset on gs:// + tpu_vm; the "VM" is this checkout behind sshd, reading the emulator the way
     a TPU VM reads GCS (tpu.env carries the emulator and TLS-proxy settings, and `vm_env`, to the remote step)."""
-    return {**TINY, "output_root": gcs_root, "compute": "tpu_vm", "overrides": {
-        "tpu.project": PROJECT, "tpu.zone": ZONE, "tpu.api_endpoint": fake_tpu.url, "tpu.transport": "rest",
-        "tpu.bootstrap": False, "tpu.workdir": str(ROOT), "tpu.python": sys.executable,
-        "tpu.ssh_port": sshd.port, "tpu.poll_interval_s": 0.2, "train.follow_poll_s": 1,
-        "tpu.env": {**tf_gcs_env, "HF_HUB_OFFLINE": "1", "TF_CPP_MIN_LOG_LEVEL": "2", **NO_LIBTPU, **(vm_env or {})},
-        **overrides}}
+    return {
+        **TINY,
+        "output_root": gcs_root,
+        "compute": "tpu_vm",
+        "overrides": {
+            "tpu.project": PROJECT,
+            "tpu.zone": ZONE,
+            "tpu.api_endpoint": fake_tpu.url,
+            "tpu.transport": "rest",
+            "tpu.bootstrap": False,
+            "tpu.workdir": str(ROOT),
+            "tpu.python": sys.executable,
+            "tpu.ssh_port": sshd.port,
+            "tpu.poll_interval_s": 0.2,
+            "train.follow_poll_s": 1,
+            "tpu.env": {
+                **tf_gcs_env,
+                "HF_HUB_OFFLINE": "1",
+                "TF_CPP_MIN_LOG_LEVEL": "2",
+                **NO_LIBTPU,
+                **(vm_env or {}),
+            },
+            **overrides,
+        },
+    }
 
 
 def _env(sshd, tf_gcs_env: dict, gcs) -> dict:
     """The Airflow process: connections as env JSON/URI (google_cloud_default, the service-account key, comes
     from the fake_tpu fixture); TF's gs:// for the local evaluate step."""
     # The connection as docs/google-cloud.md describes it: the login pins the host key the fake TPU API publishes.
-    return {**tf_gcs_env, "MLM_RETRY_DELAY_S": "1",
-            "AIRFLOW_CONN_TPU_SSH": airflow_conn_uri(sshd, no_host_key_check=False)}
+    return {
+        **tf_gcs_env,
+        "MLM_RETRY_DELAY_S": "1",
+        "AIRFLOW_CONN_TPU_SSH": airflow_conn_uri(sshd, no_host_key_check=False),
+    }
 
 
 def _deployment(conf: dict, tmp_path: Path) -> tuple[dict, Path]:
@@ -66,8 +94,16 @@ def _deployment(conf: dict, tmp_path: Path) -> tuple[dict, Path]:
         else:
             run[key] = value
     path = tmp_path / "deployment.yaml"
-    path.write_text(yaml.safe_dump({"settings": settings, "output_roots": [conf["output_root"]],
-                                    "config_dirs": [str(ROOT / "configs")], "input_roots": [str(ROOT)]}))
+    path.write_text(
+        yaml.safe_dump(
+            {
+                "settings": settings,
+                "output_roots": [conf["output_root"]],
+                "config_dirs": [str(ROOT / "configs")],
+                "input_roots": [str(ROOT)],
+            }
+        )
+    )
     return {**conf, "overrides": run}, path
 
 
@@ -75,8 +111,14 @@ def _dags_test(airflow_env, conf: dict, env: dict, tmp_path: Path, **kwargs) -> 
     """`airflow dags test mlm_pretrain` under a deployment file holding the conf's deployment settings; returns
     stdout+stderr, also kept in tmp_path for debugging."""
     conf, deployment = _deployment(conf, tmp_path)
-    result = dags_test(airflow_env, "mlm_pretrain", conf=conf, extra_env={**env, "MLM_DEPLOYMENT": str(deployment)},
-                       timeout=900, **kwargs)
+    result = dags_test(
+        airflow_env,
+        "mlm_pretrain",
+        conf=conf,
+        extra_env={**env, "MLM_DEPLOYMENT": str(deployment)},
+        timeout=900,
+        **kwargs,
+    )
     log = result.stdout + result.stderr
     (tmp_path / "airflow.log").write_text(log)
     return log if result.returncode == 0 else "DAG RUN FAILED\n" + log
@@ -99,8 +141,9 @@ def _methods(fake_tpu) -> list[str]:
 
 
 @pytest.mark.slow
-def test_gcs_and_tpu_vm_end_to_end(airflow_env, gcs, gcs_root, tf_gcs_env, fake_tpu, sshd, tmp_path,
-                                   oauth_server, sa_key):
+def test_gcs_and_tpu_vm_end_to_end(
+    airflow_env, gcs, gcs_root, tf_gcs_env, fake_tpu, sshd, tmp_path, oauth_server, sa_key
+):
     conf = _conf(gcs_root, fake_tpu, sshd, tf_gcs_env)
     grants_before = len(oauth_server.grants)
     started = time.monotonic()
@@ -135,9 +178,17 @@ def test_gcs_and_tpu_vm_end_to_end(airflow_env, gcs, gcs_root, tf_gcs_env, fake_
             assert storage.exists(join(data.shards(split), Path(shard["file"]).name)), shard
 
     run = RunPaths(gcs_root, _run_id(log))
-    for uri in (join(run.checkpoints, "checkpoint"), join(run.model, "tf_model.h5"), join(run.model, "config.json"),
-                run.train_summary, run.train_history, run.eval_metrics, run.predictions,
-                join(run.report, "report.md"), join(run.root, "summary.txt")):
+    for uri in (
+        join(run.checkpoints, "checkpoint"),
+        join(run.model, "tf_model.h5"),
+        join(run.model, "config.json"),
+        run.train_summary,
+        run.train_history,
+        run.eval_metrics,
+        run.predictions,
+        join(run.report, "report.md"),
+        join(run.root, "summary.txt"),
+    ):
         assert storage.exists(uri), uri
     summary = storage.read_json(run.train_summary)
     assert summary["steps"] == 12 and summary["data_fingerprint"] == fp
@@ -149,7 +200,8 @@ def test_gcs_and_tpu_vm_end_to_end(airflow_env, gcs, gcs_root, tf_gcs_env, fake_
 
 @pytest.mark.slow
 def test_training_failure_on_the_vm_fails_the_task_and_deletes_the_node(
-        airflow_env, gcs, gcs_root, tf_gcs_env, fake_tpu, sshd, tmp_path):
+    airflow_env, gcs, gcs_root, tf_gcs_env, fake_tpu, sshd, tmp_path
+):
     # The "VM" has no TPU runtime: train.device=tpu makes train() fail on it in TPUStrategy setup,
     # after loading the shards' manifest and tokenizer from gs://; every try fails the same way.
     conf = _conf(gcs_root, fake_tpu, sshd, tf_gcs_env, **{"train.device": "tpu"})
@@ -157,8 +209,11 @@ def test_training_failure_on_the_vm_fails_the_task_and_deletes_the_node(
     assert log.startswith("DAG RUN FAILED"), log[-6000:]
     # Each try started its own detached trainer (the last one had ended), which exited 1; the task's error
     # names it and carries the last lines of its log on the VM: 3 tries (retries exhausted).
-    failed = re.findall(r"AirflowException: Training failed on TPU VM \S+: the trainer \(pid \d+, try (\d)\) on \S+ "
-                        r"exited with code 1\.", log)
+    failed = re.findall(
+        r"AirflowException: Training failed on TPU VM \S+: the trainer \(pid \d+, try (\d)\) on \S+ "
+        r"exited with code 1\.",
+        log,
+    )
     assert sorted(set(failed)) == ["1", "2", "3"], log[-6000:]
     assert log.count("tensorflow.python.framework.errors_impl.NotFoundError: TPUs not found") >= 3
     assert re.search(r"Task failed: mlm_pretrain\.train run \S+ try 3 of 3", log)
@@ -183,7 +238,8 @@ def _preempt_at_fault(fake_tpu, gcs_root: str, stop: threading.Event, seen: list
 
 @pytest.mark.slow
 def test_failed_create_and_preemption_recover_on_fresh_nodes(
-        airflow_env, gcs, gcs_root, tf_gcs_env, fake_tpu, sshd, tmp_path):
+    airflow_env, gcs, gcs_root, tf_gcs_env, fake_tpu, sshd, tmp_path
+):
     # Try 1 of create_tpu_vm: the node appears, then its create operation fails (stockout).
     fake_tpu.fail_next_create("There is no more capacity in the zone")
     # The fault: a hook the trainer's environment on the VM names (tpu.env, the deployment's: no run can set it).
@@ -261,14 +317,25 @@ gate_before_tpu()
 
 
 def test_sensor_timeout_fails_clearly_and_creates_no_node(
-        airflow_env, gcs, gcs_root, tf_gcs_env, fake_tpu, sshd, tmp_path):
+    airflow_env, gcs, gcs_root, tf_gcs_env, fake_tpu, sshd, tmp_path
+):
     dag_file = tmp_path / "gate_before_tpu.py"
     dag_file.write_text(SENSOR_DAG)
-    config = {"output_root": gcs_root, "compute": "tpu_vm", "sensor": {"poke_interval_s": 1, "timeout_s": 4},
-              "tpu": {"project": PROJECT, "zone": ZONE, "api_endpoint": fake_tpu.url, "transport": "rest"}}
+    config = {
+        "output_root": gcs_root,
+        "compute": "tpu_vm",
+        "sensor": {"poke_interval_s": 1, "timeout_s": 4},
+        "tpu": {"project": PROJECT, "zone": ZONE, "api_endpoint": fake_tpu.url, "transport": "rest"},
+    }
     marker = DataPaths(gcs_root, "0123456789abcdef").success
-    result = dags_test(airflow_env, "gate_before_tpu", dagfile=dag_file, conf={"config": config, "marker": marker},
-                       extra_env=_env(sshd, tf_gcs_env, gcs), timeout=300)
+    result = dags_test(
+        airflow_env,
+        "gate_before_tpu",
+        dagfile=dag_file,
+        conf={"config": config, "marker": marker},
+        extra_env=_env(sshd, tf_gcs_env, gcs),
+        timeout=300,
+    )
     log = result.stdout + result.stderr
     assert result.returncode != 0, log[-6000:]
     shards = marker.rsplit("/", 1)[0]

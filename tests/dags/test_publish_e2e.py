@@ -8,6 +8,7 @@ The Hub token reaches the DAG only as the password of the Airflow connection `hu
                 ones the next gate compares to.
 Throughout, the planted token must appear in no log, no XCom, no file under output_root.
 """
+
 import json
 import secrets
 from pathlib import Path
@@ -19,11 +20,17 @@ from peers.airflow_home import airflow_env, dags_test  # noqa: F401  (fixture)
 from peers.fake_hub import FakeHub
 
 ROOT = Path(__file__).resolve().parents[2]
-TINY = {"config_file": str(ROOT / "configs" / "tiny.yaml"), "vocab_size": 1000, "max_length": 64,
-        "batch_size": 8}
+TINY = {"config_file": str(ROOT / "configs" / "tiny.yaml"), "vocab_size": 1000, "max_length": 64, "batch_size": 8}
 REPO, TOKENIZER_REPO = "tester/roberta-tiny-mlm", "tester/unigram-tiny"
-MODEL_FILES = {"README.md", "config.json", "tf_model.h5", "model.safetensors", "tokenizer.json",
-               "tokenizer_config.json", "special_tokens_map.json"}
+MODEL_FILES = {
+    "README.md",
+    "config.json",
+    "tf_model.h5",
+    "model.safetensors",
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "special_tokens_map.json",
+}
 TOKENIZER_FILES = {"README.md", "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"}
 
 
@@ -35,12 +42,21 @@ def hub():
 
 
 def _run(env, out: Path, hub: FakeHub, steps: int, **overrides):
-    conf = {**TINY, "steps": steps, "output_root": str(out),
-            "overrides": {"publish.enabled": True, "publish.repo_id": REPO, **overrides}}
+    conf = {
+        **TINY,
+        "steps": steps,
+        "output_root": str(out),
+        "overrides": {"publish.enabled": True, "publish.repo_id": REPO, **overrides},
+    }
     connection = json.dumps({"conn_type": "generic", "host": hub.url, "password": hub.token})
     before = set((out / "runs").iterdir()) if (out / "runs").exists() else set()
-    result = dags_test(env, "mlm_pretrain", conf=conf, timeout=900, extra_env={
-        "AIRFLOW_CONN_HUGGINGFACE_DEFAULT": connection, "HF_ENDPOINT": hub.url, "MLM_RETRY_DELAY_S": "1"})
+    result = dags_test(
+        env,
+        "mlm_pretrain",
+        conf=conf,
+        timeout=900,
+        extra_env={"AIRFLOW_CONN_HUGGINGFACE_DEFAULT": connection, "HF_ENDPOINT": hub.url, "MLM_RETRY_DELAY_S": "1"},
+    )
     log = result.stdout + result.stderr
     assert result.returncode == 0 and "state=success" in log, log[-6000:]
     (run_dir,) = set((out / "runs").iterdir()) - before
@@ -95,8 +111,16 @@ def test_gate_decides_what_reaches_the_hub_and_no_secret_leaks(airflow_env, hub,
     card = commit.files["README.md"].decode()
     xcoms = xcom_values(airflow_env, "mlm_pretrain", run_id_a)
     fingerprint = xcoms["merge_shards"]["fingerprint"]
-    for needle in (f"{metrics_a['loss']:.4f}", f"{metrics_a['accuracy']:.4f}", f"{metrics_a['perplexity']:.2f}",
-                   fingerprint, "license: cc-by-sa-4.0", "Intended use", "Credit:", "Fill-mask examples"):
+    for needle in (
+        f"{metrics_a['loss']:.4f}",
+        f"{metrics_a['accuracy']:.4f}",
+        f"{metrics_a['perplexity']:.2f}",
+        fingerprint,
+        "license: cc-by-sa-4.0",
+        "Intended use",
+        "Credit:",
+        "Fill-mask examples",
+    ):
         assert needle in card, needle
     (tok_commit,) = hub.commits_to(TOKENIZER_REPO)
     assert set(tok_commit.files) == TOKENIZER_FILES and fingerprint in tok_commit.files["README.md"].decode()
@@ -121,8 +145,10 @@ def test_gate_decides_what_reaches_the_hub_and_no_secret_leaks(airflow_env, hub,
     log_c, run_c, run_id_c = _run(airflow_env, out, hub, 100)
     metrics_c = json.loads((run_c / "eval" / "metrics.json").read_text())
     # The gate wants both: loss not higher and accuracy not lower than the published model's.
-    assert metrics_c["loss"] < metrics_a["loss"] and metrics_c["accuracy"] > metrics_a["accuracy"], \
-        (metrics_a, metrics_c)
+    assert metrics_c["loss"] < metrics_a["loss"] and metrics_c["accuracy"] > metrics_a["accuracy"], (
+        metrics_a,
+        metrics_c,
+    )
     assert task_states(airflow_env, "mlm_pretrain", run_id_c)["publish"] == "success", log_c[-4000:]
     commits = hub.commits_to(REPO)
     assert len(commits) == 2 and set(commits[-1].files) == MODEL_FILES

@@ -6,6 +6,7 @@ manifest; the scheduler's own code then makes the ASSET_TRIGGERED mlm_pretrain r
 event (tests/peers/asset_trigger.py), and that run trains on exactly that fingerprint although its
 own defaults point at another output_root.
 """
+
 import json
 import os
 from pathlib import Path
@@ -52,14 +53,20 @@ def refresh(airflow_env, tmp_path):
     config_dir = tmp_path / "configs"
     config_dir.mkdir()
     (config_dir / "default.yaml").write_text(
-        TINY_YAML.read_text().replace("output_root: out", f"output_root: {tmp_path / 'defaults_root'}"))
+        TINY_YAML.read_text().replace("output_root: out", f"output_root: {tmp_path / 'defaults_root'}")
+    )
     corpus, out = tmp_path / "corpus.txt", tmp_path / "out"
-    env = {"MLM_CONFIG_DIR": str(config_dir), "MLM_RETRY_DELAY_S": "1",
-           "AIRFLOW__CORE__DAGS_ARE_PAUSED_AT_CREATION": "True"}  # the test unpauses mlm_pretrain itself
-    conf = {"config_file": str(TINY_YAML), "output_root": str(out),
-            # Two partitions: the refresh fans the shard writing out over two mapped write_shards tasks.
-            "overrides": {"corpus.source": "local_files", "corpus.local_paths": [str(corpus)],
-                          "shards.partitions": 2}}
+    env = {
+        "MLM_CONFIG_DIR": str(config_dir),
+        "MLM_RETRY_DELAY_S": "1",
+        "AIRFLOW__CORE__DAGS_ARE_PAUSED_AT_CREATION": "True",
+    }  # the test unpauses mlm_pretrain itself
+    conf = {
+        "config_file": str(TINY_YAML),
+        "output_root": str(out),
+        # Two partitions: the refresh fans the shard writing out over two mapped write_shards tasks.
+        "overrides": {"corpus.source": "local_files", "corpus.local_paths": [str(corpus)], "shards.partitions": 2},
+    }
 
     def run():
         return dags_test(airflow_env, "mlm_dataset_refresh", conf=conf, extra_env=env, timeout=600)
@@ -78,9 +85,11 @@ def test_unchanged_source_is_a_no_op_and_a_changed_one_triggers_training(airflow
     events = asset_events(airflow_env, "mlm_shards")
     old_event, old_fp = events[-1], events[-1]["extra"]["fingerprint"]
     # Dynamic task mapping: one write_shards task per partition, named in the grid, merged into one set.
-    assert db_rows(airflow_env, "SELECT map_index, state, rendered_map_index FROM task_instance WHERE "
-                   "task_id = 'write_shards' ORDER BY map_index") == [
-        (0, "success", "partition 1 of 2"), (1, "success", "partition 2 of 2")]
+    assert db_rows(
+        airflow_env,
+        "SELECT map_index, state, rendered_map_index FROM task_instance WHERE "
+        "task_id = 'write_shards' ORDER BY map_index",
+    ) == [(0, "success", "partition 1 of 2"), (1, "success", "partition 2 of 2")]
     manifest = json.loads((refresh.out / "datasets" / old_fp / "shards" / "manifest.json").read_text())
     assert manifest["partitions"] == 2
     files = [s["file"] for s in manifest["splits"]["train"]["shards"]]
@@ -89,8 +98,13 @@ def test_unchanged_source_is_a_no_op_and_a_changed_one_triggers_training(airflow
     assert manifest["splits"]["train"]["records"] == sum(s["records"] for s in manifest["splits"]["train"]["shards"])
     # mlm_pretrain is paused at creation, so nothing was queued for it yet; from now on it listens.
     assert db_rows(airflow_env, "SELECT COUNT(*) FROM asset_dag_run_queue") == [(0,)]
-    unpause = subprocess.run([AIRFLOW, "dags", "unpause", "mlm_pretrain"], env={**airflow_env, **refresh.env},
-                             capture_output=True, text=True, timeout=120)
+    unpause = subprocess.run(
+        [AIRFLOW, "dags", "unpause", "mlm_pretrain"],
+        env={**airflow_env, **refresh.env},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert unpause.returncode == 0, unpause.stdout + unpause.stderr
 
     # Unchanged source: nothing written, build skipped, no asset event.
@@ -102,8 +116,12 @@ def test_unchanged_source_is_a_no_op_and_a_changed_one_triggers_training(airflow
     assert _snapshot(refresh.out) == before
     assert len(asset_events(airflow_env, "mlm_shards")) == n_events
     assert task_states(airflow_env, "mlm_dataset_refresh") == {
-        "validate": "success", "source_changed": "success", "plan_shards": "skipped",
-        "write_shards": "skipped", "merge_shards": "skipped"}
+        "validate": "success",
+        "source_changed": "success",
+        "plan_shards": "skipped",
+        "write_shards": "skipped",
+        "merge_shards": "skipped",
+    }
     assert db_rows(airflow_env, "SELECT COUNT(*) FROM asset_dag_run_queue") == [(0,)]  # no training requested
 
     # Changed source: new fingerprint, built and announced with its counts.
@@ -126,16 +144,18 @@ def test_unchanged_source_is_a_no_op_and_a_changed_one_triggers_training(airflow
     assert db_rows(airflow_env, "SELECT target_dag_id FROM asset_dag_run_queue") == [("mlm_pretrain",)]
 
     # The triggered training run: made by the scheduler's code from the queue, run with no conf.
-    triggered = asset_triggered_test(airflow_env, "mlm_pretrain", mark_success_pattern=AFTER_TRAIN,
-                                     extra_env=refresh.env, timeout=900)
+    triggered = asset_triggered_test(
+        airflow_env, "mlm_pretrain", mark_success_pattern=AFTER_TRAIN, extra_env=refresh.env, timeout=900
+    )
     log = _log(triggered)
     assert triggered.returncode == 0, log[-6000:]
     info = run_info(triggered)
     # The run consumed both refreshes' events (none was consumed before); it must train on the newest.
     assert info["event_ids"] == [old_event["id"], event["id"]]
     assert f"Triggered by dataset refresh: fingerprint {new_fp}" in log
-    assert db_rows(airflow_env, "SELECT run_type, triggered_by FROM dag_run WHERE run_id = ?",
-                   info["run_id"]) == [("asset_triggered", "ASSET")]
+    assert db_rows(airflow_env, "SELECT run_type, triggered_by FROM dag_run WHERE run_id = ?", info["run_id"]) == [
+        ("asset_triggered", "ASSET")
+    ]
     assert db_rows(airflow_env, "SELECT COUNT(*) FROM asset_dag_run_queue") == [(0,)]
     xcoms = xcom_values(airflow_env, "mlm_pretrain", info["run_id"])
     assert xcoms["merge_shards"]["fingerprint"] == new_fp and xcoms["merge_shards"]["cache_hit"] is True

@@ -1,13 +1,14 @@
 """Fixtures for the deployment tests: one real Airflow stack shared by the REST and browser tests.
 
-    airflow_stack   session   PostgreSQL + api-server + scheduler + dag-processor + triggerer on
-                              loopback (tests/peers/airflow_stack.py), as docker-compose.yaml runs them,
-                              with users viewer, user, op of those FAB roles (stack.token_for(name))
-    airflow_api     session   REST API v2 client with a JWT (tests/peers/airflow_rest.py)
-    stack_hub       session   the fake Hub the stack publishes to: its huggingface_default connection
-    tiny_conf       function  `mlm_pretrain` conf for the tiny preset in a fresh output_root
-    artifacts_dir   session   where screenshots go: $PYTEST_ARTIFACTS or tests/artifacts/ (gitignored)
+airflow_stack   session   PostgreSQL + api-server + scheduler + dag-processor + triggerer on
+                          loopback (tests/peers/airflow_stack.py), as docker-compose.yaml runs them,
+                          with users viewer, user, op of those FAB roles (stack.token_for(name))
+airflow_api     session   REST API v2 client with a JWT (tests/peers/airflow_rest.py)
+stack_hub       session   the fake Hub the stack publishes to: its huggingface_default connection
+tiny_conf       function  `mlm_pretrain` conf for the tiny preset in a fresh output_root
+artifacts_dir   session   where screenshots go: $PYTEST_ARTIFACTS or tests/artifacts/ (gitignored)
 """
+
 from __future__ import annotations
 
 import json
@@ -41,9 +42,12 @@ def airflow_stack(tmp_path_factory, stack_hub):
     # (.env's, so only the services that run tasks get it) points at the fake Hub, for runs that publish;
     # HF_ENDPOINT too, as huggingface_hub checks commit URLs against it.
     connection = json.dumps({"conn_type": "generic", "host": stack_hub.url, "password": stack_hub.token})
-    with running_stack(tmp_path_factory.mktemp("stack"), users=ROLE_USERS,
-                       dotenv={"AIRFLOW_CONN_HUGGINGFACE_DEFAULT": connection},
-                       extra_env={"HF_ENDPOINT": stack_hub.url, **TRAIN_HOOKS}) as stack:
+    with running_stack(
+        tmp_path_factory.mktemp("stack"),
+        users=ROLE_USERS,
+        dotenv={"AIRFLOW_CONN_HUGGINGFACE_DEFAULT": connection},
+        extra_env={"HF_ENDPOINT": stack_hub.url, **TRAIN_HOOKS},
+    ) as stack:
         yield stack
 
 
@@ -61,8 +65,14 @@ def airflow_api(airflow_stack) -> AirflowApi:
 def tiny_conf(airflow_stack, tmp_path) -> dict:
     # The flat params override the config file, so the tiny values are passed explicitly.
     out = data_volume(airflow_stack) / tmp_path.name
-    return {"config_file": str(ROOT / "configs" / "tiny.yaml"), "output_root": str(out),
-            "vocab_size": 1000, "max_length": 64, "steps": 12, "batch_size": 8}
+    return {
+        "config_file": str(ROOT / "configs" / "tiny.yaml"),
+        "output_root": str(out),
+        "vocab_size": 1000,
+        "max_length": 64,
+        "steps": 12,
+        "batch_size": 8,
+    }
 
 
 @pytest.fixture(scope="session")

@@ -18,6 +18,7 @@ as the one approver:
 A timeout (the scheduler answers the default, Reject) is tested without a stack in
 tests/plugins/test_release_approval.py.
 """
+
 from __future__ import annotations
 
 import shutil
@@ -35,20 +36,31 @@ pytestmark = [pytest.mark.slow, pytest.mark.timeout(1800)]
 DAG_ID = "mlm_pretrain"
 TASK = "approve_release"
 RUN_TIMEOUT_S = 1200
-REPOS = {"approve": "ml-team/roberta-approved", "reject": "ml-team/roberta-rejected",
-         "bypass": "ml-team/roberta-bypassed"}
+REPOS = {
+    "approve": "ml-team/roberta-approved",
+    "reject": "ml-team/roberta-rejected",
+    "bypass": "ml-team/roberta-bypassed",
+}
 CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
 
 
 @pytest.fixture(scope="module")
 def runs(airflow_stack, airflow_api) -> dict[str, str]:
     """Both runs triggered up front, so their training overlaps: {name: run_id}."""
-    tiny = {"config_file": str(ROOT / "configs" / "tiny.yaml"), "vocab_size": 1000, "max_length": 64,
-            "steps": 12, "batch_size": 8}  # approval: the deployment asks for it (a run may not set it)
+    tiny = {
+        "config_file": str(ROOT / "configs" / "tiny.yaml"),
+        "vocab_size": 1000,
+        "max_length": 64,
+        "steps": 12,
+        "batch_size": 8,
+    }  # approval: the deployment asks for it (a run may not set it)
     out = {}
     for name, repo in REPOS.items():
-        conf = {**tiny, "output_root": str(data_volume(airflow_stack) / f"out-approval-{name}"),
-                "overrides": {"publish.enabled": True, "publish.repo_id": repo}}
+        conf = {
+            **tiny,
+            "output_root": str(data_volume(airflow_stack) / f"out-approval-{name}"),
+            "overrides": {"publish.enabled": True, "publish.repo_id": repo},
+        }
         run = airflow_api.trigger(DAG_ID, conf=conf, run_id=f"approval-{name}")
         assert run["state"] == "queued", run
         out[name] = run["dag_run_id"]
@@ -68,14 +80,16 @@ def _awaiting(api, run_id: str, timeout: float = RUN_TIMEOUT_S) -> dict:
             return api.get(_hitl_path(run_id))
         run = api.run(DAG_ID, run_id)
         assert run["state"] not in ("success", "failed") and ti["state"] not in ("skipped", "failed"), (
-            f"{TASK} never waited for an answer:\n" + api.explain(DAG_ID, run_id))
+            f"{TASK} never waited for an answer:\n" + api.explain(DAG_ID, run_id)
+        )
         time.sleep(3)
     raise AssertionError(f"{TASK} not awaiting input after {timeout}s:\n" + api.explain(DAG_ID, run_id))
 
 
 def _answer(api, run_id: str, option: str, comment: str) -> dict:
-    reply = api.client.patch(_hitl_path(run_id), json={"chosen_options": [option],
-                                                       "params_input": {"comment": comment}})
+    reply = api.client.patch(
+        _hitl_path(run_id), json={"chosen_options": [option], "params_input": {"comment": comment}}
+    )
     assert reply.status_code == 200, reply.text
     return reply.json()
 
@@ -89,8 +103,16 @@ def _check_request(request: dict, repo: str) -> None:
     assert not request["response_received"] and set(request["params"]) == {"comment"}
     body = request["body"]
     assert f"pushed to `{repo}`" in body and repo in request["subject"]
-    for section in ("### Evaluation", "untrained model", "unigram baseline", "last published", "### Gate: passed",
-                    "### Last published model", "### Validation loss during training", "### Downstream tasks"):
+    for section in (
+        "### Evaluation",
+        "untrained model",
+        "unigram baseline",
+        "last published",
+        "### Gate: passed",
+        "### Last published model",
+        "### Validation loss during training",
+        "### Downstream tasks",
+    ):
         assert section in body, (section, body)
 
 
@@ -160,8 +182,11 @@ def test_rejected_through_rest_skips_publish_with_the_reason(airflow_stack, airf
 
 
 def _client(airflow_stack, user: str) -> httpx.Client:
-    return httpx.Client(base_url=f"{airflow_stack.url}/api/v2", timeout=60,
-                        headers={"Authorization": f"Bearer {airflow_stack.token_for(user)}"})
+    return httpx.Client(
+        base_url=f"{airflow_stack.url}/api/v2",
+        timeout=60,
+        headers={"Authorization": f"Bearer {airflow_stack.token_for(user)}"},
+    )
 
 
 def test_a_task_marked_success_is_no_approval(airflow_stack, airflow_api, runs, stack_hub):

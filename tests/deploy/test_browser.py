@@ -9,6 +9,7 @@ Screenshots of the form and the grid go to $PYTEST_ARTIFACTS or tests/artifacts/
 Needs `apt-get install chromium` and `pip install playwright` (its bundled browser download is not
 used: Playwright drives the system chromium through executable_path).
 """
+
 from __future__ import annotations
 
 import json
@@ -32,8 +33,7 @@ CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
 def page(airflow_stack):
     assert Path(CHROMIUM).exists(), "Debian's chromium is missing: apt-get install -y chromium"
     with sync_playwright() as playwright:
-        browser = playwright.chromium.launch(executable_path=CHROMIUM,
-                                             args=["--no-sandbox", "--disable-dev-shm-usage"])
+        browser = playwright.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox", "--disable-dev-shm-usage"])
         page = browser.new_page(viewport={"width": 1400, "height": 2000})
         page.set_default_timeout(60_000)
         yield page
@@ -70,8 +70,14 @@ def test_trigger_form_to_successful_run_in_grid(page, airflow_stack, airflow_api
 
     # The tiny preset: the flat fields override the file, so each one is set; steps is the change.
     output_root = data_volume(airflow_stack) / "out-browser"  # where the deployment lets runs write
-    values = {"config_file": str(ROOT / "configs" / "tiny.yaml"), "output_root": str(output_root),
-              "vocab_size": "1000", "max_length": "64", "steps": "8", "batch_size": "8"}
+    values = {
+        "config_file": str(ROOT / "configs" / "tiny.yaml"),
+        "output_root": str(output_root),
+        "vocab_size": "1000",
+        "max_length": "64",
+        "steps": "8",
+        "batch_size": "8",
+    }
     for name, value in values.items():
         form.locator(f'input[name="element_{name}"]').fill(value)
     form.screenshot(path=str(artifacts_dir / "trigger_form.png"))
@@ -90,8 +96,10 @@ def test_trigger_form_to_successful_run_in_grid(page, airflow_stack, airflow_api
     header = page.get_by_test_id("state-badge").first
     header.wait_for()
     assert header.inner_text().strip() == "Success"
-    states = {ti["task_id"]: ti["state"] for ti in airflow_api.get(
-        f"/dags/{DAG_ID}/dagRuns/{RUN_ID}/taskInstances")["task_instances"]}
+    states = {
+        ti["task_id"]: ti["state"]
+        for ti in airflow_api.get(f"/dags/{DAG_ID}/dagRuns/{RUN_ID}/taskInstances")["task_instances"]
+    }
     assert states["train"] == states["evaluate"] == states["summary"] == "success", states
     # plan_shards, write_shards and merge_shards sit in the shard_set task group, collapsed by default.
     expand = page.get_by_test_id("expand-all-button").first

@@ -14,6 +14,7 @@ so their shard sets must come out byte-identical to it. Assertions read the mani
 lists, never hard-coded shard names. Figures (time to recover, tasks retried) are printed and kept
 in bench/RESULTS.md ("CeleryExecutor").
 """
+
 from __future__ import annotations
 
 import json
@@ -39,9 +40,12 @@ RUN_TIMEOUT_S = 600
 DATA = {"shards.partitions": PARTS, "corpus.max_articles": 60}
 # Test-only timing: a lost worker's task is declared dead after 20 s (production default: 300 s).
 # Retries keep the production shape (doubling), starting at 10 s so 2 retries outlast a 20 s outage.
-TIMING = {"AIRFLOW__SCHEDULER__TASK_INSTANCE_HEARTBEAT_TIMEOUT": "20",
-          "AIRFLOW__SCHEDULER__TASK_INSTANCE_HEARTBEAT_TIMEOUT_DETECTION_INTERVAL": "5",
-          "MLM_RETRY_DELAY_S": "10", "MLM_REFRESH_SCHEDULE": "none"}
+TIMING = {
+    "AIRFLOW__SCHEDULER__TASK_INSTANCE_HEARTBEAT_TIMEOUT": "20",
+    "AIRFLOW__SCHEDULER__TASK_INSTANCE_HEARTBEAT_TIMEOUT_DETECTION_INTERVAL": "5",
+    "MLM_RETRY_DELAY_S": "10",
+    "MLM_REFRESH_SCHEDULE": "none",
+}
 
 figure = Figures("celery")  # printed as they come, and all at the end (-s shows them)
 
@@ -54,8 +58,11 @@ def shared(tmp_path_factory) -> Path:
 @pytest.fixture(scope="module")
 def stack(tmp_path_factory, shared):
     t0 = time.monotonic()
-    with running_stack(tmp_path_factory.mktemp("celery-stack"), executor="CeleryExecutor",
-                       extra_env={**TIMING, "MLM_SHARED_OUTPUT_ROOTS": str(shared)}) as stack:
+    with running_stack(
+        tmp_path_factory.mktemp("celery-stack"),
+        executor="CeleryExecutor",
+        extra_env={**TIMING, "MLM_SHARED_OUTPUT_ROOTS": str(shared)},
+    ) as stack:
         for name, queues in WORKERS.items():
             stack.start_worker(name, queues)
         figure("stack start (PostgreSQL, Redis, 4 services, 2 workers) s", round(time.monotonic() - t0, 1))
@@ -72,8 +79,11 @@ def api(stack) -> AirflowApi:
 
 
 def conf(output_root: Path) -> dict:
-    return {"config_file": str(ROOT / "configs" / "tiny.yaml"), "output_root": str(output_root),
-            "overrides": dict(DATA)}
+    return {
+        "config_file": str(ROOT / "configs" / "tiny.yaml"),
+        "output_root": str(output_root),
+        "overrides": dict(DATA),
+    }
 
 
 def trigger(api: AirflowApi, run_id: str, output_root: Path) -> str:
@@ -163,8 +173,13 @@ def test_workers_hold_no_metadata_db_or_token_secret(stack, undisturbed):
     dotenv = stack.spec.dotenv
     for name in WORKERS:
         environ = "\n".join(f"{k}={v}" for k, v in stack.env_of(name).items())
-        for key in ("POSTGRES_PASSWORD", "AIRFLOW__API_AUTH__JWT_SECRET", "AIRFLOW__API__SECRET_KEY",
-                    "AIRFLOW__CORE__FERNET_KEY", "AIRFLOW_ADMIN_PASSWORD"):
+        for key in (
+            "POSTGRES_PASSWORD",
+            "AIRFLOW__API_AUTH__JWT_SECRET",
+            "AIRFLOW__API__SECRET_KEY",
+            "AIRFLOW__CORE__FERNET_KEY",
+            "AIRFLOW_ADMIN_PASSWORD",
+        ):
             assert dotenv[key] not in environ, f"{name} holds {key}"
         assert "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN" not in environ
         assert dotenv["CELERY_RESULT_DB_PASSWORD"] in environ and dotenv["REDIS_PASSWORD"] in environ
@@ -283,9 +298,14 @@ def celery_control(stack, *args: str) -> str:
     import sys
 
     celery = str(Path(sys.executable).parent / "celery")
-    done = subprocess.run([celery, "--app", "airflow.providers.celery.executors.celery_executor.app", *args],
-                          env=stack.spec.envs["airflow-worker"], capture_output=True, text=True, timeout=120,
-                          cwd=stack.spec.home)
+    done = subprocess.run(
+        [celery, "--app", "airflow.providers.celery.executors.celery_executor.app", *args],
+        env=stack.spec.envs["airflow-worker"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=stack.spec.home,
+    )
     assert done.returncode == 0, done.stdout + done.stderr
     return done.stdout
 

@@ -4,6 +4,7 @@ file hands airflow-init every one of them, so the check sees what the operator s
 
     .venv/bin/python -m pytest tests/deploy/test_check_secrets.py
 """
+
 from __future__ import annotations
 
 import re
@@ -24,8 +25,9 @@ def secrets_section() -> list[str]:
 
 
 def run(env: dict[str, str]) -> subprocess.CompletedProcess:
-    return subprocess.run(["bash", str(SCRIPT)], env={"PATH": "/usr/bin:/bin", **env}, capture_output=True,
-                          text=True, timeout=30)
+    return subprocess.run(
+        ["bash", str(SCRIPT)], env={"PATH": "/usr/bin:/bin", **env}, capture_output=True, text=True, timeout=30
+    )
 
 
 def good() -> dict[str, str]:
@@ -36,8 +38,12 @@ def test_the_script_checks_exactly_the_secrets_of_env_example():
     listed = re.search(r"^SECRETS=\(\n(.*?)\n\)", SCRIPT.read_text(), re.M | re.S).group(1).split()
     assert listed == secrets_section()
     assert set(listed) == set(GENERATED), "the stack harness generates every secret (peers/airflow_stack.py)"
-    example = {k: v for k, v in (line.split("=", 1) for line in (ROOT / ".env.example").read_text().splitlines()
-                                 if re.match(r"^[A-Z]", line))}
+    example = {
+        k: v
+        for k, v in (
+            line.split("=", 1) for line in (ROOT / ".env.example").read_text().splitlines() if re.match(r"^[A-Z]", line)
+        )
+    }
     for key in listed:
         assert example[key].startswith("change-me"), f"{key}: .env.example must ship the placeholder"
 
@@ -79,7 +85,11 @@ def test_airflow_init_runs_the_check_first_and_gets_every_secret():
     for key in secrets_section():
         assert key in env or f"${{{key}:?" in text, f"airflow-init cannot check {key}: compose does not give it"
     # A bad secret stops init before `airflow db migrate` (no airflow on PATH here: it would fail differently).
-    done = subprocess.run(["bash", str(ROOT / "deploy" / "airflow-init.sh")],
-                          env={"PATH": "/usr/bin:/bin", **good(), "FLOWER_PASSWORD": "change-me"},
-                          capture_output=True, text=True, timeout=30)
+    done = subprocess.run(
+        ["bash", str(ROOT / "deploy" / "airflow-init.sh")],
+        env={"PATH": "/usr/bin:/bin", **good(), "FLOWER_PASSWORD": "change-me"},
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
     assert done.returncode == 1 and "FLOWER_PASSWORD" in done.stderr, done

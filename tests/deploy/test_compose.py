@@ -7,6 +7,7 @@ secrets each service holds (no `env_file: .env` anywhere), and no secret on a co
 
     .venv/bin/python -m pytest tests/deploy/test_compose.py
 """
+
 from __future__ import annotations
 
 import re
@@ -85,9 +86,12 @@ def test_ui_on_localhost_8080_and_tasks_reach_the_api_server(compose):
 def test_volumes_mount_project_folders_and_declared_named_volumes(compose):
     volumes = compose["x-airflow-common"]["volumes"]
     binds = {v.split(":")[1]: v.split(":")[0] for v in volumes if v.startswith(".")}
-    assert binds == {"/opt/airflow/dags": "./dags", "/opt/airflow/plugins": "./plugins",
-                     "/opt/airflow/configs": "./configs",
-                     "/opt/airflow/deploy/deployment.yaml": "./deploy/deployment.yaml"}
+    assert binds == {
+        "/opt/airflow/dags": "./dags",
+        "/opt/airflow/plugins": "./plugins",
+        "/opt/airflow/configs": "./configs",
+        "/opt/airflow/deploy/deployment.yaml": "./deploy/deployment.yaml",
+    }
     for source in binds.values():
         assert (ROOT / source).exists(), source
     named = {v.split(":")[0] for v in volumes if not v.startswith(".")}
@@ -102,8 +106,12 @@ def test_volumes_mount_project_folders_and_declared_named_volumes(compose):
         assert ("airflow-auth:/opt/airflow/auth" in mounts) == (name in TASK_RUNNERS), name
     env = compose["x-airflow-common"]["environment"]
     mounted = {v.split(":")[1] for v in volumes}
-    for key in ("AIRFLOW__CORE__DAGS_FOLDER", "AIRFLOW__CORE__PLUGINS_FOLDER", "MLM_CONFIG_DIR",
-                "AIRFLOW__LOGGING__BASE_LOG_FOLDER"):
+    for key in (
+        "AIRFLOW__CORE__DAGS_FOLDER",
+        "AIRFLOW__CORE__PLUGINS_FOLDER",
+        "MLM_CONFIG_DIR",
+        "AIRFLOW__LOGGING__BASE_LOG_FOLDER",
+    ):
         assert env[key] in mounted, f"{key} points outside the mounted volumes"
 
 
@@ -112,8 +120,9 @@ def test_harness_runs_the_same_commands_and_environment(compose, spec):
     for name in AIRFLOW_SERVICES:
         argv = spec.commands[name]
         assert Path(argv[0]).name == services[name]["command"][0]
-        assert [stack.translate(a, stack.path_map(services[name], spec.home)) for a in services[name]["command"][1:]] \
-            == argv[1:]
+        assert [
+            stack.translate(a, stack.path_map(services[name], spec.home)) for a in services[name]["command"][1:]
+        ] == argv[1:]
     assert Path(spec.commands["airflow-init"][1]) == ROOT / "deploy" / "airflow-init.sh"
 
     for name in (*AIRFLOW_SERVICES, "airflow-worker"):
@@ -123,15 +132,23 @@ def test_harness_runs_the_same_commands_and_environment(compose, spec):
         # Each process gets its service's environment, nothing of .env besides (AIRFLOW_HOME and PATH
         # are the image's ENV).
         assert set(env) == {*environment, "AIRFLOW_HOME", "PATH"}, name
-        changed = {k for k, v in environment.items()
-                   if env[k] != stack.translate(interpolate(str(v), spec.dotenv), pairs)}
+        changed = {
+            k for k, v in environment.items() if env[k] != stack.translate(interpolate(str(v), spec.dotenv), pairs)
+        }
         # MLM_DEPLOYMENT: a copy of the file whose container paths are mapped the same way.
         assert changed == (set(stack.LOCAL_KEYS) | {"MLM_DEPLOYMENT"}) & set(environment), name
-        for key in changed & {"AIRFLOW__DATABASE__SQL_ALCHEMY_CONN", "AIRFLOW__CELERY__RESULT_BACKEND",
-                              "AIRFLOW__CELERY__BROKER_URL"}:  # only the peer's address differs
+        for key in changed & {
+            "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN",
+            "AIRFLOW__CELERY__RESULT_BACKEND",
+            "AIRFLOW__CELERY__BROKER_URL",
+        }:  # only the peer's address differs
             there, here = urlsplit(interpolate(environment[key], spec.dotenv)), urlsplit(env[key])
             assert (here.scheme, here.username, here.password, here.path) == (
-                there.scheme, there.username, there.password, there.path), key
+                there.scheme,
+                there.username,
+                there.password,
+                there.path,
+            ), key
             assert here.hostname == "127.0.0.1" and there.hostname in services, key
     env = spec.envs["airflow-apiserver"]
     assert env["AIRFLOW__CORE__DAGS_FOLDER"] == str(ROOT / "dags")
@@ -143,8 +160,12 @@ def test_harness_runs_the_same_commands_and_environment(compose, spec):
 
 def test_env_example_holds_connections_and_secrets_and_env_is_ignored(compose):
     example = read_env_file(ROOT / ".env.example")
-    for key in ("AIRFLOW_CONN_GOOGLE_CLOUD_DEFAULT", "AIRFLOW_CONN_TPU_SSH", "AIRFLOW_CONN_HUGGINGFACE_DEFAULT",
-                *stack.GENERATED):
+    for key in (
+        "AIRFLOW_CONN_GOOGLE_CLOUD_DEFAULT",
+        "AIRFLOW_CONN_TPU_SSH",
+        "AIRFLOW_CONN_HUGGINGFACE_DEFAULT",
+        *stack.GENERATED,
+    ):
         assert key in example, key
     for key in stack.GENERATED:
         assert example[key].startswith("change-me"), f"{key}: .env.example must not hold a real secret"
@@ -164,11 +185,19 @@ ALL_SECRETS = set(stack.GENERATED)
 HOLDS = {
     "postgres": {"POSTGRES_SUPERUSER_PASSWORD"},  # the superuser's; Airflow's own role is made by airflow-init
     "airflow-init": ALL_SECRETS,  # checks them all (deploy/check-secrets.sh), runs no task code
-    "airflow-apiserver": {"POSTGRES_PASSWORD", "AIRFLOW__CORE__FERNET_KEY", "AIRFLOW__API__SECRET_KEY",
-                          "AIRFLOW__API_AUTH__JWT_SECRET"},
+    "airflow-apiserver": {
+        "POSTGRES_PASSWORD",
+        "AIRFLOW__CORE__FERNET_KEY",
+        "AIRFLOW__API__SECRET_KEY",
+        "AIRFLOW__API_AUTH__JWT_SECRET",
+    },
     # Mints task tokens; under the LocalExecutor its tasks can read this (docs/security.md).
-    "airflow-scheduler": {"POSTGRES_PASSWORD", "AIRFLOW__API_AUTH__JWT_SECRET", "REDIS_PASSWORD",
-                          "CELERY_RESULT_DB_PASSWORD"},
+    "airflow-scheduler": {
+        "POSTGRES_PASSWORD",
+        "AIRFLOW__API_AUTH__JWT_SECRET",
+        "REDIS_PASSWORD",
+        "CELERY_RESULT_DB_PASSWORD",
+    },
     "airflow-dag-processor": {"POSTGRES_PASSWORD", "AIRFLOW__CORE__FERNET_KEY"},
     "airflow-triggerer": {"POSTGRES_PASSWORD", "AIRFLOW__CORE__FERNET_KEY"},  # a DB job in Airflow 3.3
     "airflow-worker": {"REDIS_PASSWORD", "CELERY_RESULT_DB_PASSWORD"},
@@ -179,8 +208,10 @@ HOLDS = {
 
 def _unique_dotenv() -> dict[str, str]:
     """.env.example with a distinct, recognisable value for every secret."""
-    return {**read_env_file(ROOT / ".env.example"), **{key: f"SECRET{i}x{key.lower()}" for i, key in
-                                                       enumerate(sorted(ALL_SECRETS))}}
+    return {
+        **read_env_file(ROOT / ".env.example"),
+        **{key: f"SECRET{i}x{key.lower()}" for i, key in enumerate(sorted(ALL_SECRETS))},
+    }
 
 
 def _secrets_in(text: str, dotenv: dict[str, str]) -> set[str]:
@@ -217,8 +248,9 @@ def test_no_secret_on_a_command_line(compose):
                 continue
             for key in ALL_SECRETS:
                 if f"${key}" in line or f"${{{key}" in line:
-                    assert re.search(rf"(^|\s)(value=|hash=|\w+=\"\${key}\"|if \[\[)", line) or "printf" in line, \
+                    assert re.search(rf"(^|\s)(value=|hash=|\w+=\"\${key}\"|if \[\[)", line) or "printf" in line, (
                         f"{script.name}: {line.strip()}"
+                    )
 
 
 def test_dockerfile_builds_from_the_lock_and_copies_what_compose_uses():
@@ -241,7 +273,8 @@ def test_image_has_the_postgres_drivers_the_stack_uses():
     for package in ("psycopg2-binary==", "asyncpg=="):
         assert re.search(rf"^{re.escape(package)}", lock, re.M), (
             f"{package.rstrip('=')} is not in requirements.txt: add it to requirements.in and `make lock` "
-            "(the scheduler needs psycopg2, the api-server asyncpg)")
+            "(the scheduler needs psycopg2, the api-server asyncpg)"
+        )
 
 
 def test_init_script_is_valid_bash_and_refuses_placeholder_secrets(tmp_path):
@@ -255,6 +288,7 @@ def test_init_script_is_valid_bash_and_refuses_placeholder_secrets(tmp_path):
 
 
 # --- the celery profile ----------------------------------------------------------------------------
+
 
 def test_celery_profile_services_and_scaling(compose):
     """`docker compose --profile celery up -d --scale airflow-worker=3` is valid: the profile holds
@@ -296,41 +330,61 @@ def test_celery_broker_and_result_backend(compose):
 
 
 def test_harness_runs_the_celery_profile_as_compose_does(compose, tmp_path):
-    spec = stack_spec(tmp_path, 15432, port=18080, compose=compose, variables={"MLM_EXECUTOR": "CeleryExecutor"},
-                      redis_port=16379)
+    spec = stack_spec(
+        tmp_path, 15432, port=18080, compose=compose, variables={"MLM_EXECUTOR": "CeleryExecutor"}, redis_port=16379
+    )
     env = spec.envs["airflow-worker"]
     assert env["AIRFLOW__CORE__EXECUTOR"] == "CeleryExecutor"
     assert env["AIRFLOW__CELERY__BROKER_URL"] == f"redis://:{spec.dotenv['REDIS_PASSWORD']}@127.0.0.1:16379/0"
     assert env["AIRFLOW__CELERY__RESULT_BACKEND"] == (
-        f"db+postgresql+psycopg2://celery_results:{spec.dotenv['CELERY_RESULT_DB_PASSWORD']}@127.0.0.1:15432/celery_results")
+        f"db+postgresql+psycopg2://celery_results:{spec.dotenv['CELERY_RESULT_DB_PASSWORD']}@127.0.0.1:15432/celery_results"
+    )
     assert spec.commands["airflow-worker"] == ["bash", str(ROOT / "deploy" / "celery-worker.sh")]
     assert spec.commands["redis"] == ["bash", str(ROOT / "deploy" / "redis-server.sh")]
     assert spec.envs["redis"]["REDIS_PASSWORD"] == spec.dotenv["REDIS_PASSWORD"]
     from peers.redis_server import RedisServer
 
     loopback = RedisServer(None, tmp_path / "r", "pw", port=16379).argv(spec.commands["redis"])
-    assert loopback[:len(spec.commands["redis"])] == spec.commands["redis"]  # compose's command, then loopback's flags
+    assert loopback[: len(spec.commands["redis"])] == spec.commands["redis"]  # compose's command, then loopback's flags
 
 
 def test_worker_script_refuses_the_local_executor_and_reads_the_queues(tmp_path):
     script = ROOT / "deploy" / "celery-worker.sh"
     assert subprocess.run(["bash", "-n", str(script)]).returncode == 0
     base = {"PATH": f"{tmp_path}:/usr/bin:/bin", "AIRFLOW__CELERY__BROKER_URL": "redis://:secret@redis:6379/0"}
-    done = subprocess.run(["bash", str(script)], env={**base, "AIRFLOW__CORE__EXECUTOR": "LocalExecutor"},
-                          capture_output=True, text=True, timeout=30)
+    done = subprocess.run(
+        ["bash", str(script)],
+        env={**base, "AIRFLOW__CORE__EXECUTOR": "LocalExecutor"},
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
     assert done.returncode == 1 and "MLM_EXECUTOR=CeleryExecutor" in done.stderr
     # A stand-in `airflow` on PATH shows the command line the worker would run.
     (tmp_path / "airflow").write_text('#!/bin/sh\necho "$@"\n')
     (tmp_path / "airflow").chmod(0o755)
     celery = {**base, "AIRFLOW__CORE__EXECUTOR": "CeleryExecutor"}
-    for env, queues in (({}, "cpu,control"), ({"MLM_CPU_QUEUE": "heavy", "MLM_CONTROL_QUEUE": "light"}, "heavy,light"),
-                        ({"MLM_WORKER_QUEUES": "control"}, "control")):
-        done = subprocess.run(["bash", str(script), "--celery-hostname", "w1"], env={**celery, **env},
-                              capture_output=True, text=True, timeout=30)
+    for env, queues in (
+        ({}, "cpu,control"),
+        ({"MLM_CPU_QUEUE": "heavy", "MLM_CONTROL_QUEUE": "light"}, "heavy,light"),
+        ({"MLM_WORKER_QUEUES": "control"}, "control"),
+    ):
+        done = subprocess.run(
+            ["bash", str(script), "--celery-hostname", "w1"],
+            env={**celery, **env},
+            capture_output=True,
+            text=True,
+            timeout=30,
+        )
         assert done.stdout.splitlines()[-1] == f"celery worker --queues {queues} --celery-hostname w1", done
     for broker in ("redis://:change-me@redis:6379/0", "redis://redis:6379/0", ""):
-        done = subprocess.run(["bash", str(script)], env={**celery, "AIRFLOW__CELERY__BROKER_URL": broker},
-                              capture_output=True, text=True, timeout=30)
+        done = subprocess.run(
+            ["bash", str(script)],
+            env={**celery, "AIRFLOW__CELERY__BROKER_URL": broker},
+            capture_output=True,
+            text=True,
+            timeout=30,
+        )
         assert done.returncode == 1 and "REDIS_PASSWORD" in done.stderr, broker
 
 
@@ -338,8 +392,12 @@ def test_env_example_documents_executor_and_queues():
     example = read_env_file(ROOT / ".env.example")
     assert example["MLM_EXECUTOR"] == "LocalExecutor"
     assert (example["MLM_CPU_QUEUE"], example["MLM_CONTROL_QUEUE"]) == ("cpu", "control")
-    for key in ("MLM_WORKER_QUEUES", "MLM_SHARED_OUTPUT_ROOTS", "AIRFLOW__CELERY__WORKER_CONCURRENCY",
-                "COMPOSE_PROFILES"):
+    for key in (
+        "MLM_WORKER_QUEUES",
+        "MLM_SHARED_OUTPUT_ROOTS",
+        "AIRFLOW__CELERY__WORKER_CONCURRENCY",
+        "COMPOSE_PROFILES",
+    ):
         assert key in example, key
 
 
@@ -364,8 +422,13 @@ def test_every_service_reads_the_deployment_file_and_it_bounds_runs(compose, mon
         assert env["MLM_DEPLOYMENT"] == "/opt/airflow/deploy/deployment.yaml", name
         # mounted read-only over the image's copy: task code, which runs in these, cannot change it
         assert "./deploy/deployment.yaml:/opt/airflow/deploy/deployment.yaml:ro" in compose["services"][name]["volumes"]
-    for key, value in {**dotenv, "MLM_GCP_CONN_ID": "google_cloud_default", "MLM_TPU_PROJECT": "team-project",
-                       "MLM_GCS_ROOT": "gs://team-bucket/mlm", "MLM_SHARED_OUTPUT_ROOTS": ""}.items():
+    for key, value in {
+        **dotenv,
+        "MLM_GCP_CONN_ID": "google_cloud_default",
+        "MLM_TPU_PROJECT": "team-project",
+        "MLM_GCS_ROOT": "gs://team-bucket/mlm",
+        "MLM_SHARED_OUTPUT_ROOTS": "",
+    }.items():
         monkeypatch.setenv(key, value)
     dep = Deployment.load(str(ROOT / "deploy" / "deployment.yaml"))
     assert dep.settings["tpu"]["project"] == "team-project" and "tpu.api_endpoint" in dep.owned_keys()
@@ -374,9 +437,15 @@ def test_every_service_reads_the_deployment_file_and_it_bounds_runs(compose, mon
     assert [(a.id, a.name) for a in dep.approvers] == [("1", "admin")] and dep.foreign_events == "refuse"
     assert dep.output_roots == ["/opt/airflow/out", "gs://team-bucket/mlm"]
     with pytest.raises(ConfigError, match="outside the roots this deployment allows"):
-        dep.check_run(dep.run_config({"output_root": "/opt/airflow/out"}).model_copy(
-            update={"output_root": "gs://someone-else/x"}))
+        dep.check_run(
+            dep.run_config({"output_root": "/opt/airflow/out"}).model_copy(
+                update={"output_root": "gs://someone-else/x"}
+            )
+        )
     monkeypatch.setenv("MLM_GCS_ROOT", "")  # unset in .env: no bucket at all, never "any folder"
     monkeypatch.setenv("MLM_SHARED_OUTPUT_ROOTS", "/mnt/a:/mnt/b")  # the declared shared mounts may be written
     assert Deployment.load(str(ROOT / "deploy" / "deployment.yaml")).output_roots == [
-        "/opt/airflow/out", "/mnt/a", "/mnt/b"]
+        "/opt/airflow/out",
+        "/mnt/a",
+        "/mnt/b",
+    ]

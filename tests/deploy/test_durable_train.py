@@ -20,6 +20,7 @@ a killed triggerer's triggers move to a live one after 10 s (`triggerer_health_c
 production default 30 s; heartbeat 2 s, default 5 s).
 Figures are printed (`[durable figure] ...`).
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -56,11 +57,23 @@ WORKER = "worker-a"
 STEP_S = 0.25
 REFERENCE = "reference"  # the run id of the model the real train step makes for the stand-in to hand on
 RUN_TIMEOUT_S = 300
-TIMING = {"AIRFLOW__TRIGGERER__JOB_HEARTBEAT_SEC": "2", "AIRFLOW__TRIGGERER__TRIGGERER_HEALTH_CHECK_THRESHOLD": "10",
-          "MLM_RETRY_DELAY_S": "5", "MLM_REFRESH_SCHEDULE": "none", "MLM_TPU_RETRY_INITIAL_S": "0.05"}
+TIMING = {
+    "AIRFLOW__TRIGGERER__JOB_HEARTBEAT_SEC": "2",
+    "AIRFLOW__TRIGGERER__TRIGGERER_HEALTH_CHECK_THRESHOLD": "10",
+    "MLM_RETRY_DELAY_S": "5",
+    "MLM_REFRESH_SCHEDULE": "none",
+    "MLM_TPU_RETRY_INITIAL_S": "0.05",
+}
 # Run settings of every run: tight follow and watchdog timings (a stalled trainer fails a try after 1 min).
-FOLLOW = {"train.checkpoint_every": 10, "train.heartbeat_s": 1, "train.stall_minutes": 1, "train.follow_poll_s": 0.5,
-          "train.progress_log_s": 1, "tpu.poll_interval_s": 0.2, "tpu.zone": ZONE}
+FOLLOW = {
+    "train.checkpoint_every": 10,
+    "train.heartbeat_s": 1,
+    "train.stall_minutes": 1,
+    "train.follow_poll_s": 0.5,
+    "train.progress_log_s": 1,
+    "tpu.poll_interval_s": 0.2,
+    "tpu.zone": ZONE,
+}
 PROGRESS = "Training: step "
 # The shard set and the reference model, by the real steps (the DAG's plan_shards then finds the set).
 PREPARE = f"""import sys
@@ -92,8 +105,14 @@ def output_root(gcs) -> str:
 def preparing(output_root, tf_gcs_env):
     """The subprocess writing the shard set and the reference model (started before the stack)."""
     env = {**os.environ, **tf_gcs_env, "PYTHONPATH": os.pathsep.join([str(ROOT), str(ROOT / "tests")])}
-    proc = subprocess.Popen([sys.executable, "-c", PREPARE, output_root], env=env, text=True,
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, cwd=ROOT)
+    proc = subprocess.Popen(
+        [sys.executable, "-c", PREPARE, output_root],
+        env=env,
+        text=True,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        cwd=ROOT,
+    )
     yield proc
     if proc.poll() is None:
         proc.kill()
@@ -124,13 +143,28 @@ def workdir(shared) -> Path:
 def deployment(shared, output_root, workdir, tpu_api, sshd, gcs) -> Path:
     """The deployment file: everything about the VM (endpoint, port, python, workdir) is set here only."""
     python = write_stand_in(shared, STEP_S, model_from=REFERENCE)
-    tpu = {"project": PROJECT, "api_endpoint": tpu_api.url, "transport": "rest", "ssh_conn_id": "tpu_ssh",
-           "ssh_port": sshd.port, "python": str(python), "workdir": str(workdir), "bootstrap": False,
-           "env": {"STORAGE_EMULATOR_HOST": gcs.endpoint}}  # the VM's gs:// is the emulator
+    tpu = {
+        "project": PROJECT,
+        "api_endpoint": tpu_api.url,
+        "transport": "rest",
+        "ssh_conn_id": "tpu_ssh",
+        "ssh_port": sshd.port,
+        "python": str(python),
+        "workdir": str(workdir),
+        "bootstrap": False,
+        "env": {"STORAGE_EMULATOR_HOST": gcs.endpoint},
+    }  # the VM's gs:// is the emulator
     path = shared / "deployment.yaml"
-    path.write_text(yaml.safe_dump({"settings": {"gcp_conn_id": "google_cloud_default", "tpu": tpu},
-                                    "output_roots": [output_root], "config_dirs": [str(ROOT / "configs")],
-                                    "zones": [ZONE]}))
+    path.write_text(
+        yaml.safe_dump(
+            {
+                "settings": {"gcp_conn_id": "google_cloud_default", "tpu": tpu},
+                "output_roots": [output_root],
+                "config_dirs": [str(ROOT / "configs")],
+                "zones": [ZONE],
+            }
+        )
+    )
     return path
 
 
@@ -138,11 +172,17 @@ def deployment(shared, output_root, workdir, tpu_api, sshd, gcs) -> Path:
 def stack(tmp_path_factory, shared, deployment, preparing, sshd, sa_key, tf_gcs_env):
     registry = shared / "tpu-registry"
     registry.mkdir()
-    env = {**TIMING, **tf_gcs_env, "MLM_DEPLOYMENT": str(deployment),
-           "MLM_TPU_REGISTRY": str(registry), "MLM_TPU_ZONES": ZONE,
-           "AIRFLOW_CONN_TPU_SSH": airflow_conn_uri(sshd, no_host_key_check=False),  # pins the published host key
-           "AIRFLOW_CONN_GOOGLE_CLOUD_DEFAULT": json.dumps({"conn_type": "google_cloud_platform",
-                                                            "extra": {"keyfile_dict": json.dumps(sa_key)}})}
+    env = {
+        **TIMING,
+        **tf_gcs_env,
+        "MLM_DEPLOYMENT": str(deployment),
+        "MLM_TPU_REGISTRY": str(registry),
+        "MLM_TPU_ZONES": ZONE,
+        "AIRFLOW_CONN_TPU_SSH": airflow_conn_uri(sshd, no_host_key_check=False),  # pins the published host key
+        "AIRFLOW_CONN_GOOGLE_CLOUD_DEFAULT": json.dumps(
+            {"conn_type": "google_cloud_platform", "extra": {"keyfile_dict": json.dumps(sa_key)}}
+        ),
+    }
     t0 = time.monotonic()
     with running_stack(tmp_path_factory.mktemp("durable-stack"), executor="CeleryExecutor", extra_env=env) as stack:
         stack.start_worker(WORKER, "cpu,control", concurrency=1)
@@ -163,8 +203,16 @@ def api(stack, preparing) -> AirflowApi:
 
 
 def trigger(api: AirflowApi, run_id: str, output_root: str, steps: int) -> str:
-    conf = {"config_file": str(ROOT / "configs" / "tiny.yaml"), "output_root": output_root, "compute": "tpu_vm",
-            "vocab_size": 1000, "max_length": 64, "steps": steps, "batch_size": 8, "overrides": dict(FOLLOW)}
+    conf = {
+        "config_file": str(ROOT / "configs" / "tiny.yaml"),
+        "output_root": output_root,
+        "compute": "tpu_vm",
+        "vocab_size": 1000,
+        "max_length": 64,
+        "steps": steps,
+        "batch_size": 8,
+        "overrides": dict(FOLLOW),
+    }
     assert api.trigger(DAG_ID, conf=conf, run_id=run_id)["state"] == "queued"
     return run_id
 
@@ -220,6 +268,7 @@ class TrainWatch(threading.Thread):
 
 def deferred_and_past(api: AirflowApi, watch: TrainWatch, output_root: str, run_id: str, step: int) -> dict:
     """The status record once train is deferred and its trainer has passed `step`."""
+
     def ready():
         record = status(output_root, run_id)
         return watch.state == "deferred" and record.get("step", 0) >= step and record
@@ -278,10 +327,13 @@ def test_scheduler_restart_and_triggerer_sigkill_mid_training_lose_no_step(api, 
     assert tis["write_shards"]["state"] == "skipped"  # the prepared shard set: no shard written in this module
     assert killed_at_step < reattached_at_step < steps, (
         f"the trainer did not run on while the triggerer was down: step {killed_at_step} when it was killed, "
-        f"{reattached_at_step} when the new one logged, of {steps}")
+        f"{reattached_at_step} when the new one logged, of {steps}"
+    )
     figure("scheduler restart + triggerer SIGKILL: restart to the next progress line s", round(reattach_s, 1))
-    figure("... trainer steps made meanwhile / steps lost / starts",
-           (reattached_at_step - killed_at_step, len(made) - len({s for _, s in made}), record["starts"]))
+    figure(
+        "... trainer steps made meanwhile / steps lost / starts",
+        (reattached_at_step - killed_at_step, len(made) - len({s for _, s in made}), record["starts"]),
+    )
 
 
 def test_train_holds_no_worker_slot_while_it_trains(api, stack, output_root):
@@ -298,18 +350,24 @@ def test_train_holds_no_worker_slot_while_it_trains(api, stack, output_root):
     deferred = [(since, until) for s, since, until in watch.spans if s == "deferred"]
     for ti in api.task_instances(JANITOR, janitor):
         assert ti["state"] == "success" and ti["hostname"] == WORKER, ti
-        assert any(since < epoch(ti["start_date"]) and epoch(ti["end_date"]) < until for since, until in deferred), \
-            (ti["task_id"], ti["start_date"], ti["end_date"], watch.spans)
+        assert any(since < epoch(ti["start_date"]) and epoch(ti["end_date"]) < until for since, until in deferred), (
+            ti["task_id"],
+            ti["start_date"],
+            ti["end_date"],
+            watch.spans,
+        )
     assert trained["state"] == "running", "training ended before the janitor had run"
     assert api.task_instance(DAG_ID, run_id, "train")["hostname"] == WORKER
     held, waited = watch.seconds_in("running"), watch.seconds_in("deferred")
     assert held < waited / 2, watch.spans
-    figure("slot-seconds train held (start + resume) / seconds deferred while training",
-           (round(held, 1), round(waited, 1)))
+    figure(
+        "slot-seconds train held (start + resume) / seconds deferred while training", (round(held, 1), round(waited, 1))
+    )
 
 
-def test_marking_train_failed_stops_the_trainer_and_the_teardown_deletes_the_vm(api, stack, output_root, workdir,
-                                                                                tpu_api):
+def test_marking_train_failed_stops_the_trainer_and_the_teardown_deletes_the_vm(
+    api, stack, output_root, workdir, tpu_api
+):
     run_id = "durable-mark-failed"
     with TrainWatch(stack, trigger(api, run_id, output_root, 400)) as watch:
         pid = deferred_and_past(api, watch, output_root, run_id, 3)["pid"]
@@ -319,8 +377,9 @@ def test_marking_train_failed_stops_the_trainer_and_the_teardown_deletes_the_vm(
         # has an on_kill. One marked failed before the triggerer picked it up ends with the VM's delete.
         wait_for("the trigger's first progress line", lambda: progress_lines(api, run_id) >= 1, 60, 0.5)
         marked_at = time.monotonic()
-        reply = api.client.patch(f"/dags/{DAG_ID}/dagRuns/{quote(run_id, safe='')}/taskInstances/train",
-                                 json={"new_state": "failed"})
+        reply = api.client.patch(
+            f"/dags/{DAG_ID}/dagRuns/{quote(run_id, safe='')}/taskInstances/train", json={"new_state": "failed"}
+        )
         assert reply.status_code == 200, reply.text
         wait_for(f"the trainer (pid {pid}) to stop", lambda: gone(pid), 60, 0.2)  # within a minute
         stopped_s = time.monotonic() - marked_at

@@ -5,6 +5,7 @@ on no command line of its process.
 
     .venv/bin/python -m pytest tests/deploy/test_flower.py
 """
+
 from __future__ import annotations
 
 import secrets
@@ -30,7 +31,8 @@ def flower(tmp_path):
     env = {**spec.envs[FLOWER], "AIRFLOW__CELERY__FLOWER_HOST": "127.0.0.1", "AIRFLOW__CELERY__FLOWER_PORT": str(port)}
     try:
         RedisServer(procs, tmp_path / "redis", spec.envs["redis"]["REDIS_PASSWORD"], port=spec.redis_port).start(
-            spec.commands["redis"])
+            spec.commands["redis"]
+        )
         proc = procs.start(FLOWER, spec.commands[FLOWER], env, cwd=spec.home)
         url = f"http://127.0.0.1:{port}"
         deadline = time.monotonic() + 180

@@ -4,6 +4,7 @@ key it installs is readable by the Airflow user, uid 50000, where the file `dock
 
     .venv/bin/python -m pytest tests/deploy/test_install_secret.py
 """
+
 from __future__ import annotations
 
 import os
@@ -37,8 +38,9 @@ def auth_dir():
 
 def _install(auth_dir: Path, name: str, data: str, user: int | None = None) -> subprocess.CompletedProcess:
     env = {"PATH": "/usr/bin:/bin", "MLM_AUTH_DIR": str(auth_dir)}
-    return subprocess.run(["bash", str(SCRIPT), name], input=data, env=env, capture_output=True, text=True,
-                          timeout=30, user=user)
+    return subprocess.run(
+        ["bash", str(SCRIPT), name], input=data, env=env, capture_output=True, text=True, timeout=30, user=user
+    )
 
 
 def _read_as_airflow(path: Path) -> subprocess.CompletedProcess:
@@ -63,11 +65,14 @@ def test_copied_key_is_unreadable_and_installed_key_is_readable_by_airflow(auth_
     assert sorted(p.name for p in auth_dir.iterdir()) == ["copied_key", "tpu_ssh_key"]
 
 
-@pytest.mark.parametrize("name, data, user, message", [
-    ("../escape", KEY, None, "plain file name"),
-    ("gcp-sa.json", "", None, "stdin was empty"),
-    ("tpu_ssh_key", KEY, AIRFLOW_UID, "run as root"),
-])
+@pytest.mark.parametrize(
+    "name, data, user, message",
+    [
+        ("../escape", KEY, None, "plain file name"),
+        ("gcp-sa.json", "", None, "stdin was empty"),
+        ("tpu_ssh_key", KEY, AIRFLOW_UID, "run as root"),
+    ],
+)
 def test_refuses_what_would_install_nothing_useful(auth_dir, name, data, user, message):
     done = _install(auth_dir, name, data, user=user)
     assert done.returncode != 0 and message in done.stderr
@@ -78,10 +83,13 @@ def test_readme_and_env_example_install_keys_with_this_script():
     """The manual (docs/operations.md, "Bring up Airflow") installs the key with this script, and no page
     of README.md or docs/ copies one in with `docker compose cp`."""
     operations = (ROOT / "docs" / "operations.md").read_text()
-    assert ("docker compose exec -T -u 0 airflow-scheduler bash /opt/airflow/deploy/install-secret.sh tpu_ssh_key"
-            in operations)
+    assert (
+        "docker compose exec -T -u 0 airflow-scheduler bash /opt/airflow/deploy/install-secret.sh tpu_ssh_key"
+        in operations
+    )
     for page in [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]:
-        assert not re.search(r"docker compose cp \S+ \S+:/opt/airflow/auth/", page.read_text()), \
+        assert not re.search(r"docker compose cp \S+ \S+:/opt/airflow/auth/", page.read_text()), (
             f"{page.name}: that file is root's, 0600"
+        )
     example = (ROOT / ".env.example").read_text()
     assert '"key_file": "/opt/airflow/auth/tpu_ssh_key"' in example and "no_host_key_check" not in example

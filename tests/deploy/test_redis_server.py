@@ -5,6 +5,7 @@ server, nor in plain text in the ACL file it reads.
 
     .venv/bin/python -m pytest tests/deploy/test_redis_server.py
 """
+
 from __future__ import annotations
 
 import secrets
@@ -48,8 +49,19 @@ def test_password_required_and_appendonly_on(redis):
     assert any(p.name.startswith("appendonly") for p in redis.dir.rglob("*"))  # the append-only file is written
 
 
-@pytest.mark.parametrize("command", ["CONFIG SET dir /tmp", "FLUSHALL", "KEYS *", "ACL LIST", "BGSAVE",
-                                     "EVAL \"return 1\" 0", "SHUTDOWN NOSAVE", "MONITOR"])
+@pytest.mark.parametrize(
+    "command",
+    [
+        "CONFIG SET dir /tmp",
+        "FLUSHALL",
+        "KEYS *",
+        "ACL LIST",
+        "BGSAVE",
+        'EVAL "return 1" 0',
+        "SHUTDOWN NOSAVE",
+        "MONITOR",
+    ],
+)
 def test_the_one_user_may_not_reconfigure_flush_or_script_the_server(redis, command):
     """The Celery broker's user (every worker, so every task's code, holds its password) gets the data
     commands only."""
@@ -90,7 +102,11 @@ def test_password_is_in_no_argv_environment_or_file(redis):
 
 def test_refuses_an_empty_password(tmp_path):
     script = ROOT / "deploy" / "redis-server.sh"
-    done = subprocess.run(["bash", str(script)], env={"PATH": "/usr/bin:/bin", "REDIS_PASSWORD": "",
-                                                      "MLM_REDIS_RUN_DIR": str(tmp_path)},
-                          capture_output=True, text=True, timeout=30)
+    done = subprocess.run(
+        ["bash", str(script)],
+        env={"PATH": "/usr/bin:/bin", "REDIS_PASSWORD": "", "MLM_REDIS_RUN_DIR": str(tmp_path)},
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
     assert done.returncode == 1 and "REDIS_PASSWORD" in done.stderr

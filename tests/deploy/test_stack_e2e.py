@@ -14,6 +14,7 @@ backend's own PostgreSQL role (no access to the metadata DB). Which service hold
 checked on the compose file (test_compose.py): /proc/<pid>/environ cannot tell, as Airflow's
 setproctitle overwrites that memory with the process title.
 """
+
 from __future__ import annotations
 
 import json
@@ -37,8 +38,13 @@ def runs(airflow_stack, airflow_api) -> dict[str, dict]:
     """Both runs triggered up front: {name: {"run_id", "output_root", "conf"}}."""
     from peers.airflow_stack import ROOT
 
-    tiny = {"config_file": str(ROOT / "configs" / "tiny.yaml"), "vocab_size": 1000, "max_length": 64,
-            "steps": 12, "batch_size": 8}
+    tiny = {
+        "config_file": str(ROOT / "configs" / "tiny.yaml"),
+        "vocab_size": 1000,
+        "max_length": 64,
+        "steps": 12,
+        "batch_size": 8,
+    }
     wanted = {
         "param": {**tiny, "steps": 10},
         "fault": tiny,  # run `rest-fault`: the stack's MLM_TRAIN_HOOKS fails its first try at step 6
@@ -55,7 +61,8 @@ def runs(airflow_stack, airflow_api) -> dict[str, dict]:
 def _finished(api, run: dict) -> dict:
     done = api.wait_for_run(DAG_ID, run["run_id"], timeout=RUN_TIMEOUT_S)
     assert done["state"] == "success", f"run {run['run_id']} ended {done['state']}:\n" + api.explain(
-        DAG_ID, run["run_id"])
+        DAG_ID, run["run_id"]
+    )
     return done
 
 
@@ -69,8 +76,9 @@ def test_rest_triggered_run_honours_changed_param(airflow_api, runs):
     assert done["conf"]["steps"] == 10 and done["run_type"] == "manual"
 
     # The validated config the tasks ran with (XCom of validate) carries the new value...
-    xcom = airflow_api.get(f"/dags/{DAG_ID}/dagRuns/{run['run_id']}/taskInstances/validate"
-                           "/xcomEntries/return_value", deserialize=True)
+    xcom = airflow_api.get(
+        f"/dags/{DAG_ID}/dagRuns/{run['run_id']}/taskInstances/validate/xcomEntries/return_value", deserialize=True
+    )
     config = xcom["value"] if isinstance(xcom["value"], dict) else json.loads(xcom["value"])
     assert config["train"]["steps"] == 10 and config["output_root"] == run["output_root"]
 
@@ -86,8 +94,10 @@ def test_rest_triggered_run_honours_changed_param(airflow_api, runs):
     assert predictions and predictions[0]["predictions"]
     assert (run_dir / "model" / "config.json").is_file()
 
-    states = {ti["task_id"]: ti["state"] for ti in airflow_api.get(
-        f"/dags/{DAG_ID}/dagRuns/{run['run_id']}/taskInstances")["task_instances"]}
+    states = {
+        ti["task_id"]: ti["state"]
+        for ti in airflow_api.get(f"/dags/{DAG_ID}/dagRuns/{run['run_id']}/taskInstances")["task_instances"]
+    }
     assert states["train"] == states["evaluate"] == states["summary"] == "success", states
 
 
@@ -109,9 +119,11 @@ def test_injected_fault_shows_try_2_succeeding(airflow_api, runs):
 
 # --- safe by default: roles, the result backend's role --------------------------------------------
 
+
 def _as(stack, username: str) -> httpx.Client:
-    return httpx.Client(base_url=f"{stack.url}/api/v2", timeout=60,
-                        headers={"Authorization": f"Bearer {stack.token_for(username)}"})
+    return httpx.Client(
+        base_url=f"{stack.url}/api/v2", timeout=60, headers={"Authorization": f"Bearer {stack.token_for(username)}"}
+    )
 
 
 def test_viewer_cannot_trigger_a_run_admin_can(airflow_stack, airflow_api, runs):
@@ -135,8 +147,11 @@ def test_a_rest_conf_cannot_set_a_deployment_setting(airflow_stack, airflow_api,
     """Through the real api-server, as an admin even: the conf's tpu.api_endpoint (which would receive
     the GCP connection's token) is refused by validate under the stack's deployment file, without
     retries, and nothing after validate runs."""
-    conf = {**runs["param"]["conf"], "output_root": str(data_volume(airflow_stack) / "out-boundary"),
-            "overrides": {"tpu.api_endpoint": "http://attacker.example"}}
+    conf = {
+        **runs["param"]["conf"],
+        "output_root": str(data_volume(airflow_stack) / "out-boundary"),
+        "overrides": {"tpu.api_endpoint": "http://attacker.example"},
+    }
     run = airflow_api.trigger(DAG_ID, conf=conf, run_id="rest-boundary")
     done = airflow_api.wait_for_run(DAG_ID, run["dag_run_id"], timeout=RUN_TIMEOUT_S)
     assert done["state"] == "failed"
@@ -165,8 +180,10 @@ def test_a_trainer_triggers_runs_but_cannot_release_mark_or_send_events(airflow_
     refresh = trainer.post("/dags/mlm_dataset_refresh/dagRuns", json={"logical_date": None})
     assert refresh.status_code == 403, refresh.text  # the edit it needs to trigger is on mlm_pretrain alone
     # It may trigger (a conf validate refuses at once, so the run costs nothing), not stop a run.
-    made = trainer.post(f"/dags/{DAG_ID}/dagRuns", json={"dag_run_id": "trainer-run", "logical_date": None,
-                                                         "conf": {"output_root": "/etc/mlm"}})
+    made = trainer.post(
+        f"/dags/{DAG_ID}/dagRuns",
+        json={"dag_run_id": "trainer-run", "logical_date": None, "conf": {"output_root": "/etc/mlm"}},
+    )
     assert made.status_code == 200, made.text
     assert trainer.patch(f"/dags/{DAG_ID}/dagRuns/trainer-run", json={"state": "failed"}).status_code == 403
     assert airflow_api.wait_for_run(DAG_ID, "trainer-run", timeout=RUN_TIMEOUT_S)["state"] == "failed"
@@ -178,9 +195,14 @@ def test_a_rest_made_shards_event_schedules_a_run_that_refuses_it(airflow_stack,
     says: here it would lift the deployment's approval pin and point the corpus at /etc."""
     user = _as(airflow_stack, "user")
     assets = user.get("/assets", params={"name_pattern": "mlm_shards"}).json()["assets"]
-    extra = {"fingerprint": "0123456789abcdef", "output_root": str(data_volume(airflow_stack) / "out-event"),
-             "data_config": {"corpus": {"source": "local_files", "local_paths": ["/etc/*"]},
-                             "publish": {"require_approval": False}}}
+    extra = {
+        "fingerprint": "0123456789abcdef",
+        "output_root": str(data_volume(airflow_stack) / "out-event"),
+        "data_config": {
+            "corpus": {"source": "local_files", "local_paths": ["/etc/*"]},
+            "publish": {"require_approval": False},
+        },
+    }
     made = user.post("/assets/events", json={"asset_id": assets[0]["id"], "extra": extra})
     assert made.status_code == 200, made.text
     assert made.json()["extra"]["from_rest_api"] is True
@@ -247,4 +269,3 @@ def test_result_backend_role_reaches_only_its_own_database(airflow_stack):
         psycopg2.connect(dbname="airflow", **login)
     with pytest.raises(psycopg2.OperationalError, match="password authentication failed"):
         psycopg2.connect(dbname=url.path.lstrip("/"), **{**login, "password": "wrong"})
-

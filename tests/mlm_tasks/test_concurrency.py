@@ -3,6 +3,7 @@
 The writers are real `python -m mlm_tasks build_shard_set` processes started together on the tiny
 config, so both train a tokenizer and write shards at the same time and race to publish.
 """
+
 import hashlib
 import json
 import os
@@ -25,10 +26,19 @@ RUN_IDS = [
     "manual__2024-01-01T00:00:00-00:00",
     "manual__2024-01-01T00-00-00-00-00",
     "manual__2024-01-01T00:00:00.000000+00:00",
-    "a:b", "a+b", "a b", "a::b", "a-b", "a/b", "a\\b",
-    safe_run_id("a:b"),                      # an id spelled like another id's safe form
-    "x" * 80 + ":1", "x" * 80 + ":2",        # long ids: the readable part is cut at 60 characters
-    ":", "+", "run",
+    "a:b",
+    "a+b",
+    "a b",
+    "a::b",
+    "a-b",
+    "a/b",
+    "a\\b",
+    safe_run_id("a:b"),  # an id spelled like another id's safe form
+    "x" * 80 + ":1",
+    "x" * 80 + ":2",  # long ids: the readable part is cut at 60 characters
+    ":",
+    "+",
+    "run",
 ]
 
 
@@ -44,10 +54,24 @@ def test_two_runs_never_share_an_output_path():
 
 
 def _prepare(output_root: str) -> subprocess.Popen:
-    args = [sys.executable, "-m", "mlm_tasks", "build_shard_set", "--config", str(ROOT / "configs" / "tiny.yaml"),
-            "--set", f"output_root={output_root}"]
-    return subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT,
-                            env={**os.environ, "TF_USE_LEGACY_KERAS": "1"})
+    args = [
+        sys.executable,
+        "-m",
+        "mlm_tasks",
+        "build_shard_set",
+        "--config",
+        str(ROOT / "configs" / "tiny.yaml"),
+        "--set",
+        f"output_root={output_root}",
+    ]
+    return subprocess.Popen(
+        args,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        cwd=ROOT,
+        env={**os.environ, "TF_USE_LEGACY_KERAS": "1"},
+    )
 
 
 def _race(output_root: str) -> list[tuple[dict, str]]:

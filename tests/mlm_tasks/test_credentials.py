@@ -1,6 +1,7 @@
 """mlm_tasks.credentials: the Google clients of mlm_tasks (gcsfs, google-cloud-storage) use what was
 handed in. The GCS emulator checks no token, so these tests assert which credentials object each client
 holds and that the key really went through the loopback OAuth peer (a JWT grant signed by it)."""
+
 import subprocess
 import sys
 from pathlib import Path

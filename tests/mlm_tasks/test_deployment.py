@@ -2,6 +2,7 @@
 (form, REST conf) or a dataset-refresh event may set run settings only, inside the deployment's
 roots; the deployment's own settings come on top. Real files: the deployment YAML, config files, a
 FIFO and a symlink out of the configs folder."""
+
 from __future__ import annotations
 
 import os
@@ -39,17 +40,27 @@ def test_without_a_file_airflow_still_refuses_every_deployment_setting(monkeypat
     monkeypatch.delenv("MLM_DEPLOYMENT", raising=False)
     assert Deployment.load() is None
     builtin = Deployment.for_airflow()
-    for overrides in ({"tpu.api_endpoint": "http://anywhere"}, {"publish.hf_conn_id": "x"},
-                      {"tpu": {"env": {"BROWSER": "sh -c id"}}}, {"publish.releases_root": str(tmp_path)}):
-        with pytest.raises(ConfigError, match=r"is a deployment setting: the trigger's settings may not set it "
-                                              r"\(the built-in boundary.*point MLM_DEPLOYMENT at it"):
+    for overrides in (
+        {"tpu.api_endpoint": "http://anywhere"},
+        {"publish.hf_conn_id": "x"},
+        {"tpu": {"env": {"BROWSER": "sh -c id"}}},
+        {"publish.releases_root": str(tmp_path)},
+    ):
+        with pytest.raises(
+            ConfigError,
+            match=r"is a deployment setting: the trigger's settings may not set it "
+            r"\(the built-in boundary.*point MLM_DEPLOYMENT at it",
+        ):
             run_config({"output_root": str(tmp_path / "out"), "overrides": overrides}, builtin)
     with pytest.raises(ConfigError, match="gcp_conn_id is a deployment setting"):
         run_config({"output_root": str(tmp_path / "out"), "gcp_conn_id": "prod_admin"}, builtin)
     # No file names roots, so none are checked; the run's own settings go through.
     cfg = run_config({"output_root": str(tmp_path / "anywhere"), "steps": 3}, builtin)
-    assert (cfg.output_root, cfg.train.steps, cfg.gcp_conn_id) == (str(tmp_path / "anywhere"), 3,
-                                                                   "google_cloud_default")
+    assert (cfg.output_root, cfg.train.steps, cfg.gcp_conn_id) == (
+        str(tmp_path / "anywhere"),
+        3,
+        "google_cloud_default",
+    )
     # A file cannot open its roots the built-in way: the flag is no field.
     path = tmp_path / "deployment.yaml"
     path.write_text("_open_roots: true\noutput_roots: [/nowhere]\n")
@@ -58,26 +69,42 @@ def test_without_a_file_airflow_still_refuses_every_deployment_setting(monkeypat
 
 
 def test_a_run_gets_the_deployment_settings_on_top_of_its_own(deployment, tmp_path):
-    cfg = deployment.run_config({"config_file": str(tmp_path / "configs" / "tiny.yaml"),
-                                 "output_root": str(tmp_path / "out" / "team-a"), "vocab_size": 1000,
-                                 "overrides": {"train.learning_rate": 1e-3}})
+    cfg = deployment.run_config(
+        {
+            "config_file": str(tmp_path / "configs" / "tiny.yaml"),
+            "output_root": str(tmp_path / "out" / "team-a"),
+            "vocab_size": 1000,
+            "overrides": {"train.learning_rate": 1e-3},
+        }
+    )
     assert (cfg.train.steps, cfg.tokenizer.vocab_size, cfg.train.learning_rate) == (7, 1000, 1e-3)
     assert (cfg.gcp_conn_id, cfg.tpu.project) == ("team_gcp", "team-project")  # ${VAR} from the environment
     assert cfg.tpu.service_account == "trainer@team-project.iam.gserviceaccount.com"
 
 
-@pytest.mark.parametrize("overrides", [
-    {"tpu.api_endpoint": "http://anywhere"},          # would receive the GCP connection's token
-    {"tpu.env": {"PYTHONWARNINGS": "x", "BROWSER": "sh -c id"}},  # exported on the VM before Python
-    {"tpu": {"env": {"HF_ENDPOINT": "http://elsewhere"}}},         # the same, as a nested section
-    {"tpu.env": {"MLM_TRAIN_HOOKS": "mlm_tasks.training.hooks:fail_at_step=1"}},  # the trainer's test seam
-    {"publish.hf_conn_id": "someone_elses_hub"}, {"gcp_conn_id": "prod_admin"}, {"tpu.ssh_conn_id": "x"},
-    {"tpu.service_account": "owner@p.iam.gserviceaccount.com"}, {"tpu.project": "other"},
-    {"tpu.python": "/bin/sh"}, {"tpu.workdir": "/etc"}, {"sensor.gcp_conn_id": "x"},
-])
+@pytest.mark.parametrize(
+    "overrides",
+    [
+        {"tpu.api_endpoint": "http://anywhere"},  # would receive the GCP connection's token
+        {"tpu.env": {"PYTHONWARNINGS": "x", "BROWSER": "sh -c id"}},  # exported on the VM before Python
+        {"tpu": {"env": {"HF_ENDPOINT": "http://elsewhere"}}},  # the same, as a nested section
+        {"tpu.env": {"MLM_TRAIN_HOOKS": "mlm_tasks.training.hooks:fail_at_step=1"}},  # the trainer's test seam
+        {"publish.hf_conn_id": "someone_elses_hub"},
+        {"gcp_conn_id": "prod_admin"},
+        {"tpu.ssh_conn_id": "x"},
+        {"tpu.service_account": "owner@p.iam.gserviceaccount.com"},
+        {"tpu.project": "other"},
+        {"tpu.python": "/bin/sh"},
+        {"tpu.workdir": "/etc"},
+        {"sensor.gcp_conn_id": "x"},
+    ],
+)
 def test_a_run_may_not_set_a_deployment_setting(deployment, tmp_path, overrides):
-    with pytest.raises(ConfigError, match=r"is a deployment setting: the trigger's settings may not set it \(the "
-                                          r"deployment sets it in .*deployment\.yaml"):
+    with pytest.raises(
+        ConfigError,
+        match=r"is a deployment setting: the trigger's settings may not set it \(the "
+        r"deployment sets it in .*deployment\.yaml",
+    ):
         deployment.run_config({"output_root": str(tmp_path / "out"), "overrides": overrides})
 
 
@@ -86,8 +113,16 @@ def test_a_flat_form_name_of_a_deployment_setting_is_refused_too(deployment, tmp
         deployment.run_config({"output_root": str(tmp_path / "out"), "tpu_project": "other"})
 
 
-@pytest.mark.parametrize("root", ["/tmp/elsewhere", "gs://other-bucket/mlm", "gs://team-bucket/mlm/../../x",
-                                  "gs://team-bucket/mlmx", "OUT/../../escape"])
+@pytest.mark.parametrize(
+    "root",
+    [
+        "/tmp/elsewhere",
+        "gs://other-bucket/mlm",
+        "gs://team-bucket/mlm/../../x",
+        "gs://team-bucket/mlmx",
+        "OUT/../../escape",
+    ],
+)
 def test_output_root_outside_the_allowed_roots_is_refused(deployment, tmp_path, root):
     root = root.replace("OUT", str(tmp_path / "out"))
     with pytest.raises(ConfigError, match=r"outside the roots this deployment allows|has a '\.\.' path segment"):
@@ -95,8 +130,10 @@ def test_output_root_outside_the_allowed_roots_is_refused(deployment, tmp_path, 
 
 
 def test_allowed_roots_take_folders_under_them(deployment):
-    assert deployment.run_config({"output_root": "gs://team-bucket/mlm/runs-a"}).output_root == \
-        "gs://team-bucket/mlm/runs-a"
+    assert (
+        deployment.run_config({"output_root": "gs://team-bucket/mlm/runs-a"}).output_root
+        == "gs://team-bucket/mlm/runs-a"
+    )
 
 
 def test_config_file_only_from_the_configs_folder(deployment, tmp_path):
@@ -106,17 +143,22 @@ def test_config_file_only_from_the_configs_folder(deployment, tmp_path):
     fifo = tmp_path / "configs" / "fifo.yaml"
     os.mkfifo(fifo)  # reading it would hang the task
     out = str(tmp_path / "out")
-    for path, message in [(outside, "outside the deployment's config folders"), ("/dev/zero", "outside"),
-                          (tmp_path / "configs" / "link.yaml", "outside"),
-                          (fifo, "not a regular file"), (tmp_path / "configs" / "none.yaml", "does not exist")]:
+    for path, message in [
+        (outside, "outside the deployment's config folders"),
+        ("/dev/zero", "outside"),
+        (tmp_path / "configs" / "link.yaml", "outside"),
+        (fifo, "not a regular file"),
+        (tmp_path / "configs" / "none.yaml", "does not exist"),
+    ]:
         with pytest.raises(ConfigError, match=message):
             deployment.run_config({"config_file": str(path), "output_root": out})
 
 
 def test_local_inputs_only_from_the_input_roots(deployment, tmp_path):
     out = str(tmp_path / "out")
-    ok = deployment.run_config({"output_root": out, "corpus_source": "local_files",
-                                "local_paths": [str(tmp_path / "corpora" / "*.txt")]})
+    ok = deployment.run_config(
+        {"output_root": out, "corpus_source": "local_files", "local_paths": [str(tmp_path / "corpora" / "*.txt")]}
+    )
     assert ok.corpus.local_paths == [str(tmp_path / "corpora" / "*.txt")]
     with pytest.raises(ConfigError, match=r"corpus\.local_paths '/etc/passwd' is outside the folders"):
         deployment.run_config({"output_root": out, "corpus_source": "local_files", "local_paths": ["/etc/passwd"]})
@@ -131,13 +173,21 @@ def test_zones_are_the_deployments(deployment):
         deployment.run_config({**base, "tpu_zone": "europe-west4-a"})
 
 
-@pytest.mark.parametrize("extra, message", [
-    ({"fingerprint": "../../etc", "output_root": "gs://team-bucket/mlm", "data_config": {}}, "not 16 hex digits"),
-    ({"fingerprint": "0123456789abcdef", "output_root": "gs://team-bucket/mlm"}, "carries no data settings"),
-    ({"fingerprint": "0123456789abcdef", "output_root": "gs://team-bucket/mlm",
-      "data_config": {"tpu": {"api_endpoint": "http://x"}}}, "The dataset-refresh event sets tpu: an event may set "
-                                                              "only the data sections"),
-])
+@pytest.mark.parametrize(
+    "extra, message",
+    [
+        ({"fingerprint": "../../etc", "output_root": "gs://team-bucket/mlm", "data_config": {}}, "not 16 hex digits"),
+        ({"fingerprint": "0123456789abcdef", "output_root": "gs://team-bucket/mlm"}, "carries no data settings"),
+        (
+            {
+                "fingerprint": "0123456789abcdef",
+                "output_root": "gs://team-bucket/mlm",
+                "data_config": {"tpu": {"api_endpoint": "http://x"}},
+            },
+            "The dataset-refresh event sets tpu: an event may set only the data sections",
+        ),
+    ],
+)
 def test_an_event_is_checked_like_a_form(deployment, extra, message):
     with pytest.raises(ConfigError, match=message):
         check_event(extra, deployment)
@@ -192,14 +242,24 @@ input_roots: [{corpora}]
 
 
 def _event(tmp_path, data_config: dict, **extra) -> dict:
-    return {"fingerprint": "0123456789abcdef", "output_root": str(tmp_path / "out" / "refresh"),
-            "data_config": data_config, **extra}
+    return {
+        "fingerprint": "0123456789abcdef",
+        "output_root": str(tmp_path / "out" / "refresh"),
+        "data_config": data_config,
+        **extra,
+    }
 
 
-@pytest.mark.parametrize("data_config", [
-    {"publish": {"hf_conn_id": "huggingface_default", "require_approval": False}}, {"gate": {}}, {"tpu": {}},
-    {"model": {"init_from": "/etc"}}, {"corpus": {}, "train": {"steps": 10**9}},
-])
+@pytest.mark.parametrize(
+    "data_config",
+    [
+        {"publish": {"hf_conn_id": "huggingface_default", "require_approval": False}},
+        {"gate": {}},
+        {"tpu": {}},
+        {"model": {"init_from": "/etc"}},
+        {"corpus": {}, "train": {"steps": 10**9}},
+    ],
+)
 def test_an_event_may_set_data_sections_only(tmp_path, monkeypatch, data_config):
     dep = _pinned(tmp_path, monkeypatch)
     with pytest.raises(ConfigError, match="an event may set only the data sections corpus, tokenizer, shards"):
@@ -212,8 +272,13 @@ def test_an_events_data_comes_under_the_deployment_whose_pins_hold(tmp_path, mon
     event = check_event(_event(tmp_path, {"corpus": corpus}), dep)
     cfg = run_config({"output_root": str(tmp_path / "out")}, dep, event)
     assert cfg.output_root == str(tmp_path / "out" / "refresh") and cfg.corpus.local_paths == corpus["local_paths"]
-    assert (cfg.publish.hf_conn_id, cfg.publish.require_approval, cfg.gate.max_eval_loss, cfg.tpu.project,
-            cfg.gcp_conn_id) == ("hf_team_restricted", True, 3.0, "team-project", "team_gcp")
+    assert (
+        cfg.publish.hf_conn_id,
+        cfg.publish.require_approval,
+        cfg.gate.max_eval_loss,
+        cfg.tpu.project,
+        cfg.gcp_conn_id,
+    ) == ("hf_team_restricted", True, 3.0, "team-project", "team_gcp")
     outside = check_event(_event(tmp_path, {"corpus": {"source": "local_files", "local_paths": ["/etc/*"]}}), dep)
     with pytest.raises(ConfigError, match="outside the folders this deployment lets runs read"):
         run_config({"output_root": str(tmp_path / "out")}, dep, outside)
@@ -249,8 +314,14 @@ def test_a_hub_or_folder_setting_reads_no_folder_outside_the_roots(tmp_path, mon
             return {"output_root": out, "init_from": value}
         if key == "overrides.corpus.hf_path":
             return {"output_root": out, "overrides": {"corpus.source": "hf_dataset", "corpus.hf_path": value}}
-        return {"output_root": out, "overrides": {"downstream.tasks": [
-            {"name": "t", "source": "hf_dataset", "hf_path": value, "text_columns": ["private_key"]}]}}
+        return {
+            "output_root": out,
+            "overrides": {
+                "downstream.tasks": [
+                    {"name": "t", "source": "hf_dataset", "hf_path": value, "text_columns": ["private_key"]}
+                ]
+            },
+        }
 
     for value in ("/etc", "airflow-auth/keys", f"file://{secret}", "./airflow-auth/keys", "gs://elsewhere/x"):
         with pytest.raises(ConfigError, match=r"is a path outside the folders this deployment lets runs read"):
@@ -285,16 +356,22 @@ def test_a_file_uri_is_judged_as_the_absolute_path_it_is_used_as(tmp_path, monke
 
 
 def test_the_deployments_limits_bound_what_a_run_spends(tmp_path, monkeypatch):
-    dep = _pinned(tmp_path, monkeypatch, "limits: {max_ttl_hours: 48, max_train_hours: 24, max_batch_size: 256, "
-                                         "max_steps: 100000, accelerator_types: [v4-8, v4-32]}")
+    dep = _pinned(
+        tmp_path,
+        monkeypatch,
+        "limits: {max_ttl_hours: 48, max_train_hours: 24, max_batch_size: 256, "
+        "max_steps: 100000, accelerator_types: [v4-8, v4-32]}",
+    )
     monkeypatch.setenv("MLM_DEPLOYMENT", str(tmp_path / "pinned.yaml"))
     out = str(tmp_path / "out")
     assert dep.run_config({"output_root": out, "steps": 1000, "batch_size": 256})
-    for overrides, message in [({"train.batch_size": 257}, r"train\.batch_size 257 is over .*max_batch_size: 256"),
-                               ({"eval.batch_size": 1024}, r"eval\.batch_size 1024 is over"),
-                               ({"train.steps": 200_000}, r"train\.steps 200000 is over .*max_steps"),
-                               ({"train.timeout_hours": 30}, r"train\.timeout_hours 30 is over .*max_train_hours"),
-                               ({"train.budget_minutes": 24 * 60 + 1}, r"budget_minutes / 60 24\.0\d* is over")]:
+    for overrides, message in [
+        ({"train.batch_size": 257}, r"train\.batch_size 257 is over .*max_batch_size: 256"),
+        ({"eval.batch_size": 1024}, r"eval\.batch_size 1024 is over"),
+        ({"train.steps": 200_000}, r"train\.steps 200000 is over .*max_steps"),
+        ({"train.timeout_hours": 30}, r"train\.timeout_hours 30 is over .*max_train_hours"),
+        ({"train.budget_minutes": 24 * 60 + 1}, r"budget_minutes / 60 24\.0\d* is over"),
+    ]:
         with pytest.raises(ConfigError, match=message):
             dep.run_config({"output_root": out, "overrides": overrides})
 
@@ -307,7 +384,7 @@ def test_publish_needs_a_recorded_approve_by_a_listed_approver(tmp_path, monkeyp
     answer = {"chosen_options": ["Approve"], "params_input": {}, "responded_by_user": {"id": "1", "name": "admin"}}
     assert check_approval(answer, dep.approvers) == "Release approved by admin (id 1)."
     for approval, message in [
-        (None, "recorded no answer for this run"),                     # approve_release marked success by hand
+        (None, "recorded no answer for this run"),  # approve_release marked success by hand
         ({"chosen_options": ["Reject"], "responded_by_user": {"id": "1", "name": "admin"}}, "not Approve"),
         ({**answer, "responded_by_user": {"id": "3", "name": "user"}}, "user \\(id 3\\), who is not one of"),
     ]:
@@ -319,11 +396,13 @@ def test_publish_needs_a_recorded_approve_by_a_listed_approver(tmp_path, monkeyp
 def test_release_policy_is_the_deployments(tmp_path, monkeypatch):
     dep = _pinned(tmp_path, monkeypatch, "hub_namespaces: [ml-team]\n")
     out = str(tmp_path / "out")
-    for overrides, message in [({"publish.require_approval": False}, "publish.require_approval is a deployment"),
-                               ({"gate.max_eval_loss": 100.0}, "gate.max_eval_loss is a deployment setting"),
-                               ({"publish.releases_root": out}, "publish.releases_root is a deployment setting"),
-                               ({"publish.repo_id": "someone/x"}, "not under one of this deployment's Hub namespaces"),
-                               ({"publish.repo_id": "no-owner"}, "a Hub repo id is owner/name")]:
+    for overrides, message in [
+        ({"publish.require_approval": False}, "publish.require_approval is a deployment"),
+        ({"gate.max_eval_loss": 100.0}, "gate.max_eval_loss is a deployment setting"),
+        ({"publish.releases_root": out}, "publish.releases_root is a deployment setting"),
+        ({"publish.repo_id": "someone/x"}, "not under one of this deployment's Hub namespaces"),
+        ({"publish.repo_id": "no-owner"}, "a Hub repo id is owner/name"),
+    ]:
         with pytest.raises(ConfigError, match=message):
             dep.run_config({"output_root": out, "overrides": overrides})
     assert dep.run_config({"output_root": out, "hub_repo_id": "ml-team/roberta"}).publish.repo_id == "ml-team/roberta"

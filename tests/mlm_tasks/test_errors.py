@@ -2,6 +2,7 @@
 (ConfigError, MissingArtifactError, AuthError: no retry, CLI exit 2) and which are worth a retry
 (TransientError), against real peers on loopback: a GCS JSON API that answers a status, the GCS
 emulator, the fake Hub."""
+
 from __future__ import annotations
 
 import json
@@ -44,8 +45,15 @@ class AnsweringGcs(LoopbackServer):
 
     def __init__(self, status: int, message: str, reason: str):
         self.status, self.requests = status, 0
-        body = json.dumps({"error": {"code": status, "message": message,
-                                     "errors": [{"message": message, "domain": "global", "reason": reason}]}})
+        body = json.dumps(
+            {
+                "error": {
+                    "code": status,
+                    "message": message,
+                    "errors": [{"message": message, "domain": "global", "reason": reason}],
+                }
+            }
+        )
         peer = self
 
         class Handler(BaseHTTPRequestHandler):
@@ -96,17 +104,26 @@ def answering_gcs(monkeypatch):
 
 def test_a_503_while_probing_output_root_is_transient_after_gcsfs_retries(answering_gcs):
     gcs = answering_gcs(503, "We encountered an internal error. Please try again.", "backendError")
-    with pytest.raises(TransientError, match=r"Cannot write to output_root gs://b/p now: the storage service "
-                                             r"failed or did not answer .*The task retries"):
+    with pytest.raises(
+        TransientError,
+        match=r"Cannot write to output_root gs://b/p now: the storage service "
+        r"failed or did not answer .*The task retries",
+    ):
         storage.check_writable("gs://b/p")
     assert gcs.requests == 6  # gcsfs' own tries, then ours to make (the task's retry)
 
 
 def test_a_403_while_probing_output_root_is_an_auth_error(answering_gcs):
-    gcs = answering_gcs(403, "sa@p.iam.gserviceaccount.com does not have storage.objects.create access to the "
-                             "Google Cloud Storage object.", "forbidden")
-    with pytest.raises(AuthError, match=r"credentials were refused .*Forbidden.*storage\.objects\.create.*Give the "
-                                        r"run's identity .* write access"):
+    gcs = answering_gcs(
+        403,
+        "sa@p.iam.gserviceaccount.com does not have storage.objects.create access to the Google Cloud Storage object.",
+        "forbidden",
+    )
+    with pytest.raises(
+        AuthError,
+        match=r"credentials were refused .*Forbidden.*storage\.objects\.create.*Give the "
+        r"run's identity .* write access",
+    ):
         storage.check_writable("gs://b/p")
     assert gcs.requests == 1  # not retried by gcsfs either
 
@@ -118,8 +135,11 @@ def test_a_401_while_probing_output_root_is_an_auth_error(answering_gcs):
 
 
 def test_a_missing_bucket_is_a_config_error(gcs):
-    with pytest.raises(ConfigError, match=r"Cannot write to output_root gs://mlm-no-such-bucket-x/p "
-                                          r"\(FileNotFoundError: .*\): check that the bucket exists"):
+    with pytest.raises(
+        ConfigError,
+        match=r"Cannot write to output_root gs://mlm-no-such-bucket-x/p "
+        r"\(FileNotFoundError: .*\): check that the bucket exists",
+    ):
         storage.check_writable("gs://mlm-no-such-bucket-x/p")
 
 
@@ -161,8 +181,11 @@ def test_a_hub_that_is_down_is_transient(tmp_path, fake_hub):
 
 def test_another_refusal_by_the_hub_is_a_config_error(tmp_path, fake_hub):
     fake_hub.outage(404)
-    with pytest.raises(ConfigError, match=r"(?s)The Hub refused the request while checking the token \(404\).*Check "
-                                          r"publish\.repo_id"):
+    with pytest.raises(
+        ConfigError,
+        match=r"(?s)The Hub refused the request while checking the token \(404\).*Check "
+        r"publish\.repo_id",
+    ):
         _publish(tmp_path, fake_hub.token)
 
 
@@ -222,6 +245,7 @@ def test_hub_connection_fails_fast_only_when_the_connection_is_missing(monkeypat
     def backend(error):
         def get_connection(conn_id):
             raise error
+
         return get_connection
 
     monkeypatch.setattr(BaseHook, "get_connection", backend(TimeoutError("secrets backend timed out")))

@@ -1,6 +1,7 @@
 """The real-cloud smoke test's command (mlm_tasks.smoke): its dry run prints every request and
 command and sends nothing; a failing run still deletes its VM; its login accepts only the host key the
 node published (against the fake TPU API and a real sshd)."""
+
 import json
 import re
 import subprocess
@@ -27,13 +28,37 @@ def ssh_key(tmp_path) -> str:
 
 def test_dry_run_prints_every_request_and_command_and_sends_nothing(ssh_key, tmp_path):
     # No credentials anywhere and a bucket that does not exist: any real call would fail the run.
-    env = {"PATH": "/usr/bin:/bin", "HOME": str(tmp_path),
-           "GOOGLE_APPLICATION_CREDENTIALS": str(tmp_path / "none.json"),
-           "NO_PROXY": "*", "HTTPS_PROXY": "http://127.0.0.1:9", "HTTP_PROXY": "http://127.0.0.1:9"}
-    result = subprocess.run([sys.executable, "-m", "mlm_tasks.smoke", "--project", "my-proj", "--zone",
-                             "us-west4-a", "--bucket", "gs://no-such-bucket/smoke", "--ssh-key", ssh_key,
-                             "--run-id", "smoke-1", "--dry-run"], cwd=ROOT, env=env, capture_output=True,
-                            text=True, timeout=120)
+    env = {
+        "PATH": "/usr/bin:/bin",
+        "HOME": str(tmp_path),
+        "GOOGLE_APPLICATION_CREDENTIALS": str(tmp_path / "none.json"),
+        "NO_PROXY": "*",
+        "HTTPS_PROXY": "http://127.0.0.1:9",
+        "HTTP_PROXY": "http://127.0.0.1:9",
+    }
+    result = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "mlm_tasks.smoke",
+            "--project",
+            "my-proj",
+            "--zone",
+            "us-west4-a",
+            "--bucket",
+            "gs://no-such-bucket/smoke",
+            "--ssh-key",
+            ssh_key,
+            "--run-id",
+            "smoke-1",
+            "--dry-run",
+        ],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     out = result.stdout
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     name = tpu.node_name(tpu_smoke.DAG_ID, "smoke-1")
@@ -58,10 +83,30 @@ def test_a_failing_smoke_run_still_deletes_its_vm(ssh_key, fake_tpu, sa_key, gcs
     key_file = tmp_path / "sa.json"
     key_file.write_text(json.dumps(sa_key))
     fake_tpu.external_ip = "127.0.0.2"  # nothing listens there: the port-22 probe fails after READY
-    args = tpu_smoke.parse_args([
-        "--project", "proj", "--zone", "us-west4-a", "--bucket", gcs_root, "--ssh-key", ssh_key, "--run-id", "smoke-2",
-        "--key-file", str(key_file), "--api-endpoint", fake_tpu.url, "--data-fingerprint", "0123456789abcdef",
-        "--set", "tpu.poll_interval_s=0.05", "--set", "tpu.ssh_probe_timeout_s=1"])
+    args = tpu_smoke.parse_args(
+        [
+            "--project",
+            "proj",
+            "--zone",
+            "us-west4-a",
+            "--bucket",
+            gcs_root,
+            "--ssh-key",
+            ssh_key,
+            "--run-id",
+            "smoke-2",
+            "--key-file",
+            str(key_file),
+            "--api-endpoint",
+            fake_tpu.url,
+            "--data-fingerprint",
+            "0123456789abcdef",
+            "--set",
+            "tpu.poll_interval_s=0.05",
+            "--set",
+            "tpu.ssh_probe_timeout_s=1",
+        ]
+    )
     with pytest.raises(RuntimeError, match="unreachable.*firewall"):
         tpu_smoke.smoke(args)
     name = tpu.node_name(tpu_smoke.DAG_ID, "smoke-2")
@@ -72,8 +117,9 @@ def test_a_failing_smoke_run_still_deletes_its_vm(ssh_key, fake_tpu, sa_key, gcs
 
 
 @pytest.mark.parametrize("published", ["the worker's key", "another machine's key"])
-def test_the_smoke_login_accepts_only_the_host_key_the_node_published(published, sshd, fake_tpu, sa_key, gcs_root,
-                                                                       tmp_path):
+def test_the_smoke_login_accepts_only_the_host_key_the_node_published(
+    published, sshd, fake_tpu, sa_key, gcs_root, tmp_path
+):
     """The smoke tool pins the host keys the node publishes (guest attributes), as the DAG's SSH step does:
     a worker presenting another key is refused at once, before any command runs there; the VM is deleted."""
     from mlm_tasks import storage
@@ -90,12 +136,40 @@ def test_the_smoke_login_accepts_only_the_host_key_the_node_published(published,
     python.write_text(f'#!/bin/sh\necho "$3 $*" > {ran}; echo trained\n')
     python.chmod(0o755)
     storage.write_json(RunPaths(gcs_root, "smoke-4").train_summary, {"steps": 12})  # what the trainer would write
-    args = tpu_smoke.parse_args([
-        "--project", "proj", "--zone", "us-west4-a", "--bucket", gcs_root, "--ssh-key", sshd.key_path,
-        "--ssh-user", sshd.user, "--ssh-via", "internal", "--run-id", "smoke-4", "--key-file", str(key_file),
-        "--api-endpoint", fake_tpu.url, "--data-fingerprint", "0123456789abcdef", "--set", "tpu.poll_interval_s=0.05",
-        "--set", f"tpu.ssh_port={sshd.port}", "--set", "tpu.bootstrap=false", "--set", f"tpu.python={python}",
-        "--set", f"tpu.workdir={tmp_path / 'vm'}"])
+    args = tpu_smoke.parse_args(
+        [
+            "--project",
+            "proj",
+            "--zone",
+            "us-west4-a",
+            "--bucket",
+            gcs_root,
+            "--ssh-key",
+            sshd.key_path,
+            "--ssh-user",
+            sshd.user,
+            "--ssh-via",
+            "internal",
+            "--run-id",
+            "smoke-4",
+            "--key-file",
+            str(key_file),
+            "--api-endpoint",
+            fake_tpu.url,
+            "--data-fingerprint",
+            "0123456789abcdef",
+            "--set",
+            "tpu.poll_interval_s=0.05",
+            "--set",
+            f"tpu.ssh_port={sshd.port}",
+            "--set",
+            "tpu.bootstrap=false",
+            "--set",
+            f"tpu.python={python}",
+            "--set",
+            f"tpu.workdir={tmp_path / 'vm'}",
+        ]
+    )
     lines: list[str] = []
     started = time.monotonic()
     code = tpu_smoke.smoke(args, out=lines.append)
@@ -109,8 +183,10 @@ def test_the_smoke_login_accepts_only_the_host_key_the_node_published(published,
         assert ran.read_text().startswith("train ")
     else:
         assert code == 1 and not ran.exists(), out
-        assert (f"Smoke FAILED: worker 0 (127.0.0.1): HostKeyMismatch: The SSH host key of worker 0 "
-                f"(127.0.0.1:{sshd.port}) does not match what node {name} published") in out
+        assert (
+            f"Smoke FAILED: worker 0 (127.0.0.1): HostKeyMismatch: The SSH host key of worker 0 "
+            f"(127.0.0.1:{sshd.port}) does not match what node {name} published"
+        ) in out
         assert time.monotonic() - started < 60, "a mismatch must not wait out the SSH patience"
 
 
@@ -128,11 +204,36 @@ def test_sigterm_while_waiting_for_the_vm_still_deletes_it(ssh_key, fake_tpu, sa
     key_file.write_text(json.dumps(sa_key))
     fake_tpu.ready_after_gets = 10**6  # stays CREATING: the smoke run waits
     env = {**os.environ, "STORAGE_EMULATOR_HOST": gcs.endpoint}
-    proc = subprocess.Popen([sys.executable, "-m", "mlm_tasks.smoke", "--project", "proj", "--zone", "us-west4-a",
-                             "--bucket", gcs_root, "--ssh-key", ssh_key, "--run-id", "smoke-3", "--key-file",
-                             str(key_file), "--api-endpoint", fake_tpu.url, "--data-fingerprint", "0123456789abcdef",
-                             "--set", "tpu.poll_interval_s=0.2"], cwd=ROOT, env=env, stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True)
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "mlm_tasks.smoke",
+            "--project",
+            "proj",
+            "--zone",
+            "us-west4-a",
+            "--bucket",
+            gcs_root,
+            "--ssh-key",
+            ssh_key,
+            "--run-id",
+            "smoke-3",
+            "--key-file",
+            str(key_file),
+            "--api-endpoint",
+            fake_tpu.url,
+            "--data-fingerprint",
+            "0123456789abcdef",
+            "--set",
+            "tpu.poll_interval_s=0.2",
+        ],
+        cwd=ROOT,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
     name = tpu.node_name(tpu_smoke.DAG_ID, "smoke-3")
     deadline = time.monotonic() + 120
     while fake_tpu.node("proj", "us-west4-a", name) is None and time.monotonic() < deadline:
@@ -145,16 +246,36 @@ def test_sigterm_while_waiting_for_the_vm_still_deletes_it(ssh_key, fake_tpu, sa
     assert f"Deleting TPU VM {name}" in out and "Smoke FAILED: signal 15" in out
 
 
-@pytest.mark.parametrize("accelerator, runtime, pod", [
-    ("v4-32", "tpu-vm-tf-2.16.1-pod-pjrt", True), ("v5litepod-16", "tpu-vm-tf-2.16.1-pod-pjrt", True),
-    ("v5litepod-8", "tpu-vm-tf-2.16.1-pjrt", False)])
+@pytest.mark.parametrize(
+    "accelerator, runtime, pod",
+    [
+        ("v4-32", "tpu-vm-tf-2.16.1-pod-pjrt", True),
+        ("v5litepod-16", "tpu-vm-tf-2.16.1-pod-pjrt", True),
+        ("v5litepod-8", "tpu-vm-tf-2.16.1-pjrt", False),
+    ],
+)
 def test_dry_run_shows_any_slice_before_paying_for_it(ssh_key, accelerator, runtime, pod):
     """A pod slice's exact request and remote line, read before one is bought: the -pod runtime is
     chosen for a multi-host type, and the line carries the pod's variables."""
     lines: list[str] = []
-    args = tpu_smoke.parse_args(["--project", "p", "--zone", "us-central2-b", "--bucket", "gs://b/smoke",
-                                 "--ssh-key", ssh_key, "--run-id", "smoke-pod", "--accelerator", accelerator,
-                                 "--capture-image", "--dry-run"])
+    args = tpu_smoke.parse_args(
+        [
+            "--project",
+            "p",
+            "--zone",
+            "us-central2-b",
+            "--bucket",
+            "gs://b/smoke",
+            "--ssh-key",
+            ssh_key,
+            "--run-id",
+            "smoke-pod",
+            "--accelerator",
+            accelerator,
+            "--capture-image",
+            "--dry-run",
+        ]
+    )
     assert tpu_smoke.smoke(args, out=lines.append) == 0
     out = "\n".join(lines)
     body = json.loads(re.search(r"nodeId=\S+\n(\{.*?\n\})", out, re.S).group(1))
@@ -180,8 +301,12 @@ def test_capture_image_records_the_workers_packages_for_the_next_lock(sshd, tmp_
 
     python = build(runtimes.get("tpu-vm-tf-2.16.1-pjrt"))
     cfg = PipelineConfig.model_validate({"tpu": {"python": str(python), "ssh_port": sshd.port}})
-    connect = ssh.connector(lambda host: ssh.Login(sshd.user, "test", {"key_filename": sshd.key_path}), sshd.port,
-                            node="mlm-smoke-x", published=lambda worker: dict([host_public_key(sshd)]))
+    connect = ssh.connector(
+        lambda host: ssh.Login(sshd.user, "test", {"key_filename": sshd.key_path}),
+        sshd.port,
+        node="mlm-smoke-x",
+        published=lambda worker: dict([host_public_key(sshd)]),
+    )
     lines: list[str] = []
     path = tpu_smoke.capture_image(cfg, "mlm-smoke-x", connect, sshd.host, lines.append, path=tmp_path / "image.txt")
     text = path.read_text()

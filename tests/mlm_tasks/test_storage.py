@@ -1,7 +1,8 @@
 """mlm_tasks.storage on a local folder and on gs:// (gcp-storage-emulator on loopback), same tests.
 
-    python -m pytest tests/mlm_tasks/test_storage.py -q
+python -m pytest tests/mlm_tasks/test_storage.py -q
 """
+
 from __future__ import annotations
 
 import os
@@ -24,7 +25,7 @@ def root(request, tmp_path) -> str:
 def _all_names(root: str) -> list[str]:
     """Every file under root, relative, however deep: to catch stray temp files."""
     fs = storage.filesystem(root)
-    base = storage.local_path(root) if storage.is_local(root) else root[len("gs://"):]
+    base = storage.local_path(root) if storage.is_local(root) else root[len("gs://") :]
     return sorted(os.path.relpath(p, base) for p in fs.find(base))
 
 
@@ -92,7 +93,9 @@ def test_listdir(root):
         storage.write_bytes(join(root, "shards", "train", name), b"x")
     storage.write_bytes(join(root, "shards", "manifest.json"), b"{}")
     assert storage.listdir(join(root, "shards", "train")) == [
-        join(root, "shards", "train", "a.tfrecord"), join(root, "shards", "train", "b.tfrecord")]
+        join(root, "shards", "train", "a.tfrecord"),
+        join(root, "shards", "train", "b.tfrecord"),
+    ]
     top = storage.listdir(join(root, "shards"))
     assert join(root, "shards", "manifest.json") in top
     assert join(root, "shards", "train") in [u.rstrip("/") for u in top]
@@ -132,7 +135,7 @@ def test_exists_sees_objects_written_by_another_client(gcs, gcs_root):
     """A poller must see a marker another process writes after it listed the folder."""
     storage.write_bytes(join(gcs_root, "shards", "manifest.json"), b"{}")
     assert storage.listdir(join(gcs_root, "shards")) == [join(gcs_root, "shards", "manifest.json")]
-    name = join(gcs_root, "shards", "_SUCCESS")[len(f"gs://{gcs.bucket}/"):]
+    name = join(gcs_root, "shards", "_SUCCESS")[len(f"gs://{gcs.bucket}/") :]
     gcs.client().bucket(gcs.bucket).blob(name).upload_from_string(b"")
     assert storage.exists(join(gcs_root, "shards", "_SUCCESS"))
     assert join(gcs_root, "shards", "_SUCCESS") in storage.listdir(join(gcs_root, "shards"))
@@ -145,9 +148,13 @@ def test_a_stalled_gcs_peer_fails_each_call_as_transient_within_its_deadline(cal
     from mlm_tasks.errors import TransientError
     from peers.stalled_peer import StalledPeer
 
-    calls = {"read_json": storage.read_json, "write_json": lambda uri: storage.write_json(uri, {}),
-             "exists": storage.exists, "listdir": storage.listdir,
-             "create_only": lambda uri: storage.create_only(uri, b"x")}
+    calls = {
+        "read_json": storage.read_json,
+        "write_json": lambda uri: storage.write_json(uri, {}),
+        "exists": storage.exists,
+        "listdir": storage.listdir,
+        "create_only": lambda uri: storage.create_only(uri, b"x"),
+    }
     storage.set_timeout(0.5)
     with StalledPeer() as peer:
         monkeypatch.setenv("STORAGE_EMULATOR_HOST", peer.endpoint)
@@ -168,6 +175,8 @@ def test_the_deadline_is_bounded_and_reaches_tensorflow():
             storage.set_timeout(bad)
     storage.set_timeout(20)
     assert storage.call_deadline() == 60 and storage.call_deadline(10 << 20) == 70
-    assert storage.tensorflow_env() == {"GCS_REQUEST_CONNECTION_TIMEOUT_SECS": "20",
-                                        "GCS_REQUEST_IDLE_TIMEOUT_SECS": "20",
-                                        "GCS_METADATA_REQUEST_TIMEOUT_SECS": "60"}
+    assert storage.tensorflow_env() == {
+        "GCS_REQUEST_CONNECTION_TIMEOUT_SECS": "20",
+        "GCS_REQUEST_IDLE_TIMEOUT_SECS": "20",
+        "GCS_METADATA_REQUEST_TIMEOUT_SECS": "60",
+    }

@@ -8,6 +8,7 @@
 this project's dags/ and plugins/ folders, no examples, repo root and plugins/ on PYTHONPATH.
 Airflow runs in a subprocess because its settings are read once per process from AIRFLOW_HOME.
 """
+
 from __future__ import annotations
 
 import json
@@ -39,8 +40,15 @@ def airflow_env(tmp_path_factory) -> dict[str, str]:
     return env
 
 
-def dags_test(env: dict[str, str], dag_id: str, *, conf: dict | None = None, dagfile: str | Path | None = None,
-              extra_env: dict[str, str] | None = None, timeout: float = 300) -> subprocess.CompletedProcess:
+def dags_test(
+    env: dict[str, str],
+    dag_id: str,
+    *,
+    conf: dict | None = None,
+    dagfile: str | Path | None = None,
+    extra_env: dict[str, str] | None = None,
+    timeout: float = 300,
+) -> subprocess.CompletedProcess:
     """`airflow dags test dag_id` (only `dagfile` is parsed when given, e.g. a test DAG in tmp_path);
     stdout holds the task logs."""
     args = [AIRFLOW, "dags", "test", dag_id]
@@ -55,5 +63,4 @@ def dags_test(env: dict[str, str], dag_id: str, *, conf: dict | None = None, dag
         # Airflow only takes a DAG file from inside its dags folder (the bundle).
         if not Path(dagfile).resolve().is_relative_to(Path(env["AIRFLOW__CORE__DAGS_FOLDER"]).resolve()):
             env["AIRFLOW__CORE__DAGS_FOLDER"] = str(Path(dagfile).resolve().parent)
-    return subprocess.run(args, env=env, capture_output=True, text=True,
-                          timeout=timeout, stdin=subprocess.DEVNULL)
+    return subprocess.run(args, env=env, capture_output=True, text=True, timeout=timeout, stdin=subprocess.DEVNULL)

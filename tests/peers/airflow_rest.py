@@ -1,10 +1,11 @@
 """Small client for Airflow's public REST API v2, as an operator's script would use it.
 
-    api = AirflowApi(stack.url, stack.token)
-    run = api.trigger("mlm_pretrain", conf={...}, run_id="e2e-1")
-    run = api.wait_for_run("mlm_pretrain", run["dag_run_id"], timeout=900)
-    assert run["state"] == "success", api.explain("mlm_pretrain", run["dag_run_id"])
+api = AirflowApi(stack.url, stack.token)
+run = api.trigger("mlm_pretrain", conf={...}, run_id="e2e-1")
+run = api.wait_for_run("mlm_pretrain", run["dag_run_id"], timeout=900)
+assert run["state"] == "success", api.explain("mlm_pretrain", run["dag_run_id"])
 """
+
 from __future__ import annotations
 
 import time
@@ -17,12 +18,12 @@ FINISHED = ("success", "failed")
 
 class AirflowApi:
     def __init__(self, url: str, token: str):
-        self.client = httpx.Client(base_url=f"{url}/api/v2", headers={"Authorization": f"Bearer {token}"},
-                                   timeout=60)
+        self.client = httpx.Client(base_url=f"{url}/api/v2", headers={"Authorization": f"Bearer {token}"}, timeout=60)
 
     def _ok(self, reply: httpx.Response) -> dict:
-        assert reply.status_code < 300, (f"{reply.request.method} {reply.request.url} → "
-                                         f"{reply.status_code}: {reply.text}")
+        assert reply.status_code < 300, (
+            f"{reply.request.method} {reply.request.url} → {reply.status_code}: {reply.text}"
+        )
         return reply.json()
 
     def get(self, path: str, **params) -> dict:
@@ -56,13 +57,13 @@ class AirflowApi:
 
     def task_instances(self, dag_id: str, run_id: str) -> list[dict]:
         """Every task instance of the run (mapped ones one per map index), with state, hostname, queue."""
-        return self.get(f"/dags/{dag_id}/dagRuns/{quote(run_id, safe='')}/taskInstances",
-                        limit=1000)["task_instances"]
+        return self.get(f"/dags/{dag_id}/dagRuns/{quote(run_id, safe='')}/taskInstances", limit=1000)["task_instances"]
 
     def log(self, dag_id: str, run_id: str, task_id: str, try_number: int) -> str:
         reply = self.client.get(
             f"/dags/{dag_id}/dagRuns/{quote(run_id, safe='')}/taskInstances/{task_id}/logs/{try_number}",
-            params={"full_content": True})
+            params={"full_content": True},
+        )
         return "\n".join(_log_line(line) for line in self._ok(reply)["content"])
 
     def explain(self, dag_id: str, run_id: str) -> str:

@@ -27,6 +27,7 @@ Every process runs in its own process group with a marker in its environment; sh
 groups (SIGTERM, then SIGKILL), checks the ports are free again and that no process anywhere still
 carries the marker.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -74,9 +75,17 @@ WORKER_LOCAL_ENV = {
 # --celery-hostname: unique Celery node names; --skip-serve-logs: one log server port (8793) per
 # machine, and the api-server reads these workers' logs from the shared log folder instead.
 WORKER_LOCAL_ARGS = ("--celery-hostname", "--concurrency", "--skip-serve-logs")
-GENERATED = ("POSTGRES_PASSWORD", "POSTGRES_SUPERUSER_PASSWORD", "AIRFLOW_ADMIN_PASSWORD", "AIRFLOW__CORE__FERNET_KEY",
-             "AIRFLOW__API__SECRET_KEY", "AIRFLOW__API_AUTH__JWT_SECRET", "REDIS_PASSWORD",
-             "CELERY_RESULT_DB_PASSWORD", "FLOWER_PASSWORD")
+GENERATED = (
+    "POSTGRES_PASSWORD",
+    "POSTGRES_SUPERUSER_PASSWORD",
+    "AIRFLOW_ADMIN_PASSWORD",
+    "AIRFLOW__CORE__FERNET_KEY",
+    "AIRFLOW__API__SECRET_KEY",
+    "AIRFLOW__API_AUTH__JWT_SECRET",
+    "REDIS_PASSWORD",
+    "CELERY_RESULT_DB_PASSWORD",
+    "FLOWER_PASSWORD",
+)
 MARKER = "MLM_TEST_STACK_ID"
 
 
@@ -130,6 +139,7 @@ def path_map(service: dict, home: Path) -> list[tuple[str, str]]:
 
 def interpolate(value: str, variables: dict[str, str]) -> str:
     """Compose's interpolation: ${VAR}, ${VAR:-default}, ${VAR:?error} from `variables` (.env), and $$ → $."""
+
     def one(match: re.Match) -> str:
         if match.group(0) == "$$":
             return "$"
@@ -138,13 +148,14 @@ def interpolate(value: str, variables: dict[str, str]) -> str:
         if op == ":?" and not value:
             raise RuntimeError(f"{name} is not set: {arg}")
         return value if value or op != ":-" else arg
+
     return re.sub(r"\$\$|\$\{(\w+)(?:(:[-?])([^}]*))?\}", one, value)
 
 
 def translate(value: str, pairs: list[tuple[str, str]]) -> str:
     for container, local in pairs:
         if value == container or value.startswith(container + "/"):
-            return local + value[len(container):]
+            return local + value[len(container) :]
     return value
 
 
@@ -167,8 +178,15 @@ class StackSpec:
     redis_port: int = 0
 
 
-def stack_spec(home: Path, pg_port: int, port: int, *, compose: dict | None = None,
-               variables: dict[str, str] | None = None, redis_port: int = 0) -> StackSpec:
+def stack_spec(
+    home: Path,
+    pg_port: int,
+    port: int,
+    *,
+    compose: dict | None = None,
+    variables: dict[str, str] | None = None,
+    redis_port: int = 0,
+) -> StackSpec:
     """What docker compose would run, as local argv + one environment per service (see the module
     docstring). `variables` are set in .env for compose's interpolation (e.g. MLM_EXECUTOR=CeleryExecutor)."""
     compose = compose or load_compose()
@@ -232,6 +250,7 @@ def generated_secret(key: str) -> str:
 
 # --- processes ------------------------------------------------------------------------------------
 
+
 @dataclass
 class Procs:
     marker: str
@@ -240,8 +259,15 @@ class Procs:
 
     def start(self, name: str, argv: list[str], env: dict[str, str], **kwargs) -> subprocess.Popen:
         log = open(self.logs / f"{name}.log", "ab")  # noqa: SIM115  (the child's stdout for its whole life)
-        proc = subprocess.Popen(argv, env={**env, MARKER: self.marker}, stdout=log, stderr=subprocess.STDOUT,
-                                stdin=subprocess.DEVNULL, start_new_session=True, **kwargs)
+        proc = subprocess.Popen(
+            argv,
+            env={**env, MARKER: self.marker},
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            start_new_session=True,
+            **kwargs,
+        )
         log.close()
         self.running[name] = proc
         return proc
@@ -332,6 +358,7 @@ def _state(pid: int) -> str | None:
 
 # --- PostgreSQL -----------------------------------------------------------------------------------
 
+
 def pg_bin(name: str) -> str:
     found = sorted(glob.glob(f"/usr/lib/postgresql/*/bin/{name}"), key=lambda p: int(p.split("/")[4]))
     if found:
@@ -356,18 +383,51 @@ def start_postgres(procs: Procs, workdir: Path, port: int, password: str) -> Non
     if as_user:
         shutil.chown(pwfile, "postgres", "postgres")
     pwfile.chmod(0o600)
-    init = subprocess.run([pg_bin("initdb"), "-D", str(data), "-U", "postgres", "--auth-local=trust",
-                           "--auth-host=scram-sha-256", f"--pwfile={pwfile}", "-E", "UTF8", "--no-sync"],
-                          capture_output=True, text=True, timeout=120, **as_user)
+    init = subprocess.run(
+        [
+            pg_bin("initdb"),
+            "-D",
+            str(data),
+            "-U",
+            "postgres",
+            "--auth-local=trust",
+            "--auth-host=scram-sha-256",
+            f"--pwfile={pwfile}",
+            "-E",
+            "UTF8",
+            "--no-sync",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        **as_user,
+    )
     pwfile.unlink()
     if init.returncode:
         raise RuntimeError(f"initdb failed:\n{init.stdout}\n{init.stderr}")
     sockets.mkdir()
     if as_user:
         shutil.chown(sockets, "postgres", "postgres")
-    procs.start("postgres", [pg_bin("postgres"), "-D", str(data), "-p", str(port), "-h", "127.0.0.1",
-                             "-k", str(sockets), "-c", "fsync=off", "-c", "max_connections=200"],
-                dict(os.environ), **as_user)
+    procs.start(
+        "postgres",
+        [
+            pg_bin("postgres"),
+            "-D",
+            str(data),
+            "-p",
+            str(port),
+            "-h",
+            "127.0.0.1",
+            "-k",
+            str(sockets),
+            "-c",
+            "fsync=off",
+            "-c",
+            "max_connections=200",
+        ],
+        dict(os.environ),
+        **as_user,
+    )
     deadline = time.monotonic() + 60
     while True:
         ready = subprocess.run([pg_bin("pg_isready"), "-h", "127.0.0.1", "-p", str(port)], capture_output=True)
@@ -380,6 +440,7 @@ def start_postgres(procs: Procs, workdir: Path, port: int, password: str) -> Non
 
 
 # --- the stack ------------------------------------------------------------------------------------
+
 
 @dataclass
 class Stack:
@@ -406,21 +467,39 @@ class Stack:
         """A JWT for `username`, from POST /auth/token as an operator's script gets one."""
         return get_token(self.url, self.users[username][1], username)
 
-    def start_worker(self, name: str, queues: str, concurrency: int = 1, env: dict[str, str] | None = None,
-                     timeout: float = 180, cpus: str | None = None) -> subprocess.Popen:
+    def start_worker(
+        self,
+        name: str,
+        queues: str,
+        concurrency: int = 1,
+        env: dict[str, str] | None = None,
+        timeout: float = 180,
+        cpus: str | None = None,
+    ) -> subprocess.Popen:
         """The compose `airflow-worker` service as process `name` (its Celery hostname and the hostname
         its task instances record), consuming `queues`, held to `cpus` (taskset list) when given;
         returns once Celery reports it ready."""
-        argv = [*self.spec.commands["airflow-worker"], "--celery-hostname", name, "--concurrency", str(concurrency),
-                "--skip-serve-logs"]  # WORKER_LOCAL_ARGS
+        argv = [
+            *self.spec.commands["airflow-worker"],
+            "--celery-hostname",
+            name,
+            "--concurrency",
+            str(concurrency),
+            "--skip-serve-logs",
+        ]  # WORKER_LOCAL_ARGS
         if cpus is not None:
             argv = ["taskset", "-c", cpus, *argv]
         base = self.spec.envs["airflow-worker"]
         # tests/ for peers.worker_hostname, after the repo root: tests/mlm_tasks/ mirrors the package's folders
         # (tpu/, data/, ...), and as a namespace package ahead of an editable install's finder it would shadow them.
-        worker_env = {**base, **WORKER_LOCAL_ENV, "MLM_WORKER_QUEUES": queues, "MLM_TEST_WORKER_HOSTNAME": name,
-                      "PYTHONPATH": os.pathsep.join([str(ROOT), str(ROOT / "tests"), base.get("PYTHONPATH", "")]),
-                      **(env or {})}
+        worker_env = {
+            **base,
+            **WORKER_LOCAL_ENV,
+            "MLM_WORKER_QUEUES": queues,
+            "MLM_TEST_WORKER_HOSTNAME": name,
+            "PYTHONPATH": os.pathsep.join([str(ROOT), str(ROOT / "tests"), base.get("PYTHONPATH", "")]),
+            **(env or {}),
+        }
         proc = self.procs.start(name, argv, worker_env, cwd=self.spec.home)
         self._commands[name] = (argv, worker_env)
         self.wait_for_worker(name, timeout)
@@ -490,8 +569,13 @@ def get_token(url: str, password: str, username: str = ADMIN_USER) -> str:
 
 
 @contextlib.contextmanager
-def running_stack(workdir: Path, executor: str = "LocalExecutor", extra_env: dict[str, str] | None = None,
-                  users: dict[str, str] | None = None, dotenv: dict[str, str] | None = None) -> Iterator[Stack]:
+def running_stack(
+    workdir: Path,
+    executor: str = "LocalExecutor",
+    extra_env: dict[str, str] | None = None,
+    users: dict[str, str] | None = None,
+    dotenv: dict[str, str] | None = None,
+) -> Iterator[Stack]:
     """PostgreSQL + airflow-init + the four Airflow services (+ redis-server with the CeleryExecutor;
     workers are started with `stack.start_worker`); everything stopped and checked on exit.
     `extra_env` is for a test's own tuning (timeouts), on top of what the compose file sets, in every
@@ -511,9 +595,18 @@ def running_stack(workdir: Path, executor: str = "LocalExecutor", extra_env: dic
         pg_password = generated_secret("POSTGRES_PASSWORD")
         superuser_password = generated_secret("POSTGRES_SUPERUSER_PASSWORD")
         start_postgres(procs, pg_dir, pg_port, superuser_password)
-        spec = stack_spec(home, pg_port, api_port, redis_port=redis_port,
-                          variables={**(dotenv or {}), "MLM_EXECUTOR": executor, "POSTGRES_PASSWORD": pg_password,
-                                     "POSTGRES_SUPERUSER_PASSWORD": superuser_password})
+        spec = stack_spec(
+            home,
+            pg_port,
+            api_port,
+            redis_port=redis_port,
+            variables={
+                **(dotenv or {}),
+                "MLM_EXECUTOR": executor,
+                "POSTGRES_PASSWORD": pg_password,
+                "POSTGRES_SUPERUSER_PASSWORD": superuser_password,
+            },
+        )
         for env in spec.envs.values():
             env.update(extra_env or {})
         if "CeleryExecutor" in executor:
@@ -522,26 +615,41 @@ def running_stack(workdir: Path, executor: str = "LocalExecutor", extra_env: dic
             redis = RedisServer(procs, workdir / "redis", spec.envs["redis"]["REDIS_PASSWORD"], port=redis_port)
             redis.start(spec.commands["redis"])
         init_env = {**spec.envs[INIT_SERVICE], MARKER: procs.marker}
-        init = subprocess.run(spec.commands[INIT_SERVICE], env=init_env, capture_output=True, text=True,
-                              timeout=600, cwd=home)
+        init = subprocess.run(
+            spec.commands[INIT_SERVICE], env=init_env, capture_output=True, text=True, timeout=600, cwd=home
+        )
         if init.returncode:
             raise RuntimeError(f"airflow-init failed:\n{init.stdout[-4000:]}\n{init.stderr[-4000:]}")
         accounts = {ADMIN_USER: ("Admin", spec.dotenv["AIRFLOW_ADMIN_PASSWORD"])}
         if users:
             accounts.update({name: (role, secrets.token_hex(16)) for name, role in users.items()})
             passwords = {f"MLM_USER_PASSWORD_{name.upper()}": accounts[name][1] for name in users}
-            made = subprocess.run([os.path.join(os.path.dirname(sys.executable), "python"),
-                                   str(ROOT / "deploy" / "fab-user.py"), *(f"{n}={r}" for n, r in users.items())],
-                                  env={**init_env, **passwords}, capture_output=True, text=True, timeout=600,
-                                  cwd=home)
+            made = subprocess.run(
+                [
+                    os.path.join(os.path.dirname(sys.executable), "python"),
+                    str(ROOT / "deploy" / "fab-user.py"),
+                    *(f"{n}={r}" for n, r in users.items()),
+                ],
+                env={**init_env, **passwords},
+                capture_output=True,
+                text=True,
+                timeout=600,
+                cwd=home,
+            )
             if made.returncode:
                 raise RuntimeError(f"fab-user.py failed:\n{made.stdout[-4000:]}\n{made.stderr[-4000:]}")
         for name in SERVICES:
             procs.start(name, spec.commands[name], spec.envs[name], cwd=home)
         url = f"http://127.0.0.1:{api_port}"
         wait_healthy(url, procs)
-        yield Stack(url=url, token=get_token(url, spec.dotenv["AIRFLOW_ADMIN_PASSWORD"]), spec=spec, procs=procs,
-                    redis=redis, users=accounts)
+        yield Stack(
+            url=url,
+            token=get_token(url, spec.dotenv["AIRFLOW_ADMIN_PASSWORD"]),
+            spec=spec,
+            procs=procs,
+            redis=redis,
+            users=accounts,
+        )
     finally:
         procs.stop_all()
         shutil.rmtree(pg_dir, ignore_errors=True)
@@ -549,4 +657,3 @@ def running_stack(workdir: Path, executor: str = "LocalExecutor", extra_env: dic
     busy = [port for port in (pg_port, api_port, redis_port) if not port_is_free(port)]
     assert not left, f"processes still running after shutdown: {left}"
     assert not busy, f"ports still bound after shutdown: {busy}"
-

@@ -19,6 +19,7 @@ in a subprocess on the test's SQLite metadata DB:
 If the DAG is not due (no queued event) the script exits 3 and says so: the test then knows that
 the scheduler would not have started a run either.
 """
+
 from __future__ import annotations
 
 import json
@@ -31,20 +32,25 @@ from peers.airflow_home import ROOT
 MARK = "ASSET_TRIGGERED_RUN "
 
 
-def asset_triggered_test(env: dict[str, str], dag_id: str, *, mark_success_pattern: str | None = None,
-                         extra_env: dict[str, str] | None = None, timeout: float = 600) -> subprocess.CompletedProcess:
+def asset_triggered_test(
+    env: dict[str, str],
+    dag_id: str,
+    *,
+    mark_success_pattern: str | None = None,
+    extra_env: dict[str, str] | None = None,
+    timeout: float = 600,
+) -> subprocess.CompletedProcess:
     args = [sys.executable, str(Path(__file__).resolve()), dag_id]
     if mark_success_pattern:
         args += ["--mark-success-pattern", mark_success_pattern]
-    env = {**env, **(extra_env or {}),
-           "PYTHONPATH": env.get("PYTHONPATH", "") + f":{ROOT / 'tests'}"}
+    env = {**env, **(extra_env or {}), "PYTHONPATH": env.get("PYTHONPATH", "") + f":{ROOT / 'tests'}"}
     return subprocess.run(args, env=env, capture_output=True, text=True, timeout=timeout, stdin=subprocess.DEVNULL)
 
 
 def run_info(result: subprocess.CompletedProcess) -> dict:
     lines = [line for line in result.stdout.splitlines() if line.startswith(MARK)]
     assert lines, (result.stdout + result.stderr)[-4000:]
-    return json.loads(lines[-1][len(MARK):])
+    return json.loads(lines[-1][len(MARK) :])
 
 
 def _create_run(dag_id: str):
@@ -104,8 +110,18 @@ def main(argv: list[str]) -> int:
 
     with mock.patch.object(dagrun_module, "get_or_create_dagrun", existing_run):
         run = dag.test(mark_success_pattern=args.mark_success_pattern)
-    print(MARK + json.dumps({"run_id": run_id, "state": str(run.state), "event_ids": event_ids,
-                             "success": run.state == DagRunState.SUCCESS}), flush=True)
+    print(
+        MARK
+        + json.dumps(
+            {
+                "run_id": run_id,
+                "state": str(run.state),
+                "event_ids": event_ids,
+                "success": run.state == DagRunState.SUCCESS,
+            }
+        ),
+        flush=True,
+    )
     return 0 if run.state == DagRunState.SUCCESS else 1
 
 

@@ -6,6 +6,7 @@
 On each TaskDeferred the trigger is rebuilt from its serialized kwargs (through JSON, as the triggerer
 stores them), run to its first event, and the operator resumes in the deferral's method with that event.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -28,8 +29,9 @@ async def first_event(trigger: Any) -> Any:
     return None
 
 
-def run_deferrable(op: Any, context: Callable[[], dict], *, tweak: Callable[[Any], None] | None = None,
-                   timeout: float = 60) -> Any:
+def run_deferrable(
+    op: Any, context: Callable[[], dict], *, tweak: Callable[[Any], None] | None = None, timeout: float = 60
+) -> Any:
     call, args = op.execute, (context(),)
     while True:
         try:

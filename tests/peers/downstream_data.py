@@ -9,6 +9,7 @@ The encoder has the layout the train step saves (tf_model.h5, config.json, token
 downstream step reads it as it reads a trained run's model; its weights are random, which the
 step's contract (fields, seeds, baseline, determinism) does not depend on.
 """
+
 from __future__ import annotations
 
 import random
@@ -51,18 +52,27 @@ def glue_folder(root: Path) -> Path:
     import datasets
 
     root.mkdir(parents=True, exist_ok=True)
-    for config, make, names, columns in (("sst2", sentiment_rows, ["negative", "positive"], ["sentence"]),
-                                         ("mrpc", pair_rows, ["not_equivalent", "equivalent"],
-                                          ["sentence1", "sentence2"])):
-        features = datasets.Features({**{c: datasets.Value("string") for c in columns},
-                                      "label": datasets.ClassLabel(names=names)})
+    for config, make, names, columns in (
+        ("sst2", sentiment_rows, ["negative", "positive"], ["sentence"]),
+        ("mrpc", pair_rows, ["not_equivalent", "equivalent"], ["sentence1", "sentence2"]),
+    ):
+        features = datasets.Features(
+            {**{c: datasets.Value("string") for c in columns}, "label": datasets.ClassLabel(names=names)}
+        )
         for split, (n, seed) in {"train": (24, 1), "validation": (12, 2)}.items():
             (root / config).mkdir(exist_ok=True)
             datasets.Dataset.from_list(make(n, seed), features=features).to_parquet(
-                str(root / config / f"{split}-00000-of-00001.parquet"))
-    (root / "README.md").write_text("---\nconfigs:\n" + "".join(
-        f"- config_name: {c}\n  data_files:\n  - split: train\n    path: {c}/train-*\n"
-        f"  - split: validation\n    path: {c}/validation-*\n" for c in ("sst2", "mrpc")) + "---\n# glue\n")
+                str(root / config / f"{split}-00000-of-00001.parquet")
+            )
+    (root / "README.md").write_text(
+        "---\nconfigs:\n"
+        + "".join(
+            f"- config_name: {c}\n  data_files:\n  - split: train\n    path: {c}/train-*\n"
+            f"  - split: validation\n    path: {c}/validation-*\n"
+            for c in ("sst2", "mrpc")
+        )
+        + "---\n# glue\n"
+    )
     return root
 
 
@@ -73,14 +83,24 @@ def save_tiny_encoder(model_uri: str) -> None:
     from mlm_tasks.data.tokenizer import to_pretrained, train_unigram
     from mlm_tasks.model.roberta import build_model
 
-    text = [r["sentence"] for r in sentiment_rows(40, 0)] + [f"{r['sentence1']} {r['sentence2']}"
-                                                             for r in pair_rows(40, 0)]
+    text = [r["sentence"] for r in sentiment_rows(40, 0)] + [
+        f"{r['sentence1']} {r['sentence2']}" for r in pair_rows(40, 0)
+    ]
     tokenizer = to_pretrained(train_unigram(text * 5, TokenizerConfig(vocab_size=50)), 64)
-    config = RobertaConfig(vocab_size=len(tokenizer), hidden_size=32, num_hidden_layers=1, num_attention_heads=2,
-                           intermediate_size=64, max_position_embeddings=66, type_vocab_size=1,
-                           hidden_dropout_prob=0.1, attention_probs_dropout_prob=0.1,
-                           pad_token_id=tokenizer.pad_token_id, bos_token_id=tokenizer.bos_token_id,
-                           eos_token_id=tokenizer.eos_token_id)
+    config = RobertaConfig(
+        vocab_size=len(tokenizer),
+        hidden_size=32,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        intermediate_size=64,
+        max_position_embeddings=66,
+        type_vocab_size=1,
+        hidden_dropout_prob=0.1,
+        attention_probs_dropout_prob=0.1,
+        pad_token_id=tokenizer.pad_token_id,
+        bos_token_id=tokenizer.bos_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+    )
     with tempfile.TemporaryDirectory() as tmp:
         build_model(config).save_pretrained(tmp)
         tokenizer.save_pretrained(tmp)

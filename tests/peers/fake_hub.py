@@ -24,6 +24,7 @@ error body and headers) until `hub.outage(None)`.
 Tests use the `fake_hub` fixture (exported by tests/conftest.py).
 Run on its own for manual poking: `python tests/peers/fake_hub.py` (prints URL and token).
 """
+
 from __future__ import annotations
 
 import base64
@@ -41,8 +42,22 @@ import pytest
 import yaml
 
 # What the real Hub keeps in LFS by default (.gitattributes of a new repo), plus anything over 10 MB.
-LFS_SUFFIXES = (".h5", ".bin", ".safetensors", ".ckpt", ".msgpack", ".pt", ".pth", ".onnx", ".tflite",
-                ".npy", ".npz", ".zip", ".gz", ".tar")
+LFS_SUFFIXES = (
+    ".h5",
+    ".bin",
+    ".safetensors",
+    ".ckpt",
+    ".msgpack",
+    ".pt",
+    ".pth",
+    ".onnx",
+    ".tflite",
+    ".npy",
+    ".npz",
+    ".zip",
+    ".gz",
+    ".tar",
+)
 LFS_MIN_SIZE = 10 * 1024 * 1024
 INVALID_CREDENTIALS = "Invalid credentials in Authorization header"
 
@@ -58,8 +73,8 @@ class Commit:
     oid: str
     message: str
     description: str
-    files: dict[str, bytes]        # added or replaced in this commit
-    lfs_paths: set[str]            # which of `files` arrived through LFS
+    files: dict[str, bytes]  # added or replaced in this commit
+    lfs_paths: set[str]  # which of `files` arrived through LFS
     deleted: list[str]
 
 
@@ -81,8 +96,7 @@ class Repo:
 
 
 class FakeHub:
-    def __init__(self, token: str = "hf_fake_write_token", user: str = "tester",
-                 orgs: tuple[str, ...] = ("test-org",)):
+    def __init__(self, token: str = "hf_fake_write_token", user: str = "tester", orgs: tuple[str, ...] = ("test-org",)):
         self.token, self.user, self.orgs = token, user, tuple(orgs)
         self.repos: dict[str, Repo] = {}
         self.commits: list[Commit] = []
@@ -228,10 +242,16 @@ class _Handler(BaseHTTPRequestHandler):
     # -- endpoints -------------------------------------------------------------------------------------
     def whoami(self) -> None:
         if self._authorized():
-            self._send(200, {"type": "user", "name": self.fake.user, "fullname": self.fake.user,
-                             "orgs": [{"name": o, "type": "org"} for o in self.fake.orgs],
-                             "auth": {"type": "access_token",
-                                      "accessToken": {"displayName": "fake", "role": "write"}}})
+            self._send(
+                200,
+                {
+                    "type": "user",
+                    "name": self.fake.user,
+                    "fullname": self.fake.user,
+                    "orgs": [{"name": o, "type": "org"} for o in self.fake.orgs],
+                    "auth": {"type": "access_token", "accessToken": {"displayName": "fake", "role": "write"}},
+                },
+            )
 
     def create_repo(self) -> None:
         payload = json.loads(self._body() or b"{}")
@@ -245,8 +265,9 @@ class _Handler(BaseHTTPRequestHandler):
         with self.fake.lock:
             if repo_id in self.fake.repos:
                 return self._send(409, {"error": "You already created this model repo", "url": url})
-            self.fake.repos[repo_id] = Repo(repo_id, bool(payload.get("private", False)),
-                                            payload.get("type") or "model")
+            self.fake.repos[repo_id] = Repo(
+                repo_id, bool(payload.get("private", False)), payload.get("type") or "model"
+            )
         self._send(200, {"url": url, "name": repo_id, "id": repo_id})
 
     def validate_yaml(self) -> None:
@@ -275,8 +296,9 @@ class _Handler(BaseHTTPRequestHandler):
             oid = None
             if old is not None:
                 oid = hashlib.sha256(old).hexdigest() if lfs else git_blob_sha1(old)
-            files.append({"path": f["path"], "uploadMode": "lfs" if lfs else "regular",
-                          "shouldIgnore": False, "oid": oid})
+            files.append(
+                {"path": f["path"], "uploadMode": "lfs" if lfs else "regular", "shouldIgnore": False, "oid": oid}
+            )
         self._send(200, {"files": files, "commitOid": repo.sha})
 
     def lfs_batch(self, repo_id: str) -> None:
@@ -338,10 +360,20 @@ class _Handler(BaseHTTPRequestHandler):
             repo.lfs_paths = (repo.lfs_paths - set(files)) | lfs_paths
             repo.sha = oid
             repo.history[oid] = dict(repo.files)
-            self.fake.commits.append(Commit(repo_id, revision, oid, header["summary"],
-                                            header.get("description", ""), files, lfs_paths, deleted))
-        self._send(200, {"success": True, "commitOid": oid, "pullRequestUrl": None,
-                         "commitUrl": f"{self.fake.url}/{repo_id}/commit/{oid}"})
+            self.fake.commits.append(
+                Commit(
+                    repo_id, revision, oid, header["summary"], header.get("description", ""), files, lfs_paths, deleted
+                )
+            )
+        self._send(
+            200,
+            {
+                "success": True,
+                "commitOid": oid,
+                "pullRequestUrl": None,
+                "commitUrl": f"{self.fake.url}/{repo_id}/commit/{oid}",
+            },
+        )
 
     def _readable_repo(self, repo_id: str) -> Repo | None:
         """The repo if this request may read it; otherwise answers 401 (bad token) or 404 (absent, or
@@ -362,9 +394,20 @@ class _Handler(BaseHTTPRequestHandler):
         if found is None:
             return self._error(404, f"Invalid rev id: {rev}", code="RevisionNotFound")
         sha, files = found
-        self._send(200, {"id": repo_id, "modelId": repo_id, "private": repo.private, "sha": sha,
-                         "author": repo_id.split("/")[0], "tags": [], "downloads": 0, "likes": 0,
-                         "siblings": [{"rfilename": p} for p in sorted(files)]})
+        self._send(
+            200,
+            {
+                "id": repo_id,
+                "modelId": repo_id,
+                "private": repo.private,
+                "sha": sha,
+                "author": repo_id.split("/")[0],
+                "tags": [],
+                "downloads": 0,
+                "likes": 0,
+                "siblings": [{"rfilename": p} for p in sorted(files)],
+            },
+        )
 
     def resolve(self, repo_id: str, rev: str, path: str) -> None:
         """A file at a revision (GET), or only its headers (HEAD): what hf_hub_download reads."""
@@ -393,7 +436,6 @@ class _Handler(BaseHTTPRequestHandler):
         if self.command == "GET":
             self.wfile.write(data)
 
-
     def tree(self, repo_id: str, _rev: str, prefix: str | None = None) -> None:
         """Recursive listing only (what `list_repo_files`, hence upload_folder's delete_patterns, uses)."""
         if not self._authorized(required=False):
@@ -414,19 +456,24 @@ class _Handler(BaseHTTPRequestHandler):
 
 _REPO = r"([^/]+/[^/]+?)"
 _ROUTES = {
-    "GET": [(r"/api/whoami-v2", "whoami"),
-            (rf"/api/models/{_REPO}/tree/([^/]+)(?:/(.+))?", "tree"),
-            (rf"/api/models/{_REPO}/revision/([^/]+)", "repo_info"),
-            (rf"/api/models/{_REPO}", "repo_info")],
-    "POST": [(r"/api/repos/create", "create_repo"),
-             (r"/api/validate-yaml", "validate_yaml"),
-             (rf"/api/models/{_REPO}/preupload/([^/]+)", "preupload"),
-             (rf"/api/models/{_REPO}/commit/([^/]+)", "commit"),
-             (rf"/{_REPO}\.git/info/lfs/objects/batch", "lfs_batch")],
+    "GET": [
+        (r"/api/whoami-v2", "whoami"),
+        (rf"/api/models/{_REPO}/tree/([^/]+)(?:/(.+))?", "tree"),
+        (rf"/api/models/{_REPO}/revision/([^/]+)", "repo_info"),
+        (rf"/api/models/{_REPO}", "repo_info"),
+    ],
+    "POST": [
+        (r"/api/repos/create", "create_repo"),
+        (r"/api/validate-yaml", "validate_yaml"),
+        (rf"/api/models/{_REPO}/preupload/([^/]+)", "preupload"),
+        (rf"/api/models/{_REPO}/commit/([^/]+)", "commit"),
+        (rf"/{_REPO}\.git/info/lfs/objects/batch", "lfs_batch"),
+    ],
     "PUT": [(r"/_lfs/([0-9a-f]{64})", "lfs_put")],
     "HEAD": [(rf"/{_REPO}/resolve/([^/]+)/(.+)", "resolve")],
 }
 _ROUTES["GET"].append((rf"/{_REPO}/resolve/([^/]+)/(.+)", "resolve"))
+
 
 @pytest.fixture
 def fake_hub(monkeypatch, tmp_path_factory):

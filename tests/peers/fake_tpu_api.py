@@ -58,6 +58,7 @@ so a caller without a timeout hangs.
 `refuse_deletes(code, status, message)` answers every delete with that error (e.g. 403
 PERMISSION_DENIED), as the API does for a caller without tpu.nodes.delete.
 """
+
 from __future__ import annotations
 
 import json
@@ -74,15 +75,44 @@ EMPTY_TYPE = "type.googleapis.com/google.protobuf.Empty"
 META_TYPE = "type.googleapis.com/google.cloud.tpu.v2.OperationMetadata"
 PARENT = r"/v2/projects/(?P<project>[^/]+)/locations/(?P<zone>[^/:]+)"
 SERVICE_AUDIENCE = "https://tpu.googleapis.com/"
-NODE_FIELDS = {"name", "description", "acceleratorType", "state", "healthDescription", "runtimeVersion",
-               "networkConfig", "networkConfigs", "cidrBlock", "serviceAccount", "createTime", "schedulingConfig",
-               "networkEndpoints", "health", "labels", "metadata", "tags", "id", "dataDisks", "apiVersion",
-               "symptoms", "shieldedInstanceConfig", "acceleratorConfig", "queuedResource", "multisliceNode",
-               "bootDiskConfig", "upcomingMaintenance"}
+NODE_FIELDS = {
+    "name",
+    "description",
+    "acceleratorType",
+    "state",
+    "healthDescription",
+    "runtimeVersion",
+    "networkConfig",
+    "networkConfigs",
+    "cidrBlock",
+    "serviceAccount",
+    "createTime",
+    "schedulingConfig",
+    "networkEndpoints",
+    "health",
+    "labels",
+    "metadata",
+    "tags",
+    "id",
+    "dataDisks",
+    "apiVersion",
+    "symptoms",
+    "shieldedInstanceConfig",
+    "acceleratorConfig",
+    "queuedResource",
+    "multisliceNode",
+    "bootDiskConfig",
+    "upcomingMaintenance",
+}
 # generation -> (type-suffix units per host beyond one host, largest one-host suffix, allowed suffixes)
-GENERATIONS = {"v2": (8, 8, range(8, 513, 8)), "v3": (8, 8, range(8, 2049, 8)), "v4": (8, 8, range(8, 8193, 8)),
-               "v5p": (8, 8, range(8, 12289, 8)), "v5litepod": (4, 8, (1, 4, 8, 16, 32, 64, 128, 256)),
-               "v6e": (4, 8, (1, 4, 8, 16, 32, 64, 128, 256))}
+GENERATIONS = {
+    "v2": (8, 8, range(8, 513, 8)),
+    "v3": (8, 8, range(8, 2049, 8)),
+    "v4": (8, 8, range(8, 8193, 8)),
+    "v5p": (8, 8, range(8, 12289, 8)),
+    "v5litepod": (4, 8, (1, 4, 8, 16, 32, 64, 128, 256)),
+    "v6e": (4, 8, (1, 4, 8, 16, 32, 64, 128, 256)),
+}
 LABEL_KEY = re.compile(r"[a-z][-_a-z0-9]{0,62}")
 LABEL_VALUE = re.compile(r"[-_a-z0-9]{0,63}")
 METADATA_KEY = re.compile(r"[-_a-zA-Z0-9]{1,128}")
@@ -106,10 +136,19 @@ class InvalidRequest(Exception):
 
 
 class FakeTpuApi(LoopbackServer):
-    def __init__(self, *, oauth=None, ready_after_gets: int = 3, ready_after_s: float | None = None,
-                 endpoint_ip: str = "127.0.0.1", external_ip: str | None = None, endpoint_port: int = 8470,
-                 delete_after_gets: int = 0, transient_errors: bool = True):
-        self.oauth = oauth                    # OAuthTokenServer that vouches for bearer tokens
+    def __init__(
+        self,
+        *,
+        oauth=None,
+        ready_after_gets: int = 3,
+        ready_after_s: float | None = None,
+        endpoint_ip: str = "127.0.0.1",
+        external_ip: str | None = None,
+        endpoint_port: int = 8470,
+        delete_after_gets: int = 0,
+        transient_errors: bool = True,
+    ):
+        self.oauth = oauth  # OAuthTokenServer that vouches for bearer tokens
         self.ready_after_gets = ready_after_gets
         self.delete_after_gets = delete_after_gets  # reads a node stays DELETING before it is gone
         self.ready_after_s = ready_after_s
@@ -117,16 +156,16 @@ class FakeTpuApi(LoopbackServer):
         self.external_ip = external_ip or endpoint_ip
         self.endpoint_port = endpoint_port
         self.transient_errors = transient_errors
-        self.workers: int | None = None       # test control: endpoints per node instead of the type's hosts
-        self.host_keys: dict[str, str] = {}   # test control: what READY nodes' guest agents publish
-        self.nodes: dict[str, dict] = {}      # full node name -> node JSON (+ private "_" keys)
+        self.workers: int | None = None  # test control: endpoints per node instead of the type's hosts
+        self.host_keys: dict[str, str] = {}  # test control: what READY nodes' guest agents publish
+        self.nodes: dict[str, dict] = {}  # full node name -> node JSON (+ private "_" keys)
         self.operations: dict[str, dict] = {}
         self.requests: list[tuple[str, str]] = []  # (method, path) of requests past auth and busy answers
         self.answers: list[tuple[str, str, int]] = []  # (method, path, status) of every request
-        self.principals: set[str] = set()     # service accounts whose requests got through auth
+        self.principals: set[str] = set()  # service accounts whose requests got through auth
         self._fail_next: tuple[str, str] | None = None
         self._refuse_delete: dict[str, tuple[int, dict]] = {}  # full node name -> error answer
-        self._answering = threading.Event()   # cleared by stall(): requests wait, unanswered
+        self._answering = threading.Event()  # cleared by stall(): requests wait, unanswered
         self._answering.set()
         self._stalled_methods: tuple[str, ...] = ()  # empty: all of them
         self._refuse_all_deletes: tuple[int, str, str] | None = None
@@ -157,30 +196,47 @@ class FakeTpuApi(LoopbackServer):
     def preempt(self, node_id: str) -> None:
         self.set_state(node_id, "PREEMPTED")
 
-    def fail_next_create(self, message: str = "There is no more capacity in the zone",
-                         node_state: str = "TERMINATED") -> None:
+    def fail_next_create(
+        self, message: str = "There is no more capacity in the zone", node_state: str = "TERMINATED"
+    ) -> None:
         """The next create makes the node (CREATING), then fails its operation when it would turn READY."""
         self._fail_next = (message, node_state)
 
     def refuse_delete(self, project: str, zone: str, node_id: str, code: int = 403) -> None:
         """Every delete of this node is refused, as the API does for a caller without tpu.nodes.delete
         on it (403) or in an outage (500); reads and lists still see the node."""
-        answers = {403: ("PERMISSION_DENIED", f"Permission 'tpu.nodes.delete' denied on node {node_id}."),
-                   500: ("INTERNAL", "Internal error encountered.")}
+        answers = {
+            403: ("PERMISSION_DENIED", f"Permission 'tpu.nodes.delete' denied on node {node_id}."),
+            500: ("INTERNAL", "Internal error encountered."),
+        }
         if code not in answers:
             raise ValueError(f"refuse_delete answers 403 or 500, not {code}")
         with self._lock:
             name = f"projects/{project}/locations/{zone}/nodes/{node_id}"
             self._refuse_delete[name] = _error(code, *answers[code])
 
-    def add_node(self, project: str, zone: str, node_id: str, *, state: str = "READY",
-                 labels: dict | None = None, accelerator_type: str = "v4-8") -> dict:
+    def add_node(
+        self,
+        project: str,
+        zone: str,
+        node_id: str,
+        *,
+        state: str = "READY",
+        labels: dict | None = None,
+        accelerator_type: str = "v4-8",
+    ) -> dict:
         """Put a node in place without going through create (e.g. one left by an earlier run)."""
         with self._lock:
-            node = self._new_node(f"projects/{project}/locations/{zone}", node_id,
-                                  {"labels": labels or {}, "acceleratorType": accelerator_type,
-                                   "runtimeVersion": "tpu-vm-tf-2.16.1-pjrt",
-                                   "networkConfig": {"enableExternalIps": True}})
+            node = self._new_node(
+                f"projects/{project}/locations/{zone}",
+                node_id,
+                {
+                    "labels": labels or {},
+                    "acceleratorType": accelerator_type,
+                    "runtimeVersion": "tpu-vm-tf-2.16.1-pjrt",
+                    "networkConfig": {"enableExternalIps": True},
+                },
+            )
             node.update(state=state, _pinned=True)
             return node
 
@@ -196,8 +252,12 @@ class FakeTpuApi(LoopbackServer):
         self._answering.set()  # never leave a handler thread parked on a stalled request
         super().stop()
 
-    def refuse_deletes(self, code: int = 403, status: str = "PERMISSION_DENIED",
-                       message: str = "Permission 'tpu.nodes.delete' denied on resource.") -> None:
+    def refuse_deletes(
+        self,
+        code: int = 403,
+        status: str = "PERMISSION_DENIED",
+        message: str = "Permission 'tpu.nodes.delete' denied on resource.",
+    ) -> None:
         """Answer every delete from now on with this error (None for code: accept them again)."""
         self._refuse_all_deletes = (code, status, message) if code else None
 
@@ -214,9 +274,18 @@ class FakeTpuApi(LoopbackServer):
             endpoint["accessConfig"] = {"externalIp": self.external_ip}
         count = self.workers or hosts_of(body["acceleratorType"]) or 1
         endpoints = [dict(endpoint) for _ in range(count)]
-        node = {**body, "name": name, "state": "CREATING", "networkEndpoints": endpoints, "apiVersion": "V2",
-                "createTime": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-                "_gets": 0, "_created": time.monotonic(), "_fail": self._fail_next, "_pinned": False}
+        node = {
+            **body,
+            "name": name,
+            "state": "CREATING",
+            "networkEndpoints": endpoints,
+            "apiVersion": "V2",
+            "createTime": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+            "_gets": 0,
+            "_created": time.monotonic(),
+            "_fail": self._fail_next,
+            "_pinned": False,
+        }
         self._fail_next = None
         self.nodes[name] = node
         return node
@@ -228,8 +297,11 @@ class FakeTpuApi(LoopbackServer):
         seen = self._transient.get((verb, name), 0)
         self._transient[(verb, name)] = seen + 1
         if seen == 0:
-            return _error(429, "RESOURCE_EXHAUSTED", "Quota exceeded for quota metric 'Requests' of service "
-                          "'tpu.googleapis.com'. Please retry.")
+            return _error(
+                429,
+                "RESOURCE_EXHAUSTED",
+                "Quota exceeded for quota metric 'Requests' of service 'tpu.googleapis.com'. Please retry.",
+            )
         if seen == 1:
             return _error(503, "UNAVAILABLE", "The service is currently unavailable.")
         return None
@@ -245,7 +317,8 @@ class FakeTpuApi(LoopbackServer):
             return
         node["_gets"] += 1
         done = node["_gets"] >= self.ready_after_gets or (
-            self.ready_after_s is not None and time.monotonic() - node["_created"] >= self.ready_after_s)
+            self.ready_after_s is not None and time.monotonic() - node["_created"] >= self.ready_after_s
+        )
         if not done:
             return
         if node["_fail"]:
@@ -258,8 +331,13 @@ class FakeTpuApi(LoopbackServer):
     def _operation(self, parent: str, target: str, verb: str) -> dict:
         self._ops += 1
         name = f"{parent}/operations/operation-{self._ops}"
-        op = {"name": name, "done": False, "_target": target, "_verb": verb,
-              "metadata": {"@type": META_TYPE, "target": target, "verb": verb, "apiVersion": "v2"}}
+        op = {
+            "name": name,
+            "done": False,
+            "_target": target,
+            "_verb": verb,
+            "metadata": {"@type": META_TYPE, "target": target, "verb": verb, "apiVersion": "v2"},
+        }
         self.operations[name] = op
         return op
 
@@ -303,11 +381,15 @@ def check_labels(labels: dict) -> None:
         raise InvalidRequest(f"A node can have at most 64 labels, got {len(labels)}.")
     for key, value in labels.items():
         if not LABEL_KEY.fullmatch(key):
-            raise InvalidRequest(f"Invalid label key {key!r}: keys must start with a lowercase letter and "
-                                 "contain only lowercase letters, digits, '-' and '_' (at most 63).")
+            raise InvalidRequest(
+                f"Invalid label key {key!r}: keys must start with a lowercase letter and "
+                "contain only lowercase letters, digits, '-' and '_' (at most 63)."
+            )
         if not isinstance(value, str) or not LABEL_VALUE.fullmatch(value):
-            raise InvalidRequest(f"Invalid label value {value!r} for key {key!r}: lowercase letters, digits, "
-                                 "'-' and '_' only, at most 63.")
+            raise InvalidRequest(
+                f"Invalid label value {value!r} for key {key!r}: lowercase letters, digits, "
+                "'-' and '_' only, at most 63."
+            )
 
 
 def check_metadata(metadata: dict) -> None:
@@ -338,16 +420,20 @@ def check_node(body: dict) -> None:
         raise InvalidRequest("Field 'acceleratorType' is required (this fake does not model acceleratorConfig).")
     host_count = hosts_of(accelerator)
     if host_count is None:
-        raise InvalidRequest(f"Accelerator type {accelerator!r} is not valid: expected <generation>-<size> "
-                             "with a supported size, e.g. v4-8, v5litepod-8, v5p-8.")
+        raise InvalidRequest(
+            f"Accelerator type {accelerator!r} is not valid: expected <generation>-<size> "
+            "with a supported size, e.g. v4-8, v5litepod-8, v5p-8."
+        )
     runtime = body.get("runtimeVersion", "")
     if not runtime:
         raise InvalidRequest("Field 'runtimeVersion' is required.")
     if runtime.startswith("tpu-vm-tf-"):
         pod = bool(re.search(r"-pod(-|$)", runtime))
         if host_count > 1 and not pod:
-            raise InvalidRequest(f"Runtime version {runtime!r} supports single-host slices only; {accelerator} "
-                                 f"has {host_count} hosts: use a TensorFlow -pod runtime version.")
+            raise InvalidRequest(
+                f"Runtime version {runtime!r} supports single-host slices only; {accelerator} "
+                f"has {host_count} hosts: use a TensorFlow -pod runtime version."
+            )
         if host_count == 1 and pod:
             raise InvalidRequest(f"Runtime version {runtime!r} is for multi-host slices; {accelerator} is one host.")
     check_labels(body.get("labels") or {})
@@ -418,10 +504,10 @@ def _handler(api: FakeTpuApi):
             self.end_headers()
             self.wfile.write(data)
 
-        do_GET = lambda self: self._serve("GET")          # noqa: E731
-        do_POST = lambda self: self._serve("POST")        # noqa: E731
-        do_PATCH = lambda self: self._serve("PATCH")      # noqa: E731
-        do_DELETE = lambda self: self._serve("DELETE")    # noqa: E731
+        do_GET = lambda self: self._serve("GET")  # noqa: E731
+        do_POST = lambda self: self._serve("POST")  # noqa: E731
+        do_PATCH = lambda self: self._serve("PATCH")  # noqa: E731
+        do_DELETE = lambda self: self._serve("DELETE")  # noqa: E731
 
         @staticmethod
         def _parent(g: dict) -> str:
@@ -454,7 +540,7 @@ def _handler(api: FakeTpuApi):
             names = sorted(n for n in api.nodes if n.startswith(prefix))
             size = int((query.get("pageSize") or ["0"])[0]) or len(names) or 1
             start = int((query.get("pageToken") or ["0"])[0] or 0)
-            page = [_public(api.nodes[n]) for n in names[start:start + size]]
+            page = [_public(api.nodes[n]) for n in names[start : start + size]]
             more = start + size < len(names)
             return 200, {"nodes": page, **({"nextPageToken": str(start + size)} if more else {})}
 
@@ -464,8 +550,9 @@ def _handler(api: FakeTpuApi):
             if not mask:
                 raise InvalidRequest("updateMask is required.")
             if set(mask) - {"labels"}:  # what the API lets one change on a running node that we use
-                raise InvalidRequest(f"Field(s) {sorted(set(mask) - {'labels'})} cannot be updated; "
-                                     "supported here: labels.")
+                raise InvalidRequest(
+                    f"Field(s) {sorted(set(mask) - {'labels'})} cannot be updated; supported here: labels."
+                )
             if name not in api.nodes:
                 return _error(404, "NOT_FOUND", f"Node {g['node']} not found.")
             check_labels(body.get("labels") or {})
@@ -502,13 +589,17 @@ def _handler(api: FakeTpuApi):
             ids = body.get("workerIds") or [str(i) for i in range(hosts)]
             for worker in ids:
                 if not (isinstance(worker, str) and worker.isdigit() and int(worker) < hosts):
-                    raise InvalidRequest(f"Invalid worker id {worker!r}: node {g['node']} has workers 0 to "
-                                         f"{hosts - 1}.")
+                    raise InvalidRequest(
+                        f"Invalid worker id {worker!r}: node {g['node']} has workers 0 to {hosts - 1}."
+                    )
             path = body.get("queryPath", "")
             namespace, _, key = path.strip("/").partition("/")
             published = api.host_keys if node["state"] == "READY" else {}  # no guest agent runs otherwise
-            items = [{"namespace": "hostkeys", "key": k, "value": v} for k, v in published.items()
-                     if namespace in ("", "hostkeys") and key in ("", k)]
+            items = [
+                {"namespace": "hostkeys", "key": k, "value": v}
+                for k, v in published.items()
+                if namespace in ("", "hostkeys") and key in ("", k)
+            ]
             value = {"items": items} if items else {}
             return 200, {"guestAttributes": [{"queryPath": path, "queryValue": value} for _ in ids]}
 
@@ -555,10 +646,13 @@ if pytest is not None:
 
         registry = str(tmp_path_factory.mktemp("tpu-registry"))
         monkeypatch.setenv("MLM_TPU_REGISTRY", registry)
-        monkeypatch.setenv(GCP_CONN_ENV, json.dumps({"conn_type": "google_cloud_platform",
-                                                     "extra": {"keyfile_dict": json.dumps(sa_key)}}))
+        monkeypatch.setenv(
+            GCP_CONN_ENV,
+            json.dumps({"conn_type": "google_cloud_platform", "extra": {"keyfile_dict": json.dumps(sa_key)}}),
+        )
         creds = service_account.Credentials.from_service_account_info(
-            sa_key, scopes=["https://www.googleapis.com/auth/cloud-platform"])
+            sa_key, scopes=["https://www.googleapis.com/auth/cloud-platform"]
+        )
         with FakeTpuApi(oauth=oauth_server) as api, credentials.use(creds, sa_key["project_id"], "test key"):
             api.credentials = creds
             api.registry = registry

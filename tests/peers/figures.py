@@ -5,6 +5,7 @@ they come, and all of them as one JSON line when the module's stack shuts down.
     figure("restart to the next progress line s", 9.0)    # [durable figure] restart to ...: 9.0
     figure.dump()                                          # [durable figures] {"restart to ...": 9.0}
 """
+
 from __future__ import annotations
 
 import json

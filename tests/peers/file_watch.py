@@ -11,6 +11,7 @@ manifest, _SUCCESS): temporary names come and go and are no reader's business. E
 the file's inode, mtime and the sha256 of its bytes, so a half-written file under its final name
 shows up as a second content, and a rewrite with identical bytes still shows as a second inode/mtime.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -27,7 +28,7 @@ class FolderWatch:
     def __init__(self, root: Path, interval: float = 0.05):
         self.root, self.interval = Path(root), interval
         self.signatures: dict[str, list[tuple[int, int, int]]] = {}  # rel path -> [(inode, mtime_ns, size)]
-        self.contents: dict[str, list[str]] = {}                      # rel path -> [sha256, ...] in order seen
+        self.contents: dict[str, list[str]] = {}  # rel path -> [sha256, ...] in order seen
         self.scans = 0
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, daemon=True)

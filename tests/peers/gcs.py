@@ -10,6 +10,7 @@ Airflow provider's async hook) all honour STORAGE_EMULATOR_HOST. TensorFlow's ow
 not: see tls_proxy.py. Run the emulator by hand for debugging with
     python tests/peers/gcs_emulator.py start --host 127.0.0.1 --port 9023 --in-memory
 """
+
 from __future__ import annotations
 
 import re
@@ -52,8 +53,9 @@ class GcsEmulator:
         from google.auth.credentials import AnonymousCredentials
         from google.cloud import storage
 
-        return storage.Client(project=self.project, credentials=AnonymousCredentials(),
-                              client_options={"api_endpoint": self.endpoint})
+        return storage.Client(
+            project=self.project, credentials=AnonymousCredentials(), client_options={"api_endpoint": self.endpoint}
+        )
 
     def uri(self, *parts: str) -> str:
         return "/".join([f"gs://{self.bucket}", *[p.strip("/") for p in parts]])
@@ -76,8 +78,18 @@ def _wait_until_up(proc: subprocess.Popen, endpoint: str, log_path: Path, timeou
 def start_emulator(log_dir: Path) -> tuple[subprocess.Popen, GcsEmulator]:
     port = free_port()
     log_path = log_dir / "gcs-emulator.log"
-    cmd = [sys.executable, str(LAUNCHER), "start", "--host", "127.0.0.1", "--port", str(port),
-           "--in-memory", "--default-bucket", BUCKET]
+    cmd = [
+        sys.executable,
+        str(LAUNCHER),
+        "start",
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        "--in-memory",
+        "--default-bucket",
+        BUCKET,
+    ]
     with open(log_path, "wb") as log:
         proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, cwd=log_dir)
     emu = GcsEmulator("127.0.0.1", port, BUCKET, PROJECT, log_path)

@@ -14,6 +14,7 @@ frozen mid-session, a half-open connection) blocks no other. The upstream server
 time; here one lock runs each request's handler, after its body is read from the socket and before its
 answer is written, so check-then-write (the precondition, then the insert) stays atomic.
 """
+
 from __future__ import annotations
 
 import functools
@@ -31,9 +32,15 @@ PRECONDITION_FAILED = {
     "error": {
         "code": 412,
         "message": "At least one of the pre-conditions you specified did not hold.",
-        "errors": [{"domain": "global", "reason": "conditionNotMet",
-                    "message": "At least one of the pre-conditions you specified did not hold.",
-                    "locationType": "header", "location": "If-Match"}],
+        "errors": [
+            {
+                "domain": "global",
+                "reason": "conditionNotMet",
+                "message": "At least one of the pre-conditions you specified did not hold.",
+                "locationType": "header",
+                "location": "If-Match",
+            }
+        ],
     }
 }
 
@@ -85,6 +92,7 @@ def _serialized(handler):
         request.data  # noqa: B018 (read the body now, outside the lock: a client slow to send it blocks no other)
         with _STORE:
             return handler(request, response, storage, *args, **kwargs)
+
     return run
 
 

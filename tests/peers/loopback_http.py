@@ -1,10 +1,11 @@
 """A threaded HTTP server on 127.0.0.1 (a free port), the base of the test peers that speak HTTP.
 
-    class FakeApi(LoopbackServer):
-        def __init__(self):
-            super().__init__(_handler(self))     # a BaseHTTPRequestHandler class bound to this peer
-    with FakeApi() as api: ... api.port ...
+class FakeApi(LoopbackServer):
+    def __init__(self):
+        super().__init__(_handler(self))     # a BaseHTTPRequestHandler class bound to this peer
+with FakeApi() as api: ... api.port ...
 """
+
 from __future__ import annotations
 
 import threading

@@ -8,6 +8,7 @@
 The PyTorch env is what a Hub user has: torch and the current transformers, no TensorFlow. It is
 created once by `make env-pt` (uv, pinned by requirements-pt.txt) and reused while that file is unchanged.
 """
+
 from __future__ import annotations
 
 import os
@@ -25,8 +26,9 @@ TRAIN_STEPS = 40  # enough that fill-mask probabilities are not a near-tie over 
 @pytest.fixture(scope="session")
 def pt_python() -> str:
     # make is a no-op when .venv-pt/.installed is newer than requirements-pt.txt.
-    done = subprocess.run(["make", "-s", "env-pt", f"VENV_PT={PT_VENV}"], cwd=ROOT, capture_output=True,
-                          text=True, timeout=1800)
+    done = subprocess.run(
+        ["make", "-s", "env-pt", f"VENV_PT={PT_VENV}"], cwd=ROOT, capture_output=True, text=True, timeout=1800
+    )
     assert done.returncode == 0, f"`make env-pt` failed:\n{done.stdout}\n{done.stderr}"
     python = PT_VENV / "bin" / "python"
     assert python.exists(), f"{python} missing after make env-pt"
@@ -54,7 +56,14 @@ def client_env(legacy_keras: bool = False) -> dict:
     return env
 
 
-def run_in(python: str | None, code: str, *args: str, timeout: int = 600, cwd: str | None = None,
-           **env_opts) -> subprocess.CompletedProcess:
-    return subprocess.run([python or sys.executable, "-c", code, *args], capture_output=True, text=True,
-                          timeout=timeout, cwd=cwd, env=client_env(**env_opts))
+def run_in(
+    python: str | None, code: str, *args: str, timeout: int = 600, cwd: str | None = None, **env_opts
+) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [python or sys.executable, "-c", code, *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        cwd=cwd,
+        env=client_env(**env_opts),
+    )

@@ -16,6 +16,7 @@ UNAUTHENTICATED otherwise and 403 ACCESS_TOKEN_SCOPE_INSUFFICIENT without cloud-
 Leniencies: keys are never rotated or revoked; IAM roles are not modelled (any registered account
 may do anything); the token lifetime is not enforced on the API side.
 """
+
 from __future__ import annotations
 
 import json
@@ -37,19 +38,23 @@ def _rsa_key_pem() -> tuple[str, str]:
     from cryptography.hazmat.primitives.asymmetric import rsa
 
     key = rsa.generate_private_key(public_exponent=65537, key_size=2048)
-    private = key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
-                                serialization.NoEncryption()).decode()
-    public = key.public_key().public_bytes(serialization.Encoding.PEM,
-                                           serialization.PublicFormat.SubjectPublicKeyInfo).decode()
+    private = key.private_bytes(
+        serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
+    ).decode()
+    public = (
+        key.public_key()
+        .public_bytes(serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo)
+        .decode()
+    )
     return private, public
 
 
 class OAuthTokenServer(LoopbackServer):
     def __init__(self) -> None:
-        self.public_keys: dict[str, str] = {}     # client_email -> PEM public key
-        self.tokens: dict[str, dict] = {}         # access token -> {"email", "scope", "expires"}
-        self.grants: list[str] = []               # client_email of every grant issued, in order
-        self.refusals: list[str] = []             # why each refused grant was refused
+        self.public_keys: dict[str, str] = {}  # client_email -> PEM public key
+        self.tokens: dict[str, dict] = {}  # access token -> {"email", "scope", "expires"}
+        self.grants: list[str] = []  # client_email of every grant issued, in order
+        self.refusals: list[str] = []  # why each refused grant was refused
         self._lock = threading.Lock()
         super().__init__(_handler(self))
 
@@ -61,12 +66,19 @@ class OAuthTokenServer(LoopbackServer):
         """A fresh RSA key registered here; returns the key JSON as the IAM console downloads it."""
         private, public = _rsa_key_pem()
         self.public_keys[email] = public
-        return {"type": "service_account", "project_id": project, "private_key_id": secrets.token_hex(20),
-                "private_key": private, "client_email": email, "client_id": str(secrets.randbelow(10**20)),
-                "auth_uri": "https://accounts.google.com/o/oauth2/auth", "token_uri": self.token_uri,
-                "auth_provider_x509_cert_url": "https://www.googleapis.com/oauth2/v1/certs",
-                "client_x509_cert_url": "https://www.googleapis.com/robot/v1/metadata/x509/"
-                                        + email.replace("@", "%40"), "universe_domain": "googleapis.com"}
+        return {
+            "type": "service_account",
+            "project_id": project,
+            "private_key_id": secrets.token_hex(20),
+            "private_key": private,
+            "client_email": email,
+            "client_id": str(secrets.randbelow(10**20)),
+            "auth_uri": "https://accounts.google.com/o/oauth2/auth",
+            "token_uri": self.token_uri,
+            "auth_provider_x509_cert_url": "https://www.googleapis.com/oauth2/v1/certs",
+            "client_x509_cert_url": "https://www.googleapis.com/robot/v1/metadata/x509/" + email.replace("@", "%40"),
+            "universe_domain": "googleapis.com",
+        }
 
     # -- verification -----------------------------------------------------------------------------
     def _verify_jwt(self, token: str, audience: str | None) -> dict:
@@ -94,8 +106,11 @@ class OAuthTokenServer(LoopbackServer):
             return 400, {"error": "invalid_grant", "error_description": f"Invalid JWT: {err}"}
         token = "ya29.fake-" + secrets.token_urlsafe(24)
         with self._lock:
-            self.tokens[token] = {"email": claims["iss"], "scope": claims.get("scope", ""),
-                                  "expires": time.time() + 3600}
+            self.tokens[token] = {
+                "email": claims["iss"],
+                "scope": claims.get("scope", ""),
+                "expires": time.time() + 3600,
+            }
             self.grants.append(claims["iss"])
         return 200, {"access_token": token, "expires_in": 3599, "token_type": "Bearer"}
 
@@ -111,10 +126,16 @@ class OAuthTokenServer(LoopbackServer):
 
     def _check(self, header, service_audience):
         if not header or not header.startswith("Bearer "):
-            return (401, "UNAUTHENTICATED", ("Request is missing required authentication credential. Expected "
-                                             "OAuth 2 access token, login cookie or other valid authentication "
-                                             "credential.")), None
-        token = header[len("Bearer "):]
+            return (
+                401,
+                "UNAUTHENTICATED",
+                (
+                    "Request is missing required authentication credential. Expected "
+                    "OAuth 2 access token, login cookie or other valid authentication "
+                    "credential."
+                ),
+            ), None
+        token = header[len("Bearer ") :]
         info = self.tokens.get(token)
         if info is None and token.count(".") == 2:  # a self-signed JWT (GAPIC clients' service accounts)
             try:
@@ -141,8 +162,7 @@ def _handler(server: OAuthTokenServer):
         def do_POST(self) -> None:
             length = int(self.headers.get("Content-Length") or 0)
             form = {k: v[0] for k, v in parse_qs(self.rfile.read(length).decode()).items()}
-            code, payload = (server.grant(form) if self.path.split("?")[0] == "/token"
-                             else (404, {"error": "not_found"}))
+            code, payload = server.grant(form) if self.path.split("?")[0] == "/token" else (404, {"error": "not_found"})
             data = json.dumps(payload).encode()
             self.send_response(code)
             self.send_header("Content-Type", "application/json")

@@ -5,6 +5,7 @@
 Loads the folder with AutoModelForMaskedLM (output_loading_info) and runs fill-mask on each probe;
 prints one JSON object: versions, loading info, parameter names, whether the decoder is tied, predictions.
 """
+
 import json
 import sys
 
@@ -16,14 +17,22 @@ folder, top_k, probes = sys.argv[1], int(sys.argv[2]), sys.argv[3:]
 model, info = AutoModelForMaskedLM.from_pretrained(folder, output_loading_info=True)
 tokenizer = AutoTokenizer.from_pretrained(folder)
 fill = pipeline("fill-mask", model=model, tokenizer=tokenizer, top_k=top_k)
-predictions = [{"probe": p, "predictions": [{"token_str": r["token_str"].strip(), "score": float(r["score"])}
-                                            for r in fill(p)]} for p in probes]
-print(json.dumps({
-    "transformers": transformers.__version__, "torch": torch.__version__,
-    "model_class": type(model).__name__,
-    "loading_info": {k: sorted(map(str, v)) for k, v in info.items()},
-    "parameters": sorted(model.state_dict()),
-    "decoder_tied": (model.lm_head.decoder.weight.data_ptr()
-                     == model.roberta.embeddings.word_embeddings.weight.data_ptr()),
-    "predictions": predictions,
-}))
+predictions = [
+    {"probe": p, "predictions": [{"token_str": r["token_str"].strip(), "score": float(r["score"])} for r in fill(p)]}
+    for p in probes
+]
+print(
+    json.dumps(
+        {
+            "transformers": transformers.__version__,
+            "torch": torch.__version__,
+            "model_class": type(model).__name__,
+            "loading_info": {k: sorted(map(str, v)) for k, v in info.items()},
+            "parameters": sorted(model.state_dict()),
+            "decoder_tied": (
+                model.lm_head.decoder.weight.data_ptr() == model.roberta.embeddings.word_embeddings.weight.data_ptr()
+            ),
+            "predictions": predictions,
+        }
+    )
+)

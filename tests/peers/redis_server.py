@@ -9,6 +9,7 @@ the append-only file on, so queued tasks survive a restart) with REDIS_PASSWORD 
 compose gives it, plus what loopback needs after it: a free port, bound to 127.0.0.1, data and the
 ACL file in `workdir`.
 """
+
 from __future__ import annotations
 
 import shutil
@@ -20,7 +21,8 @@ from pathlib import Path
 
 def redis_server_bin() -> str:
     found = shutil.which("redis-server") or (
-        "/usr/bin/redis-server" if Path("/usr/bin/redis-server").exists() else None)
+        "/usr/bin/redis-server" if Path("/usr/bin/redis-server").exists() else None
+    )
     if not found:
         raise RuntimeError("redis-server not found: apt-get install -y redis-server (.ci/run installs it)")
     return found
@@ -43,14 +45,28 @@ class RedisServer:
     def argv(self, compose_command: list[str]) -> list[str]:
         """The compose service's command with the loopback differences appended (the script hands them
         to redis-server after its config file, so they win)."""
-        return [*compose_command, "--port", str(self.port), "--bind", "127.0.0.1",
-                "--dir", str(self.dir), "--save", "", "--daemonize", "no"]
+        return [
+            *compose_command,
+            "--port",
+            str(self.port),
+            "--bind",
+            "127.0.0.1",
+            "--dir",
+            str(self.dir),
+            "--save",
+            "",
+            "--daemonize",
+            "no",
+        ]
 
     def env(self) -> dict[str, str]:
         """The compose service's environment (REDIS_PASSWORD), redis-server on PATH, the ACL file in workdir."""
         bin_dir = str(Path(redis_server_bin()).parent)
-        return {"PATH": f"{bin_dir}:/usr/bin:/bin", "REDIS_PASSWORD": self.password,
-                "MLM_REDIS_RUN_DIR": str(self.dir / "run")}
+        return {
+            "PATH": f"{bin_dir}:/usr/bin:/bin",
+            "REDIS_PASSWORD": self.password,
+            "MLM_REDIS_RUN_DIR": str(self.dir / "run"),
+        }
 
     def start(self, compose_command: list[str], timeout: float = 30) -> None:
         self.procs.start(self.NAME, self.argv(compose_command), self.env())

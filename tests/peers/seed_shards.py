@@ -8,6 +8,7 @@ It follows huggingface/transformers examples/tensorflow/language-modeling-tpu/pr
 record into `tf.io.TFRecordWriter`, files named `<split dir>/dataset-{shard_count}-{records_containing}.tfrecord`
 (num_proc=1 here, where the script uses 4: a 2-core CI machine). Used to test bringing such shards.
 """
+
 import os
 
 MAX_LENGTH = 64
@@ -27,8 +28,10 @@ def write_like_prepare_tfrecord_shards(rows, tokenizer_dir, split_dir, shard_siz
         concatenated_examples = {k: sum(examples[k], []) for k in examples.keys()}
         total_length = len(concatenated_examples[list(examples.keys())[0]])
         total_length = (total_length // max_length) * max_length
-        return {k: [t[i: i + max_length] for i in range(0, total_length, max_length)]
-                for k, t in concatenated_examples.items()}
+        return {
+            k: [t[i : i + max_length] for i in range(0, total_length, max_length)]
+            for k, t in concatenated_examples.items()
+        }
 
     def get_serialized_examples(tokenized_data):
         records = []
@@ -36,7 +39,8 @@ def write_like_prepare_tfrecord_shards(rows, tokenizer_dir, split_dir, shard_siz
             features = {
                 "input_ids": tf.train.Feature(int64_list=tf.train.Int64List(value=tokenized_data["input_ids"][i])),
                 "attention_mask": tf.train.Feature(
-                    int64_list=tf.train.Int64List(value=tokenized_data["attention_mask"][i])),
+                    int64_list=tf.train.Int64List(value=tokenized_data["attention_mask"][i])
+                ),
             }
             example = tf.train.Example(features=tf.train.Features(feature=features))
             records.append(example.SerializeToString())
@@ -48,7 +52,7 @@ def write_like_prepare_tfrecord_shards(rows, tokenizer_dir, split_dir, shard_siz
     grouped_dataset = dataset_tokenized.map(group_texts, batched=True, batch_size=1000, num_proc=1)
     shard_count, total = 0, 0
     for shard in range(0, len(grouped_dataset), shard_size):
-        dataset_snapshot = grouped_dataset[shard: shard + shard_size]
+        dataset_snapshot = grouped_dataset[shard : shard + shard_size]
         records_containing = len(dataset_snapshot["input_ids"])
         filename = os.path.join(split_dir, f"dataset-{shard_count}-{records_containing}.tfrecord")
         with tf.io.TFRecordWriter(filename) as out_file:
@@ -78,10 +82,10 @@ def damage_second_record(path, how: str) -> int:
     elif how == "length":
         data[offset + 1] ^= 0x01
     elif how == "truncated":
-        del data[offset + 20:]
+        del data[offset + 20 :]
     elif how == "huge":
         field = struct.pack("<Q", 2**60)
-        data[offset:offset + 12] = field + struct.pack("<I", masked_crc32c(field))
+        data[offset : offset + 12] = field + struct.pack("<I", masked_crc32c(field))
     else:
         raise ValueError(f"unknown damage {how!r}")
     path.write_bytes(bytes(data))

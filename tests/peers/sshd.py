@@ -12,6 +12,7 @@ simulated image (tests/peers/tpu_vm_image.py) its "worker" runs the image's Pyth
 in as root; as
 any other user sshd runs without privilege separation and only that user can log in.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -86,15 +87,30 @@ def running_sshd(work_dir: Path) -> Iterator[SshServer]:
     user = getpass.getuser()
     port = _free_port()
     config = work_dir / "sshd_config"
-    config.write_text("\n".join([
-        f"ListenAddress 127.0.0.1:{port}", f"HostKey {host_key}", f"PidFile {work_dir / 'sshd.pid'}",
-        f"AuthorizedKeysFile {authorized}", "PubkeyAuthentication yes", "PasswordAuthentication no",
-        "KbdInteractiveAuthentication no", "PermitRootLogin prohibit-password", f"AllowUsers {user}",
-        "StrictModes no", "UsePAM no", "PrintMotd no", "LogLevel VERBOSE", "MaxSessions 50",
-        "MaxStartups 50:30:100",
-        # As Ubuntu's (and so a TPU VM's) sshd_config (the Hub token does not use it: it goes on stdin).
-        "AcceptEnv LANG LC_*", "",
-    ]))
+    config.write_text(
+        "\n".join(
+            [
+                f"ListenAddress 127.0.0.1:{port}",
+                f"HostKey {host_key}",
+                f"PidFile {work_dir / 'sshd.pid'}",
+                f"AuthorizedKeysFile {authorized}",
+                "PubkeyAuthentication yes",
+                "PasswordAuthentication no",
+                "KbdInteractiveAuthentication no",
+                "PermitRootLogin prohibit-password",
+                f"AllowUsers {user}",
+                "StrictModes no",
+                "UsePAM no",
+                "PrintMotd no",
+                "LogLevel VERBOSE",
+                "MaxSessions 50",
+                "MaxStartups 50:30:100",
+                # As Ubuntu's (and so a TPU VM's) sshd_config (the Hub token does not use it: it goes on stdin).
+                "AcceptEnv LANG LC_*",
+                "",
+            ]
+        )
+    )
     if os.geteuid() == 0:
         os.makedirs("/run/sshd", exist_ok=True)  # privilege separation directory
     log = work_dir / "sshd.log"
@@ -119,6 +135,7 @@ except ImportError:
     pytest = None
 
 if pytest is not None:
+
     @pytest.fixture(scope="session")
     def sshd(tmp_path_factory):
         """(host, port, user, private_key_path) of a real sshd on loopback, for the whole session."""

@@ -5,6 +5,7 @@ gone silent, a connection left half-open.
         monkeypatch.setenv("STORAGE_EMULATOR_HOST", peer.endpoint)   # every gs:// request now hangs
         ... peer.connections ...                                      # how many clients got through connect
 """
+
 from __future__ import annotations
 
 import socket

@@ -15,6 +15,7 @@ runs/<run>/model/, its own loss curve in history.jsonl, summary.json last, so th
 fill_mask and report run on a real model. `bad_input_at_step` makes it exit 2 there (no retry can fix it).
 The wrapper refuses any other command than `-m mlm_tasks train` (exit 9).
 """
+
 from __future__ import annotations
 
 import sys
@@ -63,17 +64,20 @@ print("stand-in trainer done at step", total, flush=True)
 """
 
 
-def write_stand_in(folder: Path, step_s: float, model_from: str | None = None,
-                   bad_input_at_step: int | None = None) -> Path:
+def write_stand_in(
+    folder: Path, step_s: float, model_from: str | None = None, bad_input_at_step: int | None = None
+) -> Path:
     """The VM's `python` (a wrapper script in `folder`) that runs the stand-in trainer; `model_from`:
     the run id, under the same output_root, whose model the stand-in hands on at its end;
     `bad_input_at_step`: the step at which it fails as a trainer given bad input does (exit 2)."""
     stub = folder / "stand_in_trainer.py"
-    stub.write_text(TRAINER.format(root=str(ROOT), step_s=step_s, model_from=model_from,
-                                   bad_input_at_step=bad_input_at_step))
+    stub.write_text(
+        TRAINER.format(root=str(ROOT), step_s=step_s, model_from=model_from, bad_input_at_step=bad_input_at_step)
+    )
     python = folder / "python"
-    python.write_text(f'#!/bin/sh\n[ "$1 $2 $3" = "-m mlm_tasks train" ] || exit 9\nshift 3\n'
-                      f'exec {sys.executable} {stub} "$@"\n')
+    python.write_text(
+        f'#!/bin/sh\n[ "$1 $2 $3" = "-m mlm_tasks train" ] || exit 9\nshift 3\nexec {sys.executable} {stub} "$@"\n'
+    )
     python.chmod(0o755)
     return python
 
@@ -96,5 +100,6 @@ def steps_made(workdir: Path, run_id: str) -> list[tuple[int, int]]:
     from mlm_tasks.paths import safe_run_id
 
     path = workdir / f"steps-{safe_run_id(run_id)}.log"
-    return [(int(p), int(s)) for p, s in (line.split() for line in path.read_text().splitlines())] \
-        if path.exists() else []
+    return (
+        [(int(p), int(s)) for p, s in (line.split() for line in path.read_text().splitlines())] if path.exists() else []
+    )

@@ -8,6 +8,7 @@ Airflow keeps the store in its database, scoped to the task instance, so it surv
 process and its retries; this file does the same across processes of a test (a task runner that a
 test SIGKILLs, then the retry). Same methods and JSON-only values as Airflow's TaskStateStoreAccessor.
 """
+
 from __future__ import annotations
 
 import json
@@ -32,13 +33,26 @@ run_deferrable(op, lambda: context, timeout=600)
 """
 
 
-def start_train_task(config: dict, run_id: str, store: Path, log: Path, *, try_number: int = 1,
-                     data: dict | None = None) -> subprocess.Popen:
+def start_train_task(
+    config: dict, run_id: str, store: Path, log: Path, *, try_number: int = 1, data: dict | None = None
+) -> subprocess.Popen:
     """One try of the train task in a subprocess (its output in `log`), with this process's environment."""
     with open(log, "wb") as out:
-        return subprocess.Popen([sys.executable, "-c", TRAIN_TASK, str(ROOT), json.dumps(config), run_id,
-                                 str(store), str(try_number), json.dumps(data or {"fingerprint": "fp123"})],
-                                stdout=out, stderr=subprocess.STDOUT)
+        return subprocess.Popen(
+            [
+                sys.executable,
+                "-c",
+                TRAIN_TASK,
+                str(ROOT),
+                json.dumps(config),
+                run_id,
+                str(store),
+                str(try_number),
+                json.dumps(data or {"fingerprint": "fp123"}),
+            ],
+            stdout=out,
+            stderr=subprocess.STDOUT,
+        )
 
 
 class FileTaskState:

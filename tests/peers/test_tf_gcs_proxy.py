@@ -5,6 +5,7 @@
 The TFRecord file is framed here in pure Python and uploaded with mlm_tasks.storage (gcsfs);
 TensorFlow runs in a subprocess because it reads the proxy/CA/token variables when it loads.
 """
+
 from __future__ import annotations
 
 import json
@@ -58,18 +59,22 @@ def test_tensorflow_reads_and_writes_gs_through_proxy(gcs_root, tf_gcs_env, tls_
     env = {**os.environ, **tf_gcs_env, "GCS_READ_CACHE_BLOCK_SIZE_MB": "1", "PYTHONPATH": REPO}
     seen = len(tls_gcs_proxy.server.log), len(tls_gcs_proxy.server.refused)  # the proxy is per session
     proc = subprocess.run(
-        [sys.executable, "-c", TF_SCRIPT, shard, join(shards, "*.tfrecord"), join(shards, "nope.tfrecord"),
-         written], env=env, capture_output=True, text=True, timeout=240)
+        [sys.executable, "-c", TF_SCRIPT, shard, join(shards, "*.tfrecord"), join(shards, "nope.tfrecord"), written],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=240,
+    )
     lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")]
     assert proc.returncode == 0 and lines, f"TF subprocess failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
-    result = json.loads(lines[-1][len("RESULT "):])
+    result = json.loads(lines[-1][len("RESULT ") :])
 
     assert result["records"] == [r.decode() for r in records]
     assert result["exists"] is True and result["missing"] is False
     assert result["glob"] == [shard, join(shards, "shard-00001-of-00002.tfrecord")]
     assert storage.read_text(written) == "written by tensorflow"
 
-    log, refused = tls_gcs_proxy.server.log[seen[0]:], tls_gcs_proxy.server.refused[seen[1]:]
+    log, refused = tls_gcs_proxy.server.log[seen[0] :], tls_gcs_proxy.server.refused[seen[1] :]
     assert not refused, f"TF asked for hosts the proxy does not serve: {refused}"
     ranged = [entry for entry in log if entry[1] == "storage.googleapis.com" and entry[4]]
     assert len(ranged) >= 2 and any(not r[4].startswith("bytes=0-") for r in ranged), log

@@ -1,8 +1,9 @@
 """Fixtures for the tiny preset: real Wikipedia text (12 articles of the embedded sample), prepared once.
 
-    tiny_cfg(tmp_path)        function  configs/tiny.yaml with output_root in a fresh temp folder
-    tiny_prepared             session   (cfg, data summary) of a prepared tiny dataset, shared read-only
+tiny_cfg(tmp_path)        function  configs/tiny.yaml with output_root in a fresh temp folder
+tiny_prepared             session   (cfg, data summary) of a prepared tiny dataset, shared read-only
 """
+
 from __future__ import annotations
 
 from pathlib import Path

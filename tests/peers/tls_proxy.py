@@ -13,6 +13,7 @@ other host, so a request we did not plan for fails loudly instead of reaching ou
 Fixture `tf_gcs_env` (session) yields the environment for a TensorFlow SUBPROCESS: TF reads
 these variables when its gs:// filesystem first loads, so set them before `import tensorflow`.
 """
+
 from __future__ import annotations
 
 import datetime as dt
@@ -25,8 +26,18 @@ from pathlib import Path
 import pytest
 
 GOOGLE_HOSTS = ("www.googleapis.com", "storage.googleapis.com", "oauth2.googleapis.com")
-HOP_BY_HOP = {"connection", "keep-alive", "proxy-connection", "proxy-authorization", "te", "trailer",
-              "transfer-encoding", "upgrade", "expect", "content-length"}
+HOP_BY_HOP = {
+    "connection",
+    "keep-alive",
+    "proxy-connection",
+    "proxy-authorization",
+    "te",
+    "trailer",
+    "transfer-encoding",
+    "upgrade",
+    "expect",
+    "content-length",
+}
 
 
 def make_certs(out_dir: Path, hosts=GOOGLE_HOSTS) -> tuple[Path, Path, Path]:
@@ -39,33 +50,51 @@ def make_certs(out_dir: Path, hosts=GOOGLE_HOSTS) -> tuple[Path, Path, Path]:
     now = dt.datetime.now(dt.timezone.utc)
     ca_key, leaf_key = ec.generate_private_key(ec.SECP256R1()), ec.generate_private_key(ec.SECP256R1())
     ca_name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "mlm test CA")])
-    ca = (x509.CertificateBuilder().subject_name(ca_name).issuer_name(ca_name)
-          .public_key(ca_key.public_key()).serial_number(x509.random_serial_number())
-          .not_valid_before(now - dt.timedelta(hours=1)).not_valid_after(now + dt.timedelta(days=2))
-          .add_extension(x509.BasicConstraints(ca=True, path_length=0), critical=True)
-          .add_extension(x509.KeyUsage(digital_signature=True, key_cert_sign=True, crl_sign=True,
-                                       content_commitment=False, key_encipherment=False,
-                                       data_encipherment=False, key_agreement=False,
-                                       encipher_only=False, decipher_only=False), critical=True)
-          .add_extension(x509.SubjectKeyIdentifier.from_public_key(ca_key.public_key()), critical=False)
-          .sign(ca_key, hashes.SHA256()))
-    leaf = (x509.CertificateBuilder()
-            .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, hosts[0])]))
-            .issuer_name(ca_name).public_key(leaf_key.public_key())
-            .serial_number(x509.random_serial_number())
-            .not_valid_before(now - dt.timedelta(hours=1)).not_valid_after(now + dt.timedelta(days=2))
-            .add_extension(x509.SubjectAlternativeName([x509.DNSName(h) for h in hosts]), critical=False)
-            .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
-            .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.SERVER_AUTH]), critical=False)
-            .add_extension(x509.AuthorityKeyIdentifier.from_issuer_public_key(ca_key.public_key()),
-                           critical=False)
-            .sign(ca_key, hashes.SHA256()))
+    ca = (
+        x509.CertificateBuilder()
+        .subject_name(ca_name)
+        .issuer_name(ca_name)
+        .public_key(ca_key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - dt.timedelta(hours=1))
+        .not_valid_after(now + dt.timedelta(days=2))
+        .add_extension(x509.BasicConstraints(ca=True, path_length=0), critical=True)
+        .add_extension(
+            x509.KeyUsage(
+                digital_signature=True,
+                key_cert_sign=True,
+                crl_sign=True,
+                content_commitment=False,
+                key_encipherment=False,
+                data_encipherment=False,
+                key_agreement=False,
+                encipher_only=False,
+                decipher_only=False,
+            ),
+            critical=True,
+        )
+        .add_extension(x509.SubjectKeyIdentifier.from_public_key(ca_key.public_key()), critical=False)
+        .sign(ca_key, hashes.SHA256())
+    )
+    leaf = (
+        x509.CertificateBuilder()
+        .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, hosts[0])]))
+        .issuer_name(ca_name)
+        .public_key(leaf_key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - dt.timedelta(hours=1))
+        .not_valid_after(now + dt.timedelta(days=2))
+        .add_extension(x509.SubjectAlternativeName([x509.DNSName(h) for h in hosts]), critical=False)
+        .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
+        .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.SERVER_AUTH]), critical=False)
+        .add_extension(x509.AuthorityKeyIdentifier.from_issuer_public_key(ca_key.public_key()), critical=False)
+        .sign(ca_key, hashes.SHA256())
+    )
     pem = serialization.Encoding.PEM
     paths = out_dir / "ca.pem", out_dir / "cert.pem", out_dir / "key.pem"
     paths[0].write_bytes(ca.public_bytes(pem))
     paths[1].write_bytes(leaf.public_bytes(pem))
-    paths[2].write_bytes(leaf_key.private_bytes(pem, serialization.PrivateFormat.PKCS8,
-                                                serialization.NoEncryption()))
+    paths[2].write_bytes(leaf_key.private_bytes(pem, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()))
     return paths
 
 
@@ -129,8 +158,10 @@ class _Handler(socketserver.StreamRequestHandler):
         body = _read_body(rfile, headers)
         if host == "oauth2.googleapis.com":
             status, reason = 200, "OK"
-            out_headers, out = [("Content-Type", "application/json")], (
-                b'{"access_token": "fake-token", "expires_in": 3600, "token_type": "Bearer"}')
+            out_headers, out = (
+                [("Content-Type", "application/json")],
+                (b'{"access_token": "fake-token", "expires_in": 3600, "token_type": "Bearer"}'),
+            )
         else:
             status, reason, out_headers, out = self._forward(method, path, head[1], body)
         self.server.log.append((method, host, path, status, headers.get("range", "")))
@@ -146,8 +177,7 @@ class _Handler(socketserver.StreamRequestHandler):
         fwd = {k: v for k, v in headers if k.lower() not in HOP_BY_HOP}
         conn = http.client.HTTPConnection(*self.server.upstream, timeout=60)
         try:
-            conn.request(method, path, body=body if body or method in ("POST", "PUT") else None,
-                         headers=fwd)
+            conn.request(method, path, body=body if body or method in ("POST", "PUT") else None, headers=fwd)
             resp = conn.getresponse()
             out = resp.read()
         finally:
@@ -157,7 +187,7 @@ class _Handler(socketserver.StreamRequestHandler):
             if k.lower() in HOP_BY_HOP:
                 continue
             if k.lower() == "location" and v.startswith("http://"):
-                v = "https://" + v[len("http://"):]
+                v = "https://" + v[len("http://") :]
             out_headers.append((k, v))
         return resp.status, resp.reason, out_headers, b"" if method == "HEAD" else out
 
@@ -192,13 +222,17 @@ class TlsGcsProxy:
         gcloud_dir = self.workdir / "gcloud"  # empty: no developer credentials leak into tests
         gcloud_dir.mkdir(exist_ok=True)
         return {
-            "HTTPS_PROXY": self.url, "https_proxy": self.url,
-            "NO_PROXY": "127.0.0.1,localhost", "no_proxy": "127.0.0.1,localhost",
+            "HTTPS_PROXY": self.url,
+            "https_proxy": self.url,
+            "NO_PROXY": "127.0.0.1,localhost",
+            "no_proxy": "127.0.0.1,localhost",
             "CURL_CA_BUNDLE": str(self.ca),
-            "GOOGLE_AUTH_TOKEN_FOR_TESTING": "fake-token", "NO_GCE_CHECK": "true",
+            "GOOGLE_AUTH_TOKEN_FOR_TESTING": "fake-token",
+            "NO_GCE_CHECK": "true",
             "CLOUDSDK_CONFIG": str(gcloud_dir),
             # Fail in seconds, not minutes, when something is wrong.
-            "GCS_RETRY_CONFIG_MAX_RETRIES": "2", "GCS_RETRY_CONFIG_INIT_DELAY_TIME_US": "100000",
+            "GCS_RETRY_CONFIG_MAX_RETRIES": "2",
+            "GCS_RETRY_CONFIG_INIT_DELAY_TIME_US": "100000",
         }
 
     def __enter__(self) -> TlsGcsProxy:
@@ -220,5 +254,9 @@ def tls_gcs_proxy(gcs, tmp_path_factory):
 def tf_gcs_env(gcs, tls_gcs_proxy) -> dict[str, str]:
     """Env for a TensorFlow subprocess whose gs:// reads and writes land in the emulator; it also
     carries STORAGE_EMULATOR_HOST so mlm_tasks.storage in that process uses the same bucket."""
-    return {**tls_gcs_proxy.env(), "STORAGE_EMULATOR_HOST": gcs.endpoint,
-            "GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT": "false", "TF_USE_LEGACY_KERAS": "1"}
+    return {
+        **tls_gcs_proxy.env(),
+        "STORAGE_EMULATOR_HOST": gcs.endpoint,
+        "GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT": "false",
+        "TF_USE_LEGACY_KERAS": "1",
+    }

@@ -8,6 +8,7 @@ the tests use it to drive RemoteStep, the SSH login and the node checks as a tas
 under `airflow dags test` too (tests/ on its PYTHONPATH). With `replace_dead_node` a dead node is
 replaced first, waiting in the triggerer, as the train task does.
 """
+
 from __future__ import annotations
 
 from collections.abc import Sequence
@@ -29,9 +30,17 @@ class TpuSSHStepOperator(BaseOperator):
     template_fields = ("config", "step", "step_args", "command", "node_name")
     ui_color = "#e8f7d7"
 
-    def __init__(self, *, config: Any, step: str = "train", step_args: Sequence[str] = (),
-                 command: str | None = None, node_name: str | None = None, replace_dead_node: bool = False,
-                 **kwargs: Any) -> None:
+    def __init__(
+        self,
+        *,
+        config: Any,
+        step: str = "train",
+        step_args: Sequence[str] = (),
+        command: str | None = None,
+        node_name: str | None = None,
+        replace_dead_node: bool = False,
+        **kwargs: Any,
+    ) -> None:
         super().__init__(**kwargs)
         self.config = config
         self.step = step
@@ -43,8 +52,9 @@ class TpuSSHStepOperator(BaseOperator):
 
     def _remote(self) -> RemoteStep:
         # Built at run time: the templated fields are rendered by then.
-        self.remote = RemoteStep(self.step, self.log, args=self.step_args, command=self.command,
-                                 replaces_dead_node=self.replace_dead_node)
+        self.remote = RemoteStep(
+            self.step, self.log, args=self.step_args, command=self.command, replaces_dead_node=self.replace_dead_node
+        )
         return self.remote
 
     def execute(self, context: Any) -> dict[str, Any]:
@@ -52,8 +62,13 @@ class TpuSSHStepOperator(BaseOperator):
         if cfg.compute != "tpu_vm":
             raise AirflowSkipException(f"compute is {cfg.compute!r}: the step runs locally, not here.")
         with use_connection(cfg.gcp_conn_id):
-            node = node_for_step(self, context, cfg, run_node_name(context, self.node_name),
-                                 replace_in=self.resume if self.replace_dead_node else None)
+            node = node_for_step(
+                self,
+                context,
+                cfg,
+                run_node_name(context, self.node_name),
+                replace_in=self.resume if self.replace_dead_node else None,
+            )
             return self._remote().run(context, cfg, node)
 
     def resume(self, context: Any, event: dict[str, Any] | None = None, **_: Any) -> dict[str, Any]:

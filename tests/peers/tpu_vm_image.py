@@ -11,6 +11,7 @@ PyPI's CPU TensorFlow stands in for the image's TPU build: the same Python API a
 name. Built with uv into `<repo>/.venv-tpuvm/tfX.Y/` and reused while the image file is unchanged
 (warm uv cache: seconds; cold: one ~600 MB TensorFlow download).
 """
+
 from __future__ import annotations
 
 import fcntl
@@ -39,8 +40,10 @@ def python_310() -> str:
     for name in ("python3.10",):
         if shutil.which(name):
             return shutil.which(name)
-    raise RuntimeError("No Python 3.10 for the simulated TPU VM: install it (pyenv install 3.10.13) as the "
-                       "TPU VM images (Ubuntu 22.04) have it.")
+    raise RuntimeError(
+        "No Python 3.10 for the simulated TPU VM: install it (pyenv install 3.10.13) as the "
+        "TPU VM images (Ubuntu 22.04) have it."
+    )
 
 
 def build(runtime: runtimes.Runtime | None = None) -> Path:
@@ -65,11 +68,11 @@ def _build(runtime: runtimes.Runtime, venv: Path, stamp: str) -> Path:
     subprocess.run(["uv", "venv", "--quiet", "--python", python_310(), str(venv)], check=True)
     # --no-deps: the image file is complete (TensorFlow's whole closure), as the image is. The image's
     # pip (the bootstrap installs the VM lock with it) is the one of its day too.
-    subprocess.run(["uv", "pip", "install", "--quiet", "--no-deps", "-r", str(runtime.image_path)],
-                   check=True, env=env)
+    subprocess.run(["uv", "pip", "install", "--quiet", "--no-deps", "-r", str(runtime.image_path)], check=True, env=env)
     if not (venv / "bin" / "pip").exists():
-        subprocess.run(["uv", "pip", "install", "--quiet", "--exclude-newer", runtime.image_date, "pip"],
-                       check=True, env=env)
+        subprocess.run(
+            ["uv", "pip", "install", "--quiet", "--exclude-newer", runtime.image_date, "pip"], check=True, env=env
+        )
     marker.write_text(stamp)
     return python
 
@@ -80,6 +83,7 @@ except ImportError:
     pytest = None
 
 if pytest is not None:
+
     @pytest.fixture(scope="session")
     def tpu_vm_python() -> str:
         return str(build())

@@ -1,8 +1,9 @@
 """Small helpers for tests that watch real processes.
 
-    found = wait_for("the trainer's first step", lambda: read_status(run))   # its truthy value, or fails
-    message = error_text(op.execute, context)     # the AirflowException's text ("no error" if none)
+found = wait_for("the trainer's first step", lambda: read_status(run))   # its truthy value, or fails
+message = error_text(op.execute, context)     # the AirflowException's text ("no error" if none)
 """
+
 from __future__ import annotations
 
 import time

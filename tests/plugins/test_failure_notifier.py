@@ -1,6 +1,7 @@
 """Failure notification: a real task fails its last try under `airflow dags test`, and FailureNotifier
 POSTs the alert to a real HTTP server on loopback (webhook from the environment, then from the
 `mlm_alerts` connection); secrets in the error never reach the webhook."""
+
 import json
 import textwrap
 import threading
@@ -39,8 +40,9 @@ class _Webhook:
         class Handler(BaseHTTPRequestHandler):
             def do_POST(self):
                 body = self.rfile.read(int(self.headers["Content-Length"]))
-                hook.received.append({"path": self.path, "type": self.headers["Content-Type"],
-                                      "body": json.loads(body)})
+                hook.received.append(
+                    {"path": self.path, "type": self.headers["Content-Type"], "body": json.loads(body)}
+                )
                 self.send_response(204)
                 self.end_headers()
 
@@ -85,8 +87,12 @@ def _check_alert(hook, log: str) -> dict:
 
 @pytest.mark.slow
 def test_failed_task_posts_alert_to_webhook_from_env(airflow_env, dagfile, webhook):
-    result = dags_test(airflow_env, DAG_ID, dagfile=dagfile, extra_env={
-        "MLM_ALERT_WEBHOOK_URL": webhook.url, "AIRFLOW__API__BASE_URL": "http://airflow.example:8080"})
+    result = dags_test(
+        airflow_env,
+        DAG_ID,
+        dagfile=dagfile,
+        extra_env={"MLM_ALERT_WEBHOOK_URL": webhook.url, "AIRFLOW__API__BASE_URL": "http://airflow.example:8080"},
+    )
     log = result.stdout + result.stderr
     assert "new_state=up_for_retry" in log and "state=failed" in log, log[-4000:]
     body = _check_alert(webhook, log)
@@ -97,14 +103,20 @@ def test_failed_task_posts_alert_to_webhook_from_env(airflow_env, dagfile, webho
 @pytest.mark.slow
 def test_webhook_from_the_mlm_alerts_connection(airflow_env, dagfile, webhook):
     conn = json.dumps({"conn_type": "http", "host": webhook.url})
-    result = dags_test(airflow_env, DAG_ID, dagfile=dagfile, extra_env={
-        "AIRFLOW_CONN_MLM_ALERTS": conn, "AIRFLOW__API__BASE_URL": "http://airflow.example:8080"})
+    result = dags_test(
+        airflow_env,
+        DAG_ID,
+        dagfile=dagfile,
+        extra_env={"AIRFLOW_CONN_MLM_ALERTS": conn, "AIRFLOW__API__BASE_URL": "http://airflow.example:8080"},
+    )
     _check_alert(webhook, result.stdout + result.stderr)
 
 
 def test_scrub_removes_token_shaped_strings():
-    text = (f"token={TOKEN} Authorization: Bearer abcdefgh12345 ya29.a0AfB_xyz password: s3cret "
-            "gs://b/p https://u:pw@h/x -----BEGIN PRIVATE KEY-----\nMIIE\n-----END PRIVATE KEY----- KeyError: 'x'")
+    text = (
+        f"token={TOKEN} Authorization: Bearer abcdefgh12345 ya29.a0AfB_xyz password: s3cret "
+        "gs://b/p https://u:pw@h/x -----BEGIN PRIVATE KEY-----\nMIIE\n-----END PRIVATE KEY----- KeyError: 'x'"
+    )
     clean = scrub(text)
     for secret in (TOKEN, "abcdefgh12345", "ya29.a0AfB_xyz", "s3cret", ":pw@", "MIIE"):
         assert secret not in clean, (secret, clean)

@@ -1,5 +1,6 @@
 """plugins/mlm_airflow/connections.py: a task's Google clients get the credentials of the run's Airflow GCP
 connection, read by the Google provider's own hook; ADC only where the connection has none (logged)."""
+
 import json
 import os
 
@@ -12,8 +13,10 @@ def test_install_for_a_gs_run_hands_the_connections_key_to_gcsfs(gcs_root, oauth
     from mlm_airflow.connections import install_for
 
     key = oauth_server.new_service_account("conn@mlm-test-project.iam.gserviceaccount.com")
-    monkeypatch.setenv("AIRFLOW_CONN_MLM_GCP", json.dumps(
-        {"conn_type": "google_cloud_platform", "extra": {"keyfile_dict": json.dumps(key)}}))
+    monkeypatch.setenv(
+        "AIRFLOW_CONN_MLM_GCP",
+        json.dumps({"conn_type": "google_cloud_platform", "extra": {"keyfile_dict": json.dumps(key)}}),
+    )
     monkeypatch.setenv("GOOGLE_AUTH_TOKEN_FOR_TESTING", "restored-after-the-test")
     cfg = build_config({"output_root": gcs_root, "gcp_conn_id": "mlm_gcp"})
     assert cfg.sensor.gcp_conn_id == "mlm_gcp"  # the sensor follows the one connection setting

@@ -1,6 +1,7 @@
 """approve_release (plugins/mlm_airflow/operators/release_approval.py) on the operator of the real DAG, without a stack:
 when it skips itself, and what a timeout does. Approve and reject through the REST API on the real
 stack, and the form in a browser: tests/deploy/test_approval.py."""
+
 from __future__ import annotations
 
 import uuid
@@ -33,12 +34,18 @@ def _config(**publish) -> dict:
     return load_config("configs/tiny.yaml", overrides).model_dump(mode="json")
 
 
-@pytest.mark.parametrize(("publish", "decision", "reason"), [
-    ({"enabled": True, "repo_id": "o/m"}, PASSED, "publish.require_approval is false"),
-    ({"require_approval": True}, PASSED, "Publishing is off"),
-    ({"require_approval": True, "enabled": True, "repo_id": "o/m"},
-     {"passed": False, "reasons": ["eval loss 9.0 is above gate.max_eval_loss 5.0."]}, "evaluation gate failed"),
-])
+@pytest.mark.parametrize(
+    ("publish", "decision", "reason"),
+    [
+        ({"enabled": True, "repo_id": "o/m"}, PASSED, "publish.require_approval is false"),
+        ({"require_approval": True}, PASSED, "Publishing is off"),
+        (
+            {"require_approval": True, "enabled": True, "repo_id": "o/m"},
+            {"passed": False, "reasons": ["eval loss 9.0 is above gate.max_eval_loss 5.0."]},
+            "evaluation gate failed",
+        ),
+    ],
+)
 def test_nothing_to_approve_skips_itself_and_leaves_publish_to_decide(approval, publish, decision, reason):
     approval.config, approval.decision = _config(**publish), decision
     with pytest.raises(AirflowSkipException, match=reason):
@@ -47,6 +54,7 @@ def test_nothing_to_approve_skips_itself_and_leaves_publish_to_decide(approval, 
 
 class _TaskInstance:
     """What ApprovalOperator's skip uses of the running task instance."""
+
     map_index = -1
 
     def __init__(self):
@@ -61,8 +69,14 @@ def _timeout_event(approval) -> dict:
     airflow/jobs/scheduler_job_runner.py): the request's defaults as the answer, nobody as the user."""
     from airflow.models.hitl import HITLDetail
 
-    detail = HITLDetail(ti_id=uuid.uuid4(), options=approval.options, subject=approval.subject,
-                        defaults=approval.defaults, multiple=False, params=approval.serialized_params)
+    detail = HITLDetail(
+        ti_id=uuid.uuid4(),
+        options=approval.options,
+        subject=approval.subject,
+        defaults=approval.defaults,
+        multiple=False,
+        params=approval.serialized_params,
+    )
     detail.chosen_options = list(detail.defaults)
     detail.params_input = {k: v["value"] for k, v in detail.params.items()}
     detail.responded_by, detail.responded_at = None, datetime.now(timezone.utc)
@@ -82,8 +96,13 @@ def test_no_answer_in_time_is_a_rejection_that_skips_publish_only(approval):
 
 
 def test_the_log_line_names_who_answered_and_why(approval):
-    answer = {"chosen_options": ["Reject"], "params_input": {"comment": "val loss still falling"},
-              "responded_by_user": {"id": "7", "name": "alice"}, "timedout": False}
+    answer = {
+        "chosen_options": ["Reject"],
+        "params_input": {"comment": "val loss still falling"},
+        "responded_by_user": {"id": "7", "name": "alice"},
+        "timedout": False,
+    }
     assert approval.outcome(answer) == "Rejected by alice: val loss still falling. publish is skipped."
     assert approval.outcome({**answer, "chosen_options": ["Approve"], "params_input": {"comment": ""}}) == (
-        "Approved by alice (no comment given): publish runs.")
+        "Approved by alice (no comment given): publish runs."
+    )

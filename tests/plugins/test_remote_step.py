@@ -1,5 +1,6 @@
 """plugins/mlm_airflow/operators/remote_step.py and the session of mlm_tasks/tpu/ssh.py against a real sshd
 (worker 0 of the TPU VM is this machine)."""
+
 import logging
 import re
 import shlex
@@ -33,10 +34,22 @@ def ssh_conn(sshd, monkeypatch):
 
 
 def _cfg(fake_tpu, sshd, **tpu):
-    return PipelineConfig.model_validate({
-        "compute": "tpu_vm", "output_root": "gs://bucket/prefix",
-        "tpu": {"project": "proj", "zone": ZONE, "api_endpoint": fake_tpu.url, "transport": "rest",
-                "ssh_port": sshd.port, "bootstrap": False, "poll_interval_s": 0.1, **tpu}})
+    return PipelineConfig.model_validate(
+        {
+            "compute": "tpu_vm",
+            "output_root": "gs://bucket/prefix",
+            "tpu": {
+                "project": "proj",
+                "zone": ZONE,
+                "api_endpoint": fake_tpu.url,
+                "transport": "rest",
+                "ssh_port": sshd.port,
+                "bootstrap": False,
+                "poll_interval_s": 0.1,
+                **tpu,
+            },
+        }
+    )
 
 
 def _context(run_id="manual__1"):
@@ -60,7 +73,8 @@ def test_streams_worker_0s_lines_and_keeps_the_tail(ssh_conn, caplog):
     log = logging.getLogger("test.remote")
     caplog.set_level(logging.INFO, logger="test.remote")
     outcome = Session(ssh_conn, "127.0.0.1", on_line=lambda line: log.info("[worker 0] %s", line)).run(
-        "for i in 1 2 3; do echo line-$i; sleep 0.1; done; echo err-line >&2")
+        "for i in 1 2 3; do echo line-$i; sleep 0.1; done; echo err-line >&2"
+    )
     assert outcome.exit_code == 0 and outcome.error is None
     assert list(outcome.tail) == ["line-1", "line-2", "line-3", "err-line"]  # the pty merges stderr
     streamed = [r.getMessage() for r in caplog.records if r.name == "test.remote"]
@@ -76,7 +90,7 @@ def test_nonzero_exit_names_worker_and_code(ssh_conn):
 def _fake_python(tmp_path, body: str) -> str:
     """A stand-in for the VM's python: `-m mlm_tasks ...` runs `body` (shell) instead of a step."""
     script = tmp_path / "python"
-    script.write_text(f"#!/bin/sh\nif [ \"$1 $2\" = \"-m mlm_tasks\" ]; then {body}\nfi\nexit 9\n")
+    script.write_text(f'#!/bin/sh\nif [ "$1 $2" = "-m mlm_tasks" ]; then {body}\nfi\nexit 9\n')
     script.chmod(0o755)
     return str(script)
 
@@ -98,8 +112,9 @@ def test_single_host_runs_with_the_local_resolver(fake_tpu, sshd, ssh_conn, tmp_
     _ready_node(fake_tpu, workers=1)
     out = tmp_path / "hits"
     python = _fake_python(tmp_path, f'echo "hit ${{MLM_TPU_NODE:-local}}" >> {out}; exit 0')
-    TpuSSHStepOperator(task_id="train", config=_cfg(fake_tpu, sshd, python=python).model_dump(mode="json")
-                       ).execute(_context())
+    TpuSSHStepOperator(task_id="train", config=_cfg(fake_tpu, sshd, python=python).model_dump(mode="json")).execute(
+        _context()
+    )
     assert out.read_text().splitlines() == ["hit local"]
 
 
@@ -113,8 +128,9 @@ def test_resolver_arguments_follow_the_remote_environment(monkeypatch):
     assert tpu_resolver_args(cfg) == {"tpu": "mlm-pretrain-abc", "zone": ZONE, "project": "proj"}
 
 
-@pytest.mark.parametrize("workers, runtime, accelerator", [(2, "tpu-vm-tf-2.16.1-pjrt", "v4-8"),
-                                                           (1, "tpu-vm-tf-2.16.1-pod-pjrt", "v4-32")])
+@pytest.mark.parametrize(
+    "workers, runtime, accelerator", [(2, "tpu-vm-tf-2.16.1-pjrt", "v4-8"), (1, "tpu-vm-tf-2.16.1-pod-pjrt", "v4-32")]
+)
 def test_host_count_and_runtime_must_agree(fake_tpu, sshd, ssh_conn, workers, runtime, accelerator):
     """validate refuses a mismatch of type and runtime; this is the run-time net for a node whose
     real host count (the API's endpoints) still disagrees with its runtime."""
@@ -129,8 +145,9 @@ def test_host_count_and_runtime_must_agree(fake_tpu, sshd, ssh_conn, workers, ru
 
 def test_operator_failure_says_preempted(fake_tpu, sshd, ssh_conn):
     name = _ready_node(fake_tpu, workers=1)
-    op = TpuSSHStepOperator(task_id="train", config=_cfg(fake_tpu, sshd).model_dump(mode="json"),
-                            command="sleep 1; echo dying; exit 7")
+    op = TpuSSHStepOperator(
+        task_id="train", config=_cfg(fake_tpu, sshd).model_dump(mode="json"), command="sleep 1; echo dying; exit 7"
+    )
     threading.Timer(0.3, fake_tpu.preempt, args=(name,)).start()
     with pytest.raises(AirflowException) as err:
         op.execute(_context())
@@ -142,8 +159,7 @@ def test_operator_failure_says_preempted(fake_tpu, sshd, ssh_conn):
 def test_operator_refuses_a_node_that_is_not_ready(fake_tpu, sshd, ssh_conn):
     name = _ready_node(fake_tpu)
     fake_tpu.preempt(name)
-    op = TpuSSHStepOperator(task_id="train", config=_cfg(fake_tpu, sshd).model_dump(mode="json"),
-                            command="true")
+    op = TpuSSHStepOperator(task_id="train", config=_cfg(fake_tpu, sshd).model_dump(mode="json"), command="true")
     with pytest.raises(AirflowException, match="PREEMPTED, not READY: clear the create_tpu_vm"):
         op.execute(_context())
 
@@ -151,8 +167,9 @@ def test_operator_refuses_a_node_that_is_not_ready(fake_tpu, sshd, ssh_conn):
 def test_kill_hangs_up_the_remote_step(fake_tpu, sshd, ssh_conn):
     _ready_node(fake_tpu, workers=1)
     marker = f"sleep {4000 + sshd.port % 1000}.5"
-    op = TpuSSHStepOperator(task_id="train", config=_cfg(fake_tpu, sshd).model_dump(mode="json"),
-                            command=f"echo started; {marker}")
+    op = TpuSSHStepOperator(
+        task_id="train", config=_cfg(fake_tpu, sshd).model_dump(mode="json"), command=f"echo started; {marker}"
+    )
     errors = []
     runner = threading.Thread(target=lambda: errors.append(error_text(op.execute, _context())))
     runner.start()
@@ -197,9 +214,11 @@ exec {real_python} "$@"
     assert first[0].startswith(f"Installing project {bundle.sha}")
     assert first[1] == "Installing requirements-tf2.16.txt beside the image TensorFlow"
     # Never TensorFlow, never the image's packages: --no-deps, only wheels, into a folder of its own.
-    assert first[2] == ("PIP -m pip install --quiet --disable-pip-version-check --no-deps --require-hashes "
-                        "--only-binary=:all: "
-                        f"--target deps-{bundle.lock_sha}.tmp -r code/mlm_tasks/tpu/vm/requirements-tf2.16.txt")
+    assert first[2] == (
+        "PIP -m pip install --quiet --disable-pip-version-check --no-deps --require-hashes "
+        "--only-binary=:all: "
+        f"--target deps-{bundle.lock_sha}.tmp -r code/mlm_tasks/tpu/vm/requirements-tf2.16.txt"
+    )
     assert first[3] == f"CHECK 2.16.1 deps-{bundle.lock_sha}.tmp FORCE_TF_AVAILABLE=1"
     assert first[4] == f"FROM {workdir}/code/mlm_tasks/__init__.py"
     assert first[5] == "ARGS train ['--run-id', 'manual__1']"
@@ -218,7 +237,7 @@ def test_remote_command_carries_the_whole_config(fake_tpu, sshd):
     assert argv[:4] == ["python3", "-m", "mlm_tasks", "evaluate"]
     assert PipelineConfig.model_validate_json(argv[argv.index("--config-json") + 1]) == cfg
     assert argv[-4:] == ["--run-id", "run 1", "--x", "y"]
-    assert 'cd "$HOME"/\'mlm dir\'' in remote_command(cfg, "train", "r", node="mlm-n")
+    assert "cd \"$HOME\"/'mlm dir'" in remote_command(cfg, "train", "r", node="mlm-n")
 
 
 def test_unreachable_worker_is_reported(sshd, monkeypatch):
@@ -234,8 +253,9 @@ def test_unreachable_worker_is_reported(sshd, monkeypatch):
 
 
 def test_remote_command_exports_tpu_env(ssh_conn, fake_tpu, sshd, tmp_path):
-    cfg = _cfg(fake_tpu, sshd, workdir=str(tmp_path), env={"STORAGE_EMULATOR_HOST": "http://127.0.0.1:1",
-                                                            "ODD": "a b'c"})
+    cfg = _cfg(
+        fake_tpu, sshd, workdir=str(tmp_path), env={"STORAGE_EMULATOR_HOST": "http://127.0.0.1:1", "ODD": "a b'c"}
+    )
     setup = remote_command(cfg, "train", "r", node="mlm-n").split("; exec ", 1)[0]  # everything before the step
     outcome = Session(ssh_conn, "127.0.0.1").run(setup + '; echo "$PWD|$STORAGE_EMULATOR_HOST|$ODD"')
     assert list(outcome.tail) == [f"{tmp_path}|http://127.0.0.1:1|a b'c"]
@@ -265,8 +285,9 @@ def test_the_token_reaches_the_step_on_stdin_and_no_environment_holds_it(ssh_con
     assert list(arrived.tail) == [f"token {len(token)} environ-hits 0"]  # no prompt, no echo of the token
     # The look can see: the same token sent the old way, in the session's environment (LC_*, which the
     # sshd accepts), sits in the login shell's environ block, and in the step's, for their whole lives.
-    old_way = Session(ssh_conn, "127.0.0.1").run(command, env={"LC_MLM_HF_TOKEN": token},
-                                                 secret=("MLM_SEND_HUB_TOKEN", token))
+    old_way = Session(ssh_conn, "127.0.0.1").run(
+        command, env={"LC_MLM_HF_TOKEN": token}, secret=("MLM_SEND_HUB_TOKEN", token)
+    )
     hits = int(old_way.tail[-1].rsplit(" ", 1)[1])
     assert hits >= 2, old_way.describe()
     dropped = Session(ssh_conn, "127.0.0.1").run(command, secret=("MLM_SEND_HUB_TOKEN", ""))

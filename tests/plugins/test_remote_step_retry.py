@@ -3,6 +3,7 @@ partition, a crashed Airflow host): the run lock of remote_command stops it firs
 
     TF_USE_LEGACY_KERAS=1 .venv/bin/python -m pytest tests/plugins/test_remote_step_retry.py -q
 """
+
 import logging
 import os
 import signal
@@ -39,17 +40,21 @@ def test_a_retry_stops_the_trainer_an_unnoticed_earlier_try_left(sshd, tmp_path,
     workdir.mkdir()
     # The VM's python, as a trainer: writes "pid step" to its checkpoint folder until told to stop.
     python = tmp_path / "python"
-    python.write_text(f'#!/bin/sh\n[ "$1 $2 $3" = "-m mlm_tasks train" ] || exit 9\n'
-                      f'i=0; while [ ! -f {stop} ]; do i=$((i+1)); echo "$$ $i" >> {writes}; sleep 0.1; done\n')
+    python.write_text(
+        f'#!/bin/sh\n[ "$1 $2 $3" = "-m mlm_tasks train" ] || exit 9\n'
+        f'i=0; while [ ! -f {stop} ]; do i=$((i+1)); echo "$$ $i" >> {writes}; sleep 0.1; done\n'
+    )
     python.chmod(0o755)
-    cfg = PipelineConfig.model_validate({"tpu": {
-        "bootstrap": False, "workdir": str(workdir), "python": str(python), "ssh_port": sshd.port}})
+    cfg = PipelineConfig.model_validate(
+        {"tpu": {"bootstrap": False, "workdir": str(workdir), "python": str(python), "ssh_port": sshd.port}}
+    )
     command = remote_command(cfg, "train", "manual__2025-01-01T00:00:00+00:00", node="mlm-n")
     monkeypatch.setenv("AIRFLOW_CONN_TPU_SSH", airflow_conn_uri(sshd))
 
     with open(tmp_path / "first.log", "wb") as out:
-        first = subprocess.Popen([sys.executable, "-c", FIRST_TRY, str(ROOT), str(sshd.port), command],
-                                 stdout=out, stderr=subprocess.STDOUT)
+        first = subprocess.Popen(
+            [sys.executable, "-c", FIRST_TRY, str(ROOT), str(sshd.port), command], stdout=out, stderr=subprocess.STDOUT
+        )
     try:
         old = wait_for("the first trainer", lambda: _writers(writes)[:1])[0]
         # SIGSTOP, not SIGKILL: the frozen client keeps its TCP connection open, as a partition would,
@@ -61,9 +66,13 @@ def test_a_retry_stops_the_trainer_an_unnoticed_earlier_try_left(sshd, tmp_path,
         caplog.set_level(logging.INFO, logger="test.retry")
         results = []
         log = logging.getLogger("test.retry")
-        retry = threading.Thread(target=lambda: results.append(Session(
-            ssh_connect("tpu_ssh", sshd.port), "127.0.0.1", on_line=lambda line: log.info("[worker 0] %s", line)
-        ).run(command)))
+        retry = threading.Thread(
+            target=lambda: results.append(
+                Session(
+                    ssh_connect("tpu_ssh", sshd.port), "127.0.0.1", on_line=lambda line: log.info("[worker 0] %s", line)
+                ).run(command)
+            )
+        )
         retry.start()
         new = wait_for("the retry's trainer", lambda: [p for p in _writers(writes) if p != old][:1])[0]
         wait_for("the retry's trainer to write", lambda: _writers(writes).count(new) >= 5, 20)
@@ -77,8 +86,10 @@ def test_a_retry_stops_the_trainer_an_unnoticed_earlier_try_left(sshd, tmp_path,
         first.wait(timeout=10)
 
     logged = [r.getMessage() for r in caplog.records if r.name == "test.retry"]
-    assert f"[worker 0] Stopping the trainer left by an earlier try (pid {old}) of this run: SIGTERM, then " \
-           "SIGKILL after 60s." in logged
+    assert (
+        f"[worker 0] Stopping the trainer left by an earlier try (pid {old}) of this run: SIGTERM, then "
+        "SIGKILL after 60s." in logged
+    )
     # One trainer at a time: the first one's last write comes before the retry's first.
     writers = _writers(writes)
     assert set(writers) == {old, new}

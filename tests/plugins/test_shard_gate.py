@@ -6,6 +6,7 @@ No scheduler: poke/execute run with a minimal context, and the deferrable path r
 GCSBlobTrigger.run() under asyncio against the emulator, the way the triggerer would. The gate gets the
 run's config and the merge step's shard-set summary as plain dicts, the way XComArgs resolve.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -36,8 +37,10 @@ CONN_ID = "gcs_emulator"
 
 @pytest.fixture
 def gcs_conn(gcs, monkeypatch) -> str:
-    monkeypatch.setenv(f"AIRFLOW_CONN_{CONN_ID.upper()}", json.dumps(
-        {"conn_type": "google_cloud_platform", "extra": {"is_anonymous": True, "project": gcs.project}}))
+    monkeypatch.setenv(
+        f"AIRFLOW_CONN_{CONN_ID.upper()}",
+        json.dumps({"conn_type": "google_cloud_platform", "extra": {"is_anonymous": True, "project": gcs.project}}),
+    )
     return CONN_ID
 
 
@@ -68,10 +71,15 @@ def _data(root: str, **extra) -> dict:
     return {"fingerprint": "fp123", "success_uri": _marker(root), "cache_hit": True, **extra}
 
 
-def _sensor(root: str, conn: str | None = None, *, data: dict | None = None, sensor: dict | None = None,
-            **kwargs) -> ShardSetCompleteSensor:
-    return ShardSetCompleteSensor(task_id="wait", config=_config(root, conn, **(sensor or {})),
-                                  data=data if data is not None else _data(root), **kwargs)
+def _sensor(
+    root: str, conn: str | None = None, *, data: dict | None = None, sensor: dict | None = None, **kwargs
+) -> ShardSetCompleteSensor:
+    return ShardSetCompleteSensor(
+        task_id="wait",
+        config=_config(root, conn, **(sensor or {})),
+        data=data if data is not None else _data(root),
+        **kwargs,
+    )
 
 
 def _write_marker_later(uri: str, delay_s: float) -> threading.Thread:
@@ -103,8 +111,10 @@ def test_settings_come_from_the_runs_config_at_run_time(tmp_path, capfd):
     assert (sensor.poke_interval, sensor.timeout, sensor.gcp_conn_id) == (7, 7200, "gcp_for_sensor")
     wait = (resched.value.reschedule_date - before).total_seconds()
     assert 6 <= wait <= 9, wait  # the next poke comes sensor.poke_interval_s later
-    assert "poke every 7 s, timeout 7200 s (sensor.poke_interval_s, sensor.timeout_s), GCP connection " \
-           "'gcp_for_sensor'" in capfd.readouterr().out  # the task log
+    assert (
+        "poke every 7 s, timeout 7200 s (sensor.poke_interval_s, sensor.timeout_s), GCP connection "
+        "'gcp_for_sensor'" in capfd.readouterr().out
+    )  # the task log
     # sensor.gcp_conn_id empty: the run's top-level GCP connection.
     top = tiny_config(str(tmp_path), gcp_conn_id="run_conn").model_dump(mode="json")
     fallback = ShardSetCompleteSensor(task_id="w2", config=top, data=_data(str(tmp_path)))
@@ -147,15 +157,21 @@ def test_reschedule_mode_times_out_by_the_configs_timeout(tmp_path):
 
 def test_shards_written_by_this_run_pass_at_once_without_poking(tmp_path, capfd, monkeypatch):
     marker = _marker(str(tmp_path))  # does not exist: the gate must not look for it
-    sensor = _sensor(str(tmp_path), data=_data(str(tmp_path), cache_hit=False, written_here=True),
-                     sensor={"poke_interval_s": 1, "timeout_s": 1}, mode="poke")
+    sensor = _sensor(
+        str(tmp_path),
+        data=_data(str(tmp_path), cache_hit=False, written_here=True),
+        sensor={"poke_interval_s": 1, "timeout_s": 1},
+        mode="poke",
+    )
     pokes = []
     monkeypatch.setattr(sensor, "poke", lambda context: pokes.append(context) or False)
     assert sensor.execute({"ti": StubTI()}) == marker  # success, not a skip: training follows
     assert pokes == []
-    assert (f"Not waiting: this run wrote the shard set {marker.rsplit('/', 1)[0]} itself, in merge_shards; "
-            "the gate waits only for shards from elsewhere (a dataset refresh, another DAG, bring-your-own "
-            "shards).") in capfd.readouterr().out
+    assert (
+        f"Not waiting: this run wrote the shard set {marker.rsplit('/', 1)[0]} itself, in merge_shards; "
+        "the gate waits only for shards from elsewhere (a dataset refresh, another DAG, bring-your-own "
+        "shards)."
+    ) in capfd.readouterr().out
 
 
 def test_config_and_data_render_from_xcom_args(tmp_path):
@@ -196,9 +212,10 @@ def test_gcs_poke_through_airflow_connection(gcs_root, gcs_conn):
 
 def test_provider_object_existence_sensor_against_emulator(gcs, gcs_root, gcs_conn):
     marker = _marker(gcs_root)
-    name = marker[len(f"gs://{gcs.bucket}/"):]
-    sensor = GCSObjectExistenceSensor(task_id="wait", bucket=gcs.bucket, object=name,
-                                      google_cloud_conn_id=gcs_conn, deferrable=True, timeout=60)
+    name = marker[len(f"gs://{gcs.bucket}/") :]
+    sensor = GCSObjectExistenceSensor(
+        task_id="wait", bucket=gcs.bucket, object=name, google_cloud_conn_id=gcs_conn, deferrable=True, timeout=60
+    )
     assert sensor.poke({}) is False
     storage.write_text(marker, "")
     assert sensor.poke({}) is True

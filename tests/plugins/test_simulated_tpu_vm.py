@@ -12,6 +12,7 @@ package index, checks the image, and trains the tiny preset from gs:// shards. T
 TensorFlow 2.21) then evaluates the model
 and runs fill-mask on it, and reads the checkpoint.
 """
+
 from __future__ import annotations
 
 import os
@@ -52,21 +53,40 @@ def _site_packages(python: str) -> set[str]:
 
 
 def _vm_config(prepared_cfg, root, runtime, python, workdir, fake_tpu, sshd, tf_gcs_env, **train):
-    return PipelineConfig.model_validate({
-        **prepared_cfg.model_dump(mode="json"), "output_root": root, "compute": "tpu_vm",
-        "train": {**prepared_cfg.train.model_dump(mode="json"), "follow_poll_s": 0.5, **train},
-        "tpu": {"project": "proj", "zone": ZONE, "runtime_version": runtime, "api_endpoint": fake_tpu.url,
+    return PipelineConfig.model_validate(
+        {
+            **prepared_cfg.model_dump(mode="json"),
+            "output_root": root,
+            "compute": "tpu_vm",
+            "train": {**prepared_cfg.train.model_dump(mode="json"), "follow_poll_s": 0.5, **train},
+            "tpu": {
+                "project": "proj",
+                "zone": ZONE,
+                "runtime_version": runtime,
+                "api_endpoint": fake_tpu.url,
                 "transport": "rest",
-                "ssh_port": sshd.port, "poll_interval_s": 0.1, "bootstrap": True, "python": python,
+                "ssh_port": sshd.port,
+                "poll_interval_s": 0.1,
+                "bootstrap": True,
+                "python": python,
                 "workdir": str(workdir),
-                "env": {**tf_gcs_env, **_pip_past_the_gcs_proxy(tf_gcs_env), "HF_HUB_OFFLINE": "1",
-                        "TF_CPP_MIN_LOG_LEVEL": "2", **tpu_vm_image.NO_LIBTPU}}})
+                "env": {
+                    **tf_gcs_env,
+                    **_pip_past_the_gcs_proxy(tf_gcs_env),
+                    "HF_HUB_OFFLINE": "1",
+                    "TF_CPP_MIN_LOG_LEVEL": "2",
+                    **tpu_vm_image.NO_LIBTPU,
+                },
+            },
+        }
+    )
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("runtime", ["tpu-vm-tf-2.16.1-pjrt", "tpu-vm-tf-2.17.0-pjrt"])
-def test_bootstrap_and_train_on_the_simulated_image(runtime, tiny_prepared, gcs_root, tf_gcs_env, fake_tpu, sshd,
-                                                     tmp_path, monkeypatch, capfd):
+def test_bootstrap_and_train_on_the_simulated_image(
+    runtime, tiny_prepared, gcs_root, tf_gcs_env, fake_tpu, sshd, tmp_path, monkeypatch, capfd
+):
     from mlm_airflow.operators.train import TrainOperator
 
     rt = runtimes.get(runtime)
@@ -78,8 +98,9 @@ def test_bootstrap_and_train_on_the_simulated_image(runtime, tiny_prepared, gcs_
     monkeypatch.setenv("AIRFLOW_CONN_TPU_SSH", airflow_conn_uri(sshd, no_host_key_check=False))
     for key, value in tf_gcs_env.items():  # evaluate and fill-mask read gs:// here with TensorFlow too
         monkeypatch.setenv(key, value)
-    cfg = _vm_config(prepared_cfg, root, runtime, tpu_vm_python, tmp_path / "vm home" / "mlm", fake_tpu, sshd,
-                     tf_gcs_env)
+    cfg = _vm_config(
+        prepared_cfg, root, runtime, tpu_vm_python, tmp_path / "vm home" / "mlm", fake_tpu, sshd, tf_gcs_env
+    )
     name = tpu.node_name("mlm_pretrain", RUN)
     fake_tpu.add_node("proj", ZONE, name, state="READY")
     image_before = _site_packages(tpu_vm_python)
@@ -90,8 +111,10 @@ def test_bootstrap_and_train_on_the_simulated_image(runtime, tiny_prepared, gcs_
     log = capfd.readouterr().out
     (tmp_path / "train_task.log").write_text(log)  # kept for debugging
     assert "Installing project" in log and f"Installing {rt.lock_path.name} beside the image TensorFlow" in log
-    assert (f"[worker 0] VM ready: Python 3.10.13, TensorFlow {rt.tensorflow}, tf-keras {rt.tf_minor}.0, "
-            "transformers 4.57.6") in log
+    assert (
+        f"[worker 0] VM ready: Python 3.10.13, TensorFlow {rt.tensorflow}, tf-keras {rt.tf_minor}.0, "
+        "transformers 4.57.6"
+    ) in log
 
     run = RunPaths(root, RUN)
     assert storage.exists(join(root, "_code"))  # staged to the bucket, fetched from there
@@ -133,7 +156,8 @@ fill_mask(cfg, RunContext.of(cfg, {RUN!r}))
 
 @pytest.mark.slow
 def test_a_sigkilled_train_task_leaves_the_real_trainer_running_and_the_retry_reattaches(
-        tiny_prepared, gcs_root, tf_gcs_env, fake_tpu, sshd, tmp_path, monkeypatch, capfd):
+    tiny_prepared, gcs_root, tf_gcs_env, fake_tpu, sshd, tmp_path, monkeypatch, capfd
+):
     """The real trainer (TensorFlow 2.16 on the simulated image) outlives the SIGKILLed process of the
     train task; the retry reattaches: one start, every step once, the same final loss as a run nobody
     disturbed."""
@@ -149,13 +173,30 @@ def test_a_sigkilled_train_task_leaves_the_real_trainer_running_and_the_retry_re
     storage.upload_dir(join(prepared_cfg.output_root, "datasets"), join(gcs_root, "datasets"))
     monkeypatch.setenv("AIRFLOW_CONN_TPU_SSH", airflow_conn_uri(sshd, no_host_key_check=False))
     steps = 120  # the retry reattaches within a second or two of the kill at step 20: ample margin
-    cfg = _vm_config(prepared_cfg, gcs_root, runtime.version, python, tmp_path / "vm", fake_tpu, sshd, tf_gcs_env,
-                     steps=steps, log_every=1, checkpoint_every=50, heartbeat_s=1, progress_log_s=2)
+    cfg = _vm_config(
+        prepared_cfg,
+        gcs_root,
+        runtime.version,
+        python,
+        tmp_path / "vm",
+        fake_tpu,
+        sshd,
+        tf_gcs_env,
+        steps=steps,
+        log_every=1,
+        checkpoint_every=50,
+        heartbeat_s=1,
+        progress_log_s=2,
+    )
     config = cfg.model_dump(mode="json")
 
     def context(run_id, store, try_number):
-        return {"dag": SimpleNamespace(dag_id="mlm_pretrain"), "run_id": run_id,
-                "ti": SimpleNamespace(try_number=try_number), "task_state_store": store}
+        return {
+            "dag": SimpleNamespace(dag_id="mlm_pretrain"),
+            "run_id": run_id,
+            "ti": SimpleNamespace(try_number=try_number),
+            "task_state_store": store,
+        }
 
     def history(run_id):
         return [json.loads(line) for line in storage.read_text(RunPaths(gcs_root, run_id).train_history).splitlines()]
@@ -164,8 +205,9 @@ def test_a_sigkilled_train_task_leaves_the_real_trainer_running_and_the_retry_re
     ref = "manual__undisturbed"
     fake_tpu.add_node("proj", ZONE, tpu.node_name("mlm_pretrain", ref), state="READY")
     ref_store = FileTaskState(tmp_path / "ref.json")
-    run_deferrable(TrainOperator(task_id="train", config=config, data=data), lambda: context(ref, ref_store, 1),
-                   timeout=900)
+    run_deferrable(
+        TrainOperator(task_id="train", config=config, data=data), lambda: context(ref, ref_store, 1), timeout=900
+    )
     reference = storage.read_json(RunPaths(gcs_root, ref).train_summary)
 
     run_id = "manual__killed"
@@ -184,8 +226,9 @@ def test_a_sigkilled_train_task_leaves_the_real_trainer_running_and_the_retry_re
     capfd.readouterr()
 
     began = time.monotonic()
-    run_deferrable(TrainOperator(task_id="train", config=config, data=data), lambda: context(run_id, store, 2),
-                   timeout=900)
+    run_deferrable(
+        TrainOperator(task_id="train", config=config, data=data), lambda: context(run_id, store, 2), timeout=900
+    )
     log = capfd.readouterr().out
     assert "Reattached to the trainer of try 1" in log and "Starting the trainer" not in log, log
 
@@ -198,6 +241,8 @@ def test_a_sigkilled_train_task_leaves_the_real_trainer_running_and_the_retry_re
     assert summary["last_loss"] == pytest.approx(reference["last_loss"], rel=1e-6)
     assert [h["loss"] for h in history(run_id)] == pytest.approx([h["loss"] for h in history(ref)], rel=1e-6)
     reattach = log.split("Reattached to the trainer of try 1", 1)[1].split(" in ", 1)[1].split("s:", 1)[0]
-    print(f"\nreal trainer: task SIGKILLed at step {killed_at}/{steps}; retry reattached in {reattach}s, "
-          f"finished {time.monotonic() - began:.1f}s later; steps lost 0, starts {status['starts']}, final loss "
-          f"{summary['last_loss']:.6f} (undisturbed {reference['last_loss']:.6f})")
+    print(
+        f"\nreal trainer: task SIGKILLed at step {killed_at}/{steps}; retry reattached in {reattach}s, "
+        f"finished {time.monotonic() - began:.1f}s later; steps lost 0, starts {status['starts']}, final loss "
+        f"{summary['last_loss']:.6f} (undisturbed {reference['last_loss']:.6f})"
+    )

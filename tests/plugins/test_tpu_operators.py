@@ -1,5 +1,6 @@
 """TPU VM operators against the fake TPU API: executed directly (deferral and trigger run by hand),
 then in a real `airflow dags test` run with the SSH step on a real sshd and delete as teardown."""
+
 import json
 import logging
 import os
@@ -29,9 +30,19 @@ NAME = tpu.node_name("mlm_pretrain", RUN)
 
 
 def _config(fake_tpu, **top):
-    return {"compute": "tpu_vm", "output_root": "gs://bucket/p", **top,
-            "tpu": {"project": "proj", "zone": ZONE, "api_endpoint": fake_tpu.url, "transport": "rest",
-                    "poll_interval_s": 0.05, "bootstrap": False}}
+    return {
+        "compute": "tpu_vm",
+        "output_root": "gs://bucket/p",
+        **top,
+        "tpu": {
+            "project": "proj",
+            "zone": ZONE,
+            "api_endpoint": fake_tpu.url,
+            "transport": "rest",
+            "poll_interval_s": 0.05,
+            "bootstrap": False,
+        },
+    }
 
 
 def _context():
@@ -40,6 +51,7 @@ def _context():
 
 def _run(op, tweak_trigger=None):
     """Execute like Airflow does: execute, and on each deferral run the trigger, then resume."""
+
     def tweak(trigger):
         # The triggerer imports the trigger by this path (plugins/ is on its sys.path).
         assert trigger.serialize()[0] == "mlm_airflow.triggers.tpu_vm.TpuNodeTrigger"
@@ -122,20 +134,25 @@ def test_every_tpu_call_uses_the_connections_credentials(fake_tpu, oauth_server,
     assert "credentials of Airflow connection 'google_cloud_default'" in caplog.text
 
 
-def test_connection_without_credentials_falls_back_to_adc_and_says_so(fake_tpu, oauth_server, sa_key,
-                                                                        monkeypatch, tmp_path, caplog):
+def test_connection_without_credentials_falls_back_to_adc_and_says_so(
+    fake_tpu, oauth_server, sa_key, monkeypatch, tmp_path, caplog
+):
     from mlm_tasks import credentials
 
     # ADC: a key file named by GOOGLE_APPLICATION_CREDENTIALS (on GCP: the machine's service account).
     adc = oauth_server.new_service_account("adc@mlm-test-project.iam.gserviceaccount.com")
     (tmp_path / "adc.json").write_text(json.dumps(adc))
     monkeypatch.setenv("GOOGLE_APPLICATION_CREDENTIALS", str(tmp_path / "adc.json"))
-    monkeypatch.setenv("AIRFLOW_CONN_GOOGLE_CLOUD_DEFAULT", json.dumps(
-        {"conn_type": "google_cloud_platform", "extra": {"project": "proj"}}))
+    monkeypatch.setenv(
+        "AIRFLOW_CONN_GOOGLE_CLOUD_DEFAULT",
+        json.dumps({"conn_type": "google_cloud_platform", "extra": {"project": "proj"}}),
+    )
     with credentials.use(None), caplog.at_level("INFO"):
         TpuVmDeleteOperator(task_id="d", config=_config(fake_tpu)).execute(_context())
-    assert "connection 'google_cloud_default' holds no key or other credentials: Google clients use " \
-           "Application Default Credentials" in caplog.text
+    assert (
+        "connection 'google_cloud_default' holds no key or other credentials: Google clients use "
+        "Application Default Credentials" in caplog.text
+    )
     assert fake_tpu.principals == {adc["client_email"]}
     # No connection at all: the same fallback, logged as such.
     monkeypatch.delenv("AIRFLOW_CONN_GOOGLE_CLOUD_DEFAULT")
@@ -205,8 +222,11 @@ def test_a_delete_the_api_refuses_fails_loudly(fake_tpu):
     fake_tpu.add_node("proj", ZONE, NAME)
     fake_tpu.refuse_deletes(403, "PERMISSION_DENIED", "Permission 'tpu.nodes.delete' denied.")
     op = TpuVmDeleteOperator(task_id="d", config=_config(fake_tpu))
-    with pytest.raises(AirflowFailException, match=r"refused to delete TPU VM .*403 .*Permission 'tpu.nodes.delete'"
-                       r".*gcloud compute tpus tpu-vm delete " + NAME):
+    with pytest.raises(
+        AirflowFailException,
+        match=r"refused to delete TPU VM .*403 .*Permission 'tpu.nodes.delete'"
+        r".*gcloud compute tpus tpu-vm delete " + NAME,
+    ):
         op.execute(_context())
     assert fake_tpu.node("proj", ZONE, NAME) is not None
 
@@ -280,12 +300,18 @@ def test_dag_run_creates_runs_and_tears_down(airflow_env, fake_tpu, sshd, gcs_ro
     dag_file.write_text(textwrap.dedent(DAG_FILE))
     config = _config(fake_tpu, output_root=gcs_root)  # the teardown writes the VM's bill under output_root
     # Two hosts: a pod slice, so a -pod runtime, and the step runs on worker 0 only (single-client TF).
-    config["tpu"].update(ssh_port=sshd.port, poll_interval_s=0.2, accelerator_type="v4-32",
-                         runtime_version="tpu-vm-tf-2.16.1-pod-pjrt")
+    config["tpu"].update(
+        ssh_port=sshd.port, poll_interval_s=0.2, accelerator_type="v4-32", runtime_version="tpu-vm-tf-2.16.1-pod-pjrt"
+    )
     # tests/ on the path too: the test DAG's step operator is a peer (peers/tpu_step_operator.py).
     pythonpath = os.pathsep.join([airflow_env["PYTHONPATH"], str(ROOT / "tests")])
-    result = dags_test(airflow_env, "tpu_ops_test", dagfile=dag_file, conf={"config": config, "command": command},
-                       extra_env={"AIRFLOW_CONN_TPU_SSH": airflow_conn_uri(sshd), "PYTHONPATH": pythonpath})
+    result = dags_test(
+        airflow_env,
+        "tpu_ops_test",
+        dagfile=dag_file,
+        conf={"config": config, "command": command},
+        extra_env={"AIRFLOW_CONN_TPU_SSH": airflow_conn_uri(sshd), "PYTHONPATH": pythonpath},
+    )
     logs = result.stdout + result.stderr
     assert (result.returncode == 0) == ok, logs[-6000:]
     created = [p for m, p in fake_tpu.requests if m == "POST"]
@@ -332,8 +358,9 @@ def test_train_execution_timeout_comes_from_the_config_and_never_outlives_the_tt
 
     monkeypatch.setenv("GOOGLE_AUTH_TOKEN_FOR_TESTING", "restored-after-the-test")  # pre_execute sets it
     try:
-        op = TrainOperator(task_id="train", data={"fingerprint": "fp"},
-                           config=_config(fake_tpu, train={"timeout_hours": 6}))
+        op = TrainOperator(
+            task_id="train", data={"fingerprint": "fp"}, config=_config(fake_tpu, train={"timeout_hours": 6})
+        )
         op.pre_execute(_context())
         assert op.execution_timeout == timedelta(hours=6)
         # The default on a TPU VM: the TTL (12 h).

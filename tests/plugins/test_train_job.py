@@ -14,6 +14,7 @@ store is a file (peers/task_state.py), so that it survives a task runner the tes
 runs as Airflow runs a deferrable task, the trigger in this process (peers/deferral.py); the real
 triggerer: tests/deploy/test_durable_train.py.
 """
+
 import asyncio
 import contextlib
 import os
@@ -45,6 +46,7 @@ RUN = "manual__detached"
 NAME = tpu.node_name("mlm_pretrain", RUN)
 DATA = {"fingerprint": "fp123"}
 
+
 @pytest.fixture
 def vm(request, tmp_path, sshd, gcs, fake_tpu, monkeypatch):
     """(config, workdir, store): a READY node whose worker 0 is the sshd, a stand-in trainer as its python
@@ -53,22 +55,49 @@ def vm(request, tmp_path, sshd, gcs, fake_tpu, monkeypatch):
     monkeypatch.setenv("AIRFLOW_CONN_TPU_SSH", airflow_conn_uri(sshd))
     fake_tpu.add_node("proj", ZONE, NAME, state="READY")
     param = getattr(request, "param", {})
-    python = write_stand_in(tmp_path, step_s=param.get("step_s", 0.15),
-                            bad_input_at_step=param.get("bad_input_at_step"))
+    python = write_stand_in(
+        tmp_path, step_s=param.get("step_s", 0.15), bad_input_at_step=param.get("bad_input_at_step")
+    )
     workdir = tmp_path / "vm"
-    config = {"compute": "tpu_vm", "output_root": gcs.uri(f"detached-{tmp_path.name}"),
-              "train": {"steps": 60, "checkpoint_every": 5, "heartbeat_s": 1, "stall_minutes": 0.1,
-                        "follow_poll_s": 0.2, "progress_log_s": 1},
-              "tpu": {"project": "proj", "zone": ZONE, "api_endpoint": fake_tpu.url, "transport": "rest",
-                      "poll_interval_s": 0.05, "bootstrap": False, "ssh_port": sshd.port, "python": str(python),
-                      "workdir": str(workdir), "env": {"STORAGE_EMULATOR_HOST": os.environ["STORAGE_EMULATOR_HOST"]}}}
-    return SimpleNamespace(config=config, workdir=workdir, store=FileTaskState(tmp_path / "state.json"),
-                           run=RunPaths(config["output_root"], RUN))
+    config = {
+        "compute": "tpu_vm",
+        "output_root": gcs.uri(f"detached-{tmp_path.name}"),
+        "train": {
+            "steps": 60,
+            "checkpoint_every": 5,
+            "heartbeat_s": 1,
+            "stall_minutes": 0.1,
+            "follow_poll_s": 0.2,
+            "progress_log_s": 1,
+        },
+        "tpu": {
+            "project": "proj",
+            "zone": ZONE,
+            "api_endpoint": fake_tpu.url,
+            "transport": "rest",
+            "poll_interval_s": 0.05,
+            "bootstrap": False,
+            "ssh_port": sshd.port,
+            "python": str(python),
+            "workdir": str(workdir),
+            "env": {"STORAGE_EMULATOR_HOST": os.environ["STORAGE_EMULATOR_HOST"]},
+        },
+    }
+    return SimpleNamespace(
+        config=config,
+        workdir=workdir,
+        store=FileTaskState(tmp_path / "state.json"),
+        run=RunPaths(config["output_root"], RUN),
+    )
 
 
 def _context(vm, try_number):
-    return {"dag": SimpleNamespace(dag_id="mlm_pretrain"), "run_id": RUN, "ti": SimpleNamespace(try_number=try_number),
-            "task_state_store": vm.store}
+    return {
+        "dag": SimpleNamespace(dag_id="mlm_pretrain"),
+        "run_id": RUN,
+        "ti": SimpleNamespace(try_number=try_number),
+        "task_state_store": vm.store,
+    }
 
 
 def _train(vm, try_number, config=None):
@@ -98,8 +127,9 @@ def _first_try_killed(vm, tmp_path, at_step: int) -> dict:
     """Runs try 1's task runner in a subprocess and SIGKILLs it once the trainer passed `at_step`."""
     first = start_train_task(vm.config, RUN, vm.store.path, tmp_path / "first_try.log")
     try:
-        wait_for(f"the first try's trainer to pass step {at_step}",
-              lambda: (_status(vm) or {}).get("step", 0) >= at_step, 90)
+        wait_for(
+            f"the first try's trainer to pass step {at_step}", lambda: (_status(vm) or {}).get("step", 0) >= at_step, 90
+        )
     finally:
         first.kill()
         first.wait(timeout=10)
@@ -126,13 +156,20 @@ def test_a_sigkilled_task_leaves_the_trainer_running_and_the_retry_reattaches(vm
     assert re.search(r"Training: step \d+/60, loss [0-9.]+, 1000 tokens/s, ETA \dm\d\ds", log)  # progress
 
     status = _status(vm)
-    assert (status["state"], status["exit_code"], status["step"], status["starts"], status["try_number"]) == \
-        ("done", 0, 60, 1, 1)
+    assert (status["state"], status["exit_code"], status["step"], status["starts"], status["try_number"]) == (
+        "done",
+        0,
+        60,
+        1,
+        1,
+    )
     steps = _steps(vm)
     assert [s for _, s in steps] == list(range(1, 61)) and len({p for p, _ in steps}) == 1  # one trainer, no step twice
     lost = len(steps) - len({s for _, s in steps})
-    print(f"\nreattach: {reattached.rsplit(' ', 1)[1]} to reattach (try 2 returned after "
-          f"{time.monotonic() - began:.1f}s), steps lost {lost}, starts {status['starts']}")
+    print(
+        f"\nreattach: {reattached.rsplit(' ', 1)[1]} to reattach (try 2 returned after "
+        f"{time.monotonic() - began:.1f}s), steps lost {lost}, starts {status['starts']}"
+    )
 
 
 def test_a_frozen_trainer_fails_the_try_by_the_watchdog_and_the_retry_finishes(vm):
@@ -172,8 +209,10 @@ def test_a_frozen_trainer_fails_the_try_by_the_watchdog_and_the_retry_finishes(v
     assert (status["state"], status["step"], status["starts"], status["try_number"]) == ("done", 60, 2, 2)
     steps = [s for _, s in _steps(vm)]
     assert steps == list(range(1, stopped_at + 1)) + list(range(resumed + 1, 61))
-    print(f"\nwatchdog: failed the try {failed_after:.1f}s after the freeze (stall_minutes {stall_s:g}s); "
-          f"steps lost {stopped_at - resumed}, starts {status['starts']}")
+    print(
+        f"\nwatchdog: failed the try {failed_after:.1f}s after the freeze (stall_minutes {stall_s:g}s); "
+        f"steps lost {stopped_at - resumed}, starts {status['starts']}"
+    )
 
 
 def test_a_retry_stops_a_stale_trainer_it_finds_alive_then_starts_a_new_one(vm, tmp_path, capfd):
@@ -228,8 +267,10 @@ def test_the_task_defers_once_the_trainer_runs_and_a_rebuilt_trigger_follows_on(
     assert (status["state"], status["step"], status["starts"]) == ("done", 60, 1)
     steps = _steps(vm)
     assert [s for _, s in steps] == list(range(1, 61)) and len({p for p, _ in steps}) == 1
-    print(f"\ndeferred: the task held a slot {held_s:.1f}s of a {time.time() - job['started_at']:.1f}s "
-          f"training; a rebuilt trigger followed on {time.monotonic() - restarted:.1f}s to the end, starts 1")
+    print(
+        f"\ndeferred: the task held a slot {held_s:.1f}s of a {time.time() - job['started_at']:.1f}s "
+        f"training; a rebuilt trigger followed on {time.monotonic() - restarted:.1f}s to the end, starts 1"
+    )
 
 
 def test_a_check_against_silent_storage_fails_within_its_deadline_and_leaves_no_thread(vm, monkeypatch, capfd):

@@ -3,6 +3,7 @@
 
     python -m pytest tests/plugins/test_train_operator.py -q
 """
+
 import json
 from types import SimpleNamespace
 
@@ -27,10 +28,22 @@ def ssh_conn(sshd, gcs, monkeypatch):
 
 def _config(fake_tpu, sshd, tmp_path, **tpu_settings):
     # The train task follows the trainer every 0.2 s (its status record in output_root, on the emulator).
-    return {"compute": "tpu_vm", "output_root": "gs://bucket/p", "train": {"follow_poll_s": 0.2},
-            "tpu": {"project": "proj", "zone": ZONE, "api_endpoint": fake_tpu.url, "transport": "rest",
-                    "poll_interval_s": 0.05, "bootstrap": False, "ssh_port": sshd.port,
-                    "workdir": str(tmp_path / "vm"), **tpu_settings}}
+    return {
+        "compute": "tpu_vm",
+        "output_root": "gs://bucket/p",
+        "train": {"follow_poll_s": 0.2},
+        "tpu": {
+            "project": "proj",
+            "zone": ZONE,
+            "api_endpoint": fake_tpu.url,
+            "transport": "rest",
+            "poll_interval_s": 0.05,
+            "bootstrap": False,
+            "ssh_port": sshd.port,
+            "workdir": str(tmp_path / "vm"),
+            **tpu_settings,
+        },
+    }
 
 
 def _trainer_log(tmp_path, try_number=1):
@@ -90,8 +103,12 @@ def test_plain_step_operator_does_not_replace_nodes(fake_tpu, sshd, ssh_conn, tm
 
 def test_configuration_error_on_the_vm_fails_without_retry(fake_tpu, sshd, ssh_conn, tmp_path):
     fake_tpu.add_node("proj", ZONE, NAME)
-    op = TrainOperator(task_id="train", data=DATA, config=_config(fake_tpu, sshd, tmp_path),
-                       command="echo 'error: Global batch 4096 is larger than the 300 train records' >&2; exit 2")
+    op = TrainOperator(
+        task_id="train",
+        data=DATA,
+        config=_config(fake_tpu, sshd, tmp_path),
+        command="echo 'error: Global batch 4096 is larger than the 300 train records' >&2; exit 2",
+    )
     with pytest.raises(AirflowFailException, match=r"(?s)exit code 2.*Global batch 4096.*no retry can fix"):
         _run(op)
     op = TrainOperator(task_id="train", data=DATA, config=_config(fake_tpu, sshd, tmp_path), command="exit 1")
@@ -109,8 +126,10 @@ def test_local_training_gets_the_hub_token_from_the_connection_as_an_argument(mo
 
     seen = {}
     monkeypatch.delenv("HF_TOKEN", raising=False)
-    monkeypatch.setenv("AIRFLOW_CONN_HUGGINGFACE_DEFAULT", json.dumps(
-        {"conn_type": "generic", "password": "hf_planted_sync", "host": "http://127.0.0.1:9"}))
+    monkeypatch.setenv(
+        "AIRFLOW_CONN_HUGGINGFACE_DEFAULT",
+        json.dumps({"conn_type": "generic", "password": "hf_planted_sync", "host": "http://127.0.0.1:9"}),
+    )
 
     def fake_train(cfg, ctx, **kwargs):
         seen.update(kwargs, fp=ctx.fingerprint, env_token=os.environ.get("HF_TOKEN"))
@@ -120,8 +139,12 @@ def test_local_training_gets_the_hub_token_from_the_connection_as_an_argument(mo
     config = {"publish": {"sync_checkpoints": True, "repo_id": "org/model"}}
     op = TrainOperator(task_id="train", data=DATA, config=config)
     assert op.execute(_context()) == {"steps": 1}
-    assert seen == {"hub_token": "hf_planted_sync", "hub_endpoint": "http://127.0.0.1:9", "fp": "fp123",
-                    "env_token": None}
+    assert seen == {
+        "hub_token": "hf_planted_sync",
+        "hub_endpoint": "http://127.0.0.1:9",
+        "fp": "fp123",
+        "env_token": None,
+    }
     assert "HF_TOKEN" not in os.environ
 
     seen.clear()  # sync off: no connection needed, no token passed
@@ -142,8 +165,9 @@ def test_hub_credentials_from_the_connection_say_what_is_missing(monkeypatch):
         hub_credentials("hf_absent")
 
 
-def test_tpu_vm_training_gets_the_hub_token_through_the_ssh_session_only(fake_tpu, sshd, ssh_conn, tmp_path,
-                                                                        monkeypatch, capfd):
+def test_tpu_vm_training_gets_the_hub_token_through_the_ssh_session_only(
+    fake_tpu, sshd, ssh_conn, tmp_path, monkeypatch, capfd
+):
     """On a TPU VM the token travels on the SSH session's stdin when the line asks, and the step reads it
     from its own stdin (--hub-token-stdin); it is never in the step's environment, on a command line (`ps`
     of the VM), in the task log or in the task's XCom."""
@@ -152,16 +176,22 @@ def test_tpu_vm_training_gets_the_hub_token_through_the_ssh_session_only(fake_tp
     import threading
 
     token = "hf_planted_vm_sync_" + hashlib.sha1(str(tmp_path).encode()).hexdigest()[:12]
-    monkeypatch.setenv("AIRFLOW_CONN_HUGGINGFACE_DEFAULT", json.dumps(
-        {"conn_type": "generic", "password": token, "host": "http://127.0.0.1:9"}))
+    monkeypatch.setenv(
+        "AIRFLOW_CONN_HUGGINGFACE_DEFAULT",
+        json.dumps({"conn_type": "generic", "password": token, "host": "http://127.0.0.1:9"}),
+    )
     step = tmp_path / "python"  # the VM's python: reports what the train step would see, then lingers
-    step.write_text("#!/bin/sh\nIFS= read -r token\n"
-                    'echo "sha=$(printf %s "$token" | sha256sum | cut -c1-16) env=${HF_TOKEN:-unset} '
-                    'endpoint=$HF_ENDPOINT args=$#"\nsleep 2\n')
+    step.write_text(
+        "#!/bin/sh\nIFS= read -r token\n"
+        'echo "sha=$(printf %s "$token" | sha256sum | cut -c1-16) env=${HF_TOKEN:-unset} '
+        'endpoint=$HF_ENDPOINT args=$#"\nsleep 2\n'
+    )
     step.chmod(0o755)
     fake_tpu.add_node("proj", ZONE, NAME)
-    config = {**_config(fake_tpu, sshd, tmp_path, python=str(step)),
-              "publish": {"sync_checkpoints": True, "repo_id": "org/model"}}
+    config = {
+        **_config(fake_tpu, sshd, tmp_path, python=str(step)),
+        "publish": {"sync_checkpoints": True, "repo_id": "org/model"},
+    }
     op = TrainOperator(task_id="train", data=DATA, config=config)
     seen_in_ps = []
 

@@ -2,6 +2,7 @@
 from the Airflow connection, pins the host key its node published (the fake TPU API serves the test sshd's real
 host key, read back by the real google-cloud-tpu client), and each failure names its kind: host key, user and
 key, or no answer."""
+
 import functools
 import logging
 import socket
@@ -46,16 +47,26 @@ def _operator(fake_tpu, sshd, command="echo logged-in"):
     name = tpu.node_name("mlm_pretrain", "manual__1")
     fake_tpu.workers = 1
     fake_tpu.add_node("proj", ZONE, name, state="READY")
-    cfg = PipelineConfig.model_validate({
-        "compute": "tpu_vm", "output_root": "gs://bucket/prefix",
-        "tpu": {"project": "proj", "zone": ZONE, "api_endpoint": fake_tpu.url, "transport": "rest",
-                "ssh_port": sshd.port, "bootstrap": False, "poll_interval_s": 0.1}})
+    cfg = PipelineConfig.model_validate(
+        {
+            "compute": "tpu_vm",
+            "output_root": "gs://bucket/prefix",
+            "tpu": {
+                "project": "proj",
+                "zone": ZONE,
+                "api_endpoint": fake_tpu.url,
+                "transport": "rest",
+                "ssh_port": sshd.port,
+                "bootstrap": False,
+                "poll_interval_s": 0.1,
+            },
+        }
+    )
     op = TpuSSHStepOperator(task_id="train", config=cfg.model_dump(mode="json"), command=command)
     return op, name, {"dag": SimpleNamespace(dag_id="mlm_pretrain"), "run_id": "manual__1"}
 
 
-def test_readme_connection_logs_in_pinning_the_published_host_key(fake_tpu, sshd, monkeypatch, short_patience,
-                                                                  capfd):
+def test_readme_connection_logs_in_pinning_the_published_host_key(fake_tpu, sshd, monkeypatch, short_patience, capfd):
     _readme_connection(monkeypatch, sshd)
     op, name, context = _operator(fake_tpu, sshd)
     assert op.execute(context) == {"node": name, "workers": 1}
@@ -123,8 +134,9 @@ def test_an_unreachable_port_names_the_firewall(sshd, monkeypatch):
     with socket.socket() as s:  # a port nobody listens on
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    connect = connections.ssh_connect("tpu_ssh", port, patience_s=0, node="n",
-                                     published=lambda worker: dict([host_public_key(sshd)]))
+    connect = connections.ssh_connect(
+        "tpu_ssh", port, patience_s=0, node="n", published=lambda worker: dict([host_public_key(sshd)])
+    )
     message = Session(connect, "127.0.0.1").run("true").describe()
     assert f"Cannot SSH to 127.0.0.1:{port}" in message and "firewall allows" in message
     assert "user and key" not in message and "host key" not in message

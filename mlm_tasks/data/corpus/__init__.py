@@ -9,6 +9,7 @@ tokenizing; its splits come from a hash of the article title (or row), never fro
 `split_rows` yields one partition's rows of every split in one read, skipping the other partitions'
 rows before parsing them, so each mapped `write_shards` task reads only its own part, once.
 """
+
 from __future__ import annotations
 
 from collections.abc import Callable

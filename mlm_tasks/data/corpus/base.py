@@ -5,6 +5,7 @@
 Also what the text sources share: the deterministic split of a row or title, and the error for a
 corpus without text. The sources are the other modules of this package; `open_corpus` in its __init__ picks one.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -51,5 +52,7 @@ def split_of(key: str, validation_fraction: float, test_fraction: float) -> str:
 
 def empty_corpus_error() -> ConfigError:
     """A train split without text rows, found by whichever reads it first (validate, the tokenizer, the writer)."""
-    return ConfigError("The corpus is empty: its train split has no text rows. Check the corpus source settings "
-                       "(paths, dataset name, text_column).")
+    return ConfigError(
+        "The corpus is empty: its train split has no text rows. Check the corpus source settings "
+        "(paths, dataset name, text_column)."
+    )

@@ -5,6 +5,7 @@
 The dataset's own splits are used; its fingerprint is the resolved commit, so a changed dataset changes
 the data fingerprint. Partitions are `datasets`' contiguous `shard()`s.
 """
+
 from __future__ import annotations
 
 from collections.abc import Iterator
@@ -32,12 +33,10 @@ class HFDatasetCorpus(Corpus):
     def rows_partition(self, split: str, part: int, num_parts: int) -> Iterator[str]:
         import datasets
 
-        available = datasets.get_dataset_split_names(self.cfg.hf_path, self.cfg.hf_name,
-                                                     revision=self.cfg.hf_revision)
+        available = datasets.get_dataset_split_names(self.cfg.hf_path, self.cfg.hf_name, revision=self.cfg.hf_revision)
         if split not in available:
             raise ConfigError(f"{self.cfg.hf_path} has no {split!r} split (has {available}).")
-        ds = datasets.load_dataset(self.cfg.hf_path, self.cfg.hf_name, split=split,
-                                   revision=self.cfg.hf_revision)
+        ds = datasets.load_dataset(self.cfg.hf_path, self.cfg.hf_name, split=split, revision=self.cfg.hf_revision)
         if num_parts > 1:
             ds = ds.shard(num_shards=num_parts, index=part, contiguous=True)
         for text in ds[self.cfg.text_column]:

@@ -5,6 +5,7 @@
 Rows are split by a hash of the row. Partitions are blocks of PARTITION_BLOCK consecutive lines, dealt
 round-robin, so every partition count gives the same rows per split.
 """
+
 from __future__ import annotations
 
 import glob
@@ -27,8 +28,10 @@ class LocalFilesCorpus(Corpus):
         for pattern in cfg.local_paths:
             matched = sorted(glob.glob(pattern))
             if not matched:
-                raise ConfigError(f"corpus.local_paths entry {pattern!r} matches no file: check the path "
-                                  "(relative paths are relative to the worker's working directory).")
+                raise ConfigError(
+                    f"corpus.local_paths entry {pattern!r} matches no file: check the path "
+                    "(relative paths are relative to the worker's working directory)."
+                )
             self.files.extend(matched)
         if not self.files:
             raise ConfigError("corpus.source=local_files needs corpus.local_paths (files or globs).")
@@ -47,8 +50,10 @@ class LocalFilesCorpus(Corpus):
                 try:
                     yield lineno, raw.decode("utf-8")
                 except UnicodeDecodeError as err:
-                    raise ConfigError(f"{path} line {lineno} is not valid UTF-8 ({err.reason} at byte "
-                                      f"{err.start}): re-encode the file as UTF-8.") from None
+                    raise ConfigError(
+                        f"{path} line {lineno} is not valid UTF-8 ({err.reason} at byte "
+                        f"{err.start}): re-encode the file as UTF-8."
+                    ) from None
 
     def _all_rows(self, part: int = 0, num_parts: int = 1) -> Iterator[str]:
         """Rows of partition `part`: blocks of PARTITION_BLOCK consecutive lines/records of the files
@@ -71,8 +76,9 @@ class LocalFilesCorpus(Corpus):
                         try:
                             yield json.loads(line).get(self.cfg.text_column, "")
                         except (json.JSONDecodeError, AttributeError):
-                            raise ConfigError(f"{path} line {lineno} is not a JSON object: fix the line or use "
-                                              ".txt for plain text.") from None
+                            raise ConfigError(
+                                f"{path} line {lineno} is not a JSON object: fix the line or use .txt for plain text."
+                            ) from None
             else:
                 import pyarrow.parquet as pq
 

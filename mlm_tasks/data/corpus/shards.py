@@ -10,6 +10,7 @@ holds its count to the one the file name carries, since a file cut at a record b
 checksum; `check_shards` runs in validate, on every DAG run and before any TPU VM, so it reads only the
 first records of a few shards per split. Fingerprint and checks: docs/data.md#bring-your-own-shards
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -51,16 +52,23 @@ def list_shards(shards_uri: str) -> dict[str, list[dict]]:
 
 def fetch_tokenizer_json(tokenizer_uri: str) -> str:
     """tokenizer.json of a local folder, a gs:// folder, or a Hub repo (read through huggingface_hub)."""
-    if storage.is_local(tokenizer_uri) and os.path.isdir(storage.local_path(tokenizer_uri)) \
-            or storage.scheme(tokenizer_uri) == "gs":
+    if (
+        storage.is_local(tokenizer_uri)
+        and os.path.isdir(storage.local_path(tokenizer_uri))
+        or storage.scheme(tokenizer_uri) == "gs"
+    ):
         path = join(tokenizer_uri, "tokenizer.json")
         if not storage.exists(path):
-            raise ConfigError(f"corpus.tokenizer_uri {tokenizer_uri} has no tokenizer.json: point it at a folder "
-                              "written by save_pretrained of a fast tokenizer.")
+            raise ConfigError(
+                f"corpus.tokenizer_uri {tokenizer_uri} has no tokenizer.json: point it at a folder "
+                "written by save_pretrained of a fast tokenizer."
+            )
         return storage.read_text(path)
     if tokenizer_uri.count("/") > 1 or "://" in tokenizer_uri:
-        raise ConfigError(f"corpus.tokenizer_uri {tokenizer_uri!r} is neither an existing local folder, a gs:// "
-                          "folder, nor a Hub repo id (owner/name): fix the path.")
+        raise ConfigError(
+            f"corpus.tokenizer_uri {tokenizer_uri!r} is neither an existing local folder, a gs:// "
+            "folder, nor a Hub repo id (owner/name): fix the path."
+        )
     from huggingface_hub import constants, hf_hub_download
     from huggingface_hub.utils import HfHubHTTPError
 
@@ -68,8 +76,10 @@ def fetch_tokenizer_json(tokenizer_uri: str) -> str:
         with open(hf_hub_download(tokenizer_uri, "tokenizer.json", endpoint=constants.ENDPOINT), encoding="utf-8") as f:
             return f.read()
     except (HfHubHTTPError, OSError, ValueError) as err:
-        raise ConfigError(f"Cannot read tokenizer.json of Hub repo {tokenizer_uri!r} ({type(err).__name__}: "
-                          f"{err}): check the repo id, and the HF_TOKEN for a private repo.") from None
+        raise ConfigError(
+            f"Cannot read tokenizer.json of Hub repo {tokenizer_uri!r} ({type(err).__name__}: "
+            f"{err}): check the repo id, and the HF_TOKEN for a private repo."
+        ) from None
 
 
 class ShardsCorpus(Corpus):
@@ -77,16 +87,22 @@ class ShardsCorpus(Corpus):
 
     def __init__(self, cfg: CorpusConfig):
         if not cfg.shards_uri or not cfg.tokenizer_uri:
-            raise ConfigError("corpus.source=tfrecord_shards needs corpus.shards_uri (the folder or gs:// prefix "
-                              "of the shards) and corpus.tokenizer_uri (the tokenizer they were encoded with).")
+            raise ConfigError(
+                "corpus.source=tfrecord_shards needs corpus.shards_uri (the folder or gs:// prefix "
+                "of the shards) and corpus.tokenizer_uri (the tokenizer they were encoded with)."
+            )
         self.cfg, self.tokenizer_uri = cfg, cfg.tokenizer_uri
         self.files = list_shards(cfg.shards_uri)
         for split in ("train", "validation"):
             if not self.files[split]:
-                raise ConfigError(f"No {split} shards under {join(cfg.shards_uri, split)}: corpus.shards_uri must "
-                                  "hold train/ and validation/ folders of *.tfrecord files.")
-        self.credit = (f"Shards brought from {cfg.shards_uri} (tokenizer {cfg.tokenizer_uri}); see their source "
-                       "for license and credit.")
+                raise ConfigError(
+                    f"No {split} shards under {join(cfg.shards_uri, split)}: corpus.shards_uri must "
+                    "hold train/ and validation/ folders of *.tfrecord files."
+                )
+        self.credit = (
+            f"Shards brought from {cfg.shards_uri} (tokenizer {cfg.tokenizer_uri}); see their source "
+            "for license and credit."
+        )
         self._tokenizer_json: str | None = None
 
     @property
@@ -101,8 +117,10 @@ class ShardsCorpus(Corpus):
         return "shards:" + hashlib.sha256(json.dumps([listing, tok]).encode()).hexdigest()[:32]
 
     def rows_partition(self, split: str, part: int, num_parts: int):
-        raise ConfigError("corpus.source=tfrecord_shards holds token ids, not text: it trains no tokenizer and "
-                          "writes no shards (the DAG's plan step adopts the set as it is).")
+        raise ConfigError(
+            "corpus.source=tfrecord_shards holds token ids, not text: it trains no tokenizer and "
+            "writes no shards (the DAG's plan step adopts the set as it is)."
+        )
 
     def vocab_size(self) -> int:
         from tokenizers import Tokenizer
@@ -117,11 +135,20 @@ class ShardsCorpus(Corpus):
                 records = count_records(fh, f["uri"])  # every record's checksums: a damaged file fails here
             named = records_from_name(f["uri"])
             if named is not None and named != records:
-                raise ConfigError(f"{f['uri']} holds {records} whole records but its name says {named}: the file "
-                                  "was cut short (at a record boundary) or renamed. Copy it again from its source, "
-                                  "or remove it from the shard set.")
-            shards.append({"uri": f["uri"], "file": f["uri"].rsplit("/", 1)[-1], "records": records,
-                           "bytes": f["bytes"], "version": f["version"]})
+                raise ConfigError(
+                    f"{f['uri']} holds {records} whole records but its name says {named}: the file "
+                    "was cut short (at a record boundary) or renamed. Copy it again from its source, "
+                    "or remove it from the shard set."
+                )
+            shards.append(
+                {
+                    "uri": f["uri"],
+                    "file": f["uri"].rsplit("/", 1)[-1],
+                    "records": records,
+                    "bytes": f["bytes"],
+                    "version": f["version"],
+                }
+            )
         log.info("%s: checked every record of %d shard(s)", split, len(shards))
         records = sum(s["records"] for s in shards)
         return {"records": records, "tokens": None, "rows": None, "characters": None, "shards": shards}
@@ -136,9 +163,11 @@ def check_shards(cfg: PipelineConfig, corpus: ShardsCorpus) -> int:
     vocab = tok.get_vocab_size(with_added_tokens=True)
     missing = [t for t in SPECIAL_TOKENS if tok.token_to_id(t) is None]
     if missing:
-        raise ConfigError(f"The tokenizer {cfg.corpus.tokenizer_uri} lacks the special token(s) {' '.join(missing)}: "
-                          f"the model and its masking use RoBERTa's {' '.join(SPECIAL_TOKENS)}. Use a tokenizer "
-                          "trained with those special tokens.")
+        raise ConfigError(
+            f"The tokenizer {cfg.corpus.tokenizer_uri} lacks the special token(s) {' '.join(missing)}: "
+            f"the model and its masking use RoBERTa's {' '.join(SPECIAL_TOKENS)}. Use a tokenizer "
+            "trained with those special tokens."
+        )
     first: tuple[str, int] | None = None  # where the first record was, and its length
     for split in SPLITS:
         for f in corpus.files[split][:SAMPLE_SHARDS]:
@@ -149,21 +178,29 @@ def check_shards(cfg: PipelineConfig, corpus: ShardsCorpus) -> int:
                     if first is None:
                         first = (where, len(ids))
                     elif len(ids) != first[1]:
-                        raise ConfigError(f"{where} holds {len(ids)} ids but {first[0]} {first[1]}: training needs "
-                                          "one fixed length (packed chunks); rewrite the shards with one length.")
+                        raise ConfigError(
+                            f"{where} holds {len(ids)} ids but {first[0]} {first[1]}: training needs "
+                            "one fixed length (packed chunks); rewrite the shards with one length."
+                        )
                     if ids and (max(ids) >= vocab or min(ids) < 0):
-                        raise ConfigError(f"{where}: token id {max(ids) if max(ids) >= vocab else min(ids)} is "
-                                          f"outside the vocabulary of {cfg.corpus.tokenizer_uri} ({vocab} tokens): "
-                                          "these shards were encoded with another tokenizer; set "
-                                          "corpus.tokenizer_uri to that one.")
+                        raise ConfigError(
+                            f"{where}: token id {max(ids) if max(ids) >= vocab else min(ids)} is "
+                            f"outside the vocabulary of {cfg.corpus.tokenizer_uri} ({vocab} tokens): "
+                            "these shards were encoded with another tokenizer; set "
+                            "corpus.tokenizer_uri to that one."
+                        )
     if first is None:
-        raise ConfigError(f"The first shards under {cfg.corpus.shards_uri} hold no records: remove the empty "
-                          "files, or point corpus.shards_uri at the set that holds the data.")
+        raise ConfigError(
+            f"The first shards under {cfg.corpus.shards_uri} hold no records: remove the empty "
+            "files, or point corpus.shards_uri at the set that holds the data."
+        )
     length = first[1]
     if length != cfg.shards.max_length:
-        raise ConfigError(f"The shards under {cfg.corpus.shards_uri} hold {length}-token records but "
-                          f"shards.max_length is {cfg.shards.max_length}: set shards.max_length={length} "
-                          f"(and model.max_position_embeddings >= {length + 2}).")
+        raise ConfigError(
+            f"The shards under {cfg.corpus.shards_uri} hold {length}-token records but "
+            f"shards.max_length is {cfg.shards.max_length}: set shards.max_length={length} "
+            f"(and model.max_position_embeddings >= {length + 2})."
+        )
     return length
 
 
@@ -172,18 +209,24 @@ def _record_ids(record: bytes, where: str) -> list[int]:
     try:
         features = parse_example(record)
     except ValueError as err:  # UnicodeDecodeError too
-        raise ConfigError(f"{where} is not a tf.train.Example ({err}): these shards need {' and '.join(FEATURES)} "
-                          "as int64 features (as prepare_tfrecord_shards.py writes them).") from None
+        raise ConfigError(
+            f"{where} is not a tf.train.Example ({err}): these shards need {' and '.join(FEATURES)} "
+            "as int64 features (as prepare_tfrecord_shards.py writes them)."
+        ) from None
     lists: dict[str, list[int]] = {}
     for name in FEATURES:
         value = features.get(name, "absent")
         if not isinstance(value, list):
-            raise ConfigError(f"{where}: feature {name!r} is {value}, not an int64 list: these shards need "
-                              f"{' and '.join(FEATURES)} as int64 features (as prepare_tfrecord_shards.py writes "
-                              f"them). Found: {sorted(features)}.")
+            raise ConfigError(
+                f"{where}: feature {name!r} is {value}, not an int64 list: these shards need "
+                f"{' and '.join(FEATURES)} as int64 features (as prepare_tfrecord_shards.py writes "
+                f"them). Found: {sorted(features)}."
+            )
         lists[name] = value
     ids = lists["input_ids"]
     if len(lists["attention_mask"]) != len(ids):
-        raise ConfigError(f"{where}: input_ids has {len(ids)} values but attention_mask "
-                          f"{len(lists['attention_mask'])}: the shards are malformed.")
+        raise ConfigError(
+            f"{where}: input_ids has {len(ids)} values but attention_mask "
+            f"{len(lists['attention_mask'])}: the shards are malformed."
+        )
     return ids

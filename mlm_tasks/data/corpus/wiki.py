@@ -6,6 +6,7 @@ Pages are parsed with gensim's `filter_wiki` into WikiText-style rows (headings 
 and each article goes to one split by a hash of its title. Partitions are whole pages: a partition
 skips the other partitions' pages before parsing them.
 """
+
 from __future__ import annotations
 
 import bz2
@@ -23,8 +24,10 @@ from mlm_tasks.paths import SPLITS
 
 log = logging.getLogger(__name__)
 EMBEDDED_WIKI_FILE = "enwiki-latest-pages-articles1.xml-p000000010p000030302-shortened.bz2"
-WIKI_CREDIT = ("Text from English Wikipedia (https://en.wikipedia.org), licensed CC BY-SA 4.0; sample shipped "
-               "with gensim's test data.")
+WIKI_CREDIT = (
+    "Text from English Wikipedia (https://en.wikipedia.org), licensed CC BY-SA 4.0; sample shipped "
+    "with gensim's test data."
+)
 
 
 _HEADING = re.compile(r"^(={2,6})\s*(.*?)\s*\1\s*$")
@@ -36,8 +39,10 @@ def embedded_wiki_path() -> str:
 
     path = os.path.join(os.path.dirname(gensim.__file__), "test", "test_data", EMBEDDED_WIKI_FILE)
     if not os.path.exists(path):
-        raise ConfigError(f"The embedded Wikipedia sample {EMBEDDED_WIKI_FILE} is missing: install "
-                          "gensim==4.4.0 (requirements.txt), whose wheel ships it.")
+        raise ConfigError(
+            f"The embedded Wikipedia sample {EMBEDDED_WIKI_FILE} is missing: install "
+            "gensim==4.4.0 (requirements.txt), whose wheel ships it."
+        )
     return path
 
 
@@ -70,8 +75,9 @@ class WikiDumpCorpus(Corpus):
 
     def __init__(self, cfg: CorpusConfig, path: str):
         if not os.path.exists(path):
-            raise ConfigError(f"Wikipedia dump {path} does not exist: set corpus.dump_path to a "
-                              "pages-articles*.xml.bz2 file.")
+            raise ConfigError(
+                f"Wikipedia dump {path} does not exist: set corpus.dump_path to a pages-articles*.xml.bz2 file."
+            )
         self.cfg, self.path = cfg, path
         self.articles_seen: dict[str, int] = {}
 

@@ -9,6 +9,7 @@ nobody else checks); and that the VM side imports: tf-keras, transformers (seein
 gcsfs, the storage client, and on a `-pod` runtime the TPU client that TPUClusterResolver(tpu=<node>)
 needs. Exits non-zero with what to do.
 """
+
 from __future__ import annotations
 
 import re
@@ -68,14 +69,20 @@ def main(argv: list[str]) -> int:
     import tensorflow as tf
 
     if tf.__version__.rsplit(".", 1)[0] != want.rsplit(".", 1)[0]:
-        print(f"This TPU VM image has TensorFlow {tf.__version__}, but tpu.runtime_version promises {want}: set "
-              "tpu.runtime_version to the image's runtime (it chooses the VM lock).", file=sys.stderr)
+        print(
+            f"This TPU VM image has TensorFlow {tf.__version__}, but tpu.runtime_version promises {want}: set "
+            "tpu.runtime_version to the image's runtime (it chooses the VM lock).",
+            file=sys.stderr,
+        )
         return 1
     problems = unmet_requirements(deps_dir, tf.__version__)
     if problems:
-        print("The VM lock does not fit this image:\n  " + "\n  ".join(problems) + "\nRe-lock for the image "
-              "(make lock-vm; python -m mlm_tasks.smoke --capture-image records a real image's packages) or "
-              "pick the runtime the lock was made for.", file=sys.stderr)
+        print(
+            "The VM lock does not fit this image:\n  " + "\n  ".join(problems) + "\nRe-lock for the image "
+            "(make lock-vm; python -m mlm_tasks.smoke --capture-image records a real image's packages) or "
+            "pick the runtime the lock was made for.",
+            file=sys.stderr,
+        )
         return 1
     import gcsfs  # noqa: F401
     import google.cloud.storage  # noqa: F401
@@ -91,11 +98,16 @@ def main(argv: list[str]) -> int:
         from tensorflow.python.tpu.client import client as tpu_client
 
         if not tpu_client._GOOGLE_API_CLIENT_INSTALLED:  # TensorFlow's own switch
-            print("The TPU client TPUClusterResolver needs on a pod (googleapiclient, oauth2client) does not "
-                  "import: the VM lock must carry google-api-python-client and oauth2client.", file=sys.stderr)
+            print(
+                "The TPU client TPUClusterResolver needs on a pod (googleapiclient, oauth2client) does not "
+                "import: the VM lock must carry google-api-python-client and oauth2client.",
+                file=sys.stderr,
+            )
             return 1
-    print(f"VM ready: Python {sys.version.split()[0]}, TensorFlow {tf.__version__}, tf-keras {tf_keras.__version__}, "
-          f"transformers {transformers.__version__}" + (", TPU client for the pod" if pod else ""))
+    print(
+        f"VM ready: Python {sys.version.split()[0]}, TensorFlow {tf.__version__}, tf-keras {tf_keras.__version__}, "
+        f"transformers {transformers.__version__}" + (", TPU client for the pod" if pod else "")
+    )
     return 0
 
 

@@ -18,6 +18,7 @@ skips itself when there is nothing to approve: approval not required, publishing
 gate (publish then skips itself with the gate's reasons). `publish` follows it with none_failed, so
 a skipped approval lets publish decide as it does without one.
 """
+
 from __future__ import annotations
 
 from datetime import timedelta
@@ -37,19 +38,29 @@ COMMENT = "comment"
 class ReleaseApprovalOperator(ApprovalOperator):
     template_fields = (*ApprovalOperator.template_fields, "config", "decision")
 
-    def __init__(self, *, config: Any, decision: Any, default_timeout_hours: float = 72,
-                 params: Any = None, **kwargs: Any) -> None:
+    def __init__(
+        self, *, config: Any, decision: Any, default_timeout_hours: float = 72, params: Any = None, **kwargs: Any
+    ) -> None:
         # `params` holds the DAG's (the trigger form's), merged in by Airflow; HITLOperator drops those
         # from its form anyway, so the form is the comment field alone.
         # response_timeout here only keeps execution_timeout as the default's (HITLOperator would
         # otherwise take that as the answer's deadline); each run sets its own in execute().
         super().__init__(
-            subject="Publish this run's model?", defaults=ApprovalOperator.REJECT,
+            subject="Publish this run's model?",
+            defaults=ApprovalOperator.REJECT,
             response_timeout=timedelta(hours=default_timeout_hours),
             # Optional (null allowed): the form would otherwise refuse an answer without one.
-            params={COMMENT: Param(None, type=["null", "string"], title="Comment", source="task",
-                                   description="Why you approve or reject; it goes to the task log.")},
-            **kwargs)
+            params={
+                COMMENT: Param(
+                    None,
+                    type=["null", "string"],
+                    title="Comment",
+                    source="task",
+                    description="Why you approve or reject; it goes to the task log.",
+                )
+            },
+            **kwargs,
+        )
         self.config = config
         self.decision = decision
 
@@ -57,8 +68,9 @@ class ReleaseApprovalOperator(ApprovalOperator):
         cfg = config_from_xcom(self.config)
         if not cfg.publish.require_approval:  # first: then the gate's decision is not even read (a run may skip
             # or mark the gate done without one, e.g. `airflow dags test --mark-success-pattern`)
-            raise AirflowSkipException("No approval asked (publish.require_approval is false): publish decides on "
-                                       "its own.")
+            raise AirflowSkipException(
+                "No approval asked (publish.require_approval is false): publish decides on its own."
+            )
         decision = gate_decision(self.decision)
         reason = self._nothing_to_approve(cfg, decision)
         if reason:
@@ -73,9 +85,13 @@ class ReleaseApprovalOperator(ApprovalOperator):
         self.subject = f"Publish run {context['run_id']} to {cfg.publish.repo_id}?"
         self.body = review_markdown(cfg, ctx.run, decision)
         self.response_timeout = timedelta(hours=cfg.publish.approval_timeout_hours)
-        self.log.info("Waiting up to %g h for %s to approve or reject publishing to %s (Required actions in the "
-                      "UI, or the REST API's hitlDetails).", cfg.publish.approval_timeout_hours,
-                      ", ".join(u["name"] for u in self.assigned_users or []) or "a person", cfg.publish.repo_id)
+        self.log.info(
+            "Waiting up to %g h for %s to approve or reject publishing to %s (Required actions in the "
+            "UI, or the REST API's hitlDetails).",
+            cfg.publish.approval_timeout_hours,
+            ", ".join(u["name"] for u in self.assigned_users or []) or "a person",
+            cfg.publish.repo_id,
+        )
         return super().execute(context)
 
     @staticmethod
@@ -98,8 +114,10 @@ class ReleaseApprovalOperator(ApprovalOperator):
         """One line for the log: who answered what and why, or that nobody answered in time."""
         chosen = (event.get("chosen_options") or [None])[0]
         if event.get("timedout"):
-            return ("No answer before publish.approval_timeout_hours ran out: that counts as a rejection, so "
-                    "publish is skipped. Trigger a new run (or clear approve_release) to ask again.")
+            return (
+                "No answer before publish.approval_timeout_hours ran out: that counts as a rejection, so "
+                "publish is skipped. Trigger a new run (or clear approve_release) to ask again."
+            )
         user = event.get("responded_by_user") or {}
         comment = (event.get("params_input") or {}).get(COMMENT) or "no comment given"
         who = user.get("name") or user.get("id") or "someone"

@@ -30,6 +30,7 @@ token) travel on the SSH session's stdin when the line asks (`hub_token`), never
 or in an environment. Google's ComputeEngineSSHHook cannot find TPU VMs, hence the SSH connection's
 login pointed at the worker's IP.
 """
+
 from __future__ import annotations
 
 from collections.abc import Sequence
@@ -60,7 +61,8 @@ def check_reachable(cfg: PipelineConfig, name: str, host: str) -> None:
         "--source-ranges=<Airflow's egress IP>/32`); if Airflow runs outside the VPC use tpu.ssh_via=external "
         f"with tpu.external_ips=true, inside it tpu.ssh_via={other} may be the one that works. If the port "
         "answers but login fails, check the node's enable-oslogin metadata (tpu.enable_oslogin=false makes "
-        "the tpu_ssh connection's key in ssh-keys count). The VM is deleted by the teardown task.")
+        "the tpu_ssh connection's key in ssh-keys count). The VM is deleted by the teardown task."
+    )
 
 
 class RemoteStep:
@@ -70,9 +72,17 @@ class RemoteStep:
     environment; `step_env`: non-secret variables (part of the logged command line). `close()`
     (on_kill) hangs the session up."""
 
-    def __init__(self, step: str, log: Log, *, args: Sequence[str] = (), command: str | None = None,
-                 hub_token: str | None = None, step_env: dict[str, str] | None = None,
-                 replaces_dead_node: bool = False) -> None:
+    def __init__(
+        self,
+        step: str,
+        log: Log,
+        *,
+        args: Sequence[str] = (),
+        command: str | None = None,
+        hub_token: str | None = None,
+        step_env: dict[str, str] | None = None,
+        replaces_dead_node: bool = False,
+    ) -> None:
         self.step = step
         self.log = log
         self.args = list(args)
@@ -95,9 +105,16 @@ class RemoteStep:
         """remote_command for this step; `options` go to it (detach_log, more env)."""
         env = {**self.step_env, **options.pop("env", {})}
         return remote_command(
-            cfg, self.step, context["run_id"], node=name, extra_args=self.args, env=env,
+            cfg,
+            self.step,
+            context["run_id"],
+            node=name,
+            extra_args=self.args,
+            env=env,
             expect_token=self.hub_token is not None,
-            code=stage_code(cfg.output_root, cfg.tpu.runtime_version) if cfg.tpu.bootstrap else None, **options)
+            code=stage_code(cfg.output_root, cfg.tpu.runtime_version) if cfg.tpu.bootstrap else None,
+            **options,
+        )
 
     def secret(self) -> tuple[str, str] | None:
         """What the session answers the line's token prompt with (ssh.Session.run)."""
@@ -109,13 +126,19 @@ class RemoteStep:
         if outcome.fatal:  # e.g. a host-key mismatch: the same machine would answer
             return AirflowFailException(message)
         if outcome.exit_code == NO_RETRY_EXIT:
-            return AirflowFailException(message + "\nExit code 2 is an error no retry can fix (a bad input, a "
-                                        "missing artifact, a refused credential): act on the message above and "
-                                        "trigger a new run.")
+            return AirflowFailException(
+                message + "\nExit code 2 is an error no retry can fix (a bad input, a "
+                "missing artifact, a refused credential): act on the message above and "
+                "trigger a new run."
+            )
         return AirflowException(message)
 
-    def connect_to(self, context: Context, cfg: PipelineConfig, node: tpu.NodeState,
-                   ) -> tuple[str, list[str], ssh.Connect]:
+    def connect_to(
+        self,
+        context: Context,
+        cfg: PipelineConfig,
+        node: tpu.NodeState,
+    ) -> tuple[str, list[str], ssh.Connect]:
         """(node name, worker hosts, connect) once the node is checked: READY, host count and runtime agree,
         worker 0's port answers. Keeps the janitor off the node for tpu.ttl_hours from now."""
         from mlm_tasks.tpu import runtimes
@@ -133,16 +156,24 @@ class RemoteStep:
             raise AirflowFailException(
                 f"TPU VM {name} has {len(hosts)} host(s) but runs {runtime.version}, a "
                 f"{'multi' if runtime.pod else 'single'}-host runtime: use "
-                f"{'a -pod runtime' if multi_host else 'a runtime without -pod'} for {cfg.tpu.accelerator_type}.")
+                f"{'a -pod runtime' if multi_host else 'a runtime without -pod'} for {cfg.tpu.accelerator_type}."
+            )
         check_reachable(cfg, name, hosts[0])  # only worker 0 is dialled, on one host or a pod
         if multi_host:
-            self.log.info("%s is a %d-host slice: running %r on worker 0 (%s) only; the -pod runtime on the "
-                          "other hosts serves it.", name, len(hosts), self.step, hosts[0])
+            self.log.info(
+                "%s is a %d-host slice: running %r on worker 0 (%s) only; the -pod runtime on the "
+                "other hosts serves it.",
+                name,
+                len(hosts),
+                self.step,
+                hosts[0],
+            )
         else:
             self.log.info("Running %r on %s (%s).", self.step, name, hosts[0])
         api = tpu.client(cfg.tpu)
-        connect = ssh_connect(cfg.tpu.ssh_conn_id, cfg.tpu.ssh_port, node=name,
-                              published=tpu.published_keys(cfg.tpu, name, api=api))
+        connect = ssh_connect(
+            cfg.tpu.ssh_conn_id, cfg.tpu.ssh_port, node=name, published=tpu.published_keys(cfg.tpu, name, api=api)
+        )
         return name, hosts, connect
 
     def _failure_message(self, cfg: PipelineConfig, name: str, outcome: ssh.Outcome) -> str:
@@ -157,14 +188,18 @@ class RemoteStep:
             # what the TPU API client raises: the failure itself matters more than this extra hint
             state = f"unknown ({err})"
         if state != "READY":
-            then = ("A retry of this task replaces it" if self.replaces_dead_node else
-                    "Clear create_tpu_vm and this task to continue on a new VM")
-            lines.append(f"The TPU VM is now {state}: it was probably preempted. {then} (training resumes "
-                         "from its last checkpoint).")
+            then = (
+                "A retry of this task replaces it"
+                if self.replaces_dead_node
+                else "Clear create_tpu_vm and this task to continue on a new VM"
+            )
+            lines.append(
+                f"The TPU VM is now {state}: it was probably preempted. {then} (training resumes "
+                "from its last checkpoint)."
+            )
         return "\n".join(lines)
 
     def close(self) -> None:
         if self.session is not None:
             self.log.info("Task killed: hanging up the SSH session, which stops the remote step.")
             self.session.close()
-

@@ -24,6 +24,7 @@ the node is gone (NOT_FOUND), at most `tpu.delete_timeout_s`; at that bound it l
 the janitor and says so. A delete the API refuses (403, 400, ...) or whose operation fails fails the
 task, naming the node and how to delete it by hand.
 """
+
 from __future__ import annotations
 
 import time
@@ -60,8 +61,9 @@ def ssh_key_metadata(conn_id: str, log: Log) -> dict[str, str]:
     try:
         hook = SSHHook(ssh_conn_id=conn_id, remote_host="unused")
     except AirflowNotFoundException:
-        log.warning("No Airflow connection %r: the VM gets no ssh-keys metadata; add it so the SSH "
-                    "step can log in.", conn_id)
+        log.warning(
+            "No Airflow connection %r: the VM gets no ssh-keys metadata; add it so the SSH step can log in.", conn_id
+        )
         return {}
     key = hook.pkey or (paramiko.PKey.from_path(hook.key_file) if hook.key_file else None)
     if key is None or not hook.username:
@@ -69,8 +71,15 @@ def ssh_key_metadata(conn_id: str, log: Log) -> dict[str, str]:
     return {"ssh-keys": f"{hook.username}:{key.get_name()} {key.get_base64()} {hook.username}"}
 
 
-def create_or_reuse_node(op: BaseOperator, context: Context, cfg: PipelineConfig, name: str, deadline: float,
-                         *, resume_in: Callable[..., Any]) -> dict[str, Any]:
+def create_or_reuse_node(
+    op: BaseOperator,
+    context: Context,
+    cfg: PipelineConfig,
+    name: str,
+    deadline: float,
+    *,
+    resume_in: Callable[..., Any],
+) -> dict[str, Any]:
     """The run's node READY (`tpu.describe` of it): reused, created, or a dead one replaced. Until it is READY
     `op` defers to TpuNodeTrigger and the task resumes in `resume_in` (a method of `op`, which hands the
     event to `node_from_event`); `deadline` (epoch seconds) bounds the whole wait."""
@@ -85,15 +94,25 @@ def create_or_reuse_node(op: BaseOperator, context: Context, cfg: PipelineConfig
     if state.ready:
         return tpu.describe(state)
     operation = state.operation if state.action == "created" else None
-    trigger = TpuNodeTrigger(cfg.tpu.model_dump(mode="json"), name, deadline, operation,
-                             cfg.tpu.poll_interval_s, gcp_conn_id=cfg.gcp_conn_id)
+    trigger = TpuNodeTrigger(
+        cfg.tpu.model_dump(mode="json"), name, deadline, operation, cfg.tpu.poll_interval_s, gcp_conn_id=cfg.gcp_conn_id
+    )
     # The trigger enforces the deadline itself (so we can clean up); this is only a backstop.
-    op.defer(trigger=trigger, method_name=resume_in.__name__,
-             timeout=timedelta(seconds=max(0.0, deadline - time.time()) + 600))
+    op.defer(
+        trigger=trigger,
+        method_name=resume_in.__name__,
+        timeout=timedelta(seconds=max(0.0, deadline - time.time()) + 600),
+    )
 
 
-def node_from_event(op: BaseOperator, context: Context, cfg: PipelineConfig, event: dict[str, Any] | None,
-                    *, resume_in: Callable[..., Any]) -> dict[str, Any]:
+def node_from_event(
+    op: BaseOperator,
+    context: Context,
+    cfg: PipelineConfig,
+    event: dict[str, Any] | None,
+    *,
+    resume_in: Callable[..., Any],
+) -> dict[str, Any]:
     """The READY node TpuNodeTrigger's event reports. A node gone before the deadline (the dead one it
     replaces, deleted) is created again, deferring once more; any other end deletes what is left of the
     node and fails the task, naming what to try."""
@@ -112,28 +131,33 @@ def node_from_event(op: BaseOperator, context: Context, cfg: PipelineConfig, eve
     if state == "TIMEOUT":
         raise AirflowException(
             f"TPU VM {name} was not READY within tpu.create_timeout_s={cfg.tpu.create_timeout_s}s "
-            f"({error}); {cleanup}. Retry later, raise the timeout, or pick another tpu.zone.")
+            f"({error}); {cleanup}. Retry later, raise the timeout, or pick another tpu.zone."
+        )
     raise AirflowException(
         f"Creating TPU VM {name} ({cfg.tpu.accelerator_type} in {cfg.tpu.zone}) failed: "
         f"{error or 'node is ' + str(state)}; {cleanup}. Capacity errors pass with time: retry, "
-        "or try another zone / tpu.spot=false / a reservation.")
+        "or try another zone / tpu.spot=false / a reservation."
+    )
 
 
-def node_for_step(op: BaseOperator, context: Context, cfg: PipelineConfig, name: str,
-                  *, replace_in: Callable[..., Any] | None) -> tpu.NodeState:
+def node_for_step(
+    op: BaseOperator, context: Context, cfg: PipelineConfig, name: str, *, replace_in: Callable[..., Any] | None
+) -> tpu.NodeState:
     """The node a step runs on, READY. A dead one (preempted, deleted) is replaced first when `replace_in`
     is given (a resume method of `op`: see create_or_reuse_node); else the task fails, naming the fix."""
     node = tpu.get_state(cfg.tpu, name)
     if node.ready:
         return node
     if replace_in is None:
-        raise AirflowException(f"TPU VM {name} is {node.state}, not READY: clear the create_tpu_vm "
-                               "task (it replaces a dead node) and this one.")
+        raise AirflowException(
+            f"TPU VM {name} is {node.state}, not READY: clear the create_tpu_vm "
+            "task (it replaces a dead node) and this one."
+        )
     # create_tpu_vm is not rerun on a retry of this task: replace a preempted (or deleted) node here.
-    op.log.warning("TPU VM %s is %s, not READY (preempted?): getting a READY one before the step.",
-                   name, node.state)
-    replaced = create_or_reuse_node(op, context, cfg, name, time.time() + cfg.tpu.create_timeout_s,
-                                    resume_in=replace_in)
+    op.log.warning("TPU VM %s is %s, not READY (preempted?): getting a READY one before the step.", name, node.state)
+    replaced = create_or_reuse_node(
+        op, context, cfg, name, time.time() + cfg.tpu.create_timeout_s, resume_in=replace_in
+    )
     return tpu.get_state(cfg.tpu, replaced["name"])
 
 
@@ -158,8 +182,9 @@ class TpuVmCreateOperator(_RunNodeOperator):
         if cfg.compute != "tpu_vm":
             raise AirflowSkipException(f"compute is {cfg.compute!r}: this run needs no TPU VM, none is made.")
         deadline = time.time() + cfg.tpu.create_timeout_s
-        return create_or_reuse_node(self, context, cfg, run_node_name(context, self.node_name), deadline,
-                                    resume_in=self.resume)
+        return create_or_reuse_node(
+            self, context, cfg, run_node_name(context, self.node_name), deadline, resume_in=self.resume
+        )
 
     def resume(self, context: Context, event: dict[str, Any] | None = None, **_: Any) -> dict[str, Any]:
         return node_from_event(self, context, config_from_xcom(self.config), event, resume_in=self.resume)
@@ -187,20 +212,37 @@ class TpuVmDeleteOperator(_RunNodeOperator):
                 raise AirflowFailException(
                     f"The TPU API refused to delete TPU VM {name} ({err}); it keeps running, and billing. Fix "
                     f"the cause (connection {cfg.gcp_conn_id!r} needs roles/tpu.admin in {cfg.tpu.project}) and "
-                    f"clear this task, or delete it by hand: {_delete_command(cfg, name)}") from err
+                    f"clear this task, or delete it by hand: {_delete_command(cfg, name)}"
+                ) from err
         if operation is None:
             self._gone(context, cfg, name, "already gone")
             return None
-        self.log.info("TPU VM %s: deleting (%s); waiting until it is gone (at most tpu.delete_timeout_s=%ss).",
-                      name, operation, cfg.tpu.delete_timeout_s)
+        self.log.info(
+            "TPU VM %s: deleting (%s); waiting until it is gone (at most tpu.delete_timeout_s=%ss).",
+            name,
+            operation,
+            cfg.tpu.delete_timeout_s,
+        )
         deadline = time.time() + cfg.tpu.delete_timeout_s
-        trigger = TpuNodeTrigger(cfg.tpu.model_dump(mode="json"), name, deadline, operation,
-                                 cfg.tpu.poll_interval_s, gcp_conn_id=cfg.gcp_conn_id, until_gone=True)
-        self.defer(trigger=trigger, method_name="deleted", kwargs={"created": created},
-                   timeout=timedelta(seconds=cfg.tpu.delete_timeout_s + 600))  # backstop: the trigger has the bound
+        trigger = TpuNodeTrigger(
+            cfg.tpu.model_dump(mode="json"),
+            name,
+            deadline,
+            operation,
+            cfg.tpu.poll_interval_s,
+            gcp_conn_id=cfg.gcp_conn_id,
+            until_gone=True,
+        )
+        self.defer(
+            trigger=trigger,
+            method_name="deleted",
+            kwargs={"created": created},
+            timeout=timedelta(seconds=cfg.tpu.delete_timeout_s + 600),
+        )  # backstop: the trigger has the bound
 
-    def deleted(self, context: Context, event: dict[str, Any] | None = None, created: float | None = None,
-                **_: Any) -> str | None:
+    def deleted(
+        self, context: Context, event: dict[str, Any] | None = None, created: float | None = None, **_: Any
+    ) -> str | None:
         cfg = config_from_xcom(self.config)
         event = event or {}
         name: str = event.get("name", "")
@@ -212,12 +254,18 @@ class TpuVmDeleteOperator(_RunNodeOperator):
             self.log.warning(
                 "TPU VM %s is %s after tpu.delete_timeout_s=%ss: left to mlm_tpu_janitor, which checks it hourly "
                 "(it stays in the TPU registry, %s) and deletes it if it is still there once its expires label "
-                "is past. To be sure now: %s", name, error, cfg.tpu.delete_timeout_s, tpu_registry.ENV,
-                _delete_command(cfg, name))
+                "is past. To be sure now: %s",
+                name,
+                error,
+                cfg.tpu.delete_timeout_s,
+                tpu_registry.ENV,
+                _delete_command(cfg, name),
+            )
             return name
         raise AirflowException(
             f"Deleting TPU VM {name} did not take: {error or 'the node is ' + str(state)}. It keeps running, and "
-            f"billing: retry this task, or delete it by hand: {_delete_command(cfg, name)}")
+            f"billing: retry this task, or delete it by hand: {_delete_command(cfg, name)}"
+        )
 
     def _gone(self, context: Context, cfg: PipelineConfig, name: str, how: str, created: float | None = None) -> None:
         registry = tpu_registry.location(required=False)
@@ -236,8 +284,9 @@ class TpuVmDeleteOperator(_RunNodeOperator):
         try:
             return tpu.get_state(cfg.tpu, name).created
         except GoogleAPIError as err:
-            self.log.warning("Could not read TPU VM %s's createTime (%s): deleting it; its hours go unrecorded.",
-                             name, err)
+            self.log.warning(
+                "Could not read TPU VM %s's createTime (%s): deleting it; its hours go unrecorded.", name, err
+            )
             return None
 
     def _record_bill(self, context: Context, cfg: PipelineConfig, bill: dict[str, Any]) -> None:
@@ -248,8 +297,9 @@ class TpuVmDeleteOperator(_RunNodeOperator):
         try:
             storage.write_json(where, bill)
         except Exception as err:  # any storage error: the figure is in the log above
-            self.log.warning("Could not write the TPU VM's hours and cost to %s (%s); they are in the line above.",
-                             where, err)
+            self.log.warning(
+                "Could not write the TPU VM's hours and cost to %s (%s); they are in the line above.", where, err
+            )
 
 
 def _delete_command(cfg: PipelineConfig, name: str) -> str:

@@ -24,6 +24,7 @@ becomes the task's end (`end_of_training`): done succeeds (with the log's last l
 the exit code and the last lines (exit 2 without retries), stalled (the watchdog) stops the trainer and
 fails the try so that a retry starts a new one from the last checkpoint.
 """
+
 from __future__ import annotations
 
 import os
@@ -66,8 +67,13 @@ def try_number(context: Context) -> int:
 
 
 def watch_of(cfg: PipelineConfig, job: TrainJob, connect: ssh.Connect, log: vm_job.Log) -> JobWatch:
-    return JobWatch(vm_job.DetachedJob(job, connect), cfg.tpu, output_root=cfg.output_root,
-                    stall_s=cfg.train.stall_minutes * 60, log=log)
+    return JobWatch(
+        vm_job.DetachedJob(job, connect),
+        cfg.tpu,
+        output_root=cfg.output_root,
+        stall_s=cfg.train.stall_minutes * 60,
+        log=log,
+    )
 
 
 def end_of_training(watch: JobWatch, verdict: Verdict) -> None:
@@ -78,13 +84,17 @@ def end_of_training(watch: JobWatch, verdict: Verdict) -> None:
         return
     if verdict.kind == "stalled":
         watch.stop()
-        raise AirflowException(f"Watchdog: {verdict.detail}. The trainer was stopped; a retry starts a "
-                               "new one from the last checkpoint.\n" + watch.tail_text())
+        raise AirflowException(
+            f"Watchdog: {verdict.detail}. The trainer was stopped; a retry starts a "
+            "new one from the last checkpoint.\n" + watch.tail_text()
+        )
     message = f"Training failed on TPU VM {job['node']}: {verdict.detail}.\n{watch.tail_text()}"
     if verdict.exit_code == NO_RETRY_EXIT:
-        raise AirflowFailException(message + "\nExit code 2 is an error no retry can fix (a bad input, a "
-                                   "missing artifact, a refused credential): act on the message above and "
-                                   "trigger a new run.")
+        raise AirflowFailException(
+            message + "\nExit code 2 is an error no retry can fix (a bad input, a "
+            "missing artifact, a refused credential): act on the message above and "
+            "trigger a new run."
+        )
     raise AirflowException(message + "\nA retry starts a new trainer from the last checkpoint.")
 
 
@@ -114,22 +124,39 @@ class DetachedTrain:
     def _start(self, context: Context, cfg: PipelineConfig, name: str, host: str, connect: ssh.Connect) -> TrainJob:
         number = try_number(context)
         log_name = vm_job.log_name(context["run_id"], number)
-        command = self.remote.command or self.remote.remote_line(context, cfg, name, detach_log=log_name,
-                                                                 env={"MLM_TRY_NUMBER": str(number)})
-        self.log.info("Starting the trainer detached on worker 0 of %s (try %d); its output goes to %s/%s.",
-                      name, number, cfg.tpu.workdir, log_name)
+        command = self.remote.command or self.remote.remote_line(
+            context, cfg, name, detach_log=log_name, env={"MLM_TRY_NUMBER": str(number)}
+        )
+        self.log.info(
+            "Starting the trainer detached on worker 0 of %s (try %d); its output goes to %s/%s.",
+            name,
+            number,
+            cfg.tpu.workdir,
+            log_name,
+        )
         before = read_status(RunPaths(cfg.output_root, context["run_id"]))  # the new trainer's record counts one more
         # The remote step's session: its close() (on_kill) hangs up a start still under way.
         self.remote.session = ssh.Session(connect, host, on_line=lambda line: self.log.info("[worker 0] %s", line))
-        outcome, job = vm_job.start(self.remote.session, command, secret=self.remote.secret(), node=name, host=host,
-                                    try_number=number, log=log_name, workdir=cfg.tpu.workdir,
-                                    run_id=context["run_id"], now=time.time(),
-                                    starts_before=before["starts"] if before else 0)
+        outcome, job = vm_job.start(
+            self.remote.session,
+            command,
+            secret=self.remote.secret(),
+            node=name,
+            host=host,
+            try_number=number,
+            log=log_name,
+            workdir=cfg.tpu.workdir,
+            run_id=context["run_id"],
+            now=time.time(),
+            starts_before=before["starts"] if before else 0,
+        )
         if outcome.exit_code != 0:
             raise self.remote.failure(cfg, name, outcome)
         if job is None:
-            raise AirflowException(f"The detached start on {name} printed no job id ({outcome.describe()}): "
-                                   "retry; if it repeats, run the line by hand on worker 0.")
+            raise AirflowException(
+                f"The detached start on {name} printed no job id ({outcome.describe()}): "
+                "retry; if it repeats, run the line by hand on worker 0."
+            )
         self.log.info("Trainer started: pid %d (its process group) on %s.", job["pid"], name)
         return job
 
@@ -145,9 +172,12 @@ class DetachedTrain:
             stopper.start()
             stopper.join(ON_KILL_STOP_S)
             gone = bool(outcome) and outcome[0].alive is False
-            self.log.info("Task killed: the trainer is %s.", "gone" if gone else
-                          f"maybe still running (no confirmation within {ON_KILL_STOP_S:g}s; the teardown deletes "
-                          "the VM)")
+            self.log.info(
+                "Task killed: the trainer is %s.",
+                "gone"
+                if gone
+                else f"maybe still running (no confirmation within {ON_KILL_STOP_S:g}s; the teardown deletes the VM)",
+            )
         self.remote.close()
 
 
@@ -158,8 +188,9 @@ class TrainOperator(BaseOperator):
     template_fields = ("config", "data", "command", "node_name")
     ui_color = "#fff2cc"
 
-    def __init__(self, *, config: Any, data: Any, command: str | None = None, node_name: str | None = None,
-                 **kwargs: Any) -> None:
+    def __init__(
+        self, *, config: Any, data: Any, command: str | None = None, node_name: str | None = None, **kwargs: Any
+    ) -> None:
         super().__init__(**kwargs)
         self.config = config
         self.data = data
@@ -176,13 +207,15 @@ class TrainOperator(BaseOperator):
         install_for(cfg)  # local training reads and writes gs:// with the run's connection
         hours = cfg.train.timeout_for(cfg.compute, cfg.tpu.ttl_hours)
         self.execution_timeout = timedelta(hours=hours)
-        self.log.info("train execution_timeout: %g h (train.timeout_hours; tpu.ttl_hours is %g h).", hours,
-                      cfg.tpu.ttl_hours)
+        self.log.info(
+            "train execution_timeout: %g h (train.timeout_hours; tpu.ttl_hours is %g h).", hours, cfg.tpu.ttl_hours
+        )
 
     def _fingerprint(self) -> str:
         if not isinstance(self.data, dict) or "fingerprint" not in self.data:
-            raise AirflowFailException(f"No data fingerprint in merge_shards' result ({self.data!r}): check that "
-                                       "task's log and return value.")
+            raise AirflowFailException(
+                f"No data fingerprint in merge_shards' result ({self.data!r}): check that task's log and return value."
+            )
         return str(self.data["fingerprint"])
 
     def execute(self, context: Context) -> TrainSummary | RemoteTrain:
@@ -190,8 +223,7 @@ class TrainOperator(BaseOperator):
         fingerprint = self._fingerprint()
         if cfg.compute == "tpu_vm":
             with use_connection(cfg.gcp_conn_id):
-                node = node_for_step(self, context, cfg, run_node_name(context, self.node_name),
-                                     replace_in=self.resume)
+                node = node_for_step(self, context, cfg, run_node_name(context, self.node_name), replace_in=self.resume)
                 started = self._detached(cfg).start(context, cfg, node)
             self._follow(cfg, started)
         from mlm_tasks.paths import RunContext
@@ -200,8 +232,9 @@ class TrainOperator(BaseOperator):
         # Checkpoint sync: the connection's token goes to train as an argument, never into os.environ.
         token, endpoint = hub_credentials(cfg.publish.hf_conn_id) if cfg.publish.sync_checkpoints else (None, None)
         with bad_input_fails_fast():
-            return train(cfg, RunContext.of(cfg, context["run_id"], fingerprint), hub_token=token,
-                         hub_endpoint=endpoint)
+            return train(
+                cfg, RunContext.of(cfg, context["run_id"], fingerprint), hub_token=token, hub_endpoint=endpoint
+            )
 
     def resume(self, context: Context, event: dict[str, Any] | None = None, **_: Any) -> NoReturn:
         """After waiting for a replacement node the task resumes here, in a fresh operator instance."""
@@ -217,10 +250,17 @@ class TrainOperator(BaseOperator):
         job, workers = started
         hours = cfg.train.timeout_for(cfg.compute, cfg.tpu.ttl_hours)
         self.log.info("Waiting for the trainer in the triggerer: this task holds no worker slot meanwhile.")
-        trigger = TrainJobTrigger(output_root=cfg.output_root, job=job, workers=workers,
-                                  tpu_config=cfg.tpu.model_dump(mode="json"), poll_s=cfg.train.follow_poll_s,
-                                  stall_s=cfg.train.stall_minutes * 60, progress_s=cfg.train.progress_log_s,
-                                  storage_timeout_s=cfg.storage.timeout_s, gcp_conn_id=cfg.gcp_conn_id)
+        trigger = TrainJobTrigger(
+            output_root=cfg.output_root,
+            job=job,
+            workers=workers,
+            tpu_config=cfg.tpu.model_dump(mode="json"),
+            poll_s=cfg.train.follow_poll_s,
+            stall_s=cfg.train.stall_minutes * 60,
+            progress_s=cfg.train.progress_log_s,
+            storage_timeout_s=cfg.storage.timeout_s,
+            gcp_conn_id=cfg.gcp_conn_id,
+        )
         self.defer(trigger=trigger, method_name="trainer_ended", timeout=timedelta(hours=hours))
 
     def trainer_ended(self, context: Context, event: dict[str, Any] | None = None, **_: Any) -> RemoteTrain:
@@ -229,11 +269,14 @@ class TrainOperator(BaseOperator):
         event = event or {}
         job = vm_job.job_handle(event.get("job"))
         if job is None:
-            raise AirflowException(f"The train trigger fired without a job ({event!r}): retry; the retry "
-                                   "reattaches to the trainer if it still runs.")
+            raise AirflowException(
+                f"The train trigger fired without a job ({event!r}): retry; the retry "
+                "reattaches to the trainer if it still runs."
+            )
         with use_connection(cfg.gcp_conn_id):
-            self.watch = connected_watch(cfg.tpu, job, output_root=cfg.output_root,
-                                         stall_s=cfg.train.stall_minutes * 60, log=self.log)
+            self.watch = connected_watch(
+                cfg.tpu, job, output_root=cfg.output_root, stall_s=cfg.train.stall_minutes * 60, log=self.log
+            )
             end_of_training(self.watch, Verdict(event["kind"], event["detail"], event.get("exit_code")))
         return {"node": job["node"], "workers": event.get("workers", 1)}
 
@@ -245,8 +288,15 @@ class TrainOperator(BaseOperator):
             token, endpoint = hub_credentials(cfg.publish.hf_conn_id)
             if endpoint:
                 step_env["HF_ENDPOINT"] = endpoint
-        remote = RemoteStep("train", self.log, args=["--data-fingerprint", self._fingerprint()],
-                            command=self.command, hub_token=token, step_env=step_env, replaces_dead_node=True)
+        remote = RemoteStep(
+            "train",
+            self.log,
+            args=["--data-fingerprint", self._fingerprint()],
+            command=self.command,
+            hub_token=token,
+            step_env=step_env,
+            replaces_dead_node=True,
+        )
         self.detached = DetachedTrain(remote)
         return self.detached
 

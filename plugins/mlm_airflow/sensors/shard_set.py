@@ -15,6 +15,7 @@ gs:// the check is GCSHook.exists with the run's Airflow GCP connection and, whe
 is handed to the provider's GCSBlobTrigger on the triggerer (no worker slot held); for a local folder
 it pokes the file in reschedule mode (the slot is freed between pokes). A timeout says what to check.
 """
+
 from __future__ import annotations
 
 import os
@@ -31,7 +32,7 @@ if TYPE_CHECKING:  # imported when it runs: parsing a DAG loads no provider trig
 
 
 def split_gs_uri(uri: str) -> tuple[str, str]:
-    bucket, _, name = uri[len("gs://"):].partition("/")
+    bucket, _, name = uri[len("gs://") :].partition("/")
     if not bucket or not name:
         raise AirflowFailException(f"Not a gs://bucket/object URI: {uri!r}. Check output_root in the config.")
     return bucket, name
@@ -44,8 +45,9 @@ class ShardSetCompleteSensor(BaseSensorOperator):
     template_fields = ("config", "data")
     ui_color = "#e8f4e4"
 
-    def __init__(self, *, config: Any, data: Any, deferrable: bool = True, mode: str = "reschedule",
-                 **kwargs: Any) -> None:
+    def __init__(
+        self, *, config: Any, data: Any, deferrable: bool = True, mode: str = "reschedule", **kwargs: Any
+    ) -> None:
         super().__init__(mode=mode, **kwargs)
         self.config = config
         self.data = data
@@ -62,9 +64,13 @@ class ShardSetCompleteSensor(BaseSensorOperator):
         self.timeout = float(cfg.sensor.timeout_s)
         self.gcp_conn_id = cfg.sensor.gcp_conn_id or cfg.gcp_conn_id
         self._configured = True
-        self.log.info("Shard gate settings from the run's config: poke every %g s, timeout %g s "
-                      "(sensor.poke_interval_s, sensor.timeout_s), GCP connection %r.",
-                      self.poke_interval, self.timeout, self.gcp_conn_id)
+        self.log.info(
+            "Shard gate settings from the run's config: poke every %g s, timeout %g s "
+            "(sensor.poke_interval_s, sensor.timeout_s), GCP connection %r.",
+            self.poke_interval,
+            self.timeout,
+            self.gcp_conn_id,
+        )
 
     @property
     def marker_uri(self) -> str:
@@ -73,7 +79,8 @@ class ShardSetCompleteSensor(BaseSensorOperator):
             raise AirflowFailException(
                 "No shard marker URI: the shard-set summary given to the gate as `data` has no 'success_uri' "
                 f"(got {str(self.data)[:200]!r}). Check the log and return value of the step that merges the "
-                "shards; this gate waits for <output_root>/datasets/<fp>/shards/_SUCCESS.")
+                "shards; this gate waits for <output_root>/datasets/<fp>/shards/_SUCCESS."
+            )
         return str(uri)
 
     @property
@@ -89,21 +96,25 @@ class ShardSetCompleteSensor(BaseSensorOperator):
 
             bucket, name = split_gs_uri(marker)
             return GCSHook(gcp_conn_id=self.gcp_conn_id).exists(bucket, name)
-        path = marker[len("file://"):] if marker.startswith("file://") else marker
+        path = marker[len("file://") :] if marker.startswith("file://") else marker
         return os.path.isfile(path)
 
     def execute(self, context: Context) -> str:
         self.apply_run_config()
         marker = self.marker_uri
         if xcom_dict(self.data).get("written_here"):
-            self.log.info("Not waiting: this run wrote the shard set %s itself, in merge_shards; the gate waits "
-                          "only for shards from elsewhere (a dataset refresh, another DAG, bring-your-own "
-                          "shards).", marker.rsplit("/", 1)[0])
+            self.log.info(
+                "Not waiting: this run wrote the shard set %s itself, in merge_shards; the gate waits "
+                "only for shards from elsewhere (a dataset refresh, another DAG, bring-your-own "
+                "shards).",
+                marker.rsplit("/", 1)[0],
+            )
             return marker
         if self.deferrable and self._is_gcs:
             if not self.poke(context):
-                self.defer(trigger=self.trigger(), method_name="execute_complete",
-                           timeout=timedelta(seconds=self.timeout))
+                self.defer(
+                    trigger=self.trigger(), method_name="execute_complete", timeout=timedelta(seconds=self.timeout)
+                )
             return marker
         try:
             super().execute(context)
@@ -115,16 +126,22 @@ class ShardSetCompleteSensor(BaseSensorOperator):
         from airflow.providers.google.cloud.triggers.gcs import GCSBlobTrigger
 
         bucket, name = split_gs_uri(self.marker_uri)
-        return GCSBlobTrigger(bucket=bucket, object_name=name, use_glob=False,
-                              poke_interval=self.poke_interval, google_cloud_conn_id=self.gcp_conn_id,
-                              hook_params={})
+        return GCSBlobTrigger(
+            bucket=bucket,
+            object_name=name,
+            use_glob=False,
+            poke_interval=self.poke_interval,
+            google_cloud_conn_id=self.gcp_conn_id,
+            hook_params={},
+        )
 
     def execute_complete(self, context: Context, event: dict[str, Any]) -> str:
         self.apply_run_config()
         if event.get("status") != "success":
             raise AirflowException(
                 f"Checking {self.marker_uri} failed on the triggerer: {event.get('message')}. Check that "
-                f"the Airflow connection {self.gcp_conn_id!r} can read the bucket.")
+                f"the Airflow connection {self.gcp_conn_id!r} can read the bucket."
+            )
         self.log.info("Shard set complete: %s", self.marker_uri)
         return self.marker_uri
 
@@ -138,7 +155,9 @@ class ShardSetCompleteSensor(BaseSensorOperator):
     def timeout_message(self) -> str:
         marker = self.marker_uri
         where = f"Airflow connection {self.gcp_conn_id!r}" if self._is_gcs else "this worker's filesystem"
-        return (f"Shards under {marker.rsplit('/', 1)[0]} not complete after {int(self.timeout)} s: no {marker}. "
-                "This run did not write that set: check that whatever writes it (a dataset refresh, another DAG "
-                "or run, your upload of bring-your-own shards) finished, that output_root is right and readable "
-                f"through {where}; if the set is just slow to arrive, raise sensor.timeout_s.")
+        return (
+            f"Shards under {marker.rsplit('/', 1)[0]} not complete after {int(self.timeout)} s: no {marker}. "
+            "This run did not write that set: check that whatever writes it (a dataset refresh, another DAG "
+            "or run, your upload of bring-your-own shards) finished, that output_root is right and readable "
+            f"through {where}; if the set is just slow to arrive, raise sensor.timeout_s."
+        )

@@ -11,6 +11,7 @@ complete, or shards are brought as they are) the list is empty: Airflow skips th
 merge_shards, which runs unless something failed, only reads the set. `source_changed` is the refresh
 DAG's short-circuit before it.
 """
+
 from __future__ import annotations
 
 import logging
@@ -40,11 +41,18 @@ def source_changed(config: dict) -> str | bool:
     with bad_input_fails_fast():
         fingerprint = data_fingerprint(cfg)
     if is_complete(cfg, fingerprint):
-        log.info("Source unchanged: data fingerprint %s is already prepared under %s. Nothing to build and no "
-                 "asset event, so no training run is triggered.", fingerprint, cfg.output_root)
+        log.info(
+            "Source unchanged: data fingerprint %s is already prepared under %s. Nothing to build and no "
+            "asset event, so no training run is triggered.",
+            fingerprint,
+            cfg.output_root,
+        )
         return False
-    log.info("Source changed: no complete shard set for data fingerprint %s under %s; building it.",
-             fingerprint, cfg.output_root)
+    log.info(
+        "Source changed: no complete shard set for data fingerprint %s under %s; building it.",
+        fingerprint,
+        cfg.output_root,
+    )
     return fingerprint
 
 
@@ -60,21 +68,27 @@ def plan_shards(config: dict, **context: Any) -> list[Partition]:
     with bad_input_fails_fast():
         event = triggering_shards_event(context)
         if event:
-            log.info("Triggered by dataset refresh: fingerprint %s under %s",
-                     event["fingerprint"], event["output_root"])
+            log.info(
+                "Triggered by dataset refresh: fingerprint %s under %s", event["fingerprint"], event["output_root"]
+            )
             fingerprint = summary_for_fingerprint(cfg, event["fingerprint"])["fingerprint"]
             plan = ShardPlan(fingerprint=fingerprint, cache_hit=True, corpus_fingerprint=None, partitions=[])
         else:
             plan = step(cfg, ctx)
     context["ti"].xcom_push(PLAN_KEY, plan)
     if not plan["partitions"]:
-        log.info("Nothing to write for data %s: write_shards is skipped, merge_shards reads the set.",
-                 plan["fingerprint"])
+        log.info(
+            "Nothing to write for data %s: write_shards is skipped, merge_shards reads the set.", plan["fingerprint"]
+        )
     return plan["partitions"]
 
 
-@task(queue=CPU_QUEUE, execution_timeout=timedelta(hours=24), map_index_template="{{ partition_label }}",
-      multiple_outputs=False)
+@task(
+    queue=CPU_QUEUE,
+    execution_timeout=timedelta(hours=24),
+    map_index_template="{{ partition_label }}",
+    multiple_outputs=False,
+)
 def write_shards(config: dict, partition: Partition) -> WrittenPartition:
     """One mapped task per partition: its TFRecord shards and partial manifest."""
     from mlm_tasks.steps.write_shards import write_shards as step
@@ -101,16 +115,22 @@ def merge_shards(config: dict, plan: ShardPlan, announce: bool = False, **contex
         data = step(cfg, ctx, plan=plan)
     if announce:
         context["outlet_events"][SHARDS].extra = event_extra(config, data)
-        log.info("Announcing shards %s on asset %s: %s train records, %s train tokens", data["fingerprint"],
-                 SHARDS.name, data["records"].get("train"), data["tokens"].get("train"))
+        log.info(
+            "Announcing shards %s on asset %s: %s train records, %s train tokens",
+            data["fingerprint"],
+            SHARDS.name,
+            data["records"].get("train"),
+            data["tokens"].get("train"),
+        )
     return data
 
 
 def shard_set(config: XComArg, *, announce: bool = False, after: XComArg | None = None) -> XComArg:
     """The three tasks, wired (after `after`, e.g. the refresh's short-circuit, so its skip reaches
     them); merge_shards' XComArg (the data summary). Task ids are the step names."""
-    with TaskGroup("shard_set", prefix_group_id=False,
-                   tooltip="plan, write (per partition), merge the TFRecord shards"):
+    with TaskGroup(
+        "shard_set", prefix_group_id=False, tooltip="plan, write (per partition), merge the TFRecord shards"
+    ):
         # TaskFlow: a task called here takes XComArgs (Airflow hands it their values at run time), but Airflow's
         # stubs type the call with the function's own parameters (apache/airflow#39514).
         partitions = plan_shards(config)  # type: ignore[arg-type]

@@ -6,6 +6,7 @@ run's GCP connection installed for gs:// and TPU clients, and the step's `RunCon
 
 The values come in as the task's arguments (XComArgs wired in the DAG), never pulled by task id.
 """
+
 from __future__ import annotations
 
 import json
@@ -29,11 +30,13 @@ def xcom_dict(value: Any) -> dict[str, Any]:
         except json.JSONDecodeError as err:
             raise AirflowFailException(
                 f"Expected a dict or its JSON from XCom, got text that is not JSON ({err}): {value[:200]!r}. "
-                "Pass the upstream task's XComArg, not a template of it.") from None
+                "Pass the upstream task's XComArg, not a template of it."
+            ) from None
     if not isinstance(value, dict):
         raise AirflowFailException(
             f"Expected a dict or its JSON from XCom, got {type(value).__name__}: {str(value)[:200]!r}. Check the "
-            "upstream task's return value.")
+            "upstream task's return value."
+        )
     return value
 
 
@@ -48,8 +51,9 @@ def gate_decision(value: Any) -> GateDecision:
     return cast(GateDecision, xcom_dict(value))
 
 
-def step_context(config: Any, data: Mapping[str, Any] | None = None,
-                 run_id: str | None = None) -> tuple[PipelineConfig, RunContext]:
+def step_context(
+    config: Any, data: Mapping[str, Any] | None = None, run_id: str | None = None
+) -> tuple[PipelineConfig, RunContext]:
     """`config`: validate's return value (or, in the validate task itself, the PipelineConfig); `data`: an
     upstream result that names the shard set (its `fingerprint`), if any."""
     from mlm_airflow.connections import install_for

@@ -12,6 +12,7 @@ by the next task and by REST API clients. No ML logic and no file I/O live here.
 transformers are imported by the steps themselves, at run time, so parsing a DAG that uses these
 stays fast. `train` is an operator (plugins/mlm_airflow/operators/train.py): it trains here or on the run's TPU VM.
 """
+
 from __future__ import annotations
 
 import logging
@@ -58,12 +59,17 @@ def validate(probe_write: bool = True, **context: Any) -> ValidatedConfig:
         deployment = Deployment.for_airflow()
         event = triggering_shards_event(context, deployment)
         if event:
-            log.info("Triggered by dataset refresh: fingerprint %s under %s", event["fingerprint"],
-                     event["output_root"])
+            log.info(
+                "Triggered by dataset refresh: fingerprint %s under %s", event["fingerprint"], event["output_root"]
+            )
         cfg = run_config(context["params"], deployment, event)
         cfg, _ = step_context(cfg)  # validate probes output_root with the connection's credentials
-        return step(cfg, distributed_executor=distributed_executor(), shared_roots=shared_output_roots(),
-                    probe_write=probe_write)
+        return step(
+            cfg,
+            distributed_executor=distributed_executor(),
+            shared_roots=shared_output_roots(),
+            probe_write=probe_write,
+        )
 
 
 @task(multiple_outputs=False)

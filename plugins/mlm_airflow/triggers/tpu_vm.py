@@ -10,6 +10,7 @@ or the deadline end the wait: a node still READY just after its delete was accep
 google-cloud-tpu calls run in a thread, with the
 credentials of the Airflow GCP connection `gcp_conn_id` (read once per trigger run).
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -27,9 +28,16 @@ CLASSPATH = "mlm_airflow.triggers.tpu_vm.TpuNodeTrigger"
 
 
 class TpuNodeTrigger(BaseTrigger):
-    def __init__(self, tpu_config: dict[str, Any], name: str, deadline: float,
-                 operation: str | None = None, poll_interval_s: float = 15.0,
-                 gcp_conn_id: str = "google_cloud_default", until_gone: bool = False):
+    def __init__(
+        self,
+        tpu_config: dict[str, Any],
+        name: str,
+        deadline: float,
+        operation: str | None = None,
+        poll_interval_s: float = 15.0,
+        gcp_conn_id: str = "google_cloud_default",
+        until_gone: bool = False,
+    ):
         super().__init__()
         self.until_gone = until_gone
         self.gcp_conn_id = gcp_conn_id
@@ -43,10 +51,18 @@ class TpuNodeTrigger(BaseTrigger):
     def serialize(self) -> tuple[str, dict[str, Any]]:
         # Airflow puts the plugins folder on the triggerer's sys.path (settings.prepare_syspath_for_config_and_plugins):
         # the triggerer imports the package by this path.
-        return (CLASSPATH,
-                {"tpu_config": self.tpu_config, "name": self.name, "deadline": self.deadline,
-                 "operation": self.operation, "poll_interval_s": self.poll_interval_s,
-                 "gcp_conn_id": self.gcp_conn_id, "until_gone": self.until_gone})
+        return (
+            CLASSPATH,
+            {
+                "tpu_config": self.tpu_config,
+                "name": self.name,
+                "deadline": self.deadline,
+                "operation": self.operation,
+                "poll_interval_s": self.poll_interval_s,
+                "gcp_conn_id": self.gcp_conn_id,
+                "until_gone": self.until_gone,
+            },
+        )
 
     def _check(self) -> dict[str, Any] | None:
         """One poll with the connection's credentials; the event payload when waiting is over, else None."""
@@ -66,11 +82,21 @@ class TpuNodeTrigger(BaseTrigger):
         error = tpu.operation_error(cfg, self.operation, api) if self.operation else None
         settled = state.state == tpu.NOT_FOUND if self.until_gone else state.state not in tpu.WAIT_STATES
         if error or settled:
-            return {"name": self.name, "state": state.state, "error": error, "node": tpu.describe(state),
-                    "deadline": self.deadline}
+            return {
+                "name": self.name,
+                "state": state.state,
+                "error": error,
+                "node": tpu.describe(state),
+                "deadline": self.deadline,
+            }
         if time.time() >= self.deadline:
-            return {"name": self.name, "state": "TIMEOUT", "error": f"still {state.state}", "node": None,
-                    "deadline": self.deadline}
+            return {
+                "name": self.name,
+                "state": "TIMEOUT",
+                "error": f"still {state.state}",
+                "node": None,
+                "deadline": self.deadline,
+            }
         self.log.info("TPU VM %s is %s; checking again in %ss.", self.name, state.state, self.poll_interval_s)
         return None
 

@@ -25,6 +25,7 @@ it when a user marks the deferred task failed or clears it, never on a triggerer
 trainer over SSH. Airflow only calls on_kill on a trigger the triggerer runs: a mark in the second or two
 before it picks the trigger up leaves the trainer to the teardown, whose delete of the VM ends it.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -60,15 +61,30 @@ T = TypeVar("T")
 def connected_watch(tpu_cfg: TpuConfig, job: TrainJob, *, output_root: str, stall_s: float, log: Log) -> JobWatch:
     """A watch of `job` that logs in as the run's SSH connection, pinning the host keys the node published."""
     api = tpu.client(tpu_cfg)
-    connect = ssh_connect(tpu_cfg.ssh_conn_id, tpu_cfg.ssh_port, CHECK_PATIENCE_S, node=job["node"],
-                          published=tpu.published_keys(tpu_cfg, job["node"], api=api))
+    connect = ssh_connect(
+        tpu_cfg.ssh_conn_id,
+        tpu_cfg.ssh_port,
+        CHECK_PATIENCE_S,
+        node=job["node"],
+        published=tpu.published_keys(tpu_cfg, job["node"], api=api),
+    )
     return JobWatch(DetachedJob(job, connect), tpu_cfg, output_root=output_root, stall_s=stall_s, log=log)
 
 
 class TrainJobTrigger(BaseTrigger):
-    def __init__(self, *, output_root: str, job: TrainJob, workers: int, tpu_config: dict[str, Any],
-                 poll_s: float, stall_s: float, progress_s: float, storage_timeout_s: float,
-                 gcp_conn_id: str) -> None:
+    def __init__(
+        self,
+        *,
+        output_root: str,
+        job: TrainJob,
+        workers: int,
+        tpu_config: dict[str, Any],
+        poll_s: float,
+        stall_s: float,
+        progress_s: float,
+        storage_timeout_s: float,
+        gcp_conn_id: str,
+    ) -> None:
         super().__init__()
         self.output_root = output_root
         self.job = job
@@ -83,11 +99,20 @@ class TrainJobTrigger(BaseTrigger):
     def serialize(self) -> tuple[str, dict[str, Any]]:
         # Airflow puts the plugins folder on the triggerer's sys.path (settings.prepare_syspath_for_config_and_plugins):
         # the triggerer imports the package by this path.
-        return (CLASSPATH,
-                {"output_root": self.output_root, "job": self.job, "workers": self.workers,
-                 "tpu_config": self.tpu_config, "poll_s": self.poll_s, "stall_s": self.stall_s,
-                 "progress_s": self.progress_s, "storage_timeout_s": self.storage_timeout_s,
-                 "gcp_conn_id": self.gcp_conn_id})
+        return (
+            CLASSPATH,
+            {
+                "output_root": self.output_root,
+                "job": self.job,
+                "workers": self.workers,
+                "tpu_config": self.tpu_config,
+                "poll_s": self.poll_s,
+                "stall_s": self.stall_s,
+                "progress_s": self.progress_s,
+                "storage_timeout_s": self.storage_timeout_s,
+                "gcp_conn_id": self.gcp_conn_id,
+            },
+        )
 
     def _with_connection(self, call: Callable[[JobWatch], T]) -> T:
         """call(watch) with the run's GCP connection (read once per trigger run) for gs:// and the TPU API."""
@@ -96,8 +121,13 @@ class TrainJobTrigger(BaseTrigger):
             self._credentials = connection_credentials(self.gcp_conn_id)
         with credentials.use(*self._credentials, source=f"Airflow connection {self.gcp_conn_id!r}"):
             if self._watch is None:
-                self._watch = connected_watch(TpuConfig.model_validate(self.tpu_config), self.job,
-                                              output_root=self.output_root, stall_s=self.stall_s, log=self.log)
+                self._watch = connected_watch(
+                    TpuConfig.model_validate(self.tpu_config),
+                    self.job,
+                    output_root=self.output_root,
+                    stall_s=self.stall_s,
+                    log=self.log,
+                )
             return call(self._watch)
 
     def _check(self) -> Verdict:
@@ -108,8 +138,13 @@ class TrainJobTrigger(BaseTrigger):
         from google.api_core.exceptions import RetryError, ServerError, TooManyRequests
 
         who = f"the trainer (pid {self.job['pid']}, try {self.job['try_number']}) on {self.job['node']}"
-        self.log.info("Following %s every %gs; progress every %gs, watchdog after %g min without a heartbeat.",
-                      who, self.poll_s, self.progress_s, self.stall_s / 60)
+        self.log.info(
+            "Following %s every %gs; progress every %gs, watchdog after %g min without a heartbeat.",
+            who,
+            self.poll_s,
+            self.progress_s,
+            self.stall_s / 60,
+        )
         last_line = 0.0
         while True:
             try:
@@ -117,13 +152,27 @@ class TrainJobTrigger(BaseTrigger):
                 # patience and idle bound, storage.timeout_s, tpu.api_timeout_s), so a hung network fails the
                 # check instead of leaving a thread blocked in the triggerer's shared pool.
                 verdict: Verdict | None = await asyncio.to_thread(self._check)
-            except (TransientError, OSError, ServerError, TooManyRequests, RetryError, requests.RequestException,
-                    asyncio.TimeoutError) as err:  # what a blip looks like: poll again
+            except (
+                TransientError,
+                OSError,
+                ServerError,
+                TooManyRequests,
+                RetryError,
+                requests.RequestException,
+                asyncio.TimeoutError,
+            ) as err:  # what a blip looks like: poll again
                 self.log.warning("Could not check %s (will retry): %s", who, err)
                 verdict = None
             if verdict is not None and verdict.kind in ENDS:
-                yield TriggerEvent({"kind": verdict.kind, "detail": verdict.detail, "exit_code": verdict.exit_code,
-                                    "job": self.job, "workers": self.workers})
+                yield TriggerEvent(
+                    {
+                        "kind": verdict.kind,
+                        "detail": verdict.detail,
+                        "exit_code": verdict.exit_code,
+                        "job": self.job,
+                        "workers": self.workers,
+                    }
+                )
                 return
             if verdict is not None and time.monotonic() - last_line >= self.progress_s:
                 self.log.info("Training: %s", verdict.detail)

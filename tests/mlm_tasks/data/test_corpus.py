@@ -1,4 +1,5 @@
 """Corpus sources: embedded Wikipedia, local files; deterministic splits; fingerprints; bad input."""
+
 import json
 
 import pytest
@@ -40,8 +41,7 @@ def test_local_files_txt_jsonl_parquet(tmp_path):
     (tmp_path / "a.txt").write_text("first line\n\nsecond line\n")
     (tmp_path / "b.jsonl").write_text(json.dumps({"text": "json row"}) + "\n")
     pq.write_table(pa.table({"text": ["parquet row"]}), tmp_path / "c.parquet")
-    cfg = CorpusConfig(source="local_files", local_paths=[str(tmp_path / "*")], validation_fraction=0,
-                       test_fraction=0)
+    cfg = CorpusConfig(source="local_files", local_paths=[str(tmp_path / "*")], validation_fraction=0, test_fraction=0)
     rows = list(open_corpus(cfg).rows("train"))
     assert rows == ["first line", "second line", "json row", "parquet row"]
 
@@ -64,8 +64,9 @@ def test_missing_local_path_says_which(tmp_path):
 def test_undecodable_bytes_name_file_and_line(tmp_path):
     f = tmp_path / "bad.txt"
     f.write_bytes(b"fine\n\xff\xfe broken\n")
-    corpus = open_corpus(CorpusConfig(source="local_files", local_paths=[str(f)], validation_fraction=0,
-                                      test_fraction=0))
+    corpus = open_corpus(
+        CorpusConfig(source="local_files", local_paths=[str(f)], validation_fraction=0, test_fraction=0)
+    )
     with pytest.raises(ConfigError, match="bad.txt line 2 is not valid UTF-8"):
         list(corpus.rows("train"))
 
@@ -92,10 +93,10 @@ def small_dump(tmp_path):
 
     with bz2.open(embedded_wiki_path(), "rt", encoding="utf-8") as f:
         xml = f.read()
-    head, pages = xml[:xml.index("<page>")], []
+    head, pages = xml[: xml.index("<page>")], []
     for page in xml.split("<page>")[1:]:
         if "#REDIRECT" not in page:
-            pages.append("<page>" + page[:page.index("</page>") + len("</page>")])
+            pages.append("<page>" + page[: page.index("</page>") + len("</page>")])
         if len(pages) == 20:
             break
     path = tmp_path / "small.xml.bz2"
@@ -105,15 +106,17 @@ def small_dump(tmp_path):
 
 @pytest.mark.parametrize("max_articles", [None, 9])
 def test_wiki_partitions_are_disjoint_and_cover_every_article(small_dump, max_articles):
-    cfg = CorpusConfig(source="wiki_dump", dump_path=small_dump, max_articles=max_articles,
-                       validation_fraction=0.2, test_fraction=0.2)
+    cfg = CorpusConfig(
+        source="wiki_dump", dump_path=small_dump, max_articles=max_articles, validation_fraction=0.2, test_fraction=0.2
+    )
     whole = open_corpus(cfg)
     single = {s: list(whole.rows(s)) for s in SPLITS}
     parts = _partitioned(cfg, 3)
     for s in SPLITS:
         assert sorted(r for p in parts[s] for r in p) == sorted(single[s]), s
-    titles = [[r for s in SPLITS for r in parts[s][p] if r.startswith("= ") and not r.startswith("= =")]
-              for p in range(3)]
+    titles = [
+        [r for s in SPLITS for r in parts[s][p] if r.startswith("= ") and not r.startswith("= =")] for p in range(3)
+    ]
     assert all(titles), titles  # every partition got articles
     assert not set(titles[0]) & set(titles[1]) and not set(titles[1]) & set(titles[2])
     # Articles per partition add up to the single reader's count (the merged manifest sums them).
@@ -136,8 +139,9 @@ def test_local_file_partitions_deal_blocks_of_lines(tmp_path, monkeypatch):
     (tmp_path / "a.txt").write_text("".join(f"text line {i}\n" for i in range(30)) + "\n\n")
     (tmp_path / "b.jsonl").write_text("".join(json.dumps({"text": f"json row {i}"}) + "\n" for i in range(9)))
     pq.write_table(pa.table({"text": [f"parquet row {i}" for i in range(11)]}), tmp_path / "c.parquet")
-    cfg = CorpusConfig(source="local_files", local_paths=[str(tmp_path / "*")], validation_fraction=0.2,
-                       test_fraction=0.1)
+    cfg = CorpusConfig(
+        source="local_files", local_paths=[str(tmp_path / "*")], validation_fraction=0.2, test_fraction=0.1
+    )
     single = {s: list(open_corpus(cfg).rows(s)) for s in SPLITS}
     parts = _partitioned(cfg, 2)
     for s in SPLITS:

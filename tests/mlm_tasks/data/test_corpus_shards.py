@@ -8,6 +8,7 @@ examples/tensorflow/language-modeling-tpu/prepare_tfrecord_shards.py: `datasets.
 
     pytest tests/mlm_tasks/data/test_corpus_shards.py
 """
+
 import json
 import os
 import re
@@ -34,15 +35,23 @@ def seed_shards(tiny_prepared, tmp_path_factory):
     tok_dir = root / "tokenizer"
     shutil.copytree(data["tokenizer_uri"], tok_dir)
     corpus = open_corpus(cfg.corpus)
-    records = {split: write_like_prepare_tfrecord_shards(list(corpus.rows(split)), str(tok_dir),
-                                                         str(root / "shards" / split))
-               for split in ("train", "validation")}
+    records = {
+        split: write_like_prepare_tfrecord_shards(list(corpus.rows(split)), str(tok_dir), str(root / "shards" / split))
+        for split in ("train", "validation")
+    }
     return root / "shards", tok_dir, records
 
 
 def byo_config(out, shards, tok, **more):
-    return tiny_config(out, **{"corpus.source": "tfrecord_shards", "corpus.shards_uri": str(shards),
-                               "corpus.tokenizer_uri": str(tok), **more})
+    return tiny_config(
+        out,
+        **{
+            "corpus.source": "tfrecord_shards",
+            "corpus.shards_uri": str(shards),
+            "corpus.tokenizer_uri": str(tok),
+            **more,
+        },
+    )
 
 
 def _cli(capsys, *args) -> dict:
@@ -53,8 +62,18 @@ def _cli(capsys, *args) -> dict:
 
 
 def _set(out, shards, tok, *more):
-    args = ["--config", str(TINY_YAML), "--set", f"output_root={out}", "--set", "corpus.source=tfrecord_shards",
-            "--set", f"corpus.shards_uri={shards}", "--set", f"corpus.tokenizer_uri={tok}"]
+    args = [
+        "--config",
+        str(TINY_YAML),
+        "--set",
+        f"output_root={out}",
+        "--set",
+        "corpus.source=tfrecord_shards",
+        "--set",
+        f"corpus.shards_uri={shards}",
+        "--set",
+        f"corpus.tokenizer_uri={tok}",
+    ]
     for m in more:
         args += ["--set", m]
     return args
@@ -102,10 +121,14 @@ def test_names_without_counts_are_counted_once(seed_shards, tmp_path, monkeypatc
     monkeypatch.setattr(byo_shards, "count_records", lambda f, name: calls.append(1) or real(f, name))
     cfg = byo_config(tmp_path / "out", renamed, tok)
     first = build_shard_set(cfg)
-    assert first["records"]["train"] == records["train"] and len(calls) == first["shards"]["train"] + \
-        first["shards"]["validation"]
-    assert build_shard_set(cfg) == {**first, "cache_hit": True} and len(calls) == first["shards"]["train"] + \
-        first["shards"]["validation"]  # the manifest is the cache: not counted again
+    assert (
+        first["records"]["train"] == records["train"]
+        and len(calls) == first["shards"]["train"] + first["shards"]["validation"]
+    )
+    assert (
+        build_shard_set(cfg) == {**first, "cache_hit": True}
+        and len(calls) == first["shards"]["train"] + first["shards"]["validation"]
+    )  # the manifest is the cache: not counted again
 
 
 def _craft(folder, block, features=("input_ids", "attention_mask")):
@@ -121,15 +144,30 @@ def _craft(folder, block, features=("input_ids", "attention_mask")):
                 w.write(tf.train.Example(features=tf.train.Features(feature=feature)).SerializeToString())
 
 
-@pytest.mark.parametrize("case, block, features, expect", [
-    ("no attention_mask", np.full((4, MAX_LENGTH), 7), ("input_ids",),
-     r"feature 'attention_mask' is absent, not an int64 list: these shards need input_ids and attention_mask"),
-    ("other length", np.full((4, 32), 7), ("input_ids", "attention_mask"),
-     r"hold 32-token records but shards\.max_length is 64: set shards\.max_length=32"),
-    ("ids beyond the vocabulary", np.full((4, MAX_LENGTH), 5000), ("input_ids", "attention_mask"),
-     r"token id 5000 is outside the vocabulary of .* \(1000 tokens\): these shards were encoded with another "
-     r"tokenizer"),
-])
+@pytest.mark.parametrize(
+    "case, block, features, expect",
+    [
+        (
+            "no attention_mask",
+            np.full((4, MAX_LENGTH), 7),
+            ("input_ids",),
+            r"feature 'attention_mask' is absent, not an int64 list: these shards need input_ids and attention_mask",
+        ),
+        (
+            "other length",
+            np.full((4, 32), 7),
+            ("input_ids", "attention_mask"),
+            r"hold 32-token records but shards\.max_length is 64: set shards\.max_length=32",
+        ),
+        (
+            "ids beyond the vocabulary",
+            np.full((4, MAX_LENGTH), 5000),
+            ("input_ids", "attention_mask"),
+            r"token id 5000 is outside the vocabulary of .* \(1000 tokens\): these shards were encoded with another "
+            r"tokenizer",
+        ),
+    ],
+)
 def test_bad_shards_are_refused_before_anything_runs(seed_shards, tmp_path, case, block, features, expect):
     from mlm_tasks.steps.validate import validate
 
@@ -139,13 +177,19 @@ def test_bad_shards_are_refused_before_anything_runs(seed_shards, tmp_path, case
         validate(byo_config(tmp_path / "out", tmp_path / "bad", tok))
 
 
-@pytest.mark.parametrize("how, what", [
-    ("data", r"has a wrong data checksum \(data CRC\)"),
-    ("length", r"has a wrong length checksum \(length CRC\)"),
-    ("truncated", r"is truncated: it needs \d+ more bytes, the file ends after 8"),
-    ("huge", rf"claims {2**60} bytes of data, more than the whole file \(\d+ bytes\) holds "
-             r"\(length beyond the file\)"),
-])
+@pytest.mark.parametrize(
+    "how, what",
+    [
+        ("data", r"has a wrong data checksum \(data CRC\)"),
+        ("length", r"has a wrong length checksum \(length CRC\)"),
+        ("truncated", r"is truncated: it needs \d+ more bytes, the file ends after 8"),
+        (
+            "huge",
+            rf"claims {2**60} bytes of data, more than the whole file \(\d+ bytes\) holds "
+            r"\(length beyond the file\)",
+        ),
+    ],
+)
 def test_damaged_records_are_refused_by_validate_naming_file_and_offset(seed_shards, tmp_path, how, what):
     from mlm_tasks.steps.validate import validate
 
@@ -174,8 +218,11 @@ def test_adoption_checks_every_record_and_the_count_in_the_name(seed_shards, tmp
         with pytest.raises(ConfigError, match=rf"{shard}: the TFRecord at byte {offset} has a wrong data checksum"):
             build_shard_set(cfg)
     shard.write_bytes(whole[:offset])
-    with pytest.raises(ConfigError, match=rf"{shard} holds 1 whole records but its name says 4: the file was cut "
-                                          r"short \(at a record boundary\) or renamed"):
+    with pytest.raises(
+        ConfigError,
+        match=rf"{shard} holds 1 whole records but its name says 4: the file was cut "
+        r"short \(at a record boundary\) or renamed",
+    ):
         build_shard_set(cfg)
 
 
@@ -194,13 +241,15 @@ def test_training_on_a_shard_damaged_after_adoption_exits_2(seed_shards, tmp_pat
         data = bytearray(shard.read_bytes())
         data[40] ^= 0x01
         shard.write_bytes(bytes(data))
-    code = cli.main(["train", "--run-id", "damaged", "--data-fingerprint", fp,
-                     *_set(out, copy, tok, "train.steps=2")])
+    code = cli.main(["train", "--run-id", "damaged", "--data-fingerprint", fp, *_set(out, copy, tok, "train.steps=2")])
     err = capsys.readouterr().err
     assert code == 2, err[-3000:]
-    assert re.search(rf"error: Training read a damaged train shard \(TensorFlow: corrupted record at 12\)\. "
-                     rf"{damaged[0]}: the TFRecord at byte 0 has a wrong data checksum \(data CRC\)\..*Retrying "
-                     r"cannot fix it", err), err[-3000:]
+    assert re.search(
+        rf"error: Training read a damaged train shard \(TensorFlow: corrupted record at 12\)\. "
+        rf"{damaged[0]}: the TFRecord at byte 0 has a wrong data checksum \(data CRC\)\..*Retrying "
+        r"cannot fix it",
+        err,
+    ), err[-3000:]
 
 
 def test_a_tokenizer_that_is_nowhere_is_named(seed_shards, tmp_path):

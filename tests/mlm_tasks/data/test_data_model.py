@@ -1,4 +1,5 @@
 """Input pipeline (masking rules, determinism) and the masked-positions loss (equal to the full head)."""
+
 import numpy as np
 
 from mlm_tasks.data.shard_set import ShardSet
@@ -83,8 +84,13 @@ def test_packed_head_takes_the_positions_the_static_slots_take(tiny_prepared):
 def test_shard_policy_is_file_when_every_pipeline_gets_a_file():
     from mlm_tasks.data.input import shard_policy
 
-    assert [shard_policy(files, pipelines)[0] for files, pipelines in [(5, 1), (5, 5), (64, 8), (4, 8), (1, 2)]] \
-        == ["file", "file", "file", "data", "data"]
+    assert [shard_policy(files, pipelines)[0] for files, pipelines in [(5, 1), (5, 5), (64, 8), (4, 8), (1, 2)]] == [
+        "file",
+        "file",
+        "file",
+        "data",
+        "data",
+    ]
     assert "every pipeline reads every file" in shard_policy(4, 8)[1]
 
 
@@ -98,8 +104,9 @@ def _pipeline(cfg, data, pipelines, pipeline_id, replicas, batch=16):
     """What host `pipeline_id` of `pipelines` reads (global batch `batch` over `replicas` replicas)."""
     import tensorflow as tf
 
-    ctx = tf.distribute.InputContext(num_input_pipelines=pipelines, input_pipeline_id=pipeline_id,
-                                     num_replicas_in_sync=replicas)
+    ctx = tf.distribute.InputContext(
+        num_input_pipelines=pipelines, input_pipeline_id=pipeline_id, num_replicas_in_sync=replicas
+    )
     return _dataset(cfg, data, batch, input_context=ctx, shuffle_buffer=64)[0]
 
 

@@ -1,4 +1,5 @@
 """Shards: counts in the manifest, marker last, byte-identical reruns, cache hits, corruption caught."""
+
 import hashlib
 import os
 
@@ -38,12 +39,18 @@ def test_chunks_hold_exactly_the_encode_batch_ids(tiny_prepared):
     cfg, data = tiny_prepared
     tok = load_tokenizer(data["tokenizer_uri"])
     rows = list(open_corpus(cfg.corpus).rows("train"))[:400]
-    blocks = list(chunk_stream(rows, load_encoder(data["tokenizer_uri"]),
-                               ShardConfig(max_length=32, tokenize_batch_rows=50), {"rows": 0, "characters": 0}))
+    blocks = list(
+        chunk_stream(
+            rows,
+            load_encoder(data["tokenizer_uri"]),
+            ShardConfig(max_length=32, tokenize_batch_rows=50),
+            {"rows": 0, "characters": 0},
+        )
+    )
     expected = [i for ids in tok(rows)["input_ids"] for i in ids]
     got = np.concatenate(blocks).ravel().tolist()
     assert len(got) == len(expected) // 32 * 32 > 1000
-    assert got == expected[:len(got)]
+    assert got == expected[: len(got)]
 
 
 def test_manifest_counts_match_files(tiny_prepared):
@@ -55,8 +62,9 @@ def test_manifest_counts_match_files(tiny_prepared):
         assert shard_set.tokens(split) == shard_set.records(split) * 64
         assert sum(s["records"] for s in shard_set.shards(split)) == shard_set.records(split)
         # The names carry the counts (what Hugging Face's scripts read), equal to the manifest's.
-        assert [records_from_name(u) for u in shard_set.shard_uris(split)] == \
-            [s["records"] for s in shard_set.shards(split)]
+        assert [records_from_name(u) for u in shard_set.shard_uris(split)] == [
+            s["records"] for s in shard_set.shards(split)
+        ]
         assert all(os.path.basename(u).startswith(f"{split}-p00000of00001-") for u in shard_set.shard_uris(split))
     assert shard_set.max_length == 64 and shard_set.vocab_size == 1000
     assert shard_set.data["features"] == ["input_ids", "attention_mask"]
@@ -97,8 +105,11 @@ def test_corrupted_shard_is_detected(tiny_prepared, tmp_path):
     with open(first, "r+b") as f:
         f.truncate(os.path.getsize(first) // 2)
     # A ConfigError: retrying cannot help, the message says what to delete and rerun.
-    with pytest.raises(ConfigError, match=f"corrupted or truncated.*retrying cannot fix it: delete {paths.shards_dir} "
-                       f"and {paths.partitions_dir}, then rerun build_shard_set"):
+    with pytest.raises(
+        ConfigError,
+        match=f"corrupted or truncated.*retrying cannot fix it: delete {paths.shards_dir} "
+        f"and {paths.partitions_dir}, then rerun build_shard_set",
+    ):
         shard_set.verify("train")
 
 
@@ -117,8 +128,9 @@ def test_damaged_manifest_says_what_to_delete(tiny_prepared, tmp_path):
 def test_empty_corpus_fails_with_what_to_fix(tmp_path, tiny_cfg):
     empty = tmp_path / "empty.txt"
     empty.write_text("\n\n")
-    cfg = tiny_cfg.model_copy(update={"corpus": tiny_cfg.corpus.model_copy(
-        update={"source": "local_files", "local_paths": [str(empty)]})})
+    cfg = tiny_cfg.model_copy(
+        update={"corpus": tiny_cfg.corpus.model_copy(update={"source": "local_files", "local_paths": [str(empty)]})}
+    )
     with pytest.raises(ConfigError, match="corpus is empty"):
         build_shard_set(cfg)
     assert not list(tmp_path.glob("out/datasets/*/shards/_SUCCESS"))
@@ -130,9 +142,18 @@ def test_corpus_shorter_than_one_chunk(tmp_path, tiny_cfg):
     text = tmp_path / "short.txt"
     # Enough distinct text for a 1000-piece tokenizer, but not for one 64-token validation chunk.
     text.write_text("\n".join(f"row {i} has words like w{i} and x{i * 7}" for i in range(400)))
-    cfg = tiny_cfg.model_copy(update={"corpus": tiny_cfg.corpus.model_copy(update={
-        "source": "local_files", "local_paths": [str(text)], "validation_fraction": 0.0,
-        "test_fraction": 0.0})})
+    cfg = tiny_cfg.model_copy(
+        update={
+            "corpus": tiny_cfg.corpus.model_copy(
+                update={
+                    "source": "local_files",
+                    "local_paths": [str(text)],
+                    "validation_fraction": 0.0,
+                    "test_fraction": 0.0,
+                }
+            )
+        }
+    )
     cfg.tokenizer.vocab_size = 300
     with pytest.raises(ConfigError, match="shorter than one chunk"):
         build_shard_set(cfg)

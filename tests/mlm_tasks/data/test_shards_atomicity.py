@@ -3,6 +3,7 @@
 The writer is a real `python -m mlm_tasks build_shard_set` process, killed while its shards are being
 written (small shards and small tokenize batches, so there are many progress lines to kill it on).
 """
+
 import json
 import os
 import re
@@ -24,11 +25,28 @@ ROOT = Path(__file__).resolve().parents[3]
 
 
 def _prepare(out: Path) -> subprocess.Popen:
-    args = [sys.executable, "-m", "mlm_tasks", "build_shard_set", "--config", str(ROOT / "configs" / "tiny.yaml"),
-            "--set", f"output_root={out}", "--set", "shards.records_per_shard=8",
-            "--set", "shards.tokenize_batch_rows=10"]
-    return subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT,
-                            env={**os.environ, "TF_USE_LEGACY_KERAS": "1"})
+    args = [
+        sys.executable,
+        "-m",
+        "mlm_tasks",
+        "build_shard_set",
+        "--config",
+        str(ROOT / "configs" / "tiny.yaml"),
+        "--set",
+        f"output_root={out}",
+        "--set",
+        "shards.records_per_shard=8",
+        "--set",
+        "shards.tokenize_batch_rows=10",
+    ]
+    return subprocess.Popen(
+        args,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        cwd=ROOT,
+        env={**os.environ, "TF_USE_LEGACY_KERAS": "1"},
+    )
 
 
 @pytest.mark.slow
@@ -48,8 +66,11 @@ def test_writer_killed_half_way_leaves_nothing_visible_and_a_rerun_completes(tmp
     proc.wait(timeout=60)
     reader.join(timeout=10)
     assert proc.returncode == -signal.SIGKILL, "".join(seen[-30:])
-    fingerprint = next(re.search(r"Preparing data fingerprint (\w+)", line).group(1)
-                       for line in seen if "Preparing data fingerprint" in line)
+    fingerprint = next(
+        re.search(r"Preparing data fingerprint (\w+)", line).group(1)
+        for line in seen
+        if "Preparing data fingerprint" in line
+    )
     paths = DataPaths(str(out), fingerprint)
     root = Path(paths.root)
 

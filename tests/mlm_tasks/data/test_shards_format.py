@@ -1,7 +1,8 @@
 """The hand-rolled TFRecord writer (mlm_tasks/data/tfrecord.py) against TensorFlow's own writer and reader.
 
-    pytest tests/mlm_tasks/data/test_shards_format.py
+pytest tests/mlm_tasks/data/test_shards_format.py
 """
+
 import os
 
 import numpy as np
@@ -19,6 +20,7 @@ def tf():
 
     return tensorflow
 
+
 # Every varint width from 1 to 5 bytes, and the edges between them.
 EDGES = [0, 1, 127, 128, 16383, 16384, 2**21 - 1, 2**21, 2**28 - 1, 2**28, 2**31 - 1]
 
@@ -26,8 +28,10 @@ EDGES = [0, 1, 127, 128, 16383, 16384, 2**21 - 1, 2**21, 2**28 - 1, 2**28, 2**31
 def _tf_example(tf, row) -> bytes:
     # As the Hugging Face preparation script builds it (input_ids + attention_mask); deterministic=True
     # fixes the map order (by key), which is the order ours writes.
-    feature = {"input_ids": tf.train.Feature(int64_list=tf.train.Int64List(value=[int(v) for v in row])),
-               "attention_mask": tf.train.Feature(int64_list=tf.train.Int64List(value=[1] * len(row)))}
+    feature = {
+        "input_ids": tf.train.Feature(int64_list=tf.train.Int64List(value=[int(v) for v in row])),
+        "attention_mask": tf.train.Feature(int64_list=tf.train.Int64List(value=[1] * len(row))),
+    }
     return tf.train.Example(features=tf.train.Features(feature=feature)).SerializeToString(deterministic=True)
 
 
@@ -36,7 +40,7 @@ def test_examples_match_tensorflow_bytes(tf, length):
     rng = np.random.default_rng(length)
     block = rng.choice(EDGES, size=(5, length)).astype(np.int64)
     block[1] = rng.integers(0, 8000, size=length)  # a typical row of token ids
-    block[2] = 5                                   # every value one byte
+    block[2] = 5  # every value one byte
     ours = encode_examples(block)
     assert ours == [_tf_example(tf, row) for row in block]
 
@@ -99,6 +103,7 @@ def test_written_blocks_read_back_with_tf_data(tf, tmp_path):
 
 # --- the reader (iter_records): shards brought from elsewhere are untrusted input ------------------------
 
+
 def _framed(tmp_path, damage=None):
     """A file of three 8-id records, damaged by `damage(bytearray)`; returns (path, one record's size)."""
     records = encode_examples(np.full((3, 8), 7))
@@ -125,21 +130,32 @@ def test_the_reader_reads_what_the_writer_wrote(tmp_path):
 def _flip(at):
     def damage(data):
         data[at(len(data))] ^= 0x01
+
     return damage
 
 
-@pytest.mark.parametrize("damage, record, what", [
-    (_flip(lambda n: n // 3 + 20), 1, r"has a wrong data checksum \(data CRC\)"),       # a byte of record 1's data
-    (_flip(lambda n: n // 3 + 2), 1, r"has a wrong length checksum \(length CRC\)"),    # a byte of its length
-    (lambda d: d.__delitem__(slice(-5, None)), 2, r"is truncated: it needs \d+ more bytes, the file ends after \d+"),
-    (lambda d: d.__delitem__(slice(-72, None)), 2, r"is truncated: the file ends 5 bytes into its 12-byte header"),
-])
+@pytest.mark.parametrize(
+    "damage, record, what",
+    [
+        (_flip(lambda n: n // 3 + 20), 1, r"has a wrong data checksum \(data CRC\)"),  # a byte of record 1's data
+        (_flip(lambda n: n // 3 + 2), 1, r"has a wrong length checksum \(length CRC\)"),  # a byte of its length
+        (
+            lambda d: d.__delitem__(slice(-5, None)),
+            2,
+            r"is truncated: it needs \d+ more bytes, the file ends after \d+",
+        ),
+        (lambda d: d.__delitem__(slice(-72, None)), 2, r"is truncated: the file ends 5 bytes into its 12-byte header"),
+    ],
+)
 def test_a_damaged_record_names_the_file_the_offset_and_what(tmp_path, damage, record, what):
     from mlm_tasks.errors import ConfigError
 
     path, size = _framed(tmp_path, damage)
-    with pytest.raises(ConfigError, match=rf"part\.tfrecord: the TFRecord at byte {record * size} {what}\. .*copy "
-                                          r"it again from its source"):
+    with pytest.raises(
+        ConfigError,
+        match=rf"part\.tfrecord: the TFRecord at byte {record * size} {what}\. .*copy "
+        r"it again from its source",
+    ):
         _read_all(path)
 
 
@@ -155,8 +171,11 @@ def test_a_length_of_2_to_the_60_is_refused_without_allocating(tmp_path):
     path, size = _framed(tmp_path, lambda d: d.extend(length + struct.pack("<I", masked_crc32c(length)) + b"x" * 64))
     tracemalloc.start()
     try:
-        with pytest.raises(ConfigError, match=rf"at byte {3 * size} claims {2**60} bytes of data, more than the whole "
-                                              r"file \(\d+ bytes\) holds \(length beyond the file\)"):
+        with pytest.raises(
+            ConfigError,
+            match=rf"at byte {3 * size} claims {2**60} bytes of data, more than the whole "
+            r"file \(\d+ bytes\) holds \(length beyond the file\)",
+        ):
             _read_all(path)
         assert tracemalloc.get_traced_memory()[1] < 1 << 20
     finally:

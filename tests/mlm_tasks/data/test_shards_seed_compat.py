@@ -8,6 +8,7 @@ writer, in one partition (build_shard_set) and in three (the DAGs' fan-out, with
 
     pytest tests/mlm_tasks/data/test_shards_seed_compat.py
 """
+
 import re
 import shutil
 
@@ -69,7 +70,8 @@ def make_mask_fn(tokenizer, mlm_probability=0.15):
     from transformers import DataCollatorForLanguageModeling
 
     data_collator = DataCollatorForLanguageModeling(
-        tokenizer=tokenizer, mlm_probability=mlm_probability, mlm=True, return_tensors="tf")
+        tokenizer=tokenizer, mlm_probability=mlm_probability, mlm=True, return_tensors="tf"
+    )
 
     def mask_with_collator(batch):
         # TF really needs an isin() function
@@ -87,6 +89,8 @@ def make_mask_fn(tokenizer, mlm_probability=0.15):
         return batch
 
     return mask_with_collator
+
+
 # ------------------------------------------------------------------------------------------------------
 
 
@@ -109,8 +113,12 @@ def shard_sets(tiny_prepared, tmp_path_factory):
 
     cfg, data = tiny_prepared
     one = DataPaths(cfg.output_root, data["fingerprint"])
-    fanned = cfg.model_copy(update={"output_root": str(tmp_path_factory.mktemp("fan") / "out"),
-                                    "shards": cfg.shards.model_copy(update={"partitions": 3})})
+    fanned = cfg.model_copy(
+        update={
+            "output_root": str(tmp_path_factory.mktemp("fan") / "out"),
+            "shards": cfg.shards.model_copy(update={"partitions": 3}),
+        }
+    )
     three = DataPaths(fanned.output_root, data["fingerprint"])
     shutil.copytree(one.tokenizer, three.tokenizer)  # the same tokenizer: no retraining
     plan = plan_shards(fanned, RunContext.of(fanned))
@@ -139,8 +147,9 @@ def test_hugging_face_scripts_read_our_shards(shard_sets, layout):
         assert count_samples(records) == shard_set.records(split) > 0
 
         # Every record parses with both features; batch 1 keeps every record (drop_remainder=True).
-        ds = prepare_dataset(records, make_decode_fn(shard_set.max_length), make_mask_fn(tokenizer),
-                             batch_size=1, shuffle=False)
+        ds = prepare_dataset(
+            records, make_decode_fn(shard_set.max_length), make_mask_fn(tokenizer), batch_size=1, shuffle=False
+        )
         assert int(ds.cardinality()) == shard_set.records(split)
         theirs = list(ds)
         assert len(theirs) == shard_set.records(split)
@@ -162,8 +171,14 @@ def test_shuffled_training_pipeline_runs_as_in_the_script(shard_sets):
     shard_set = shard_sets["3 partitions"]
     tokenizer = load_tokenizer(shard_set.paths.tokenizer, shard_set.max_length)
     records = tf.io.gfile.glob(f"{shard_set.paths.shards('train')}/*.tfrecord")
-    ds = prepare_dataset(records, make_decode_fn(shard_set.max_length), make_mask_fn(tokenizer),
-                         batch_size=32, shuffle=True, shuffle_buffer_size=1000)
+    ds = prepare_dataset(
+        records,
+        make_decode_fn(shard_set.max_length),
+        make_mask_fn(tokenizer),
+        batch_size=32,
+        shuffle=True,
+        shuffle_buffer_size=1000,
+    )
     batches = list(ds)
     assert len(batches) == shard_set.records("train") // 32
     assert all(b["input_ids"].shape == (32, shard_set.max_length) for b in batches)

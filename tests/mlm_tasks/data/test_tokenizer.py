@@ -1,4 +1,5 @@
 """Unigram tokenizer: RoBERTa specials, clean <mask> handling, first-writer-wins publishing."""
+
 import pytest
 
 from mlm_tasks.config import CorpusConfig, TokenizerConfig

@@ -1,4 +1,5 @@
 """Partitioned shard writing: the merged manifest has one partition's counts, and the same ids."""
+
 import collections
 import os
 import struct
@@ -21,7 +22,7 @@ def _read_ids(path: str, max_length: int) -> list[list[int]]:
         data, out, pos = f.read(), [], 0
     while pos < len(data):
         (length,) = struct.unpack_from("<Q", data, pos)
-        record, pos = data[pos + 12: pos + 12 + length], pos + 16 + length
+        record, pos = data[pos + 12 : pos + 12 + length], pos + 16 + length
         values, v, shift = [], 0, 0
         for byte in record:
             v |= (byte & 0x7F) << shift
@@ -45,11 +46,21 @@ def setup(tmp_path):
     tok = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
     tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
     tok.post_processor = processors.TemplateProcessing(single="<s> $A </s>", special_tokens=[("<s>", 0), ("</s>", 2)])
-    cfg = build_config({"output_root": str(tmp_path / "out"), "corpus": {"source": "local_files",
-                        "local_paths": [str(text)], "validation_fraction": 0.2, "test_fraction": 0.1},
-                        "tokenizer": {"vocab_size": 1000}, "model": {"max_position_embeddings": 66},
-                        "train": {"max_predictions_per_seq": 8},
-                        "shards": {"max_length": 16, "records_per_shard": 40, "tokenize_batch_rows": 25}})
+    cfg = build_config(
+        {
+            "output_root": str(tmp_path / "out"),
+            "corpus": {
+                "source": "local_files",
+                "local_paths": [str(text)],
+                "validation_fraction": 0.2,
+                "test_fraction": 0.1,
+            },
+            "tokenizer": {"vocab_size": 1000},
+            "model": {"max_position_embeddings": 66},
+            "train": {"max_predictions_per_seq": 8},
+            "shards": {"max_length": 16, "records_per_shard": 40, "tokenize_batch_rows": 25},
+        }
+    )
     return cfg, tok
 
 
@@ -72,8 +83,9 @@ def test_merged_manifest_matches_one_partition(setup):
 
     for split in ("train", "validation", "test"):
         a, b = one["splits"][split], merged["splits"][split]
-        assert {k: a[k] for k in ("records", "tokens", "rows", "characters")} == \
-               {k: b[k] for k in ("records", "tokens", "rows", "characters")}
+        assert {k: a[k] for k in ("records", "tokens", "rows", "characters")} == {
+            k: b[k] for k in ("records", "tokens", "rows", "characters")
+        }
         assert sum(s["records"] for s in b["shards"]) == b["records"]
         ids_a = [i for s in a["shards"] for r in _read_ids(join(single.shards_dir, s["file"]), 16) for i in r]
         ids_b = [i for s in b["shards"] for r in _read_ids(join(multi.shards_dir, s["file"]), 16) for i in r]
@@ -119,8 +131,9 @@ def test_cli_fan_out_by_hand_matches_build_shard_set(tmp_path, capsys):
 
     plan = run("plan_shards")
     assert plan["fingerprint"] == single["fingerprint"] and not plan["cache_hit"]
-    assert [(p["fingerprint"], p["part"], p["num_parts"]) for p in plan["partitions"]] == \
-        [(single["fingerprint"], part, 3) for part in (0, 1, 2)]
+    assert [(p["fingerprint"], p["part"], p["num_parts"]) for p in plan["partitions"]] == [
+        (single["fingerprint"], part, 3) for part in (0, 1, 2)
+    ]
     fp = ["--data-fingerprint", plan["fingerprint"]]
     for part in (2, 0, 1):
         assert run("write_shards", "--part", str(part), *fp)["part"] == part

@@ -1,5 +1,6 @@
 """Where downstream examples come from: a local dataset in GLUE's layout through `datasets`, CSV, JSONL and
 parquet files (local and gs://), and the embedded default's task, held out from pretraining."""
+
 from __future__ import annotations
 
 import csv
@@ -30,8 +31,10 @@ def test_glue_layout_through_datasets_single_and_pair(tmp_path):
     assert mrpc.label_names == ["not_equivalent", "equivalent"]
 
     with pytest.raises(ConfigError, match="no split 'test'"):
-        load_task(DownstreamTask(name="x", source="hf_dataset", hf_path=glue, hf_name="sst2",
-                                 validation_split="test"), DEFAULT.corpus)
+        load_task(
+            DownstreamTask(name="x", source="hf_dataset", hf_path=glue, hf_name="sst2", validation_split="test"),
+            DEFAULT.corpus,
+        )
 
 
 def test_csv_and_jsonl_files_with_named_labels(tmp_path):
@@ -40,24 +43,43 @@ def test_csv_and_jsonl_files_with_named_labels(tmp_path):
         writer = csv.DictWriter(f, ["sentence", "label"])
         writer.writeheader()
         writer.writerows(sentiment_rows(20, 1))
-    (tmp_path / "dev.jsonl").write_text("".join(json.dumps({**r, "label": names[r["label"]]}) + "\n"
-                                                for r in sentiment_rows(10, 2)))
-    (tmp_path / "train.jsonl").write_text("".join(json.dumps({**r, "label": names[r["label"]]}) + "\n"
-                                                  for r in sentiment_rows(20, 1)))
-    from_csv = load_task(DownstreamTask(name="csv", train_file=str(tmp_path / "train.csv"),
-                                        validation_file=str(tmp_path / "train.csv"), max_eval_examples=5),
-                         DEFAULT.corpus)
+    (tmp_path / "dev.jsonl").write_text(
+        "".join(json.dumps({**r, "label": names[r["label"]]}) + "\n" for r in sentiment_rows(10, 2))
+    )
+    (tmp_path / "train.jsonl").write_text(
+        "".join(json.dumps({**r, "label": names[r["label"]]}) + "\n" for r in sentiment_rows(20, 1))
+    )
+    from_csv = load_task(
+        DownstreamTask(
+            name="csv",
+            train_file=str(tmp_path / "train.csv"),
+            validation_file=str(tmp_path / "train.csv"),
+            max_eval_examples=5,
+        ),
+        DEFAULT.corpus,
+    )
     assert from_csv.train.labels == [r["label"] for r in sentiment_rows(20, 1)]  # "1" in a CSV is the label 1
     assert len(from_csv.validation) == 5 and from_csv.label_names == ["0", "1"]
 
-    named = load_task(DownstreamTask(name="jsonl", train_file=str(tmp_path / "train.jsonl"),
-                                     validation_file=str(tmp_path / "dev.jsonl")), DEFAULT.corpus)
+    named = load_task(
+        DownstreamTask(
+            name="jsonl", train_file=str(tmp_path / "train.jsonl"), validation_file=str(tmp_path / "dev.jsonl")
+        ),
+        DEFAULT.corpus,
+    )
     assert named.label_names == ["neg", "pos"]
     assert named.validation.labels == [r["label"] for r in sentiment_rows(10, 2)]
 
     with pytest.raises(ConfigError, match=r"not \['review'\] and 'label'"):
-        load_task(DownstreamTask(name="cols", train_file=str(tmp_path / "train.csv"), text_columns=["review"],
-                                 validation_file=str(tmp_path / "train.csv")), DEFAULT.corpus)
+        load_task(
+            DownstreamTask(
+                name="cols",
+                train_file=str(tmp_path / "train.csv"),
+                text_columns=["review"],
+                validation_file=str(tmp_path / "train.csv"),
+            ),
+            DEFAULT.corpus,
+        )
 
 
 def test_parquet_on_gcs(gcs_root):
@@ -70,8 +92,14 @@ def test_parquet_on_gcs(gcs_root):
         buf = io.BytesIO()
         pq.write_table(pa.Table.from_pylist(rows), buf)
         storage.write_bytes(f"{gcs_root}/task/{split}.parquet", buf.getvalue())
-    task = load_task(DownstreamTask(name="pq", train_file=f"{gcs_root}/task/train.parquet",
-                                    validation_file=f"{gcs_root}/task/validation.parquet"), DEFAULT.corpus)
+    task = load_task(
+        DownstreamTask(
+            name="pq",
+            train_file=f"{gcs_root}/task/train.parquet",
+            validation_file=f"{gcs_root}/task/validation.parquet",
+        ),
+        DEFAULT.corpus,
+    )
     assert task.is_pair and len(task.train) == 16 and task.validation.labels == [r["label"] for r in pair_rows(8, 2)]
 
 
@@ -79,15 +107,31 @@ def test_task_settings_are_checked_before_any_work():
     with pytest.raises(ConfigError, match="source=files needs train_file"):
         load_config(None, {"downstream.tasks": [{"name": "x", "source": "files"}]})
     with pytest.raises(ConfigError, match="min_scores names"):
-        load_config(None, {"downstream.tasks": [{"name": "a", "source": "hf_dataset", "hf_path": "glue"}],
-                           "downstream.min_scores": {"b": 0.5}})
+        load_config(
+            None,
+            {
+                "downstream.tasks": [{"name": "a", "source": "hf_dataset", "hf_path": "glue"}],
+                "downstream.min_scores": {"b": 0.5},
+            },
+        )
 
 
 def test_validate_reads_task_files_before_any_training(tmp_path):
     from mlm_tasks.steps.validate import validate
 
-    cfg = load_config(None, {"output_root": str(tmp_path), "downstream.tasks": [
-        {"name": "gone", "train_file": str(tmp_path / "none.csv"), "validation_file": str(tmp_path / "none.csv")}]})
+    cfg = load_config(
+        None,
+        {
+            "output_root": str(tmp_path),
+            "downstream.tasks": [
+                {
+                    "name": "gone",
+                    "train_file": str(tmp_path / "none.csv"),
+                    "validation_file": str(tmp_path / "none.csv"),
+                }
+            ],
+        },
+    )
     with pytest.raises(ConfigError, match=r"none.csv does not exist: check the task's train_file"):
         validate(cfg, probe_write=False)
 

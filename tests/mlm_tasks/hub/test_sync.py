@@ -3,6 +3,7 @@ the real train step, the real huggingface_hub client, uploads at epoch ends that
 
     python -m pytest tests/mlm_tasks/hub/test_sync.py -q
 """
+
 import json
 import os
 import threading
@@ -90,8 +91,18 @@ def test_the_cli_reads_the_token_from_stdin(tmp_path, monkeypatch):
     monkeypatch.setenv("HF_TOKEN", "hf_from_the_environment")
     monkeypatch.setattr("sys.stdin", io.StringIO("hf_from_stdin\n"))
     cfg = tiny_config(tmp_path)
-    code = mlm_tasks.cli.main(["train", "--config-json", cfg.model_dump_json(), "--run-id", "r",
-                               "--data-fingerprint", "0123456789abcdef", "--hub-token-stdin"])
+    code = mlm_tasks.cli.main(
+        [
+            "train",
+            "--config-json",
+            cfg.model_dump_json(),
+            "--run-id",
+            "r",
+            "--data-fingerprint",
+            "0123456789abcdef",
+            "--hub-token-stdin",
+        ]
+    )
     assert code == 0 and seen == {"hub_token": "hf_from_stdin"}
 
 
@@ -102,8 +113,13 @@ def test_checkpoints_reach_the_hub_at_epoch_ends_without_blocking_training(tmp_p
 
     corpus = tmp_path / "corpus.txt"
     _small_corpus(corpus)
-    settings = {"corpus.source": "local_files", "corpus.local_paths": [str(corpus)],
-                "publish.sync_checkpoints": True, "publish.repo_id": REPO, "train.log_every": 1}
+    settings = {
+        "corpus.source": "local_files",
+        "corpus.local_paths": [str(corpus)],
+        "publish.sync_checkpoints": True,
+        "publish.repo_id": REPO,
+        "train.log_every": 1,
+    }
     data = build_shard_set(tiny_config(tmp_path / "out", **settings))
     epoch = data["records"]["train"] // 8  # steps per epoch at the tiny preset's batch of 8
     steps = 2 * epoch + 3
@@ -118,9 +134,12 @@ def test_checkpoints_reach_the_hub_at_epoch_ends_without_blocking_training(tmp_p
 
     def work():
         try:
-            outcome["summary"] = train(cfg, RunContext.of(cfg, "sync-run", data["fingerprint"]),
-                                       hub_token=fake_hub.token,
-                                       on_checkpoint=lambda step, path: saved.append((step, path)))
+            outcome["summary"] = train(
+                cfg,
+                RunContext.of(cfg, "sync-run", data["fingerprint"]),
+                hub_token=fake_hub.token,
+                on_checkpoint=lambda step, path: saved.append((step, path)),
+            )
         except BaseException as err:  # reported by the assertion below
             outcome["error"] = err
 
@@ -144,15 +163,23 @@ def test_checkpoints_reach_the_hub_at_epoch_ends_without_blocking_training(tmp_p
     # Epoch 1 was uploaded; epoch 2's checkpoint was still waiting when the final one came, so only the
     # newest waiting one was kept (uploads never queue up behind a slow Hub).
     commits = fake_hub.commits_to(REPO)
-    assert [c.message for c in commits] == [f"Training checkpoint at step {epoch}",
-                                            f"Training checkpoint at step {steps}"]
+    assert [c.message for c in commits] == [
+        f"Training checkpoint at step {epoch}",
+        f"Training checkpoint at step {steps}",
+    ]
     assert fake_hub.repos[REPO].private
     first = {p for p in commits[0].files}
-    assert first == {"checkpoints/checkpoint", f"checkpoints/ckpt-{epoch}.index",
-                     f"checkpoints/ckpt-{epoch}.data-00000-of-00001"}
+    assert first == {
+        "checkpoints/checkpoint",
+        f"checkpoints/ckpt-{epoch}.index",
+        f"checkpoints/ckpt-{epoch}.data-00000-of-00001",
+    }
     files = fake_hub.repos[REPO].files  # the repo mirrors exactly the final checkpoint
-    assert set(files) == {"checkpoints/checkpoint", f"checkpoints/ckpt-{steps}.index",
-                          f"checkpoints/ckpt-{steps}.data-00000-of-00001"}
+    assert set(files) == {
+        "checkpoints/checkpoint",
+        f"checkpoints/ckpt-{steps}.index",
+        f"checkpoints/ckpt-{steps}.data-00000-of-00001",
+    }
     for name in (f"ckpt-{steps}.index", f"ckpt-{steps}.data-00000-of-00001"):
         assert files[f"checkpoints/{name}"] == (Path(run.checkpoints) / name).read_bytes()
 

@@ -3,6 +3,7 @@ the peak a run is measured against, the plan before spending, and MFU in a real 
 
     TF_USE_LEGACY_KERAS=1 .venv/bin/python -m pytest tests/mlm_tasks/model/test_flops.py -q
 """
+
 import logging
 
 import pytest
@@ -18,7 +19,7 @@ ROBERTA_BASE = {"hidden_size": 768, "intermediate_size": 3072, "num_hidden_layer
 
 def test_flops_per_token_of_roberta_base_by_hand():
     # 12 layers x (4 x 768^2 + 2 x 768 x 3072) = 84.9 M matrix parameters; the head 768^2 + 768 x 50265.
-    encoder, head = 12 * (4 * 768 ** 2 + 2 * 768 * 3072), 768 ** 2 + 768 * 50265
+    encoder, head = 12 * (4 * 768**2 + 2 * 768 * 3072), 768**2 + 768 * 50265
     attention = 12 * 12 * 768 * 128
     assert flops_per_token(ROBERTA_BASE, 128) == 6 * (encoder + head) + attention
     # The head runs at 20 of 128 positions: its share of the count shrinks by as much, the rest stays.
@@ -44,9 +45,16 @@ def test_cpu_peak_is_measured_and_positive():
 
 
 def test_the_plan_prices_a_tpu_run_on_demand_and_spot_before_it_starts():
-    cfg = build_config({"output_root": "gs://b/p", "compute": "tpu_vm", "shards": {"max_length": 128},
-                        "train": {"batch_size": 32, "max_predictions_per_seq": 20},
-                        "model": {"preset": "base"}, "tpu": {"project": "p", "accelerator_type": "v4-8"}})
+    cfg = build_config(
+        {
+            "output_root": "gs://b/p",
+            "compute": "tpu_vm",
+            "shards": {"max_length": 128},
+            "train": {"batch_size": 32, "max_predictions_per_seq": 20},
+            "model": {"preset": "base"},
+            "tpu": {"project": "p", "accelerator_type": "v4-8"},
+        }
+    )
     lines = plan_lines(cfg, 10_000, 50265)
     assert lines[0].startswith("Plan: 10,000 steps × global batch 128 × 128 tokens = 163,840,000 tokens")
     per_token = flops_per_token({**cfg.model.shape().model_dump(), "vocab_size": 50265}, 128, 20)

@@ -4,6 +4,7 @@ published, and validate refuses settings that contradict the base.
 
 The base is a tiny model trained here by the real train step on the tiny data set; the continued runs
 encode the same corpus with its tokenizer, so their shards are the base's own, byte for byte."""
+
 from __future__ import annotations
 
 import json
@@ -18,7 +19,7 @@ from mlm_tasks.errors import ConfigError
 from mlm_tasks.paths import RunContext, RunPaths
 from peers.tiny_data import tiny_config
 
-BASE_STEPS = 80        # the base learns enough that its loss is far below an untrained model's
+BASE_STEPS = 80  # the base learns enough that its loss is far below an untrained model's
 FIRST_LOSS_MARGIN = 0.5  # nats (perplexity x1.65); the base after 80 steps is ~1.0 below a fresh model
 HUB_REPO = "test-org/tiny-base"
 
@@ -84,8 +85,9 @@ def test_a_continued_run_starts_from_the_base_weights_and_tokenizer(base, scratc
     assert f"Starting from the base model {folder}" in caplog.text and "(TensorFlow names)" in caplog.text
     assert summary["first_loss"] < scratch_first_loss - FIRST_LOSS_MARGIN, (summary, scratch_first_loss)
     # Warmup and learning rate are the run's own: 4 steps, half of them warming up to 2e-4.
-    history = [json.loads(x) for x in storage.read_text(RunPaths(cfg.output_root, "continued").train_history)
-               .splitlines()]
+    history = [
+        json.loads(x) for x in storage.read_text(RunPaths(cfg.output_root, "continued").train_history).splitlines()
+    ]
     assert max(h["learning_rate"] for h in history) <= 2e-4 + 1e-9
 
     card = Path(write_model_card(cfg, RunPaths(cfg.output_root, "continued"), data)).read_text()
@@ -107,7 +109,8 @@ def test_pytorch_and_tensorflow_safetensors_load_the_same_weights_as_the_h5(base
     pt_folder = _pytorch_only(folder, tmp_path / "pt")
     tf_folder = tmp_path / "tf-safetensors"
     TFRobertaForMaskedLM.from_pretrained(folder, use_safetensors=False).save_pretrained(
-        tf_folder, safe_serialization=True)  # TensorFlow names, metadata format=tf
+        tf_folder, safe_serialization=True
+    )  # TensorFlow names, metadata format=tf
     (tf_folder / "tf_model.h5").unlink(missing_ok=True)
     shutil.copy(folder / "tokenizer.json", tf_folder)
     expected = read_tf_weights(str(folder / "tf_model.h5"))
@@ -125,8 +128,9 @@ def test_pytorch_and_tensorflow_safetensors_load_the_same_weights_as_the_h5(base
         tf.keras.backend.clear_session()
 
 
-def test_the_hub_peer_serves_a_published_model_at_a_pinned_revision(base, scratch_first_loss, fake_hub, tmp_path,
-                                                                    monkeypatch):
+def test_the_hub_peer_serves_a_published_model_at_a_pinned_revision(
+    base, scratch_first_loss, fake_hub, tmp_path, monkeypatch
+):
     from huggingface_hub import HfApi
 
     from mlm_tasks.reporting.card import write_model_card
@@ -136,11 +140,13 @@ def test_the_hub_peer_serves_a_published_model_at_a_pinned_revision(base, scratc
 
     base_cfg, base_data, _ = base
     pub = base_cfg.model_copy(update={"publish": base_cfg.publish.model_copy(update={"repo_id": HUB_REPO})})
-    first = publish(pub, RunContext.of(pub, "init-from-base", base_data["fingerprint"]), token=fake_hub.token,
-                    data_info=base_data)["commit_oid"]
+    first = publish(
+        pub, RunContext.of(pub, "init-from-base", base_data["fingerprint"]), token=fake_hub.token, data_info=base_data
+    )["commit_oid"]
     # A later commit breaks the weights on main: the run must read the revision it pinned.
     HfApi(endpoint=fake_hub.url, token=fake_hub.token).upload_file(
-        path_or_fileobj=b"not weights", path_in_repo="tf_model.h5", repo_id=HUB_REPO)
+        path_or_fileobj=b"not weights", path_in_repo="tf_model.h5", repo_id=HUB_REPO
+    )
     assert fake_hub.repos[HUB_REPO].private and fake_hub.repos[HUB_REPO].sha != first
 
     cfg = _continued(tmp_path, HUB_REPO, **{"model.init_revision": "main"})

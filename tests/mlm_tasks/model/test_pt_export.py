@@ -1,6 +1,7 @@
 """The saved model loads in PyTorch with transformers 5.x (no TensorFlow there) and predicts what the
 TensorFlow model predicts. The model is trained and saved by the real train step (which runs the LM
 head at masked positions only); the PyTorch side runs in its own env (.venv-pt, `make env-pt`)."""
+
 from __future__ import annotations
 
 import json
@@ -51,11 +52,14 @@ def test_saved_folder_holds_roberta_for_masked_lm_weights_in_pytorch_layout(tiny
     q = raw["roberta/encoder/layer_._1/attention/self/query/kernel:0"]
     assert q.shape[0] != config["intermediate_size"]
     np.testing.assert_array_equal(pt["roberta.encoder.layer.1.attention.self.query.weight"], q.T)
-    np.testing.assert_array_equal(pt["roberta.encoder.layer.0.intermediate.dense.weight"],
-                                  raw["roberta/encoder/layer_._0/intermediate/dense/kernel:0"].T)
+    np.testing.assert_array_equal(
+        pt["roberta.encoder.layer.0.intermediate.dense.weight"],
+        raw["roberta/encoder/layer_._0/intermediate/dense/kernel:0"].T,
+    )
     np.testing.assert_array_equal(pt["lm_head.layer_norm.weight"], raw["lm_head/layer_norm/gamma:0"])
-    np.testing.assert_array_equal(pt["roberta.embeddings.position_embeddings.weight"],
-                                  raw["roberta/embeddings/position_embeddings/embeddings:0"])
+    np.testing.assert_array_equal(
+        pt["roberta.embeddings.position_embeddings.weight"], raw["roberta/embeddings/position_embeddings/embeddings:0"]
+    )
     # And the weights carry training, not a fresh initialisation: the h5 is the trained model.
     assert not np.allclose(pt["lm_head.bias"], 0)
 
@@ -84,8 +88,7 @@ def test_transformers_5_loads_the_folder_and_predicts_what_tensorflow_predicts(t
         tf_top = [(p["token_str"], p["score"]) for p in tf_probe["predictions"]]
         pt_top = [(p["token_str"], p["score"]) for p in pt_probe["predictions"]]
         assert [t for t, _ in pt_top] == [t for t, _ in tf_top], (tf_probe["probe"], tf_top, pt_top)
-        np.testing.assert_allclose([s for _, s in pt_top], [s for _, s in tf_top], atol=1e-4,
-                                   err_msg=tf_probe["probe"])
+        np.testing.assert_allclose([s for _, s in pt_top], [s for _, s in tf_top], atol=1e-4, err_msg=tf_probe["probe"])
     # A trained model, not a near-uniform one where any order would pass: its answers stand out from
     # uniform, and the top-5 scores differ by far more than the tolerance.
     vocab = json.loads((_folder(run) / "config.json").read_text())["vocab_size"]
@@ -109,6 +112,9 @@ def test_weights_that_are_not_roberta_masked_lm_are_refused(tiny_model):
 def test_the_training_environment_needs_no_torch():
     import importlib.util
 
-    pinned = [line.split("==")[0] for line in (ROOT / "requirements.txt").read_text().splitlines()
-              if line and not line.startswith((" ", "#"))]
+    pinned = [
+        line.split("==")[0]
+        for line in (ROOT / "requirements.txt").read_text().splitlines()
+        if line and not line.startswith((" ", "#"))
+    ]
     assert "torch" not in pinned and importlib.util.find_spec("torch") is None

@@ -3,6 +3,7 @@ the one-cycle schedule, more masking with more prediction slots, a vocabulary pa
 
     TF_USE_LEGACY_KERAS=1 .venv/bin/python -m pytest tests/mlm_tasks/model/test_recipes.py -q
 """
+
 import math
 
 import pytest
@@ -40,8 +41,9 @@ def test_bf16_units_are_read_from_the_cpu_flags_and_auto_picks_bf16_only_where_t
 
 
 def test_one_cycle_warms_up_to_the_peak_then_anneals_to_zero_on_the_last_step(tmp_path):
-    cfg = tiny_config(tmp_path, **{"train.schedule": "one_cycle", "train.learning_rate": 0.003,
-                                   "train.warmup_fraction": 0.1})
+    cfg = tiny_config(
+        tmp_path, **{"train.schedule": "one_cycle", "train.learning_rate": 0.003, "train.warmup_fraction": 0.1}
+    )
     _, one_cycle = optimizer_and_schedule(cfg.train, 100)
     lr = {step: float(one_cycle(step)) for step in (0, 5, 10, 55, 100)}
     assert lr[0] == 0 and lr[5] == pytest.approx(0.0015) and lr[10] == pytest.approx(0.003)
@@ -73,10 +75,20 @@ def test_bf16_one_cycle_more_masking_and_a_padded_vocabulary_train_resume_evalua
     from mlm_tasks.steps.train import train
 
     cfg, data = tiny_prepared
-    knobs = tiny_config(cfg.output_root, **{
-        "train.mixed_precision": "bf16", "train.schedule": "one_cycle", "train.learning_rate": 0.003,
-        "train.mlm_probability": 0.3, "train.max_predictions_per_seq": 32, "model.vocab_multiple": 128,
-        "train.steps": 16, "train.eval_every": 8, "train.device": "cpu"})
+    knobs = tiny_config(
+        cfg.output_root,
+        **{
+            "train.mixed_precision": "bf16",
+            "train.schedule": "one_cycle",
+            "train.learning_rate": 0.003,
+            "train.mlm_probability": 0.3,
+            "train.max_predictions_per_seq": 32,
+            "model.vocab_multiple": 128,
+            "train.steps": 16,
+            "train.eval_every": 8,
+            "train.device": "cpu",
+        },
+    )
     ctx = RunContext.of(knobs, "knobs", data["fingerprint"])
     with pytest.raises(RuntimeError, match="Injected fault"):
         train(knobs, ctx, hooks=[FailAtStep(7)])

@@ -3,6 +3,7 @@ run in the environment it names, TensorFlow (this env: transformers 4.57, no tor
 (.venv-pt: torch + transformers 5.x, no TensorFlow), as a user's fresh shell would (offline, without
 this project's TF_USE_LEGACY_KERAS). The one substitution: the Hub repo id, quoted, becomes the local
 model folder (the Hub resolves the repo id to exactly these files)."""
+
 from __future__ import annotations
 
 import ast

@@ -3,6 +3,7 @@ run report's section, with validation loss against tokens seen.
 
     .venv/bin/python -m pytest tests/mlm_tasks/reporting/test_compare.py -q
 """
+
 from __future__ import annotations
 
 import io
@@ -23,8 +24,15 @@ from peers.run_artifacts import DATA_INFO, make_run
 ROOT = Path(__file__).resolve().parents[3]
 
 
-def _validated_run(root: str, name: str, *, batch: int, val: list[float], base: str | None = None,
-                   downstream: dict[str, float] | None = None) -> RunPaths:
+def _validated_run(
+    root: str,
+    name: str,
+    *,
+    batch: int,
+    val: list[float],
+    base: str | None = None,
+    downstream: dict[str, float] | None = None,
+) -> RunPaths:
     """A finished run whose history validated every 10 steps, trained at global batch `batch`."""
     run = make_run(root, name, steps=len(val) * 10)
     history = [json.loads(line) for line in storage.read_text(run.train_history).splitlines()]
@@ -34,14 +42,21 @@ def _validated_run(root: str, name: str, *, batch: int, val: list[float], base: 
     storage.write_text(run.train_history, "".join(json.dumps(r) + "\n" for r in history))
     summary = storage.read_json(run.train_summary)
     best = min(range(len(val)), key=val.__getitem__)
-    summary.update(global_batch=batch, data_fingerprint="0123456789abcdef", val_loss=val[-1],
-                   best_val_loss=val[best], best_step=(best + 1) * 10, elapsed_s=90.0)
+    summary.update(
+        global_batch=batch,
+        data_fingerprint="0123456789abcdef",
+        val_loss=val[-1],
+        best_val_loss=val[best],
+        best_step=(best + 1) * 10,
+        elapsed_s=90.0,
+    )
     storage.write_json(run.train_summary, summary)
     if base:
         storage.write_json(run.data_ref, {**DATA_INFO, "base_model": {"init_from": base, "revision": "abc"}})
     if downstream:
-        tasks = [{"name": t, "metric": "accuracy", "pretrained": {"mean": m, "std": 0.01}}
-                 for t, m in downstream.items()]
+        tasks = [
+            {"name": t, "metric": "accuracy", "pretrained": {"mean": m, "std": 0.01}} for t, m in downstream.items()
+        ]
         storage.write_json(run.downstream, {"tasks": tasks, "skipped": []})
     return run
 
@@ -54,15 +69,21 @@ def _png_ok(data: bytes) -> None:
 def test_rows_hold_what_each_run_recorded_on_one_tokens_axis(tmp_path):
     root = str(tmp_path)
     _validated_run(root, "a-scratch", batch=8, val=[6.0, 5.5, 5.2])
-    _validated_run(root, "b-continued", batch=16, val=[4.0, 3.9, 4.1], base="org/base",
-                   downstream={"same_article": 0.71})
+    _validated_run(
+        root, "b-continued", batch=16, val=[4.0, 3.9, 4.1], base="org/base", downstream={"same_article": 0.71}
+    )
     make_run(root, "c-training", history=False)  # no summary yet: still training, left out
     rows = compare_runs(root)
     assert [r["run"] for r in rows] == ["a-scratch", "b-continued"]
     a, b = rows
     assert (a["steps"], a["tokens"], a["base_model"], a["downstream"]) == (30, 30 * 8 * 128, None, {})
-    assert (b["tokens"], b["base_model"], b["best_val_loss"], b["best_step"], b["val_loss"]) == \
-        (30 * 16 * 128, "org/base", 3.9, 20, 4.1)
+    assert (b["tokens"], b["base_model"], b["best_val_loss"], b["best_step"], b["val_loss"]) == (
+        30 * 16 * 128,
+        "org/base",
+        3.9,
+        20,
+        4.1,
+    )
     assert b["downstream"] == {"same_article": 0.71} and b["eval_loss"] == 4.5
     assert b["val_curve"] == [[10 * 16 * 128, 4.0], [20 * 16 * 128, 3.9], [30 * 16 * 128, 4.1]]
 
@@ -78,8 +99,16 @@ def test_the_compare_verb_writes_the_table_and_the_plot_and_names_unknown_runs(t
     root = str(tmp_path / "out")
     _validated_run(root, "r1", batch=8, val=[6.0, 5.0])
     _validated_run(root, "r2", batch=8, val=[5.8, 4.9])
-    cli = [sys.executable, "-m", "mlm_tasks", "compare", "--config", str(ROOT / "configs" / "tiny.yaml"),
-           "--set", f"output_root={root}"]
+    cli = [
+        sys.executable,
+        "-m",
+        "mlm_tasks",
+        "compare",
+        "--config",
+        str(ROOT / "configs" / "tiny.yaml"),
+        "--set",
+        f"output_root={root}",
+    ]
     done = subprocess.run([*cli, "--runs", "r2"], capture_output=True, text=True, cwd=ROOT, check=True)
     result = json.loads(done.stdout)
     assert [r["run"] for r in result["rows"]] == ["r2"]

@@ -1,5 +1,6 @@
 """The review page a person approves a release from (mlm_tasks/reporting/review.py), built from a
 run's artifacts on disk and the metrics last published to the repo."""
+
 from __future__ import annotations
 
 import math
@@ -10,16 +11,26 @@ from mlm_tasks.paths import RunContext
 from mlm_tasks.reporting.review import render_review, review_markdown
 
 REPO = "ml-team/roberta-wiki"
-METRICS = {"split": "validation", "loss": 5.1234, "perplexity": math.exp(5.1234), "accuracy": 0.2468,
-           "masked_tokens": 640, "untrained_loss": 6.9, "untrained_accuracy": 0.001, "baseline_accuracy": 0.0612,
-           "baseline_token": "the"}
+METRICS = {
+    "split": "validation",
+    "loss": 5.1234,
+    "perplexity": math.exp(5.1234),
+    "accuracy": 0.2468,
+    "masked_tokens": 640,
+    "untrained_loss": 6.9,
+    "untrained_accuracy": 0.001,
+    "baseline_accuracy": 0.0612,
+    "baseline_token": "the",
+}
 SUMMARY = {"steps": 12, "val_loss": 5.2, "best_step": 8, "best_val_loss": 5.15, "kept": "last"}
 DECISION = {"passed": True, "reasons": ["eval loss 5.1234 is not worse than the previously published 5.3000."]}
 
 
 def _run(tmp_path, **publish):
-    cfg = load_config("configs/tiny.yaml", {"output_root": str(tmp_path), "publish.repo_id": REPO,
-                                            **{f"publish.{k}": v for k, v in publish.items()}})
+    cfg = load_config(
+        "configs/tiny.yaml",
+        {"output_root": str(tmp_path), "publish.repo_id": REPO, **{f"publish.{k}": v for k, v in publish.items()}},
+    )
     return cfg, RunContext.of(cfg, "weekly-2026-03-02").run
 
 
@@ -27,9 +38,16 @@ def test_the_page_shows_metrics_baselines_gate_published_model_and_validation(tm
     cfg, run = _run(tmp_path, approval_timeout_hours=24)
     storage.write_json(run.eval_metrics, METRICS)
     storage.write_json(run.train_summary, SUMMARY)
-    storage.write_json(paths.published_metrics(cfg.output_root, REPO),
-                       {"loss": 5.3, "perplexity": math.exp(5.3), "accuracy": 0.21, "run_id": "weekly-2026-02-23",
-                        "commit_oid": "abc123"})
+    storage.write_json(
+        paths.published_metrics(cfg.output_root, REPO),
+        {
+            "loss": 5.3,
+            "perplexity": math.exp(5.3),
+            "accuracy": 0.21,
+            "run_id": "weekly-2026-02-23",
+            "commit_oid": "abc123",
+        },
+    )
     page = review_markdown(cfg, run, DECISION)
 
     assert f"The model of run `weekly-2026-03-02` would be pushed to `{REPO}`, a private repo." in page
@@ -58,13 +76,35 @@ def test_a_first_release_and_a_run_without_validation_say_so(tmp_path):
 def test_downstream_scores_become_a_table():
     """The downstream step's own result (eval/downstream.json), as the card and the report show it."""
     runs = lambda mean, std: {"mean": mean, "std": std, "min": mean, "max": mean, "runs": []}  # noqa: E731
-    downstream = {"tasks": [{"name": "sst2", "source": "hf_dataset", "metric": "accuracy", "labels": ["0", "1"],
-                             "pair": False, "examples": {"train": 800, "validation": 200}, "seeds": [42, 43, 44],
-                             "budget": {"steps": 100, "batch_size": 16, "learning_rate": 1e-4, "max_length": 64},
-                             "min_score": None, "pretrained": runs(0.81, 0.012), "random_init": runs(0.55, 0.0)}],
-                  "skipped": []}
-    page = render_review(run_id="r", repo_id=REPO, private=True, decision=DECISION, metrics=METRICS, previous=None,
-                         summary=SUMMARY, timeout_hours=72, downstream=downstream)
+    downstream = {
+        "tasks": [
+            {
+                "name": "sst2",
+                "source": "hf_dataset",
+                "metric": "accuracy",
+                "labels": ["0", "1"],
+                "pair": False,
+                "examples": {"train": 800, "validation": 200},
+                "seeds": [42, 43, 44],
+                "budget": {"steps": 100, "batch_size": 16, "learning_rate": 1e-4, "max_length": 64},
+                "min_score": None,
+                "pretrained": runs(0.81, 0.012),
+                "random_init": runs(0.55, 0.0),
+            }
+        ],
+        "skipped": [],
+    }
+    page = render_review(
+        run_id="r",
+        repo_id=REPO,
+        private=True,
+        decision=DECISION,
+        metrics=METRICS,
+        previous=None,
+        summary=SUMMARY,
+        timeout_hours=72,
+        downstream=downstream,
+    )
     assert "| sst2 | accuracy | 0.8100 ± 0.0120 | 3 | 0.5500 ± 0.0000 | +0.2600 | 800 train, 200 scored |" in page
 
 

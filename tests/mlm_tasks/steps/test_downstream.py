@@ -1,6 +1,7 @@
 """The downstream step end to end on a tiny encoder and tiny tasks (tens of examples, a few steps, 2 seeds):
 the table's fields, the random-init baseline, determinism per seed, reuse on a rerun; the gate's minimum
 scores and its comparison with the last published model; the table in the report and the model card."""
+
 from __future__ import annotations
 
 import copy
@@ -34,11 +35,29 @@ def task_files(tmp_path_factory):
 
 
 def _cfg(root, task_files, **downstream):
-    return build_config({"output_root": str(root), "downstream": {**BUDGET, "tasks": [
-        {"name": "sst", "train_file": str(task_files / "sst.csv"), "validation_file": str(task_files / "sst.csv"),
-         "max_eval_examples": 16},
-        {"name": "pairs", "train_file": str(task_files / "pairs.jsonl"),
-         "validation_file": str(task_files / "pairs.jsonl"), "metric": "f1"}], **downstream}})
+    return build_config(
+        {
+            "output_root": str(root),
+            "downstream": {
+                **BUDGET,
+                "tasks": [
+                    {
+                        "name": "sst",
+                        "train_file": str(task_files / "sst.csv"),
+                        "validation_file": str(task_files / "sst.csv"),
+                        "max_eval_examples": 16,
+                    },
+                    {
+                        "name": "pairs",
+                        "train_file": str(task_files / "pairs.jsonl"),
+                        "validation_file": str(task_files / "pairs.jsonl"),
+                        "metric": "f1",
+                    },
+                ],
+                **downstream,
+            },
+        }
+    )
 
 
 def test_scores_per_task_with_the_random_init_baseline(tmp_path, task_files):
@@ -52,8 +71,12 @@ def test_scores_per_task_with_the_random_init_baseline(tmp_path, task_files):
 
     assert storage.read_json(ctx.run.downstream) == result
     sst, pairs = result["tasks"]
-    assert (sst["name"], sst["metric"], sst["pair"], sst["examples"]) == ("sst", "accuracy", False,
-                                                                          {"train": 32, "validation": 16})
+    assert (sst["name"], sst["metric"], sst["pair"], sst["examples"]) == (
+        "sst",
+        "accuracy",
+        False,
+        {"train": 32, "validation": 16},
+    )
     assert (pairs["metric"], pairs["pair"], pairs["labels"]) == ("f1", True, ["0", "1"])
     assert sst["budget"] == {"steps": 6, "batch_size": 8, "learning_rate": 0.001, "max_length": 32, "seeds": 2}
     for entry in (sst, pairs):
@@ -63,7 +86,7 @@ def test_scores_per_task_with_the_random_init_baseline(tmp_path, task_files):
             assert [r["seed"] for r in runs] == [42, 43]
             values = [r[entry["metric"]] for r in runs]
             assert entry[model]["mean"] == pytest.approx(sum(values) / 2)
-            assert entry[model]["std"] == pytest.approx(abs(values[0] - values[1]) / 2 ** 0.5)
+            assert entry[model]["std"] == pytest.approx(abs(values[0] - values[1]) / 2**0.5)
             assert all(0 <= v <= 1 for v in values) and all("accuracy" in r and "f1" in r for r in runs)
     # The two models are different starting points: their first seeds do not train alike.
     assert sst["pretrained"]["runs"][0]["final_loss"] != sst["random_init"]["runs"][0]["final_loss"]
@@ -77,8 +100,9 @@ def test_scores_per_task_with_the_random_init_baseline(tmp_path, task_files):
     train, validation = encode(tokenizer, task.train, 32), encode(tokenizer, task.validation, 32)
     again = finetune(tokenizer_dir, train, validation, 2, cfg.downstream, 42, True)
     first = sst["pretrained"]["runs"][0]
-    assert {k: again[k] for k in ("accuracy", "f1", "final_loss")} == {k: first[k] for k in ("accuracy", "f1",
-                                                                                             "final_loss")}
+    assert {k: again[k] for k in ("accuracy", "f1", "final_loss")} == {
+        k: first[k] for k in ("accuracy", "f1", "final_loss")
+    }
 
     # A rerun with the same settings (the gate's thresholds aside) reuses the file; others score again.
     assert downstream(_cfg(tmp_path, task_files, min_scores={"sst": 0.9}), ctx)["elapsed_s"] == result["elapsed_s"]
@@ -96,26 +120,50 @@ def test_no_tasks_no_work_and_no_model_needed(tmp_path):
 def test_the_defaults_held_out_task_is_skipped_on_a_corpus_without_articles(tmp_path):
     """A run that switched the default's corpus on the form still runs; the table says why the task is missing."""
     (tmp_path / "c.txt").write_text("some text\n")
-    cfg = build_config({"output_root": str(tmp_path), "corpus": {"source": "local_files",
-                                                                 "local_paths": [str(tmp_path / "c.txt")]},
-                        "downstream": {"tasks": [{"name": "which_article", "source": "held_out_article"}]}})
+    cfg = build_config(
+        {
+            "output_root": str(tmp_path),
+            "corpus": {"source": "local_files", "local_paths": [str(tmp_path / "c.txt")]},
+            "downstream": {"tasks": [{"name": "which_article", "source": "held_out_article"}]},
+        }
+    )
     ctx = RunContext.of(cfg, "switched")
     save_tiny_encoder(ctx.run.model)
     result = downstream(cfg, ctx)
     assert result["tasks"] == [] and result["skipped"][0]["name"] == "which_article"
     page = storage.read_text(report(cfg, ctx)["report_uri"])
-    assert "- which_article: skipped (held_out_article needs a corpus of articles, and corpus.source is " \
+    assert (
+        "- which_article: skipped (held_out_article needs a corpus of articles, and corpus.source is "
         "local_files)" in page
+    )
 
 
 def _result(means: dict[str, float], budget: dict | None = None) -> dict:
     def runs(mean):
         return {"mean": mean, "std": 0.01, "min": mean, "max": mean, "runs": []}
 
-    return {"tasks": [{"name": name, "metric": "accuracy", "seeds": [42, 43], "budget": budget or dict(BUDGET),
-                       "examples": {"train": 32, "validation": 16}, "labels": ["0", "1"], "pair": False,
-                       "source": "files", "min_score": None, "pretrained": runs(mean), "random_init": runs(0.5)}
-                      for name, mean in means.items()], "skipped": [], "model": "m", "settings": {}, "elapsed_s": 1.0}
+    return {
+        "tasks": [
+            {
+                "name": name,
+                "metric": "accuracy",
+                "seeds": [42, 43],
+                "budget": budget or dict(BUDGET),
+                "examples": {"train": 32, "validation": 16},
+                "labels": ["0", "1"],
+                "pair": False,
+                "source": "files",
+                "min_score": None,
+                "pretrained": runs(mean),
+                "random_init": runs(0.5),
+            }
+            for name, mean in means.items()
+        ],
+        "skipped": [],
+        "model": "m",
+        "settings": {},
+        "elapsed_s": 1.0,
+    }
 
 
 def test_gate_holds_each_task_to_its_minimum(tmp_path, task_files):
@@ -139,14 +187,19 @@ def test_gate_holds_each_task_to_its_minimum(tmp_path, task_files):
 
 def test_gate_refuses_a_regression_against_the_published_model(tmp_path, task_files):
     cfg = _cfg(tmp_path, task_files, max_regression=0.02)
-    previous = {**METRICS, "run_id": "old", "downstream": {"sst": {"metric": "accuracy", "mean": 0.80, "std": 0.01,
-                                                                   "budget": dict(BUDGET)}}}
+    previous = {
+        **METRICS,
+        "run_id": "old",
+        "downstream": {"sst": {"metric": "accuracy", "mean": 0.80, "std": 0.01, "budget": dict(BUDGET)}},
+    }
     worse = evaluate_gate(METRICS, GateConfig(), previous, _result({"sst": 0.77}), cfg.downstream)
     assert not worse["passed"] and worse["reasons"][0].startswith(
-        "downstream sst: accuracy 0.7700 is worse than the previously published 0.8000 (run old)")
+        "downstream sst: accuracy 0.7700 is worse than the previously published 0.8000 (run old)"
+    )
     assert evaluate_gate(METRICS, GateConfig(), previous, _result({"sst": 0.79}), cfg.downstream)["passed"]
-    other_budget = evaluate_gate(METRICS, GateConfig(), previous, _result({"sst": 0.5}, {**BUDGET, "steps": 99}),
-                                 cfg.downstream)
+    other_budget = evaluate_gate(
+        METRICS, GateConfig(), previous, _result({"sst": 0.5}, {**BUDGET, "steps": 99}), cfg.downstream
+    )
     assert other_budget["passed"] and any("budget differs" in r for r in other_budget["reasons"])
 
     # publish keeps the scores beside the eval metrics, where the next run's gate reads them.

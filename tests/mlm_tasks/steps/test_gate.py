@@ -1,5 +1,6 @@
 """The evaluation gate: thresholds, and "not worse than the model last published" — end to end with
 publishing against the fake Hub, so a worse model is really not pushed and a better one is."""
+
 from __future__ import annotations
 
 from mlm_tasks import paths, storage
@@ -47,8 +48,9 @@ def test_not_worse_than_previously_published():
     # A rerun of the same model (float noise) is not "worse".
     assert evaluate_gate({"loss": 4.0 * (1 + 1e-9), "accuracy": 0.35 * (1 - 1e-9)}, gate, previous)["passed"]
     # With the comparison switched off only thresholds count.
-    assert evaluate_gate({"loss": 9.0, "accuracy": 0.0}, GateConfig(require_better_than_published=False),
-                         previous)["passed"]
+    assert evaluate_gate({"loss": 9.0, "accuracy": 0.0}, GateConfig(require_better_than_published=False), previous)[
+        "passed"
+    ]
 
 
 def test_first_model_has_nothing_to_beat():
@@ -80,8 +82,10 @@ def test_worse_model_is_not_published_and_better_one_is(tmp_path, fake_hub):
 
     assert [d["passed"] for d in decisions.values()] == [True, False, True]
     assert "previously published" in decisions["worse"]["reasons"][0]
-    assert [c.message for c in fake_hub.commits_to(REPO)] == ["Upload model from run first",
-                                                              "Upload model from run better"]
+    assert [c.message for c in fake_hub.commits_to(REPO)] == [
+        "Upload model from run first",
+        "Upload model from run better",
+    ]
     published = storage.read_json(paths.published_metrics(root, REPO))
     assert published["run_id"] == "better" and published["loss"] == 4.1
     assert published["commit_oid"] == fake_hub.commits[-1].oid

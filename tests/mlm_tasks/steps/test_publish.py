@@ -1,5 +1,6 @@
 """Publishing with the real huggingface_hub client against the fake Hub on loopback: exactly which
 files are committed, what the card says, the private flag, token errors, checkpoint sync."""
+
 from __future__ import annotations
 
 import json
@@ -23,9 +24,9 @@ from peers.run_artifacts import MODEL_FILES, make_run
 REPO = "tester/roberta-wiki"
 
 
-
 def _ctx(run) -> RunContext:
     return RunContext(run.output_root, run.run_id)
+
 
 def _cfg(root, **publish):
     return build_config({"output_root": str(root), "publish": {"enabled": True, "repo_id": REPO, **publish}})
@@ -158,10 +159,12 @@ def test_missing_model_and_missing_token_say_what_to_do(tmp_path, fake_hub):
 
 def test_endpoint_that_disagrees_with_hf_endpoint_is_refused(tmp_path, fake_hub):
     with pytest.raises(ConfigError, match="Set HF_ENDPOINT=http://127.0.0.1:1"):
-        publish(_cfg(tmp_path), _ctx(make_run(str(tmp_path), "run-1")), token=fake_hub.token,
-                      endpoint="http://127.0.0.1:1")
-    result = publish(_cfg(tmp_path), _ctx(make_run(str(tmp_path), "run-1")), token=fake_hub.token,
-                           endpoint=fake_hub.url + "/")
+        publish(
+            _cfg(tmp_path), _ctx(make_run(str(tmp_path), "run-1")), token=fake_hub.token, endpoint="http://127.0.0.1:1"
+        )
+    result = publish(
+        _cfg(tmp_path), _ctx(make_run(str(tmp_path), "run-1")), token=fake_hub.token, endpoint=fake_hub.url + "/"
+    )
     assert result["commit_oid"] == fake_hub.commits[-1].oid
 
 
@@ -212,8 +215,11 @@ def test_checkpoint_syncer_uploads_in_background_and_mirrors_the_latest(tmp_path
     # The snapshot taken at submit, though the folder was overwritten while step 1 was uploading.
     assert first.files["checkpoints/ckpt-1.index"] == b"i1"
     assert first.files["checkpoints/checkpoint"] == b'model_checkpoint_path: "ckpt-1"\n'
-    assert sorted(last.files) == ["checkpoints/checkpoint", "checkpoints/ckpt-3.data-00000-of-00001",
-                                  "checkpoints/ckpt-3.index"]
+    assert sorted(last.files) == [
+        "checkpoints/checkpoint",
+        "checkpoints/ckpt-3.data-00000-of-00001",
+        "checkpoints/ckpt-3.index",
+    ]
     assert sorted(fake_hub.repos[REPO].files) == sorted(last.files)  # step-1 files deleted in that commit
     assert uploaded[-1]["commit_oid"] == last.oid
     with pytest.raises(RuntimeError, match="after close"):
@@ -232,9 +238,11 @@ def test_checkpoint_syncer_surfaces_upload_errors_on_close(tmp_path, fake_hub):
 
 
 def test_importing_the_steps_loads_neither_airflow_nor_tensorflow():
-    code = ("import sys, mlm_tasks.steps.gate, mlm_tasks.steps.publish, mlm_tasks.steps.report\n"
-            "bad = [m for m in ('airflow', 'tensorflow', 'huggingface_hub', 'matplotlib') if m in sys.modules]\n"
-            "assert not bad, bad")
+    code = (
+        "import sys, mlm_tasks.steps.gate, mlm_tasks.steps.publish, mlm_tasks.steps.report\n"
+        "bad = [m for m in ('airflow', 'tensorflow', 'huggingface_hub', 'matplotlib') if m in sys.modules]\n"
+        "assert not bad, bad"
+    )
     root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
     subprocess.run([sys.executable, "-c", code], check=True, cwd=root)
 
@@ -249,10 +257,13 @@ def test_a_hung_hub_fails_every_hub_step_within_the_bound_saying_so(tmp_path, fa
     fake_hub.stall()
     steps = {
         "publish": lambda: publish(cfg, _ctx(make_run(str(tmp_path), "run-1")), token=fake_hub.token),
-        "publish_tokenizer": lambda: publish_tokenizer(cfg, RunContext(data.output_root, fingerprint=data.fingerprint),
-                                                       token=fake_hub.token),
-        "checkpoint sync": lambda: (syncer.submit(_write_checkpoint(tmp_path / "ckpt", 1), step=1),
-                                    syncer.close(timeout=30)),
+        "publish_tokenizer": lambda: publish_tokenizer(
+            cfg, RunContext(data.output_root, fingerprint=data.fingerprint), token=fake_hub.token
+        ),
+        "checkpoint sync": lambda: (
+            syncer.submit(_write_checkpoint(tmp_path / "ckpt", 1), step=1),
+            syncer.close(timeout=30),
+        ),
     }
     for what, call in steps.items():
         started = time.monotonic()

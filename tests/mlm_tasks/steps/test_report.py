@@ -1,4 +1,5 @@
 """The run report: real PNG plots, a page that links them, graceful gaps — on a local root and gs://."""
+
 from __future__ import annotations
 
 import io
@@ -50,8 +51,10 @@ def test_report_has_valid_plots_and_a_page_linking_them(output_root):
     assert json.loads(json.dumps(result)) == result  # fit for XCom
     assert result["eval_loss"] == 4.5 and result["accuracy"] == 0.30 and result["steps"] == 40
     assert result["data_fingerprint"] == "0123456789abcdef" and result["missing"] == []
-    assert result["plots"] == {"loss": join(run.report, "loss.png"),
-                               "learning_rate": join(run.report, "learning_rate.png")}
+    assert result["plots"] == {
+        "loss": join(run.report, "loss.png"),
+        "learning_rate": join(run.report, "learning_rate.png"),
+    }
 
 
 def test_report_names_what_is_missing_instead_of_failing(tmp_path):

@@ -3,6 +3,7 @@ step per call, with XLA on and off; a fault and the resume after it keep them ex
 
     TF_USE_LEGACY_KERAS=1 .venv/bin/python -m pytest tests/mlm_tasks/steps/test_steps_per_call.py -q
 """
+
 import pytest
 
 from mlm_tasks.paths import RunContext, RunPaths
@@ -17,8 +18,10 @@ STEPS = 16
 def _losses(cfg, data, run_id, hooks=(), **settings):
     from mlm_tasks.steps.train import train
 
-    cfg = tiny_config(cfg.output_root, **{"train.steps": STEPS, "train.log_every": 1, "train.checkpoint_every": 4,
-                                          "train.device": "cpu", **settings})
+    cfg = tiny_config(
+        cfg.output_root,
+        **{"train.steps": STEPS, "train.log_every": 1, "train.checkpoint_every": 4, "train.device": "cpu", **settings},
+    )
     ctx = RunContext.of(cfg, run_id, data["fingerprint"])
     try:
         summary = train(cfg, ctx, hooks=hooks)

@@ -1,4 +1,5 @@
 """Training: learns, checkpoints, reruns are no-ops, and a SIGKILLed process resumes exactly."""
+
 import json
 import os
 import random
@@ -18,10 +19,26 @@ ROOT = Path(__file__).resolve().parents[3]
 
 
 def _train_cli(cfg, fingerprint, run_id, steps, **popen):
-    args = [sys.executable, "-m", "mlm_tasks", "train", "--config", str(ROOT / "configs" / "tiny.yaml"),
-            "--set", f"output_root={cfg.output_root}", "--set", f"train.steps={steps}",
-            "--set", "train.checkpoint_every=5", "--set", "train.log_every=1",
-            "--run-id", run_id, "--data-fingerprint", fingerprint]
+    args = [
+        sys.executable,
+        "-m",
+        "mlm_tasks",
+        "train",
+        "--config",
+        str(ROOT / "configs" / "tiny.yaml"),
+        "--set",
+        f"output_root={cfg.output_root}",
+        "--set",
+        f"train.steps={steps}",
+        "--set",
+        "train.checkpoint_every=5",
+        "--set",
+        "train.log_every=1",
+        "--run-id",
+        run_id,
+        "--data-fingerprint",
+        fingerprint,
+    ]
     return subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=ROOT, **popen)
 
 
@@ -121,8 +138,17 @@ def test_xla_step_inside_a_distribution_strategy_trains_on_cpu(tiny_prepared, ca
 
     cfg, data = tiny_prepared
     # Through load_config, as a run's settings arrive: an unknown key is an error, not a default.
-    cfg = tiny_config(cfg.output_root, **{"train.strategy": "mirrored", "train.xla": "on", "train.device": "cpu",
-                                          "train.steps": 6, "train.checkpoint_every": 3, "train.log_every": 1})
+    cfg = tiny_config(
+        cfg.output_root,
+        **{
+            "train.strategy": "mirrored",
+            "train.xla": "on",
+            "train.device": "cpu",
+            "train.steps": 6,
+            "train.checkpoint_every": 3,
+            "train.log_every": 1,
+        },
+    )
     caplog.set_level("INFO", logger="mlm_tasks")
     summary = train(cfg, RunContext.of(cfg, "xla-mirrored", data["fingerprint"]))
 

@@ -6,6 +6,7 @@ The lock check resolves the committed VM lock with the image's TensorFlow for th
 (`uv pip compile --python-version 3.10`, PyPI through uv's cache): a new pin that the image's
 TensorFlow cannot live with fails here, not on a TPU VM.
 """
+
 from __future__ import annotations
 
 import gzip
@@ -56,11 +57,14 @@ def test_default_runtime_is_supported_and_single_host():
         assert found and found["tf"] == rt.tensorflow and bool(found["pod"]) == rt.pod and found["api"] == "pjrt"
 
 
-@pytest.mark.parametrize("version, message", [
-    ("tpu-vm-tf-2.15.0-pjrt", "older TensorFlow than any lock here"),
-    ("tpu-vm-tf-2.21.0-pjrt", "has no VM lock in this project"),   # the Airflow side's TF: no such image
-    ("v2-alpha-tpuv5-lite", "is not a TensorFlow TPU VM runtime"),
-])
+@pytest.mark.parametrize(
+    "version, message",
+    [
+        ("tpu-vm-tf-2.15.0-pjrt", "older TensorFlow than any lock here"),
+        ("tpu-vm-tf-2.21.0-pjrt", "has no VM lock in this project"),  # the Airflow side's TF: no such image
+        ("v2-alpha-tpuv5-lite", "is not a TensorFlow TPU VM runtime"),
+    ],
+)
 def test_unsupported_runtimes_are_refused_with_the_choices(version, message):
     with pytest.raises(ConfigError, match=message) as err:
         runtimes.get(version)
@@ -83,8 +87,15 @@ def test_vm_lock_leaves_the_image_alone():
         assert lock["tf-keras"].rsplit(".", 1)[0] == rt.tf_minor  # Keras 2 of the image's TF minor
         for name in ("transformers", "tokenizers", "huggingface-hub", "pydantic"):
             assert lock[name] == airflow_side[name], name
-        for name in ("pyyaml", "gcsfs", "google-cloud-storage", "google-crc32c", "fsspec",
-                     "google-api-python-client", "oauth2client"):  # the last two: TPUClusterResolver on a pod
+        for name in (
+            "pyyaml",
+            "gcsfs",
+            "google-cloud-storage",
+            "google-crc32c",
+            "fsspec",
+            "google-api-python-client",
+            "oauth2client",
+        ):  # the last two: TPUClusterResolver on a pod
             assert name in lock, name
 
 
@@ -121,13 +132,23 @@ def test_a_non_editable_install_stages_what_the_checkout_stages(tmp_path):
     """A wheel / Docker install has no requirements.txt beside the package: the locks are package
     data, and stage_code reads the package from wherever it is installed."""
     site = tmp_path / "site"
-    subprocess.run(["uv", "pip", "install", "--quiet", "--no-deps", "--target", str(site), str(ROOT)],
-                   check=True, cwd=tmp_path)
+    subprocess.run(
+        ["uv", "pip", "install", "--quiet", "--no-deps", "--target", str(site), str(ROOT)], check=True, cwd=tmp_path
+    )
     installed = tmp_path / "from-install"
     staged = subprocess.run(
-        [sys.executable, "-c", "import sys, mlm_tasks.tpu.bundle as t; print(t.PACKAGE_DIR); "
-         f"print(t.stage_code(sys.argv[1], {runtimes.DEFAULT!r}).sha)", str(installed)],
-        cwd=tmp_path, env={"PYTHONPATH": str(site), "PATH": "/usr/bin:/bin"}, capture_output=True, text=True)
+        [
+            sys.executable,
+            "-c",
+            "import sys, mlm_tasks.tpu.bundle as t; print(t.PACKAGE_DIR); "
+            f"print(t.stage_code(sys.argv[1], {runtimes.DEFAULT!r}).sha)",
+            str(installed),
+        ],
+        cwd=tmp_path,
+        env={"PYTHONPATH": str(site), "PATH": "/usr/bin:/bin"},
+        capture_output=True,
+        text=True,
+    )
     assert staged.returncode == 0, staged.stderr
     package_dir, sha = staged.stdout.split()
     assert package_dir == str(site / "mlm_tasks")  # really the installed copy, not this checkout
@@ -153,8 +174,11 @@ def test_vm_side_modules_compile_for_python_310():
 
     python = python_310()  # no Python 3.10: fails saying how to install it, as the simulated-VM test does
     files = [str(p) for p in (ROOT / "mlm_tasks").rglob("*.py")]
-    out = subprocess.run([str(python), "-c", "import ast, sys\nfor f in sys.argv[1:]: ast.parse(open(f).read(), f)",
-                          *files], capture_output=True, text=True)
+    out = subprocess.run(
+        [str(python), "-c", "import ast, sys\nfor f in sys.argv[1:]: ast.parse(open(f).read(), f)", *files],
+        capture_output=True,
+        text=True,
+    )
     assert out.returncode == 0, out.stderr
 
 
@@ -165,10 +189,12 @@ def test_image_check_finds_what_the_image_lacks(tmp_path):
 
     info = tmp_path / "demo_pkg-1.0.dist-info"
     info.mkdir()
-    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: demo-pkg\nVersion: 1.0\n"
-                                   "Requires-Dist: tensorflow<2.17,>=2.16\nRequires-Dist: numpy>=99\n"
-                                   "Requires-Dist: pydantic\nRequires-Dist: torch; extra == \"torch\"\n"
-                                   "Requires-Dist: pywin32; sys_platform == \"win32\"\n")
+    (info / "METADATA").write_text(
+        "Metadata-Version: 2.1\nName: demo-pkg\nVersion: 1.0\n"
+        "Requires-Dist: tensorflow<2.17,>=2.16\nRequires-Dist: numpy>=99\n"
+        'Requires-Dist: pydantic\nRequires-Dist: torch; extra == "torch"\n'
+        'Requires-Dist: pywin32; sys_platform == "win32"\n'
+    )
     problems = unmet_requirements(str(tmp_path), "2.16.1")
     assert len(problems) == 1 and problems[0].startswith("demo-pkg 1.0 needs numpy>=99; the VM has ")
     assert any("tensorflow" in p for p in unmet_requirements(str(tmp_path), "2.21.0"))
@@ -182,8 +208,10 @@ def test_image_check_sees_what_python_imports_first(tmp_path, monkeypatch):
     def dist(folder, name, version, requires=()):
         info = tmp_path / folder / f"{name.replace('-', '_')}-{version}.dist-info"
         info.mkdir(parents=True)
-        (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n"
-                                       + "".join(f"Requires-Dist: {r}\n" for r in requires))
+        (info / "METADATA").write_text(
+            f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n"
+            + "".join(f"Requires-Dist: {r}\n" for r in requires)
+        )
 
     dist("deps", "shadowed-pkg", "4.16.0")
     dist("deps", "needs-new", "1.0", ["shadowed-pkg>=4.16"])
@@ -192,7 +220,8 @@ def test_image_check_sees_what_python_imports_first(tmp_path, monkeypatch):
     monkeypatch.setattr(sys, "path", [str(tmp_path / "deps"), str(tmp_path / "image")])
     assert check_image.importable()["shadowed-pkg"].version == "4.16.0"
     assert check_image.unmet_requirements(str(tmp_path / "deps"), "2.16.1") == [
-        "tensorflow 2.16.1 needs shadowed-pkg<4.15; the VM has 4.16.0"]
+        "tensorflow 2.16.1 needs shadowed-pkg<4.15; the VM has 4.16.0"
+    ]
 
 
 def test_a_newer_runtime_is_supported_with_its_own_lock_and_image():
@@ -207,23 +236,35 @@ def test_a_newer_runtime_is_supported_with_its_own_lock_and_image():
 PJRT_ONE_HOST = {"NEXT_PLUGGABLE_DEVICE_USE_C_API": "true", "TF_PLUGGABLE_DEVICE_LIBRARY_PATH": "/lib/libtpu.so"}
 
 
-@pytest.mark.parametrize("accelerator, runtime, variables", [
-    ("v4-8", "tpu-vm-tf-2.16.1-pjrt", PJRT_ONE_HOST),
-    ("v5litepod-1", "tpu-vm-tf-2.16.1-pjrt", PJRT_ONE_HOST),
-    ("v5litepod-8", "tpu-vm-tf-2.17.0-pjrt", PJRT_ONE_HOST),
-    ("v4-32", "tpu-vm-tf-2.16.1-pod-pjrt", {"TPU_LOAD_LIBRARY": "0", "MLM_TPU_NODE": "mlm-node"}),
-    ("v5litepod-16", "tpu-vm-tf-2.17.0-pod-pjrt", {"TPU_LOAD_LIBRARY": "0", "MLM_TPU_NODE": "mlm-node"}),
-])
+@pytest.mark.parametrize(
+    "accelerator, runtime, variables",
+    [
+        ("v4-8", "tpu-vm-tf-2.16.1-pjrt", PJRT_ONE_HOST),
+        ("v5litepod-1", "tpu-vm-tf-2.16.1-pjrt", PJRT_ONE_HOST),
+        ("v5litepod-8", "tpu-vm-tf-2.17.0-pjrt", PJRT_ONE_HOST),
+        ("v4-32", "tpu-vm-tf-2.16.1-pod-pjrt", {"TPU_LOAD_LIBRARY": "0", "MLM_TPU_NODE": "mlm-node"}),
+        ("v5litepod-16", "tpu-vm-tf-2.17.0-pod-pjrt", {"TPU_LOAD_LIBRARY": "0", "MLM_TPU_NODE": "mlm-node"}),
+    ],
+)
 def test_remote_line_exports_the_runtime_environment_before_tensorflow(accelerator, runtime, variables, tmp_path):
     """Google's variables for the runtime and slice shape (runtimes.ENVIRONMENT), exported before the
     first command that imports TensorFlow: the bundle fetch, the image check, the step."""
-    cfg = PipelineConfig.model_validate({"output_root": "gs://bucket/p", "compute": "tpu_vm", "tpu": {
-        "project": "proj", "accelerator_type": accelerator, "runtime_version": runtime}})
+    cfg = PipelineConfig.model_validate(
+        {
+            "output_root": "gs://bucket/p",
+            "compute": "tpu_vm",
+            "tpu": {"project": "proj", "accelerator_type": accelerator, "runtime_version": runtime},
+        }
+    )
     bundle = stage_code(str(tmp_path), runtime)  # a local copy of what would be staged to gs://
-    line = remote_command(cfg, "train", "r", node="mlm-node",
-                          code=type(bundle)(**{**bundle.__dict__, "uri": "gs://bucket/p/_code/x"}))
-    exports = dict(shlex.split(part)[1].split("=", 1) for part in line.split("; ") if part.startswith("export ")
-                   and "PYTHONPATH" not in part)
+    line = remote_command(
+        cfg, "train", "r", node="mlm-node", code=type(bundle)(**{**bundle.__dict__, "uri": "gs://bucket/p/_code/x"})
+    )
+    exports = dict(
+        shlex.split(part)[1].split("=", 1)
+        for part in line.split("; ")
+        if part.startswith("export ") and "PYTHONPATH" not in part
+    )
     assert {k: exports.get(k) for k in variables} == variables
     others = {"TPU_LOAD_LIBRARY", "MLM_TPU_NODE", *PJRT_ONE_HOST} - set(variables)
     assert not others & set(exports), f"{others & set(exports)} exported for {accelerator}"
@@ -235,9 +276,17 @@ def test_remote_line_exports_the_runtime_environment_before_tensorflow(accelerat
 @pytest.mark.parametrize("accelerator", ["v6e-8", "v6e-16"])
 def test_tensorflow_is_refused_on_v6e_with_googles_word(accelerator):
     with pytest.raises(ValueError, match="TensorFlow is not supported on v6e"):
-        PipelineConfig.model_validate({"output_root": "gs://b/p", "compute": "tpu_vm", "tpu": {
-            "project": "p", "accelerator_type": accelerator,
-            "runtime_version": "tpu-vm-tf-2.16.1-pod-pjrt" if accelerator == "v6e-16" else runtimes.DEFAULT}})
+        PipelineConfig.model_validate(
+            {
+                "output_root": "gs://b/p",
+                "compute": "tpu_vm",
+                "tpu": {
+                    "project": "p",
+                    "accelerator_type": accelerator,
+                    "runtime_version": "tpu-vm-tf-2.16.1-pod-pjrt" if accelerator == "v6e-16" else runtimes.DEFAULT,
+                },
+            }
+        )
 
 
 def test_the_remote_line_takes_the_run_lock_just_before_the_step():
@@ -254,7 +303,7 @@ def test_the_remote_line_takes_the_run_lock_just_before_the_step():
     assert setup.endswith("; " + "; ".join(lines))
     assert lines[0].startswith(f"if ! {{ exec 9>>{lock} && flock -n 9; }}; then ")
     assert lines[1] == f"echo $$ > {lock}.pid"
-    assert "Stopping the \"trainer\" left by an earlier try (pid $pid)" in setup and "exit 3" in setup
+    assert 'Stopping the "trainer" left by an earlier try (pid $pid)' in setup and "exit 3" in setup
     assert run_id not in setup and shlex.split(step)[-2:] == ["--run-id", run_id]
     assert subprocess.run(["sh", "-n", "-c", f"{setup}; exec {step}"]).returncode == 0  # parses as sh
 
@@ -274,8 +323,11 @@ def test_a_step_that_ignores_sigterm_is_killed(tmp_path):
         assert retry.returncode == 0, retry.stderr
         assert retry.stdout.splitlines() == [
             f"Stopping the trainer left by an earlier try (pid {earlier.pid}) of this run: SIGTERM, then SIGKILL "
-            "after 1s.", f"pid {earlier.pid} still runs after 1s: SIGKILL.",
-            "The earlier try stopped: starting this one.", "started"]
+            "after 1s.",
+            f"pid {earlier.pid} still runs after 1s: SIGKILL.",
+            "The earlier try stopped: starting this one.",
+            "started",
+        ]
         assert earlier.wait(timeout=5) == -9
     finally:
         earlier.kill()

@@ -9,6 +9,7 @@ record their argv and environment in the workdir instead of installing or traini
 line (lock, fetch, unpack) is the real one. The injected command is `mlm-pwned`, a program on PATH
 that leaves a marker file: if it ever ran, a value reached the shell as code.
 """
+
 from __future__ import annotations
 
 import gzip
@@ -28,8 +29,15 @@ from mlm_tasks.errors import ConfigError
 from mlm_tasks.tpu import runtimes
 from mlm_tasks.tpu.bundle import remote_command, stage_code
 
-INJECTIONS = ["a'; mlm-pwned; echo '", 'a"; mlm-pwned; echo "', "$(mlm-pwned)", "`mlm-pwned`",
-              "a\nmlm-pwned\n", "a; mlm-pwned #", "'\"$(mlm-pwned)\"'`mlm-pwned`"]
+INJECTIONS = [
+    "a'; mlm-pwned; echo '",
+    'a"; mlm-pwned; echo "',
+    "$(mlm-pwned)",
+    "`mlm-pwned`",
+    "a\nmlm-pwned\n",
+    "a; mlm-pwned #",
+    "'\"$(mlm-pwned)\"'`mlm-pwned`",
+]
 
 STUB = """#!{python}
 import json, os, sys
@@ -72,8 +80,15 @@ class VM:
     def run(self, line: str, token: str | None = None) -> subprocess.CompletedProcess:
         """The line under bash; `token`: what the session answers the token prompt with, on stdin."""
         env = {"PATH": self.path, "HOME": str(self.tmp / "home")}
-        return subprocess.run(["bash", "-c", line], env=env, cwd=self.tmp / "home", capture_output=True,
-                              text=True, timeout=60, input=f"{token}\n" if token else "")
+        return subprocess.run(
+            ["bash", "-c", line],
+            env=env,
+            cwd=self.tmp / "home",
+            capture_output=True,
+            text=True,
+            timeout=60,
+            input=f"{token}\n" if token else "",
+        )
 
     def calls(self, kind: str) -> list[dict]:
         path = self.workdir / "calls.jsonl"
@@ -120,11 +135,28 @@ def test_a_failed_fetch_names_a_hostile_uri_without_running_it(tmp_path, hostile
     assert f"Fetching the staged code from {bundle.uri} failed" in done.stderr
 
 
-HOSTILE_URIS = ["gs://bucket/x'; touch /tmp/pwned; echo '", 'gs://bucket/x"$(id)"', "gs://bucket/`id`",
-                "out\nrm -rf ~", "out; id", "out/a b", "gs://bucket/p/../other", "../up"]
-RUN_URIS = ["output_root", "corpus.hf_path", "corpus.local_paths", "corpus.dump_path", "corpus.shards_uri",
-            "corpus.tokenizer_uri", "model.init_from", "model.init_revision", "publish.repo_id",
-            "publish.tokenizer_repo_id"]
+HOSTILE_URIS = [
+    "gs://bucket/x'; touch /tmp/pwned; echo '",
+    'gs://bucket/x"$(id)"',
+    "gs://bucket/`id`",
+    "out\nrm -rf ~",
+    "out; id",
+    "out/a b",
+    "gs://bucket/p/../other",
+    "../up",
+]
+RUN_URIS = [
+    "output_root",
+    "corpus.hf_path",
+    "corpus.local_paths",
+    "corpus.dump_path",
+    "corpus.shards_uri",
+    "corpus.tokenizer_uri",
+    "model.init_from",
+    "model.init_revision",
+    "publish.repo_id",
+    "publish.tokenizer_repo_id",
+]
 
 
 @pytest.mark.parametrize("setting", RUN_URIS)
@@ -138,9 +170,15 @@ def test_a_run_cannot_set_a_hostile_uri(setting, value):
 
 
 def test_plain_uris_pass():
-    cfg = build_config(overrides={"output_root": "gs://my-bucket/mlm/run_1", "corpus.local_paths": ["/data/x/*.txt"],
-                                  "corpus.tokenizer_uri": "org/tok-1.0", "publish.repo_id": "my-org/roberta-wiki-mlm",
-                                  "corpus.dump_path": "file:///data/enwiki.xml.bz2"})
+    cfg = build_config(
+        overrides={
+            "output_root": "gs://my-bucket/mlm/run_1",
+            "corpus.local_paths": ["/data/x/*.txt"],
+            "corpus.tokenizer_uri": "org/tok-1.0",
+            "publish.repo_id": "my-org/roberta-wiki-mlm",
+            "corpus.dump_path": "file:///data/enwiki.xml.bz2",
+        }
+    )
     assert cfg.output_root == "gs://my-bucket/mlm/run_1"
 
 

@@ -2,6 +2,7 @@
 `mlm-*` nodes go in the janitor's zones and wherever the registry recorded one; a refused delete spares
 none of the others and is named; entries of nodes that are gone are forgotten. The DAG around it, under
 `airflow dags test`: tests/dags/test_janitor.py."""
+
 import time
 
 import pytest
@@ -38,8 +39,10 @@ def test_the_sweep_deletes_expired_nodes_everywhere_recorded_and_names_what_it_c
     assert fake_tpu.node("proj", ZONE, "mlm-fresh") is not None
     assert registry.Sweep(deleted=["z/n"]).problems("c") is None
 
-    assert registry.forget_gone(api, fake_tpu.registry) == ["other-proj/europe-west4-a/mlm-far",
-                                                           "proj/us-east5-a/mlm-long-gone"]
+    assert registry.forget_gone(api, fake_tpu.registry) == [
+        "other-proj/europe-west4-a/mlm-far",
+        "proj/us-east5-a/mlm-long-gone",
+    ]
     assert registry.entries(fake_tpu.registry) == []
 
 

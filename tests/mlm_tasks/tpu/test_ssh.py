@@ -1,5 +1,6 @@
 """mlm_tasks/tpu/ssh.py, the one SSH path (the DAG's step runner and the smoke tool), without Airflow: the port
 probe, and the login pinned to the host key the node published, against a real sshd on loopback."""
+
 import socket
 import subprocess
 import sys
@@ -54,8 +55,11 @@ def test_probe_tells_a_dropping_firewall_from_a_refusal(sshd):
 
 
 def _login(sshd):
-    return ssh.Login(sshd.user, "the test's login", {"key_filename": sshd.key_path, "timeout": 10,
-                                                     "allow_agent": False, "look_for_keys": False})
+    return ssh.Login(
+        sshd.user,
+        "the test's login",
+        {"key_filename": sshd.key_path, "timeout": 10, "allow_agent": False, "look_for_keys": False},
+    )
 
 
 def _another_key(tmp_path) -> dict:
@@ -68,8 +72,9 @@ def test_the_login_runs_only_where_the_published_host_key_answers(sshd, tmp_path
     published = {"mlm-n": dict([host_public_key(sshd)]), "mlm-other": _another_key(tmp_path)}
 
     def session(node):
-        connect = ssh.connector(lambda host: _login(sshd), sshd.port, node=node, patience_s=30,
-                                published=lambda worker: published[node])
+        connect = ssh.connector(
+            lambda host: _login(sshd), sshd.port, node=node, patience_s=30, published=lambda worker: published[node]
+        )
         return ssh.Session(connect, sshd.host).run(f"echo ran-on {node}")
 
     ok = session("mlm-n")
@@ -78,8 +83,10 @@ def test_the_login_runs_only_where_the_published_host_key_answers(sshd, tmp_path
     refused = session("mlm-other")
     assert time.monotonic() - started < 10, "a mismatch must not wait out the patience"
     assert refused.exit_code is None and refused.fatal and not refused.tail
-    assert f"HostKeyMismatch: The SSH host key of worker 0 ({sshd.host}:{sshd.port}) does not match what node " \
-           "mlm-other published" in refused.describe()
+    assert (
+        f"HostKeyMismatch: The SSH host key of worker 0 ({sshd.host}:{sshd.port}) does not match what node "
+        "mlm-other published" in refused.describe()
+    )
     assert issubclass(ssh.HostKeyMismatch, AuthError)  # no retry: the same machine would answer
 
 

@@ -1,5 +1,6 @@
 """mlm_tasks.tpu.api against the fake TPU v2 REST API, driven by the real google-cloud-tpu client with a
 service-account key whose tokens come from the loopback OAuth peer."""
+
 import re
 import subprocess
 import sys
@@ -188,11 +189,14 @@ def test_busy_api_is_not_retried_for_ever_nor_other_errors(cfg, fake_tpu):
     assert [code for m, _, code in fake_tpu.answers if m == "POST"] == [400], "a 400 is final"
 
 
-@pytest.mark.parametrize("change, message", [
-    ({"accelerator_type": "v4-32"}, "supports single-host slices only; v4-32 has 4 hosts"),
-    ({"runtime_version": "tpu-vm-tf-2.16.1-pod-pjrt"}, "is for multi-host slices; v4-8 is one host"),
-    ({"accelerator_type": "v5litepod-3"}, "Accelerator type 'v5litepod-3' is not valid"),
-])
+@pytest.mark.parametrize(
+    "change, message",
+    [
+        ({"accelerator_type": "v4-32"}, "supports single-host slices only; v4-32 has 4 hosts"),
+        ({"runtime_version": "tpu-vm-tf-2.16.1-pod-pjrt"}, "is for multi-host slices; v4-8 is one host"),
+        ({"accelerator_type": "v5litepod-3"}, "Accelerator type 'v5litepod-3' is not valid"),
+    ],
+)
 def test_the_fake_refuses_what_the_api_refuses(cfg, fake_tpu, change, message):
     with pytest.raises(BadRequest, match=re.escape(message)):
         tpu.ensure_node(cfg.model_copy(update=change), "mlm-bad", {})
@@ -217,10 +221,24 @@ def test_reusing_a_node_moves_its_expires_label_later(cfg, fake_tpu):
     assert fake_tpu.writes().count("PATCH") == patches
 
 
-@pytest.mark.parametrize("accelerator, hosts", [
-    ("v4-8", 1), ("v4-16", 2), ("v4-32", 4), ("v5p-8", 1), ("v5p-16", 2), ("v5litepod-1", 1), ("v5litepod-4", 1),
-    ("v5litepod-8", 1), ("v5litepod-16", 4), ("v5litepod-256", 64), ("v3-8", 1),
-    ("v3-32", 4), ("v2-8", 1)])
+@pytest.mark.parametrize(
+    "accelerator, hosts",
+    [
+        ("v4-8", 1),
+        ("v4-16", 2),
+        ("v4-32", 4),
+        ("v5p-8", 1),
+        ("v5p-16", 2),
+        ("v5litepod-1", 1),
+        ("v5litepod-4", 1),
+        ("v5litepod-8", 1),
+        ("v5litepod-16", 4),
+        ("v5litepod-256", 64),
+        ("v3-8", 1),
+        ("v3-32", 4),
+        ("v2-8", 1),
+    ],
+)
 def test_hosts_per_accelerator_type(accelerator, hosts):
     assert tpu_slices.hosts(accelerator) == hosts
     single, pod = "tpu-vm-tf-2.16.1-pjrt", "tpu-vm-tf-2.16.1-pod-pjrt"
@@ -273,8 +291,9 @@ def test_published_keys_wait_on_a_ready_node_and_fail_at_once_on_a_preempted_one
     with pytest.raises(tpu.NodeNotReady, match=f"Node {name} is PREEMPTED"):
         published(0)
     # Through the connector: one ask, no wait of patience_s for keys that never come.
-    connect = ssh.connector(lambda host: ssh.Login("mlm", "test", {}), 22, node=name, published=published,
-                            patience_s=600, poll_s=5)
+    connect = ssh.connector(
+        lambda host: ssh.Login("mlm", "test", {}), 22, node=name, published=published, patience_s=600, poll_s=5
+    )
     asked = len(fake_tpu.requests)
     with pytest.raises(tpu.NodeNotReady):
         connect("127.0.0.1")

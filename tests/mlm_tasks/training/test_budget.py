@@ -3,6 +3,7 @@ retry keeps it, so a faulted budgeted run trains exactly as a run given that cou
 
     TF_USE_LEGACY_KERAS=1 .venv/bin/python -m pytest tests/mlm_tasks/training/test_budget.py -q
 """
+
 import logging
 
 import pytest
@@ -36,8 +37,9 @@ def test_a_budgeted_run_keeps_its_count_across_a_retry_and_trains_as_that_count_
     fixed = tiny_config(cfg.output_root, **common, **{"train.steps": record["steps"]})
     train(fixed, RunContext.of(fixed, "fixed", data["fingerprint"]))
     losses = [h["loss"] for h in read_history(RunPaths(cfg.output_root, "budgeted"))]
-    assert losses == pytest.approx([h["loss"] for h in read_history(RunPaths(cfg.output_root, "fixed"))],
-                                   rel=1e-6, abs=1e-6)
+    assert losses == pytest.approx(
+        [h["loss"] for h in read_history(RunPaths(cfg.output_root, "fixed"))], rel=1e-6, abs=1e-6
+    )
 
 
 def test_the_count_is_what_fits_less_the_measuring_and_train_steps_caps_it(tmp_path):

@@ -1,19 +1,44 @@
 """What a detached trainer's state means (mlm_tasks/training/follow.py): the follow loop's and a retry's
 decisions, from (handle, status record, probe, node state, clock) alone."""
+
 import pytest
 
 from mlm_tasks.tpu.job import Probe, parse_probe
 from mlm_tasks.training.follow import classify
 
 NOW = 1_000_000.0
-JOB = {"node": "mlm-n", "host": "10.0.0.2", "worker": 0, "pid": 4242, "try_number": 2, "log": "logs/t.log",
-       "workdir": "~/mlm", "run_id": "r", "started_at": NOW - 100, "starts_before": 1}
+JOB = {
+    "node": "mlm-n",
+    "host": "10.0.0.2",
+    "worker": 0,
+    "pid": 4242,
+    "try_number": 2,
+    "log": "logs/t.log",
+    "workdir": "~/mlm",
+    "run_id": "r",
+    "started_at": NOW - 100,
+    "starts_before": 1,
+}
 
 
 def _status(**changes):
-    record = {"state": "running", "step": 40, "total_steps": 100, "last_loss": 2.5, "tokens_per_s": 1234.0,
-              "eta_s": 600.0, "heartbeat": NOW - 5, "heartbeat_utc": "", "step_time": NOW - 5, "try_number": 2,
-              "host": "vm", "pid": 4243, "starts": 2, "exit_code": None, "error": None}
+    record = {
+        "state": "running",
+        "step": 40,
+        "total_steps": 100,
+        "last_loss": 2.5,
+        "tokens_per_s": 1234.0,
+        "eta_s": 600.0,
+        "heartbeat": NOW - 5,
+        "heartbeat_utc": "",
+        "step_time": NOW - 5,
+        "try_number": 2,
+        "host": "vm",
+        "pid": 4243,
+        "starts": 2,
+        "exit_code": None,
+        "error": None,
+    }
     return {**record, **changes}
 
 
@@ -31,8 +56,8 @@ def test_a_beating_trainer_runs_and_says_where_it_is():
 
 @pytest.mark.parametrize("record", [_status(try_number=1), _status(starts=1), None])
 def test_a_record_another_trainer_left_is_not_this_ones_progress(record):
-    assert _kind(record).kind == "starting"                  # alive, started 100 s ago, no record of its own
-    assert _kind(record, stall_s=99).kind == "stalled"       # ... for longer than stall_minutes
+    assert _kind(record).kind == "starting"  # alive, started 100 s ago, no record of its own
+    assert _kind(record, stall_s=99).kind == "stalled"  # ... for longer than stall_minutes
     assert _kind(_status(state="done", try_number=1)).kind == "starting"
 
 
@@ -40,7 +65,7 @@ def test_endings():
     assert _kind(_status(state="done", exit_code=0), Probe(False, 0)).kind == "done"
     failed = _kind(_status(state="failed", exit_code=2, error="NoRetryError: bad"), Probe(False, 2))
     assert (failed.kind, failed.exit_code) == ("failed", 2) and "NoRetryError: bad" in failed.detail
-    assert _kind(None, Probe(False, 0)).kind == "done"       # found the run finished: exits 0, writes no record
+    assert _kind(None, Probe(False, 0)).kind == "done"  # found the run finished: exits 0, writes no record
     killed = _kind(_status(), Probe(False, None))
     assert (killed.kind, killed.exit_code) == ("failed", None) and "without an exit code" in killed.detail
     assert _kind(_status(), Probe(False, 137)).detail.endswith("exited with code 137")
@@ -48,9 +73,9 @@ def test_endings():
 
 def test_stalls_and_a_lost_node():
     assert "no heartbeat for 70s" in _kind(_status(heartbeat=NOW - 70), stall_s=60).detail
-    assert _kind(_status(step_time=NOW - 70), stall_s=60).kind == "stalled"          # beats, but no step
+    assert _kind(_status(step_time=NOW - 70), stall_s=60).kind == "stalled"  # beats, but no step
     assert _kind(_status(heartbeat=NOW - 70), Probe(None), stall_s=60).kind == "stalled"
-    assert _kind(_status(), Probe(None)).kind == "running"               # SSH down: the record still tells
+    assert _kind(_status(), Probe(None)).kind == "running"  # SSH down: the record still tells
     lost = _kind(_status(), Probe(None), node_state="PREEMPTED")
     assert lost.kind == "failed" and "PREEMPTED" in lost.detail
 

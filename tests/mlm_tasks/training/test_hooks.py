@@ -3,6 +3,7 @@ run; MLM_TRAIN_HOOKS names hooks by import path, and every entry it cannot use i
 
     .venv/bin/python -m pytest tests/mlm_tasks/training/test_hooks.py -q
 """
+
 import pytest
 
 from mlm_tasks import storage
@@ -34,19 +35,26 @@ def test_a_fault_for_one_run_leaves_the_others_alone(tmp_path):
 
 def test_the_environment_names_hooks_by_import_path():
     assert hooks_from_env({}) == [] and hooks_from_env({"MLM_TRAIN_HOOKS": " "}) == []
-    every, one = hooks_from_env({"MLM_TRAIN_HOOKS": "mlm_tasks.training.hooks:fail_at_step=6, "
-                                                    "mlm_tasks.training.hooks:fail_at_step=3@rest-fault"})
+    every, one = hooks_from_env(
+        {
+            "MLM_TRAIN_HOOKS": "mlm_tasks.training.hooks:fail_at_step=6, "
+            "mlm_tasks.training.hooks:fail_at_step=3@rest-fault"
+        }
+    )
     assert (every.step, every.run_id, one.step, one.run_id) == (6, None, 3, "rest-fault")
 
 
-@pytest.mark.parametrize("value, message", [
-    ("fail_at_step=6", "is not module:factory or module:factory=ARG"),
-    ("no_such_package.hooks:fail_at_step=6", "names no importable factory"),
-    ("mlm_tasks.training.hooks:no_such_factory", "names no importable factory"),
-    ("mlm_tasks.training.hooks:fail_at_step=six", "fail_at_step takes STEP or STEP@RUN_ID"),
-    ("mlm_tasks.training.hooks:fail_at_step=0", "at least 1"),
-    ("mlm_tasks.paths:RunContext=out", "made a RunContext, not a TrainHook"),
-])
+@pytest.mark.parametrize(
+    "value, message",
+    [
+        ("fail_at_step=6", "is not module:factory or module:factory=ARG"),
+        ("no_such_package.hooks:fail_at_step=6", "names no importable factory"),
+        ("mlm_tasks.training.hooks:no_such_factory", "names no importable factory"),
+        ("mlm_tasks.training.hooks:fail_at_step=six", "fail_at_step takes STEP or STEP@RUN_ID"),
+        ("mlm_tasks.training.hooks:fail_at_step=0", "at least 1"),
+        ("mlm_tasks.paths:RunContext=out", "made a RunContext, not a TrainHook"),
+    ],
+)
 def test_an_entry_that_makes_no_hook_is_a_config_error(value, message):
     with pytest.raises(ConfigError, match=message):
         hooks_from_env({"MLM_TRAIN_HOOKS": value})

@@ -1,5 +1,6 @@
 """The trainer's status record (mlm_tasks/training/status.py): what it says while a trainer runs, when it
 ends, when it is frozen; and how starts are counted across trainers of one run."""
+
 import os
 import signal
 import subprocess
@@ -23,13 +24,19 @@ def test_a_trainer_beats_reports_progress_and_ends_done(tmp_path, monkeypatch):
     assert read_status(run) is None
     with StatusRecord(run, total_steps=10, start_step=0, heartbeat_s=1) as status:
         first = read_status(run)
-        assert (first["state"], first["step"], first["starts"], first["try_number"], first["pid"]) == \
-            ("running", 0, 1, 3, os.getpid())
+        assert (first["state"], first["step"], first["starts"], first["try_number"], first["pid"]) == (
+            "running",
+            0,
+            1,
+            3,
+            os.getpid(),
+        )
         status.progress(4, 2.5, 1000.0, 12.0)
         after = read_status(run)
         assert (after["step"], after["last_loss"], after["tokens_per_s"], after["eta_s"]) == (4, 2.5, 1000.0, 12.0)
-        beat = wait_for("a heartbeat", lambda: (s := read_status(run)) and s["heartbeat"] > after["heartbeat"] and s,
-                        20)
+        beat = wait_for(
+            "a heartbeat", lambda: (s := read_status(run)) and s["heartbeat"] > after["heartbeat"] and s, 20
+        )
         assert beat["step_time"] == after["step_time"]  # a heartbeat is not progress
     done = read_status(run)
     assert (done["state"], done["exit_code"], done["error"], done["step"]) == ("done", 0, None, 4)
@@ -60,10 +67,12 @@ def test_stalled_names_a_stale_heartbeat_or_a_stale_step():
 
 def test_a_frozen_trainer_stops_beating_and_counts_as_stalled(tmp_path):
     """A real process whose status thread beats every 0.5 s, frozen with SIGSTOP, then let go."""
-    code = (f"import sys, time; sys.path.insert(0, {str(ROOT)!r})\n"
-            "from mlm_tasks.training.status import StatusRecord\nfrom mlm_tasks.paths import RunPaths\n"
-            f"with StatusRecord(RunPaths({str(tmp_path)!r}, 'frozen'), total_steps=5, start_step=0, heartbeat_s=0.5):\n"
-            "    time.sleep(120)\n")
+    code = (
+        f"import sys, time; sys.path.insert(0, {str(ROOT)!r})\n"
+        "from mlm_tasks.training.status import StatusRecord\nfrom mlm_tasks.paths import RunPaths\n"
+        f"with StatusRecord(RunPaths({str(tmp_path)!r}, 'frozen'), total_steps=5, start_step=0, heartbeat_s=0.5):\n"
+        "    time.sleep(120)\n"
+    )
     proc = subprocess.Popen([sys.executable, "-c", code])
     run = RunPaths(str(tmp_path), "frozen")
     try:
@@ -76,8 +85,9 @@ def test_a_frozen_trainer_stops_beating_and_counts_as_stalled(tmp_path):
         assert record["heartbeat"] == frozen_at  # no beat while frozen
         assert "no heartbeat" in stalled(record, stall_s=2)
         proc.send_signal(signal.SIGCONT)
-        resumed = wait_for("a heartbeat after SIGCONT",
-                           lambda: (s := read_status(run)) and s["heartbeat"] > frozen_at and s, 20)
+        resumed = wait_for(
+            "a heartbeat after SIGCONT", lambda: (s := read_status(run)) and s["heartbeat"] > frozen_at and s, 20
+        )
         assert "no new step" in stalled(resumed, stall_s=2)  # alive again, but no step since it started
     finally:
         proc.kill()

@@ -3,6 +3,7 @@ best step recorded, and train.keep_checkpoint=best keeping that step's model.
 
     TF_USE_LEGACY_KERAS=1 .venv/bin/python -m pytest tests/mlm_tasks/training/test_validation.py -q
 """
+
 import glob
 
 import pytest
@@ -13,8 +14,13 @@ from mlm_tasks.paths import RunContext, RunPaths
 from mlm_tasks.training.progress import best_so_far, read_history
 from peers.tiny_data import tiny_config
 
-VALIDATED = {"train.steps": 24, "train.eval_every": 4, "train.eval_batches": 2, "eval.batch_size": 16,
-             "train.log_every": 100}
+VALIDATED = {
+    "train.steps": 24,
+    "train.eval_every": 4,
+    "train.eval_batches": 2,
+    "eval.batch_size": 16,
+    "train.log_every": 100,
+}
 
 
 def _batches(cfg, shard_set):
@@ -68,9 +74,16 @@ def test_keep_best_saves_the_best_steps_model_which_evaluate_scores_the_same(tin
     from mlm_tasks.steps.train import train
 
     cfg, data = tiny_prepared
-    cfg = tiny_config(cfg.output_root, **VALIDATED, **{
-        "train.learning_rate": 0.9, "train.warmup_fraction": 0.95, "train.keep_checkpoint": "best",
-        "eval.max_batches": 2})
+    cfg = tiny_config(
+        cfg.output_root,
+        **VALIDATED,
+        **{
+            "train.learning_rate": 0.9,
+            "train.warmup_fraction": 0.95,
+            "train.keep_checkpoint": "best",
+            "eval.max_batches": 2,
+        },
+    )
     summary = train(cfg, RunContext.of(cfg, "keep-best", data["fingerprint"]))
     assert summary["kept"] == "best" and summary["best_step"] < cfg.train.steps
     assert summary["val_loss"] > summary["best_val_loss"] + 1.0  # the last step is clearly worse
