@@ -591,6 +591,14 @@ class PipelineConfig(_Section):
 
     @model_validator(mode="after")
     def _cross_checks(self) -> PipelineConfig:
+        self._model_checks()
+        self._train_checks()
+        self._output_checks()
+        self._publish_checks()
+        return self
+
+    def _model_checks(self) -> None:
+        """The model's shape against the data's: heads, positions, vocabulary."""
         shape = self.model.shape()  # raises on an unknown preset
         if self.model.init_from is not None:
             self._init_from_checks()  # the shape, positions and vocabulary are the base's: validate checks them
@@ -612,6 +620,9 @@ class PipelineConfig(_Section):
                 f"{len(SPECIAL_TOKENS)} special tokens {' '.join(SPECIAL_TOKENS)}: raise it (1000 or "
                 "more for real text; the default is 8000)."
             )
+
+    def _train_checks(self) -> None:
+        """Masking, steps per call and the kept checkpoint against each other."""
         if self.train.max_predictions_per_seq > self.shards.max_length:
             raise ConfigError("train.max_predictions_per_seq cannot exceed max_length.")
         expected = self.train.mlm_probability * self.shards.max_length
@@ -641,6 +652,9 @@ class PipelineConfig(_Section):
                 "train.keep_checkpoint=best needs train.eval_every (the steps at which the "
                 "validation loss picks the best): set it, e.g. train.eval_every=500."
             )
+
+    def _output_checks(self) -> None:
+        """Where the run writes and what runs it: output_root's scheme, the run's URIs, the TPU VM."""
         scheme = self.output_root.split("://", 1)[0] if "://" in self.output_root else "file"
         if scheme == "gs" and not self.output_root[len("gs://") :].split("/", 1)[0]:
             raise ConfigError(
@@ -670,6 +684,9 @@ class PipelineConfig(_Section):
             self.sensor.gcp_conn_id = self.gcp_conn_id
         if self.compute == "tpu_vm":
             self._tpu_checks()
+
+    def _publish_checks(self) -> None:
+        """The Hub repo ids, when publishing."""
         if (
             self.publish.repo_id
             and not HUB_REPO_ID.match(self.publish.repo_id)
@@ -683,7 +700,6 @@ class PipelineConfig(_Section):
             )
         if self.publish.enabled and not self.publish.repo_id:
             raise ConfigError("publish.enabled needs publish.repo_id, e.g. my-org/roberta-wiki-mlm.")
-        return self
 
     def _init_from_checks(self) -> None:
         """What a continued run (model.init_from) needs to be true without reading the base."""

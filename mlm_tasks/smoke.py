@@ -243,7 +243,7 @@ def capture_image(
 
 
 def smoke(args: argparse.Namespace, out: Callable[[str], None] = print) -> int:
-    from mlm_tasks.tpu.bundle import code_bundle, remote_command, stage_code
+    from mlm_tasks.tpu.bundle import remote_command
 
     cfg = smoke_config(args)
     run_id = args.run_id or time.strftime("smoke-%Y%m%dT%H%M%S", time.gmtime())
@@ -262,37 +262,9 @@ def smoke(args: argparse.Namespace, out: Callable[[str], None] = print) -> int:
     )
     previous = {s: signal.signal(s, _on_signal) for s in (signal.SIGTERM, signal.SIGHUP)}
     try:
-        if args.dry_run:
-            fingerprint = args.data_fingerprint or "<fingerprint>"
-            out(
-                f"(dry run) would prepare the tiny data set under {cfg.output_root}/datasets/ and stage the code "
-                f"under {cfg.output_root}/_code/"
-            )
-            code = code_bundle(cfg.output_root, cfg.tpu.runtime_version)[0]  # the real hashes, nothing sent
-        else:
-            from mlm_tasks.steps import build_shard_set
-
-            fingerprint = args.data_fingerprint or build_shard_set(cfg)["fingerprint"]
-            code = stage_code(cfg.output_root, cfg.tpu.runtime_version)
+        fingerprint, code = _prepare(cfg, args, out)
         tpu.ensure_node(cfg.tpu, name, tpu.labels(run_id, cfg.tpu.ttl_hours), metadata, api=api)
-        if args.dry_run:
-            out(
-                f"(dry run) would poll GET {API}/{tpu.full_name(cfg.tpu, name)} every {cfg.tpu.poll_interval_s:g}s "
-                f"until READY, probe tcp:{cfg.tpu.ssh_port} on worker 0's {cfg.tpu.ssh_via} IP, then run there "
-                f"as {args.ssh_user}, accepting only the host keys the node publishes (:getGuestAttributes):"
-            )
-            hosts = ["<worker-0-ip>"]
-        else:
-            node = wait_ready(cfg, name, api, time.time() + cfg.tpu.create_timeout_s, out)
-            hosts = tpu.worker_endpoints(node, external=cfg.tpu.ssh_via == "external")
-            problem = ssh.unreachable(hosts[0], cfg.tpu.ssh_port, cfg.tpu.ssh_probe_timeout_s)
-            if problem:
-                raise RuntimeError(
-                    f"Worker 0 is unreachable ({problem}): add a firewall rule allowing tcp:{cfg.tpu.ssh_port} "
-                    f"from this machine (gcloud compute firewall-rules create allow-ssh-smoke "
-                    f"--allow=tcp:{cfg.tpu.ssh_port} --source-ranges=<your IP>/32), or use --ssh-via internal "
-                    "from inside the VPC."
-                )
+        hosts = _worker_0(cfg, name, api, args, out)
         command = remote_command(
             cfg, "train", run_id, node=name, extra_args=["--data-fingerprint", fingerprint], code=code
         )
@@ -330,6 +302,48 @@ def smoke(args: argparse.Namespace, out: Callable[[str], None] = print) -> int:
             )
         for s, handler in previous.items():
             signal.signal(s, handler)
+
+
+def _prepare(cfg: PipelineConfig, args: argparse.Namespace, out: Callable[[str], None]) -> tuple[str, Any]:
+    """The tiny data set and the staged code (a dry run: their names and the real hashes, nothing sent)."""
+    from mlm_tasks.tpu.bundle import code_bundle, stage_code
+
+    if args.dry_run:
+        fingerprint = args.data_fingerprint or "<fingerprint>"
+        out(
+            f"(dry run) would prepare the tiny data set under {cfg.output_root}/datasets/ and stage the code "
+            f"under {cfg.output_root}/_code/"
+        )
+        code = code_bundle(cfg.output_root, cfg.tpu.runtime_version)[0]  # the real hashes, nothing sent
+    else:
+        from mlm_tasks.steps import build_shard_set
+
+        fingerprint = args.data_fingerprint or build_shard_set(cfg)["fingerprint"]
+        code = stage_code(cfg.output_root, cfg.tpu.runtime_version)
+    return fingerprint, code
+
+
+def _worker_0(cfg: PipelineConfig, name: str, api: Any, args: argparse.Namespace, out: Callable[[str], None]) -> list:
+    """Worker 0's address once the node is READY and its port 22 answers (a dry run: what it would do)."""
+    if args.dry_run:
+        out(
+            f"(dry run) would poll GET {API}/{tpu.full_name(cfg.tpu, name)} every {cfg.tpu.poll_interval_s:g}s "
+            f"until READY, probe tcp:{cfg.tpu.ssh_port} on worker 0's {cfg.tpu.ssh_via} IP, then run there "
+            f"as {args.ssh_user}, accepting only the host keys the node publishes (:getGuestAttributes):"
+        )
+        hosts = ["<worker-0-ip>"]
+    else:
+        node = wait_ready(cfg, name, api, time.time() + cfg.tpu.create_timeout_s, out)
+        hosts = tpu.worker_endpoints(node, external=cfg.tpu.ssh_via == "external")
+        problem = ssh.unreachable(hosts[0], cfg.tpu.ssh_port, cfg.tpu.ssh_probe_timeout_s)
+        if problem:
+            raise RuntimeError(
+                f"Worker 0 is unreachable ({problem}): add a firewall rule allowing tcp:{cfg.tpu.ssh_port} "
+                f"from this machine (gcloud compute firewall-rules create allow-ssh-smoke "
+                f"--allow=tcp:{cfg.tpu.ssh_port} --source-ranges=<your IP>/32), or use --ssh-via internal "
+                "from inside the VPC."
+            )
+    return hosts
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -147,3 +147,18 @@ def test_packages_form_layers_without_climbing_back():
     assert _cycles(layers) == []
     assert {"mlm_tasks.steps", "mlm_tasks.config"} <= layers["commands"]
     assert "mlm_tasks.data" in layers["mlm_tasks.steps"] and "mlm_tasks.tpu" in layers["mlm_tasks.config"]
+
+
+def test_no_function_of_the_library_or_the_glue_is_longer_than_a_screen():
+    """80 lines at most (issue 30): a function that does more is a plan of parts, each named."""
+    import ast
+
+    long = []
+    for top in ("mlm_tasks", "plugins", "dags"):
+        for f in sorted((ROOT / top).rglob("*.py")):
+            for node in ast.walk(ast.parse(f.read_text())):
+                if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                    lines = node.end_lineno - node.lineno + 1
+                    if lines > 80:
+                        long.append(f"{f.relative_to(ROOT)}::{node.name} ({lines} lines)")
+    assert not long, long

@@ -96,15 +96,7 @@ def mlm_dataset(
 
     max_length = shard_set.max_length
     files = shard_set.shard_uris(split)
-    pipelines, pipeline_id, per_replica = 1, 0, batch_size
-    if input_context is not None:
-        pipelines, pipeline_id = input_context.num_input_pipelines, input_context.input_pipeline_id
-        per_replica = input_context.get_per_replica_batch_size(batch_size)
-    if batch_size % pipelines:
-        raise ValueError(
-            f"Global batch {batch_size} does not split over {pipelines} input pipelines: "
-            "use a batch that the replica count divides."
-        )
+    pipelines, pipeline_id, per_replica = _pipeline_share(batch_size, input_context)
     policy, why = shard_policy(len(files), pipelines)
     log.info("Input pipeline %d of %d shards %s by %s: %s", pipeline_id + 1, pipelines, split, policy.upper(), why)
     step_batch = batch_size // pipelines  # this pipeline's examples per step
@@ -150,11 +142,31 @@ def mlm_dataset(
     ds = ds.map(parse_and_mask, num_parallel_calls=tf.data.AUTOTUNE)
     if per_replica != step_batch:  # a host with several replicas: each takes one piece per step
         ds = ds.rebatch(per_replica, drop_remainder=True)
+    return _deterministic_and_unsharded(ds.prefetch(tf.data.AUTOTUNE))
+
+
+def _pipeline_share(batch_size: int, input_context) -> tuple[int, int, int]:
+    """(input pipelines, this pipeline's index, per-replica batch) of a global batch."""
+    pipelines, pipeline_id, per_replica = 1, 0, batch_size
+    if input_context is not None:
+        pipelines, pipeline_id = input_context.num_input_pipelines, input_context.input_pipeline_id
+        per_replica = input_context.get_per_replica_batch_size(batch_size)
+    if batch_size % pipelines:
+        raise ValueError(
+            f"Global batch {batch_size} does not split over {pipelines} input pipelines: "
+            "use a batch that the replica count divides."
+        )
+    return pipelines, pipeline_id, per_replica
+
+
+def _deterministic_and_unsharded(ds):
+    import tensorflow as tf
+
     options = tf.data.Options()
     options.deterministic = True
-    # Sharding is done above from input_context; tf.distribute must not shard again.
+    # Sharding is done in mlm_dataset from input_context; tf.distribute must not shard again.
     options.experimental_distribute.auto_shard_policy = tf.data.experimental.AutoShardPolicy.OFF
-    return ds.prefetch(tf.data.AUTOTUNE).with_options(options)
+    return ds.with_options(options)
 
 
 def damaged_shard_error(shard_set: ShardSet, split: str, err) -> ConfigError | None:

@@ -13,6 +13,7 @@ import logging
 import math
 import tempfile
 from collections import Counter
+from typing import Any
 
 from mlm_tasks import storage
 from mlm_tasks.config import PipelineConfig
@@ -69,13 +70,10 @@ def _score(model, batches, mask_id: int) -> tuple[float, float, int, float]:
 def evaluate(cfg: PipelineConfig, ctx: RunContext) -> EvalMetrics:
     """Score run `ctx.run_id`'s model on `eval.split` of shard set `ctx.fingerprint`; the metrics."""
     import tensorflow as tf
-    from transformers import TFRobertaForMaskedLM
 
-    from mlm_tasks.data.input import mlm_dataset
     from mlm_tasks.data.shard_set import load_manifest
     from mlm_tasks.data.tokenizer import load_tokenizer
     from mlm_tasks.model.roberta import build_model
-    from mlm_tasks.training.validation import EVAL_MLM_PROBABILITY
 
     run, run_id, fingerprint = ctx.run, ctx.run_id, ctx.data.fingerprint
     if storage.exists(run.eval_metrics):
@@ -88,34 +86,9 @@ def evaluate(cfg: PipelineConfig, ctx: RunContext) -> EvalMetrics:
     shard_set = load_manifest(cfg, fingerprint)
     split = cfg.eval.split
     tokenizer = load_tokenizer(shard_set.paths.tokenizer, shard_set.max_length)
-    with tempfile.TemporaryDirectory() as tmp:
-        # use_safetensors=False: read tf_model.h5. transformers 4.57 would otherwise pick the PyTorch
-        # model.safetensors beside it and fail to read it (transformers#40028).
-        model = TFRobertaForMaskedLM.from_pretrained(storage.download_dir(run.model, tmp), use_safetensors=False)
-    if model.config.vocab_size != model_vocab_size(cfg, len(tokenizer)):
-        trained_on = storage.read_json(run.train_summary).get("data_fingerprint", "?")
-        raise ConfigError(
-            f"Model vocab {model.config.vocab_size} != tokenizer vocab {len(tokenizer)}: the model at "
-            f"{run.model} was trained with another tokenizer (data {trained_on}, not {fingerprint}). "
-            "Evaluate with the data fingerprint the run trained on, or retrain on this data."
-        )
+    model = _trained_model(cfg, ctx, len(tokenizer))
 
-    # Fixed seed and rate: every run (and the previously published model) is scored on identical masks,
-    # whatever masking rate it trained with; the first batches are those of train.eval_every.
-    tf.random.set_seed(cfg.train.seed)
-    ds = mlm_dataset(
-        shard_set,
-        split,
-        tokenizer,
-        cfg.eval.batch_size,
-        training=False,
-        mlm_probability=EVAL_MLM_PROBABILITY,
-        seed=cfg.train.seed,
-    )
-    if cfg.eval.max_batches:
-        ds = ds.take(cfg.eval.max_batches)
-    batches = list(ds)  # the same masked batches for all three scores
-
+    batches = _eval_batches(cfg, shard_set, split, tokenizer)
     loss, accuracy, masked, mask_acc = _score(model, batches, tokenizer.mask_token_id)
     tf.keras.utils.set_random_seed(cfg.train.seed)
     untrained = build_model(model.config)
@@ -154,3 +127,46 @@ def evaluate(cfg: PipelineConfig, ctx: RunContext) -> EvalMetrics:
         100 * baseline,
     )
     return metrics
+
+
+def _trained_model(cfg: PipelineConfig, ctx: RunContext, tokenizer_size: int) -> Any:
+    """The run's trained model, refused when its vocabulary is not the tokenizer's."""
+    from transformers import TFRobertaForMaskedLM
+
+    run, fingerprint = ctx.run, ctx.data.fingerprint
+    with tempfile.TemporaryDirectory() as tmp:
+        # use_safetensors=False: read tf_model.h5. transformers 4.57 would otherwise pick the PyTorch
+        # model.safetensors beside it and fail to read it (transformers#40028).
+        model = TFRobertaForMaskedLM.from_pretrained(storage.download_dir(run.model, tmp), use_safetensors=False)
+    if model.config.vocab_size != model_vocab_size(cfg, tokenizer_size):
+        trained_on = storage.read_json(run.train_summary).get("data_fingerprint", "?")
+        raise ConfigError(
+            f"Model vocab {model.config.vocab_size} != tokenizer vocab {tokenizer_size}: the model at "
+            f"{run.model} was trained with another tokenizer (data {trained_on}, not {fingerprint}). "
+            "Evaluate with the data fingerprint the run trained on, or retrain on this data."
+        )
+    return model
+
+
+def _eval_batches(cfg: PipelineConfig, shard_set: Any, split: str, tokenizer: Any) -> list:
+    """The masked batches every score is taken on."""
+    import tensorflow as tf
+
+    from mlm_tasks.data.input import mlm_dataset
+    from mlm_tasks.training.validation import EVAL_MLM_PROBABILITY
+
+    # Fixed seed and rate: every run (and the previously published model) is scored on identical masks,
+    # whatever masking rate it trained with; the first batches are those of train.eval_every.
+    tf.random.set_seed(cfg.train.seed)
+    ds = mlm_dataset(
+        shard_set,
+        split,
+        tokenizer,
+        cfg.eval.batch_size,
+        training=False,
+        mlm_probability=EVAL_MLM_PROBABILITY,
+        seed=cfg.train.seed,
+    )
+    if cfg.eval.max_batches:
+        ds = ds.take(cfg.eval.max_batches)
+    return list(ds)  # the same masked batches for all three scores

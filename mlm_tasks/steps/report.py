@@ -21,7 +21,7 @@ from typing import Any
 from mlm_tasks import storage
 from mlm_tasks.config import PipelineConfig
 from mlm_tasks.data.shard_set import DataSummary
-from mlm_tasks.paths import RunContext, join
+from mlm_tasks.paths import RunContext, RunPaths, join
 from mlm_tasks.reporting.card import (
     base_model_line,
     config_lines,
@@ -127,11 +127,31 @@ def report(cfg: PipelineConfig, ctx: RunContext, *, data: DataSummary | None = N
     data_info = data_info if data_info is not None else art["data_info"]
     if not data_info and metrics and metrics.get("data_fingerprint"):
         data_info = {"fingerprint": metrics["data_fingerprint"]}
-    published = storage.read_json_if_exists(run.published)
     history = read_history(run)
-    missing: list[str] = []
+    plots, missing = _plots(run, history, metrics)
+    if not summary:
+        missing.append("training summary (train/summary.json)")
+    if not metrics:
+        missing.append("evaluation metrics (eval/metrics.json)")
+    if not predictions:
+        missing.append("fill-mask predictions (infer/predictions.json)")
 
+    page = _page(cfg, run, art, data_info, plots, missing)
+    report_uri = join(run.report, REPORT_MD)
+    storage.write_text(report_uri, "\n".join(page) + "\n")
+    log.info(
+        "Wrote the run report to %s (%d history points; missing: %s)",
+        report_uri,
+        len(history),
+        ", ".join(missing) or "nothing",
+    )
+    return _key_metrics(report_uri, plots, missing, history, art, data_info)
+
+
+def _plots(run: RunPaths, history: list[dict], metrics: Mapping[str, Any] | None) -> tuple[dict[str, str], list[str]]:
+    """The loss and learning-rate plots under report/ ({name: uri}), and what was missing to draw them."""
     plots: dict[str, str] = {}
+    missing: list[str] = []
     steps, losses = _series(history, "loss")
     if steps:
         refs = {k: metrics[k] for k in ("loss", "untrained_loss") if metrics and metrics.get(k) is not None}
@@ -153,13 +173,19 @@ def report(cfg: PipelineConfig, ctx: RunContext, *, data: DataSummary | None = N
         plots["learning_rate"] = join(run.report, LR_PNG)
     elif steps:
         missing.append("learning rate in the training history: no schedule plot")
-    if not summary:
-        missing.append("training summary (train/summary.json)")
-    if not metrics:
-        missing.append("evaluation metrics (eval/metrics.json)")
-    if not predictions:
-        missing.append("fill-mask predictions (infer/predictions.json)")
+    return plots, missing
 
+
+def _page(
+    cfg: PipelineConfig,
+    run: RunPaths,
+    art: Mapping[str, Any],
+    data_info: Mapping[str, Any] | None,
+    plots: dict[str, str],
+    missing: list[str],
+) -> list[str]:
+    """report.md's lines."""
+    metrics, summary, predictions = art["metrics"], art["summary"], art["predictions"]
     page = [
         f"# Run report: `{run.run_id}`",
         "",
@@ -196,20 +222,23 @@ def report(cfg: PipelineConfig, ctx: RunContext, *, data: DataSummary | None = N
         "## Logs",
         f"- TensorBoard: [../tensorboard/](../tensorboard/) — `tensorboard --logdir {run.tensorboard}`",
     ]
+    published = storage.read_json_if_exists(run.published)
     if published:
         page.append(f"- Published to the Hub: [{published.get('repo_id')}]({published.get('commit_url')})")
     if missing:
         page += ["", "## Not available", *[f"- {m}" for m in missing]]
-    report_uri = join(run.report, REPORT_MD)
-    storage.write_text(report_uri, "\n".join(page) + "\n")
-    log.info(
-        "Wrote the run report to %s (%d history points; missing: %s)",
-        report_uri,
-        len(history),
-        ", ".join(missing) or "nothing",
-    )
+    return page
 
-    summary, metrics = summary or {}, metrics or {}
+
+def _key_metrics(
+    report_uri: str,
+    plots: dict[str, str],
+    missing: list[str],
+    history: list[dict],
+    art: Mapping[str, Any],
+    data_info: Mapping[str, Any] | None,
+) -> KeyMetrics:
+    summary, metrics = art["summary"] or {}, art["metrics"] or {}
     return {
         "report_uri": report_uri,
         "plots": plots,
