@@ -1,12 +1,12 @@
 """The model a run continues from (`model.init_from`): files, identity, shape, tokenizer, checks against the run.
 
-    base = BaseModel.of(cfg)                 # None without model.init_from
+    base = BaseModelRef.of(cfg)                 # None without model.init_from
     base.identity()                          # {"init_from": ..., "revision": commit sha, or sha256 of its files}
     base.config(), base.tokenizer_json()     # config.json (a dict), tokenizer.json (text)
     folder = base.local_folder(tmp)          # config.json and the weights on local disk, to load
     check_base(cfg, base)                    # validate: conflicting shape settings, max_length, tokenizer
 
-Why pinned: a Hub revision is resolved to its commit once and train reads that commit (`BaseModel.pinned`),
+Why pinned: a Hub revision is resolved to its commit once and train reads that commit (`BaseModelRef.pinned`),
 so a moving branch cannot pair other weights with the shards' tokenizer; a changed folder is refused.
 docs/configuration.md#continued-pretraining-modelinit_from
 """
@@ -45,7 +45,7 @@ def where(uri: str) -> str:
     )
 
 
-class BaseModel:
+class BaseModelRef:
     def __init__(self, uri: str, revision: str | None = None, timeout_s: float = DEFAULT_TIMEOUT_S):
         self.uri, self.kind, self.timeout_s = uri, where(uri), timeout_s
         if revision and self.kind != "hub":
@@ -56,12 +56,12 @@ class BaseModel:
         self.revision = revision
 
     @classmethod
-    def of(cls, cfg: PipelineConfig) -> BaseModel | None:
+    def of(cls, cfg: PipelineConfig) -> BaseModelRef | None:
         m = cfg.model
         return cls(m.init_from, m.init_revision, cfg.publish.request_timeout_s) if m.init_from else None
 
     @classmethod
-    def pinned(cls, cfg: PipelineConfig, recorded: dict | None) -> BaseModel | None:
+    def pinned(cls, cfg: PipelineConfig, recorded: dict | None) -> BaseModelRef | None:
         """The base exactly as the shard set's manifest recorded it (train, evaluate: after plan_shards)."""
         base = cls.of(cfg)
         if base is None and recorded is None:
@@ -180,7 +180,7 @@ class BaseModel:
         return tmp
 
 
-def check_base(cfg: PipelineConfig, base: BaseModel) -> None:
+def check_base(cfg: PipelineConfig, base: BaseModelRef) -> None:
     """What validate checks of a base before any work: a RoBERTa masked LM whose shape the run does not
     contradict, whose positions hold max_length, and whose tokenizer has our special tokens and fills
     its vocabulary."""

@@ -20,7 +20,7 @@ import time
 from dataclasses import dataclass
 
 from mlm_tasks import storage
-from mlm_tasks.base_model import BaseModel
+from mlm_tasks.base_model import BaseModelRef
 from mlm_tasks.config import PipelineConfig
 from mlm_tasks.data.corpus import open_corpus
 from mlm_tasks.data.corpus.shards import ShardsCorpus, check_shards
@@ -145,7 +145,7 @@ class ShardSet:
 def manifest_extra(cfg: PipelineConfig, corpus, corpus_fingerprint: str, paths: DataPaths, tokenizer) -> dict:
     """What the manifest says besides the shards: vocabulary, tokenizer hash, source, credit, special ids,
     and with model.init_from the base model (its identity, as in the fingerprint, and its shape)."""
-    base = BaseModel.of(cfg)
+    base = BaseModelRef.of(cfg)
     return {
         **({"base_model": {**base.identity(), "kind": base.kind, **base.shape()}} if base else {}),
         "vocab_size": len(tokenizer),
@@ -173,7 +173,7 @@ def data_fingerprint(cfg: PipelineConfig, corpus=None, corpus_fingerprint: str |
     if cfg.corpus.source == "tfrecord_shards":  # shards brought as they are: no setting of ours changes them
         key = {"corpus": corpus_fingerprint, "max_length": cfg.shards.max_length, "manifest_version": MANIFEST_VERSION}
         return hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16]
-    base = BaseModel.of(cfg)
+    base = BaseModelRef.of(cfg)
     key = {
         "corpus": corpus_fingerprint,
         "splits": [cfg.corpus.validation_fraction, cfg.corpus.test_fraction],
@@ -236,7 +236,7 @@ def ensure_tokenizer(cfg: PipelineConfig, corpus, paths: DataPaths) -> None:
     if storage.exists(join(paths.tokenizer, "tokenizer.json")):
         log.info("Reusing the tokenizer already trained for this fingerprint: %s", paths.tokenizer)
         return
-    base = BaseModel.of(cfg)
+    base = BaseModelRef.of(cfg)
     if base is not None:
         from tokenizers import Tokenizer
 

@@ -19,7 +19,7 @@ import os
 from collections.abc import Sequence
 
 from mlm_tasks import storage
-from mlm_tasks.base_model import BaseModel, check_base
+from mlm_tasks.base_model import BaseModelRef, check_base
 from mlm_tasks.config import PipelineConfig
 from mlm_tasks.data.corpus import open_corpus
 from mlm_tasks.data.corpus.base import empty_corpus_error
@@ -98,7 +98,7 @@ def validate(
         check_shards(cfg, corpus)  # features, max_length, ids within the tokenizer's vocabulary
     if storage.scheme(cfg.output_root) == "gs":
         check_gcs_credentials(cfg.output_root)
-    base = BaseModel.of(cfg)
+    base = BaseModelRef.of(cfg)
     if base is not None:
         check_base(cfg, base)  # the shape, positions and tokenizer of the base against the run's settings
         log.info(

@@ -20,7 +20,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from mlm_tasks import storage
-from mlm_tasks.base_model import BaseModel
+from mlm_tasks.base_model import BaseModelRef
 from mlm_tasks.config import PipelineConfig
 from mlm_tasks.data.shard_set import ShardSet, load_manifest
 from mlm_tasks.errors import ConfigError
@@ -159,7 +159,7 @@ class TrainInputs:
 
     shard_set: ShardSet
     tokenizer: Any
-    base: BaseModel | None
+    base: BaseModelRef | None
 
 
 def load_inputs(cfg: PipelineConfig, ctx: RunContext) -> TrainInputs:
@@ -171,7 +171,7 @@ def load_inputs(cfg: PipelineConfig, ctx: RunContext) -> TrainInputs:
     shard_set = load_manifest(cfg, ctx.data.fingerprint)
     shard_set.verify("train")
     tokenizer = load_tokenizer(shard_set.paths.tokenizer, shard_set.max_length)
-    base = BaseModel.pinned(cfg, shard_set.base_model)  # at the revision the shard set recorded
+    base = BaseModelRef.pinned(cfg, shard_set.base_model)  # at the revision the shard set recorded
     check_resumable(ctx.run, ctx.data.fingerprint, model_vocab_size(cfg, len(tokenizer)))
     return TrainInputs(shard_set, tokenizer, base)
 

@@ -14,7 +14,7 @@ import tempfile
 from dataclasses import dataclass
 from typing import Any
 
-from mlm_tasks.base_model import BaseModel
+from mlm_tasks.base_model import BaseModelRef
 from mlm_tasks.config import PipelineConfig
 from mlm_tasks.paths import RunPaths
 from mlm_tasks.training.plan import TrainInputs, TrainPlan
@@ -66,7 +66,7 @@ def build_training(cfg: PipelineConfig, run: RunPaths, inputs: TrainInputs, plan
     return TrainState(model, optimizer, schedule, step, manager, best, validate, start_step, history)
 
 
-def _restore_or_start(checkpoint: Any, manager: Any, step: Any, model: Any, base: BaseModel | None) -> None:
+def _restore_or_start(checkpoint: Any, manager: Any, step: Any, model: Any, base: BaseModelRef | None) -> None:
     """The latest checkpoint of the run when it has one; else the base model's weights, if any."""
     if manager.latest_checkpoint:
         checkpoint.restore(manager.latest_checkpoint).assert_existing_objects_matched()

@@ -99,7 +99,7 @@ def test_pytorch_and_tensorflow_safetensors_load_the_same_weights_as_the_h5(base
     import tensorflow as tf
     from transformers import TFRobertaForMaskedLM
 
-    from mlm_tasks.base_model import BaseModel
+    from mlm_tasks.base_model import BaseModelRef
     from mlm_tasks.model.init_weights import load_base_weights
     from mlm_tasks.model.pt_export import read_tf_weights
     from mlm_tasks.model.roberta import build_model, roberta_config
@@ -118,7 +118,7 @@ def test_pytorch_and_tensorflow_safetensors_load_the_same_weights_as_the_h5(base
     for source, layout in ((pt_folder, "PyTorch"), (tf_folder, "TensorFlow")):
         cfg = _continued(tmp_path / source.name, str(source))
         validate(cfg)
-        b = BaseModel.of(cfg)
+        b = BaseModelRef.of(cfg)
         assert b.weights_file == "model.safetensors"
         model = build_model(roberta_config(cfg, 0, {}, b.config()))
         assert load_base_weights(model, b.local_folder(str(tmp_path / "x"))).endswith(f"({layout} names)")
