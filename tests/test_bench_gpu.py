@@ -6,6 +6,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[1]
 
 
@@ -20,6 +22,7 @@ def _number(cell: str) -> float:
     return float(cell.rstrip("%").replace(",", ""))
 
 
+@pytest.mark.slow  # trains a model: in make test, not in make test-fast
 def test_cpu_check_prints_both_loops_with_throughput_mfu_and_memory(tmp_path):
     env = {**os.environ, "MLM_BENCH_ROOT": str(tmp_path / "bench"), "TF_CPP_MIN_LOG_LEVEL": "3"}
     out = subprocess.run(

@@ -59,6 +59,7 @@ def _pytorch_only(folder: Path, dest: Path) -> Path:
     return dest
 
 
+@pytest.mark.slow  # trains a model: in make test, not in make test-fast
 def test_a_continued_run_starts_from_the_base_weights_and_tokenizer(base, scratch_first_loss, tmp_path, caplog):
     from mlm_tasks.data.shard_set import data_fingerprint
     from mlm_tasks.reporting.card import write_model_card
@@ -128,6 +129,7 @@ def test_pytorch_and_tensorflow_safetensors_load_the_same_weights_as_the_h5(base
         tf.keras.backend.clear_session()
 
 
+@pytest.mark.slow  # trains a model: in make test, not in make test-fast
 def test_the_hub_peer_serves_a_published_model_at_a_pinned_revision(
     base, scratch_first_loss, fake_hub, tmp_path, monkeypatch
 ):

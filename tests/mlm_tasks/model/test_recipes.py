@@ -67,6 +67,7 @@ def test_validate_refuses_too_few_prediction_slots_too_much_masking_and_padding_
     assert model_vocab_size(tiny_config(tmp_path), 1000) == 1000
 
 
+@pytest.mark.slow  # trains a model: in make test, not in make test-fast
 def test_bf16_one_cycle_more_masking_and_a_padded_vocabulary_train_resume_evaluate_and_fill_masks(tiny_prepared):
     """All four knobs in one tiny run: the loss starts near ln(vocab) and falls, a faulted try resumes
     from its padded checkpoint, and evaluate and fill-mask read the padded model with the tokenizer."""

@@ -60,6 +60,7 @@ def _cfg(root, task_files, **downstream):
     )
 
 
+@pytest.mark.slow  # trains a model: in make test, not in make test-fast
 def test_scores_per_task_with_the_random_init_baseline(tmp_path, task_files):
     from mlm_tasks.downstream.finetune import encode, finetune
     from mlm_tasks.downstream.tasks import load_task

@@ -33,6 +33,7 @@ def _losses(cfg, data, run_id, hooks=(), **settings):
     return [h["loss"] for h in history], summary
 
 
+@pytest.mark.slow  # trains a model: in make test, not in make test-fast
 @pytest.mark.parametrize("xla", ["off", "on"])
 def test_eight_steps_per_call_give_the_losses_of_one(tiny_prepared, xla):
     cfg, data = tiny_prepared
@@ -42,6 +43,7 @@ def test_eight_steps_per_call_give_the_losses_of_one(tiny_prepared, xla):
     assert eight == pytest.approx(one, rel=1e-6, abs=1e-6)
 
 
+@pytest.mark.slow  # trains a model: in make test, not in make test-fast
 def test_a_fault_mid_call_resumes_exactly_with_several_steps_per_call(tiny_prepared):
     """The fault of step 6 is raised after the call ending at step 8 (checkpoint at 8); the retry
     resumes there and skips the batches it consumed: the losses are an undisturbed run's."""

@@ -130,6 +130,7 @@ def test_missing_shards_say_run_build_shard_set(tiny_cfg):
         train(tiny_cfg, RunContext.of(tiny_cfg, "no-data", "0123456789abcdef"))
 
 
+@pytest.mark.slow  # trains a model: in make test, not in make test-fast
 def test_xla_step_inside_a_distribution_strategy_trains_on_cpu(tiny_prepared, caplog):
     """The TPU's code path (strategy.run of the XLA-compiled step, distributed dataset, mirrored
     variables) on one CPU: train.strategy=mirrored, train.xla=on."""

@@ -16,6 +16,7 @@ from mlm_tasks.training.progress import read_history
 from peers.tiny_data import tiny_config
 
 
+@pytest.mark.slow  # trains a model: in make test, not in make test-fast
 def test_a_budgeted_run_keeps_its_count_across_a_retry_and_trains_as_that_count_would(tiny_prepared, caplog):
     from mlm_tasks.steps.train import train
 
