@@ -66,7 +66,7 @@ def vm(request, tmp_path, sshd, gcs, fake_tpu, monkeypatch):
             "steps": 60,
             "checkpoint_every": 5,
             "heartbeat_s": 1,
-            "stall_minutes": 0.1,
+            "stall_minutes": 0.25,  # 15 s: a loaded 2-core CI machine took over 6 s to start the stand-in
             "follow_poll_s": 0.2,
             "progress_log_s": 1,
         },
@@ -219,7 +219,8 @@ def test_a_retry_stops_a_stale_trainer_it_finds_alive_then_starts_a_new_one(vm, 
     job = _first_try_killed(vm, tmp_path, at_step=7)
     frozen = _status(vm)["pid"]
     os.kill(frozen, signal.SIGSTOP)  # alive, holding the lock, but beating no more
-    wait_for("its heartbeat to go stale", lambda: time.time() - _status(vm)["heartbeat"] > 7, 20)
+    stall_s = vm.config["train"]["stall_minutes"] * 60
+    wait_for("its heartbeat to go stale", lambda: time.time() - _status(vm)["heartbeat"] > stall_s + 1, stall_s + 20)
 
     _train(vm, 2)
     assert "The stored trainer is alive but stale (no heartbeat for" in capfd.readouterr().out
