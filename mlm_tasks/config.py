@@ -256,12 +256,28 @@ class TrainConfig(_Section):
         None,
         gt=0,
         le=720,
-        description="execution_timeout of the train task (empty: "
-        "tpu.ttl_hours on a TPU VM, 72 h locally); on a TPU VM at most tpu.ttl_hours.",
+        description="The training's deadline (empty: tpu.ttl_hours on a TPU VM, 72 h locally): locally the "
+        "train task's execution_timeout; on a TPU VM counted from the task's first start, across its check-ins, "
+        "restarts and retries, and at most tpu.ttl_hours.",
+    )
+    max_restarts: int = Field(
+        10,
+        ge=0,
+        le=1000,
+        description="On a TPU VM: node losses (a preemption, a deleted node) the train task handles inside its "
+        "try, each with a new node and a new trainer from the last checkpoint; one more fails the try "
+        "(Airflow's retries are for errors).",
+    )
+    check_in_minutes: float = Field(
+        60.0,
+        gt=0,
+        le=1440,
+        description="On a TPU VM: the train task's trigger timeout. At it the task checks the deadline "
+        "(train.timeout_hours) on a worker, reattaches to the trainer and defers again, in the same try.",
     )
 
     def timeout_for(self, compute: str, ttl_hours: float) -> float:
-        """Hours one try of the train task may run (a TPU VM's try must end before its TTL)."""
+        """Hours the training may run (on a TPU VM it must end before the VM's TTL)."""
         if self.timeout_hours is not None:
             return self.timeout_hours
         return ttl_hours if compute == "tpu_vm" else 72.0

@@ -106,7 +106,23 @@ class TrainSummary(TypedDict):
     python: str
 
 
-class TrainStatus(TypedDict):
+class Restart(TypedDict):
+    """A node loss the train task handled inside its try (mlm_tasks/training/restarts.py)."""
+
+    cause: str  # what the follow saw: the node's state, or the trainer gone with it
+    at_utc: str
+    node: str
+    try_number: int
+    step: int  # the last step the lost trainer recorded
+    resumed_from: int | None  # the step the next trainer started from (its last checkpoint); None until it starts
+    steps_lost: int | None  # step - resumed_from: trained again
+
+
+class _TrainStatusRestarts(TypedDict, total=False):  # NotRequired is Python 3.11; the VM has 3.10
+    restarts: list[Restart]  # the node losses of this run so far, in order (none in a record before them)
+
+
+class TrainStatus(_TrainStatusRestarts):
     """The trainer's status record, runs/<run>/train/status.json (mlm_tasks/training/status.py)."""
 
     state: str  # running, done or failed

@@ -2,13 +2,14 @@
 state, clock), and the check and reattach built on it, which the train task and its trigger run.
 
     verdict = classify(job, read_status(run), probe, now=time.time(), stall_s=cfg.train.stall_minutes * 60)
-    verdict.kind    # starting | running | done | failed | stalled
+    verdict.kind    # starting | running | done | failed | stalled | lost (its node is gone)
     watch = JobWatch(DetachedJob(job, connect), cfg.tpu, output_root=cfg.output_root, stall_s=..., log=log)
     watch.check()                                   # one look: probe, record, node state -> classify
     reattach(watch, node=name, host=host)           # a retry: follow this job on? (stops a stale one)
 
 The follow loop waits on starting/running, succeeds on done and fails on failed (with the exit code) or
-stalled (after stopping the trainer: a retry may fix it). A retry that finds a handle reattaches to a
+stalled (after stopping the trainer: a retry may fix it); lost (the node is not READY: preempted, deleted)
+is a restart inside the try (mlm_tasks/training/restarts.py), not a failure. A retry that finds a handle reattaches to a
 starting/running trainer, succeeds on done, stops a stalled one and starts a new one otherwise. The
 status record belongs to the job when it names the job's try (MLM_TRY_NUMBER) and counts more
 starts than the record found before the job began: a record left by an earlier trainer is not this
@@ -30,7 +31,7 @@ from mlm_tasks.training.status import read_status, stalled
 if TYPE_CHECKING:
     from mlm_tasks.config import TpuConfig
 
-Kind = Literal["starting", "running", "done", "failed", "stalled"]
+Kind = Literal["starting", "running", "done", "failed", "stalled", "lost"]
 
 
 @dataclass(frozen=True)
@@ -46,6 +47,10 @@ def own_status(job: TrainJob, status: TrainStatus | None) -> TrainStatus | None:
     if status is None or status.get("try_number") != job["try_number"]:
         return None
     return status if status["starts"] > job.get("starts_before", 0) else None
+
+
+def status_unfinished(status: TrainStatus | None) -> bool:
+    return status is None or status["state"] == "running"
 
 
 def _eta(seconds: float | None) -> str:
@@ -79,7 +84,8 @@ def classify(
     if mine is not None and mine["state"] == "failed":
         return Verdict("failed", f"{who} failed: {mine['error']}", mine["exit_code"])
     if node_state not in (None, "READY"):
-        return Verdict("failed", f"the TPU VM {job['node']} is {node_state} (preempted?): {who} is lost with it")
+        hint = "" if node_state == "PREEMPTED" else " (preempted?)"
+        return Verdict("lost", f"the TPU VM {job['node']} is {node_state}{hint}: {who} is lost with it")
     if probe.alive is False:
         if probe.exit_code == 0:
             return Verdict("done", f"{who} exited with code 0", 0)
@@ -120,6 +126,10 @@ class JobWatch:
         if probe.alive is None:  # no SSH answer: a preempted node explains it at once
             node_state = tpu.get_state(self.tpu_cfg, self.job["node"]).state
             self.log.warning("No answer from worker 0 (%s); the node is %s.", probe.error, node_state)
+        elif probe.alive is False and status_unfinished(status):
+            # Gone before its record says it ended: killed, or its VM is being preempted (the processes go
+            # before SSH does), which the node's state tells.
+            node_state = tpu.get_state(self.tpu_cfg, self.job["node"]).state
         return classify(self.job, status, probe, now=time.time(), stall_s=self.stall_s, node_state=node_state)
 
     def stop(self) -> Probe:

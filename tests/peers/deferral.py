@@ -5,6 +5,10 @@
 
 On each TaskDeferred the trigger is rebuilt from its serialized kwargs (through JSON, as the triggerer
 stores them), run to its first event, and the operator resumes in the deferral's method with that event.
+A deferral's own timeout, when shorter than `timeout` (the test's bound on any one trigger), ends its
+trigger as the scheduler's check_trigger_timeouts does: the operator resumes in resume_execution with
+next_method "__fail__" and the error "Trigger timeout" (Airflow's TaskDeferralTimeout, unless the
+operator handles it).
 """
 
 from __future__ import annotations
@@ -14,6 +18,7 @@ import json
 from collections.abc import Callable
 from typing import Any
 
+from airflow.sdk.bases.operator import TRIGGER_FAIL_REPR, TriggerFailureReason
 from airflow.sdk.exceptions import TaskDeferred
 
 
@@ -39,7 +44,17 @@ def run_deferrable(
         except TaskDeferred as deferred:
             if tweak:
                 tweak(deferred.trigger)
-            event = asyncio.run(asyncio.wait_for(first_event(rebuilt(deferred.trigger)), timeout))
+            limit = deferred.timeout.total_seconds() if deferred.timeout is not None else None
+            try:
+                event = asyncio.run(
+                    asyncio.wait_for(first_event(rebuilt(deferred.trigger)), min(limit or timeout, timeout))
+                )
+            except TimeoutError:
+                if limit is None or limit >= timeout:
+                    raise
+                timed_out = {"error": TriggerFailureReason.TRIGGER_TIMEOUT.value}
+                call, args = op.resume_execution, (TRIGGER_FAIL_REPR, timed_out, context())
+                continue
             call = getattr(op, deferred.method_name)
             if deferred.kwargs:  # Airflow resumes with the deferral's kwargs as keyword arguments
                 call = _with_kwargs(call, deferred.kwargs)

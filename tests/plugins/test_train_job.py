@@ -349,3 +349,70 @@ def test_a_trainer_that_exits_2_fails_without_retry_with_its_last_lines(vm):
     assert "failed: NoRetryError: bad input at step 4" in message and "no retry can fix" in message
     assert "error: the shards are not what this run was planned on" in message  # from the trainer's log
     assert _status(vm)["exit_code"] == 2
+
+
+@pytest.mark.parametrize("vm", [{"step_s": 0.1}], indirect=True)
+def test_node_losses_and_trigger_timeouts_are_handled_inside_one_try(vm, fake_tpu):
+    """Issue 31: a preempted node (its processes killed, its state PREEMPTED) is replaced and the
+    training restarted from its last checkpoint inside try 1, twice, and the trigger's timeout
+    (train.check_in_minutes, 3 s here) is a check-in that reattaches, not a failure. One more loss than
+    train.max_restarts fails the try (the next test)."""
+    config = {**vm.config, "train": {**vm.config["train"], "steps": 150, "check_in_minutes": 0.05, "max_restarts": 2}}
+    lost: list[int] = []
+
+    def preempt(at_step: int, starts: int) -> None:
+        status = wait_for(
+            f"trainer {starts} past step {at_step}",
+            lambda: (s := _status(vm)) and s["starts"] == starts and s["step"] >= at_step and s,
+            90,
+        )
+        fake_tpu.preempt(NAME)
+        os.killpg(os.getpgid(status["pid"]), signal.SIGKILL)  # a preempted VM's processes go with it
+        lost.append(status["pid"])
+
+    preempter = threading.Thread(target=lambda: (preempt(22, 1), preempt(73, 2)), daemon=True)
+    preempter.start()
+    _train(vm, 1, config)
+    preempter.join(timeout=5)
+
+    status = _status(vm)
+    assert (status["state"], status["step"], status["starts"], status["try_number"]) == ("done", 150, 3, 1), status
+    restarts = status["restarts"]
+    assert len(restarts) == 2 and all("PREEMPTED" in r["cause"] and r["try_number"] == 1 for r in restarts), restarts
+    # Every step once, but those after each loss's last checkpoint, which the next trainer makes again.
+    expected = list(range(1, restarts[0]["step"] + 1))
+    expected += list(range(restarts[0]["resumed_from"] + 1, restarts[1]["step"] + 1))
+    expected += list(range(restarts[1]["resumed_from"] + 1, 151))
+    made = _steps(vm)
+    assert [s for _, s in made] == expected
+    for r in restarts:
+        assert r["resumed_from"] % 5 == 0 and r["steps_lost"] == r["step"] - r["resumed_from"] < 5, r
+    assert len({p for p, _ in made}) == 3 and lost == [p for p in dict.fromkeys(p for p, _ in made)][:2]
+    assert vm.store.get("train_restarts") == 2
+    assert vm.store.get("train_check_ins") >= 2, "the run outlasted two check-ins of 3 s"
+    print(f"\nrestarts in one try: {restarts}; check-ins {vm.store.get('train_check_ins')}")
+
+
+@pytest.mark.parametrize("vm", [{"step_s": 0.1}], indirect=True)
+def test_a_loss_past_max_restarts_fails_the_try_and_the_deadline_fails_the_run(vm, fake_tpu):
+    config = {**vm.config, "train": {**vm.config["train"], "steps": 400, "max_restarts": 0}}
+
+    def preempt() -> None:
+        status = wait_for("the trainer past step 3", lambda: (s := _status(vm)) and s["step"] >= 3 and s, 90)
+        fake_tpu.preempt(NAME)
+        os.killpg(os.getpgid(status["pid"]), signal.SIGKILL)
+
+    threading.Thread(target=preempt, daemon=True).start()
+    with pytest.raises(AirflowException, match=r"lost its node again .* after train.max_restarts=0 restarts") as err:
+        _train(vm, 1, config)
+    assert not isinstance(err.value, AirflowFailException)  # an Airflow retry goes on
+
+    # Try 2 keeps try 1's deadline (the task state store): a run over train.timeout_hours is stopped at a
+    # check-in and fails without retry, whatever try it is in.
+    vm.store.set("train_deadline", time.time() + 4)
+    config["train"]["check_in_minutes"] = 0.02
+    with pytest.raises(AirflowFailException, match=r"reached its deadline, train.timeout_hours=") as err:
+        _train(vm, 2, config)
+    pid = _status(vm)["pid"]
+    wait_for("the trainer stopped at the deadline", lambda: _gone(pid), 10)
+    assert _status(vm)["step"] < 400

@@ -2,183 +2,77 @@
 
 `compute: local` trains in the worker process (the default strategy on CPU, Mirrored on GPUs);
 `compute: tpu_vm` starts the same `python -m mlm_tasks train` as a detached job on worker 0 of the run's
-TPU VM (`DetachedTrain`, below), then defers: the triggerer follows the trainer (`TrainJobTrigger`,
+TPU VM (`DetachedTrain`), then defers: the triggerer follows the trainer (`TrainJobTrigger`,
 plugins/mlm_airflow/triggers/train_job.py) while the worker slot is free, and the task resumes in
 `trainer_ended` when it is done, failed or stalled. The trainer outlives the task's process and the
 triggerer's; a retry reattaches to it when it still runs; marking the task failed stops it (the
 trigger's on_kill, or on_kill before the deferral). Either way a retry resumes from the run's last
 checkpoint; on a TPU VM a retry first replaces a node that was preempted (create_tpu_vm, upstream, is
-not rerun), waiting in the triggerer (`node_for_step`, plugins/mlm_airflow/operators/tpu_vm.py). The
-task's execution_timeout comes from the run's config (`train.timeout_hours`, on a TPU VM at most
-`tpu.ttl_hours`, which the validate task enforces), set before execute starts the clock.
+not rerun), waiting in the triggerer (`node_for_step`, plugins/mlm_airflow/operators/tpu_vm.py).
 
-`DetachedTrain` holds the RemoteStep (plugins/mlm_airflow/operators/remote_step.py: the node's checks,
-the line, the session) and reads the job handle from the task state store (`context["task_state_store"]`,
-key JOB_KEY). A handle whose trainer is alive and beating is reattached to (`reattach`,
-mlm_tasks/training/follow.py): no second start, no lost step. A trainer that is gone (or a handle of a
-node since replaced) is followed by a new start (mlm_tasks/tpu/job.py), which resumes from the last
-checkpoint; one that is alive but stale is stopped first (its process group: SIGTERM, SIGCONT, then
-SIGKILL). A new start runs the detached line of `remote_command` (the run lock, the install, then
-setsid/nohup with the output in `<workdir>/logs/`) and stores the handle. The trigger's last verdict
-becomes the task's end (`end_of_training`): done succeeds (with the log's last lines), failed fails with
-the exit code and the last lines (exit 2 without retries), stalled (the watchdog) stops the trainer and
-fails the try so that a retry starts a new one from the last checkpoint.
+Inside one try (issue 31): a lost node (the trigger's "lost": preempted, deleted) is a restart, not a
+failure: a new node and a new trainer from the last checkpoint (`_restart`, at most train.max_restarts,
+each in the status record: mlm_tasks/training/restarts.py). The trigger's timeout, train.check_in_minutes,
+is a check-in (`resume_execution`): the deadline, one check, then the deferral again. The deadline,
+train.timeout_hours from the task's first start, is kept in the task state store with the counts, so no
+retry moves it; past it the trainer is stopped and the task fails without retry. The execution_timeout
+(the same hours, set before execute starts the clock) bounds each visit of the task to a worker.
+
+The start, the reattach and the end of a detached trainer: `DetachedTrain` and `end_of_training`
+(plugins/mlm_airflow/operators/detached_train.py).
 """
 
 from __future__ import annotations
 
-import os
-import threading
 import time
+from dataclasses import asdict
 from datetime import timedelta
-from typing import TYPE_CHECKING, Any, NoReturn, cast
+from typing import Any, NoReturn, cast
 
 from airflow.sdk import BaseOperator, Context
+from airflow.sdk.bases.operator import TRIGGER_FAIL_REPR, TriggerFailureReason
 from airflow.sdk.exceptions import AirflowException, AirflowFailException
 
 from mlm_airflow.connections import hub_credentials, use_connection
 from mlm_airflow.errors import bad_input_fails_fast
+from mlm_airflow.operators.detached_train import JOB_KEY, DetachedTrain, end_of_training, try_number
 from mlm_airflow.operators.remote_step import RemoteStep
 from mlm_airflow.operators.tpu_vm import node_for_step, node_from_event, run_node_name
 from mlm_airflow.tasks.step_context import config_from_xcom
-from mlm_airflow.triggers.train_job import TrainJobTrigger, connected_watch
+from mlm_airflow.triggers.train_job import ENDS, TrainJobTrigger, connected_watch
 from mlm_tasks.config import PipelineConfig
-from mlm_tasks.errors import NO_RETRY_EXIT
 from mlm_tasks.paths import RunPaths
 from mlm_tasks.results import RemoteTrain, TrainJob, TrainSummary
 from mlm_tasks.tpu import api as tpu
 from mlm_tasks.tpu import job as vm_job
-from mlm_tasks.tpu import ssh
-from mlm_tasks.training.follow import JobWatch, Verdict, reattach
-from mlm_tasks.training.status import read_status
+from mlm_tasks.training import restarts
+from mlm_tasks.training.follow import JobWatch, Verdict
+from mlm_tasks.training.status import read_status, restarts_of
 
-if TYPE_CHECKING:
-    from pydantic import JsonValue  # what Airflow's task state store takes
+__all__ = ["JOB_KEY", "TrainOperator"]
 
-JOB_KEY = "train_job"
-ON_KILL_STOP_S = 4.0  # Airflow's supervisor SIGKILLs a task 5 s after asking it to stop
-
-
-def try_number(context: Context) -> int:
-    """The Airflow try running this code (1 outside Airflow)."""
-    ti = context.get("ti")
-    number = getattr(ti, "try_number", None) or os.environ.get("AIRFLOW_CTX_TRY_NUMBER", "")
-    return int(number) if str(number).isdigit() else 1
+# In the task state store with the job's handle (JOB_KEY), so that they hold across the task's processes and tries:
+DEADLINE_KEY = "train_deadline"  # epoch seconds: the task's first start + train.timeout_hours
+RESTARTS_KEY = "train_restarts"  # node losses handled so far (train.max_restarts)
+CHECK_INS_KEY = "train_check_ins"  # trigger timeouts turned into check-ins
+DEFERRED_KEY = "train_deferred_to"  # which trigger a timeout belongs to: {"trigger": "trainer"|"node", "workers"}
 
 
-def watch_of(cfg: PipelineConfig, job: TrainJob, connect: ssh.Connect, log: vm_job.Log) -> JobWatch:
-    return JobWatch(
-        vm_job.DetachedJob(job, connect),
-        cfg.tpu,
-        output_root=cfg.output_root,
-        stall_s=cfg.train.stall_minutes * 60,
-        log=log,
-    )
+def run_deadline(context: Context, cfg: PipelineConfig) -> float:
+    """When the training must end (epoch seconds): fixed at the task's first start, kept in its state store
+    (without one, from now)."""
+    store = context.get("task_state_store")
+    stored = store.get(DEADLINE_KEY) if store is not None else None
+    if isinstance(stored, (int, float)):
+        return float(stored)
+    deadline = time.time() + cfg.train.timeout_for(cfg.compute, cfg.tpu.ttl_hours) * 3600
+    if store is not None:
+        store.set(DEADLINE_KEY, deadline)
+    return deadline
 
 
-def end_of_training(watch: JobWatch, verdict: Verdict) -> None:
-    """The task's end for a final verdict: returns on done, raises otherwise (stopping a stalled trainer)."""
-    job, log = watch.job, watch.log
-    if verdict.kind == "done":
-        log.info("Training done: %s.\n%s", verdict.detail, watch.tail_text())
-        return
-    if verdict.kind == "stalled":
-        watch.stop()
-        raise AirflowException(
-            f"Watchdog: {verdict.detail}. The trainer was stopped; a retry starts a "
-            "new one from the last checkpoint.\n" + watch.tail_text()
-        )
-    message = f"Training failed on TPU VM {job['node']}: {verdict.detail}.\n{watch.tail_text()}"
-    if verdict.exit_code == NO_RETRY_EXIT:
-        raise AirflowFailException(
-            message + "\nExit code 2 is an error no retry can fix (a bad input, a "
-            "missing artifact, a refused credential): act on the message above and "
-            "trigger a new run."
-        )
-    raise AirflowException(message + "\nA retry starts a new trainer from the last checkpoint.")
-
-
-class DetachedTrain:
-    """The train step as a job on worker 0, through `remote`: `start` returns (job, workers) once the
-    trainer runs, a new one or the stored one reattached to; see the module docstring."""
-
-    def __init__(self, remote: RemoteStep) -> None:
-        self.remote = remote
-        self.log = remote.log
-        self.watch: JobWatch | None = None
-
-    def start(self, context: Context, cfg: PipelineConfig, node: tpu.NodeState) -> tuple[TrainJob, int]:
-        name, hosts, connect = self.remote.connect_to(context, cfg, node)
-        store = context.get("task_state_store")
-        job = vm_job.job_handle(store.get(JOB_KEY) if store is not None else None)
-        if job is not None and not reattach(watch_of(cfg, job, connect, self.log), node=name, host=hosts[0]):
-            job = None
-        if job is None:
-            job = self._start(context, cfg, name, hosts[0], connect)
-            if store is not None:
-                # A handle is JSON (str, int and float fields); mypy sees no TypedDict as a dict[str, JsonValue].
-                store.set(JOB_KEY, cast("JsonValue", dict(job)))
-        self.watch = watch_of(cfg, job, connect, self.log)
-        return job, len(hosts)
-
-    def _start(self, context: Context, cfg: PipelineConfig, name: str, host: str, connect: ssh.Connect) -> TrainJob:
-        number = try_number(context)
-        log_name = vm_job.log_name(context["run_id"], number)
-        command = self.remote.command or self.remote.remote_line(
-            context, cfg, name, detach_log=log_name, env={"MLM_TRY_NUMBER": str(number)}
-        )
-        self.log.info(
-            "Starting the trainer detached on worker 0 of %s (try %d); its output goes to %s/%s.",
-            name,
-            number,
-            cfg.tpu.workdir,
-            log_name,
-        )
-        before = read_status(RunPaths(cfg.output_root, context["run_id"]))  # the new trainer's record counts one more
-        # The remote step's session: its close() (on_kill) hangs up a start still under way.
-        self.remote.session = ssh.Session(connect, host, on_line=lambda line: self.log.info("[worker 0] %s", line))
-        outcome, job = vm_job.start(
-            self.remote.session,
-            command,
-            secret=self.remote.secret(),
-            node=name,
-            host=host,
-            try_number=number,
-            log=log_name,
-            workdir=cfg.tpu.workdir,
-            run_id=context["run_id"],
-            now=time.time(),
-            starts_before=before["starts"] if before else 0,
-        )
-        if outcome.exit_code != 0:
-            raise self.remote.failure(cfg, name, outcome)
-        if job is None:
-            raise AirflowException(
-                f"The detached start on {name} printed no job id ({outcome.describe()}): "
-                "retry; if it repeats, run the line by hand on worker 0."
-            )
-        self.log.info("Trainer started: pid %d (its process group) on %s.", job["pid"], name)
-        return job
-
-    def close(self) -> None:
-        """on_kill before the deferral: stop the trainer (the task was marked failed, cleared or timed out).
-        In a thread, bounded: on_kill runs in a signal handler, which may have interrupted this very process
-        inside an SSH call (and its locks); Airflow SIGKILLs the task a few seconds later anyway. A stop
-        that does not finish in time leaves the trainer to the teardown, which deletes the VM."""
-        watch = self.watch
-        if watch is not None:
-            outcome: list[vm_job.Probe] = []
-            stopper = threading.Thread(target=lambda: outcome.append(watch.stop()), daemon=True)
-            stopper.start()
-            stopper.join(ON_KILL_STOP_S)
-            gone = bool(outcome) and outcome[0].alive is False
-            self.log.info(
-                "Task killed: the trainer is %s.",
-                "gone"
-                if gone
-                else f"maybe still running (no confirmation within {ON_KILL_STOP_S:g}s; the teardown deletes the VM)",
-            )
-        self.remote.close()
+def read_restarts(run: RunPaths) -> list:
+    return restarts_of(read_status(run))
 
 
 class TrainOperator(BaseOperator):
@@ -222,10 +116,15 @@ class TrainOperator(BaseOperator):
         cfg = config_from_xcom(self.config)
         fingerprint = self._fingerprint()
         if cfg.compute == "tpu_vm":
-            with use_connection(cfg.gcp_conn_id):
-                node = node_for_step(self, context, cfg, run_node_name(context, self.node_name), replace_in=self.resume)
-                started = self._detached(cfg).start(context, cfg, node)
-            self._follow(cfg, started)
+            deadline = run_deadline(context, cfg)
+            self.log.info(
+                "The training's deadline: %s UTC (train.timeout_hours, from this task's first start); a check-in "
+                "every %g min (train.check_in_minutes), at most %d restarts after node losses (train.max_restarts).",
+                time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(deadline)),
+                cfg.train.check_in_minutes,
+                cfg.train.max_restarts,
+            )
+            self._start_and_follow(context, cfg)
         from mlm_tasks.paths import RunContext
         from mlm_tasks.steps.train import train
 
@@ -242,13 +141,83 @@ class TrainOperator(BaseOperator):
         node = node_from_event(self, context, cfg, event, resume_in=self.resume)
         with use_connection(cfg.gcp_conn_id):
             started = self._detached(cfg).start(context, cfg, tpu.get_state(cfg.tpu, node["name"]))
-        self._follow(cfg, started)
+        self._follow(context, cfg, started)
 
-    def _follow(self, cfg: PipelineConfig, started: tuple[TrainJob, int]) -> NoReturn:
-        """Defer: wait for the trainer in the triggerer, until the task's execution_timeout (its backstop); the
-        task resumes in trainer_ended."""
-        job, workers = started
+    def resume_execution(self, next_method: str, next_kwargs: dict[str, Any] | None, context: Context) -> Any:
+        """The trainer's trigger timed out (train.check_in_minutes): a check-in, not a failure. Airflow turns a
+        trigger timeout into TaskDeferralTimeout, an ordinary failure that would use up a retry every
+        check-in; here the task checks the deadline, reattaches to the trainer and defers again, in the same
+        try. Every other resume (a node trigger's timeout included) is Airflow's."""
+        error = (next_kwargs or {}).get("error")
+        store = context.get("task_state_store")
+        timed_out = next_method == TRIGGER_FAIL_REPR and error == TriggerFailureReason.TRIGGER_TIMEOUT
+        deferred = store.get(DEFERRED_KEY) if store is not None else None
+        if timed_out and store is not None and isinstance(deferred, dict) and deferred.get("trigger") == "trainer":
+            return self._check_in(context, store, deferred)
+        return super().resume_execution(next_method, next_kwargs, context)
+
+    def _check_in(self, context: Context, store: Any, deferred: dict[str, Any]) -> RemoteTrain:
+        """At the trainer's trigger timeout: the deadline, then one check of the stored trainer. An end (a lost
+        node among them) is handled as the trigger's event would be; a running trainer is followed on."""
+        cfg = config_from_xcom(self.config)
+        checked_in = int(store.get(CHECK_INS_KEY, 0)) + 1
+        store.set(CHECK_INS_KEY, checked_in)
+        self.log.info(
+            "Check-in %d: the trainer's trigger reached train.check_in_minutes=%g; this try goes on.",
+            checked_in,
+            cfg.train.check_in_minutes,
+        )
+        self._check_deadline(context, cfg)
+        job = vm_job.job_handle(store.get(JOB_KEY))
+        if job is not None:
+            with use_connection(cfg.gcp_conn_id):
+                verdict = connected_watch(
+                    cfg.tpu, job, output_root=cfg.output_root, stall_s=cfg.train.stall_minutes * 60, log=self.log
+                ).check()
+            if verdict.kind in ENDS:
+                return self.trainer_ended(
+                    context, {**asdict(verdict), "job": job, "workers": deferred.get("workers", 1)}
+                )
+        self._start_and_follow(context, cfg)
+
+    def _start_and_follow(self, context: Context, cfg: PipelineConfig) -> NoReturn:
+        """The run's node READY (a dead one replaced, waiting in the triggerer), the trainer on it started or
+        reattached to, then the deferral that follows it."""
+        self._check_deadline(context, cfg)
+        store = context.get("task_state_store")
+        if store is not None:
+            store.set(DEFERRED_KEY, {"trigger": "node"})
+        with use_connection(cfg.gcp_conn_id):
+            node = node_for_step(self, context, cfg, run_node_name(context, self.node_name), replace_in=self.resume)
+            started = self._detached(cfg).start(context, cfg, node)
+        self._follow(context, cfg, started)
+
+    def _check_deadline(self, context: Context, cfg: PipelineConfig) -> None:
+        """Past the deadline: the stored trainer is stopped and the task fails, without retry."""
+        deadline = run_deadline(context, cfg)
+        if time.time() < deadline:
+            return
+        store = context.get("task_state_store")
+        job = vm_job.job_handle(store.get(JOB_KEY) if store is not None else None)
+        if job is not None:
+            with use_connection(cfg.gcp_conn_id):
+                connected_watch(cfg.tpu, job, output_root=cfg.output_root, stall_s=0, log=self.log).stop()
         hours = cfg.train.timeout_for(cfg.compute, cfg.tpu.ttl_hours)
+        raise AirflowFailException(
+            f"The training reached its deadline, train.timeout_hours={hours:g} from this task's first start "
+            f"({time.strftime('%Y-%m-%d %H:%M:%S', time.gmtime(deadline))} UTC), and was stopped; its checkpoints "
+            f"are kept under {RunPaths(cfg.output_root, context['run_id']).root}. Raise train.timeout_hours (and "
+            "tpu.ttl_hours) for a longer run."
+        )
+
+    def _follow(self, context: Context, cfg: PipelineConfig, started: tuple[TrainJob, int]) -> NoReturn:
+        """Defer: wait for the trainer in the triggerer until the next check-in (or the deadline, if sooner);
+        the task resumes in trainer_ended, or in resume_execution at the trigger's timeout."""
+        job, workers = started
+        left_s = run_deadline(context, cfg) - time.time()
+        store = context.get("task_state_store")
+        if store is not None:
+            store.set(DEFERRED_KEY, {"trigger": "trainer", "workers": workers})
         self.log.info("Waiting for the trainer in the triggerer: this task holds no worker slot meanwhile.")
         trigger = TrainJobTrigger(
             output_root=cfg.output_root,
@@ -261,7 +230,8 @@ class TrainOperator(BaseOperator):
             storage_timeout_s=cfg.storage.timeout_s,
             gcp_conn_id=cfg.gcp_conn_id,
         )
-        self.defer(trigger=trigger, method_name="trainer_ended", timeout=timedelta(hours=hours))
+        check_in_s = max(1.0, min(cfg.train.check_in_minutes * 60, left_s))
+        self.defer(trigger=trigger, method_name="trainer_ended", timeout=timedelta(seconds=check_in_s))
 
     def trainer_ended(self, context: Context, event: dict[str, Any] | None = None, **_: Any) -> RemoteTrain:
         """Back from the trigger: the training's end as the task's (its log's last lines either way)."""
@@ -273,12 +243,40 @@ class TrainOperator(BaseOperator):
                 f"The train trigger fired without a job ({event!r}): retry; the retry "
                 "reattaches to the trainer if it still runs."
             )
+        if event["kind"] == "lost":
+            self._restart(context, cfg, job, event["detail"])
         with use_connection(cfg.gcp_conn_id):
             self.watch = connected_watch(
                 cfg.tpu, job, output_root=cfg.output_root, stall_s=cfg.train.stall_minutes * 60, log=self.log
             )
             end_of_training(self.watch, Verdict(event["kind"], event["detail"], event.get("exit_code")))
         return {"node": job["node"], "workers": event.get("workers", 1)}
+
+    def _restart(self, context: Context, cfg: PipelineConfig, job: TrainJob, cause: str) -> NoReturn:
+        """The trainer's node is gone: inside this try, a new node and a new trainer from the last checkpoint,
+        while train.max_restarts lasts (counted for the task, across its tries)."""
+        store = context.get("task_state_store")
+        used = int(cast(int, store.get(RESTARTS_KEY, 0))) if store is not None else 0
+        run = RunPaths(cfg.output_root, context["run_id"])
+        if used >= cfg.train.max_restarts:
+            raise AirflowException(
+                f"Training lost its node again ({cause}) after train.max_restarts={cfg.train.max_restarts} restarts "
+                f"({restarts.summary_line(read_restarts(run))}). This try fails; an Airflow retry starts a new "
+                "trainer from the last checkpoint. Raise train.max_restarts for capacity that is preempted this often."
+            )
+        if store is not None:
+            store.set(RESTARTS_KEY, used + 1)
+        recorded = restarts.record_restart(run, cause=cause, node=job["node"], try_number=try_number(context))
+        self.log.warning(
+            "Restart %d of at most %d (train.max_restarts), in try %d: %s. Last recorded step %d; replacing the "
+            "node and starting a new trainer from the last checkpoint.",
+            used + 1,
+            cfg.train.max_restarts,
+            try_number(context),
+            cause,
+            recorded[-1]["step"],
+        )
+        self._start_and_follow(context, cfg)
 
     def _detached(self, cfg: PipelineConfig) -> DetachedTrain:
         """The step on the TPU VM. With checkpoint sync the Hub token travels on the SSH session's stdin

@@ -45,7 +45,7 @@ from mlm_tasks.tpu import api as tpu
 from mlm_tasks.tpu.job import DetachedJob, Log
 from mlm_tasks.training.follow import JobWatch, Verdict
 
-ENDS = ("done", "failed", "stalled")
+ENDS = ("done", "failed", "stalled", "lost")
 # A check's SSH login is retried this long (the start's: 300 s): a node that does not answer is soon
 # asked about at the TPU API instead, which tells a preemption at once.
 CHECK_PATIENCE_S = 60.0

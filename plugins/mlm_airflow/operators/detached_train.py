@@ -1,0 +1,162 @@
+"""The train step as a detached job on worker 0 of the run's TPU VM, for the train task
+(plugins/mlm_airflow/operators/train.py), and the task's end for the trigger's last verdict.
+
+    detached = DetachedTrain(RemoteStep("train", log, ...))
+    job, workers = detached.start(context, cfg, node)   # a new trainer, or the stored one reattached to
+    end_of_training(watch, verdict)                      # returns on done, raises otherwise
+
+A handle whose trainer is alive and beating is reattached to (`reattach`, mlm_tasks/training/follow.py): no
+second start, no lost step. One that is gone (or of a node since replaced) is followed by a new start
+(mlm_tasks/tpu/job.py: the run lock, the install, then setsid/nohup with the output in `<workdir>/logs/`),
+which resumes from the last checkpoint; one alive but stale is stopped first (its process group: SIGTERM,
+SIGCONT, then SIGKILL). The handle lives in the task state store (key JOB_KEY), so a retry finds it.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from typing import TYPE_CHECKING, cast
+
+from airflow.sdk import Context
+from airflow.sdk.exceptions import AirflowException, AirflowFailException
+
+from mlm_airflow.operators.remote_step import RemoteStep
+from mlm_tasks.config import PipelineConfig
+from mlm_tasks.errors import NO_RETRY_EXIT
+from mlm_tasks.paths import RunPaths
+from mlm_tasks.results import TrainJob
+from mlm_tasks.tpu import api as tpu
+from mlm_tasks.tpu import job as vm_job
+from mlm_tasks.tpu import ssh
+from mlm_tasks.training.follow import JobWatch, Verdict, reattach
+from mlm_tasks.training.status import read_status
+
+if TYPE_CHECKING:
+    from pydantic import JsonValue  # what Airflow's task state store takes
+
+JOB_KEY = "train_job"
+ON_KILL_STOP_S = 4.0  # Airflow's supervisor SIGKILLs a task 5 s after asking it to stop
+
+
+def try_number(context: Context) -> int:
+    """The Airflow try running this code (1 outside Airflow)."""
+    ti = context.get("ti")
+    number = getattr(ti, "try_number", None) or os.environ.get("AIRFLOW_CTX_TRY_NUMBER", "")
+    return int(number) if str(number).isdigit() else 1
+
+
+def watch_of(cfg: PipelineConfig, job: TrainJob, connect: ssh.Connect, log: vm_job.Log) -> JobWatch:
+    return JobWatch(
+        vm_job.DetachedJob(job, connect),
+        cfg.tpu,
+        output_root=cfg.output_root,
+        stall_s=cfg.train.stall_minutes * 60,
+        log=log,
+    )
+
+
+def end_of_training(watch: JobWatch, verdict: Verdict) -> None:
+    """The task's end for a final verdict: returns on done, raises otherwise (stopping a stalled trainer)."""
+    job, log = watch.job, watch.log
+    if verdict.kind == "done":
+        log.info("Training done: %s.\n%s", verdict.detail, watch.tail_text())
+        return
+    if verdict.kind == "stalled":
+        watch.stop()
+        raise AirflowException(
+            f"Watchdog: {verdict.detail}. The trainer was stopped; a retry starts a "
+            "new one from the last checkpoint.\n" + watch.tail_text()
+        )
+    message = f"Training failed on TPU VM {job['node']}: {verdict.detail}.\n{watch.tail_text()}"
+    if verdict.exit_code == NO_RETRY_EXIT:
+        raise AirflowFailException(
+            message + "\nExit code 2 is an error no retry can fix (a bad input, a "
+            "missing artifact, a refused credential): act on the message above and "
+            "trigger a new run."
+        )
+    raise AirflowException(message + "\nA retry starts a new trainer from the last checkpoint.")
+
+
+class DetachedTrain:
+    """The train step as a job on worker 0, through `remote`: `start` returns (job, workers) once the
+    trainer runs, a new one or the stored one reattached to; see the module docstring."""
+
+    def __init__(self, remote: RemoteStep) -> None:
+        self.remote = remote
+        self.log = remote.log
+        self.watch: JobWatch | None = None
+
+    def start(self, context: Context, cfg: PipelineConfig, node: tpu.NodeState) -> tuple[TrainJob, int]:
+        name, hosts, connect = self.remote.connect_to(context, cfg, node)
+        store = context.get("task_state_store")
+        job = vm_job.job_handle(store.get(JOB_KEY) if store is not None else None)
+        if job is not None and not reattach(watch_of(cfg, job, connect, self.log), node=name, host=hosts[0]):
+            job = None
+        if job is None:
+            job = self._start(context, cfg, name, hosts[0], connect)
+            if store is not None:
+                # A handle is JSON (str, int and float fields); mypy sees no TypedDict as a dict[str, JsonValue].
+                store.set(JOB_KEY, cast("JsonValue", dict(job)))
+        self.watch = watch_of(cfg, job, connect, self.log)
+        return job, len(hosts)
+
+    def _start(self, context: Context, cfg: PipelineConfig, name: str, host: str, connect: ssh.Connect) -> TrainJob:
+        number = try_number(context)
+        log_name = vm_job.log_name(context["run_id"], number)
+        command = self.remote.command or self.remote.remote_line(
+            context, cfg, name, detach_log=log_name, env={"MLM_TRY_NUMBER": str(number)}
+        )
+        self.log.info(
+            "Starting the trainer detached on worker 0 of %s (try %d); its output goes to %s/%s.",
+            name,
+            number,
+            cfg.tpu.workdir,
+            log_name,
+        )
+        before = read_status(RunPaths(cfg.output_root, context["run_id"]))  # the new trainer's record counts one more
+        # The remote step's session: its close() (on_kill) hangs up a start still under way.
+        self.remote.session = ssh.Session(connect, host, on_line=lambda line: self.log.info("[worker 0] %s", line))
+        outcome, job = vm_job.start(
+            self.remote.session,
+            command,
+            secret=self.remote.secret(),
+            node=name,
+            host=host,
+            try_number=number,
+            log=log_name,
+            workdir=cfg.tpu.workdir,
+            run_id=context["run_id"],
+            now=time.time(),
+            starts_before=before["starts"] if before else 0,
+        )
+        if outcome.exit_code != 0:
+            raise self.remote.failure(cfg, name, outcome)
+        if job is None:
+            raise AirflowException(
+                f"The detached start on {name} printed no job id ({outcome.describe()}): "
+                "retry; if it repeats, run the line by hand on worker 0."
+            )
+        self.log.info("Trainer started: pid %d (its process group) on %s.", job["pid"], name)
+        return job
+
+    def close(self) -> None:
+        """on_kill before the deferral: stop the trainer (the task was marked failed, cleared or timed out).
+        In a thread, bounded: on_kill runs in a signal handler, which may have interrupted this very process
+        inside an SSH call (and its locks); Airflow SIGKILLs the task a few seconds later anyway. A stop
+        that does not finish in time leaves the trainer to the teardown, which deletes the VM."""
+        watch = self.watch
+        if watch is not None:
+            outcome: list[vm_job.Probe] = []
+            stopper = threading.Thread(target=lambda: outcome.append(watch.stop()), daemon=True)
+            stopper.start()
+            stopper.join(ON_KILL_STOP_S)
+            gone = bool(outcome) and outcome[0].alive is False
+            self.log.info(
+                "Task killed: the trainer is %s.",
+                "gone"
+                if gone
+                else f"maybe still running (no confirmation within {ON_KILL_STOP_S:g}s; the teardown deletes the VM)",
+            )
+        self.remote.close()
