@@ -2,10 +2,18 @@
 
 tiny_cfg(tmp_path)        function  configs/tiny.yaml with output_root in a fresh temp folder
 tiny_prepared             session   (cfg, data summary) of a prepared tiny dataset, shared read-only
+
+The dataset is built once per test run, not once per pytest-xdist worker (~8 s alone, ~20 s on a loaded
+machine): the first worker builds it under a lock, and each worker gets its own copy, so nothing one
+worker writes beside it reaches another.
 """
 
 from __future__ import annotations
 
+import fcntl
+import json
+import os
+import shutil
 from pathlib import Path
 
 import pytest
@@ -29,5 +37,18 @@ def tiny_cfg(tmp_path):
 def tiny_prepared(tmp_path_factory):
     from mlm_tasks.steps import build_shard_set
 
-    cfg = tiny_config(tmp_path_factory.mktemp("tiny") / "out")
-    return cfg, build_shard_set(cfg)
+    base = tmp_path_factory.getbasetemp()
+    # Under xdist every worker's basetemp is a folder of the run's own one (popen-gwN).
+    shared = (base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base) / "tiny-shared"
+    shared.mkdir(exist_ok=True)
+    built, summary = shared / "out", shared / "data.json"
+    with open(shared / ".lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not summary.exists():  # a worker that died mid-build left no summary: build again from scratch
+            shutil.rmtree(built, ignore_errors=True)
+            summary.write_text(json.dumps(build_shard_set(tiny_config(built))))
+    mine = tmp_path_factory.mktemp("tiny") / "out"
+    shutil.copytree(built, mine)
+    # The summary names its folders: point them at this worker's copy (the files name none).
+    data = json.loads(summary.read_text().replace(json.dumps(str(built))[1:-1], json.dumps(str(mine))[1:-1]))
+    return tiny_config(mine), data

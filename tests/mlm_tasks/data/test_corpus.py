@@ -104,6 +104,7 @@ def small_dump(tmp_path):
     return str(path)
 
 
+@pytest.mark.slow  # every partition of the dump, read twice: ~20 s a case: in make test, not in make test-fast
 @pytest.mark.parametrize("max_articles", [None, 9])
 def test_wiki_partitions_are_disjoint_and_cover_every_article(small_dump, max_articles):
     cfg = CorpusConfig(

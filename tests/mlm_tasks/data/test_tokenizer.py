@@ -35,6 +35,7 @@ def test_vocab_larger_than_corpus_supports():
         train_unigram(["tiny corpus of few words"] * 3, TokenizerConfig(vocab_size=5000))
 
 
+@pytest.mark.slow  # trains tokenizers in racing processes: ~12 s: in make test, not in make test-fast
 def test_publish_is_first_writer_wins(tmp_path):
     a = train_unigram(rows(), TokenizerConfig(vocab_size=1000))
     b = train_unigram(rows()[:200], TokenizerConfig(vocab_size=500))

@@ -112,6 +112,7 @@ def test_partition_rerun_is_skipped_and_merge_needs_every_part(setup):
         write_partition(cfg, paths, 2, 2)
 
 
+@pytest.mark.slow  # three CLI processes, each importing TensorFlow: ~20 s: in make test, not in make test-fast
 def test_cli_fan_out_by_hand_matches_build_shard_set(tmp_path, capsys):
     """plan_shards, write_shards per part (any order), merge_shards: the DAG's fan-out from the CLI.
     Same fingerprint, tokenizer reused, counts (articles included) equal to the one-process build_shard_set."""

@@ -136,6 +136,7 @@ def test_validate_reads_task_files_before_any_training(tmp_path):
         validate(cfg, probe_write=False)
 
 
+@pytest.mark.slow  # reads the whole embedded corpus: ~15 s: in make test, not in make test-fast
 def test_default_task_is_held_out_from_pretraining():
     """Every passage of the default's task is a row of the corpus's test split, none of train or validation."""
     from mlm_tasks.data.corpus import open_corpus

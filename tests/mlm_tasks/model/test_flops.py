@@ -68,6 +68,7 @@ def test_the_plan_prices_a_tpu_run_on_demand_and_spot_before_it_starts():
     assert prices.cost(own.tpu, 3600) == pytest.approx(8.0)  # 4 chips x $2 for an hour
 
 
+@pytest.mark.slow  # trains a model: ~20 s: in make test, not in make test-fast
 def test_a_cpu_run_reports_its_mfu_in_the_lines_and_the_summary(tiny_prepared, caplog):
     from mlm_tasks.steps.train import train
     from peers.tiny_data import tiny_config

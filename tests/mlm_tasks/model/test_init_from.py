@@ -96,6 +96,7 @@ def test_a_continued_run_starts_from_the_base_weights_and_tokenizer(base, scratc
     assert "Tokenizer: the base model's" in card and "base_model:" not in card  # a folder, not a Hub id
 
 
+@pytest.mark.slow  # needs the trained base: ~25 s: in make test, not in make test-fast
 def test_pytorch_and_tensorflow_safetensors_load_the_same_weights_as_the_h5(base, tmp_path):
     import tensorflow as tf
     from transformers import TFRobertaForMaskedLM
@@ -172,6 +173,7 @@ def test_the_hub_peer_serves_a_published_model_at_a_pinned_revision(
     assert f"base_model: {HUB_REPO}" in card and f"`{HUB_REPO}` (revision `{first}`)" in card
 
 
+@pytest.mark.slow  # needs the trained base: ~25 s: in make test, not in make test-fast
 def test_validate_refuses_what_contradicts_the_base(base, tmp_path):
     from mlm_tasks.config import build_config
     from mlm_tasks.data.shard_set import data_fingerprint

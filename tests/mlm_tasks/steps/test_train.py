@@ -89,6 +89,7 @@ def test_sigkill_then_retry_resumes_and_matches_an_uninterrupted_run(tiny_prepar
         np.testing.assert_allclose(got_w[name], ref_w[name], rtol=1e-4, atol=1e-5, err_msg=name)
 
 
+@pytest.mark.slow  # trains a model, then the rerun: ~20 s: in make test, not in make test-fast
 def test_train_is_a_noop_once_finished(tiny_prepared):
     from mlm_tasks.steps.train import train
 

@@ -67,6 +67,7 @@ def test_eval_every_records_the_validation_loss_and_the_best_step(tiny_prepared)
     assert {"val/loss", "val/accuracy", "train/loss"} <= tags
 
 
+@pytest.mark.slow  # trains, then evaluates: ~12 s: in make test, not in make test-fast
 def test_keep_best_saves_the_best_steps_model_which_evaluate_scores_the_same(tiny_prepared):
     """A learning rate that blows up late: the best validation loss is early, the last far worse. The
     saved model is the best step's: evaluate, on the same first batches, gives its validation loss."""
