@@ -70,6 +70,7 @@ class NodeState:
     labels: dict[str, str] = field(default_factory=dict)
     operation: str | None = None  # long-running operation started by this call, if any
     created: float | None = None  # the node's createTime (epoch seconds): billing runs from then
+    replaced: str = ""  # "recreating": the dead state (PREEMPTED, TERMINATED, ...) of the node being deleted
 
     @property
     def ready(self) -> bool:
@@ -245,7 +246,13 @@ def ensure_node(
         return replace(current, action="wait")
     if current.state != NOT_FOUND:
         log.warning("TPU VM %s is %s and will not become READY: deleting it to make a fresh one.", name, current.state)
-        return replace(current, state="DELETING", action="recreating", operation=delete_node(cfg, name, api))
+        return replace(
+            current,
+            state="DELETING",
+            action="recreating",
+            operation=delete_node(cfg, name, api),
+            replaced=current.state,
+        )
     try:
         with answered(cfg, f"create_node {name}"):
             op = api.create_node(

@@ -2,6 +2,7 @@
 
     hourly(cfg.tpu)                          # $/hour of the run's slice (Spot or on-demand, per tpu.spot)
     vm_bill(cfg.tpu, name, created_s, gone_s)   # what the VM cost from its createTime until it was gone
+    run_bill(earlier, vm)                    # the run's bill (runs/<run>/tpu_vm.json) with one more VM in it
     estimate_lines(cfg, steps, per_token, replicas=4)   # tokens, steps, hours at ASSUMED_MFU, on-demand and Spot
 
 LIST_PRICES are Google's public list prices in US dollars per chip-hour for the regions where each
@@ -61,9 +62,11 @@ def source(tpu: Any) -> str:
     return f"list price {PRICES_AS_OF}, cloud.google.com/tpu/pricing"
 
 
-def vm_bill(tpu: Any, name: str, created_s: float, gone_s: float) -> dict[str, Any]:
-    """The run's TPU VM from its createTime until the API no longer knew it: the hours Google bills
-    (VM start, training and the steps around it, deletion) and their cost at the run's price."""
+def vm_bill(tpu: Any, name: str, created_s: float, gone_s: float, ended: str = "deleted") -> dict[str, Any]:
+    """A TPU VM of the run from its createTime until the API no longer knew it (or the run saw it dead:
+    `ended` says which, e.g. "PREEMPTED, replaced"): the hours Google bills (VM start, training and the
+    steps around it, deletion) and their cost at the run's price. For a node found dead it is an upper
+    bound: the API does not say when it stopped."""
     hours = max(0.0, gone_s - created_s) / 3600
     rate = hourly(tpu)
     stamp = lambda t: time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(t))  # noqa: E731
@@ -77,12 +80,38 @@ def vm_bill(tpu: Any, name: str, created_s: float, gone_s: float) -> dict[str, A
         "hours": hours,
         "cost_usd": rate * hours if rate is not None else None,
         "cost_basis": f"{tpu.accelerator_type} {'Spot' if tpu.spot else 'on-demand'}, {source(tpu)}",
+        "ended": ended,
+    }
+
+
+def run_bill(earlier: dict[str, Any] | None, vm: dict[str, Any]) -> dict[str, Any]:
+    """The run's bill with `vm` added: every VM the run had (each replaced node, each try's), one entry
+    per node and createTime, so a retried deletion counts its VM once; the totals are over all of them
+    (no total cost when any VM had no known price). The last VM's fields stay at the top, as a one-VM
+    bill has them. `earlier` is the file's content, or None."""
+    vms = list((earlier or {}).get("vms") or ([earlier] if earlier and "node" in earlier else []))
+    vms = [v for v in vms if (v["node"], v["created"]) != (vm["node"], vm["created"])] + [vm]
+    costs = [v.get("cost_usd") for v in vms]
+    return {
+        **vm,
+        "vms": vms,
+        "hours": sum(v["hours"] for v in vms),
+        "cost_usd": None if None in costs else sum(costs),
     }
 
 
 def bill_line(bill: dict[str, Any]) -> str:
-    cost = f"${bill['cost_usd']:,.2f}" if bill["cost_usd"] is not None else "no price known"
-    return (
-        f"TPU VM {bill['node']} was up {bill['hours']:.2f} h ({bill['created']} to {bill['gone']}): {cost} "
-        f"({bill['cost_basis']})"
+    """The log line of one VM's bill (vm_bill), or of the run's (run_bill): the last VM, then the run's
+    total when it had more than one."""
+    vm = (bill.get("vms") or [bill])[-1]
+    line = (
+        f"TPU VM {vm['node']} was up {vm['hours']:.2f} h ({vm['created']} to {vm['gone']}): {_usd(vm['cost_usd'])} "
+        f"({vm['cost_basis']})"
     )
+    if len(bill.get("vms") or []) > 1:
+        line += f"; the run's {len(bill['vms'])} TPU VMs: {bill['hours']:.2f} h, {_usd(bill['cost_usd'])}"
+    return line
+
+
+def _usd(amount: float | None) -> str:
+    return f"${amount:,.2f}" if amount is not None else "no price known"

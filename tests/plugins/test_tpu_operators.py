@@ -79,15 +79,38 @@ def test_create_defers_until_ready_then_retry_reuses(fake_tpu):
     assert sum(1 for r in fake_tpu.requests if r[0] == "POST") == creates
 
 
-def test_create_replaces_a_preempted_node(fake_tpu):
+def test_create_replaces_a_preempted_node(fake_tpu, gcs_root):
     fake_tpu.delete_after_gets = 2
     fake_tpu.add_node("proj", ZONE, NAME, labels={"run": "x"})
     fake_tpu.preempt(NAME)
-    result = _run(TpuVmCreateOperator(task_id="c", config=_config(fake_tpu)))
+    # output_root in the emulator: the replaced node goes into the run's bill there, never to real GCS.
+    result = _run(TpuVmCreateOperator(task_id="c", config=_config(fake_tpu, output_root=gcs_root)))
     assert result["state"] == "READY"
     methods = [m for m, _ in fake_tpu.requests]
     assert methods.count("DELETE") == 1 and methods.count("POST") == 1
     assert fake_tpu.node("proj", ZONE, NAME)["labels"]["run"] != "x"  # a fresh node
+
+
+def test_the_runs_bill_counts_every_vm_it_had(fake_tpu, gcs_root, caplog):
+    """Issue 31: a preempted node replaced, then the teardown's delete: both VMs in runs/<run>/tpu_vm.json,
+    with the total over them; a retried delete counts no VM twice."""
+    config = _config(fake_tpu, output_root=gcs_root)
+    bill_uri = RunContext.of(config_from_xcom(config), RUN).run.tpu_vm_bill
+    fake_tpu.add_node("proj", ZONE, NAME)
+    fake_tpu.preempt(NAME)
+    _run(TpuVmCreateOperator(task_id="create_tpu_vm", config=config))
+    first = storage.read_json(bill_uri)
+    assert [vm["ended"] for vm in first["vms"]] == ["PREEMPTED, replaced"]
+    delete = _logging_to_caplog(TpuVmDeleteOperator(task_id="delete_tpu_vm", config=config))
+    with caplog.at_level("INFO"):
+        assert _run(delete) == NAME
+    bill = storage.read_json(bill_uri)
+    assert [vm["ended"] for vm in bill["vms"]] == ["PREEMPTED, replaced", "deleted"]
+    assert bill["hours"] == pytest.approx(sum(vm["hours"] for vm in bill["vms"]))
+    assert bill["cost_usd"] == pytest.approx(bill["hours"] * 4 * prices.LIST_PRICES["v4"]["on_demand"])
+    assert "the run's 2 TPU VMs:" in caplog.text
+    # The same VM again (a retried delete that found it still there): one entry, the same totals.
+    assert prices.run_bill(bill, bill["vms"][-1]) == bill
 
 
 def test_failed_create_deletes_the_node_before_failing(fake_tpu):

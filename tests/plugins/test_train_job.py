@@ -390,6 +390,8 @@ def test_node_losses_and_trigger_timeouts_are_handled_inside_one_try(vm, fake_tp
     assert len({p for p, _ in made}) == 3 and lost == [p for p in dict.fromkeys(p for p, _ in made)][:2]
     assert vm.store.get("train_restarts") == 2
     assert vm.store.get("train_check_ins") >= 2, "the run outlasted two check-ins of 3 s"
+    bill = storage.read_json(vm.run.tpu_vm_bill)  # each replaced node in the run's bill
+    assert [v["ended"] for v in bill["vms"]] == ["PREEMPTED, replaced"] * 2, bill
     print(f"\nrestarts in one try: {restarts}; check-ins {vm.store.get('train_check_ins')}")
 
 

@@ -91,6 +91,10 @@ def create_or_reuse_node(
         tpu_registry.record(registry, cfg.tpu.project, cfg.tpu.zone, name, node_labels["expires"])
         state = tpu.ensure_node(cfg.tpu, name, node_labels, metadata)
     op.log.info("TPU VM %s: %s (%s).", name, state.state, state.action)
+    if state.action == "recreating" and state.created is not None:  # into the run's bill before it is replaced
+        record_vm_bill(
+            op, context, cfg, prices.vm_bill(cfg.tpu, name, state.created, time.time(), f"{state.replaced}, replaced")
+        )
     if state.ready:
         return tpu.describe(state)
     operation = state.operation if state.action == "created" else None
@@ -274,7 +278,7 @@ class TpuVmDeleteOperator(_RunNodeOperator):
                 tpu_registry.forget(registry, cfg.tpu.project, cfg.tpu.zone, name)
             self.log.info("TPU VM %s: %s (confirmed: the API no longer knows it).", name, how)
             if created is not None:
-                self._record_bill(context, cfg, prices.vm_bill(cfg.tpu, name, created, time.time()))
+                record_vm_bill(self, context, cfg, prices.vm_bill(cfg.tpu, name, created, time.time()))
 
     def _created(self, cfg: PipelineConfig, name: str) -> float | None:
         """When Google started billing the node (its createTime); None when it is gone or the API does not
@@ -289,17 +293,19 @@ class TpuVmDeleteOperator(_RunNodeOperator):
             )
             return None
 
-    def _record_bill(self, context: Context, cfg: PipelineConfig, bill: dict[str, Any]) -> None:
-        """What the VM cost, in the log and beside the run's artifacts (runs/<run>/tpu_vm.json). The VM is
-        gone either way: a record that cannot be written is a warning, not a reason to delete again."""
-        self.log.info("%s.", prices.bill_line(bill))
-        where = RunContext.of(cfg, context["run_id"]).run.tpu_vm_bill
-        try:
-            storage.write_json(where, bill)
-        except Exception as err:  # any storage error: the figure is in the log above
-            self.log.warning(
-                "Could not write the TPU VM's hours and cost to %s (%s); they are in the line above.", where, err
-            )
+
+def record_vm_bill(op: BaseOperator, context: Context, cfg: PipelineConfig, vm: dict[str, Any]) -> None:
+    """Add what a VM of the run cost to the run's bill (runs/<run>/tpu_vm.json: every VM it had, each
+    replaced node and each try's, and their total), and log it. The VM is gone either way: a bill that
+    cannot be written is a warning, not a reason to delete again."""
+    where = RunContext.of(cfg, context["run_id"]).run.tpu_vm_bill
+    try:
+        bill = prices.run_bill(storage.read_json_if_exists(where), vm)
+        storage.write_json(where, bill)
+    except Exception as err:  # any storage error: the figure is in the line below
+        op.log.warning("Could not add the TPU VM's hours and cost to %s (%s); they are in the next line.", where, err)
+        bill = vm
+    op.log.info("%s.", prices.bill_line(bill))
 
 
 def _delete_command(cfg: PipelineConfig, name: str) -> str:
