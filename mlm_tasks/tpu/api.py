@@ -33,6 +33,7 @@ from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
 from mlm_tasks import credentials
+from mlm_tasks.errors import AuthError
 
 if TYPE_CHECKING:  # types only: config imports this package's tables, so tpu/ imports no config at run time
     from google.cloud.tpu_v2 import Node, TpuClient
@@ -336,19 +337,41 @@ def host_keys(
 ) -> dict[str, str]:
     """SSH host public keys worker `worker` of node `name` published, as {type: base64 key}.
 
-    The VM's guest agent publishes them as guest attributes (namespace `hostkeys`); they are what
-    `gcloud compute tpus tpu-vm ssh` pins. {} while the agent has not published them yet (it starts
-    with the VM). Busy answers (429, 503) are retried until timeout_s, which bounds the whole call
-    (each request also by tpu.api_timeout_s).
+    The VM's guest agent publishes them as guest attributes (namespace `hostkeys`); the login is pinned
+    to them (`gcloud compute tpus tpu-vm ssh` only names its known_hosts alias with them). {} while the
+    agent has not published them yet (it starts with the VM): an empty answer or a 404, which is what
+    the Compute API answers for a path with nothing under it (a 404 for a node that is gone reads the
+    same: published_keys then asks its state). A refusal (403, 400: the organisation policy
+    compute.disableGuestAttributesAccess, or no permission to read them) is an AuthError naming both
+    ways out. Busy answers (429, 503) are retried until timeout_s, which bounds the whole call (each
+    request also by tpu.api_timeout_s).
     """
+    from google.api_core.exceptions import BadRequest, FailedPrecondition, Forbidden, NotFound
     from google.cloud import tpu_v2
 
     request = tpu_v2.GetGuestAttributesRequest(
         name=full_name(cfg, name), query_path=f"{HOST_KEYS}/", worker_ids=[str(worker)]
     )
     bounds = {**limits(cfg, timeout_s), "retry": retry().with_timeout(timeout_s)}
-    with answered(cfg, f"get_guest_attributes {name}"):
-        answer = (api or client(cfg)).get_guest_attributes(request=request, **bounds)
+    try:
+        with answered(cfg, f"get_guest_attributes {name}"):
+            answer = (api or client(cfg)).get_guest_attributes(request=request, **bounds)
+    except NotFound:
+        return {}
+    except (Forbidden, BadRequest) as err:
+        # Forbidden: 403 on both transports. The policy's refusal is undocumented: FAILED_PRECONDITION over
+        # gRPC, a 400 naming guest attributes over REST (which maps by HTTP code); any other 400 is ours.
+        refused = isinstance(err, Forbidden | FailedPrecondition) or "guest attribute" in str(err.message).lower()
+        if not refused:
+            raise
+        raise AuthError(
+            f"The TPU API refused to read node {name}'s guest attributes ({err.code} {err.message}), where its "
+            "guest agent publishes the SSH host keys the login is pinned to. Either the organisation policy "
+            "constraints/compute.disableGuestAttributesAccess is enforced on this project (lift it for the "
+            "project), or the GCP connection lacks tpu.nodes.getGuestAttributes (roles/tpu.admin has it). "
+            'If neither can change: "no_host_key_check": true in the SSH connection\'s extra skips the pin, '
+            "and anyone answering at the worker's IP is then trusted (gcloud goes on without the keys too)."
+        ) from err
     keys: dict[str, str] = {}
     for attributes in answer.guest_attributes:
         for item in attributes.query_value.items:

@@ -12,14 +12,18 @@ login read from the Airflow SSH connection in plugins/mlm_airflow/connections.py
 (mlm_tasks.smoke) both use it. Only worker 0 is ever dialled: TensorFlow on TPU is single-client, so on a pod slice
 worker 0 runs the program and the `-pod` runtime on the other hosts serves it.
 
-Host keys: a TPU VM's guest agent publishes its sshd host keys as guest attributes (`hostkeys/`),
-which is what `gcloud compute tpus tpu-vm ssh` pins; here too the worker must present one of them.
-~/.ssh/known_hosts is never read: a new VM often gets the IP of an old one, whose entry would refuse
-it. `Login.no_host_key_check` accepts any key (the caller warns: anyone at that IP is then believed).
+Host keys: a TPU VM's guest agent publishes its sshd host keys as guest attributes (`hostkeys/`);
+the worker must present one of them. That is stricter than `gcloud compute tpus tpu-vm ssh`, which
+reads them only to name its known_hosts alias and goes on without them on any error (docs/google-cloud.md
+has the cases). ~/.ssh/known_hosts is never read: a new VM often gets the IP of an old one, whose entry
+would refuse it. `Login.no_host_key_check` accepts any key (the caller warns: anyone at that IP is then
+believed).
 
 Patience: a fresh VM refuses SSH, or our key, for a minute or two after READY (sshd starting, ssh-keys
 metadata being applied) and publishes its host keys only once its guest agent runs, so those are
-retried for `patience_s`. A host key that does not match is not retried (HostKeyMismatch): a retry
+retried for `patience_s`. A host key that does not match is read again once, `poll_s` later (at most a
+quarter of the patience): a first boot may replace the keys after the agent published the first ones.
+The same keys again, or a key still not among them, is a HostKeyMismatch, not retried: a retry
 reaches the same machine. Each failure names its kind: host key, login (user and key), or no SSH
 answer (firewall).
 
@@ -113,6 +117,22 @@ def _mismatch(node: str, worker: int, host: str, port: int, presented: Any, pinn
     )
 
 
+def _fingerprints(keys: list[Any]) -> set[str]:
+    return {f"{k.get_name()} {k.fingerprint}" for k in keys}
+
+
+def _republished(published: Published, node: str, worker: int, poll_s: float) -> list[Any]:
+    """What the node publishes for `worker` `poll_s` from now (the one second look after a mismatch)."""
+    log.info(
+        "Worker %d of %s presented a host key it has not published: reading its keys again in %.0fs.",
+        worker,
+        node,
+        poll_s,
+    )
+    time.sleep(poll_s)
+    return _keys(published(worker))
+
+
 def _published_keys(published: Published, node: str, worker: int, deadline: float, poll_s: float) -> list[Any]:
     """The node's keys for `worker`, waiting (until deadline) for its guest agent to publish them."""
     while True:
@@ -158,11 +178,27 @@ def connector(
         else:
             pinned = _published_keys(published, node, worker, deadline, poll_s)
         where = f"{host}:{port} as {login.source}"
+        read_again = published is not None and pinned is not None
         while True:
             try:
                 return _login(login, host, port, pinned)
             except paramiko.BadHostKeyException as err:
-                raise _mismatch(node, worker, host, port, err.key, pinned or []) from err
+                fresh = (
+                    _republished(published, node, worker, min(poll_s, patience_s / 4))
+                    if read_again and published
+                    else []
+                )
+                read_again = False
+                if not fresh or _fingerprints(fresh) == _fingerprints(pinned or []):
+                    raise _mismatch(node, worker, host, port, err.key, pinned or []) from err
+                log.warning(
+                    "Worker %d of %s presented a host key it had not published; it now publishes others "
+                    "(a first boot replacing its keys): logging in against those.",
+                    worker,
+                    node,
+                )
+                pinned = fresh
+                continue
             except paramiko.AuthenticationException as err:  # retried: the VM may not have our key yet
                 if time.monotonic() > deadline:
                     raise RuntimeError(

@@ -31,7 +31,12 @@ What it holds callers to, as the real API does:
   0-based index below the node's host count (400); one GuestAttributes per worker asked for (all when
   none), holding the entries under queryPath (`ns/` or `ns/key`, '' or '/' for all). A READY node's
   workers publish `host_keys` in namespace `hostkeys` as the guest agent does (type -> base64 key);
-  the `fake_tpu` fixture sets them to the test sshd's host key when the test uses `sshd`.
+  the `fake_tpu` fixture sets them to the test sshd's host key when the test uses `sshd`. A path with
+  nothing under it is a 404 NOT_FOUND, as the Compute API answers before the agent has published
+  (`guest_attributes_absent = "empty"`: an empty 200 instead). `refuse_guest_attributes(code, status)`
+  answers every read with that error, as an enforced compute.disableGuestAttributesAccess policy or a
+  missing permission would (the exact status of the policy's refusal is not documented: 403 and 400
+  are both tested).
 
 Leniencies left, and why:
 - REST only: production uses the client's gRPC transport by default; the tests set tpu.transport=rest,
@@ -158,6 +163,8 @@ class FakeTpuApi(LoopbackServer):
         self.transient_errors = transient_errors
         self.workers: int | None = None  # test control: endpoints per node instead of the type's hosts
         self.host_keys: dict[str, str] = {}  # test control: what READY nodes' guest agents publish
+        self.guest_attributes_absent = "404"  # test control: "404" or "empty", the answer when none are
+        self._guest_attributes_refused: tuple[int, str] | None = None
         self.nodes: dict[str, dict] = {}  # full node name -> node JSON (+ private "_" keys)
         self.operations: dict[str, dict] = {}
         self.requests: list[tuple[str, str]] = []  # (method, path) of requests past auth and busy answers
@@ -201,6 +208,10 @@ class FakeTpuApi(LoopbackServer):
     ) -> None:
         """The next create makes the node (CREATING), then fails its operation when it would turn READY."""
         self._fail_next = (message, node_state)
+
+    def refuse_guest_attributes(self, code: int = 403, status: str = "PERMISSION_DENIED") -> None:
+        """Every getGuestAttributes answered with this error (an organisation policy, a missing permission)."""
+        self._guest_attributes_refused = (code, status)
 
     def refuse_delete(self, project: str, zone: str, node_id: str, code: int = 403) -> None:
         """Every delete of this node is refused, as the API does for a caller without tpu.nodes.delete
@@ -584,6 +595,9 @@ def _handler(api: FakeTpuApi):
             unknown = set(body) - {"queryPath", "workerIds"}
             if unknown:
                 raise InvalidRequest(f"Invalid JSON payload received. Unknown name {sorted(unknown)[0]!r}.")
+            if api._guest_attributes_refused:
+                code, status = api._guest_attributes_refused
+                return _error(code, status, "Guest attributes access is disabled for this project.")
             node = api.nodes[name]
             hosts = len(node["networkEndpoints"])
             ids = body.get("workerIds") or [str(i) for i in range(hosts)]
@@ -600,6 +614,8 @@ def _handler(api: FakeTpuApi):
                 for k, v in published.items()
                 if namespace in ("", "hostkeys") and key in ("", k)
             ]
+            if not items and api.guest_attributes_absent == "404":
+                return _error(404, "NOT_FOUND", f"The resource '{name}/guestAttributes/{path}' was not found")
             value = {"items": items} if items else {}
             return 200, {"guestAttributes": [{"queryPath": path, "queryValue": value} for _ in ids]}
 

@@ -73,7 +73,12 @@ def test_the_login_runs_only_where_the_published_host_key_answers(sshd, tmp_path
 
     def session(node):
         connect = ssh.connector(
-            lambda host: _login(sshd), sshd.port, node=node, patience_s=30, published=lambda worker: published[node]
+            lambda host: _login(sshd),
+            sshd.port,
+            node=node,
+            patience_s=30,
+            poll_s=1,
+            published=lambda worker: published[node],
         )
         return ssh.Session(connect, sshd.host).run(f"echo ran-on {node}")
 
@@ -88,6 +93,32 @@ def test_the_login_runs_only_where_the_published_host_key_answers(sshd, tmp_path
         "mlm-other published" in refused.describe()
     )
     assert issubclass(ssh.HostKeyMismatch, AuthError)  # no retry: the same machine would answer
+
+
+def test_keys_replaced_on_first_boot_are_read_again_once(sshd, tmp_path, caplog):
+    """A first boot may replace the host keys after the agent published the first ones: the mismatch reads
+    the node's keys once more, and logs in against the new ones; a key still unpublished then fails."""
+    asked: list[int] = []
+    real, stale = dict([host_public_key(sshd)]), _another_key(tmp_path)
+
+    def published(worker):  # the keys of the first boot, then those the agent publishes after the change
+        asked.append(worker)
+        return stale if len(asked) == 1 else real
+
+    connect = ssh.connector(
+        lambda host: _login(sshd), sshd.port, node="mlm-n", patience_s=30, poll_s=0.2, published=published
+    )
+    with caplog.at_level("WARNING"):
+        ok = ssh.Session(connect, sshd.host).run("echo past-the-new-keys")
+    assert (ok.exit_code, list(ok.tail), len(asked)) == (0, ["past-the-new-keys"], 2)
+    assert "it now publishes others (a first boot replacing its keys)" in caplog.text
+
+    asked.clear()
+    always_stale = ssh.connector(
+        lambda host: _login(sshd), sshd.port, node="mlm-n", patience_s=30, poll_s=0.2, published=lambda w: stale
+    )
+    refused = ssh.Session(always_stale, sshd.host).run("true")
+    assert refused.fatal and "does not match what node mlm-n published" in refused.describe()
 
 
 def test_without_published_keys_the_login_needs_the_opt_out(sshd):

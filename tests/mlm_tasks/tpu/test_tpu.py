@@ -12,7 +12,7 @@ from google.api_core.exceptions import BadRequest, NotFound
 
 from mlm_tasks import credentials
 from mlm_tasks.config import TpuConfig
-from mlm_tasks.errors import ConfigError
+from mlm_tasks.errors import AuthError, ConfigError, NoRetryError
 from mlm_tasks.tpu import api as tpu
 from mlm_tasks.tpu import slices as tpu_slices
 from mlm_tasks.tpu import ssh
@@ -269,15 +269,40 @@ def test_host_keys_are_what_the_worker_published(cfg, fake_tpu):
     name = tpu.node_name("mlm_pretrain", "run-keys")
     fake_tpu.workers = 2
     fake_tpu.add_node("proj", ZONE, name)
-    assert tpu.host_keys(cfg, name, worker=1) == {}  # the guest agent has not published them yet
+    assert tpu.host_keys(cfg, name, worker=1) == {}  # the guest agent has not published them yet: a 404
+    fake_tpu.guest_attributes_absent = "empty"
+    assert tpu.host_keys(cfg, name, worker=1) == {}  # or an empty answer: the same
     fake_tpu.host_keys = {"ssh-ed25519": "AAAAC3Nz", "ssh-rsa": "AAAAB3Nz"}
     assert tpu.host_keys(cfg, name, worker=1) == {"ssh-ed25519": "AAAAC3Nz", "ssh-rsa": "AAAAB3Nz"}
     asked = [r for r in fake_tpu.requests if r[1].endswith(":getGuestAttributes")]
-    assert asked == [("POST", f"/v2/projects/proj/locations/{ZONE}/nodes/{name}:getGuestAttributes")] * 2
+    assert asked == [("POST", f"/v2/projects/proj/locations/{ZONE}/nodes/{name}:getGuestAttributes")] * 3
     with pytest.raises(BadRequest, match="worker id '2'"):  # as the API: worker ids below the host count
         tpu.host_keys(cfg, name, worker=2)
-    with pytest.raises(NotFound):
-        tpu.host_keys(cfg, "mlm-no-such-node", worker=0)
+    # A node that is gone publishes nothing either; published_keys asks its state (the next test).
+    assert tpu.host_keys(cfg, "mlm-no-such-node", worker=0) == {}
+    with pytest.raises(tpu.NodeNotReady, match="Node mlm-no-such-node is NOT_FOUND"):
+        tpu.published_keys(cfg, "mlm-no-such-node")(0)
+
+
+@pytest.mark.parametrize("code, status", [(403, "PERMISSION_DENIED"), (400, "FAILED_PRECONDITION")])
+def test_guest_attributes_refused_fail_at_once_naming_the_policy_and_the_opt_out(cfg, fake_tpu, code, status):
+    """An organisation that enforces compute.disableGuestAttributesAccess (or a connection without the
+    permission): no host keys can be pinned, and no wait makes them appear. One ask, no retry."""
+    name = tpu.node_name("mlm_pretrain", "run-no-guest-attributes")
+    fake_tpu.add_node("proj", ZONE, name)
+    fake_tpu.refuse_guest_attributes(code, status)
+    connect = ssh.connector(
+        lambda host: ssh.Login("mlm", "test", {}), 22, node=name, published=tpu.published_keys(cfg, name), poll_s=5
+    )
+    started = time.monotonic()
+    with pytest.raises(AuthError) as err:
+        connect("127.0.0.1")
+    assert time.monotonic() - started < 5
+    message = str(err.value)
+    assert "constraints/compute.disableGuestAttributesAccess" in message and "tpu.nodes.getGuestAttributes" in message
+    assert '"no_host_key_check": true' in message and "anyone answering at the worker's IP is then trusted" in message
+    assert isinstance(err.value, NoRetryError)
+    assert [a[2] for a in fake_tpu.answers if a[1].endswith(":getGuestAttributes")] == [code]  # asked once
 
 
 def test_published_keys_wait_on_a_ready_node_and_fail_at_once_on_a_preempted_one(cfg, fake_tpu):
