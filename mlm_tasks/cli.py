@@ -14,6 +14,7 @@ else (worth a retry). Every verb and flag: docs/configuration.md#the-command-lin
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib
 import json
 import logging
@@ -27,6 +28,7 @@ from mlm_tasks.config import PipelineConfig, build_config, load_config
 from mlm_tasks.errors import NO_RETRY_EXIT, AuthError, ConfigError, NoRetryError
 from mlm_tasks.paths import RunContext
 from mlm_tasks.steps import STEPS
+from mlm_tasks.training import preemption
 
 # The pipeline's steps (mlm_tasks/steps/, the DAGs' task ids) and four conveniences.
 VERBS = (*STEPS, "fingerprint", "build_shard_set", "run_all", "compare")
@@ -142,10 +144,18 @@ def main(argv: list[str] | None = None) -> int:
         storage.set_timeout(cfg.storage.timeout_s)
         for name, value in storage.tensorflow_env().items():  # before TensorFlow's first gs:// call
             os.environ.setdefault(name, value)
-        result = run_step(args.step, cfg, RunContext.of(cfg, args.run_id, args.data_fingerprint), args.part, args.runs)
+        # A trainer of its own (a TPU VM's, a shell's): SIGTERM is a preemption notice, answered with a checkpoint.
+        notice = preemption.notice_on_sigterm() if args.step == "train" else contextlib.nullcontext()
+        with notice:
+            result = run_step(
+                args.step, cfg, RunContext.of(cfg, args.run_id, args.data_fingerprint), args.part, args.runs
+            )
     except NoRetryError as err:
         print(f"error: {err}", file=sys.stderr)
         return NO_RETRY_EXIT
+    except preemption.Preempted as err:
+        print(f"preempted: {err}", file=sys.stderr)
+        return preemption.PREEMPTED_EXIT
     # Every result is JSON already (mlm_tasks/results.py). One line when stdout is a file (a TPU VM's trainer
     # log, whose last lines the train task shows): an indented summary would push the log's lines out of them.
     print(json.dumps(result, indent=2 if sys.stdout.isatty() else None))

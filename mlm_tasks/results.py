@@ -125,7 +125,7 @@ class _TrainStatusRestarts(TypedDict, total=False):  # NotRequired is Python 3.1
 class TrainStatus(_TrainStatusRestarts):
     """The trainer's status record, runs/<run>/train/status.json (mlm_tasks/training/status.py)."""
 
-    state: str  # running, done or failed
+    state: str  # running, done, preempted (exit 75: resume from its step) or failed
     step: int  # the last step finished
     total_steps: int
     last_loss: float | None

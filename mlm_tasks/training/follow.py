@@ -81,6 +81,8 @@ def classify(
     mine = own_status(job, status)
     if mine is not None and mine["state"] == "done":
         return Verdict("done", f"{who} finished: {progress_line(mine)}", 0)
+    if mine is not None and mine["state"] == "preempted":  # saved a checkpoint on the notice: resume there
+        return Verdict("lost", f"{who} stopped on a preemption notice: {mine['error']}", mine["exit_code"])
     if mine is not None and mine["state"] == "failed":
         return Verdict("failed", f"{who} failed: {mine['error']}", mine["exit_code"])
     if node_state not in (None, "READY"):

@@ -9,7 +9,8 @@ Each call of the compiled loop runs `plan.per_call` steps; validation, checkpoin
 on_steps land on a call's last step. A checkpoint is saved every train.checkpoint_every steps (and as
 often as a hook's `checkpoint_every` asks), with the history up to it; a rerun of the run restores the
 latest one and skips the batches it already consumed, so a killed process loses at most one checkpoint
-interval and finishes at exactly the planned step count.
+interval and finishes at exactly the planned step count. A preemption notice (SIGTERM to a CLI trainer,
+mlm_tasks/training/preemption.py) saves a checkpoint after the call under way and stops there.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from typing import Any
 
 from mlm_tasks.config import PipelineConfig
 from mlm_tasks.paths import RunPaths
+from mlm_tasks.training import preemption
 from mlm_tasks.training.hooks import TrainHook
 from mlm_tasks.training.plan import TrainInputs, TrainPlan, crossed
 from mlm_tasks.training.progress import ProgressLog, write_history
@@ -82,6 +84,9 @@ class TrainLoop:
         while step < total:
             first, step = step + 1, min(step + self.plan.per_call, total)
             self._steps(first, step)
+            if step != total and preemption.noticed():  # SIGTERM to a CLI trainer: save here, then go
+                self.save_checkpoint(step)
+                raise preemption.Preempted(step, preemption.waited_s())
             if step != total and any(crossed(every, first, step) for every in self.save_every):
                 self.save_checkpoint(step)
             for hook in self.hooks:

@@ -3,7 +3,8 @@
     status = StatusRecord(run, total_steps=3500, start_step=1200, heartbeat_s=30)   # starts += 1
     with status:                       # a heartbeat thread rewrites the record every heartbeat_s
         ... status.progress(step, loss, tokens_per_s, eta_s) ...   # at every progress line
-    # leaving the block records done (exit 0) or failed (exit 2: no retry can fix it; 1: anything else)
+    # leaving the block records done (exit 0), preempted (75: a checkpoint at the notice's step, resume
+    # there) or failed (exit 2: no retry can fix it; 1: anything else)
     record = read_status(run)          # None before a trainer has started
     why = stalled(record, stall_s=1800)   # None, or what is stale: the heartbeat or the step
 
@@ -25,6 +26,7 @@ from mlm_tasks import storage
 from mlm_tasks.errors import NO_RETRY_EXIT, NoRetryError
 from mlm_tasks.paths import RunPaths
 from mlm_tasks.results import Restart, TrainStatus
+from mlm_tasks.training import preemption
 
 log = logging.getLogger(__name__)
 TRY_NUMBER_VARS = ("MLM_TRY_NUMBER", "AIRFLOW_CTX_TRY_NUMBER")
@@ -135,6 +137,9 @@ class StatusRecord:
         with self._lock:
             if kind is None:
                 self.record["state"], self.record["exit_code"] = "done", 0
+            elif isinstance(err, preemption.Preempted):  # a checkpoint at its step: resume there, not a failure
+                self.record["state"], self.record["exit_code"] = "preempted", preemption.PREEMPTED_EXIT
+                self.record["step"], self.record["error"] = err.step, str(err)
             else:
                 self.record["state"] = "failed"
                 self.record["exit_code"] = NO_RETRY_EXIT if isinstance(err, NoRetryError) else 1

@@ -1,4 +1,4 @@
-"""Training: learns, checkpoints, reruns are no-ops, and a SIGKILLed process resumes exactly."""
+"""Training: learns, checkpoints, reruns are no-ops, and a SIGKILLed or preempted (SIGTERM) process resumes exactly."""
 
 import json
 import os
@@ -52,7 +52,7 @@ def _final_weights(run):
 
 
 @pytest.mark.slow
-def test_sigkill_then_retry_resumes_and_matches_an_uninterrupted_run(tiny_prepared, tmp_path):
+def test_a_killed_or_preempted_trainer_resumes_and_matches_an_uninterrupted_run(tiny_prepared, tmp_path):
     cfg, data = tiny_prepared
     fp, steps = data["fingerprint"], 30
     # Reference: the same run, never interrupted.
@@ -85,6 +85,29 @@ def test_sigkill_then_retry_resumes_and_matches_an_uninterrupted_run(tiny_prepar
     # Weights, optimizer state, schedule and data position all resumed: same final weights.
     ref_w, got_w = _final_weights(RunPaths(cfg.output_root, "uninterrupted")), _final_weights(run)
     assert ref_w.keys() == got_w.keys()
+    for name in ref_w:
+        np.testing.assert_allclose(got_w[name], ref_w[name], rtol=1e-4, atol=1e-5, err_msg=name)
+
+    # A preemption notice (SIGTERM, as a VM's shutdown sends) between checkpoints: the trainer saves one at
+    # the step it is at and exits 75; the next trainer resumes at that step, not at the last periodic one.
+    notice_at = random.Random().choice([n for n in range(7, 24) if n % 5])
+    proc = _train_cli(cfg, fp, "noticed", steps)
+    for line in proc.stdout:
+        if f"step {notice_at}/{steps}" in line:
+            proc.send_signal(signal.SIGTERM)
+            break
+    rest = proc.communicate(timeout=120)[0]
+    assert proc.returncode == 75, rest
+    run = RunPaths(cfg.output_root, "noticed")
+    status = storage.read_json(run.train_status)
+    saved = status["step"]  # the step the notice was answered at: the end of the call under way
+    assert (status["state"], status["exit_code"]) == ("preempted", 75) and notice_at <= saved < steps, status
+    assert f"checkpoint saved at step {saved}" in status["error"] and "Preemption notice (SIGTERM)" in rest
+    retry = _train_cli(cfg, fp, "noticed", steps)
+    out = retry.communicate(timeout=600)[0]
+    assert retry.returncode == 0, out
+    assert storage.read_json(run.train_summary)["resumed_from_step"] == saved  # no step trained twice
+    got_w = _final_weights(run)
     for name in ref_w:
         np.testing.assert_allclose(got_w[name], ref_w[name], rtol=1e-4, atol=1e-5, err_msg=name)
 

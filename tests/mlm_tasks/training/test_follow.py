@@ -78,6 +78,11 @@ def test_stalls_and_a_lost_node():
     assert _kind(_status(), Probe(None)).kind == "running"  # SSH down: the record still tells
     lost = _kind(_status(), Probe(None), node_state="PREEMPTED")
     assert lost.kind == "lost" and "PREEMPTED" in lost.detail  # a restart inside the try, not a failure
+    # A trainer that answered a preemption notice with a checkpoint: a restart from it, on any node state.
+    noticed = _status(state="preempted", exit_code=75, error="Preemption notice (SIGTERM): checkpoint saved at step 40")
+    for node_state in (None, "READY", "PREEMPTED"):
+        verdict = _kind(noticed, Probe(False, exit_code=75), node_state=node_state)
+        assert (verdict.kind, verdict.exit_code) == ("lost", 75) and "checkpoint saved at step 40" in verdict.detail
 
 
 def test_probe_answers():
