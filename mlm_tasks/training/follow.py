@@ -141,9 +141,14 @@ class JobWatch:
         return self.vm.tail_text()
 
 
+class NodeLost(RuntimeError):
+    """reattach found the stored job's node not READY: lost with it; the caller replaces the node (a restart)."""
+
+
 def reattach(watch: JobWatch, *, node: str, host: str) -> bool:
     """Whether a retry follows the stored job on (it runs, or it is done) rather than start a new one. A job
-    of a node since replaced is gone with it; a stale one is stopped first."""
+    of a node since replaced is gone with it; a stale one is stopped first. A node lost since it was found
+    READY (preempted between the two calls) raises NodeLost: nothing may start on it."""
     job, log = watch.job, watch.log
     if (job["node"], job["host"]) != (node, host):
         log.warning(
@@ -168,6 +173,8 @@ def reattach(watch: JobWatch, *, node: str, host: str) -> bool:
     if verdict.kind == "done":
         log.info("The stored trainer already finished: %s.", verdict.detail)
         return True
+    if verdict.kind == "lost":
+        raise NodeLost(verdict.detail)
     if verdict.kind == "stalled":
         log.warning(
             "The stored trainer is alive but stale (%s): stopping it, then starting a new one "

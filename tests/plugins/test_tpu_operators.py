@@ -96,11 +96,16 @@ def test_the_runs_bill_counts_every_vm_it_had(fake_tpu, gcs_root, caplog):
     with the total over them; a retried delete counts no VM twice."""
     config = _config(fake_tpu, output_root=gcs_root)
     bill_uri = RunContext.of(config_from_xcom(config), RUN).run.tpu_vm_bill
-    fake_tpu.add_node("proj", ZONE, NAME)
+    # Made an hour ago (createTime is in whole seconds: a replacement in the same second would be the same VM).
+    fake_tpu.add_node("proj", ZONE, NAME)["createTime"] = time.strftime(
+        "%Y-%m-%dT%H:%M:%SZ", time.gmtime(time.time() - 3600)
+    )
     fake_tpu.preempt(NAME)
     _run(TpuVmCreateOperator(task_id="create_tpu_vm", config=config))
     first = storage.read_json(bill_uri)
-    assert [vm["ended"] for vm in first["vms"]] == ["PREEMPTED, replaced"]
+    assert [vm["ended"] for vm in first["vms"]] == ["PREEMPTED, replaced"] and first["hours"] == pytest.approx(
+        1, abs=0.01
+    )
     delete = _logging_to_caplog(TpuVmDeleteOperator(task_id="delete_tpu_vm", config=config))
     with caplog.at_level("INFO"):
         assert _run(delete) == NAME

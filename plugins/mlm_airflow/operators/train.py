@@ -46,7 +46,7 @@ from mlm_tasks.results import RemoteTrain, TrainJob, TrainSummary
 from mlm_tasks.tpu import api as tpu
 from mlm_tasks.tpu import job as vm_job
 from mlm_tasks.training import restarts
-from mlm_tasks.training.follow import JobWatch, Verdict
+from mlm_tasks.training.follow import JobWatch, NodeLost, Verdict
 from mlm_tasks.training.status import read_status, restarts_of
 
 __all__ = ["JOB_KEY", "TrainOperator"]
@@ -187,9 +187,16 @@ class TrainOperator(BaseOperator):
         store = context.get("task_state_store")
         if store is not None:
             store.set(DEFERRED_KEY, {"trigger": "node"})
+        lost = None
         with use_connection(cfg.gcp_conn_id):
             node = node_for_step(self, context, cfg, run_node_name(context, self.node_name), replace_in=self.resume)
-            started = self._detached(cfg).start(context, cfg, node)
+            try:
+                started = self._detached(cfg).start(context, cfg, node)
+            except NodeLost as err:  # READY a moment ago, lost by the reattach: a restart, not a start on it
+                lost = str(err)
+        if lost is not None:
+            job = vm_job.job_handle(store.get(JOB_KEY) if store is not None else None)
+            self._restart(context, cfg, cast(TrainJob, job), lost)
         self._follow(context, cfg, started)
 
     def _check_deadline(self, context: Context, cfg: PipelineConfig) -> None:

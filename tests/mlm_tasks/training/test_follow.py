@@ -1,10 +1,13 @@
 """What a detached trainer's state means (mlm_tasks/training/follow.py): the follow loop's and a retry's
 decisions, from (handle, status record, probe, node state, clock) alone."""
 
+import logging
+from types import SimpleNamespace
+
 import pytest
 
 from mlm_tasks.tpu.job import Probe, parse_probe
-from mlm_tasks.training.follow import classify
+from mlm_tasks.training.follow import NodeLost, Verdict, classify, reattach
 
 NOW = 1_000_000.0
 JOB = {
@@ -90,3 +93,14 @@ def test_probe_answers():
     assert parse_probe(["MLM_PROBE gone 3"]) == Probe(False, 3)
     assert parse_probe(["MLM_PROBE gone -"]) == Probe(False, None)
     assert parse_probe([], "Cannot SSH").alive is None
+
+
+def test_a_node_lost_between_its_check_and_the_reattach_is_no_place_to_start():
+    """The node was READY when the task looked, and is PREEMPTED when the reattach checks the trainer: starting
+    a trainer there would run on a dead node, uncounted. NodeLost sends the task to its restart instead."""
+    lost = Verdict("lost", "the TPU VM mlm-n is PREEMPTED: the trainer is lost with it")
+    watch = SimpleNamespace(job=JOB, log=logging.getLogger("test"), check=lambda: lost, stop=lambda: None)
+    with pytest.raises(NodeLost, match="PREEMPTED"):
+        reattach(watch, node=JOB["node"], host=JOB["host"])
+    running = SimpleNamespace(**{**vars(watch), "check": lambda: Verdict("running", "step 40/100")})
+    assert reattach(running, node=JOB["node"], host=JOB["host"]) is True
