@@ -90,11 +90,10 @@ def create_or_reuse_node(
         # First: a node that exists is always one the janitor knows about.
         tpu_registry.record(registry, cfg.tpu.project, cfg.tpu.zone, name, node_labels["expires"])
         state = tpu.ensure_node(cfg.tpu, name, node_labels, metadata)
-    op.log.info("TPU VM %s: %s (%s).", name, state.state, state.action)
-    if state.action == "recreating" and state.created is not None:  # into the run's bill before it is replaced
-        record_vm_bill(
-            op, context, cfg, prices.vm_bill(cfg.tpu, name, state.created, time.time(), f"{state.replaced}, replaced")
-        )
+        op.log.info("TPU VM %s: %s (%s).", name, state.state, state.action)
+        if state.action == "recreating" and state.created is not None:  # into the run's bill before it is replaced
+            dead = prices.vm_bill(cfg.tpu, name, state.created, time.time(), f"{state.replaced}, replaced")
+            record_vm_bill(op, context, cfg, dead)  # with the connection: output_root is the run's bucket
     if state.ready:
         return tpu.describe(state)
     operation = state.operation if state.action == "created" else None

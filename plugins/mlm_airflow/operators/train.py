@@ -71,10 +71,6 @@ def run_deadline(context: Context, cfg: PipelineConfig) -> float:
     return deadline
 
 
-def read_restarts(run: RunPaths) -> list:
-    return restarts_of(read_status(run))
-
-
 class TrainOperator(BaseOperator):
     """`config`: validate's return value; `data`: merge_shards' (both XComArgs, resolved at run time).
     `command` replaces the remote step line (tests); `node_name` the run's node name."""
@@ -171,9 +167,7 @@ class TrainOperator(BaseOperator):
         job = vm_job.job_handle(store.get(JOB_KEY))
         if job is not None:
             with use_connection(cfg.gcp_conn_id):
-                verdict = connected_watch(
-                    cfg.tpu, job, output_root=cfg.output_root, stall_s=cfg.train.stall_minutes * 60, log=self.log
-                ).check()
+                verdict = self._watch(cfg, job).check()
             if verdict.kind in ENDS:
                 return self.trainer_ended(
                     context, {**asdict(verdict), "job": job, "workers": deferred.get("workers", 1)}
@@ -208,7 +202,7 @@ class TrainOperator(BaseOperator):
         job = vm_job.job_handle(store.get(JOB_KEY) if store is not None else None)
         if job is not None:
             with use_connection(cfg.gcp_conn_id):
-                connected_watch(cfg.tpu, job, output_root=cfg.output_root, stall_s=0, log=self.log).stop()
+                self._watch(cfg, job).stop()
         hours = cfg.train.timeout_for(cfg.compute, cfg.tpu.ttl_hours)
         raise AirflowFailException(
             f"The training reached its deadline, train.timeout_hours={hours:g} from this task's first start "
@@ -253,11 +247,15 @@ class TrainOperator(BaseOperator):
         if event["kind"] == "lost":
             self._restart(context, cfg, job, event["detail"])
         with use_connection(cfg.gcp_conn_id):
-            self.watch = connected_watch(
-                cfg.tpu, job, output_root=cfg.output_root, stall_s=cfg.train.stall_minutes * 60, log=self.log
-            )
+            self.watch = self._watch(cfg, job)
             end_of_training(self.watch, Verdict(event["kind"], event["detail"], event.get("exit_code")))
         return {"node": job["node"], "workers": event.get("workers", 1)}
+
+    def _watch(self, cfg: PipelineConfig, job: TrainJob) -> JobWatch:
+        """The stored trainer, checked or stopped from this task (within a use_connection block)."""
+        return connected_watch(
+            cfg.tpu, job, output_root=cfg.output_root, stall_s=cfg.train.stall_minutes * 60, log=self.log
+        )
 
     def _restart(self, context: Context, cfg: PipelineConfig, job: TrainJob, cause: str) -> NoReturn:
         """The trainer's node is gone: inside this try, a new node and a new trainer from the last checkpoint,
@@ -266,10 +264,11 @@ class TrainOperator(BaseOperator):
         used = int(cast(int, store.get(RESTARTS_KEY, 0))) if store is not None else 0
         run = RunPaths(cfg.output_root, context["run_id"])
         if used >= cfg.train.max_restarts:
+            so_far = restarts.summary_line(restarts_of(read_status(run)))
             raise AirflowException(
                 f"Training lost its node again ({cause}) after train.max_restarts={cfg.train.max_restarts} restarts "
-                f"({restarts.summary_line(read_restarts(run))}). This try fails; an Airflow retry starts a new "
-                "trainer from the last checkpoint. Raise train.max_restarts for capacity that is preempted this often."
+                f"({so_far}). This try fails; an Airflow retry starts a new trainer from the last checkpoint. Raise "
+                "train.max_restarts for capacity that is preempted this often."
             )
         if store is not None:
             store.set(RESTARTS_KEY, used + 1)
