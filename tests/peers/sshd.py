@@ -107,6 +107,11 @@ def running_sshd(work_dir: Path) -> Iterator[SshServer]:
                 "MaxStartups 50:30:100",
                 # As Ubuntu's (and so a TPU VM's) sshd_config (the Hub token does not use it: it goes on stdin).
                 "AcceptEnv LANG LC_*",
+                # bash sources ~/.bashrc for a command sshd runs only as a top-level shell (SHLVL < 2). Ubuntu's
+                # .bashrc (a TPU VM's) returns at once when not interactive; this machine's root .bashrc runs
+                # `pyenv init`, whose rehash takes a lock file that a session killed mid-rehash leaves behind,
+                # and every later login then waits 60 s and prints to the step's output (CI failed on it).
+                "SetEnv SHLVL=1",
                 "",
             ]
         )
