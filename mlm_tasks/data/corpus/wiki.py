@@ -35,10 +35,14 @@ _MARKUP = re.compile(r"'{2,}")
 
 
 def embedded_wiki_path() -> str:
-    import gensim
+    # Found without importing gensim: its __init__ imports scipy and the rest (3 s), which validate and the
+    # fingerprint of plan_shards and merge_shards need not pay; the pages' parser imports it when it parses.
+    import importlib.util
 
-    path = os.path.join(os.path.dirname(gensim.__file__), "test", "test_data", EMBEDDED_WIKI_FILE)
-    if not os.path.exists(path):
+    spec = importlib.util.find_spec("gensim")
+    folder = spec.submodule_search_locations[0] if spec and spec.submodule_search_locations else ""
+    path = os.path.join(folder, "test", "test_data", EMBEDDED_WIKI_FILE)
+    if not folder or not os.path.exists(path):
         raise ConfigError(
             f"The embedded Wikipedia sample {EMBEDDED_WIKI_FILE} is missing: install "
             "gensim==4.4.0 (requirements.txt), whose wheel ships it."
