@@ -2,7 +2,8 @@
 
 airflow_stack   session   PostgreSQL + api-server + scheduler + dag-processor + triggerer on
                           loopback (tests/peers/airflow_stack.py), as docker-compose.yaml runs them,
-                          with users viewer, user, op of those FAB roles (stack.token_for(name))
+                          with users viewer, user, op of those FAB roles (stack.token_for(name));
+                          stopped right after the last test that uses it, not at the session's end
 airflow_api     session   REST API v2 client with a JWT (tests/peers/airflow_rest.py)
 stack_hub       session   the fake Hub the stack publishes to: its huggingface_default connection
 tiny_conf       function  `mlm_pretrain` conf for the tiny preset in a fresh output_root
@@ -11,6 +12,7 @@ artifacts_dir   session   where screenshots go: $PYTEST_ARTIFACTS or tests/artif
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import secrets
@@ -26,6 +28,8 @@ ROLE_USERS = {"viewer": "Viewer", "user": "User", "op": "Op", "trainer": "Traine
 # test_stack_e2e.py's run `rest-fault` fails once at step 6, and its retry resumes: a training hook named in the
 # environment of the services that run tasks (no run setting can name one); the stack's other runs train as usual.
 TRAIN_HOOKS = {"MLM_TRAIN_HOOKS": "mlm_tasks.training.hooks:fail_at_step=6@rest-fault"}
+# How the session's stack is stopped early (pytest_runtest_teardown below).
+_SHARED_STACK = contextlib.ExitStack()
 
 
 @pytest.fixture(scope="session")
@@ -42,13 +46,30 @@ def airflow_stack(tmp_path_factory, stack_hub):
     # (.env's, so only the services that run tasks get it) points at the fake Hub, for runs that publish;
     # HF_ENDPOINT too, as huggingface_hub checks commit URLs against it.
     connection = json.dumps({"conn_type": "generic", "host": stack_hub.url, "password": stack_hub.token})
-    with running_stack(
-        tmp_path_factory.mktemp("stack"),
-        users=ROLE_USERS,
-        dotenv={"AIRFLOW_CONN_HUGGINGFACE_DEFAULT": connection},
-        extra_env={"HF_ENDPOINT": stack_hub.url, **TRAIN_HOOKS},
-    ) as stack:
-        yield stack
+    with _SHARED_STACK:
+        yield _SHARED_STACK.enter_context(
+            running_stack(
+                tmp_path_factory.mktemp("stack"),
+                users=ROLE_USERS,
+                dotenv={"AIRFLOW_CONN_HUGGINGFACE_DEFAULT": connection},
+                extra_env={"HF_ENDPOINT": stack_hub.url, **TRAIN_HOOKS},
+            )
+        )
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_runtest_teardown(item, nextitem):
+    """Stop the session's stack after the last test that uses it, in collection order (the order its xdist
+    group runs in on one worker, and the order without xdist). Idle, a stack burns about 11 CPU-seconds a
+    minute (dag-processor, scheduler, PostgreSQL, triggerer); kept to the session's end on the worker that
+    ran its group, it took ~300 CPU-seconds from the other tests of a CI run on two cores."""
+    if "airflow_stack" not in item.fixturenames:
+        return
+    if nextitem is not None and "airflow_stack" in nextitem.fixturenames:
+        return
+    items = item.session.items
+    if not any("airflow_stack" in later.fixturenames for later in items[items.index(item) + 1 :]):
+        _SHARED_STACK.close()  # the stack's own exit checks: no process or port left behind
 
 
 @pytest.fixture(scope="session")
