@@ -18,6 +18,7 @@ import yaml
 from mlm_tasks import storage
 from mlm_tasks.config import PipelineConfig
 from mlm_tasks.paths import RunPaths, join
+from mlm_tasks.tpu import prices
 
 WIKIPEDIA_CREDIT = "Text from English Wikipedia, CC BY-SA 4.0"
 METRIC_ROWS = [  # (key, label, format)
@@ -40,6 +41,7 @@ def read_run_artifacts(run: RunPaths) -> dict[str, Any]:
         "predictions": storage.read_json_if_exists(run.predictions),
         "data_info": storage.read_json_if_exists(run.data_ref),
         "downstream": storage.read_json_if_exists(run.downstream),
+        "bill": storage.read_json_if_exists(run.tpu_vm_bill),  # every TPU VM of the run (tpu_vm.json)
     }
 
 
@@ -157,9 +159,10 @@ def config_lines(cfg: PipelineConfig, data_info: Mapping[str, Any] | None = None
     ]
 
 
-def training_lines(summary: Mapping[str, Any] | None) -> list[str]:
+def training_lines(summary: Mapping[str, Any] | None, bill: dict[str, Any] | None = None) -> list[str]:
+    """`bill`: the run's TPU VM bill (runs/<run>/tpu_vm.json), every VM it had; None on a CPU run."""
     if not summary:
-        return ["_No training summary was recorded for this run._"]
+        return ["_No training summary was recorded for this run._", *prices.bill_lines(bill)]
     lines = [f"- Steps: {summary.get('steps')}"]
     if summary.get("resumed_from_step"):
         lines.append(f"- Resumed from step {summary['resumed_from_step']} (a retry continued from a checkpoint)")
@@ -182,6 +185,7 @@ def training_lines(summary: Mapping[str, Any] | None) -> list[str]:
             f"- Accelerator cost: ${summary['cost_usd']:,.2f} for {summary['accelerator_hours']:.2f} h of "
             f"training ({summary.get('cost_basis')})"
         )
+    lines += prices.bill_lines(bill)  # what the run paid for: each VM from createTime to deletion
     if summary.get("elapsed_s") is not None:
         lines.append(f"- Wall time: {summary['elapsed_s'] / 60:.1f} min")
     return lines
@@ -233,6 +237,7 @@ def render_model_card(
     predictions: list | None,
     data_info: Mapping[str, Any] | None,
     downstream: Mapping[str, Any] | None = None,
+    bill: dict[str, Any] | None = None,
 ) -> str:
     credit, datasets = corpus_credit(cfg, data_info)
     # One library (transformers), two frameworks: tf_model.h5 for TensorFlow, model.safetensors for PyTorch.
@@ -280,7 +285,7 @@ def render_model_card(
         *config_lines(cfg, data_info),
         "",
         "## Training",
-        *training_lines(summary),
+        *training_lines(summary, bill),
         "",
         "## Evaluation",
         *metrics_table(metrics),
@@ -314,6 +319,7 @@ def write_model_card(cfg: PipelineConfig, run: RunPaths, data_info: Mapping[str,
         art["predictions"],
         data_info if data_info is not None else art["data_info"],
         art["downstream"],
+        art["bill"],
     )
     uri = join(run.model, "README.md")
     storage.write_text(uri, text)

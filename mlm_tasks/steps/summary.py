@@ -12,7 +12,7 @@ import logging
 from mlm_tasks import storage
 from mlm_tasks.config import PipelineConfig
 from mlm_tasks.data.shard_set import DataSummary
-from mlm_tasks.paths import RunContext
+from mlm_tasks.paths import RunContext, RunPaths
 from mlm_tasks.results import RunSummary
 
 log = logging.getLogger(__name__)
@@ -45,25 +45,7 @@ def summary(cfg: PipelineConfig, ctx: RunContext, *, data: DataSummary | None = 
             for s in data["records"]
         ),
     ]
-    if train:
-        lines.append(
-            f"Training   {train['steps']} steps on {train['device']} (global batch {train['global_batch']} = "
-            f"{train['global_batch'] // max(train.get('replicas', 1), 1)} x "
-            f"{train.get('replicas', 1)} replica(s), "
-            f"{train['parameters']:,} parameters), {train['tokens_per_s'] or 0:,.0f} tokens/s, loss "
-            f"{train['first_loss']:.3f} -> {train['last_loss']:.3f}, {train['elapsed_s']:.0f}s"
-            + (f", resumed from step {train['resumed_from_step']}" if train["resumed_from_step"] else "")
-        )
-        if train.get("mfu_of"):
-            lines.append(
-                f"Hardware   {train['mfu_of']}"
-                + (
-                    f"; {train['accelerator_hours']:.2f} TPU hours of training = ${train['cost_usd']:,.2f} "
-                    f"({train['cost_basis']})"
-                    if train.get("cost_usd") is not None
-                    else ""
-                )
-            )
+    lines += _training_lines(cfg, run, train)
     if metrics:
         lines.append(
             f"Evaluation {metrics['split']}: masked-LM loss {metrics['loss']:.3f}, perplexity "
@@ -89,3 +71,40 @@ def summary(cfg: PipelineConfig, ctx: RunContext, *, data: DataSummary | None = 
     storage.write_text(run.summary_text, text + "\n")
     log.info("Run summary:\n%s", text)
     return {"text": text, "train": train, "metrics": metrics, "data": data, "model_uri": run.model}
+
+
+def _training_lines(cfg: PipelineConfig, run: RunPaths, train: dict) -> list[str]:
+    """Training, Hardware and, on a TPU VM, the run's bill: every VM it had (runs/<run>/tpu_vm.json)."""
+    out: list[str] = []
+    if train:
+        out.append(
+            f"Training   {train['steps']} steps on {train['device']} (global batch {train['global_batch']} = "
+            f"{train['global_batch'] // max(train.get('replicas', 1), 1)} x "
+            f"{train.get('replicas', 1)} replica(s), "
+            f"{train['parameters']:,} parameters), {train['tokens_per_s'] or 0:,.0f} tokens/s, loss "
+            f"{train['first_loss']:.3f} -> {train['last_loss']:.3f}, {train['elapsed_s']:.0f}s"
+            + (f", resumed from step {train['resumed_from_step']}" if train["resumed_from_step"] else "")
+        )
+        if train.get("mfu_of"):
+            out.append(
+                f"Hardware   {train['mfu_of']}"
+                + (
+                    f"; {train['accelerator_hours']:.2f} TPU hours of training = ${train['cost_usd']:,.2f} "
+                    f"({train['cost_basis']})"
+                    if train.get("cost_usd") is not None
+                    else ""
+                )
+            )
+    if cfg.compute == "tpu_vm":
+        from mlm_tasks.tpu import prices
+
+        bill = storage.read_json_if_exists(run.tpu_vm_bill)
+        out.append(
+            "TPU VMs    "
+            + (
+                prices.bill_text(bill)
+                if bill
+                else f"none recorded yet: delete_tpu_vm adds each VM it deletes to {run.tpu_vm_bill}"
+            )
+        )
+    return out

@@ -3,6 +3,7 @@
     hourly(cfg.tpu)                          # $/hour of the run's slice (Spot or on-demand, per tpu.spot)
     vm_bill(cfg.tpu, name, created_s, gone_s)   # what the VM cost from its createTime until it was gone
     run_bill(earlier, vm)                    # the run's bill (runs/<run>/tpu_vm.json) with one more VM in it
+    bill_lines(bill) / bill_text(bill)       # that bill in the report and card (Markdown) / the summary (a line)
     estimate_lines(cfg, steps, per_token, replicas=4)   # tokens, steps, hours at ASSUMED_MFU, on-demand and Spot
 
 LIST_PRICES are Google's public list prices in US dollars per chip-hour for the regions where each
@@ -111,6 +112,42 @@ def bill_line(bill: dict[str, Any]) -> str:
     if len(bill.get("vms") or []) > 1:
         line += f"; the run's {len(bill['vms'])} TPU VMs: {bill['hours']:.2f} h, {_usd(bill['cost_usd'])}"
     return line
+
+
+def bill_complete(bill: dict[str, Any]) -> bool:
+    """Whether the bill holds the run's last VM: delete_tpu_vm (the teardown) adds it once the API no longer
+    knows the node (or create_tpu_vm, a node that failed to become READY); until then it holds only the
+    nodes the run replaced (the report and the card may be written while the last VM is being deleted)."""
+    return str((bill.get("vms") or [bill])[-1].get("ended", "")).endswith("deleted")
+
+
+def bill_text(bill: dict[str, Any]) -> str:
+    """The run's bill in one line (summary.txt): every VM, its hours and how it ended, and the total."""
+    vms = bill.get("vms") or [bill]
+    each = "; ".join(f"{v['node']} {v['hours']:.2f} h, {v['ended']}" for v in vms)
+    rest = "" if bill_complete(bill) else " so far (the VM still up is added when delete_tpu_vm deletes it)"
+    return (
+        f"{len(vms)} TPU VM{'s' if len(vms) > 1 else ''} up {bill['hours']:.2f} h = {_usd(bill['cost_usd'])}{rest} "
+        f"({vms[-1]['cost_basis']}): {each}"
+    )
+
+
+def bill_lines(bill: dict[str, Any] | None) -> list[str]:
+    """The run's bill as Markdown list lines (report.md and the model card): the total over every VM the run
+    had, then one line per VM; none without a bill (a CPU run)."""
+    if not bill:
+        return []
+    vms = bill.get("vms") or [bill]
+    rest = "" if bill_complete(bill) else " so far (the VM still up is added when delete_tpu_vm deletes it)"
+    return [
+        f"- TPU VMs: {len(vms)}, up {bill['hours']:.2f} h in all, {_usd(bill['cost_usd'])}{rest} "
+        f"({vms[-1]['cost_basis']})",
+        *(
+            f"  - `{v['node']}` ({v['accelerator_type']}, {'Spot' if v['spot'] else 'on-demand'}): "
+            f"{v['created']} to {v['gone']}, {v['hours']:.2f} h, {_usd(v['cost_usd'])}, {v['ended']}"
+            for v in vms
+        ),
+    ]
 
 
 def _usd(amount: float | None) -> str:

@@ -129,7 +129,11 @@ def node_from_event(
         op.log.info("TPU VM %s is gone (replaced node deleted): creating it again.", name)
         return create_or_reuse_node(op, context, cfg, name, event["deadline"], resume_in=resume_in)
     with use_connection(cfg.gcp_conn_id):
+        created = created_time(op, cfg, name) if state != tpu.NOT_FOUND else None
         deleted = tpu.delete_node(cfg.tpu, name) if state != tpu.NOT_FOUND else None
+        if deleted and created is not None:  # a node that failed to become READY is billed while it exists
+            why = "not READY in time" if state == "TIMEOUT" else "create failed"
+            record_vm_bill(op, context, cfg, prices.vm_bill(cfg.tpu, name, created, time.time(), f"{why}, deleted"))
     cleanup = "deleted it" if deleted else "nothing left to delete"
     if state == "TIMEOUT":
         raise AirflowException(
@@ -208,7 +212,7 @@ class TpuVmDeleteOperator(_RunNodeOperator):
             raise AirflowSkipException(f"compute is {cfg.compute!r}: this run made no TPU VM, none to delete.")
         name = run_node_name(context, self.node_name)
         with use_connection(cfg.gcp_conn_id):
-            created = self._created(cfg, name)
+            created = created_time(self, cfg, name)
             try:
                 operation = tpu.delete_node(cfg.tpu, name)
             except ClientError as err:  # 4xx: a retry gets the same answer, and the VM keeps billing
@@ -235,6 +239,7 @@ class TpuVmDeleteOperator(_RunNodeOperator):
             cfg.tpu.poll_interval_s,
             gcp_conn_id=cfg.gcp_conn_id,
             until_gone=True,
+            created=created,
         )
         self.defer(
             trigger=trigger,
@@ -251,7 +256,7 @@ class TpuVmDeleteOperator(_RunNodeOperator):
         name: str = event.get("name", "")
         state, error = event.get("state"), event.get("error")
         if state == tpu.NOT_FOUND and not error:
-            self._gone(context, cfg, name, "deleted", created)
+            self._gone(context, cfg, name, "deleted", created if created is not None else event.get("created"))
             return name
         if state == "TIMEOUT":
             self.log.warning(
@@ -279,18 +284,17 @@ class TpuVmDeleteOperator(_RunNodeOperator):
             if created is not None:
                 record_vm_bill(self, context, cfg, prices.vm_bill(cfg.tpu, name, created, time.time()))
 
-    def _created(self, cfg: PipelineConfig, name: str) -> float | None:
-        """When Google started billing the node (its createTime); None when it is gone or the API does not
-        say. Never a reason not to delete: a failed read costs the bill's figure, not the deletion."""
-        from google.api_core.exceptions import GoogleAPIError
 
-        try:
-            return tpu.get_state(cfg.tpu, name).created
-        except GoogleAPIError as err:
-            self.log.warning(
-                "Could not read TPU VM %s's createTime (%s): deleting it; its hours go unrecorded.", name, err
-            )
-            return None
+def created_time(op: BaseOperator, cfg: PipelineConfig, name: str) -> float | None:
+    """When Google started billing the node (its createTime); None when it is gone or the API does not
+    say. Never a reason not to delete: a failed read costs the bill's figure, not the deletion."""
+    from google.api_core.exceptions import GoogleAPIError
+
+    try:
+        return tpu.get_state(cfg.tpu, name).created
+    except GoogleAPIError as err:
+        op.log.warning("Could not read TPU VM %s's createTime (%s): deleting it; its hours go unrecorded.", name, err)
+        return None
 
 
 def record_vm_bill(op: BaseOperator, context: Context, cfg: PipelineConfig, vm: dict[str, Any]) -> None:

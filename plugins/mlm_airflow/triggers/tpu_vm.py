@@ -1,14 +1,15 @@
 """Trigger that polls the TPU API until a node stops changing by itself (runs in the triggerer).
 
 TpuVmCreateOperator defers to it (as does the train task replacing a dead node: operators/tpu_vm.py's
-create_or_reuse_node), so waiting minutes for a TPU VM holds no worker slot. It fires
-once with {"name", "state", "error", "node", "deadline"} when the node is READY, NOT_FOUND, in a dead-end state
-(PREEMPTED, TERMINATED, ...), when the create operation reports an error, or with state
-"TIMEOUT" at `deadline` (epoch seconds; echoed back because `dag.test()` drops the
-operator's resume kwargs). With `until_gone` (TpuVmDeleteOperator) only NOT_FOUND, an operation error
-or the deadline end the wait: a node still READY just after its delete was accepted is not an answer. The blocking
-google-cloud-tpu calls run in a thread, with the
-credentials of the Airflow GCP connection `gcp_conn_id` (read once per trigger run).
+create_or_reuse_node), so waiting minutes for a TPU VM holds no worker slot. It fires once with
+{"name", "state", "error", "node", "deadline", "created"} when the node is READY, NOT_FOUND, in a dead-end
+state (PREEMPTED, TERMINATED, ...), when the create operation reports an error, or with state "TIMEOUT" at
+`deadline` (epoch seconds). `deadline` and `created` (the createTime TpuVmDeleteOperator read before
+deleting the node, for the run's bill) are echoed back because `dag.test()` drops the operator's resume
+kwargs. With `until_gone` (TpuVmDeleteOperator) only NOT_FOUND, an operation error or the deadline end the
+wait: a node still READY just after its delete was accepted is not an answer. The blocking google-cloud-tpu
+calls run in a thread, with the credentials of the Airflow GCP connection `gcp_conn_id` (read once per
+trigger run).
 """
 
 from __future__ import annotations
@@ -37,8 +38,10 @@ class TpuNodeTrigger(BaseTrigger):
         poll_interval_s: float = 15.0,
         gcp_conn_id: str = "google_cloud_default",
         until_gone: bool = False,
+        created: float | None = None,
     ):
         super().__init__()
+        self.created = created
         self.until_gone = until_gone
         self.gcp_conn_id = gcp_conn_id
         self._credentials: tuple[Any, str | None] | None = None
@@ -61,6 +64,7 @@ class TpuNodeTrigger(BaseTrigger):
                 "poll_interval_s": self.poll_interval_s,
                 "gcp_conn_id": self.gcp_conn_id,
                 "until_gone": self.until_gone,
+                "created": self.created,
             },
         )
 
@@ -88,6 +92,7 @@ class TpuNodeTrigger(BaseTrigger):
                 "error": error,
                 "node": tpu.describe(state),
                 "deadline": self.deadline,
+                "created": self.created,
             }
         if time.time() >= self.deadline:
             return {
@@ -96,6 +101,7 @@ class TpuNodeTrigger(BaseTrigger):
                 "error": f"still {state.state}",
                 "node": None,
                 "deadline": self.deadline,
+                "created": self.created,
             }
         self.log.info("TPU VM %s is %s; checking again in %ss.", self.name, state.state, self.poll_interval_s)
         return None
