@@ -348,6 +348,18 @@ class TpuConfig(_Section):
     poll_interval_s: float = Field(
         15, gt=0, le=3600, description="Seconds between TPU API checks while waiting for the node."
     )
+    # A stockout passes with time, and creating again is free: it is waited out inside the task's try
+    # (create_tpu_vm's, or train's when it replaces a lost node), so it never uses up Airflow's retries.
+    stockout_wait_hours: float = Field(
+        4,
+        ge=0,
+        le=168,
+        description="How long to keep creating the node again while the zone has no capacity for the "
+        "slice (a stockout), inside one try; 0: a stockout fails the try at once.",
+    )
+    stockout_retry_s: float = Field(
+        300, gt=0, le=3600, description="Seconds between creates while the zone has no capacity."
+    )
     api_timeout_s: float = Field(
         60,
         gt=0,

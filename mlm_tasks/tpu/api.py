@@ -190,6 +190,18 @@ def get_state(cfg: TpuConfig, name: str, api: TpuClient | None = None) -> NodeSt
         return NodeState(name=name, state=NOT_FOUND)
 
 
+# How the TPU API says the zone has no capacity for the slice (a stockout): the create operation fails with
+# RESOURCE_EXHAUSTED, "There is no more capacity in the zone "us-central2-b"; you can try in another zone
+# where Cloud TPU Nodes are offered ..." (Spot: "... due to lack of capacity"). Quota errors are not stockouts:
+# they do not pass with time.
+_STOCKOUT = re.compile(r"no more capacity|lack of capacity|insufficient capacity|out of capacity|stockout", re.I)
+
+
+def is_stockout(error: str | None) -> bool:
+    """Whether a create's error says the zone is out of capacity for the slice (worth waiting out)."""
+    return bool(error) and bool(_STOCKOUT.search(error or ""))
+
+
 def operation_error(cfg: TpuConfig, operation: str, api: TpuClient | None = None) -> str | None:
     """The error message of a finished long-running operation, or None (running or succeeded)."""
     from google.longrunning import operations_pb2

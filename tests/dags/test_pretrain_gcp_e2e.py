@@ -25,6 +25,7 @@ import yaml
 from mlm_tasks import storage
 from mlm_tasks.deployment import DEPLOYMENT_KEYS
 from mlm_tasks.paths import DataPaths, RunFolder, RunPaths, join
+from peers.airflow_db import db_rows
 from peers.airflow_home import airflow_env, dags_test  # noqa: F401  (fixture)
 from peers.fake_tpu_api import is_read
 from peers.sshd import airflow_conn_uri
@@ -58,6 +59,7 @@ def _conf(gcs_root: str, fake_tpu, sshd, tf_gcs_env: dict, vm_env: dict | None =
             "tpu.python": sys.executable,
             "tpu.ssh_port": sshd.port,
             "tpu.poll_interval_s": 0.2,
+            "tpu.stockout_retry_s": 0.5,
             "train.follow_poll_s": 1,
             "tpu.env": {
                 **tf_gcs_env,
@@ -240,7 +242,8 @@ def _preempt_at_fault(fake_tpu, gcs_root: str, stop: threading.Event, seen: list
 def test_failed_create_and_preemption_recover_on_fresh_nodes(
     airflow_env, gcs, gcs_root, tf_gcs_env, fake_tpu, sshd, tmp_path
 ):
-    # Try 1 of create_tpu_vm: the node appears, then its create operation fails (stockout).
+    # create_tpu_vm's first create: the node appears, then its create operation fails (a stockout), which
+    # the task waits out in the same try.
     fake_tpu.fail_next_create("There is no more capacity in the zone")
     # The fault: a hook the trainer's environment on the VM names (tpu.env, the deployment's: no run can set it).
     fault = {"MLM_TRAIN_HOOKS": "mlm_tasks.training.hooks:fail_at_step=7"}
@@ -257,12 +260,18 @@ def test_failed_create_and_preemption_recover_on_fresh_nodes(
     assert preempted, "the train step never reached the injected fault"
 
     methods = _methods(fake_tpu)
-    # create (fails) -> cleanup delete -> create (retry) -> replace the preempted node: delete, create
-    # -> teardown delete.
+    # create (no capacity) -> its delete -> create again, in the same try -> replace the preempted node:
+    # delete, create -> teardown delete.
     writes = [m for m in methods if m in ("POST", "DELETE")]
     assert writes == ["POST", "DELETE", "POST", "DELETE", "POST", "DELETE"], writes
     assert fake_tpu.nodes == {}
-    assert "no more capacity in the zone" in log and "deleted it" in log
+    assert "No capacity for v4-8 in us-central2-b (There is no more capacity in the zone)" in log
+    tries = db_rows(
+        airflow_env,
+        "SELECT task_id, try_number FROM task_instance WHERE run_id = ? AND task_id IN ('create_tpu_vm', 'train')",
+        _run_id(log),
+    )
+    assert dict(tries) == {"create_tpu_vm": 1, "train": 2}, tries  # the stockout cost no try; the fault did
     assert "Injected fault at step 7" in log and "PREEMPTED" in log
     # The preempted node was not waited on for host keys it never publishes: its state answered at once.
     assert "is PREEMPTED: it publishes no SSH host keys" in log
@@ -278,7 +287,7 @@ def test_failed_create_and_preemption_recover_on_fresh_nodes(
 
     # One bill for the run: the node whose create failed, the preempted one, the one the teardown deleted.
     bill = storage.read_json(run.tpu_vm_bill)
-    assert [vm["ended"] for vm in bill["vms"]] == ["create failed, deleted", "PREEMPTED, replaced", "deleted"], bill
+    assert [vm["ended"] for vm in bill["vms"]] == ["no capacity, deleted", "PREEMPTED, replaced", "deleted"], bill
     assert bill["hours"] == pytest.approx(sum(vm["hours"] for vm in bill["vms"]))
     assert "TPU VMs    " in storage.read_text(join(run.root, "summary.txt"))  # the whole bill, or the part so far
 

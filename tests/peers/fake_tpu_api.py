@@ -170,7 +170,7 @@ class FakeTpuApi(LoopbackServer):
         self.requests: list[tuple[str, str]] = []  # (method, path) of requests past auth and busy answers
         self.answers: list[tuple[str, str, int]] = []  # (method, path, status) of every request
         self.principals: set[str] = set()  # service accounts whose requests got through auth
-        self._fail_next: tuple[str, str] | None = None
+        self._fail_next: list[tuple[str, str]] = []  # one (message, node state) per create still to fail
         self._refuse_delete: dict[str, tuple[int, dict]] = {}  # full node name -> error answer
         self._answering = threading.Event()  # cleared by stall(): requests wait, unanswered
         self._answering.set()
@@ -204,10 +204,11 @@ class FakeTpuApi(LoopbackServer):
         self.set_state(node_id, "PREEMPTED")
 
     def fail_next_create(
-        self, message: str = "There is no more capacity in the zone", node_state: str = "TERMINATED"
+        self, message: str = "There is no more capacity in the zone", node_state: str = "TERMINATED", times: int = 1
     ) -> None:
-        """The next create makes the node (CREATING), then fails its operation when it would turn READY."""
-        self._fail_next = (message, node_state)
+        """The next `times` creates each make the node (CREATING), then fail its operation when it would turn
+        READY (a stockout that lasts `times` creates)."""
+        self._fail_next = [(message, node_state)] * times
 
     def refuse_guest_attributes(self, code: int = 403, status: str = "PERMISSION_DENIED") -> None:
         """Every getGuestAttributes answered with this error (an organisation policy, a missing permission)."""
@@ -294,10 +295,9 @@ class FakeTpuApi(LoopbackServer):
             "createTime": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
             "_gets": 0,
             "_created": time.monotonic(),
-            "_fail": self._fail_next,
+            "_fail": self._fail_next.pop(0) if self._fail_next else None,
             "_pinned": False,
         }
-        self._fail_next = None
         self.nodes[name] = node
         return node
 

@@ -29,7 +29,7 @@ RUN = "manual__2024-01-01T00:00:00+00:00"
 NAME = tpu.node_name("mlm_pretrain", RUN)
 
 
-def _config(fake_tpu, **top):
+def _config(fake_tpu, tpu_settings=None, **top):
     return {
         "compute": "tpu_vm",
         "output_root": "gs://bucket/p",
@@ -41,6 +41,7 @@ def _config(fake_tpu, **top):
             "transport": "rest",
             "poll_interval_s": 0.05,
             "bootstrap": False,
+            **(tpu_settings or {}),
         },
     }
 
@@ -118,12 +119,49 @@ def test_the_runs_bill_counts_every_vm_it_had(fake_tpu, gcs_root, caplog):
     assert prices.run_bill(bill, bill["vms"][-1]) == bill
 
 
-def test_failed_create_deletes_the_node_before_failing(fake_tpu):
-    fake_tpu.fail_next_create("There is no more capacity in the zone")
-    op = TpuVmCreateOperator(task_id="c", config=_config(fake_tpu))
-    with pytest.raises(AirflowException, match="no more capacity.*deleted it"):
+def test_failed_create_deletes_the_node_before_failing(fake_tpu, gcs_root):
+    fake_tpu.fail_next_create("Internal error: the node's boot disk could not be attached")  # no stockout
+    op = TpuVmCreateOperator(task_id="c", config=_config(fake_tpu, output_root=gcs_root))
+    with pytest.raises(AirflowException, match="boot disk could not be attached.*deleted it. Retry"):
         _run(op)
     assert fake_tpu.node("proj", ZONE, NAME) is None
+    assert [m for m, _ in fake_tpu.requests if m in ("POST", "DELETE")] == ["POST", "DELETE"]  # no second create
+
+
+def test_a_stockout_is_waited_out_inside_the_try_and_billed(fake_tpu, gcs_root, caplog):
+    """Issue 31: the zone has no capacity for two creates; the task deletes what each left, waits
+    tpu.stockout_retry_s (deferred: no worker slot) and creates again, in one try, until a node is READY."""
+    fake_tpu.fail_next_create("There is no more capacity in the zone", times=2)
+    # 1.1 s apart: the fake's createTime is in whole seconds, and a bill counts one VM per name and createTime.
+    config = _config(fake_tpu, {"stockout_retry_s": 1.1}, output_root=gcs_root)
+    op = _logging_to_caplog(TpuVmCreateOperator(task_id="create_tpu_vm", config=config))
+    deferrals = []
+    with caplog.at_level("INFO"):
+        node = _run(op, tweak_trigger=deferrals.append)
+    assert node["state"] == "READY" and fake_tpu.node("proj", ZONE, NAME)["state"] == "READY"
+    assert [m for m, _ in fake_tpu.requests if m in ("POST", "DELETE")] == ["POST", "DELETE"] * 2 + ["POST"]
+    waits = [t for t in deferrals if t.not_before is not None]  # the pauses between creates, one per stockout
+    assert len(waits) == 2 and all(t.until_gone for t in waits)
+    assert len({t.stockout_until for t in waits}) == 1  # one budget from the first stockout, not one per create
+    assert waits[0].stockout_until == pytest.approx(time.time() + 4 * 3600, abs=60)  # tpu.stockout_wait_hours: 4
+    assert caplog.text.count(f"No capacity for v4-8 in {ZONE}") == 2 and "in this try" in caplog.text
+    bill = storage.read_json(RunContext.of(config_from_xcom(config), RUN).run.tpu_vm_bill)
+    assert [vm["ended"] for vm in bill["vms"]] == ["no capacity, deleted"] * 2  # each was billed while it existed
+
+
+def test_a_stockout_past_its_wait_fails_the_try_naming_the_setting(fake_tpu, gcs_root):
+    fake_tpu.fail_next_create("There is no more capacity in the zone", times=100)
+    config = _config(fake_tpu, {"stockout_retry_s": 0.2, "stockout_wait_hours": 0.0003}, output_root=gcs_root)
+    with pytest.raises(AirflowException, match=r"no capacity for tpu.stockout_wait_hours=0.0003: raise it"):
+        _run(TpuVmCreateOperator(task_id="create_tpu_vm", config=config))  # ~1 s of creates, then the end
+    assert fake_tpu.nodes == {}
+    creates = [m for m, _ in fake_tpu.requests if m == "POST"]
+    assert 2 <= len(creates) <= 6, creates
+    off = _config(fake_tpu, {"stockout_wait_hours": 0}, output_root=gcs_root)  # 0: a stockout fails at once
+    fake_tpu.requests.clear()
+    with pytest.raises(AirflowException, match="no more capacity.*deleted it"):
+        _run(TpuVmCreateOperator(task_id="create_tpu_vm", config=off))
+    assert [m for m, _ in fake_tpu.requests if m == "POST"] == ["POST"]
 
 
 def test_create_timeout_deletes_the_node(fake_tpu):

@@ -85,11 +85,28 @@ def test_retry_after_preemption_replaces_the_node_then_trains(fake_tpu, sshd, ss
 def test_replacement_that_fails_deletes_it_and_fails_the_try(fake_tpu, sshd, ssh_conn, tmp_path):
     fake_tpu.add_node("proj", ZONE, NAME)
     fake_tpu.preempt(NAME)
-    fake_tpu.fail_next_create("There is no more capacity in the zone")
+    fake_tpu.fail_next_create("Internal error: the node's boot disk could not be attached")  # no stockout
     op = TrainOperator(task_id="train", data=DATA, config=_config(fake_tpu, sshd, tmp_path, python="/bin/echo"))
-    with pytest.raises(AirflowException, match="no more capacity.*deleted it"):
+    with pytest.raises(AirflowException, match="boot disk could not be attached.*deleted it"):
         _run(op)
     assert fake_tpu.nodes == {}
+
+
+def test_a_replacement_met_by_a_stockout_waits_for_capacity_then_trains_in_the_same_try(
+    fake_tpu, sshd, ssh_conn, tmp_path
+):
+    """Issue 31: the node is preempted and the zone has no capacity for the first re-create; the train task
+    waits tpu.stockout_retry_s (deferred), creates again and starts the trainer, without failing its try."""
+    fake_tpu.add_node("proj", ZONE, NAME)
+    fake_tpu.preempt(NAME)
+    fake_tpu.fail_next_create("There is no more capacity in the zone")
+    config = _config(fake_tpu, sshd, tmp_path, python="/bin/echo", stockout_retry_s=0.2)
+    op = TrainOperator(task_id="train", data=DATA, config=config)
+    assert _run(op) == {"node": NAME, "workers": 1}
+    writes = [m for m, _ in fake_tpu.requests if m in ("POST", "DELETE")]
+    assert writes == ["DELETE", "POST", "DELETE", "POST"], writes  # the preempted node, the stockout's, the READY one
+    assert fake_tpu.node("proj", ZONE, NAME)["state"] == "READY"
+    assert _trainer_log(tmp_path)[-1].startswith("-m mlm_tasks train --config-json ")
 
 
 def test_plain_step_operator_does_not_replace_nodes(fake_tpu, sshd, ssh_conn, tmp_path):

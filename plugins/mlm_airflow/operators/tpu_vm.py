@@ -12,7 +12,9 @@ runs once its upstreams are done, whatever happened. The node is named from the 
 (READY reused, dead nodes replaced) and deferrable: while the node is CREATING it waits in the
 triggerer (plugins/mlm_airflow/triggers/tpu_vm.py), not in a worker slot. Every TPU API call uses the credentials of the
 run's Airflow GCP connection (`gcp_conn_id`). If creation fails after the node appeared,
-the node is deleted before the task fails, so a stockout does not leave a half-made VM behind.
+the node is deleted before the task fails, so no half-made VM is left behind. A stockout (the zone has no
+capacity for the slice) does not fail the try: the node is deleted and created again every
+`tpu.stockout_retry_s`, deferred in between, for up to `tpu.stockout_wait_hours` (wait_out_stockout).
 `create_or_reuse_node` is that logic as a function of the operator that waits (its `resume` method
 takes the trigger's event to `node_from_event`); the train step uses it, through `node_for_step`, to
 replace a node preempted mid-run.
@@ -30,7 +32,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from datetime import timedelta
-from typing import Any
+from typing import Any, NoReturn
 
 from airflow.sdk import BaseOperator, Context
 from airflow.sdk.exceptions import AirflowException, AirflowFailException, AirflowSkipException
@@ -79,10 +81,12 @@ def create_or_reuse_node(
     deadline: float,
     *,
     resume_in: Callable[..., Any],
+    stockout_until: float | None = None,
 ) -> dict[str, Any]:
     """The run's node READY (`tpu.describe` of it): reused, created, or a dead one replaced. Until it is READY
     `op` defers to TpuNodeTrigger and the task resumes in `resume_in` (a method of `op`, which hands the
-    event to `node_from_event`); `deadline` (epoch seconds) bounds the whole wait."""
+    event to `node_from_event`); `deadline` (epoch seconds) bounds the wait for this create.
+    `stockout_until`: set while a stockout is being waited out (see wait_out_stockout)."""
     metadata = ssh_key_metadata(cfg.tpu.ssh_conn_id, op.log)
     node_labels = tpu.labels(context["run_id"], cfg.tpu.ttl_hours)
     registry = tpu_registry.location()  # unset: fail before anything is made that nobody would find
@@ -98,7 +102,13 @@ def create_or_reuse_node(
         return tpu.describe(state)
     operation = state.operation if state.action == "created" else None
     trigger = TpuNodeTrigger(
-        cfg.tpu.model_dump(mode="json"), name, deadline, operation, cfg.tpu.poll_interval_s, gcp_conn_id=cfg.gcp_conn_id
+        cfg.tpu.model_dump(mode="json"),
+        name,
+        deadline,
+        operation,
+        cfg.tpu.poll_interval_s,
+        gcp_conn_id=cfg.gcp_conn_id,
+        stockout_until=stockout_until,
     )
     # The trigger enforces the deadline itself (so we can clean up); this is only a backstop.
     op.defer(
@@ -125,14 +135,28 @@ def node_from_event(
     if state == "READY" and not error:
         op.log.info("TPU VM %s is READY: %s", name, event["node"]["workers"])
         return event["node"]
+    stockout_until = event.get("stockout_until")
     if state == tpu.NOT_FOUND and not error and time.time() < event.get("deadline", 0):
-        op.log.info("TPU VM %s is gone (replaced node deleted): creating it again.", name)
-        return create_or_reuse_node(op, context, cfg, name, event["deadline"], resume_in=resume_in)
+        why = "the node that had no capacity deleted" if stockout_until else "replaced node deleted"
+        op.log.info("TPU VM %s is gone (%s): creating it again.", name, why)
+        return create_or_reuse_node(
+            op, context, cfg, name, event["deadline"], resume_in=resume_in, stockout_until=stockout_until
+        )
+    if tpu.is_stockout(error) and cfg.tpu.stockout_wait_hours > 0:
+        until = stockout_until or time.time() + cfg.tpu.stockout_wait_hours * 3600
+        if time.time() + cfg.tpu.stockout_retry_s < until:
+            wait_out_stockout(op, context, cfg, name, str(error), until, resume_in=resume_in)  # defers
     with use_connection(cfg.gcp_conn_id):
         created = created_time(op, cfg, name) if state != tpu.NOT_FOUND else None
         deleted = tpu.delete_node(cfg.tpu, name) if state != tpu.NOT_FOUND else None
         if deleted and created is not None:  # a node that failed to become READY is billed while it exists
-            why = "not READY in time" if state == "TIMEOUT" else "create failed"
+            why = (
+                "not READY in time"
+                if state == "TIMEOUT"
+                else "no capacity"
+                if tpu.is_stockout(error)
+                else "create failed"
+            )
             record_vm_bill(op, context, cfg, prices.vm_bill(cfg.tpu, name, created, time.time(), f"{why}, deleted"))
     cleanup = "deleted it" if deleted else "nothing left to delete"
     if state == "TIMEOUT":
@@ -142,8 +166,67 @@ def node_from_event(
         )
     raise AirflowException(
         f"Creating TPU VM {name} ({cfg.tpu.accelerator_type} in {cfg.tpu.zone}) failed: "
-        f"{error or 'node is ' + str(state)}; {cleanup}. Capacity errors pass with time: retry, "
-        "or try another zone / tpu.spot=false / a reservation."
+        f"{error or 'node is ' + str(state)}; {cleanup}. "
+        + (
+            f"The zone had no capacity for tpu.stockout_wait_hours={cfg.tpu.stockout_wait_hours:g}: raise it, or "
+            "try another tpu.zone / tpu.spot / a reservation."
+            if tpu.is_stockout(error)
+            else "Retry, or try another tpu.zone / tpu.spot=false / a reservation."
+        )
+    )
+
+
+def wait_out_stockout(
+    op: BaseOperator,
+    context: Context,
+    cfg: PipelineConfig,
+    name: str,
+    error: str,
+    until: float,
+    *,
+    resume_in: Callable[..., Any],
+) -> NoReturn:
+    """The zone has no capacity for the slice: delete what the failed create left (billed while it existed),
+    then defer until it is gone and `tpu.stockout_retry_s` has passed; the event (NOT_FOUND) brings the task
+    back to node_from_event, which creates the node again, in the same try, until `until` (epoch seconds:
+    `tpu.stockout_wait_hours` after the first stockout). Raises TaskDeferred."""
+    with use_connection(cfg.gcp_conn_id):
+        created = created_time(op, cfg, name)
+        operation = tpu.delete_node(cfg.tpu, name)
+        if operation is not None and created is not None:
+            record_vm_bill(
+                op, context, cfg, prices.vm_bill(cfg.tpu, name, created, time.time(), "no capacity, deleted")
+            )
+    retry_at = time.time() + cfg.tpu.stockout_retry_s
+    op.log.warning(
+        "No capacity for %s in %s (%s): deleted what the create left; creating TPU VM %s again at %s UTC, and "
+        "every %gs until %s UTC (tpu.stockout_wait_hours=%g), in this try. Waiting longer costs nothing; to get "
+        "a node sooner, try another tpu.zone, tpu.spot, or a reservation.",
+        cfg.tpu.accelerator_type,
+        cfg.tpu.zone,
+        error,
+        name,
+        time.strftime("%H:%M:%S", time.gmtime(retry_at)),
+        cfg.tpu.stockout_retry_s,
+        time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(until)),
+        cfg.tpu.stockout_wait_hours,
+    )
+    deadline = retry_at + cfg.tpu.create_timeout_s  # for the node to be gone; then for the next create
+    trigger = TpuNodeTrigger(
+        cfg.tpu.model_dump(mode="json"),
+        name,
+        deadline,
+        operation,
+        cfg.tpu.poll_interval_s,
+        gcp_conn_id=cfg.gcp_conn_id,
+        until_gone=True,
+        not_before=retry_at,
+        stockout_until=until,
+    )
+    op.defer(
+        trigger=trigger,
+        method_name=resume_in.__name__,
+        timeout=timedelta(seconds=max(0.0, deadline - time.time()) + 600),
     )
 
 

@@ -2,14 +2,16 @@
 
 TpuVmCreateOperator defers to it (as does the train task replacing a dead node: operators/tpu_vm.py's
 create_or_reuse_node), so waiting minutes for a TPU VM holds no worker slot. It fires once with
-{"name", "state", "error", "node", "deadline", "created"} when the node is READY, NOT_FOUND, in a dead-end
-state (PREEMPTED, TERMINATED, ...), when the create operation reports an error, or with state "TIMEOUT" at
-`deadline` (epoch seconds). `deadline` and `created` (the createTime TpuVmDeleteOperator read before
-deleting the node, for the run's bill) are echoed back because `dag.test()` drops the operator's resume
-kwargs. With `until_gone` (TpuVmDeleteOperator) only NOT_FOUND, an operation error or the deadline end the
-wait: a node still READY just after its delete was accepted is not an answer. The blocking google-cloud-tpu
-calls run in a thread, with the credentials of the Airflow GCP connection `gcp_conn_id` (read once per
-trigger run).
+{"name", "state", "error", "node", "deadline", "created", "stockout_until"} when the node is READY,
+NOT_FOUND, in a dead-end state (PREEMPTED, TERMINATED, ...), when the create operation reports an error,
+or with state "TIMEOUT" at `deadline` (epoch seconds). `deadline`, `created` (the createTime
+TpuVmDeleteOperator read before deleting the node, for the run's bill) and `stockout_until` (when a
+stockout stops being waited out) are echoed back because `dag.test()` drops the operator's resume kwargs.
+`not_before`: the first poll waits until then (the pause between creates during a stockout). With
+`until_gone` (TpuVmDeleteOperator, and a stockout's wait) only NOT_FOUND, an operation error or the
+deadline end the wait: a node still READY just after its delete was accepted is not an answer. The
+blocking google-cloud-tpu calls run in a thread, with the credentials of the Airflow GCP connection
+`gcp_conn_id` (read once per trigger run).
 """
 
 from __future__ import annotations
@@ -39,9 +41,13 @@ class TpuNodeTrigger(BaseTrigger):
         gcp_conn_id: str = "google_cloud_default",
         until_gone: bool = False,
         created: float | None = None,
+        not_before: float | None = None,
+        stockout_until: float | None = None,
     ):
         super().__init__()
         self.created = created
+        self.not_before = not_before
+        self.stockout_until = stockout_until
         self.until_gone = until_gone
         self.gcp_conn_id = gcp_conn_id
         self._credentials: tuple[Any, str | None] | None = None
@@ -65,6 +71,8 @@ class TpuNodeTrigger(BaseTrigger):
                 "gcp_conn_id": self.gcp_conn_id,
                 "until_gone": self.until_gone,
                 "created": self.created,
+                "not_before": self.not_before,
+                "stockout_until": self.stockout_until,
             },
         )
 
@@ -93,6 +101,7 @@ class TpuNodeTrigger(BaseTrigger):
                 "node": tpu.describe(state),
                 "deadline": self.deadline,
                 "created": self.created,
+                "stockout_until": self.stockout_until,
             }
         if time.time() >= self.deadline:
             return {
@@ -102,6 +111,7 @@ class TpuNodeTrigger(BaseTrigger):
                 "node": None,
                 "deadline": self.deadline,
                 "created": self.created,
+                "stockout_until": self.stockout_until,
             }
         self.log.info("TPU VM %s is %s; checking again in %ss.", self.name, state.state, self.poll_interval_s)
         return None
@@ -109,6 +119,8 @@ class TpuNodeTrigger(BaseTrigger):
     async def run(self) -> AsyncIterator[TriggerEvent]:
         from google.api_core.exceptions import RetryError, ServerError, TooManyRequests
 
+        if self.not_before is not None:  # a stockout: the next create waits until then
+            await asyncio.sleep(max(0.0, self.not_before - time.time()))
         while True:
             try:
                 payload = await asyncio.to_thread(self._check)
