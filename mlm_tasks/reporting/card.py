@@ -19,6 +19,7 @@ from mlm_tasks import storage
 from mlm_tasks.config import PipelineConfig
 from mlm_tasks.paths import RunPaths, join
 from mlm_tasks.tpu import prices
+from mlm_tasks.training.status import read_status
 
 WIKIPEDIA_CREDIT = "Text from English Wikipedia, CC BY-SA 4.0"
 METRIC_ROWS = [  # (key, label, format)
@@ -42,7 +43,13 @@ def read_run_artifacts(run: RunPaths) -> dict[str, Any]:
         "data_info": storage.read_json_if_exists(run.data_ref),
         "downstream": storage.read_json_if_exists(run.downstream),
         "bill": storage.read_json_if_exists(run.tpu_vm_bill),  # every TPU VM of the run (tpu_vm.json)
+        "restarts": _restarts(run),  # node losses handled inside a try
     }
+
+
+def _restarts(run: RunPaths) -> list[Any]:
+    status = read_status(run)
+    return list(status.get("restarts") or []) if status else []
 
 
 def corpus_credit(cfg: PipelineConfig, data_info: Mapping[str, Any] | None) -> tuple[str, list[str]]:
@@ -159,10 +166,30 @@ def config_lines(cfg: PipelineConfig, data_info: Mapping[str, Any] | None = None
     ]
 
 
-def training_lines(summary: Mapping[str, Any] | None, bill: dict[str, Any] | None = None) -> list[str]:
-    """`bill`: the run's TPU VM bill (runs/<run>/tpu_vm.json), every VM it had; None on a CPU run."""
+def restart_lines(restarts: list[Mapping[str, Any]] | None) -> list[str]:
+    """The node losses the train task handled inside its tries (the status record's `restarts`): how many
+    per try, then each with its cause and the steps it cost (trained again from the last checkpoint)."""
+    lines: list[str] = []
+    for try_number in sorted({r["try_number"] for r in restarts or []}):
+        these = [r for r in restarts or [] if r["try_number"] == try_number]
+        lost = sum(r.get("steps_lost") or 0 for r in these)
+        lines.append(f"- Restarts in try {try_number}: {len(these)} (train.max_restarts), {lost} steps trained again")
+        lines += [
+            f"  - {r['at_utc']}: {r['cause']} at step {r['step']}; resumed from step {r.get('resumed_from')}"
+            for r in these
+        ]
+    return lines
+
+
+def training_lines(
+    summary: Mapping[str, Any] | None,
+    bill: dict[str, Any] | None = None,
+    restarts: list[Mapping[str, Any]] | None = None,
+) -> list[str]:
+    """`bill`: the run's TPU VM bill (runs/<run>/tpu_vm.json), every VM it had; None on a CPU run.
+    `restarts`: the node losses handled inside a try (restart_lines)."""
     if not summary:
-        return ["_No training summary was recorded for this run._", *prices.bill_lines(bill)]
+        return ["_No training summary was recorded for this run._", *restart_lines(restarts), *prices.bill_lines(bill)]
     lines = [f"- Steps: {summary.get('steps')}"]
     if summary.get("resumed_from_step"):
         lines.append(f"- Resumed from step {summary['resumed_from_step']} (a retry continued from a checkpoint)")
@@ -185,6 +212,7 @@ def training_lines(summary: Mapping[str, Any] | None, bill: dict[str, Any] | Non
             f"- Accelerator cost: ${summary['cost_usd']:,.2f} for {summary['accelerator_hours']:.2f} h of "
             f"training ({summary.get('cost_basis')})"
         )
+    lines += restart_lines(restarts)
     lines += prices.bill_lines(bill)  # what the run paid for: each VM from createTime to deletion
     if summary.get("elapsed_s") is not None:
         lines.append(f"- Wall time: {summary['elapsed_s'] / 60:.1f} min")
@@ -238,6 +266,7 @@ def render_model_card(
     data_info: Mapping[str, Any] | None,
     downstream: Mapping[str, Any] | None = None,
     bill: dict[str, Any] | None = None,
+    restarts: list[Mapping[str, Any]] | None = None,
 ) -> str:
     credit, datasets = corpus_credit(cfg, data_info)
     # One library (transformers), two frameworks: tf_model.h5 for TensorFlow, model.safetensors for PyTorch.
@@ -285,7 +314,7 @@ def render_model_card(
         *config_lines(cfg, data_info),
         "",
         "## Training",
-        *training_lines(summary, bill),
+        *training_lines(summary, bill, restarts),
         "",
         "## Evaluation",
         *metrics_table(metrics),
@@ -320,6 +349,7 @@ def write_model_card(cfg: PipelineConfig, run: RunPaths, data_info: Mapping[str,
         data_info if data_info is not None else art["data_info"],
         art["downstream"],
         art["bill"],
+        art["restarts"],
     )
     uri = join(run.model, "README.md")
     storage.write_text(uri, text)

@@ -198,7 +198,7 @@ def _page(
         *config_lines(cfg, data_info),
         "",
         "## Training",
-        *training_lines(summary, art["bill"]),
+        *training_lines(summary, art["bill"], art["restarts"]),
         "",
     ]
     page += [

@@ -17,7 +17,7 @@ gs:// in evaluate goes through the TLS proxy, peers/tls_proxy.py), the same for 
 upstream: the real steps write its shard set and the reference model in a subprocess while the stack
 starts; every run's plan_shards finds the set complete and write_shards is skipped. Test-only timing:
 a killed triggerer's triggers move to a live one after 10 s (`triggerer_health_check_threshold`,
-production default 30 s; heartbeat 2 s, default 5 s).
+production default 30 s; heartbeat 2 s, default 5 s); timed-out triggers are looked for every 3 s (default 15 s).
 Figures are printed (`[durable figure] ...`).
 """
 
@@ -38,6 +38,7 @@ from urllib.parse import quote
 import pytest
 import yaml
 
+from mlm_tasks import storage
 from mlm_tasks.paths import RunPaths
 from mlm_tasks.tpu import api as tpu
 from mlm_tasks.training.status import read_status
@@ -63,6 +64,9 @@ TIMING = {
     "MLM_RETRY_DELAY_S": "5",
     "MLM_REFRESH_SCHEDULE": "none",
     "MLM_TPU_RETRY_INITIAL_S": "0.05",
+    # The scheduler looks for timed-out triggers every 3 s (default 15): a run's check-ins
+    # (train.check_in_minutes) then come within seconds of their timeout.
+    "AIRFLOW__SCHEDULER__TRIGGER_TIMEOUT_CHECK_INTERVAL": "3",
 }
 # Run settings of every run: tight follow and watchdog timings (a stalled trainer fails a try after 1 min).
 FOLLOW = {
@@ -202,7 +206,7 @@ def api(stack, preparing) -> AirflowApi:
     return api
 
 
-def trigger(api: AirflowApi, run_id: str, output_root: str, steps: int) -> str:
+def trigger(api: AirflowApi, run_id: str, output_root: str, steps: int, overrides: dict | None = None) -> str:
     conf = {
         "config_file": str(ROOT / "configs" / "tiny.yaml"),
         "output_root": output_root,
@@ -211,7 +215,7 @@ def trigger(api: AirflowApi, run_id: str, output_root: str, steps: int) -> str:
         "max_length": 64,
         "steps": steps,
         "batch_size": 8,
-        "overrides": dict(FOLLOW),
+        "overrides": {**FOLLOW, **(overrides or {})},
     }
     assert api.trigger(DAG_ID, conf=conf, run_id=run_id)["state"] == "queued"
     return run_id
@@ -392,3 +396,70 @@ def test_marking_train_failed_stops_the_trainer_and_the_teardown_deletes_the_vm(
     made = [s for _, s in steps_made(workdir, run_id)]
     assert made and made[-1] < 400
     figure("train marked failed (REST): trainer gone after s", round(stopped_s, 1))
+
+
+def test_two_preemptions_two_check_ins_and_a_stockout_in_one_try(api, stack, output_root, workdir, tpu_api):
+    """Issue 31 on the real stack: the node is preempted twice (its state PREEMPTED, its processes killed)
+    and the first replacement meets a stockout; the trigger's timeout (train.check_in_minutes, 6 s) passes
+    again and again. All of it inside try 1 of train (and of create_tpu_vm): the run completes, every step
+    is made once but those after each loss's last checkpoint, and the status record, the report and the
+    bill say what happened."""
+    run_id, steps = "durable-week", 160
+    node = tpu.node_name(DAG_ID, run_id)
+    lost: list[int] = []
+
+    def preempt(at_step: int, starts: int, stockout: bool = False) -> None:
+        record = wait_for(
+            f"trainer {starts} past step {at_step}",
+            lambda: (
+                (s := status(output_root, run_id)) and s.get("starts") == starts and s.get("step", 0) >= at_step and s
+            ),
+            240,
+            poll_s=0.2,
+        )
+        if stockout:  # the replacement's first create finds no capacity
+            tpu_api.fail_next_create("There is no more capacity in the zone")
+        tpu_api.preempt(node)
+        os.killpg(os.getpgid(record["pid"]), signal.SIGKILL)  # a preempted VM's processes go with it
+        lost.append(record["pid"])
+
+    preempter = threading.Thread(target=lambda: (preempt(22, 1, stockout=True), preempt(73, 2)), daemon=True)
+    overrides = {"train.check_in_minutes": 0.1, "tpu.stockout_retry_s": 0.5}
+    t0, seen = time.monotonic(), len(tpu_api.requests)
+    trigger(api, run_id, output_root, steps, overrides)
+    preempter.start()
+    finished(api, run_id)
+    preempter.join(timeout=10)
+    assert len(lost) == 2, "the trainer never reached the second preemption"
+
+    record = status(output_root, run_id)
+    assert (record["state"], record["step"], record["starts"], record["try_number"]) == ("done", steps, 3, 1), record
+    restarts = record["restarts"]
+    assert len(restarts) == 2 and all("PREEMPTED" in r["cause"] and r["try_number"] == 1 for r in restarts), restarts
+    expected = list(range(1, restarts[0]["step"] + 1))
+    expected += list(range(restarts[0]["resumed_from"] + 1, restarts[1]["step"] + 1))
+    expected += list(range(restarts[1]["resumed_from"] + 1, steps + 1))
+    assert [s for _, s in steps_made(workdir, run_id)] == expected  # nothing made twice but the lost steps
+    assert all(r["steps_lost"] == r["step"] - r["resumed_from"] < 10 for r in restarts), restarts
+
+    tis = {ti["task_id"]: ti for ti in api.task_instances(DAG_ID, run_id)}
+    assert tis["train"]["try_number"] == tis["create_tpu_vm"]["try_number"] == 1
+    log = api.log(DAG_ID, run_id, "train", 1)
+    assert log.count("the trainer's trigger reached train.check_in_minutes") >= 2, "fewer than two check-ins"
+    assert "No capacity for v4-8 in us-central2-b" in log and "in this try" in log
+    # create; preempted: delete, create (no capacity); its delete, create; preempted: delete, create; teardown
+    writes = [
+        m
+        for m, path in tpu_api.requests[seen:]
+        if (m, path.rsplit("/", 1)[-1]) in (("POST", "nodes"), ("DELETE", node))
+    ]
+    assert writes == ["POST", "DELETE"] * 4, writes
+    bill = storage.read_json(RunPaths(output_root, run_id).tpu_vm_bill)
+    ended = [vm["ended"] for vm in bill["vms"]]
+    assert ended == ["PREEMPTED, replaced", "no capacity, deleted", "PREEMPTED, replaced", "deleted"], ended
+    report = storage.read_text(RunPaths(output_root, run_id).report + "/report.md")
+    assert "- Restarts in try 1: 2" in report and report.count("PREEMPTED") >= 2, report
+    figure(
+        "2 preemptions + a stockout in one try: run s / check-ins",
+        (round(time.monotonic() - t0, 1), log.count("the trainer's trigger reached train.check_in_minutes")),
+    )

@@ -75,3 +75,16 @@ def test_a_bill_without_the_last_vm_says_so_and_no_bill_is_said_too(tpu_run):
     bill = read_run_artifacts(ctx.run)["bill"]
     assert not prices.bill_complete(bill)
     assert "so far (the VM still up is added when delete_tpu_vm deletes it)" in training_lines(None, bill)[1]
+
+
+def test_the_restarts_of_each_try_are_in_the_training_section():
+    restarts = [
+        {"cause": "node PREEMPTED", "at_utc": "2026-12-01T10:00:00Z", "node": "n", "try_number": 1, "step": 22,
+         "resumed_from": 20, "steps_lost": 2},
+        {"cause": "node PREEMPTED", "at_utc": "2026-12-01T11:00:00Z", "node": "n", "try_number": 1, "step": 73,
+         "resumed_from": 70, "steps_lost": 3},
+    ]  # fmt: skip
+    lines = training_lines({"steps": 200}, None, restarts)
+    assert "- Restarts in try 1: 2 (train.max_restarts), 5 steps trained again" in lines
+    assert "  - 2026-12-01T11:00:00Z: node PREEMPTED at step 73; resumed from step 70" in lines
+    assert not [x for x in training_lines({"steps": 200}) if "Restarts" in x]  # none: no line
