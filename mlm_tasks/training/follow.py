@@ -173,6 +173,12 @@ def reattach(watch: JobWatch, *, node: str, host: str) -> bool:
     if verdict.kind == "done":
         log.info("The stored trainer already finished: %s.", verdict.detail)
         return True
+    if verdict.kind == "lost" and verdict.exit_code is not None:
+        # It saved a checkpoint on a preemption notice and exited (75), and its node is READY (a maintenance
+        # event, or a notice the VM survived): nothing is lost, a new trainer resumes at that step. Taken
+        # for a lost node, every restart would find the same record and restart again, to max_restarts.
+        log.warning("%s; its node is READY: starting a new trainer from that checkpoint.", verdict.detail)
+        return False
     if verdict.kind == "lost":
         raise NodeLost(verdict.detail)
     if verdict.kind == "stalled":

@@ -161,9 +161,13 @@ def test_a_sigkilled_train_task_leaves_the_real_trainer_running_and_the_retry_re
     tiny_prepared, gcs_root, tf_gcs_env, fake_tpu, sshd, tmp_path, monkeypatch, capfd
 ):
     """The real trainer (TensorFlow 2.16 on the simulated image) outlives the SIGKILLed process of the
-    train task; the retry reattaches: one start, every step once, the same final loss as a run nobody
-    disturbed."""
+    train task; the retry reattaches. Then the VM's preemption notice (SIGTERM to the trainer, as a Spot
+    preemption or a maintenance shutdown sends) at step 70, between periodic checkpoints (every 50): the
+    trainer saves a checkpoint at that step and exits 75, and the task starts a new trainer from it in the
+    same try. Every step once, the same losses as a run nobody disturbed."""
     import json
+    import signal
+    import threading
     import time
 
     from mlm_airflow.operators.train import TrainOperator
@@ -227,24 +231,44 @@ def test_a_sigkilled_train_task_leaves_the_real_trainer_running_and_the_retry_re
     killed_at = storage.read_json(run.train_status)["step"]
     capfd.readouterr()
 
+    noticed: list[int] = []
+
+    def preemption_notice() -> None:  # to the trainer the retry reattached to, past step 70
+        while time.monotonic() < deadline + 600:
+            record = storage.read_json_if_exists(run.train_status) or {}
+            if record.get("step", 0) >= 70:
+                os.kill(record["pid"], signal.SIGTERM)
+                noticed.append(record["step"])
+                return
+            time.sleep(0.1)
+
     began = time.monotonic()
+    notice = threading.Thread(target=preemption_notice, daemon=True)
+    notice.start()
     run_deferrable(
         TrainOperator(task_id="train", config=config, data=data), lambda: context(run_id, store, 2), timeout=900
     )
+    notice.join(timeout=10)
     log = capfd.readouterr().out
-    assert "Reattached to the trainer of try 1" in log and "Starting the trainer" not in log, log
+    reattached, _, restarted = log.partition("Restart 1 of at most")
+    assert "Reattached to the trainer of try 1" in reattached and "Starting the trainer" not in reattached, log
+    assert "Preemption notice (SIGTERM)" in restarted, log
 
     status = storage.read_json(run.train_status)
     summary = storage.read_json(run.train_summary)
-    assert (status["state"], status["step"], status["starts"], status["try_number"]) == ("done", steps, 1, 1)
-    assert summary["resumed_from_step"] == 0 and summary["steps"] == steps
+    # Two trainers: try 1's (reattached by try 2), then the one try 2 started after the notice.
+    assert (status["state"], status["step"], status["starts"], status["try_number"]) == ("done", steps, 2, 2)
+    (restart,) = status["restarts"]  # the notice: resumed at the step it arrived, not at the checkpoint of step 50
+    assert restart["resumed_from"] == restart["step"] >= noticed[0] >= 70 and restart["steps_lost"] == 0, restart
+    assert summary["resumed_from_step"] == restart["step"] and summary["steps"] == steps
     logged = [h["step"] for h in history(run_id)]
     assert logged == list(range(1, steps + 1))  # every step once: none lost, none repeated
     assert summary["last_loss"] == pytest.approx(reference["last_loss"], rel=1e-6)
     assert [h["loss"] for h in history(run_id)] == pytest.approx([h["loss"] for h in history(ref)], rel=1e-6)
     reattach = log.split("Reattached to the trainer of try 1", 1)[1].split(" in ", 1)[1].split("s:", 1)[0]
     print(
-        f"\nreal trainer: task SIGKILLed at step {killed_at}/{steps}; retry reattached in {reattach}s, "
+        f"\nreal trainer: task SIGKILLed at step {killed_at}/{steps}; retry reattached in {reattach}s; preemption "
+        f"notice at step {noticed[0]}, resumed at {restart['resumed_from']}; "
         f"finished {time.monotonic() - began:.1f}s later; steps lost 0, starts {status['starts']}, final loss "
         f"{summary['last_loss']:.6f} (undisturbed {reference['last_loss']:.6f})"
     )

@@ -104,3 +104,9 @@ def test_a_node_lost_between_its_check_and_the_reattach_is_no_place_to_start():
         reattach(watch, node=JOB["node"], host=JOB["host"])
     running = SimpleNamespace(**{**vars(watch), "check": lambda: Verdict("running", "step 40/100")})
     assert reattach(running, node=JOB["node"], host=JOB["host"]) is True
+    # A trainer that saved a checkpoint on a preemption notice and exited 75, its node READY (a maintenance
+    # event): a new trainer starts from that checkpoint. Read as a lost node, each restart would find the same
+    # record and restart again, until train.max_restarts (found on the simulated TPU VM image).
+    noticed = Verdict("lost", "the trainer stopped on a preemption notice: checkpoint saved at step 71", 75)
+    after_notice = SimpleNamespace(**{**vars(watch), "check": lambda: noticed})
+    assert reattach(after_notice, node=JOB["node"], host=JOB["host"]) is False
