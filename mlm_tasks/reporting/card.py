@@ -170,8 +170,9 @@ def restart_lines(restarts: list[Mapping[str, Any]] | None) -> list[str]:
     """The node losses the train task handled inside its tries (the status record's `restarts`): how many
     per try, then each with its cause and the steps it cost (trained again from the last checkpoint)."""
     lines: list[str] = []
-    for try_number in sorted({r["try_number"] for r in restarts or []}):
-        these = [r for r in restarts or [] if r["try_number"] == try_number]
+    restarts = restarts or []
+    for try_number in sorted({r["try_number"] for r in restarts}):
+        these = [r for r in restarts if r["try_number"] == try_number]
         lost = sum(r.get("steps_lost") or 0 for r in these)
         lines.append(f"- Restarts in try {try_number}: {len(these)} (train.max_restarts), {lost} steps trained again")
         lines += [

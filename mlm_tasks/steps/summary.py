@@ -14,6 +14,7 @@ from mlm_tasks.config import PipelineConfig
 from mlm_tasks.data.shard_set import DataSummary
 from mlm_tasks.paths import RunContext, RunPaths
 from mlm_tasks.results import RunSummary
+from mlm_tasks.tpu import prices
 
 log = logging.getLogger(__name__)
 
@@ -96,8 +97,6 @@ def _training_lines(cfg: PipelineConfig, run: RunPaths, train: dict) -> list[str
                 )
             )
     if cfg.compute == "tpu_vm":
-        from mlm_tasks.tpu import prices
-
         bill = storage.read_json_if_exists(run.tpu_vm_bill)
         out.append(
             "TPU VMs    "

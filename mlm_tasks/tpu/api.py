@@ -199,7 +199,7 @@ _STOCKOUT = re.compile(r"no more capacity|lack of capacity|insufficient capacity
 
 def is_stockout(error: str | None) -> bool:
     """Whether a create's error says the zone is out of capacity for the slice (worth waiting out)."""
-    return bool(error) and bool(_STOCKOUT.search(error or ""))
+    return bool(error and _STOCKOUT.search(error))
 
 
 def operation_error(cfg: TpuConfig, operation: str, api: TpuClient | None = None) -> str | None:

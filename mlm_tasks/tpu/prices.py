@@ -121,11 +121,15 @@ def bill_complete(bill: dict[str, Any]) -> bool:
     return str((bill.get("vms") or [bill])[-1].get("ended", "")).endswith("deleted")
 
 
+def _so_far(bill: dict[str, Any]) -> str:
+    return "" if bill_complete(bill) else " so far (the VM still up is added when delete_tpu_vm deletes it)"
+
+
 def bill_text(bill: dict[str, Any]) -> str:
     """The run's bill in one line (summary.txt): every VM, its hours and how it ended, and the total."""
     vms = bill.get("vms") or [bill]
     each = "; ".join(f"{v['node']} {v['hours']:.2f} h, {v['ended']}" for v in vms)
-    rest = "" if bill_complete(bill) else " so far (the VM still up is added when delete_tpu_vm deletes it)"
+    rest = _so_far(bill)
     return (
         f"{len(vms)} TPU VM{'s' if len(vms) > 1 else ''} up {bill['hours']:.2f} h = {_usd(bill['cost_usd'])}{rest} "
         f"({vms[-1]['cost_basis']}): {each}"
@@ -138,7 +142,7 @@ def bill_lines(bill: dict[str, Any] | None) -> list[str]:
     if not bill:
         return []
     vms = bill.get("vms") or [bill]
-    rest = "" if bill_complete(bill) else " so far (the VM still up is added when delete_tpu_vm deletes it)"
+    rest = _so_far(bill)
     return [
         f"- TPU VMs: {len(vms)}, up {bill['hours']:.2f} h in all, {_usd(bill['cost_usd'])}{rest} "
         f"({vms[-1]['cost_basis']})",

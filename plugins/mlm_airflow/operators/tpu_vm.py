@@ -101,6 +101,21 @@ def create_or_reuse_node(
     if state.ready:
         return tpu.describe(state)
     operation = state.operation if state.action == "created" else None
+    defer_to_node(op, cfg, name, deadline, operation, resume_in.__name__, stockout_until=stockout_until)
+
+
+def defer_to_node(
+    op: BaseOperator,
+    cfg: PipelineConfig,
+    name: str,
+    deadline: float,
+    operation: str | None,
+    method_name: str,
+    resume_kwargs: dict[str, Any] | None = None,
+    **trigger_args: Any,
+) -> NoReturn:
+    """Defer `op` to TpuNodeTrigger for node `name` until `deadline` (epoch seconds), resuming in `method_name`.
+    The trigger enforces the deadline itself (so the task can clean up); Airflow's timeout is only a backstop."""
     trigger = TpuNodeTrigger(
         cfg.tpu.model_dump(mode="json"),
         name,
@@ -108,12 +123,12 @@ def create_or_reuse_node(
         operation,
         cfg.tpu.poll_interval_s,
         gcp_conn_id=cfg.gcp_conn_id,
-        stockout_until=stockout_until,
+        **trigger_args,
     )
-    # The trigger enforces the deadline itself (so we can clean up); this is only a backstop.
     op.defer(
         trigger=trigger,
-        method_name=resume_in.__name__,
+        method_name=method_name,
+        kwargs=resume_kwargs,
         timeout=timedelta(seconds=max(0.0, deadline - time.time()) + 600),
     )
 
@@ -146,18 +161,12 @@ def node_from_event(
         until = stockout_until or time.time() + cfg.tpu.stockout_wait_hours * 3600
         if time.time() + cfg.tpu.stockout_retry_s < until:
             wait_out_stockout(op, context, cfg, name, str(error), until, resume_in=resume_in)  # defers
-    with use_connection(cfg.gcp_conn_id):
-        created = created_time(op, cfg, name) if state != tpu.NOT_FOUND else None
-        deleted = tpu.delete_node(cfg.tpu, name) if state != tpu.NOT_FOUND else None
-        if deleted and created is not None:  # a node that failed to become READY is billed while it exists
-            why = (
-                "not READY in time"
-                if state == "TIMEOUT"
-                else "no capacity"
-                if tpu.is_stockout(error)
-                else "create failed"
-            )
-            record_vm_bill(op, context, cfg, prices.vm_bill(cfg.tpu, name, created, time.time(), f"{why}, deleted"))
+    deleted = None
+    if state != tpu.NOT_FOUND:
+        why = (
+            "not READY in time" if state == "TIMEOUT" else "no capacity" if tpu.is_stockout(error) else "create failed"
+        )
+        deleted = delete_billed(op, context, cfg, name, f"{why}, deleted")
     cleanup = "deleted it" if deleted else "nothing left to delete"
     if state == "TIMEOUT":
         raise AirflowException(
@@ -190,13 +199,7 @@ def wait_out_stockout(
     then defer until it is gone and `tpu.stockout_retry_s` has passed; the event (NOT_FOUND) brings the task
     back to node_from_event, which creates the node again, in the same try, until `until` (epoch seconds:
     `tpu.stockout_wait_hours` after the first stockout). Raises TaskDeferred."""
-    with use_connection(cfg.gcp_conn_id):
-        created = created_time(op, cfg, name)
-        operation = tpu.delete_node(cfg.tpu, name)
-        if operation is not None and created is not None:
-            record_vm_bill(
-                op, context, cfg, prices.vm_bill(cfg.tpu, name, created, time.time(), "no capacity, deleted")
-            )
+    operation = delete_billed(op, context, cfg, name, "no capacity, deleted")
     retry_at = time.time() + cfg.tpu.stockout_retry_s
     op.log.warning(
         "No capacity for %s in %s (%s): deleted what the create left; creating TPU VM %s again at %s UTC, and "
@@ -212,22 +215,28 @@ def wait_out_stockout(
         cfg.tpu.stockout_wait_hours,
     )
     deadline = retry_at + cfg.tpu.create_timeout_s  # for the node to be gone; then for the next create
-    trigger = TpuNodeTrigger(
-        cfg.tpu.model_dump(mode="json"),
+    defer_to_node(
+        op,
+        cfg,
         name,
         deadline,
         operation,
-        cfg.tpu.poll_interval_s,
-        gcp_conn_id=cfg.gcp_conn_id,
+        resume_in.__name__,
         until_gone=True,
         not_before=retry_at,
         stockout_until=until,
     )
-    op.defer(
-        trigger=trigger,
-        method_name=resume_in.__name__,
-        timeout=timedelta(seconds=max(0.0, deadline - time.time()) + 600),
-    )
+
+
+def delete_billed(op: BaseOperator, context: Context, cfg: PipelineConfig, name: str, ended: str) -> str | None:
+    """Start deleting a node that never became the run's READY node, and add it to the run's bill (from its
+    createTime until now: it is billed while it exists); the delete operation, or None when it was gone."""
+    with use_connection(cfg.gcp_conn_id):
+        created = created_time(op, cfg, name)
+        operation = tpu.delete_node(cfg.tpu, name)
+        if operation is not None and created is not None:
+            record_vm_bill(op, context, cfg, prices.vm_bill(cfg.tpu, name, created, time.time(), ended))
+    return operation
 
 
 def node_for_step(
@@ -314,22 +323,9 @@ class TpuVmDeleteOperator(_RunNodeOperator):
             cfg.tpu.delete_timeout_s,
         )
         deadline = time.time() + cfg.tpu.delete_timeout_s
-        trigger = TpuNodeTrigger(
-            cfg.tpu.model_dump(mode="json"),
-            name,
-            deadline,
-            operation,
-            cfg.tpu.poll_interval_s,
-            gcp_conn_id=cfg.gcp_conn_id,
-            until_gone=True,
-            created=created,
+        defer_to_node(
+            self, cfg, name, deadline, operation, "deleted", {"created": created}, until_gone=True, created=created
         )
-        self.defer(
-            trigger=trigger,
-            method_name="deleted",
-            kwargs={"created": created},
-            timeout=timedelta(seconds=cfg.tpu.delete_timeout_s + 600),
-        )  # backstop: the trigger has the bound
 
     def deleted(
         self, context: Context, event: dict[str, Any] | None = None, created: float | None = None, **_: Any
