@@ -98,6 +98,7 @@ class RunPaths:
     train_summary = property(lambda self: join(self.root, "train", "summary.json"))
     train_history = property(lambda self: join(self.root, "train", "history.jsonl"))
     train_status = property(lambda self: join(self.root, "train", "status.json"))
+    train_restarts = property(lambda self: join(self.root, "train", "restarts.json"))  # node losses in a try
     train_budget = property(lambda self: join(self.root, "train", "budget.json"))  # train.budget_minutes' count
     train_best = property(lambda self: join(self.root, "train", "best"))  # the best step's weights, by step number
     fault_marker = property(lambda self: join(self.root, "train", ".fault_injected"))  # a FailAtStep hook fired

@@ -107,7 +107,8 @@ class TrainSummary(TypedDict):
 
 
 class Restart(TypedDict):
-    """A node loss the train task handled inside its try (mlm_tasks/training/restarts.py)."""
+    """A node loss the train task handled inside its try (mlm_tasks/training/restarts.py): one entry of
+    runs/<run>/train/restarts.json."""
 
     cause: str  # what the follow saw: the node's state, or the trainer gone with it
     at_utc: str
@@ -119,7 +120,7 @@ class Restart(TypedDict):
 
 
 class _TrainStatusRestarts(TypedDict, total=False):  # NotRequired is Python 3.11; the VM has 3.10
-    restarts: list[Restart]  # the node losses of this run so far, in order (none in a record before them)
+    restarts: list[Restart]  # restarts.json as of this trainer's start (in a record written before them: none)
 
 
 class TrainStatus(_TrainStatusRestarts):
@@ -147,6 +148,7 @@ class TrainJob(TypedDict):
     task's state store so that a retry finds it."""
 
     node: str
+    node_created: float | None  # the node's createTime: a node replaced under the same name (and address) differs
     host: str  # worker 0's address, as dialled
     worker: int
     pid: int  # also its process group id (setsid)

@@ -19,7 +19,7 @@ from mlm_tasks import storage
 from mlm_tasks.config import PipelineConfig
 from mlm_tasks.paths import RunPaths, join
 from mlm_tasks.tpu import prices
-from mlm_tasks.training.status import read_status
+from mlm_tasks.training.restarts import read_restarts
 
 WIKIPEDIA_CREDIT = "Text from English Wikipedia, CC BY-SA 4.0"
 METRIC_ROWS = [  # (key, label, format)
@@ -43,13 +43,8 @@ def read_run_artifacts(run: RunPaths) -> dict[str, Any]:
         "data_info": storage.read_json_if_exists(run.data_ref),
         "downstream": storage.read_json_if_exists(run.downstream),
         "bill": storage.read_json_if_exists(run.tpu_vm_bill),  # every TPU VM of the run (tpu_vm.json)
-        "restarts": _restarts(run),  # node losses handled inside a try
+        "restarts": read_restarts(run),  # node losses handled inside a try
     }
-
-
-def _restarts(run: RunPaths) -> list[Any]:
-    status = read_status(run)
-    return list(status.get("restarts") or []) if status else []
 
 
 def corpus_credit(cfg: PipelineConfig, data_info: Mapping[str, Any] | None) -> tuple[str, list[str]]:
@@ -167,7 +162,7 @@ def config_lines(cfg: PipelineConfig, data_info: Mapping[str, Any] | None = None
 
 
 def restart_lines(restarts: list[Mapping[str, Any]] | None) -> list[str]:
-    """The node losses the train task handled inside its tries (the status record's `restarts`): how many
+    """The node losses the train task handled inside its tries (runs/<run>/train/restarts.json): how many
     per try, then each with its cause and the steps it cost (trained again from the last checkpoint)."""
     lines: list[str] = []
     restarts = restarts or []

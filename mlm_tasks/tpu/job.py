@@ -49,6 +49,7 @@ def started_job(
     lines: Iterable[str],
     *,
     node: str,
+    node_created: float | None,
     host: str,
     try_number: int,
     log: str,
@@ -63,6 +64,7 @@ def started_job(
         if found:
             return TrainJob(
                 node=node,
+                node_created=node_created,
                 host=host,
                 worker=0,
                 pid=int(found.group(1)),
@@ -90,6 +92,7 @@ def start(
     *,
     secret: tuple[str, str] | None,
     node: str,
+    node_created: float | None,
     host: str,
     try_number: int,
     log: str,
@@ -106,6 +109,7 @@ def start(
     return outcome, started_job(
         outcome.tail,
         node=node,
+        node_created=node_created,
         host=host,
         try_number=try_number,
         log=log,

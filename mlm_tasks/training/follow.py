@@ -5,7 +5,7 @@ state, clock), and the check and reattach built on it, which the train task and 
     verdict.kind    # starting | running | done | failed | stalled | lost (its node is gone)
     watch = JobWatch(DetachedJob(job, connect), cfg.tpu, output_root=cfg.output_root, stall_s=..., log=log)
     watch.check()                                   # one look: probe, record, node state -> classify
-    reattach(watch, node=name, host=host)           # a retry: follow this job on? (stops a stale one)
+    reattach(watch, node=name, host=host, created=t)  # a retry: follow this job on? (stops a stale one)
 
 The follow loop waits on starting/running, succeeds on done and fails on failed (with the exit code) or
 stalled (after stopping the trainer: a retry may fix it); lost (the node is not READY: preempted, deleted)
@@ -142,24 +142,25 @@ class JobWatch:
 
 
 class NodeLost(RuntimeError):
-    """reattach found the stored job's node not READY: lost with it; the caller replaces the node (a restart)."""
+    """reattach found the stored job's node not READY, or replaced: lost with it; the caller restarts it."""
 
 
-def reattach(watch: JobWatch, *, node: str, host: str) -> bool:
-    """Whether a retry follows the stored job on (it runs, or it is done) rather than start a new one. A job
-    of a node since replaced is gone with it; a stale one is stopped first. A node lost since it was found
-    READY (preempted between the two calls) raises NodeLost: nothing may start on it."""
+def _utc(stamp: float | None) -> str:
+    return time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(stamp)) if stamp else "at an unknown time"
+
+
+def reattach(watch: JobWatch, *, node: str, host: str, created: float | None = None) -> bool:
+    """Whether a retry follows the stored job on (it runs, or it is done) rather than start a new one. A stale
+    one is stopped first. A node lost since it was found READY (preempted between the two calls), or replaced
+    since the job started on it, raises NodeLost: the job is gone with it, a restart the caller counts."""
     job, log = watch.job, watch.log
-    if (job["node"], job["host"]) != (node, host):
-        log.warning(
-            "The stored trainer ran on %s (%s), this try finds %s (%s): the node was replaced, "
-            "its trainer is gone with it. Starting a new one.",
-            job["node"],
-            job["host"],
-            node,
-            host,
+    # A node replaced under the same name may get the same address: its createTime tells them apart.
+    was_created = job.get("node_created")
+    if (job["node"], job["host"]) != (node, host) or (created and was_created and created != was_created):
+        raise NodeLost(
+            f"the trainer (pid {job['pid']}, try {job['try_number']}) ran on {job['node']} ({job['host']}, created "
+            f"{_utc(was_created)}), which was replaced by {node} ({host}, created {_utc(created)}): it is lost with it"
         )
-        return False
     began = time.monotonic()
     verdict = watch.check()
     if verdict.kind in ("starting", "running"):

@@ -1,13 +1,18 @@
-"""Restarts inside one try of the train task: each node loss (a preemption, a deleted or failed node) the
-task handles itself, by a new node and a new trainer from the last checkpoint, kept in the status record.
+"""Restarts inside one try of the train task: each node loss (a preemption, a deleted or replaced node) the
+task handles itself, by a new node and a new trainer from the last checkpoint, kept in
+runs/<run>/train/restarts.json.
 
-    restarts = record_restart(run, cause="the TPU VM ... is PREEMPTED", node=name, try_number=1)
-    # ... the new trainer's StatusRecord fills the entry in: resumed_from (its start step), steps_lost
-    status["restarts"]   # [{"cause", "at_utc", "node", "try_number", "step", "resumed_from", "steps_lost"}, ...]
+    restarts = record_restart(run, cause="the TPU VM ... is PREEMPTED", node=name, try_number=1, step=37)
+    close_open(run, start_step=30)   # the next trainer, at its start: resumed_from, steps_lost
+    read_restarts(run)   # [{"cause", "at_utc", "node", "try_number", "step", "resumed_from", "steps_lost"}, ...]
+    read_status(run)["restarts"]   # the same, as of the current trainer's start (its copy)
 
 Why here and not in Airflow's retries: a days-long run on Spot capacity is preempted many times, and each
-Airflow retry is a budget meant for errors (`retries`); `train.max_restarts` is the budget for losses. The
-record is written while no trainer runs (its node is gone), so nobody writes it at the same time.
+Airflow retry is a budget meant for errors (`retries`); `train.max_restarts` is the budget for losses.
+Why a file of its own, written by the task: the status record is the trainer's, and a trainer on a node being
+preempted may still rewrite it (its heartbeat, its notice) after the task has seen the node lost; a restart
+the task wrote there was overwritten. Each file has one writer at a time: this one the task, while no trainer
+of it runs, then the next trainer once, at its start, which copies them into its own status record.
 """
 
 from __future__ import annotations
@@ -17,25 +22,39 @@ import time
 from mlm_tasks import storage
 from mlm_tasks.paths import RunPaths
 from mlm_tasks.results import Restart
-from mlm_tasks.training.status import read_status, restarts_of
 
 
-def record_restart(run: RunPaths, *, cause: str, node: str, try_number: int) -> list[Restart]:
-    """Appends a restart to the run's status record (the step it reached, the cause) and returns them all."""
-    status = read_status(run)
+def read_restarts(run: RunPaths) -> list[Restart]:
+    """The run's node losses so far, in order ([] before the first)."""
+    return list(storage.read_json_if_exists(run.train_restarts) or [])
+
+
+def record_restart(run: RunPaths, *, cause: str, node: str, try_number: int, step: int) -> list[Restart]:
+    """Appends a restart (the cause, the last step the lost trainer recorded) and returns them all."""
     restart: Restart = {
         "cause": cause,
         "at_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         "node": node,
         "try_number": try_number,
-        "step": status["step"] if status else 0,
+        "step": step,
         "resumed_from": None,
         "steps_lost": None,
     }
-    restarts = [*restarts_of(status), restart]
-    if status is not None:
-        storage.write_json(run.train_status, {**status, "restarts": restarts})
+    restarts = [*read_restarts(run), restart]
+    storage.write_json(run.train_restarts, restarts)
     return restarts
+
+
+def close_open(run: RunPaths, start_step: int) -> list[Restart]:
+    """A new trainer's start: the restart it answers (the last, still open) closed at its start step; all of
+    them returned, for its status record."""
+    restarts = read_restarts(run)
+    if not restarts or restarts[-1]["resumed_from"] is not None:
+        return restarts
+    last = restarts[-1]
+    closed: Restart = {**last, "resumed_from": start_step, "steps_lost": max(0, last["step"] - start_step)}
+    storage.write_json(run.train_restarts, [*restarts[:-1], closed])
+    return [*restarts[:-1], closed]
 
 
 def summary_line(restarts: list[Restart]) -> str:

@@ -25,8 +25,8 @@ from typing import cast
 from mlm_tasks import storage
 from mlm_tasks.errors import NO_RETRY_EXIT, NoRetryError
 from mlm_tasks.paths import RunPaths
-from mlm_tasks.results import Restart, TrainStatus
-from mlm_tasks.training import preemption
+from mlm_tasks.results import TrainStatus
+from mlm_tasks.training import preemption, restarts
 
 log = logging.getLogger(__name__)
 TRY_NUMBER_VARS = ("MLM_TRY_NUMBER", "AIRFLOW_CTX_TRY_NUMBER")
@@ -57,18 +57,6 @@ def stalled(record: TrainStatus, stall_s: float, now: float | None = None) -> st
             f"still at step {record['step']}: the trainer (pid {record['pid']} on {record['host']}) is stuck"
         )
     return None
-
-
-def restarts_of(status: TrainStatus | None) -> list[Restart]:
-    return list(status.get("restarts", [])) if status else []
-
-
-def resumed(restarts: list[Restart], start_step: int) -> list[Restart]:
-    """The restarts with the one a new trainer answers (the last, still open) closed at its start step."""
-    if not restarts or restarts[-1]["resumed_from"] is not None:
-        return restarts
-    last = restarts[-1]
-    return [*restarts[:-1], {**last, "resumed_from": start_step, "steps_lost": max(0, last["step"] - start_step)}]
 
 
 def _try_number() -> int | None:
@@ -103,8 +91,6 @@ class StatusRecord:
             "starts": (previous["starts"] if previous else 0) + 1,
             "exit_code": None,
             "error": None,
-            # A restart the train task recorded before starting this trainer is closed at its start step.
-            "restarts": resumed(restarts_of(previous), start_step),
         }
         self._lock = threading.Lock()  # the record, updated by the loop and read by the heartbeat
         self._write_lock = threading.Lock()  # one write at a time, so an older snapshot never lands last
@@ -112,6 +98,9 @@ class StatusRecord:
         self._thread = threading.Thread(target=self._beat, name="train-status-heartbeat", daemon=True)
 
     def __enter__(self) -> StatusRecord:
+        # A restart the train task recorded before starting this trainer is closed at its start step; the
+        # record carries them all (restarts.json is the task's: mlm_tasks/training/restarts.py).
+        self.record["restarts"] = restarts.close_open(self.run, self.record["step"])
         self._write()
         self._thread.start()
         log.info(

@@ -41,6 +41,7 @@ import yaml
 from mlm_tasks import storage
 from mlm_tasks.paths import RunPaths
 from mlm_tasks.tpu import api as tpu
+from mlm_tasks.training.restarts import read_restarts
 from mlm_tasks.training.status import read_status
 from peers.airflow_rest import AirflowApi
 from peers.airflow_stack import ROOT, running_stack
@@ -434,7 +435,8 @@ def test_two_preemptions_two_check_ins_and_a_stockout_in_one_try(api, stack, out
 
     record = status(output_root, run_id)
     assert (record["state"], record["step"], record["starts"], record["try_number"]) == ("done", steps, 3, 1), record
-    restarts = record["restarts"]
+    restarts = read_restarts(RunPaths(output_root, run_id))
+    assert record["restarts"] == restarts  # the last trainer's copy in the status record
     assert len(restarts) == 2 and all("PREEMPTED" in r["cause"] and r["try_number"] == 1 for r in restarts), restarts
     expected = list(range(1, restarts[0]["step"] + 1))
     expected += list(range(restarts[0]["resumed_from"] + 1, restarts[1]["step"] + 1))

@@ -292,7 +292,8 @@ class FakeTpuApi(LoopbackServer):
             "state": "CREATING",
             "networkEndpoints": endpoints,
             "apiVersion": "V2",
-            "createTime": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+            # With a fraction, as Google's: a node replaced in the same second is still another createTime.
+            "createTime": _rfc3339(time.time_ns()),
             "_gets": 0,
             "_created": time.monotonic(),
             "_fail": self._fail_next.pop(0) if self._fail_next else None,
@@ -372,6 +373,10 @@ class FakeTpuApi(LoopbackServer):
             elif node["state"] == "READY":
                 op.update(done=True, response={"@type": NODE_TYPE, **_public(node)})
         return op
+
+
+def _rfc3339(ns: int) -> str:
+    return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(ns // 10**9)) + f".{ns % 10**9:09d}Z"
 
 
 def is_read(path: str) -> bool:

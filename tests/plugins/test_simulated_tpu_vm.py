@@ -28,6 +28,7 @@ from mlm_tasks.config import PipelineConfig
 from mlm_tasks.paths import RunPaths, join
 from mlm_tasks.tpu import api as tpu
 from mlm_tasks.tpu import runtimes
+from mlm_tasks.training.restarts import read_restarts
 from peers import tpu_vm_image
 from peers.deferral import run_deferrable
 from peers.sshd import airflow_conn_uri
@@ -258,7 +259,7 @@ def test_a_sigkilled_train_task_leaves_the_real_trainer_running_and_the_retry_re
     summary = storage.read_json(run.train_summary)
     # Two trainers: try 1's (reattached by try 2), then the one try 2 started after the notice.
     assert (status["state"], status["step"], status["starts"], status["try_number"]) == ("done", steps, 2, 2)
-    (restart,) = status["restarts"]  # the notice: resumed at the step it arrived, not at the checkpoint of step 50
+    (restart,) = read_restarts(run)  # the notice: resumed at the step it arrived, not at the checkpoint of step 50
     assert restart["resumed_from"] == restart["step"] >= noticed[0] >= 70 and restart["steps_lost"] == 0, restart
     assert summary["resumed_from_step"] == restart["step"] and summary["steps"] == steps
     logged = [h["step"] for h in history(run_id)]

@@ -97,7 +97,7 @@ def test_the_runs_bill_counts_every_vm_it_had(fake_tpu, gcs_root, caplog):
     with the total over them; a retried delete counts no VM twice."""
     config = _config(fake_tpu, output_root=gcs_root)
     bill_uri = RunContext.of(config_from_xcom(config), RUN).run.tpu_vm_bill
-    # Made an hour ago (createTime is in whole seconds: a replacement in the same second would be the same VM).
+    # Made an hour ago.
     fake_tpu.add_node("proj", ZONE, NAME)["createTime"] = time.strftime(
         "%Y-%m-%dT%H:%M:%SZ", time.gmtime(time.time() - 3600)
     )
@@ -132,7 +132,7 @@ def test_a_stockout_is_waited_out_inside_the_try_and_billed(fake_tpu, gcs_root, 
     """Issue 31: the zone has no capacity for two creates; the task deletes what each left, waits
     tpu.stockout_retry_s (deferred: no worker slot) and creates again, in one try, until a node is READY."""
     fake_tpu.fail_next_create("There is no more capacity in the zone", times=2)
-    # 1.1 s apart: the fake's createTime is in whole seconds, and a bill counts one VM per name and createTime.
+    # A bill counts one VM per name and createTime.
     config = _config(fake_tpu, {"stockout_retry_s": 1.1}, output_root=gcs_root)
     op = _logging_to_caplog(TpuVmCreateOperator(task_id="create_tpu_vm", config=config))
     deferrals = []
@@ -266,7 +266,7 @@ def test_delete_waits_until_the_node_is_gone_and_forgets_it(fake_tpu, gcs_root, 
     # What the VM cost, from its createTime to its confirmed deletion, in the log and beside the run.
     bill = json.loads(storage.read_text(RunContext.of(config_from_xcom(op.config), RUN).run.tpu_vm_bill))
     assert bill["node"] == NAME and bill["accelerator_type"] == "v4-8" and bill["chips"] == 4
-    assert 0 <= bill["hours"] * 3600 <= gone - created + 1  # createTime is in whole seconds
+    assert 0 <= bill["hours"] * 3600 <= gone - created + 1
     assert bill["cost_usd"] == pytest.approx(bill["hours"] * 4 * prices.LIST_PRICES["v4"]["on_demand"])
     assert f"TPU VM {NAME} was up {bill['hours']:.2f} h" in caplog.text and "on-demand, list price" in caplog.text
 

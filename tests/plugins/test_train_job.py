@@ -33,6 +33,7 @@ from mlm_airflow.operators.train import JOB_KEY, TrainOperator
 from mlm_tasks import storage
 from mlm_tasks.paths import RunPaths, join
 from mlm_tasks.tpu import api as tpu
+from mlm_tasks.training.restarts import read_restarts
 from peers.deferral import first_event, rebuilt, run_deferrable
 from peers.sshd import airflow_conn_uri
 from peers.stalled_peer import StalledPeer
@@ -377,7 +378,8 @@ def test_node_losses_and_trigger_timeouts_are_handled_inside_one_try(vm, fake_tp
 
     status = _status(vm)
     assert (status["state"], status["step"], status["starts"], status["try_number"]) == ("done", 150, 3, 1), status
-    restarts = status["restarts"]
+    restarts = read_restarts(vm.run)
+    assert status["restarts"] == restarts  # the last trainer's copy in the status record
     assert len(restarts) == 2 and all("PREEMPTED" in r["cause"] and r["try_number"] == 1 for r in restarts), restarts
     # Every step once, but those after each loss's last checkpoint, which the next trainer makes again.
     expected = list(range(1, restarts[0]["step"] + 1))
@@ -393,6 +395,49 @@ def test_node_losses_and_trigger_timeouts_are_handled_inside_one_try(vm, fake_tp
     bill = storage.read_json(vm.run.tpu_vm_bill)  # each replaced node in the run's bill
     assert [v["ended"] for v in bill["vms"]] == ["PREEMPTED, replaced"] * 2, bill
     print(f"\nrestarts in one try: {restarts}; check-ins {vm.store.get('train_check_ins')}")
+
+
+@pytest.mark.parametrize("vm", [{"step_s": 0.1}], indirect=True)
+def test_a_node_preempted_under_a_live_trainer_is_a_restart_at_the_check_in(vm, fake_tpu):
+    """The API says PREEMPTED while SSH still answers (a preemption's notice period): the trigger, which asks
+    the node's state only when SSH is silent, follows on, and the check-in finds the node not READY and
+    replaces it; its processes go with the delete. The stored trainer is a restart, counted and recorded,
+    though the new node has the old one's name and address (found in CI: it was read as a trainer that had
+    ended, a new one started and the loss was in no record)."""
+    config = {**vm.config, "train": {**vm.config["train"], "steps": 80, "check_in_minutes": 0.05, "max_restarts": 1}}
+    killed: list[int] = []
+
+    def preempt_then_kill_at_the_delete() -> None:
+        status = wait_for("the trainer past step 12", lambda: (s := _status(vm)) and s["step"] >= 12 and s, 90)
+        created = fake_tpu.node("proj", ZONE, NAME)["createTime"]
+        fake_tpu.preempt(NAME)
+        wait_for(
+            "the check-in deleting the node",
+            lambda: (
+                (n := fake_tpu.node("proj", ZONE, NAME)) is None
+                or (n["state"], n["createTime"]) != ("PREEMPTED", created)
+            ),
+            60,
+            poll_s=0.02,
+        )
+        os.killpg(os.getpgid(status["pid"]), signal.SIGKILL)
+        killed.append(status["pid"])
+
+    preempter = threading.Thread(target=preempt_then_kill_at_the_delete, daemon=True)
+    preempter.start()
+    _train(vm, 1, config)
+    preempter.join(timeout=5)
+
+    status = _status(vm)
+    assert (status["state"], status["step"], status["starts"], status["try_number"]) == ("done", 80, 2, 1), status
+    (restart,) = read_restarts(vm.run)
+    assert "which was replaced by " + NAME in restart["cause"] and restart["try_number"] == 1, restart
+    assert restart["resumed_from"] % 5 == 0 and restart["steps_lost"] == restart["step"] - restart["resumed_from"]
+    made = _steps(vm)
+    assert [s for _, s in made] == list(range(1, restart["step"] + 1)) + list(range(restart["resumed_from"] + 1, 81))
+    assert killed == [made[0][0]] and vm.store.get("train_restarts") == 1
+    bill = storage.read_json(vm.run.tpu_vm_bill)
+    assert [v["ended"] for v in bill["vms"]] == ["PREEMPTED, replaced"], bill
 
 
 @pytest.mark.parametrize("vm", [{"step_s": 0.1}], indirect=True)

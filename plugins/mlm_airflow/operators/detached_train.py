@@ -6,10 +6,11 @@
     end_of_training(watch, verdict)                      # returns on done, raises otherwise
 
 A handle whose trainer is alive and beating is reattached to (`reattach`, mlm_tasks/training/follow.py): no
-second start, no lost step. One that is gone (or of a node since replaced) is followed by a new start
-(mlm_tasks/tpu/job.py: the run lock, the install, then setsid/nohup with the output in `<workdir>/logs/`),
-which resumes from the last checkpoint; one alive but stale is stopped first (its process group: SIGTERM,
-SIGCONT, then SIGKILL). The handle lives in the task state store (key JOB_KEY), so a retry finds it.
+second start, no lost step. One that is gone is followed by a new start (mlm_tasks/tpu/job.py: the run lock,
+the install, then setsid/nohup with the output in `<workdir>/logs/`), which resumes from the last checkpoint;
+one alive but stale is stopped first (its process group: SIGTERM, SIGCONT, then SIGKILL). One of a node lost or
+since replaced (its createTime differs: the same name, maybe the same address) raises NodeLost, a restart the
+train task counts and records. The handle lives in the task state store (key JOB_KEY), so a retry finds it.
 """
 
 from __future__ import annotations
@@ -92,17 +93,20 @@ class DetachedTrain:
         name, hosts, connect = self.remote.connect_to(context, cfg, node)
         store = context.get("task_state_store")
         job = vm_job.job_handle(store.get(JOB_KEY) if store is not None else None)
-        if job is not None and not reattach(watch_of(cfg, job, connect, self.log), node=name, host=hosts[0]):
+        watch = None if job is None else watch_of(cfg, job, connect, self.log)
+        if watch is not None and not reattach(watch, node=name, host=hosts[0], created=node.created):  # or NodeLost
             job = None
         if job is None:
-            job = self._start(context, cfg, name, hosts[0], connect)
+            job = self._start(context, cfg, name, hosts[0], connect, node.created)
             if store is not None:
                 # A handle is JSON (str, int and float fields); mypy sees no TypedDict as a dict[str, JsonValue].
                 store.set(JOB_KEY, cast("JsonValue", dict(job)))
         self.watch = watch_of(cfg, job, connect, self.log)
         return job, len(hosts)
 
-    def _start(self, context: Context, cfg: PipelineConfig, name: str, host: str, connect: ssh.Connect) -> TrainJob:
+    def _start(
+        self, context: Context, cfg: PipelineConfig, name: str, host: str, connect: ssh.Connect, created: float | None
+    ) -> TrainJob:
         number = try_number(context)
         log_name = vm_job.log_name(context["run_id"], number)
         command = self.remote.command or self.remote.remote_line(
@@ -123,6 +127,7 @@ class DetachedTrain:
             command,
             secret=self.remote.secret(),
             node=name,
+            node_created=created,
             host=host,
             try_number=number,
             log=log_name,

@@ -10,12 +10,13 @@ trigger's on_kill, or on_kill before the deferral). Either way a retry resumes f
 checkpoint; on a TPU VM a retry first replaces a node that was preempted (create_tpu_vm, upstream, is
 not rerun), waiting in the triggerer (`node_for_step`, plugins/mlm_airflow/operators/tpu_vm.py).
 
-Inside one try (issue 31): a lost node (the trigger's "lost": preempted, deleted) is a restart, not a
-failure: a new node and a new trainer from the last checkpoint (`_restart`, at most train.max_restarts,
-each in the status record: mlm_tasks/training/restarts.py). The trigger's timeout, train.check_in_minutes,
-is a check-in (`resume_execution`): the deadline, one check, then the deferral again. The deadline,
-train.timeout_hours from the task's first start, is kept in the task state store with the counts, so no
-retry moves it; past it the trainer is stopped and the task fails without retry. The execution_timeout
+Inside one try (issue 31): a lost node (the trigger's "lost": preempted, deleted; or found replaced under
+the stored trainer) is a restart, not a failure: a new node and a new trainer from the last checkpoint
+(`_restart`, at most train.max_restarts, each in runs/<run>/train/restarts.json:
+mlm_tasks/training/restarts.py). The trigger's timeout, train.check_in_minutes, is a check-in
+(`resume_execution`): the deadline, one check, then the deferral again. The deadline, train.timeout_hours
+from the task's first start, is kept in the task state store with the counts, so no retry moves it; past
+it the trainer is stopped and the task fails without retry. The execution_timeout
 (the same hours, set before execute starts the clock) bounds each visit of the task to a worker.
 
 The start, the reattach and the end of a detached trainer: `DetachedTrain` and `end_of_training`
@@ -47,7 +48,7 @@ from mlm_tasks.tpu import api as tpu
 from mlm_tasks.tpu import job as vm_job
 from mlm_tasks.training import restarts
 from mlm_tasks.training.follow import JobWatch, NodeLost, Verdict
-from mlm_tasks.training.status import read_status, restarts_of
+from mlm_tasks.training.status import read_status
 
 __all__ = ["JOB_KEY", "TrainOperator"]
 
@@ -136,8 +137,8 @@ class TrainOperator(BaseOperator):
         cfg = config_from_xcom(self.config)
         node = node_from_event(self, context, cfg, event, resume_in=self.resume)
         with use_connection(cfg.gcp_conn_id):
-            started = self._detached(cfg).start(context, cfg, tpu.get_state(cfg.tpu, node["name"]))
-        self._follow(context, cfg, started)
+            ready = tpu.get_state(cfg.tpu, node["name"])
+        self._start_on(context, cfg, ready)
 
     def resume_execution(self, next_method: str, next_kwargs: dict[str, Any] | None, context: Context) -> Any:
         """The trainer's trigger timed out (train.check_in_minutes): a check-in, not a failure. Airflow turns a
@@ -181,14 +182,22 @@ class TrainOperator(BaseOperator):
         store = context.get("task_state_store")
         if store is not None:
             store.set(DEFERRED_KEY, {"trigger": "node"})
-        lost = None
         with use_connection(cfg.gcp_conn_id):
             node = node_for_step(self, context, cfg, run_node_name(context, self.node_name), replace_in=self.resume)
+        self._start_on(context, cfg, node)
+
+    def _start_on(self, context: Context, cfg: PipelineConfig, node: tpu.NodeState) -> NoReturn:
+        """The trainer on this READY node, the stored one reattached to or a new one, then followed. A stored
+        one whose node was lost (preempted since it was READY) or replaced (by this task's check-in, or a cleared
+        create_tpu_vm) is a restart, counted and recorded, not a start that would leave its loss uncounted."""
+        lost = None
+        with use_connection(cfg.gcp_conn_id):
             try:
                 started = self._detached(cfg).start(context, cfg, node)
-            except NodeLost as err:  # READY a moment ago, lost by the reattach: a restart, not a start on it
+            except NodeLost as err:
                 lost = str(err)
         if lost is not None:
+            store = context.get("task_state_store")
             job = vm_job.job_handle(store.get(JOB_KEY) if store is not None else None)
             self._restart(context, cfg, cast(TrainJob, job), lost)
         self._follow(context, cfg, started)
@@ -263,8 +272,10 @@ class TrainOperator(BaseOperator):
         store = context.get("task_state_store")
         used = int(cast(int, store.get(RESTARTS_KEY, 0))) if store is not None else 0
         run = RunPaths(cfg.output_root, context["run_id"])
+        if store is not None:  # its trainer is gone with the node: what follows (or a retry) starts one, once
+            store.delete(JOB_KEY)
         if used >= cfg.train.max_restarts:
-            so_far = restarts.summary_line(restarts_of(read_status(run)))
+            so_far = restarts.summary_line(restarts.read_restarts(run))
             raise AirflowException(
                 f"Training lost its node again ({cause}) after train.max_restarts={cfg.train.max_restarts} restarts "
                 f"({so_far}). This try fails; an Airflow retry starts a new trainer from the last checkpoint. Raise "
@@ -272,7 +283,10 @@ class TrainOperator(BaseOperator):
             )
         if store is not None:
             store.set(RESTARTS_KEY, used + 1)
-        recorded = restarts.record_restart(run, cause=cause, node=job["node"], try_number=try_number(context))
+        status = read_status(run)
+        recorded = restarts.record_restart(
+            run, cause=cause, node=job["node"], try_number=try_number(context), step=status["step"] if status else 0
+        )
         self.log.warning(
             "Restart %d of at most %d (train.max_restarts), in try %d: %s. Last recorded step %d; replacing the "
             "node and starting a new trainer from the last checkpoint.",

@@ -12,6 +12,7 @@ from mlm_tasks.training.follow import NodeLost, Verdict, classify, reattach
 NOW = 1_000_000.0
 JOB = {
     "node": "mlm-n",
+    "node_created": NOW - 200,
     "host": "10.0.0.2",
     "worker": 0,
     "pid": 4242,
@@ -110,3 +111,18 @@ def test_a_node_lost_between_its_check_and_the_reattach_is_no_place_to_start():
     noticed = Verdict("lost", "the trainer stopped on a preemption notice: checkpoint saved at step 71", 75)
     after_notice = SimpleNamespace(**{**vars(watch), "check": lambda: noticed})
     assert reattach(after_notice, node=JOB["node"], host=JOB["host"]) is False
+
+
+def test_a_node_replaced_under_the_same_name_and_address_took_its_trainer_with_it():
+    """A preempted node replaced by the task's check-in (or a cleared create_tpu_vm) can come back with the same
+    name and internal address: its createTime differs. The stored trainer is lost with the old node, a restart
+    to count and record; read as "ended" it was followed by a new trainer with the loss in no record."""
+    running = SimpleNamespace(job=JOB, log=logging.getLogger("test"), check=lambda: Verdict("running", "step 40/100"))
+    assert reattach(running, node=JOB["node"], host=JOB["host"], created=JOB["node_created"]) is True
+    with pytest.raises(NodeLost, match="replaced by mlm-n"):
+        reattach(running, node=JOB["node"], host=JOB["host"], created=NOW - 50)
+    with pytest.raises(NodeLost, match="ran on mlm-n .10.0.0.2"):
+        reattach(running, node=JOB["node"], host="10.0.0.3", created=JOB["node_created"])
+    # A handle of an older try, without node_created: the name and the address decide.
+    older = SimpleNamespace(**{**vars(running), "job": {k: v for k, v in JOB.items() if k != "node_created"}})
+    assert reattach(older, node=JOB["node"], host=JOB["host"], created=NOW - 50) is True
