@@ -325,7 +325,30 @@ class TpuConfig(_Section):
     )
     network: str | None = Field(None, description="VPC network (default network if empty).")
     subnetwork: str | None = Field(None, description="Subnetwork.")
-    spot: bool = Field(False, description="Use a Spot VM (cheaper, may be preempted).")
+    # How the node is asked for. A new project has on-demand quota only; Spot and queued need their own.
+    provisioning: Literal["on_demand", "spot", "queued"] = Field(
+        "on_demand",
+        description="on_demand: create the node (on-demand quota, fails on a stockout, which is waited out: "
+        "tpu.stockout_wait_hours); spot: the same with Spot scheduling (cheaper, may be preempted); queued: a "
+        "queued resource that waits in Google's queue for capacity (tpu.queued_tier, tpu.queued_valid_hours, "
+        "tpu.reservation), deferred, holding no worker slot.",
+    )
+    queued_tier: Literal["spot", "guaranteed"] = Field(
+        "spot", description="provisioning=queued: the Spot tier, or the guaranteed tier (on-demand prices)."
+    )
+    queued_valid_hours: float = Field(
+        24,
+        ge=0.1,
+        le=720,
+        description="provisioning=queued: how long the request may wait in the queue (validUntilDuration); "
+        "then it fails and the task with it.",
+    )
+    reservation: str | None = Field(
+        None,
+        pattern=r"^projects/[^/]+/locations/[^/]+/reservations/[^/]+$",
+        description="provisioning=queued, tier guaranteed: the reservation to provision from, "
+        "projects/P/locations/Z/reservations/R.",
+    )
     price_per_chip_hour: float | None = Field(
         None,
         gt=0,
@@ -408,6 +431,41 @@ class TpuConfig(_Section):
         description="Environment variables for the step on every "
         "worker (no secrets: the config is logged and kept in XCom).",
     )
+
+    @model_validator(mode="before")
+    @classmethod
+    def _spot_means_provisioning(cls, data: Any) -> Any:
+        # `tpu.spot: true|false` (before tpu.provisioning) still reads as it did.
+        if isinstance(data, dict) and "spot" in data:
+            data = dict(data)
+            spot = data.pop("spot")
+            asked = "spot" if spot else "on_demand"
+            if data.get("provisioning", asked) != asked:
+                raise ValueError(
+                    f"tpu.spot={spot} and tpu.provisioning={data['provisioning']!r} disagree: "
+                    "set tpu.provisioning only (on_demand, spot or queued)."
+                )
+            data["provisioning"] = asked
+        return data
+
+    @property
+    def spot(self) -> bool:
+        """Spot capacity (Spot prices, may be preempted): provisioning spot, or queued on the Spot tier."""
+        return self.provisioning == "spot" or (self.provisioning == "queued" and self.queued_tier == "spot")
+
+    def create_wait_s(self) -> float:
+        """How long a create may take to give a READY node: the queue's validity, then the create itself."""
+        queued = self.queued_valid_hours * 3600 if self.provisioning == "queued" else 0
+        return queued + self.create_timeout_s
+
+    @model_validator(mode="after")
+    def _reservation_is_guaranteed(self) -> TpuConfig:
+        if self.reservation and (self.provisioning, self.queued_tier) != ("queued", "guaranteed"):
+            raise ValueError(
+                "tpu.reservation is for tpu.provisioning=queued with tpu.queued_tier=guaranteed "
+                f"(here {self.provisioning!r}, tier {self.queued_tier!r})."
+            )
+        return self
 
     @model_validator(mode="after")
     def _supported_runtime(self) -> TpuConfig:

@@ -1,7 +1,7 @@
 r"""Real-cloud smoke test: one tiny training on a real TPU VM, then the VM is deleted, whatever happens.
 
     python -m mlm_tasks.smoke --project my-project --zone us-west4-a --bucket gs://my-bucket/smoke \
-        --ssh-key ~/.ssh/id_ed25519 [--accelerator v5litepod-1] [--dry-run] [--capture-image]
+        --ssh-key ~/.ssh/id_ed25519 [--accelerator v5litepod-1] [--provisioning queued] [--dry-run] [--capture-image]
 
 Why it is built so: it sends the DAG's own TPU VM request and runs the real bootstrap and `python -m
 mlm_tasks train` on worker 0, so it proves the production path; the delete sits in a `finally` that
@@ -19,6 +19,7 @@ import signal
 import sys
 import time
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
 
@@ -77,7 +78,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "`pip freeze` into the runtime's image file (mlm_tasks/tpu/vm/image-tfX.Y.txt), so that the next "
         "`make lock-vm` locks against the real image.",
     )
-    p.add_argument("--on-demand", action="store_true", help="Not a Spot VM (dearer, never preempted).")
+    p.add_argument(
+        "--provisioning",
+        default="spot",
+        choices=["on_demand", "spot", "queued"],
+        help="How the node is asked for (tpu.provisioning): a Spot node (the default), an on-demand one, or a "
+        "queued resource that waits in Google's queue for capacity (Spot tier; --set tpu.queued_tier=guaranteed).",
+    )
+    p.add_argument("--on-demand", action="store_true", help="The same as --provisioning on_demand.")
     p.add_argument("--ssh-via", default="external", choices=["external", "internal"])
     p.add_argument("--key-file", help="Service-account key JSON (default: Application Default Credentials).")
     p.add_argument("--run-id", default=None, help="Names the node and the run (default: smoke-<UTC time>).")
@@ -104,7 +112,7 @@ def smoke_config(args: argparse.Namespace) -> PipelineConfig:
         "tpu.project": args.project,
         "tpu.zone": args.zone,
         "tpu.accelerator_type": args.accelerator,
-        "tpu.spot": not args.on_demand,
+        "tpu.provisioning": "on_demand" if args.on_demand else args.provisioning,
         "tpu.ttl_hours": 2,
         "tpu.ssh_via": args.ssh_via,
         "tpu.poll_interval_s": 10,
@@ -153,6 +161,24 @@ class DryRunApi:
         self._print("DELETE", name)
         return _Op(f"{name.rsplit('/nodes/', 1)[0]}/operations/dry-run-delete")
 
+    def get_queued_resource(self, name: str, **_: Any):
+        from google.api_core.exceptions import NotFound
+
+        self._print("GET", name)
+        raise NotFound(f"(dry run: {name} taken as absent)")
+
+    def create_queued_resource(self, parent: str, queued_resource_id: str, queued_resource: Any, **_: Any):
+        from google.cloud import tpu_v2
+        from google.protobuf import json_format
+
+        body = json_format.MessageToDict(tpu_v2.QueuedResource.pb(queued_resource))
+        self._print("POST", f"{parent}/queuedResources?queuedResourceId={queued_resource_id}", body)
+        return _Op(f"{parent}/operations/dry-run-queue")
+
+    def delete_queued_resource(self, request: Any, **_: Any):
+        self._print("DELETE", f"{request.name}?force={str(request.force).lower()}")
+        return _Op(f"{request.name.rsplit('/queuedResources/', 1)[0]}/operations/dry-run-delete")
+
 
 class _Op:
     def __init__(self, name: str):
@@ -168,12 +194,22 @@ def _on_signal(signum: int, _frame: Any) -> None:
 
 
 def wait_ready(cfg: PipelineConfig, name: str, api: Any, deadline: float, out: Callable[[str], None]) -> tpu.NodeState:
+    """The node once READY; with provisioning=queued its request waits in the queue first (no node yet)."""
+    from mlm_tasks.tpu import queued
+
     state = tpu.get_state(cfg.tpu, name, api)
     while not state.ready:
-        if state.state not in tpu.WAIT_STATES:
-            raise RuntimeError(f"TPU VM {name} is {state.state}: capacity or quota? Try another zone or --on-demand.")
+        waiting = state.state in tpu.WAIT_STATES
+        if cfg.tpu.provisioning == "queued" and state.state == tpu.NOT_FOUND:
+            request = queued.get_state(cfg.tpu, name, api)
+            waiting = request.state in queued.WAIT_STATES or request.state == "ACTIVE"
+            state = replace(state, state=f"QUEUED ({request.state}{': ' + request.error if request.error else ''})")
+        if not waiting:
+            raise RuntimeError(
+                f"TPU VM {name} is {state.state}: capacity or quota? Try another zone or --provisioning."
+            )
         if time.time() > deadline:
-            raise RuntimeError(f"TPU VM {name} not READY after {cfg.tpu.create_timeout_s}s (still {state.state}).")
+            raise RuntimeError(f"TPU VM {name} not READY after {cfg.tpu.create_wait_s():g}s (still {state.state}).")
         out(f"TPU VM {name} is {state.state}; checking again in {cfg.tpu.poll_interval_s:g}s.")
         time.sleep(cfg.tpu.poll_interval_s)
         state = tpu.get_state(cfg.tpu, name, api)
@@ -258,7 +294,7 @@ def smoke(args: argparse.Namespace, out: Callable[[str], None] = print) -> int:
     api = cast("TpuClient", DryRunApi(out)) if args.dry_run else tpu.client(cfg.tpu)
     out(
         f"Smoke run {run_id}: TPU VM {name} ({cfg.tpu.accelerator_type}, {cfg.tpu.runtime_version}, "
-        f"{'Spot' if cfg.tpu.spot else 'on demand'}) in {cfg.tpu.project}/{cfg.tpu.zone}, output {cfg.output_root}"
+        f"{cfg.tpu.provisioning}) in {cfg.tpu.project}/{cfg.tpu.zone}, output {cfg.output_root}"
     )
     previous = {s: signal.signal(s, _on_signal) for s in (signal.SIGTERM, signal.SIGHUP)}
     try:
@@ -333,7 +369,7 @@ def _worker_0(cfg: PipelineConfig, name: str, api: Any, args: argparse.Namespace
         )
         hosts = ["<worker-0-ip>"]
     else:
-        node = wait_ready(cfg, name, api, time.time() + cfg.tpu.create_timeout_s, out)
+        node = wait_ready(cfg, name, api, time.time() + cfg.tpu.create_wait_s(), out)
         hosts = tpu.worker_endpoints(node, external=cfg.tpu.ssh_via == "external")
         problem = ssh.unreachable(hosts[0], cfg.tpu.ssh_port, cfg.tpu.ssh_probe_timeout_s)
         if problem:

@@ -13,27 +13,27 @@ labels follow GCP rules (lowercase, [-a-z0-9], <= 63 chars). The remote side liv
 published, which the SSH login pins.
 
 The client authenticates with the credentials handed to `mlm_tasks.credentials` (on the Airflow
-side: the run's GCP connection), else Application Default Credentials. Every call is retried on 429
-and 503, the answers Google gives for a busy API (for at most RETRY_DEADLINE_S), and nothing else is.
-Every request is bounded by `tpu.api_timeout_s`: a hung API or network fails the call with a
-DeadlineExceeded that says so (a 504, so pollers treat it as transient), instead of blocking a worker
-or the triggerer for ever.
+side: the run's GCP connection), else Application Default Credentials; every call is retried on busy
+answers only and bounded by `tpu.api_timeout_s` (mlm_tasks/tpu/calls.py). With tpu.provisioning=queued
+the node comes from a queued resource (mlm_tasks/tpu/queued.py): `ensure_node` queues it, `delete_node`
+deletes it with its node.
 """
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import logging
-import os
 import re
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
-from mlm_tasks import credentials
 from mlm_tasks.errors import AuthError
+from mlm_tasks.tpu import queued
+
+# The client and its bounds are calls.py's (queued.py uses them too); callers keep reaching them as tpu.client etc.
+from mlm_tasks.tpu.calls import NAME_PREFIX, NOT_FOUND, answered, client, limits, parent, retry
 
 if TYPE_CHECKING:  # types only: config imports this package's tables, so tpu/ imports no config at run time
     from google.cloud.tpu_v2 import Node, TpuClient
@@ -42,8 +42,6 @@ if TYPE_CHECKING:  # types only: config imports this package's tables, so tpu/ i
 
 
 log = logging.getLogger(__name__)
-NOT_FOUND = "NOT_FOUND"
-NAME_PREFIX = "mlm-"
 
 
 # States that end by themselves; anything else but READY (PREEMPTED, TERMINATED, STOPPED, ...)
@@ -56,9 +54,6 @@ WAIT_STATES = frozenset(
 SCOPE = "https://www.googleapis.com/auth/cloud-platform"  # what the VM's service account may call
 
 
-# First wait of the 429/503 retry (doubling up to 30 s, 5 min in all); tests shorten it.
-RETRY_INITIAL_S = float(os.environ.get("MLM_TPU_RETRY_INITIAL_S", "1.0"))
-RETRY_DEADLINE_S = 300.0  # how long busy answers are retried in all; each attempt is bounded by api_timeout_s
 HOST_KEYS = "hostkeys"  # guest-attribute namespace where a VM's guest agent publishes its SSH host keys
 
 
@@ -101,61 +96,6 @@ def labels(run_id: str, ttl_hours: float, now: float | None = None) -> dict[str,
         "created": str(int(now)),
         "expires": str(int(now + ttl_hours * 3600)),
     }
-
-
-def client(cfg: TpuConfig) -> TpuClient:
-    """A TpuClient for cfg with the handed-in credentials (see mlm_tasks.credentials), else ADC."""
-    from google.cloud import tpu_v2
-
-    creds = credentials.current()
-    if creds is None:
-        log.info("TPU API: no credentials handed in, using Application Default Credentials.")
-    options = {"api_endpoint": cfg.api_endpoint} if cfg.api_endpoint else None
-    return tpu_v2.TpuClient(transport=cfg.transport, credentials=creds, client_options=options)
-
-
-def retry():
-    """Retry what Google answers when the API is busy (429, 503); any other error is final."""
-    from google.api_core.exceptions import ServiceUnavailable, TooManyRequests
-    from google.api_core.retry import Retry, if_exception_type
-
-    return Retry(
-        predicate=if_exception_type(TooManyRequests, ServiceUnavailable),
-        initial=RETRY_INITIAL_S,
-        maximum=30.0,
-        multiplier=2.0,
-        timeout=RETRY_DEADLINE_S,
-    )
-
-
-def limits(cfg: TpuConfig, timeout_s: float | None = None) -> dict[str, Any]:
-    """`retry=` and `timeout=` for one client call: each attempt waits at most api_timeout_s (a constant
-    per attempt; a plain number would be a deadline shared with the retries of busy answers)."""
-    from google.api_core.timeout import ConstantTimeout
-
-    return {"retry": retry(), "timeout": ConstantTimeout(min(timeout_s or cfg.api_timeout_s, cfg.api_timeout_s))}
-
-
-@contextlib.contextmanager
-def answered(cfg: TpuConfig, what: str):
-    """Turn a request that timed out (REST: requests' Timeout; gRPC: DeadlineExceeded) into one
-    DeadlineExceeded naming the call and the setting, so a hung API reads as such in the task log."""
-    import requests
-    from google.api_core.exceptions import DeadlineExceeded
-
-    try:
-        yield
-    except (requests.Timeout, DeadlineExceeded) as err:
-        endpoint = cfg.api_endpoint or "tpu.googleapis.com"
-        raise DeadlineExceeded(
-            f"The TPU API at {endpoint} did not answer {what} within tpu.api_timeout_s={cfg.api_timeout_s:g}s "
-            f"({type(err).__name__}): check the network and the endpoint, then retry the task; raise "
-            "tpu.api_timeout_s if the API is only slow."
-        ) from err
-
-
-def parent(cfg: TpuConfig) -> str:
-    return f"projects/{cfg.project}/locations/{cfg.zone}"
 
 
 def full_name(cfg: TpuConfig, name: str) -> str:
@@ -227,7 +167,8 @@ def _new_node(cfg: TpuConfig, node_labels: dict[str, str], metadata: dict[str, s
         labels=node_labels,
         metadata=metadata,
         network_config=network,
-        scheduling_config=tpu_v2.SchedulingConfig(spot=cfg.spot),
+        # A queued resource's tier is on the request (mlm_tasks/tpu/queued.py), not on its node.
+        scheduling_config=tpu_v2.SchedulingConfig(spot=cfg.provisioning == "spot"),
         # An empty email is the project's default compute service account; the scope is
         # explicit so the VM can reach GCS whatever the API's default is.
         service_account=tpu_v2.ServiceAccount(email=cfg.service_account or "", scope=[SCOPE]),
@@ -266,6 +207,8 @@ def ensure_node(
             operation=delete_node(cfg, name, api),
             replaced=current.state,
         )
+    if cfg.provisioning == "queued":
+        return _ensure_queued(cfg, name, node_labels, metadata, api)
     try:
         with answered(cfg, f"create_node {name}"):
             op = api.create_node(
@@ -277,11 +220,32 @@ def ensure_node(
     return NodeState(name=name, state="CREATING", action="created", labels=node_labels, operation=op.operation.name)
 
 
+def _ensure_queued(
+    cfg: TpuConfig, name: str, node_labels: dict[str, str], metadata: dict[str, str] | None, api: TpuClient
+) -> NodeState:
+    """No node yet, tpu.provisioning=queued: its request waiting ("wait"), queued now ("created"), or a dead
+    one (FAILED, SUSPENDED) deleted to be queued anew ("recreating")."""
+    request = queued.get_state(cfg, name, api)
+    if request.state in queued.WAIT_STATES or request.state == "ACTIVE":  # ACTIVE: its node is being listed
+        return NodeState(name=name, state=f"QUEUED ({request.state})", action="wait")
+    if request.state in queued.DEAD_STATES:
+        log.warning("The queued resource %s is %s (%s): deleting it to queue anew.", name, request.state, request.error)
+        op = queued.delete(cfg, name, api)
+        return NodeState(name=name, state="DELETING", action="recreating", operation=op, replaced=request.state)
+    op_name = queued.create(cfg, name, _new_node(cfg, node_labels, metadata), api)
+    return NodeState(name=name, state="QUEUED", action="created", labels=node_labels, operation=op_name)
+
+
 def delete_node(cfg: TpuConfig, name: str, api: TpuClient | None = None) -> str | None:
-    """Start deleting node `name`; returns the operation name, or None when it is already gone."""
+    """Start deleting node `name` (with tpu.provisioning=queued, its queued resource, which takes the node with
+    it); returns the operation name, or None when it is already gone."""
     from google.api_core.exceptions import NotFound
 
     api = api or client(cfg)
+    if cfg.provisioning == "queued":
+        op_name = queued.delete(cfg, name, api)
+        if op_name is not None:
+            return op_name
     try:
         with answered(cfg, f"delete_node {name}"):
             op = api.delete_node(name=full_name(cfg, name), **limits(cfg))

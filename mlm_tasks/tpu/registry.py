@@ -23,7 +23,8 @@ The janitor's sweep (`delete_expired`, `forget_gone`) lives here too, with no Ai
 is the janitor's own; mlm_tasks.deployment.janitor_api) and the trigger's zones. A zone whose listing
 fails, or a node whose delete the API refuses, does not stop the others: the Sweep names them, and
 the task fails at the end (`Sweep.problems`). Only nodes named `mlm-*` whose `expires` label is past
-are deleted (tpu.api.list_expired).
+are deleted (tpu.api.list_expired), and queued resources named so whose node's label is (with their node:
+mlm_tasks/tpu/queued.py).
 """
 
 from __future__ import annotations
@@ -39,6 +40,7 @@ from mlm_tasks import storage
 from mlm_tasks.errors import ConfigError
 from mlm_tasks.paths import join
 from mlm_tasks.tpu import api as tpu
+from mlm_tasks.tpu import queued
 
 if TYPE_CHECKING:  # types only: config imports this package's tables, so tpu/ imports no config at run time
     from mlm_tasks.config import TpuConfig
@@ -157,11 +159,22 @@ def delete_expired(api: TpuConfig, zones: list[str], root: str) -> Sweep:
         cfg = _at(api, project, zone)
         try:
             expired_nodes = tpu.list_expired(cfg)
+            expired_requests = queued.list_expired(cfg)  # tpu.provisioning=queued: the request, with its node
         except GoogleAPICallError as err:  # one zone's trouble must not spare the others' VMs
             log.error("Cannot list TPU VMs in %s/%s: %s", cfg.project, zone, err)
             sweep.unlisted.append(zone)
             continue
-        for node in expired_nodes:
+        for request in expired_requests:
+            log.info("Deleting the queued resource %s in %s (%s) and its node.", request.name, zone, request.state)
+            try:
+                queued.delete(cfg, request.name)
+            except GoogleAPICallError as err:
+                log.error("Cannot delete the queued resource %s in %s/%s: %s", request.name, cfg.project, zone, err)
+                sweep.undeleted.append(f"{zone}/{request.name}")
+                continue
+            sweep.deleted.append(f"{zone}/{request.name}")
+        requested = {request.name for request in expired_requests}
+        for node in (n for n in expired_nodes if n.name not in requested):  # those went with their request
             expired = datetime.fromtimestamp(int(node.labels["expires"]), timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
             log.info(
                 "Deleting TPU VM %s in %s (%s, run %s, expired %s).",

@@ -79,7 +79,34 @@ def test_dry_run_prints_every_request_and_command_and_sends_nothing(ssh_key, tmp
     assert out.rindex("DELETE ") > out.index("POST ") and out.rindex("DELETE ") > out.index("ssh ")
 
 
-def test_a_failing_smoke_run_still_deletes_its_vm(ssh_key, fake_tpu, sa_key, gcs_root, tmp_path, capsys):
+def test_a_queued_dry_run_prints_the_queued_resource_request(ssh_key, tmp_path):
+    result = subprocess.run(
+        [sys.executable, "-m", "mlm_tasks.smoke", "--project", "my-proj", "--zone", "us-west4-a", "--bucket"]
+        + ["gs://no-such-bucket/smoke", "--ssh-key", ssh_key, "--run-id", "smoke-1", "--dry-run"]
+        + ["--provisioning", "queued", "--set", "tpu.queued_valid_hours=3"],
+        cwd=ROOT,
+        env={"PATH": "/usr/bin:/bin", "HOME": str(tmp_path), "NO_PROXY": "*", "HTTPS_PROXY": "http://127.0.0.1:9"},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    out = result.stdout
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    name = tpu.node_name(tpu_smoke.DAG_ID, "smoke-1")
+    url = "https://tpu.googleapis.com/v2/projects/my-proj/locations/us-west4-a/queuedResources"
+    body = json.loads(re.search(r"queuedResourceId=\S+\n(\{.*?\n\})", out, re.S).group(1))
+    assert f"POST {url}?queuedResourceId={name}" in out and out.rstrip().endswith(
+        f"DELETE {url}/{name}?force=true\nDeleting TPU VM {name}: projects/my-proj/locations/us-west4-a/operations/"
+        "dry-run-delete"
+    )
+    assert body["spot"] == {} and body["queueingPolicy"] == {"validUntilDuration": "10800s"}
+    (spec,) = body["tpu"]["nodeSpec"]
+    assert spec["nodeId"] == name and spec["node"]["acceleratorType"] == "v5litepod-1"
+    assert "nodes?nodeId=" not in out  # no node created beside the request
+
+
+@pytest.mark.parametrize("provisioning", ["spot", "queued"])
+def test_a_failing_smoke_run_still_deletes_its_vm(ssh_key, fake_tpu, sa_key, gcs_root, tmp_path, capsys, provisioning):
     key_file = tmp_path / "sa.json"
     key_file.write_text(json.dumps(sa_key))
     fake_tpu.external_ip = "127.0.0.2"  # nothing listens there: the port-22 probe fails after READY
@@ -105,13 +132,18 @@ def test_a_failing_smoke_run_still_deletes_its_vm(ssh_key, fake_tpu, sa_key, gcs
             "tpu.poll_interval_s=0.05",
             "--set",
             "tpu.ssh_probe_timeout_s=1",
+            "--provisioning",
+            provisioning,
         ]
     )
     with pytest.raises(RuntimeError, match="unreachable.*firewall"):
         tpu_smoke.smoke(args)
     name = tpu.node_name(tpu_smoke.DAG_ID, "smoke-2")
     assert fake_tpu.writes() == ["POST", "DELETE"], fake_tpu.requests
-    assert fake_tpu.node("proj", "us-west4-a", name) is None
+    assert fake_tpu.node("proj", "us-west4-a", name) is None and fake_tpu.queued == {}
+    # queued: the request waited in the queue, then went with its node (force), nothing created beside it
+    kind = "queuedResources" if provisioning == "queued" else "nodes"
+    assert all(f"/{kind}" in path for method, path in fake_tpu.requests if method in ("POST", "DELETE"))
     assert f"Deleting TPU VM {name}" in capsys.readouterr().out
     assert fake_tpu.principals == {sa_key["client_email"]}
 

@@ -6,7 +6,8 @@
 
 Speaks what `google.cloud.tpu_v2` sends over REST (see its transports/rest_base.py): nodes create
 (POST .../nodes?nodeId=), get, list (pageSize/pageToken), patch (updateMask), delete, getGuestAttributes
-(POST .../nodes/<id>:getGuestAttributes), and operations get, with camelCase JSON and `{"error": {"code",
+(POST .../nodes/<id>:getGuestAttributes), queued resources create (POST .../queuedResources?queuedResourceId=),
+get, list and delete (?force=), and operations get, with camelCase JSON and `{"error": {"code",
 "message", "status"}}` errors (400 -> InvalidArgument,
 401/403, 404 -> NotFound, 409 -> Conflict, 429 -> TooManyRequests, 503 -> ServiceUnavailable).
 
@@ -27,6 +28,14 @@ What it holds callers to, as the real API does:
 - the first create and the first delete of each node are answered 429 RESOURCE_EXHAUSTED, then 503
   UNAVAILABLE, before they go through (`transient_errors=False` turns that off).
 - patch: only `labels` in the update mask, with the same label rules.
+- queued resources: one node spec (parent = the request's, a valid nodeId, the node as a create checks it,
+  no Spot in its schedulingConfig: the tier is the request's), one tier (spot or guaranteed), one
+  queueingPolicy constraint (durations as "3600s"), a reservation name of its form and only on the
+  guaranteed tier; no unknown fields. Reads move a request along: ACCEPTED, WAITING_FOR_RESOURCES for
+  `queue_gets` reads, PROVISIONING (its node made, CREATING as any), ACTIVE when the node is READY;
+  FAILED (failedData.error) past its validUntilDuration or after `fail_next_queued(reason)`; SUSPENDED
+  when its node is preempted or deleted. A delete without force of a request that has a node is 400
+  FAILED_PRECONDITION; with force the node goes too. The create operation is done once accepted.
 - getGuestAttributes: a known node (404), only queryPath and workerIds in the body, each worker id a
   0-based index below the node's host count (400); one GuestAttributes per worker asked for (all when
   none), holding the entries under queryPath (`ns/` or `ns/key`, '' or '/' for all). A READY node's
@@ -77,6 +86,11 @@ from peers.loopback_http import LoopbackServer
 
 NODE_TYPE = "type.googleapis.com/google.cloud.tpu.v2.Node"
 EMPTY_TYPE = "type.googleapis.com/google.protobuf.Empty"
+QR_TYPE = "type.googleapis.com/google.cloud.tpu.v2.QueuedResource"
+QR_FIELDS = {"tpu", "spot", "guaranteed", "queueingPolicy", "reservationName"}  # what a create may send
+QUEUEING_FIELDS = {"validUntilDuration", "validUntilTime", "validAfterDuration", "validAfterTime", "validInterval"}
+RESERVATION = re.compile(r"projects/[^/]+/locations/[^/]+/reservations/[^/]+")
+DURATION = re.compile(r"\d+(\.\d{1,9})?s")
 META_TYPE = "type.googleapis.com/google.cloud.tpu.v2.OperationMetadata"
 PARENT = r"/v2/projects/(?P<project>[^/]+)/locations/(?P<zone>[^/:]+)"
 SERVICE_AUDIENCE = "https://tpu.googleapis.com/"
@@ -166,6 +180,9 @@ class FakeTpuApi(LoopbackServer):
         self.guest_attributes_absent = "404"  # test control: "404" or "empty", the answer when none are
         self._guest_attributes_refused: tuple[int, str] | None = None
         self.nodes: dict[str, dict] = {}  # full node name -> node JSON (+ private "_" keys)
+        self.queued: dict[str, dict] = {}  # full queued resource name -> its JSON (+ private "_" keys)
+        self.queue_gets = 2  # test control: reads a request spends WAITING_FOR_RESOURCES before it provisions
+        self._queue_fail: str | None = None  # test control: the next request FAILS with this reason
         self.operations: dict[str, dict] = {}
         self.requests: list[tuple[str, str]] = []  # (method, path) of requests past auth and busy answers
         self.answers: list[tuple[str, str, int]] = []  # (method, path, status) of every request
@@ -209,6 +226,15 @@ class FakeTpuApi(LoopbackServer):
         """The next `times` creates each make the node (CREATING), then fail its operation when it would turn
         READY (a stockout that lasts `times` creates)."""
         self._fail_next = [(message, node_state)] * times
+
+    def fail_next_queued(self, message: str = "Queued resource request expired before capacity was found.") -> None:
+        """The next queued resource waits, then FAILS with this reason instead of provisioning (its
+        validUntilDuration ran out, or the request could not be honoured)."""
+        self._queue_fail = message
+
+    def queued_resource(self, project: str, zone: str, qr_id: str) -> dict | None:
+        with self._lock:
+            return self.queued.get(f"projects/{project}/locations/{zone}/queuedResources/{qr_id}")
 
     def refuse_guest_attributes(self, code: int = 403, status: str = "PERMISSION_DENIED") -> None:
         """Every getGuestAttributes answered with this error (an organisation policy, a missing permission)."""
@@ -339,6 +365,52 @@ class FakeTpuApi(LoopbackServer):
             node["_error"] = {"code": 8, "message": message, "status": "RESOURCE_EXHAUSTED"}
         else:
             node["state"] = "READY"
+            if node.get("queuedResource") in self.queued:  # the request that made it is fulfilled
+                self.queued[node["queuedResource"]]["state"] = {"state": "ACTIVE", "activeData": {}}
+
+    def _new_queued(self, parent: str, qr_id: str, body: dict) -> dict:
+        qr = {
+            **body,
+            "name": f"{parent}/queuedResources/{qr_id}",
+            "createTime": _rfc3339(time.time_ns()),
+            "state": {"state": "ACCEPTED", "acceptedData": {}},
+            "_gets": 0,
+            "_created": time.monotonic(),
+            "_fail": self._queue_fail,
+        }
+        self._queue_fail = None
+        self.queued[qr["name"]] = qr
+        return qr
+
+    def _advance_queued(self, qr: dict) -> None:
+        """A read of a request moves it along: ACCEPTED, WAITING_FOR_RESOURCES for `queue_gets` reads (or
+        past its validUntilDuration: FAILED), PROVISIONING (its node made, CREATING), ACTIVE once the node
+        is READY; SUSPENDED when its node is preempted or deleted."""
+        state = qr["state"]["state"]
+        spec = qr["tpu"]["nodeSpec"][0]
+        node_name = f"{spec['parent']}/nodes/{spec['nodeId']}"
+        node = self.nodes.get(node_name)
+        if state == "DELETING":
+            qr["_delete_gets"] -= 1
+            if qr["_delete_gets"] <= 0:
+                self.queued.pop(qr["name"], None)
+        elif state == "ACCEPTED":
+            qr["state"] = {"state": "WAITING_FOR_RESOURCES", "waitingForResourcesData": {}}
+        elif state == "WAITING_FOR_RESOURCES":
+            qr["_gets"] += 1
+            valid_s = float(qr.get("queueingPolicy", {}).get("validUntilDuration", "inf").rstrip("s"))
+            if qr["_fail"] or time.monotonic() - qr["_created"] > valid_s:
+                reason = qr["_fail"] or "The queued resource request expired (validUntilDuration)."
+                qr["state"] = {"state": "FAILED", "failedData": {"error": {"code": 8, "message": reason}}}
+            elif qr["_gets"] >= self.queue_gets:
+                made = self._new_node(spec["parent"], spec["nodeId"], spec["node"])
+                made["queuedResource"] = qr["name"]
+                qr["state"] = {"state": "PROVISIONING", "provisioningData": {}}
+        elif state in ("PROVISIONING", "ACTIVE"):
+            if node is None or node["state"] in ("PREEMPTED", "TERMINATED"):
+                qr["state"] = {"state": "SUSPENDED", "suspendedData": {}, "stateInitiator": "SERVICE"}
+            elif node["state"] == "READY":
+                qr["state"] = {"state": "ACTIVE", "activeData": {}}
 
     def _operation(self, parent: str, target: str, verb: str) -> dict:
         self._ops += 1
@@ -355,6 +427,13 @@ class FakeTpuApi(LoopbackServer):
 
     def _refresh(self, op: dict) -> dict:
         if op["done"]:
+            return op
+        if "/queuedResources/" in op["_target"]:  # accepted at once; a delete is done when the request is gone
+            qr = self.queued.get(op["_target"])
+            if qr is not None:
+                self._advance_queued(qr)
+            if op["_verb"] == "create" or op["_target"] not in self.queued:
+                op.update(done=True, response={"@type": QR_TYPE if op["_verb"] == "create" else EMPTY_TYPE})
             return op
         node = self.nodes.get(op["_target"])
         if op["_verb"] == "delete":
@@ -468,6 +547,42 @@ def check_node(body: dict) -> None:
         raise InvalidRequest("schedulingConfig: spot and preemptible cannot both be set.")
 
 
+def check_queued(parent: str, body: dict) -> dict:
+    """What the API validates in a queued resource create (one node spec here); returns the spec."""
+    unknown = set(body) - QR_FIELDS
+    if unknown:
+        raise InvalidRequest(
+            f"Invalid JSON payload received. Unknown name {sorted(unknown)[0]!r} at 'queued_resource'."
+        )
+    specs = (body.get("tpu") or {}).get("nodeSpec") or []
+    if len(specs) != 1:
+        raise InvalidRequest("tpu.nodeSpec must hold one node spec (this fake does not model multislice).")
+    spec = specs[0]
+    if set(spec) - {"parent", "nodeId", "node"}:
+        raise InvalidRequest(f"Unknown field(s) {sorted(set(spec) - {'parent', 'nodeId', 'node'})} in tpu.nodeSpec.")
+    if spec.get("parent") != parent:
+        raise InvalidRequest(f"tpu.nodeSpec.parent {spec.get('parent')!r} must be the request's parent {parent!r}.")
+    if not re.fullmatch(r"[a-z]([-a-z0-9]{0,61}[a-z0-9])?", spec.get("nodeId", "")):
+        raise InvalidRequest(f"Invalid node id {spec.get('nodeId')!r} in tpu.nodeSpec.")
+    check_node(spec.get("node") or {})
+    if (spec["node"].get("schedulingConfig") or {}).get("spot"):
+        raise InvalidRequest("Set the Spot tier on the queued resource (spot: {}), not on its node's schedulingConfig.")
+    if "spot" in body and "guaranteed" in body:
+        raise InvalidRequest("A queued resource has one tier: spot or guaranteed.")
+    policy = body.get("queueingPolicy") or {}
+    if set(policy) - QUEUEING_FIELDS or len(policy) > 1:
+        raise InvalidRequest(f"queueingPolicy takes one of {sorted(QUEUEING_FIELDS)}, got {sorted(policy)}.")
+    for key in ("validUntilDuration", "validAfterDuration"):
+        if key in policy and not DURATION.fullmatch(str(policy[key])):
+            raise InvalidRequest(f"queueingPolicy.{key} {policy[key]!r} is not a duration such as '3600s'.")
+    reservation = body.get("reservationName", "")
+    if reservation and not RESERVATION.fullmatch(reservation):
+        raise InvalidRequest(f"Invalid reservation name {reservation!r}: projects/P/locations/Z/reservations/R.")
+    if reservation and "spot" in body:
+        raise InvalidRequest("A reservation is provisioned on the guaranteed tier, not Spot.")
+    return spec
+
+
 def _handler(api: FakeTpuApi):
     routes = [
         ("POST", re.compile(PARENT + r"/nodes$"), "create"),
@@ -477,6 +592,10 @@ def _handler(api: FakeTpuApi):
         ("DELETE", re.compile(PARENT + r"/nodes/(?P<node>[^/:]+)$"), "delete"),
         ("GET", re.compile(PARENT + r"/operations/(?P<op>[^/:]+)$"), "operation"),
         ("POST", re.compile(PARENT + r"/nodes/(?P<node>[^/:]+):getGuestAttributes$"), "guest_attributes"),
+        ("POST", re.compile(PARENT + r"/queuedResources$"), "create_queued"),
+        ("GET", re.compile(PARENT + r"/queuedResources$"), "list_queued"),
+        ("GET", re.compile(PARENT + r"/queuedResources/(?P<qr>[^/:]+)$"), "get_queued"),
+        ("DELETE", re.compile(PARENT + r"/queuedResources/(?P<qr>[^/:]+)$"), "delete_queued"),
     ]
 
     class Handler(BaseHTTPRequestHandler):
@@ -623,6 +742,57 @@ def _handler(api: FakeTpuApi):
                 return _error(404, "NOT_FOUND", f"The resource '{name}/guestAttributes/{path}' was not found")
             value = {"items": items} if items else {}
             return 200, {"guestAttributes": [{"queryPath": path, "queryValue": value} for _ in ids]}
+
+        def create_queued(self, g, query, body):
+            qr_id = (query.get("queuedResourceId") or [""])[0]
+            if not re.fullmatch(r"[a-z]([-a-z0-9]{0,61}[a-z0-9])?", qr_id):
+                return _error(400, "INVALID_ARGUMENT", f"Invalid queued resource id {qr_id!r}.")
+            parent = self._parent(g)
+            spec = check_queued(parent, body)
+            if f"{parent}/queuedResources/{qr_id}" in api.queued:
+                return _error(409, "ALREADY_EXISTS", f"Queued resource {qr_id} already exists.")
+            if f"{parent}/nodes/{spec['nodeId']}" in api.nodes:
+                return _error(409, "ALREADY_EXISTS", f"Node {spec['nodeId']} already exists.")
+            qr = api._new_queued(parent, qr_id, body)
+            return 200, _public(api._operation(parent, qr["name"], "create"))
+
+        def get_queued(self, g, query, body):
+            name = f"{self._parent(g)}/queuedResources/{g['qr']}"
+            if name in api.queued:
+                api._advance_queued(api.queued[name])
+            if name not in api.queued:
+                return _error(404, "NOT_FOUND", f"Queued resource {g['qr']} not found.")
+            return 200, _public(api.queued[name])
+
+        def list_queued(self, g, query, body):
+            prefix = self._parent(g) + "/queuedResources/"
+            names = sorted(n for n in api.queued if n.startswith(prefix))
+            size = int((query.get("pageSize") or ["0"])[0]) or len(names) or 1
+            start = int((query.get("pageToken") or ["0"])[0] or 0)
+            page = [_public(api.queued[n]) for n in names[start : start + size]]
+            more = start + size < len(names)
+            return 200, {"queuedResources": page, **({"nextPageToken": str(start + size)} if more else {})}
+
+        def delete_queued(self, g, query, body):
+            name = f"{self._parent(g)}/queuedResources/{g['qr']}"
+            if name not in api.queued:
+                return _error(404, "NOT_FOUND", f"Queued resource {g['qr']} not found.")
+            qr = api.queued[name]
+            spec = qr["tpu"]["nodeSpec"][0]
+            node = f"{spec['parent']}/nodes/{spec['nodeId']}"
+            force = (query.get("force") or ["false"])[0] == "true"
+            if node in api.nodes and not force:
+                return _error(
+                    400,
+                    "FAILED_PRECONDITION",
+                    f"Queued resource {g['qr']} has a node: delete node {spec['nodeId']} first, or use force.",
+                )
+            api.nodes.pop(node, None)
+            if api.delete_after_gets:
+                qr.update(state={"state": "DELETING", "deletingData": {}}, _delete_gets=api.delete_after_gets)
+            else:
+                del api.queued[name]
+            return 200, _public(api._operation(self._parent(g), name, "delete"))
 
         def operation(self, g, query, body):
             op = api.operations.get(f"{self._parent(g)}/operations/{g['op']}")

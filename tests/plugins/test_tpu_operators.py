@@ -164,6 +164,39 @@ def test_a_stockout_past_its_wait_fails_the_try_naming_the_setting(fake_tpu, gcs
     assert [m for m, _ in fake_tpu.requests if m == "POST"] == ["POST"]
 
 
+def test_a_queued_request_waits_deferred_gives_the_node_and_goes_with_the_teardown(fake_tpu, gcs_root, capfd):
+    """tpu.provisioning=queued: create_tpu_vm queues a request and waits in the triggerer (no worker slot)
+    while Google's queue has no capacity, until its node is READY; the teardown deletes the request with its
+    node; a preempted one is queued anew inside the try."""
+    fake_tpu.queue_gets = 4
+    config = _config(fake_tpu, {"provisioning": "queued", "queued_valid_hours": 2}, output_root=gcs_root)
+    deferrals = []
+    node = _run(TpuVmCreateOperator(task_id="create_tpu_vm", config=config), tweak_trigger=deferrals.append)
+    assert node["state"] == "READY" and fake_tpu.queued_resource("proj", ZONE, NAME)["state"]["state"] == "ACTIVE"
+    assert "is QUEUED (WAITING_FOR_RESOURCES); checking again" in capfd.readouterr().out  # the trigger's log
+    assert deferrals[0].deadline == pytest.approx(time.time() + 2 * 3600 + 1800, abs=60)  # the queue's validity too
+
+    fake_tpu.preempt(NAME)  # Spot capacity taken back: the node PREEMPTED, its request SUSPENDED
+    assert _run(TpuVmCreateOperator(task_id="create_tpu_vm", config=config))["state"] == "READY"
+    queued_posts = [path for m, path in fake_tpu.requests if m == "POST" and path.endswith("/queuedResources")]
+    assert len(queued_posts) == 2 and not any(path.endswith("/nodes") for m, path in fake_tpu.requests if m == "POST")
+    bill = storage.read_json(RunContext.of(config_from_xcom(config), RUN).run.tpu_vm_bill)
+    assert [vm["ended"] for vm in bill["vms"]] == ["PREEMPTED, replaced"] and bill["vms"][0]["spot"] is True
+
+    assert _run(TpuVmDeleteOperator(task_id="delete_tpu_vm", config=config)) == NAME
+    assert fake_tpu.nodes == {} and fake_tpu.queued == {}
+
+
+def test_a_failed_queued_request_fails_the_try_naming_its_validity(fake_tpu, gcs_root):
+    fake_tpu.fail_next_queued("The queued resource request expired before capacity was found.")
+    config = _config(fake_tpu, {"provisioning": "queued", "queued_valid_hours": 1}, output_root=gcs_root)
+    with pytest.raises(
+        AirflowException, match=r"queued resource is FAILED: The queued resource request expired .*queued_valid_hours=1"
+    ):
+        _run(TpuVmCreateOperator(task_id="create_tpu_vm", config=config))
+    assert fake_tpu.queued == {} and fake_tpu.nodes == {}  # deleted: a retry queues anew under the same name
+
+
 def test_create_timeout_deletes_the_node(fake_tpu):
     fake_tpu.ready_after_gets = 10**6
 
@@ -360,14 +393,27 @@ tpu_ops_test()
 '''
 
 
-@pytest.mark.parametrize("command, ok", [("echo remote-says-hi $((6*7))", True), ("echo about-to-fail; exit 5", False)])
-def test_dag_run_creates_runs_and_tears_down(airflow_env, fake_tpu, sshd, gcs_root, tmp_path, command, ok):
+@pytest.mark.parametrize(
+    "command, ok, provisioning",
+    [
+        ("echo remote-says-hi $((6*7))", True, "on_demand"),
+        ("echo about-to-fail; exit 5", False, "on_demand"),
+        ("echo remote-says-hi $((6*7))", True, "queued"),  # a queued resource, through the real trigger
+    ],
+)
+def test_dag_run_creates_runs_and_tears_down(
+    airflow_env, fake_tpu, sshd, gcs_root, tmp_path, command, ok, provisioning
+):
     dag_file = tmp_path / "tpu_ops_test.py"
     dag_file.write_text(textwrap.dedent(DAG_FILE))
     config = _config(fake_tpu, output_root=gcs_root)  # the teardown writes the VM's bill under output_root
     # Two hosts: a pod slice, so a -pod runtime, and the step runs on worker 0 only (single-client TF).
     config["tpu"].update(
-        ssh_port=sshd.port, poll_interval_s=0.2, accelerator_type="v4-32", runtime_version="tpu-vm-tf-2.16.1-pod-pjrt"
+        ssh_port=sshd.port,
+        poll_interval_s=0.2,
+        accelerator_type="v4-32",
+        runtime_version="tpu-vm-tf-2.16.1-pod-pjrt",
+        provisioning=provisioning,
     )
     # tests/ on the path too: the test DAG's step operator is a peer (peers/tpu_step_operator.py).
     pythonpath = os.pathsep.join([airflow_env["PYTHONPATH"], str(ROOT / "tests")])
@@ -380,10 +426,10 @@ def test_dag_run_creates_runs_and_tears_down(airflow_env, fake_tpu, sshd, gcs_ro
     )
     logs = result.stdout + result.stderr
     assert (result.returncode == 0) == ok, logs[-6000:]
-    created = [p for m, p in fake_tpu.requests if m == "POST"]
-    assert len(created) == 1 and "/nodes" in created[0]
+    created = [p for m, p in fake_tpu.requests if m == "POST" and not p.endswith(":getGuestAttributes")]
+    assert len(created) == 1 and created[0].endswith("/queuedResources" if provisioning == "queued" else "/nodes")
     assert [m for m, _ in fake_tpu.requests].count("DELETE") == 1, "teardown must delete the VM"
-    assert fake_tpu.nodes == {}
+    assert fake_tpu.nodes == {} and fake_tpu.queued == {}
     if ok:
         assert "[worker 0] remote-says-hi 42" in logs
     else:

@@ -162,15 +162,16 @@ def node_from_event(
         if time.time() + cfg.tpu.stockout_retry_s < until:
             wait_out_stockout(op, context, cfg, name, str(error), until, resume_in=resume_in)  # defers
     deleted = None
-    if state != tpu.NOT_FOUND:
+    if state != tpu.NOT_FOUND or cfg.tpu.provisioning == "queued":  # a FAILED request has no node, and is left
         why = (
             "not READY in time" if state == "TIMEOUT" else "no capacity" if tpu.is_stockout(error) else "create failed"
         )
         deleted = delete_billed(op, context, cfg, name, f"{why}, deleted")
     cleanup = "deleted it" if deleted else "nothing left to delete"
     if state == "TIMEOUT":
+        queued = f"tpu.queued_valid_hours={cfg.tpu.queued_valid_hours:g} + " if cfg.tpu.provisioning == "queued" else ""
         raise AirflowException(
-            f"TPU VM {name} was not READY within tpu.create_timeout_s={cfg.tpu.create_timeout_s}s "
+            f"TPU VM {name} was not READY within {queued}tpu.create_timeout_s={cfg.tpu.create_timeout_s}s "
             f"({error}); {cleanup}. Retry later, raise the timeout, or pick another tpu.zone."
         )
     raise AirflowException(
@@ -178,9 +179,9 @@ def node_from_event(
         f"{error or 'node is ' + str(state)}; {cleanup}. "
         + (
             f"The zone had no capacity for tpu.stockout_wait_hours={cfg.tpu.stockout_wait_hours:g}: raise it, or "
-            "try another tpu.zone / tpu.spot / a reservation."
+            "try another tpu.zone, or tpu.provisioning=queued (waits in Google's queue for capacity)."
             if tpu.is_stockout(error)
-            else "Retry, or try another tpu.zone / tpu.spot=false / a reservation."
+            else "Retry, or try another tpu.zone / tpu.provisioning (on_demand, spot, queued)."
         )
     )
 
@@ -204,7 +205,7 @@ def wait_out_stockout(
     op.log.warning(
         "No capacity for %s in %s (%s): deleted what the create left; creating TPU VM %s again at %s UTC, and "
         "every %gs until %s UTC (tpu.stockout_wait_hours=%g), in this try. Waiting longer costs nothing; to get "
-        "a node sooner, try another tpu.zone, tpu.spot, or a reservation.",
+        "a node sooner, try another tpu.zone, or tpu.provisioning=queued with a reservation.",
         cfg.tpu.accelerator_type,
         cfg.tpu.zone,
         error,
@@ -254,9 +255,7 @@ def node_for_step(
         )
     # create_tpu_vm is not rerun on a retry of this task: replace a preempted (or deleted) node here.
     op.log.warning("TPU VM %s is %s, not READY (preempted?): getting a READY one before the step.", name, node.state)
-    replaced = create_or_reuse_node(
-        op, context, cfg, name, time.time() + cfg.tpu.create_timeout_s, resume_in=replace_in
-    )
+    replaced = create_or_reuse_node(op, context, cfg, name, time.time() + cfg.tpu.create_wait_s(), resume_in=replace_in)
     return tpu.get_state(cfg.tpu, replaced["name"])
 
 
@@ -280,7 +279,7 @@ class TpuVmCreateOperator(_RunNodeOperator):
         cfg = config_from_xcom(self.config)
         if cfg.compute != "tpu_vm":
             raise AirflowSkipException(f"compute is {cfg.compute!r}: this run needs no TPU VM, none is made.")
-        deadline = time.time() + cfg.tpu.create_timeout_s
+        deadline = time.time() + cfg.tpu.create_wait_s()  # with provisioning=queued, the queue's validity too
         return create_or_reuse_node(
             self, context, cfg, run_node_name(context, self.node_name), deadline, resume_in=self.resume
         )

@@ -11,7 +11,9 @@ stockout stops being waited out) are echoed back because `dag.test()` drops the 
 `until_gone` (TpuVmDeleteOperator, and a stockout's wait) only NOT_FOUND, an operation error or the
 deadline end the wait: a node still READY just after its delete was accepted is not an answer. The
 blocking google-cloud-tpu calls run in a thread, with the credentials of the Airflow GCP connection
-`gcp_conn_id` (read once per trigger run).
+`gcp_conn_id` (read once per trigger run). With tpu.provisioning=queued a node that is not there yet is
+waited for while its queued resource waits (mlm_tasks/tpu/queued.py); a FAILED request ends the wait
+with its reason, and until_gone waits for the request to be gone too.
 """
 
 from __future__ import annotations
@@ -19,12 +21,14 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import AsyncIterator
+from dataclasses import replace
 from typing import Any
 
 from airflow.triggers.base import BaseTrigger, TriggerEvent
 
 from mlm_tasks.config import TpuConfig
 from mlm_tasks.tpu import api as tpu
+from mlm_tasks.tpu import queued
 
 # Stored with every deferred task and imported by the triggerer: a rename must keep this path importable.
 CLASSPATH = "mlm_airflow.triggers.tpu_vm.TpuNodeTrigger"
@@ -93,6 +97,17 @@ class TpuNodeTrigger(BaseTrigger):
         # After the node: an operation that failed meanwhile then explains the node's state.
         error = tpu.operation_error(cfg, self.operation, api) if self.operation else None
         settled = state.state == tpu.NOT_FOUND if self.until_gone else state.state not in tpu.WAIT_STATES
+        if cfg.provisioning == "queued" and state.state == tpu.NOT_FOUND:
+            # No node yet (or no more): its queued resource says whether that is the end of the wait.
+            request = queued.get_state(cfg, self.name, api)
+            waiting = request.state in queued.WAIT_STATES or request.state == "ACTIVE"
+            settled = request.state == tpu.NOT_FOUND if self.until_gone else not waiting
+            if request.state == "FAILED" and not self.until_gone:
+                error = error or (
+                    f"the queued resource is FAILED: {request.error or 'no reason given'} "
+                    f"(it could wait tpu.queued_valid_hours={cfg.queued_valid_hours:g})"
+                )
+            state = replace(state, state=state.state if settled else f"QUEUED ({request.state})")
         if error or settled:
             return {
                 "name": self.name,

@@ -46,6 +46,31 @@ def test_the_sweep_deletes_expired_nodes_everywhere_recorded_and_names_what_it_c
     assert registry.entries(fake_tpu.registry) == []
 
 
+def test_the_sweep_deletes_expired_queued_resources_with_their_nodes(api, fake_tpu):
+    """tpu.provisioning=queued: the janitor's own config is not queued, yet a request whose node's `expires`
+    label is past goes, with its node (a FAILED one, which has none, too); a fresh one stays."""
+    from mlm_tasks.tpu import api as tpu
+    from mlm_tasks.tpu import queued
+
+    now = time.time()
+    run = TpuConfig(project="proj", zone=ZONE, api_endpoint=fake_tpu.url, transport="rest", provisioning="queued")
+    for name, expires in (("mlm-q-expired", now - 60), ("mlm-q-failed", now - 60), ("mlm-q-fresh", now + 3600)):
+        if name == "mlm-q-failed":
+            fake_tpu.fail_next_queued()
+        tpu.ensure_node(run, name, {"expires": str(int(expires))})
+        for _ in range(6):  # reads move the fake along: queued, provisioned, READY (or FAILED)
+            queued.get_state(run, name), tpu.get_state(run, name)
+    assert fake_tpu.queued_resource("proj", ZONE, "mlm-q-failed")["state"]["state"] == "FAILED"
+    assert fake_tpu.node("proj", ZONE, "mlm-q-expired")["state"] == "READY"
+
+    sweep = registry.delete_expired(api, [ZONE], fake_tpu.registry)
+
+    assert sweep.deleted == [f"{ZONE}/mlm-q-expired", f"{ZONE}/mlm-q-failed"] and sweep.undeleted == []
+    assert [n.rsplit("/", 1)[-1] for n in fake_tpu.queued] == ["mlm-q-fresh"]
+    assert [n.rsplit("/", 1)[-1] for n in fake_tpu.nodes] == ["mlm-q-fresh"]
+    assert queued.get_state(run, "mlm-q-fresh").state == "ACTIVE"
+
+
 def test_a_zone_from_a_trigger_is_validated_before_it_reaches_a_resource_path(api, fake_tpu):
     with pytest.raises(ValueError, match="zone"):
         registry.delete_expired(api, ["../../projects/x"], fake_tpu.registry)

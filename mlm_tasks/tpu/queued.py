@@ -1,0 +1,134 @@
+"""Queued resources (the TPU v2 API's `queuedResources`): a request for the run's node that waits in Google's
+queue until the zone has capacity, instead of a create that fails on a stockout (tpu.provisioning=queued).
+
+    op = queued.create(cfg.tpu, name, node)       # one node spec, node id = the QR id = the run's node name
+    queued.get_state(cfg.tpu, name).state         # ACCEPTED, WAITING_FOR_RESOURCES, PROVISIONING, ACTIVE, ...
+    queued.delete(cfg.tpu, name)                  # force: its node goes with it
+
+The request is named like its node, so a retry finds it. Its tier is Spot or guaranteed (tpu.queued_tier,
+optionally from tpu.reservation), and it is valid for tpu.queued_valid_hours (validUntilDuration): past
+that Google fails it (FAILED, with the reason). A Spot node preempted under a request leaves it SUSPENDED.
+FAILED and SUSPENDED requests never give a node again: they are deleted and queued anew. The waiting is the
+caller's (a deferrable operator polls `get_state`, as for a node).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from mlm_tasks.tpu.calls import NAME_PREFIX, NOT_FOUND, answered, client, limits, parent
+
+if TYPE_CHECKING:
+    from google.cloud.tpu_v2 import Node, QueuedResource, TpuClient
+
+    from mlm_tasks.config import TpuConfig
+
+log = logging.getLogger(__name__)
+
+# States a request leaves by itself; ACTIVE has its node; FAILED and SUSPENDED(ING) are dead ends.
+WAIT_STATES = frozenset({"CREATING", "ACCEPTED", "WAITING_FOR_RESOURCES", "PROVISIONING", "DELETING"})
+DEAD_STATES = frozenset({"FAILED", "SUSPENDING", "SUSPENDED"})
+
+
+@dataclass(frozen=True)
+class QueuedState:
+    name: str
+    state: str  # the request's state name, or NOT_FOUND
+    error: str | None = None  # FAILED: why (failedData.error.message)
+
+
+def full_name(cfg: TpuConfig, name: str) -> str:
+    return f"{parent(cfg)}/queuedResources/{name}"
+
+
+def _state_of(qr: QueuedResource) -> QueuedState:
+    error = qr.state.failed_data.error.message or None if "failed_data" in qr.state else None
+    return QueuedState(name=qr.name.rsplit("/", 1)[-1], state=qr.state.state.name, error=error)
+
+
+def get_state(cfg: TpuConfig, name: str, api: TpuClient | None = None) -> QueuedState:
+    from google.api_core.exceptions import NotFound
+
+    try:
+        with answered(cfg, f"get_queued_resource {name}"):
+            return _state_of((api or client(cfg)).get_queued_resource(name=full_name(cfg, name), **limits(cfg)))
+    except NotFound:
+        return QueuedState(name=name, state=NOT_FOUND)
+
+
+def request(cfg: TpuConfig, name: str, node: Node) -> QueuedResource:
+    """The queued resource for `node` named `name`, with the run's tier, reservation and validity."""
+    from google.cloud import tpu_v2
+    from google.protobuf import duration_pb2
+
+    spec = tpu_v2.QueuedResource.Tpu.NodeSpec(parent=parent(cfg), node_id=name, node=node)
+    qr = tpu_v2.QueuedResource(
+        tpu=tpu_v2.QueuedResource.Tpu(node_spec=[spec]),
+        queueing_policy=tpu_v2.QueuedResource.QueueingPolicy(
+            valid_until_duration=duration_pb2.Duration(seconds=int(cfg.queued_valid_hours * 3600))
+        ),
+        reservation_name=cfg.reservation or "",
+    )
+    if cfg.queued_tier == "spot":
+        qr.spot = tpu_v2.QueuedResource.Spot()
+    else:
+        qr.guaranteed = tpu_v2.QueuedResource.Guaranteed()
+    return qr
+
+
+def create(cfg: TpuConfig, name: str, node: Node, api: TpuClient | None = None) -> str:
+    """Queue the request for the node; returns the create operation's name."""
+    with answered(cfg, f"create_queued_resource {name}"):
+        op = (api or client(cfg)).create_queued_resource(
+            parent=parent(cfg), queued_resource_id=name, queued_resource=request(cfg, name, node), **limits(cfg)
+        )
+    log.info(
+        "Queued a request for TPU VM %s (%s, %s tier%s) in %s, valid %g h (tpu.queued_valid_hours).",
+        name,
+        cfg.accelerator_type,
+        cfg.queued_tier,
+        f", reservation {cfg.reservation}" if cfg.reservation else "",
+        cfg.zone,
+        cfg.queued_valid_hours,
+    )
+    return str(op.operation.name)
+
+
+def delete(cfg: TpuConfig, name: str, api: TpuClient | None = None) -> str | None:
+    """Delete the request and, with force, the node it made; the operation, or None when there was none."""
+    from google.api_core.exceptions import NotFound
+    from google.cloud import tpu_v2
+
+    try:
+        with answered(cfg, f"delete_queued_resource {name}"):
+            op = (api or client(cfg)).delete_queued_resource(
+                request=tpu_v2.DeleteQueuedResourceRequest(name=full_name(cfg, name), force=True), **limits(cfg)
+            )
+    except NotFound:
+        return None
+    log.info("Deleting the queued resource %s (and its node) in %s.", name, cfg.zone)
+    return str(op.operation.name)
+
+
+def list_states(cfg: TpuConfig, api: TpuClient | None = None) -> list[tuple[QueuedState, dict[str, str]]]:
+    """Every request in the zone, with the labels of the node it asks for (where the janitor reads `expires`)."""
+    with answered(cfg, f"list_queued_resources {parent(cfg)}"):
+        return [
+            (_state_of(qr), dict(qr.tpu.node_spec[0].node.labels) if qr.tpu.node_spec else {})
+            for qr in (api or client(cfg)).list_queued_resources(parent=parent(cfg), **limits(cfg))
+        ]
+
+
+def list_expired(cfg: TpuConfig, now: float | None = None, prefix: str = NAME_PREFIX) -> list[QueuedState]:
+    """Requests named `prefix*` whose node's `expires` label is in the past (the janitor's; a request left
+    FAILED or SUSPENDED costs nothing, but its name blocks a new one)."""
+    now = time.time() if now is None else now
+    return [
+        request
+        for request, node_labels in list_states(cfg)
+        if request.name.startswith(prefix) and node_labels.get("expires", "").isdigit()
+        if int(node_labels["expires"]) < now
+    ]
