@@ -3,8 +3,10 @@ r"""Real-cloud smoke test: one tiny training on a real TPU VM, then the VM is de
     python -m mlm_tasks.smoke --project my-project --zone us-west4-a --bucket gs://my-bucket/smoke \
         --ssh-key ~/.ssh/id_ed25519 [--accelerator v5litepod-1] [--provisioning queued] [--dry-run] [--capture-image]
 
-Why it is built so: it sends the DAG's own TPU VM request and runs the real bootstrap and `python -m
-mlm_tasks train` on worker 0, so it proves the production path; the delete sits in a `finally` that
+Why it is built so: it sends the DAG's own TPU VM request (or queued resource: --provisioning) and runs the
+real bootstrap and `python -m mlm_tasks train` on worker 0, detached and followed as the DAG's train task does
+(mlm_tasks/smoke_train.py; --preempt-after N deletes the node at step N to prove the restart), so it proves
+the production path; the delete sits in a `finally` that
 SIGTERM and SIGHUP reach too, and the node carries a 2-hour TTL label for the janitor; `--dry-run`
 prints every request and command and touches nothing (no credentials, bucket or VM). Credentials,
 roles and the firewall: docs/google-cloud.md#smoke-test-on-real-hardware
@@ -27,9 +29,14 @@ from mlm_tasks import credentials
 from mlm_tasks.config import PipelineConfig, build_config, read_yaml_config
 from mlm_tasks.errors import NO_RETRY_EXIT, ConfigError, NoRetryError, TransientError
 from mlm_tasks.paths import RunPaths
+from mlm_tasks.results import TrainJob
+from mlm_tasks.smoke_train import TrainingFailed, follow_detached
 from mlm_tasks.tpu import api as tpu
+from mlm_tasks.tpu import job as vm_job
 from mlm_tasks.tpu import slices as tpu_slices
 from mlm_tasks.tpu import ssh
+from mlm_tasks.training import restarts
+from mlm_tasks.training.status import read_status
 
 if TYPE_CHECKING:
     from google.cloud.tpu_v2 import TpuClient
@@ -98,6 +105,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="Any other setting.")
     p.add_argument("--dry-run", action="store_true", help="Print every request and command; send nothing.")
+    p.add_argument(
+        "--preempt-after",
+        type=int,
+        metavar="N",
+        help="Delete the node once the trainer has recorded step N, as a preemption would: the tool replaces "
+        "it and a new trainer resumes from the last checkpoint (proves the restart end to end).",
+    )
     p.add_argument("--api-endpoint", help=argparse.SUPPRESS)  # tests: the fake TPU API
     p.add_argument("--timeout-s", type=float, default=1800, help="Give up waiting for READY after this long.")
     return p.parse_args(argv)
@@ -279,13 +293,12 @@ def capture_image(
 
 
 def smoke(args: argparse.Namespace, out: Callable[[str], None] = print) -> int:
-    from mlm_tasks.tpu.bundle import remote_command
-
     cfg = smoke_config(args)
     run_id = args.run_id or time.strftime("smoke-%Y%m%dT%H%M%S", time.gmtime())
     name = tpu.node_name(DAG_ID, run_id)
     public = Path(args.ssh_key + ".pub").read_text().split()
     metadata = {"ssh-keys": f"{args.ssh_user}:{public[0]} {public[1]} {args.ssh_user}"}
+    node_labels = tpu.labels(run_id, cfg.tpu.ttl_hours)
     if args.key_file and not args.dry_run:
         from google.oauth2 import service_account
 
@@ -299,32 +312,49 @@ def smoke(args: argparse.Namespace, out: Callable[[str], None] = print) -> int:
     previous = {s: signal.signal(s, _on_signal) for s in (signal.SIGTERM, signal.SIGHUP)}
     try:
         fingerprint, code = _prepare(cfg, args, out)
-        tpu.ensure_node(cfg.tpu, name, tpu.labels(run_id, cfg.tpu.ttl_hours), metadata, api=api)
-        hosts = _worker_0(cfg, name, api, args, out)
-        command = remote_command(
-            cfg, "train", run_id, node=name, extra_args=["--data-fingerprint", fingerprint], code=code
-        )
-        ssh_line = f"ssh -p {cfg.tpu.ssh_port} -i {args.ssh_key} {args.ssh_user}@{hosts[0]}"
-        if args.capture_image:
-            out(f"{ssh_line} {capture_command(cfg)}")
-        out(f"{ssh_line} {command}")
+        command = _train_line(cfg, run_id, name, fingerprint, code)
         if args.dry_run:
+            tpu.ensure_node(cfg.tpu, name, node_labels, metadata, api=api)
+            _worker_0(cfg, name, tpu.NodeState(name=name, state="READY"), args, out)
+            ssh_line = f"ssh -p {cfg.tpu.ssh_port} -i {args.ssh_key} {args.ssh_user}@<worker-0-ip>"
+            if args.capture_image:
+                out(f"{ssh_line} {capture_command(cfg)}")
+            out(f"{ssh_line} {command}")
+            out(f"(dry run) would follow the detached trainer until done{_preempting(args)}")
             return 0
-        connect = login_to(cfg, name, args, api)
+        node = ready_node(cfg, name, node_labels, metadata, api, out)
         if args.capture_image:
-            capture_image(cfg, name, connect, hosts[0], out)
-        outcome = run_on_worker_0(connect, hosts[0], command, lambda line: out(f"[worker 0] {line}"))
-        if outcome.exit_code != 0:
-            out(f"Smoke FAILED: {outcome.describe()}")
-            return 1
+            hosts = _worker_0(cfg, name, node, args, out)
+            capture_image(cfg, name, login_to(cfg, name, args, api), hosts[0], out)
+
+        def start_on(ready: tpu.NodeState) -> tuple[TrainJob, ssh.Connect]:
+            host = _worker_0(cfg, name, ready, args, out)[0]
+            return start_detached(cfg, run_id, name, ready, host, login_to(cfg, name, args, api), command, out)
+
+        taken = follow_detached(
+            cfg,
+            run_id,
+            name,
+            node,
+            start_on=start_on,
+            ready_node=lambda: ready_node(cfg, name, node_labels, metadata, api, out),
+            out=out,
+            preempt_after=args.preempt_after,
+            api=api,
+        )
         from mlm_tasks import storage
 
-        summary = storage.read_json(RunPaths(cfg.output_root, run_id).train_summary)
+        run = RunPaths(cfg.output_root, run_id)
+        summary, status = storage.read_json_if_exists(run.train_summary), read_status(run)
+        steps = summary["steps"] if summary else status["step"] if status else "?"
         out(
-            f"Smoke PASSED: {summary.get('steps')} steps on {cfg.tpu.accelerator_type}, summary in "
-            f"{RunPaths(cfg.output_root, run_id).train_summary}"
+            f"Smoke PASSED: {steps} steps on {cfg.tpu.accelerator_type} ({restarts.summary_line(taken)}), "
+            f"summary in {run.train_summary}"
         )
         return 0
+    except TrainingFailed as err:  # the trainer's own words; anything else propagates to main
+        out(f"Smoke FAILED: {err}")
+        return 1
     finally:
         # Always: whatever failed above, Ctrl-C, SIGTERM or SIGHUP. A failed delete is loud: the VM costs money.
         try:
@@ -338,6 +368,79 @@ def smoke(args: argparse.Namespace, out: Callable[[str], None] = print) -> int:
             )
         for s, handler in previous.items():
             signal.signal(s, handler)
+
+
+def _preempting(args: argparse.Namespace) -> str:
+    return f", deleting the node at step {args.preempt_after} and restarting" if args.preempt_after else ""
+
+
+def _train_line(cfg: PipelineConfig, run_id: str, name: str, fingerprint: str, code: Any) -> str:
+    """The DAG's detached train line (one try: MLM_TRY_NUMBER=1, as the trainer's status record says)."""
+    from mlm_tasks.tpu.bundle import remote_command
+
+    return remote_command(
+        cfg,
+        "train",
+        run_id,
+        node=name,
+        extra_args=["--data-fingerprint", fingerprint],
+        code=code,
+        env={"MLM_TRY_NUMBER": "1"},
+        detach_log=vm_job.log_name(run_id, 1),
+    )
+
+
+def ready_node(
+    cfg: PipelineConfig,
+    name: str,
+    node_labels: dict[str, str],
+    metadata: dict[str, str],
+    api: Any,
+    out: Callable[[str], None],
+) -> tpu.NodeState:
+    """The node READY: created, queued, or a dead or deleted one replaced (ensure_node until it has
+    started what it needs), then waited for."""
+    deadline = time.time() + cfg.tpu.create_wait_s()
+    state = tpu.ensure_node(cfg.tpu, name, node_labels, metadata, api=api)
+    while state.action in ("wait", "recreating") and state.state in ("DELETING", tpu.NOT_FOUND):
+        if time.time() > deadline:
+            raise RuntimeError(f"TPU VM {name} still {state.state} after {cfg.tpu.create_wait_s():g}s.")
+        out(f"TPU VM {name} is {state.state}; checking again in {cfg.tpu.poll_interval_s:g}s.")
+        time.sleep(cfg.tpu.poll_interval_s)
+        state = tpu.ensure_node(cfg.tpu, name, node_labels, metadata, api=api)
+    return wait_ready(cfg, name, api, deadline, out)
+
+
+def start_detached(
+    cfg: PipelineConfig,
+    run_id: str,
+    name: str,
+    node: tpu.NodeState,
+    host: str,
+    connect: ssh.Connect,
+    command: str,
+    out: Callable[[str], None],
+) -> tuple[TrainJob, ssh.Connect]:
+    """The trainer started detached on worker 0 (the run lock stops one left by an earlier start)."""
+    before = read_status(RunPaths(cfg.output_root, run_id))
+    outcome, job = vm_job.start(
+        ssh.Session(connect, host, on_line=lambda line: out(f"[worker 0] {line}")),
+        command,
+        secret=None,
+        node=name,
+        node_created=node.created,
+        host=host,
+        try_number=1,
+        log=vm_job.log_name(run_id, 1),
+        workdir=cfg.tpu.workdir,
+        run_id=run_id,
+        now=time.time(),
+        starts_before=before["starts"] if before else 0,
+    )
+    if outcome.exit_code != 0 or job is None:
+        raise TrainingFailed(outcome.describe())
+    out(f"Trainer started detached: pid {job['pid']} on {name}; its log: {cfg.tpu.workdir}/{job['log']}")
+    return job, connect
 
 
 def _prepare(cfg: PipelineConfig, args: argparse.Namespace, out: Callable[[str], None]) -> tuple[str, Any]:
@@ -359,26 +462,26 @@ def _prepare(cfg: PipelineConfig, args: argparse.Namespace, out: Callable[[str],
     return fingerprint, code
 
 
-def _worker_0(cfg: PipelineConfig, name: str, api: Any, args: argparse.Namespace, out: Callable[[str], None]) -> list:
-    """Worker 0's address once the node is READY and its port 22 answers (a dry run: what it would do)."""
+def _worker_0(
+    cfg: PipelineConfig, name: str, node: tpu.NodeState, args: argparse.Namespace, out: Callable[[str], None]
+) -> list[str]:
+    """Worker 0's address once its port 22 answers (a dry run: what it would do)."""
     if args.dry_run:
         out(
             f"(dry run) would poll GET {API}/{tpu.full_name(cfg.tpu, name)} every {cfg.tpu.poll_interval_s:g}s "
             f"until READY, probe tcp:{cfg.tpu.ssh_port} on worker 0's {cfg.tpu.ssh_via} IP, then run there "
             f"as {args.ssh_user}, accepting only the host keys the node publishes (:getGuestAttributes):"
         )
-        hosts = ["<worker-0-ip>"]
-    else:
-        node = wait_ready(cfg, name, api, time.time() + cfg.tpu.create_wait_s(), out)
-        hosts = tpu.worker_endpoints(node, external=cfg.tpu.ssh_via == "external")
-        problem = ssh.unreachable(hosts[0], cfg.tpu.ssh_port, cfg.tpu.ssh_probe_timeout_s)
-        if problem:
-            raise RuntimeError(
-                f"Worker 0 is unreachable ({problem}): add a firewall rule allowing tcp:{cfg.tpu.ssh_port} "
-                f"from this machine (gcloud compute firewall-rules create allow-ssh-smoke "
-                f"--allow=tcp:{cfg.tpu.ssh_port} --source-ranges=<your IP>/32), or use --ssh-via internal "
-                "from inside the VPC."
-            )
+        return ["<worker-0-ip>"]
+    hosts = tpu.worker_endpoints(node, external=cfg.tpu.ssh_via == "external")
+    problem = ssh.unreachable(hosts[0], cfg.tpu.ssh_port, cfg.tpu.ssh_probe_timeout_s)
+    if problem:
+        raise RuntimeError(
+            f"Worker 0 is unreachable ({problem}): add a firewall rule allowing tcp:{cfg.tpu.ssh_port} "
+            f"from this machine (gcloud compute firewall-rules create allow-ssh-smoke "
+            f"--allow=tcp:{cfg.tpu.ssh_port} --source-ranges=<your IP>/32), or use --ssh-via internal "
+            "from inside the VPC."
+        )
     return hosts
 
 

@@ -211,8 +211,8 @@ def test_the_smoke_login_accepts_only_the_host_key_the_node_published(
     assert fake_tpu.writes() == ["POST", "DELETE"] and fake_tpu.node("proj", "us-west4-a", name) is None
     if published == "the worker's key":
         assert code == 0, out
-        assert "[worker 0] trained" in out and "Smoke PASSED: 12 steps" in out
-        assert ran.read_text().startswith("train ")
+        assert "Trainer started detached: pid" in out and "Smoke PASSED: 12 steps" in out
+        assert ran.read_text().startswith("train ")  # the trainer ran, detached, its output in its log file
     else:
         assert code == 1 and not ran.exists(), out
         assert (
@@ -220,6 +220,67 @@ def test_the_smoke_login_accepts_only_the_host_key_the_node_published(
             f"(127.0.0.1:{sshd.port}) does not match what node {name} published"
         ) in out
         assert time.monotonic() - started < 60, "a mismatch must not wait out the SSH patience"
+
+
+def test_the_smoke_run_trains_detached_and_restarts_after_its_node_is_deleted(
+    sshd, fake_tpu, sa_key, gcs_root, tmp_path
+):
+    """--preempt-after N: the smoke tool deletes its node at step N, as a preemption would take it; it replaces
+    the node and a new detached trainer resumes from the last checkpoint, as the DAG's train task does."""
+    import os
+    import signal
+    import threading
+
+    from mlm_tasks.paths import RunPaths
+    from mlm_tasks.training.status import read_status
+    from peers.stand_in_trainer import steps_made, write_stand_in
+
+    key_file = tmp_path / "sa.json"
+    key_file.write_text(json.dumps(sa_key))
+    python = write_stand_in(tmp_path, step_s=0.1)
+    run = RunPaths(gcs_root, "smoke-5")
+    name = tpu.node_name(tpu_smoke.DAG_ID, "smoke-5")
+    settings = {
+        "tpu.poll_interval_s": 0.05,
+        "tpu.ssh_port": sshd.port,
+        "tpu.bootstrap": "false",
+        "tpu.python": python,
+        "tpu.workdir": tmp_path / "vm",
+        "tpu.env": json.dumps({"STORAGE_EMULATOR_HOST": os.environ["STORAGE_EMULATOR_HOST"]}),  # the VM's gs://
+        "train.steps": 60,
+        "train.checkpoint_every": 5,
+        "train.heartbeat_s": 1,
+        "train.stall_minutes": 0.25,
+        "train.follow_poll_s": 0.2,
+        "train.progress_log_s": 1,
+    }
+    args = tpu_smoke.parse_args(
+        ["--project", "proj", "--zone", "us-west4-a", "--bucket", gcs_root, "--ssh-key", sshd.key_path]
+        + ["--ssh-user", sshd.user, "--ssh-via", "internal", "--run-id", "smoke-5", "--key-file", str(key_file)]
+        + ["--api-endpoint", fake_tpu.url, "--data-fingerprint", "0123456789abcdef", "--preempt-after", "23"]
+        + [arg for key, value in settings.items() for arg in ("--set", f"{key}={value}")]
+    )
+
+    def kill_with_the_node() -> None:  # a deleted VM's processes go with it (here they share one machine)
+        while (status := read_status(run)) is None or fake_tpu.node("proj", "us-west4-a", name) is not None:
+            time.sleep(0.02)
+        os.killpg(os.getpgid(status["pid"]), signal.SIGKILL)
+
+    threading.Thread(target=kill_with_the_node, daemon=True).start()
+    lines: list[str] = []
+    code = tpu_smoke.smoke(args, out=lines.append)
+    out = "\n".join(lines)
+    assert code == 0, out
+    status = read_status(run)
+    assert (status["state"], status["step"], status["starts"]) == ("done", 60, 2), status
+    (restart,) = status["restarts"]
+    assert restart["step"] >= 23 and restart["resumed_from"] % 5 == 0 and "NOT_FOUND" in restart["cause"], restart
+    made = [step for _, step in steps_made(tmp_path / "vm", "smoke-5")]
+    assert made == list(range(1, restart["step"] + 1)) + list(range(restart["resumed_from"] + 1, 61))
+    assert "--preempt-after 23: deleting TPU VM" in out and "Restart 1: the TPU VM" in out
+    assert "Smoke PASSED: 60 steps" in out and "1 restart(s)" in out
+    creates = [path for method, path in fake_tpu.requests if method == "POST" and path.endswith("/nodes")]
+    assert len(creates) == 2 and fake_tpu.nodes == {}  # the replacement, then the final delete
 
 
 def test_smoke_module_imports_no_airflow():
