@@ -180,7 +180,7 @@ def report(spec: dict, results: dict, walls: dict) -> None:
     )
     print(
         f"peak: {peak / 1e12:.4g} TFLOP/s {spec['precision']}, ours' training summary's (flops.py: a GPU's dense "
-        "datasheet figure by its name; on CPU a matmul probe)"
+        "datasheet figure by its name; on CPU the host's peak: mlm_tasks/model/cpu_peak.py)"
         if peak
         else "peak: unknown (not in flops.py's PEAKS: add the GPU there): no MFU"
     )

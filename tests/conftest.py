@@ -15,6 +15,7 @@ tiny_model  session   (cfg, run) of a tiny model trained and saved by the real t
 
 import os
 import sys
+import tempfile
 
 # Tests import `mlm_tasks` from the repo root and peers from tests/, however pytest was started
 # (`pytest`, `python -m pytest`, from another directory).
@@ -26,9 +27,11 @@ for _path in (_REPO, _TESTS):
 
 # Airflow writes its config and logs under AIRFLOW_HOME on first import: keep that out of ~/airflow.
 if "AIRFLOW_HOME" not in os.environ:
-    import tempfile
-
     os.environ["AIRFLOW_HOME"] = tempfile.mkdtemp(prefix="airflow-home-")
+# A CPU run's MFU peak is measured once per machine kind and cached: the tests' own cache, not the user's.
+os.environ.setdefault(
+    "MLM_CPU_PEAK_CACHE", os.path.join(tempfile.gettempdir(), f"mlm-tests-cpu-peak-{os.getuid()}.json")
+)
 # The fake TPU API answers 429 then 503 before each create/delete goes through: retry those fast.
 os.environ.setdefault("MLM_TPU_RETRY_INITIAL_S", "0.05")
 

@@ -7,19 +7,18 @@ their ratio, the model FLOPs utilisation (MFU).
     peak.describe(mfu)                                                      # "MFU 31% of 4 × 275 TFLOP/s bf16"
 
 Why these counts: PaLM's FLOPs (appendix B), the LM head only where it runs; dense datasheet peaks
-(PEAKS, with sources); on a CPU, with no honest figure for a VM's share of a host, a measured matmul
-probe (`cpu_peak`). docs/google-cloud.md#what-a-run-costs-and-how-well-it-uses-the-hardware
+(PEAKS, with sources); on a CPU, its ISA's peak where the frequency is known, else the best GEMM rate
+this machine kind reaches in any precision, measured once and cached (mlm_tasks/model/cpu_peak.py).
+docs/google-cloud.md#what-a-run-costs-and-how-well-it-uses-the-hardware
 """
 
 from __future__ import annotations
 
 import logging
-import time
 from dataclasses import dataclass
 from typing import Any
 
 log = logging.getLogger(__name__)
-WINDOWS = 5  # cpu_peak's measuring windows
 
 # Dense peak FLOP/s per chip (TPU) or GPU, by precision. Checked 2026-12 against:
 #   TPU v4   https://cloud.google.com/tpu/docs/v4       275 TFLOP/s bf16 per chip
@@ -52,7 +51,7 @@ class Peak:
     per_device: float | None  # FLOP/s of one chip / GPU / this CPU; None: not known for this device
     devices: int
     precision: str  # bf16 or fp32
-    source: str  # e.g. "TPU v4 (Google's figure)", "measured: matmul probe"
+    source: str  # e.g. "TPU v4", "measured peak: fp32 GEMM 2048³, AMD EPYC × 2 cores, ..."
 
     @property
     def total(self) -> float | None:
@@ -79,34 +78,6 @@ def flops_per_token(config: Any, seq_len: int, max_predictions: int = 0) -> floa
     return 6 * (encoder + head) + attention
 
 
-def cpu_peak(precision: str, seconds: float = 0.5, size: int = 512) -> float:
-    """FLOP/s a chain of `size`² matrix multiplies reaches here in `precision`: the best of WINDOWS windows
-    over about `seconds` in all."""
-    import tensorflow as tf
-
-    dtype = tf.bfloat16 if precision == "bf16" else tf.float32
-    a = tf.random.stateless_normal((size, size), seed=(1, 2), dtype=tf.float32)
-    a = tf.cast(a / size**0.5, dtype)
-
-    @tf.function
-    def chain(x: Any) -> Any:
-        for _ in range(8):
-            x = tf.matmul(x, a)
-        return x
-
-    chain(a).numpy()  # trace and warm up
-    # The best of a few short windows: on a shared machine one window can land on a busy moment and read
-    # the peak low (an MFU above 100% then); what the cores reach unhindered is the peak.
-    rates = []
-    for _ in range(WINDOWS):
-        runs, began = 0, time.perf_counter()
-        while time.perf_counter() - began < seconds / WINDOWS:
-            chain(a).numpy()
-            runs += 1
-        rates.append(runs * 8 * 2 * size**3 / (time.perf_counter() - began))
-    return max(rates)
-
-
 def _gpu_key() -> str | None:
     import tensorflow as tf
 
@@ -117,10 +88,13 @@ def _gpu_key() -> str | None:
 
 def device_peak(device: str, precision: str, replicas: int, accelerator_type: str = "") -> Peak:
     """The peak of what trains: `replicas` chips of `accelerator_type` on a TPU, GPUs by their name, or
-    this CPU by a probe (one "device": the whole host)."""
+    this CPU (one "device": the whole host; mlm_tasks/model/cpu_peak.py)."""
     precision = "bf16" if precision == "bf16" else "fp32"
-    if device == "cpu":
-        return Peak(cpu_peak(precision), 1, precision, "measured: matmul probe on this CPU")
+    if device == "cpu":  # the host's peak in any precision: a slow precision then reads a low MFU
+        from mlm_tasks.model.cpu_peak import cpu_peak
+
+        host = cpu_peak()
+        return Peak(host.flops, 1, host.precision, host.source)
     key = f"tpu-{accelerator_type.split('-', 1)[0]}" if device == "tpu" else _gpu_key()
     if key is None or key not in PEAKS:
         what = accelerator_type if device == "tpu" else "this GPU"

@@ -9,6 +9,7 @@ import logging
 import pytest
 
 from mlm_tasks.config import build_config
+from mlm_tasks.model import cpu_peak
 from mlm_tasks.model.flops import Peak, device_peak, flops_per_token, mfu
 from mlm_tasks.paths import RunContext
 from mlm_tasks.tpu import prices
@@ -38,10 +39,38 @@ def test_tpu_peak_and_the_mfu_line():
     assert "not in mlm_tasks/model/flops.py's PEAKS" in unknown.describe()
 
 
-def test_cpu_peak_is_measured_and_positive():
-    peak = device_peak("cpu", "off", replicas=1)
-    assert isinstance(peak, Peak) and peak.precision == "fp32" and 1e9 < peak.total < 1e14
-    assert "measured: matmul probe" in peak.describe()
+def test_a_cpus_peak_from_its_isa_is_cores_times_flops_per_cycle_times_frequency():
+    # Hand-computed: 2 cores × 3.0 GHz × 64 fp32 FLOPs a cycle (AVX-512: 2 FMA pipes × 16 lanes × 2).
+    avx512 = cpu_peak.isa_peak({"avx2", "avx512f", "fma"}, cores=2, hz=3.0e9)
+    assert (avx512.flops, avx512.precision) == (384e9, "fp32") and "2 cores × 3.00 GHz × 64" in avx512.source
+    assert cpu_peak.isa_peak({"avx2"}, cores=4, hz=2.5e9).flops == 4 * 2.5e9 * 32
+    amx = cpu_peak.isa_peak({"avx512f", "avx512_bf16", "amx_bf16"}, cores=8, hz=2.0e9)  # the widest unit counts
+    assert (amx.flops, amx.precision) == (8 * 2.0e9 * 2048, "bf16")
+    assert cpu_peak.isa_peak({"sse2"}, cores=2, hz=3.0e9) is None
+    assert cpu_peak.max_frequency_hz("Intel(R) Xeon(R) Platinum 8481C CPU @ 2.70GHz") in (2.7e9, pytest.approx(2.7e9))
+    info = cpu_peak.cpu_info("model name\t: AMD EPYC\nflags\t\t: fpu avx2 fma\n")
+    assert info["model"] == "AMD EPYC" and {"avx2", "fma"} <= info["flags"] and info["cores"] >= 1
+
+
+def test_a_measured_cpu_peak_is_the_best_precision_and_measured_once(tmp_path, monkeypatch):
+    """Where the frequency is hidden: the best GEMM rate of fp32 and bf16, cached for the machine kind. A
+    bf16 run on a CPU whose bf16 matmuls are slow then reads a low MFU, not 99.8%."""
+    monkeypatch.setenv("MLM_CPU_PEAK_CACHE", str(tmp_path / "peak.json"))
+    rates = {"fp32": 120e9, "bf16": 60e9}  # TensorFlow's bf16 at half the fp32 rate, as on one Intel kind
+    monkeypatch.setattr(cpu_peak, "gemm_rate", lambda precision: rates[precision])
+    info = {"model": "Test CPU", "flags": set(), "cores": 2}
+    first = cpu_peak.measured_peak(info)
+    assert (first.flops, first.precision) == (120e9, "fp32") and "measured peak: fp32 GEMM 2048³" in first.source
+    monkeypatch.setattr(cpu_peak, "gemm_rate", lambda precision: pytest.fail("measured twice"))
+    assert cpu_peak.measured_peak(info) == first  # from the cache
+    peak = Peak(first.flops, 1, first.precision, first.source)
+    assert mfu(1000.0, 60e6, peak) == pytest.approx(0.5)  # a bf16 run at its kernels' full rate: 50%
+
+
+def test_this_cpus_peak_is_real():
+    peak = device_peak("cpu", "bf16", replicas=1)
+    assert isinstance(peak, Peak) and peak.precision in ("fp32", "bf16") and 1e9 < peak.total < 1e14
+    assert "peak" in peak.describe() and "matmul probe" not in peak.describe()
 
 
 def test_the_plan_prices_a_tpu_run_on_demand_and_spot_before_it_starts():

@@ -179,6 +179,9 @@ def test_xla_step_inside_a_distribution_strategy_trains_on_cpu(tiny_prepared, ca
 
     assert "Training on cpu (MirroredStrategy): 1 replica(s)" in caplog.text
     assert summary["xla"] is True and summary["steps"] == 6
+    # MFU against this CPU's peak in any precision (mlm_tasks/model/cpu_peak.py), not the kernel in use.
+    assert summary["mfu"] is None or 0 < summary["mfu"] < 1, summary["mfu_of"]
+    assert "peak" in summary["mfu_of"] and "matmul probe" not in summary["mfu_of"], summary["mfu_of"]
     run = RunPaths(cfg.output_root, "xla-mirrored")
     losses = [json.loads(x)["loss"] for x in storage.read_text(run.train_history).splitlines()]
     assert len(losses) == 6 and all(np.isfinite(losses)) and losses[-1] < losses[0], losses
