@@ -25,6 +25,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import common
 
 BATCH = 32
+REFERENCE_MLM_PROBABILITY = 0.15  # DataCollatorForLanguageModeling's, as the reference loop runs it
 
 
 def _setup(
@@ -43,22 +44,37 @@ def _setup(
     from mlm_tasks.paths import DataPaths
 
     data = common.prepared()
-    cfg = common.bench_config(
-        **{
-            "model.preset": preset,
-            "train.xla": xla,
-            "train.steps": steps,
-            "train.log_every": log_every,
-            "train.checkpoint_every": 10**6,
-            "train.max_predictions_per_seq": max_pred,
-            "train.device": device,
-            "train.mixed_precision": precision,
-            "train.batch_size": batch,
-            **(extra or {}),
-        }
-    )
+    cfg = common.bench_config(**overrides(preset, xla, steps, max_pred, log_every, precision, device, batch, extra))
     paths = DataPaths(cfg.output_root, data["fingerprint"])
     return cfg, data, paths, ShardSet.load(paths)
+
+
+def overrides(
+    preset: str,
+    xla: str,
+    steps: int,
+    max_pred: int = 32,
+    log_every: int = 10,
+    precision: str = "off",
+    device: str = "cpu",
+    batch: int = BATCH,
+    extra: dict | None = None,
+) -> dict:
+    """The settings of one run over configs/default.yaml: the reference's masking (15%, its collator's) at
+    most `max_pred` positions a sequence (the default masks 30%, more than 32 of 128 positions)."""
+    return {
+        "model.preset": preset,
+        "train.xla": xla,
+        "train.steps": steps,
+        "train.log_every": log_every,
+        "train.checkpoint_every": 10**6,
+        "train.mlm_probability": REFERENCE_MLM_PROBABILITY,
+        "train.max_predictions_per_seq": max_pred,
+        "train.device": device,
+        "train.mixed_precision": precision,
+        "train.batch_size": batch,
+        **(extra or {}),
+    }
 
 
 def run_ours(preset: str, xla: str, steps: int, warmup: int, precision: str, device: str) -> dict:
@@ -82,7 +98,9 @@ def reference_dataset(paths, manifest, tokenizer, seed: int = 42, batch: int = B
     import tensorflow as tf
     from transformers import DataCollatorForLanguageModeling
 
-    collator = DataCollatorForLanguageModeling(tokenizer=tokenizer, mlm_probability=0.15, return_tensors="tf")
+    collator = DataCollatorForLanguageModeling(
+        tokenizer=tokenizer, mlm_probability=REFERENCE_MLM_PROBABILITY, return_tensors="tf"
+    )
     feature = {k: tf.io.FixedLenFeature([manifest.max_length], tf.int64) for k in ("input_ids", "attention_mask")}
 
     def decode(serialized):
