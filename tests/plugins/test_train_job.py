@@ -431,10 +431,17 @@ def test_a_node_preempted_under_a_live_trainer_is_a_restart_at_the_check_in(vm, 
     status = _status(vm)
     assert (status["state"], status["step"], status["starts"], status["try_number"]) == ("done", 80, 2, 1), status
     (restart,) = read_restarts(vm.run)
-    assert "which was replaced by " + NAME in restart["cause"] and restart["try_number"] == 1, restart
-    assert restart["resumed_from"] % 5 == 0 and restart["steps_lost"] == restart["step"] - restart["resumed_from"]
+    # Found at the check-in (the new node's createTime differs); on a loaded machine the trigger's SSH probe
+    # may time out first and find the node PREEMPTED: one restart either way, counted and recorded.
+    assert "which was replaced by " + NAME in restart["cause"] or "is PREEMPTED" in restart["cause"], restart
+    assert restart["try_number"] == 1 and restart["resumed_from"] % 5 == 0, restart
     made = _steps(vm)
-    assert [s for _, s in made] == list(range(1, restart["step"] + 1)) + list(range(restart["resumed_from"] + 1, 81))
+    old = [step for pid, step in made if pid == made[0][0]]
+    new = [step for pid, step in made if pid != made[0][0]]
+    # The old trainer ran until the delete took it (a kill may land between a step and its record), the new
+    # one from the last checkpoint before that.
+    assert old == list(range(1, len(old) + 1)) and 0 <= len(old) - restart["resumed_from"] <= 5, (old, restart)
+    assert new == list(range(restart["resumed_from"] + 1, 81)), (new, restart)
     assert killed == [made[0][0]] and vm.store.get("train_restarts") == 1
     bill = storage.read_json(vm.run.tpu_vm_bill)
     assert [v["ended"] for v in bill["vms"]] == ["PREEMPTED, replaced"], bill
