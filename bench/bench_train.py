@@ -28,23 +28,13 @@ BATCH = 32
 REFERENCE_MLM_PROBABILITY = 0.15  # DataCollatorForLanguageModeling's, as the reference loop runs it
 
 
-def _setup(
-    preset: str,
-    xla: str,
-    steps: int,
-    max_pred: int = 32,
-    log_every: int = 10,
-    precision: str = "off",
-    device: str = "cpu",
-    batch: int = BATCH,
-    extra: dict | None = None,
-):
-    """(cfg, data summary, data paths, shard set) of one run; `extra`: more config overrides."""
+def _setup(preset: str, xla: str, steps: int, **settings):
+    """(cfg, data summary, data paths, shard set) of one run; `settings`: those of `overrides`."""
     from mlm_tasks.data.shard_set import ShardSet
     from mlm_tasks.paths import DataPaths
 
     data = common.prepared()
-    cfg = common.bench_config(**overrides(preset, xla, steps, max_pred, log_every, precision, device, batch, extra))
+    cfg = common.bench_config(**overrides(preset, xla, steps, **settings))
     paths = DataPaths(cfg.output_root, data["fingerprint"])
     return cfg, data, paths, ShardSet.load(paths)
 
@@ -60,8 +50,8 @@ def overrides(
     batch: int = BATCH,
     extra: dict | None = None,
 ) -> dict:
-    """The settings of one run over configs/default.yaml: the reference's masking (15%, its collator's) at
-    most `max_pred` positions a sequence (the default masks 30%, more than 32 of 128 positions)."""
+    """The settings of one run over configs/default.yaml (`extra`: more of them): the reference's masking
+    (15%, its collator's) at most `max_pred` positions a sequence (the default masks 30%, more than 32 of 128)."""
     return {
         "model.preset": preset,
         "train.xla": xla,

@@ -45,7 +45,7 @@ def full_name(cfg: TpuConfig, name: str) -> str:
 
 
 def _state_of(qr: QueuedResource) -> QueuedState:
-    error = qr.state.failed_data.error.message or None if "failed_data" in qr.state else None
+    error = (qr.state.failed_data.error.message or None) if "failed_data" in qr.state else None
     return QueuedState(name=qr.name.rsplit("/", 1)[-1], state=qr.state.state.name, error=error)
 
 

@@ -463,6 +463,16 @@ def is_read(path: str) -> bool:
     return path.endswith(":getGuestAttributes")
 
 
+def _page(objects: dict, prefix: str, key: str, query: dict) -> dict:
+    """One page of a list answer (pageSize/pageToken, the token an offset), as the API pages them."""
+    names = sorted(n for n in objects if n.startswith(prefix))
+    size = int((query.get("pageSize") or ["0"])[0]) or len(names) or 1
+    start = int((query.get("pageToken") or ["0"])[0] or 0)
+    more = start + size < len(names)
+    page = {key: [_public(objects[n]) for n in names[start : start + size]]}
+    return {**page, **({"nextPageToken": str(start + size)} if more else {})}
+
+
 def _public(obj: dict) -> dict:
     return {k: v for k, v in obj.items() if not k.startswith("_")}
 
@@ -671,13 +681,7 @@ def _handler(api: FakeTpuApi):
             return 200, _public(api.nodes[name])
 
         def list(self, g, query, body):
-            prefix = self._parent(g) + "/nodes/"
-            names = sorted(n for n in api.nodes if n.startswith(prefix))
-            size = int((query.get("pageSize") or ["0"])[0]) or len(names) or 1
-            start = int((query.get("pageToken") or ["0"])[0] or 0)
-            page = [_public(api.nodes[n]) for n in names[start : start + size]]
-            more = start + size < len(names)
-            return 200, {"nodes": page, **({"nextPageToken": str(start + size)} if more else {})}
+            return 200, _page(api.nodes, self._parent(g) + "/nodes/", "nodes", query)
 
         def patch(self, g, query, body):
             name = f"{self._parent(g)}/nodes/{g['node']}"
@@ -765,13 +769,7 @@ def _handler(api: FakeTpuApi):
             return 200, _public(api.queued[name])
 
         def list_queued(self, g, query, body):
-            prefix = self._parent(g) + "/queuedResources/"
-            names = sorted(n for n in api.queued if n.startswith(prefix))
-            size = int((query.get("pageSize") or ["0"])[0]) or len(names) or 1
-            start = int((query.get("pageToken") or ["0"])[0] or 0)
-            page = [_public(api.queued[n]) for n in names[start : start + size]]
-            more = start + size < len(names)
-            return 200, {"queuedResources": page, **({"nextPageToken": str(start + size)} if more else {})}
+            return 200, _page(api.queued, self._parent(g) + "/queuedResources/", "queuedResources", query)
 
         def delete_queued(self, g, query, body):
             name = f"{self._parent(g)}/queuedResources/{g['qr']}"
