@@ -154,9 +154,9 @@ class TrainConfig(_Section):
         None,
         gt=0,
         le=43_200,
-        description="Train for this long: the step count is fixed "
-        "from the run's own measured step time (then recorded: a resume keeps it), "
-        "so the schedule ends on time; train.steps, when set, caps it.",
+        description="Train for this long, a deadline from the run's first start: the step count is "
+        "planned from the run's own measured step time and re-planned as it trains (the schedule follows), and "
+        "the run stops at a step boundary with its checkpoint; train.steps, when set, caps it.",
     )
     epochs: float = Field(1.0, gt=0, le=10_000, description="Passes over the train split when `steps` is empty.")
     batch_size: int = Field(32, ge=1, le=65_536, description="Examples per replica per step (global = × replicas).")
@@ -211,8 +211,8 @@ class TrainConfig(_Section):
     xla: Literal["auto", "on", "off"] = Field("auto", description="XLA-compile the step (auto: on for TPU/GPU).")
     mixed_precision: Literal["auto", "off", "bf16"] = Field(
         "auto",
-        description="Compute dtype (auto: bf16 on TPU, GPU and a CPU with bf16 matrix units, AMX-BF16 or "
-        "AVX512-BF16, measured faster there (mlm_tasks/model/precision.py); fp32 on other CPUs).",
+        description="Compute dtype (auto: bf16 on TPU and GPU; on a CPU the faster of fp32 and bf16 for this model, "
+        "timed once per machine kind and model shape and cached: mlm_tasks/model/precision.py).",
     )
     device: Literal["auto", "tpu", "gpu", "cpu"] = Field(
         "auto", description="Accelerator to train on (auto: TPU if this host has one, else GPU, else CPU)."

@@ -23,26 +23,13 @@ def model_vocab_size(cfg: PipelineConfig, tokenizer_size: int) -> int:
 def optimizer_and_schedule(train: TrainConfig, steps: int):
     """AdamW (decay not on norms and biases, as transformers.create_optimizer) and its learning-rate schedule:
     linear warmup to train.learning_rate over train.warmup_fraction of `steps`, then train.schedule down to 0
-    at the last step."""
-    import tensorflow as tf
-    from transformers import AdamWeightDecay, WarmUp, create_optimizer
+    at the last step (mlm_tasks/training/schedule.py: a time budget may move that step while it trains)."""
+    from transformers import AdamWeightDecay
+
+    from mlm_tasks.training.schedule import DecaySchedule
 
     warmup = int(steps * train.warmup_fraction)
-    if train.schedule == "linear":
-        return create_optimizer(
-            init_lr=train.learning_rate,
-            num_train_steps=steps,
-            num_warmup_steps=warmup,
-            weight_decay_rate=train.weight_decay,
-            adam_beta2=train.adam_beta2,
-            adam_epsilon=train.adam_epsilon,
-        )
-    decay = tf.keras.optimizers.schedules.CosineDecay(train.learning_rate, decay_steps=max(1, steps - warmup))
-    schedule = (
-        WarmUp(initial_learning_rate=train.learning_rate, decay_schedule_fn=decay, warmup_steps=warmup)
-        if warmup
-        else decay
-    )
+    schedule = DecaySchedule(train.learning_rate, warmup, steps, "linear" if train.schedule == "linear" else "cosine")
     optimizer = AdamWeightDecay(
         learning_rate=schedule,
         weight_decay_rate=train.weight_decay,

@@ -91,7 +91,7 @@ def train(
     cost_text = f", ${summary['cost_usd']:,.2f}" if summary["cost_usd"] is not None else ""
     log.info(
         "Training done: %d steps in %.0fs (%.0f tokens/s, %s%s), loss %.3f -> %.3f; model at %s",
-        plan.total_steps,
+        loop.total,
         summary["elapsed_s"],
         summary["tokens_per_s"] or 0,
         summary["mfu_of"],
@@ -109,7 +109,7 @@ def _finish(
     """After the final checkpoint: the kept step's weights (train.keep_checkpoint) saved as the model, then
     the summary, written last (it marks training complete)."""
     best = best_so_far(state.history)
-    if cfg.train.keep_checkpoint == "best" and best is not None and best[0] != plan.total_steps:
+    if cfg.train.keep_checkpoint == "best" and best is not None and best[0] != loop.total:
         import tensorflow as tf
 
         # After the final checkpoint (a resume must continue from the last step, not the best).
@@ -137,13 +137,14 @@ def _summary(
     hours, cost, basis = _tpu_cost(cfg, plan.device, progress.elapsed_s)
     utilisation = mfu(progress.tokens_per_s, loop.flops_per_token, peak)
     return {
-        "steps": plan.total_steps,
+        "steps": loop.total,  # with a time budget, the steps it trained by the deadline
         "resumed_from_step": state.start_step,
         "global_batch": plan.global_batch,
         "replicas": plan.replicas,
         "device": plan.device,
         "xla": plan.xla,
         "precision": plan.precision,
+        "precision_reason": plan.precision_reason,
         "steps_per_call": plan.per_call,
         "tokens_per_s": progress.tokens_per_s,
         "first_loss": progress.first_loss,

@@ -1,22 +1,33 @@
-"""train.budget_minutes: a run that ends on time on any machine. The step count is fixed once, from the
-speed of the run's own step on this hardware, and recorded, so a resume keeps it and the run's
-schedule (warmup, decay) is what a run given that count from the start would follow.
+"""train.budget_minutes: a run that ends on time on any machine. The budget is a deadline on the time the
+run spends training, from its first start (measuring included): the step count is planned from the speed
+of the run's own step on this hardware, then re-planned as it trains, and the run stops at a step boundary
+with its checkpoint. A retry gets what its last checkpoint had not used (the checkpoint keeps the seconds
+used), so a crash costs the work since that checkpoint, not the rest of the budget.
 
-    steps = budgeted_steps(run, budget_minutes=5, cap=None, measure=lambda: (0.012, 4.1))
+    budget = budgeted_steps(run, budget_minutes=5, cap=None, measure=lambda: (0.012, 4.1))
+    deadline = Deadline(time.time() + budget.seconds - used_s, budget.seconds_per_step, cap=None)
+    total = deadline.total_before_call(step, per_call, total, reserve_s)   # before each call of the loop
 
 `measure()` returns (seconds per step, seconds spent measuring): train times a throwaway copy of the
 model and optimizer for at least MEASURE_STEPS steps and MEASURE_S seconds after WARMUP_CALLS untimed
-calls (the first compiles), on batches of the run's own input, then starts the real run from the seed. The count is
-(budget - time spent measuring) / seconds per step, at most `cap` (train.steps, when set), at least 1.
-It lands in runs/<run>/train/budget.json (RunPaths.train_budget) before the first step: every later try of
-the run reads it.
+calls (the first compiles), on batches of the run's own input, then starts the real run from the seed. The
+first count is (budget - time spent measuring) / seconds per step, at most `cap` (train.steps, when set), at
+least 1. It lands in runs/<run>/train/budget.json (RunPaths.train_budget) before the first step, with the
+time it started; every later try of the run reads it. Before each call of the compiled loop, `Deadline` re-plans
+the last step from the pace of the last PACE_WINDOW_S (what a busier machine now does, not what it did at
+the start), and ends the run on the call after which the next would not fit; the learning-rate schedule
+follows the re-planned last step (mlm_tasks/training/schedule.py). The steps trained, the re-plans and the
+time the last step ended are added to budget.json at the end: a rerun with `train.steps` set to the steps
+trained trains as long.
 """
 
 from __future__ import annotations
 
 import logging
 import time
+from collections import deque
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 from mlm_tasks import storage
@@ -27,11 +38,22 @@ log = logging.getLogger(__name__)
 # on the embedded default: 20 steps / 3 s read fp32 steps 25-35% slow, bf16 ones 15-20% fast): a warm-up
 # call more, then a longer window, which is ~3% of a 5-minute budget.
 MEASURE_STEPS, MEASURE_S, WARMUP_CALLS = 50, 8.0, 2
+# The pace the re-plan reads: the last minute of calls (a checkpoint or a validation inside it is part of
+# the pace, as it is of the time left), so a machine that gets busier shortens the plan within a minute.
+PACE_WINDOW_S = 60.0
+
+
+@dataclass(frozen=True)
+class Budget:
+    steps: int  # the step count planned at the start (train.steps caps it)
+    seconds_per_step: float  # measured at the start
+    seconds: float  # train.budget_minutes in seconds
+    started_at: float | None  # time.time() when the measuring began (None: a run recorded before deadlines)
 
 
 def budgeted_steps(
     run: RunPaths, budget_minutes: float, cap: int | None, measure: Callable[[], tuple[float, float]]
-) -> int:
+) -> Budget:
     recorded = storage.read_json_if_exists(run.train_budget)
     if recorded:
         log.info(
@@ -41,7 +63,13 @@ def budgeted_steps(
             recorded["seconds_per_step"],
             recorded["budget_minutes"],
         )
-        return int(recorded["steps"])
+        return Budget(
+            int(recorded["steps"]),
+            float(recorded["seconds_per_step"]),
+            float(recorded["budget_minutes"]) * 60,
+            recorded.get("started_at"),
+        )
+    started_at = time.time()
     step_s, spent_s = measure()
     steps = max(1, int((budget_minutes * 60 - spent_s) / step_s))
     if cap is not None and steps > cap:
@@ -57,17 +85,84 @@ def budgeted_steps(
             "measured_in_s": spent_s,
             "budget_minutes": budget_minutes,
             "cap": cap,
+            "started_at": started_at,
         },
     )
     log.info(
-        "Time budget %g min: %.4f s/step measured in %.1f s, so %d steps (recorded in %s)",
+        "Time budget %g min: %.4f s/step measured in %.1f s, so %d steps for a start; re-planned as it trains, "
+        "it stops by %s (recorded in %s)",
         budget_minutes,
         step_s,
         spent_s,
         steps,
+        time.strftime("%H:%M:%S", time.localtime(started_at + budget_minutes * 60)),
         run.train_budget,
     )
-    return steps
+    return Budget(steps, step_s, budget_minutes * 60, started_at)
+
+
+def record_end(run: RunPaths, trained_steps: int, replans: int, used_s: float) -> dict[str, Any]:
+    """Adds what the budget trained to budget.json: the steps (what `train.steps` repeats), the re-plans,
+    and the seconds used against the budget. Returns the record."""
+    record = dict(storage.read_json(run.train_budget))
+    record.update(
+        trained_steps=trained_steps,
+        replans=replans,
+        trained_s=used_s,
+        overrun_s=used_s - record["budget_minutes"] * 60,
+        ended_at=time.time(),
+    )
+    storage.write_json(run.train_budget, record)
+    return record
+
+
+class Deadline:
+    """The run's last step, re-planned before each call of the loop so the run ends by `deadline_at`.
+
+    The pace is seconds per step over the last PACE_WINDOW_S of calls (the start's measurement until two
+    calls have run). The plan is every step that fits before the deadline less `reserve_s` (what the end
+    needs: the final checkpoint and validation, measured by the loop); when the call after this one would
+    not fit, this call is the last. train.steps caps it; `clock` is time.time (a test passes its own)."""
+
+    def __init__(
+        self,
+        deadline_at: float,
+        seconds_per_step: float,
+        cap: int | None,
+        clock: Callable[[], float] = time.time,
+    ):
+        self.deadline_at, self.cap, self.clock = deadline_at, cap, clock
+        self.initial_pace = seconds_per_step
+        self.calls: deque[tuple[float, int]] = deque()  # (time, step) after each call
+        self.replans, self.first_call = 0, True
+
+    def pace(self) -> float:
+        """Seconds per step lately."""
+        if len(self.calls) < 2:
+            return self.initial_pace
+        (t0, s0), (t1, s1) = self.calls[0], self.calls[-1]
+        return (t1 - t0) / (s1 - s0) if s1 > s0 else self.initial_pace
+
+    def total_before_call(self, step: int, per_call: int, total: int, reserve_s: float = 0.0) -> int:
+        """The run's last step, decided before the call that starts after `step`."""
+        now = self.clock()
+        if self.first_call:  # what follows traces and compiles: the pace counts from its end
+            self.first_call = False
+        else:
+            self.calls.append((now, step))
+        while len(self.calls) > 2 and now - self.calls[1][0] >= PACE_WINDOW_S:
+            self.calls.popleft()
+        pace = self.pace()
+        fits = int((self.deadline_at - reserve_s - now) / pace) if pace > 0 else per_call
+        # When the call after this one would end past the deadline, this one is the last (a fresh run trains
+        # one step at least).
+        last_call = min(per_call, max(fits, 1 if step == 0 else 0))
+        planned = step + (fits if fits >= 2 * per_call else last_call)
+        if self.cap is not None:
+            planned = min(planned, self.cap)
+        if planned != total:
+            self.replans += 1
+        return planned
 
 
 def seconds_per_step(
@@ -78,9 +173,11 @@ def seconds_per_step(
     xla: bool,
     batches: Callable[[Any], Any],
     per_call: int,
+    min_steps: int = MEASURE_STEPS,
+    min_s: float = MEASURE_S,
 ) -> tuple[float, float]:
     """(seconds per step, seconds spent) of a throwaway model and optimizer: WARMUP_CALLS calls (the first
-    compiles), then calls of `per_call` steps until MEASURE_STEPS steps and MEASURE_S seconds have passed."""
+    compiles), then calls of `per_call` steps until `min_steps` steps and `min_s` seconds have passed."""
     began = time.monotonic()
     model, optimizer = model_and_optimizer
     run_steps = step_functions(strategy, model, optimizer, max_pred, xla)
@@ -88,7 +185,7 @@ def seconds_per_step(
     for _ in range(WARMUP_CALLS):  # the first traces and compiles; neither is timed
         run_steps(iterator, per_call).numpy()
     steps, timed = 0, time.monotonic()
-    while steps < MEASURE_STEPS or time.monotonic() - timed < MEASURE_S:
+    while steps < min_steps or time.monotonic() - timed < min_s:
         run_steps(iterator, per_call).numpy()
         steps += per_call
     return (time.monotonic() - timed) / steps, time.monotonic() - began

@@ -9,19 +9,24 @@ Each call of the compiled loop runs `plan.per_call` steps; validation, checkpoin
 on_steps land on a call's last step. A checkpoint is saved every train.checkpoint_every steps (and as
 often as a hook's `checkpoint_every` asks), with the history up to it; a rerun of the run restores the
 latest one and skips the batches it already consumed, so a killed process loses at most one checkpoint
-interval and finishes at exactly the planned step count. A preemption notice (SIGTERM to a CLI trainer,
+interval and finishes at exactly the planned step count. With train.budget_minutes the planned count moves
+before each call (mlm_tasks/training/budget.py: Deadline), and so do the schedule's end, the progress
+lines' total and the status record's; the run's last step gets its entry, validation and checkpoint
+whenever it comes. A preemption notice (SIGTERM to a CLI trainer,
 mlm_tasks/training/preemption.py) saves a checkpoint after the call under way and stops there.
 """
 
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Sequence
 from typing import Any
 
 from mlm_tasks.config import PipelineConfig
 from mlm_tasks.paths import RunPaths
 from mlm_tasks.training import preemption
+from mlm_tasks.training.budget import Deadline, record_end
 from mlm_tasks.training.hooks import TrainHook
 from mlm_tasks.training.plan import TrainInputs, TrainPlan, crossed
 from mlm_tasks.training.progress import ProgressLog, write_history
@@ -54,7 +59,20 @@ class TrainLoop:
             *(hook.checkpoint_every for hook in hooks if hook.checkpoint_every),
         ]
         start, total = state.start_step, plan.total_steps
-        batches = train_input(cfg, inputs.shard_set, inputs.tokenizer, plan.global_batch, start, total - start)
+        self.total = total  # the run's last step: plan.total_steps, re-planned before each call with a budget
+        budget, cap = plan.budget, cfg.train.steps
+        self.deadline: Deadline | None = None
+        self.try_began = self.used_before = 0.0
+        if budget is not None and budget.started_at is not None:
+            # What the budget used before this try: the checkpoint's count, or (a fresh run) the measuring.
+            self.try_began = time.time()
+            self.used_before = float(state.budget_used_s.numpy()) if start else self.try_began - budget.started_at
+            deadline_at = self.try_began + budget.seconds - self.used_before
+            self.deadline = Deadline(deadline_at, budget.seconds_per_step, cap)
+        self.end_s = {"checkpoint": 0.0, "validation": 0.0}  # what the run's end takes: the deadline keeps it
+        # With a deadline the input runs on past the first plan: a faster machine may train more steps.
+        take = (cap or 10**9) - start if self.deadline else total - start
+        batches = train_input(cfg, inputs.shard_set, inputs.tokenizer, plan.global_batch, start, take)
         self.iterator = iter(plan.strategy.distribute_datasets_from_function(batches))
         max_pred = cfg.train.max_predictions_per_seq
         self.distributed_steps = step_functions(plan.strategy, state.model, state.optimizer, max_pred, plan.xla)
@@ -77,37 +95,80 @@ class TrainLoop:
 
     def run(self) -> None:
         """Train to the plan's last step, save the final checkpoint, and end the hooks."""
-        start, total = self.state.start_step, self.plan.total_steps
+        start = self.state.start_step
         for hook in self.hooks:
-            hook.on_start(self.run_paths, start, total)
+            hook.on_start(self.run_paths, start, self.total)
         step = start
-        while step < total:
-            first, step = step + 1, min(step + self.plan.per_call, total)
+        while self._replan(step) > step:
+            first, step = step + 1, min(step + self.plan.per_call, self.total)
             self._steps(first, step)
-            if step != total and preemption.noticed():  # SIGTERM to a CLI trainer: save here, then go
+            if step != self.total and preemption.noticed():  # SIGTERM to a CLI trainer: save here, then go
                 self.save_checkpoint(step)
                 raise preemption.Preempted(step, preemption.waited_s())
-            if step != total and any(crossed(every, first, step) for every in self.save_every):
+            if step != self.total and any(crossed(every, first, step) for every in self.save_every):
                 self.save_checkpoint(step)
             for hook in self.hooks:
                 hook.on_steps(first, step)
         self.progress.finish_loop()
-        self.save_checkpoint(total)
+        self.save_checkpoint(self.total)
         for hook in self.hooks:
             hook.on_end()
+        if self.deadline is not None:
+            self._record_budget()
+
+    def _replan(self, step: int) -> int:
+        """The run's last step, before the call after `step`: the deadline's plan (the schedule, the progress
+        lines and the status record follow it), or the plan's count."""
+        if self.deadline is None:
+            return self.total
+        reserve = self.end_s["checkpoint"] + (self.end_s["validation"] if self.cfg.train.eval_every else 0.0)
+        total = self.deadline.total_before_call(step, self.plan.per_call, self.total, reserve)
+        if total == step and self.history_step() != step:  # a sudden slowdown ended it before the step's entry
+            total = step + 1
+        if total != self.total:
+            log.debug("Re-planned to %d steps at step %d (pace %.4f s/step)", total, step, self.deadline.pace())
+            self.state.schedule.replan(step, total)
+            self.total = self.progress.total = total
+            self.status.retotal(total)
+        return self.total
+
+    def history_step(self) -> int | None:
+        return self.state.history[-1]["step"] if self.state.history else None
+
+    def used_s(self) -> float:
+        """Seconds of the time budget used so far, by this try and the ones before its checkpoint."""
+        return self.used_before + time.time() - self.try_began if self.deadline else 0.0
+
+    def _record_budget(self) -> None:
+        replans = self.deadline.replans if self.deadline else 0
+        record = record_end(self.run_paths, self.total, replans, self.used_s())
+        log.info(
+            "Time budget %g min: trained %d steps in %.1f s (%+.1f s against the budget; planned %d at the start, "
+            "re-planned %d times); train.steps=%d repeats it",
+            record["budget_minutes"],
+            self.total,
+            record.get("trained_s", float("nan")),
+            record.get("overrun_s", float("nan")),
+            record["steps"],
+            record["replans"],
+            self.total,
+        )
 
     def _steps(self, first: int, last: int) -> None:
         """One call of the compiled loop (steps first..last), its losses recorded, then validation if due."""
         eval_every = self.cfg.train.eval_every or 0  # 0: no validation during training
-        due = bool(eval_every) and (crossed(eval_every, first, last) or last == self.plan.total_steps)
+        due = bool(eval_every) and (crossed(eval_every, first, last) or last == self.total)
         for s, row in enumerate(self._call(last - first + 1), start=first):
             self.progress.record(s, *row, force=due and s == last)
         if first == self.state.start_step + 1:
             self.progress.compiled(last)  # the first call traced and compiled: throughput counts from here
         self.state.step.assign(last)
         validate, keep_best = self.state.validate, self.cfg.train.keep_checkpoint == "best"
-        if validate is not None and due and self.progress.validation(last, *validate()[:2]) and keep_best:
-            self.state.best.save(checkpoint_number=last)  # a new best: its weights, numbered by its step
+        if validate is not None and due:
+            began = time.monotonic()
+            if self.progress.validation(last, *validate()[:2]) and keep_best:
+                self.state.best.save(checkpoint_number=last)  # a new best: its weights, numbered by its step
+            self.end_s["validation"] = time.monotonic() - began
 
     def _call(self, steps: int) -> Any:
         """[loss sum, masked tokens, correct] of each of `steps` steps; a shard failing its checksum is named."""
@@ -124,7 +185,10 @@ class TrainLoop:
             raise bad from None
 
     def save_checkpoint(self, step: int) -> None:
+        began = time.monotonic()
+        self.state.budget_used_s.assign(self.used_s())
         path = self.state.checkpoints.save(checkpoint_number=step)
+        self.end_s["checkpoint"] = time.monotonic() - began
         write_history(self.run_paths, self.state.history)
         for hook in self.hooks:
             hook.on_checkpoint(step, path)  # the Hub sync queues the upload and returns at once

@@ -123,8 +123,9 @@ def plan_lines(
     if cfg.train.budget_minutes:
         cap = f"at most {cfg.train.steps:,}" if cfg.train.steps else "no cap"
         lines.append(
-            f"train.budget_minutes={cfg.train.budget_minutes:g}: train fixes the step count from its "
-            f"measured step time ({cap}); the figures here are for {steps:,} steps."
+            f"train.budget_minutes={cfg.train.budget_minutes:g}: train plans the step count from its "
+            f"measured step time and re-plans it as it trains, to stop on time ({cap}); the figures here are for "
+            f"{steps:,} steps."
         )
     if cfg.compute == "tpu_vm":
         generation = cfg.tpu.accelerator_type.split("-", 1)[0]
@@ -189,6 +190,8 @@ class TrainPlan:
     total_steps: int  # train.steps, epochs over the records, or what fits train.budget_minutes
     per_call: int  # optimizer steps per call of the compiled loop
     model_config: Any  # the RobertaConfig the model is built from
+    budget: Any = None  # Budget (mlm_tasks/training/budget.py) with train.budget_minutes: the loop re-plans to it
+    precision_reason: str = ""  # why this precision: the setting, or what `auto` timed
 
 
 def plan_training(cfg: PipelineConfig, run: RunPaths, inputs: TrainInputs) -> TrainPlan:
@@ -197,13 +200,9 @@ def plan_training(cfg: PipelineConfig, run: RunPaths, inputs: TrainInputs) -> Tr
     import tensorflow as tf
     import tf_keras
 
-    from mlm_tasks.model.precision import auto_precision
     from mlm_tasks.model.roberta import roberta_config
 
     device = select_device(cfg.train.device)
-    precision = auto_precision(device) if cfg.train.mixed_precision == "auto" else cfg.train.mixed_precision
-    if precision == "bf16":
-        tf_keras.mixed_precision.set_global_policy("mixed_bfloat16")
     xla = cfg.train.xla == "on" or (cfg.train.xla == "auto" and device != "cpu")
     tf.keras.utils.set_random_seed(cfg.train.seed)
     strategy = make_strategy(device, cfg)
@@ -212,7 +211,7 @@ def plan_training(cfg: PipelineConfig, run: RunPaths, inputs: TrainInputs) -> Tr
     base = inputs.base
     plan = TrainPlan(
         device,
-        precision,
+        cfg.train.mixed_precision,
         xla,
         strategy,
         replicas,
@@ -222,10 +221,19 @@ def plan_training(cfg: PipelineConfig, run: RunPaths, inputs: TrainInputs) -> Tr
         model_config=roberta_config(
             cfg, len(inputs.tokenizer), inputs.shard_set.special_ids, base.config() if base else None
         ),
+        precision_reason=f"{cfg.train.mixed_precision}: set by train.mixed_precision",
     )
+    if cfg.train.mixed_precision == "auto":
+        choice = _auto_precision(cfg, inputs, plan)
+        plan = replace(plan, precision=choice.precision, precision_reason=choice.reason)
+        train_log.info("Precision %s", choice.reason)
+    tf_keras.mixed_precision.set_global_policy("mixed_bfloat16" if plan.precision == "bf16" else "float32")
+    precision = plan.precision
     if cfg.train.budget_minutes:
-        plan = replace(plan, total_steps=_budgeted_steps(cfg, run, inputs, plan, cfg.train.budget_minutes))
-        tf.keras.utils.set_random_seed(cfg.train.seed)  # the run's model starts where a run of that count would
+        budget = _budget(cfg, run, inputs, plan, cfg.train.budget_minutes)
+        plan = replace(plan, total_steps=budget.steps, budget=budget)
+    # The measurements' throwaway models drew from the RNG: the run's model starts where a run without them would.
+    tf.keras.utils.set_random_seed(cfg.train.seed)
     train_log.info(
         "Training on %s (%s): %d replica(s), global batch %d, %d steps (%d per call), warmup %d, XLA %s, precision %s",
         device,
@@ -241,24 +249,63 @@ def plan_training(cfg: PipelineConfig, run: RunPaths, inputs: TrainInputs) -> Tr
     return plan
 
 
-def _budgeted_steps(cfg: PipelineConfig, run: RunPaths, inputs: TrainInputs, plan: TrainPlan, minutes: float) -> int:
-    """The step count that fits train.budget_minutes (recorded in RunPaths.train_budget; a retry reads it)."""
-    from mlm_tasks.training.budget import budgeted_steps, seconds_per_step
+def _time_throwaway(
+    cfg: PipelineConfig, inputs: TrainInputs, plan: TrainPlan, min_steps: int | None = None, min_s: float | None = None
+) -> tuple[float, float]:
+    """(seconds per step, seconds spent) of a throwaway model and optimizer in the current Keras policy, on
+    the run's first batches (the input repeats): the time budget's and the precision choice's measurement."""
+    from mlm_tasks.training.budget import MEASURE_S, MEASURE_STEPS, seconds_per_step
 
-    def measure() -> tuple[float, float]:  # a throwaway model, on the run's first batches (the input repeats)
-        throwaway = model_and_optimizer(
-            plan.strategy, cfg, plan.model_config, plan.total_steps, from_base=inputs.base is not None
-        )
-        batches = train_input(cfg, inputs.shard_set, inputs.tokenizer, plan.global_batch, 0, 10**6)
-        return seconds_per_step(
-            plan.strategy,
-            throwaway[:2],
-            step_functions,
-            cfg.train.max_predictions_per_seq,
-            plan.xla,
-            batches,
-            plan.per_call,
-        )
+    throwaway = model_and_optimizer(
+        plan.strategy, cfg, plan.model_config, plan.total_steps, from_base=inputs.base is not None
+    )
+    batches = train_input(cfg, inputs.shard_set, inputs.tokenizer, plan.global_batch, 0, 10**6)
+    return seconds_per_step(
+        plan.strategy,
+        throwaway[:2],
+        step_functions,
+        cfg.train.max_predictions_per_seq,
+        plan.xla,
+        batches,
+        plan.per_call,
+        min_steps or MEASURE_STEPS,
+        min_s or MEASURE_S,
+    )
+
+
+# The precision choice times each precision for this long after compiling: a 1.1x difference shows at 4 s.
+PRECISION_STEPS, PRECISION_S = 20, 4.0
+
+
+def _auto_precision(cfg: PipelineConfig, inputs: TrainInputs, plan: TrainPlan) -> Any:
+    """train.mixed_precision=auto: bf16 on a TPU or GPU; on a CPU the faster of fp32 and bf16 for this model,
+    timed once per machine kind and shape (mlm_tasks/model/precision.py)."""
+    import tf_keras
+
+    from mlm_tasks.model.cpu_peak import machine_kind
+    from mlm_tasks.model.precision import auto_precision
+
+    dims = plan.model_config
+    key = (
+        f"{machine_kind()} | {dims.num_hidden_layers}L {dims.hidden_size}H {dims.num_attention_heads}A "
+        f"{dims.intermediate_size}I {dims.vocab_size}V | batch {plan.global_batch} x {inputs.shard_set.max_length}, "
+        f"{cfg.train.max_predictions_per_seq} predictions | XLA {'on' if plan.xla else 'off'}"
+    )
+
+    def measure(precision: str) -> float:
+        tf_keras.mixed_precision.set_global_policy("mixed_bfloat16" if precision == "bf16" else "float32")
+        try:
+            return _time_throwaway(cfg, inputs, plan, PRECISION_STEPS, PRECISION_S)[0]
+        finally:
+            tf_keras.mixed_precision.set_global_policy("float32")
+
+    return auto_precision(plan.device, key, measure)
+
+
+def _budget(cfg: PipelineConfig, run: RunPaths, inputs: TrainInputs, plan: TrainPlan, minutes: float) -> Any:
+    """The step count that fits train.budget_minutes at the start, and the time it started (recorded in
+    RunPaths.train_budget; a retry reads it)."""
+    from mlm_tasks.training.budget import budgeted_steps
 
     cap = plan.total_steps if cfg.train.steps else None
-    return budgeted_steps(run, minutes, cap, measure)
+    return budgeted_steps(run, minutes, cap, lambda: _time_throwaway(cfg, inputs, plan))

@@ -2,9 +2,10 @@
 
     state = build_training(cfg, ctx.run, inputs, plan)   # TrainState: model, checkpoints, start step, history
 
-A checkpoint holds weights, optimizer moments and the step (the learning-rate schedule follows the
-optimizer's step). A run with a checkpoint restores the latest; a fresh run with `model.init_from` starts
-from the base model's weights (mlm_tasks/model/init_weights.py), else from random ones.
+A checkpoint holds weights, optimizer moments, the step, the learning-rate schedule's plan (the schedule
+follows the optimizer's step to the last step planned so far) and the time budget used. A run with a
+checkpoint restores the latest; a fresh run with `model.init_from` starts from the base model's weights
+(mlm_tasks/model/init_weights.py), else from random ones.
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ class TrainState:
     optimizer: Any
     schedule: Any  # the learning-rate schedule (the progress lines print its value)
     step: Any  # tf.Variable: the step the checkpoint records
+    budget_used_s: Any  # tf.Variable: seconds of train.budget_minutes used up to that step (0 without a budget)
     checkpoints: Any  # tf.train.CheckpointManager of runs/<run>/checkpoints (the last two)
     best: Any  # ... of RunPaths.train_best: the weights of the lowest validation loss
     validate: Any | None  # Validation (train.eval_every), None without it
@@ -52,7 +54,12 @@ def build_training(cfg: PipelineConfig, run: RunPaths, inputs: TrainInputs, plan
     )
     with plan.strategy.scope():
         step = tf.Variable(0, dtype=tf.int64, trainable=False, name="step")
-    checkpoint = tf.train.Checkpoint(model=model, optimizer=optimizer, step=step)
+        used_s = tf.Variable(0.0, dtype=tf.float64, trainable=False, name="budget_used_s")
+    # lr_plan: where the schedule's decay ends, and budget_used_s: what a time budget had used, so a resume
+    # follows the schedule the run was re-planned to and gets the rest of the budget (training/budget.py)
+    checkpoint = tf.train.Checkpoint(
+        model=model, optimizer=optimizer, step=step, lr_plan=schedule.plan, budget_used_s=used_s
+    )
     manager = tf.train.CheckpointManager(checkpoint, run.checkpoints, max_to_keep=2)
     validate = (
         Validation(plan.strategy, model, validation_batches(inputs.shard_set, inputs.tokenizer, cfg))
@@ -63,7 +70,7 @@ def build_training(cfg: PipelineConfig, run: RunPaths, inputs: TrainInputs, plan
     _restore_or_start(checkpoint, manager, step, model, inputs.base)
     start_step = int(step.numpy())  # int() refuses the Mirrored/TPU variable a strategy makes
     history = [h for h in read_history(run) if h["step"] <= start_step]
-    return TrainState(model, optimizer, schedule, step, manager, best, validate, start_step, history)
+    return TrainState(model, optimizer, schedule, step, used_s, manager, best, validate, start_step, history)
 
 
 def _restore_or_start(checkpoint: Any, manager: Any, step: Any, model: Any, base: BaseModelRef | None) -> None:

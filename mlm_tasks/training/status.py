@@ -120,6 +120,11 @@ class StatusRecord:
             record["tokens_per_s"], record["eta_s"], record["step_time"] = tokens_per_s, eta_s, time.time()
         self._write()
 
+    def retotal(self, total_steps: int) -> None:
+        """The run's last step moved (a time budget re-planned it): the next write says so."""
+        with self._lock:
+            self.record["total_steps"] = total_steps
+
     def __exit__(self, kind: type[BaseException] | None, err: BaseException | None, tb: TracebackType | None) -> None:
         self._stop.set()
         self._thread.join(timeout=self.heartbeat_s + 10)
