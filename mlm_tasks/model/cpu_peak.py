@@ -14,13 +14,14 @@ bf16 run read 99.8% MFU.
 
 from __future__ import annotations
 
-import json
 import os
 import re
 import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+from mlm_tasks import machine_cache
 
 # FLOPs per cycle per core of the widest unit a flag shows (two FMA pipes, an FMA = 2 FLOPs), from Intel's
 # Optimization Reference Manual (AVX-512: 2 × 16 fp32 lanes; AVX2: 2 × 8; AVX-512-BF16's vdpbf16ps: twice
@@ -92,27 +93,23 @@ def gemm_rate(precision: str, size: int = GEMM_SIZE) -> float:
     return max(rates)
 
 
-def _cache_path() -> Path:
-    """MLM_CPU_PEAK_CACHE (the tests' own), else CACHE_FILE under $XDG_CACHE_HOME (~/.cache)."""
-    if os.environ.get("MLM_CPU_PEAK_CACHE"):
-        return Path(os.environ["MLM_CPU_PEAK_CACHE"])
-    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / CACHE_FILE
+def machine_kind(info: dict[str, Any] | None = None) -> str:
+    """ "AMD EPYC × 2 cores": what the figures measured once per machine are keyed by."""
+    info = info or cpu_info()
+    return f"{info['model']} × {info['cores']} cores"
 
 
 def measured_peak(info: dict[str, Any]) -> CpuPeak:
     """The best GEMM rate of fp32 and bf16 on this machine kind, from the cache or measured (then cached)."""
-    kind = f"{info['model']} × {info['cores']} cores"
-    path = _cache_path()
-    cache = json.loads(path.read_text()) if path.exists() else {}
-    if kind not in cache:
+    kind = machine_kind(info)
+    path = machine_cache.path(CACHE_FILE, "MLM_CPU_PEAK_CACHE")
+
+    def measure() -> dict[str, Any]:
         rates = {precision: gemm_rate(precision) for precision in ("fp32", "bf16")}
         best = max(rates, key=lambda p: rates[p])
-        cache[kind] = {"flops": rates[best], "precision": best, "rates": rates, "at": time.strftime("%Y-%m-%d")}
-        path.parent.mkdir(parents=True, exist_ok=True)
-        partial = path.with_name(f"{path.name}.{os.getpid()}")  # two processes measuring: either one lands whole
-        partial.write_text(json.dumps(cache, indent=1))
-        partial.replace(path)
-    entry = cache[kind]
+        return {"flops": rates[best], "precision": best, "rates": rates}
+
+    entry = machine_cache.entry(path, kind, measure)
     source = f"measured peak: {entry['precision']} GEMM {GEMM_SIZE}³, {kind}, {entry['at']} (cached in {path})"
     return CpuPeak(float(entry["flops"]), entry["precision"], source)
 

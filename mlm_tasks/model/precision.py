@@ -1,38 +1,49 @@
-"""The compute dtype `train.mixed_precision: auto` picks, and what the CPU can do in bf16.
+"""The compute dtype `train.mixed_precision: auto` picks: bf16 on a TPU or GPU; on a CPU, whichever of fp32
+and bf16 trains the run's own model faster on this machine, timed once per machine kind and model shape.
 
-    precision = auto_precision(device)      # "bf16" on TPU and GPU; on CPU see CPU_BF16_AUTO
-    cpu_bf16_units()                        # ["amx_bf16", "avx512_bf16"] on a Sapphire Rapids Xeon
+    choice = auto_precision("cpu", key, measure)   # PrecisionChoice("off", "fp32: 1.31x bf16's steps/s ...")
 
-A CPU with bf16 matrix units (Intel AMX-BF16, or AVX512-BF16 on Intel Cooper Lake+ and AMD Zen 4+)
-runs oneDNN's bf16 matrix multiplies faster than fp32; one without them emulates bf16 and is slower.
-The masked-LM loss casts the LM head's logits to fp32, so the softmax stays exact either way.
+Why timed and not read from the CPU's flags: TensorFlow's CPU kernels decide, not the ISA. On an Intel Xeon
+with AVX-512-BF16 its bf16 matmuls ran at about half the fp32 rate; on a Zen 4 EPYC bf16 trained at
+1.15-1.4x fp32; on an AVX2-only EPYC (bf16 emulated) at 0.74x (bench/RESULTS.md). `measure(precision)`
+returns seconds per step of a throwaway copy of the run's model in that precision ("off" is fp32); the
+two figures are cached under the machine kind and the model's shape (`key`) in CACHE_FILE
+($XDG_CACHE_HOME, or MLM_PRECISION_CACHE), so only a machine's first run of a shape pays for the timing
+(~2 × 10 s for the embedded default). The masked-LM loss casts the LM head's logits to fp32, so the
+softmax stays exact either way.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Literal
 
-BF16_FLAGS = ("amx_bf16", "avx512_bf16")  # /proc/cpuinfo flag names (Linux)
+from mlm_tasks import machine_cache
 
-# Whether auto picks bf16 on a CPU with bf16 units: set from bench/bench_quality.py's measurement on
-# the embedded default (bench/RESULTS.md, section 9), not assumed: on a quiet 2-core AMD EPYC (Zen 4,
-# AVX512-BF16) bf16 trained at 1.15-1.4x fp32's tokens/s with the same loss per step (on the same
-# machine under heavy load the two were level); the issue's one-thread probe found 1.27x on an AMX Xeon.
-CPU_BF16_AUTO = True
+CACHE_FILE = "mlm-pretrain/precision.json"
+CACHE_ENV = "MLM_PRECISION_CACHE"
+NAMES = {"off": "fp32", "bf16": "bf16"}
 
 
-def cpu_bf16_units(cpuinfo: str = "/proc/cpuinfo") -> list[str]:
-    """The bf16 matrix-unit flags of this CPU (empty off Linux, or on a CPU without them)."""
-    try:
-        with open(cpuinfo) as f:
-            flags = next((line.split(":", 1)[1].split() for line in f if line.startswith("flags")), [])
-    except OSError:
-        return []
-    return [flag for flag in BF16_FLAGS if flag in flags]
+@dataclass(frozen=True)
+class PrecisionChoice:
+    precision: Literal["off", "bf16"]
+    reason: str  # what the summary prints: which, and why
 
 
-def auto_precision(device: str, cpuinfo: str = "/proc/cpuinfo") -> Literal["off", "bf16"]:
-    """`train.mixed_precision: auto` on `device` (cpu, gpu or tpu): "bf16" or "off" (fp32)."""
+def auto_precision(device: str, key: str, measure: Callable[[str], float]) -> PrecisionChoice:
+    """`train.mixed_precision: auto` on `device` (cpu, gpu or tpu) for the model `key` names."""
     if device != "cpu":
-        return "bf16"
-    return "bf16" if CPU_BF16_AUTO and cpu_bf16_units(cpuinfo) else "off"
+        return PrecisionChoice("bf16", f"bf16: the {device.upper()}'s matrix units run it natively")
+    path = machine_cache.path(CACHE_FILE, CACHE_ENV)
+    entry = machine_cache.entry(path, key, lambda: {"seconds_per_step": {p: measure(p) for p in NAMES}})
+    timed: dict[str, float] = entry["seconds_per_step"]
+    faster: Literal["off", "bf16"] = "bf16" if timed["bf16"] < timed["off"] else "off"
+    slower = "off" if faster == "bf16" else "bf16"
+    reason = (
+        f"{NAMES[faster]}: {timed[slower] / timed[faster]:.2f}x {NAMES[slower]}'s steps/s for this model on this CPU "
+        f"({1000 * timed['off']:.1f} ms/step fp32, {1000 * timed['bf16']:.1f} bf16; timed {entry['at']}, "
+        f"cached in {path})"
+    )
+    return PrecisionChoice(faster, reason)

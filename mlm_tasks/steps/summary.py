@@ -96,6 +96,15 @@ def _training_lines(cfg: PipelineConfig, run: RunPaths, train: dict) -> list[str
                     else ""
                 )
             )
+        if train.get("precision_reason"):
+            out.append(f"Precision  {train['precision_reason']}")
+        budget = storage.read_json_if_exists(run.train_budget)
+        if budget and budget.get("trained_s") is not None:
+            out.append(
+                f"Budget     {budget['budget_minutes']:g} min: trained {budget['trained_steps']:,} steps in "
+                f"{budget['trained_s']:.0f} s ({budget['overrun_s']:+.1f} s; planned {budget['steps']:,} at the "
+                f"start, re-planned {budget['replans']} times); train.steps={budget['trained_steps']} repeats it"
+            )
     if cfg.compute == "tpu_vm":
         bill = storage.read_json_if_exists(run.tpu_vm_bill)
         out.append(

@@ -1,4 +1,4 @@
-"""The quality knobs bench/bench_quality.py measures: bf16 on CPUs with bf16 matrix units (detected),
+"""The quality knobs bench/bench_quality.py measures: the precision `auto` picks by timing the model on this CPU,
 the one-cycle schedule, more masking with more prediction slots, a vocabulary padded to a multiple.
 
     TF_USE_LEGACY_KERAS=1 .venv/bin/python -m pytest tests/mlm_tasks/model/test_recipes.py -q
@@ -15,29 +15,37 @@ from mlm_tasks.paths import RunContext
 from mlm_tasks.training.hooks import FailAtStep
 from peers.tiny_data import tiny_config
 
-CPUINFO = "processor\t: 0\nmodel name\t: Some CPU\nflags\t\t: fpu sse2 avx2 avx512f {extra}\n\n"
+
+def test_auto_precision_times_the_model_once_per_machine_and_shape_and_picks_the_faster(tmp_path, monkeypatch):
+    monkeypatch.setenv(precision.CACHE_ENV, str(tmp_path / "precision.json"))
+    timed = []
+
+    def measure(which):  # seconds per step: bf16 at half fp32's rate, as TensorFlow ran it on an AVX-512 Xeon
+        timed.append(which)
+        return {"off": 0.10, "bf16": 0.20}[which]
+
+    first = precision.auto_precision("cpu", "Xeon x 2 | 1L 256H", measure)
+    assert first.precision == "off" and timed == ["off", "bf16"]
+    assert first.reason.startswith("fp32: 2.00x bf16's steps/s") and "100.0 ms/step fp32, 200.0 bf16" in first.reason
+    again = precision.auto_precision("cpu", "Xeon x 2 | 1L 256H", lambda which: pytest.fail("timed again"))
+    assert again == first  # cached for this machine kind and shape
+    other = precision.auto_precision("cpu", "Xeon x 2 | 2L 256H", lambda which: {"off": 0.3, "bf16": 0.2}[which])
+    assert other.precision == "bf16" and other.reason.startswith("bf16: 1.50x fp32's")  # another shape: timed
+    tpu = precision.auto_precision("tpu", "any", lambda which: pytest.fail("timed on a TPU"))
+    assert tpu.precision == precision.auto_precision("gpu", "any", measure).precision == "bf16"
 
 
-def _cpuinfo(tmp_path, extra: str) -> str:
-    path = tmp_path / f"cpuinfo-{len(extra)}"
-    path.write_text(CPUINFO.format(extra=extra))
-    return str(path)
+@pytest.mark.slow  # trains a model: in make test, not in make test-fast
+def test_auto_precision_on_this_cpu_times_the_runs_own_model_and_the_summary_says_why(tiny_prepared, monkeypatch):
+    from mlm_tasks.steps.train import train
 
-
-def test_bf16_units_are_read_from_the_cpu_flags_and_auto_picks_bf16_only_where_they_are(tmp_path, monkeypatch):
-    sapphire = _cpuinfo(tmp_path, "amx_tile amx_bf16 avx512_bf16 amx_int8")
-    zen4 = _cpuinfo(tmp_path, "avx512_bf16")
-    old = _cpuinfo(tmp_path, "")
-    assert precision.cpu_bf16_units(sapphire) == ["amx_bf16", "avx512_bf16"]
-    assert precision.cpu_bf16_units(zen4) == ["avx512_bf16"]
-    assert precision.cpu_bf16_units(old) == []
-    assert precision.cpu_bf16_units(str(tmp_path / "missing")) == []  # not Linux: no units known
-    monkeypatch.setattr(precision, "CPU_BF16_AUTO", True)
-    assert precision.auto_precision("cpu", zen4) == "bf16"
-    assert precision.auto_precision("cpu", old) == "off"  # emulated bf16 is slower than fp32
-    monkeypatch.setattr(precision, "CPU_BF16_AUTO", False)
-    assert precision.auto_precision("cpu", sapphire) == "off"
-    assert precision.auto_precision("gpu", old) == precision.auto_precision("tpu", old) == "bf16"
+    monkeypatch.setenv(precision.CACHE_ENV, str(tiny_prepared[0].output_root) + "/precision.json")
+    cfg, data = tiny_prepared
+    auto = tiny_config(cfg.output_root, **{"train.mixed_precision": "auto", "train.steps": 4})
+    summary = train(auto, RunContext.of(auto, "auto-precision", data["fingerprint"]))
+    assert summary["precision"] in ("off", "bf16")
+    assert summary["precision_reason"].startswith({"off": "fp32: ", "bf16": "bf16: "}[summary["precision"]])
+    assert "steps/s for this model on this CPU" in summary["precision_reason"]
 
 
 def test_one_cycle_warms_up_to_the_peak_then_anneals_to_zero_on_the_last_step(tmp_path):
