@@ -23,13 +23,13 @@ def model_vocab_size(cfg: PipelineConfig, tokenizer_size: int) -> int:
 def optimizer_and_schedule(train: TrainConfig, steps: int):
     """AdamW (decay not on norms and biases, as transformers.create_optimizer) and its learning-rate schedule:
     linear warmup to train.learning_rate over train.warmup_fraction of `steps`, then train.schedule down to 0
-    at the last step (mlm_tasks/training/schedule.py: a time budget may move that step while it trains)."""
+    at the last step (mlm_tasks/model/schedule.py: a time budget may move that step while it trains)."""
     from transformers import AdamWeightDecay
 
-    from mlm_tasks.training.schedule import DecaySchedule
+    from mlm_tasks.model.schedule import decay_schedule
 
     warmup = int(steps * train.warmup_fraction)
-    schedule = DecaySchedule(train.learning_rate, warmup, steps, "linear" if train.schedule == "linear" else "cosine")
+    schedule = decay_schedule(train.learning_rate, warmup, steps, "linear" if train.schedule == "linear" else "cosine")
     optimizer = AdamWeightDecay(
         learning_rate=schedule,
         weight_decay_rate=train.weight_decay,

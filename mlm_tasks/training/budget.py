@@ -16,7 +16,7 @@ least 1. It lands in runs/<run>/train/budget.json (RunPaths.train_budget) before
 time it started; every later try of the run reads it. Before each call of the compiled loop, `Deadline` re-plans
 the last step from the pace of the last PACE_WINDOW_S (what a busier machine now does, not what it did at
 the start), and ends the run on the call after which the next would not fit; the learning-rate schedule
-follows the re-planned last step (mlm_tasks/training/schedule.py). The steps trained, the re-plans and the
+follows the re-planned last step (mlm_tasks/model/schedule.py). The steps trained, the re-plans and the
 time the last step ended are added to budget.json at the end: a rerun with `train.steps` set to the steps
 trained trains as long.
 """

@@ -1,7 +1,7 @@
 """The learning-rate schedule: linear warmup to the peak, then a decay to 0 at the run's last step, whose
 last step can move while the run trains (train.budget_minutes re-plans it as the machine's pace changes).
 
-    schedule = DecaySchedule(peak=2e-3, warmup=66, total=1100, kind="linear")   # or "cosine"
+    schedule = decay_schedule(peak=2e-3, warmup=66, total=1100, kind="linear")   # or "cosine"
     schedule(step)                        # the learning rate the optimizer uses at `step`
     schedule.replan(step=600, total=950)  # from here on, decay from schedule(600) to 0 at step 950
 
@@ -14,12 +14,27 @@ resumed run follows the same schedule as the run it continues.
 from __future__ import annotations
 
 import math
+from functools import cache
 from typing import Any, Literal
 
-import tf_keras  # only imported where a model is trained (mlm_tasks/model/roberta.py imports this lazily)
+
+def decay_schedule(peak: float, warmup: int, total: int, kind: Literal["linear", "cosine"]) -> Any:
+    """A DecaySchedule (a Keras LearningRateSchedule, which the optimizer calls with its step)."""
+    return _schedule_class()(peak, warmup, total, kind)
 
 
-class DecaySchedule(tf_keras.optimizers.schedules.LearningRateSchedule):
+@cache
+def _schedule_class() -> type:
+    """The class, defined on first use: its base is Keras', and importing this module loads no TensorFlow."""
+    import tf_keras
+
+    class DecaySchedule(_DecayPlan, tf_keras.optimizers.schedules.LearningRateSchedule):
+        pass
+
+    return DecaySchedule
+
+
+class _DecayPlan:
     def __init__(self, peak: float, warmup: int, total: int, kind: Literal["linear", "cosine"]):
         import tensorflow as tf
 
