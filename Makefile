@@ -11,7 +11,7 @@ export AIRFLOW__CORE__PLUGINS_FOLDER := $(CURDIR)/plugins
 export AIRFLOW__CORE__LOAD_EXAMPLES := False
 export TF_USE_LEGACY_KERAS := 1
 
-.PHONY: env run test test-fast lint typecheck docs lock lock-dev clean lock-vm tpuvm-env
+.PHONY: env run run-continued test test-fast lint typecheck docs lock lock-dev clean lock-vm tpuvm-env
 
 env: $(VENV)/.installed
 
@@ -25,6 +25,10 @@ $(VENV)/.installed: requirements.txt requirements-dev.txt pyproject.toml
 
 run: env
 	@scripts/make_run.sh
+
+# Continued pretraining (model.init_from) from the model `make run` left, CONTINUED_MINUTES (3) of it.
+run-continued: env
+	@scripts/make_run_continued.sh
 
 # In parallel (pytest-xdist): most of the suite waits on Airflow stacks, sshd and subprocesses, so three
 # workers share two cores well; `--dist loadgroup` keeps the tests of one shared stack on one worker

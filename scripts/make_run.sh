@@ -28,20 +28,5 @@ fi
 rss_kb=$(awk -F': ' '/Maximum resident set size/ {print $2}' "$AIRFLOW_HOME/time.txt")
 echo "Wall time  $((end - start)) s; peak memory $((rss_kb / 1024)) MiB (largest process)"
 
-# Continued pretraining from the model just trained (model.init_from): its tokenizer encodes the shards,
-# its weights are the start, 1 minute of training; its report compares both runs. MLM_RUN_CONTINUED=0 skips it.
-if [[ "$status" == 0 && "${MLM_RUN_CONTINUED:-1}" != 0 ]]; then
-  base=$(dirname "$summary")/model
-  echo
-  echo "Continuing from $base for 1 minute (model.init_from) — full log: $AIRFLOW_HOME/continued_run.log"
-  .venv/bin/airflow dags test mlm_pretrain \
-    -c "{\"output_root\": \"$OUTPUT_ROOT\", \"init_from\": \"$base\", \"overrides\": {\"train.budget_minutes\": 1}}" \
-    >"$AIRFLOW_HOME/continued_run.log" 2>&1 || true
-  if ! grep "DagRun Finished" "$AIRFLOW_HOME/continued_run.log" | grep -q "state=success"; then
-    echo "The continued run did not succeed: see $AIRFLOW_HOME/continued_run.log"; exit 1
-  fi
-  continued=$(ls -t "$OUTPUT_ROOT"/runs/*/summary.txt | head -1)
-  cat "$continued"
-  echo "Both runs side by side: $(dirname "$continued")/report/report.md (All runs under output_root)"
-fi
+[[ "$status" == 0 ]] && echo "Next: \`make run-continued\` continues pretraining from this model (model.init_from)."
 exit "$status"
