@@ -142,22 +142,9 @@ def _methods(fake_tpu) -> list[str]:
     return [m for m, path in fake_tpu.requests if not is_read(path)]
 
 
-@pytest.mark.slow
-def test_gcs_and_tpu_vm_end_to_end(
-    airflow_env, gcs, gcs_root, tf_gcs_env, fake_tpu, sshd, tmp_path, oauth_server, sa_key
-):
-    conf = _conf(gcs_root, fake_tpu, sshd, tf_gcs_env)
-    grants_before = len(oauth_server.grants)
-    started = time.monotonic()
-    log = _dags_test(airflow_env, conf, _env(sshd, tf_gcs_env, gcs), tmp_path)
-    assert not log.startswith("DAG RUN FAILED") and "state=success" in log, log[-6000:]
-    print(f"GCS + TPU VM run: {time.monotonic() - started:.0f}s")
-
-    # The node: made once, through CREATING to READY, and deleted by the teardown; the API's 429 and
-    # 503 on create and delete were retried.
-    assert _methods(fake_tpu).count("POST") == 1 and _methods(fake_tpu).count("DELETE") == 1
-    assert fake_tpu.nodes == {}
-    assert [c for m, path, c in fake_tpu.answers if m == "POST" and not is_read(path)] == [429, 503, 200]
+def _check_run_artifacts(gcs_root: str, log: str, fake_tpu, sa_key, oauth_server, grants_before: int) -> RunPaths:
+    """What a run on GCS + a TPU VM leaves, whatever it met on the way: every client on the connection's
+    credentials, the shard set and the run's artifacts in the bucket. Returns the run's paths."""
     # Credentials: every TPU API call carried the connection's service account; gcsfs and the storage
     # clients (the emulator checks no token) refreshed that same key at the token endpoint.
     assert fake_tpu.principals == {sa_key["client_email"]}
@@ -198,6 +185,7 @@ def test_gcs_and_tpu_vm_end_to_end(
     assert metrics["loss"] < metrics["untrained_loss"] and metrics["masked_tokens"] > 0
     predictions = storage.read_json(run.predictions)
     assert predictions and all(len(p["predictions"]) == 5 for p in predictions)
+    return run
 
 
 @pytest.mark.slow
@@ -239,15 +227,20 @@ def _preempt_at_fault(fake_tpu, gcs_root: str, stop: threading.Event, seen: list
 
 
 @pytest.mark.slow
-def test_failed_create_and_preemption_recover_on_fresh_nodes(
-    airflow_env, gcs, gcs_root, tf_gcs_env, fake_tpu, sshd, tmp_path
+def test_gcs_and_tpu_vm_end_to_end_through_a_stockout_and_a_preemption(
+    airflow_env, gcs, gcs_root, tf_gcs_env, fake_tpu, sshd, tmp_path, oauth_server, sa_key
 ):
+    """The whole Google Cloud path in one run (a tiny run costs ~2 CPU-minutes on CI's two cores; a clean run
+    and a recovering one were two tests once): every artifact in the bucket, every client on the connection's
+    credentials, and on the way a create that stocks out and a node preempted mid-training, both recovered on
+    fresh nodes inside their tries, every node deleted."""
     # create_tpu_vm's first create: the node appears, then its create operation fails (a stockout), which
     # the task waits out in the same try.
     fake_tpu.fail_next_create("There is no more capacity in the zone")
     # The fault: a hook the trainer's environment on the VM names (tpu.env, the deployment's: no run can set it).
     fault = {"MLM_TRAIN_HOOKS": "mlm_tasks.training.hooks:fail_at_step=7"}
     conf = _conf(gcs_root, fake_tpu, sshd, tf_gcs_env, fault)
+    grants_before = len(oauth_server.grants)
     stop, preempted = threading.Event(), []
     watcher = threading.Thread(target=_preempt_at_fault, args=(fake_tpu, gcs_root, stop, preempted), daemon=True)
     watcher.start()
@@ -265,6 +258,8 @@ def test_failed_create_and_preemption_recover_on_fresh_nodes(
     writes = [m for m in methods if m in ("POST", "DELETE")]
     assert writes == ["POST", "DELETE", "POST", "DELETE", "POST", "DELETE"], writes
     assert fake_tpu.nodes == {}
+    # The API's 429 and 503 before the first create went through were retried.
+    assert [c for m, path, c in fake_tpu.answers if m == "POST" and not is_read(path)][:3] == [429, 503, 200]
     assert "No capacity for v4-8 in us-central2-b (There is no more capacity in the zone)" in log
     tries = db_rows(
         airflow_env,
@@ -277,8 +272,8 @@ def test_failed_create_and_preemption_recover_on_fresh_nodes(
     assert "is PREEMPTED: it publishes no SSH host keys" in log
     assert "has not published worker 0's SSH host keys yet" not in log
 
+    run = _check_run_artifacts(gcs_root, log, fake_tpu, sa_key, oauth_server, grants_before)
     # The trainer is a detached job whose log stays on the VM: its resume shows in the run's records.
-    run = RunPaths(gcs_root, _run_id(log))
     summary = storage.read_json(run.train_summary)
     assert summary["steps"] == 12 and summary["resumed_from_step"] == 5
     status = storage.read_json(run.train_status)  # the faulted trainer, then one on the fresh node
