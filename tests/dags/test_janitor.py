@@ -30,7 +30,7 @@ def test_janitor_deletes_expired_nodes_in_every_zone_and_every_place_the_registr
     fake_tpu.add_node("other-proj", "asia-east1-c", "mlm-pretrain-far-fresh", labels={"expires": str(now + 3600)})
     tpu_registry.record(fake_tpu.registry, "other-proj", "asia-east1-c", "mlm-pretrain-far", now - 60)
     tpu_registry.record(fake_tpu.registry, "other-proj", "asia-east1-c", "mlm-pretrain-far-fresh", now + 3600)
-    tpu_registry.record(fake_tpu.registry, "proj", "us-east5-a", "mlm-pretrain-long-gone", now - 60)
+    tpu_registry.record(fake_tpu.registry, "proj", "us-west4-a", "mlm-pretrain-long-gone", now - 60)
     # google_cloud_default holds the service-account key the fake TPU API insists on (fixture).
     conf = {"zones": [ZONE, OTHER_ZONE]}
 
