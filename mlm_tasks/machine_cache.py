@@ -6,7 +6,10 @@
 
 A file under $XDG_CACHE_HOME (~/.cache), or the one an environment variable names (the tests' own). Each
 entry is keyed by the machine kind (CPU model × the cores this process may use) plus what the caller adds,
-and dated; delete the file to measure again on an idle machine.
+and dated; delete the file to measure again on an idle machine. A measurement taken while the machine is busy
+(a load average over half its cores: another job, a test suite) is used for that run only and not cached,
+so it cannot stand for the machine kind afterwards (one taken beside a CI run once cached a CPU peak of a
+ninth of the real one, and every later run read MFU over 400%).
 """
 
 from __future__ import annotations
@@ -25,12 +28,25 @@ def path(name: str, env: str) -> Path:
     return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / name
 
 
+def busy_load() -> float | None:
+    """The 1-minute load average when it is over half the cores this process may use (None: quiet enough)."""
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    load = os.getloadavg()[0] if hasattr(os, "getloadavg") else 0.0
+    return load if load > cores / 2 else None
+
+
 def entry(file: Path, key: str, measure: Callable[[], dict[str, Any]]) -> dict[str, Any]:
-    """The cached entry `key`, or `measure()`'s (dated, then cached). Two processes measuring at once each
-    write the whole file by rename, so neither leaves it torn."""
+    """The cached entry `key`, or `measure()`'s (dated, then cached unless the machine was busy: then the
+    entry carries `busy_load` and is not written). Two processes measuring at once each write the whole file by
+    rename, so neither leaves it torn."""
     cache = json.loads(file.read_text()) if file.exists() else {}
     if key not in cache:
-        cache[key] = {**measure(), "at": time.strftime("%Y-%m-%d")}
+        load = busy_load()
+        measured = {**measure(), "at": time.strftime("%Y-%m-%d")}
+        load = load if load is not None else busy_load()  # busy before or after: not the machine's figure
+        if load is not None:
+            return {**measured, "busy_load": load}
+        cache[key] = measured
         file.parent.mkdir(parents=True, exist_ok=True)
         partial = file.with_name(f"{file.name}.{os.getpid()}")
         partial.write_text(json.dumps(cache, indent=1))

@@ -110,7 +110,12 @@ def measured_peak(info: dict[str, Any]) -> CpuPeak:
         return {"flops": rates[best], "precision": best, "rates": rates}
 
     entry = machine_cache.entry(path, kind, measure)
-    source = f"measured peak: {entry['precision']} GEMM {GEMM_SIZE}³, {kind}, {entry['at']} (cached in {path})"
+    where = (
+        f"not cached: the machine was busy, load {entry['busy_load']:.1f}"
+        if "busy_load" in entry
+        else f"cached in {path}"
+    )
+    source = f"measured peak: {entry['precision']} GEMM {GEMM_SIZE}³, {kind}, {entry['at']} ({where})"
     return CpuPeak(float(entry["flops"]), entry["precision"], source)
 
 

@@ -44,6 +44,10 @@ def auto_precision(device: str, key: str, measure: Callable[[str], float]) -> Pr
     reason = (
         f"{NAMES[faster]}: {timed[slower] / timed[faster]:.2f}x {NAMES[slower]}'s steps/s for this model on this CPU "
         f"({1000 * timed['off']:.1f} ms/step fp32, {1000 * timed['bf16']:.1f} bf16; timed {entry['at']}, "
-        f"cached in {path})"
+        + (
+            f"not cached: the machine was busy, load {entry['busy_load']:.1f})"
+            if "busy_load" in entry
+            else f"cached in {path})"
+        )
     )
     return PrecisionChoice(faster, reason)

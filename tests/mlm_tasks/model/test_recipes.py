@@ -8,6 +8,7 @@ import math
 
 import pytest
 
+from mlm_tasks import machine_cache
 from mlm_tasks.errors import ConfigError
 from mlm_tasks.model import precision
 from mlm_tasks.model.roberta import model_vocab_size, optimizer_and_schedule
@@ -18,6 +19,7 @@ from peers.tiny_data import tiny_config
 
 def test_auto_precision_times_the_model_once_per_machine_and_shape_and_picks_the_faster(tmp_path, monkeypatch):
     monkeypatch.setenv(precision.CACHE_ENV, str(tmp_path / "precision.json"))
+    monkeypatch.setattr(machine_cache, "busy_load", lambda: None)  # a quiet machine: cached
     timed = []
 
     def measure(which):  # seconds per step: bf16 at half fp32's rate, as TensorFlow ran it on an AVX-512 Xeon
