@@ -7,7 +7,7 @@
 A file under $XDG_CACHE_HOME (~/.cache), or the one an environment variable names (the tests' own). Each
 entry is keyed by the machine kind (CPU model × the cores this process may use) plus what the caller adds,
 and dated; delete the file to measure again on an idle machine. A measurement taken while the machine is busy
-(a load average over half its cores: another job, a test suite) is used for that run only and not cached,
+(a load average over 1.5x its cores: another job beside the run, a test suite) is used for that run only and not cached,
 so it cannot stand for the machine kind afterwards (one taken beside a CI run once cached a CPU peak of a
 ninth of the real one, and every later run read MFU over 400%).
 """
@@ -29,10 +29,11 @@ def path(name: str, env: str) -> Path:
 
 
 def busy_load() -> float | None:
-    """The 1-minute load average when it is over half the cores this process may use (None: quiet enough)."""
+    """The 1-minute load average when it is over 1.5x the cores this process may use (None: quiet enough). The
+    run's own work just before (writing shards, the measurement itself) brings it to about the cores."""
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
     load = os.getloadavg()[0] if hasattr(os, "getloadavg") else 0.0
-    return load if load > cores / 2 else None
+    return load if load > 1.5 * cores else None
 
 
 def entry(file: Path, key: str, measure: Callable[[], dict[str, Any]]) -> dict[str, Any]:
