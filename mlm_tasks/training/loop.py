@@ -114,7 +114,7 @@ class TrainLoop:
         for hook in self.hooks:
             hook.on_end()
         if self.deadline is not None:
-            self._record_budget()
+            self._record_budget(self.deadline)
 
     def _replan(self, step: int) -> int:
         """The run's last step, before the call after `step`: the deadline's plan (the schedule, the progress
@@ -123,7 +123,8 @@ class TrainLoop:
             return self.total
         reserve = self.end_s["checkpoint"] + (self.end_s["validation"] if self.cfg.train.eval_every else 0.0)
         total = self.deadline.total_before_call(step, self.plan.per_call, self.total, reserve)
-        if total == step and self.history_step() != step:  # a sudden slowdown ended it before the step's entry
+        logged = self.state.history[-1]["step"] if self.state.history else None
+        if total == step and logged != step:  # a sudden slowdown ended it before the step's entry
             total = step + 1
         if total != self.total:
             log.debug("Re-planned to %d steps at step %d (pace %.4f s/step)", total, step, self.deadline.pace())
@@ -132,23 +133,19 @@ class TrainLoop:
             self.status.retotal(total)
         return self.total
 
-    def history_step(self) -> int | None:
-        return self.state.history[-1]["step"] if self.state.history else None
-
     def used_s(self) -> float:
         """Seconds of the time budget used so far, by this try and the ones before its checkpoint."""
         return self.used_before + time.time() - self.try_began if self.deadline else 0.0
 
-    def _record_budget(self) -> None:
-        replans = self.deadline.replans if self.deadline else 0
-        record = record_end(self.run_paths, self.total, replans, self.used_s())
+    def _record_budget(self, deadline: Deadline) -> None:
+        record = record_end(self.run_paths, self.total, deadline.replans, self.used_s())
         log.info(
             "Time budget %g min: trained %d steps in %.1f s (%+.1f s against the budget; planned %d at the start, "
             "re-planned %d times); train.steps=%d repeats it",
             record["budget_minutes"],
             self.total,
-            record.get("trained_s", float("nan")),
-            record.get("overrun_s", float("nan")),
+            record["trained_s"],
+            record["overrun_s"],
             record["steps"],
             record["replans"],
             self.total,
