@@ -38,6 +38,9 @@ log = logging.getLogger(__name__)
 # on the embedded default: 20 steps / 3 s read fp32 steps 25-35% slow, bf16 ones 15-20% fast): a warm-up
 # call more, then a longer window, which is ~3% of a 5-minute budget.
 MEASURE_STEPS, MEASURE_S, WARMUP_CALLS = 50, 8.0, 2
+# The measuring stops early past this share of the budget (compiling included): on a loaded machine the
+# 50-step window had taken longer than a 2-minute budget, which then trained 40% over it.
+MEASURE_SHARE = 0.05
 # The pace the re-plan reads: the last minute of calls (a checkpoint or a validation inside it is part of
 # the pace, as it is of the time left), so a machine that gets busier shortens the plan within a minute.
 PACE_WINDOW_S = 60.0
@@ -175,17 +178,33 @@ def seconds_per_step(
     per_call: int,
     min_steps: int = MEASURE_STEPS,
     min_s: float = MEASURE_S,
+    max_s: float | None = None,
 ) -> tuple[float, float]:
     """(seconds per step, seconds spent) of a throwaway model and optimizer: WARMUP_CALLS calls (the first
-    compiles), then calls of `per_call` steps until `min_steps` steps and `min_s` seconds have passed."""
+    compiles), then calls of `per_call` steps until `min_steps` steps and `min_s` seconds have passed, or
+    (one timed call at least) until `max_s` seconds have passed since the start, compiling included."""
     began = time.monotonic()
     model, optimizer = model_and_optimizer
     run_steps = step_functions(strategy, model, optimizer, max_pred, xla)
     iterator = iter(strategy.distribute_datasets_from_function(batches))
-    for _ in range(WARMUP_CALLS):  # the first traces and compiles; neither is timed
+
+    def over_cap() -> bool:
+        return max_s is not None and time.monotonic() - began >= max_s
+
+    for call in range(WARMUP_CALLS):  # the first traces and compiles; neither is timed
+        if call and over_cap():
+            break
         run_steps(iterator, per_call).numpy()
     steps, timed = 0, time.monotonic()
     while steps < min_steps or time.monotonic() - timed < min_s:
+        if steps and over_cap():
+            log.info(
+                "Measuring stopped after %d steps at its cap, %.1f s (%.0f%% of the budget)",
+                steps,
+                max_s,
+                100 * MEASURE_SHARE,
+            )
+            break
         run_steps(iterator, per_call).numpy()
         steps += per_call
     return (time.monotonic() - timed) / steps, time.monotonic() - began

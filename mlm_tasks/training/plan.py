@@ -250,7 +250,12 @@ def plan_training(cfg: PipelineConfig, run: RunPaths, inputs: TrainInputs) -> Tr
 
 
 def _time_throwaway(
-    cfg: PipelineConfig, inputs: TrainInputs, plan: TrainPlan, min_steps: int | None = None, min_s: float | None = None
+    cfg: PipelineConfig,
+    inputs: TrainInputs,
+    plan: TrainPlan,
+    min_steps: int | None = None,
+    min_s: float | None = None,
+    max_s: float | None = None,
 ) -> tuple[float, float]:
     """(seconds per step, seconds spent) of a throwaway model and optimizer in the current Keras policy, on
     the run's first batches (the input repeats): the time budget's and the precision choice's measurement."""
@@ -270,6 +275,7 @@ def _time_throwaway(
         plan.per_call,
         min_steps or MEASURE_STEPS,
         min_s or MEASURE_S,
+        max_s,
     )
 
 
@@ -305,7 +311,8 @@ def _auto_precision(cfg: PipelineConfig, inputs: TrainInputs, plan: TrainPlan) -
 def _budget(cfg: PipelineConfig, run: RunPaths, inputs: TrainInputs, plan: TrainPlan, minutes: float) -> Any:
     """The step count that fits train.budget_minutes at the start, and the time it started (recorded in
     RunPaths.train_budget; a retry reads it)."""
-    from mlm_tasks.training.budget import budgeted_steps
+    from mlm_tasks.training.budget import MEASURE_SHARE, budgeted_steps
 
     cap = plan.total_steps if cfg.train.steps else None
-    return budgeted_steps(run, minutes, cap, lambda: _time_throwaway(cfg, inputs, plan))
+    max_s = MEASURE_SHARE * minutes * 60
+    return budgeted_steps(run, minutes, cap, lambda: _time_throwaway(cfg, inputs, plan, max_s=max_s))

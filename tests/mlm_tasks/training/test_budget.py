@@ -12,7 +12,7 @@ import pytest
 
 from mlm_tasks import storage
 from mlm_tasks.paths import RunContext, RunPaths
-from mlm_tasks.training.budget import PACE_WINDOW_S, Deadline, budgeted_steps
+from mlm_tasks.training.budget import PACE_WINDOW_S, Deadline, budgeted_steps, seconds_per_step
 from mlm_tasks.training.hooks import FailAtStep, TrainHook
 from mlm_tasks.training.progress import read_history
 from peers.tiny_data import tiny_config
@@ -96,6 +96,37 @@ def test_the_count_is_what_fits_less_the_measuring_and_train_steps_caps_it(tmp_p
     assert budgeted_steps(capped, 1.0, 500, lambda: (0.05, 6.0)).steps == 500
     slow = RunPaths(str(tmp_path), "slow")
     assert budgeted_steps(slow, 0.01, None, lambda: (5.0, 2.0)).steps == 1  # at least one step
+
+
+def test_the_measuring_stops_at_its_share_of_the_budget_on_a_slow_machine():
+    """A machine so busy that 50 steps take longer than the cap: the measuring stops at the cap (one timed call
+    at least), the second warm-up call is skipped once the first has used it, and the pace is still measured."""
+
+    class _Strategy:
+        def distribute_datasets_from_function(self, batches):
+            return iter(range(10**6))
+
+    calls = []
+
+    def step_functions(strategy, model, optimizer, max_pred, xla):
+        def run_steps(iterator, n):
+            calls.append(n)
+            time.sleep(0.3 if len(calls) == 1 else 0.05)  # compiling, then 50 ms a call of 2 steps
+
+            class _Done:
+                def numpy(self):
+                    return 0
+
+            return _Done()
+
+        return run_steps
+
+    step_s, spent_s = seconds_per_step(_Strategy(), (None, None), step_functions, 1, False, None, 2, max_s=0.5)
+    assert 0.5 <= spent_s < 0.8 and len(calls) in range(4, 7), (spent_s, calls)
+    assert 0.02 <= step_s < 0.05  # 50 ms per call of 2 steps
+    calls.clear()
+    _, spent_s = seconds_per_step(_Strategy(), (None, None), step_functions, 1, False, None, 2, max_s=0.2)
+    assert len(calls) == 2 and spent_s < 0.5  # the compile used the cap: no second warm-up, one timed call
 
 
 class _Clock:
