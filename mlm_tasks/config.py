@@ -511,14 +511,19 @@ class DownstreamTask(_Section):
         description="One column (single sentences) or two (pairs); empty: `sentence`, or `sentence1` + `sentence2`.",
     )
     label_column: str = Field("label", description="Column of the class: integers from 0, or names.")
-    metric: Literal["accuracy", "f1"] = Field(
-        "accuracy", description="The score the table, the gate and min_score use (f1: of class 1, binary tasks only)."
+    metric: Literal["accuracy", "f1", "macro_f1", "mcc", "pearson", "spearman"] = Field(
+        "accuracy",
+        description="The score the table, the gate and min_score use: accuracy, f1 (of class 1, binary tasks), "
+        "macro_f1, mcc (Matthews, as CoLA) for classes; pearson or spearman for a regression (number labels, "
+        "as STS-B).",
     )
-    min_score: float | None = Field(None, ge=0, le=1, description="The gate refuses a mean score below this.")
+    min_score: float | None = Field(None, ge=-1, le=1, description="The gate refuses a mean score below this.")
     max_train_examples: int | None = Field(
-        None, ge=1, le=10_000_000, description="Fine-tune on at most this many (the first)."
+        None, ge=1, le=10_000_000, description="Fine-tune on at most this many (a seeded sample, stratified by label)."
     )
-    max_eval_examples: int | None = Field(None, ge=1, le=10_000_000, description="Score at most this many (the first).")
+    max_eval_examples: int | None = Field(
+        None, ge=1, le=10_000_000, description="Score at most this many (a seeded sample, stratified by label)."
+    )
 
     @model_validator(mode="after")
     def _source_settings(self) -> DownstreamTask:
@@ -570,8 +575,21 @@ class DownstreamConfig(_Section):
         0.0,
         ge=0,
         le=1,
-        description="With gate.require_better_than_published: how far "
-        "a task's mean score may fall below the last published model's.",
+        description="With gate.require_better_than_published: how far a task's score may fall below the last "
+        "published model's. The gate fails a task only when the whole 95% interval of the difference lies below "
+        "-max_regression (a drop larger than this, beyond noise), so 0 fails only a drop noise cannot explain.",
+    )
+    check_contamination: bool = Field(
+        True,
+        description="Look for each task's scored examples in the pretraining train split (13-gram overlap, "
+        "one read of the corpus); found ones are named in the report, the card, the gate and the approval page.",
+    )
+    max_half_width: float = Field(
+        0.1,
+        gt=0,
+        le=1,
+        description="A score whose 95% interval (over seeds and examples) is wider than ± this is flagged in the "
+        "report, the card and the approval page as too uncertain to tell models apart: score more examples.",
     )
 
     @model_validator(mode="after")
@@ -582,8 +600,11 @@ class DownstreamConfig(_Section):
         unknown = sorted(set(self.min_scores) - set(names))
         if unknown:
             raise ConfigError(f"downstream.min_scores names {unknown}, not tasks of downstream.tasks ({names}).")
-        if any(not 0 <= v <= 1 for v in self.min_scores.values()):
-            raise ConfigError("downstream.min_scores are scores between 0 and 1 (accuracy or F1).")
+        if any(not -1 <= v <= 1 for v in self.min_scores.values()):
+            raise ConfigError(
+                "downstream.min_scores are scores between -1 and 1 (accuracy and F1 from 0, mcc and "
+                "correlations from -1)."
+            )
         return self
 
     def min_score(self, task: DownstreamTask) -> float | None:

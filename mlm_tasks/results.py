@@ -174,6 +174,7 @@ class RunRow(TypedDict):
     best_step: int | None
     eval_loss: float | None  # the evaluate step's
     downstream: dict[str, float]  # task -> mean score
+    downstream_interval: dict[str, list[float]]  # task -> 95% interval [lo, hi] (runs that recorded one)
     wall_time_s: float | None
     cost_usd: float | None  # what the run's accelerator cost, when recorded
     val_curve: list[list[float]]  # [tokens seen, validation loss] per validation
@@ -209,21 +210,27 @@ class DownstreamRuns(TypedDict):
     std: float  # sample standard deviation over the seeds (0 for one seed)
     min: float
     max: float
-    runs: list[dict[str, Any]]  # per seed: seed, accuracy (f1 for binary tasks), final_loss, elapsed_s
+    interval: list[float]  # [lo, hi]: 95% bootstrap interval of the mean over seeds and examples
+    runs: list[dict[str, Any]]  # per seed: seed, every metric that applies, final_loss, elapsed_s, predictions
 
 
 class DownstreamTaskScores(TypedDict):
     name: str
-    source: str  # files, hf_dataset or same_article
-    metric: str  # accuracy or f1: what mean/std, the gate and min_score use
-    labels: list[str]
+    source: str  # files, hf_dataset or held_out_article
+    metric: str  # accuracy, f1, macro_f1, mcc, pearson or spearman: what mean/std, the gate and min_score use
+    labels: list[str]  # the class names (empty for a regression)
     pair: bool
+    regression: bool
     examples: dict[str, int]  # train, validation
+    validation_fingerprint: str  # the scored examples (uncertainty.examples_fingerprint): pairs two runs' scores
+    validation_labels: list[Any]
     seeds: list[int]
     budget: dict[str, Any]  # steps, batch_size, learning_rate, max_length, seeds
     min_score: float | None
     pretrained: DownstreamRuns  # from the run's trained encoder
     random_init: DownstreamRuns | None  # the same budget from random weights of the same shape
+    warnings: list[str]  # why the score is weak evidence (scores.flags): shown by the report and the approval page
+    contamination: dict[str, Any] | None  # ngram, checked, found, examples: scored text in the pretraining data
 
 
 class DownstreamResult(TypedDict):
@@ -274,6 +281,7 @@ class GateDecision(TypedDict):
 
     passed: bool
     reasons: list[str]  # one sentence per check, failed ones first
+    warnings: list[str]  # what makes the evidence weak (too few scored examples): shown, not decisive
 
 
 class HubCommit(TypedDict):

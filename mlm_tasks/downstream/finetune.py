@@ -21,6 +21,7 @@ import numpy as np
 
 from mlm_tasks.config import DownstreamConfig
 from mlm_tasks.downstream.examples import Examples
+from mlm_tasks.downstream.metrics import scores as metric_scores
 
 log = logging.getLogger(__name__)
 EVAL_BATCH = 64
@@ -44,10 +45,12 @@ def encode(tokenizer, examples: Examples, max_length: int) -> Encoded:
         return_token_type_ids=False,
         return_tensors="np",
     )
+    labels = np.asarray(examples.labels)
     return Encoded(
         out["input_ids"].astype(np.int32),
         out["attention_mask"].astype(np.int32),
-        np.asarray(examples.labels, dtype=np.int32),
+        # Values stay float64, as the task gave them: the scores and the gate's rescoring read the same numbers.
+        labels.astype(np.float64 if labels.dtype.kind == "f" else np.int32),
     )
 
 
@@ -75,16 +78,6 @@ def _model(model_dir: str, num_labels: int, pretrained: bool):
         hf_logging.set_verbosity(verbosity)
 
 
-def scores_of(predictions: np.ndarray, labels: np.ndarray, num_labels: int) -> dict[str, float]:
-    """Accuracy, and for a binary task F1 of class 1."""
-    scores = {"accuracy": float(np.mean(predictions == labels))}
-    if num_labels == 2:
-        tp = float(np.sum((predictions == 1) & (labels == 1)))
-        wrong = float(np.sum(predictions != labels))
-        scores["f1"] = 2 * tp / (2 * tp + wrong) if tp + wrong else 0.0
-    return scores
-
-
 def finetune(
     model_dir: str,
     train: Encoded,
@@ -94,11 +87,14 @@ def finetune(
     seed: int,
     pretrained: bool,
 ) -> dict[str, Any]:
-    """Fine-tune a fresh classifier for `budget.steps` steps; its scores on `validation`."""
+    """Fine-tune a fresh classifier (one output and squared error for a regression: num_labels 1) for
+    `budget.steps` steps; its scores on `validation`, and its predictions (the bootstrap and the gate's
+    paired comparison read them)."""
     import tensorflow as tf
     from transformers import create_optimizer
 
     started = time.perf_counter()
+    regression = num_labels == 1
     tf.keras.utils.set_random_seed(seed)  # the head's init and dropout
     model = _model(model_dir, num_labels, pretrained)
     optimizer, _ = create_optimizer(
@@ -112,13 +108,17 @@ def finetune(
     def train_step(ids, mask, labels):
         with tf.GradientTape() as tape:
             logits = model(input_ids=ids, attention_mask=mask, training=True).logits
-            loss = tf.reduce_mean(tf.nn.sparse_softmax_cross_entropy_with_logits(labels=labels, logits=logits))
+            if regression:
+                loss = tf.reduce_mean(tf.square(logits[:, 0] - tf.cast(labels, logits.dtype)))
+            else:
+                loss = tf.reduce_mean(tf.nn.sparse_softmax_cross_entropy_with_logits(labels=labels, logits=logits))
         grads = tape.gradient(loss, model.trainable_variables)
         optimizer.apply_gradients(zip(grads, model.trainable_variables, strict=True))
         return loss
 
     def predict(ids, mask):  # eager: a few batches, not worth a trace per run
-        return tf.argmax(model(input_ids=ids, attention_mask=mask, training=False).logits, -1, output_type=tf.int32)
+        logits = model(input_ids=ids, attention_mask=mask, training=False).logits
+        return logits[:, 0] if regression else tf.argmax(logits, -1, output_type=tf.int32)
 
     losses = []
     for batch in _batch_order(len(train.labels), budget.batch_size, budget.steps, np.random.default_rng(seed)):
@@ -129,17 +129,21 @@ def finetune(
     predictions = np.concatenate(
         [predict(ids[i : i + EVAL_BATCH], mask[i : i + EVAL_BATCH]).numpy() for i in range(0, n + pad, EVAL_BATCH)]
     )[:n]
+    scores = metric_scores(predictions, validation.labels, num_labels, regression)
     result: dict[str, Any] = {
         "seed": seed,
-        **scores_of(predictions, validation.labels, num_labels),
+        **scores,
         "final_loss": float(np.mean(losses[-10:])),
         "elapsed_s": time.perf_counter() - started,
+        # As scored (float32 values exactly): the interval and the gate rescore these, and must get the same number.
+        "predictions": [float(p) for p in predictions] if regression else [int(p) for p in predictions],
     }
     log.info(
-        "  seed %d, %s weights: %s (%.1fs)",
+        "  seed %d, %s weights: %s, final_loss %.4f (%.1fs)",
         seed,
         "pretrained" if pretrained else "random",
-        ", ".join(f"{k} {result[k]:.4f}" for k in ("accuracy", "f1", "final_loss") if k in result),
+        ", ".join(f"{k} {v:.4f}" for k, v in scores.items()),
+        result["final_loss"],
         result["elapsed_s"],
     )
     return result

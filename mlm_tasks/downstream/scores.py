@@ -1,6 +1,7 @@
-"""The seeds' scores as the table shows them (mean and spread), and the part the next run's gate compares.
+"""The seeds' scores as the table shows them (mean, spread over seeds, 95% interval over seeds and
+examples), and the part the next run's gate compares.
 
-    entry = task_scores(task_cfg, task, budget, pretrained_runs, random_runs)   # one row of downstream.json
+    entry = task_scores(task_cfg, task, budget, min_score, pretrained_runs, random_runs, max_half_width)
     published = published_scores(downstream_json)   # what publish keeps beside the eval metrics
 
 No TensorFlow here: the gate, the report and the card read these.
@@ -14,6 +15,7 @@ from typing import Any
 
 from mlm_tasks.config import DownstreamConfig, DownstreamTask
 from mlm_tasks.downstream.examples import TaskData
+from mlm_tasks.downstream.uncertainty import examples_fingerprint, interval
 from mlm_tasks.results import DownstreamRuns, DownstreamTaskScores
 
 
@@ -25,15 +27,37 @@ def spread(values: list[float]) -> tuple[float, float]:
     return mean, math.sqrt(sum((v - mean) ** 2 for v in values) / (len(values) - 1))
 
 
-def summarize(runs: list[dict[str, Any]], metric: str) -> DownstreamRuns:
+def summarize(runs: list[dict[str, Any]], metric: str, labels: list[Any], num_labels: int) -> DownstreamRuns:
+    """Mean and spread over the seeds, and the 95% interval of the mean over seeds and examples (uncertainty.py)."""
     mean, std = spread([r[metric] for r in runs])
+    lo, hi = interval(metric, [r["predictions"] for r in runs], labels, num_labels)
     return {
         "mean": mean,
         "std": std,
         "min": min(r[metric] for r in runs),
         "max": max(r[metric] for r in runs),
+        "interval": [lo, hi],
         "runs": runs,
     }
+
+
+def flags(entry: DownstreamTaskScores, max_half_width: float) -> list[str]:
+    """What makes a task's score weak evidence, in words the report and the approval page show."""
+    out = []
+    lo, hi = entry["pretrained"]["interval"]
+    if (hi - lo) / 2 > max_half_width:
+        n = entry["examples"]["validation"]
+        out.append(
+            f"{entry['name']}: the 95% interval of {entry['metric']} is ±{(hi - lo) / 2:.3f} over {n} scored examples, "
+            f"wider than downstream.max_half_width ±{max_half_width:g}: too few examples to tell models apart "
+            f"(an accuracy needs about {needed_examples(max_half_width):,} for ±{max_half_width:g})."
+        )
+    return out
+
+
+def needed_examples(half_width: float) -> int:
+    """Examples an accuracy near 0.5 needs for a 95% half-interval of `half_width` (one seed)."""
+    return math.ceil((1.96 * 0.5 / half_width) ** 2)
 
 
 def budget_of(cfg: DownstreamConfig, max_length: int) -> dict[str, Any]:
@@ -54,30 +78,45 @@ def task_scores(
     min_score: float | None,
     pretrained: list[dict[str, Any]],
     random_init: list[dict[str, Any]],
+    max_half_width: float,
 ) -> DownstreamTaskScores:
-    return {
+    labels, metric = task.validation.labels, task_cfg.metric
+    entry: DownstreamTaskScores = {
         "name": task.name,
         "source": task_cfg.source,
-        "metric": task_cfg.metric,
+        "metric": metric,
         "labels": task.label_names,
         "pair": task.is_pair,
+        "regression": task.regression,
         "examples": {"train": len(task.train), "validation": len(task.validation)},
+        "validation_fingerprint": examples_fingerprint(task.validation.texts, task.validation.pairs, labels),
+        "validation_labels": labels,
         "seeds": [r["seed"] for r in pretrained],
         "budget": budget,
         "min_score": min_score,
-        "pretrained": summarize(pretrained, task_cfg.metric),
-        "random_init": summarize(random_init, task_cfg.metric) if random_init else None,
+        "pretrained": summarize(pretrained, metric, labels, task.num_labels),
+        "random_init": summarize(random_init, metric, labels, task.num_labels) if random_init else None,
+        "warnings": [],
+        "contamination": None,  # steps/downstream.py checks tasks from files and `datasets`
     }
+    entry["warnings"] = flags(entry, max_half_width)
+    return entry
 
 
 def published_scores(downstream: Mapping[str, Any] | None) -> dict[str, dict[str, Any]]:
-    """Per task: metric, mean, spread and budget (published/<repo>/metrics.json, for the next run's gate)."""
+    """Per task: metric, mean, spread, interval, budget, and the scored examples' fingerprint, labels and each
+    seed's predictions (published/<repo>/metrics.json: the next run's gate compares with them pairwise)."""
     return {
         t["name"]: {
             "metric": t["metric"],
             "mean": t["pretrained"]["mean"],
             "std": t["pretrained"]["std"],
+            "interval": t["pretrained"].get("interval"),
             "budget": t["budget"],
+            "num_labels": 1 if t.get("regression") else len(t["labels"]),
+            "validation_fingerprint": t.get("validation_fingerprint"),
+            "validation_labels": t.get("validation_labels"),
+            "predictions": [r["predictions"] for r in t["pretrained"]["runs"] if "predictions" in r] or None,
         }
         for t in (downstream or {}).get("tasks", [])
     }

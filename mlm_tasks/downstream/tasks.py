@@ -5,7 +5,9 @@ dataset (GLUE's SST-2, MRPC, RTE in production), or the held-out passages of hel
 
 Columns: one text column (single sentences) or two (pairs); by default GLUE's `sentence`, or
 `sentence1` + `sentence2`. Labels are integers from 0, or names (sorted, then numbered); a validation
-label the training examples never show is an error, not a silent extra class.
+label the training examples never show is an error, not a silent extra class. A task scored by pearson or
+spearman is a regression: its labels are numbers (STS-B's 0-5), and the model has one output.
+`max_train_examples` and `max_eval_examples` draw a seeded sample, stratified by label (examples.sample).
 """
 
 from __future__ import annotations
@@ -18,7 +20,8 @@ from typing import Any
 
 from mlm_tasks import storage
 from mlm_tasks.config import CorpusConfig, DownstreamTask
-from mlm_tasks.downstream.examples import Examples, TaskData
+from mlm_tasks.downstream.examples import Examples, TaskData, sample
+from mlm_tasks.downstream.metrics import is_regression
 from mlm_tasks.errors import ConfigError
 
 GLUE_COLUMNS = (["sentence"], ["sentence1", "sentence2"])
@@ -75,13 +78,60 @@ def _columns(task: DownstreamTask, row: Mapping[str, Any], where: str) -> list[s
     return columns
 
 
-def _examples(
-    task: DownstreamTask, rows: Sequence[Mapping[str, Any]], columns: list[str], labels: list[int], limit: int | None
-) -> Examples:
-    rows, labels = rows[:limit], labels[:limit]
+def _examples(rows: Sequence[Mapping[str, Any]], columns: list[str], labels: list[Any]) -> Examples:
     return Examples(
         [str(r[columns[0]]) for r in rows], [str(r[columns[1]]) for r in rows] if len(columns) == 2 else None, labels
     )
+
+
+def _values(task: DownstreamTask, labels: list[Any], where: str) -> list[float]:
+    """A regression task's labels as numbers."""
+    try:
+        return [float(v) for v in labels]
+    except (TypeError, ValueError):
+        bad = next(v for v in labels if not _is_number(v))
+        raise ConfigError(
+            f"downstream task {task.name!r}: metric {task.metric} scores a regression, but {where} has the label "
+            f"{bad!r}: give numbers in {task.label_column!r}, or score classes with accuracy, f1, macro_f1 or mcc."
+        ) from None
+
+
+def _is_real(value: Any) -> bool:
+    """3.8 or "3.8": a value, not a class (1.0 and "1" are classes)."""
+    if isinstance(value, bool) or not _is_number(value):
+        return False
+    return not float(value).is_integer()
+
+
+def _is_number(value: Any) -> bool:
+    try:
+        float(value)
+    except (TypeError, ValueError):
+        return False
+    return True
+
+
+def sampled(task: DownstreamTask, data: TaskData) -> TaskData:
+    """The task with max_train_examples and max_eval_examples drawn (seeded, stratified by class), checked for
+    what fine-tuning and scoring need: two classes to train on, every scored class among them."""
+    stratify = not data.regression
+    train = sample(data.train, task.max_train_examples, stratify)
+    validation = sample(data.validation, task.max_eval_examples, stratify)
+    if stratify:
+        shown, scored = set(train.labels), set(validation.labels)
+        limits = [
+            f"{k}={v}"
+            for k, v in (("max_train_examples", task.max_train_examples), ("max_eval_examples", task.max_eval_examples))
+            if v
+        ]
+        if len(shown) < 2 or scored - shown:
+            raise ConfigError(
+                f"downstream task {task.name!r}: after sampling ({', '.join(limits) or 'no limits'}) the training "
+                f"examples hold {len(shown)} class(es) of {data.num_labels} and the scored ones {len(scored)}: "
+                "fine-tuning needs two classes at least, and every scored class among them. Raise the limits "
+                "(a class needs one example at least) or give each split every class."
+            )
+    return TaskData(data.name, train, validation, data.label_names, data.regression)
 
 
 def _as_int(value: Any) -> Any:
@@ -94,6 +144,12 @@ def _label_ids(
 ) -> tuple[list[int], list[int], list[str]]:
     """Integer labels (0..K-1) and the names of the classes."""
     train, validation = [_as_int(v) for v in train], [_as_int(v) for v in validation]
+    real = next((v for v in [*train, *validation] if _is_real(v)), None)
+    if real is not None:
+        raise ConfigError(
+            f"downstream task {task.name!r}: the label {real!r} is a real number, and metric {task.metric} scores "
+            "classes: for a regression (similarity scores, ratings) set metric to pearson or spearman."
+        )
     if all(isinstance(v, int) and not isinstance(v, bool) for v in [*train, *validation]):
         if min([*train, *validation]) < 0:
             raise ConfigError(
@@ -122,7 +178,7 @@ def load_task(task: DownstreamTask, corpus: CorpusConfig) -> TaskData:
     if task.source == "held_out_article":
         from mlm_tasks.downstream.held_out import held_out_article_task
 
-        return held_out_article_task(task, corpus)
+        return sampled(task, held_out_article_task(task, corpus))
     names: list[str] | None = None
     if task.source == "files":
         assert task.train_file and task.validation_file  # the config's validator says so
@@ -137,12 +193,23 @@ def load_task(task: DownstreamTask, corpus: CorpusConfig) -> TaskData:
     if not train_rows or not validation_rows:
         raise ConfigError(f"downstream task {task.name!r}: {where} has no training or no validation examples.")
     columns = _columns(task, train_rows[0], where)
-    train_ids, validation_ids, names = _label_ids(
-        task, [r[task.label_column] for r in train_rows], [r[task.label_column] for r in validation_rows], names
-    )
-    return TaskData(
-        task.name,
-        _examples(task, train_rows, columns, train_ids, task.max_train_examples),
-        _examples(task, validation_rows, columns, validation_ids, task.max_eval_examples),
-        names,
-    )
+    train_labels = [r[task.label_column] for r in train_rows]
+    validation_labels = [r[task.label_column] for r in validation_rows]
+    if is_regression(task.metric):
+        data = TaskData(
+            task.name,
+            _examples(train_rows, columns, _values(task, train_labels, where)),
+            _examples(validation_rows, columns, _values(task, validation_labels, where)),
+            [],
+            regression=True,
+        )
+    else:
+        train_ids, validation_ids, names = _label_ids(task, train_labels, validation_labels, names)
+        if task.metric == "f1" and len(names) != 2:
+            raise ConfigError(
+                f"downstream task {task.name!r}: metric f1 is the F1 of class 1 of a binary task, and this one has "
+                f"{len(names)} classes ({names}): use macro_f1, mcc or accuracy."
+            )
+        train = _examples(train_rows, columns, train_ids)
+        data = TaskData(task.name, train, _examples(validation_rows, columns, validation_ids), names)
+    return sampled(task, data)

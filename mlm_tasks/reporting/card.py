@@ -91,25 +91,35 @@ def downstream_table(downstream: Mapping[str, Any] | None) -> list[str]:
             *skipped,
         ]
     lines = [
-        "| task | metric | this model (mean ± std) | seeds | random init, same budget | gain | examples |",
-        "|---|---|---|---|---|---|---|",
+        "| task | metric | this model (mean ± std) | 95% interval | seeds | random init, same budget | gain "
+        "| examples |",
+        "|---|---|---|---|---|---|---|---|",
     ]
     for t in tasks:
         ours, base = t["pretrained"], t.get("random_init")
-        baseline = f"{base['mean']:.4f} ± {base['std']:.4f}" if base else "not run"
+        baseline = f"{base['mean']:.4f} ± {base['std']:.4f}{_interval(base)}" if base else "not run"
         gain = f"{ours['mean'] - base['mean']:+.4f}" if base else "—"
         examples = f"{t['examples']['train']:,} train, {t['examples']['validation']:,} scored"
+        bounds = _interval(ours).strip() or "—"
         lines.append(
-            f"| {t['name']} | {t['metric']} | {ours['mean']:.4f} ± {ours['std']:.4f} | {len(t['seeds'])} | "
-            f"{baseline} | {gain} | {examples} |"
+            f"| {t['name']} | {t['metric']} | {ours['mean']:.4f} ± {ours['std']:.4f} | {bounds} "
+            f"| {len(t['seeds'])} | {baseline} | {gain} | {examples} |"
         )
     b = tasks[0]["budget"]
     lines += [
         "",
         f"Each seed fine-tunes for {b['steps']} steps of {b['batch_size']} examples (learning rate "
-        f"{b['learning_rate']:g}, {b['max_length']} tokens); ± is the standard deviation over the seeds.",
+        f"{b['learning_rate']:g}, {b['max_length']} tokens); ± is the standard deviation over the seeds, the "
+        "interval a bootstrap over the seeds and the scored examples.",
     ]
+    warnings = [w for t in tasks for w in t.get("warnings", [])]
+    lines += ["", *[f"- **Warning:** {w}" for w in warnings]] if warnings else []
     return lines + (["", *skipped] if skipped else [])
+
+
+def _interval(runs: Mapping[str, Any]) -> str:
+    bounds = runs.get("interval")
+    return f" [{bounds[0]:.4f}, {bounds[1]:.4f}]" if bounds else ""
 
 
 def fill_mask_lines(predictions: list | None, limit: int = 3) -> list[str]:

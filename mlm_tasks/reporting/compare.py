@@ -48,11 +48,13 @@ def _tokens_per_step(output_root: str, summary: dict[str, Any], data_info: dict[
     return None
 
 
-def downstream_scores(run: RunFolder) -> dict[str, float]:
-    """task → the trained encoder's mean score, from eval/downstream.json when the run has one."""
+def downstream_scores(run: RunFolder) -> tuple[dict[str, float], dict[str, list[float]]]:
+    """task → the trained encoder's mean score, and task → its 95% interval where recorded, from
+    eval/downstream.json when the run has one."""
     found = storage.read_json_if_exists(run.downstream)
-    tasks = found.get("tasks", []) if isinstance(found, dict) else []
-    return {t["name"]: t["pretrained"]["mean"] for t in tasks if isinstance(t, dict) and "pretrained" in t}
+    tasks = [t for t in (found.get("tasks", []) if isinstance(found, dict) else []) if "pretrained" in t]
+    means = {t["name"]: t["pretrained"]["mean"] for t in tasks}
+    return means, {t["name"]: t["pretrained"]["interval"] for t in tasks if t["pretrained"].get("interval")}
 
 
 def run_row(output_root: str, name: str) -> RunRow:
@@ -62,6 +64,7 @@ def run_row(output_root: str, name: str) -> RunRow:
     history = read_history(run)
     per_step = _tokens_per_step(output_root, summary, data_info)
     base = (data_info or {}).get("base_model") or {}
+    downstream = downstream_scores(run)
     vm_bill = storage.read_json_if_exists(run.tpu_vm_bill)
     return RunRow(
         run=name,
@@ -73,7 +76,8 @@ def run_row(output_root: str, name: str) -> RunRow:
         best_val_loss=summary.get("best_val_loss"),
         best_step=summary.get("best_step"),
         eval_loss=metrics.get("loss"),
-        downstream=downstream_scores(run),
+        downstream=downstream[0],
+        downstream_interval=downstream[1],
         # The VM's whole bill once delete_tpu_vm recorded it, else the training's own hours at the price.
         wall_time_s=summary.get("elapsed_s"),
         cost_usd=(vm_bill or {}).get("cost_usd", summary.get("cost_usd")),
@@ -104,6 +108,13 @@ def _num(value: Any, fmt: str) -> str:
     return fmt.format(value) if isinstance(value, (int, float)) else "—"
 
 
+def _score(row: RunRow, task: str) -> str:
+    """The mean and, where recorded, its 95% interval: two runs differ only where their intervals say so."""
+    bounds = row.get("downstream_interval", {}).get(task)
+    shown = _num(row["downstream"].get(task), "{:.3f}")
+    return f"{shown} [{bounds[0]:.3f}, {bounds[1]:.3f}]" if bounds else shown
+
+
 def table_lines(rows: list[RunRow], current: str | None = None) -> list[str]:
     """The Markdown table (`current`, the run a report is about, in bold)."""
     tasks = sorted({task for row in rows for task in row["downstream"]})
@@ -132,7 +143,7 @@ def table_lines(rows: list[RunRow], current: str | None = None) -> list[str]:
             _num(row["val_loss"], "{:.4f}"),
             best,
             _num(row["eval_loss"], "{:.4f}"),
-            *[_num(row["downstream"].get(t), "{:.3f}") for t in tasks],
+            *[_score(row, t) for t in tasks],
             _num((row["wall_time_s"] or 0) / 60 if row["wall_time_s"] is not None else None, "{:.1f} min"),
             _num(row["cost_usd"], "${:,.2f}"),
         ]

@@ -7,8 +7,13 @@
 A model passes when every configured check passes: eval loss at most `gate.max_eval_loss` and accuracy
 at least `gate.min_accuracy`; with `gate.require_better_than_published`, no worse than the model last
 published to the repo (`paths.published_metrics(root, repo_id)`); each downstream task's mean at least
-its min_score and, when the published model has a score under the same budget, at most
-`downstream.max_regression` below it. docs/releases.md
+its min_score and, when the published model has a score under the same budget, not below it by more than
+`downstream.max_regression` beyond noise: the gate fails a task only when the whole 95% interval of the
+difference lies below -max_regression. The difference's interval is a paired bootstrap over the seeds and
+the scored examples when both models were scored on the same examples (the published metrics keep each
+seed's predictions), else it comes from the two scores' own intervals; each reason names the rule that
+decided. A score too uncertain to compare models (scores.flags) is a warning the approval page shows.
+docs/releases.md
 """
 
 from __future__ import annotations
@@ -84,7 +89,8 @@ def evaluate_gate(
 
     if not failed and not passed:
         passed.append("no gate checks configured.")
-    return {"passed": not failed, "reasons": failed + passed}
+    warnings = [w for t in (downstream or {}).get("tasks", []) for w in t.get("warnings", [])]
+    return {"passed": not failed, "reasons": failed + passed, "warnings": warnings}
 
 
 def _compare_with_previous(
@@ -162,17 +168,47 @@ def _downstream_vs_previous(
                 f"downstream {name}: not compared with the previously published model{where}: its metric "
                 "or fine-tuning budget differs."
             )
-        elif mean is None or mean < prev_mean - cfg.max_regression - _slack(prev_mean):
-            shown = "missing" if mean is None else f"{mean:.4f}"
-            failed.append(
-                f"downstream {name}: {entry['metric']} {shown} is worse than the previously published "
-                f"{prev_mean:.4f}{where} by more than downstream.max_regression {cfg.max_regression:g}."
-            )
+            continue
+        if mean is None:
+            failed.append(f"downstream {name}: no score to compare with the previously published {prev_mean:.4f}.")
+            continue
+        diff, lo, hi, rule = _difference(entry, prev, mean, prev_mean)
+        said = (
+            f"downstream {name}: {entry['metric']} {mean:.4f} against the previously published {prev_mean:.4f}{where}, "
+            f"difference {diff:+.4f}, 95% interval [{lo:+.4f}, {hi:+.4f}] ({rule})"
+        )
+        if hi < -cfg.max_regression - _slack(prev_mean):
+            failed.append(f"{said}: worse by more than downstream.max_regression {cfg.max_regression:g}, beyond noise.")
+        elif lo > 0:
+            passed.append(f"{said}: better, beyond noise.")
+        elif hi < 0:
+            passed.append(f"{said}: lower, but within downstream.max_regression {cfg.max_regression:g}.")
         else:
-            passed.append(
-                f"downstream {name}: {entry['metric']} {mean:.4f} is not worse than the previously "
-                f"published {prev_mean:.4f}."
-            )
+            passed.append(f"{said}: equal within noise.")
+
+
+def _difference(
+    entry: Mapping[str, Any], prev: Mapping[str, Any], mean: float, prev_mean: float
+) -> tuple[float, float, float, str]:
+    """candidate - published, its 95% interval and the rule that gave it: paired where both scored the same
+    examples and kept their predictions; from the two intervals where only those exist; else the means alone."""
+    from mlm_tasks.downstream.uncertainty import paired_difference, unpaired_difference
+
+    ours = entry["pretrained"]
+    predictions = [r["predictions"] for r in ours.get("runs", []) if "predictions" in r]
+    fingerprint = entry.get("validation_fingerprint")
+    if predictions and prev.get("predictions") and fingerprint and prev.get("validation_fingerprint") == fingerprint:
+        num_labels = 1 if entry.get("regression") else len(entry["labels"])
+        diff, lo, hi = paired_difference(
+            entry["metric"], predictions, prev["predictions"], entry["validation_labels"], num_labels
+        )
+        n = len(entry["validation_labels"])
+        return diff, lo, hi, f"paired bootstrap over the same {n} examples and both models' seeds"
+    if ours.get("interval") and prev.get("interval"):
+        diff, lo, hi = unpaired_difference(mean, ours["interval"], prev_mean, prev["interval"])
+        return diff, lo, hi, "from the two scores' intervals: not scored on the same examples"
+    diff = mean - prev_mean
+    return diff, diff, diff, "means alone: the published score has no interval"
 
 
 def previous_published(cfg: PipelineConfig) -> dict | None:
@@ -191,6 +227,7 @@ def gate(cfg: PipelineConfig, ctx: RunContext) -> GateDecision:
         decision: GateDecision = {
             "passed": False,
             "reasons": [f"No eval metrics at {ctx.run.eval_metrics}: run evaluate for this run first."],
+            "warnings": [],
         }
     else:
         decision = evaluate_gate(
@@ -199,4 +236,6 @@ def gate(cfg: PipelineConfig, ctx: RunContext) -> GateDecision:
     log.info(
         "Evaluation gate %s:\n  %s", "passed" if decision["passed"] else "failed", "\n  ".join(decision["reasons"])
     )
+    for warning in decision.get("warnings", []):  # not decisive: the approval page shows them to the reviewer
+        log.warning("Gate warning: %s", warning)
     return decision

@@ -138,7 +138,8 @@ def test_validate_reads_task_files_before_any_training(tmp_path):
 
 @pytest.mark.slow  # reads the whole embedded corpus: ~15 s: in make test, not in make test-fast
 def test_default_task_is_held_out_from_pretraining():
-    """Every passage of the default's task is a row of the corpus's test split, none of train or validation."""
+    """Every example of the default's task is a piece of a row of the corpus's test split that is no row of train
+    or validation, and the pieces of one row are all fine-tuned on or all scored."""
     from mlm_tasks.data.corpus import open_corpus
 
     task_cfg = DEFAULT.downstream.tasks[0]
@@ -147,8 +148,58 @@ def test_default_task_is_held_out_from_pretraining():
     rows: dict[str, set[str]] = {"train": set(), "validation": set(), "test": set()}
     for split, row in open_corpus(DEFAULT.corpus).split_rows():  # one read, split as the shard writer splits
         rows[split].add(row)
-    pretraining, test = rows["train"] | rows["validation"], rows["test"]
-    passages = set(task.train.texts) | set(task.validation.texts)
-    assert passages and passages <= test and not passages & pretraining
-    assert not set(task.train.texts) & set(task.validation.texts)  # scored passages are new to the fine-tuning too
+    held_out = [" ".join(r.split()) for r in rows["test"] - rows["train"] - rows["validation"]]
+    blob = "\n".join(held_out)
+    pieces = task.train.texts + task.validation.texts
+    assert len(pieces) > 800 and all(piece in blob for piece in pieces)
+    scored_rows = [r for r in held_out if any(piece in r for piece in task.validation.texts)]
+    assert not [p for p in task.train.texts if any(p in r for r in scored_rows)]  # scored rows are new to fine-tuning
     assert task.num_labels >= 2 and set(task.validation.labels) <= set(task.train.labels)
+
+
+def test_a_label_sorted_file_is_sampled_with_both_classes_in_each_share(tmp_path):
+    """max_*_examples draw a seeded sample stratified by label, not the first rows: a file sorted by label
+    trains on both classes, in their proportions, and every run draws the same examples."""
+    rows = sorted(sentiment_rows(300, 1), key=lambda r: r["label"])[:250]  # 150 negative, then 100 positive
+    with open(tmp_path / "sorted.csv", "w", newline="") as f:
+        writer = csv.DictWriter(f, ["sentence", "label"])
+        writer.writeheader()
+        writer.writerows(rows)
+    task = DownstreamTask(
+        name="sorted",
+        train_file=str(tmp_path / "sorted.csv"),
+        validation_file=str(tmp_path / "sorted.csv"),
+        max_train_examples=50,
+        max_eval_examples=11,
+    )
+    data = load_task(task, DEFAULT.corpus)
+    assert (data.train.labels.count(0), data.train.labels.count(1)) == (30, 20)  # 60% / 40%, as the file
+    assert sorted(set(data.validation.labels)) == [0, 1] and len(data.validation) == 11
+    assert load_task(task, DEFAULT.corpus).train.texts == data.train.texts  # seeded: the same sample every run
+    assert data.train.texts != [r["sentence"] for r in rows[:50]]
+
+    with pytest.raises(
+        ConfigError, match=r"after sampling \(max_train_examples=1\) the training examples hold 1 class"
+    ):
+        load_task(task.model_copy(update={"max_train_examples": 1, "max_eval_examples": None}), DEFAULT.corpus)
+
+
+def test_the_metric_fits_the_labels_or_the_task_says_which_would(tmp_path):
+    """pearson and spearman score a regression (number labels, one output); classes need a class metric; f1 is
+    binary. Each mismatch is a ConfigError before anything is fine-tuned."""
+    sts = [{"sentence1": f"a {i}", "sentence2": f"b {i}", "label": round(i * 0.37 % 5, 2)} for i in range(20)]
+    (tmp_path / "sts.jsonl").write_text("".join(json.dumps(r) + "\n" for r in sts))
+    files = {"train_file": str(tmp_path / "sts.jsonl"), "validation_file": str(tmp_path / "sts.jsonl")}
+    data = load_task(DownstreamTask(name="sts", metric="spearman", **files), DEFAULT.corpus)
+    assert data.regression and data.num_labels == 1 and data.is_pair and data.train.labels[:3] == [0.0, 0.37, 0.74]
+    with pytest.raises(ConfigError, match=r"the label 0.37 is a real number.*set metric to pearson or spearman"):
+        load_task(DownstreamTask(name="sts", metric="accuracy", **files), DEFAULT.corpus)
+
+    names = [{"sentence": f"s {i}", "label": ["neg", "neutral", "pos"][i % 3]} for i in range(12)]
+    (tmp_path / "three.jsonl").write_text("".join(json.dumps(r) + "\n" for r in names))
+    three = {"train_file": str(tmp_path / "three.jsonl"), "validation_file": str(tmp_path / "three.jsonl")}
+    with pytest.raises(ConfigError, match=r"metric f1 is the F1 of class 1 of a binary task.*3 classes"):
+        load_task(DownstreamTask(name="three", metric="f1", **three), DEFAULT.corpus)
+    with pytest.raises(ConfigError, match=r"metric pearson scores a regression.*has the label 'neg'"):
+        load_task(DownstreamTask(name="three", metric="pearson", **three), DEFAULT.corpus)
+    assert load_task(DownstreamTask(name="three", metric="mcc", **three), DEFAULT.corpus).num_labels == 3

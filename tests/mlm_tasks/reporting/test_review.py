@@ -105,7 +105,23 @@ def test_downstream_scores_become_a_table():
         timeout_hours=72,
         downstream=downstream,
     )
-    assert "| sst2 | accuracy | 0.8100 ± 0.0120 | 3 | 0.5500 ± 0.0000 | +0.2600 | 800 train, 200 scored |" in page
+    assert "| sst2 | accuracy | 0.8100 ± 0.0120 | — | 3 | 0.5500 ± 0.0000 | +0.2600 | 800 train, 200 scored |" in page
+    # With the bootstrap's interval and a flag (too few scored examples), as the downstream step writes them.
+    downstream["tasks"][0]["pretrained"]["interval"] = [0.7612, 0.8544]
+    downstream["tasks"][0]["warnings"] = ["sst2: the 95% interval of accuracy is ±0.139 over 50 scored examples"]
+    page = render_review(
+        run_id="r",
+        repo_id=REPO,
+        private=True,
+        decision=DECISION,
+        metrics=METRICS,
+        previous=None,
+        summary=SUMMARY,
+        timeout_hours=72,
+        downstream=downstream,
+    )
+    assert "| sst2 | accuracy | 0.8100 ± 0.0120 | [0.7612, 0.8544] | 3 |" in page
+    assert "- **Warning:** sst2: the 95% interval of accuracy is ±0.139 over 50 scored examples" in page
 
 
 def test_missing_artifacts_do_not_break_the_page(tmp_path):

@@ -56,7 +56,11 @@ def test_not_worse_than_previously_published():
 def test_first_model_has_nothing_to_beat():
     decision = evaluate_gate({"loss": 9.0, "accuracy": 0.01}, GateConfig(), None)
     assert decision["passed"]
-    assert decision == {"passed": True, "reasons": ["no previously published model to compare with."]}  # the XCom as is
+    assert decision == {
+        "passed": True,
+        "reasons": ["no previously published model to compare with."],
+        "warnings": [],
+    }  # the XCom as is
 
 
 def test_gate_without_eval_metrics_says_what_to_run(tmp_path):
