@@ -52,6 +52,7 @@ CANDIDATES: dict[str, dict] = {
     # half the FFN width (~1.1x).
     "heads4": {"model.num_attention_heads": 4},
     "layers1": {"model.num_hidden_layers": 1},
+    "layers2": {"model.num_hidden_layers": 2, "train.learning_rate": 0.0015},  # the tiny preset's own shape
     "ffn256": {"model.intermediate_size": 256},
 }
 SCORING = {"train.eval_every": 10**6, "train.eval_batches": 10**4}  # one validation, at the last step, all of it
