@@ -76,7 +76,7 @@ def held_out_article_task(task: DownstreamTask, corpus_cfg: CorpusConfig) -> Tas
                 part.texts.append(piece)
                 part.labels.append(label)
     rng = random.Random(TASK_SEED)
-    for part in parts.values():  # interleave the articles, so that max_*_examples keeps every class
+    for part in parts.values():  # interleave the articles (a constant seed: the same order every run)
         order = list(range(len(part)))
         rng.shuffle(order)
         part.texts[:], part.labels[:] = [part.texts[i] for i in order], [part.labels[i] for i in order]

@@ -113,7 +113,6 @@ def published_scores(downstream: Mapping[str, Any] | None) -> dict[str, dict[str
             "std": t["pretrained"]["std"],
             "interval": t["pretrained"].get("interval"),
             "budget": t["budget"],
-            "num_labels": 1 if t.get("regression") else len(t["labels"]),
             "validation_fingerprint": t.get("validation_fingerprint"),
             "validation_labels": t.get("validation_labels"),
             "predictions": [r["predictions"] for r in t["pretrained"]["runs"] if "predictions" in r] or None,

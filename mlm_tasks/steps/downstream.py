@@ -57,7 +57,7 @@ def downstream(cfg: PipelineConfig, ctx: RunContext) -> DownstreamResult:
     if done and done.get("settings") == settings and all("interval" in t["pretrained"] for t in done["tasks"]):
         log.info("Downstream scores already at %s for these settings: nothing to do", run.downstream)
         for entry in done["tasks"]:  # the flag's threshold may have changed since
-            found = (entry.get("contamination") or {}).get("warning")
+            found = (entry.get("contamination") or {}).get("warning") if cfg.downstream.check_contamination else None
             entry["warnings"] = flags(entry, cfg.downstream.max_half_width) + ([found] if found else [])
         return done
     if not storage.exists(join(run.model, "config.json")):
@@ -102,8 +102,7 @@ def _mark_contamination(
     if not tasks:
         return
     began = time.perf_counter()
-    rows = (row for split, row in open_corpus(cfg.corpus).split_rows() if split == "train")
-    found = contaminated(tasks, rows)
+    found = contaminated(tasks, open_corpus(cfg.corpus).rows("train"))
     log.info(
         "Contamination check (%d-grams) of %d task(s) against the train split: %.0fs",
         NGRAM,
