@@ -57,7 +57,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "stdin instead of HF_TOKEN (how a TPU VM's line hands it over: in no environment block).",
     )
     p.add_argument(
-        "--part", type=int, default=0, help="write_shards: which partition (0-based) of shards.partitions to write."
+        "--part",
+        type=int,
+        default=0,
+        help="scan_partition, write_shards: which partition (0-based) of shards.partitions.",
+    )
+    p.add_argument(
+        "--bucket", type=int, default=0, help="find_duplicates: which bucket (0-based; as many as shards.partitions)."
     )
     p.add_argument(
         "--runs",
@@ -81,10 +87,22 @@ def resolve_config(args: argparse.Namespace) -> PipelineConfig:
 
 
 # Steps that read a shard set: without --data-fingerprint, it is computed from the corpus (needs the corpus at hand).
-NEEDS_DATA = ("write_shards", "merge_shards", "check_run", "train", "evaluate", "publish_tokenizer", "summary")
+NEEDS_DATA = (
+    "scan_partition",
+    "find_duplicates",
+    "cluster_duplicates",
+    "train_tokenizer",
+    "write_shards",
+    "merge_shards",
+    "check_run",
+    "train",
+    "evaluate",
+    "publish_tokenizer",
+    "summary",
+)
 
 
-def run_step(step: str, cfg: PipelineConfig, ctx: RunContext, part: int = 0, runs: str = "") -> object:
+def run_step(step: str, cfg: PipelineConfig, ctx: RunContext, part: int = 0, runs: str = "", bucket: int = 0) -> object:
     """One verb: the step function of the same name (mlm_tasks/steps/<step>.py) with this process's inputs."""
     from mlm_tasks import steps
     from mlm_tasks.data.shard_set import data_fingerprint, summary_for_fingerprint
@@ -109,8 +127,12 @@ def run_step(step: str, cfg: PipelineConfig, ctx: RunContext, part: int = 0, run
     kwargs: dict = {}
     if step == "check_run":
         kwargs = {"data": summary_for_fingerprint(cfg, ctx.data.fingerprint)}
-    elif step == "write_shards":
+    elif step in ("scan_partition", "write_shards"):
         kwargs = {"part": part, "num_parts": cfg.shards.partitions}
+    elif step == "find_duplicates":
+        kwargs = {"bucket": bucket, "num_parts": cfg.shards.partitions}
+    elif step in ("cluster_duplicates", "train_tokenizer"):
+        kwargs = {"num_parts": cfg.shards.partitions}
     elif step == "train":
         kwargs = {"hub_token": _hub_token(needed=cfg.publish.sync_checkpoints)}
     elif step in ("publish", "publish_tokenizer"):
@@ -147,9 +169,8 @@ def main(argv: list[str] | None = None) -> int:
         # A trainer of its own (a TPU VM's, a shell's): SIGTERM is a preemption notice, answered with a checkpoint.
         notice = preemption.notice_on_sigterm() if args.step == "train" else contextlib.nullcontext()
         with notice:
-            result = run_step(
-                args.step, cfg, RunContext.of(cfg, args.run_id, args.data_fingerprint), args.part, args.runs
-            )
+            ctx = RunContext.of(cfg, args.run_id, args.data_fingerprint)
+            result = run_step(args.step, cfg, ctx, args.part, args.runs, args.bucket)
     except NoRetryError as err:
         print(f"error: {err}", file=sys.stderr)
         return NO_RETRY_EXIT

@@ -76,6 +76,14 @@ class CorpusConfig(_Section):
 class TokenizerConfig(_Section):
     vocab_size: int = Field(8000, ge=1, le=250_000, description="Unigram vocabulary size, specials included.")
     max_piece_length: int = Field(16, ge=2, le=64, description="Longest piece the Unigram trainer keeps.")
+    sample_mb: int = Field(
+        64,
+        ge=1,
+        le=100_000,
+        description="MB of train text the tokenizer trains on, at most: a seeded sample of the deduplicated, "
+        "filtered rows, chosen by row hash (the same rows on every machine), recorded in the manifest. Memory "
+        "and time stay bounded whatever the corpus size (sentencepiece's advice: 1-10 M sentences).",
+    )
 
 
 class ShardConfig(_Section):
@@ -89,6 +97,31 @@ class ShardConfig(_Section):
         description="Shard-writing tasks run in parallel by the DAGs "
         "(dynamic task mapping): the corpus is cut into this many partitions, each "
         "written by one `write_shards` task, merged into one manifest at the end.",
+    )
+
+
+class DedupConfig(_Section):
+    exact: bool = Field(
+        True,
+        description="Write each distinct row once: rows with the same text (after trimming) are duplicates; "
+        "the copy kept is one in the train split when there is one.",
+    )
+    near: bool = Field(
+        False,
+        description="Also drop near-duplicate rows: MinHash signatures of word shingles with LSH (datasketch), "
+        "rows whose estimated Jaccard similarity reaches near_threshold form a cluster, one is kept.",
+    )
+    near_threshold: float = Field(
+        0.8, ge=0.5, le=0.99, description="Jaccard similarity (of word shingles) at which rows are near-duplicates."
+    )
+    num_perm: int = Field(128, ge=16, le=512, description="MinHash permutations (more: sharper threshold, slower).")
+    shingle_words: int = Field(5, ge=1, le=20, description="Words per shingle for near-duplicate detection.")
+    near_min_words: int = Field(
+        10,
+        ge=1,
+        le=10_000,
+        description="Rows with fewer words than this are only deduplicated exactly (a few words share "
+        "too many shingles by chance).",
     )
 
 
@@ -685,6 +718,7 @@ class PipelineConfig(_Section):
     corpus: CorpusConfig = Field(default_factory=CorpusConfig)
     tokenizer: TokenizerConfig = Field(default_factory=TokenizerConfig)
     shards: ShardConfig = Field(default_factory=ShardConfig)
+    dedup: DedupConfig = Field(default_factory=DedupConfig)
     model: ModelConfig = Field(default_factory=ModelConfig)
     train: TrainConfig = Field(default_factory=TrainConfig)
     eval: EvalConfig = Field(default_factory=EvalConfig)

@@ -66,7 +66,7 @@ HUB_OR_PATH_KEYS = ("model.init_from", "corpus.hf_path")
 HUB_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,95}(/[A-Za-z0-9][A-Za-z0-9_.-]{0,95})?$")
 FINGERPRINT = re.compile(r"^[0-9a-f]{16}$")
 # What a dataset-refresh event may set (the sections mlm_dataset_refresh sends), and who may send one.
-DATA_SECTIONS = ("corpus", "tokenizer", "shards")
+DATA_SECTIONS = ("corpus", "tokenizer", "shards", "dedup")
 REFRESH_DAG = "mlm_dataset_refresh"
 
 

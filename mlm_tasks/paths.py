@@ -4,6 +4,7 @@
     output_root/datasets/<data_fp>/shards/<split>/<split>-p00000of00002-00000-2048.tfrecord
                                                       (partition 0 of 2, shard 0, 2048 records)
     output_root/datasets/<data_fp>/partitions/p00000-of-00002.json   a written partition's partial manifest
+    output_root/datasets/<data_fp>/dedup/{scans,matches,clusters}/  row hashes, duplicate pairs, removed rows
     output_root/datasets/<data_fp>/shards/manifest.json       counts, checksums, config
     output_root/datasets/<data_fp>/shards/_SUCCESS            written last; what sensors wait for
     output_root/runs/<run>/checkpoints/ model/ eval/ (metrics.json, downstream.json) infer/ report/ tensorboard/
@@ -78,6 +79,9 @@ class DataPaths:
     tokenizer = property(lambda self: join(self.root, "tokenizer"))
     shards_dir = property(lambda self: join(self.root, "shards"))
     partitions_dir = property(lambda self: join(self.root, "partitions"))
+    dedup_dir = property(lambda self: join(self.root, "dedup"))  # scans, matches, clusters (mlm_tasks/data/dedup)
+    # What the tokenizer trained on; beside the dedup stages, not in tokenizer/ (published with the model).
+    tokenizer_sample = property(lambda self: join(self.dedup_dir, "tokenizer_sample.json"))
     manifest = property(lambda self: join(self.shards_dir, "manifest.json"))
     success = property(lambda self: join(self.shards_dir, "_SUCCESS"))
 

@@ -21,12 +21,21 @@ class Partition(TypedDict):
 
 
 class ShardPlan(TypedDict):
-    """What plan_shards decided, handed to merge_shards; write_shards is mapped over `partitions`."""
+    """What plan_shards decided, handed to the later shard-set tasks; scan_partition, find_duplicates (bucket
+    `part`) and write_shards are mapped over `partitions`."""
 
     fingerprint: str
     cache_hit: bool  # the complete set was there before this run
     corpus_fingerprint: str | None  # the plan's, so the merge does not hash a large corpus again
     partitions: list[Partition]  # empty: nothing to write (the set is complete, or shards were brought)
+
+
+class ScannedPartition(TypedDict):
+    fingerprint: str
+    part: int
+    num_parts: int
+    rows: dict[str, int]
+    dropped_by_filters: int
 
 
 class WrittenPartition(TypedDict):

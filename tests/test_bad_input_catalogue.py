@@ -34,12 +34,28 @@ TASK_OF = {
     "validate": "validate",
     "run_config": "validate",
     "plan_shards": "plan_shards",
+    "scan_partition": "scan_partition",
+    "train_tokenizer": "train_tokenizer",
     "merge_shards": "merge_shards",
     "check_run": "check_run",
     "summary_for_fingerprint": "plan_shards",
     "train": "train (step run alone)",
     "evaluate": "evaluate (step run alone)",
 }
+
+
+# The tasks that refuse bad input before money is spent: every one is upstream of create_tpu_vm.
+BEFORE_VM = (
+    "validate",
+    "plan_shards",
+    "scan_partition",
+    "find_duplicates",
+    "cluster_duplicates",
+    "train_tokenizer",
+    "write_shards",
+    "merge_shards",
+    "check_run",
+)
 
 
 @dataclass
@@ -138,13 +154,18 @@ def validate(make_cfg, **where):
 
 
 def prepare(make_cfg, fails_in: str):
-    """The DAG's data tasks in order: plan_shards, every write_shards partition, merge_shards.
-    Each is run only if the one before passed, so the error comes from the task named `fails_in`."""
+    """The DAG's data tasks in order: plan_shards, every scan_partition, every find_duplicates,
+    cluster_duplicates, train_tokenizer, every write_shards partition, merge_shards. Each is run only if
+    the one before passed, so the error comes from the task named `fails_in`."""
 
     def call(ctx):
         from mlm_tasks.paths import RunContext
+        from mlm_tasks.steps.cluster_duplicates import cluster_duplicates
+        from mlm_tasks.steps.find_duplicates import find_duplicates
         from mlm_tasks.steps.merge_shards import merge_shards
         from mlm_tasks.steps.plan_shards import plan_shards
+        from mlm_tasks.steps.scan_partition import scan_partition
+        from mlm_tasks.steps.train_tokenizer import train_tokenizer
         from mlm_tasks.steps.write_shards import write_shards
 
         cfg = make_cfg(ctx)
@@ -152,6 +173,18 @@ def prepare(make_cfg, fails_in: str):
         if fails_in == "plan_shards":
             return plan
         data = RunContext.of(cfg, fingerprint=plan["fingerprint"])
+        n = len(plan["partitions"])
+        if n:
+            for p in plan["partitions"]:
+                scan_partition(cfg, data, part=p["part"], num_parts=n)
+            if fails_in == "scan_partition":
+                return plan
+            for b in range(n):
+                find_duplicates(cfg, data, bucket=b, num_parts=n)
+            cluster_duplicates(cfg, data, num_parts=n)
+            train_tokenizer(cfg, data, num_parts=n)
+            if fails_in == "train_tokenizer":
+                return plan
         for p in plan["partitions"]:
             write_shards(cfg, data, part=p["part"], num_parts=p["num_parts"])
         return merge_shards(cfg, data, plan=plan)
@@ -547,7 +580,7 @@ CASES = [
         r"The corpus is empty: its train split has no text rows\. Check the corpus",
         [
             ("validate", validate(lambda c: local_corpus(c, "empty.txt", b"\n  \n\n"))),
-            ("plan_shards", prepare(lambda c: local_corpus(c, "empty.txt", b"\n  \n\n"), "plan_shards")),
+            ("train_tokenizer", prepare(lambda c: local_corpus(c, "empty.txt", b"\n  \n\n"), "train_tokenizer")),
         ],
     ),
     Case(
@@ -556,7 +589,10 @@ CASES = [
         r"bad\.txt line 2 is not valid UTF-8 \(invalid start byte at byte 0\): re-encode the file as UTF-8",
         [
             ("validate", validate(lambda c: local_corpus(c, "bad.txt", b"fine\n\xff\xfe broken\n"))),
-            ("plan_shards", prepare(lambda c: local_corpus(c, "bad.txt", b"fine\n\xff\xfe broken\n"), "plan_shards")),
+            (
+                "scan_partition",
+                prepare(lambda c: local_corpus(c, "bad.txt", b"fine\n\xff\xfe broken\n"), "scan_partition"),
+            ),
         ],
     ),
     Case(
@@ -577,13 +613,23 @@ CASES = [
         "vocab size larger than the corpus supports",
         r"tokenizer\.vocab_size 5000 is larger than this corpus supports \(the trainer found only 32 pieces\): "
         r"lower vocab_size",
-        [("plan_shards", prepare(lambda c: local_corpus(c, "small.txt", TINY_TEXT, vocab_size=5000), "plan_shards"))],
+        [
+            (
+                "train_tokenizer",
+                prepare(lambda c: local_corpus(c, "small.txt", TINY_TEXT, vocab_size=5000), "train_tokenizer"),
+            )
+        ],
     ),
     Case(
         "vocab-below-characters",
         "vocab size smaller than the corpus's characters",
         r"tokenizer\.vocab_size 20 is smaller than this corpus's distinct characters .*: raise vocab_size",
-        [("plan_shards", prepare(lambda c: local_corpus(c, "chars.txt", TINY_TEXT, vocab_size=20), "plan_shards"))],
+        [
+            (
+                "train_tokenizer",
+                prepare(lambda c: local_corpus(c, "chars.txt", TINY_TEXT, vocab_size=20), "train_tokenizer"),
+            )
+        ],
     ),
     Case(
         "batch-larger-than-data",
@@ -804,7 +850,8 @@ def test_bad_input_is_refused_with_what_to_fix(case, request, tmp_path, tmp_path
             }
         )
     # Every case is first refused by a check that mlm_pretrain runs before create_tpu_vm.
-    assert TASK_OF[case.steps[0][0]] in ("validate", "plan_shards", "merge_shards", "check_run")
+    assert TASK_OF[case.steps[0][0]] in BEFORE_VM
+    assert all(TASK_OF[entry] in BEFORE_VM for entry, *_ in case.steps if not TASK_OF[entry].endswith("alone)"))
 
 
 def test_checks_run_before_the_tpu_vm():
@@ -815,7 +862,7 @@ def test_checks_run_before_the_tpu_vm():
     assert not bag.import_errors, bag.import_errors
     dag = bag.dags["mlm_pretrain"]
     before_vm = dag.get_task("create_tpu_vm").get_flat_relative_ids(upstream=True)
-    assert {"validate", "plan_shards", "write_shards", "merge_shards", "check_run"} <= before_vm
+    assert set(BEFORE_VM) <= before_vm
     assert "create_tpu_vm" in dag.get_task("train").get_flat_relative_ids(upstream=True)
     assert dag.get_task("validate").retries == 0  # a bad input is not retried
 

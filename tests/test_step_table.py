@@ -17,7 +17,15 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 DOC = ROOT / "docs" / "architecture.md"
 HEADER = ["step", "module", "task id", "CLI verb", "inputs", "outputs"]
-SHARD_SET_STEPS = ("plan_shards", "write_shards", "merge_shards")
+SHARD_SET_STEPS = (
+    "plan_shards",
+    "scan_partition",
+    "find_duplicates",
+    "cluster_duplicates",
+    "train_tokenizer",
+    "write_shards",
+    "merge_shards",
+)
 NO_RUN_CONTEXT = ("validate",)  # steps that take the config alone
 
 

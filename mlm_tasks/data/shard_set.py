@@ -29,8 +29,9 @@ from mlm_tasks.errors import ConfigError, MissingArtifactError
 from mlm_tasks.paths import SPLITS, DataPaths, join
 from mlm_tasks.results import DataSummary
 
-# 2: two features (input_ids, attention_mask) and record counts in the names; 1 had input_ids only.
-MANIFEST_VERSION = 2
+# 3: the data card (what the filters and the dedup removed, the tokenizer's sample); 2: two features
+# (input_ids, attention_mask) and record counts in the names; 1 had input_ids only.
+MANIFEST_VERSION = 3
 
 
 def rebuild_hint(paths: DataPaths) -> str:
@@ -181,6 +182,7 @@ def data_fingerprint(cfg: PipelineConfig, corpus=None, corpus_fingerprint: str |
         **({"base_model": base.identity()} if base else {"tokenizer": cfg.tokenizer.model_dump()}),
         "max_length": cfg.shards.max_length,
         "records_per_shard": cfg.shards.records_per_shard,
+        "dedup": cfg.dedup.model_dump(),
         "manifest_version": MANIFEST_VERSION,
     }
     return hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16]
@@ -230,8 +232,8 @@ def summary_for_fingerprint(cfg: PipelineConfig, fingerprint: str) -> DataSummar
     return data_summary(ShardSet.load(paths), cache_hit=True)
 
 
-def ensure_tokenizer(cfg: PipelineConfig, corpus, paths: DataPaths) -> None:
-    """Train the Unigram tokenizer of this fingerprint unless it exists (Unigram training is not
+def ensure_tokenizer(cfg: PipelineConfig, rows, paths: DataPaths) -> None:
+    """Train the Unigram tokenizer of this fingerprint on `rows` unless it exists (Unigram training is not
     id-reproducible: once per fingerprint, first writer wins); with model.init_from, copy the base's."""
     if storage.exists(join(paths.tokenizer, "tokenizer.json")):
         log.info("Reusing the tokenizer already trained for this fingerprint: %s", paths.tokenizer)
@@ -254,7 +256,7 @@ def ensure_tokenizer(cfg: PipelineConfig, corpus, paths: DataPaths) -> None:
         )
         return
     t0 = time.time()
-    tok = train_unigram(corpus.rows("train"), cfg.tokenizer)
+    tok = train_unigram(rows, cfg.tokenizer)
     save_tokenizer(tok, paths.tokenizer, cfg.shards.max_length)
     log.info(
         "Trained Unigram tokenizer (vocab %d) in %.1fs -> %s", tok.get_vocab_size(), time.time() - t0, paths.tokenizer

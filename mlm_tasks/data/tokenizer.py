@@ -113,7 +113,10 @@ def load_encoder(uri: str):
 
     path = join(uri, "tokenizer.json")
     if not storage.exists(path):
-        raise MissingArtifactError(f"No tokenizer at {uri}: run plan_shards first or check output_root.")
+        raise MissingArtifactError(
+            f"No tokenizer at {uri}: run train_tokenizer first (after plan_shards and the dedup steps) or check "
+            "output_root."
+        )
     return Tokenizer.from_str(storage.read_text(path))
 
 
@@ -123,6 +126,9 @@ def load_tokenizer(uri: str, max_length: int | None = None):
 
     path = join(uri, "tokenizer.json")
     if not storage.exists(path):
-        raise MissingArtifactError(f"No tokenizer at {uri}: run plan_shards first or check output_root.")
+        raise MissingArtifactError(
+            f"No tokenizer at {uri}: run train_tokenizer first (after plan_shards and the dedup steps) or check "
+            "output_root."
+        )
     tok = Tokenizer.from_str(storage.read_text(path))
     return to_pretrained(tok, max_length or 512)

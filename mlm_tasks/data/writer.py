@@ -179,6 +179,7 @@ def partition_manifest_uri(paths: DataPaths, part: int, num_parts: int) -> str:
 def write_partition(cfg: PipelineConfig, paths: DataPaths, part: int, num_parts: int, corpus=None) -> dict:
     """Write partition `part` of `num_parts` of every split; returns (and stores) its partial manifest."""
     from mlm_tasks.data.corpus import open_corpus
+    from mlm_tasks.data.dedup.clusters import kept_rows
     from mlm_tasks.data.tokenizer import load_encoder
 
     if not 0 <= part < num_parts:
@@ -194,8 +195,9 @@ def write_partition(cfg: PipelineConfig, paths: DataPaths, part: int, num_parts:
     try:
         chunkers = {s: Chunker(sc.max_length) for s in SPLITS}
         writers = {s: BlockWriter(staging, s, f"{s}-p{part:05d}of{num_parts:05d}", sc) for s in SPLITS}
+        # The rows the filters and the dedup kept (mlm_tasks/data/dedup): the scan marked the others.
         for split, batch, encodings in encoded_batches(
-            corpus.split_rows(part, num_parts), tokenizer, sc.tokenize_batch_rows
+            kept_rows(corpus, paths, part, num_parts), tokenizer, sc.tokenize_batch_rows
         ):
             writers[split].write(chunkers[split].add(batch, encodings))
         partial: dict[str, Any] = {"part": part, "num_parts": num_parts, "splits": {}}

@@ -1,6 +1,7 @@
 """The pipeline's steps: one module, one function, one Airflow task id and one CLI verb each.
 
-    validate → plan_shards → write_shards (per partition) → merge_shards → check_run → train →
+    validate → plan_shards → scan_partition (per partition) → find_duplicates (per bucket) →
+    cluster_duplicates → train_tokenizer → write_shards (per partition) → merge_shards → check_run → train →
     evaluate → downstream → fill_mask → report → gate → publish (+ publish_tokenizer) → summary
 
 Every step is `name(cfg, ctx, *, step-specific inputs) -> typed result`, with `cfg` the validated
@@ -8,7 +9,7 @@ Every step is `name(cfg, ctx, *, step-specific inputs) -> typed result`, with `c
 which checks the config before there is a run to speak of, takes `cfg` alone. The DAGs
 call them through plugins/ (docs/architecture.md has the table); the CLI (`python -m mlm_tasks
 <step>`) calls the same functions. Two compositions live here, for the CLI, benchmarks and tests:
-`build_shard_set` (the three shard-set steps in one process, one partition) and `run_all`.
+`build_shard_set` (the shard-set steps in one process, one partition) and `run_all`.
 """
 
 from __future__ import annotations
@@ -17,11 +18,15 @@ from typing import Any
 
 from mlm_tasks.config import PipelineConfig
 from mlm_tasks.paths import RunContext
-from mlm_tasks.results import DataSummary
+from mlm_tasks.results import DataSummary, ShardPlan
 
 STEPS = (
     "validate",
     "plan_shards",
+    "scan_partition",
+    "find_duplicates",
+    "cluster_duplicates",
+    "train_tokenizer",
     "write_shards",
     "merge_shards",
     "check_run",
@@ -38,8 +43,8 @@ STEPS = (
 
 
 def build_shard_set(cfg: PipelineConfig, ctx: RunContext | None = None) -> DataSummary:
-    """plan_shards → write_shards → merge_shards in this process with a single partition (the
-    tokenizer's and writer's own threads use the cores); the data summary."""
+    """Every shard-set step in this process with a single partition (the tokenizer's and writer's own
+    threads use the cores); the data summary."""
     from mlm_tasks.data.corpus import open_corpus
     from mlm_tasks.steps.merge_shards import merge_shards
     from mlm_tasks.steps.plan_shards import plan_shards
@@ -49,9 +54,29 @@ def build_shard_set(cfg: PipelineConfig, ctx: RunContext | None = None) -> DataS
     corpus = open_corpus(cfg.corpus)
     plan = plan_shards(cfg, ctx, corpus=corpus, num_parts=1)
     data_ctx = ctx.with_data(plan["fingerprint"])
+    prepare_partitions(cfg, data_ctx, plan, corpus)
     for p in plan["partitions"]:
         write_shards(cfg, data_ctx, part=p["part"], num_parts=p["num_parts"], corpus=corpus)
     return merge_shards(cfg, data_ctx, plan=plan, corpus=corpus)
+
+
+def prepare_partitions(cfg: PipelineConfig, ctx: RunContext, plan: ShardPlan, corpus=None) -> None:
+    """What runs between plan_shards and write_shards, in this process: scan_partition per partition,
+    find_duplicates per bucket, cluster_duplicates, train_tokenizer (nothing when the plan has no partition)."""
+    from mlm_tasks.steps.cluster_duplicates import cluster_duplicates
+    from mlm_tasks.steps.find_duplicates import find_duplicates
+    from mlm_tasks.steps.scan_partition import scan_partition
+    from mlm_tasks.steps.train_tokenizer import train_tokenizer
+
+    if not plan["partitions"]:
+        return
+    n = len(plan["partitions"])
+    for p in plan["partitions"]:
+        scan_partition(cfg, ctx, part=p["part"], num_parts=n, corpus=corpus)
+    for b in range(n):
+        find_duplicates(cfg, ctx, bucket=b, num_parts=n)
+    cluster_duplicates(cfg, ctx, num_parts=n)
+    train_tokenizer(cfg, ctx, num_parts=n)
 
 
 def run_all(cfg: PipelineConfig, ctx: RunContext, hub_token: str | None = None) -> dict:

@@ -22,6 +22,22 @@ from mlm_tasks.results import DataSummary, ShardPlan
 log = logging.getLogger(__name__)
 
 
+def data_card(cfg: PipelineConfig, ctx: RunContext) -> dict:
+    """What went in and what was removed: rows read per split, each filter's drops, the duplicates removed
+    (exact and near, per split), the tokenizer's sample. The report and the model card show it."""
+    from mlm_tasks.data.dedup.clusters import clusters_marker
+
+    clusters = storage.read_json_if_exists(clusters_marker(ctx.data)) or {}
+    return {
+        "rows_read": clusters.get("rows"),
+        "filters": clusters.get("filters", {}),
+        "dropped_by_filters": clusters.get("dropped_by_filters"),
+        "duplicates_removed": clusters.get("duplicates_removed"),
+        "dedup": cfg.dedup.model_dump(),
+        "tokenizer_sample": storage.read_json_if_exists(ctx.data.tokenizer_sample),
+    }
+
+
 def merge_shards(cfg: PipelineConfig, ctx: RunContext, *, plan: ShardPlan | None = None, corpus=None) -> DataSummary:
     """The shard set of `plan` (plan_shards' result; none: the fan-out by hand, the config's
     `shards.partitions` written for ctx's fingerprint). The plan's corpus fingerprint spares hashing
@@ -41,7 +57,11 @@ def merge_shards(cfg: PipelineConfig, ctx: RunContext, *, plan: ShardPlan | None
     corpus = corpus or open_corpus(cfg.corpus)
     tokenizer = load_tokenizer(paths.tokenizer, cfg.shards.max_length)
     corpus_fp = (plan["corpus_fingerprint"] if plan else None) or corpus.fingerprint()
-    extra = {**manifest_extra(cfg, corpus, corpus_fp, paths, tokenizer), "partitions": num_parts}
+    extra = {
+        **manifest_extra(cfg, corpus, corpus_fp, paths, tokenizer),
+        "partitions": num_parts,
+        "data_card": data_card(cfg, ctx),
+    }
     shard_set = merge_partitions(cfg, paths, num_parts, extra)
     log.info(
         "Published shard set %s: %s",

@@ -1,10 +1,10 @@
-"""Step plan_shards: fingerprint the data, train its tokenizer (or, with model.init_from, copy the base
-model's), and list the partitions to write.
+"""Step plan_shards: fingerprint the data and list the partitions to scan and write and the buckets to match.
 
     python -m mlm_tasks plan_shards --config configs/tiny.yaml --set shards.partitions=4
 
-First of the three shard-set steps, the same in both DAGs and the CLI:
-plan_shards → write_shards (one task per partition, in parallel) → merge_shards. The plan says which
+First of the shard-set steps, the same in both DAGs and the CLI: plan_shards → scan_partition (one
+task per partition) → find_duplicates (one per bucket, as many as partitions) → cluster_duplicates → train_tokenizer →
+write_shards (one per partition) → merge_shards. The plan says which
 partitions are still to write; none when a complete shard set already has this fingerprint or
 shards were brought as they are (the DAGs then skip write_shards, and the merge only reads the set).
 """
@@ -16,7 +16,7 @@ import logging
 from mlm_tasks import storage
 from mlm_tasks.config import PipelineConfig
 from mlm_tasks.data.corpus import open_corpus
-from mlm_tasks.data.shard_set import data_fingerprint, ensure_tokenizer
+from mlm_tasks.data.shard_set import data_fingerprint
 from mlm_tasks.paths import DataPaths, RunContext
 from mlm_tasks.results import Partition, ShardPlan
 from mlm_tasks.storage import check_writable
@@ -25,8 +25,8 @@ log = logging.getLogger(__name__)
 
 
 def plan_shards(cfg: PipelineConfig, ctx: RunContext, *, corpus=None, num_parts: int | None = None) -> ShardPlan:
-    """The fingerprint (ctx.fingerprint, or computed from the corpus), the tokenizer trained and saved
-    (first writer wins), and the partitions still to write."""
+    """The fingerprint (ctx.fingerprint, or computed from the corpus) and the partitions still to do
+    (none when the set is complete)."""
     corpus = corpus or open_corpus(cfg.corpus)
     corpus_fp = None if ctx.fingerprint else corpus.fingerprint()
     paths = DataPaths(cfg.output_root, ctx.fingerprint or data_fingerprint(cfg, corpus_fingerprint=corpus_fp))
@@ -44,10 +44,9 @@ def plan_shards(cfg: PipelineConfig, ctx: RunContext, *, corpus=None, num_parts:
         adopt(cfg, corpus, paths, corpus_fp or corpus.fingerprint())  # no tokenizer to train, no shard to write
         return ShardPlan(fingerprint=paths.fingerprint, cache_hit=False, corpus_fingerprint=corpus_fp, partitions=[])
     log.info("Preparing data fingerprint %s under %s in %d partition(s)", paths.fingerprint, paths.root, n)
-    # Before an hour of tokenizer training, not after. validate probes too, but not in a dataset refresh
+    # Before an hour of scanning, not after. validate probes too, but not in a dataset refresh
     # (probe_write=False: an unchanged source writes nothing) nor when plan_shards runs alone (the CLI).
     check_writable(cfg.output_root)
-    ensure_tokenizer(cfg, corpus, paths)
     return ShardPlan(
         fingerprint=paths.fingerprint,
         cache_hit=False,

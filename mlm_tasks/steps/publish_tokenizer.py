@@ -43,7 +43,9 @@ def publish_tokenizer(
     if not repo_id:
         raise ConfigError("publish.tokenizer_repo_id is empty: set it to the Hub repo for the tokenizer.")
     if not storage.exists(join(data.tokenizer, "tokenizer.json")):
-        raise MissingArtifactError(f"No tokenizer at {data.tokenizer}: run plan_shards first.")
+        raise MissingArtifactError(
+            f"No tokenizer at {data.tokenizer}: build the shard set first (build_shard_set, or the DAG)."
+        )
     api, url = hub_api(token, endpoint, conn_id, cfg.publish.request_timeout_s)
     with tempfile.TemporaryDirectory(prefix="mlm-tokenizer-") as tmp:
         # Copy: the tokenizer dir is create-only data shared by runs; the card must not land in it.

@@ -17,7 +17,7 @@ def test_event_extra_carries_exactly_what_a_training_run_needs(tiny_cfg):
     assert extra == {
         "fingerprint": "abc123",
         "output_root": cfg["output_root"],
-        "data_config": {k: cfg[k] for k in ("corpus", "tokenizer", "shards")},
+        "data_config": {k: cfg[k] for k in ("corpus", "tokenizer", "shards", "dedup")},
         "records": {"train": 10},
         "tokens": {"train": 640},
     }

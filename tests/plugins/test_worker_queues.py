@@ -18,18 +18,25 @@ from mlm_tasks.steps.validate import check_output_root_reachable
 ROOT = Path(__file__).resolve().parents[2]
 
 # The routing docs/operations.md documents: CPU-heavy work on `cpu`, light drivers on `control`.
+SHARD_SET = {
+    "plan_shards",
+    "scan_partition",
+    "find_duplicates",
+    "cluster_duplicates",
+    "train_tokenizer",
+    "write_shards",
+    "merge_shards",
+}
 CPU_TASKS = {
     "mlm_pretrain": {
-        "plan_shards",
-        "write_shards",
-        "merge_shards",
+        *SHARD_SET,
         "train",
         "evaluate",
         "downstream",
         "fill_mask",
         "report",
     },
-    "mlm_dataset_refresh": {"plan_shards", "write_shards", "merge_shards"},
+    "mlm_dataset_refresh": SHARD_SET,
     "mlm_tpu_janitor": set(),
 }
 

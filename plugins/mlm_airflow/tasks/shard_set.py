@@ -1,15 +1,17 @@
-"""The shard-set task group both DAGs run: plan_shards → write_shards (one mapped task per partition) → merge_shards.
+"""The shard-set task group both DAGs run: plan_shards → scan_partition (one mapped task per partition) →
+find_duplicates (one per bucket) → cluster_duplicates → train_tokenizer → write_shards (one per partition) →
+merge_shards.
 
     data = shard_set(config)                    # mlm_pretrain: merge_shards' data summary (an XComArg)
     shard_set(config, announce=True, after=changed)   # mlm_dataset_refresh: the merge emits the SHARDS event
 
 Each task calls the step of the same name in mlm_tasks/steps/. Values flow as XComArgs: plan_shards
-returns the partitions still to write, which write_shards is mapped over, and hands its whole plan
-(fingerprint, cache hit, corpus fingerprint, partitions) to merge_shards under the XCom key
-`shard_plan` (a mapped task expands over a return value only). With nothing to write (the set is
-complete, or shards are brought as they are) the list is empty: Airflow skips the mapped task, and
-merge_shards, which runs unless something failed, only reads the set. `source_changed` is the refresh
-DAG's short-circuit before it.
+returns the partitions still to write, which scan_partition, find_duplicates (one bucket per partition)
+and write_shards are mapped over, and hands its whole plan (fingerprint, cache hit, corpus fingerprint,
+partitions) to the others under the XCom key `shard_plan`. With nothing to write (the set is complete,
+or shards are brought as they are) the list is empty: Airflow skips the mapped tasks, and the tasks
+after them, which run unless something failed, find nothing to do (merge_shards reads the set).
+`source_changed` is the refresh DAG's short-circuit before it.
 """
 
 from __future__ import annotations
@@ -24,11 +26,11 @@ from mlm_airflow.assets import SHARDS, event_extra, triggering_shards_event
 from mlm_airflow.defaults import CPU_QUEUE
 from mlm_airflow.errors import bad_input_fails_fast
 from mlm_airflow.tasks.step_context import step_context
-from mlm_tasks.results import DataSummary, Partition, ShardPlan, WrittenPartition
+from mlm_tasks.results import DataSummary, Partition, ScannedPartition, ShardPlan, WrittenPartition
 
 log = logging.getLogger(__name__)
 
-PLAN_KEY = "shard_plan"  # plan_shards' XCom of the whole plan, for merge_shards
+PLAN_KEY = "shard_plan"  # plan_shards' XCom of the whole plan, for the tasks after it
 
 
 @task.short_circuit
@@ -83,20 +85,84 @@ def plan_shards(config: dict, **context: Any) -> list[Partition]:
     return plan["partitions"]
 
 
+def _label_partition(partition: Partition) -> None:
+    # The grid shows "partition 2 of 4", not a bare index. A key added to the context for map_index_template is
+    # Airflow's documented way; its Context TypedDict lists only its own keys.
+    label = f"partition {partition['part'] + 1} of {partition['num_parts']}"
+    get_current_context()["partition_label"] = label  # type: ignore[typeddict-unknown-key]
+
+
 @task(
     queue=CPU_QUEUE,
     execution_timeout=timedelta(hours=24),
     map_index_template="{{ partition_label }}",
     multiple_outputs=False,
 )
+def scan_partition(config: dict, partition: Partition) -> ScannedPartition:
+    """One mapped task per partition: its rows filtered and hashed for dedup, its tokenizer candidates."""
+    from mlm_tasks.steps.scan_partition import scan_partition as step
+
+    _label_partition(partition)
+    cfg, ctx = step_context(config, partition)
+    with bad_input_fails_fast():
+        return step(cfg, ctx, part=partition["part"], num_parts=partition["num_parts"])
+
+
+@task(
+    queue=CPU_QUEUE,
+    execution_timeout=timedelta(hours=6),
+    map_index_template="{{ bucket_label }}",
+    multiple_outputs=False,
+)
+def find_duplicates(config: dict, partition: Partition) -> int:
+    """One mapped task per bucket, as many buckets as partitions (a mapped task expands over a task's return
+    value only, and this keeps each bucket about one partition's keys): the duplicate pairs of bucket `part`."""
+    from mlm_tasks.steps.find_duplicates import find_duplicates as step
+
+    label = f"bucket {partition['part'] + 1} of {partition['num_parts']}"
+    get_current_context()["bucket_label"] = label  # type: ignore[typeddict-unknown-key]
+    cfg, ctx = step_context(config, partition)
+    with bad_input_fails_fast():
+        return step(cfg, ctx, bucket=partition["part"], num_parts=partition["num_parts"])
+
+
+# After the mapped tasks before them, or after none (a complete set: they were skipped), as merge_shards.
+@task(queue=CPU_QUEUE, execution_timeout=timedelta(hours=6), multiple_outputs=False, trigger_rule="none_failed")
+def cluster_duplicates(config: dict, plan: ShardPlan) -> dict:
+    """The rows the writer skips (one per cluster of duplicates kept) and what each filter dropped."""
+    from mlm_tasks.steps.cluster_duplicates import cluster_duplicates as step
+
+    if not plan["partitions"]:
+        return {}
+    cfg, ctx = step_context(config, plan)
+    with bad_input_fails_fast():
+        return step(cfg, ctx, num_parts=len(plan["partitions"]))
+
+
+@task(queue=CPU_QUEUE, execution_timeout=timedelta(hours=12), multiple_outputs=False, trigger_rule="none_failed")
+def train_tokenizer(config: dict, plan: ShardPlan) -> dict:
+    """The Unigram tokenizer, trained on a seeded sample of the deduplicated train rows (or the base model's)."""
+    from mlm_tasks.steps.train_tokenizer import train_tokenizer as step
+
+    if not plan["partitions"]:
+        return {}
+    cfg, ctx = step_context(config, plan)
+    with bad_input_fails_fast():
+        return step(cfg, ctx, num_parts=len(plan["partitions"]))
+
+
+@task(
+    queue=CPU_QUEUE,
+    execution_timeout=timedelta(hours=24),
+    map_index_template="{{ partition_label }}",
+    multiple_outputs=False,
+    trigger_rule="none_failed",
+)
 def write_shards(config: dict, partition: Partition) -> WrittenPartition:
     """One mapped task per partition: its TFRecord shards and partial manifest."""
     from mlm_tasks.steps.write_shards import write_shards as step
 
-    # The grid shows "partition 2 of 4", not a bare index. A key added to the context for map_index_template is
-    # Airflow's documented way; its Context TypedDict lists only its own keys.
-    label = f"partition {partition['part'] + 1} of {partition['num_parts']}"
-    get_current_context()["partition_label"] = label  # type: ignore[typeddict-unknown-key]
+    _label_partition(partition)
     cfg, ctx = step_context(config, partition)
     with bad_input_fails_fast():
         return step(cfg, ctx, part=partition["part"], num_parts=partition["num_parts"])
@@ -126,21 +192,27 @@ def merge_shards(config: dict, plan: ShardPlan, announce: bool = False, **contex
 
 
 def shard_set(config: XComArg, *, announce: bool = False, after: XComArg | None = None) -> XComArg:
-    """The three tasks, wired (after `after`, e.g. the refresh's short-circuit, so its skip reaches
+    """The shard-set tasks, wired (after `after`, e.g. the refresh's short-circuit, so its skip reaches
     them); merge_shards' XComArg (the data summary). Task ids are the step names."""
     with TaskGroup(
-        "shard_set", prefix_group_id=False, tooltip="plan, write (per partition), merge the TFRecord shards"
+        "shard_set",
+        prefix_group_id=False,
+        tooltip="plan; dedup: scan (per partition), match (per bucket), cluster; tokenizer; write; merge",
     ):
         # TaskFlow: a task called here takes XComArgs (Airflow hands it their values at run time), but Airflow's
         # stubs type the call with the function's own parameters (apache/airflow#39514).
         partitions = plan_shards(config)  # type: ignore[arg-type]
         if after is not None:
             after >> partitions
-        written = write_shards.partial(config=config).expand(partition=partitions)
-        merge = merge_shards.override(outlets=[SHARDS] if announce else [])
-        # The same task's other XCom, the plan: `xcomarg[key]` is XComArg's documented API (a task's call returns
+        # The same task's other XComs: `xcomarg[key]` is XComArg's documented API (a task's call returns
         # a PlainXComArg, which has it), but the call is typed as returning the base class, which lacks it.
         plan = partitions[PLAN_KEY]  # type: ignore[index]
+        scanned = scan_partition.partial(config=config).expand(partition=partitions)
+        matched = find_duplicates.partial(config=config).expand(partition=partitions)
+        clustered = cluster_duplicates(config, plan)  # type: ignore[arg-type]
+        tokenizer = train_tokenizer(config, plan)  # type: ignore[arg-type]
+        written = write_shards.partial(config=config).expand(partition=partitions)
+        merge = merge_shards.override(outlets=[SHARDS] if announce else [])
         data = merge(config, plan, announce=announce)  # type: ignore[arg-type]
-        written >> data
+        scanned >> matched >> clustered >> tokenizer >> written >> data
         return data

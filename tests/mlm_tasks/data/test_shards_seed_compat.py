@@ -107,6 +107,7 @@ def _originals(batches) -> list[tuple]:
 def shard_sets(tiny_prepared, tmp_path_factory):
     """The tiny set in one partition (build_shard_set) and the same data in three (the DAGs' fan-out)."""
     from mlm_tasks.paths import RunContext
+    from mlm_tasks.steps import prepare_partitions
     from mlm_tasks.steps.merge_shards import merge_shards
     from mlm_tasks.steps.plan_shards import plan_shards
     from mlm_tasks.steps.write_shards import write_shards
@@ -123,6 +124,7 @@ def shard_sets(tiny_prepared, tmp_path_factory):
     shutil.copytree(one.tokenizer, three.tokenizer)  # the same tokenizer: no retraining
     plan = plan_shards(fanned, RunContext.of(fanned))
     ctx = RunContext.of(fanned, fingerprint=plan["fingerprint"])
+    prepare_partitions(fanned, ctx, plan)  # the copied tokenizer is reused
     for p in plan["partitions"]:
         write_shards(fanned, ctx, part=p["part"], num_parts=p["num_parts"])
     merge_shards(fanned, ctx, plan=plan)

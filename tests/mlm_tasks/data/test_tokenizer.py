@@ -46,5 +46,5 @@ def test_publish_is_first_writer_wins(tmp_path):
 
 
 def test_missing_tokenizer_says_what_to_do(tmp_path):
-    with pytest.raises(MissingArtifactError, match="run plan_shards first"):
+    with pytest.raises(MissingArtifactError, match="run train_tokenizer first"):
         load_tokenizer(str(tmp_path / "nothing"))

@@ -9,6 +9,8 @@ import pytest
 
 from mlm_tasks import storage
 from mlm_tasks.config import build_config
+from mlm_tasks.data.corpus import open_corpus
+from mlm_tasks.data.dedup import dedup_in_process
 from mlm_tasks.data.tfrecord import records_from_name
 from mlm_tasks.data.writer import merge_partitions, partition_manifest_uri, write_partition
 from mlm_tasks.errors import MissingArtifactError
@@ -68,11 +70,17 @@ def _publish_tokenizer(paths: DataPaths, tok) -> None:
     storage.write_text(join(paths.tokenizer, "tokenizer.json"), tok.to_str())
 
 
+def _dedup(cfg, paths: DataPaths, num_parts: int) -> None:
+    """The stages before the writer (mlm_tasks/data/dedup), for this partition count."""
+    dedup_in_process(cfg, paths, open_corpus(cfg.corpus), num_parts)
+
+
 def test_merged_manifest_matches_one_partition(setup):
     cfg, tok = setup
     single, multi = DataPaths(cfg.output_root, "single"), DataPaths(cfg.output_root, "multi")
-    for paths in (single, multi):
+    for paths, n in ((single, 1), (multi, 3)):
         _publish_tokenizer(paths, tok)
+        _dedup(cfg, paths, n)
     write_partition(cfg, single, 0, 1)
     one = merge_partitions(cfg, single, 1, {}).data
     parts = [write_partition(cfg, multi, p, 3) for p in (2, 0, 1)]  # any order
@@ -102,6 +110,7 @@ def test_partition_rerun_is_skipped_and_merge_needs_every_part(setup):
     cfg, tok = setup
     paths = DataPaths(cfg.output_root, "rerun")
     _publish_tokenizer(paths, tok)
+    _dedup(cfg, paths, 2)
     first = write_partition(cfg, paths, 0, 2)
     marker = partition_manifest_uri(paths, 0, 2)
     mtime = os.path.getmtime(marker)
@@ -136,6 +145,11 @@ def test_cli_fan_out_by_hand_matches_build_shard_set(tmp_path, capsys):
         (single["fingerprint"], part, 3) for part in (0, 1, 2)
     ]
     fp = ["--data-fingerprint", plan["fingerprint"]]
+    for part in (2, 0, 1):
+        assert run("scan_partition", "--part", str(part), *fp)["part"] == part
+    assert [run("find_duplicates", "--bucket", str(b), *fp) for b in range(3)]
+    assert run("cluster_duplicates", *fp)["rows"]
+    assert run("train_tokenizer", *fp)["rows"]
     for part in (2, 0, 1):
         assert run("write_shards", "--part", str(part), *fp)["part"] == part
     assert run("write_shards", "--part", "1", *fp)["part"] == 1  # rerun: skipped, same answer

@@ -1,0 +1,28 @@
+"""Deduplication of a corpus too large for one task's memory, in three stages (datatrove's MinHash layout).
+
+    scan_partition(cfg, paths, part, n)   # per partition (mapped): row keys into buckets, tokenizer candidates
+    find_duplicates(cfg, paths, bucket, n)  # per bucket (mapped, one per partition): rows sharing a key, as pairs
+    cluster_duplicates(cfg, paths)        # once: pairs joined into clusters, one row kept per cluster
+    kept_rows(corpus, paths, part, n)     # what the shard writer reads: rows no filter dropped, one per cluster
+
+A row is named by a RowId (its split's rank, its partition, its index in that partition's stream): the
+smallest id of a cluster is kept, so a row with a copy in the train split keeps that copy. Exact keys are
+a hash of the row's text; near keys are the LSH bands of a MinHash signature of its word shingles.
+Every stage writes its outputs, then a marker last: a retried task finds its own finished work.
+"""
+
+from __future__ import annotations
+
+
+def dedup_in_process(cfg, paths, corpus, num_parts: int, row_filter=None) -> dict:
+    """The three stages one after the other in this process (tests, benchmarks, the writer's own checks);
+    the DAG runs them as mapped tasks. Returns cluster_duplicates' counts."""
+    from mlm_tasks.data.dedup.clusters import cluster_duplicates
+    from mlm_tasks.data.dedup.matches import find_duplicates
+    from mlm_tasks.data.dedup.scan import scan_partition
+
+    for part in range(num_parts):
+        scan_partition(cfg, paths, corpus, part, num_parts, row_filter)
+    for bucket in range(num_parts):
+        find_duplicates(cfg, paths, bucket, num_parts)
+    return cluster_duplicates(cfg, paths, num_parts)

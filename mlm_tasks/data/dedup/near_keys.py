@@ -1,0 +1,57 @@
+"""Near-duplicate keys: the LSH bands of a row's MinHash signature (datasketch), one key per band.
+
+    keys = NearKeys(cfg.dedup)
+    keys.of_batch(rows) -> list[list[int]]   # per row: its band keys (empty for rows too short to compare)
+
+Two rows share a band key when all `r` hash values of that band agree; with `b` bands of `r` values,
+rows of Jaccard similarity s share at least one key with probability 1 - (1 - s^r)^b. datasketch's
+MinHashLSH picks b and r for the threshold (minimising false positives plus false negatives); only those
+and its band ranges are used here, because the index itself lives in one process's memory and ours is
+spread over buckets (mlm_tasks/data/dedup/matches.py).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+
+from mlm_tasks.config import DedupConfig
+
+_WORD = re.compile(r"\w+")
+
+
+class NearKeys:
+    def __init__(self, cfg: DedupConfig):
+        from datasketch import MinHashLSH
+
+        self.cfg = cfg
+        lsh = MinHashLSH(threshold=cfg.near_threshold, num_perm=cfg.num_perm)
+        self.bands, self.rows_per_band, self.ranges = lsh.b, lsh.r, list(lsh.hashranges)
+
+    def shingles(self, row: str) -> list[bytes] | None:
+        """Word n-grams of the lower-cased row; None for a row too short to compare by shingles."""
+        words = _WORD.findall(row.lower())
+        if len(words) < self.cfg.near_min_words:
+            return None
+        n = min(self.cfg.shingle_words, len(words))
+        return [" ".join(words[i : i + n]).encode("utf-8") for i in range(len(words) - n + 1)]
+
+    def of_batch(self, rows: list[str]) -> list[list[int]]:
+        from datasketch import MinHash
+
+        shingled = [self.shingles(r) for r in rows]
+        # bulk hashes a whole batch in numpy: ~5x faster than a MinHash per row.
+        signatures = iter(MinHash.bulk([s for s in shingled if s is not None], num_perm=self.cfg.num_perm))
+        out: list[list[int]] = []
+        for s in shingled:
+            if s is None:
+                out.append([])
+                continue
+            values = next(signatures).hashvalues
+            out.append([_band_key(i, values[a:b].tobytes()) for i, (a, b) in enumerate(self.ranges)])
+        return out
+
+
+def _band_key(band: int, values: bytes) -> int:
+    digest = hashlib.blake2b(values, digest_size=8, person=band.to_bytes(4, "little") + b"band").digest()
+    return int.from_bytes(digest, "little")

@@ -1,0 +1,42 @@
+"""Row ids and row hashes shared by the dedup stages.
+
+    rid = row_id(split, part, index)   # uint64: split rank, partition, index in the partition's stream
+    split_of_id(rid), part_of_id(rid), index_of_id(rid)
+    row_hash("some text")              # 64-bit hash of a row's text: the exact-dedup key
+
+The split's rank is in the top bits, so the smallest id of a group of copies is a train copy when one
+exists: dropping the validation or test copy keeps the evaluation free of text the model trained on.
+"""
+
+from __future__ import annotations
+
+import hashlib
+
+import numpy as np
+
+from mlm_tasks.paths import SPLITS
+
+_PART_SHIFT, _RANK_SHIFT = 40, 60  # index: 40 bits (10^12 rows a partition), part: 20 bits, rank: 2 bits
+
+# One record per row key: the key (exact hash or LSH band), the row, and whether the key is exact.
+KEY_DTYPE = np.dtype([("key", "<u8"), ("row", "<u8"), ("exact", "u1")])
+
+
+def row_id(split: str, part: int, index: int) -> int:
+    return (SPLITS.index(split) << _RANK_SHIFT) | (part << _PART_SHIFT) | index
+
+
+def split_of_id(rid: int) -> str:
+    return SPLITS[int(rid) >> _RANK_SHIFT]
+
+
+def part_of_id(rid: int) -> int:
+    return (int(rid) >> _PART_SHIFT) & ((1 << (_RANK_SHIFT - _PART_SHIFT)) - 1)
+
+
+def index_of_id(rid: int) -> int:
+    return int(rid) & ((1 << _PART_SHIFT) - 1)
+
+
+def row_hash(row: str) -> int:
+    return int.from_bytes(hashlib.blake2b(row.encode("utf-8"), digest_size=8).digest(), "little")

@@ -1,0 +1,55 @@
+"""The tokenizer's training text: a seeded sample of the deduplicated, filtered train rows.
+
+    rows, stats = tokenizer_sample(paths, num_parts, budget_bytes)   # rows by ascending row hash
+
+The sample is the train rows with the smallest row hashes whose text fits in the budget: the row hash
+is the seed, so the same corpus gives the same sample on every machine. Each partition's scan kept its
+own such rows and the one that ends them (mlm_tasks/data/dedup/scan.py); here their lists are merged in
+hash order, skipping what the dedup removed, until the budget is full. When the dedup removes none of
+the candidates the sample is the same for any partition count; when it does, a partition's list may end
+a few rows early and the cut can move by those rows. Memory: the rows taken, a line per partition, and a
+bit per row of the masks.
+"""
+
+from __future__ import annotations
+
+import heapq
+import json
+import os
+import tempfile
+from collections.abc import Iterator
+
+from mlm_tasks import storage
+from mlm_tasks.data.dedup.clusters import removed_rows
+from mlm_tasks.data.dedup.scan import scan_dir
+from mlm_tasks.paths import join
+
+
+def _candidates(path: str, part: int) -> Iterator[tuple[int, int, int, str]]:
+    with open(path, encoding="utf-8") as f:
+        for line in f:
+            h, index, row = json.loads(line)
+            yield h, part, index, row
+
+
+def tokenizer_sample(paths, num_parts: int, budget: int) -> tuple[list[str], dict]:
+    removed = [removed_rows(paths, part, num_parts) for part in range(num_parts)]
+    rows: list[str] = []
+    taken = candidates = 0
+    last = None
+    with tempfile.TemporaryDirectory(prefix="mlm-tokenizer-sample-") as tmp:
+        streams = []
+        for part in range(num_parts):
+            local = os.path.join(tmp, f"{part}.jsonl")
+            storage.copy_to_local(join(scan_dir(paths, part, num_parts), "sample.jsonl"), local)
+            streams.append(_candidates(local, part))
+        for h, part, index, row in heapq.merge(*streams):
+            candidates += 1
+            if removed[part][index] or h == last:  # removed by the dedup, or a copy already taken
+                continue
+            size = len(row.encode("utf-8"))
+            if taken + size > budget and rows:
+                break
+            rows.append(row)
+            taken, last = taken + size, h
+    return rows, {"rows": len(rows), "bytes": taken, "budget_bytes": budget, "candidates_read": candidates}

@@ -1,0 +1,19 @@
+"""Step find_duplicates: the rows sharing a hash in one bucket, from every partition's scan.
+
+    python -m mlm_tasks find_duplicates --config c.yaml --set shards.partitions=4 --bucket 3 --data-fingerprint FP
+
+One mapped task per bucket (as many as partitions: bucket b is partition b's task), after every
+scan_partition. The stage is mlm_tasks/data/dedup/matches.py.
+"""
+
+from __future__ import annotations
+
+from mlm_tasks.config import PipelineConfig
+from mlm_tasks.paths import RunContext
+
+
+def find_duplicates(cfg: PipelineConfig, ctx: RunContext, *, bucket: int = 0, num_parts: int = 1) -> int:
+    """The number of duplicate pairs found in `bucket`."""
+    from mlm_tasks.data.dedup.matches import find_duplicates as match
+
+    return len(match(cfg, ctx.data, bucket, num_parts))

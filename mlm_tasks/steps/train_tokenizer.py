@@ -1,0 +1,47 @@
+"""Step train_tokenizer: train the Unigram tokenizer on a seeded sample of the deduplicated train rows
+(with model.init_from: copy the base model's tokenizer instead).
+
+    python -m mlm_tasks train_tokenizer --config c.yaml --set shards.partitions=4 --data-fingerprint FP
+
+Once, after cluster_duplicates and before write_shards, which encode with it. The sample is at most
+`tokenizer.sample_mb` of text, so its time and memory do not grow with the corpus; its size goes into
+the manifest. Unigram training is not id-reproducible: one tokenizer per fingerprint, first writer wins.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from mlm_tasks import storage
+from mlm_tasks.config import PipelineConfig
+from mlm_tasks.paths import RunContext, join
+
+log = logging.getLogger(__name__)
+
+
+def train_tokenizer(cfg: PipelineConfig, ctx: RunContext, *, num_parts: int = 1) -> dict[str, Any]:
+    """What the tokenizer was trained on ({} with a base model's tokenizer): rows, bytes, budget."""
+    from mlm_tasks.base_model import BaseModelRef
+    from mlm_tasks.data.shard_set import ensure_tokenizer
+    from mlm_tasks.data.tokenizer_sample import tokenizer_sample
+
+    paths = ctx.data
+    if BaseModelRef.of(cfg) is not None:
+        ensure_tokenizer(cfg, None, paths)
+        return {}
+    recorded = storage.read_json_if_exists(paths.tokenizer_sample)
+    if recorded is not None and storage.exists(join(paths.tokenizer, "tokenizer.json")):
+        log.info("Reusing the tokenizer already trained for this fingerprint: %s", paths.tokenizer)
+        return recorded
+    rows, stats = tokenizer_sample(paths, num_parts, cfg.tokenizer.sample_mb * 1_000_000)
+    log.info(
+        "Tokenizer sample: %d rows, %.1f MB of the train split's deduplicated rows (budget %d MB, %d candidates read)",
+        stats["rows"],
+        stats["bytes"] / 1e6,
+        cfg.tokenizer.sample_mb,
+        stats["candidates_read"],
+    )
+    ensure_tokenizer(cfg, rows, paths)
+    storage.write_json(paths.tokenizer_sample, stats)
+    return stats
