@@ -35,6 +35,117 @@ class _Section(BaseModel):
     model_config = ConfigDict(extra="forbid", validate_assignment=True)
 
 
+# C4's boilerplate substrings (tensorflow_datasets c4_utils, as datatrove's C4QualityFilter ships them), with
+# bare "javascript" narrowed: C4 drops every line naming it, which would drop Wikipedia's paragraphs about the
+# language; the boilerplate it aims at is "please enable JavaScript".
+DEFAULT_BOILERPLATE_PHRASES = [
+    "lorem ipsum",
+    "enable javascript",
+    "javascript is disabled",
+    "terms of use",
+    "privacy policy",
+    "cookie policy",
+    "uses cookies",
+    "use of cookies",
+    "use cookies",
+]
+
+
+class FilterConfig(_Section):
+    """Rule filters and language ID per row (mlm_tasks/data/filters, docs/data.md#filters). Each rule has a
+    value that turns it off; the defaults drop under 3% of the embedded corpus's rows each."""
+
+    enabled: bool = Field(True, description="Apply the filters below; false keeps every row.")
+    min_words: int = Field(
+        1, ge=0, le=10_000, description="Drop rows with fewer words (0: off; 1 drops rows of symbols only)."
+    )
+    max_words: int = Field(100_000, ge=1, le=10**7, description="Drop rows with more words (Gopher's page limit).")
+    max_word_chars: int = Field(
+        1000, ge=1, le=10**7, description="Drop rows with a longer word, e.g. base64 or a URL blob (C4: 1000)."
+    )
+    ratio_min_words: int = Field(
+        3,
+        ge=1,
+        le=10_000,
+        description="Rows with fewer words skip the ratio rules (word length, alphabetic, symbol, repetition): "
+        "a ratio over one or two words (headings, table cells) says nothing.",
+    )
+    min_mean_word_length: float = Field(
+        2.0, ge=0, le=100, description="Drop rows whose words average fewer characters (0: off; Gopher: 3)."
+    )
+    max_mean_word_length: float = Field(
+        12.0, ge=1, le=10_000, description="Drop rows whose words average more characters (Gopher: 10)."
+    )
+    min_alpha_word_fraction: float = Field(
+        0.5, ge=0, le=1, description="Drop rows where a smaller share of words holds a letter (0: off; Gopher: 0.8)."
+    )
+    max_symbol_word_ratio: float = Field(
+        0.1, ge=0, le=1000, description="Drop rows with more '#' or ellipses per word (Gopher: 0.1; 1000: off)."
+    )
+    max_duplicate_ngram_fraction: float = Field(
+        0.15,
+        ge=0,
+        le=1,
+        description="Drop rows where a larger share of characters lies in repeated word 5-grams "
+        "(Gopher: 0.15; 1: off).",
+    )
+    min_stop_words: int = Field(
+        0,
+        ge=0,
+        le=1000,
+        description="Drop rows with fewer of the words the, be, to, of, and, that, have, with (0: off; Gopher: 2, "
+        "made for pages: it drops most headings, captions and list items).",
+    )
+    require_end_punctuation: bool = Field(
+        False,
+        description="Drop rows not ending in . ? ! \" ' (C4's line rule; off: it drops every heading and caption).",
+    )
+    drop_curly_brackets: bool = Field(True, description="Drop rows holding '{', which is code, not prose (C4).")
+    boilerplate_phrases: list[str] = Field(
+        default_factory=lambda: list(DEFAULT_BOILERPLATE_PHRASES),
+        description="Drop rows containing any of these phrases, case-insensitively (C4's; []: off).",
+    )
+    languages: list[str] = Field(
+        default_factory=list,
+        description="Keep only rows whose most likely language (py3langid) is one of these ISO 639-1 codes, "
+        "e.g. [en] ([]: off).",
+    )
+    min_language_score: float = Field(
+        0.5,
+        ge=0,
+        le=1,
+        description="And whose probability (normalized over py3langid's 97 languages) is at least this.",
+    )
+    language_min_chars: int = Field(
+        100,
+        ge=1,
+        le=100_000,
+        description="Shorter rows skip language ID: on titles, names and references it misreads English.",
+    )
+
+    @model_validator(mode="after")
+    def _ranges_and_codes(self) -> FilterConfig:
+        if self.min_words > self.max_words:
+            raise ConfigError(
+                f"corpus.filters.min_words {self.min_words} is above max_words {self.max_words}: lower it."
+            )
+        if self.min_mean_word_length > self.max_mean_word_length:
+            raise ConfigError(
+                f"corpus.filters.min_mean_word_length {self.min_mean_word_length:g} is above max_mean_word_length "
+                f"{self.max_mean_word_length:g}: every row would be dropped; lower it."
+            )
+        wrong = [code for code in self.languages if not re.fullmatch(r"[a-z]{2,3}", code)]
+        if wrong:
+            raise ConfigError(
+                f"corpus.filters.languages {wrong} are not ISO 639 codes: give lowercase codes such as en, de, fr."
+            )
+        if any(not phrase.strip() for phrase in self.boilerplate_phrases):
+            raise ConfigError(
+                "corpus.filters.boilerplate_phrases holds an empty phrase, which every row contains: remove it."
+            )
+        return self
+
+
 class CorpusConfig(_Section):
     source: Literal["embedded_wiki", "hf_dataset", "local_files", "wiki_dump", "tfrecord_shards"] = Field(
         "embedded_wiki",
@@ -70,6 +181,10 @@ class CorpusConfig(_Section):
         None,
         description="source=tfrecord_shards: the tokenizer the shards were "
         "encoded with: a local folder, a gs:// folder, or a Hub repo id.",
+    )
+    filters: FilterConfig = Field(
+        default_factory=FilterConfig,
+        description="Which rows to drop before tokenizing (rule filters, language ID).",
     )
 
 

@@ -182,6 +182,7 @@ def data_fingerprint(cfg: PipelineConfig, corpus=None, corpus_fingerprint: str |
         **({"base_model": base.identity()} if base else {"tokenizer": cfg.tokenizer.model_dump()}),
         "max_length": cfg.shards.max_length,
         "records_per_shard": cfg.shards.records_per_shard,
+        "filters": cfg.corpus.filters.model_dump(),
         "dedup": cfg.dedup.model_dump(),
         "manifest_version": MANIFEST_VERSION,
     }

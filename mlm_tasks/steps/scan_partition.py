@@ -18,9 +18,10 @@ def scan_partition(
 ) -> ScannedPartition:
     from mlm_tasks.data.corpus import open_corpus
     from mlm_tasks.data.dedup.scan import scan_partition as scan
+    from mlm_tasks.data.filters import RowFilter
 
     corpus = corpus or open_corpus(cfg.corpus)
-    done = scan(cfg, ctx.data, corpus, part, num_parts, row_filter=None)
+    done = scan(cfg, ctx.data, corpus, part, num_parts, RowFilter(cfg.corpus.filters))
     return ScannedPartition(
         fingerprint=ctx.data.fingerprint,
         part=part,

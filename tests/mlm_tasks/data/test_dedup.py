@@ -36,7 +36,13 @@ def _config(tmp_path, lines: list[str], name: str, **sections):
     return build_config(
         {
             "output_root": str(tmp_path / name / "out"),
-            "corpus": {"source": "local_files", "local_paths": [str(path)], "validation_fraction": 0.1},
+            # The filters are test_filters.py's: here every row reaches the dedup.
+            "corpus": {
+                "source": "local_files",
+                "local_paths": [str(path)],
+                "validation_fraction": 0.1,
+                "filters": {"enabled": False},
+            },
             "tokenizer": {"vocab_size": 1000},
             "model": {"max_position_embeddings": 66},
             "train": {"max_predictions_per_seq": 10},
@@ -180,3 +186,15 @@ def test_a_rescan_is_skipped_and_a_changed_corpus_is_named(tmp_path):
     (tmp_path / "changed.txt").write_text("\n".join(rows + ["one more row"]) + "\n")
     with pytest.raises(ConfigError, match=re.escape("the corpus changed under this shard set")):
         list(kept_rows(open_corpus(cfg.corpus), paths, 0, 1))
+
+
+def test_rows_a_filter_drops_are_not_written_and_the_data_card_counts_them(tmp_path):
+    rows = _wiki_paragraphs(300, min_words=8)
+    junk = ["{ margin: 0; padding: 0 }", "* .", "3–6, 6–2, 4–6, 4–6, 7–5"]
+    cfg = _config(tmp_path, rows + junk, "filtered")
+    cfg = cfg.model_copy(update={"corpus": cfg.corpus.model_copy(update={"filters": type(cfg.corpus.filters)()})})
+    _, manifest = _build(cfg)
+    card = manifest["data_card"]
+    assert card["dropped_by_filters"] == 3
+    assert card["filters"]["seen"] == len(rows) + 3 and card["filters"]["kept"] == len(rows)
+    assert sum(manifest["splits"][s]["rows"] for s in SPLITS) == len(rows)

@@ -1,0 +1,58 @@
+"""Language ID of one row with py3langid, whose model ships in its wheel (no download, no network).
+
+    keep = is_in(text, ("en",), 0.5)   # its most likely language is English, with probability >= 0.5
+
+The model loads once per process, on the first row long enough to classify (~0.7-1 s), so a run with
+language ID off, or a process that never filters, pays nothing. Probabilities are normalized over the
+model's 97 languages (py3langid's norm_probs, softmax over length-scaled scores), so a threshold means the
+same on a 100- and a 1,000-character row.
+"""
+
+from __future__ import annotations
+
+import threading
+
+from mlm_tasks.errors import ConfigError
+
+_load_lock = threading.Lock()
+_model = None
+
+
+def _identifier():
+    # Our own identifier, never py3langid's module global: that one has norm_probs off, and set_languages on
+    # it would narrow the candidates for every caller (German text then scores as the best of [en]).
+    global _model
+    if _model is None:
+        with _load_lock:  # two threads' first long rows load it once
+            if _model is None:
+                from py3langid.langid import MODEL_FILE, LanguageIdentifier
+
+                _model = LanguageIdentifier.from_model_file(MODEL_FILE, norm_probs=True)
+    return _model
+
+
+def known_languages() -> list[str]:
+    """The ISO 639 codes py3langid can tell apart (loads the model)."""
+    return list(_identifier().labels)
+
+
+def check_languages(codes: list[str]) -> None:
+    """Raise a ConfigError naming the codes the model does not know (a typo would drop every row)."""
+    unknown = sorted(set(codes) - set(known_languages()))
+    if unknown:
+        raise ConfigError(
+            f"corpus.filters.languages {unknown} are not languages py3langid knows: use some of "
+            f"{', '.join(sorted(known_languages()))}."
+        )
+
+
+def classify(text: str) -> tuple[str, float]:
+    """The most likely language of `text` and its probability."""
+    return _identifier().classify(text)
+
+
+def is_in(text: str, languages: tuple[str, ...], min_probability: float) -> bool:
+    """Whether `text`'s most likely language is one of `languages`, with at least `min_probability`
+    (datatrove's LanguageFilter rule)."""
+    language, probability = classify(text)
+    return language in languages and probability >= min_probability

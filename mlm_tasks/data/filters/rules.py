@@ -1,0 +1,128 @@
+"""The rule filters: what is wrong with one row's text, by the Gopher and C4 heuristics.
+
+    rules = build_rules(cfg.corpus.filters)        # [(name, check)], cheapest first
+    first = next((name for name, check in rules if check(Row(text))), None)
+
+Each check takes a `Row` (the text, its words computed once) and returns True to drop it. The rules and
+thresholds are those of datatrove's GopherQualityFilter and GopherRepetitionFilter (Gopher, Rae et al. 2021,
+arXiv:2112.11446, appendix A) and C4QualityFilter (Raffel et al. 2020, tensorflow_datasets c4_utils),
+adapted from pages to rows; mlm_tasks/data/filters/__init__.py says what changed and why.
+
+A "word" is a whitespace token holding a letter or digit: the WikiText heading marks (`= = History = =`),
+list bullets and dashes are not words, so a heading is one word, not five of which four are symbols.
+"""
+
+from __future__ import annotations
+
+import re
+import string
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from mlm_tasks.config import FilterConfig
+
+# Gopher's stop words (datatrove STOP_WORDS).
+STOP_WORDS = frozenset(["the", "be", "to", "of", "and", "that", "have", "with"])
+# C4's terminal punctuation (datatrove END_PUNCTUATION); a row ending in "..." is not a sentence's end.
+END_PUNCTUATION = (".", "?", "!", '"', "'")
+# Gopher's repetition table starts at 5-grams (0.15); longer n-grams repeat inside repeated 5-grams.
+DUPLICATE_NGRAM_SIZE = 5
+# MediaWiki list and indent marks a row may start with (gensim keeps them): `#`, `*`, `:`, `;`.
+LIST_MARKERS = "#*:; "
+_WORD = re.compile(r"\S*[^\W_]\S*")  # a whitespace token with at least one letter or digit
+
+
+@dataclass
+class Row:
+    """A row's text and its words, split once for every rule."""
+
+    text: str
+    words: list[str] = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.words = _WORD.findall(self.text)
+
+
+Check = Callable[[Row], bool]
+
+
+def mean_word_length(row: Row) -> float:
+    return sum(map(len, row.words)) / len(row.words)
+
+
+def alpha_word_fraction(row: Row) -> float:
+    """Gopher: the share of words holding an alphabetic character (numbers, codes, formulas hold none)."""
+    return sum(any(c.isalpha() for c in w) for w in row.words) / len(row.words)
+
+
+def symbol_word_ratio(row: Row) -> float:
+    """Gopher: hashes and ellipses per word (hashtag lists, truncated snippets). A row's leading `#` is a
+    MediaWiki numbered-list marker (`# Non-violence (Ahimsa);`), not a hashtag: it is not counted."""
+    text = row.text.lstrip(LIST_MARKERS)
+    return (text.count("#") + text.count("...") + text.count("…")) / len(row.words)
+
+
+def duplicate_ngram_fraction(row: Row, n: int = DUPLICATE_NGRAM_SIZE) -> float:
+    """Gopher's duplicate n-gram character fraction (datatrove find_all_duplicate): the characters of word
+    n-grams seen before in the row, a repeat counted once and skipped past so overlaps do not count twice."""
+    words, seen, repeated, i = row.words, set(), 0, 0
+    while i <= len(words) - n:
+        gram = " ".join(words[i : i + n])
+        if gram in seen:
+            repeated += len(gram)
+            i += n
+        else:
+            seen.add(gram)
+            i += 1
+    return repeated / len(row.text)
+
+
+def _ratio_rules(cfg: FilterConfig) -> list[tuple[str, Check]]:
+    """The rules that divide by the word count; rows under ratio_min_words skip them."""
+    rules: list[tuple[str, Check]] = []
+    low, high = cfg.min_mean_word_length, cfg.max_mean_word_length
+    rules.append(("mean_word_length", lambda r: not low <= mean_word_length(r) <= high))
+    if cfg.min_alpha_word_fraction > 0:
+        rules.append(("non_alpha_words", lambda r: alpha_word_fraction(r) < cfg.min_alpha_word_fraction))
+    rules.append(("symbol_ratio", lambda r: symbol_word_ratio(r) > cfg.max_symbol_word_ratio))
+    if cfg.max_duplicate_ngram_fraction < 1:
+        rules.append(("repeated_ngrams", lambda r: duplicate_ngram_fraction(r) > cfg.max_duplicate_ngram_fraction))
+    at_least = cfg.ratio_min_words
+    return [(name, _when_long_enough(check, at_least)) for name, check in rules]
+
+
+def _when_long_enough(check: Check, at_least: int) -> Check:
+    return lambda r: len(r.words) >= at_least and check(r)
+
+
+def build_rules(cfg: FilterConfig) -> list[tuple[str, Check]]:
+    """The enabled rules as (name, check), cheapest first; the names are RowFilter's count keys."""
+    rules: list[tuple[str, Check]] = []
+    if cfg.min_words > 0:
+        rules.append(("too_few_words", lambda r: len(r.words) < cfg.min_words))
+    rules.append(("too_many_words", lambda r: len(r.words) > cfg.max_words))
+    rules.append(("long_word", lambda r: any(len(w) > cfg.max_word_chars for w in r.text.split())))
+    if cfg.drop_curly_brackets:
+        rules.append(("curly_bracket", lambda r: "{" in r.text))
+    if cfg.boilerplate_phrases:
+        phrases = tuple(p.lower() for p in cfg.boilerplate_phrases)
+        rules.append(("boilerplate", lambda r: _contains_any(r.text.lower(), phrases)))
+    if cfg.require_end_punctuation:
+        rules.append(("no_end_punctuation", _lacks_end_punctuation))
+    rules += _ratio_rules(cfg)
+    if cfg.min_stop_words > 0:
+        rules.append(("few_stop_words", lambda r: stop_word_count(r) < cfg.min_stop_words))
+    return rules
+
+
+def stop_word_count(row: Row) -> int:
+    return sum(w.strip(string.punctuation).lower() in STOP_WORDS for w in row.words)
+
+
+def _contains_any(text: str, phrases: tuple[str, ...]) -> bool:
+    return any(p in text for p in phrases)
+
+
+def _lacks_end_punctuation(row: Row) -> bool:
+    text = row.text.rstrip()
+    return not text.endswith(END_PUNCTUATION) or text.endswith("...")
