@@ -20,7 +20,6 @@ from functools import cached_property
 
 from mlm_tasks import storage
 from mlm_tasks.config import SPECIAL_TOKENS, PipelineConfig
-from mlm_tasks.data.word_mask import check_word_starts
 from mlm_tasks.errors import ConfigError
 from mlm_tasks.hub.api import DEFAULT_TIMEOUT_S
 from mlm_tasks.paths import join
@@ -183,8 +182,8 @@ class BaseModelRef:
 
 def check_base(cfg: PipelineConfig, base: BaseModelRef) -> None:
     """What validate checks of a base before any work: a RoBERTa masked LM whose shape the run does not
-    contradict, whose positions hold max_length, and whose tokenizer has our special tokens, fills
-    its vocabulary and, with train.whole_word_mask, marks words with "▁"."""
+    contradict, whose positions hold max_length, and whose tokenizer has our special tokens and fills
+    its vocabulary."""
     from tokenizers import Tokenizer
 
     config = base.config()
@@ -229,8 +228,6 @@ def check_base(cfg: PipelineConfig, base: BaseModelRef) -> None:
             f"The tokenizer of model.init_from {base.uri} lacks the special token(s) {' '.join(absent)}: "
             f"the masking and the model use RoBERTa's {' '.join(SPECIAL_TOKENS)}."
         )
-    if cfg.train.whole_word_mask:
-        check_word_starts(tok.get_vocab(with_added_tokens=True), f"model.init_from {base.uri}")
     vocab = tok.get_vocab_size(with_added_tokens=True)
     if vocab != config["vocab_size"]:
         raise ConfigError(

@@ -33,6 +33,27 @@ def make_collator(tokenizer, mlm_probability: float):
     )
 
 
+def make_masker(tokenizer, mlm_probability: float, whole_word_mask: bool = False, max_predictions: int = 0):
+    """`mask(ids, rng) -> (masked ids, labels)` for a batch of int32 ids, in graph: single tokens by
+    transformers' collator, or whole words (data/word_mask.py). Special tokens are never masked."""
+    import tensorflow as tf
+
+    special_ids = tf.constant(sorted(tokenizer.all_special_ids), dtype=tf.int32)
+    words = WholeWordMasker(tokenizer, mlm_probability, max_predictions) if whole_word_mask else None
+    collator = make_collator(tokenizer, mlm_probability)
+
+    def mask(ids, rng):
+        special = tf.reduce_any(ids[..., None] == special_ids, axis=-1)
+        if words is not None:
+            return words(ids, special, rng)
+        collator.generator = rng
+        return collator.tf_mask_tokens(
+            ids, vocab_size=len(tokenizer), mask_token_id=tokenizer.mask_token_id, special_tokens_mask=special
+        )
+
+    return mask
+
+
 class BatchSeededRng:
     """Stands in for the collator's `tf.random.Generator`: stateless draws keyed by (seed, batch index).
 
@@ -109,11 +130,7 @@ def mlm_dataset(
     step_batch = batch_size // pipelines  # this pipeline's examples per step
     if policy == "file":
         files = files[pipeline_id::pipelines]  # disjoint, and together every file
-    collator = make_collator(tokenizer, mlm_probability)
-    words = WholeWordMasker(tokenizer, mlm_probability, max_predictions) if whole_word_mask else None
-    special_ids = tf.constant(sorted(tokenizer.all_special_ids), dtype=tf.int32)
-    vocab_size = len(tokenizer)
-    mask_id = tokenizer.mask_token_id
+    mask = make_masker(tokenizer, mlm_probability, whole_word_mask, max_predictions)
 
     ds = tf.data.Dataset.from_tensor_slices(files)
     if training:
@@ -138,16 +155,8 @@ def mlm_dataset(
         if policy == "data":  # this pipeline's slice of the global batch, cut before the costly parse
             serialized = serialized[pipeline_id * step_batch : (pipeline_id + 1) * step_batch]
         ids = tf.cast(tf.io.parse_example(serialized, feature)["input_ids"], tf.int32)
-        special = tf.reduce_any(ids[..., None] == special_ids, axis=-1)
         # Each (step, pipeline) its own masks; on one pipeline the key is the step, as it always was.
-        rng = BatchSeededRng(seed, index * pipelines + pipeline_id)
-        if words is not None:
-            masked, labels = words(ids, special, rng)
-        else:
-            collator.generator = rng
-            masked, labels = collator.tf_mask_tokens(
-                ids, vocab_size=vocab_size, mask_token_id=mask_id, special_tokens_mask=special
-            )
+        masked, labels = mask(ids, BatchSeededRng(seed, index * pipelines + pipeline_id))
         # Chunks are packed, so every position is real text: the mask is all ones.
         return {"input_ids": masked, "attention_mask": tf.ones_like(ids), "labels": labels}
 

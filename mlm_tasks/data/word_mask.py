@@ -40,6 +40,13 @@ def check_word_starts(pieces: Iterable[str], whose: str) -> None:
     )
 
 
+def check_tokenizer_words(tokenizer_json: str, whose: str) -> None:
+    """`check_word_starts` on the pieces of a tokenizer.json (its added tokens included)."""
+    from tokenizers import Tokenizer
+
+    check_word_starts(Tokenizer.from_str(tokenizer_json).get_vocab(with_added_tokens=True), whose)
+
+
 def starts_word_table(vocab: Mapping[str, int], special_ids: Iterable[int], size: int) -> Any:
     """bool[size] (numpy), True for the ids that start a word: "▁" pieces and the special tokens."""
     import numpy as np

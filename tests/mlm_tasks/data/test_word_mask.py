@@ -55,18 +55,11 @@ def _words(tok, ids: np.ndarray) -> np.ndarray:
 def _mask(tok, ids, probability, max_predictions=0, batch_index=0, jit=False):
     import tensorflow as tf
 
-    from mlm_tasks.data.input import BatchSeededRng
-    from mlm_tasks.data.word_mask import WholeWordMasker
+    from mlm_tasks.data.input import BatchSeededRng, make_masker
 
-    masker = WholeWordMasker(tok, probability, max_predictions)
-    special_ids = tf.constant(sorted(tok.all_special_ids), tf.int32)
-
-    @tf.function(jit_compile=jit)
-    def mask(ids, index):
-        special = tf.reduce_any(ids[..., None] == special_ids, axis=-1)
-        return masker(ids, special, BatchSeededRng(3, index))
-
-    masked, labels = mask(tf.constant(ids), tf.constant(batch_index, tf.int64))
+    mask = make_masker(tok, probability, whole_word_mask=True, max_predictions=max_predictions)
+    step = tf.function(lambda ids, index: mask(ids, BatchSeededRng(3, index)), jit_compile=jit)
+    masked, labels = step(tf.constant(ids), tf.constant(batch_index, tf.int64))
     return masked.numpy(), labels.numpy()
 
 
@@ -176,36 +169,30 @@ def test_a_tokenizer_without_word_starts_is_refused(tiny, tmp_path):
         WholeWordMasker(bpe, 0.15)
 
 
-class _Base:
-    """What check_base reads of a base model: config.json, tokenizer.json, and the weights' presence."""
-
-    uri, weights_file = "test-org/bpe-base", "tf_model.h5"
-
-    def __init__(self, tokenizer_json: str, vocab_size: int):
-        shape = dict(hidden_size=64, num_hidden_layers=1, num_attention_heads=2, intermediate_size=128)
-        self._config = {"model_type": "roberta", **shape, "max_position_embeddings": 66, "vocab_size": vocab_size}
-        self._tokenizer_json = tokenizer_json
-
-    def config(self):
-        return self._config
-
-    def tokenizer_json(self):
-        return self._tokenizer_json
+def _base_folder(folder, tokenizer_folder):
+    """A base model folder as validate reads it: config.json, tokenizer.json, a weights file (not read)."""
+    folder.mkdir()
+    tokenizer_json = (tokenizer_folder / "tokenizer.json").read_text(encoding="utf-8")
+    shape = dict(hidden_size=64, num_hidden_layers=1, num_attention_heads=2, intermediate_size=128)
+    vocab = len(json.loads(tokenizer_json)["model"]["vocab"])
+    config = {"model_type": "roberta", **shape, "max_position_embeddings": 66, "vocab_size": vocab}
+    (folder / "config.json").write_text(json.dumps(config))
+    (folder / "tokenizer.json").write_text(tokenizer_json, encoding="utf-8")
+    (folder / "tf_model.h5").write_bytes(b"validate does not read the weights")
+    return folder
 
 
 def test_validate_refuses_whole_words_for_a_base_or_shards_tokenizer_without_word_starts(tiny, tmp_path):
-    from mlm_tasks.base_model import check_base
     from mlm_tasks.steps.validate import validate
     from peers.tiny_data import tiny_config
 
     _, ids, folder = tiny
     bpe = _metaspace_free_copy(folder, tmp_path / "bpe")
-    vocab = len(json.loads((bpe / "tokenizer.json").read_text(encoding="utf-8"))["model"]["vocab"])
-    base = _Base((bpe / "tokenizer.json").read_text(encoding="utf-8"), vocab)
     on = {"train.whole_word_mask": True}
-    check_base(tiny_config(tmp_path / "a", **{"model.init_from": "test-org/bpe-base"}), base)  # off: fine
-    with pytest.raises(ConfigError, match=r"needs a Metaspace tokenizer.*model.init_from test-org/bpe-base"):
-        check_base(tiny_config(tmp_path / "a", **{"model.init_from": "test-org/bpe-base", **on}), base)
+    base = _base_folder(tmp_path / "base", bpe)
+    validate(tiny_config(tmp_path / "a", **{"model.init_from": str(base)}))  # off: the base is fine
+    with pytest.raises(ConfigError, match=rf"needs a Metaspace tokenizer.*model.init_from {base} has no"):
+        validate(tiny_config(tmp_path / "a", **{"model.init_from": str(base)}, **on))
 
     shards = _shards(tmp_path / "shards", ids[:4])
     byo = {"corpus.source": "tfrecord_shards", "corpus.shards_uri": str(shards)}
