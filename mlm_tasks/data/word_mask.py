@@ -68,8 +68,8 @@ def select_whole_words(ids, special, starts_word, probability: float, max_predic
     round(p * tokens) per sequence; a per-word draw keeps it one vectorised op, at a larger spread).
     `max_predictions` > 0: of the drawn words only those that end within the first `max_predictions`
     selected tokens of their row are kept, so no word is cut by the LM head's slots; the word that
-    crosses the cap and every later one are left unmasked (BERT skips such a word and tries the next;
-    that needs a sequential loop, and at the configs' slot counts the cap rarely bites)."""
+    crosses the cap and every later one are left unmasked (BERT skips such a word and tries the next,
+    a sequential loop). The cut lowers the share: 30% with 1.5x the mean count in slots masks ~29.3%."""
     import tensorflow as tf
 
     # A special position ends the word before it; position 0 starts a word (a chunk may start mid-word).
