@@ -322,6 +322,12 @@ class TrainConfig(_Section):
     )
     adam_epsilon: float = Field(1e-6, gt=0, le=1, description="AdamW epsilon.")
     mlm_probability: float = Field(0.15, gt=0, lt=1, description="Share of tokens selected for masking.")
+    whole_word_mask: bool = Field(
+        False,
+        description="Select whole words for masking (every piece of a drawn word; the same expected share "
+        "of tokens, mlm_probability) instead of single tokens. Needs a Metaspace tokenizer, whose word-initial "
+        "pieces start with ▁ (this project's Unigram); validation masks stay token-level.",
+    )
     max_predictions_per_seq: int = Field(
         32,
         ge=0,

@@ -2,6 +2,7 @@
 
     ds = mlm_dataset(shard_set, "train", tokenizer, global_batch, mlm_probability=cfg.train.mlm_probability,
                      seed=cfg.train.seed, input_context=input_context)   # training=False: one ordered pass
+    # whole_word_mask=True, max_predictions=32: whole words instead of single tokens (data/word_mask.py)
 
 Why it looks so: masking is transformers' TF-native collator applied to whole batches inside the graph,
 so the pipeline never drops to Python per example; reads go through TensorFlow's own GCS filesystem, so
@@ -18,6 +19,7 @@ import re
 from mlm_tasks import storage
 from mlm_tasks.data.shard_set import ShardSet
 from mlm_tasks.data.tfrecord import count_records
+from mlm_tasks.data.word_mask import WholeWordMasker
 from mlm_tasks.errors import ConfigError
 
 log = logging.getLogger(__name__)
@@ -29,6 +31,27 @@ def make_collator(tokenizer, mlm_probability: float):
     return DataCollatorForLanguageModeling(
         tokenizer=tokenizer, mlm=True, mlm_probability=mlm_probability, return_tensors="tf"
     )
+
+
+def make_masker(tokenizer, mlm_probability: float, whole_word_mask: bool = False, max_predictions: int = 0):
+    """`mask(ids, rng) -> (masked ids, labels)` for a batch of int32 ids, in graph: single tokens by
+    transformers' collator, or whole words (data/word_mask.py). Special tokens are never masked."""
+    import tensorflow as tf
+
+    special_ids = tf.constant(sorted(tokenizer.all_special_ids), dtype=tf.int32)
+    words = WholeWordMasker(tokenizer, mlm_probability, max_predictions) if whole_word_mask else None
+    collator = make_collator(tokenizer, mlm_probability)
+
+    def mask(ids, rng):
+        special = tf.reduce_any(ids[..., None] == special_ids, axis=-1)
+        if words is not None:
+            return words(ids, special, rng)
+        collator.generator = rng
+        return collator.tf_mask_tokens(
+            ids, vocab_size=len(tokenizer), mask_token_id=tokenizer.mask_token_id, special_tokens_mask=special
+        )
+
+    return mask
 
 
 class BatchSeededRng:
@@ -74,6 +97,8 @@ def mlm_dataset(
     batch_size: int,
     *,
     mlm_probability: float = 0.15,
+    whole_word_mask: bool = False,
+    max_predictions: int = 0,
     seed: int = 0,
     training: bool = True,
     shuffle_buffer: int = 10_000,
@@ -87,6 +112,9 @@ def mlm_dataset(
     last checkpoint left off, and `take_batches` long: a finite dataset ends cleanly, where tearing
     down an endless one blocks for many seconds on its in-flight reader threads.
     training=False: one ordered pass, for evaluation.
+
+    whole_word_mask=True masks whole words (mlm_tasks/data/word_mask.py), never more than
+    `max_predictions` tokens a row when it is set (the LM head's slots), so no word is cut by them.
 
     `input_context` (a tf.distribute.InputContext; training only): `batch_size` is then the global
     batch, this pipeline's share of each step is split into per-replica batches, and skip/take still
@@ -102,10 +130,7 @@ def mlm_dataset(
     step_batch = batch_size // pipelines  # this pipeline's examples per step
     if policy == "file":
         files = files[pipeline_id::pipelines]  # disjoint, and together every file
-    collator = make_collator(tokenizer, mlm_probability)
-    special_ids = tf.constant(sorted(tokenizer.all_special_ids), dtype=tf.int32)
-    vocab_size = len(tokenizer)
-    mask_id = tokenizer.mask_token_id
+    mask = make_masker(tokenizer, mlm_probability, whole_word_mask, max_predictions)
 
     ds = tf.data.Dataset.from_tensor_slices(files)
     if training:
@@ -130,12 +155,8 @@ def mlm_dataset(
         if policy == "data":  # this pipeline's slice of the global batch, cut before the costly parse
             serialized = serialized[pipeline_id * step_batch : (pipeline_id + 1) * step_batch]
         ids = tf.cast(tf.io.parse_example(serialized, feature)["input_ids"], tf.int32)
-        special = tf.reduce_any(ids[..., None] == special_ids, axis=-1)
         # Each (step, pipeline) its own masks; on one pipeline the key is the step, as it always was.
-        collator.generator = BatchSeededRng(seed, index * pipelines + pipeline_id)
-        masked, labels = collator.tf_mask_tokens(
-            ids, vocab_size=vocab_size, mask_token_id=mask_id, special_tokens_mask=special
-        )
+        masked, labels = mask(ids, BatchSeededRng(seed, index * pipelines + pipeline_id))
         # Chunks are packed, so every position is real text: the mask is all ones.
         return {"input_ids": masked, "attention_mask": tf.ones_like(ids), "labels": labels}
 

@@ -166,7 +166,8 @@ def config_lines(cfg: PipelineConfig, data_info: Mapping[str, Any] | None = None
         tokenizer,
         f"- Optimizer: AdamW, peak learning rate {t.learning_rate:g}, warmup {t.warmup_fraction:.0%}, "
         f"weight decay {t.weight_decay:g}; batch {t.batch_size} per replica",
-        f"- Masking: {t.mlm_probability:.0%} of tokens selected for prediction",
+        f"- Masking: {t.mlm_probability:.0%} of tokens selected for prediction"
+        + (", as whole words" if t.whole_word_mask else ""),
         f"- Compute: `{cfg.compute}`" + (f" ({cfg.tpu.accelerator_type})" if cfg.compute == "tpu_vm" else ""),
     ]
 

@@ -5,7 +5,8 @@
 `PipelineConfig` already rejects bad values and combinations; this adds what needs I/O: the corpus
 exists and is readable (local files: every line decodes, the train split has text), output_root is
 writable, gs:// has credentials, and a base model (model.init_from) fits the run: its config.json and
-tokenizer.json are read (not its weights) and checked against the run's settings, and downstream task
+tokenizer.json are read (not its weights) and checked against the run's settings (with
+train.whole_word_mask, its tokenizer must mark words with "▁"), and downstream task
 files are read (columns, labels). It runs first in the DAG, so a bad input fails in seconds, long
 before a TPU VM is created. What needs the shard set
 (batch vs records, the shards' max_length and tokenizer, a checkpoint this run already has) is the
@@ -24,6 +25,7 @@ from mlm_tasks.config import PipelineConfig
 from mlm_tasks.data.corpus import open_corpus
 from mlm_tasks.data.corpus.base import empty_corpus_error
 from mlm_tasks.data.corpus.shards import ShardsCorpus, check_shards
+from mlm_tasks.data.word_mask import check_tokenizer_words
 from mlm_tasks.downstream.tasks import load_task
 from mlm_tasks.errors import AuthError, ConfigError
 from mlm_tasks.results import ValidatedConfig
@@ -101,6 +103,8 @@ def validate(
     base = BaseModelRef.of(cfg)
     if base is not None:
         check_base(cfg, base)  # the shape, positions and tokenizer of the base against the run's settings
+        if cfg.train.whole_word_mask:  # the base's tokenizer encodes the shards: its words must be findable
+            check_tokenizer_words(base.tokenizer_json(), f"model.init_from {base.uri}")
         log.info(
             "Continuing from %s%s: %s; model.preset and tokenizer.* are not used",
             base.uri,

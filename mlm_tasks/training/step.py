@@ -43,6 +43,8 @@ def train_input(
             tokenizer,
             global_batch,
             mlm_probability=cfg.train.mlm_probability,
+            whole_word_mask=cfg.train.whole_word_mask,
+            max_predictions=cfg.train.max_predictions_per_seq,  # whole words: none cut by the head's slots
             seed=cfg.train.seed,
             shuffle_buffer=cfg.train.shuffle_buffer,
             skip_batches=skip,

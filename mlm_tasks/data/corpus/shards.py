@@ -22,6 +22,7 @@ from mlm_tasks import storage
 from mlm_tasks.config import SPECIAL_TOKENS, CorpusConfig, PipelineConfig
 from mlm_tasks.data.corpus.base import Corpus
 from mlm_tasks.data.tfrecord import FEATURES, count_records, iter_records, parse_example, records_from_name
+from mlm_tasks.data.word_mask import check_word_starts
 from mlm_tasks.errors import ConfigError
 from mlm_tasks.paths import SPLITS, join
 
@@ -168,6 +169,8 @@ def check_shards(cfg: PipelineConfig, corpus: ShardsCorpus) -> int:
             f"the model and its masking use RoBERTa's {' '.join(SPECIAL_TOKENS)}. Use a tokenizer "
             "trained with those special tokens."
         )
+    if cfg.train.whole_word_mask:
+        check_word_starts(tok.get_vocab(with_added_tokens=True), f"corpus.tokenizer_uri {cfg.corpus.tokenizer_uri}")
     first: tuple[str, int] | None = None  # where the first record was, and its length
     for split in SPLITS:
         for f in corpus.files[split][:SAMPLE_SHARDS]:
