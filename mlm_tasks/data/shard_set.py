@@ -212,6 +212,7 @@ def data_summary(shard_set: ShardSet, cache_hit: bool, written_here: bool = Fals
             "characters": sum(splits[s].get("characters") or 0 for s in splits),
             "source": manifest["corpus_source"],
             "credit": manifest.get("credit", ""),
+            "data_card": manifest.get("data_card"),  # what the filters and the dedup removed, the tokenizer's sample
         },
     }
 

@@ -17,7 +17,7 @@ import yaml
 
 from mlm_tasks import storage
 from mlm_tasks.config import PipelineConfig
-from mlm_tasks.paths import RunPaths, join
+from mlm_tasks.paths import SPLITS, RunPaths, join
 from mlm_tasks.tpu import prices
 from mlm_tasks.training.restarts import read_restarts
 
@@ -132,6 +132,51 @@ def fill_mask_lines(predictions: list | None, limit: int = 3) -> list[str]:
             for p in (probe.get("predictions") or [])[:limit]
         )
         lines.append(f"- `{probe.get('probe', '')}` → {top or '_no predictions_'}")
+    return lines
+
+
+def _per_split(counts: Mapping[str, Any] | None) -> str:
+    """ "train 1,234, validation 56, test 78": the splits in pipeline order (stored JSON sorts its keys)."""
+    counts = counts or {}
+    order = [s for s in SPLITS if s in counts] + sorted(set(counts) - set(SPLITS))
+    return ", ".join(f"{s} {counts[s]:,}" for s in order if isinstance(counts[s], int))
+
+
+def data_card_lines(data_info: Mapping[str, Any] | None) -> list[str]:
+    """What went into the shards and what was removed on the way (the manifest's data card, the sources of
+    a mixture): the report's and the model card's Data section. Nothing for a set built before the card."""
+    corpus = (data_info or {}).get("corpus") or {}
+    card = corpus.get("data_card") or {}
+    lines = []
+    for name, source in (corpus.get("sources") or {}).items():
+        weight = source.get("weight")
+        lines.append(
+            f"- Source `{name}`"
+            + (f", weight {weight:g}" if isinstance(weight, (int, float)) else "")
+            + f": tokens {_per_split(source.get('tokens'))}"
+        )
+    if card.get("rows_read"):
+        lines.append(f"- Rows read: {_per_split(card['rows_read'])}")
+    filters = {k: n for k, n in (card.get("filters") or {}).items() if k not in ("seen", "kept") and n}
+    if card.get("dropped_by_filters") is not None:
+        why = ", ".join(f"{rule} {n:,}" for rule, n in sorted(filters.items(), key=lambda kv: -kv[1]))
+        lines.append(f"- Dropped by the row filters: {card['dropped_by_filters']:,}" + (f" ({why})" if why else ""))
+    removed = card.get("duplicates_removed")
+    if removed:
+        dedup = card.get("dedup") or {}
+        near = (
+            f"near duplicates (Jaccard >= {dedup.get('near_threshold')}) {sum(removed['near'].values()):,}"
+            if dedup.get("near")
+            else "near dedup off"
+        )
+        exact = f"exact {sum(removed['exact'].values()):,}" if dedup.get("exact", True) else "exact dedup off"
+        lines.append(f"- Duplicates removed: {exact} ({_per_split(removed['exact'])}); {near}")
+    sample = card.get("tokenizer_sample")
+    if sample:
+        lines.append(
+            f"- Tokenizer trained on a seeded sample of {sample['rows']:,} deduplicated train rows "
+            f"({sample['bytes'] / 1e6:.1f} MB; budget {sample['budget_bytes'] / 1e6:.0f} MB)"
+        )
     return lines
 
 
@@ -315,6 +360,7 @@ def render_model_card(
         f"- Source: `{cfg.corpus.source}`"
         + (f" (`{cfg.corpus.hf_path}`)" if cfg.corpus.source == "hf_dataset" else ""),
         f"- Data fingerprint: `{fingerprint}` (identifies the exact corpus and tokenization)",
+        *data_card_lines(data_info),
         f"- Credit: {credit}",
         "",
         "## Configuration",

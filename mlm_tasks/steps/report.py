@@ -26,6 +26,7 @@ from mlm_tasks.reporting.card import (
     base_model_line,
     config_lines,
     corpus_credit,
+    data_card_lines,
     downstream_table,
     fill_mask_lines,
     metrics_table,
@@ -70,6 +71,7 @@ def _data_lines(cfg: PipelineConfig, data_info: Mapping[str, Any] | None) -> lis
     for key in ("vocab_size", "max_length", "cache_hit", "data_root"):
         if key in data_info:
             lines.append(f"- {key.replace('_', ' ').capitalize()}: `{data_info[key]}`")
+    lines.extend(data_card_lines(data_info))
     lines.append(f"- Credit: {credit}")
     return lines
 

@@ -198,3 +198,20 @@ def test_rows_a_filter_drops_are_not_written_and_the_data_card_counts_them(tmp_p
     assert card["dropped_by_filters"] == 3
     assert card["filters"]["seen"] == len(rows) + 3 and card["filters"]["kept"] == len(rows)
     assert sum(manifest["splits"][s]["rows"] for s in SPLITS) == len(rows)
+
+
+def test_the_data_card_reaches_the_model_card_and_the_report(tiny_prepared):
+    """The tiny set (12 Wikipedia articles, built by build_shard_set) through the summary every later step reads."""
+    from mlm_tasks.reporting.card import render_model_card
+
+    cfg, data = tiny_prepared
+    card = data["corpus"]["data_card"]
+    assert sum(card["rows_read"].values()) > data["corpus"]["rows"]  # what was read, before the removals
+    text = render_model_card(cfg, "run-1", None, None, None, data)
+    data_section = text.split("## Data", 1)[1].split("\n## ", 1)[0]
+    removed = sum(card["duplicates_removed"]["exact"].values())
+    assert f"- Duplicates removed: exact {removed:,}" in data_section and "near dedup off" in data_section
+    assert f"- Dropped by the row filters: {card['dropped_by_filters']:,}" in data_section
+    sample = card["tokenizer_sample"]
+    assert f"seeded sample of {sample['rows']:,} deduplicated train rows" in data_section
+    assert f"- Rows read: train {card['rows_read']['train']:,}" in data_section
