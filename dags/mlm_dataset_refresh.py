@@ -2,7 +2,7 @@
 ### mlm_dataset_refresh — rebuild tokenizer and shards when the corpus changed, and announce them
 
 validate → source_changed (fingerprint the source: dataset id + config + revision, or file
-hashes, plus every setting that changes the shards) → plan_shards (Unigram tokenizer) →
+hashes, plus every setting that changes the shards) → plan_shards → filters and dedup → train_tokenizer →
 write_shards (TFRecord shards, one mapped task per corpus partition: set `shards.partitions` to fan a
 large corpus out over the workers) → merge_shards (one merged manifest and `_SUCCESS` under
 `<output_root>/datasets/<fingerprint>/`). The shard-set tasks are the same task group as in mlm_pretrain.

@@ -4,8 +4,9 @@
 """
 ### mlm_pretrain — raw text to a trained, evaluated RoBERTa masked LM
 
-validate every input → plan_shards (fingerprint, Unigram tokenizer) → write_shards (TFRecord shards,
-one mapped task per corpus partition, `shards.partitions`) → merge_shards (one manifest; all reused
+validate every input → plan_shards (fingerprint, partitions) → scan_partition, find_duplicates,
+cluster_duplicates (row filters, exact and near dedup) → train_tokenizer (Unigram, on a seeded sample) →
+write_shards (TFRecord shards, one mapped task per corpus partition, `shards.partitions`) → merge_shards (one manifest; all reused
 when the corpus fingerprint is unchanged) → check_run (the run fits its data: batch, max_length,
 tokenizer, earlier checkpoints) → wait_for_shards (only for shards made elsewhere) → [create_tpu_vm]
 → train (resumes from its last checkpoint on retry) → evaluate → downstream (fine-tuned on

@@ -62,7 +62,7 @@ class BaseModelRef:
 
     @classmethod
     def pinned(cls, cfg: PipelineConfig, recorded: dict | None) -> BaseModelRef | None:
-        """The base exactly as the shard set's manifest recorded it (train, evaluate: after plan_shards)."""
+        """The base exactly as the shard set's manifest recorded it (train, evaluate: after the shard set)."""
         base = cls.of(cfg)
         if base is None and recorded is None:
             return None

@@ -23,8 +23,8 @@ HEADER = """# Bad-input catalogue
 
 Every bad input below is refused with a message that says what to fix, and every one is refused
 by a check that `mlm_pretrain` runs **before `create_tpu_vm`**: in `validate` (settings,
-corpus files, output_root, credentials), in `plan_shards` (tokenizer training), in
-`merge_shards` (the merged shards) or in `check_run` (the shard set vs the run). Rows marked *(step run
+corpus files, output_root, credentials), in `scan_partition` (reading the corpus), in `train_tokenizer`
+(tokenizer training), in `merge_shards` (the merged shards) or in `check_run` (the shard set vs the run). Rows marked *(step run
 alone)* are the same input handed straight to `python -m mlm_tasks train|evaluate --data-fingerprint ...`,
 which checks again. Each is an error no retry can fix (`kind`, from `mlm_tasks/errors.py`: a bad input, a
 missing artifact, a missing or refused credential): it exits the CLI with status 2 and fails the Airflow

@@ -1,6 +1,6 @@
 """Train a Unigram tokenizer on the train split and save it as a PreTrainedTokenizerFast.
 
-    python -m mlm_tasks plan_shards       # trains it as the first part of the shard-set steps
+    python -m mlm_tasks train_tokenizer   # after the dedup stages, on a seeded sample of the kept train rows
 
 Unigram training is not reproducible id-for-id (ties swap ~5% of ids), so a tokenizer is trained
 once per data fingerprint and published first-writer-wins: whoever loses the race uses the winner's
