@@ -6,17 +6,16 @@
 
 validate every input → plan_shards (fingerprint, partitions) → scan_partition, find_duplicates,
 cluster_duplicates (row filters, exact and near dedup) → train_tokenizer (Unigram, on a seeded sample) →
-write_shards (TFRecord shards, one mapped task per corpus partition, `shards.partitions`) → merge_shards (one manifest; all reused
-when the corpus fingerprint is unchanged) → check_run (the run fits its data: batch, max_length,
-tokenizer, earlier checkpoints) → wait_for_shards (only for shards made elsewhere) → [create_tpu_vm]
-→ train (resumes from its last checkpoint on retry) → evaluate → downstream (fine-tuned on
+write_shards (TFRecord shards, one mapped task per corpus partition, `shards.partitions`) → merge_shards (one
+manifest; all reused when the corpus fingerprint is unchanged) → check_run (the run fits its data: batch,
+max_length, tokenizer, earlier checkpoints) → wait_for_shards (only for shards made elsewhere) →
+[create_tpu_vm] → train (resumes from its last checkpoint on retry) → evaluate → downstream (fine-tuned on
 `downstream.tasks`, beside random weights) → fill_mask → report → gate → approve_release (with
-`publish.require_approval`, a person approves in "Required actions"; skipped otherwise) → publish to
-the Hub (skipped, with the reason, unless enabled, the gate passed and, when asked, a person approved)
-→ summary →
-[delete_tpu_vm, a teardown: runs whatever happened upstream]. With `compute: local` the two TPU VM
-tasks end skipped, saying so in their logs. Each task runs the step of the same
-name in `mlm_tasks/steps/` (docs/architecture.md).
+`publish.require_approval`, a person approves in "Required actions"; skipped otherwise) → publish to the Hub
+(skipped, with the reason, unless enabled, the gate passed and, when asked, a person approved) → summary →
+[delete_tpu_vm, a teardown: runs whatever happened upstream]. With `compute: local` the two TPU VM tasks end
+skipped, saying so in their logs. Each task runs the step of the same name in `mlm_tasks/steps/`
+(docs/architecture.md).
 
 The same DAG runs the embedded default (local folder, this machine's CPU, the Wikipedia sample
 shipped with gensim) and production (`output_root: gs://…`, `compute: tpu_vm`): configuration
