@@ -23,6 +23,15 @@ class Corpus:
     def fingerprint(self) -> str:
         raise NotImplementedError
 
+    def size_bytes(self) -> int | None:
+        """The bytes the source reads in all (plan_shards chooses the partition count from it); None:
+        unknown, or more partitions would not cut each one's reading (a dump is read whole by each)."""
+        return None
+
+    def partition_units(self) -> int | None:
+        """The most partitions that can each get rows (files, row groups, ranges of text); None: no limit known."""
+        return None
+
     def rows(self, split: str) -> Iterator[str]:
         return self.rows_partition(split, 0, 1)
 
