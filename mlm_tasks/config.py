@@ -49,7 +49,8 @@ class CorpusConfig(_Section):
     text_column: str = Field("text", description="Column holding the text in datasets/jsonl/parquet.")
     local_paths: list[str] = Field(
         default_factory=list,
-        description="Files or globs (source=local_files): .txt (one row per line), .jsonl, .parquet.",
+        description="Files or globs (source=local_files), local or gs://: .txt (one row per line), .jsonl, "
+        ".parquet, .txt.gz, .jsonl.gz.",
     )
     dump_path: str | None = Field(None, description="Path of an enwiki pages-articles*.xml.bz2 dump.")
     max_articles: int | None = Field(None, ge=1, le=10**9, description="Read at most this many articles (dumps).")

@@ -1,6 +1,7 @@
 """The corpus interface: what every source gives (rows per split, a content fingerprint, a credit).
 
     class MySource(Corpus): ...    # fingerprint() and rows_partition(split, part, num_parts)
+                                   # size_bytes(), partition_units(): plan_shards sizes the fan-out by them
 
 Also what the text sources share: the deterministic split of a row or title, and the error for a
 corpus without text. The sources are the other modules of this package; `open_corpus` in its __init__ picks one.
