@@ -4,7 +4,7 @@
 
 Corpus: the embedded corpus' rows repeated `factor` times in a .txt (local_files source), all splits.
 Each worker is a fresh process running write_partition(cfg, paths, part, num_parts), what one mapped
-`write_shards` task runs; it reads only its own blocks of lines (LocalFilesCorpus.split_rows, all splits in one read).
+`write_shards` task runs; it reads only its own byte range (LocalFilesCorpus.split_rows, all splits in one read).
 Workers import, then wait at a barrier so only the writing is timed; the merge (merge_partitions)
 runs after the last worker and is included. A worker is one executor slot on one core: one tokenizer
 thread (TOKENIZERS_PARALLELISM=false). "1 worker, threads" is one process whose tokenizer uses its own

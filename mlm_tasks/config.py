@@ -28,6 +28,7 @@ from mlm_tasks.tpu import slices as tpu_slices
 SPECIAL_TOKENS = ["<s>", "<pad>", "</s>", "<unk>", "<mask>"]
 SUPPORTED_SCHEMES = ("file", "gs")
 MAX_CONFIG_BYTES = 1 << 20
+MAX_PARTITIONS = 1024  # shard-writing tasks one run may map
 HUB_REPO_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,95}/[A-Za-z0-9][A-Za-z0-9_.-]{0,95}$")
 
 
@@ -159,7 +160,8 @@ class CorpusConfig(_Section):
     text_column: str = Field("text", description="Column holding the text in datasets/jsonl/parquet.")
     local_paths: list[str] = Field(
         default_factory=list,
-        description="Files or globs (source=local_files): .txt (one row per line), .jsonl, .parquet.",
+        description="Files or globs (source=local_files), local or gs://: .txt (one row per line), .jsonl, "
+        ".parquet, .txt.gz, .jsonl.gz.",
     )
     dump_path: str | None = Field(None, description="Path of an enwiki pages-articles*.xml.bz2 dump.")
     max_articles: int | None = Field(None, ge=1, le=10**9, description="Read at most this many articles (dumps).")
@@ -208,10 +210,19 @@ class ShardConfig(_Section):
     partitions: int = Field(
         1,
         ge=1,
-        le=1024,
+        le=MAX_PARTITIONS,
         description="Shard-writing tasks run in parallel by the DAGs "
-        "(dynamic task mapping): the corpus is cut into this many partitions, each "
+        "(dynamic task mapping): the corpus is cut into at least this many partitions, each "
         "written by one `write_shards` task, merged into one manifest at the end.",
+    )
+    partition_mb: int = Field(
+        256,
+        ge=1,
+        le=1 << 20,
+        description="Target MiB of source per partition: plan_shards writes max(partitions, "
+        "ceil(source MiB / partition_mb)) partitions, the second term capped at 1024 and at the "
+        "source's units (files, parquet row groups, MiB of text); sources of unknown size "
+        "(Wikipedia dumps) use `partitions`.",
     )
 
 

@@ -307,6 +307,21 @@ def find(uri: str) -> dict[str, dict[str, Any]]:
         return {}
 
 
+def glob(pattern: str) -> dict[str, dict[str, Any]]:
+    """The files `pattern` (a path, or a glob with * ? [] **) matches, by URI in sorted order, with their
+    details: `size` always; gs:// also `md5Hash`, `crc32c`, `generation` (from the listing, no download).
+    Local matches keep the pattern's form (a relative pattern gives relative paths); empty if none."""
+    if is_local(pattern):
+        import glob as local_glob
+
+        matched = (p for p in local_glob.glob(local_path(pattern)) if os.path.isfile(p))
+        return {p: {"size": os.path.getsize(p)} for p in sorted(matched)}
+    fs = filesystem(pattern)
+    listed = _bounded(pattern, fs.glob, pattern, detail=True)
+    files = {fs.unstrip_protocol(name): info for name, info in listed.items() if info.get("type") != "directory"}
+    return dict(sorted(files.items()))
+
+
 def remove(uri: str, recursive: bool = False) -> None:
     if exists(uri):
         _bounded(uri, filesystem(uri).rm, uri, recursive=recursive)

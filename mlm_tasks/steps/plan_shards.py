@@ -7,15 +7,19 @@ task per partition) → find_duplicates (one per bucket, as many as partitions) 
 write_shards (one per partition) → merge_shards. The plan says which
 partitions are still to write; none when a complete shard set already has this fingerprint or
 shards were brought as they are (the DAGs then skip write_shards, and the merge only reads the set).
+How many partitions: `shards.partitions`, or more for a corpus larger than that many times
+`shards.partition_mb` (partition_count).
 """
 
 from __future__ import annotations
 
 import logging
+import math
 
 from mlm_tasks import storage
-from mlm_tasks.config import PipelineConfig
+from mlm_tasks.config import MAX_PARTITIONS, PipelineConfig, ShardConfig
 from mlm_tasks.data.corpus import open_corpus
+from mlm_tasks.data.corpus.base import Corpus
 from mlm_tasks.data.shard_set import data_fingerprint
 from mlm_tasks.paths import DataPaths, RunContext
 from mlm_tasks.results import Partition, ShardPlan
@@ -30,7 +34,7 @@ def plan_shards(cfg: PipelineConfig, ctx: RunContext, *, corpus=None, num_parts:
     corpus = corpus or open_corpus(cfg.corpus)
     corpus_fp = None if ctx.fingerprint else corpus.fingerprint()
     paths = DataPaths(cfg.output_root, ctx.fingerprint or data_fingerprint(cfg, corpus_fingerprint=corpus_fp))
-    n = num_parts or cfg.shards.partitions
+    n = num_parts or partition_count(cfg.shards, corpus)
     if storage.exists(paths.success):
         log.info(
             "Cache hit: data fingerprint %s already prepared at %s; no shard to write",
@@ -43,7 +47,13 @@ def plan_shards(cfg: PipelineConfig, ctx: RunContext, *, corpus=None, num_parts:
 
         adopt(cfg, corpus, paths, corpus_fp or corpus.fingerprint())  # no tokenizer to train, no shard to write
         return ShardPlan(fingerprint=paths.fingerprint, cache_hit=False, corpus_fingerprint=corpus_fp, partitions=[])
-    log.info("Preparing data fingerprint %s under %s in %d partition(s)", paths.fingerprint, paths.root, n)
+    log.info(
+        "Preparing data fingerprint %s under %s in %d partition(s) (by hand: --set shards.partitions=%d)",
+        paths.fingerprint,
+        paths.root,
+        n,
+        n,
+    )
     # Before an hour of scanning, not after. validate probes too, but not in a dataset refresh
     # (probe_write=False: an unchanged source writes nothing) nor when plan_shards runs alone (the CLI).
     check_writable(cfg.output_root)
@@ -53,3 +63,16 @@ def plan_shards(cfg: PipelineConfig, ctx: RunContext, *, corpus=None, num_parts:
         corpus_fingerprint=corpus_fp,
         partitions=[Partition(fingerprint=paths.fingerprint, part=p, num_parts=n) for p in range(n)],
     )
+
+
+def partition_count(shards: ShardConfig, corpus: Corpus) -> int:
+    """max(shards.partitions, ceil(the corpus's MiB / shards.partition_mb)), the second term capped at
+    MAX_PARTITIONS and at the corpus's units (more partitions than units would be empty). A corpus of
+    unknown size gets shards.partitions."""
+    size = corpus.size_bytes()
+    if size is None:
+        return shards.partitions
+    by_size = min(math.ceil(size / (shards.partition_mb << 20)), MAX_PARTITIONS)
+    if by_size > shards.partitions:  # only then is it worth asking for units (parquet footers are read)
+        by_size = min(by_size, corpus.partition_units() or by_size)
+    return max(shards.partitions, by_size)

@@ -1,6 +1,7 @@
 """The corpus interface: what every source gives (rows per split, a content fingerprint, a credit).
 
     class MySource(Corpus): ...    # fingerprint() and rows_partition(split, part, num_parts)
+                                   # size_bytes(), partition_units(): plan_shards sizes the fan-out by them
 
 Also what the text sources share: the deterministic split of a row or title, and the error for a
 corpus without text. The sources are the other modules of this package; `open_corpus` in its __init__ picks one.
@@ -22,6 +23,15 @@ class Corpus:
 
     def fingerprint(self) -> str:
         raise NotImplementedError
+
+    def size_bytes(self) -> int | None:
+        """The bytes the source reads in all (plan_shards chooses the partition count from it); None:
+        unknown, or more partitions would not cut each one's reading (a dump is read whole by each)."""
+        return None
+
+    def partition_units(self) -> int | None:
+        """The most partitions that can each get rows (files, row groups, ranges of text); None: no limit known."""
+        return None
 
     def rows(self, split: str) -> Iterator[str]:
         return self.rows_partition(split, 0, 1)

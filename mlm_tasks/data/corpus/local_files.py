@@ -1,95 +1,167 @@
-"""Local text files as rows: .txt (a row per line), .jsonl (`corpus.text_column` of each object), .parquet.
+"""Text files as rows, local or remote (gs://, any fsspec URI): .txt (a row per line), .jsonl
+(`corpus.text_column` of each object), .parquet, and .txt.gz / .jsonl.gz.
 
     corpus = LocalFilesCorpus(cfg)    # corpus.source: local_files, corpus.local_paths: files or globs
 
-Rows are split by a hash of the row. Partitions are blocks of PARTITION_BLOCK consecutive lines, dealt
-round-robin, so every partition count gives the same rows per split.
+Rows are split by a hash of the row. Partitions cut the files' bytes (byte_ranges): a partition reads
+the lines that start in its byte range of .txt/.jsonl files, the parquet row groups that start in it,
+and the whole .gz files that start in it (gzip cannot be entered midway). Partitions in order give the
+one-reader stream, so every partition count gives the same rows per split, in the same order.
 """
 
 from __future__ import annotations
 
-import glob
+import gzip
+import hashlib
 import json
+import logging
+import math
 import os
 from collections.abc import Iterator
+from typing import Any, BinaryIO
 
 from mlm_tasks import storage
 from mlm_tasks.config import CorpusConfig
 from mlm_tasks.data.corpus.base import Corpus, split_of
+from mlm_tasks.data.corpus.byte_ranges import lines_starting_in, owned_ranges
 from mlm_tasks.errors import ConfigError
 
-PARTITION_BLOCK = 1000  # consecutive lines of local files that go to the same partition
+log = logging.getLogger(__name__)
+TEXT_TYPES = (".txt", ".jsonl")
+FILE_TYPES = (*TEXT_TYPES, ".parquet", ".txt.gz", ".jsonl.gz")
+# A text file counts as one partition unit per MiB: plan_shards cuts no finer (a task's start-up
+# would cost more than its reading).
+TEXT_UNIT_BYTES = 1 << 20
+# A remote object's version, from its listing: a content checksum when there is one (the same bytes
+# copied elsewhere keep their fingerprint), else what changes with every write.
+CHECKSUM_KEYS = ("md5Hash", "ETag", "etag")
+VERSION_KEYS = ("crc32c", "generation", "version_id", "LastModified", "last_modified", "mtime")
+MANY_FILES = 64  # above this many files the fingerprint is one hash of the list, not the list
+
+
+def _open(uri: str, ranged: bool) -> BinaryIO:
+    """`uri` opened for binary reads. `ranged`: every read is a request for exactly its bytes (no
+    read-ahead past a partition's range); else the filesystem's buffering."""
+    if storage.is_local(uri):
+        return open(storage.local_path(uri), "rb", buffering=0 if ranged else -1)
+    return storage.filesystem(uri).open(uri, "rb", **({"cache_type": "none"} if ranged else {}))
+
+
+def list_files(patterns: list[str]) -> dict[str, dict[str, Any]]:
+    """Every file the patterns match, in pattern order (each pattern's matches sorted), with its listing."""
+    files: dict[str, dict[str, Any]] = {}
+    for pattern in patterns:
+        matched = storage.glob(pattern)
+        if not matched:
+            check = (
+                "the path (relative paths are relative to the worker's working directory)"
+                if storage.is_local(pattern)
+                else "the bucket and prefix, and that the worker's credentials may list them"
+            )
+            raise ConfigError(f"corpus.local_paths entry {pattern!r} matches no file: check {check}.")
+        files.update(matched)
+    if not files:
+        raise ConfigError("corpus.source=local_files needs corpus.local_paths (files or globs).")
+    for uri in files:
+        if not uri.endswith(FILE_TYPES):
+            raise ConfigError(f"{uri}: unsupported file type; use {', '.join(FILE_TYPES)}.")
+    return files
 
 
 class LocalFilesCorpus(Corpus):
     def __init__(self, cfg: CorpusConfig):
         self.cfg = cfg
-        self.files: list[str] = []
-        for pattern in cfg.local_paths:
-            matched = sorted(glob.glob(pattern))
-            if not matched:
-                raise ConfigError(
-                    f"corpus.local_paths entry {pattern!r} matches no file: check the path "
-                    "(relative paths are relative to the worker's working directory)."
-                )
-            self.files.extend(matched)
-        if not self.files:
-            raise ConfigError("corpus.source=local_files needs corpus.local_paths (files or globs).")
-        for path in self.files:
-            if not path.endswith((".txt", ".jsonl", ".parquet")):
-                raise ConfigError(f"{path}: unsupported file type; use .txt, .jsonl or .parquet.")
+        self.listing = list_files(cfg.local_paths)
+        self.files = list(self.listing)
+        self.sizes = [int(info["size"]) for info in self.listing.values()]
 
     def fingerprint(self) -> str:
-        return "files:" + ",".join(f"{os.path.basename(p)}={storage.sha256(p)[:16]}" for p in self.files)
+        entries = [f"{os.path.basename(uri)}={self._file_hash(uri)}" for uri in self.files]
+        if len(entries) > MANY_FILES:
+            return f"files:{len(entries)}:" + hashlib.sha256(",".join(entries).encode()).hexdigest()[:32]
+        return "files:" + ",".join(entries)
 
-    def _lines(self, path: str, keep) -> Iterator[tuple[int, str]]:
-        with open(path, "rb") as f:
-            for lineno, raw in enumerate(f, 1):
-                if not keep():
-                    continue
-                try:
-                    yield lineno, raw.decode("utf-8")
-                except UnicodeDecodeError as err:
-                    raise ConfigError(
-                        f"{path} line {lineno} is not valid UTF-8 ({err.reason} at byte "
-                        f"{err.start}): re-encode the file as UTF-8."
-                    ) from None
+    def _file_hash(self, uri: str) -> str:
+        """Local: the content's sha256. Remote: size and version from the listing, without a download;
+        a store whose listing has neither checksum nor version is read and hashed."""
+        if storage.is_local(uri):
+            return storage.sha256(uri)[:16]
+        info = self.listing[uri]
+        keys = next(([k] for k in CHECKSUM_KEYS if info.get(k)), [k for k in VERSION_KEYS if info.get(k)])
+        if not keys:
+            log.info("%s: its listing has no checksum or version, so its content is hashed", uri)
+            return storage.sha256(uri)[:16]
+        version = json.dumps([info["size"], *(str(info[k]) for k in keys)])
+        return hashlib.sha256(version.encode()).hexdigest()[:16]
+
+    def size_bytes(self) -> int:
+        return sum(self.sizes)
+
+    def partition_units(self) -> int:
+        """Files that cannot be cut: .gz one each; parquet one per row group (its footer is read); text
+        one per TEXT_UNIT_BYTES."""
+        units = 0
+        for uri, size in zip(self.files, self.sizes, strict=True):
+            if uri.endswith(".parquet"):
+                with _open(uri, ranged=True) as f:
+                    units += _parquet(f).metadata.num_row_groups
+            elif uri.endswith(".gz"):
+                units += 1
+            else:
+                units += math.ceil(size / TEXT_UNIT_BYTES)
+        return max(units, 1)
 
     def _all_rows(self, part: int = 0, num_parts: int = 1) -> Iterator[str]:
-        """Rows of partition `part`: blocks of PARTITION_BLOCK consecutive lines/records of the files
-        (blank ones included, so the split is the same for every num_parts), block b to partition
-        b % num_parts. Other partitions' lines are skipped undecoded."""
-        index = -1
-
-        def keep() -> bool:
-            nonlocal index
-            index += 1
-            return (index // PARTITION_BLOCK) % num_parts == part
-
-        for path in self.files:
-            if path.endswith(".txt"):
-                for _, line in self._lines(path, keep):
-                    yield line
-            elif path.endswith(".jsonl"):
-                for lineno, line in self._lines(path, keep):
-                    if line.strip():
-                        try:
-                            yield json.loads(line).get(self.cfg.text_column, "")
-                        except (json.JSONDecodeError, AttributeError):
-                            raise ConfigError(
-                                f"{path} line {lineno} is not a JSON object: fix the line or use .txt for plain text."
-                            ) from None
+        """Rows of partition `part`, file by file in listing order (byte_ranges)."""
+        for index, start, end in owned_ranges(self.sizes, part, num_parts):
+            uri = self.files[index]
+            if uri.endswith(".parquet"):
+                with _open(uri, ranged=True) as f:
+                    yield from self._parquet_rows(uri, _parquet(f), start, end)
+            elif uri.endswith(".gz"):
+                if start == 0:  # the partition that owns its first byte reads it whole
+                    with _open(uri, ranged=False) as raw, gzip.open(raw) as f:
+                        yield from self._parse(uri, ((None, line) for line in f), known_lines=True)
             else:
-                import pyarrow.parquet as pq
+                with _open(uri, ranged=True) as f:
+                    yield from self._parse(uri, lines_starting_in(f, start, end), known_lines=start == 0)
 
-                for batch in pq.ParquetFile(path).iter_batches(columns=[self.cfg.text_column]):
-                    texts = batch.column(0).to_pylist()
-                    if num_parts == 1:  # every row is this partition's: no per-row bookkeeping
-                        yield from texts
-                        continue
-                    for text in texts:
-                        if keep():
-                            yield text
+    def _parse(self, uri: str, lines, known_lines: bool) -> Iterator[str]:
+        """The rows of `lines` ((byte offset or None, raw line)): the text of a .txt line, the text
+        column of a .jsonl object. Errors name the line: by number when the lines start at the file's
+        start, else by byte offset."""
+        jsonl = uri.removesuffix(".gz").endswith(".jsonl")
+        for lineno, (offset, raw) in enumerate(lines, 1):
+            where = f"{uri} line {lineno}" if known_lines else f"{uri} line at byte {offset}"
+            try:
+                line = raw.decode("utf-8")
+            except UnicodeDecodeError as err:
+                raise ConfigError(
+                    f"{where} is not valid UTF-8 ({err.reason} at byte {err.start}): re-encode the file as UTF-8."
+                ) from None
+            if not jsonl:
+                yield line
+            elif line.strip():
+                try:
+                    yield json.loads(line).get(self.cfg.text_column, "")
+                except (json.JSONDecodeError, AttributeError):
+                    raise ConfigError(
+                        f"{where} is not a JSON object: fix the line or use .txt for plain text."
+                    ) from None
+
+    def _parquet_rows(self, uri: str, pf, start: int, end: int) -> Iterator[str]:
+        """The text column of the row groups that start in [start, end): the footer and their text
+        column chunks are all it reads."""
+        if self.cfg.text_column not in pf.schema_arrow.names:
+            raise ConfigError(
+                f"{uri} has no column {self.cfg.text_column!r} (has {pf.schema_arrow.names}): set "
+                "corpus.text_column to the column that holds the text."
+            )
+        meta = pf.metadata
+        owned = [g for g in range(meta.num_row_groups) if start <= _row_group_start(meta.row_group(g)) < end]
+        if owned:
+            for batch in pf.iter_batches(row_groups=owned, columns=[self.cfg.text_column]):
+                yield from batch.column(0).to_pylist()
 
     def rows_partition(self, split: str, part: int, num_parts: int) -> Iterator[str]:
         for row_split, row in self.split_rows(part, num_parts):
@@ -101,3 +173,19 @@ class LocalFilesCorpus(Corpus):
             row = (row or "").strip()
             if row:
                 yield split_of(row, self.cfg.validation_fraction, self.cfg.test_fraction), row
+
+
+def _parquet(f: BinaryIO):
+    import pyarrow.parquet as pq
+
+    return pq.ParquetFile(f)
+
+
+def _row_group_start(group) -> int:
+    """The file offset of a row group's first byte: its first column chunk's first page."""
+    starts = []
+    for c in range(group.num_columns):
+        column = group.column(c)
+        has_dictionary = column.has_dictionary_page and column.dictionary_page_offset is not None
+        starts.append(column.dictionary_page_offset if has_dictionary else column.data_page_offset)
+    return min(starts)

@@ -128,27 +128,3 @@ def test_wiki_partitions_are_disjoint_and_cover_every_article(small_dump, max_ar
             list(corpus.rows_partition(s, p, 3))
         counted += sum(corpus.articles_seen.values())
     assert counted == sum(whole.articles_seen.values()) == (max_articles or counted)
-
-
-def test_local_file_partitions_deal_blocks_of_lines(tmp_path, monkeypatch):
-    import pyarrow as pa
-    import pyarrow.parquet as pq
-
-    from mlm_tasks.data.corpus import local_files as corpus_module
-
-    monkeypatch.setattr(corpus_module, "PARTITION_BLOCK", 4)
-    (tmp_path / "a.txt").write_text("".join(f"text line {i}\n" for i in range(30)) + "\n\n")
-    (tmp_path / "b.jsonl").write_text("".join(json.dumps({"text": f"json row {i}"}) + "\n" for i in range(9)))
-    pq.write_table(pa.table({"text": [f"parquet row {i}" for i in range(11)]}), tmp_path / "c.parquet")
-    cfg = CorpusConfig(
-        source="local_files", local_paths=[str(tmp_path / "*")], validation_fraction=0.2, test_fraction=0.1
-    )
-    single = {s: list(open_corpus(cfg).rows(s)) for s in SPLITS}
-    parts = _partitioned(cfg, 2)
-    for s in SPLITS:
-        assert sorted(parts[s][0] + parts[s][1]) == sorted(single[s]), s
-        assert not set(parts[s][0]) & set(parts[s][1])
-    everything = parts["train"][0] + parts["validation"][0] + parts["test"][0]
-    # Lines 0-3 of a.txt go to partition 0, lines 4-7 to partition 1, and so on across files.
-    assert "text line 0" in everything or split_of("text line 0", 0.2, 0.1) != "train"
-    assert not any(f"text line {i}" in everything for i in range(4, 8))
