@@ -5,7 +5,8 @@
     for split, row in kept_rows(corpus, paths, part, num_parts): ...   # what the shard writer reads
 
 A partition's mask also carries the rows its scan's filters dropped, so the writer reads one mask.
-Exact pairs all point at their group's smallest id already; only near pairs need the union-find.
+Exact pairs all point at their group's smallest id already; only near pairs need the union-find, so only
+they are held in memory together.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ import numpy as np
 from mlm_tasks import storage
 from mlm_tasks.config import PipelineConfig
 from mlm_tasks.data.dedup.matches import PAIR_DTYPE, matches_uri
-from mlm_tasks.data.dedup.row_ids import index_of_id, part_of_id, split_of_id
+from mlm_tasks.data.dedup.row_ids import parts_and_indexes, split_ranks
 from mlm_tasks.data.dedup.scan import load_array, save_array, scan_dir
 from mlm_tasks.errors import ConfigError, MissingArtifactError
 from mlm_tasks.paths import SPLITS, DataPaths, join
@@ -55,6 +56,12 @@ def _roots(pairs: np.ndarray) -> dict[int, int]:
     return {x: find(x) for x in parent}
 
 
+def _mark(masks: list[np.ndarray], ids: np.ndarray) -> None:
+    parts, indexes = parts_and_indexes(ids)
+    for part in np.unique(parts).tolist():
+        masks[part][indexes[parts == part]] = True
+
+
 def cluster_duplicates(cfg: PipelineConfig, paths: DataPaths, num_parts: int) -> dict[str, Any]:
     marker = clusters_marker(paths)
     done = storage.read_json_if_exists(marker)
@@ -69,29 +76,39 @@ def cluster_duplicates(cfg: PipelineConfig, paths: DataPaths, num_parts: int) ->
                 f"Partition {part} of {num_parts} is not scanned: rerun its scan_partition task, then this one."
             )
         scans.append(scan)
-    found = []
+    masks, exact = [], []  # per partition, a bool per row: not written (filtered or removed); an exact copy
+    for part, scan in enumerate(scans):
+        n = sum(scan["rows"].values())
+        dropped = load_array(join(scan_dir(paths, part, num_parts), "dropped.npy"))
+        masks.append(np.unpackbits(dropped, count=n).astype(bool))
+        exact.append(np.zeros(n, dtype=bool))
+    # A bucket at a time: exact pairs point at their group's smallest id already, so their rows are marked
+    # as they come; only near pairs (far fewer) are kept for the union-find. Memory: the masks (a byte per
+    # row of the corpus) and the near pairs, not every pair of the corpus.
+    near, pairs = [], 0
+    removed = {"exact": dict.fromkeys(SPLITS, 0), "near": dict.fromkeys(SPLITS, 0)}
     for bucket in range(num_parts):
         if not storage.exists(matches_uri(paths, bucket)):
             raise MissingArtifactError(
                 f"Bucket {bucket} of {num_parts} is not matched: rerun its find_duplicates task, then this one."
             )
-        found.append(load_array(matches_uri(paths, bucket)))
-    pairs = np.concatenate(found) if found else np.zeros(0, dtype=PAIR_DTYPE)
-    exact_rows = set(pairs["row"][pairs["exact"] == 1].tolist())
-    if (pairs["exact"] == 1).all():  # exact pairs point at their group's smallest id already
-        removed_ids = exact_rows
-    else:
-        removed_ids = {row for row, root in _roots(pairs).items() if row != root}
-    masks = []
-    for part, scan in enumerate(scans):
-        n = sum(scan["rows"].values())
-        dropped = np.unpackbits(load_array(join(scan_dir(paths, part, num_parts), "dropped.npy")), count=n).astype(bool)
-        masks.append(dropped)
-    removed = {"exact": dict.fromkeys(SPLITS, 0), "near": dict.fromkeys(SPLITS, 0)}
-    for rid in removed_ids:
-        part, index = part_of_id(rid), index_of_id(rid)
-        masks[part][index] = True
-        removed["exact" if rid in exact_rows else "near"][split_of_id(rid)] += 1
+        found = load_array(matches_uri(paths, bucket))
+        pairs += len(found)
+        copies = np.unique(found["row"][found["exact"] == 1])
+        _mark(exact, copies)
+        for rank, count in enumerate(np.bincount(split_ranks(copies), minlength=len(SPLITS))):
+            removed["exact"][SPLITS[rank]] += int(count)
+        near.append(found[found["exact"] == 0])
+    near_pairs = np.concatenate(near) if near else np.zeros(0, dtype=PAIR_DTYPE)
+    if len(near_pairs):
+        ids = np.array([row for row, root in _roots(near_pairs).items() if row != root], dtype=np.uint64)
+        parts, indexes = parts_and_indexes(ids)
+        fresh = ids[[not exact[p][i] for p, i in zip(parts.tolist(), indexes.tolist(), strict=True)]]
+        for rank, count in enumerate(np.bincount(split_ranks(fresh), minlength=len(SPLITS))):
+            removed["near"][SPLITS[rank]] += int(count)
+        _mark(masks, ids)
+    for mask, copy in zip(masks, exact, strict=True):
+        mask |= copy
     for part, mask in enumerate(masks):
         save_array(removed_uri(paths, part, num_parts), np.packbits(mask))
     filtered: dict[str, int] = {}
@@ -103,7 +120,7 @@ def cluster_duplicates(cfg: PipelineConfig, paths: DataPaths, num_parts: int) ->
         "dropped_by_filters": sum(scan["dropped_by_filters"] for scan in scans),
         "filters": filtered,
         "duplicates_removed": removed,
-        "pairs": len(pairs),
+        "pairs": pairs,
         "seconds": round(time.time() - t0, 1),
     }
     storage.write_json(marker, stats)  # last: marks the clusters done
