@@ -76,8 +76,11 @@ class SampleCandidates:
             self.bytes -= len(dropped.encode("utf-8"))
 
     def lines(self) -> bytes:
-        ordered = sorted((-neg, index, row) for neg, index, row in self.heap)
-        return "".join(json.dumps(item, ensure_ascii=False) + "\n" for item in ordered).encode("utf-8")
+        """JSON lines by ascending hash, encoded one at a time (the sample is the scan's largest object)."""
+        out = io.BytesIO()
+        for neg, index, row in sorted(self.heap, reverse=True):
+            out.write(json.dumps([-neg, index, row], ensure_ascii=False).encode("utf-8") + b"\n")
+        return out.getvalue()
 
 
 def scan_partition(
