@@ -172,6 +172,15 @@ class CorpusConfig(_Section):
         description="Share of articles (or rows) held out for validation when the source has no such split.",
     )
     test_fraction: float = Field(0.05, ge=0.0, lt=0.5, description="Share held out for test.")
+    split_by: Literal["row", "file", "document"] = Field(
+        "row",
+        description="source=local_files: what the train/validation/test split hashes, so that what belongs "
+        "together stays in one split: each row; each file (a file is a document); or each document, named by "
+        "document_column (.jsonl, .parquet). Wikipedia sources split by article title.",
+    )
+    document_column: str | None = Field(
+        None, description="split_by=document: the .jsonl/.parquet column holding a row's document id."
+    )
     shards_uri: str | None = Field(
         None,
         description="source=tfrecord_shards: a folder or gs:// prefix holding "
@@ -188,6 +197,20 @@ class CorpusConfig(_Section):
         default_factory=FilterConfig,
         description="Which rows to drop before tokenizing (rule filters, language ID).",
     )
+
+    @model_validator(mode="after")
+    def _split_key(self) -> CorpusConfig:
+        if self.split_by != "row" and self.source != "local_files":
+            raise ConfigError(
+                f"corpus.split_by={self.split_by} is for source=local_files: {self.source} splits its own way "
+                "(Wikipedia by article title, a `datasets` dataset by its own splits); leave split_by=row."
+            )
+        if self.split_by == "document" and not self.document_column:
+            raise ConfigError(
+                "corpus.split_by=document needs corpus.document_column: the .jsonl/.parquet column with each "
+                "row's document id."
+            )
+        return self
 
 
 class TokenizerConfig(_Section):

@@ -177,7 +177,12 @@ def data_fingerprint(cfg: PipelineConfig, corpus=None, corpus_fingerprint: str |
     base = BaseModelRef.of(cfg)
     key = {
         "corpus": corpus_fingerprint,
-        "splits": [cfg.corpus.validation_fraction, cfg.corpus.test_fraction],
+        "splits": [
+            cfg.corpus.validation_fraction,
+            cfg.corpus.test_fraction,
+            cfg.corpus.split_by,
+            cfg.corpus.document_column,
+        ],
         # The base's tokenizer encodes the shards (tokenizer.* is not used then); else ours, trained on them.
         **({"base_model": base.identity()} if base else {"tokenizer": cfg.tokenizer.model_dump()}),
         "max_length": cfg.shards.max_length,

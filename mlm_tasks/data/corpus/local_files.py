@@ -74,6 +74,13 @@ class LocalFilesCorpus(Corpus):
         self.listing = list_files(cfg.local_paths)
         self.files = list(self.listing)
         self.sizes = [int(info["size"]) for info in self.listing.values()]
+        if cfg.split_by == "document":
+            plain = [uri for uri in self.files if not uri.removesuffix(".gz").endswith((".jsonl", ".parquet"))]
+            if plain:
+                raise ConfigError(
+                    f"corpus.split_by=document reads a document id from corpus.document_column, which {plain[0]} "
+                    "(plain text) has none: use .jsonl or .parquet files, or split_by=file (a file is a document)."
+                )
 
     def fingerprint(self) -> str:
         entries = [f"{os.path.basename(uri)}={self._file_hash(uri)}" for uri in self.files]
@@ -111,26 +118,38 @@ class LocalFilesCorpus(Corpus):
                 units += math.ceil(size / TEXT_UNIT_BYTES)
         return max(units, 1)
 
-    def _all_rows(self, part: int = 0, num_parts: int = 1) -> Iterator[str]:
-        """Rows of partition `part`, file by file in listing order (byte_ranges)."""
+    def _all_rows(self, part: int = 0, num_parts: int = 1) -> Iterator[tuple[str, str]]:
+        """(split key, text) of partition `part`'s rows, file by file in listing order (byte_ranges)."""
         for index, start, end in owned_ranges(self.sizes, part, num_parts):
             uri = self.files[index]
             if uri.endswith(".parquet"):
                 with _open(uri, ranged=True) as f:
-                    yield from self._parquet_rows(uri, _parquet(f), start, end)
+                    rows = self._parquet_rows(uri, _parquet(f), start, end)
+                    yield from self._keyed(uri, rows)
             elif uri.endswith(".gz"):
                 if start == 0:  # the partition that owns its first byte reads it whole
                     with _open(uri, ranged=False) as raw, gzip.open(raw) as f:
-                        yield from self._parse(uri, ((None, line) for line in f), known_lines=True)
+                        yield from self._keyed(uri, self._parse(uri, ((None, line) for line in f), known_lines=True))
             else:
                 with _open(uri, ranged=True) as f:
-                    yield from self._parse(uri, lines_starting_in(f, start, end), known_lines=start == 0)
+                    rows = self._parse(uri, lines_starting_in(f, start, end), known_lines=start == 0)
+                    yield from self._keyed(uri, rows)
 
-    def _parse(self, uri: str, lines, known_lines: bool) -> Iterator[str]:
-        """The rows of `lines` ((byte offset or None, raw line)): the text of a .txt line, the text
-        column of a .jsonl object. Errors name the line: by number when the lines start at the file's
-        start, else by byte offset."""
+    def _keyed(self, uri: str, rows: Iterator[tuple[str | None, str]]) -> Iterator[tuple[str, str]]:
+        """(what the split hashes, text): the row itself, its file's name, or its document id."""
+        by = self.cfg.split_by
+        name = uri.rsplit("/", 1)[-1]
+        for doc, text in rows:
+            text = (text or "").strip()
+            if text:
+                yield (text if by == "row" else name if by == "file" else f"{name}\x00{doc}"), text
+
+    def _parse(self, uri: str, lines, known_lines: bool) -> Iterator[tuple[str | None, str]]:
+        """(document id, text) of `lines` ((byte offset or None, raw line)): the text of a .txt line, the
+        text column of a .jsonl object (and its document_column). Errors name the line: by number when the
+        lines start at the file's start, else by byte offset."""
         jsonl = uri.removesuffix(".gz").endswith(".jsonl")
+        doc_column = self.cfg.document_column
         for lineno, (offset, raw) in enumerate(lines, 1):
             where = f"{uri} line {lineno}" if known_lines else f"{uri} line at byte {offset}"
             try:
@@ -140,28 +159,34 @@ class LocalFilesCorpus(Corpus):
                     f"{where} is not valid UTF-8 ({err.reason} at byte {err.start}): re-encode the file as UTF-8."
                 ) from None
             if not jsonl:
-                yield line
+                yield None, line
             elif line.strip():
                 try:
-                    yield json.loads(line).get(self.cfg.text_column, "")
+                    record = json.loads(line)
+                    yield (str(record.get(doc_column)) if doc_column else None), record.get(self.cfg.text_column, "")
                 except (json.JSONDecodeError, AttributeError):
                     raise ConfigError(
                         f"{where} is not a JSON object: fix the line or use .txt for plain text."
                     ) from None
 
-    def _parquet_rows(self, uri: str, pf, start: int, end: int) -> Iterator[str]:
-        """The text column of the row groups that start in [start, end): the footer and their text
-        column chunks are all it reads."""
-        if self.cfg.text_column not in pf.schema_arrow.names:
-            raise ConfigError(
-                f"{uri} has no column {self.cfg.text_column!r} (has {pf.schema_arrow.names}): set "
-                "corpus.text_column to the column that holds the text."
-            )
+    def _parquet_rows(self, uri: str, pf, start: int, end: int) -> Iterator[tuple[str | None, str]]:
+        """(document id, text) of the row groups that start in [start, end): the footer and their text (and
+        document) column chunks are all it reads."""
+        columns = [self.cfg.text_column] + ([self.cfg.document_column] if self.cfg.document_column else [])
+        for column in columns:
+            if column not in pf.schema_arrow.names:
+                raise ConfigError(
+                    f"{uri} has no column {column!r} (has {pf.schema_arrow.names}): set "
+                    f"corpus.{'text_column' if column == self.cfg.text_column else 'document_column'} to the "
+                    "column that holds it."
+                )
         meta = pf.metadata
         owned = [g for g in range(meta.num_row_groups) if start <= _row_group_start(meta.row_group(g)) < end]
         if owned:
-            for batch in pf.iter_batches(row_groups=owned, columns=[self.cfg.text_column]):
-                yield from batch.column(0).to_pylist()
+            for batch in pf.iter_batches(row_groups=owned, columns=columns):
+                texts = batch.column(0).to_pylist()
+                docs = batch.column(1).to_pylist() if len(columns) > 1 else [None] * len(texts)
+                yield from zip((None if d is None else str(d) for d in docs), texts, strict=True)
 
     def rows_partition(self, split: str, part: int, num_parts: int) -> Iterator[str]:
         for row_split, row in self.split_rows(part, num_parts):
@@ -169,10 +194,8 @@ class LocalFilesCorpus(Corpus):
                 yield row
 
     def split_rows(self, part: int = 0, num_parts: int = 1) -> Iterator[tuple[str, str]]:
-        for row in self._all_rows(part, num_parts):
-            row = (row or "").strip()
-            if row:
-                yield split_of(row, self.cfg.validation_fraction, self.cfg.test_fraction), row
+        for key, row in self._all_rows(part, num_parts):
+            yield split_of(key, self.cfg.validation_fraction, self.cfg.test_fraction), row
 
 
 def _parquet(f: BinaryIO):

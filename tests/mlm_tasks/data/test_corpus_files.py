@@ -221,3 +221,65 @@ def test_a_gs_pattern_that_matches_nothing_is_named(gcs_root):
     pattern = f"{gcs_root}/nothing/*.txt"
     with pytest.raises(ConfigError, match=re.escape(f"corpus.local_paths entry '{pattern}' matches no file")):
         open_corpus(_cfg(pattern))
+
+
+def _split_of_every_row(cfg: CorpusConfig, num_parts: int = 3) -> dict[str, set[str]]:
+    corpus = open_corpus(cfg)
+    found: dict[str, set[str]] = {}
+    for part in range(num_parts):
+        for split, row in corpus.split_rows(part, num_parts):
+            found.setdefault(row, set()).add(split)
+    return found
+
+
+def test_split_by_document_keeps_a_documents_rows_in_one_split(tmp_path):
+    """40 documents of 10 paragraphs each, in .jsonl and .parquet: by row they scatter over the splits, by
+    document each document's rows share one split, and the documents still spread over all three."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    rng = random.Random(1)
+    records = [
+        {"doc": f"d{d}", "text": f"paragraph {i} of document {d} {rng.random()}"} for d in range(40) for i in range(10)
+    ]
+    (tmp_path / "a.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records[:200]))
+    pq.write_table(pa.Table.from_pylist(records[200:]), tmp_path / "b.parquet", row_group_size=37)
+    paths = [str(tmp_path / "a.jsonl"), str(tmp_path / "b.parquet")]
+    common = {"source": "local_files", "local_paths": paths, "validation_fraction": 0.3, "test_fraction": 0.3}
+
+    def doc_splits(found):
+        by_doc: dict[str, set[str]] = {}
+        for r in records:
+            by_doc.setdefault(r["doc"], set()).update(found[r["text"]])
+        return by_doc
+
+    by_row = doc_splits(_split_of_every_row(CorpusConfig(**common)))
+    assert sum(len(s) > 1 for s in by_row.values()) > 20  # rows of a document land in several splits
+    by_doc = doc_splits(_split_of_every_row(CorpusConfig(**common, split_by="document", document_column="doc")))
+    assert all(len(s) == 1 for s in by_doc.values())
+    assert set().union(*by_doc.values()) == set(SPLITS)
+
+
+def test_split_by_file_keeps_a_files_rows_in_one_split(tmp_path):
+    for f in range(12):
+        (tmp_path / f"f{f}.txt").write_text("".join(f"line {i} of file {f}\n" for i in range(20)))
+    cfg = CorpusConfig(
+        source="local_files", local_paths=[str(tmp_path / "*.txt")], split_by="file", validation_fraction=0.3
+    )
+    found = _split_of_every_row(cfg)
+    for f in range(12):
+        assert len(set().union(*(found[f"line {i} of file {f}"] for i in range(20)))) == 1
+
+
+def test_bad_split_settings_say_what_to_set(tmp_path):
+    from mlm_tasks.config import build_config
+
+    (tmp_path / "a.txt").write_text("one row\n")
+    local = {"source": "local_files", "local_paths": [str(tmp_path / "a.txt")]}
+    with pytest.raises(ConfigError, match="needs corpus.document_column"):
+        build_config({"corpus": {**local, "split_by": "document"}})
+    with pytest.raises(ConfigError, match="is for source=local_files"):
+        build_config({"corpus": {"split_by": "file"}})
+    cfg = build_config({"corpus": {**local, "split_by": "document", "document_column": "doc"}})
+    with pytest.raises(ConfigError, match="plain text"):
+        open_corpus(cfg.corpus)
