@@ -1,6 +1,6 @@
 """Benchmark: a corpus of 0.128 and 1.024 GB read from gs:// (the GCS emulator) through every shard-set step.
 
-    .venv/bin/python bench/bench_corpus_scale.py [--sizes 0.128 1.024] [--workers 2] [--previous 51791e5]
+    .venv/bin/python bench/bench_corpus_scale.py [--sizes 0.128 1.024] [--workers 2] [--previous 51791e5] [--dag]
 
 The corpus (made once, cached under ~/.cache/mlm-pretrain/scale-corpus/): 64 MB .txt files of rows made
 from the embedded Wikipedia sample's paragraphs (sentences reshuffled, one word in ten replaced, a number
@@ -12,6 +12,8 @@ Each step runs as the Airflow task runs it (`python -m mlm_tasks <step>`, a fres
 ones `--workers` at a time (two Celery worker slots on this 2-core machine), with the default filters and
 exact dedup, `shards.partition_mb` 64 (so both sizes cut 64 MB partitions) and `tokenizer.sample_mb` 32
 (both sizes fill it). Per step: wall seconds and the largest peak RSS of its tasks (`/usr/bin/time`).
+--dag: then mlm_dataset_refresh itself on the largest size (`airflow dags test`, SQLite): the real task
+group, wall seconds and the peak RSS of its largest process.
 --previous COMMIT: the writer before the dedup stages (`build_shard_set` of that commit: tokenizer on the
 whole train split, every row written), on local copies of the same files (it reads local files only).
 """
@@ -144,6 +146,47 @@ def run_previous(commit: str, files: list[Path], out: Path, env: dict[str, str],
     return seconds, rss
 
 
+def run_dag(pattern: str, work: Path, env: dict[str, str], log: Path) -> tuple[float, int, str]:
+    """mlm_dataset_refresh, for real (`airflow dags test`, SQLite, every task in turn): (seconds, peak RSS
+    MB of its largest process, the manifest's data card as a line)."""
+    home = work / "airflow"
+    airflow = str(Path(sys.executable).parent / "airflow")
+    env = {
+        **env,
+        "AIRFLOW_HOME": str(home),
+        "AIRFLOW__CORE__DAGS_FOLDER": str(REPO / "dags"),
+        "AIRFLOW__CORE__PLUGINS_FOLDER": str(REPO / "plugins"),
+        "AIRFLOW__CORE__LOAD_EXAMPLES": "False",
+        "AIRFLOW__CORE__DAGS_ARE_PAUSED_AT_CREATION": "True",
+        "PYTHONPATH": os.pathsep.join([str(REPO), str(REPO / "plugins")]),
+    }
+    subprocess.run([airflow, "db", "migrate"], env=env, check=True, capture_output=True)
+    out = work / "dag-out"
+    conf = {
+        "config_file": str(REPO / "configs" / "default.yaml"),
+        "output_root": str(out),
+        "overrides": {
+            "corpus.source": "local_files",
+            "corpus.local_paths": [pattern],
+            "shards.partition_mb": 64,
+            "tokenizer.sample_mb": 32,
+        },
+    }
+    seconds, rss, _ = timed([airflow, "dags", "test", "mlm_dataset_refresh", "--conf", json.dumps(conf)], env, log)
+    manifests = list(out.glob("datasets/*/shards/manifest.json"))
+    if not manifests:
+        raise RuntimeError(f"mlm_dataset_refresh published no shard set; see {log}")
+    manifest = json.loads(manifests[0].read_text())
+    card = manifest["data_card"]
+    line = (
+        f"{manifest['partitions']} partitions, rows read {sum(card['rows_read'].values()):,}, dropped by filters "
+        f"{card['dropped_by_filters']:,}, exact duplicates removed "
+        f"{sum(card['duplicates_removed']['exact'].values()):,}, "
+        f"train records {manifest['splits']['train']['records']:,}"
+    )
+    return seconds, rss, line
+
+
 def main() -> None:
     from peers.gcs import start_emulator, stop
 
@@ -151,6 +194,7 @@ def main() -> None:
     p.add_argument("--sizes", type=float, nargs="+", default=[0.128, 1.024], help="GB (multiples of 0.064)")
     p.add_argument("--workers", type=int, default=2)
     p.add_argument("--previous", default="", help="also time the writer of this commit (e.g. 51791e5)")
+    p.add_argument("--dag", action="store_true", help="also run mlm_dataset_refresh for real on the largest size")
     args = p.parse_args()
     counts = [round(gb * 1024 / FILE_MB) for gb in args.sizes]
     files = make_corpus(max(counts))
@@ -179,6 +223,13 @@ def main() -> None:
             rows.append((gb, size_mb, result, previous))
             shutil.rmtree(work / prefix, ignore_errors=True)
         report(rows, args.workers, args.previous)
+        if args.dag:
+            prefix = f"s{counts[-1]:03d}"
+            seconds, rss, line = run_dag(f"gs://{emu.bucket}/{prefix}/*.txt", work, env, log)
+            print(
+                f"mlm_dataset_refresh (airflow dags test, one task at a time), {args.sizes[-1]:g} GB from gs://: "
+                f"{seconds:,.0f} s, peak RSS of its largest process {rss} MB; {line}"
+            )
     finally:
         stop(proc)
     print(f"logs: {log}")
