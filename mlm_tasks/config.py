@@ -17,7 +17,7 @@ import re
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from mlm_tasks.errors import ConfigError
 from mlm_tasks.paths import check_safe_uri
@@ -147,12 +147,66 @@ class FilterConfig(_Section):
         return self
 
 
+TextSource = Literal["embedded_wiki", "hf_dataset", "local_files", "wiki_dump"]
+MIXTURE_MAX_WEIGHT = 100.0
+
+
+class MixtureSource(_Section):
+    """One source of a mixture (corpus.mixture): a text source, its settings, and its weight in training."""
+
+    name: str = Field(
+        pattern=r"^[a-z0-9][a-z0-9_-]{0,31}$",
+        description="Short name, unique in the mixture ([a-z0-9_-]): it names the source's shards "
+        "(train-<name>-p00000of00001-00000-2048.tfrecord) and its counts in the manifest.",
+    )
+    weight: float = Field(
+        1.0,
+        gt=0,
+        le=MIXTURE_MAX_WEIGHT,
+        description="Relative share of the train examples drawn from this source (normalized over the mixture): "
+        "above its natural share up-samples it (its records repeat), below down-samples it. Applied when "
+        "training, so changing only the weights reuses the shard set.",
+    )
+    source: TextSource = Field(
+        "local_files", description="Where this source's text comes from (as corpus.source; text sources only)."
+    )
+    hf_path: str = Field("Salesforce/wikitext", description="`datasets` path (source=hf_dataset).")
+    hf_name: str | None = Field("wikitext-103-raw-v1", description="`datasets` config name.")
+    hf_revision: str | None = Field(None, description="Dataset revision (commit/tag); pins the data.")
+    text_column: str = Field("text", description="Column holding the text in datasets/jsonl/parquet.")
+    local_paths: list[str] = Field(
+        default_factory=list,
+        description="Files or globs (source=local_files): .txt (one row per line), .jsonl, .parquet.",
+    )
+    dump_path: str | None = Field(None, description="Path of an enwiki pages-articles*.xml.bz2 dump (wiki_dump).")
+    max_articles: int | None = Field(None, ge=1, le=10**9, description="Read at most this many articles (dumps).")
+
+    @field_validator("source", mode="before")
+    @classmethod
+    def _text_source(cls, value: Any) -> Any:
+        why = {
+            "tfrecord_shards": "shards brought as they are hold token ids of their own tokenizer",
+            "mixture": "a mixture holds no mixture: list those sources in this one",
+        }
+        if value in why:
+            raise ConfigError(
+                f"corpus.mixture source {value!r} cannot be mixed ({why[value]}): use a text source "
+                "(embedded_wiki, hf_dataset, local_files, wiki_dump)."
+            )
+        return value
+
+
+# Top-level source settings a mixture does not read (each source has its own): setting one is a mistake.
+_SINGLE_SOURCE_SETTINGS = ("local_paths", "dump_path", "max_articles", "hf_revision", "shards_uri", "tokenizer_uri")
+
+
 class CorpusConfig(_Section):
-    source: Literal["embedded_wiki", "hf_dataset", "local_files", "wiki_dump", "tfrecord_shards"] = Field(
+    source: Literal["embedded_wiki", "hf_dataset", "local_files", "wiki_dump", "tfrecord_shards", "mixture"] = Field(
         "embedded_wiki",
         description="Where the text comes from: the Wikipedia sample shipped in the "
         "gensim wheel, a `datasets` dataset, local text/jsonl/parquet files, or an enwiki XML dump; or "
-        "tfrecord_shards: shards already tokenized elsewhere (bring your own, see shards_uri).",
+        "tfrecord_shards: shards already tokenized elsewhere (bring your own, see shards_uri); or mixture: "
+        "the sources of corpus.mixture, each with its weight.",
     )
     hf_path: str = Field("Salesforce/wikitext", description="`datasets` path (source=hf_dataset).")
     hf_name: str | None = Field("wikitext-103-raw-v1", description="`datasets` config name.")
@@ -197,6 +251,51 @@ class CorpusConfig(_Section):
         default_factory=FilterConfig,
         description="Which rows to drop before tokenizing (rule filters, language ID).",
     )
+    mixture: list[MixtureSource] = Field(
+        default_factory=list,
+        max_length=32,
+        description="source=mixture: several text sources in one shard set, each with a name and a weight "
+        "(YAML or the run's overrides, not a form field). Splits, filters and dedup stay corpus-wide (a row "
+        "in two sources is kept once). Training draws each train example from a source chosen by weight; "
+        "an epoch stays the mixture's total train records (weights change the composition, not the length).",
+    )
+
+    @model_validator(mode="after")
+    def _mixture(self) -> CorpusConfig:
+        names = [s.name for s in self.mixture]
+        if self.mixture and self.source != "mixture":
+            raise ConfigError(
+                f"corpus.mixture names sources {names} but corpus.source is {self.source!r}: set "
+                "corpus.source: mixture (the form's Corpus source too), or remove corpus.mixture."
+            )
+        if self.source == "mixture" and not self.mixture:
+            raise ConfigError(
+                "corpus.source=mixture needs corpus.mixture: a list of sources, each with name, weight, source "
+                "and its settings, e.g. [{name: wiki, source: embedded_wiki, weight: 1}] (docs/data.md#mixtures)."
+            )
+        repeated = sorted({n for n in names if names.count(n) > 1})
+        if repeated:
+            raise ConfigError(f"corpus.mixture repeats the name(s) {repeated}: give each source its own name.")
+        if self.source == "mixture":
+            stray = [k for k in _SINGLE_SOURCE_SETTINGS if getattr(self, k)]
+            if stray:
+                raise ConfigError(
+                    f"corpus.source=mixture reads each source's own settings, not corpus.{', corpus.'.join(stray)}: "
+                    "move them into the corpus.mixture entry they belong to."
+                )
+        return self
+
+    def for_source(self, part: MixtureSource) -> CorpusConfig:
+        """The single-source config of one mixture source: its own settings, the corpus-wide splits and filters."""
+        own = part.model_dump(exclude={"name", "weight"})
+        return CorpusConfig.model_validate(
+            {
+                **own,
+                "validation_fraction": self.validation_fraction,
+                "test_fraction": self.test_fraction,
+                "filters": self.filters.model_dump(),
+            }
+        )
 
     @model_validator(mode="after")
     def _split_key(self) -> CorpusConfig:
@@ -340,7 +439,13 @@ class TrainConfig(_Section):
         "planned from the run's own measured step time and re-planned as it trains (the schedule follows), and "
         "the run stops at a step boundary with its checkpoint; train.steps, when set, caps it.",
     )
-    epochs: float = Field(1.0, gt=0, le=10_000, description="Passes over the train split when `steps` is empty.")
+    epochs: float = Field(
+        1.0,
+        gt=0,
+        le=10_000,
+        description="Passes over the train split when `steps` is empty (a mixture: its total train records, "
+        "drawn by weight).",
+    )
     batch_size: int = Field(32, ge=1, le=65_536, description="Examples per replica per step (global = × replicas).")
     learning_rate: float = Field(1e-3, gt=0, lt=1, description="Peak AdamW learning rate.")
     warmup_fraction: float = Field(0.06, ge=0, lt=1, description="Share of steps of linear warmup.")
@@ -1031,9 +1136,14 @@ class PipelineConfig(_Section):
             for i, t in enumerate(self.downstream.tasks)
             for key in ("train_file", "validation_file", "hf_path", "hf_revision")
         ]
-        return [(k, v, False) for k, v in named if v is not None] + [
-            (f"corpus.local_paths[{i}]", v, True) for i, v in enumerate(c.local_paths)
+        for i, s in enumerate(c.mixture):
+            named += [(f"corpus.mixture[{i}].hf_path", s.hf_path), (f"corpus.mixture[{i}].dump_path", s.dump_path)]
+        globs = [(f"corpus.local_paths[{i}]", v) for i, v in enumerate(c.local_paths)] + [
+            (f"corpus.mixture[{i}].local_paths[{j}]", v)
+            for i, s in enumerate(c.mixture)
+            for j, v in enumerate(s.local_paths)
         ]
+        return [(k, v, False) for k, v in named if v is not None] + [(k, v, True) for k, v in globs]
 
     def _tpu_checks(self) -> None:
         """What a TPU VM run needs to be true before the VM exists (no I/O)."""
