@@ -2,6 +2,7 @@
 
     class MySource(Corpus): ...    # fingerprint() and rows_partition(split, part, num_parts)
                                    # size_bytes(), partition_units(): plan_shards sizes the fan-out by them
+    for source, split, row in corpus.source_rows(part, num_parts): ...   # split_rows' stream, by source
 
 Also what the text sources share: the deterministic split of a row or title, and the error for a
 corpus without text. The sources are the other modules of this package; `open_corpus` in its __init__ picks one.
@@ -48,6 +49,16 @@ class Corpus:
         for split in SPLITS:
             for row in self.rows_partition(split, part, num_parts):
                 yield split, row
+
+    def source_rows(self, part: int = 0, num_parts: int = 1) -> Iterator[tuple[str, str, str]]:
+        """(source, split, row): split_rows' stream, each row with the name of the mixture source it comes
+        from ("" for a single source; mixture.MixtureCorpus names its sources)."""
+        for split, row in self.split_rows(part, num_parts):
+            yield "", split, row
+
+    def source_names(self) -> list[str]:
+        """The sources source_rows names, in stream order: [""] for a single source."""
+        return [""]
 
 
 def split_of(key: str, validation_fraction: float, test_fraction: float) -> str:

@@ -3,6 +3,7 @@
     stats = cluster_duplicates(cfg, paths, num_parts)   # dedup/clusters/pPPPPP-of-NNNNN.npy, clusters.json last
     removed = removed_rows(paths, part, num_parts)       # a bool per row of the partition's stream
     for split, row in kept_rows(corpus, paths, part, num_parts): ...   # what the shard writer reads
+    for source, split, row in kept_source_rows(corpus, paths, part, num_parts): ...   # by mixture source
 
 A partition's mask also carries the rows its scan's filters dropped, so the writer reads one mask.
 Exact pairs all point at their group's smallest id already; only near pairs need the union-find, so only
@@ -149,13 +150,20 @@ def removed_rows(paths: DataPaths, part: int, num_parts: int) -> np.ndarray:
 
 def kept_rows(corpus, paths: DataPaths, part: int, num_parts: int) -> Iterator[tuple[str, str]]:
     """(split, row) of the partition's rows that the filters and the dedup kept, in stream order."""
+    for _, split, row in kept_source_rows(corpus, paths, part, num_parts):
+        yield split, row
+
+
+def kept_source_rows(corpus, paths: DataPaths, part: int, num_parts: int) -> Iterator[tuple[str, str, str]]:
+    """(source, split, row) of the kept rows: the same stream, each row with its mixture source's name
+    ("" for a single source; mlm_tasks/data/corpus/mixture.py)."""
     removed = removed_rows(paths, part, num_parts)
     index = -1
-    for index, (split, row) in enumerate(corpus.split_rows(part, num_parts)):
+    for index, (source, split, row) in enumerate(corpus.source_rows(part, num_parts)):
         if index >= len(removed):
             break
         if not removed[index]:
-            yield split, row
+            yield source, split, row
     if index + 1 != len(removed):
         raise ConfigError(
             f"Partition {part} of {num_parts} has {'more' if index + 1 > len(removed) else 'fewer'} rows now than "
