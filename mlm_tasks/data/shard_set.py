@@ -108,6 +108,19 @@ class ShardSet:
     def records(self, split: str) -> int:
         return int(self.entry(split)["records"])
 
+    def sources(self, split: str) -> dict[str, dict]:
+        """A mixture's per-source counts of `split` by name (records, tokens, rows, characters, shards);
+        {} for a single source."""
+        return self.entry(split).get("sources", {})
+
+    def source_shard_uris(self, split: str) -> dict[str, list[str]]:
+        """A mixture's shards of `split` by source, in manifest order ({} for a single source)."""
+        found: dict[str, list[str]] = {name: [] for name in self.sources(split)}
+        for shard, uri in zip(self.shards(split), self.shard_uris(split), strict=True):
+            if "source" in shard:
+                found.setdefault(shard["source"], []).append(uri)
+        return found
+
     def tokens(self, split: str) -> int:
         return int(self.entry(split)["tokens"])
 
@@ -154,6 +167,8 @@ def manifest_extra(cfg: PipelineConfig, corpus, corpus_fingerprint: str, paths: 
         "corpus_source": cfg.corpus.source,
         "corpus_fingerprint": corpus_fingerprint,
         "credit": corpus.credit,
+        # A mixture's sources: name, kind, credit (their counts are in each split's `sources`).
+        **({"mixture": corpus.manifest_sources()} if hasattr(corpus, "manifest_sources") else {}),
         "special_ids": {
             "pad": tokenizer.pad_token_id,
             "mask": tokenizer.mask_token_id,
@@ -194,8 +209,11 @@ def data_fingerprint(cfg: PipelineConfig, corpus=None, corpus_fingerprint: str |
     return hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16]
 
 
-def data_summary(shard_set: ShardSet, cache_hit: bool, written_here: bool = False) -> DataSummary:
-    """The summary of a complete shard set."""
+def data_summary(
+    shard_set: ShardSet, cache_hit: bool, written_here: bool = False, weights: dict[str, float] | None = None
+) -> DataSummary:
+    """The summary of a complete shard set; `weights` (a mixture's, by source name: config_weights) are
+    the run's, shown beside each source's counts."""
     paths, manifest, splits = shard_set.paths, shard_set.data, shard_set.data["splits"]
     return {
         "fingerprint": paths.fingerprint,
@@ -218,8 +236,46 @@ def data_summary(shard_set: ShardSet, cache_hit: bool, written_here: bool = Fals
             "source": manifest["corpus_source"],
             "credit": manifest.get("credit", ""),
             "data_card": manifest.get("data_card"),  # what the filters and the dedup removed, the tokenizer's sample
+            "sources": source_summary(shard_set, weights or {}),
         },
     }
+
+
+def source_summary(shard_set: ShardSet, weights: dict[str, float]) -> dict[str, dict]:
+    """A mixture's sources by name: kind, credit, the run's weight (None when not known) and counts per
+    split; {} for a single source."""
+    about = {m["name"]: m for m in shard_set.data.get("mixture", [])}
+    names = list(shard_set.sources("train"))
+    out: dict[str, dict] = {}
+    for name in names:
+        counts = {s: shard_set.sources(s).get(name, {}) for s in shard_set.splits}
+        out[name] = {
+            "kind": about.get(name, {}).get("source"),
+            "credit": about.get(name, {}).get("credit", ""),
+            "weight": weights.get(name),
+            **{k: {s: c.get(k, 0) for s, c in counts.items()} for k in ("records", "tokens", "rows", "characters")},
+        }
+    return out
+
+
+def config_weights(cfg: PipelineConfig) -> dict[str, float]:
+    """The mixture's weights by source name ({} for a single source)."""
+    return {s.name: s.weight for s in cfg.corpus.mixture}
+
+
+def source_weights(cfg: PipelineConfig, shard_set: ShardSet) -> dict[str, float] | None:
+    """The weight of each source of the shard set's train split, from the run's corpus.mixture (None: a
+    single source, nothing to weigh). A source on one side only is a ConfigError naming both sides."""
+    written, asked = list(shard_set.sources("train")), config_weights(cfg)
+    if not written and not asked:
+        return None
+    if sorted(written) != sorted(asked):
+        raise ConfigError(
+            f"The shard set {shard_set.paths.shards_dir} holds the sources {written or '(a single source)'} but "
+            f"the run's corpus.mixture names {list(asked) or '(none)'}: weights are matched by name, so give "
+            "corpus.mixture exactly the set's sources (or train on the shard set of this mixture)."
+        )
+    return {name: asked[name] for name in written}
 
 
 def is_complete(cfg: PipelineConfig, fingerprint: str) -> bool:
@@ -236,7 +292,7 @@ def summary_for_fingerprint(cfg: PipelineConfig, fingerprint: str) -> DataSummar
             "was it deleted? Rerun mlm_dataset_refresh or trigger mlm_pretrain manually."
         )
     log.info("Using the shard set with fingerprint %s at %s", fingerprint, paths.shards_dir)
-    return data_summary(ShardSet.load(paths), cache_hit=True)
+    return data_summary(ShardSet.load(paths), cache_hit=True, weights=config_weights(cfg))
 
 
 def ensure_tokenizer(cfg: PipelineConfig, rows, paths: DataPaths) -> None:

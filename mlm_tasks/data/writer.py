@@ -6,7 +6,8 @@
 Why (docs/data.md#how-a-partition-is-written): it streams, so memory stays flat however large the
 corpus; a partition keeps whole chunks and the merge joins the tails, so records = floor(sum of all
 ids / max_length) whatever the partition count; names carry partition and record count
-(`<split>-p00001of00004-00000-2048.tfrecord`), so partitions never collide and Hugging Face's regex
+(`<split>-p00001of00004-00000-2048.tfrecord`; a mixture's sources `<split>-<source>-p00001of00004-…`, each
+chunked apart so training can weight them), so partitions never collide and Hugging Face's regex
 reads the count; a partition stages privately and writes its partial manifest last, the merge writes
 manifest.json then `_SUCCESS`, and two writers of one fingerprint write the same bytes.
 """
@@ -22,7 +23,7 @@ import time
 from collections.abc import Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from itertools import chain
-from typing import Any, BinaryIO
+from typing import Any, BinaryIO, TypeVar
 
 import numpy as np
 
@@ -35,19 +36,21 @@ from mlm_tasks.errors import ConfigError, MissingArtifactError
 from mlm_tasks.paths import SPLITS, DataPaths, join
 
 log = logging.getLogger(__name__)
+K = TypeVar("K")
 
 
 def encoded_batches(
-    split_rows: Iterable[tuple[str, str]], tokenizer, batch_rows: int
-) -> Iterator[tuple[str, list[str], list]]:
+    split_rows: Iterable[tuple[K, str]], tokenizer, batch_rows: int
+) -> Iterator[tuple[K, list[str], list]]:
     """(split, rows, encodings) for batches of `batch_rows` rows of one split each, in row order per split,
-    from one stream of (split, row) pairs: a corpus is read once for all its splits."""
+    from one stream of (split, row) pairs: a corpus is read once for all its splits. The split may be any
+    key: the writer's is (split, mixture source)."""
     backend = tokenizer.backend_tokenizer if hasattr(tokenizer, "backend_tokenizer") else tokenizer
     # encode_batch_fast skips the character offsets nobody here reads: the same ids, ~25% faster.
     encode = getattr(backend, "encode_batch_fast", backend.encode_batch)
 
-    def batches() -> Iterator[tuple[str, list[str]]]:
-        pending: dict[str, list[str]] = {}
+    def batches() -> Iterator[tuple[K, list[str]]]:
+        pending: dict[K, list[str]] = {}
         for split, row in split_rows:
             batch = pending.setdefault(split, [])
             batch.append(row)
@@ -101,8 +104,9 @@ class BlockWriter:
     """Writes [n, max_length] blocks into `out_dir/split/` as shards of `records_per_shard` records named
     shard_name(prefix, i, records); `finish()` lists them with their records, bytes and sha256."""
 
-    def __init__(self, out_dir: str, split: str, prefix: str, cfg: ShardConfig):
+    def __init__(self, out_dir: str, split: str, prefix: str, cfg: ShardConfig, source: str = ""):
         self.dir, self.split, self.prefix, self.cfg = os.path.join(out_dir, split), split, prefix, cfg
+        self.source = source  # a mixture source's name: each shard entry says it
         os.makedirs(self.dir, exist_ok=True)
         self.shards: list[dict] = []
         self.file: BinaryIO | None = None
@@ -115,7 +119,8 @@ class BlockWriter:
         while done < len(encoded):
             if self.file is None:
                 # Held open across write() calls: closed when the shard is full or the split ends.
-                name = os.path.join(self.dir, f"part-{len(self.shards):05d}.tfrecord")
+                # One per writer: the writers of a split's mixture sources share its folder.
+                name = os.path.join(self.dir, f"{self.prefix}.part-{len(self.shards):05d}")
                 self.file, self.count = open(name, "wb"), 0  # noqa: SIM115
             take = min(self.cfg.records_per_shard - self.count, len(encoded) - done)
             self.file.write(frame_records(encoded[done : done + take]))
@@ -142,6 +147,7 @@ class BlockWriter:
                 "records": self.count,
                 "bytes": os.path.getsize(final),
                 "sha256": storage.sha256(final),
+                **({"source": self.source} if self.source else {}),
             }
         )
         self.file = None
@@ -177,9 +183,10 @@ def partition_manifest_uri(paths: DataPaths, part: int, num_parts: int) -> str:
 
 
 def write_partition(cfg: PipelineConfig, paths: DataPaths, part: int, num_parts: int, corpus=None) -> dict:
-    """Write partition `part` of `num_parts` of every split; returns (and stores) its partial manifest."""
+    """Write partition `part` of `num_parts` of every split; returns (and stores) its partial manifest.
+    A mixture's sources are chunked and written apart (shards `<split>-<source>-p…`), each with its tail."""
     from mlm_tasks.data.corpus import open_corpus
-    from mlm_tasks.data.dedup.clusters import kept_rows
+    from mlm_tasks.data.dedup.clusters import kept_source_rows
     from mlm_tasks.data.tokenizer import load_encoder
 
     if not 0 <= part < num_parts:
@@ -191,30 +198,36 @@ def write_partition(cfg: PipelineConfig, paths: DataPaths, part: int, num_parts:
     tokenizer = load_encoder(paths.tokenizer)
     corpus = corpus or open_corpus(cfg.corpus)
     sc = cfg.shards
+    keys = [(split, source) for split in SPLITS for source in corpus.source_names()]
     staging = _staging_dir(paths)
     try:
-        chunkers = {s: Chunker(sc.max_length) for s in SPLITS}
-        writers = {s: BlockWriter(staging, s, f"{s}-p{part:05d}of{num_parts:05d}", sc) for s in SPLITS}
+        chunkers = {k: Chunker(sc.max_length) for k in keys}
+        writers = {k: BlockWriter(staging, k[0], _prefix(*k, f"p{part:05d}of{num_parts:05d}"), sc, k[1]) for k in keys}
         # The rows the filters and the dedup kept (mlm_tasks/data/dedup): the scan marked the others.
-        for split, batch, encodings in encoded_batches(
-            kept_rows(corpus, paths, part, num_parts), tokenizer, sc.tokenize_batch_rows
-        ):
-            writers[split].write(chunkers[split].add(batch, encodings))
-        partial: dict[str, Any] = {"part": part, "num_parts": num_parts, "splits": {}}
-        articles = getattr(corpus, "articles_seen", {})
-        for split in SPLITS:
-            shards, chunker = writers[split].finish(), chunkers[split]
+        stream = (((split, source), row) for source, split, row in kept_source_rows(corpus, paths, part, num_parts))
+        for key, batch, encodings in encoded_batches(stream, tokenizer, sc.tokenize_batch_rows):
+            writers[key].write(chunkers[key].add(batch, encodings))
+        entries = {}
+        for split, source in keys:
+            shards, chunker = writers[(split, source)].finish(), chunkers[(split, source)]
             records = sum(s["records"] for s in shards)
-            partial["splits"][split] = {
+            entries[(split, source)] = {
                 "records": records,
                 "tokens": records * sc.max_length,
                 "rows": chunker.rows,
                 "characters": chunker.characters,
                 "shards": shards,
                 "tail": chunker.tail.tolist(),
-                "articles": articles.get(split),
+                "articles": _articles(corpus, source, split),
             }
-        _move_into_set(staging, paths, [s for e in partial["splits"].values() for s in e["shards"]])
+        partial: dict[str, Any] = {"part": part, "num_parts": num_parts, "splits": {}}
+        for split in SPLITS:
+            if corpus.source_names() == [""]:
+                partial["splits"][split] = entries[(split, "")]
+            else:
+                by_source = {source: entries[(s, source)] for s, source in keys if s == split}
+                partial["splits"][split] = {**_total(by_source.values()), "sources": by_source}
+        _move_into_set(staging, paths, [s for e in entries.values() for s in e["shards"]])
     finally:
         shutil.rmtree(staging, ignore_errors=True)
     storage.write_json(marker, partial)  # last: marks this partition done
@@ -222,7 +235,8 @@ def write_partition(cfg: PipelineConfig, paths: DataPaths, part: int, num_parts:
 
 
 def merge_partitions(cfg: PipelineConfig, paths: DataPaths, num_parts: int, extra: dict) -> ShardSet:
-    """Join the partitions' tails into a last shard per split, then publish manifest.json and _SUCCESS."""
+    """Join the partitions' tails into a last shard per split (per split and source in a mixture), then
+    publish manifest.json and _SUCCESS."""
     if storage.exists(paths.success):
         return ShardSet.load(paths)
     partials = []
@@ -239,29 +253,73 @@ def merge_partitions(cfg: PipelineConfig, paths: DataPaths, num_parts: int, extr
     try:
         for split in SPLITS:
             entries = [p["splits"][split] for p in partials]
-            tail = np.asarray([i for e in entries for i in e["tail"]], dtype=np.int32)
-            usable = len(tail) // sc.max_length * sc.max_length
-            writer = BlockWriter(staging, split, f"{split}-tail", sc)
-            writer.write(tail[:usable].reshape(-1, sc.max_length))
-            last = writer.finish()
-            _move_into_set(staging, paths, last)
-            shards = [s for e in entries for s in e["shards"]] + last
-            records = sum(s["records"] for s in shards)
-            entry = {
-                "records": records,
-                "tokens": records * sc.max_length,
-                "rows": sum(e["rows"] for e in entries),
-                "characters": sum(e["characters"] for e in entries),
-                "shards": shards,
-            }
-            if all(e.get("articles") is not None for e in entries):
-                entry["articles"] = sum(e["articles"] for e in entries)
+            if "sources" not in entries[0]:
+                entry = _merge_tails(sc, paths, staging, split, "", entries)
+            else:
+                by_source = {
+                    name: _merge_tails(sc, paths, staging, split, name, [e["sources"][name] for e in entries])
+                    for name in entries[0]["sources"]
+                }
+                entry = {**_total(by_source.values()), "sources": {}}
+                for name, e in by_source.items():
+                    entry["sources"][name] = {**e, "shards": len(e["shards"])}  # the shards are in the split's list
+                    if split == "train" and e["records"] == 0:
+                        raise ConfigError(
+                            f"Mixture source {name!r} has no whole train chunk ({e['rows']} rows, {e['characters']} "
+                            f"characters after filters and dedup, {sc.max_length} tokens a chunk): training could "
+                            "draw nothing from it. Add text to it, lower max_length, or remove it from corpus.mixture."
+                        )
             check_split_written(split, entry, sc.max_length)
             splits[split] = entry
     finally:
         shutil.rmtree(staging, ignore_errors=True)
     manifest = build_manifest(paths, sc.max_length, sc.records_per_shard, splits, extra)
     return publish_manifest(paths, manifest)
+
+
+def _prefix(split: str, source: str, suffix: str) -> str:
+    """`<split>-<suffix>`, or `<split>-<source>-<suffix>` for a mixture source: the suffix (p00001of00004,
+    tail) has no `-`, so distinct sources never give one name, and no prefix ends in `-<digits>`."""
+    return f"{split}-{source}-{suffix}" if source else f"{split}-{suffix}"
+
+
+def _merge_tails(sc: ShardConfig, paths: DataPaths, staging: str, split: str, source: str, entries: list) -> dict:
+    """One split's (one source's) partial entries as one: their shards, and the whole chunks of their joined
+    tails written as one more shard."""
+    tail = np.asarray([i for e in entries for i in e["tail"]], dtype=np.int32)
+    usable = len(tail) // sc.max_length * sc.max_length
+    writer = BlockWriter(staging, split, _prefix(split, source, "tail"), sc, source)
+    writer.write(tail[:usable].reshape(-1, sc.max_length))
+    last = writer.finish()
+    _move_into_set(staging, paths, last)
+    shards = [s for e in entries for s in e["shards"]] + last
+    records = sum(s["records"] for s in shards)
+    entry = {
+        "records": records,
+        "tokens": records * sc.max_length,
+        "rows": sum(e["rows"] for e in entries),
+        "characters": sum(e["characters"] for e in entries),
+        "shards": shards,
+    }
+    if all(e.get("articles") is not None for e in entries):
+        entry["articles"] = sum(e["articles"] for e in entries)
+    return entry
+
+
+def _articles(corpus, source: str, split: str) -> int | None:
+    """The articles of `split` the last read saw (dump sources; None for others), of one mixture source when named."""
+    read = corpus.sources[source] if source else corpus
+    return getattr(read, "articles_seen", {}).get(split)
+
+
+def _total(entries: Iterable[dict]) -> dict:
+    """The sum of a split's per-source entries (a mixture): counts, every shard, articles when all have them."""
+    entries = list(entries)
+    total: dict[str, Any] = {k: sum(e[k] for e in entries) for k in ("records", "tokens", "rows", "characters")}
+    total["shards"] = [s for e in entries for s in e["shards"]]
+    if entries and all(e.get("articles") is not None for e in entries):
+        total["articles"] = sum(e["articles"] for e in entries)
+    return total
 
 
 def _staging_dir(paths: DataPaths) -> str:

@@ -15,7 +15,7 @@ import logging
 from mlm_tasks import storage
 from mlm_tasks.config import PipelineConfig
 from mlm_tasks.data.corpus import open_corpus
-from mlm_tasks.data.shard_set import ShardSet, data_summary, manifest_extra
+from mlm_tasks.data.shard_set import ShardSet, config_weights, data_summary, manifest_extra
 from mlm_tasks.paths import RunContext
 from mlm_tasks.results import DataSummary, ShardPlan
 
@@ -47,7 +47,8 @@ def merge_shards(cfg: PipelineConfig, ctx: RunContext, *, plan: ShardPlan | None
 
     paths = ctx.data
     if storage.exists(paths.success):
-        return data_summary(ShardSet.load(paths), cache_hit=plan["cache_hit"] if plan else False)
+        cache_hit = plan["cache_hit"] if plan else False
+        return data_summary(ShardSet.load(paths), cache_hit=cache_hit, weights=config_weights(cfg))
     if plan is not None and not plan["partitions"]:
         raise FileNotFoundError(
             f"The shard set {paths.shards_dir} was complete when plan_shards ran, but its "
@@ -68,4 +69,4 @@ def merge_shards(cfg: PipelineConfig, ctx: RunContext, *, plan: ShardPlan | None
         paths.shards_dir,
         ", ".join(f"{s} {shard_set.records(s)} records" for s in shard_set.splits),
     )
-    return data_summary(shard_set, cache_hit=False, written_here=True)
+    return data_summary(shard_set, cache_hit=False, written_here=True, weights=config_weights(cfg))
