@@ -3,6 +3,7 @@
     ds = mlm_dataset(shard_set, "train", tokenizer, global_batch, mlm_probability=cfg.train.mlm_probability,
                      seed=cfg.train.seed, input_context=input_context)   # training=False: one ordered pass
     # whole_word_mask=True, max_predictions=32: whole words instead of single tokens (data/word_mask.py)
+    # weights={"web": 3, "wiki": 1}: a mixture's train examples drawn by source (shard_set.source_weights)
 
 Why it looks so: masking is transformers' TF-native collator applied to whole batches inside the graph,
 so the pipeline never drops to Python per example; reads go through TensorFlow's own GCS filesystem, so
@@ -105,6 +106,7 @@ def mlm_dataset(
     skip_batches: int = 0,
     take_batches: int | None = None,
     input_context=None,
+    weights: dict[str, float] | None = None,
 ):
     """Batches of {"input_ids", "attention_mask", "labels"} (labels = -100 where nothing is masked).
 
@@ -119,30 +121,26 @@ def mlm_dataset(
     `input_context` (a tf.distribute.InputContext; training only): `batch_size` is then the global
     batch, this pipeline's share of each step is split into per-replica batches, and skip/take still
     count steps.
+
+    `weights` (a mixture's, by source name: shard_set.source_weights; training only): each train example
+    is drawn from a source chosen by weight, each source repeated, so up-sampling repeats a small source.
     """
     import tensorflow as tf
 
     max_length = shard_set.max_length
-    files = shard_set.shard_uris(split)
     pipelines, pipeline_id, per_replica = _pipeline_share(batch_size, input_context)
-    policy, why = shard_policy(len(files), pipelines)
-    log.info("Input pipeline %d of %d shards %s by %s: %s", pipeline_id + 1, pipelines, split, policy.upper(), why)
     step_batch = batch_size // pipelines  # this pipeline's examples per step
-    if policy == "file":
-        files = files[pipeline_id::pipelines]  # disjoint, and together every file
+    by_source = shard_set.source_shard_uris(split) if training and weights else {}
+    if by_source:
+        policy, ds = "file", _weighted_records(by_source, weights or {}, pipelines, pipeline_id, seed, shuffle_buffer)
+    else:
+        files = shard_set.shard_uris(split)
+        policy, why = shard_policy(len(files), pipelines)
+        log.info("Input pipeline %d of %d shards %s by %s: %s", pipeline_id + 1, pipelines, split, policy.upper(), why)
+        if policy == "file":
+            files = files[pipeline_id::pipelines]  # disjoint, and together every file
+        ds = _records(files, training, seed, shuffle_buffer)
     mask = make_masker(tokenizer, mlm_probability, whole_word_mask, max_predictions)
-
-    ds = tf.data.Dataset.from_tensor_slices(files)
-    if training:
-        ds = ds.shuffle(len(files), seed=seed, reshuffle_each_iteration=True)
-    ds = ds.interleave(
-        tf.data.TFRecordDataset,
-        cycle_length=min(4, len(files)),
-        num_parallel_calls=tf.data.AUTOTUNE,
-        deterministic=True,
-    )
-    if training:
-        ds = ds.shuffle(shuffle_buffer, seed=seed, reshuffle_each_iteration=True).repeat()
     ds = ds.batch(batch_size if policy == "data" else step_batch, drop_remainder=training).enumerate()
     if skip_batches:
         ds = ds.skip(skip_batches)  # before parsing and masking: cheap; batch indices stay exact
@@ -164,6 +162,53 @@ def mlm_dataset(
     if per_replica != step_batch:  # a host with several replicas: each takes one piece per step
         ds = ds.rebatch(per_replica, drop_remainder=True)
     return _deterministic_and_unsharded(ds.prefetch(tf.data.AUTOTUNE))
+
+
+def _records(files: list[str], training: bool, seed: int, shuffle_buffer: int):
+    """The serialized records of `files`: in order, or shuffled (files, then a buffer) and repeated."""
+    import tensorflow as tf
+
+    ds = tf.data.Dataset.from_tensor_slices(files)
+    if training:
+        ds = ds.shuffle(len(files), seed=seed, reshuffle_each_iteration=True)
+    ds = ds.interleave(
+        tf.data.TFRecordDataset,
+        cycle_length=min(4, len(files)),
+        num_parallel_calls=tf.data.AUTOTUNE,
+        deterministic=True,
+    )
+    if training:
+        ds = ds.shuffle(shuffle_buffer, seed=seed, reshuffle_each_iteration=True).repeat()
+    return ds
+
+
+def _weighted_records(
+    by_source: dict[str, list[str]], weights: dict[str, float], pipelines: int, pipeline_id: int, seed: int, buffer: int
+):
+    """A mixture's train records, each drawn from a source chosen by its normalized weight; every source is
+    shuffled and repeated on its own (a share of the shuffle buffer each, so memory stays a single
+    source's). Each pipeline reads its own files of a source or, when the source has fewer files than
+    pipelines, every file in one seeded order, keeping every pipelines-th record (so disjoint records)."""
+    import tensorflow as tf
+
+    total = sum(weights[name] for name in by_source)
+    streams, shares = [], []
+    for i, (name, files) in enumerate(by_source.items()):
+        own = len(files) >= pipelines
+        ds = _records(files[pipeline_id::pipelines] if own else files, True, seed + i, max(1, buffer // len(by_source)))
+        streams.append(ds if own else ds.shard(pipelines, pipeline_id))
+        shares.append(weights[name] / total)
+        log.info(
+            "Input pipeline %d of %d draws %.1f%% of its train examples from source %s (%s)",
+            pipeline_id + 1,
+            pipelines,
+            100 * shares[-1],
+            name,
+            f"{len(files[pipeline_id::pipelines])} of its {len(files)} files"
+            if own
+            else f"all {len(files)} files, every {pipelines}th record",
+        )
+    return tf.data.Dataset.sample_from_datasets(streams, weights=shares, seed=seed, stop_on_empty_dataset=False)
 
 
 def _pipeline_share(batch_size: int, input_context) -> tuple[int, int, int]:

@@ -4,8 +4,9 @@
 
 It runs after merge_shards and before wait_for_shards and the TPU VM: what only the prepared data can
 tell. validate, which runs before any shard exists, checks the inputs themselves. Here: the shard set
-loads and matches the run (max_length, tokenizer; no shard missing or truncated), the batch fits the
-train records, and the run's earlier checkpoints or model were made with this data.
+loads and matches the run (max_length, tokenizer; no shard missing or truncated; a mixture's weights
+name exactly its sources), the batch fits the train records, and the run's earlier checkpoints or
+model were made with this data.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ from __future__ import annotations
 import logging
 
 from mlm_tasks.config import PipelineConfig
-from mlm_tasks.data.shard_set import load_manifest
+from mlm_tasks.data.shard_set import load_manifest, source_weights
 from mlm_tasks.model.roberta import model_vocab_size
 from mlm_tasks.paths import RunContext
 from mlm_tasks.results import DataSummary, RunCheck
@@ -28,6 +29,9 @@ def check_run(cfg: PipelineConfig, ctx: RunContext, *, data: DataSummary) -> Run
     shard_set = load_manifest(cfg, fingerprint)  # max_length and tokenizer of the shards
     for split in ("train", cfg.eval.split):
         shard_set.verify(split, checksums=False)  # missing or truncated shards; train() checks every sha256
+    weights = source_weights(cfg, shard_set)  # a mixture: the run weighs exactly the set's sources
+    if weights:
+        log.info("Mixture weights: %s", ", ".join(f"{name} {w:g}" for name, w in weights.items()))
     # Per replica: the replica count is known only on the training host, so this is the bound
     # every device count must meet; train() checks the global batch again.
     steps = plan_steps(cfg, shard_set, cfg.train.batch_size)

@@ -35,6 +35,9 @@ def train_input(
     """The masked train batches `skip`..`skip + take`, as a function of the input context: called once per
     input pipeline (host), each reading its own share of the shards."""
     from mlm_tasks.data.input import mlm_dataset
+    from mlm_tasks.data.shard_set import source_weights
+
+    weights = source_weights(cfg, shard_set)  # a mixture's, matched by name to the set's sources
 
     def batches(input_context: Any) -> Any:
         return mlm_dataset(
@@ -50,6 +53,7 @@ def train_input(
             skip_batches=skip,
             take_batches=take,
             input_context=input_context,
+            weights=weights,
         )
 
     return batches
