@@ -58,10 +58,11 @@ DEPLOYMENT_KEYS = (
     "tpu.bootstrap",
     "publish.releases_root",
 )
-# Run settings that name local files or gs:// objects to read: they must lie under input_roots.
+# Run settings that name local files or gs:// objects to read: they must lie under input_roots (and
+# the same settings of each corpus.mixture source).
 INPUT_KEYS = ("corpus.local_paths", "corpus.dump_path", "corpus.shards_uri", "corpus.tokenizer_uri")
 # Run settings that name a Hub repo or a local folder (datasets and transformers load either): a
-# local one must lie under the roots too.
+# local one must lie under the roots too (and each corpus.mixture source's hf_path).
 HUB_OR_PATH_KEYS = ("model.init_from", "corpus.hf_path")
 HUB_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,95}(/[A-Za-z0-9][A-Za-z0-9_.-]{0,95})?$")
 FINGERPRINT = re.compile(r"^[0-9a-f]{16}$")
@@ -231,27 +232,17 @@ class Deployment(BaseModel):
                 "(the published models' baselines): use another folder."
             )
         tree = cfg.model_dump(mode="json")
-        for key in INPUT_KEYS:
-            section, leaf = key.split(".")
-            values = tree[section][leaf]
-            for value in values if isinstance(values, list) else [values]:
-                if value and not any(_under(value, r) for r in [*self.input_roots, *self.output_roots]):
-                    raise ConfigError(
-                        f"{key} {value!r} is outside the folders this deployment lets runs read "
-                        f"({self.input_roots + self.output_roots}): put the data there."
-                    )
-            if key == "corpus.local_paths":  # a pattern reads what it expands to: each of those, links resolved
-                for pattern in values:
-                    for path in _expanded(pattern):
-                        if not any(_under(path, r) for r in [*self.input_roots, *self.output_roots]):
-                            raise ConfigError(
-                                f"{key} {pattern!r} reaches {path!r}, outside the folders this "
-                                f"deployment lets runs read ({self.input_roots + self.output_roots}) "
-                                "(through a link?): put the data there."
-                            )
+        # A mixture's sources read files and Hub datasets as corpus.* does: each is checked the same way.
+        mixture = [(f"corpus.mixture[{i}]", s) for i, s in enumerate(tree["corpus"]["mixture"])]
+        for where, corpus in [("corpus", tree["corpus"]), *mixture]:
+            for leaf in (key.split(".")[1] for key in INPUT_KEYS):
+                if leaf in corpus:  # a mixture source has local_paths and dump_path
+                    self._check_input(f"{where}.{leaf}", corpus[leaf], glob=leaf == "local_paths")
         for key in HUB_OR_PATH_KEYS:
             section, leaf = key.split(".")
             self._check_hub_or_path(key, tree[section][leaf])
+        for i, source in enumerate(cfg.corpus.mixture):
+            self._check_hub_or_path(f"corpus.mixture[{i}].hf_path", source.hf_path)
         for i, task in enumerate(cfg.downstream.tasks):  # downstream task files are read like a corpus
             for key in ("train_file", "validation_file"):
                 value = getattr(task, key)
@@ -273,6 +264,23 @@ class Deployment(BaseModel):
                     f"{key} {repo!r} is not under one of this deployment's Hub namespaces "
                     f"{self.hub_namespaces} (`hub_namespaces` in {self.source})."
                 )
+
+    def _check_input(self, key: str, values: Any, glob: bool) -> None:
+        """A setting that names files to read (INPUT_KEYS): each value under the roots; a pattern (`glob`)
+        reads what it expands to, so each of those too, links resolved."""
+        readable = [*self.input_roots, *self.output_roots]
+        for value in values if isinstance(values, list) else [values]:
+            if value and not any(_under(value, r) for r in readable):
+                raise ConfigError(
+                    f"{key} {value!r} is outside the folders this deployment lets runs read ({readable}): "
+                    "put the data there."
+                )
+            for path in _expanded(value) if glob and value else []:
+                if not any(_under(path, r) for r in readable):
+                    raise ConfigError(
+                        f"{key} {value!r} reaches {path!r}, outside the folders this deployment lets runs "
+                        f"read ({readable}) (through a link?): put the data there."
+                    )
 
     def _check_limits(self, cfg: PipelineConfig) -> None:
         lim, train = self.limits, cfg.train

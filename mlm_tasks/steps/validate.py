@@ -24,6 +24,7 @@ from mlm_tasks.base_model import BaseModelRef, check_base
 from mlm_tasks.config import PipelineConfig
 from mlm_tasks.data.corpus import open_corpus
 from mlm_tasks.data.corpus.base import empty_corpus_error
+from mlm_tasks.data.corpus.mixture import MixtureCorpus
 from mlm_tasks.data.corpus.shards import ShardsCorpus, check_shards
 from mlm_tasks.data.word_mask import check_tokenizer_words
 from mlm_tasks.downstream.tasks import load_task
@@ -96,6 +97,12 @@ def validate(
     corpus = open_corpus(cfg.corpus)  # raises ConfigError for missing paths and bad file types
     if cfg.corpus.source == "local_files":
         check_local_corpus(corpus)
+    for source in cfg.corpus.mixture:  # a mixture's local sources are read the same way, each on its own
+        if source.source == "local_files" and isinstance(corpus, MixtureCorpus):
+            try:
+                check_local_corpus(corpus.sources[source.name])
+            except ConfigError as err:
+                raise ConfigError(f"corpus.mixture source {source.name!r}: {err}") from None
     if isinstance(corpus, ShardsCorpus):  # corpus.source tfrecord_shards
         check_shards(cfg, corpus)  # features, max_length, ids within the tokenizer's vocabulary
     if storage.scheme(cfg.output_root) == "gs":

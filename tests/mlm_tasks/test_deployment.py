@@ -166,6 +166,27 @@ def test_local_inputs_only_from_the_input_roots(deployment, tmp_path):
         deployment.run_config({"output_root": out, "overrides": {"corpus.shards_uri": "gs://other/shards"}})
 
 
+def test_a_mixtures_sources_read_only_from_the_input_roots(deployment, tmp_path):
+    """Each corpus.mixture source names files and datasets as corpus.* does: each is judged the same way."""
+    out, own = str(tmp_path / "out"), str(tmp_path / "corpora" / "*.txt")
+
+    def mixture(**second):
+        source = {"name": "b", "source": "local_files", **second}
+        return {
+            "output_root": out,
+            "corpus_source": "mixture",
+            "overrides": {"corpus.mixture": [{"name": "a", "local_paths": [own]}, source]},
+        }
+
+    assert deployment.run_config(mixture(local_paths=[own])).corpus.mixture[1].local_paths == [own]
+    with pytest.raises(ConfigError, match=r"corpus\.mixture\[1\]\.local_paths '/etc/passwd' is outside the folders"):
+        deployment.run_config(mixture(local_paths=["/etc/passwd"]))
+    with pytest.raises(ConfigError, match=r"corpus\.mixture\[1\]\.dump_path '/tmp/x.bz2' is outside the folders"):
+        deployment.run_config(mixture(source="wiki_dump", dump_path="/tmp/x.bz2"))
+    with pytest.raises(ConfigError, match=r"corpus\.mixture\[1\]\.hf_path '/etc' is a path outside"):
+        deployment.run_config(mixture(source="hf_dataset", hf_path="/etc"))
+
+
 def test_zones_are_the_deployments(deployment):
     base = {"output_root": "gs://team-bucket/mlm", "compute": "tpu_vm"}
     assert deployment.run_config({**base, "tpu_zone": "us-central2-b"}).tpu.zone == "us-central2-b"
