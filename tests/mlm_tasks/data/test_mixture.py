@@ -215,3 +215,23 @@ def test_validate_reads_each_local_source(mixture, tmp_path):
     tree["corpus"]["mixture"][1]["local_paths"] = [str(tmp_path / "blank.txt")]
     with pytest.raises(ConfigError, match=r"corpus\.mixture source 'synth': The corpus is empty"):
         validate(build_config(tree))
+
+
+def test_check_run_and_the_train_step_input_take_the_weights(mixture):
+    from mlm_tasks.data.tokenizer import load_tokenizer
+    from mlm_tasks.paths import RunContext
+    from mlm_tasks.steps.check_run import check_run
+    from mlm_tasks.training.step import train_input
+
+    cfg, data = mixture
+    cfg = cfg.model_copy(update={"train": cfg.train.model_copy(update={"batch_size": 8})})
+    ctx = RunContext.of(cfg, "mixture-run", data["fingerprint"])
+    assert check_run(cfg, ctx, data=data)["train_records"] == data["records"]["train"]  # an epoch: every record
+    shard_set = ShardSet.load(ctx.data)
+    tokenizer = load_tokenizer(shard_set.paths.tokenizer, shard_set.max_length)
+    batches = list(train_input(cfg, shard_set, tokenizer, 8, skip=0, take=3)(None).as_numpy_iterator())
+    assert [b["input_ids"].shape for b in batches] == [(8, 32)] * 3
+    missing = cfg.model_copy(deep=True)
+    missing.corpus.mixture = missing.corpus.mixture[:1]
+    with pytest.raises(ConfigError, match="weights are matched by name"):
+        check_run(missing, ctx, data=data)
