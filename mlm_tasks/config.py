@@ -178,6 +178,12 @@ class MixtureSource(_Section):
         default_factory=list,
         description="Files or globs (source=local_files): .txt (one row per line), .jsonl, .parquet.",
     )
+    split_by: Literal["row", "file", "document"] = Field(
+        "row", description="source=local_files: what its train/validation/test split hashes (as corpus.split_by)."
+    )
+    document_column: str | None = Field(
+        None, description="split_by=document: the .jsonl/.parquet column holding a row's document id."
+    )
     dump_path: str | None = Field(None, description="Path of an enwiki pages-articles*.xml.bz2 dump (wiki_dump).")
     max_articles: int | None = Field(None, ge=1, le=10**9, description="Read at most this many articles (dumps).")
 
@@ -197,7 +203,15 @@ class MixtureSource(_Section):
 
 
 # Top-level source settings a mixture does not read (each source has its own): setting one is a mistake.
-_SINGLE_SOURCE_SETTINGS = ("local_paths", "dump_path", "max_articles", "hf_revision", "shards_uri", "tokenizer_uri")
+_SINGLE_SOURCE_SETTINGS = (
+    "local_paths",
+    "dump_path",
+    "max_articles",
+    "hf_revision",
+    "document_column",
+    "shards_uri",
+    "tokenizer_uri",
+)
 
 
 class CorpusConfig(_Section):
@@ -283,6 +297,12 @@ class CorpusConfig(_Section):
                     f"corpus.source=mixture reads each source's own settings, not corpus.{', corpus.'.join(stray)}: "
                     "move them into the corpus.mixture entry they belong to."
                 )
+            for part in self.mixture:  # each source's own checks (split_by, document_column), naming it
+                try:
+                    self.for_source(part)
+                except ValidationError as err:
+                    why = "; ".join(str(e.get("ctx", {}).get("error", e["msg"])) for e in err.errors())
+                    raise ConfigError(f"corpus.mixture source {part.name!r}: {why}") from None
         return self
 
     def for_source(self, part: MixtureSource) -> CorpusConfig:

@@ -20,8 +20,9 @@ from mlm_tasks.config import CorpusConfig
 from mlm_tasks.data.corpus.base import Corpus
 from mlm_tasks.paths import SPLITS
 
-# The sources that read a column: their own fingerprints leave text_column out, the mixture's does not.
-_COLUMN_SOURCES = ("hf_dataset", "local_files")
+# Settings that change a source's rows or splits but not its own fingerprint (data_fingerprint adds the
+# single source's from corpus.*): the mixture's fingerprint carries each source's.
+_ROW_SETTINGS = {"hf_dataset": ("text_column",), "local_files": ("text_column", "split_by", "document_column")}
 
 
 class MixtureCorpus(Corpus):
@@ -40,10 +41,20 @@ class MixtureCorpus(Corpus):
             parts = {}
             for name, corpus in self.sources.items():
                 s = self.settings[name]
-                column = {"text_column": s.text_column} if s.source in _COLUMN_SOURCES else {}
-                parts[name] = {"source": s.source, "fingerprint": corpus.fingerprint(), **column}
+                rows = {k: getattr(s, k) for k in _ROW_SETTINGS.get(s.source, ())}
+                parts[name] = {"source": s.source, "fingerprint": corpus.fingerprint(), **rows}
             self._fingerprint = "mixture:" + json.dumps(parts, sort_keys=True, separators=(",", ":"))
         return self._fingerprint
+
+    def size_bytes(self) -> int | None:
+        """The sources' sizes added (plan_shards' partition count); None when none is known."""
+        sizes = [size for c in self.sources.values() if (size := c.size_bytes()) is not None]
+        return sum(sizes) if sizes else None
+
+    def partition_units(self) -> int | None:
+        """Each partition reads its part of every source: as many get rows as the source with most units has."""
+        units = [c.partition_units() for c in self.sources.values()]
+        return None if any(u is None for u in units) else max(u for u in units if u is not None)
 
     def source_names(self) -> list[str]:
         return list(self.sources)

@@ -103,6 +103,20 @@ def test_only_weights_changed_reuses_the_set(mixture):
     assert {n: s["weight"] for n, s in again["corpus"]["sources"].items()} == {"synth": 0.5, "wiki": 5.0}
     renamed = json.loads(json.dumps(cfg.model_dump(mode="json")).replace('"synth"', '"made_up"'))
     assert data_fingerprint(build_config(renamed)) != data["fingerprint"]  # a name labels shards: new set
+    by_file = cfg.model_dump(mode="json")
+    by_file["corpus"]["mixture"][1]["split_by"] = "file"  # a source's own split setting: other rows per split
+    assert data_fingerprint(build_config(by_file)) != data["fingerprint"]
+
+
+def test_plan_sizes_partitions_by_all_sources(mixture):
+    from mlm_tasks.config import ShardConfig
+    from mlm_tasks.steps.plan_shards import partition_count
+
+    cfg, _ = mixture
+    corpus = open_corpus(cfg.corpus)
+    sizes = [Path(p).stat().st_size for s in cfg.corpus.mixture for p in s.local_paths]
+    assert corpus.size_bytes() == sum(sizes)
+    assert partition_count(ShardConfig(partitions=1, partition_mb=1), corpus) == 1  # well under 1 MiB
 
 
 def test_partitions_write_the_same_counts_by_source(mixture, tmp_path):
