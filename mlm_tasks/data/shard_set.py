@@ -198,6 +198,7 @@ def data_fingerprint(cfg: PipelineConfig, corpus=None, corpus_fingerprint: str |
             cfg.corpus.split_by,
             cfg.corpus.document_column,
         ],
+        "text_column": cfg.corpus.text_column,  # the same files, another column: other rows
         # The base's tokenizer encodes the shards (tokenizer.* is not used then); else ours, trained on them.
         **({"base_model": base.identity()} if base else {"tokenizer": cfg.tokenizer.model_dump()}),
         "max_length": cfg.shards.max_length,

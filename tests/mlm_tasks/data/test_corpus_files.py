@@ -283,3 +283,13 @@ def test_bad_split_settings_say_what_to_set(tmp_path):
     cfg = build_config({"corpus": {**local, "split_by": "document", "document_column": "doc"}})
     with pytest.raises(ConfigError, match="plain text"):
         open_corpus(cfg.corpus)
+
+
+def test_another_text_column_of_the_same_files_is_other_data(tmp_path):
+    from mlm_tasks.config import build_config
+    from mlm_tasks.data.shard_set import data_fingerprint
+
+    (tmp_path / "a.jsonl").write_text('{"title": "A title", "body": "A body of text"}\n')
+    local = {"source": "local_files", "local_paths": [str(tmp_path / "a.jsonl")]}
+    title, body = (build_config({"corpus": {**local, "text_column": c}}) for c in ("title", "body"))
+    assert data_fingerprint(title) != data_fingerprint(body)
