@@ -89,6 +89,21 @@ def test_counts_by_source_add_up(mixture):
     assert data["records"]["train"] == shard_set.records("train")
 
 
+def test_the_report_and_the_card_show_each_sources_weight_and_tokens(mixture):
+    from mlm_tasks.reporting.card import render_model_card
+    from mlm_tasks.steps.report import _data_lines
+
+    cfg, data = mixture
+    card = render_model_card(cfg, "run-1", None, None, None, data)
+    report = "\n".join(_data_lines(cfg, data))
+    for name, weight in (("synth", 3), ("wiki", 1)):
+        tokens = data["corpus"]["sources"][name]["tokens"]
+        line = (
+            f"- Source `{name}`, weight {weight}: tokens train {tokens['train']:,}, validation {tokens['validation']:,}"
+        )
+        assert line in card and line in report
+
+
 def test_only_weights_changed_reuses_the_set(mixture):
     from mlm_tasks.steps import build_shard_set
 
