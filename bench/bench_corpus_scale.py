@@ -4,8 +4,9 @@
 
 The corpus (made once, cached under ~/.cache/mlm-pretrain/scale-corpus/): 64 MB .txt files of rows made
 from the embedded Wikipedia sample's paragraphs (sentences reshuffled, one word in ten replaced, a number
-appended: distinct rows with Wikipedia's vocabulary), with planted noise: 30% of rows exact copies of an
-earlier row, 3% one-word edits of an earlier row, 2% junk (markup, symbols, numbers) for the filters. The
+appended: distinct rows with Wikipedia's vocabulary), with planted noise: 25% of rows exact copies of an
+earlier row of the file, 5% copies of a pool of rows all files share, 3% one-word edits of an earlier row,
+2% junk (markup, symbols, numbers) for the filters. The
 0.128 GB corpus is the first two files of the 1.024 GB one. Both are uploaded to the emulator.
 
 Each step runs as the Airflow task runs it (`python -m mlm_tasks <step>`, a fresh process), the mapped
@@ -45,43 +46,49 @@ JUNK = ["{{ Infobox | name = | image = }}", "| | | | |", "0 0 0 0 0 0 0 0", "<di
 
 
 def make_corpus(files: int) -> list[Path]:
-    """The first `files` 64 MB files of the scale corpus (made once; a file is written whole, then renamed)."""
+    """The first `files` 64 MB files of the scale corpus, made once. File i comes from its own seed (so a
+    file is the same whichever were made before it) and copies rows of its own and of a pool every file
+    shares, so duplicates fall both inside a file and across files; written whole, then renamed."""
     from mlm_tasks.config import CorpusConfig
     from mlm_tasks.data.corpus import open_corpus
 
     CACHE.mkdir(parents=True, exist_ok=True)
-    paths = [CACHE / f"part-{i:04d}.txt" for i in range(files)]
+    paths = [CACHE / f"v2-part-{i:04d}.txt" for i in range(files)]
     if all(p.exists() for p in paths):
         return paths
     paragraphs = [r for _, r in open_corpus(CorpusConfig()).split_rows() if len(r.split()) >= 8]
     vocabulary = sorted({w for r in paragraphs for w in r.split()})
-    rng = random.Random(0)
-    earlier: list[str] = []
-    for path in paths:
+
+    def fresh(rng: random.Random) -> str:
+        sentences = re.split(r"(?<=\. )", rng.choice(paragraphs))
+        rng.shuffle(sentences)
+        words = " ".join(s.strip() for s in sentences).split()
+        for _ in range(max(1, len(words) // 10)):
+            words[rng.randrange(len(words))] = rng.choice(vocabulary)
+        return " ".join(words) + f" {rng.randrange(10**9)}"
+
+    shared_rng = random.Random(-1)
+    shared = [fresh(shared_rng) for _ in range(20_000)]  # rows every file may copy: cross-file duplicates
+    for index, path in enumerate(paths):
         if path.exists():
             continue
-        t0, size, rows = time.time(), 0, []
+        rng = random.Random(index)
+        t0, size, rows, earlier = time.time(), 0, [], []
         while size < FILE_MB << 20:
             u = rng.random()
-            if u < 0.30 and earlier:
+            if u < 0.25 and earlier:  # an exact copy of an earlier row of this file
                 row = rng.choice(earlier)
-            elif u < 0.33 and earlier:
+            elif u < 0.30:  # an exact copy of a row other files copy too
+                row = rng.choice(shared)
+            elif u < 0.33 and earlier:  # a near copy: one word changed
                 words = rng.choice(earlier).split()
                 words[rng.randrange(len(words))] = rng.choice(vocabulary)
                 row = " ".join(words)
             elif u < 0.35:
                 row = rng.choice(JUNK)
             else:
-                sentences = re.split(r"(?<=\. )", rng.choice(paragraphs))
-                rng.shuffle(sentences)
-                words = " ".join(s.strip() for s in sentences).split()
-                for _ in range(max(1, len(words) // 10)):
-                    words[rng.randrange(len(words))] = rng.choice(vocabulary)
-                row = " ".join(words) + f" {rng.randrange(10**6)}"
-                if len(earlier) < 200_000:
-                    earlier.append(row)
-                else:
-                    earlier[rng.randrange(len(earlier))] = row
+                row = fresh(rng)
+                earlier.append(row)
             rows.append(row)
             size += len(row.encode()) + 1
         tmp = path.with_suffix(".tmp")
