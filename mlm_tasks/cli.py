@@ -27,7 +27,7 @@ from mlm_tasks import storage
 from mlm_tasks.config import PipelineConfig, build_config, load_config
 from mlm_tasks.errors import NO_RETRY_EXIT, AuthError, ConfigError, NoRetryError
 from mlm_tasks.paths import RunContext
-from mlm_tasks.steps import STEPS
+from mlm_tasks.steps import SHARD_SET_STEPS, STEPS
 from mlm_tasks.training import preemption
 
 # The pipeline's steps (mlm_tasks/steps/, the DAGs' task ids) and four conveniences.
@@ -88,12 +88,7 @@ def resolve_config(args: argparse.Namespace) -> PipelineConfig:
 
 # Steps that read a shard set: without --data-fingerprint, it is computed from the corpus (needs the corpus at hand).
 NEEDS_DATA = (
-    "scan_partition",
-    "find_duplicates",
-    "cluster_duplicates",
-    "train_tokenizer",
-    "write_shards",
-    "merge_shards",
+    *SHARD_SET_STEPS[1:],  # all but plan_shards, which computes it
     "check_run",
     "train",
     "evaluate",

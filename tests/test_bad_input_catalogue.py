@@ -26,6 +26,7 @@ import pytest
 
 from mlm_tasks.config import config_from_params
 from mlm_tasks.errors import AuthError, ConfigError, MissingArtifactError
+from mlm_tasks.steps import SHARD_SET_STEPS
 from peers.tiny_data import TINY_YAML, tiny_config
 
 RECORD = os.environ.get("MLM_CATALOGUE_OUT")  # scripts/print_catalogue.py collects the messages here
@@ -45,17 +46,7 @@ TASK_OF = {
 
 
 # The tasks that refuse bad input before money is spent: every one is upstream of create_tpu_vm.
-BEFORE_VM = (
-    "validate",
-    "plan_shards",
-    "scan_partition",
-    "find_duplicates",
-    "cluster_duplicates",
-    "train_tokenizer",
-    "write_shards",
-    "merge_shards",
-    "check_run",
-)
+BEFORE_VM = ("validate", *SHARD_SET_STEPS, "check_run")
 
 
 @dataclass

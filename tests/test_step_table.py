@@ -14,18 +14,12 @@ from pathlib import Path
 
 import pytest
 
+from mlm_tasks.steps import SHARD_SET_STEPS
+
 ROOT = Path(__file__).resolve().parents[1]
 DOC = ROOT / "docs" / "architecture.md"
 HEADER = ["step", "module", "task id", "CLI verb", "inputs", "outputs"]
-SHARD_SET_STEPS = (
-    "plan_shards",
-    "scan_partition",
-    "find_duplicates",
-    "cluster_duplicates",
-    "train_tokenizer",
-    "write_shards",
-    "merge_shards",
-)
+
 NO_RUN_CONTEXT = ("validate",)  # steps that take the config alone
 
 

@@ -20,8 +20,8 @@ from mlm_tasks.config import PipelineConfig
 from mlm_tasks.paths import RunContext
 from mlm_tasks.results import DataSummary, ShardPlan
 
-STEPS = (
-    "validate",
+# The shard-set task group's steps, in order (plugins/mlm_airflow/tasks/shard_set.py; both DAGs run it).
+SHARD_SET_STEPS = (
     "plan_shards",
     "scan_partition",
     "find_duplicates",
@@ -29,6 +29,10 @@ STEPS = (
     "train_tokenizer",
     "write_shards",
     "merge_shards",
+)
+STEPS = (
+    "validate",
+    *SHARD_SET_STEPS,
     "check_run",
     "train",
     "evaluate",

@@ -13,20 +13,13 @@ from pathlib import Path
 import pytest
 
 from mlm_tasks.errors import ConfigError
+from mlm_tasks.steps import SHARD_SET_STEPS
 from mlm_tasks.steps.validate import check_output_root_reachable
 
 ROOT = Path(__file__).resolve().parents[2]
 
 # The routing docs/operations.md documents: CPU-heavy work on `cpu`, light drivers on `control`.
-SHARD_SET = {
-    "plan_shards",
-    "scan_partition",
-    "find_duplicates",
-    "cluster_duplicates",
-    "train_tokenizer",
-    "write_shards",
-    "merge_shards",
-}
+SHARD_SET = set(SHARD_SET_STEPS)
 CPU_TASKS = {
     "mlm_pretrain": {
         *SHARD_SET,
