@@ -8,7 +8,7 @@ own such rows and the one that ends them (mlm_tasks/data/dedup/scan.py); here th
 hash order, skipping what the dedup removed, until the budget is full. When the dedup removes none of
 the candidates the sample is the same for any partition count; when it does, a partition's list may end
 a few rows early and the cut can move by those rows. Memory: the rows taken, a line per partition, and a
-bit per row of the masks.
+bit per row of the corpus (the masks, packed).
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ import tempfile
 from collections.abc import Iterator
 
 from mlm_tasks import storage
-from mlm_tasks.data.dedup.clusters import removed_rows
+from mlm_tasks.data.dedup.clusters import removed_bits
 from mlm_tasks.data.dedup.scan import scan_dir
 from mlm_tasks.paths import join
 
@@ -33,7 +33,7 @@ def _candidates(path: str, part: int) -> Iterator[tuple[int, int, int, str]]:
 
 
 def tokenizer_sample(paths, num_parts: int, budget: int) -> tuple[list[str], dict]:
-    removed = [removed_rows(paths, part, num_parts) for part in range(num_parts)]
+    removed = [removed_bits(paths, part, num_parts) for part in range(num_parts)]  # a bit per row of the corpus
     rows: list[str] = []
     taken = candidates = 0
     last = None
@@ -45,7 +45,9 @@ def tokenizer_sample(paths, num_parts: int, budget: int) -> tuple[list[str], dic
             streams.append(_candidates(local, part))
         for h, part, index, row in heapq.merge(*streams):
             candidates += 1
-            if removed[part][index] or h == last:  # removed by the dedup, or a copy already taken
+            if (
+                removed[part][index >> 3] & (0x80 >> (index & 7)) or h == last
+            ):  # removed by the dedup, or a copy already taken
                 continue
             size = len(row.encode("utf-8"))
             if taken + size > budget and rows:

@@ -58,9 +58,15 @@ def _roots(pairs: np.ndarray) -> dict[int, int]:
 
 
 def _mark(masks: list[np.ndarray], ids: np.ndarray) -> None:
+    """Set the bits of `ids` in their partitions' packed masks (np.packbits order: the first row is 0x80)."""
     parts, indexes = parts_and_indexes(ids)
     for part in np.unique(parts).tolist():
-        masks[part][indexes[parts == part]] = True
+        rows = indexes[parts == part]
+        np.bitwise_or.at(masks[part], rows >> 3, (0x80 >> (rows & 7)).astype(np.uint8))
+
+
+def _is_set(masks: list[np.ndarray], part: int, index: int) -> bool:
+    return bool(masks[part][index >> 3] & (0x80 >> (index & 7)))
 
 
 def cluster_duplicates(cfg: PipelineConfig, paths: DataPaths, num_parts: int) -> dict[str, Any]:
@@ -77,15 +83,12 @@ def cluster_duplicates(cfg: PipelineConfig, paths: DataPaths, num_parts: int) ->
                 f"Partition {part} of {num_parts} is not scanned: rerun its scan_partition task, then this one."
             )
         scans.append(scan)
-    masks, exact = [], []  # per partition, a bool per row: not written (filtered or removed); an exact copy
-    for part, scan in enumerate(scans):
-        n = sum(scan["rows"].values())
-        dropped = load_array(join(scan_dir(paths, part, num_parts), "dropped.npy"))
-        masks.append(np.unpackbits(dropped, count=n).astype(bool))
-        exact.append(np.zeros(n, dtype=bool))
+    # Per partition, a bit per row (packed): not written (filtered, or removed); an exact copy.
+    masks = [load_array(join(scan_dir(paths, part, num_parts), "dropped.npy")) for part in range(num_parts)]
+    exact = [np.zeros_like(mask) for mask in masks]
     # A bucket at a time: exact pairs point at their group's smallest id already, so their rows are marked
-    # as they come; only near pairs (far fewer) are kept for the union-find. Memory: the masks (a byte per
-    # row of the corpus) and the near pairs, not every pair of the corpus.
+    # as they come; only near pairs (far fewer) are kept for the union-find. Memory: the masks (a bit per
+    # row of the corpus), one bucket's pairs and the near pairs, not every pair of the corpus.
     near, pairs = [], 0
     removed = {"exact": dict.fromkeys(SPLITS, 0), "near": dict.fromkeys(SPLITS, 0)}
     for bucket in range(num_parts):
@@ -104,14 +107,12 @@ def cluster_duplicates(cfg: PipelineConfig, paths: DataPaths, num_parts: int) ->
     if len(near_pairs):
         ids = np.array([row for row, root in _roots(near_pairs).items() if row != root], dtype=np.uint64)
         parts, indexes = parts_and_indexes(ids)
-        fresh = ids[[not exact[p][i] for p, i in zip(parts.tolist(), indexes.tolist(), strict=True)]]
+        fresh = ids[[not _is_set(exact, p, i) for p, i in zip(parts.tolist(), indexes.tolist(), strict=True)]]
         for rank, count in enumerate(np.bincount(split_ranks(fresh), minlength=len(SPLITS))):
             removed["near"][SPLITS[rank]] += int(count)
         _mark(masks, ids)
-    for mask, copy in zip(masks, exact, strict=True):
-        mask |= copy
-    for part, mask in enumerate(masks):
-        save_array(removed_uri(paths, part, num_parts), np.packbits(mask))
+    for part, (mask, copy) in enumerate(zip(masks, exact, strict=True)):
+        save_array(removed_uri(paths, part, num_parts), mask | copy)
     filtered: dict[str, int] = {}
     for scan in scans:
         for rule, count in scan["filtered"].items():
@@ -136,16 +137,23 @@ def cluster_duplicates(cfg: PipelineConfig, paths: DataPaths, num_parts: int) ->
     return stats
 
 
-def removed_rows(paths: DataPaths, part: int, num_parts: int) -> np.ndarray:
-    """The partition's mask, a bool per row of its stream (True: not written)."""
+def removed_bits(paths: DataPaths, part: int, num_parts: int) -> np.ndarray:
+    """The partition's mask packed, a bit per row (np.packbits order), as cluster_duplicates wrote it."""
     uri = removed_uri(paths, part, num_parts)
-    scan = storage.read_json_if_exists(join(scan_dir(paths, part, num_parts), "scan.json"))
-    if scan is None or not storage.exists(uri):
+    if not storage.exists(uri):
         raise MissingArtifactError(
             f"No dedup result for partition {part} of {num_parts} ({uri}): run scan_partition, find_duplicates "
             "and cluster_duplicates first."
         )
-    return np.unpackbits(load_array(uri), count=sum(scan["rows"].values())).astype(bool)
+    return load_array(uri)
+
+
+def removed_rows(paths: DataPaths, part: int, num_parts: int) -> np.ndarray:
+    """The partition's mask, a bool per row of its stream (True: not written)."""
+    scan = storage.read_json_if_exists(join(scan_dir(paths, part, num_parts), "scan.json"))
+    if scan is None:
+        raise MissingArtifactError(f"Partition {part} of {num_parts} is not scanned: run scan_partition first.")
+    return np.unpackbits(removed_bits(paths, part, num_parts), count=sum(scan["rows"].values())).astype(bool)
 
 
 def kept_rows(corpus, paths: DataPaths, part: int, num_parts: int) -> Iterator[tuple[str, str]]:
