@@ -47,13 +47,20 @@ def _status_mb(field: str) -> float:
 def worker(factor: str) -> None:
     import shutil
 
+    from mlm_tasks.data.corpus import open_corpus
+    from mlm_tasks.data.dedup import dedup_in_process
     from mlm_tasks.data.writer import merge_partitions, write_partition
     from mlm_tasks.paths import DataPaths
 
-    cfg = common.bench_config(**{"corpus.source": "local_files", "corpus.local_paths": [corpus_file(int(factor))]})
+    # The writer alone: every row written, as before the dedup stages (bench 13 measures those).
+    overrides = {"dedup.exact": False, "corpus.filters.enabled": False}
+    cfg = common.bench_config(
+        **{"corpus.source": "local_files", "corpus.local_paths": [corpus_file(int(factor))], **overrides}
+    )
     with tempfile.TemporaryDirectory(prefix="bench-mem-") as root:
         paths = DataPaths(root, "mem")
         shutil.copytree(common.prepared()["tokenizer_uri"], paths.tokenizer)
+        dedup_in_process(cfg, paths, open_corpus(cfg.corpus), 1)
         before = _status_mb("VmRSS")
         t0 = time.perf_counter()
         write_partition(cfg, paths, 0, 1)

@@ -36,7 +36,24 @@ COUNTS = ("records", "tokens", "rows", "characters")
 
 
 def _cfg(factor: int):
-    return common.bench_config(**{"corpus.source": "local_files", "corpus.local_paths": [corpus_file(factor)]})
+    # The writer alone: every row written, as before the dedup stages (they have bench 12 and 13).
+    return common.bench_config(
+        **{
+            "corpus.source": "local_files",
+            "corpus.local_paths": [corpus_file(factor)],
+            "dedup.exact": False,
+            "corpus.filters.enabled": False,
+        }
+    )
+
+
+def _dedup(factor: int, root: str, num_parts: int) -> None:
+    """The stages before the writer (here they only mark nothing removed), untimed."""
+    from mlm_tasks.data.corpus import open_corpus
+    from mlm_tasks.data.dedup import dedup_in_process
+
+    cfg = _cfg(factor)
+    dedup_in_process(cfg, _paths(root), open_corpus(cfg.corpus), num_parts)
 
 
 def _paths(root: str):
@@ -76,6 +93,7 @@ def run_fanout(factor: int, num_parts: int, env: dict, pin: bool = False) -> tup
     root = tempfile.mkdtemp(prefix="bench-scaleout-")
     try:
         shutil.copytree(common.prepared()["tokenizer_uri"], _paths(root).tokenizer)
+        _dedup(factor, root, num_parts)
         procs = [
             subprocess.Popen(
                 [sys.executable, __file__, "--worker", f"{factor}:{p}:{num_parts}:{p if pin else -1}:{root}"],
@@ -110,6 +128,7 @@ def run_single(factor: int) -> dict:
     cfg = _cfg(factor)
     with tempfile.TemporaryDirectory(prefix="bench-single-") as root:
         shutil.copytree(common.prepared()["tokenizer_uri"], _paths(root).tokenizer)
+        _dedup(factor, root, 1)
         write_partition(cfg, _paths(root), 0, 1)
         return merge_partitions(cfg, _paths(root), 1, {}).data
 

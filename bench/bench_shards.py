@@ -78,12 +78,17 @@ def run_raw(rows) -> dict:
 
 def run_task(out_root: str, source: str) -> dict:
     """The write_shards task's function on partition 0 of 1, from the parquet or from the XML dump."""
+    from mlm_tasks.data.corpus import open_corpus
+    from mlm_tasks.data.dedup import dedup_in_process
     from mlm_tasks.paths import DataPaths, RunContext
     from mlm_tasks.steps.write_shards import write_shards
 
     corpus = {"corpus.source": "local_files", "corpus.local_paths": [rows_parquet()]} if source == "parquet" else {}
-    cfg = common.bench_config(output_root=out_root, **corpus)
-    shutil.copytree(common.prepared()["tokenizer_uri"], DataPaths(out_root, "bench").tokenizer)
+    # The same rows as the reference writes: no filter, no dedup (their stages run before, untimed).
+    cfg = common.bench_config(output_root=out_root, **corpus, **{"dedup.exact": False, "corpus.filters.enabled": False})
+    paths = DataPaths(out_root, "bench")
+    shutil.copytree(common.prepared()["tokenizer_uri"], paths.tokenizer)
+    dedup_in_process(cfg, paths, open_corpus(cfg.corpus), 1)
     t0 = time.perf_counter()
     result = write_shards(cfg, RunContext.of(cfg, fingerprint="bench"), part=0, num_parts=1)
     return {"seconds": time.perf_counter() - t0, "records": sum(result["records"].values())}

@@ -24,6 +24,7 @@ from pathlib import Path
 
 import pytest
 
+from mlm_tasks.steps import SHARD_SET_STEPS
 from peers.airflow_rest import AirflowApi
 from peers.airflow_stack import ROOT, data_volume, running_stack
 from peers.figures import Figures
@@ -33,7 +34,7 @@ pytestmark = [pytest.mark.slow, pytest.mark.timeout(1800)]
 
 DAG_ID = "mlm_dataset_refresh"
 WORKERS = {"worker-a": "cpu,control", "worker-b": "cpu"}
-CPU_TASKS = {"plan_shards", "write_shards", "merge_shards"}
+CPU_TASKS = set(SHARD_SET_STEPS)
 PARTS = 4
 RUN_TIMEOUT_S = 600
 # Enough text that a partition takes a few seconds to write, so a fault can land in the middle of one.
@@ -187,6 +188,8 @@ def test_workers_hold_no_metadata_db_or_token_secret(stack, undisturbed):
 
 def test_merged_manifest_equals_a_single_writer(undisturbed, tmp_path):
     """The same counts as one writer over the whole corpus, with the same tokenizer (in this process)."""
+    from mlm_tasks.data.corpus import open_corpus
+    from mlm_tasks.data.dedup import dedup_in_process
     from mlm_tasks.paths import RunContext
     from mlm_tasks.steps.merge_shards import merge_shards
     from mlm_tasks.steps.write_shards import write_shards
@@ -197,8 +200,10 @@ def test_merged_manifest_equals_a_single_writer(undisturbed, tmp_path):
     seed_tokenizer(undisturbed["out"], single_root)
     cfg = tiny_config(single_root, **{**DATA, "shards.partitions": 1})
     fingerprint = data_dir(undisturbed["out"]).name
-    write_shards(cfg, RunContext.of(cfg, fingerprint=fingerprint), part=0, num_parts=1)
-    merge_shards(cfg, RunContext.of(cfg, fingerprint=fingerprint))
+    ctx = RunContext.of(cfg, fingerprint=fingerprint)
+    dedup_in_process(cfg, ctx.data, open_corpus(cfg.corpus), 1)  # the stages before the writer, in one partition
+    write_shards(cfg, ctx, part=0, num_parts=1)
+    merge_shards(cfg, ctx)
     single = json.loads((single_root / "datasets" / fingerprint / "shards" / "manifest.json").read_text())
     keys = ("records", "tokens", "rows", "characters")
     counts = {s: {k: merged["splits"][s][k] for k in keys} for s in merged["splits"]}
