@@ -43,5 +43,7 @@ def train_tokenizer(cfg: PipelineConfig, ctx: RunContext, *, num_parts: int = 1)
         stats["candidates_read"],
     )
     ensure_tokenizer(cfg, rows, paths)
-    storage.write_json(paths.tokenizer_sample, stats)
-    return stats
+    # What the data card keeps: the candidates read depend on the partition count, the sample does not.
+    recorded = {k: stats[k] for k in ("rows", "bytes", "budget_bytes")}
+    storage.write_json(paths.tokenizer_sample, recorded)
+    return recorded
