@@ -12,8 +12,9 @@ from mlm_tasks.config import PipelineConfig
 from mlm_tasks.paths import RunContext
 
 
-def find_duplicates(cfg: PipelineConfig, ctx: RunContext, *, bucket: int = 0, num_parts: int = 1) -> int:
-    """The number of duplicate pairs found in `bucket`."""
+def find_duplicates(cfg: PipelineConfig, ctx: RunContext, *, bucket: int = 0, num_parts: int = 1) -> dict[str, int]:
+    """The bucket and the duplicate pairs found in it (exact ones among them)."""
     from mlm_tasks.data.dedup.matches import find_duplicates as match
 
-    return len(match(cfg, ctx.data, bucket, num_parts))
+    pairs = match(cfg, ctx.data, bucket, num_parts)
+    return {"bucket": bucket, "pairs": len(pairs), "exact_pairs": int(pairs["exact"].sum())}

@@ -79,10 +79,11 @@ def train(
         strategy=plan.strategy,
         endpoint=hub_endpoint,
     )
+    # The sync first (finish: the final upload): a caller's on_checkpoint then sees a checkpoint already queued.
     callbacks = [
-        *([CheckpointCallback(on_checkpoint)] if on_checkpoint else []),
         *([CheckpointCallback(sync, end=sync.finish)] if sync else []),
-    ]  # finish: the final upload
+        *([CheckpointCallback(on_checkpoint)] if on_checkpoint else []),
+    ]
     state = build_training(cfg, ctx.run, inputs, plan)
     loop = TrainLoop(cfg, ctx.run, inputs, plan, state, [*callbacks, *hooks])
     with loop.status:  # runs/<run>/train/status.json: heartbeats while this runs, then done or failed

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from mlm_tasks.steps import SHARD_SET_STEPS
 from peers.airflow_db import asset_events, db_rows, task_states, xcom_values
 from peers.airflow_home import AIRFLOW, airflow_env, dags_test  # noqa: F401  (fixture)
 from peers.asset_trigger import asset_triggered_test, run_info
@@ -118,9 +119,7 @@ def test_unchanged_source_is_a_no_op_and_a_changed_one_triggers_training(airflow
     assert task_states(airflow_env, "mlm_dataset_refresh") == {
         "validate": "success",
         "source_changed": "success",
-        "plan_shards": "skipped",
-        "write_shards": "skipped",
-        "merge_shards": "skipped",
+        **dict.fromkeys(SHARD_SET_STEPS, "skipped"),
     }
     assert db_rows(airflow_env, "SELECT COUNT(*) FROM asset_dag_run_queue") == [(0,)]  # no training requested
 

@@ -53,7 +53,8 @@ def xcom_values(env: dict[str, str], dag_id: str, run_id: str | None = None) -> 
     rows = db_rows(
         env, "SELECT task_id, value FROM xcom WHERE dag_id = ? AND run_id = ? AND key = 'return_value'", dag_id, run_id
     )
-    return {task: json.loads(value) for task, value in rows}
+    # The value column is JSON text, but SQLite's column affinity hands a bare number back as an int.
+    return {task: json.loads(value) if isinstance(value, (str, bytes)) else value for task, value in rows}
 
 
 def task_states(env: dict[str, str], dag_id: str, run_id: str | None = None) -> dict[str, str]:

@@ -114,7 +114,7 @@ def scan_partition(config: dict, partition: Partition) -> ScannedPartition:
     map_index_template="{{ bucket_label }}",
     multiple_outputs=False,
 )
-def find_duplicates(config: dict, partition: Partition) -> int:
+def find_duplicates(config: dict, partition: Partition) -> dict[str, int]:
     """One mapped task per bucket, as many buckets as partitions (a mapped task expands over a task's return
     value only, and this keeps each bucket about one partition's keys): the duplicate pairs of bucket `part`."""
     from mlm_tasks.steps.find_duplicates import find_duplicates as step

@@ -148,7 +148,8 @@ def test_checkpoints_reach_the_hub_at_epoch_ends_without_blocking_training(tmp_p
     assert fake_hub.commit_arrived.wait(300), outcome
     final_index = Path(run.checkpoints) / f"ckpt-{steps}.index"
     deadline = time.time() + 300
-    while not final_index.exists() and time.time() < deadline and worker.is_alive():
+    # The final checkpoint's hook ran (after the sync's, which queued it): not merely its file written.
+    while steps not in [step for step, _ in saved] and time.time() < deadline and worker.is_alive():
         time.sleep(0.2)
     # The epoch-1 upload is still held at its commit, yet training has saved its last checkpoint.
     assert final_index.exists() and not fake_hub.commits_to(REPO), outcome
