@@ -68,7 +68,8 @@ def main() -> None:
         cfg = build_config(
             {
                 "output_root": f"{tmp}/out",
-                "corpus": {"source": "local_files", "local_paths": [str(path)]},
+                # Every planted row reaches the dedup (the filters have their own measurements).
+                "corpus": {"source": "local_files", "local_paths": [str(path)], "filters": {"enabled": False}},
                 "dedup": {"near": True, "near_threshold": args.threshold},
             }
         )

@@ -14,13 +14,16 @@ Every stage writes its outputs, then a marker last: a retried task finds its own
 from __future__ import annotations
 
 
-def dedup_in_process(cfg, paths, corpus, num_parts: int, row_filter=None) -> dict:
-    """The three stages one after the other in this process (tests, benchmarks, the writer's own checks);
-    the DAG runs them as mapped tasks. Returns cluster_duplicates' counts."""
+def dedup_in_process(cfg, paths, corpus, num_parts: int) -> dict:
+    """The three stages one after the other in this process, with the config's row filters, as the
+    scan_partition task runs them (tests, benchmarks); the DAG runs them as mapped tasks. Returns
+    cluster_duplicates' counts."""
     from mlm_tasks.data.dedup.clusters import cluster_duplicates
     from mlm_tasks.data.dedup.matches import find_duplicates
     from mlm_tasks.data.dedup.scan import scan_partition
+    from mlm_tasks.data.filters import RowFilter
 
+    row_filter = RowFilter(cfg.corpus.filters)
     for part in range(num_parts):
         scan_partition(cfg, paths, corpus, part, num_parts, row_filter)
     for bucket in range(num_parts):
