@@ -35,6 +35,7 @@ def summary(cfg: PipelineConfig, ctx: RunContext, *, data: DataSummary | None = 
         f"Corpus     {corpus['source']}: {corpus.get('articles') or '?'} articles, {corpus['rows']:,} rows, "
         f"{corpus['characters']:,} characters (fingerprint {data['fingerprint']}"
         f"{', reused' if data.get('cache_hit') else ''})",
+        *_removed_line(corpus.get("data_card") or {}),
         (
             f"Tokenizer  the base model's ({base['init_from']}), vocab {data['vocab_size']:,}"
             if (base := data.get("base_model"))
@@ -72,6 +73,18 @@ def summary(cfg: PipelineConfig, ctx: RunContext, *, data: DataSummary | None = 
     storage.write_text(run.summary_text, text + "\n")
     log.info("Run summary:\n%s", text)
     return {"text": text, "train": train, "metrics": metrics, "data": data, "model_uri": run.model}
+
+
+def _removed_line(card: dict) -> list[str]:
+    """What the filters and the dedup took out of the rows read (the data card; none for older sets)."""
+    if not card.get("rows_read"):
+        return []
+    removed = card.get("duplicates_removed") or {}
+    exact, near = (sum((removed.get(kind) or {}).values()) for kind in ("exact", "near"))
+    return [
+        f"Removed    of {sum(card['rows_read'].values()):,} rows read: {card.get('dropped_by_filters') or 0:,} by the "
+        f"filters, {exact:,} exact and {near:,} near duplicates (the data card: manifest, report, model card)"
+    ]
 
 
 def _training_lines(cfg: PipelineConfig, run: RunPaths, train: dict) -> list[str]:

@@ -215,3 +215,16 @@ def test_the_data_card_reaches_the_model_card_and_the_report(tiny_prepared):
     sample = card["tokenizer_sample"]
     assert f"seeded sample of {sample['rows']:,} deduplicated train rows" in data_section
     assert f"- Rows read: train {card['rows_read']['train']:,}" in data_section
+
+
+def test_the_summary_says_what_the_filters_and_the_dedup_removed(tiny_prepared):
+    from mlm_tasks.steps.summary import summary
+
+    cfg, data = tiny_prepared
+    card = data["corpus"]["data_card"]
+    text = summary(cfg, RunContext.of(cfg, "no-run", data["fingerprint"]), data=data)["text"]
+    exact = sum(card["duplicates_removed"]["exact"].values())
+    assert (
+        f"Removed    of {sum(card['rows_read'].values()):,} rows read: {card['dropped_by_filters']:,} by the "
+        f"filters, {exact:,} exact and 0 near duplicates"
+    ) in text
