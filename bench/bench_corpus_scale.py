@@ -156,18 +156,9 @@ def run_previous(commit: str, files: list[Path], out: Path, env: dict[str, str],
 def run_dag(pattern: str, work: Path, env: dict[str, str], log: Path) -> tuple[float, int, str]:
     """mlm_dataset_refresh, for real (`airflow dags test`, SQLite, every task in turn): (seconds, peak RSS
     MB of its largest process, the manifest's data card as a line)."""
-    home = work / "airflow"
-    airflow = str(Path(sys.executable).parent / "airflow")
-    env = {
-        **env,
-        "AIRFLOW_HOME": str(home),
-        "AIRFLOW__CORE__DAGS_FOLDER": str(REPO / "dags"),
-        "AIRFLOW__CORE__PLUGINS_FOLDER": str(REPO / "plugins"),
-        "AIRFLOW__CORE__LOAD_EXAMPLES": "False",
-        "AIRFLOW__CORE__DAGS_ARE_PAUSED_AT_CREATION": "True",
-        "PYTHONPATH": os.pathsep.join([str(REPO), str(REPO / "plugins")]),
-    }
-    subprocess.run([airflow, "db", "migrate"], env=env, check=True, capture_output=True)
+    from peers.airflow_home import AIRFLOW, migrated_home
+
+    env = {**migrated_home(work / "airflow", env), "AIRFLOW__CORE__DAGS_ARE_PAUSED_AT_CREATION": "True"}
     out = work / "dag-out"
     conf = {
         "config_file": str(REPO / "configs" / "default.yaml"),
@@ -179,7 +170,7 @@ def run_dag(pattern: str, work: Path, env: dict[str, str], log: Path) -> tuple[f
             "tokenizer.sample_mb": 32,
         },
     }
-    seconds, rss, _ = timed([airflow, "dags", "test", "mlm_dataset_refresh", "--conf", json.dumps(conf)], env, log)
+    seconds, rss, _ = timed([AIRFLOW, "dags", "test", "mlm_dataset_refresh", "--conf", json.dumps(conf)], env, log)
     manifests = list(out.glob("datasets/*/shards/manifest.json"))
     if not manifests:
         raise RuntimeError(f"mlm_dataset_refresh published no shard set; see {log}")

@@ -23,21 +23,28 @@ ROOT = Path(__file__).resolve().parents[2]
 AIRFLOW = str(Path(sys.executable).parent / "airflow")
 
 
-@pytest.fixture(scope="session")
-def airflow_env(tmp_path_factory) -> dict[str, str]:
-    home = tmp_path_factory.mktemp("airflow_home")
+def migrated_home(home: Path, base: dict[str, str] | None = None) -> dict[str, str]:
+    """The environment of a throwaway Airflow in `home` (this project's dags/ and plugins/, no examples),
+    its SQLite database migrated. Also bench/bench_corpus_scale.py's, outside pytest."""
+    base = dict(os.environ if base is None else base)
     env = {
-        **os.environ,
+        **base,
         "AIRFLOW_HOME": str(home),
         "AIRFLOW__CORE__DAGS_FOLDER": str(ROOT / "dags"),
         "AIRFLOW__CORE__PLUGINS_FOLDER": str(ROOT / "plugins"),
         "AIRFLOW__CORE__LOAD_EXAMPLES": "False",
         "AIRFLOW__CORE__UNIT_TEST_MODE": "False",
-        "PYTHONPATH": os.pathsep.join([str(ROOT), str(ROOT / "plugins"), os.environ.get("PYTHONPATH", "")]),
+        "PYTHONPATH": os.pathsep.join([str(ROOT), str(ROOT / "plugins"), base.get("PYTHONPATH", "")]),
     }
     done = subprocess.run([AIRFLOW, "db", "migrate"], env=env, capture_output=True, text=True, timeout=300)
-    assert done.returncode == 0, f"airflow db migrate failed:\n{done.stdout}\n{done.stderr}"
+    if done.returncode != 0:
+        raise RuntimeError(f"airflow db migrate failed:\n{done.stdout}\n{done.stderr}")
     return env
+
+
+@pytest.fixture(scope="session")
+def airflow_env(tmp_path_factory) -> dict[str, str]:
+    return migrated_home(tmp_path_factory.mktemp("airflow_home"))
 
 
 def dags_test(
