@@ -98,7 +98,6 @@ def scan_partition(
     keys: list[tuple[int, int, int]] = []
     dropped: list[bool] = []
     rows = {s: 0 for s in SPLITS}
-    kept_bytes = {s: 0 for s in SPLITS}
     sample = SampleCandidates(cfg.tokenizer.sample_mb * 1_000_000)
     pending: list[tuple[int, str]] = []  # (row id, row) awaiting a MinHash batch
 
@@ -113,7 +112,6 @@ def scan_partition(
         dropped.append(drop)
         if drop:
             continue
-        kept_bytes[split] += len(row)
         rid, h = row_id(split, part, index), row_hash(row)
         if dc.exact:
             keys.append((h, rid, 1))
