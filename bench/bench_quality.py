@@ -7,6 +7,7 @@ the same tokenizer, split, batches and masked positions for every recipe, whatev
         [--candidates default,bf16,one_cycle,mask25,vocab128,bf16+one_cycle]   # `a+b`: both recipes at once
         [--config configs/default.yaml]                                        # tests: configs/tiny.yaml
         [--today ../main-before]   # the baseline: another checkout's code and its version of --config
+    .venv/bin/python bench/bench_quality.py --commits 7ab6da0^,18e2cc0 --rounds 2   # defaults side by side
 
 The step count of every run is fixed by train.budget_minutes from its own measured step time, so a faster
 recipe trains more steps in the same minutes; the table gives steps done, tokens/s, the validation loss and
@@ -112,8 +113,18 @@ def main() -> None:
         help="also run recipe `today`: that checkout's code and its own version of --config (e.g. a git "
         "worktree of the commit before a change), the baseline a target is measured against",
     )
+    p.add_argument(
+        "--commits",
+        metavar="REV,...",
+        help="instead: this checkout's default beside these commits' own code and default, each trained as its "
+        "make run trains it (bench/commit_arms.py), e.g. 7ab6da0^,18e2cc0",
+    )
     p.add_argument("--worker")
     args = p.parse_args()
+    if args.commits:
+        import commit_arms
+
+        return commit_arms.compare(args.commits.split(","), args.rounds)
     if args.worker:
         name, budget = args.worker.split(":")
         return common.emit(run_recipe(args.config, float(budget), name))

@@ -94,9 +94,12 @@ def gemm_rate(precision: str, size: int = GEMM_SIZE) -> float:
 
 
 def machine_kind(info: dict[str, Any] | None = None) -> str:
-    """ "AMD EPYC × 2 cores": what the figures measured once per machine are keyed by."""
+    """ "AMD EPYC (AVX512-BF16) × 2 cores": what the figures measured once per machine are keyed by. The widest
+    unit is part of it because a cloud's model name is not: an AVX2-only EPYC and an AVX-512-BF16 one are both
+    "AMD EPYC", with a 3.4x different GEMM peak, and had shared one cache entry."""
     info = info or cpu_info()
-    return f"{info['model']} × {info['cores']} cores"
+    widest = next((flag.upper().replace("_", "-") for flag, _, _ in ISA_FLOPS_PER_CYCLE if flag in info["flags"]), None)
+    return f"{info['model']}{f' ({widest})' if widest else ''} × {info['cores']} cores"
 
 
 def measured_peak(info: dict[str, Any]) -> CpuPeak:

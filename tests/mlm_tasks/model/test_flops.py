@@ -69,6 +69,11 @@ def test_a_measured_cpu_peak_is_the_best_precision_and_measured_once_on_a_quiet_
     assert (first.flops, first.precision) == (120e9, "fp32") and "measured peak: fp32 GEMM 2048³" in first.source
     monkeypatch.setattr(cpu_peak, "gemm_rate", lambda precision: pytest.fail("measured twice"))
     assert cpu_peak.measured_peak(info) == first  # from the cache
+    # Another kind under the same model name (an AVX2-only "AMD EPYC" beside an AVX-512-BF16 one) is measured anew.
+    other = {**info, "flags": {"avx2"}}
+    assert cpu_peak.machine_kind(other) == "Test CPU (AVX2) × 2 cores" != cpu_peak.machine_kind(info)
+    monkeypatch.setattr(cpu_peak, "gemm_rate", lambda precision: {"fp32": 50e9, "bf16": 10e9}[precision])
+    assert cpu_peak.measured_peak(other).flops == 50e9
     peak = Peak(first.flops, 1, first.precision, first.source)
     assert mfu(1000.0, 60e6, peak) == pytest.approx(0.5)  # a bf16 run at its kernels' full rate: 50%
 
