@@ -73,7 +73,15 @@ def load(config: str, budget_minutes: float, name: str = "default"):
     from mlm_tasks.config import load_config
 
     return load_config(
-        config, {"output_root": common.BENCH_ROOT, "train.budget_minutes": budget_minutes, **SCORING, **recipe(name)}
+        config,
+        # Steps from the budget alone: the default's train.steps would cap a faster recipe's.
+        {
+            "output_root": common.BENCH_ROOT,
+            "train.budget_minutes": budget_minutes,
+            "train.steps": None,
+            **SCORING,
+            **recipe(name),
+        },
     )
 
 
@@ -124,7 +132,7 @@ def main() -> None:
     if args.commits:
         import commit_arms
 
-        return commit_arms.compare(args.commits.split(","), args.rounds)
+        return commit_arms.compare(args.commits.split(","), args.rounds, os.path.relpath(args.config, common.REPO))
     if args.worker:
         name, budget = args.worker.split(":")
         return common.emit(run_recipe(args.config, float(budget), name))

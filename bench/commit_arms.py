@@ -12,8 +12,8 @@ built once per arm, untimed; each round times `train` alone (its budget's measur
 tokenizer on its own split of the same Wikipedia sample (the filters and dedup of issue 33 drop ~12% of the
 rows since), so the losses are per token of slightly different vocabularies: close, not identical.
 
-The fill-mask column counts the probes (the same five in every commit) whose top-1 is a content word: letters
-only and not one of FUNCTION_WORDS.
+The fill-mask column counts the probes (the same five in every commit) whose top-1 is a content word: a word or
+number, not punctuation, markup or one of FUNCTION_WORDS.
 """
 
 from __future__ import annotations
@@ -27,17 +27,19 @@ import time
 import common
 
 # English function words a masked LM reaches first from frequencies alone; `=` (WikiText's heading markup) and
-# punctuation fail the letters-only test.
-FUNCTION_WORDS = frozenset(
+# punctuation have no letter or digit.
+_FUNCTION_WORDS = (
     "a an the and or but nor of in on at to for from by with as into onto than then that this these those "
     "it its he she they we you i his her their our your is was are were be been being has have had do does did "
-    "not no so if which who whom whose what when where while there here also one two s".split()
+    "not no so if which who whom whose what when where while there here also one two s"
 )
+FUNCTION_WORDS = frozenset(_FUNCTION_WORDS.split())
 
 
 def is_content_word(token: str) -> bool:
+    """Not punctuation, markup or a function word: "Washington", "1783" (a year where a date goes), "city"."""
     word = token.strip().lstrip("\u2581").strip()
-    return word.isalpha() and word.lower() not in FUNCTION_WORDS
+    return any(c.isalnum() for c in word) and word.lower() not in FUNCTION_WORDS
 
 
 def checkout(commit: str) -> str:
@@ -48,13 +50,15 @@ def checkout(commit: str) -> str:
     path = os.path.join(common.BENCH_ROOT, "checkouts", sha)
     if not os.path.isdir(path):
         _git("worktree", "add", "--detach", "--force", path, sha)
+    print(f"{commit}: a worktree of {sha} at {path}", file=sys.stderr)
     return path
 
 
-def cli(repo: str, root: str, verb: str, *args: str) -> tuple[object, float]:
-    """`python -m mlm_tasks VERB` of checkout `repo`, its outputs under `root`: (its JSON result, wall s)."""
+def cli(repo: str, config: str, root: str, verb: str, *args: str) -> tuple[object, float]:
+    """`python -m mlm_tasks VERB` of checkout `repo` on its own copy of `config` (a path in the repository), its
+    outputs under `root`: (its JSON result, wall s)."""
     env = {**os.environ, "PYTHONPATH": repo, "TF_USE_LEGACY_KERAS": "1"}
-    cmd = [sys.executable, "-m", "mlm_tasks", verb, "--config", "configs/default.yaml", "--set", f"output_root={root}"]
+    cmd = [sys.executable, "-m", "mlm_tasks", verb, "--config", config, "--set", f"output_root={root}"]
     began = time.monotonic()
     done = subprocess.run([*cmd, *args], cwd=repo, env=env, capture_output=True, text=True)
     if done.returncode:
@@ -66,10 +70,10 @@ def cli(repo: str, root: str, verb: str, *args: str) -> tuple[object, float]:
         return json.loads(out.splitlines()[-1]), wall
 
 
-def run_arm(repo: str, root: str, run_id: str) -> dict:
-    summary, train_s = cli(repo, root, "train", "--run-id", run_id)
-    evaluation, _ = cli(repo, root, "evaluate", "--run-id", run_id)
-    probes, _ = cli(repo, root, "fill_mask", "--run-id", run_id)
+def run_arm(repo: str, config: str, root: str, run_id: str) -> dict:
+    summary, train_s = cli(repo, config, root, "train", "--run-id", run_id)
+    evaluation, _ = cli(repo, config, root, "evaluate", "--run-id", run_id)
+    probes, _ = cli(repo, config, root, "fill_mask", "--run-id", run_id)
     tops = [p["predictions"][0]["token_str"].strip() for p in probes]
     return {
         "steps": summary["steps"],
@@ -83,23 +87,23 @@ def run_arm(repo: str, root: str, run_id: str) -> dict:
     }
 
 
-def compare(commits: list[str], rounds: int) -> None:
+def compare(commits: list[str], rounds: int, config: str = "configs/default.yaml") -> None:
     arms = {label: checkout(label) for label in ["HEAD", *commits]}
     roots = {label: os.path.join(common.BENCH_ROOT, "defaults", label.replace("^", "-parent")) for label in arms}
     for label, repo in arms.items():  # untimed: each commit's own shard set, once
-        cli(repo, roots[label], "build_shard_set")
+        cli(repo, config, roots[label], "build_shard_set")
     runs: dict[str, list[dict]] = {label: [] for label in arms}
     order = list(arms)
     for rnd in range(rounds):
         for label in order if rnd % 2 == 0 else order[::-1]:
-            res = run_arm(arms[label], roots[label], f"quality-r{rnd + 1}-{int(time.time())}")
+            res = run_arm(arms[label], config, roots[label], f"quality-r{rnd + 1}-{int(time.time())}")
             runs[label].append(res)
             print(
                 f"round {rnd + 1} {label}: {res['steps']} steps in {res['loop_s']:.0f} s, val loss "
                 f"{res['val_loss']:.4f}, fill-mask tops {res['tops']}",
                 file=sys.stderr,
             )
-    print(f"\n{common.machine()}\neach commit's configs/default.yaml with its own code; {rounds} alternating round(s)\n")
+    print(f"\n{common.machine()}\neach commit's {config} with its own code; {rounds} alternating round(s)\n")
     rows = []
     for label, res in runs.items():
         losses = [r["val_loss"] for r in res]
@@ -119,8 +123,18 @@ def compare(commits: list[str], rounds: int) -> None:
         )
     print(
         common.table(
-            ["default", "steps", "precision", "val loss", "± half-range", "per round", "acc %", "content tops",
-             "loop s", "train s"],
+            [
+                "default",
+                "steps",
+                "precision",
+                "val loss",
+                "± half-range",
+                "per round",
+                "acc %",
+                "content tops",
+                "loop s",
+                "train s",
+            ],
             rows,
         )
     )

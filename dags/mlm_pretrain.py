@@ -73,6 +73,7 @@ params = {
             "init_from": "Continue from (base model)",
             "init_revision": "Base model revision",
             "steps": "Training steps",
+            "budget_minutes": "Time budget (minutes, a deadline)",
             "batch_size": "Batch size per replica",
             "learning_rate": "Learning rate",
             "accelerator_type": "TPU type",

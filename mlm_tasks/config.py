@@ -449,7 +449,11 @@ class ModelConfig(_Section):
 
 class TrainConfig(_Section):
     steps: int | None = Field(
-        None, ge=1, le=100_000_000, description="Optimizer steps; empty = `epochs` over the train shards."
+        None,
+        ge=1,
+        le=100_000_000,
+        description="Optimizer steps; empty = `epochs` over the train shards. With "
+        "train.budget_minutes, the most it trains.",
     )
     budget_minutes: float | None = Field(
         None,
@@ -1197,6 +1201,7 @@ PARAM_PATHS = {
     "init_from": "model.init_from",
     "init_revision": "model.init_revision",
     "steps": "train.steps",
+    "budget_minutes": "train.budget_minutes",
     "batch_size": "train.batch_size",
     "learning_rate": "train.learning_rate",
     "tpu_project": "tpu.project",

@@ -57,3 +57,54 @@ def test_the_bench_trains_each_recipe_in_its_own_process_and_tables_the_validati
         timeout=120,
     )
     assert unknown.returncode != 0 and "Unknown candidate 'nonsense'" in unknown.stderr
+
+
+@pytest.mark.slow  # two arms, each four CLI processes: ~2 min
+def test_the_commits_mode_trains_another_commits_code_and_config_beside_this_checkouts(tmp_path):
+    """--commits: a worktree of the commit (here this checkout's own HEAD), trained through its own CLI with its own
+    copy of the config, beside this checkout's working tree; the loss, the steps and the fill-mask tops per arm."""
+    head = subprocess.run(["git", "-C", REPO, "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout
+    env = {**os.environ, "MLM_BENCH_ROOT": str(tmp_path), "TF_USE_LEGACY_KERAS": "1"}
+    try:
+        done = subprocess.run(
+            [
+                sys.executable,
+                os.path.join(REPO, "bench", "bench_quality.py"),
+                "--config",
+                os.path.join(REPO, "configs", "tiny.yaml"),
+                "--commits",
+                head.strip(),
+            ],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=600,
+        )
+    finally:
+        worktree = tmp_path / "checkouts" / head.strip()
+        subprocess.run(["git", "-C", REPO, "worktree", "remove", "--force", str(worktree)], capture_output=True)
+    assert done.returncode == 0, done.stderr[-3000:]
+    rows = [
+        line.split("|")[1:-1] for line in done.stdout.splitlines() if line.startswith("| ") and "default" not in line
+    ]
+    assert [r[0].split()[0] for r in rows] == ["HEAD", head.strip()]
+    for row in rows:
+        assert row[1].strip() == "12" and float(row[3]) > 0  # configs/tiny.yaml's 12 steps; a validation loss
+    assert f"worktree of {head.strip()}" in done.stderr  # the commit's own code, not this tree's
+    assert done.stdout.count(": ") >= 2  # each arm's fill-mask tops
+
+
+def test_a_content_word_is_a_word_or_number_not_markup_or_a_function_word():
+    sys.path.insert(0, os.path.join(REPO, "bench"))
+    from commit_arms import is_content_word
+
+    assert [is_content_word(t) for t in ["Washington", "1783", " city", "=", ",", "", "the", "He"]] == [
+        True,
+        True,
+        True,
+        False,
+        False,
+        False,
+        False,
+        False,
+    ]
