@@ -34,7 +34,8 @@ def run(minutes: float, load_after: float | None, burners: int, name: str) -> di
     from mlm_tasks.steps.train import train
 
     data = common.prepared()
-    cfg = common.bench_config(**{"train.budget_minutes": minutes, "train.eval_every": None})
+    # train.steps off: the default caps its budget at 3,500 steps, which an idle machine reaches before the deadline.
+    cfg = common.bench_config(**{"train.budget_minutes": minutes, "train.steps": None, "train.eval_every": None})
     ctx = RunContext.of(cfg, f"bench-budget-{name}-{time.time_ns()}", data["fingerprint"])
     procs: list[multiprocessing.Process] = []
     if load_after is not None:
