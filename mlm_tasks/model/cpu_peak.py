@@ -66,11 +66,15 @@ def max_frequency_hz(model: str) -> float | None:
     return float(named.group(1)) * 1e9 if named else None
 
 
+def _unit_name(flag: str) -> str:
+    return flag.upper().replace("_", "-")  # avx512_bf16 -> AVX512-BF16
+
+
 def isa_peak(flags: set[str], cores: int, hz: float) -> CpuPeak | None:
     """cores × FLOPs per cycle of the widest unit the flags show × frequency (None: no unit known)."""
     for flag, precision, per_cycle in ISA_FLOPS_PER_CYCLE:
         if flag in flags:
-            source = f"{flag.upper().replace('_', '-')}: {cores} cores × {hz / 1e9:.2f} GHz × {per_cycle} FLOP/cycle"
+            source = f"{_unit_name(flag)}: {cores} cores × {hz / 1e9:.2f} GHz × {per_cycle} FLOP/cycle"
             return CpuPeak(cores * hz * per_cycle, precision, source)
     return None
 
@@ -98,7 +102,7 @@ def machine_kind(info: dict[str, Any] | None = None) -> str:
     unit is part of it because a cloud's model name is not: an AVX2-only EPYC and an AVX-512-BF16 one are both
     "AMD EPYC", with a 3.4x different GEMM peak, and had shared one cache entry."""
     info = info or cpu_info()
-    widest = next((flag.upper().replace("_", "-") for flag, _, _ in ISA_FLOPS_PER_CYCLE if flag in info["flags"]), None)
+    widest = next((_unit_name(flag) for flag, _, _ in ISA_FLOPS_PER_CYCLE if flag in info["flags"]), None)
     return f"{info['model']}{f' ({widest})' if widest else ''} × {info['cores']} cores"
 
 

@@ -14,29 +14,20 @@ import pytest
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
+def _bench(root, timeout: int, *args: str) -> subprocess.CompletedProcess:
+    """bench_quality.py on configs/tiny.yaml with `args`, its bench root under `root`."""
+    env = {**os.environ, "MLM_BENCH_ROOT": str(root), "TF_USE_LEGACY_KERAS": "1"}
+    script, config = os.path.join(REPO, "bench", "bench_quality.py"), os.path.join(REPO, "configs", "tiny.yaml")
+    return subprocess.run(
+        [sys.executable, script, "--config", config, *args], env=env, capture_output=True, text=True, timeout=timeout
+    )
+
+
 @pytest.mark.slow  # two tiny trainings in fresh processes: ~1 min
 def test_the_bench_trains_each_recipe_in_its_own_process_and_tables_the_validation_losses(tmp_path):
-    env = {**os.environ, "MLM_BENCH_ROOT": str(tmp_path), "TF_USE_LEGACY_KERAS": "1"}
     # --today: another checkout's code and config as the baseline (here this one: its recipe `default` is
     # the same code, run under the name `today`); a candidate beside it.
-    done = subprocess.run(
-        [
-            sys.executable,
-            os.path.join(REPO, "bench", "bench_quality.py"),
-            "--config",
-            os.path.join(REPO, "configs", "tiny.yaml"),
-            "--budget-minutes",
-            "0.02",
-            "--candidates",
-            "one_cycle",
-            "--today",
-            REPO,
-        ],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
+    done = _bench(tmp_path, 300, "--budget-minutes", "0.02", "--candidates", "one_cycle", "--today", REPO)
     assert done.returncode == 0, done.stderr[-3000:]
     rows = {
         line.split("|")[1].strip(): [c.strip() for c in line.split("|")[2:-1]]
@@ -49,13 +40,7 @@ def test_the_bench_trains_each_recipe_in_its_own_process_and_tables_the_validati
     for name in rows:  # each in its own process, on this checkout's mlm_tasks (today's through PYTHONPATH)
         assert f"round 1 {name}:" in done.stderr
     assert f"({os.path.join(REPO, 'mlm_tasks')})" in done.stderr
-    unknown = subprocess.run(
-        [sys.executable, os.path.join(REPO, "bench", "bench_quality.py"), "--candidates", "bf16+nonsense"],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    unknown = _bench(tmp_path, 120, "--budget-minutes", "0.02", "--candidates", "bf16+nonsense")
     assert unknown.returncode != 0 and "Unknown candidate 'nonsense'" in unknown.stderr
 
 
@@ -64,22 +49,8 @@ def test_the_commits_mode_trains_another_commits_code_and_config_beside_this_che
     """--commits: a worktree of the commit (here this checkout's own HEAD), trained through its own CLI with its own
     copy of the config, beside this checkout's working tree; the loss, the steps and the fill-mask tops per arm."""
     head = subprocess.run(["git", "-C", REPO, "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout
-    env = {**os.environ, "MLM_BENCH_ROOT": str(tmp_path), "TF_USE_LEGACY_KERAS": "1"}
     try:
-        done = subprocess.run(
-            [
-                sys.executable,
-                os.path.join(REPO, "bench", "bench_quality.py"),
-                "--config",
-                os.path.join(REPO, "configs", "tiny.yaml"),
-                "--commits",
-                head.strip(),
-            ],
-            env=env,
-            capture_output=True,
-            text=True,
-            timeout=600,
-        )
+        done = _bench(tmp_path, 600, "--commits", head.strip())
     finally:
         worktree = tmp_path / "checkouts" / head.strip()
         subprocess.run(["git", "-C", REPO, "worktree", "remove", "--force", str(worktree)], capture_output=True)
