@@ -30,7 +30,7 @@ task, naming the node and how to delete it by hand.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from datetime import timedelta
 from typing import Any, NoReturn
 
@@ -387,6 +387,23 @@ def record_vm_bill(op: BaseOperator, context: Context, cfg: PipelineConfig, vm: 
         op.log.warning("Could not add the TPU VM's hours and cost to %s (%s); they are in the next line.", where, err)
         bill = vm
     op.log.info("%s.", prices.bill_line(bill))
+
+
+def replaced_because(cfg: PipelineConfig, context: Context, job: Mapping[str, Any] | None) -> str:
+    """Why the node a stored trainer ran on was replaced, from the run's bill (the check-in that replaced it
+    recorded it there, e.g. "PREEMPTED, replaced"), as a clause for the restart's cause; "" if unknown."""
+    created = job.get("node_created") if job is not None else None
+    if job is None or not created:
+        return ""
+    stamp = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(created))
+    where = RunContext.of(cfg, context["run_id"]).run.tpu_vm_bill
+    try:
+        with use_connection(cfg.gcp_conn_id):
+            bill = storage.read_json_if_exists(where) or {}
+    except Exception:  # any storage error: the cause stays without the reason, the restart goes on
+        return ""
+    ended = [v["ended"] for v in bill.get("vms", []) if (v.get("node"), v.get("created")) == (job["node"], stamp)]
+    return f" (that node ended {ended[-1]})" if ended else ""
 
 
 def _delete_command(cfg: PipelineConfig, name: str) -> str:
