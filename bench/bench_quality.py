@@ -8,6 +8,7 @@ the same tokenizer, split, batches and masked positions for every recipe, whatev
         [--config configs/default.yaml]                                        # tests: configs/tiny.yaml
         [--today ../main-before]   # the baseline: another checkout's code and its version of --config
     .venv/bin/python bench/bench_quality.py --commits 7ab6da0^,18e2cc0 --rounds 2   # defaults side by side
+    .venv/bin/python bench/bench_quality.py --commits HEAD:long --rounds 3   # a recipe beside the default, 3 seeds
 
 The step count of every run is fixed by train.budget_minutes from its own measured step time, so a faster
 recipe trains more steps in the same minutes; the table gives steps done, tokens/s, the validation loss and
@@ -55,6 +56,8 @@ CANDIDATES: dict[str, dict] = {
     "layers1": {"model.num_hidden_layers": 1},
     "layers2": {"model.num_hidden_layers": 2, "train.learning_rate": 0.0015},  # the tiny preset's own shape
     "ffn256": {"model.intermediate_size": 256},
+    # The default's fixed step count, longer: the minutes make run has left under its 10 (--commits HEAD:long).
+    "long": {"train.steps": 4500, "train.budget_minutes": 7.5},
 }
 SCORING = {"train.eval_every": 10**6, "train.eval_batches": 10**4}  # one validation, at the last step, all of it
 

@@ -14,6 +14,12 @@ rows since), so the losses are per token of slightly different vocabularies: clo
 
 The fill-mask column counts the probes (the same five in every commit) whose top-1 is a content word: a word or
 number, not punctuation, markup or one of FUNCTION_WORDS.
+
+Round r trains with `train.seed` 42 + r - 1 (42 is every default's own): a default's step count is fixed, so on one
+shard set a rerun with the same seed trains the same weights, and only other seeds show the spread of a figure
+(the fill-mask tops above all, which a model at loss ~5.3 wins by a few hundredths of probability). An arm
+`REV:CANDIDATE` is REV with bench_quality's CANDIDATES overrides (`HEAD:long`): it shares REV's shard set, so
+the two differ by the recipe alone.
 """
 
 from __future__ import annotations
@@ -70,10 +76,12 @@ def cli(repo: str, config: str, root: str, verb: str, *args: str) -> tuple[objec
         return json.loads(out.splitlines()[-1]), wall
 
 
-def run_arm(repo: str, config: str, root: str, run_id: str) -> dict:
-    summary, train_s = cli(repo, config, root, "train", "--run-id", run_id)
-    evaluation, _ = cli(repo, config, root, "evaluate", "--run-id", run_id)
-    probes, _ = cli(repo, config, root, "fill_mask", "--run-id", run_id)
+def run_arm(repo: str, config: str, root: str, run_id: str, sets: list[str]) -> dict:
+    """Train, evaluate and fill-mask one run; `sets`: KEY=VALUE overrides of every step's config."""
+    flags = [f for kv in sets for f in ("--set", kv)]
+    summary, train_s = cli(repo, config, root, "train", "--run-id", run_id, *flags)
+    evaluation, _ = cli(repo, config, root, "evaluate", "--run-id", run_id, *flags)
+    probes, _ = cli(repo, config, root, "fill_mask", "--run-id", run_id, *flags)
     tops = [p["predictions"][0]["token_str"].strip() for p in probes]
     return {
         "steps": summary["steps"],
@@ -87,29 +95,49 @@ def run_arm(repo: str, config: str, root: str, run_id: str) -> dict:
     }
 
 
+def overrides(label: str) -> list[str]:
+    """The --set flags of arm `label` (`REV` or `REV:CANDIDATE`, CANDIDATE from bench_quality's CANDIDATES)."""
+    from bench_quality import recipe
+
+    _, _, candidate = label.partition(":")
+    if not candidate:
+        return []
+    return [f"{key}={'null' if value is None else value}" for key, value in recipe(candidate).items()]
+
+
 def compare(commits: list[str], rounds: int, config: str = "configs/default.yaml") -> None:
-    arms = {label: checkout(label) for label in ["HEAD", *commits]}
-    roots = {label: os.path.join(common.BENCH_ROOT, "defaults", label.replace("^", "-parent")) for label in arms}
-    for label, repo in arms.items():  # untimed: each commit's own shard set, once
-        cli(repo, config, roots[label], "build_shard_set")
+    labels = list(dict.fromkeys(["HEAD", *commits]))
+    for label in labels:
+        overrides(label)  # an unknown candidate fails now, not after an hour
+    arms = {label: checkout(label.partition(":")[0]) for label in labels}
+    roots = {
+        label: os.path.join(common.BENCH_ROOT, "defaults", label.partition(":")[0].replace("^", "-parent"))
+        for label in arms
+    }
+    for root, label in {roots[label]: label for label in arms}.items():  # untimed: each commit's shard set, once
+        cli(arms[label], config, root, "build_shard_set")
     runs: dict[str, list[dict]] = {label: [] for label in arms}
     order = list(arms)
     for rnd in range(rounds):
         for label in order if rnd % 2 == 0 else order[::-1]:
-            res = run_arm(arms[label], config, roots[label], f"quality-r{rnd + 1}-{int(time.time())}")
+            sets = [f"train.seed={42 + rnd}", *overrides(label)]
+            res = run_arm(arms[label], config, roots[label], f"quality-r{rnd + 1}-{int(time.time())}", sets)
             runs[label].append(res)
             print(
-                f"round {rnd + 1} {label}: {res['steps']} steps in {res['loop_s']:.0f} s, val loss "
+                f"round {rnd + 1} {label} (seed {42 + rnd}): {res['steps']} steps in {res['loop_s']:.0f} s, val loss "
                 f"{res['val_loss']:.4f}, fill-mask tops {res['tops']}",
                 file=sys.stderr,
             )
-    print(f"\n{common.machine()}\neach commit's {config} with its own code; {rounds} alternating round(s)\n")
+    print(
+        f"\n{common.machine()}\neach commit's {config} with its own code; {rounds} alternating round(s), round r "
+        f"with train.seed 42 + r - 1\n"
+    )
     rows = []
     for label, res in runs.items():
         losses = [r["val_loss"] for r in res]
         rows.append(
             [
-                f"{label} ({_git('rev-parse', '--short', label)})",
+                f"{label} ({_git('rev-parse', '--short', label.partition(':')[0])})",
                 " ".join(str(r["steps"]) for r in res),
                 res[0]["precision"],
                 f"{common.median(losses):.3f}",
