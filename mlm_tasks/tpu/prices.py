@@ -63,6 +63,11 @@ def source(tpu: Any) -> str:
     return f"list price {PRICES_AS_OF}, cloud.google.com/tpu/pricing"
 
 
+def utc_stamp(seconds: float) -> str:
+    """A bill's time: ISO 8601 UTC to the second (a VM's createTime is matched by it)."""
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(seconds))
+
+
 def vm_bill(tpu: Any, name: str, created_s: float, gone_s: float, ended: str = "deleted") -> dict[str, Any]:
     """A TPU VM of the run from its createTime until the API no longer knew it (or the run saw it dead:
     `ended` says which, e.g. "PREEMPTED, replaced"): the hours Google bills (VM start, training and the
@@ -70,14 +75,13 @@ def vm_bill(tpu: Any, name: str, created_s: float, gone_s: float, ended: str = "
     bound: the API does not say when it stopped."""
     hours = max(0.0, gone_s - created_s) / 3600
     rate = hourly(tpu)
-    stamp = lambda t: time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(t))  # noqa: E731
     return {
         "node": name,
         "accelerator_type": tpu.accelerator_type,
         "chips": chips(tpu.accelerator_type),
         "spot": bool(tpu.spot),
-        "created": stamp(created_s),
-        "gone": stamp(gone_s),
+        "created": utc_stamp(created_s),
+        "gone": utc_stamp(gone_s),
         "hours": hours,
         "cost_usd": rate * hours if rate is not None else None,
         "cost_basis": f"{tpu.accelerator_type} {'Spot' if tpu.spot else 'on-demand'}, {source(tpu)}",

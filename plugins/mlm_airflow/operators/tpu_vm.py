@@ -395,7 +395,7 @@ def replaced_because(cfg: PipelineConfig, context: Context, job: Mapping[str, An
     created = job.get("node_created") if job is not None else None
     if job is None or not created:
         return ""
-    stamp = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(created))
+    stamp = prices.utc_stamp(created)
     where = RunContext.of(cfg, context["run_id"]).run.tpu_vm_bill
     try:
         with use_connection(cfg.gcp_conn_id):
