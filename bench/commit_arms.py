@@ -95,6 +95,11 @@ def run_arm(repo: str, config: str, root: str, run_id: str, sets: list[str]) -> 
     }
 
 
+def _rev(label: str) -> str:
+    """The commit of arm `label` (`REV` or `REV:CANDIDATE`)."""
+    return label.partition(":")[0]
+
+
 def overrides(label: str) -> list[str]:
     """The --set flags of arm `label` (`REV` or `REV:CANDIDATE`, CANDIDATE from bench_quality's CANDIDATES)."""
     from bench_quality import recipe
@@ -109,11 +114,8 @@ def compare(commits: list[str], rounds: int, config: str = "configs/default.yaml
     labels = list(dict.fromkeys(["HEAD", *commits]))
     for label in labels:
         overrides(label)  # an unknown candidate fails now, not after an hour
-    arms = {label: checkout(label.partition(":")[0]) for label in labels}
-    roots = {
-        label: os.path.join(common.BENCH_ROOT, "defaults", label.partition(":")[0].replace("^", "-parent"))
-        for label in arms
-    }
+    arms = {label: checkout(_rev(label)) for label in labels}
+    roots = {label: os.path.join(common.BENCH_ROOT, "defaults", _rev(label).replace("^", "-parent")) for label in arms}
     for root, label in {roots[label]: label for label in arms}.items():  # untimed: each commit's shard set, once
         cli(arms[label], config, root, "build_shard_set")
     runs: dict[str, list[dict]] = {label: [] for label in arms}
@@ -137,7 +139,7 @@ def compare(commits: list[str], rounds: int, config: str = "configs/default.yaml
         losses = [r["val_loss"] for r in res]
         rows.append(
             [
-                f"{label} ({_git('rev-parse', '--short', label.partition(':')[0])})",
+                f"{label} ({_git('rev-parse', '--short', _rev(label))})",
                 " ".join(str(r["steps"]) for r in res),
                 res[0]["precision"],
                 f"{common.median(losses):.3f}",
