@@ -21,7 +21,7 @@ The same DAG runs the embedded default (local folder, this machine's CPU, the Wi
 shipped with gensim) and production (`output_root: gs://…`, `compute: tpu_vm`): configuration
 only. Trigger it with the form: every field is checked by `validate` before any work, and a
 misspelled key in **overrides** is an error, not a silent default. Settings are documented in
-`mlm_tasks/config.py`; example files live in `configs/`.
+`mlm_tasks/config/`; example files live in `configs/`.
 
 Scheduled on the `mlm_shards` asset: when `mlm_dataset_refresh` builds new shards, a run starts
 and trains on exactly the fingerprint in the event.

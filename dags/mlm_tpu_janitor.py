@@ -66,14 +66,14 @@ DEFAULT_ZONES = [
     },
 )
 def mlm_tpu_janitor() -> None:
-    # The sweep is mlm_tasks/tpu/registry.py (no Airflow); the deployment's settings, mlm_tasks.deployment.
+    # The sweep is mlm_tasks/tpu/registry.py (no Airflow); the deployment's settings, mlm_tasks.config.deployment.
     @task
     def delete_expired(**context: Any) -> list[str]:
         from airflow.sdk.exceptions import AirflowException
 
         from mlm_airflow.connections import use_connection
         from mlm_airflow.errors import bad_input_fails_fast
-        from mlm_tasks.deployment import janitor_api
+        from mlm_tasks.config.deployment import janitor_api
         from mlm_tasks.tpu import registry
 
         with bad_input_fails_fast():  # unconfigured: fails without retries, saying what to set
@@ -90,7 +90,7 @@ def mlm_tpu_janitor() -> None:
     def forget_gone_nodes() -> list[str]:
         from mlm_airflow.connections import use_connection
         from mlm_airflow.errors import bad_input_fails_fast
-        from mlm_tasks.deployment import janitor_api
+        from mlm_tasks.config.deployment import janitor_api
         from mlm_tasks.tpu import registry
 
         with bad_input_fails_fast():

@@ -69,7 +69,7 @@ def deployed(**params):
     runs may write under <tmp>/o and gs://team-bucket/mlm, and the deployment sets the GCP project."""
 
     def make(ctx):
-        from mlm_tasks.deployment import Deployment
+        from mlm_tasks.config.deployment import Deployment
 
         configs = ctx.tmp / "configs"
         configs.mkdir(exist_ok=True)
@@ -88,7 +88,7 @@ def deployed(**params):
 
 def rest_made_event(ctx):
     """A shards event POSTed through the REST API (FAB's User role may), as the validate task receives it."""
-    from mlm_tasks.deployment import check_event
+    from mlm_tasks.config.deployment import check_event
 
     return check_event(
         {

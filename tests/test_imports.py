@@ -123,7 +123,7 @@ def test_steps_import_libraries_not_other_steps():
 
 # The layers a run's code crosses, top to bottom. A command is a module a person runs.
 COMMANDS = {"mlm_tasks.__main__", "mlm_tasks.cli", "mlm_tasks.smoke"}
-PACKAGES = ("steps", "data", "model", "training", "reporting", "downstream", "hub", "tpu")
+PACKAGES = ("config", "steps", "data", "model", "training", "reporting", "downstream", "hub", "tpu")
 
 
 def _layer(module: str) -> str:

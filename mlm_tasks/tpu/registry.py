@@ -20,7 +20,7 @@ XCom, a cleared run rewrites it). A node recorded twice (a retry) is one file, r
 
 The janitor's sweep (`delete_expired`, `forget_gone`) lives here too, with no Airflow in it: the DAG
 (dags/mlm_tpu_janitor.py) hands it the deployment's TPU API settings (`api`, a TpuConfig whose project
-is the janitor's own; mlm_tasks.deployment.janitor_api) and the trigger's zones. A zone whose listing
+is the janitor's own; mlm_tasks.config.deployment.janitor_api) and the trigger's zones. A zone whose listing
 fails, or a node whose delete the API refuses, does not stop the others: the Sweep names them, and
 the task fails at the end (`Sweep.problems`). Only nodes named `mlm-*` whose `expires` label is past
 are deleted (tpu.api.list_expired), and queued resources named so whose node's label is (with their node:

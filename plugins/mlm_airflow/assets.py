@@ -11,7 +11,7 @@ from typing import Any
 
 from airflow.sdk import Asset
 
-from mlm_tasks.deployment import DATA_SECTIONS, Deployment
+from mlm_tasks.config.deployment import DATA_SECTIONS, Deployment
 from mlm_tasks.results import DataSummary
 
 # An "x-" scheme is Airflow's mark for a private URI: no provider normalises it, so parsing the DAGs
@@ -38,7 +38,7 @@ def triggering_shards_event(
     A run consumes every event since the previous asset-triggered run (several refreshes while the
     scheduler was busy or the DAG paused), and the execution API returns them in no set order: pick
     by timestamp, never by position."""
-    from mlm_tasks.deployment import check_event
+    from mlm_tasks.config.deployment import check_event
 
     events = context.get("triggering_asset_events") or {}
     for asset, asset_events in events.items():

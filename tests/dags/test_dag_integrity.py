@@ -157,9 +157,9 @@ def test_the_form_picks_a_tpu_type_and_its_runtime(dagbag):
 
 def test_the_forms_show_only_run_settings(dagbag):
     """Deployment settings (connections, project, endpoints, the VM's environment) come from the
-    deployment file, never from a trigger form (mlm_tasks/deployment.py)."""
+    deployment file, never from a trigger form (mlm_tasks/config/deployment.py)."""
     from mlm_tasks.config import PARAM_PATHS
-    from mlm_tasks.deployment import DEPLOYMENT_KEYS
+    from mlm_tasks.config.deployment import DEPLOYMENT_KEYS
 
     for dag in dagbag.dags.values():
         for name in dag.params:

@@ -23,7 +23,7 @@ import pytest
 import yaml
 
 from mlm_tasks import storage
-from mlm_tasks.deployment import DEPLOYMENT_KEYS
+from mlm_tasks.config.deployment import DEPLOYMENT_KEYS
 from mlm_tasks.paths import DataPaths, RunFolder, RunPaths, join
 from peers.airflow_db import db_rows
 from peers.airflow_home import airflow_env, dags_test  # noqa: F401  (fixture)

@@ -412,7 +412,7 @@ def test_every_service_reads_the_deployment_file_and_it_bounds_runs(compose, mon
     """The compose stack's deployment file (deploy/deployment.yaml, docs/security.md) is the
     one every service reads; with .env.example's values it owns the project and connections, and keeps
     runs inside the mlm-data volume and the MLM_GCS_ROOT prefix."""
-    from mlm_tasks.deployment import Deployment
+    from mlm_tasks.config.deployment import Deployment
     from mlm_tasks.errors import ConfigError
 
     dotenv = read_env_file(ROOT / ".env.example")
@@ -437,7 +437,7 @@ def test_every_service_reads_the_deployment_file_and_it_bounds_runs(compose, mon
     assert [(a.id, a.name) for a in dep.approvers] == [("1", "admin")] and dep.foreign_events == "refuse"
     assert dep.output_roots == ["/opt/airflow/out", "gs://team-bucket/mlm"]
     with pytest.raises(ConfigError, match="outside the roots this deployment allows"):
-        dep.check_run(
+        dep.check_allowed(
             dep.run_config({"output_root": "/opt/airflow/out"}).model_copy(
                 update={"output_root": "gs://someone-else/x"}
             )

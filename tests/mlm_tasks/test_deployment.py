@@ -1,4 +1,4 @@
-"""The boundary between deployment settings and run settings (mlm_tasks/deployment.py): a trigger
+"""The boundary between deployment settings and run settings (mlm_tasks/config/deployment.py): a trigger
 (form, REST conf) or a dataset-refresh event may set run settings only, inside the deployment's
 roots; the deployment's own settings come on top. Real files: the deployment YAML, config files, a
 FIFO and a symlink out of the configs folder."""
@@ -9,7 +9,7 @@ import os
 
 import pytest
 
-from mlm_tasks.deployment import Deployment, check_event, run_config
+from mlm_tasks.config.deployment import Deployment, check_event, run_config
 from mlm_tasks.errors import ConfigError
 
 
@@ -398,7 +398,7 @@ def test_the_deployments_limits_bound_what_a_run_spends(tmp_path, monkeypatch):
 
 
 def test_publish_needs_a_recorded_approve_by_a_listed_approver(tmp_path, monkeypatch):
-    from mlm_tasks.deployment import check_approval
+    from mlm_tasks.config.deployment import check_approval
     from mlm_tasks.errors import AuthError
 
     dep = _pinned(tmp_path, monkeypatch, "approvers: [{id: '1', name: admin}]")

@@ -75,7 +75,7 @@ class ReleaseApprovalOperator(ApprovalOperator):
         reason = self._nothing_to_approve(cfg, decision)
         if reason:
             raise AirflowSkipException(reason)
-        from mlm_tasks.deployment import Deployment
+        from mlm_tasks.config.deployment import Deployment
         from mlm_tasks.reporting.review import review_markdown
 
         deployment = Deployment.load()

@@ -47,12 +47,12 @@ def validate(probe_write: bool = True, **context: Any) -> ValidatedConfig:
 
     A run scheduled by a dataset-refresh event trains on exactly that event's data: its output_root
     and data settings replace the form's, so the shards found are the ones the event announced.
-    Under a deployment file (MLM_DEPLOYMENT, mlm_tasks/deployment.py) the form, the REST conf and the
+    Under a deployment file (MLM_DEPLOYMENT, mlm_tasks/config/deployment.py) the form, the REST conf and the
     event may set run settings only, within the deployment's roots; its own settings come on top.
     """
     from mlm_airflow.assets import triggering_shards_event
     from mlm_airflow.defaults import distributed_executor, shared_output_roots
-    from mlm_tasks.deployment import Deployment, run_config
+    from mlm_tasks.config.deployment import Deployment, run_config
     from mlm_tasks.steps.validate import validate as step
 
     with bad_input_fails_fast():
@@ -134,7 +134,7 @@ def publish(config: dict, decision: GateDecision, data: DataSummary, approval: A
     from airflow.sdk.exceptions import AirflowSkipException
 
     from mlm_airflow.connections import hub_credentials
-    from mlm_tasks.deployment import Deployment, check_approval
+    from mlm_tasks.config.deployment import Deployment, check_approval
     from mlm_tasks.steps.publish import publish as step
 
     cfg, ctx = step_context(config, data)

@@ -8,7 +8,7 @@ import time
 import pytest
 
 from mlm_tasks.config import TpuConfig
-from mlm_tasks.deployment import Deployment, janitor_api
+from mlm_tasks.config.deployment import Deployment, janitor_api
 from mlm_tasks.errors import ConfigError
 from mlm_tasks.tpu import registry
 

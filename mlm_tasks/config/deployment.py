@@ -14,25 +14,24 @@ them (`Deployment.for_airflow()`: closed by default); only the CLI applies none.
 from __future__ import annotations
 
 import os
-import posixpath
 import re
 import stat
-from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from mlm_tasks.config import (
+from mlm_tasks.config.allowed import Bounds, under_local
+from mlm_tasks.config.loading import (
     MAX_CONFIG_BYTES,
     PARAM_PATHS,
-    PipelineConfig,
-    TpuConfig,
     build_config,
+    config_from_params,
     read_yaml_config,
     split_params,
 )
+from mlm_tasks.config.pipeline import PipelineConfig
+from mlm_tasks.config.tpu import TpuConfig
 from mlm_tasks.errors import ConfigError
-from mlm_tasks.storage import local_path
 
 ENV = "MLM_DEPLOYMENT"
 BUILTIN = "the built-in boundary (no deployment file: MLM_DEPLOYMENT is unset)"
@@ -58,29 +57,10 @@ DEPLOYMENT_KEYS = (
     "tpu.bootstrap",
     "publish.releases_root",
 )
-# Run settings that name local files or gs:// objects to read: they must lie under input_roots (and
-# the same settings of each corpus.mixture source).
-INPUT_KEYS = ("corpus.local_paths", "corpus.dump_path", "corpus.shards_uri", "corpus.tokenizer_uri")
-# Run settings that name a Hub repo or a local folder (datasets and transformers load either): a
-# local one must lie under the roots too (and each corpus.mixture source's hf_path).
-HUB_OR_PATH_KEYS = ("model.init_from", "corpus.hf_path")
-HUB_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,95}(/[A-Za-z0-9][A-Za-z0-9_.-]{0,95})?$")
 FINGERPRINT = re.compile(r"^[0-9a-f]{16}$")
 # What a dataset-refresh event may set (the sections mlm_dataset_refresh sends), and who may send one.
 DATA_SECTIONS = ("corpus", "tokenizer", "shards", "dedup")
 REFRESH_DAG = "mlm_dataset_refresh"
-
-
-class Limits(BaseModel):
-    """What one run may spend, whatever it asks for (check_run refuses more, naming the limit)."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    max_ttl_hours: float | None = Field(None, gt=0, description="The most tpu.ttl_hours (the janitor's bound).")
-    max_train_hours: float | None = Field(None, gt=0, description="The most train.timeout_hours, and budget.")
-    accelerator_types: list[str] = Field(default_factory=list, description="tpu.accelerator_type values allowed.")
-    max_batch_size: int | None = Field(None, ge=1, description="The most train.batch_size and eval.batch_size.")
-    max_steps: int | None = Field(None, ge=1, description="The most train.steps.")
 
 
 class Approver(BaseModel):
@@ -93,31 +73,17 @@ class Approver(BaseModel):
     name: str = Field(min_length=1, max_length=200)
 
 
-class Deployment(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
-    source: str = Field("", description="The file these came from (for messages).")
+class Deployment(Bounds):
     settings: dict[str, Any] = Field(default_factory=dict, description="Deployment settings for every run.")
-    output_roots: list[str] = Field(default_factory=list, description="Where a run may write.")
-    config_dirs: list[str] = Field(default_factory=list, description="Where config_file may come from.")
-    input_roots: list[str] = Field(default_factory=list, description="Where local corpora and shards may come from.")
-    zones: list[str] = Field(default_factory=list, description="The tpu.zone values a run may pick (empty: any).")
-    limits: Limits = Field(default_factory=Limits, description="What one run may spend.")
     approvers: list[Approver] = Field(
         default_factory=list,
         description="Who may approve a release (empty: anyone whose role may answer human-in-the-loop tasks).",
-    )
-    hub_namespaces: list[str] = Field(
-        default_factory=list, description="The Hub owners publish.repo_id and tokenizer_repo_id may name (empty: any)."
     )
     foreign_events: Literal["refuse", "as_form"] = Field(
         "refuse",
         description="A shards event not made by mlm_dataset_refresh (REST-made, or another DAG's): refused, "
         "or its data settings taken like a form's.",
     )
-
-    # Set only by `builtin()`, never by a file: no roots to check (there is no file to name them).
-    _open_roots: bool = PrivateAttr(False)
 
     @classmethod
     def for_airflow(cls) -> Deployment:
@@ -177,7 +143,7 @@ class Deployment(BaseModel):
         self.refuse_owned(run, "the trigger's settings")
         base = read_yaml_config(self.check_config_file(config_file)) if config_file else {}
         cfg = build_config(_merge(base, _nested(run)), _dotted(self.settings))
-        self.check_run(cfg)
+        self.check_allowed(cfg)
         return cfg
 
     def refuse_owned(self, run: dict[str, Any], where: str) -> None:
@@ -200,7 +166,7 @@ class Deployment(BaseModel):
 
     def check_config_file(self, path: str) -> str:
         real = os.path.realpath(path)
-        if not self._open_roots and not any(_under_local(real, d) for d in self.config_dirs):
+        if not self._open_roots and not any(under_local(real, d) for d in self.config_dirs):
             raise ConfigError(
                 f"config_file {path!r} is outside the deployment's config folders "
                 f"{self.config_dirs}: pick a file there (the form's default is one)."
@@ -216,119 +182,10 @@ class Deployment(BaseModel):
             )
         return real
 
-    def check_run(self, cfg: PipelineConfig) -> None:
-        """Where the run writes and reads, and its zone, within the deployment's limits."""
-        if self._open_roots:
-            return
-        if not any(_under(cfg.output_root, r) for r in self.output_roots):
-            raise ConfigError(
-                f"output_root {cfg.output_root!r} is outside the roots this deployment allows "
-                f"({self.output_roots}): use one of them or a folder under one."
-            )
-        releases = cfg.publish.releases_root
-        if releases and _under(cfg.output_root, releases):  # a run's folders never lie among the baselines
-            raise ConfigError(
-                f"output_root {cfg.output_root!r} is inside the deployment's releases_root {releases!r} "
-                "(the published models' baselines): use another folder."
-            )
-        tree = cfg.model_dump(mode="json")
-        # A mixture's sources read files and Hub datasets as corpus.* does: each is checked the same way.
-        mixture = [(f"corpus.mixture[{i}]", s) for i, s in enumerate(tree["corpus"]["mixture"])]
-        for where, corpus in [("corpus", tree["corpus"]), *mixture]:
-            for leaf in (key.split(".")[1] for key in INPUT_KEYS):
-                if leaf in corpus:  # a mixture source has local_paths and dump_path
-                    self._check_input(f"{where}.{leaf}", corpus[leaf], glob=leaf == "local_paths")
-        for key in HUB_OR_PATH_KEYS:
-            section, leaf = key.split(".")
-            self._check_hub_or_path(key, tree[section][leaf])
-        for i, source in enumerate(cfg.corpus.mixture):
-            self._check_hub_or_path(f"corpus.mixture[{i}].hf_path", source.hf_path)
-        for i, task in enumerate(cfg.downstream.tasks):  # downstream task files are read like a corpus
-            for key in ("train_file", "validation_file"):
-                value = getattr(task, key)
-                if value and not any(_under(value, r) for r in [*self.input_roots, *self.output_roots]):
-                    raise ConfigError(
-                        f"downstream.tasks[{i}].{key} {value!r} is outside the folders this deployment "
-                        f"lets runs read ({self.input_roots + self.output_roots}): put the data there."
-                    )
-            self._check_hub_or_path(f"downstream.tasks[{i}].hf_path", task.hf_path)
-        if self.zones and cfg.compute == "tpu_vm" and cfg.tpu.zone not in self.zones:
-            raise ConfigError(f"tpu.zone {cfg.tpu.zone!r} is not one of this deployment's zones {self.zones}.")
-        self._check_limits(cfg)
-        for key, repo in (
-            ("publish.repo_id", cfg.publish.repo_id),
-            ("publish.tokenizer_repo_id", cfg.publish.tokenizer_repo_id),
-        ):
-            if repo and self.hub_namespaces and repo.split("/")[0] not in self.hub_namespaces:
-                raise ConfigError(
-                    f"{key} {repo!r} is not under one of this deployment's Hub namespaces "
-                    f"{self.hub_namespaces} (`hub_namespaces` in {self.source})."
-                )
-
-    def _check_input(self, key: str, values: Any, glob: bool) -> None:
-        """A setting that names files to read (INPUT_KEYS): each value under the roots; a pattern (`glob`)
-        reads what it expands to, so each of those too, links resolved."""
-        readable = [*self.input_roots, *self.output_roots]
-        for value in values if isinstance(values, list) else [values]:
-            if value and not any(_under(value, r) for r in readable):
-                raise ConfigError(
-                    f"{key} {value!r} is outside the folders this deployment lets runs read ({readable}): "
-                    "put the data there."
-                )
-            for path in _expanded(value) if glob and value else []:
-                if not any(_under(path, r) for r in readable):
-                    raise ConfigError(
-                        f"{key} {value!r} reaches {path!r}, outside the folders this deployment lets runs "
-                        f"read ({readable}) (through a link?): put the data there."
-                    )
-
-    def _check_limits(self, cfg: PipelineConfig) -> None:
-        lim, train = self.limits, cfg.train
-        hours = train.timeout_hours if train.timeout_hours is not None or cfg.compute != "tpu_vm" else cfg.tpu.ttl_hours
-        over = [
-            ("tpu.ttl_hours", cfg.tpu.ttl_hours, lim.max_ttl_hours, "max_ttl_hours"),
-            ("train.timeout_hours", hours, lim.max_train_hours, "max_train_hours"),
-            ("train.budget_minutes / 60", (train.budget_minutes or 0) / 60, lim.max_train_hours, "max_train_hours"),
-            ("train.batch_size", train.batch_size, lim.max_batch_size, "max_batch_size"),
-            ("eval.batch_size", cfg.eval.batch_size, lim.max_batch_size, "max_batch_size"),
-            ("train.steps", train.steps or 0, lim.max_steps, "max_steps"),
-        ]
-        for key, value, limit, name in over:
-            if limit is not None and value is not None and value > limit:
-                raise ConfigError(
-                    f"{key} {value:g} is over this deployment's limit ({name}: {limit:g} in "
-                    f"{self.source}, `limits`): ask for less, or ask whoever runs the deployment."
-                )
-        if lim.accelerator_types and cfg.compute == "tpu_vm" and cfg.tpu.accelerator_type not in lim.accelerator_types:
-            raise ConfigError(
-                f"tpu.accelerator_type {cfg.tpu.accelerator_type!r} is not one this deployment allows "
-                f"({lim.accelerator_types}, `limits.accelerator_types` in {self.source})."
-            )
-
-    def _check_hub_or_path(self, key: str, value: str | None) -> None:
-        """A Hub repo id, or a local folder under the roots: judged as the loader will read it (a string that
-        names an existing local path is read from disk, whatever it looks like)."""
-        if not value:
-            return
-        readable = [*self.input_roots, *self.output_roots]
-        local = local_path(value)
-        if value.startswith("gs://") or value.startswith(("/", ".", "~", "file://")) or os.path.lexists(local):
-            if not any(_under(value, r) for r in readable):
-                raise ConfigError(
-                    f"{key} {value!r} is a path outside the folders this deployment lets runs read "
-                    f"({readable}): put it there, or give a Hub repo id (owner/name)."
-                )
-        elif not HUB_ID.match(value):
-            raise ConfigError(
-                f"{key} {value!r} is neither a Hub repo id (owner/name: letters, digits, '-', '_', '.') "
-                "nor a folder under the deployment's roots: fix it."
-            )
-
 
 def run_config(params: dict[str, Any], dep: Deployment | None, event: dict[str, Any] | None = None) -> PipelineConfig:
     """The one door of a run's settings: the trigger's params (form, REST conf), then a checked dataset-refresh
     event's data sections and output_root (`check_event`), then the deployment's settings last, and its limits."""
-    from mlm_tasks.config import config_from_params
 
     cfg = dep.run_config(params) if dep else config_from_params(params)
     if event is None:
@@ -337,7 +194,7 @@ def run_config(params: dict[str, Any], dep: Deployment | None, event: dict[str, 
     tree.update(event["data_config"], output_root=event["output_root"])
     cfg = build_config(tree, _dotted(dep.settings) if dep else None)
     if dep:
-        dep.check_run(cfg)
+        dep.check_allowed(cfg)
     return cfg
 
 
@@ -436,18 +293,6 @@ def check_approval(approval: Any, approvers: list[Approver]) -> str:
     return f"Release approved by {who}."
 
 
-def _expanded(pattern: str) -> list[str]:
-    """The files a local pattern reads (corpus.local_paths are globbed), as real paths; the pattern itself
-    when it matches nothing yet (then it is judged as written)."""
-    import glob
-
-    if pattern.startswith("gs://"):
-        return [pattern]
-    local = os.path.expanduser(local_path(pattern))
-    found = glob.glob(local, recursive=True)
-    return [os.path.realpath(p) for p in found] or [local]
-
-
 def _expand(value: Any) -> Any:
     if isinstance(value, str):
         return os.path.expandvars(value)
@@ -501,21 +346,3 @@ def _dotted(tree: dict[str, Any]) -> dict[str, Any]:
             node = node[part]
         out[key] = node
     return out
-
-
-def _under_local(real: str, root: str) -> bool:
-    root = os.path.realpath(root)
-    return real == root or real.startswith(root.rstrip("/") + "/")
-
-
-def _under(uri: str, root: str) -> bool:
-    """Is `uri` the root or inside it? gs:// by normalised path (a `..` segment never climbs out);
-    local paths by their real path (symlinks resolved)."""
-    if uri.startswith("gs://") or root.startswith("gs://"):
-        if not (uri.startswith("gs://") and root.startswith("gs://")) or "/../" in f"{uri}/":
-            return False
-        path, top = posixpath.normpath(uri[5:]), posixpath.normpath(root[5:])
-        return path == top or path.startswith(top + "/")
-    return _under_local(
-        os.path.realpath(str(Path(local_path(uri)).expanduser())), str(Path(local_path(root)).expanduser())
-    )

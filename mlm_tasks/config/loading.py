@@ -1,0 +1,167 @@
+"""Loading a run's settings: a YAML file, the trigger form's flat names, dotted overrides.
+
+cfg = load_config("configs/tiny.yaml", overrides={"train.steps": 50})
+cfg = config_from_params(dag_params)        # flat names from the Airflow trigger form
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from pydantic import ValidationError
+
+from mlm_tasks.config.pipeline import PipelineConfig
+from mlm_tasks.errors import ConfigError
+
+MAX_CONFIG_BYTES = 1 << 20
+
+
+# Flat names used by the Airflow trigger form and `--set`, mapped to their place in the config.
+PARAM_PATHS = {
+    "output_root": "output_root",
+    "compute": "compute",
+    "corpus_source": "corpus.source",
+    "hf_dataset": "corpus.hf_path",
+    "hf_config": "corpus.hf_name",
+    "local_paths": "corpus.local_paths",
+    "dump_path": "corpus.dump_path",
+    "vocab_size": "tokenizer.vocab_size",
+    "max_length": "shards.max_length",
+    "model_preset": "model.preset",
+    "init_from": "model.init_from",
+    "init_revision": "model.init_revision",
+    "steps": "train.steps",
+    "budget_minutes": "train.budget_minutes",
+    "batch_size": "train.batch_size",
+    "learning_rate": "train.learning_rate",
+    "tpu_project": "tpu.project",
+    "tpu_zone": "tpu.zone",
+    "accelerator_type": "tpu.accelerator_type",
+    "runtime_version": "tpu.runtime_version",
+    "publish": "publish.enabled",
+    "hub_repo_id": "publish.repo_id",
+    "require_approval": "publish.require_approval",
+}
+
+
+def _set_dotted(tree: dict, dotted: str, value: Any) -> None:
+    *parents, leaf = dotted.split(".")
+    node = tree
+    for part in parents:
+        node = node.setdefault(part, {})
+        if not isinstance(node, dict):
+            raise ConfigError(f"Cannot set {dotted!r}: {part!r} is not a section.")
+    node[leaf] = value
+
+
+def build_config(base: dict | None = None, overrides: dict[str, Any] | None = None) -> PipelineConfig:
+    """Validate `base` (nested dict) with dotted or flat-param `overrides` applied on top."""
+    tree = json.loads(json.dumps(base or {}))
+    for key, value in (overrides or {}).items():
+        dotted = PARAM_PATHS.get(key, key)
+        if "." not in dotted and dotted not in PipelineConfig.model_fields:
+            raise ConfigError(
+                f"Unknown setting {key!r}. Known flat names: {sorted(PARAM_PATHS)}; "
+                "or use a dotted path such as train.learning_rate."
+            )
+        _set_dotted(tree, dotted, value)
+    try:
+        return PipelineConfig.model_validate(tree)
+    except ConfigError:
+        raise
+    except ValidationError as err:
+        raise ConfigError(_explain(err)) from None
+
+
+# Settings that are gone, and what to use instead: naming one says so, not "check its spelling".
+REMOVED_SETTINGS = {
+    "train.fail_at_step": "fault injection is a training hook now, never a setting of a run: in process, "
+    "train(cfg, ctx, hooks=[FailAtStep(N)]); for a trainer in another process (a task, the CLI, a TPU VM), "
+    "MLM_TRAIN_HOOKS=mlm_tasks.training.hooks:fail_at_step=N in its environment "
+    "(mlm_tasks/training/hooks.py). Remove the setting.",
+}
+
+
+def _explain(err: ValidationError) -> str:
+    lines = []
+    for e in err.errors():
+        where = ".".join(str(p) for p in e["loc"]) or "config"
+        if e["type"] == "extra_forbidden" and where in REMOVED_SETTINGS:
+            lines.append(f"Setting {where!r} is gone: {REMOVED_SETTINGS[where]}")
+        elif e["type"] == "extra_forbidden":
+            lines.append(f"Unknown setting {where!r}: check its spelling (see configs/default.yaml).")
+        elif e["type"] == "value_error" and isinstance(e.get("ctx", {}).get("error"), ConfigError):
+            lines.append(str(e["ctx"]["error"]))
+        else:
+            lines.append(f"{where}: {e['msg']} (got {e.get('input')!r}).")
+    return "Invalid configuration:\n  " + "\n  ".join(lines)
+
+
+def read_yaml_config(path: str | Path) -> dict:
+    """Parse a YAML config file strictly: syntax errors, duplicate keys and a top level that is not a
+    mapping are ConfigErrors naming the file and line (PyYAML alone lets a repeated key win silently)."""
+    import yaml
+
+    class StrictLoader(yaml.SafeLoader):
+        def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
+            seen: dict[Any, int] = {}  # key: its line
+            for key_node, _ in node.value:
+                key = self.construct_object(key_node, deep=deep)
+                if key in seen:
+                    raise ConfigError(
+                        f"{path} line {key_node.start_mark.line + 1}: key {key!r} is repeated "
+                        f"(first at line {seen[key]}): keep one of them."
+                    )
+                seen[key] = key_node.start_mark.line + 1
+            return super().construct_mapping(node, deep=deep)
+
+    path = Path(path)
+    if not path.exists():
+        raise ConfigError(f"Config file {path} does not exist: see configs/ for examples.")
+    # Reading a FIFO would hang the task and /dev/zero fill its memory: a config is a small regular file.
+    if not path.is_file() or path.stat().st_size > MAX_CONFIG_BYTES:
+        raise ConfigError(
+            f"Config file {path} is not a regular file of at most {MAX_CONFIG_BYTES} bytes: give a YAML "
+            "file of settings (see configs/)."
+        )
+    try:
+        tree = yaml.load(path.read_text(), Loader=StrictLoader)
+    except yaml.YAMLError as err:
+        where = getattr(err, "problem_mark", None)
+        line = f" line {where.line + 1}" if where is not None else ""
+        problem = getattr(err, "problem", None) or str(err)
+        raise ConfigError(
+            f"{path}{line} is not valid YAML ({problem}): fix the file (indentation with spaces, `key: value` pairs)."
+        ) from None
+    if tree is None:
+        return {}
+    if not isinstance(tree, dict):
+        raise ConfigError(
+            f"{path} holds a YAML {type(tree).__name__}, not a mapping of settings: see "
+            "configs/default.yaml for the shape."
+        )
+    return tree
+
+
+def load_config(path: str | Path | None = None, overrides: dict[str, Any] | None = None) -> PipelineConfig:
+    """Load a YAML config file (or defaults when `path` is None) and apply overrides."""
+    base = read_yaml_config(path) if path is not None else {}
+    return build_config(base, overrides)
+
+
+def split_params(params: dict[str, Any]) -> tuple[str | None, dict[str, Any]]:
+    """The Airflow form's `config_file`, and the settings it sets: flat fields, then `overrides`."""
+    params = dict(params)
+    config_file = params.pop("config_file", None) or None
+    extra = params.pop("overrides", None) or {}
+    # Form fields left empty mean "keep the file's value".
+    flat = {k: v for k, v in params.items() if v is not None and v != ""}
+    return config_file, {**flat, **extra}
+
+
+def config_from_params(params: dict[str, Any]) -> PipelineConfig:
+    """Build the config from the Airflow form: `config_file` plus flat params plus `overrides` dict."""
+    config_file, settings = split_params(params)
+    return load_config(config_file, settings)

@@ -1,0 +1,244 @@
+"""The whole run's settings (`PipelineConfig`): its sections, and the checks that cross them (no I/O:
+checks that touch the outside world live in `mlm_tasks.steps.validate`)."""
+
+from __future__ import annotations
+
+import re
+from typing import Literal
+
+from pydantic import Field, model_validator
+
+from mlm_tasks.config.data import SPECIAL_TOKENS, CorpusConfig, DedupConfig, ShardConfig, TokenizerConfig
+from mlm_tasks.config.release import DownstreamConfig, GateConfig, PublishConfig
+from mlm_tasks.config.section import Section
+from mlm_tasks.config.tpu import TpuConfig
+from mlm_tasks.config.training import EvalConfig, InferConfig, ModelConfig, TrainConfig
+from mlm_tasks.errors import ConfigError
+from mlm_tasks.paths import check_safe_uri
+from mlm_tasks.tpu import slices as tpu_slices
+
+SUPPORTED_SCHEMES = ("file", "gs")
+HUB_REPO_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,95}/[A-Za-z0-9][A-Za-z0-9_.-]{0,95}$")
+
+
+class SensorConfig(Section):
+    """Orchestration only: the shard gate (plugins/mlm_airflow/sensors/shard_set.py) reads this section at run time; no
+    step of mlm_tasks does. It lives in the run's config so a run (production.yaml) can set it."""
+
+    poke_interval_s: int = Field(
+        30, ge=1, le=3600, description="Seconds between checks for the shard completion marker."
+    )
+    timeout_s: int = Field(
+        3600, ge=1, le=604_800, description="Fail the run if shards are not complete after this long."
+    )
+    gcp_conn_id: str | None = Field(
+        None, description="Airflow GCP connection of the sensor (empty: the top-level gcp_conn_id)."
+    )
+
+
+class StorageConfig(Section):
+    """gs:// calls of every step, task and trigger (mlm_tasks/storage.py), and TensorFlow's gs:// client."""
+
+    timeout_s: float = Field(
+        60,
+        gt=0,
+        le=600,
+        description="Seconds a gs:// request may wait for a connection "
+        "or for the next bytes of its answer; a call fails as transient (the task retries) "
+        "after 3 times this, retries included, plus a second per MiB it moves.",
+    )
+
+
+class PipelineConfig(Section):
+    output_root: str = Field("out", description="Where every artifact goes: a local folder or gs://bucket/prefix.")
+    compute: Literal["local", "tpu_vm"] = Field("local", description="Train here, or on a TPU VM made for the run.")
+    gcp_conn_id: str = Field(
+        "google_cloud_default",
+        description="Airflow GCP connection whose credentials every "
+        "Google client on the Airflow side uses (GCS, the shard sensor, the TPU API).",
+    )
+    corpus: CorpusConfig = Field(default_factory=CorpusConfig)
+    tokenizer: TokenizerConfig = Field(default_factory=TokenizerConfig)
+    shards: ShardConfig = Field(default_factory=ShardConfig)
+    dedup: DedupConfig = Field(default_factory=DedupConfig)
+    model: ModelConfig = Field(default_factory=ModelConfig)
+    train: TrainConfig = Field(default_factory=TrainConfig)
+    eval: EvalConfig = Field(default_factory=EvalConfig)
+    infer: InferConfig = Field(default_factory=InferConfig)
+    tpu: TpuConfig = Field(default_factory=TpuConfig)
+    sensor: SensorConfig = Field(default_factory=SensorConfig)
+    storage: StorageConfig = Field(default_factory=StorageConfig)
+    downstream: DownstreamConfig = Field(default_factory=DownstreamConfig)
+    gate: GateConfig = Field(default_factory=GateConfig)
+    publish: PublishConfig = Field(default_factory=PublishConfig)
+
+    @model_validator(mode="after")
+    def _cross_checks(self) -> PipelineConfig:
+        self._model_checks()
+        self._train_checks()
+        self._output_checks()
+        self._publish_checks()
+        return self
+
+    def _model_checks(self) -> None:
+        """The model's shape against the data's: heads, positions, vocabulary."""
+        shape = self.model.shape()  # raises on an unknown preset
+        if self.model.init_from is not None:
+            self._init_from_checks()  # the shape, positions and vocabulary are the base's: validate checks them
+        elif shape.hidden_size % shape.num_attention_heads:
+            raise ConfigError(
+                f"model.hidden_size {shape.hidden_size} is not a multiple of "
+                f"num_attention_heads {shape.num_attention_heads}."
+            )
+        elif self.shards.max_length + 2 > shape.max_position_embeddings:
+            # RoBERTa offsets positions by padding_idx + 1, so a 512-token model has 514 positions.
+            raise ConfigError(
+                f"max_length {self.shards.max_length} does not fit the model: preset {self.model.preset!r} has "
+                f"{shape.max_position_embeddings} positions, so max_length can be at most "
+                f"{shape.max_position_embeddings - 2}. Lower max_length or set model.max_position_embeddings."
+            )
+        elif self.tokenizer.vocab_size <= len(SPECIAL_TOKENS) + 10:
+            raise ConfigError(
+                f"tokenizer.vocab_size {self.tokenizer.vocab_size} leaves no room beside the "
+                f"{len(SPECIAL_TOKENS)} special tokens {' '.join(SPECIAL_TOKENS)}: raise it (1000 or "
+                "more for real text; the default is 8000)."
+            )
+
+    def _train_checks(self) -> None:
+        """Masking, steps per call and the kept checkpoint against each other."""
+        if self.train.max_predictions_per_seq > self.shards.max_length:
+            raise ConfigError("train.max_predictions_per_seq cannot exceed max_length.")
+        expected = self.train.mlm_probability * self.shards.max_length
+        if self.train.mlm_probability > 0.15 and 0 < self.train.max_predictions_per_seq < expected:
+            # More masking than BERT's 15% needs the slots for it: below the mean masked count most full
+            # sequences would lose labels (masked, never scored). At 15% the cut is the long-standing default.
+            raise ConfigError(
+                f"train.max_predictions_per_seq {self.train.max_predictions_per_seq} is below the "
+                f"{expected:.0f} tokens train.mlm_probability {self.train.mlm_probability} masks in a "
+                f"{self.shards.max_length}-token sequence on average: raise it to about "
+                f"{int(expected * 1.5)} (0 = every position)."
+            )
+        if self.train.mlm_probability > 0.5:
+            raise ConfigError(
+                f"train.mlm_probability {self.train.mlm_probability} leaves under half the context: "
+                "use 0.15-0.4 (Wettig et al. found 40% the most a base model gains from)."
+            )
+        if self.model.vocab_multiple and self.model.init_from:
+            raise ConfigError(
+                "model.vocab_multiple pads a new model's vocabulary; with model.init_from the base's "
+                "vocabulary is kept: leave model.vocab_multiple empty."
+            )
+        if self.train.steps_per_call != "auto" and int(self.train.steps_per_call) < 1:
+            raise ConfigError(f"train.steps_per_call {self.train.steps_per_call} must be auto or at least 1.")
+        if self.train.keep_checkpoint == "best" and not self.train.eval_every:
+            raise ConfigError(
+                "train.keep_checkpoint=best needs train.eval_every (the steps at which the "
+                "validation loss picks the best): set it, e.g. train.eval_every=500."
+            )
+
+    def _output_checks(self) -> None:
+        """Where the run writes and what runs it: output_root's scheme, the run's URIs, the TPU VM."""
+        scheme = self.output_root.split("://", 1)[0] if "://" in self.output_root else "file"
+        if scheme == "gs" and not self.output_root[len("gs://") :].split("/", 1)[0]:
+            raise ConfigError(
+                f"output_root {self.output_root!r} names no bucket: use gs://bucket/prefix "
+                "(the bucket must exist; create it with `gcloud storage buckets create`)."
+            )
+        if scheme not in SUPPORTED_SCHEMES:
+            raise ConfigError(
+                f"output_root {self.output_root!r} has unsupported scheme {scheme!r}: use a "
+                "local folder or gs://bucket/prefix."
+            )
+        for setting, value, glob in self._run_uris():
+            check_safe_uri(setting, value, glob=glob)
+        if self.model.init_revision and not self.model.init_from:
+            raise ConfigError(
+                f"model.init_revision {self.model.init_revision!r} is set but model.init_from is empty: "
+                "name the Hub repo to start from, or leave init_revision empty."
+            )
+        if self.compute == "tpu_vm" and scheme != "gs":
+            raise ConfigError(
+                "compute=tpu_vm needs output_root=gs://bucket/prefix: the TPU VM reads shards "
+                "and writes checkpoints there."
+            )
+        if self.compute == "tpu_vm" and not self.tpu.project:
+            raise ConfigError("compute=tpu_vm needs tpu.project (the Google Cloud project of the TPU VM).")
+        if self.sensor.gcp_conn_id is None:
+            self.sensor.gcp_conn_id = self.gcp_conn_id
+        if self.compute == "tpu_vm":
+            self._tpu_checks()
+
+    def _publish_checks(self) -> None:
+        """The Hub repo ids, when publishing."""
+        if (
+            self.publish.repo_id
+            and not HUB_REPO_ID.match(self.publish.repo_id)
+            or self.publish.tokenizer_repo_id
+            and not HUB_REPO_ID.match(self.publish.tokenizer_repo_id)
+        ):
+            raise ConfigError(
+                f"publish.repo_id {self.publish.repo_id!r} / tokenizer_repo_id "
+                f"{self.publish.tokenizer_repo_id!r}: a Hub repo id is owner/name (letters, digits, '-', "
+                "'_', '.'), e.g. my-org/roberta-wiki-mlm."
+            )
+        if self.publish.enabled and not self.publish.repo_id:
+            raise ConfigError("publish.enabled needs publish.repo_id, e.g. my-org/roberta-wiki-mlm.")
+
+    def _init_from_checks(self) -> None:
+        """What a continued run (model.init_from) needs to be true without reading the base."""
+        if self.corpus.source == "tfrecord_shards":
+            raise ConfigError(
+                "model.init_from encodes the corpus with the base model's tokenizer, but "
+                "corpus.source=tfrecord_shards brings shards already encoded: use a text source, or "
+                "leave model.init_from empty."
+            )
+        if self.compute == "tpu_vm" and (self.model.init_from or "").startswith(("/", ".", "file://")):
+            raise ConfigError(
+                f"model.init_from {self.model.init_from} is a local folder, but compute=tpu_vm trains on "
+                "a TPU VM that cannot see it: copy it to gs://bucket/prefix, or give a Hub repo id."
+            )
+
+    def _run_uris(self) -> list[tuple[str, str, bool]]:
+        """(setting, value, may be a glob) of every place or Hub id a run may set."""
+        c, p, m = self.corpus, self.publish, self.model
+        named = [
+            ("output_root", self.output_root),
+            ("corpus.hf_path", c.hf_path),
+            ("corpus.dump_path", c.dump_path),
+            ("corpus.shards_uri", c.shards_uri),
+            ("corpus.tokenizer_uri", c.tokenizer_uri),
+            ("model.init_from", m.init_from),
+            ("model.init_revision", m.init_revision),
+            ("publish.repo_id", p.repo_id),
+            ("publish.tokenizer_repo_id", p.tokenizer_repo_id),
+            ("publish.releases_root", p.releases_root),
+        ]
+        named += [
+            (f"downstream.tasks[{i}].{key}", getattr(t, key))
+            for i, t in enumerate(self.downstream.tasks)
+            for key in ("train_file", "validation_file", "hf_path", "hf_revision")
+        ]
+        for i, s in enumerate(c.mixture):
+            named += [(f"corpus.mixture[{i}].hf_path", s.hf_path), (f"corpus.mixture[{i}].dump_path", s.dump_path)]
+        globs = [(f"corpus.local_paths[{i}]", v) for i, v in enumerate(c.local_paths)] + [
+            (f"corpus.mixture[{i}].local_paths[{j}]", v)
+            for i, s in enumerate(c.mixture)
+            for j, v in enumerate(s.local_paths)
+        ]
+        return [(k, v, False) for k, v in named if v is not None] + [(k, v, True) for k, v in globs]
+
+    def _tpu_checks(self) -> None:
+        """What a TPU VM run needs to be true before the VM exists (no I/O)."""
+        tpu_slices.check_runtime(self.tpu.accelerator_type, self.tpu.runtime_version)
+        if self.tpu.ssh_via == "external" and not self.tpu.external_ips:
+            raise ConfigError(
+                "tpu.ssh_via=external needs tpu.external_ips=true (the workers get no external IP "
+                "otherwise); inside the VPC use tpu.ssh_via=internal."
+            )
+        hours = self.train.timeout_for(self.compute, self.tpu.ttl_hours)
+        if hours > self.tpu.ttl_hours:
+            raise ConfigError(
+                f"train.timeout_hours {hours:g} is longer than tpu.ttl_hours {self.tpu.ttl_hours:g}: the "
+                "janitor would delete the TPU VM under a training that may still run. Raise "
+                "tpu.ttl_hours or lower train.timeout_hours."
+            )
