@@ -112,7 +112,6 @@ class RunPaths:
     data_ref = property(lambda self: join(self.root, "data.json"))
     summary_text = property(lambda self: join(self.root, "summary.txt"))
     published = property(lambda self: join(self.root, "publish", "published.json"))
-    tpu_vm_bill = property(lambda self: join(self.root, "tpu_vm.json"))  # hours up and cost, at its deletion
 
 
 @dataclass(frozen=True)

@@ -18,7 +18,6 @@ import yaml
 from mlm_tasks import storage
 from mlm_tasks.config import PipelineConfig
 from mlm_tasks.paths import SPLITS, RunPaths, join
-from mlm_tasks.tpu import prices
 from mlm_tasks.training.restarts import read_restarts
 
 WIKIPEDIA_CREDIT = "Text from English Wikipedia, CC BY-SA 4.0"
@@ -42,7 +41,6 @@ def read_run_artifacts(run: RunPaths) -> dict[str, Any]:
         "predictions": storage.read_json_if_exists(run.predictions),
         "data_info": storage.read_json_if_exists(run.data_ref),
         "downstream": storage.read_json_if_exists(run.downstream),
-        "bill": storage.read_json_if_exists(run.tpu_vm_bill),  # every TPU VM of the run (tpu_vm.json)
         "restarts": read_restarts(run),  # node losses handled inside a try
     }
 
@@ -233,15 +231,10 @@ def restart_lines(restarts: list[Mapping[str, Any]] | None) -> list[str]:
     return lines
 
 
-def training_lines(
-    summary: Mapping[str, Any] | None,
-    bill: dict[str, Any] | None = None,
-    restarts: list[Mapping[str, Any]] | None = None,
-) -> list[str]:
-    """`bill`: the run's TPU VM bill (runs/<run>/tpu_vm.json), every VM it had; None on a CPU run.
-    `restarts`: the node losses handled inside a try (restart_lines)."""
+def training_lines(summary: Mapping[str, Any] | None, restarts: list[Mapping[str, Any]] | None = None) -> list[str]:
+    """`restarts`: the node losses handled inside a try (restart_lines)."""
     if not summary:
-        return ["_No training summary was recorded for this run._", *restart_lines(restarts), *prices.bill_lines(bill)]
+        return ["_No training summary was recorded for this run._", *restart_lines(restarts)]
     lines = [f"- Steps: {summary.get('steps')}"]
     if summary.get("resumed_from_step"):
         lines.append(f"- Resumed from step {summary['resumed_from_step']} (a retry continued from a checkpoint)")
@@ -265,7 +258,6 @@ def training_lines(
             f"training ({summary.get('cost_basis')})"
         )
     lines += restart_lines(restarts)
-    lines += prices.bill_lines(bill)  # what the run paid for: each VM from createTime to deletion
     if summary.get("elapsed_s") is not None:
         lines.append(f"- Wall time: {summary['elapsed_s'] / 60:.1f} min")
     return lines
@@ -317,7 +309,6 @@ def render_model_card(
     predictions: list | None,
     data_info: Mapping[str, Any] | None,
     downstream: Mapping[str, Any] | None = None,
-    bill: dict[str, Any] | None = None,
     restarts: list[Mapping[str, Any]] | None = None,
 ) -> str:
     credit, datasets = corpus_credit(cfg, data_info)
@@ -367,7 +358,7 @@ def render_model_card(
         *config_lines(cfg, data_info),
         "",
         "## Training",
-        *training_lines(summary, bill, restarts),
+        *training_lines(summary, restarts),
         "",
         "## Evaluation",
         *metrics_table(metrics),
@@ -401,7 +392,6 @@ def write_model_card(cfg: PipelineConfig, run: RunPaths, data_info: Mapping[str,
         art["predictions"],
         data_info if data_info is not None else art["data_info"],
         art["downstream"],
-        art["bill"],
         art["restarts"],
     )
     uri = join(run.model, "README.md")

@@ -7,7 +7,7 @@
 
 A run is a folder under runs/ with a training summary (runs still training are left out). What a row
 holds comes from the run's own artifacts only (train/summary.json, train/history.jsonl, eval/metrics.json,
-eval/downstream.json, data.json, tpu_vm.json), so runs made by any version of the pipeline, on any machine, compare.
+eval/downstream.json, data.json), so runs made by any version of the pipeline, on any machine, compare.
 Tokens seen = step × global batch × sequence length, so runs with other batch sizes share one axis.
 """
 
@@ -65,7 +65,6 @@ def run_row(output_root: str, name: str) -> RunRow:
     per_step = _tokens_per_step(output_root, summary, data_info)
     base = (data_info or {}).get("base_model") or {}
     downstream = downstream_scores(run)
-    vm_bill = storage.read_json_if_exists(run.tpu_vm_bill)
     return RunRow(
         run=name,
         data_fingerprint=summary.get("data_fingerprint"),
@@ -78,9 +77,8 @@ def run_row(output_root: str, name: str) -> RunRow:
         eval_loss=metrics.get("loss"),
         downstream=downstream[0],
         downstream_interval=downstream[1],
-        # The VM's whole bill once delete_tpu_vm recorded it, else the training's own hours at the price.
         wall_time_s=summary.get("elapsed_s"),
-        cost_usd=(vm_bill or {}).get("cost_usd", summary.get("cost_usd")),
+        cost_usd=summary.get("cost_usd"),  # the training's hours at the run's price
         val_curve=[[h["step"] * per_step, h["val_loss"]] for h in history if "val_loss" in h] if per_step else [],
     )
 

@@ -200,7 +200,7 @@ def _page(
         *config_lines(cfg, data_info),
         "",
         "## Training",
-        *training_lines(summary, art["bill"], art["restarts"]),
+        *training_lines(summary, art["restarts"]),
         "",
     ]
     page += [

@@ -14,7 +14,6 @@ from mlm_tasks.config import PipelineConfig
 from mlm_tasks.data.shard_set import DataSummary
 from mlm_tasks.paths import RunContext, RunPaths
 from mlm_tasks.results import RunSummary
-from mlm_tasks.tpu import prices
 
 log = logging.getLogger(__name__)
 
@@ -47,7 +46,7 @@ def summary(cfg: PipelineConfig, ctx: RunContext, *, data: DataSummary | None = 
             for s in data["records"]
         ),
     ]
-    lines += _training_lines(cfg, run, train)
+    lines += _training_lines(run, train)
     if metrics:
         lines.append(
             f"Evaluation {metrics['split']}: masked-LM loss {metrics['loss']:.3f}, perplexity "
@@ -87,8 +86,8 @@ def _removed_line(card: dict) -> list[str]:
     ]
 
 
-def _training_lines(cfg: PipelineConfig, run: RunPaths, train: dict) -> list[str]:
-    """Training, Hardware and, on a TPU VM, the run's bill: every VM it had (runs/<run>/tpu_vm.json)."""
+def _training_lines(run: RunPaths, train: dict) -> list[str]:
+    """Training, Hardware (on a TPU, the training's hours at the run's price: an estimate, named), Budget."""
     out: list[str] = []
     if train:
         out.append(
@@ -104,7 +103,7 @@ def _training_lines(cfg: PipelineConfig, run: RunPaths, train: dict) -> list[str
                 f"Hardware   {train['mfu_of']}"
                 + (
                     f"; {train['accelerator_hours']:.2f} TPU hours of training = ${train['cost_usd']:,.2f} "
-                    f"({train['cost_basis']})"
+                    f"({train['cost_basis']}; an estimate: the VM bills from create_tpu_vm to delete_tpu_vm)"
                     if train.get("cost_usd") is not None
                     else ""
                 )
@@ -118,14 +117,4 @@ def _training_lines(cfg: PipelineConfig, run: RunPaths, train: dict) -> list[str
                 f"{budget['trained_s']:.0f} s ({budget['overrun_s']:+.1f} s; planned {budget['steps']:,} at the "
                 f"start, re-planned {budget['replans']} times); train.steps={budget['trained_steps']} repeats it"
             )
-    if cfg.compute == "tpu_vm":
-        bill = storage.read_json_if_exists(run.tpu_vm_bill)
-        out.append(
-            "TPU VMs    "
-            + (
-                prices.bill_text(bill)
-                if bill
-                else f"none recorded yet: delete_tpu_vm adds each VM it deletes to {run.tpu_vm_bill}"
-            )
-        )
     return out

@@ -280,12 +280,6 @@ def test_gcs_and_tpu_vm_end_to_end_through_a_stockout_and_a_preemption(
     assert (status["state"], status["step"], status["starts"]) == ("done", 12, 2)
     assert storage.exists(run.eval_metrics) and storage.exists(run.predictions)
 
-    # One bill for the run: the node whose create failed, the preempted one, the one the teardown deleted.
-    bill = storage.read_json(run.tpu_vm_bill)
-    assert [vm["ended"] for vm in bill["vms"]] == ["no capacity, deleted", "PREEMPTED, replaced", "deleted"], bill
-    assert bill["hours"] == pytest.approx(sum(vm["hours"] for vm in bill["vms"]))
-    assert "TPU VMs    " in storage.read_text(join(run.root, "summary.txt"))  # the whole bill, or the part so far
-
 
 SENSOR_DAG = '''
 """Test DAG: the gate of mlm_pretrain in front of its TPU tasks, waiting for a marker that never lands."""

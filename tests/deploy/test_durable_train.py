@@ -403,8 +403,8 @@ def test_two_preemptions_two_check_ins_and_a_stockout_in_one_try(api, stack, out
     """Issue 31 on the real stack: the node is preempted twice (its state PREEMPTED, its processes killed)
     and the first replacement meets a stockout; the trigger's timeout (train.check_in_minutes, 6 s) passes
     again and again. All of it inside try 1 of train (and of create_tpu_vm): the run completes, every step
-    is made once but those after each loss's last checkpoint, and the status record, the report and the
-    bill say what happened."""
+    is made once but those after each loss's last checkpoint, and the status record and the report say what
+    happened."""
     run_id, steps = "durable-week", 160
     node = tpu.node_name(DAG_ID, run_id)
     lost: list[int] = []
@@ -456,9 +456,6 @@ def test_two_preemptions_two_check_ins_and_a_stockout_in_one_try(api, stack, out
         if (m, path.rsplit("/", 1)[-1]) in (("POST", "nodes"), ("DELETE", node))
     ]
     assert writes == ["POST", "DELETE"] * 4, writes
-    bill = storage.read_json(RunPaths(output_root, run_id).tpu_vm_bill)
-    ended = [vm["ended"] for vm in bill["vms"]]
-    assert ended == ["PREEMPTED, replaced", "no capacity, deleted", "PREEMPTED, replaced", "deleted"], ended
     report = storage.read_text(RunPaths(output_root, run_id).report + "/report.md")
     assert "- Restarts in try 1: 2" in report and report.count("PREEMPTED") >= 2, report
     figure(

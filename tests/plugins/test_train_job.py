@@ -394,8 +394,6 @@ def test_node_losses_and_trigger_timeouts_are_handled_inside_one_try(vm, fake_tp
     assert len({p for p, _ in made}) == 3 and lost == [p for p in dict.fromkeys(p for p, _ in made)][:2]
     assert vm.store.get("train_restarts") == 2
     assert vm.store.get("train_check_ins") >= 2, "the run outlasted two check-ins of 3 s"
-    bill = storage.read_json(vm.run.tpu_vm_bill)  # each replaced node in the run's bill
-    assert [v["ended"] for v in bill["vms"]] == ["PREEMPTED, replaced"] * 2, bill
     print(f"\nrestarts in one try: {restarts}; check-ins {vm.store.get('train_check_ins')}")
 
 
@@ -433,13 +431,10 @@ def test_a_node_preempted_under_a_live_trainer_is_a_restart_at_the_check_in(vm, 
     status = _status(vm)
     assert (status["state"], status["step"], status["starts"], status["try_number"]) == ("done", 80, 2, 1), status
     (restart,) = read_restarts(vm.run)
-    # Found at the check-in (the new node's createTime differs; the cause says why it was replaced, from the
-    # run's bill); on a loaded machine the trigger's SSH probe may time out first and find the node
-    # PREEMPTED: one restart either way, counted and recorded, and its cause names the preemption.
-    replaced = "which was replaced by " + NAME in restart["cause"]
-    assert (replaced and "(that node ended PREEMPTED, replaced)" in restart["cause"]) or (
-        "is PREEMPTED" in restart["cause"]
-    ), restart
+    # Found at the check-in (the new node's createTime differs: the cause says it was replaced); on a loaded
+    # machine the trigger's SSH probe may time out first and find the node PREEMPTED: one restart either way,
+    # counted and recorded, and its cause names the loss.
+    assert "which was replaced by " + NAME in restart["cause"] or "is PREEMPTED" in restart["cause"], restart
     assert restart["try_number"] == 1 and restart["resumed_from"] % 5 == 0, restart
     made = _steps(vm)
     old = [step for pid, step in made if pid == made[0][0]]
@@ -449,8 +444,6 @@ def test_a_node_preempted_under_a_live_trainer_is_a_restart_at_the_check_in(vm, 
     assert old == list(range(1, len(old) + 1)) and 0 <= len(old) - restart["resumed_from"] <= 5, (old, restart)
     assert new == list(range(restart["resumed_from"] + 1, 81)), (new, restart)
     assert killed == [made[0][0]] and vm.store.get("train_restarts") == 1
-    bill = storage.read_json(vm.run.tpu_vm_bill)
-    assert [v["ended"] for v in bill["vms"]] == ["PREEMPTED, replaced"], bill
     print(f"\nthe restart's cause: {restart['cause']}")
 
 

@@ -30,7 +30,7 @@ task, naming the node and how to delete it by hand.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from datetime import timedelta
 from typing import Any, NoReturn
 
@@ -40,11 +40,8 @@ from airflow.sdk.exceptions import AirflowException, AirflowFailException, Airfl
 from mlm_airflow.connections import use_connection
 from mlm_airflow.tasks.step_context import config_from_xcom
 from mlm_airflow.triggers.tpu_vm import TpuNodeTrigger
-from mlm_tasks import storage
 from mlm_tasks.config import PipelineConfig
-from mlm_tasks.paths import RunContext
 from mlm_tasks.tpu import api as tpu
-from mlm_tasks.tpu import prices
 from mlm_tasks.tpu import registry as tpu_registry
 from mlm_tasks.tpu.job import Log
 
@@ -95,9 +92,6 @@ def create_or_reuse_node(
         tpu_registry.record(registry, cfg.tpu.project, cfg.tpu.zone, name, node_labels["expires"])
         state = tpu.ensure_node(cfg.tpu, name, node_labels, metadata)
         op.log.info("TPU VM %s: %s (%s).", name, state.state, state.action)
-        if state.action == "recreating" and state.created is not None:  # into the run's bill before it is replaced
-            dead = prices.vm_bill(cfg.tpu, name, state.created, time.time(), f"{state.replaced}, replaced")
-            record_vm_bill(op, context, cfg, dead)  # with the connection: output_root is the run's bucket
     if state.ready:
         return tpu.describe(state)
     operation = state.operation if state.action == "created" else None
@@ -160,13 +154,10 @@ def node_from_event(
     if tpu.is_stockout(error) and cfg.tpu.stockout_wait_hours > 0:
         until = stockout_until or time.time() + cfg.tpu.stockout_wait_hours * 3600
         if time.time() + cfg.tpu.stockout_retry_s < until:
-            wait_out_stockout(op, context, cfg, name, str(error), until, resume_in=resume_in)  # defers
+            wait_out_stockout(op, cfg, name, str(error), until, resume_in=resume_in)  # defers
     deleted = None
     if state != tpu.NOT_FOUND or cfg.tpu.provisioning == "queued":  # a FAILED request has no node, and is left
-        why = (
-            "not READY in time" if state == "TIMEOUT" else "no capacity" if tpu.is_stockout(error) else "create failed"
-        )
-        deleted = delete_billed(op, context, cfg, name, f"{why}, deleted")
+        deleted = delete_left(cfg, name)
     cleanup = "deleted it" if deleted else "nothing left to delete"
     if state == "TIMEOUT":
         queued = f"tpu.queued_valid_hours={cfg.tpu.queued_valid_hours:g} + " if cfg.tpu.provisioning == "queued" else ""
@@ -188,7 +179,6 @@ def node_from_event(
 
 def wait_out_stockout(
     op: BaseOperator,
-    context: Context,
     cfg: PipelineConfig,
     name: str,
     error: str,
@@ -196,11 +186,11 @@ def wait_out_stockout(
     *,
     resume_in: Callable[..., Any],
 ) -> NoReturn:
-    """The zone has no capacity for the slice: delete what the failed create left (billed while it existed),
+    """The zone has no capacity for the slice: delete what the failed create left (billed while it exists),
     then defer until it is gone and `tpu.stockout_retry_s` has passed; the event (NOT_FOUND) brings the task
     back to node_from_event, which creates the node again, in the same try, until `until` (epoch seconds:
     `tpu.stockout_wait_hours` after the first stockout). Raises TaskDeferred."""
-    operation = delete_billed(op, context, cfg, name, "no capacity, deleted")
+    operation = delete_left(cfg, name)
     retry_at = time.time() + cfg.tpu.stockout_retry_s
     op.log.warning(
         "No capacity for %s in %s (%s): deleted what the create left; creating TPU VM %s again at %s UTC, and "
@@ -229,15 +219,11 @@ def wait_out_stockout(
     )
 
 
-def delete_billed(op: BaseOperator, context: Context, cfg: PipelineConfig, name: str, ended: str) -> str | None:
-    """Start deleting a node that never became the run's READY node, and add it to the run's bill (from its
-    createTime until now: it is billed while it exists); the delete operation, or None when it was gone."""
+def delete_left(cfg: PipelineConfig, name: str) -> str | None:
+    """Start deleting a node that never became the run's READY node (it is billed while it exists); the
+    delete operation, or None when it was gone."""
     with use_connection(cfg.gcp_conn_id):
-        created = created_time(op, cfg, name)
-        operation = tpu.delete_node(cfg.tpu, name)
-        if operation is not None and created is not None:
-            record_vm_bill(op, context, cfg, prices.vm_bill(cfg.tpu, name, created, time.time(), ended))
-    return operation
+        return tpu.delete_node(cfg.tpu, name)
 
 
 def node_for_step(
@@ -303,7 +289,6 @@ class TpuVmDeleteOperator(_RunNodeOperator):
             raise AirflowSkipException(f"compute is {cfg.compute!r}: this run made no TPU VM, none to delete.")
         name = run_node_name(context, self.node_name)
         with use_connection(cfg.gcp_conn_id):
-            created = created_time(self, cfg, name)
             try:
                 operation = tpu.delete_node(cfg.tpu, name)
             except ClientError as err:  # 4xx: a retry gets the same answer, and the VM keeps billing
@@ -313,7 +298,7 @@ class TpuVmDeleteOperator(_RunNodeOperator):
                     f"clear this task, or delete it by hand: {_delete_command(cfg, name)}"
                 ) from err
         if operation is None:
-            self._gone(context, cfg, name, "already gone")
+            self._gone(cfg, name, "already gone")
             return None
         self.log.info(
             "TPU VM %s: deleting (%s); waiting until it is gone (at most tpu.delete_timeout_s=%ss).",
@@ -322,19 +307,15 @@ class TpuVmDeleteOperator(_RunNodeOperator):
             cfg.tpu.delete_timeout_s,
         )
         deadline = time.time() + cfg.tpu.delete_timeout_s
-        defer_to_node(
-            self, cfg, name, deadline, operation, "deleted", {"created": created}, until_gone=True, created=created
-        )
+        defer_to_node(self, cfg, name, deadline, operation, "deleted", until_gone=True)
 
-    def deleted(
-        self, context: Context, event: dict[str, Any] | None = None, created: float | None = None, **_: Any
-    ) -> str | None:
+    def deleted(self, context: Context, event: dict[str, Any] | None = None, **_: Any) -> str | None:
         cfg = config_from_xcom(self.config)
         event = event or {}
         name: str = event.get("name", "")
         state, error = event.get("state"), event.get("error")
         if state == tpu.NOT_FOUND and not error:
-            self._gone(context, cfg, name, "deleted", created if created is not None else event.get("created"))
+            self._gone(cfg, name, "deleted")
             return name
         if state == "TIMEOUT":
             self.log.warning(
@@ -353,57 +334,12 @@ class TpuVmDeleteOperator(_RunNodeOperator):
             f"billing: retry this task, or delete it by hand: {_delete_command(cfg, name)}"
         )
 
-    def _gone(self, context: Context, cfg: PipelineConfig, name: str, how: str, created: float | None = None) -> None:
+    def _gone(self, cfg: PipelineConfig, name: str, how: str) -> None:
         registry = tpu_registry.location(required=False)
         with use_connection(cfg.gcp_conn_id):
             if registry:
                 tpu_registry.forget(registry, cfg.tpu.project, cfg.tpu.zone, name)
-            self.log.info("TPU VM %s: %s (confirmed: the API no longer knows it).", name, how)
-            if created is not None:
-                record_vm_bill(self, context, cfg, prices.vm_bill(cfg.tpu, name, created, time.time()))
-
-
-def created_time(op: BaseOperator, cfg: PipelineConfig, name: str) -> float | None:
-    """When Google started billing the node (its createTime); None when it is gone or the API does not
-    say. Never a reason not to delete: a failed read costs the bill's figure, not the deletion."""
-    from google.api_core.exceptions import GoogleAPIError
-
-    try:
-        return tpu.get_state(cfg.tpu, name).created
-    except GoogleAPIError as err:
-        op.log.warning("Could not read TPU VM %s's createTime (%s): deleting it; its hours go unrecorded.", name, err)
-        return None
-
-
-def record_vm_bill(op: BaseOperator, context: Context, cfg: PipelineConfig, vm: dict[str, Any]) -> None:
-    """Add what a VM of the run cost to the run's bill (runs/<run>/tpu_vm.json: every VM it had, each
-    replaced node and each try's, and their total), and log it. The VM is gone either way: a bill that
-    cannot be written is a warning, not a reason to delete again."""
-    where = RunContext.of(cfg, context["run_id"]).run.tpu_vm_bill
-    try:
-        bill = prices.run_bill(storage.read_json_if_exists(where), vm)
-        storage.write_json(where, bill)
-    except Exception as err:  # any storage error: the figure is in the line below
-        op.log.warning("Could not add the TPU VM's hours and cost to %s (%s); they are in the next line.", where, err)
-        bill = vm
-    op.log.info("%s.", prices.bill_line(bill))
-
-
-def replaced_because(cfg: PipelineConfig, context: Context, job: Mapping[str, Any] | None) -> str:
-    """Why the node a stored trainer ran on was replaced, from the run's bill (the check-in that replaced it
-    recorded it there, e.g. "PREEMPTED, replaced"), as a clause for the restart's cause; "" if unknown."""
-    created = job.get("node_created") if job is not None else None
-    if job is None or not created:
-        return ""
-    stamp = prices.utc_stamp(created)
-    where = RunContext.of(cfg, context["run_id"]).run.tpu_vm_bill
-    try:
-        with use_connection(cfg.gcp_conn_id):
-            bill = storage.read_json_if_exists(where) or {}
-    except Exception:  # any storage error: the cause stays without the reason, the restart goes on
-        return ""
-    ended = [v["ended"] for v in bill.get("vms", []) if (v.get("node"), v.get("created")) == (job["node"], stamp)]
-    return f" (that node ended {ended[-1]})" if ended else ""
+        self.log.info("TPU VM %s: %s (confirmed: the API no longer knows it).", name, how)
 
 
 def _delete_command(cfg: PipelineConfig, name: str) -> str:

@@ -38,7 +38,7 @@ from mlm_airflow.connections import hub_credentials, use_connection
 from mlm_airflow.errors import bad_input_fails_fast
 from mlm_airflow.operators.detached_train import JOB_KEY, DetachedTrain, end_of_training, try_number
 from mlm_airflow.operators.remote_step import RemoteStep
-from mlm_airflow.operators.tpu_vm import node_for_step, node_from_event, replaced_because, run_node_name
+from mlm_airflow.operators.tpu_vm import node_for_step, node_from_event, run_node_name
 from mlm_airflow.tasks.step_context import config_from_xcom
 from mlm_airflow.triggers.train_job import ENDS, TrainJobTrigger, connected_watch
 from mlm_tasks.config import PipelineConfig
@@ -199,7 +199,7 @@ class TrainOperator(BaseOperator):
         if lost is not None:
             store = context.get("task_state_store")
             job = cast(TrainJob, vm_job.job_handle(store.get(JOB_KEY) if store is not None else None))
-            self._restart(context, cfg, job, lost + replaced_because(cfg, context, job))
+            self._restart(context, cfg, job, lost)
         self._follow(context, cfg, started)
 
     def _check_deadline(self, context: Context, cfg: PipelineConfig) -> None:

@@ -2,10 +2,9 @@
 
 TpuVmCreateOperator defers to it (as does the train task replacing a dead node: operators/tpu_vm.py's
 create_or_reuse_node), so waiting minutes for a TPU VM holds no worker slot. It fires once with
-{"name", "state", "error", "node", "deadline", "created", "stockout_until"} when the node is READY,
+{"name", "state", "error", "node", "deadline", "stockout_until"} when the node is READY,
 NOT_FOUND, in a dead-end state (PREEMPTED, TERMINATED, ...), when the create operation reports an error,
-or with state "TIMEOUT" at `deadline` (epoch seconds). `deadline`, `created` (the createTime
-TpuVmDeleteOperator read before deleting the node, for the run's bill) and `stockout_until` (when a
+or with state "TIMEOUT" at `deadline` (epoch seconds). `deadline` and `stockout_until` (when a
 stockout stops being waited out) are echoed back because `dag.test()` drops the operator's resume kwargs.
 `not_before`: the first poll waits until then (the pause between creates during a stockout). With
 `until_gone` (TpuVmDeleteOperator, and a stockout's wait) only NOT_FOUND, an operation error or the
@@ -44,12 +43,10 @@ class TpuNodeTrigger(BaseTrigger):
         poll_interval_s: float = 15.0,
         gcp_conn_id: str = "google_cloud_default",
         until_gone: bool = False,
-        created: float | None = None,
         not_before: float | None = None,
         stockout_until: float | None = None,
     ):
         super().__init__()
-        self.created = created
         self.not_before = not_before
         self.stockout_until = stockout_until
         self.until_gone = until_gone
@@ -74,7 +71,6 @@ class TpuNodeTrigger(BaseTrigger):
                 "poll_interval_s": self.poll_interval_s,
                 "gcp_conn_id": self.gcp_conn_id,
                 "until_gone": self.until_gone,
-                "created": self.created,
                 "not_before": self.not_before,
                 "stockout_until": self.stockout_until,
             },
@@ -115,7 +111,6 @@ class TpuNodeTrigger(BaseTrigger):
                 "error": error,
                 "node": tpu.describe(state),
                 "deadline": self.deadline,
-                "created": self.created,
                 "stockout_until": self.stockout_until,
             }
         if time.time() >= self.deadline:
@@ -125,7 +120,6 @@ class TpuNodeTrigger(BaseTrigger):
                 "error": f"still {state.state}",
                 "node": None,
                 "deadline": self.deadline,
-                "created": self.created,
                 "stockout_until": self.stockout_until,
             }
         self.log.info("TPU VM %s is %s; checking again in %ss.", self.name, state.state, self.poll_interval_s)

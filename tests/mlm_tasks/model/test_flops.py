@@ -108,27 +108,6 @@ def test_the_plan_prices_a_tpu_run_on_demand_and_spot_before_it_starts():
     assert prices.cost(own.tpu, 3600) == pytest.approx(8.0)  # 4 chips x $2 for an hour
 
 
-def test_a_runs_bill_adds_up_every_vm_once_and_reads_a_one_vm_bill_of_before():
-    tpu = build_config(
-        {
-            "output_root": "gs://b/p",
-            "compute": "tpu_vm",
-            "tpu": {"project": "p", "accelerator_type": "v4-8", "spot": True},
-        }
-    ).tpu
-    first = prices.vm_bill(tpu, "mlm-a", 0, 3600, "PREEMPTED, replaced")
-    second = prices.vm_bill(tpu, "mlm-a", 7200, 9000)  # the same node name, a new createTime: another VM
-    assert first["cost_usd"] == pytest.approx(4 * prices.LIST_PRICES["v4"]["spot"])  # 4 chips, an hour, Spot
-    bill = prices.run_bill(prices.run_bill(None, first), second)
-    assert [vm["ended"] for vm in bill["vms"]] == ["PREEMPTED, replaced", "deleted"]
-    assert bill["hours"] == pytest.approx(1.5) and bill["cost_usd"] == pytest.approx(first["cost_usd"] * 1.5)
-    assert prices.run_bill(bill, second) == bill  # a retried deletion of the same VM: counted once
-    assert prices.run_bill(first, second)["hours"] == pytest.approx(1.5)  # a file written before bills had vms
-    assert "the run's 2 TPU VMs: 1.50 h" in prices.bill_line(bill)
-    unpriced = {**second, "node": "mlm-b", "cost_usd": None}
-    assert prices.run_bill(bill, unpriced)["cost_usd"] is None  # no total that leaves a VM out
-
-
 @pytest.mark.slow  # trains a model: ~20 s: in make test, not in make test-fast
 def test_a_cpu_run_reports_its_mfu_in_the_lines_and_the_summary(tiny_prepared, caplog):
     from mlm_tasks.steps.train import train

@@ -1,7 +1,6 @@
-"""Issue 31, one bill for the run: every TPU VM a run had (each replaced node, the last one the teardown
-deleted) is in summary.txt, report.md and the model card, with the total; a bill written before the
-last VM is gone says it is not complete. The bill itself is runs/<run>/tpu_vm.json (mlm_tasks/tpu/prices.py),
-written by the TPU VM operators (tests/plugins/test_tpu_operators.py)."""
+"""What a TPU run cost, as a person reads it: the training's hours at the run's price (mlm_tasks/tpu/prices.py),
+an estimate that names its price, in summary.txt, report.md and the model card; and the restarts of each try.
+The plan's estimate before the run spends is tested in tests/mlm_tasks/model/test_flops.py."""
 
 from __future__ import annotations
 
@@ -10,8 +9,9 @@ import pytest
 from mlm_tasks import storage
 from mlm_tasks.config import build_config
 from mlm_tasks.paths import RunContext
-from mlm_tasks.reporting.card import read_run_artifacts, render_model_card, training_lines
+from mlm_tasks.reporting.card import render_model_card, training_lines
 from mlm_tasks.steps.summary import summary
+from mlm_tasks.steps.train import _tpu_cost
 from mlm_tasks.tpu import prices
 
 HOUR = 3600.0
@@ -42,39 +42,45 @@ def _data() -> dict:
     }
 
 
-def test_summary_report_and_card_count_every_vm_of_the_run(tpu_run):
+def _train_summary(cfg, elapsed_s: float) -> dict:
+    """The fields of a TPU run's train summary that the summary and the card read, costed as train() does."""
+    hours, cost, basis = _tpu_cost(cfg, "tpu", elapsed_s)
+    return {
+        "steps": 2000, "device": "tpu", "global_batch": 512, "replicas": 4, "parameters": 124_000_000,
+        "tokens_per_s": 50_000.0, "first_loss": 10.5, "last_loss": 4.1, "elapsed_s": elapsed_s,
+        "resumed_from_step": 0, "mfu_of": "31% MFU of 4 x 275 TFLOP/s bf16 peak",
+        "accelerator_hours": hours, "cost_usd": cost, "cost_basis": basis,
+    }  # fmt: skip
+
+
+def test_summary_report_and_card_give_the_runs_estimate_with_its_price(tpu_run):
     cfg, ctx = tpu_run
-    preempted = prices.vm_bill(cfg.tpu, "mlm-spot-run", 0, 2 * HOUR, "PREEMPTED, replaced")
-    last = prices.vm_bill(cfg.tpu, "mlm-spot-run", 3 * HOUR, 4 * HOUR)  # deleted by the teardown
-    storage.write_json(ctx.run.tpu_vm_bill, prices.run_bill(prices.run_bill(None, preempted), last))
+    storage.write_json(ctx.run.train_summary, _train_summary(cfg, 2 * HOUR))
     spot_rate = 4 * prices.LIST_PRICES["v4"]["spot"]  # 4 chips at the Spot price, per hour
+    source = "list price 2025-11, cloud.google.com/tpu/pricing"
+    assert prices.source(cfg.tpu) == source
 
     text = summary(cfg, ctx, data=_data())["text"]
-    line = next(x for x in text.splitlines() if x.startswith("TPU VMs"))
-    assert f"2 TPU VMs up 3.00 h = ${3 * spot_rate:,.2f} (v4-8 Spot" in line, line
-    assert "mlm-spot-run 2.00 h, PREEMPTED, replaced; mlm-spot-run 1.00 h, deleted" in line and "so far" not in line
+    line = next(x for x in text.splitlines() if x.startswith("Hardware"))
+    assert f"2.00 TPU hours of training = ${2 * spot_rate:,.2f} (v4-8 Spot, {source}; an estimate" in line, line
     assert line in storage.read_text(ctx.run.summary_text)
 
-    bill = read_run_artifacts(ctx.run)["bill"]
-    lines = training_lines(None, bill)  # the report's and the card's Training section
-    assert lines[1] == f"- TPU VMs: 2, up 3.00 h in all, ${3 * spot_rate:,.2f} (v4-8 Spot, {prices.source(cfg.tpu)})"
-    assert lines[2].endswith(", PREEMPTED, replaced") and lines[3].endswith(", deleted") and len(lines) == 4
-    assert f"{2 * spot_rate:,.2f}" in lines[2] and "(v4-8, Spot)" in lines[2]
-    card = render_model_card(cfg, "spot-run", None, None, None, None, None, bill)
-    assert all(x in card for x in lines[1:])
+    lines = training_lines(storage.read_json(ctx.run.train_summary))  # the report's and the card's Training section
+    cost = f"- Accelerator cost: ${2 * spot_rate:,.2f} for 2.00 h of training (v4-8 Spot, {source})"
+    assert cost in lines
+    assert cost in render_model_card(cfg, "spot-run", None, storage.read_json(ctx.run.train_summary), None, None)
+
+    # A deployment's own price replaces the list price, and says so.
+    own = cfg.model_copy(update={"tpu": cfg.tpu.model_copy(update={"price_per_chip_hour": 1.5})})
+    storage.write_json(ctx.run.train_summary, _train_summary(own, HOUR))
+    assert "= $6.00 (v4-8 Spot, tpu.price_per_chip_hour $1.5;" in summary(own, ctx, data=_data())["text"]
 
 
-def test_a_bill_without_the_last_vm_says_so_and_no_bill_is_said_too(tpu_run):
+def test_a_cpu_run_has_no_cost_line(tpu_run):
     cfg, ctx = tpu_run
-    assert "TPU VMs    none recorded yet: delete_tpu_vm adds" in summary(cfg, ctx, data=_data())["text"]
-    assert training_lines(None, None) == ["_No training summary was recorded for this run._"]  # a CPU run: no line
-
-    preempted = prices.vm_bill(cfg.tpu, "mlm-spot-run", 0, HOUR, "PREEMPTED, replaced")
-    storage.write_json(ctx.run.tpu_vm_bill, prices.run_bill(None, preempted))  # the last VM is still up
-    assert "1 TPU VM up 1.00 h" in summary(cfg, ctx, data=_data())["text"]
-    bill = read_run_artifacts(ctx.run)["bill"]
-    assert not prices.bill_complete(bill)
-    assert "so far (the VM still up is added when delete_tpu_vm deletes it)" in training_lines(None, bill)[1]
+    assert _tpu_cost(cfg, "cpu", HOUR) == (None, None, None)
+    assert training_lines(None) == ["_No training summary was recorded for this run._"]
+    assert not [x for x in summary(cfg, ctx, data=_data())["text"].splitlines() if "TPU hours" in x]
 
 
 def test_the_restarts_of_each_try_are_in_the_training_section():
@@ -84,7 +90,7 @@ def test_the_restarts_of_each_try_are_in_the_training_section():
         {"cause": "node PREEMPTED", "at_utc": "2026-12-01T11:00:00Z", "node": "n", "try_number": 1, "step": 73,
          "resumed_from": 70, "steps_lost": 3},
     ]  # fmt: skip
-    lines = training_lines({"steps": 200}, None, restarts)
+    lines = training_lines({"steps": 200}, restarts)
     assert "- Restarts in try 1: 2 (train.max_restarts), 5 steps trained again" in lines
     assert "  - 2026-12-01T11:00:00Z: node PREEMPTED at step 73; resumed from step 70" in lines
     assert not [x for x in training_lines({"steps": 200}) if "Restarts" in x]  # none: no line
