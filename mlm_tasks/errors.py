@@ -35,6 +35,11 @@ class AuthError(NoRetryError):
     connection or credential to fix. Never contains the secret itself."""
 
 
+class TrainingDivergedError(NoRetryError):
+    """A step's loss or gradient was not finite: the run stopped before saving it, and its last checkpoint
+    is the last good one. The same batches and settings diverge again, so a person changes the recipe."""
+
+
 class TransientError(Exception):
     """A service failed on its side or did not answer in time (5xx, 429, a timeout, a secrets backend
     that is down): worth a retry, which Airflow does (plugins/mlm_airflow/defaults.py). The message says what to

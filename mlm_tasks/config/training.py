@@ -102,6 +102,9 @@ class TrainConfig(Section):
         0.98, gt=0, lt=1, description="AdamW beta2 (RoBERTa's 0.98 is steadier than 0.999 at high LR)."
     )
     adam_epsilon: float = Field(1e-6, gt=0, le=1, description="AdamW epsilon.")
+    clip_norm: float = Field(
+        1.0, ge=0, le=1e6, description="Clip the step's gradient (summed over replicas) to this global norm (0: off)."
+    )
     mlm_probability: float = Field(0.15, gt=0, lt=1, description="Share of tokens selected for masking.")
     whole_word_mask: bool = Field(
         False,

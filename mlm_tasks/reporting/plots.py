@@ -3,6 +3,8 @@ no pyplot global state, safe in threads) and written through mlm_tasks.storage, 
 
     png = line_plot({"loss": (steps, losses), "validation loss": (val_steps, val_losses)}, "Training loss",
                     "step", "loss", references={"eval loss": 5.4})
+    png = line_plot({"learning rate": (steps, lrs)}, "Schedule", "step", "learning rate",
+                    right=("gradient norm", {"gradient norm": (steps, norms)}))   # a second y axis
 """
 
 from __future__ import annotations
@@ -19,9 +21,11 @@ def line_plot(
     ylabel: str,
     references: dict[str, float] | None = None,
     log_y: bool = False,
+    right: tuple[str, dict[str, Series]] | None = None,
 ) -> bytes:
     """One line per series (the first without markers when long, the others with), dashed horizontal
-    lines for `references`; a legend when there is more than one thing to tell apart."""
+    lines for `references`, `right`'s (label, series) on a second y axis; a legend when there is more than
+    one thing to tell apart."""
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
 
@@ -39,7 +43,13 @@ def line_plot(
         ax.set_yscale("log")
     ax.set(title=title, xlabel=xlabel, ylabel=ylabel)
     ax.grid(alpha=0.3)
-    if references or len(series) > 1:
+    if right:
+        twin = ax.twinx()
+        for i, (label, (xs, ys)) in enumerate(right[1].items(), start=len(series) + len(references or {})):
+            twin.plot(xs, ys, linewidth=0.8, color=f"C{i}", label=label)
+        twin.set_ylabel(right[0])
+        fig.legend(fontsize="small", loc="upper right")
+    elif references or len(series) > 1:
         ax.legend(fontsize="small")
     fig.tight_layout()
     buf = io.BytesIO()

@@ -167,10 +167,14 @@ def _plots(run: RunPaths, history: list[dict], metrics: Mapping[str, Any] | None
     else:
         missing.append("training history (train/history.jsonl): no loss curve")
     lr_steps, lrs = _series(history, "learning_rate")
+    norms = _series(history, "grad_norm")  # before clipping (train.clip_norm)
     if lr_steps:
+        right = ("gradient norm", {"gradient norm": norms}) if norms[0] else None
         storage.write_bytes(
             join(run.report, LR_PNG),
-            line_plot({"learning rate": (lr_steps, lrs)}, "Learning rate schedule", "step", "learning rate"),
+            line_plot(
+                {"learning rate": (lr_steps, lrs)}, "Learning rate schedule", "step", "learning rate", right=right
+            ),
         )
         plots["learning_rate"] = join(run.report, LR_PNG)
     elif steps:

@@ -13,7 +13,9 @@ interval and finishes at exactly the planned step count. With train.budget_minut
 before each call (mlm_tasks/training/budget.py: Deadline), and so do the schedule's end, the progress
 lines' total and the status record's; the run's last step gets its entry, validation and checkpoint
 whenever it comes. A preemption notice (SIGTERM to a CLI trainer,
-mlm_tasks/training/preemption.py) saves a checkpoint after the call under way and stops there.
+mlm_tasks/training/preemption.py) saves a checkpoint after the call under way and stops there. A step
+whose loss or gradient norm is not finite stops the run before anything of its call is saved or validated
+(TrainingDivergedError, no retry): the last checkpoint stays the last good one.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from mlm_tasks.config import PipelineConfig
+from mlm_tasks.errors import TrainingDivergedError
 from mlm_tasks.paths import RunPaths
 from mlm_tasks.training import preemption
 from mlm_tasks.training.budget import Deadline, record_end
@@ -74,8 +77,8 @@ class TrainLoop:
         take = (cap or 10**9) - start if self.deadline else total - start
         batches = train_input(cfg, inputs.shard_set, inputs.tokenizer, plan.global_batch, start, take)
         self.iterator = iter(plan.strategy.distribute_datasets_from_function(batches))
-        max_pred = cfg.train.max_predictions_per_seq
-        self.distributed_steps = step_functions(plan.strategy, state.model, state.optimizer, max_pred, plan.xla)
+        max_pred, clip = cfg.train.max_predictions_per_seq, cfg.train.clip_norm
+        self.distributed_steps = step_functions(plan.strategy, state.model, state.optimizer, max_pred, plan.xla, clip)
         self.flops_per_token = flops_per_token(state.model.config, inputs.shard_set.max_length, max_pred)
         self.peak = device_peak(plan.device, plan.precision, plan.replicas, cfg.tpu.accelerator_type)
         log.info("%.1f MFLOP per token (training); peak %s", self.flops_per_token / 1e6, self.peak.describe())
@@ -155,7 +158,9 @@ class TrainLoop:
         """One call of the compiled loop (steps first..last), its losses recorded, then validation if due."""
         eval_every = self.cfg.train.eval_every or 0  # 0: no validation during training
         due = bool(eval_every) and (crossed(eval_every, first, last) or last == self.total)
-        for s, row in enumerate(self._call(last - first + 1), start=first):
+        rows = self._call(last - first + 1)
+        self._check_finite(first, rows)
+        for s, row in enumerate(rows, start=first):
             self.progress.record(s, *row, force=due and s == last)
         if first == self.state.start_step + 1:
             self.progress.compiled(last)  # the first call traced and compiled: throughput counts from here
@@ -180,6 +185,29 @@ class TrainLoop:
             if bad is None:
                 raise
             raise bad from None
+
+    def _check_finite(self, first: int, rows: Any) -> None:
+        """Raise TrainingDivergedError at the first step of the call whose loss or gradient norm is not finite."""
+        import numpy as np
+
+        bad = np.flatnonzero(~np.isfinite(rows[:, [0, 3]]).all(axis=1))
+        if not bad.size:
+            return
+        loss_sum, count, _, norm = rows[bad[0]]
+        kept = self.state.checkpoints.latest_checkpoint
+        log.error(
+            "Step %d: loss %s, gradient norm %s: stopping before anything of it is saved",
+            first + bad[0],
+            loss_sum / max(count, 1),
+            norm,
+        )
+        raise TrainingDivergedError(
+            f"Training diverged at step {first + bad[0]}: loss {loss_sum / max(count, 1):.4g}, gradient norm "
+            f"{norm:.4g}. Nothing after the last checkpoint was saved: "
+            + (f"the last good checkpoint is {kept}" if kept else "no checkpoint was saved yet")
+            + ". A rerun of this run resumes there and meets the same batches: lower train.learning_rate or "
+            "train.clip_norm, or train in fp32 (train.mixed_precision=off), in a new run."
+        )
 
     def save_checkpoint(self, step: int) -> None:
         began = time.monotonic()

@@ -17,6 +17,7 @@ from __future__ import annotations
 import logging
 import math
 from dataclasses import dataclass, replace
+from functools import partial
 from typing import Any
 
 from mlm_tasks import storage
@@ -268,7 +269,7 @@ def _time_throwaway(
     return seconds_per_step(
         plan.strategy,
         throwaway[:2],
-        step_functions,
+        partial(step_functions, clip_norm=cfg.train.clip_norm),
         cfg.train.max_predictions_per_seq,
         plan.xla,
         batches,

@@ -18,7 +18,7 @@ from mlm_tasks import storage
 from mlm_tasks.paths import RunPaths
 
 log = logging.getLogger("mlm_tasks.steps.train")
-SCALARS = ("loss", "accuracy", "learning_rate", "tokens_per_s")
+SCALARS = ("loss", "accuracy", "learning_rate", "grad_norm", "tokens_per_s")
 
 
 def read_history(run: RunPaths) -> list[dict[str, Any]]:
@@ -77,13 +77,13 @@ class ProgressLog:
         self.t_steady: float | None = None
         self.steady_from = start_step + 1
         self.steady_s = self.elapsed_s = 0.0
-        self.window = [0.0, 0.0, 0.0]  # summed loss, masked tokens, correct predictions
+        self.window = [0.0, 0.0, 0.0, 0.0]  # summed loss, masked tokens, correct predictions, gradient norms
         self.last_logged = start_step
 
-    def record(self, step: int, loss_sum, count, correct, *, force: bool = False) -> None:
-        """One step's sums; a progress line (and history entry) every `every` steps, or when `force`d
-        (a validation step: its entry carries the validation loss)."""
-        self.window = [w + float(v) for w, v in zip(self.window, (loss_sum, count, correct), strict=False)]
+    def record(self, step: int, loss_sum, count, correct, grad_norm, *, force: bool = False) -> None:
+        """One step's sums and gradient norm; a progress line (and history entry, with the mean norm) every
+        `every` steps, or when `force`d (a validation step: its entry carries the validation loss)."""
+        self.window = [w + float(v) for w, v in zip(self.window, (loss_sum, count, correct, grad_norm), strict=True)]
         if force or step % self.every == 0 or step in (self.total, self.start + 1):
             self._emit(step)
 
@@ -121,12 +121,13 @@ class ProgressLog:
         import tensorflow as tf
 
         now = time.time()
-        loss_sum, count, correct = self.window
+        loss_sum, count, correct, norms = self.window
         entry = {
             "step": step,
             "loss": loss_sum / max(count, 1),
             "accuracy": correct / max(count, 1),
             "learning_rate": float(self.schedule(step)),
+            "grad_norm": norms / max(step - self.last_logged, 1),
             "tokens_per_s": (step - self.last_logged) * self.tokens_per_step / max(now - self.t_last, 1e-9),
             "elapsed_s": now - self.t0,
         }
@@ -140,12 +141,13 @@ class ProgressLog:
         self.history.append(entry)
         eta = (self.total - step) * (now - self.t0) / max(step - self.start, 1)
         log.info(
-            "step %d/%d loss %.4f acc %.3f lr %.2e %.0f tokens/s%s eta %.0fs",
+            "step %d/%d loss %.4f acc %.3f lr %.2e grad norm %.3g %.0f tokens/s%s eta %.0fs",
             step,
             self.total,
             entry["loss"],
             entry["accuracy"],
             entry["learning_rate"],
+            entry["grad_norm"],
             entry["tokens_per_s"],
             f" MFU {100 * mfu:.1f}%" if mfu is not None else "",
             eta,
@@ -157,7 +159,7 @@ class ProgressLog:
                 tf.summary.scalar("train/mfu", mfu)
         if self.on_line is not None:
             self.on_line(step, entry["loss"], entry["tokens_per_s"], eta)
-        self.window, self.t_last, self.last_logged = [0.0, 0.0, 0.0], now, step
+        self.window, self.t_last, self.last_logged = [0.0, 0.0, 0.0, 0.0], now, step
 
     def finish_loop(self) -> None:
         """Call right after the last step, before saving: fixes the steady-state time."""

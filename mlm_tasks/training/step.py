@@ -5,7 +5,7 @@ throwaway measurement (mlm_tasks/training/budget.py), so both time the same step
     model, optimizer, schedule = model_and_optimizer(strategy, cfg, model_config, steps, from_base=False)
     batches = train_input(cfg, shard_set, tokenizer, global_batch, skip=0, take=steps)
     iterator = iter(strategy.distribute_datasets_from_function(batches))
-    sums = step_functions(strategy, model, optimizer, max_pred, xla)(iterator, k).numpy()  # k x 3
+    sums = step_functions(strategy, model, optimizer, max_pred, xla, clip_norm=1.0)(iterator, k).numpy()  # k x 4
 """
 
 from __future__ import annotations
@@ -59,10 +59,12 @@ def train_input(
     return batches
 
 
-def step_functions(strategy: Any, model: Any, optimizer: Any, max_pred: int, xla: bool) -> Any:
+def step_functions(strategy: Any, model: Any, optimizer: Any, max_pred: int, xla: bool, clip_norm: float = 0.0) -> Any:
     """`distributed_steps(iterator, k)`: k optimizer steps in one call (train.steps_per_call). The loop runs
     on the device side, so the host dispatches once per k steps; it returns each step's [loss sum, masked
-    tokens, correct] (k x 3)."""
+    tokens, correct, gradient norm] (k x 4). The gradients are summed over the replicas here, then clipped
+    to the global norm `clip_norm` (0: not clipped), so the clip sees the step's whole gradient under any
+    strategy; the norm is the unclipped one."""
     import tensorflow as tf
 
     from mlm_tasks.model.roberta import masked_lm_loss
@@ -74,19 +76,31 @@ def step_functions(strategy: Any, model: Any, optimizer: Any, max_pred: int, xla
 
     @tf.function(jit_compile=xla)
     def replica_step(batch):
+        variables = model.trainable_variables
         with tf.GradientTape() as tape:
             loss_sum, count, correct = masked_lm_loss(model, batch, max_pred, training=True, packed=packed)
             loss = loss_sum / tf.maximum(count, 1.0) / replicas
-        grads = tape.gradient(loss, model.trainable_variables)
-        optimizer.apply_gradients(zip(grads, model.trainable_variables, strict=False))
-        return loss_sum, count, correct
+        grads = tf.distribute.get_replica_context().all_reduce("SUM", tape.gradient(loss, variables))
+        norm = tf.linalg.global_norm(grads)
+        if clip_norm:
+            grads, _ = tf.clip_by_global_norm(grads, clip_norm, use_norm=norm)
+        optimizer.apply_gradients(zip(grads, variables, strict=True), experimental_aggregate_gradients=False)
+        return loss_sum, count, correct, norm
 
     @tf.function
     def distributed_steps(it, k: int):
         sums = tf.TensorArray(tf.float32, size=k)
         for i in tf.range(k):
-            per_replica = strategy.run(replica_step, args=(next(it),))
-            sums = sums.write(i, tf.stack([strategy.reduce("SUM", v, axis=None) for v in per_replica]))
+            loss_sum, count, correct, norm = strategy.run(replica_step, args=(next(it),))
+            sums = sums.write(
+                i,
+                tf.stack(
+                    [
+                        *(strategy.reduce("SUM", v, axis=None) for v in (loss_sum, count, correct)),
+                        strategy.reduce("MEAN", norm, axis=None),
+                    ]
+                ),
+            )
         return sums.stack()
 
     return distributed_steps
