@@ -1,5 +1,5 @@
 """Figures measured once per machine kind and kept between runs: the CPU's peak FLOP/s
-(mlm_tasks/model/cpu_peak.py) and which precision trains a model faster (mlm_tasks/model/precision.py).
+(mlm_tasks/model/cpu_peak.py).
 
     path = machine_cache.path("mlm-pretrain/cpu-peak.json", "MLM_CPU_PEAK_CACHE")
     entry = machine_cache.entry(path, "shape-key", measure)   # measure() -> dict, run once, then cached

@@ -93,7 +93,7 @@ class TrainSummary(TypedDict):
     device: str  # cpu, gpu or tpu
     xla: bool
     precision: str  # off or bf16
-    precision_reason: str  # set by the config, or what train.mixed_precision=auto timed on this machine
+    precision_reason: str  # set by the config, or train.mixed_precision=auto's rule
     steps_per_call: int  # optimizer steps per call of the compiled loop
     tokens_per_s: float | None  # None: too few steps to time the steady state
     first_loss: float | None

@@ -32,10 +32,6 @@ if "AIRFLOW_HOME" not in os.environ:
 os.environ.setdefault(
     "MLM_CPU_PEAK_CACHE", os.path.join(tempfile.gettempdir(), f"mlm-tests-cpu-peak-{os.getuid()}.json")
 )
-# ... and so is the precision train.mixed_precision=auto times on a CPU (mlm_tasks/model/precision.py).
-os.environ.setdefault(
-    "MLM_PRECISION_CACHE", os.path.join(tempfile.gettempdir(), f"mlm-tests-precision-{os.getuid()}.json")
-)
 # The fake TPU API answers 429 then 503 before each create/delete goes through: retry those fast.
 os.environ.setdefault("MLM_TPU_RETRY_INITIAL_S", "0.05")
 

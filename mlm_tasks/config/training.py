@@ -149,8 +149,7 @@ class TrainConfig(Section):
     xla: Literal["auto", "on", "off"] = Field("auto", description="XLA-compile the step (auto: on for TPU/GPU).")
     mixed_precision: Literal["auto", "off", "bf16"] = Field(
         "auto",
-        description="Compute dtype (auto: bf16 on TPU and GPU; on a CPU the faster of fp32 and bf16 for this model, "
-        "timed once per machine kind and model shape and cached: mlm_tasks/model/precision.py).",
+        description="Compute dtype (auto: bf16 on TPU and GPU, and on a CPU with bf16 units, AMX or AVX512-BF16).",
     )
     device: Literal["auto", "tpu", "gpu", "cpu"] = Field(
         "auto", description="Accelerator to train on (auto: TPU if this host has one, else GPU, else CPU)."

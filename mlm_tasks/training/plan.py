@@ -192,7 +192,7 @@ class TrainPlan:
     per_call: int  # optimizer steps per call of the compiled loop
     model_config: Any  # the RobertaConfig the model is built from
     budget: Any = None  # Budget (mlm_tasks/training/budget.py) with train.budget_minutes: the loop re-plans to it
-    precision_reason: str = ""  # why this precision: the setting, or what `auto` timed
+    precision_reason: str = ""  # why this precision: the setting, or `auto`'s rule
 
 
 def plan_training(cfg: PipelineConfig, run: RunPaths, inputs: TrainInputs) -> TrainPlan:
@@ -225,9 +225,9 @@ def plan_training(cfg: PipelineConfig, run: RunPaths, inputs: TrainInputs) -> Tr
         precision_reason=f"{cfg.train.mixed_precision}: set by train.mixed_precision",
     )
     if cfg.train.mixed_precision == "auto":
-        choice = _auto_precision(cfg, inputs, plan)
-        plan = replace(plan, precision=choice.precision, precision_reason=choice.reason)
-        train_log.info("Precision %s", choice.reason)
+        precision, reason = auto_precision(device)
+        plan = replace(plan, precision=precision, precision_reason=reason)
+        train_log.info("Precision %s", reason)
     tf_keras.mixed_precision.set_global_policy("mixed_bfloat16" if plan.precision == "bf16" else "float32")
     precision = plan.precision
     if cfg.train.budget_minutes:
@@ -250,63 +250,34 @@ def plan_training(cfg: PipelineConfig, run: RunPaths, inputs: TrainInputs) -> Tr
     return plan
 
 
-def _time_throwaway(
-    cfg: PipelineConfig,
-    inputs: TrainInputs,
-    plan: TrainPlan,
-    min_steps: int | None = None,
-    min_s: float | None = None,
-    max_s: float | None = None,
-) -> tuple[float, float]:
-    """(seconds per step, seconds spent) of a throwaway model and optimizer in the current Keras policy, on
-    the run's first batches (the input repeats): the time budget's and the precision choice's measurement."""
-    from mlm_tasks.training.budget import MEASURE_S, MEASURE_STEPS, seconds_per_step
+def auto_precision(device: str, flags: set[str] | None = None) -> tuple[str, str]:
+    """train.mixed_precision=auto on `device`: (off or bf16, why). bf16 on a TPU or GPU; on a CPU bf16 where it
+    has bf16 units (the CPU's `flags`, default /proc/cpuinfo's), fp32 where TensorFlow emulates bf16 (1.3-1.4x
+    slower on an AVX2 EPYC; bf16 1.06-1.4x faster on AVX512-BF16 and AMX kinds: bench/RESULTS.md 11)."""
+    if device != "cpu":
+        return "bf16", f"bf16: the {device.upper()}'s matrix units run it natively"
+    from mlm_tasks.model.cpu_peak import cpu_info
+
+    unit = next(
+        (f for f in ("amx_bf16", "avx512_bf16") if f in (cpu_info()["flags"] if flags is None else flags)), None
+    )
+    if unit:
+        return "bf16", f"bf16: this CPU has bf16 units ({unit}), where bf16 trained at least as fast as fp32"
+    return "off", "fp32: this CPU has no bf16 units (no amx_bf16 or avx512_bf16), so TensorFlow would emulate bf16"
+
+
+def _time_throwaway(cfg: PipelineConfig, inputs: TrainInputs, plan: TrainPlan, max_s: float) -> tuple[float, float]:
+    """(seconds per step, seconds spent) of a throwaway model and optimizer in the run's precision, on the run's
+    first batches (the input repeats): the time budget's measurement (mlm_tasks/training/budget.py)."""
+    from mlm_tasks.training.budget import seconds_per_step
 
     throwaway = model_and_optimizer(
         plan.strategy, cfg, plan.model_config, plan.total_steps, from_base=inputs.base is not None
     )
     batches = train_input(cfg, inputs.shard_set, inputs.tokenizer, plan.global_batch, 0, 10**6)
-    return seconds_per_step(
-        plan.strategy,
-        throwaway[:2],
-        partial(step_functions, clip_norm=cfg.train.clip_norm),
-        cfg.train.max_predictions_per_seq,
-        plan.xla,
-        batches,
-        plan.per_call,
-        min_steps or MEASURE_STEPS,
-        min_s or MEASURE_S,
-        max_s,
-    )
-
-
-# The precision choice times each precision for this long after compiling: a 1.1x difference shows at 4 s.
-PRECISION_STEPS, PRECISION_S = 20, 4.0
-
-
-def _auto_precision(cfg: PipelineConfig, inputs: TrainInputs, plan: TrainPlan) -> Any:
-    """train.mixed_precision=auto: bf16 on a TPU or GPU; on a CPU the faster of fp32 and bf16 for this model,
-    timed once per machine kind and shape (mlm_tasks/model/precision.py)."""
-    import tf_keras
-
-    from mlm_tasks.model.cpu_peak import machine_kind
-    from mlm_tasks.model.precision import auto_precision
-
-    dims = plan.model_config
-    key = (
-        f"{machine_kind()} | {dims.num_hidden_layers}L {dims.hidden_size}H {dims.num_attention_heads}A "
-        f"{dims.intermediate_size}I {dims.vocab_size}V | batch {plan.global_batch} x {inputs.shard_set.max_length}, "
-        f"{cfg.train.max_predictions_per_seq} predictions | XLA {'on' if plan.xla else 'off'}"
-    )
-
-    def measure(precision: str) -> float:
-        tf_keras.mixed_precision.set_global_policy("mixed_bfloat16" if precision == "bf16" else "float32")
-        try:
-            return _time_throwaway(cfg, inputs, plan, PRECISION_STEPS, PRECISION_S)[0]
-        finally:
-            tf_keras.mixed_precision.set_global_policy("float32")
-
-    return auto_precision(plan.device, key, measure)
+    step = partial(step_functions, clip_norm=cfg.train.clip_norm)
+    max_pred = cfg.train.max_predictions_per_seq
+    return seconds_per_step(plan.strategy, throwaway[:2], step, max_pred, plan.xla, batches, plan.per_call, max_s=max_s)
 
 
 def _budget(cfg: PipelineConfig, run: RunPaths, inputs: TrainInputs, plan: TrainPlan, minutes: float) -> Any:

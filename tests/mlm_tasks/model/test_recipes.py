@@ -1,4 +1,4 @@
-"""The quality knobs bench/bench_quality.py measures: the precision `auto` picks by timing the model on this CPU,
+"""The quality knobs bench/bench_quality.py measures: the precision `auto` picks by the device and the CPU's flags,
 the one-cycle schedule, more masking with more prediction slots, a vocabulary padded to a multiple.
 
     TF_USE_LEGACY_KERAS=1 .venv/bin/python -m pytest tests/mlm_tasks/model/test_recipes.py -q
@@ -8,46 +8,24 @@ import math
 
 import pytest
 
-from mlm_tasks import machine_cache
 from mlm_tasks.errors import ConfigError
-from mlm_tasks.model import precision
 from mlm_tasks.model.roberta import model_vocab_size, optimizer_and_schedule
 from mlm_tasks.paths import RunContext
 from mlm_tasks.training.hooks import FailAtStep
+from mlm_tasks.training.plan import auto_precision
 from peers.tiny_data import tiny_config
 
 
-def test_auto_precision_times_the_model_once_per_machine_and_shape_and_picks_the_faster(tmp_path, monkeypatch):
-    monkeypatch.setenv(precision.CACHE_ENV, str(tmp_path / "precision.json"))
-    monkeypatch.setattr(machine_cache, "busy_load", lambda: None)  # a quiet machine: cached
-    timed = []
+def test_auto_precision_is_bf16_on_accelerators_and_on_cpus_with_bf16_units_and_fp32_elsewhere():
+    from mlm_tasks.model.cpu_peak import cpu_info
 
-    def measure(which):  # seconds per step: bf16 at half fp32's rate, as TensorFlow ran it on an AVX-512 Xeon
-        timed.append(which)
-        return {"off": 0.10, "bf16": 0.20}[which]
-
-    first = precision.auto_precision("cpu", "Xeon x 2 | 1L 256H", measure)
-    assert first.precision == "off" and timed == ["off", "bf16"]
-    assert first.reason.startswith("fp32: 2.00x bf16's steps/s") and "100.0 ms/step fp32, 200.0 bf16" in first.reason
-    again = precision.auto_precision("cpu", "Xeon x 2 | 1L 256H", lambda which: pytest.fail("timed again"))
-    assert again == first  # cached for this machine kind and shape
-    other = precision.auto_precision("cpu", "Xeon x 2 | 2L 256H", lambda which: {"off": 0.3, "bf16": 0.2}[which])
-    assert other.precision == "bf16" and other.reason.startswith("bf16: 1.50x fp32's")  # another shape: timed
-    tpu = precision.auto_precision("tpu", "any", lambda which: pytest.fail("timed on a TPU"))
-    assert tpu.precision == precision.auto_precision("gpu", "any", measure).precision == "bf16"
-
-
-@pytest.mark.slow  # trains a model: in make test, not in make test-fast
-def test_auto_precision_on_this_cpu_times_the_runs_own_model_and_the_summary_says_why(tiny_prepared, monkeypatch):
-    from mlm_tasks.steps.train import train
-
-    monkeypatch.setenv(precision.CACHE_ENV, str(tiny_prepared[0].output_root) + "/precision.json")
-    cfg, data = tiny_prepared
-    auto = tiny_config(cfg.output_root, **{"train.mixed_precision": "auto", "train.steps": 4})
-    summary = train(auto, RunContext.of(auto, "auto-precision", data["fingerprint"]))
-    assert summary["precision"] in ("off", "bf16")
-    assert summary["precision_reason"].startswith({"off": "fp32: ", "bf16": "bf16: "}[summary["precision"]])
-    assert "steps/s for this model on this CPU" in summary["precision_reason"]
+    assert auto_precision("tpu")[0] == auto_precision("gpu")[0] == "bf16"
+    amx, avx512 = auto_precision("cpu", {"avx2", "avx512f", "amx_bf16"}), auto_precision("cpu", {"avx512_bf16"})
+    assert (amx[0], avx512[0]) == ("bf16", "bf16") and "(amx_bf16)" in amx[1]
+    avx2 = auto_precision("cpu", {"avx2", "fma", "avx512f"})  # AVX-512 without bf16 units: emulated
+    assert avx2[0] == "off" and avx2[1].startswith("fp32: this CPU has no bf16 units")
+    here = {"amx_bf16", "avx512_bf16"} & cpu_info()["flags"]
+    assert auto_precision("cpu")[0] == ("bf16" if here else "off")  # this machine's flags, read from /proc/cpuinfo
 
 
 def test_one_cycle_warms_up_to_the_peak_then_anneals_to_zero_on_the_last_step(tmp_path):
