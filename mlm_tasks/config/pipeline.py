@@ -118,6 +118,13 @@ class PipelineConfig(Section):
                 f"{self.shards.max_length}-token sequence on average: raise it to about "
                 f"{int(expected * 1.5)} (0 = every position)."
             )
+        replace = self.train.mask_replace_prob + self.train.random_replace_prob
+        if replace > 1 + 1e-9:
+            raise ConfigError(
+                f"train.mask_replace_prob {self.train.mask_replace_prob} + train.random_replace_prob "
+                f"{self.train.random_replace_prob} is {replace:g}: they share the selected tokens, so at most 1 "
+                "(BERT: 0.8 and 0.1; every selected token a <mask>: 1 and 0)."
+            )
         if self.train.mlm_probability > 0.5:
             raise ConfigError(
                 f"train.mlm_probability {self.train.mlm_probability} leaves under half the context: "

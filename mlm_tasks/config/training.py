@@ -106,6 +106,10 @@ class TrainConfig(Section):
         1.0, ge=0, le=1e6, description="Clip the step's gradient (summed over replicas) to this global norm (0: off)."
     )
     mlm_probability: float = Field(0.15, gt=0, lt=1, description="Share of tokens selected for masking.")
+    mask_replace_prob: float = Field(0.8, ge=0, le=1, description="Share of the selected tokens shown as <mask>.")
+    random_replace_prob: float = Field(
+        0.1, ge=0, le=1, description="Share of the selected tokens shown as a random token (the rest: unchanged)."
+    )
     whole_word_mask: bool = Field(
         False,
         description="Select whole words for masking (every piece of a drawn word; the same expected share "

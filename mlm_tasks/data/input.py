@@ -3,6 +3,7 @@
     ds = mlm_dataset(shard_set, "train", tokenizer, global_batch, mlm_probability=cfg.train.mlm_probability,
                      seed=cfg.train.seed, input_context=input_context)   # training=False: one ordered pass
     # whole_word_mask=True, max_predictions=32: whole words instead of single tokens (data/word_mask.py)
+    # replace=(1.0, 0.0): every selected token shows <mask> (default (0.8, 0.1): BERT's 80/10/10)
     # weights={"web": 3, "wiki": 1}: a mixture's train examples drawn by source (shard_set.source_weights)
 
 Why it looks so: masking is transformers' TF-native collator applied to whole batches inside the graph,
@@ -20,28 +21,27 @@ import re
 from mlm_tasks import storage
 from mlm_tasks.data.shard_set import ShardSet
 from mlm_tasks.data.tfrecord import count_records
-from mlm_tasks.data.word_mask import WholeWordMasker
+from mlm_tasks.data.word_mask import WholeWordMasker, make_collator
 from mlm_tasks.errors import ConfigError
 
 log = logging.getLogger(__name__)
 
 
-def make_collator(tokenizer, mlm_probability: float):
-    from transformers import DataCollatorForLanguageModeling
-
-    return DataCollatorForLanguageModeling(
-        tokenizer=tokenizer, mlm=True, mlm_probability=mlm_probability, return_tensors="tf"
-    )
-
-
-def make_masker(tokenizer, mlm_probability: float, whole_word_mask: bool = False, max_predictions: int = 0):
+def make_masker(
+    tokenizer,
+    mlm_probability: float,
+    whole_word_mask: bool = False,
+    max_predictions: int = 0,
+    replace: tuple[float, float] = (0.8, 0.1),
+):
     """`mask(ids, rng) -> (masked ids, labels)` for a batch of int32 ids, in graph: single tokens by
-    transformers' collator, or whole words (data/word_mask.py). Special tokens are never masked."""
+    transformers' collator, or whole words (data/word_mask.py), each selected token shown as <mask>, a
+    random token or itself by the `replace` shares. Special tokens are never masked."""
     import tensorflow as tf
 
     special_ids = tf.constant(sorted(tokenizer.all_special_ids), dtype=tf.int32)
-    words = WholeWordMasker(tokenizer, mlm_probability, max_predictions) if whole_word_mask else None
-    collator = make_collator(tokenizer, mlm_probability)
+    words = WholeWordMasker(tokenizer, mlm_probability, max_predictions, replace) if whole_word_mask else None
+    collator = make_collator(tokenizer, mlm_probability, replace)
 
     def mask(ids, rng):
         special = tf.reduce_any(ids[..., None] == special_ids, axis=-1)
@@ -100,6 +100,7 @@ def mlm_dataset(
     mlm_probability: float = 0.15,
     whole_word_mask: bool = False,
     max_predictions: int = 0,
+    replace: tuple[float, float] = (0.8, 0.1),
     seed: int = 0,
     training: bool = True,
     shuffle_buffer: int = 10_000,
@@ -117,6 +118,7 @@ def mlm_dataset(
 
     whole_word_mask=True masks whole words (mlm_tasks/data/word_mask.py), never more than
     `max_predictions` tokens a row when it is set (the LM head's slots), so no word is cut by them.
+    `replace`: the shares of the selected tokens shown as <mask> and as a random token (make_masker).
 
     `input_context` (a tf.distribute.InputContext; training only): `batch_size` is then the global
     batch, this pipeline's share of each step is split into per-replica batches, and skip/take still
@@ -140,7 +142,7 @@ def mlm_dataset(
         if policy == "file":
             files = files[pipeline_id::pipelines]  # disjoint, and together every file
         ds = _records(files, training, seed, shuffle_buffer)
-    mask = make_masker(tokenizer, mlm_probability, whole_word_mask, max_predictions)
+    mask = make_masker(tokenizer, mlm_probability, whole_word_mask, max_predictions, replace)
     ds = ds.batch(batch_size if policy == "data" else step_batch, drop_remainder=training).enumerate()
     if skip_batches:
         ds = ds.skip(skip_batches)  # before parsing and masking: cheap; batch indices stay exact

@@ -91,17 +91,34 @@ def select_whole_words(ids, special, starts_word, probability: float, max_predic
     return selected & (tf.gather(at_end, segment) <= max_predictions)
 
 
+def make_collator(tokenizer, mlm_probability: float, replace: tuple[float, float] = (0.8, 0.1)):
+    """transformers' collator; `replace`: the shares of the selected tokens shown as <mask> and as a random
+    token (the rest stay unchanged)."""
+    from transformers import DataCollatorForLanguageModeling
+
+    mask_share, random_share = replace
+    return DataCollatorForLanguageModeling(
+        tokenizer=tokenizer,
+        mlm=True,
+        mlm_probability=mlm_probability,
+        mask_replace_prob=mask_share,
+        random_replace_prob=min(random_share, 1.0 - mask_share),  # a sum of 1 may round above it
+        return_tensors="tf",
+    )
+
+
 class WholeWordMasker:
     """`masker(ids, special, rng) -> (masked ids, labels)`, labels -100 where nothing is masked.
 
-    The 80/10/10 rule (<mask>, a random token, unchanged) is decided per token, as BERT's whole-word
-    release does (its loop draws once per piece of a chosen word) and transformers' whole-word collator
-    too: the model still sees some pieces of a masked word as themselves or as noise, and the shares
-    of <mask>, random and kept tokens are those of token-level masking."""
+    The 80/10/10 rule (<mask>, a random token, unchanged; `replace` sets the first two) is decided per
+    token, as BERT's whole-word release does (its loop draws once per piece of a chosen word) and
+    transformers' whole-word collator too: the model still sees some pieces of a masked word as themselves
+    or as noise, and the shares of <mask>, random and kept tokens are those of token-level masking."""
 
-    def __init__(self, tokenizer, mlm_probability: float, max_predictions: int = 0):
+    def __init__(
+        self, tokenizer, mlm_probability: float, max_predictions: int = 0, replace: tuple[float, float] = (0.8, 0.1)
+    ):
         import tensorflow as tf
-        from transformers import DataCollatorForLanguageModeling
 
         vocab = tokenizer.get_vocab()
         check_word_starts(vocab, "the shards")
@@ -111,9 +128,7 @@ class WholeWordMasker:
         self.probability, self.max_predictions = mlm_probability, max_predictions
         # The collator's own 80/10/10 on our selection: at mlm_probability 1 it selects every position its
         # special-tokens mask leaves, so passing "not selected" as that mask makes its selection ours.
-        self.collator = DataCollatorForLanguageModeling(
-            tokenizer=tokenizer, mlm=True, mlm_probability=1.0, return_tensors="tf"
-        )
+        self.collator = make_collator(tokenizer, 1.0, replace)
 
     def __call__(self, ids, special, rng):
         selected = select_whole_words(

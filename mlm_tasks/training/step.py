@@ -48,6 +48,7 @@ def train_input(
             mlm_probability=cfg.train.mlm_probability,
             whole_word_mask=cfg.train.whole_word_mask,
             max_predictions=cfg.train.max_predictions_per_seq,  # whole words: none cut by the head's slots
+            replace=(cfg.train.mask_replace_prob, cfg.train.random_replace_prob),
             seed=cfg.train.seed,
             shuffle_buffer=cfg.train.shuffle_buffer,
             skip_batches=skip,
