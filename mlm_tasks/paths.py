@@ -41,6 +41,7 @@ def join(root: str, *parts: str) -> str:
 SAFE_URI_CHARS = "[A-Za-z0-9._/-]"
 _SAFE_URI = re.compile(r"(?:gs://|file://)?[A-Za-z0-9._/-]+")
 _SAFE_GLOB = re.compile(r"(?:gs://|file://)?[A-Za-z0-9._/*?-]+")
+_BUCKET = re.compile(r"[a-z0-9][a-z0-9._-]{1,220}[a-z0-9]")  # cloud.google.com/storage/docs/buckets#naming
 
 
 def check_safe_uri(setting: str, value: str, *, glob: bool = False) -> None:
@@ -56,6 +57,32 @@ def check_safe_uri(setting: str, value: str, *, glob: bool = False) -> None:
         raise ConfigError(
             f"{setting} {value!r} has a '..' path segment: give the place itself (an absolute "
             "path or a gs://bucket/prefix), not a way up out of another."
+        )
+    if value.startswith("gs://"):
+        _check_gs_uri(setting, value)
+
+
+def _check_gs_uri(setting: str, value: str) -> None:
+    """The bucket by Google's naming rules, and the object path as written is the canonical one: gcsfs keeps
+    an empty or '.' segment in the object names (gs://b//mlm/x writes '/mlm/x/...', outside the prefix mlm/)."""
+    bucket, _, path = value[len("gs://") :].partition("/")
+    if bucket and not (
+        _BUCKET.fullmatch(bucket)
+        and all(len(part) <= 63 for part in bucket.split("."))
+        and not bucket.startswith("goog")
+        and "google" not in bucket
+        and not re.fullmatch(r"[0-9.]+", bucket)
+    ):
+        raise ConfigError(
+            f"{setting} {value!r}: the bucket name {bucket!r} is not a valid Cloud Storage bucket name (3-63 "
+            "lowercase letters, digits, '-', '_' and '.', starting and ending with a letter or digit, not "
+            "starting with 'goog'): fix the bucket name."
+        )
+    canonical = "/".join(part for part in path.split("/") if part not in ("", "."))
+    if path.rstrip("/") != canonical:
+        raise ConfigError(
+            f"{setting} {value!r} has an empty or '.' path segment, which Cloud Storage keeps in the object "
+            f"names (outside the prefix it seems to name): write gs://{bucket}/{canonical}."
         )
 
 

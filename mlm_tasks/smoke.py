@@ -474,7 +474,7 @@ def _worker_0(
         )
         return ["<worker-0-ip>"]
     hosts = tpu.worker_endpoints(node, external=cfg.tpu.ssh_via == "external")
-    problem = ssh.unreachable(hosts[0], cfg.tpu.ssh_port, cfg.tpu.ssh_probe_timeout_s)
+    problem = ssh.unreachable(hosts[0], cfg.tpu.ssh_port, ssh.PROBE_TIMEOUT_S)
     if problem:
         raise RuntimeError(
             f"Worker 0 is unreachable ({problem}): add a firewall rule allowing tcp:{cfg.tpu.ssh_port} "

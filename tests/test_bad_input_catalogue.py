@@ -524,9 +524,9 @@ CASES = [
     ),
     Case(
         "unbounded-timeout",
-        "a timeout without bound (tpu.api_timeout_s=1e12)",
-        r"tpu\.api_timeout_s: Input should be less than or equal to 600",
-        [("config_from_params", form(overrides={"tpu.api_timeout_s": 1e12}))],
+        "a timeout without bound (storage.timeout_s=1e12)",
+        r"storage\.timeout_s: Input should be less than or equal to 600",
+        [("config_from_params", form(overrides={"storage.timeout_s": 1e12}))],
     ),
     Case(
         "gs-without-credentials",

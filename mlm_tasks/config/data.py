@@ -35,72 +35,29 @@ class FilterConfig(Section):
     value that turns it off; the defaults drop under 3% of the embedded corpus's rows each."""
 
     enabled: bool = Field(True, description="Apply the filters below; false keeps every row.")
-    min_words: int = Field(
-        1, ge=0, le=10_000, description="Drop rows with fewer words (0: off; 1 drops rows of symbols only)."
-    )
+    min_words: int = Field(1, ge=0, le=10_000, description="Drop rows with fewer words (0: off).")
     max_words: int = Field(100_000, ge=1, le=10**7, description="Drop rows with more words (Gopher's page limit).")
-    max_word_chars: int = Field(
-        1000, ge=1, le=10**7, description="Drop rows with a longer word, e.g. base64 or a URL blob (C4: 1000)."
-    )
-    ratio_min_words: int = Field(
-        3,
-        ge=1,
-        le=10_000,
-        description="Rows with fewer words skip the ratio rules (word length, alphabetic, symbol, repetition): "
-        "a ratio over one or two words (headings, table cells) says nothing.",
-    )
-    min_mean_word_length: float = Field(
-        2.0, ge=0, le=100, description="Drop rows whose words average fewer characters (0: off; Gopher: 3)."
-    )
+    max_word_chars: int = Field(1000, ge=1, le=10**7, description="Drop rows with a longer word (C4: 1000).")
+    ratio_min_words: int = Field(3, ge=1, le=10_000, description="Shorter rows skip the ratio rules.")
+    min_mean_word_length: float = Field(2.0, ge=0, le=100, description="Drop rows of shorter mean word (0: off).")
     max_mean_word_length: float = Field(
-        12.0, ge=1, le=10_000, description="Drop rows whose words average more characters (Gopher: 10)."
+        12.0, ge=1, le=10_000, description="Drop rows of longer mean word (Gopher: 10)."
     )
-    min_alpha_word_fraction: float = Field(
-        0.5, ge=0, le=1, description="Drop rows where a smaller share of words holds a letter (0: off; Gopher: 0.8)."
-    )
-    max_symbol_word_ratio: float = Field(
-        0.1, ge=0, le=1000, description="Drop rows with more '#' or ellipses per word (Gopher: 0.1; 1000: off)."
-    )
+    min_alpha_word_fraction: float = Field(0.5, ge=0, le=1, description="Least share of words with a letter (0: off).")
+    max_symbol_word_ratio: float = Field(0.1, ge=0, le=1000, description="Most '#' or ellipses per word (1000: off).")
     max_duplicate_ngram_fraction: float = Field(
-        0.15,
-        ge=0,
-        le=1,
-        description="Drop rows where a larger share of characters lies in repeated word 5-grams "
-        "(Gopher: 0.15; 1: off).",
+        0.15, ge=0, le=1, description="Most characters in repeated 5-grams (1: off)."
     )
-    min_stop_words: int = Field(
-        0,
-        ge=0,
-        le=1000,
-        description="Drop rows with fewer of the words the, be, to, of, and, that, have, with (0: off; Gopher: 2, "
-        "made for pages: it drops most headings, captions and list items).",
-    )
-    require_end_punctuation: bool = Field(
-        False,
-        description="Drop rows not ending in . ? ! \" ' (C4's line rule; off: it drops every heading and caption).",
-    )
+    min_stop_words: int = Field(0, ge=0, le=1000, description="Least stop words a row holds (0: off; Gopher: 2).")
+    require_end_punctuation: bool = Field(False, description="Drop rows not ending in . ? ! \" ' (C4's line rule).")
     drop_curly_brackets: bool = Field(True, description="Drop rows holding '{', which is code, not prose (C4).")
     boilerplate_phrases: list[str] = Field(
         default_factory=lambda: list(DEFAULT_BOILERPLATE_PHRASES),
-        description="Drop rows containing any of these phrases, case-insensitively (C4's; []: off).",
+        description="Drop rows holding one of these phrases ([]: off).",
     )
-    languages: list[str] = Field(
-        default_factory=list,
-        description="Keep only rows whose most likely language (py3langid) is one of these ISO 639-1 codes, "
-        "e.g. [en] ([]: off).",
-    )
-    min_language_score: float = Field(
-        0.5,
-        ge=0,
-        le=1,
-        description="And whose probability (normalized over py3langid's 97 languages) is at least this.",
-    )
-    language_min_chars: int = Field(
-        100,
-        ge=1,
-        le=100_000,
-        description="Shorter rows skip language ID: on titles, names and references it misreads English.",
-    )
+    languages: list[str] = Field(default_factory=list, description="Keep rows in these ISO 639-1 languages ([]: off).")
+    min_language_score: float = Field(0.5, ge=0, le=1, description="Least language-ID probability a kept row has.")
+    language_min_chars: int = Field(100, ge=1, le=100_000, description="Shorter rows skip language ID.")
 
     @model_validator(mode="after")
     def _ranges_and_codes(self) -> FilterConfig:
@@ -133,35 +90,21 @@ class MixtureSource(Section):
     """One source of a mixture (corpus.mixture): a text source, its settings, and its weight in training."""
 
     name: str = Field(
-        pattern=r"^[a-z0-9][a-z0-9_-]{0,31}$",
-        description="Short name, unique in the mixture ([a-z0-9_-]): it names the source's shards "
-        "(train-<name>-p00000of00001-00000-2048.tfrecord) and its counts in the manifest.",
+        pattern=r"^[a-z0-9][a-z0-9_-]{0,31}$", description="Short unique name: it names the source's shards."
     )
     weight: float = Field(
-        1.0,
-        gt=0,
-        le=MIXTURE_MAX_WEIGHT,
-        description="Relative share of the train examples drawn from this source (normalized over the mixture): "
-        "above its natural share up-samples it (its records repeat), below down-samples it. Applied when "
-        "training, so changing only the weights reuses the shard set.",
+        1.0, gt=0, le=MIXTURE_MAX_WEIGHT, description="Relative share of train examples drawn from it."
     )
-    source: TextSource = Field(
-        "local_files", description="Where this source's text comes from (as corpus.source; text sources only)."
-    )
+    source: TextSource = Field("local_files", description="Where its text comes from (a text source).")
     hf_path: str = Field("Salesforce/wikitext", description="`datasets` path (source=hf_dataset).")
     hf_name: str | None = Field("wikitext-103-raw-v1", description="`datasets` config name.")
     hf_revision: str | None = Field(None, description="Dataset revision (commit/tag); pins the data.")
     text_column: str = Field("text", description="Column holding the text in datasets/jsonl/parquet.")
-    local_paths: list[str] = Field(
-        default_factory=list,
-        description="Files or globs (source=local_files): .txt (one row per line), .jsonl, .parquet.",
-    )
+    local_paths: list[str] = Field(default_factory=list, description="Files or globs (source=local_files).")
     split_by: Literal["row", "file", "document"] = Field(
-        "row", description="source=local_files: what its train/validation/test split hashes (as corpus.split_by)."
+        "row", description="source=local_files: what the split hashes."
     )
-    document_column: str | None = Field(
-        None, description="split_by=document: the .jsonl/.parquet column holding a row's document id."
-    )
+    document_column: str | None = Field(None, description="split_by=document: the document id column.")
     dump_path: str | None = Field(None, description="Path of an enwiki pages-articles*.xml.bz2 dump (wiki_dump).")
     max_articles: int | None = Field(None, ge=1, le=10**9, description="Read at most this many articles (dumps).")
 
@@ -194,62 +137,30 @@ _SINGLE_SOURCE_SETTINGS = (
 
 class CorpusConfig(Section):
     source: Literal["embedded_wiki", "hf_dataset", "local_files", "wiki_dump", "tfrecord_shards", "mixture"] = Field(
-        "embedded_wiki",
-        description="Where the text comes from: the Wikipedia sample shipped in the "
-        "gensim wheel, a `datasets` dataset, local text/jsonl/parquet files, or an enwiki XML dump; or "
-        "tfrecord_shards: shards already tokenized elsewhere (bring your own, see shards_uri); or mixture: "
-        "the sources of corpus.mixture, each with its weight.",
+        "embedded_wiki", description="Where the text comes from."
     )
     hf_path: str = Field("Salesforce/wikitext", description="`datasets` path (source=hf_dataset).")
     hf_name: str | None = Field("wikitext-103-raw-v1", description="`datasets` config name.")
     hf_revision: str | None = Field(None, description="Dataset revision (commit/tag); pins the data.")
     text_column: str = Field("text", description="Column holding the text in datasets/jsonl/parquet.")
     local_paths: list[str] = Field(
-        default_factory=list,
-        description="Files or globs (source=local_files), local or gs://: .txt (one row per line), .jsonl, "
-        ".parquet, .txt.gz, .jsonl.gz.",
+        default_factory=list, description="Files or globs (source=local_files), local or gs://."
     )
     dump_path: str | None = Field(None, description="Path of an enwiki pages-articles*.xml.bz2 dump.")
     max_articles: int | None = Field(None, ge=1, le=10**9, description="Read at most this many articles (dumps).")
     validation_fraction: float = Field(
-        0.05,
-        ge=0.0,
-        lt=0.5,
-        description="Share of articles (or rows) held out for validation when the source has no such split.",
+        0.05, ge=0.0, lt=0.5, description="Share held out for validation (no split of its own)."
     )
     test_fraction: float = Field(0.05, ge=0.0, lt=0.5, description="Share held out for test.")
     split_by: Literal["row", "file", "document"] = Field(
-        "row",
-        description="source=local_files: what the train/validation/test split hashes, so that what belongs "
-        "together stays in one split: each row; each file (a file is a document); or each document, named by "
-        "document_column (.jsonl, .parquet). Wikipedia sources split by article title.",
+        "row", description="source=local_files: what the split hashes."
     )
-    document_column: str | None = Field(
-        None, description="split_by=document: the .jsonl/.parquet column holding a row's document id."
-    )
-    shards_uri: str | None = Field(
-        None,
-        description="source=tfrecord_shards: a folder or gs:// prefix holding "
-        "train/ and validation/ (test/ optional) folders of *.tfrecord shards with "
-        "int64 input_ids and attention_mask, as Hugging Face's prepare_tfrecord_shards.py "
-        "writes them.",
-    )
-    tokenizer_uri: str | None = Field(
-        None,
-        description="source=tfrecord_shards: the tokenizer the shards were "
-        "encoded with: a local folder, a gs:// folder, or a Hub repo id.",
-    )
-    filters: FilterConfig = Field(
-        default_factory=FilterConfig,
-        description="Which rows to drop before tokenizing (rule filters, language ID).",
-    )
+    document_column: str | None = Field(None, description="split_by=document: the document id column.")
+    shards_uri: str | None = Field(None, description="source=tfrecord_shards: where the shards are.")
+    tokenizer_uri: str | None = Field(None, description="source=tfrecord_shards: their tokenizer.")
+    filters: FilterConfig = Field(default_factory=FilterConfig, description="Which rows to drop before tokenizing.")
     mixture: list[MixtureSource] = Field(
-        default_factory=list,
-        max_length=32,
-        description="source=mixture: several text sources in one shard set, each with a name and a weight "
-        "(YAML or the run's overrides, not a form field). Splits, filters and dedup stay corpus-wide (a row "
-        "in two sources is kept once). Training draws each train example from a source chosen by weight; "
-        "an epoch stays the mixture's total train records (weights change the composition, not the length).",
+        default_factory=list, max_length=32, description="source=mixture: its sources."
     )
 
     @model_validator(mode="after")
@@ -313,59 +224,21 @@ class CorpusConfig(Section):
 class TokenizerConfig(Section):
     vocab_size: int = Field(8000, ge=1, le=250_000, description="Unigram vocabulary size, specials included.")
     max_piece_length: int = Field(16, ge=2, le=64, description="Longest piece the Unigram trainer keeps.")
-    sample_mb: int = Field(
-        64,
-        ge=1,
-        le=100_000,
-        description="MB of train text the tokenizer trains on, at most: a seeded sample of the deduplicated, "
-        "filtered rows, chosen by row hash (the same rows on every machine), recorded in the manifest. Memory "
-        "and time stay bounded whatever the corpus size (sentencepiece's advice: 1-10 M sentences).",
-    )
+    sample_mb: int = Field(64, ge=1, le=100_000, description="MB of train text the tokenizer trains on, at most.")
 
 
 class ShardConfig(Section):
     max_length: int = Field(128, ge=8, le=4096, description="Tokens per training example (chunk length).")
     records_per_shard: int = Field(2048, ge=1, le=1_000_000, description="TFRecord examples per shard file.")
     tokenize_batch_rows: int = Field(1000, ge=1, le=100_000, description="Rows per encode_batch call.")
-    partitions: int = Field(
-        1,
-        ge=1,
-        le=MAX_PARTITIONS,
-        description="Shard-writing tasks run in parallel by the DAGs "
-        "(dynamic task mapping): the corpus is cut into at least this many partitions, each "
-        "written by one `write_shards` task, merged into one manifest at the end.",
-    )
-    partition_mb: int = Field(
-        256,
-        ge=1,
-        le=1 << 20,
-        description="Target MiB of source per partition: plan_shards writes max(partitions, "
-        "ceil(source MiB / partition_mb)) partitions, the second term capped at 1024 and at the "
-        "source's units (files, parquet row groups, MiB of text); sources of unknown size "
-        "(Wikipedia dumps) use `partitions`.",
-    )
+    partitions: int = Field(1, ge=1, le=MAX_PARTITIONS, description="Shard-writing tasks, at least.")
+    partition_mb: int = Field(256, ge=1, le=1 << 20, description="Target MiB of source per partition.")
 
 
 class DedupConfig(Section):
-    exact: bool = Field(
-        True,
-        description="Write each distinct row once: rows with the same text (after trimming) are duplicates; "
-        "the copy kept is one in the train split when there is one.",
-    )
-    near: bool = Field(
-        False,
-        description="Also drop near-duplicate rows: MinHash signatures of word shingles with LSH (datasketch), "
-        "rows whose estimated Jaccard similarity reaches near_threshold form a cluster, one is kept.",
-    )
-    near_threshold: float = Field(
-        0.8, ge=0.5, le=0.99, description="Jaccard similarity (of word shingles) at which rows are near-duplicates."
-    )
+    exact: bool = Field(True, description="Write each distinct row once.")
+    near: bool = Field(False, description="Also drop near-duplicate rows (MinHash LSH).")
+    near_threshold: float = Field(0.8, ge=0.5, le=0.99, description="Jaccard similarity of near-duplicates.")
     num_perm: int = Field(128, ge=16, le=512, description="MinHash permutations (more: sharper threshold, slower).")
     shingle_words: int = Field(5, ge=1, le=20, description="Words per shingle for near-duplicate detection.")
-    near_min_words: int = Field(
-        10,
-        ge=1,
-        le=10_000,
-        description="Rows with fewer words than this are only deduplicated exactly (a few words share "
-        "too many shingles by chance).",
-    )
+    near_min_words: int = Field(10, ge=1, le=10_000, description="Shorter rows are deduplicated exactly only.")

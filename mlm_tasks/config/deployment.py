@@ -6,9 +6,10 @@
     cfg = run_config(params, dep, extra)  # the one door: form, conf and event in, the deployment last
 
 Why: a platform team keeps the deployment (project, service accounts, connections, endpoints, the VM's
-environment, buckets); `DEPLOYMENT_KEYS` and what the file's `settings` pins come only from the file, and
-a run that sets one is refused, naming the key. Without MLM_DEPLOYMENT every Airflow task still refuses
-them (`Deployment.for_airflow()`: closed by default); only the CLI applies none. docs/security.md
+environment, buckets); the settings marked `DeploymentOnly` in the schema and what the file's `settings`
+pins come only from the file, and a run that sets one is refused, naming the key. Without MLM_DEPLOYMENT
+every Airflow task still refuses them (`Deployment.for_airflow()`: closed by default); only the CLI applies
+none. docs/security.md
 """
 
 from __future__ import annotations
@@ -26,37 +27,20 @@ from mlm_tasks.config.loading import (
     PARAM_PATHS,
     build_config,
     config_from_params,
+    merge,
+    nested,
     read_yaml_config,
     split_params,
 )
 from mlm_tasks.config.pipeline import PipelineConfig
+from mlm_tasks.config.section import deployment_keys
 from mlm_tasks.config.tpu import TpuConfig
 from mlm_tasks.errors import ConfigError
 
 ENV = "MLM_DEPLOYMENT"
 BUILTIN = "the built-in boundary (no deployment file: MLM_DEPLOYMENT is unset)"
-# Settings that reach a credential, a shell or a machine: only the deployment sets them.
-DEPLOYMENT_KEYS = (
-    "gcp_conn_id",
-    "sensor.gcp_conn_id",
-    "publish.hf_conn_id",
-    "tpu.project",
-    "tpu.service_account",
-    "tpu.api_endpoint",
-    "tpu.transport",
-    "tpu.ssh_conn_id",
-    "tpu.ssh_port",
-    "tpu.ssh_via",
-    "tpu.external_ips",
-    "tpu.enable_oslogin",
-    "tpu.network",
-    "tpu.subnetwork",
-    "tpu.python",
-    "tpu.workdir",
-    "tpu.env",
-    "tpu.bootstrap",
-    "publish.releases_root",
-)
+# Settings that reach a credential, a shell, an endpoint or a machine: marked `DeploymentOnly` in the schema.
+DEPLOYMENT_KEYS = deployment_keys(PipelineConfig)
 FINGERPRINT = re.compile(r"^[0-9a-f]{16}$")
 # What a dataset-refresh event may set (the sections mlm_dataset_refresh sends), and who may send one.
 DATA_SECTIONS = ("corpus", "tokenizer", "shards", "dedup")
@@ -142,13 +126,13 @@ class Deployment(Bounds):
         run = {PARAM_PATHS.get(k, k): v for k, v in settings.items()}
         self.refuse_owned(run, "the trigger's settings")
         base = read_yaml_config(self.check_config_file(config_file)) if config_file else {}
-        cfg = build_config(_merge(base, _nested(run)), _dotted(self.settings))
+        cfg = build_config(merge(base, nested(run)), _dotted(self.settings))
         self.check_allowed(cfg)
         return cfg
 
     def refuse_owned(self, run: dict[str, Any], where: str) -> None:
         owned = self.owned_keys()
-        for key in _leaves(_nested(run)):
+        for key in _leaves(nested(run)):
             hit = next((d for d in owned if key == d or key.startswith(d + ".") or d.startswith(key + ".")), None)
             if hit and self._open_roots:
                 raise ConfigError(
@@ -301,26 +285,6 @@ def _expand(value: Any) -> Any:
     if isinstance(value, list):
         return [_expand(v) for v in value]
     return value
-
-
-def _nested(run: dict[str, Any]) -> dict[str, Any]:
-    """Dotted keys to a nested tree: {"tpu.zone": z} -> {"tpu": {"zone": z}}."""
-    tree: dict[str, Any] = {}
-    for key, value in run.items():
-        *parents, leaf = key.split(".")
-        node = tree
-        for part in parents:
-            node = node.setdefault(part, {})
-        both_dicts = isinstance(node.get(leaf), dict) and isinstance(value, dict)
-        node[leaf] = _merge(node[leaf], value) if both_dicts else value
-    return tree
-
-
-def _merge(base: dict[str, Any], top: dict[str, Any]) -> dict[str, Any]:
-    out = dict(base)
-    for key, value in top.items():
-        out[key] = _merge(out[key], value) if isinstance(out.get(key), dict) and isinstance(value, dict) else value
-    return out
 
 
 def _leaves(tree: dict[str, Any], prefix: str = "") -> list[str]:

@@ -6,7 +6,7 @@ cfg = config_from_params(dag_params)        # flat names from the Airflow trigge
 
 from __future__ import annotations
 
-import json
+import copy
 from pathlib import Path
 from typing import Any
 
@@ -16,6 +16,7 @@ from mlm_tasks.config.pipeline import PipelineConfig
 from mlm_tasks.errors import ConfigError
 
 MAX_CONFIG_BYTES = 1 << 20
+MAX_DEPTH = 32  # a config file's settings nest a few levels; a thousand would exhaust the parser's stack
 
 
 # Flat names used by the Airflow trigger form and `--set`, mapped to their place in the config.
@@ -46,19 +47,38 @@ PARAM_PATHS = {
 }
 
 
-def _set_dotted(tree: dict, dotted: str, value: Any) -> None:
+def set_dotted(tree: dict[str, Any], dotted: str, value: Any) -> None:
+    """Set `dotted` (train.steps) in a nested tree; a section given both as one value and by its settings
+    (`{"train": 5, "train.steps": 3}`) is a ConfigError naming the key, whichever comes first."""
     *parents, leaf = dotted.split(".")
     node = tree
-    for part in parents:
+    for i, part in enumerate(parents):
         node = node.setdefault(part, {})
         if not isinstance(node, dict):
-            raise ConfigError(f"Cannot set {dotted!r}: {part!r} is not a section.")
-    node[leaf] = value
+            section = ".".join(parents[: i + 1])
+            raise ConfigError(f"Cannot set {dotted!r}: {section!r} is set to {node!r}, not to a section of settings.")
+    both = isinstance(node.get(leaf), dict) and isinstance(value, dict)
+    node[leaf] = merge(node[leaf], value) if both else value
+
+
+def nested(settings: dict[str, Any]) -> dict[str, Any]:
+    """Dotted keys to a nested tree: {"tpu.zone": z} -> {"tpu": {"zone": z}}."""
+    tree: dict[str, Any] = {}
+    for key, value in settings.items():
+        set_dotted(tree, key, value)
+    return tree
+
+
+def merge(base: dict[str, Any], top: dict[str, Any]) -> dict[str, Any]:
+    out = dict(base)
+    for key, value in top.items():
+        out[key] = merge(out[key], value) if isinstance(out.get(key), dict) and isinstance(value, dict) else value
+    return out
 
 
 def build_config(base: dict | None = None, overrides: dict[str, Any] | None = None) -> PipelineConfig:
     """Validate `base` (nested dict) with dotted or flat-param `overrides` applied on top."""
-    tree = json.loads(json.dumps(base or {}))
+    tree = copy.deepcopy(base or {})
     for key, value in (overrides or {}).items():
         dotted = PARAM_PATHS.get(key, key)
         if "." not in dotted and dotted not in PipelineConfig.model_fields:
@@ -66,7 +86,7 @@ def build_config(base: dict | None = None, overrides: dict[str, Any] | None = No
                 f"Unknown setting {key!r}. Known flat names: {sorted(PARAM_PATHS)}; "
                 "or use a dotted path such as train.learning_rate."
             )
-        _set_dotted(tree, dotted, value)
+        set_dotted(tree, dotted, value)
     try:
         return PipelineConfig.model_validate(tree)
     except ConfigError:
@@ -75,22 +95,11 @@ def build_config(base: dict | None = None, overrides: dict[str, Any] | None = No
         raise ConfigError(_explain(err)) from None
 
 
-# Settings that are gone, and what to use instead: naming one says so, not "check its spelling".
-REMOVED_SETTINGS = {
-    "train.fail_at_step": "fault injection is a training hook now, never a setting of a run: in process, "
-    "train(cfg, ctx, hooks=[FailAtStep(N)]); for a trainer in another process (a task, the CLI, a TPU VM), "
-    "MLM_TRAIN_HOOKS=mlm_tasks.training.hooks:fail_at_step=N in its environment "
-    "(mlm_tasks/training/hooks.py). Remove the setting.",
-}
-
-
 def _explain(err: ValidationError) -> str:
     lines = []
     for e in err.errors():
         where = ".".join(str(p) for p in e["loc"]) or "config"
-        if e["type"] == "extra_forbidden" and where in REMOVED_SETTINGS:
-            lines.append(f"Setting {where!r} is gone: {REMOVED_SETTINGS[where]}")
-        elif e["type"] == "extra_forbidden":
+        if e["type"] == "extra_forbidden":
             lines.append(f"Unknown setting {where!r}: check its spelling (see configs/default.yaml).")
         elif e["type"] == "value_error" and isinstance(e.get("ctx", {}).get("error"), ConfigError):
             lines.append(str(e["ctx"]["error"]))
@@ -100,11 +109,33 @@ def _explain(err: ValidationError) -> str:
 
 
 def read_yaml_config(path: str | Path) -> dict:
-    """Parse a YAML config file strictly: syntax errors, duplicate keys and a top level that is not a
-    mapping are ConfigErrors naming the file and line (PyYAML alone lets a repeated key win silently)."""
+    """Parse a YAML config file strictly: syntax errors, duplicate keys, anchors and aliases and a top level
+    that is not a mapping are ConfigErrors naming the file and line (PyYAML alone lets a repeated key win
+    silently, and expands nested aliases, a "billion laughs", until the task hangs)."""
     import yaml
 
     class StrictLoader(yaml.SafeLoader):
+        keys: list[Any] = []  # where compose_node is: a mapping's keys and a list's positions
+
+        def compose_node(self, parent: yaml.Node | None, index: Any) -> yaml.Node:
+            key = index.value if isinstance(index, yaml.ScalarNode) else index
+            event = self.peek_event()
+            if isinstance(event, yaml.AliasEvent) or getattr(event, "anchor", None):
+                where = "".join(f"[{k}]" if isinstance(k, int) else f".{k}" for k in [*self.keys, key] if k is not None)
+                mark = "*" if isinstance(event, yaml.AliasEvent) else "&"
+                raise ConfigError(
+                    f"{path} line {event.start_mark.line + 1}: {where.lstrip('.') or 'the top level'} uses a YAML "
+                    f"anchor or alias ({mark}{event.anchor}): config files may not (an alias can expand to billions "
+                    "of values); write the values out."
+                )
+            if len(self.keys) > MAX_DEPTH:
+                raise ConfigError(f"{path} line {event.start_mark.line + 1}: nests deeper than {MAX_DEPTH} levels.")
+            self.keys = [*self.keys, key]
+            try:
+                return super().compose_node(parent, index)
+            finally:
+                self.keys = self.keys[:-1]
+
         def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
             seen: dict[Any, int] = {}  # key: its line
             for key_node, _ in node.value:
@@ -156,6 +187,10 @@ def split_params(params: dict[str, Any]) -> tuple[str | None, dict[str, Any]]:
     params = dict(params)
     config_file = params.pop("config_file", None) or None
     extra = params.pop("overrides", None) or {}
+    if not isinstance(extra, dict):
+        raise ConfigError(f'overrides {extra!r} is not a mapping of settings: give e.g. {{"train.steps": 100}}.')
+    if not isinstance(config_file, str | None):
+        raise ConfigError(f"config_file {config_file!r} is not a path: give the YAML file's path as text.")
     # Form fields left empty mean "keep the file's value".
     flat = {k: v for k, v in params.items() if v is not None and v != ""}
     return config_file, {**flat, **extra}

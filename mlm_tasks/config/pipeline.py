@@ -10,7 +10,7 @@ from pydantic import Field, model_validator
 
 from mlm_tasks.config.data import SPECIAL_TOKENS, CorpusConfig, DedupConfig, ShardConfig, TokenizerConfig
 from mlm_tasks.config.release import DownstreamConfig, GateConfig, PublishConfig
-from mlm_tasks.config.section import Section
+from mlm_tasks.config.section import DeploymentOnly, Section
 from mlm_tasks.config.tpu import TpuConfig
 from mlm_tasks.config.training import EvalConfig, InferConfig, ModelConfig, TrainConfig
 from mlm_tasks.errors import ConfigError
@@ -25,37 +25,22 @@ class SensorConfig(Section):
     """Orchestration only: the shard gate (plugins/mlm_airflow/sensors/shard_set.py) reads this section at run time; no
     step of mlm_tasks does. It lives in the run's config so a run (production.yaml) can set it."""
 
-    poke_interval_s: int = Field(
-        30, ge=1, le=3600, description="Seconds between checks for the shard completion marker."
-    )
-    timeout_s: int = Field(
-        3600, ge=1, le=604_800, description="Fail the run if shards are not complete after this long."
-    )
-    gcp_conn_id: str | None = Field(
-        None, description="Airflow GCP connection of the sensor (empty: the top-level gcp_conn_id)."
-    )
+    poke_interval_s: int = Field(30, ge=1, le=3600, description="Seconds between marker checks.")
+    timeout_s: int = Field(3600, ge=1, le=604_800, description="Fail if shards are not done by then.")
+    gcp_conn_id: DeploymentOnly[str | None] = Field(None, description="The sensor's GCP connection.")
 
 
 class StorageConfig(Section):
     """gs:// calls of every step, task and trigger (mlm_tasks/storage.py), and TensorFlow's gs:// client."""
 
-    timeout_s: float = Field(
-        60,
-        gt=0,
-        le=600,
-        description="Seconds a gs:// request may wait for a connection "
-        "or for the next bytes of its answer; a call fails as transient (the task retries) "
-        "after 3 times this, retries included, plus a second per MiB it moves.",
-    )
+    timeout_s: float = Field(60, gt=0, le=600, description="Seconds a gs:// request may go silent.")
 
 
 class PipelineConfig(Section):
     output_root: str = Field("out", description="Where every artifact goes: a local folder or gs://bucket/prefix.")
     compute: Literal["local", "tpu_vm"] = Field("local", description="Train here, or on a TPU VM made for the run.")
-    gcp_conn_id: str = Field(
-        "google_cloud_default",
-        description="Airflow GCP connection whose credentials every "
-        "Google client on the Airflow side uses (GCS, the shard sensor, the TPU API).",
+    gcp_conn_id: DeploymentOnly[str] = Field(
+        "google_cloud_default", description="GCP connection of every Google client."
     )
     corpus: CorpusConfig = Field(default_factory=CorpusConfig)
     tokenizer: TokenizerConfig = Field(default_factory=TokenizerConfig)

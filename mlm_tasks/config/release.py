@@ -6,18 +6,14 @@ from typing import Literal
 
 from pydantic import Field, model_validator
 
-from mlm_tasks.config.section import Section
+from mlm_tasks.config.section import DeploymentOnly, Section
 from mlm_tasks.errors import ConfigError
 
 
 class GateConfig(Section):
     max_eval_loss: float | None = Field(None, gt=0, description="Publish only if eval loss is at most this.")
-    min_accuracy: float | None = Field(
-        None, ge=0, le=1, description="Publish only if masked accuracy is at least this."
-    )
-    require_better_than_published: bool = Field(
-        True, description="Publish only if not worse than the last published model."
-    )
+    min_accuracy: float | None = Field(None, ge=0, le=1, description="Least masked accuracy to publish.")
+    require_better_than_published: bool = Field(True, description="No worse than the last published.")
 
 
 TASK_FILE_TYPES = (".csv", ".jsonl", ".parquet")
@@ -28,11 +24,7 @@ class DownstreamTask(Section):
 
     name: str = Field(pattern=r"^[A-Za-z0-9_.-]+$", description="What the table calls it, e.g. sst2.")
     source: Literal["files", "hf_dataset", "held_out_article"] = Field(
-        "files",
-        description="files: train_file and validation_file (CSV, JSONL or parquet, local or gs://); "
-        "hf_dataset: a `datasets` id (hf_path, hf_name), e.g. nyu-mll/glue + sst2; held_out_article: passages "
-        "of the corpus's test-split articles (never pretrained on), labelled with their article (a corpus "
-        "without articles, not embedded_wiki or wiki_dump, skips it).",
+        "files", description="Where the examples come from."
     )
     train_file: str | None = Field(None, description="source=files: the training examples.")
     validation_file: str | None = Field(None, description="source=files: the examples scored.")
@@ -41,25 +33,14 @@ class DownstreamTask(Section):
     hf_revision: str | None = Field(None, description="source=hf_dataset: a commit or tag (pins the data).")
     train_split: str = Field("train", description="source=hf_dataset: the split fine-tuned on.")
     validation_split: str = Field("validation", description="source=hf_dataset: the split scored.")
-    text_columns: list[str] = Field(
-        default_factory=list,
-        max_length=2,
-        description="One column (single sentences) or two (pairs); empty: `sentence`, or `sentence1` + `sentence2`.",
-    )
+    text_columns: list[str] = Field(default_factory=list, max_length=2, description="One column, or two for pairs.")
     label_column: str = Field("label", description="Column of the class: integers from 0, or names.")
     metric: Literal["accuracy", "f1", "macro_f1", "mcc", "pearson", "spearman"] = Field(
-        "accuracy",
-        description="The score the table, the gate and min_score use: accuracy, f1 (of class 1, binary tasks), "
-        "macro_f1, mcc (Matthews, as CoLA) for classes; pearson or spearman for a regression (number labels, "
-        "as STS-B).",
+        "accuracy", description="The score of the task."
     )
     min_score: float | None = Field(None, ge=-1, le=1, description="The gate refuses a mean score below this.")
-    max_train_examples: int | None = Field(
-        None, ge=1, le=10_000_000, description="Fine-tune on at most this many (a seeded sample, stratified by label)."
-    )
-    max_eval_examples: int | None = Field(
-        None, ge=1, le=10_000_000, description="Score at most this many (a seeded sample, stratified by label)."
-    )
+    max_train_examples: int | None = Field(None, ge=1, le=10_000_000, description="Fine-tune on at most this many.")
+    max_eval_examples: int | None = Field(None, ge=1, le=10_000_000, description="Score at most this many.")
 
     @model_validator(mode="after")
     def _source_settings(self) -> DownstreamTask:
@@ -80,53 +61,17 @@ class DownstreamTask(Section):
 
 
 class DownstreamConfig(Section):
-    tasks: list[DownstreamTask] = Field(
-        default_factory=list,
-        description="Tasks the `downstream` step fine-tunes the trained encoder on (empty: the step does nothing).",
-    )
-    seeds: int = Field(
-        3,
-        ge=1,
-        le=20,
-        description="Fine-tuning runs per task and model (seeds train.seed, +1, "
-        "...): the table shows their mean and spread.",
-    )
-    steps: int = Field(
-        100, ge=1, le=1_000_000, description="Optimizer steps of each fine-tuning run (the fixed budget)."
-    )
+    tasks: list[DownstreamTask] = Field(default_factory=list, description="Tasks to fine-tune on (empty: none).")
+    seeds: int = Field(3, ge=1, le=20, description="Fine-tuning runs per task and model.")
+    steps: int = Field(100, ge=1, le=1_000_000, description="Steps of each fine-tuning run.")
     batch_size: int = Field(16, ge=1, le=4096, description="Examples per fine-tuning step.")
     learning_rate: float = Field(3e-4, gt=0, lt=1, description="Peak AdamW learning rate (10% warmup, linear decay).")
-    max_length: int = Field(
-        128, ge=8, le=8192, description="Tokens per example (a pair shares them); at most the model's positions."
-    )
-    random_init: bool = Field(
-        True,
-        description="Run the same budget from random weights of the same shape: "
-        "the baseline that shows what pretraining bought.",
-    )
-    min_scores: dict[str, float] = Field(
-        default_factory=dict, description="The gate's minimum mean score per task name (or a task's own min_score)."
-    )
-    max_regression: float = Field(
-        0.0,
-        ge=0,
-        le=1,
-        description="With gate.require_better_than_published: how far a task's score may fall below the last "
-        "published model's. The gate fails a task only when the whole 95% interval of the difference lies below "
-        "-max_regression (a drop larger than this, beyond noise), so 0 fails only a drop noise cannot explain.",
-    )
-    check_contamination: bool = Field(
-        True,
-        description="Look for each task's scored examples in the pretraining train split (13-gram overlap, "
-        "one read of the corpus); found ones are named in the report, the card, the gate and the approval page.",
-    )
-    max_half_width: float = Field(
-        0.1,
-        gt=0,
-        le=1,
-        description="A score whose 95% interval (over seeds and examples) is wider than ± this is flagged in the "
-        "report, the card and the approval page as too uncertain to tell models apart: score more examples.",
-    )
+    max_length: int = Field(128, ge=8, le=8192, description="Tokens per example.")
+    random_init: bool = Field(True, description="Also from random weights (the baseline).")
+    min_scores: dict[str, float] = Field(default_factory=dict, description="Least mean score per task name.")
+    max_regression: float = Field(0.0, ge=0, le=1, description="How far below the published score a task may fall.")
+    check_contamination: bool = Field(True, description="Look for scored examples in train.")
+    max_half_width: float = Field(0.1, gt=0, le=1, description="Flag a wider 95% interval.")
 
     @model_validator(mode="after")
     def _names(self) -> DownstreamConfig:
@@ -152,31 +97,12 @@ class PublishConfig(Section):
     repo_id: str | None = Field(None, description="Hub model repo id, e.g. my-org/roberta-wiki-mlm.")
     tokenizer_repo_id: str | None = Field(None, description="Push the tokenizer alone to this repo after training it.")
     private: bool = Field(True, description="Create the Hub repo as private.")
-    hf_conn_id: str = Field("huggingface_default", description="Airflow connection whose password is the Hub token.")
+    hf_conn_id: DeploymentOnly[str] = Field(
+        "huggingface_default", description="Airflow connection whose password is the Hub token."
+    )
     sync_checkpoints: bool = Field(False, description="Upload checkpoints to the Hub during training (non-blocking).")
-    request_timeout_s: float = Field(
-        120,
-        gt=0,
-        le=3600,
-        description="Seconds one Hub request may go without an answer "
-        "(connect, or between bytes) before it fails; a hung Hub fails the step.",
-    )
+    request_timeout_s: float = Field(120, gt=0, le=3600, description="Seconds a Hub request may go silent.")
     license: str = Field("cc-by-sa-4.0", description="License in the model card (Wikipedia text is CC BY-SA 4.0).")
-    require_approval: bool = Field(
-        False,
-        description="A person approves the release in Airflow (the "
-        "approve_release task, between gate and publish) before publish runs.",
-    )
-    approval_timeout_hours: float = Field(
-        72,
-        gt=0,
-        le=720,
-        description="Hours approve_release waits for an answer; "
-        "no answer by then counts as a rejection (publish skipped).",
-    )
-    releases_root: str | None = Field(
-        None,
-        description="Where the metrics of each model published to a repo_id are "
-        "kept (the gate's baseline); empty: under output_root. A deployment sets it to "
-        "a place runs cannot choose.",
-    )
+    require_approval: bool = Field(False, description="A person approves the release.")
+    approval_timeout_hours: float = Field(72, gt=0, le=720, description="Hours approval waits (then: rejected).")
+    releases_root: DeploymentOnly[str | None] = Field(None, description="Where published models' metrics are kept.")

@@ -3,13 +3,45 @@
     class TpuConfig(Section):
         project: DeploymentOnly[str] = Field("", description="...")
 
-`mlm_tasks.config.deployment` derives its key list from the marks (`deployment_keys`).
+`leaves(PipelineConfig)` walks the schema; `mlm_tasks.config.deployment` derives its key list from the marks.
 """
 
 from __future__ import annotations
 
+import typing
+from collections.abc import Iterator
+from typing import Annotated, TypeVar
+
 from pydantic import BaseModel, ConfigDict
+from pydantic.fields import FieldInfo
+
+T = TypeVar("T")
+
+
+class _DeploymentMark:
+    """A setting that reaches a credential, a shell, an endpoint or a machine: no run may set it."""
+
+
+DEPLOYMENT_MARK = _DeploymentMark()
+DeploymentOnly = Annotated[T, DEPLOYMENT_MARK]
 
 
 class Section(BaseModel):
     model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+
+def leaves(model: type[BaseModel], prefix: str = "") -> Iterator[tuple[str, FieldInfo]]:
+    """(dotted name, field) of every setting under `model`; a list of sections' entries read `name[].leaf`."""
+    for name, field in model.model_fields.items():
+        inner, suffix = field.annotation, ""
+        if typing.get_origin(inner) is list:
+            inner, suffix = typing.get_args(inner)[0], "[]"
+        if isinstance(inner, type) and issubclass(inner, BaseModel):
+            yield from leaves(inner, f"{prefix}{name}{suffix}.")
+        else:
+            yield f"{prefix}{name}", field
+
+
+def deployment_keys(model: type[BaseModel]) -> tuple[str, ...]:
+    """The dotted names of the settings marked `DeploymentOnly`."""
+    return tuple(name for name, field in leaves(model) if DEPLOYMENT_MARK in field.metadata)

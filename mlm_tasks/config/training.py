@@ -13,46 +13,18 @@ from mlm_tasks.presets import PRESETS, ModelShape
 
 class ModelConfig(Section):
     preset: str = Field(
-        "tiny",
-        description="Model shape: tiny (CPU minutes), small, base (roberta-base).",
-        json_schema_extra={"enum": [*sorted(PRESETS)]},
+        "tiny", description="Model shape: tiny, small, base.", json_schema_extra={"enum": [*sorted(PRESETS)]}
     )  # [*...]: a list of JSON values
     hidden_size: int | None = Field(None, ge=8, le=16_384, description="Override the preset's hidden size.")
     num_hidden_layers: int | None = Field(None, ge=1, le=128, description="Override the preset's layer count.")
     num_attention_heads: int | None = Field(None, ge=1, le=256, description="Override the preset's head count.")
     intermediate_size: int | None = Field(None, ge=8, le=65_536, description="Override the preset's FFN width.")
-    max_position_embeddings: int | None = Field(
-        None, ge=10, le=8194, description="Override positions (RoBERTa needs max_length + 2)."
-    )
+    max_position_embeddings: int | None = Field(None, ge=10, le=8194, description="Override positions.")
     dropout: float = Field(0.1, ge=0, lt=1, description="Hidden and attention dropout.")
-    sinusoidal_init: bool = Field(
-        False,
-        description="Start learned position embeddings from sinusoids "
-        "(small models then learn context in far fewer steps).",
-    )
-    init_from: str | None = Field(
-        None,
-        description="Continue pretraining from this model instead of random "
-        "weights: a Hub repo id (owner/name), a gs:// folder or a local folder of a "
-        "transformers RoBERTa masked LM (TensorFlow or PyTorch weights). Its tokenizer "
-        "encodes the shards (none is trained) and its config.json gives the shape: "
-        "preset and tokenizer.vocab_size are not used, and a conflicting shape setting "
-        "is refused.",
-    )
-    init_revision: str | None = Field(
-        None,
-        description="With a Hub init_from: the branch, tag or commit to start "
-        "from (empty: main); resolved to its commit once per shard set.",
-    )
-    vocab_multiple: int | None = Field(
-        None,
-        ge=2,
-        le=1024,
-        description="Pad the model's embedding rows (and LM "
-        "head) to a multiple of this, e.g. 128 for the matrix units' tiles; the "
-        "tokenizer stays, the extra rows are never a label (empty: the tokenizer's "
-        "size). Not with init_from: the base's vocabulary is kept.",
-    )
+    sinusoidal_init: bool = Field(False, description="Start position embeddings from sinusoids.")
+    init_from: str | None = Field(None, description="Continue from this model: Hub id or folder.")
+    init_revision: str | None = Field(None, description="init_from's branch, tag or commit.")
+    vocab_multiple: int | None = Field(None, ge=2, le=1024, description="Pad embedding rows to a multiple of this.")
 
     def shape(self) -> ModelShape:
         if self.preset not in PRESETS:
@@ -65,42 +37,19 @@ class ModelConfig(Section):
         return PRESETS[self.preset].model_copy(update=overrides)
 
 
+PROGRESS_EVERY_POLLS = 6  # a TPU VM trainer's progress line every 6 checks (180 s at the default 30 s)
+
+
 class TrainConfig(Section):
-    steps: int | None = Field(
-        None,
-        ge=1,
-        le=100_000_000,
-        description="Optimizer steps; empty = `epochs` over the train shards. With "
-        "train.budget_minutes, the most it trains.",
-    )
-    budget_minutes: float | None = Field(
-        None,
-        gt=0,
-        le=43_200,
-        description="Train for this long, a deadline from the run's first start: the step count is "
-        "planned from the run's own measured step time and re-planned as it trains (the schedule follows), and "
-        "the run stops at a step boundary with its checkpoint; train.steps, when set, caps it.",
-    )
-    epochs: float = Field(
-        1.0,
-        gt=0,
-        le=10_000,
-        description="Passes over the train split when `steps` is empty (a mixture: its total train records, "
-        "drawn by weight).",
-    )
+    steps: int | None = Field(None, ge=1, le=100_000_000, description="Optimizer steps (empty: `epochs`).")
+    budget_minutes: float | None = Field(None, gt=0, le=43_200, description="Train for this long.")
+    epochs: float = Field(1.0, gt=0, le=10_000, description="Passes over train when `steps` is empty.")
     batch_size: int = Field(32, ge=1, le=65_536, description="Examples per replica per step (global = × replicas).")
     learning_rate: float = Field(1e-3, gt=0, lt=1, description="Peak AdamW learning rate.")
     warmup_fraction: float = Field(0.06, ge=0, lt=1, description="Share of steps of linear warmup.")
-    schedule: Literal["linear", "one_cycle"] = Field(
-        "linear",
-        description="Learning rate after warmup: linear decay to 0 at the last step, or one_cycle "
-        "(cosine decay to 0 at the last step: longer near the peak; Cramming's budget-tied one-cycle). Both are tied "
-        "to the run's step count, so a time-budgeted run anneals on time.",
-    )
+    schedule: Literal["linear", "one_cycle"] = Field("linear", description="Learning rate after warmup.")
     weight_decay: float = Field(0.01, ge=0, le=1, description="AdamW weight decay (not on norms and biases).")
-    adam_beta2: float = Field(
-        0.98, gt=0, lt=1, description="AdamW beta2 (RoBERTa's 0.98 is steadier than 0.999 at high LR)."
-    )
+    adam_beta2: float = Field(0.98, gt=0, lt=1, description="AdamW beta2.")
     adam_epsilon: float = Field(1e-6, gt=0, le=1, description="AdamW epsilon.")
     clip_norm: float = Field(
         1.0, ge=0, le=1e6, description="Clip the step's gradient (summed over replicas) to this global norm (0: off)."
@@ -110,112 +59,33 @@ class TrainConfig(Section):
     random_replace_prob: float = Field(
         0.1, ge=0, le=1, description="Share of the selected tokens shown as a random token (the rest: unchanged)."
     )
-    whole_word_mask: bool = Field(
-        False,
-        description="Select whole words for masking (every piece of a drawn word; the same expected share "
-        "of tokens, mlm_probability) instead of single tokens. Needs a Metaspace tokenizer, whose word-initial "
-        "pieces start with ▁ (this project's Unigram); validation masks stay token-level.",
-    )
-    max_predictions_per_seq: int = Field(
-        32,
-        ge=0,
-        le=8192,
-        description="LM head runs only at this many masked "
-        "positions per sequence (0 = every position, the plain way); without "
-        "XLA off a TPU, at exactly the masked ones, at most this many a sequence.",
-    )
-    checkpoint_every: int = Field(
-        100, ge=1, le=100_000_000, description="Steps between checkpoints (what a retry loses at most)."
-    )
+    whole_word_mask: bool = Field(False, description="Mask whole words, not single tokens.")
+    max_predictions_per_seq: int = Field(32, ge=0, le=8192, description="LM head slots per sequence (0: all).")
+    checkpoint_every: int = Field(100, ge=1, le=100_000_000, description="Steps between checkpoints.")
     log_every: int = Field(25, ge=1, le=100_000_000, description="Steps between progress lines in the log.")
-    steps_per_call: Literal["auto"] | int = Field(
-        "auto",
-        description="Optimizer steps per call of the compiled training loop (one host round trip per call; "
-        "auto: 1 on CPU, 16 on GPU, 64 on TPU). Checkpoints, validation and the loop's hooks land on a call's last "
-        "step; the losses are the same whatever it is.",
-    )
+    steps_per_call: Literal["auto"] | int = Field("auto", description="Steps per compiled call (auto by device).")
     eval_every: int | None = Field(
-        None,
-        ge=1,
-        le=100_000_000,
-        description="Steps between validation losses during training "
-        "(empty: none). Fixed 15% masking on eval.split, so losses compare across runs; "
-        "into the history, TensorBoard (val/loss) and the report's loss curve.",
+        None, ge=1, le=100_000_000, description="Steps between validation losses (empty: none)."
     )
-    eval_batches: int = Field(
-        8, ge=1, le=1_000_000, description="Validation batches (of eval.batch_size) per train.eval_every."
-    )
-    keep_checkpoint: Literal["last", "best"] = Field(
-        "last",
-        description="The model the run saves, evaluates and publishes: the last step's, or the one "
-        "with the lowest validation loss (best: needs train.eval_every).",
-    )
+    eval_batches: int = Field(8, ge=1, le=1_000_000, description="Validation batches per eval_every.")
+    keep_checkpoint: Literal["last", "best"] = Field("last", description="The model the run keeps: last or best.")
     xla: Literal["auto", "on", "off"] = Field("auto", description="XLA-compile the step (auto: on for TPU/GPU).")
-    mixed_precision: Literal["auto", "off", "bf16"] = Field(
-        "auto",
-        description="Compute dtype (auto: bf16 on TPU and GPU, and on a CPU with bf16 units, AMX or AVX512-BF16).",
-    )
-    device: Literal["auto", "tpu", "gpu", "cpu"] = Field(
-        "auto", description="Accelerator to train on (auto: TPU if this host has one, else GPU, else CPU)."
-    )
-    strategy: Literal["auto", "mirrored"] = Field(
-        "auto",
-        description="tf.distribute strategy (auto: TPU, Mirrored on several GPUs, else none; mirrored: "
-        "MirroredStrategy on CPU/GPU even for one device, the TPU's strategy.run path, for tests).",
-    )
+    mixed_precision: Literal["auto", "off", "bf16"] = Field("auto", description="Compute dtype.")
+    device: Literal["auto", "tpu", "gpu", "cpu"] = Field("auto", description="Accelerator to train on.")
+    strategy: Literal["auto", "mirrored"] = Field("auto", description="tf.distribute strategy.")
     shuffle_buffer: int = Field(10_000, ge=1, le=1_000_000, description="Examples in the tf.data shuffle buffer.")
     seed: int = Field(42, description="Seed for init, shuffling and masking.")
-    heartbeat_s: float = Field(
-        30.0,
-        ge=1,
-        le=3600,
-        description="Seconds between rewrites of the trainer's status record "
-        "(runs/<run>/train/status.json) while it runs.",
-    )
-    stall_minutes: float = Field(
-        30.0,
-        gt=0,
-        le=1440,
-        description="A trainer whose status has no heartbeat, or no new step, "
-        "for this long is stalled: its try fails (and is retried) and it is stopped. "
-        "Longer than the first step's XLA compilation.",
-    )
-    follow_poll_s: float = Field(
-        30.0,
-        gt=0,
-        le=3600,
-        description="On a TPU VM: seconds between the checks of the detached "
-        "trainer by the train task's trigger (status record, and `kill -0` over SSH).",
-    )
-    progress_log_s: float = Field(
-        180.0,
-        gt=0,
-        le=86_400,
-        description="On a TPU VM: seconds between progress lines (step, loss, tokens/s, ETA) in the train task's log.",
-    )
-    timeout_hours: float | None = Field(
-        None,
-        gt=0,
-        le=720,
-        description="The training's deadline (empty: tpu.ttl_hours on a TPU VM, 72 h locally): locally the "
-        "train task's execution_timeout; on a TPU VM counted from the task's first start, across its check-ins, "
-        "restarts and retries, and at most tpu.ttl_hours.",
-    )
-    max_restarts: int = Field(
-        10,
-        ge=0,
-        le=1000,
-        description="On a TPU VM: node losses (a preemption, a deleted node) the train task handles inside its "
-        "try, each with a new node and a new trainer from the last checkpoint; one more fails the try "
-        "(Airflow's retries are for errors).",
-    )
-    check_in_minutes: float = Field(
-        60.0,
-        gt=0,
-        le=1440,
-        description="On a TPU VM: the train task's trigger timeout. At it the task checks the deadline "
-        "(train.timeout_hours) on a worker, reattaches to the trainer and defers again, in the same try.",
-    )
+    heartbeat_s: float = Field(30.0, ge=1, le=3600, description="Seconds between status record rewrites.")
+    stall_minutes: float = Field(30.0, gt=0, le=1440, description="A trainer this long silent is stalled.")
+    follow_poll_s: float = Field(30.0, gt=0, le=3600, description="TPU VM: seconds between trainer checks.")
+    timeout_hours: float | None = Field(None, gt=0, le=720, description="The training's deadline.")
+    max_restarts: int = Field(10, ge=0, le=1000, description="TPU VM: node losses handled in one try.")
+    check_in_minutes: float = Field(60.0, gt=0, le=1440, description="TPU VM: the train trigger's timeout.")
+
+    @property
+    def progress_log_s(self) -> float:
+        """Seconds between a TPU VM trainer's progress lines in the task log (derived: no run turns it)."""
+        return self.follow_poll_s * PROGRESS_EVERY_POLLS
 
     def timeout_for(self, compute: str, ttl_hours: float) -> float:
         """Hours the training may run (on a TPU VM it must end before the VM's TTL)."""
@@ -227,9 +97,7 @@ class TrainConfig(Section):
 class EvalConfig(Section):
     split: Literal["validation", "test"] = Field("validation", description="Split to evaluate on.")
     batch_size: int = Field(64, ge=1, le=65_536, description="Examples per evaluation batch.")
-    max_batches: int | None = Field(
-        None, ge=1, le=100_000_000, description="Cap on evaluation batches (empty = whole split)."
-    )
+    max_batches: int | None = Field(None, ge=1, le=100_000_000, description="Evaluation batches (empty: all).")
 
 
 DEFAULT_PROBES = [
@@ -243,6 +111,6 @@ DEFAULT_PROBES = [
 
 class InferConfig(Section):
     probes: list[str] = Field(
-        default_factory=lambda: list(DEFAULT_PROBES), description="Fill-mask probe sentences, each with one <mask>."
+        default_factory=lambda: list(DEFAULT_PROBES), description="Fill-mask probes, one <mask> each."
     )
     top_k: int = Field(5, ge=1, le=50, description="Predictions kept per probe.")

@@ -14,7 +14,7 @@ published, which the SSH login pins.
 
 The client authenticates with the credentials handed to `mlm_tasks.credentials` (on the Airflow
 side: the run's GCP connection), else Application Default Credentials; every call is retried on busy
-answers only and bounded by `tpu.api_timeout_s` (mlm_tasks/tpu/calls.py). With tpu.provisioning=queued
+answers only and bounded by `API_TIMEOUT_S` (mlm_tasks/tpu/calls.py). With tpu.provisioning=queued
 the node comes from a queued resource (mlm_tasks/tpu/queued.py): `ensure_node` queues it, `delete_node`
 deletes it with its node.
 """
@@ -320,7 +320,7 @@ def host_keys(
     same: published_keys then asks its state). A refusal (403, 400: the organisation policy
     compute.disableGuestAttributesAccess, or no permission to read them) is an AuthError naming both
     ways out. Busy answers (429, 503) are retried until timeout_s, which bounds the whole call (each
-    request also by tpu.api_timeout_s).
+    request also by calls.API_TIMEOUT_S).
     """
     from google.api_core.exceptions import BadRequest, FailedPrecondition, Forbidden, NotFound
     from google.cloud import tpu_v2

@@ -2,11 +2,11 @@
 queued resource (mlm_tasks/tpu/queued.py) alike.
 
     api = client(cfg)                                       # the handed-in credentials, else ADC
-    with answered(cfg, "get_node n"):                       # a timeout names the call and tpu.api_timeout_s
+    with answered(cfg, "get_node n"):                       # a timeout names the call and API_TIMEOUT_S
         api.get_node(name=..., **limits(cfg))               # retried on 429/503 only, each attempt bounded
 
 Every call is retried on 429 and 503, the answers Google gives for a busy API (for at most
-RETRY_DEADLINE_S), and nothing else is. Every request is bounded by `tpu.api_timeout_s`: a hung API or
+RETRY_DEADLINE_S), and nothing else is. Every request is bounded by `API_TIMEOUT_S`: a hung API or
 network fails the call with a DeadlineExceeded that says so (a 504, so pollers treat it as transient).
 """
 
@@ -30,7 +30,8 @@ NAME_PREFIX = "mlm-"  # what every node (and queued resource) this project makes
 
 # First wait of the 429/503 retry (doubling up to 30 s, 5 min in all); tests shorten it.
 RETRY_INITIAL_S = float(os.environ.get("MLM_TPU_RETRY_INITIAL_S", "1.0"))
-RETRY_DEADLINE_S = 300.0  # how long busy answers are retried in all; each attempt is bounded by api_timeout_s
+RETRY_DEADLINE_S = 300.0  # how long busy answers are retried in all; each attempt is bounded by API_TIMEOUT_S
+API_TIMEOUT_S = 60.0  # one TPU API request unanswered this long fails (a hung API or network)
 
 
 def client(cfg: TpuConfig) -> TpuClient:
@@ -59,11 +60,11 @@ def retry():
 
 
 def limits(cfg: TpuConfig, timeout_s: float | None = None) -> dict[str, Any]:
-    """`retry=` and `timeout=` for one client call: each attempt waits at most api_timeout_s (a constant
+    """`retry=` and `timeout=` for one client call: each attempt waits at most API_TIMEOUT_S (a constant
     per attempt; a plain number would be a deadline shared with the retries of busy answers)."""
     from google.api_core.timeout import ConstantTimeout
 
-    return {"retry": retry(), "timeout": ConstantTimeout(min(timeout_s or cfg.api_timeout_s, cfg.api_timeout_s))}
+    return {"retry": retry(), "timeout": ConstantTimeout(min(timeout_s or API_TIMEOUT_S, API_TIMEOUT_S))}
 
 
 @contextlib.contextmanager
@@ -78,9 +79,9 @@ def answered(cfg: TpuConfig, what: str):
     except (requests.Timeout, DeadlineExceeded) as err:
         endpoint = cfg.api_endpoint or "tpu.googleapis.com"
         raise DeadlineExceeded(
-            f"The TPU API at {endpoint} did not answer {what} within tpu.api_timeout_s={cfg.api_timeout_s:g}s "
-            f"({type(err).__name__}): check the network and the endpoint, then retry the task; raise "
-            "tpu.api_timeout_s if the API is only slow."
+            f"The TPU API at {endpoint} did not answer {what} within {API_TIMEOUT_S:g}s "
+            f"({type(err).__name__}): check the network and the endpoint, then retry the task (later, if the API "
+            "is only slow)."
         ) from err
 
 

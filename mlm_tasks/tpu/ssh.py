@@ -218,6 +218,9 @@ def connector(
     return connect
 
 
+PROBE_TIMEOUT_S = 10.0  # a READY node's worker whose SSH port does not answer this long fails the task at once
+
+
 def unreachable(host: str, port: int, timeout_s: float) -> str | None:
     """Why `host:port` does not answer within timeout_s, or None when it does. A refusal (RST) is
     retried until then (sshd still starting); silence (a firewall dropping packets) ends it at once."""

@@ -145,7 +145,7 @@ def test_the_form_picks_a_tpu_type_and_its_runtime(dagbag):
     form = {
         **{k: dag.params[k] for k in dag.params},
         "compute": "tpu_vm",
-        "output_root": "gs://b/p",
+        "output_root": "gs://bkt/p",
         "overrides": {"tpu.project": "p"},
         "accelerator_type": "v4-32",
     }

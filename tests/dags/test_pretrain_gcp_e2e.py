@@ -59,7 +59,6 @@ def _conf(gcs_root: str, fake_tpu, sshd, tf_gcs_env: dict, vm_env: dict | None =
             "tpu.python": sys.executable,
             "tpu.ssh_port": sshd.port,
             "tpu.poll_interval_s": 0.2,
-            "tpu.stockout_retry_s": 0.5,
             "train.follow_poll_s": 1,
             "tpu.env": {
                 **tf_gcs_env,

@@ -75,7 +75,6 @@ FOLLOW = {
     "train.heartbeat_s": 1,
     "train.stall_minutes": 1,
     "train.follow_poll_s": 0.5,
-    "train.progress_log_s": 1,
     "tpu.poll_interval_s": 0.2,
     "tpu.zone": ZONE,
 }
@@ -425,7 +424,7 @@ def test_two_preemptions_two_check_ins_and_a_stockout_in_one_try(api, stack, out
         lost.append(record["pid"])
 
     preempter = threading.Thread(target=lambda: (preempt(22, 1, stockout=True), preempt(73, 2)), daemon=True)
-    overrides = {"train.check_in_minutes": 0.1, "tpu.stockout_retry_s": 0.5}
+    overrides = {"train.check_in_minutes": 0.1}
     t0, seen = time.monotonic(), len(tpu_api.requests)
     trigger(api, run_id, output_root, steps, overrides)
     preempter.start()

@@ -6,6 +6,7 @@ from pathlib import Path
 import pytest
 
 from mlm_tasks.config import PipelineConfig, build_config, config_from_params, load_config
+from mlm_tasks.config.section import deployment_keys, leaves
 from mlm_tasks.errors import ConfigError
 
 CONFIGS = sorted((Path(__file__).resolve().parents[2] / "configs").glob("*.yaml"))
@@ -33,7 +34,7 @@ def test_shipped_config_files_load(path):
         ({"vocab_size": 10}, "vocab_size"),
         ({"batch_size": 0}, "train.batch_size"),
         ({"compute": "tpu_vm"}, "compute=tpu_vm needs output_root=gs://"),
-        ({"compute": "tpu_vm", "output_root": "gs://b/p"}, "needs tpu.project"),
+        ({"compute": "tpu_vm", "output_root": "gs://bkt/p"}, "needs tpu.project"),
         ({"publish": True}, "publish.enabled needs publish.repo_id"),
         ({"corpus_source": "web"}, "corpus.source"),
     ],
@@ -43,22 +44,12 @@ def test_bad_settings_fail_with_a_message(overrides, message):
         build_config(overrides=overrides)
 
 
-def test_train_fail_at_step_is_gone_and_the_error_says_what_replaces_it(tmp_path):
-    """Fault injection is a training hook now: whichever door still names the setting (an override, a YAML
-    file, a trigger's conf) is told it is gone and what to use, not to check its spelling."""
-    with pytest.raises(
-        ConfigError,
-        match=r"Setting 'train\.fail_at_step' is gone: .*hooks=\[FailAtStep\(N\)\]"
-        r".*MLM_TRAIN_HOOKS=mlm_tasks\.training\.hooks:fail_at_step=N",
-    ):
-        build_config(overrides={"train.fail_at_step": 6})
+def test_fault_injection_is_no_setting_a_run_can_reach(tmp_path):
+    """Fault injection is a training hook (MLM_TRAIN_HOOKS in the trainer's environment): no door names it."""
     old = tmp_path / "old.yaml"
     old.write_text("train:\n  steps: 12\n  fail_at_step: 6\n")
-    with pytest.raises(ConfigError, match=r"'train\.fail_at_step' is gone"):
+    with pytest.raises(ConfigError, match=r"Unknown setting 'train\.fail_at_step'"):
         load_config(old)
-    with pytest.raises(ConfigError, match=r"'train\.fail_at_step' is gone"):
-        config_from_params({"steps": 12, "overrides": {"train": {"fail_at_step": 6}}})
-    # What replaces it is no setting by any name: a trigger's conf cannot reach it.
     with pytest.raises(ConfigError, match="Unknown setting 'MLM_TRAIN_HOOKS'"):
         config_from_params({"MLM_TRAIN_HOOKS": "mlm_tasks.training.hooks:fail_at_step=6"})
 
@@ -103,7 +94,7 @@ def test_a_config_file_that_is_not_a_small_regular_file_is_refused(tmp_path):
 @pytest.mark.parametrize(
     "key, value",
     [
-        ("tpu.api_timeout_s", 1e12),
+        ("tpu.delete_timeout_s", 1e12),
         ("publish.request_timeout_s", 1e12),
         ("tpu.ttl_hours", 1e9),
         ("storage.timeout_s", 1e6),
@@ -120,3 +111,35 @@ def test_every_limit_has_an_upper_bound_named_in_the_error(key, value):
 
     with pytest.raises(ConfigError, match=rf"{re.escape(key)}: Input should be less than or equal to"):
         build_config({}, {key: value})
+
+
+def test_every_setting_is_documented_and_every_documented_setting_exists():
+    """docs/configuration.md#every-setting holds the why of each setting (the schema's descriptions are one
+    line): it names exactly the schema's settings, and marks exactly those only the deployment may set."""
+    doc = (Path(__file__).resolve().parents[2] / "docs" / "configuration.md").read_text()
+    part = doc.split("\n## Every setting\n", 1)[1].split("\n## ", 1)[0]
+    documented = dict(re.findall(r"^- `([\w.\[\]]+)`( \(deployment only\))?: \S", part, re.M))
+    schema = {name for name, _ in leaves(PipelineConfig)}
+    assert (sorted(schema - set(documented)), sorted(set(documented) - schema)) == ([], [])
+    assert {name for name, mark in documented.items() if mark} == set(deployment_keys(PipelineConfig))
+    assert len(schema) > 150 and "corpus.mixture[].weight" in schema and "tpu.project" in documented
+
+
+PLACE = re.compile(r"(_uri|_path|_paths|_root|_file|_from)$")  # settings that name a place (a Hub id or a path)
+PLACES = [name for name, _ in leaves(PipelineConfig) if "[]" not in name and PLACE.search(name)]
+
+
+@pytest.mark.parametrize("key", PLACES)
+def test_every_place_a_run_names_is_checked_as_written_with_its_bucket(key):
+    """gcsfs keeps an empty or '.' segment in object names (gs://b//mlm/x writes '/mlm/x/...', outside the
+    prefix mlm/): each setting naming a place is refused unless written canonically, and a bad bucket name
+    is named as such."""
+    for uri, message in [
+        ("gs://team-bucket//x", r"'gs://team-bucket//x' has an empty or '\.' path segment.*gs://team-bucket/x"),
+        ("gs://team-bucket/./x/", r"'gs://team-bucket/\./x/' has an empty or '\.' path segment"),
+        ("gs://goog-bucket/x", r"'gs://goog-bucket/x': the bucket name 'goog-bucket' is not a valid Cloud Storage"),
+    ]:
+        with pytest.raises(ConfigError, match=rf"{re.escape(key)}(\[0\])? {message}"):
+            build_config(overrides={key: [uri] if key.endswith("_paths") else uri})
+    assert len(PLACES) >= 7 and "output_root" in PLACES and "publish.releases_root" in PLACES
+    build_config(overrides={"output_root": "gs://team-bucket/mlm/x/"})  # a trailing slash is the same place

@@ -9,8 +9,45 @@ import os
 
 import pytest
 
-from mlm_tasks.config.deployment import Deployment, check_event, run_config
+from mlm_tasks.config import PipelineConfig
+from mlm_tasks.config.deployment import DEPLOYMENT_KEYS, Deployment, check_event, run_config
+from mlm_tasks.config.section import Section, leaves
 from mlm_tasks.errors import ConfigError
+
+# What a setting reaches, recognised by the words of its name (the schema's naming: *_conn_id, *_port,
+# service_account, api_endpoint...) and, for an environment, by its type (a map of strings). A new setting
+# named that way must be marked `DeploymentOnly`, or this test fails.
+REACHES = {
+    "a credential": {"conn", "account", "oslogin", "token", "key", "secret", "password", "credentials"},
+    "a shell": {"python", "workdir", "env", "bootstrap", "command", "script", "args"},
+    "an endpoint": {"endpoint", "transport", "network", "subnetwork", "ssh", "ips", "url", "host", "port"},
+    "a machine": {"project", "machine", "image"},
+}
+# Marked for a reason no name says: the gate's baselines must lie where runs cannot write.
+MARKED_FOR_THEIR_PLACE = {"publish.releases_root"}
+
+
+def _unmarked(model: type) -> list[str]:
+    marked = set(DEPLOYMENT_KEYS) if model is PipelineConfig else set()
+    out = []
+    for name, field in leaves(model):
+        words = set(name.rsplit(".", 1)[-1].split("_"))
+        if (any(words & ws for ws in REACHES.values()) or field.annotation == dict[str, str]) and name not in marked:
+            out.append(name)
+    return out
+
+
+def test_every_setting_that_reaches_a_credential_shell_endpoint_or_machine_is_marked():
+    assert _unmarked(PipelineConfig) == []
+    recognised = {n for n in DEPLOYMENT_KEYS if set(n.rsplit(".", 1)[-1].split("_")) & set().union(*REACHES.values())}
+    assert set(DEPLOYMENT_KEYS) - recognised == MARKED_FOR_THEIR_PLACE
+
+    class Tomorrow(Section):  # a setting added unmarked is caught
+        callback_url: str = ""
+        startup_env: dict[str, str] = {}
+        steps: int = 1
+
+    assert _unmarked(Tomorrow) == ["callback_url", "startup_env"]
 
 
 @pytest.fixture
@@ -427,3 +464,74 @@ def test_release_policy_is_the_deployments(tmp_path, monkeypatch):
         with pytest.raises(ConfigError, match=message):
             dep.run_config({"output_root": out, "overrides": overrides})
     assert dep.run_config({"output_root": out, "hub_repo_id": "ml-team/roberta"}).publish.repo_id == "ml-team/roberta"
+
+
+def _billion_laughs() -> str:
+    """~530 bytes of YAML whose aliases expand to 9**9 strings: the parse is instant, the expansion is not."""
+    rows = ['lol: &l0 ["lol", "lol", "lol", "lol", "lol", "lol", "lol", "lol", "lol"]']
+    rows += [f"l{i}: &l{i} [{', '.join([f'*l{i - 1}'] * 9)}]" for i in range(1, 9)]
+    return "\n".join([*rows, "corpus: {filters: {boilerplate_phrases: *l8}}", ""])
+
+
+# What a user who may only trigger runs sent (issue 45), each through the one door of the validate task (the
+# form's flat fields and the REST conf are both these params), and what the refusal names.
+HOSTILE = {
+    "billion-laughs": ({"config_file": "lol.yaml"}, r"lol\.yaml line 1: lol uses a YAML anchor or alias \(&l0\)"),
+    "tpu-scalar-beside-dotted": (
+        {"overrides": {"tpu": "x", "tpu.zone": "us-central2-b"}},
+        r"Cannot set 'tpu\.zone': 'tpu' is set to 'x', not to a section",
+    ),
+    "train-scalar-beside-dotted": (
+        {"overrides": {"train": 5, "train.steps": 3}},
+        r"Cannot set 'train\.steps': 'train' is set to 5, not to a section",
+    ),
+    "empty-segment-output-root": (
+        {"output_root": "gs://team-bucket//mlm/x"},
+        r"output_root 'gs://team-bucket//mlm/x' has an empty or '\.' path segment.*write gs://team-bucket/mlm/x\.",
+    ),
+    "dot-segment-shards": (
+        {
+            "corpus_source": "tfrecord_shards",
+            "overrides": {
+                "corpus.shards_uri": "gs://team-bucket/./mlm/s",
+                "corpus.tokenizer_uri": "gs://team-bucket/t",
+            },
+        },
+        r"corpus\.shards_uri 'gs://team-bucket/\./mlm/s' has an empty or '\.' path segment",
+    ),
+    "invalid-bucket": (
+        {"output_root": "gs://Team_Bucket/mlm/x"},
+        r"output_root 'gs://Team_Bucket/mlm/x': the bucket name 'Team_Bucket' is not a valid Cloud Storage bucket",
+    ),
+    "overrides-not-a-mapping": ({"overrides": "train.steps=3"}, r"overrides 'train\.steps=3' is not a mapping"),
+}
+
+
+@pytest.mark.parametrize("case", HOSTILE)
+def test_what_a_hostile_triggerer_sends_is_refused_at_once_naming_the_key(case, deployment, tmp_path):
+    import time
+
+    params, message = HOSTILE[case]
+    configs, out = tmp_path / "configs", tmp_path / "out"
+    (configs / "lol.yaml").write_text(_billion_laughs())
+    assert 500 < len(_billion_laughs()) < 600
+    params = {"config_file": str(configs / "tiny.yaml"), "output_root": str(out / "run"), **params}
+    params["config_file"] = str(configs / params["config_file"])
+    for dep in (deployment, Deployment.builtin()):  # a deployment file's boundary, and the built-in one
+        started = time.monotonic()
+        with pytest.raises(ConfigError, match=message):
+            run_config(params, dep)
+        assert time.monotonic() - started < 1.0, case  # before any expansion or I/O: the bomb expanded hung 30 s
+    assert list(out.iterdir()) == []  # nothing written
+
+
+def test_the_cli_refuses_them_with_exit_2_and_no_traceback(tmp_path, capsys):
+    from mlm_tasks.cli import main
+
+    bomb = tmp_path / "lol.yaml"
+    bomb.write_text(_billion_laughs())
+    assert main(["validate", "--config", str(bomb), "--set", f"output_root={tmp_path / 'out'}"]) == 2
+    assert main(["validate", "--set", "output_root=gs://team-bucket//mlm/x"]) == 2
+    err = capsys.readouterr().err
+    assert "lol uses a YAML anchor or alias (&l0)" in err and "write gs://team-bucket/mlm/x" in err
+    assert "Traceback" not in err and not (tmp_path / "out").exists()

@@ -208,7 +208,7 @@ def test_the_cli_lets_a_transient_error_out_exit_1(tmp_path, answering_gcs):
     """Not caught: Python exits 1 with the traceback, and the SSH runner retries the task."""
     answering_gcs(503, "Backend Error", "backendError")
     with pytest.raises(TransientError):
-        _cli(tmp_path, "validate", "--set", "output_root=gs://b/p")
+        _cli(tmp_path, "validate", "--set", "output_root=gs://bkt/p")
 
 
 # -- the Airflow side: plugins/mlm_airflow/errors.py --------------------------------------------------------

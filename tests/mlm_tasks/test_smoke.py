@@ -130,8 +130,6 @@ def test_a_failing_smoke_run_still_deletes_its_vm(ssh_key, fake_tpu, sa_key, gcs
             "0123456789abcdef",
             "--set",
             "tpu.poll_interval_s=0.05",
-            "--set",
-            "tpu.ssh_probe_timeout_s=1",
             "--provisioning",
             provisioning,
         ]
@@ -252,7 +250,6 @@ def test_the_smoke_run_trains_detached_and_restarts_after_its_node_is_deleted(
         "train.heartbeat_s": 1,
         "train.stall_minutes": 0.25,
         "train.follow_poll_s": 0.2,
-        "train.progress_log_s": 1,
     }
     args = tpu_smoke.parse_args(
         ["--project", "proj", "--zone", "us-west4-a", "--bucket", gcs_root, "--ssh-key", sshd.key_path]
@@ -358,7 +355,7 @@ def test_dry_run_shows_any_slice_before_paying_for_it(ssh_key, accelerator, runt
             "--zone",
             "us-central2-b",
             "--bucket",
-            "gs://b/smoke",
+            "gs://bkt/smoke",
             "--ssh-key",
             ssh_key,
             "--run-id",

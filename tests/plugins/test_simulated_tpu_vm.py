@@ -193,7 +193,6 @@ def test_a_sigkilled_train_task_leaves_the_real_trainer_running_and_the_retry_re
         log_every=1,
         checkpoint_every=50,
         heartbeat_s=1,
-        progress_log_s=2,
     )
     config = cfg.model_dump(mode="json")
 

@@ -99,9 +99,10 @@ def test_failed_create_deletes_the_node_before_failing(fake_tpu, gcs_root):
 
 def test_a_stockout_is_waited_out_inside_the_try(fake_tpu, gcs_root, caplog):
     """Issue 31: the zone has no capacity for two creates; the task deletes what each left, waits
-    tpu.stockout_retry_s (deferred: no worker slot) and creates again, in one try, until a node is READY."""
+    tpu.stockout_retry_s (20 node polls; deferred: no worker slot) and creates again, in one try, until a
+    node is READY."""
     fake_tpu.fail_next_create("There is no more capacity in the zone", times=2)
-    config = _config(fake_tpu, {"stockout_retry_s": 1.1}, output_root=gcs_root)
+    config = _config(fake_tpu, {"poll_interval_s": 0.06}, output_root=gcs_root)
     op = _logging_to_caplog(TpuVmCreateOperator(task_id="create_tpu_vm", config=config))
     deferrals = []
     with caplog.at_level("INFO"):
@@ -117,7 +118,7 @@ def test_a_stockout_is_waited_out_inside_the_try(fake_tpu, gcs_root, caplog):
 
 def test_a_stockout_past_its_wait_fails_the_try_naming_the_setting(fake_tpu, gcs_root):
     fake_tpu.fail_next_create("There is no more capacity in the zone", times=100)
-    config = _config(fake_tpu, {"stockout_retry_s": 0.2, "stockout_wait_hours": 0.0003}, output_root=gcs_root)
+    config = _config(fake_tpu, {"poll_interval_s": 0.01, "stockout_wait_hours": 0.0003}, output_root=gcs_root)
     with pytest.raises(AirflowException, match=r"no capacity for tpu.stockout_wait_hours=0.0003: raise it"):
         _run(TpuVmCreateOperator(task_id="create_tpu_vm", config=config))  # ~1 s of creates, then the end
     assert fake_tpu.nodes == {}
@@ -399,7 +400,7 @@ def test_unreachable_worker_fails_the_step_at_once_with_the_fix(fake_tpu, sshd, 
     # ssh_via=external: the workers' external IP is one where nothing listens (sshd is on 127.0.0.1).
     fake_tpu.external_ip = "127.0.0.2"
     config = _config(fake_tpu)
-    config["tpu"].update(ssh_port=sshd.port, ssh_via="external", ssh_probe_timeout_s=1)
+    config["tpu"].update(ssh_port=sshd.port, ssh_via="external")
     _run(TpuVmCreateOperator(task_id="c", config=config))
     step = TpuSSHStepOperator(task_id="train", config=config, command="echo never-runs")
     started = time.monotonic()

@@ -69,7 +69,6 @@ def vm(request, tmp_path, sshd, gcs, fake_tpu, monkeypatch):
             "heartbeat_s": 1,
             "stall_minutes": 0.25,  # 15 s: a loaded 2-core CI machine took over 6 s to start the stand-in
             "follow_poll_s": 0.2,
-            "progress_log_s": 1,
         },
         "tpu": {
             "project": "proj",

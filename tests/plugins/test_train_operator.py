@@ -96,11 +96,11 @@ def test_a_replacement_met_by_a_stockout_waits_for_capacity_then_trains_in_the_s
     fake_tpu, sshd, ssh_conn, tmp_path
 ):
     """Issue 31: the node is preempted and the zone has no capacity for the first re-create; the train task
-    waits tpu.stockout_retry_s (deferred), creates again and starts the trainer, without failing its try."""
+    waits 20 node polls (deferred), creates again and starts the trainer, without failing its try."""
     fake_tpu.add_node("proj", ZONE, NAME)
     fake_tpu.preempt(NAME)
     fake_tpu.fail_next_create("There is no more capacity in the zone")
-    config = _config(fake_tpu, sshd, tmp_path, python="/bin/echo", stockout_retry_s=0.2)
+    config = _config(fake_tpu, sshd, tmp_path, python="/bin/echo")
     op = TrainOperator(task_id="train", data=DATA, config=config)
     assert _run(op) == {"node": NAME, "workers": 1}
     writes = [m for m, _ in fake_tpu.requests if m in ("POST", "DELETE")]

@@ -50,7 +50,7 @@ from mlm_tasks.tpu.job import Log
 
 def check_reachable(cfg: PipelineConfig, name: str, host: str) -> None:
     """AirflowFailException (no retry can fix a firewall) when worker 0's SSH port is unreachable."""
-    problem = ssh.unreachable(host, cfg.tpu.ssh_port, cfg.tpu.ssh_probe_timeout_s)
+    problem = ssh.unreachable(host, cfg.tpu.ssh_port, ssh.PROBE_TIMEOUT_S)
     if problem is None:
         return
     other = "internal" if cfg.tpu.ssh_via == "external" else "external"

@@ -149,7 +149,7 @@ class TrainJobTrigger(BaseTrigger):
         while True:
             try:
                 # Awaited to its end, never abandoned: every call in it has its own deadline (the SSH login's
-                # patience and idle bound, storage.timeout_s, tpu.api_timeout_s), so a hung network fails the
+                # patience and idle bound, storage.timeout_s, calls.API_TIMEOUT_S), so a hung network fails the
                 # check instead of leaving a thread blocked in the triggerer's shared pool.
                 verdict: Verdict | None = await asyncio.to_thread(self._check)
             except (

@@ -87,7 +87,7 @@ def test_this_cpus_peak_is_real():
 def test_the_plan_prices_a_tpu_run_on_demand_and_spot_before_it_starts():
     cfg = build_config(
         {
-            "output_root": "gs://b/p",
+            "output_root": "gs://bkt/p",
             "compute": "tpu_vm",
             "shards": {"max_length": 128},
             "train": {"batch_size": 32, "max_predictions_per_seq": 20},

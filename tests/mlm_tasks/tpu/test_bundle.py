@@ -278,7 +278,7 @@ def test_tensorflow_is_refused_on_v6e_with_googles_word(accelerator):
     with pytest.raises(ValueError, match="TensorFlow is not supported on v6e"):
         PipelineConfig.model_validate(
             {
-                "output_root": "gs://b/p",
+                "output_root": "gs://bkt/p",
                 "compute": "tpu_vm",
                 "tpu": {
                     "project": "p",

@@ -326,12 +326,15 @@ def test_published_keys_wait_on_a_ready_node_and_fail_at_once_on_a_preempted_one
     assert fake_tpu.requests[asked:] == [("POST", f"{node}:getGuestAttributes"), ("GET", node)]
 
 
-def test_every_call_to_a_hung_api_fails_within_the_bound_saying_so(cfg, fake_tpu):
+def test_every_call_to_a_hung_api_fails_within_the_bound_saying_so(cfg, fake_tpu, monkeypatch):
     from google.api_core.exceptions import DeadlineExceeded
+
+    from mlm_tasks.tpu import calls
 
     fake_tpu.add_node("proj", ZONE, "mlm-hung", labels={"expires": "1"})
     node = tpu.get_state(cfg, "mlm-hung")
-    bounded = cfg.model_copy(update={"api_timeout_s": 1.0})
+    monkeypatch.setattr(calls, "API_TIMEOUT_S", 1.0)
+    bounded = cfg
     fake_tpu.stall()
     calls = {
         "get_node": lambda: tpu.get_state(bounded, "mlm-hung"),
@@ -343,7 +346,7 @@ def test_every_call_to_a_hung_api_fails_within_the_bound_saying_so(cfg, fake_tpu
     }
     for what, call in calls.items():
         started = time.monotonic()
-        with pytest.raises(DeadlineExceeded, match=rf"did not answer {what} .*tpu.api_timeout_s=1s"):
+        with pytest.raises(DeadlineExceeded, match=rf"did not answer {what} .*within 1s"):
             call()
         assert time.monotonic() - started < 3, what
     fake_tpu.stall("POST")  # the get before the create is answered (NOT_FOUND); the create is not
