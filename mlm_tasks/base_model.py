@@ -1,4 +1,5 @@
 """The model a run continues from (`model.init_from`): files, identity, shape, tokenizer, checks against the run.
+The same reference reads a tokenizer reused without its model (`tokenizer.from_pretrained`: `tokenizer_ref`).
 
     base = BaseModelRef.of(cfg)                 # None without model.init_from
     base.identity()                          # {"init_from": ..., "revision": commit sha, or sha256 of its files}
@@ -19,9 +20,10 @@ import os
 from functools import cached_property
 
 from mlm_tasks import storage
-from mlm_tasks.config import SPECIAL_TOKENS, PipelineConfig
+from mlm_tasks.config import PipelineConfig
 from mlm_tasks.errors import ConfigError
 from mlm_tasks.hub.api import DEFAULT_TIMEOUT_S
+from mlm_tasks.hub.download import REVISION_SETTING
 from mlm_tasks.paths import join
 
 WEIGHT_FILES = ("tf_model.h5", "model.safetensors")  # in the order they are preferred
@@ -31,7 +33,7 @@ SHAPE_KEYS = ("hidden_size", "num_hidden_layers", "num_attention_heads", "interm
 POSITION_OFFSET = 2  # RoBERTa numbers positions from padding_idx + 1: max_length + 2 positions
 
 
-def where(uri: str) -> str:
+def where(uri: str, setting: str = "model.init_from") -> str:
     """ "gs", "local" or "hub": how `uri` is read. An existing local folder wins over a Hub id."""
     if storage.scheme(uri) == "gs":
         return "gs"
@@ -40,18 +42,24 @@ def where(uri: str) -> str:
     if uri.count("/") == 1 and not uri.startswith(("/", ".", "file://")):
         return "hub"
     raise ConfigError(
-        f"model.init_from {uri!r} is neither an existing local folder, a gs:// folder, nor a Hub "
+        f"{setting} {uri!r} is neither an existing local folder, a gs:// folder, nor a Hub "
         "repo id (owner/name): fix the path."
     )
 
 
 class BaseModelRef:
-    def __init__(self, uri: str, revision: str | None = None, timeout_s: float = DEFAULT_TIMEOUT_S):
-        self.uri, self.kind, self.timeout_s = uri, where(uri), timeout_s
+    def __init__(
+        self,
+        uri: str,
+        revision: str | None = None,
+        timeout_s: float = DEFAULT_TIMEOUT_S,
+        setting: str = "model.init_from",
+    ):
+        self.uri, self.kind, self.timeout_s, self.setting = uri, where(uri, setting), timeout_s, setting
         if revision and self.kind != "hub":
             raise ConfigError(
-                f"model.init_revision {revision!r} is for a Hub repo, but model.init_from {uri} is a "
-                "folder: leave init_revision empty (a folder is identified by its files)."
+                f"{REVISION_SETTING.get(setting)} {revision!r} is for a Hub repo, but {setting} {uri} is a "
+                "folder: leave the revision empty (a folder is identified by its files)."
             )
         self.revision = revision
 
@@ -87,7 +95,7 @@ class BaseModelRef:
     def _hub(self) -> tuple[str, list[str]]:
         from mlm_tasks.hub.download import resolve_revision
 
-        return resolve_revision(self.uri, self.revision, self.timeout_s)
+        return resolve_revision(self.uri, self.revision, self.timeout_s, self.setting)
 
     @cached_property
     def files(self) -> list[str]:
@@ -100,13 +108,13 @@ class BaseModelRef:
         """A readable path of one file: local or gs:// as it is, a Hub file from the Hub cache."""
         if name not in self.files:
             raise ConfigError(
-                f"model.init_from {self.uri} has no {name}: it must hold a transformers masked-LM "
-                "model (config.json, tokenizer.json, and tf_model.h5 or model.safetensors)."
+                f"{self.setting} {self.uri} has no {name}: give a folder saved by save_pretrained (a masked "
+                "LM: config.json, tokenizer.json, and tf_model.h5 or model.safetensors; a tokenizer: tokenizer.json)."
             )
         if self.kind == "hub":
             from mlm_tasks.hub.download import download_file
 
-            return download_file(self.uri, self._hub[0], name, self.timeout_s)
+            return download_file(self.uri, self._hub[0], name, self.timeout_s, self.setting)
         return join(self.uri, name)
 
     @cached_property
@@ -180,11 +188,20 @@ class BaseModelRef:
         return tmp
 
 
+def tokenizer_ref(cfg: PipelineConfig) -> BaseModelRef | None:
+    """Where the shards' tokenizer comes from when none is trained: model.init_from's base, or
+    tokenizer.from_pretrained (a tokenizer alone); None: it is trained."""
+    t = cfg.tokenizer
+    if cfg.model.init_from or not t.from_pretrained:
+        return BaseModelRef.of(cfg)
+    return BaseModelRef(t.from_pretrained, t.revision, cfg.publish.request_timeout_s, "tokenizer.from_pretrained")
+
+
 def check_base(cfg: PipelineConfig, base: BaseModelRef) -> None:
     """What validate checks of a base before any work: a RoBERTa masked LM whose shape the run does not
     contradict, whose positions hold max_length, and whose tokenizer has our special tokens and fills
     its vocabulary."""
-    from tokenizers import Tokenizer
+    from mlm_tasks.data.tokenizer import read_tokenizer_json
 
     config = base.config()
     if config.get("model_type") not in MODEL_TYPES:
@@ -215,19 +232,7 @@ def check_base(cfg: PipelineConfig, base: BaseModelRef) -> None:
             f"{positions} positions, so max_length can be at most {positions - POSITION_OFFSET}. "
             "Lower shards.max_length."
         )
-    try:
-        tok = Tokenizer.from_str(base.tokenizer_json())
-    except Exception as err:  # tokenizers raises a bare Exception for a file it cannot parse
-        raise ConfigError(
-            f"tokenizer.json of model.init_from {base.uri} is not a fast tokenizer ({err}): save it "
-            "with AutoTokenizer.from_pretrained(..., use_fast=True).save_pretrained(folder)."
-        ) from None
-    absent = [t for t in SPECIAL_TOKENS if tok.token_to_id(t) is None]
-    if absent:
-        raise ConfigError(
-            f"The tokenizer of model.init_from {base.uri} lacks the special token(s) {' '.join(absent)}: "
-            f"the masking and the model use RoBERTa's {' '.join(SPECIAL_TOKENS)}."
-        )
+    tok = read_tokenizer_json(base.tokenizer_json(), f"model.init_from {base.uri}")
     vocab = tok.get_vocab_size(with_added_tokens=True)
     if vocab != config["vocab_size"]:
         raise ConfigError(

@@ -222,8 +222,12 @@ class CorpusConfig(Section):
 
 
 class TokenizerConfig(Section):
-    vocab_size: int = Field(8000, ge=1, le=250_000, description="Unigram vocabulary size, specials included.")
-    max_piece_length: int = Field(16, ge=2, le=64, description="Longest piece the Unigram trainer keeps.")
+    model: Literal["unigram", "bpe", "wordpiece"] = Field("unigram", description="Which trainer builds the tokenizer.")
+    vocab_size: int = Field(8000, ge=1, le=250_000, description="Trained vocabulary size, specials included.")
+    max_piece_length: int = Field(16, ge=2, le=64, description="Longest piece the Unigram or BPE trainer keeps.")
+    reserved_tokens: int = Field(0, ge=0, le=4096, description="Spare tokens to append (then up to 64s).")
+    from_pretrained: str | None = Field(None, description="Reuse this tokenizer: Hub repo id or folder.")
+    revision: str | None = Field(None, description="Hub from_pretrained's branch, tag or commit.")
     sample_mb: int = Field(64, ge=1, le=100_000, description="MB of train text the tokenizer trains on, at most.")
 
 

@@ -115,6 +115,16 @@ class PipelineConfig(Section):
                 f"train.mlm_probability {self.train.mlm_probability} leaves under half the context: "
                 "use 0.15-0.4 (Wettig et al. found 40% the most a base model gains from)."
             )
+        if self.tokenizer.from_pretrained and (self.model.init_from or self.corpus.source == "tfrecord_shards"):
+            raise ConfigError(
+                "tokenizer.from_pretrained is for a new model on text: model.init_from and corpus.source="
+                "tfrecord_shards bring their own tokenizer. Leave tokenizer.from_pretrained empty."
+            )
+        if self.train.whole_word_mask and self.tokenizer.model != "unigram" and not self.model.init_from:
+            raise ConfigError(
+                f"train.whole_word_mask needs word-initial pieces marked with ▁ (tokenizer.model=unigram); "
+                f"tokenizer.model={self.tokenizer.model} has none: use unigram, or turn whole_word_mask off."
+            )
         if self.model.vocab_multiple and self.model.init_from:
             raise ConfigError(
                 "model.vocab_multiple pads a new model's vocabulary; with model.init_from the base's "
@@ -143,6 +153,11 @@ class PipelineConfig(Section):
             )
         for setting, value, glob in self._run_uris():
             check_safe_uri(setting, value, glob=glob)
+        if self.tokenizer.revision and not self.tokenizer.from_pretrained:
+            raise ConfigError(
+                f"tokenizer.revision {self.tokenizer.revision!r} is set but tokenizer.from_pretrained is empty: "
+                "name the Hub repo of the tokenizer, or leave tokenizer.revision empty."
+            )
         if self.model.init_revision and not self.model.init_from:
             raise ConfigError(
                 f"model.init_revision {self.model.init_revision!r} is set but model.init_from is empty: "
@@ -201,6 +216,8 @@ class PipelineConfig(Section):
             ("corpus.tokenizer_uri", c.tokenizer_uri),
             ("model.init_from", m.init_from),
             ("model.init_revision", m.init_revision),
+            ("tokenizer.from_pretrained", self.tokenizer.from_pretrained),
+            ("tokenizer.revision", self.tokenizer.revision),
             ("publish.repo_id", p.repo_id),
             ("publish.tokenizer_repo_id", p.tokenizer_repo_id),
             ("publish.releases_root", p.releases_root),

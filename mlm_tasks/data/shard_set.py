@@ -20,11 +20,11 @@ import time
 from dataclasses import dataclass
 
 from mlm_tasks import storage
-from mlm_tasks.base_model import BaseModelRef
+from mlm_tasks.base_model import BaseModelRef, tokenizer_ref
 from mlm_tasks.config import PipelineConfig
 from mlm_tasks.data.corpus import open_corpus
 from mlm_tasks.data.corpus.shards import ShardsCorpus, check_shards
-from mlm_tasks.data.tokenizer import save_tokenizer, train_unigram
+from mlm_tasks.data.tokenizer import SPARE, add_spare_tokens, read_tokenizer_json, save_tokenizer, train_subwords
 from mlm_tasks.errors import ConfigError, MissingArtifactError
 from mlm_tasks.paths import SPLITS, DataPaths, join
 from mlm_tasks.results import DataSummary
@@ -157,13 +157,24 @@ class ShardSet:
 
 
 def manifest_extra(cfg: PipelineConfig, corpus, corpus_fingerprint: str, paths: DataPaths, tokenizer) -> dict:
-    """What the manifest says besides the shards: vocabulary, tokenizer hash, source, credit, special ids,
-    and with model.init_from the base model (its identity, as in the fingerprint, and its shape)."""
+    """What the manifest says besides the shards: vocabulary, tokenizer (its model, where it came from, its
+    spare tokens, its hash), source, credit, special ids, and with model.init_from the base model (its
+    identity, as in the fingerprint, and its shape)."""
     base = BaseModelRef.of(cfg)
+    ref = base or tokenizer_ref(cfg)
+    sha256 = storage.sha256(join(paths.tokenizer, "tokenizer.json"))
+    added = tokenizer.backend_tokenizer.get_added_tokens_decoder().values()
     return {
         **({"base_model": {**base.identity(), "kind": base.kind, **base.shape()}} if base else {}),
         "vocab_size": len(tokenizer),
-        "tokenizer_sha256": storage.sha256(join(paths.tokenizer, "tokenizer.json")),
+        "tokenizer_sha256": sha256,
+        "tokenizer": {
+            "model": json.loads(tokenizer.backend_tokenizer.to_str())["model"]["type"].lower(),
+            "from_pretrained": ref.uri if ref else None,
+            "revision": ref.identity()["revision"] if ref else None,
+            "spare_tokens": sum(bool(SPARE.fullmatch(t.content)) for t in added),
+            "sha256": sha256,
+        },
         "corpus_source": cfg.corpus.source,
         "corpus_fingerprint": corpus_fingerprint,
         "credit": corpus.credit,
@@ -199,8 +210,8 @@ def data_fingerprint(cfg: PipelineConfig, corpus=None, corpus_fingerprint: str |
             cfg.corpus.document_column,
         ],
         "text_column": cfg.corpus.text_column,  # the same files, another column: other rows
-        # The base's tokenizer encodes the shards (tokenizer.* is not used then); else ours, trained on them.
-        **({"base_model": base.identity()} if base else {"tokenizer": cfg.tokenizer.model_dump()}),
+        # The base's tokenizer encodes the shards (tokenizer.* is not used then); else ours, reused or trained.
+        **({"base_model": base.identity()} if base else {"tokenizer": tokenizer_key(cfg)}),
         "max_length": cfg.shards.max_length,
         "records_per_shard": cfg.shards.records_per_shard,
         "filters": cfg.corpus.filters.model_dump(),
@@ -237,6 +248,7 @@ def data_summary(
             "source": manifest["corpus_source"],
             "credit": manifest.get("credit", ""),
             "data_card": manifest.get("data_card"),  # what the filters and the dedup removed, the tokenizer's sample
+            "tokenizer": manifest.get("tokenizer"),  # its model, where it came from, spare tokens, sha256
             "sources": source_summary(shard_set, weights or {}),
         },
     }
@@ -296,35 +308,38 @@ def summary_for_fingerprint(cfg: PipelineConfig, fingerprint: str) -> DataSummar
     return data_summary(ShardSet.load(paths), cache_hit=True, weights=config_weights(cfg))
 
 
-def ensure_tokenizer(cfg: PipelineConfig, rows, paths: DataPaths) -> None:
-    """Train the Unigram tokenizer of this fingerprint on `rows` unless it exists (Unigram training is not
-    id-reproducible: once per fingerprint, first writer wins); with model.init_from, copy the base's."""
-    if storage.exists(join(paths.tokenizer, "tokenizer.json")):
-        log.info("Reusing the tokenizer already trained for this fingerprint: %s", paths.tokenizer)
-        return
-    base = BaseModelRef.of(cfg)
-    if base is not None:
-        from tokenizers import Tokenizer
+def tokenizer_key(cfg: PipelineConfig) -> dict:
+    """The tokenizer settings in the fingerprint: a reused one's identity (its commit, or its files' sha256),
+    or the trainer's settings. Settings at their first defaults stay out, so older sets keep their key."""
+    t, ref = cfg.tokenizer, tokenizer_ref(cfg)
+    if ref is not None:
+        return {"from_pretrained": ref.identity(), "reserved_tokens": t.reserved_tokens}
+    first = {"model": "unigram", "reserved_tokens": 0}
+    return {k: v for k, v in t.model_dump(exclude={"from_pretrained", "revision"}).items() if first.get(k, -1) != v}
 
-        tok = Tokenizer.from_str(base.tokenizer_json())
-        # Rows are packed into max_length chunks after encoding: a truncation (or padding) the base's
+
+def ensure_tokenizer(cfg: PipelineConfig, rows, paths: DataPaths) -> None:
+    """The tokenizer of this fingerprint, unless it exists: trained on `rows` (not id-reproducible: once per
+    fingerprint, first writer wins), or reused (model.init_from's, or tokenizer.from_pretrained plus
+    tokenizer.reserved_tokens spares)."""
+    if storage.exists(join(paths.tokenizer, "tokenizer.json")):
+        log.info("Reusing the tokenizer already made for this fingerprint: %s", paths.tokenizer)
+        return
+    t0, ref = time.time(), tokenizer_ref(cfg)
+    if ref is None:
+        tok = train_subwords(rows, cfg.tokenizer)
+        how = f"Trained a {cfg.tokenizer.model} tokenizer in {time.time() - t0:.1f}s"
+    else:
+        tok = read_tokenizer_json(ref.tokenizer_json(), f"{ref.setting} {ref.uri}")
+        # Rows are packed into max_length chunks after encoding: a truncation (or padding) the reused
         # tokenizer.json may carry would silently cut long rows short.
         tok.no_truncation()
         tok.no_padding()
-        save_tokenizer(tok, paths.tokenizer, cfg.shards.max_length)
-        log.info(
-            "Using the tokenizer of the base model %s (vocab %d): no tokenizer is trained -> %s",
-            base.uri,
-            tok.get_vocab_size(),
-            paths.tokenizer,
-        )
-        return
-    t0 = time.time()
-    tok = train_unigram(rows, cfg.tokenizer)
+        revision = ref.identity()["revision"]
+        how = f"Using the tokenizer of {ref.setting} {ref.uri} (revision {revision}): no tokenizer is trained"
+    spares = 0 if cfg.model.init_from else add_spare_tokens(tok, cfg.tokenizer.reserved_tokens)
     save_tokenizer(tok, paths.tokenizer, cfg.shards.max_length)
-    log.info(
-        "Trained Unigram tokenizer (vocab %d) in %.1fs -> %s", tok.get_vocab_size(), time.time() - t0, paths.tokenizer
-    )
+    log.info("%s (vocab %d, %d spare tokens) -> %s", how, tok.get_vocab_size(), spares, paths.tokenizer)
 
 
 def adopt(cfg: PipelineConfig, corpus: ShardsCorpus, paths: DataPaths, corpus_fingerprint: str) -> None:

@@ -1,16 +1,19 @@
-"""Train a Unigram tokenizer on the train split and save it as a PreTrainedTokenizerFast.
+"""Train a tokenizer (Unigram, BPE or WordPiece) on the train split and save it as a PreTrainedTokenizerFast.
 
     python -m mlm_tasks train_tokenizer   # after the dedup stages, on a seeded sample of the kept train rows
+    tok = train_subwords(rows, cfg.tokenizer); add_spare_tokens(tok, 8); save_tokenizer(tok, uri, 128)
 
-Unigram training is not reproducible id-for-id (ties swap ~5% of ids), so a tokenizer is trained
+Training is not reproducible id-for-id (Unigram's ties swap ~5% of ids), so a tokenizer is trained
 once per data fingerprint and published first-writer-wins: whoever loses the race uses the winner's
 file, and shards are always encoded with the tokenizer read back from storage.
 """
 
 from __future__ import annotations
 
+import itertools
 import logging
 import os
+import re
 import tempfile
 from collections.abc import Iterable
 
@@ -21,25 +24,36 @@ from mlm_tasks.errors import ConfigError, MissingArtifactError
 from mlm_tasks.paths import join
 
 log = logging.getLogger(__name__)
+SPARE = re.compile(r"<unused\d+>")  # the spare tokens' names (tokenizer.reserved_tokens)
 
 
-def train_unigram(rows: Iterable[str], cfg: TokenizerConfig):
-    """Returns a `tokenizers.Tokenizer` with RoBERTa-style specials and post-processing."""
+def train_subwords(rows: Iterable[str], cfg: TokenizerConfig):
+    """A `tokenizers.Tokenizer` of `cfg.model` (unigram, bpe or wordpiece) trained on `rows`, with RoBERTa-style
+    specials (<mask> strips the space before it) and post-processing."""
     from tokenizers import AddedToken, Tokenizer, decoders, models, normalizers, pre_tokenizers, processors, trainers
 
-    tok = Tokenizer(models.Unigram())
+    common = {
+        "vocab_size": cfg.vocab_size,
+        "special_tokens": [AddedToken(t, lstrip=(t == "<mask>"), normalized=False) for t in SPECIAL_TOKENS],
+        "show_progress": False,
+    }
+    if cfg.model == "bpe":  # byte-level, as RoBERTa's and OLMo's: every string encodes, no <unk>
+        tok = Tokenizer(models.BPE())
+        tok.pre_tokenizer, tok.decoder = pre_tokenizers.ByteLevel(add_prefix_space=False), decoders.ByteLevel()
+        alphabet = pre_tokenizers.ByteLevel.alphabet()
+        trainer = trainers.BpeTrainer(initial_alphabet=alphabet, max_token_length=cfg.max_piece_length, **common)
+    elif cfg.model == "wordpiece":  # BERT's: words split on spaces and punctuation, "##" inside a word
+        tok = Tokenizer(models.WordPiece(unk_token="<unk>"))
+        tok.pre_tokenizer, tok.decoder = pre_tokenizers.BertPreTokenizer(), decoders.WordPiece(prefix="##")
+        trainer = trainers.WordPieceTrainer(continuing_subword_prefix="##", **common)
+    else:
+        tok = Tokenizer(models.Unigram())
+        # prepend_scheme="first": without it "is <mask>." gains stray ▁ pieces and fill-mask collapses.
+        tok.pre_tokenizer = pre_tokenizers.Metaspace(replacement="▁", prepend_scheme="first")
+        tok.decoder = decoders.Metaspace(replacement="▁", prepend_scheme="first")
+        trainer = trainers.UnigramTrainer(unk_token="<unk>", max_piece_length=cfg.max_piece_length, **common)
     tok.normalizer = normalizers.Sequence(
         [normalizers.NFKC(), normalizers.Replace("``", '"'), normalizers.Replace("''", '"')]
-    )
-    # prepend_scheme="first": without it "is <mask>." gains stray ▁ pieces and fill-mask collapses.
-    tok.pre_tokenizer = pre_tokenizers.Metaspace(replacement="▁", prepend_scheme="first")
-    tok.decoder = decoders.Metaspace(replacement="▁", prepend_scheme="first")
-    trainer = trainers.UnigramTrainer(
-        vocab_size=cfg.vocab_size,
-        special_tokens=[AddedToken(t, lstrip=(t == "<mask>"), normalized=False) for t in SPECIAL_TOKENS],
-        unk_token="<unk>",
-        max_piece_length=cfg.max_piece_length,
-        show_progress=False,
     )
     seen = [0]
 
@@ -71,6 +85,40 @@ def train_unigram(rows: Iterable[str], cfg: TokenizerConfig):
         pair="<s> $A </s> </s> $B </s>",
         special_tokens=[("<s>", tok.token_to_id("<s>")), ("</s>", tok.token_to_id("</s>"))],
     )
+    return tok
+
+
+def add_spare_tokens(tok, reserved: int) -> int:
+    """Append at least `reserved` spare special tokens <unused0>, <unused1>... (names the vocabulary lacks), as
+    many as make its size a multiple of 64; none when `reserved` is 0. Returns how many were added."""
+    from tokenizers import AddedToken
+
+    if not reserved:
+        return 0
+    count = reserved + (-(tok.get_vocab_size() + reserved)) % 64
+    names = (f"<unused{i}>" for i in itertools.count() if tok.token_to_id(f"<unused{i}>") is None)
+    tok.add_special_tokens([AddedToken(next(names), normalized=False) for _ in range(count)])
+    return count
+
+
+def read_tokenizer_json(text: str, whose: str):
+    """A tokenizer.json as a `tokenizers.Tokenizer`; a ConfigError unless it parses and has RoBERTa's special
+    tokens (what the masking, the model and fill-mask use)."""
+    from tokenizers import Tokenizer
+
+    try:
+        tok = Tokenizer.from_str(text)
+    except Exception as err:  # tokenizers raises a bare Exception for a file it cannot parse
+        raise ConfigError(
+            f"tokenizer.json of {whose} is not a fast tokenizer ({err}): save it "
+            "with AutoTokenizer.from_pretrained(..., use_fast=True).save_pretrained(folder)."
+        ) from None
+    absent = [t for t in SPECIAL_TOKENS if tok.token_to_id(t) is None]
+    if absent:
+        raise ConfigError(
+            f"The tokenizer of {whose} lacks the special token(s) {' '.join(absent)}: "
+            f"the masking and the model use RoBERTa's {' '.join(SPECIAL_TOKENS)}."
+        )
     return tok
 
 

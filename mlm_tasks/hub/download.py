@@ -3,13 +3,14 @@
     sha, files = resolve_revision("FacebookAI/roberta-base", "main")   # the commit, its file names
     path = download_file("FacebookAI/roberta-base", sha, "config.json")  # a local path in the Hub cache
 
-Used by `model.init_from` (mlm_tasks/base_model.py). The endpoint is HF_ENDPOINT (read by huggingface_hub
-at import); a private repo needs HF_TOKEN in the environment, which huggingface_hub reads itself. Files
-are downloaded by commit, never by branch, so every task of a run reads the same bytes.
+Used by `model.init_from` and `tokenizer.from_pretrained` (mlm_tasks/base_model.py). The endpoint is
+HF_ENDPOINT (read by huggingface_hub at import); a private repo needs HF_TOKEN in the environment, which
+huggingface_hub reads itself. Files are downloaded by commit, never by branch, so every task of a run
+reads the same bytes.
 
 Failures take the kinds of mlm_tasks.errors: a repo, revision or file that is not there is a ConfigError
-(fix model.init_from / model.init_revision), a gated repo or a refused token an AuthError, a Hub that
-failed or did not answer a TransientError.
+(fix the setting that names it), a gated repo or a refused token an AuthError, a Hub that failed or did
+not answer a TransientError.
 """
 
 from __future__ import annotations
@@ -21,9 +22,12 @@ import requests
 from mlm_tasks.errors import AuthError, ConfigError, TransientError
 from mlm_tasks.hub.api import DEFAULT_TIMEOUT_S, RETRY_STATUSES, bound_requests
 
+# The setting naming a repo -> the one naming its revision, for messages that say what to fix.
+REVISION_SETTING = {"model.init_from": "model.init_revision", "tokenizer.from_pretrained": "tokenizer.revision"}
+
 
 @contextlib.contextmanager
-def download_errors(repo_id: str, revision: str | None, what: str):
+def download_errors(repo_id: str, revision: str | None, what: str, setting: str = "model.init_from"):
     """Hub failures while reading `repo_id` into the errors of mlm_tasks.errors, saying what to change."""
     from huggingface_hub.errors import (
         EntryNotFoundError,
@@ -33,22 +37,22 @@ def download_errors(repo_id: str, revision: str | None, what: str):
         RevisionNotFoundError,
     )
 
-    at = f"{repo_id}@{revision or 'main'}"
+    at, rev_setting = f"{repo_id}@{revision or 'main'}", REVISION_SETTING.get(setting, "the revision")
     try:
         yield
     except GatedRepoError:  # before RepositoryNotFoundError: a gated repo is one of those
         raise AuthError(
-            f"The Hub repo {repo_id} (model.init_from) is gated: accept its terms on the Hub with the "
+            f"The Hub repo {repo_id} ({setting}) is gated: accept its terms on the Hub with the "
             "account of HF_TOKEN, and set HF_TOKEN in the worker's environment."
         ) from None
     except RepositoryNotFoundError:
         raise ConfigError(
-            f"The Hub has no model repo {repo_id} (model.init_from), or it is private: check the "
+            f"The Hub has no model repo {repo_id} ({setting}), or it is private: check the "
             "repo id, or set HF_TOKEN to a token that may read it."
         ) from None
     except RevisionNotFoundError:
         raise ConfigError(
-            f"model.init_revision {revision!r} is not a branch, tag or commit of {repo_id}: give "
+            f"{rev_setting} {revision!r} is not a branch, tag or commit of {repo_id}: give "
             "one the repo has (leave it empty for main)."
         ) from None
     except LocalEntryNotFoundError as err:  # before EntryNotFoundError: huggingface_hub's "could not connect"
@@ -58,8 +62,8 @@ def download_errors(repo_id: str, revision: str | None, what: str):
         ) from None
     except EntryNotFoundError:
         raise ConfigError(
-            f"{at} has no {what}: model.init_from must be a transformers masked-LM repo "
-            "(config.json, tokenizer.json, tf_model.h5 or model.safetensors)."
+            f"{at} has no {what}: {setting} must be a transformers repo (a masked LM: config.json, "
+            "tokenizer.json, tf_model.h5 or model.safetensors; a tokenizer: tokenizer.json)."
         ) from None
     except requests.Timeout:  # before ConnectionError: a ConnectTimeout is both
         raise TransientError(
@@ -76,7 +80,7 @@ def download_errors(repo_id: str, revision: str | None, what: str):
         if status is None or status >= 500 or status in RETRY_STATUSES:
             raise TransientError(f"The Hub failed ({status}) while reading {what} of {at}: the task retries.") from None
         raise ConfigError(
-            f"The Hub refused reading {what} of {at} ({status}): {err}. Check model.init_from and model.init_revision."
+            f"The Hub refused reading {what} of {at} ({status}): {err}. Check {setting} and {rev_setting}."
         ) from None
     except requests.ConnectionError as err:
         raise TransientError(
@@ -85,22 +89,26 @@ def download_errors(repo_id: str, revision: str | None, what: str):
         ) from None
 
 
-def resolve_revision(repo_id: str, revision: str | None, timeout_s: float = DEFAULT_TIMEOUT_S) -> tuple[str, list[str]]:
+def resolve_revision(
+    repo_id: str, revision: str | None, timeout_s: float = DEFAULT_TIMEOUT_S, setting: str = "model.init_from"
+) -> tuple[str, list[str]]:
     """The commit sha that `revision` (None: main) names in model repo `repo_id`, and its file names."""
     from huggingface_hub import HfApi, constants
 
     bound_requests(timeout_s)
-    with download_errors(repo_id, revision, "the model info"):
+    with download_errors(repo_id, revision, "the model info", setting):
         info = HfApi(endpoint=constants.ENDPOINT).model_info(repo_id, revision=revision)
     if not info.sha:
         raise TransientError(f"The Hub answered no commit for {repo_id}@{revision or 'main'}: the task retries.")
     return info.sha, sorted(s.rfilename for s in info.siblings or [])
 
 
-def download_file(repo_id: str, sha: str, filename: str, timeout_s: float = DEFAULT_TIMEOUT_S) -> str:
+def download_file(
+    repo_id: str, sha: str, filename: str, timeout_s: float = DEFAULT_TIMEOUT_S, setting: str = "model.init_from"
+) -> str:
     """`filename` of commit `sha` of `repo_id`, as a local path in the Hub cache (HF_HUB_CACHE)."""
     from huggingface_hub import constants, hf_hub_download
 
     bound_requests(timeout_s)
-    with download_errors(repo_id, sha, filename):
+    with download_errors(repo_id, sha, filename, setting):
         return hf_hub_download(repo_id, filename, revision=sha, endpoint=constants.ENDPOINT, etag_timeout=timeout_s)

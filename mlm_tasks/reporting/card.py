@@ -169,12 +169,17 @@ def data_card_lines(data_info: Mapping[str, Any] | None) -> list[str]:
         )
         exact = f"exact {sum(removed['exact'].values()):,}" if dedup.get("exact", True) else "exact dedup off"
         lines.append(f"- Duplicates removed: {exact} ({_per_split(removed['exact'])}); {near}")
-    sample = card.get("tokenizer_sample")
-    if sample:
+    tok, sample = corpus.get("tokenizer") or {}, card.get("tokenizer_sample")
+    kind = f"{tok['model'].capitalize()} tokenizer" if tok.get("model") else "Tokenizer"
+    if tok.get("from_pretrained"):
+        lines.append(f"- {kind} reused from {base_model_line({**tok, 'init_from': tok['from_pretrained']})}")
+    elif sample:
         lines.append(
-            f"- Tokenizer trained on a seeded sample of {sample['rows']:,} deduplicated train rows "
+            f"- {kind} trained on a seeded sample of {sample['rows']:,} deduplicated train rows "
             f"({sample['bytes'] / 1e6:.1f} MB; budget {sample['budget_bytes'] / 1e6:.0f} MB)"
         )
+    if tok.get("sha256"):
+        lines.append(f"- Tokenizer file: sha256 `{tok['sha256'][:16]}…`, {tok['spare_tokens']} spare tokens")
     return lines
 
 

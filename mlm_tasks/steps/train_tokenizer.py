@@ -1,11 +1,11 @@
-"""Step train_tokenizer: train the Unigram tokenizer on a seeded sample of the deduplicated train rows
-(with model.init_from: copy the base model's tokenizer instead).
+"""Step train_tokenizer: train the tokenizer (tokenizer.model) on a seeded sample of the deduplicated train rows
+(with tokenizer.from_pretrained or model.init_from: reuse that tokenizer instead).
 
     python -m mlm_tasks train_tokenizer --config c.yaml --set shards.partitions=4 --data-fingerprint FP
 
 Once, after cluster_duplicates and before write_shards, which encode with it. The sample is at most
 `tokenizer.sample_mb` of text, so its time and memory do not grow with the corpus; its size goes into
-the manifest. Unigram training is not id-reproducible: one tokenizer per fingerprint, first writer wins.
+the manifest. Training is not id-reproducible: one tokenizer per fingerprint, first writer wins.
 """
 
 from __future__ import annotations
@@ -21,13 +21,13 @@ log = logging.getLogger(__name__)
 
 
 def train_tokenizer(cfg: PipelineConfig, ctx: RunContext, *, num_parts: int = 1) -> dict[str, Any]:
-    """What the tokenizer was trained on ({} with a base model's tokenizer): rows, bytes, budget."""
-    from mlm_tasks.base_model import BaseModelRef
+    """What the tokenizer was trained on ({} with a reused tokenizer): rows, bytes, budget."""
+    from mlm_tasks.base_model import tokenizer_ref
     from mlm_tasks.data.shard_set import ensure_tokenizer
     from mlm_tasks.data.tokenizer_sample import tokenizer_sample
 
     paths = ctx.data
-    if BaseModelRef.of(cfg) is not None:
+    if tokenizer_ref(cfg) is not None:
         ensure_tokenizer(cfg, None, paths)
         return {}
     recorded = storage.read_json_if_exists(paths.tokenizer_sample)

@@ -80,13 +80,13 @@ def save_tiny_encoder(model_uri: str) -> None:
     from transformers import RobertaConfig
 
     from mlm_tasks.config import TokenizerConfig
-    from mlm_tasks.data.tokenizer import to_pretrained, train_unigram
+    from mlm_tasks.data.tokenizer import to_pretrained, train_subwords
     from mlm_tasks.model.roberta import build_model
 
     text = [r["sentence"] for r in sentiment_rows(40, 0)] + [
         f"{r['sentence1']} {r['sentence2']}" for r in pair_rows(40, 0)
     ]
-    tokenizer = to_pretrained(train_unigram(text * 5, TokenizerConfig(vocab_size=50)), 64)
+    tokenizer = to_pretrained(train_subwords(text * 5, TokenizerConfig(vocab_size=50)), 64)
     config = RobertaConfig(
         vocab_size=len(tokenizer),
         hidden_size=32,

@@ -16,10 +16,9 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
-import os
 
 from mlm_tasks import storage
-from mlm_tasks.config import SPECIAL_TOKENS, CorpusConfig, PipelineConfig
+from mlm_tasks.config import CorpusConfig, PipelineConfig
 from mlm_tasks.data.corpus.base import Corpus
 from mlm_tasks.data.tfrecord import FEATURES, count_records, iter_records, parse_example, records_from_name
 from mlm_tasks.data.word_mask import check_word_starts
@@ -52,35 +51,10 @@ def list_shards(shards_uri: str) -> dict[str, list[dict]]:
 
 
 def fetch_tokenizer_json(tokenizer_uri: str) -> str:
-    """tokenizer.json of a local folder, a gs:// folder, or a Hub repo (read through huggingface_hub)."""
-    if (
-        storage.is_local(tokenizer_uri)
-        and os.path.isdir(storage.local_path(tokenizer_uri))
-        or storage.scheme(tokenizer_uri) == "gs"
-    ):
-        path = join(tokenizer_uri, "tokenizer.json")
-        if not storage.exists(path):
-            raise ConfigError(
-                f"corpus.tokenizer_uri {tokenizer_uri} has no tokenizer.json: point it at a folder "
-                "written by save_pretrained of a fast tokenizer."
-            )
-        return storage.read_text(path)
-    if tokenizer_uri.count("/") > 1 or "://" in tokenizer_uri:
-        raise ConfigError(
-            f"corpus.tokenizer_uri {tokenizer_uri!r} is neither an existing local folder, a gs:// "
-            "folder, nor a Hub repo id (owner/name): fix the path."
-        )
-    from huggingface_hub import constants, hf_hub_download
-    from huggingface_hub.utils import HfHubHTTPError
+    """tokenizer.json of a local folder, a gs:// folder, or a Hub repo (its main, read through huggingface_hub)."""
+    from mlm_tasks.base_model import BaseModelRef
 
-    try:  # HF_ENDPOINT (read by huggingface_hub at import) names a private Hub; the token comes from HF_TOKEN
-        with open(hf_hub_download(tokenizer_uri, "tokenizer.json", endpoint=constants.ENDPOINT), encoding="utf-8") as f:
-            return f.read()
-    except (HfHubHTTPError, OSError, ValueError) as err:
-        raise ConfigError(
-            f"Cannot read tokenizer.json of Hub repo {tokenizer_uri!r} ({type(err).__name__}: "
-            f"{err}): check the repo id, and the HF_TOKEN for a private repo."
-        ) from None
+    return BaseModelRef(tokenizer_uri, setting="corpus.tokenizer_uri").tokenizer_json()
 
 
 class ShardsCorpus(Corpus):
@@ -158,17 +132,10 @@ class ShardsCorpus(Corpus):
 def check_shards(cfg: PipelineConfig, corpus: ShardsCorpus) -> int:
     """Features, max_length and ids against the tokenizer, read from the first records of a few shards
     per split; returns the max_length the data has."""
-    from tokenizers import Tokenizer
+    from mlm_tasks.data.tokenizer import read_tokenizer_json
 
-    tok = Tokenizer.from_str(corpus.tokenizer_json)
+    tok = read_tokenizer_json(corpus.tokenizer_json, f"corpus.tokenizer_uri {cfg.corpus.tokenizer_uri}")
     vocab = tok.get_vocab_size(with_added_tokens=True)
-    missing = [t for t in SPECIAL_TOKENS if tok.token_to_id(t) is None]
-    if missing:
-        raise ConfigError(
-            f"The tokenizer {cfg.corpus.tokenizer_uri} lacks the special token(s) {' '.join(missing)}: "
-            f"the model and its masking use RoBERTa's {' '.join(SPECIAL_TOKENS)}. Use a tokenizer "
-            "trained with those special tokens."
-        )
     if cfg.train.whole_word_mask:
         check_word_starts(tok.get_vocab(with_added_tokens=True), f"corpus.tokenizer_uri {cfg.corpus.tokenizer_uri}")
     first: tuple[str, int] | None = None  # where the first record was, and its length

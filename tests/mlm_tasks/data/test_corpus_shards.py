@@ -252,10 +252,20 @@ def test_training_on_a_shard_damaged_after_adoption_exits_2(seed_shards, tmp_pat
     ), err[-3000:]
 
 
-def test_a_tokenizer_that_is_nowhere_is_named(seed_shards, tmp_path):
-    """A local folder, a gs:// folder or a Hub repo id (owner/name): anything else says so. (The Hub
-    path goes through huggingface_hub's hf_hub_download; tests/peers/fake_hub.py serves no downloads.)"""
+def test_a_tokenizer_that_is_nowhere_is_named(seed_shards, tmp_path, fake_hub):
+    """A local folder, a gs:// folder or a Hub repo id (owner/name, read from the fake Hub): anything else
+    says so."""
+    from huggingface_hub import HfApi
+
     from mlm_tasks.data.corpus.shards import fetch_tokenizer_json
+
+    _, tok, _ = seed_shards
+    api = HfApi(endpoint=fake_hub.url, token=fake_hub.token)
+    api.create_repo("tester/shards-tokenizer")
+    api.upload_folder(repo_id="tester/shards-tokenizer", folder_path=str(tok))
+    assert fetch_tokenizer_json("tester/shards-tokenizer") == (tok / "tokenizer.json").read_text(encoding="utf-8")
+    with pytest.raises(ConfigError, match="The Hub has no model repo tester/nothing-here .corpus.tokenizer_uri."):
+        fetch_tokenizer_json("tester/nothing-here")
 
     with pytest.raises(ConfigError, match="is neither an existing local folder, a gs:// folder, nor a Hub repo id"):
         fetch_tokenizer_json(str(tmp_path / "no" / "such" / "folder"))

@@ -73,7 +73,7 @@ def test_a_continued_run_starts_from_the_base_weights_and_tokenizer(base, scratc
     data = build_shard_set(cfg)
 
     # No tokenizer trained: the base's encodes the shards, and the data is keyed by the base too.
-    assert "no tokenizer is trained" in caplog.text and "Trained Unigram" not in caplog.text
+    assert "no tokenizer is trained" in caplog.text and "Trained a unigram tokenizer" not in caplog.text
     tokenizer = json.loads((Path(data["tokenizer_uri"]) / "tokenizer.json").read_text())
     assert tokenizer["model"] == json.loads((folder / "tokenizer.json").read_text())["model"]
     assert data["fingerprint"] not in (base_data["fingerprint"], data_fingerprint(base_cfg))
