@@ -2,13 +2,17 @@
 
     sync = hub_checkpoint_sync(cfg, hub_token, train_records=..., global_batch=..., total_steps=...,
                                strategy=strategy, endpoint=hub_endpoint)  # None: sync off, or not worker 0
+    sync.save_model = lambda folder: ...   # train: writes the model folder (TF, PyTorch, tokenizer) into folder
     sync(step, path)   # train: after each checkpoint of `sync.checkpoint_every` steps (an epoch), and the last
     sync.finish()      # after training: waits for the uploads; a failure is logged, never raised
     with CheckpointSyncer(repo_id, token) as syncer:   # the uploader on its own
-        syncer.submit(checkpoint_dir, step)            # returns at once
+        syncer.submit(checkpoint_dir, step, model_dir)  # returns at once
 
-Why: a background thread uploads and keeps only the newest waiting checkpoint; a failed upload never
-fails training; the token is an argument. docs/releases.md#checkpoints-on-the-hub-during-training
+Each synced step is a commit of `checkpoints/` (resumable: weights, optimizer, step) on main and, with a
+model folder, a branch `step-N` from that commit holding the model too, so that
+`from_pretrained(repo, revision="step-N")` loads it. Why: a background thread uploads and keeps only the
+newest waiting checkpoint; a failed upload never fails training; the token is an argument.
+docs/releases.md#checkpoints-on-the-hub-during-training
 """
 
 from __future__ import annotations
@@ -19,6 +23,7 @@ import shutil
 import tempfile
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from mlm_tasks import storage
@@ -87,15 +92,22 @@ class HubCheckpointSync:
     def __init__(self, syncer: CheckpointSyncer, steps_per_epoch: int, final_step: int):
         self.syncer, self.final_step = syncer, final_step
         self.checkpoint_every = steps_per_epoch  # asks train for a checkpoint at every epoch end
+        self.save_model: Callable[[str], None] | None = None  # writes the model folder into a local folder
 
     def __call__(self, step: int, path: str) -> None:
         if step % self.checkpoint_every and step != self.final_step:
             return  # a checkpoint of train's own cadence, not an epoch end
-        staged = stage_checkpoint(path)
+        staged, model = stage_checkpoint(path), None
         try:
-            self.syncer.submit(staged, step)  # snapshots the files, so the staging folder can go now
+            if self.save_model is not None:  # here, in the training thread: the weights as of this step
+                model = tempfile.mkdtemp(prefix="mlm-model-stage-")
+                self.save_model(model)
+            self.syncer.submit(staged, step, model)  # snapshots the checkpoint; the model folder is its to delete
+            model = None
         finally:
             shutil.rmtree(staged, ignore_errors=True)
+            if model is not None:
+                shutil.rmtree(model, ignore_errors=True)
 
     def finish(self, timeout: float | None = 3600) -> list[dict]:
         """Wait for the queued uploads; failures are logged, not raised."""
@@ -147,6 +159,7 @@ class _Job:
     step: int
     source: str  # the folder as submitted (local path or gs://)
     snapshot: str | None  # temp folder with the files frozen at submit time (local sources)
+    model: str | None = None  # a local model folder of this step (the job's to delete), pushed as branch step-N
 
 
 class CheckpointSyncer:
@@ -184,8 +197,9 @@ class CheckpointSyncer:
         self._thread = threading.Thread(target=self._run, name="hub-checkpoint-sync", daemon=True)
         self._thread.start()
 
-    def submit(self, local_dir: str, step: int) -> None:
-        """Queue `local_dir` (the checkpoint of `step`) for upload and return at once."""
+    def submit(self, local_dir: str, step: int, model_dir: str | None = None) -> None:
+        """Queue `local_dir` (the checkpoint of `step`) for upload and return at once; `model_dir`, a local
+        model folder of that step that the syncer then owns (deletes), goes to the branch `step-N`."""
         if self._closing:
             raise RuntimeError("CheckpointSyncer.submit after close(): create a new syncer.")
         snapshot = _snapshot(local_dir) if storage.is_local(local_dir) else None
@@ -194,7 +208,7 @@ class CheckpointSyncer:
                 log.info("Checkpoint upload is behind: skipping step %d for step %d", self._pending.step, step)
                 self.skipped_steps.append(self._pending.step)
                 _cleanup(self._pending)
-            self._pending = _Job(step, local_dir, snapshot)
+            self._pending = _Job(step, local_dir, snapshot, model_dir)
             self._cond.notify()
 
     def close(self, timeout: float | None = None) -> list[dict]:
@@ -262,8 +276,20 @@ class CheckpointSyncer:
                     ignore_patterns=["*.tmp-*", "**/*.tmp-*"],
                     commit_message=f"Training checkpoint at step {job.step}",
                 )
-        self.uploaded.append({"step": job.step, "commit_oid": info.oid, "commit_url": info.commit_url})
-        log.info("Uploaded the step %d checkpoint to %s (%s)", job.step, self.repo_id, info.oid)
+                done = {"step": job.step, "commit_oid": info.oid, "commit_url": info.commit_url}
+                if job.model is not None:
+                    # A retried step finds its branch (exist_ok) and commits the model onto it again.
+                    branch = f"step-{job.step}"
+                    self._api.create_branch(self.repo_id, branch=branch, revision=info.oid, exist_ok=True)
+                    model = self._api.upload_folder(
+                        repo_id=self.repo_id,
+                        folder_path=job.model,
+                        revision=branch,
+                        commit_message=f"Model at step {job.step}",
+                    )
+                    done.update(revision=branch, revision_oid=model.oid)
+        self.uploaded.append(done)
+        log.info("Uploaded the step %d checkpoint to %s (%s)", job.step, self.repo_id, done)
 
 
 # Small files (the `checkpoint` state file) may be rewritten in place by the next save, so they are
@@ -298,5 +324,6 @@ def _snapshot(local_dir: str) -> str:
 
 
 def _cleanup(job: _Job) -> None:
-    if job.snapshot:
-        shutil.rmtree(job.snapshot, ignore_errors=True)
+    for folder in (job.snapshot, job.model):
+        if folder:
+            shutil.rmtree(folder, ignore_errors=True)

@@ -29,7 +29,7 @@ from collections.abc import Callable, Sequence
 
 from mlm_tasks import storage
 from mlm_tasks.config import PipelineConfig
-from mlm_tasks.paths import RunContext, RunPaths, join
+from mlm_tasks.paths import RunContext, join
 from mlm_tasks.results import TrainSummary
 from mlm_tasks.training.hooks import CheckpointCallback, TrainHook, hooks_from_env
 from mlm_tasks.training.loop import TrainLoop
@@ -85,6 +85,8 @@ def train(
         *([CheckpointCallback(on_checkpoint)] if on_checkpoint else []),
     ]
     state = build_training(cfg, ctx.run, inputs, plan)
+    if sync:  # each synced step is also a loadable model, the revision step-N
+        sync.save_model = lambda folder: _save_model(state.model, inputs.tokenizer, folder)
     loop = TrainLoop(cfg, ctx.run, inputs, plan, state, [*callbacks, *hooks])
     with loop.status:  # runs/<run>/train/status.json: heartbeats while this runs, then done or failed
         loop.run()
@@ -116,7 +118,7 @@ def _finish(
         # After the final checkpoint (a resume must continue from the last step, not the best).
         tf.train.Checkpoint(model=state.model).restore(join(ctx.run.train_best, f"ckpt-{best[0]}")).expect_partial()
         log.info("Keeping the best step's model (train.keep_checkpoint=best): step %d, validation loss %.4f", *best)
-    _save_model(state.model, inputs.tokenizer, ctx.run)
+    _save_model(state.model, inputs.tokenizer, ctx.run.model)
     summary = _summary(cfg, ctx, plan, state, loop, best)
     storage.write_json(ctx.run.train_summary, summary)  # last: marks training complete
     return summary
@@ -180,15 +182,21 @@ def _tpu_cost(cfg: PipelineConfig, device: str, elapsed_s: float) -> tuple[float
     return elapsed_s / 3600, prices.cost(cfg.tpu, elapsed_s), basis
 
 
-def _save_model(model, tokenizer, run: RunPaths) -> None:
+def _save_model(model, tokenizer, uri: str) -> None:
+    """The model folder at `uri`: TensorFlow and PyTorch weights, config, tokenizer (the run's model, and
+    each step the Hub sync pushes as a revision, mid-training)."""
     import tf_keras
 
     from mlm_tasks.model.pt_export import export_pytorch_weights
 
-    # Saved in float32 whatever the training precision, so any CPU can load it.
+    # Saved in float32 whatever the training precision, so any CPU can load it; training's policy after.
+    policy = tf_keras.mixed_precision.global_policy()
     tf_keras.mixed_precision.set_global_policy("float32")
-    with tempfile.TemporaryDirectory() as tmp:
-        model.save_pretrained(tmp)
-        export_pytorch_weights(tmp)  # model.safetensors: what PyTorch / transformers 5.x users load
-        tokenizer.save_pretrained(tmp)
-        storage.upload_dir(tmp, run.model)
+    try:
+        with tempfile.TemporaryDirectory() as tmp:
+            model.save_pretrained(tmp)
+            export_pytorch_weights(tmp)  # model.safetensors: what PyTorch / transformers 5.x users load
+            tokenizer.save_pretrained(tmp)
+            storage.upload_dir(tmp, uri)
+    finally:
+        tf_keras.mixed_precision.set_global_policy(policy)

@@ -1,15 +1,19 @@
 """A small fake of the Hugging Face Hub HTTP API on 127.0.0.1, driven by the real huggingface_hub client.
 
-Covers what `HfApi.create_repo`, `upload_folder`/`create_commit` (regular and LFS files),
-`repo_info`/`model_info` and `hf_hub_download` call in huggingface_hub 0.36: whoami-v2, repos/create,
-validate-yaml, preupload, the LFS batch API with basic PUT transfers, commit (NDJSON), model info (at a
-revision too), the recursive tree listing, and file downloads (`HEAD`/`GET /<repo>/resolve/<rev>/<file>`,
-with the X-Repo-Commit, ETag and X-Linked-* headers the client checks). Every commit's files are kept, so
-a revision (a commit oid, or `main`) downloads what it held; an unknown one is RevisionNotFound, a
-missing file EntryNotFound. It checks the bearer token like the Hub does (a private repo is not found
-without it) and records every commit for tests to assert on. Leniency left: no redirect to a CDN for
-LFS files (served directly, with the headers the redirect would carry), no Range requests, no branches
-or tags besides main.
+Covers what `HfApi.create_repo`, `create_branch`, `list_repo_refs`, `upload_folder`/`create_commit`
+(regular and LFS files, to any branch), `repo_info`/`model_info` and `hf_hub_download` call in
+huggingface_hub 0.36 (and what transformers' `from_pretrained(repo, revision=...)` reads through it, in
+4.57 and in 5.x with huggingface_hub 2.x): whoami-v2, repos/create, branch creation (409 when it exists,
+404 for an unknown starting point), refs, validate-yaml, preupload, the LFS batch API with basic PUT
+transfers, commit (NDJSON) to a branch, model info (at a revision too), the tree listing at a revision
+(404 for a missing folder), and file downloads (`HEAD`/`GET /<repo>/resolve/<rev>/<file>`, with the
+X-Repo-Commit, ETag and X-Linked-* headers the client checks). Every commit's files are kept, so a
+revision (a branch, or a commit oid) downloads what it held; an unknown one is RevisionNotFound (a
+commit or preupload to a branch that does not exist too), a missing file EntryNotFound. It checks the
+bearer token like the Hub does (a private repo is not found without it) and records every commit for
+tests to assert on. Leniency left: no redirect to a CDN for LFS files (served directly, with the headers
+the redirect would carry), no Xet storage (the clients fall back to plain downloads), no Range requests,
+no tags, no check of branch names against git's ref rules, no parentCommit check.
 `hub.stall()` makes it a hung Hub: every request is taken in and left unanswered (the connection
 open, never answered) until `hub.unstall()` or stop, so a client without a timeout waits for ever.
 `hub.outage(503)` makes it a Hub that is down: every request is answered with that status (in the Hub's
@@ -78,21 +82,28 @@ class Commit:
     deleted: list[str]
 
 
+EMPTY_COMMIT = "0" * 40  # a new repo's main: no files
+
+
 @dataclass
 class Repo:
     repo_id: str
     private: bool
     repo_type: str = "model"
-    files: dict[str, bytes] = field(default_factory=dict)
-    lfs_paths: set[str] = field(default_factory=set)
-    sha: str = "0" * 40
-    history: dict[str, dict[str, bytes]] = field(default_factory=dict)  # commit oid -> the files it held
+    history: dict[str, dict[str, bytes]] = field(default_factory=lambda: {EMPTY_COMMIT: {}})  # oid -> its files
+    branches: dict[str, str] = field(default_factory=lambda: {"main": EMPTY_COMMIT})  # name -> head commit oid
+
+    sha = property(lambda self: self.branches["main"])
+    files = property(lambda self: self.history[self.sha])
 
     def at(self, revision: str) -> tuple[str, dict[str, bytes]] | None:
-        """(commit oid, files) of a revision: main, or a commit of this repo; None if it has no such one."""
-        if revision in ("main", self.sha):
-            return self.sha, self.files
-        return (revision, self.history[revision]) if revision in self.history else None
+        """(commit oid, files) of a revision: a branch, or a commit of this repo; None if it has no such one."""
+        oid = self.branches.get(revision, revision)
+        return (oid, self.history[oid]) if oid in self.history else None
+
+
+def is_lfs(path: str, data: bytes) -> bool:
+    return path.endswith(LFS_SUFFIXES) or len(data) >= LFS_MIN_SIZE
 
 
 class FakeHub:
@@ -282,24 +293,27 @@ class _Handler(BaseHTTPRequestHandler):
         warnings = [] if meta else [{"message": "Empty or missing yaml metadata in repo card"}]
         self._send(200, {"errors": [], "warnings": warnings})
 
-    def preupload(self, repo_id: str, _rev: str) -> None:
+    def preupload(self, repo_id: str, rev: str) -> None:
         payload = json.loads(self._body() or b"{}")
         if not self._authorized():
             return
         repo = self._repo_or_404(repo_id)
         if repo is None:
             return
+        found = repo.at(unquote(rev))
+        if found is None:
+            return self._error(404, f"Invalid rev id: {unquote(rev)}", code="RevisionNotFound")
         files = []
         for f in payload.get("files", []):
             lfs = f["path"].endswith(LFS_SUFFIXES) or f["size"] >= LFS_MIN_SIZE
-            old = repo.files.get(f["path"])
+            old = found[1].get(f["path"])
             oid = None
             if old is not None:
                 oid = hashlib.sha256(old).hexdigest() if lfs else git_blob_sha1(old)
             files.append(
                 {"path": f["path"], "uploadMode": "lfs" if lfs else "regular", "shouldIgnore": False, "oid": oid}
             )
-        self._send(200, {"files": files, "commitOid": repo.sha})
+        self._send(200, {"files": files, "commitOid": found[0]})
 
     def lfs_batch(self, repo_id: str) -> None:
         payload = json.loads(self._body() or b"{}")
@@ -348,21 +362,24 @@ class _Handler(BaseHTTPRequestHandler):
                 lfs_paths.add(value["path"])
             elif key in ("deletedFile", "deletedFolder"):
                 deleted.append(value["path"])
+        branch = unquote(revision)
         with self.fake.lock:
-            digest = hashlib.sha1(repo.sha.encode() + header["summary"].encode())
+            if branch not in repo.branches:  # a commit goes onto a branch; create_branch makes one
+                return self._error(404, f"Invalid rev id: {branch}", code="RevisionNotFound")
+            parent = repo.branches[branch]
+            digest = hashlib.sha1(parent.encode() + header["summary"].encode())
             for path in sorted(files):
                 digest.update(path.encode() + b"\0" + files[path])
             oid = digest.hexdigest()
+            tree = dict(repo.history[parent])
             for path in deleted:
                 folder = path.rstrip("/") + "/"
-                repo.files = {p: b for p, b in repo.files.items() if p != path and not p.startswith(folder)}
-            repo.files.update(files)
-            repo.lfs_paths = (repo.lfs_paths - set(files)) | lfs_paths
-            repo.sha = oid
-            repo.history[oid] = dict(repo.files)
+                tree = {p: b for p, b in tree.items() if p != path and not p.startswith(folder)}
+            repo.history[oid] = {**tree, **files}
+            repo.branches[branch] = oid
             self.fake.commits.append(
                 Commit(
-                    repo_id, revision, oid, header["summary"], header.get("description", ""), files, lfs_paths, deleted
+                    repo_id, branch, oid, header["summary"], header.get("description", ""), files, lfs_paths, deleted
                 )
             )
         self._send(
@@ -374,6 +391,30 @@ class _Handler(BaseHTTPRequestHandler):
                 "commitUrl": f"{self.fake.url}/{repo_id}/commit/{oid}",
             },
         )
+
+    def create_branch(self, repo_id: str, branch: str) -> None:
+        """POST /api/models/<repo>/branch/<name> {"startingPoint": rev}: from that revision, else main's head."""
+        payload = json.loads(self._body() or b"{}")
+        if not self._authorized():
+            return
+        repo = self._repo_or_404(repo_id)
+        if repo is None:
+            return
+        branch, start = unquote(branch), payload.get("startingPoint") or "main"
+        with self.fake.lock:
+            found = repo.at(start)
+            if found is None:
+                return self._error(404, f"Invalid rev id: {start}", code="RevisionNotFound")
+            if branch in repo.branches:
+                return self._error(409, f"Reference already exists: refs/heads/{branch}")
+            repo.branches[branch] = found[0]
+        self._send(200)
+
+    def refs(self, repo_id: str) -> None:
+        repo = self._readable_repo(repo_id)
+        if repo is not None:
+            branches = [{"name": n, "ref": f"refs/heads/{n}", "targetCommit": oid} for n, oid in repo.branches.items()]
+            self._send(200, {"branches": branches, "converts": [], "tags": []})
 
     def _readable_repo(self, repo_id: str) -> Repo | None:
         """The repo if this request may read it; otherwise answers 401 (bad token) or 404 (absent, or
@@ -422,7 +463,7 @@ class _Handler(BaseHTTPRequestHandler):
         if path not in files:
             return self._error(404, f"Entry not found: {path}", code="EntryNotFound")
         data = files[path]
-        lfs = path.endswith(LFS_SUFFIXES) or len(data) >= LFS_MIN_SIZE
+        lfs = is_lfs(path, data)
         etag = hashlib.sha256(data).hexdigest() if lfs else git_blob_sha1(data)
         self.send_response(200)
         self.send_header("Content-Type", "application/octet-stream")
@@ -436,19 +477,25 @@ class _Handler(BaseHTTPRequestHandler):
         if self.command == "GET":
             self.wfile.write(data)
 
-    def tree(self, repo_id: str, _rev: str, prefix: str | None = None) -> None:
-        """Recursive listing only (what `list_repo_files`, hence upload_folder's delete_patterns, uses)."""
-        if not self._authorized(required=False):
-            return
-        repo = self._repo_or_404(repo_id)
+    def tree(self, repo_id: str, rev: str, prefix: str | None = None) -> None:
+        """The files under `prefix` at a revision, recursively (what `list_repo_files`, hence upload_folder's
+        delete_patterns, uses; a non-recursive listing gets the same, folders left out). A folder with no
+        files is a 404, as on the Hub."""
+        repo = self._readable_repo(repo_id)
         if repo is None:
             return
+        found = repo.at(unquote(rev))
+        if found is None:
+            return self._error(404, f"Invalid rev id: {unquote(rev)}", code="RevisionNotFound")
+        files = found[1]
         prefix = unquote(prefix).strip("/") + "/" if prefix else ""
+        if prefix and not any(p.startswith(prefix) for p in files):
+            return self._error(404, f"Entry not found: {prefix}", code="EntryNotFound")
         entries = []
-        for path in sorted(p for p in repo.files if p.startswith(prefix)):
-            data = repo.files[path]
+        for path in sorted(p for p in files if p.startswith(prefix)):
+            data = files[path]
             entry = {"type": "file", "path": path, "size": len(data), "oid": git_blob_sha1(data)}
-            if path in repo.lfs_paths:
+            if is_lfs(path, data):
                 entry["lfs"] = {"oid": hashlib.sha256(data).hexdigest(), "size": len(data), "pointerSize": 130}
             entries.append(entry)
         self._send(200, entries)
@@ -459,6 +506,7 @@ _ROUTES = {
     "GET": [
         (r"/api/whoami-v2", "whoami"),
         (rf"/api/models/{_REPO}/tree/([^/]+)(?:/(.+))?", "tree"),
+        (rf"/api/models/{_REPO}/refs", "refs"),
         (rf"/api/models/{_REPO}/revision/([^/]+)", "repo_info"),
         (rf"/api/models/{_REPO}", "repo_info"),
     ],
@@ -467,6 +515,7 @@ _ROUTES = {
         (r"/api/validate-yaml", "validate_yaml"),
         (rf"/api/models/{_REPO}/preupload/([^/]+)", "preupload"),
         (rf"/api/models/{_REPO}/commit/([^/]+)", "commit"),
+        (rf"/api/models/{_REPO}/branch/([^/]+)", "create_branch"),
         (rf"/{_REPO}\.git/info/lfs/objects/batch", "lfs_batch"),
     ],
     "PUT": [(r"/_lfs/([0-9a-f]{64})", "lfs_put")],

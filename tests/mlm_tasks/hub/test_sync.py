@@ -164,10 +164,13 @@ def test_checkpoints_reach_the_hub_at_epoch_ends_without_blocking_training(tmp_p
     # Epoch 1 was uploaded; epoch 2's checkpoint was still waiting when the final one came, so only the
     # newest waiting one was kept (uploads never queue up behind a slow Hub).
     commits = fake_hub.commits_to(REPO)
-    assert [c.message for c in commits] == [
-        f"Training checkpoint at step {epoch}",
-        f"Training checkpoint at step {steps}",
+    assert [(c.revision, c.message) for c in commits] == [
+        ("main", f"Training checkpoint at step {epoch}"),
+        (f"step-{epoch}", f"Model at step {epoch}"),
+        ("main", f"Training checkpoint at step {steps}"),
+        (f"step-{steps}", f"Model at step {steps}"),
     ]
+    commits = [c for c in commits if c.revision == "main"]
     assert fake_hub.repos[REPO].private
     first = {p for p in commits[0].files}
     assert first == {
@@ -183,6 +186,15 @@ def test_checkpoints_reach_the_hub_at_epoch_ends_without_blocking_training(tmp_p
     }
     for name in (f"ckpt-{steps}.index", f"ckpt-{steps}.data-00000-of-00001"):
         assert files[f"checkpoints/{name}"] == (Path(run.checkpoints) / name).read_bytes()
+    # Each synced step is also a loadable model (test_a_synced_step_loads_from_its_revision_...): the
+    # last step's revision holds the run's model folder as train saved it, beside that step's checkpoint.
+    repo = fake_hub.repos[REPO]
+    assert set(repo.branches) == {"main", f"step-{epoch}", f"step-{steps}"}
+    last = repo.history[repo.branches[f"step-{steps}"]]
+    assert {p: last[p] for p in files} == files
+    model = {p.name: p.read_bytes() for p in Path(run.model).iterdir()}
+    assert {p: b for p, b in last.items() if p not in files} == model
+    assert repo.history[repo.branches[f"step-{epoch}"]]["model.safetensors"] != last["model.safetensors"]
 
     # What was uploaded is a checkpoint TensorFlow can find and read back.
     import tensorflow as tf
@@ -195,3 +207,67 @@ def test_checkpoints_reach_the_hub_at_epoch_ends_without_blocking_training(tmp_p
     assert latest == str(download / f"ckpt-{steps}")
     assert int(tf.train.load_variable(latest, "step/.ATTRIBUTES/VARIABLE_VALUE")) == steps
     assert fake_hub.token not in json.dumps(outcome["summary"])
+
+
+PT_LOAD = """
+import json, sys, torch, transformers
+from transformers import AutoModelForMaskedLM, AutoTokenizer
+repo, revision, text = sys.argv[1:4]
+model, info = AutoModelForMaskedLM.from_pretrained(repo, revision=revision, output_loading_info=True)
+tok = AutoTokenizer.from_pretrained(repo, revision=revision)
+with torch.no_grad():
+    logits = model(**tok(text, return_tensors="pt")).logits[0]
+loading = {k: sorted(map(str, v)) for k, v in info.items()}
+print(json.dumps({"transformers": transformers.__version__, "info": loading, "logits": logits.tolist()}))
+"""
+
+
+def test_a_synced_step_loads_from_its_revision_in_tensorflow_and_in_transformers_5(tiny_model, pt_python, fake_hub):
+    """The syncer's model folder of a step becomes the branch `step-N`, which transformers 4.57 (TensorFlow,
+    here) and 5.x (PyTorch, .venv-pt, with its own huggingface_hub) load by `from_pretrained(revision=)`."""
+    import subprocess
+    import tempfile
+
+    import numpy as np
+    from transformers import AutoTokenizer, TFAutoModelForMaskedLM
+
+    from mlm_tasks.hub.sync import CheckpointSyncer, stage_checkpoint
+    from peers.model_clients import TRAIN_STEPS, client_env
+
+    _, run = tiny_model
+    text = "The state is <mask>."
+    model_dir = tempfile.mkdtemp()  # the syncer's to delete, as the train hook hands it over
+    for name in os.listdir(run.model):
+        Path(model_dir, name).write_bytes(Path(run.model, name).read_bytes())
+    staged = stage_checkpoint(f"{run.checkpoints}/ckpt-{TRAIN_STEPS}")
+    with CheckpointSyncer(REPO, fake_hub.token, fake_hub.url) as syncer:
+        syncer.submit(staged, TRAIN_STEPS, model_dir)
+    branch = f"step-{TRAIN_STEPS}"
+    (done,) = syncer.uploaded
+    repo = fake_hub.repos[REPO]
+    assert done["revision"] == branch and repo.branches[branch] == done["revision_oid"] != repo.sha
+    assert not os.path.exists(model_dir)
+    # main holds the checkpoint alone; the branch, made from that commit, the checkpoint and the model.
+    at_branch = repo.history[repo.branches[branch]]
+    assert set(repo.files) < set(at_branch) and set(at_branch) - set(repo.files) == set(os.listdir(run.model))
+    assert at_branch["model.safetensors"] == Path(run.model, "model.safetensors").read_bytes()
+
+    def tf_logits(where, **kw):
+        model = TFAutoModelForMaskedLM.from_pretrained(where, use_safetensors=False, **kw)
+        return model(**AutoTokenizer.from_pretrained(where, **kw)(text, return_tensors="tf")).logits[0].numpy()
+
+    from_hub = tf_logits(REPO, revision=branch, token=fake_hub.token)
+    np.testing.assert_array_equal(from_hub, tf_logits(str(run.model)))
+    with pytest.raises(OSError, match="step-999"):  # a step never synced is no revision
+        TFAutoModelForMaskedLM.from_pretrained(REPO, revision="step-999", token=fake_hub.token)
+
+    env = {k: v for k, v in client_env().items() if k not in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE")}
+    env.update(HF_ENDPOINT=fake_hub.url, HF_TOKEN=fake_hub.token, HF_HOME=tempfile.mkdtemp())
+    env.pop("HF_HUB_CACHE", None)
+    done = subprocess.run(
+        [pt_python, "-c", PT_LOAD, REPO, branch, text], capture_output=True, text=True, timeout=600, env=env
+    )
+    assert done.returncode == 0, done.stderr[-4000:]
+    pt = json.loads(done.stdout.strip().splitlines()[-1])
+    assert pt["transformers"].startswith("5.") and not any(pt["info"].values()), pt["info"]
+    np.testing.assert_allclose(np.array(pt["logits"]), from_hub, atol=1e-4)
