@@ -37,6 +37,10 @@ def test_shipped_config_files_load(path):
         ({"compute": "tpu_vm", "output_root": "gs://bkt/p"}, "needs tpu.project"),
         ({"publish": True}, "publish.enabled needs publish.repo_id"),
         ({"corpus_source": "web"}, "corpus.source"),
+        ({"tokenizer.model": "sentencepiece"}, "tokenizer.model"),
+        ({"tokenizer.revision": "v1"}, "tokenizer.revision 'v1' is set but tokenizer.from_pretrained is empty"),
+        ({"tokenizer.from_pretrained": "a/b", "model.init_from": "c/d"}, "model.init_from and corpus.source="),
+        ({"tokenizer.model": "bpe", "train.whole_word_mask": True}, "tokenizer.model=bpe has none"),
     ],
 )
 def test_bad_settings_fail_with_a_message(overrides, message):
