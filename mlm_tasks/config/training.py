@@ -4,11 +4,31 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import Field
+from pydantic import BaseModel, ConfigDict, Field
 
 from mlm_tasks.config.section import Section
 from mlm_tasks.errors import ConfigError
-from mlm_tasks.presets import PRESETS, ModelShape
+
+
+class ModelShape(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    hidden_size: int
+    num_hidden_layers: int
+    num_attention_heads: int
+    intermediate_size: int
+    max_position_embeddings: int = 514
+
+
+# Model shape presets: `tiny` runs the same code path as `base` (roberta-base) in seconds per step on a CPU,
+# and learns visibly within minutes on 2 cores (the embedded default).
+PRESETS = {
+    "tiny": ModelShape(
+        hidden_size=128, num_hidden_layers=2, num_attention_heads=2, intermediate_size=512, max_position_embeddings=130
+    ),
+    "small": ModelShape(hidden_size=256, num_hidden_layers=4, num_attention_heads=4, intermediate_size=1024),
+    "base": ModelShape(hidden_size=768, num_hidden_layers=12, num_attention_heads=12, intermediate_size=3072),
+}
 
 
 class ModelConfig(Section):
