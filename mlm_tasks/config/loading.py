@@ -57,8 +57,9 @@ def set_dotted(tree: dict[str, Any], dotted: str, value: Any) -> None:
         if not isinstance(node, dict):
             section = ".".join(parents[: i + 1])
             raise ConfigError(f"Cannot set {dotted!r}: {section!r} is set to {node!r}, not to a section of settings.")
-    both = isinstance(node.get(leaf), dict) and isinstance(value, dict)
-    node[leaf] = merge(node[leaf], value) if both else value
+    if isinstance(node.get(leaf), dict) and not isinstance(value, dict):  # pydantic would refuse it, less clearly
+        raise ConfigError(f"Cannot set {dotted!r} to {value!r}: it is a section of settings ({sorted(node[leaf])}).")
+    node[leaf] = merge(node[leaf], value) if isinstance(node.get(leaf), dict) else value
 
 
 def nested(settings: dict[str, Any]) -> dict[str, Any]:

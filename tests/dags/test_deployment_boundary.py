@@ -1,5 +1,6 @@
 """The trust boundary in the real DAG (`airflow dags test`, SQLite): under a deployment file, a run
-whose conf sets a deployment setting fails in validate, naming the key, and nothing after it runs;
+whose conf sets a deployment setting, names a config file of nested aliases or gives a section beside its
+dotted keys fails in validate, naming the key, and nothing after it runs;
 the form shows only run settings (tests/dags/test_dag_integrity.py)."""
 
 from __future__ import annotations
@@ -8,6 +9,7 @@ import pytest
 
 from peers.airflow_db import db_rows
 from peers.airflow_home import airflow_env, dags_test  # noqa: F401  (fixture)
+from peers.hostile import billion_laughs
 from peers.tiny_data import TINY_YAML
 
 
@@ -23,9 +25,23 @@ def deployment_env(airflow_env, tmp_path):
     return {**airflow_env, "MLM_DEPLOYMENT": str(path)}, configs / "tiny.yaml"
 
 
+# What a user who may only trigger runs sends through the REST conf, and what validate's refusal says.
+HOSTILE = {
+    "deployment-setting": (
+        {"overrides": {"tpu.api_endpoint": "http://attacker.example"}},
+        "tpu.api_endpoint is a deployment setting: the trigger's settings may not set it",
+    ),
+    "billion-laughs": ({"config_file": "lol.yaml"}, "lol uses a YAML anchor or alias (&l0): config files may not"),
+    "scalar-beside-dotted": ({"overrides": {"train": 5, "train.steps": 3}}, "Cannot set 'train' to 5: it is a section"),
+}
+
+
 @pytest.mark.slow
-def test_a_conf_that_sets_a_deployment_setting_fails_in_validate(deployment_env, tmp_path):
+@pytest.mark.parametrize("case", HOSTILE)
+def test_a_hostile_conf_fails_in_validate_naming_the_key(case, deployment_env, tmp_path):
     env, tiny = deployment_env
+    settings, message = HOSTILE[case]
+    (tiny.parent / "lol.yaml").write_text(billion_laughs())
     conf = {
         "config_file": str(tiny),
         "output_root": str(tmp_path / "out"),
@@ -33,11 +49,12 @@ def test_a_conf_that_sets_a_deployment_setting_fails_in_validate(deployment_env,
         "max_length": 64,
         "steps": 2,
         "batch_size": 8,
-        "overrides": {"tpu.api_endpoint": "http://attacker.example"},
+        **settings,
     }
+    conf["config_file"] = str(tiny.parent / conf["config_file"])
     result = dags_test(env, "mlm_pretrain", conf=conf, timeout=600)
     log = result.stdout + result.stderr
-    assert "tpu.api_endpoint is a deployment setting: the trigger's settings may not set it" in log, log[-4000:]
+    assert message in log, log[-4000:]
     states = dict(
         db_rows(
             env,

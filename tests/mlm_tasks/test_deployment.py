@@ -13,6 +13,7 @@ from mlm_tasks.config import PipelineConfig
 from mlm_tasks.config.deployment import DEPLOYMENT_KEYS, Deployment, check_event, run_config
 from mlm_tasks.config.section import Section, leaves
 from mlm_tasks.errors import ConfigError
+from peers.hostile import billion_laughs
 
 # What a setting reaches, recognised by the words of its name (the schema's naming: *_conn_id, *_port,
 # service_account, api_endpoint...) and, for an environment, by its type (a map of strings). A new setting
@@ -466,13 +467,6 @@ def test_release_policy_is_the_deployments(tmp_path, monkeypatch):
     assert dep.run_config({"output_root": out, "hub_repo_id": "ml-team/roberta"}).publish.repo_id == "ml-team/roberta"
 
 
-def _billion_laughs() -> str:
-    """~530 bytes of YAML whose aliases expand to 9**9 strings: the parse is instant, the expansion is not."""
-    rows = ['lol: &l0 ["lol", "lol", "lol", "lol", "lol", "lol", "lol", "lol", "lol"]']
-    rows += [f"l{i}: &l{i} [{', '.join([f'*l{i - 1}'] * 9)}]" for i in range(1, 9)]
-    return "\n".join([*rows, "corpus: {filters: {boilerplate_phrases: *l8}}", ""])
-
-
 # What a user who may only trigger runs sent (issue 45), each through the one door of the validate task (the
 # form's flat fields and the REST conf are both these params), and what the refusal names.
 HOSTILE = {
@@ -484,6 +478,10 @@ HOSTILE = {
     "train-scalar-beside-dotted": (
         {"overrides": {"train": 5, "train.steps": 3}},
         r"Cannot set 'train\.steps': 'train' is set to 5, not to a section",
+    ),
+    "form-field-then-scalar-section": (  # the form's steps is train.steps: set first, then train as a value
+        {"steps": 2, "overrides": {"train": 5, "train.steps": 3}},
+        r"Cannot set 'train' to 5: it is a section of settings \(\['steps'\]\)",
     ),
     "empty-segment-output-root": (
         {"output_root": "gs://team-bucket//mlm/x"},
@@ -513,8 +511,8 @@ def test_what_a_hostile_triggerer_sends_is_refused_at_once_naming_the_key(case, 
 
     params, message = HOSTILE[case]
     configs, out = tmp_path / "configs", tmp_path / "out"
-    (configs / "lol.yaml").write_text(_billion_laughs())
-    assert 500 < len(_billion_laughs()) < 600
+    (configs / "lol.yaml").write_text(billion_laughs())
+    assert 500 < len(billion_laughs()) < 600
     params = {"config_file": str(configs / "tiny.yaml"), "output_root": str(out / "run"), **params}
     params["config_file"] = str(configs / params["config_file"])
     for dep in (deployment, Deployment.builtin()):  # a deployment file's boundary, and the built-in one
@@ -529,7 +527,7 @@ def test_the_cli_refuses_them_with_exit_2_and_no_traceback(tmp_path, capsys):
     from mlm_tasks.cli import main
 
     bomb = tmp_path / "lol.yaml"
-    bomb.write_text(_billion_laughs())
+    bomb.write_text(billion_laughs())
     assert main(["validate", "--config", str(bomb), "--set", f"output_root={tmp_path / 'out'}"]) == 2
     assert main(["validate", "--set", "output_root=gs://team-bucket//mlm/x"]) == 2
     err = capsys.readouterr().err
