@@ -533,3 +533,10 @@ def test_the_cli_refuses_them_with_exit_2_and_no_traceback(tmp_path, capsys):
     err = capsys.readouterr().err
     assert "lol uses a YAML anchor or alias (&l0)" in err and "write gs://team-bucket/mlm/x" in err
     assert "Traceback" not in err and not (tmp_path / "out").exists()
+
+
+def test_an_events_output_root_is_judged_as_written_too(deployment, tmp_path):
+    """The third door (a dataset-refresh event) sets output_root: an empty segment is refused there as in a form."""
+    extra = {"fingerprint": "0123456789abcdef", "output_root": "gs://team-bucket//mlm/x", "data_config": {}}
+    with pytest.raises(ConfigError, match=r"output_root 'gs://team-bucket//mlm/x' has an empty or '\.' path segment"):
+        run_config({"output_root": "gs://team-bucket/mlm/x"}, deployment, check_event(extra, deployment))
