@@ -110,6 +110,16 @@ class PipelineConfig(Section):
                 f"{self.train.random_replace_prob} is {replace:g}: they share the selected tokens, so at most 1 "
                 "(BERT: 0.8 and 0.1; every selected token a <mask>: 1 and 0)."
             )
+        if self.train.schedule == "wsd" and self.train.warmup_fraction + self.train.decay_fraction > 1:
+            raise ConfigError(
+                f"train.warmup_fraction {self.train.warmup_fraction} + train.decay_fraction "
+                f"{self.train.decay_fraction} is over 1: lower one (a decay-only continuation: 0 and 1)."
+            )
+        if self.train.continue_run and self.model.init_from:
+            raise ConfigError(
+                "train.continue_run starts from a run's checkpoint and model.init_from from a base model's "
+                "weights: set one of them."
+            )
         if self.train.mlm_probability > 0.5:
             raise ConfigError(
                 f"train.mlm_probability {self.train.mlm_probability} leaves under half the context: "

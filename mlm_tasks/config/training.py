@@ -67,7 +67,14 @@ class TrainConfig(Section):
     batch_size: int = Field(32, ge=1, le=65_536, description="Examples per replica per step (global = × replicas).")
     learning_rate: float = Field(1e-3, gt=0, lt=1, description="Peak AdamW learning rate.")
     warmup_fraction: float = Field(0.06, ge=0, lt=1, description="Share of steps of linear warmup.")
-    schedule: Literal["linear", "one_cycle"] = Field("linear", description="Learning rate after warmup.")
+    schedule: Literal["linear", "one_cycle", "wsd"] = Field("linear", description="Learning rate after warmup.")
+    decay_fraction: float = Field(0.2, ge=0, le=1, description="wsd: share of the steps in the final decay.")
+    decay_shape: Literal["linear", "cosine", "1-sqrt"] = Field("1-sqrt", description="wsd: the decay's shape.")
+    continue_run: str | None = Field(
+        None,
+        pattern=r"^[A-Za-z0-9_.:+-]{1,200}$",
+        description="Run whose latest checkpoint (weights, optimizer state) this run starts from.",
+    )
     weight_decay: float = Field(0.01, ge=0, le=1, description="AdamW weight decay (not on norms and biases).")
     adam_beta2: float = Field(0.98, gt=0, lt=1, description="AdamW beta2.")
     adam_epsilon: float = Field(1e-6, gt=0, le=1, description="AdamW epsilon.")

@@ -23,13 +23,16 @@ def model_vocab_size(cfg: PipelineConfig, tokenizer_size: int) -> int:
 def optimizer_and_schedule(train: TrainConfig, steps: int):
     """AdamW (decay not on norms and biases, as transformers.create_optimizer) and its learning-rate schedule:
     linear warmup to train.learning_rate over train.warmup_fraction of `steps`, then train.schedule down to 0
-    at the last step (mlm_tasks/model/schedule.py: a time budget may move that step while it trains)."""
+    at the last step, wsd's after a stable phase (mlm_tasks/model/schedule.py: a time budget may move that
+    step while it trains)."""
     from transformers import AdamWeightDecay
 
     from mlm_tasks.model.schedule import decay_schedule
 
     warmup = int(steps * train.warmup_fraction)
-    schedule = decay_schedule(train.learning_rate, warmup, steps, "linear" if train.schedule == "linear" else "cosine")
+    shape = {"linear": "linear", "one_cycle": "cosine"}.get(train.schedule, train.decay_shape)
+    decay = train.decay_fraction if train.schedule == "wsd" else None
+    schedule = decay_schedule(train.learning_rate, warmup, steps, shape, decay)  # type: ignore[arg-type]
     optimizer = AdamWeightDecay(
         learning_rate=schedule,
         weight_decay_rate=train.weight_decay,

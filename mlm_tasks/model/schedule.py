@@ -1,14 +1,18 @@
-"""The learning-rate schedule: linear warmup to the peak, then a decay to 0 at the run's last step, whose
-last step can move while the run trains (train.budget_minutes re-plans it as the machine's pace changes).
+"""The learning-rate schedule: linear warmup to the peak, an optional stable phase at the peak (`wsd`), then
+a decay to 0 at the run's last step, whose last step can move while the run trains (train.budget_minutes
+re-plans it as the machine's pace changes).
 
-    schedule = decay_schedule(peak=2e-3, warmup=66, total=1100, kind="linear")   # or "cosine"
-    schedule(step)                        # the learning rate the optimizer uses at `step`
-    schedule.replan(step=600, total=950)  # from here on, decay from schedule(600) to 0 at step 950
+    schedule = decay_schedule(peak=2e-3, warmup=66, total=1100, kind="linear")   # or "cosine", "1-sqrt"
+    schedule = decay_schedule(2e-3, 66, 1100, "1-sqrt", decay_fraction=0.2)   # wsd: stable until step 880
+    schedule.at(step)                     # the learning rate at the run's `step`
+    schedule.replan(step=600, total=950)  # from here on, decay from schedule.at(600) to 0 at step 950
 
-Until a re-plan it is exactly transformers' `create_optimizer` schedule (WarmUp + PolynomialDecay, power 1)
-or WarmUp + Keras' CosineDecay. A re-plan re-anchors the decay at the current step and learning rate, so
-the rate never jumps; its three numbers are variables (`schedule.plan`, saved in the checkpoint), so a
-resumed run follows the same schedule as the run it continues.
+Until a re-plan, linear is transformers' `create_optimizer` schedule (WarmUp + PolynomialDecay, power 1)
+and cosine is WarmUp + Keras' CosineDecay. A re-plan re-anchors the decay at the current step and learning
+rate, so the rate never jumps; before a wsd decay it only moves the decay's start. The three numbers are
+variables (`schedule.plan`, saved in the checkpoint), so a resumed run follows the same schedule as the run
+it continues. The optimizer calls the schedule with its own step count, which `schedule.offset` (the steps
+an optimizer continued from another run had taken, train.continue_run) turns into the run's step.
 """
 
 from __future__ import annotations
@@ -17,10 +21,13 @@ import math
 from functools import cache
 from typing import Any, Literal
 
+Shape = Literal["linear", "cosine", "1-sqrt"]
 
-def decay_schedule(peak: float, warmup: int, total: int, kind: Literal["linear", "cosine"]) -> Any:
-    """A DecaySchedule (a Keras LearningRateSchedule, which the optimizer calls with its step)."""
-    return _schedule_class()(peak, warmup, total, kind)
+
+def decay_schedule(peak: float, warmup: int, total: int, kind: Shape, decay_fraction: float | None = None) -> Any:
+    """A DecaySchedule (a Keras LearningRateSchedule, which the optimizer calls with its step). `decay_fraction`:
+    the decay's share of the steps, at the end (wsd: stable between warmup and it); None: all after warmup."""
+    return _schedule_class()(peak, warmup, total, kind, decay_fraction)
 
 
 @cache
@@ -35,46 +42,62 @@ def _schedule_class() -> type:
 
 
 class _DecayPlan:
-    def __init__(self, peak: float, warmup: int, total: int, kind: Literal["linear", "cosine"]):
+    def __init__(self, peak: float, warmup: int, total: int, kind: Shape, decay_fraction: float | None = None):
         import tensorflow as tf
 
         super().__init__()
-        self.peak, self.warmup, self.kind = float(peak), int(warmup), kind
+        self.peak, self.warmup, self.kind, self.decay_fraction = float(peak), int(warmup), kind, decay_fraction
         # A tf.Module tracks its variables: the checkpoint saves them as `lr_plan`.
         self.plan = tf.Module(name="lr_plan")
-        self.plan.anchor_step = tf.Variable(float(self.warmup), trainable=False, name="anchor_step")
+        start = self._decay_start(total)
+        self.plan.anchor_step = tf.Variable(float(start), trainable=False, name="anchor_step")
         self.plan.anchor_lr = tf.Variable(self.peak, trainable=False, name="anchor_lr")
-        self.plan.end_step = tf.Variable(float(max(total, self.warmup + 1)), trainable=False, name="end_step")
+        self.plan.end_step = tf.Variable(float(max(total, start + 1)), trainable=False, name="end_step")
+        self.offset = tf.Variable(0.0, trainable=False, name="lr_offset")  # checkpointed with train.continue_run
+
+    def _decay_start(self, total: int) -> int:
+        if self.decay_fraction is None:
+            return self.warmup
+        return max(self.warmup, total - round(self.decay_fraction * total))
 
     def __call__(self, step: Any) -> Any:
         import tensorflow as tf
 
-        s = tf.cast(step, tf.float32)
+        s = tf.cast(step, tf.float32) - self.offset
         anchor, anchor_lr, end = self.plan.anchor_step, self.plan.anchor_lr, self.plan.end_step
         done = tf.clip_by_value((s - anchor) / tf.maximum(end - anchor, 1.0), 0.0, 1.0)
         if self.kind == "linear":
             decayed = anchor_lr * (1.0 - done)
-        else:
+        elif self.kind == "cosine":
             decayed = anchor_lr * 0.5 * (1.0 + tf.cos(math.pi * done))
+        else:  # 1-sqrt (Hägele et al. 2024): falls fastest at the start, long near 0
+            decayed = anchor_lr * (1.0 - tf.sqrt(done))
         if not self.warmup:
             return decayed
         return tf.where(s < float(self.warmup), self.peak * s / float(self.warmup), decayed)
+
+    def at(self, step: int) -> float:
+        """The learning rate at the run's `step` (the optimizer's step count less the offset)."""
+        return float(self(float(step) + self.offset))
 
     @property
     def total(self) -> int:
         return int(self.plan.end_step.numpy())
 
     def replan(self, step: int, total: int) -> None:
-        """Decay from this step's learning rate to 0 at `total` (no earlier than `step`)."""
-        if step < self.warmup:  # still warming up: only the end moves, the decay starts at the peak
-            self.plan.anchor_step.assign(float(self.warmup))
+        """Decay to 0 at `total` (no earlier than `step`): from this step's learning rate once decaying, else
+        from the peak at the decay's (moved) start."""
+        start = self._decay_start(total)
+        if step < start:  # warming up or stable: only the decay's start and end move
+            self.plan.anchor_step.assign(float(start))
             self.plan.anchor_lr.assign(self.peak)
-            self.plan.end_step.assign(float(max(total, self.warmup + 1)))
+            self.plan.end_step.assign(float(max(total, start + 1)))
             return
-        lr = float(self(step))
+        lr = self.at(step)
         self.plan.anchor_step.assign(float(step))
         self.plan.anchor_lr.assign(lr)
         self.plan.end_step.assign(float(max(total, step)))
 
     def get_config(self) -> dict[str, Any]:  # Keras serialises an optimizer's schedule by its config
-        return {"peak": self.peak, "warmup": self.warmup, "total": self.total, "kind": self.kind}
+        return {"peak": self.peak, "warmup": self.warmup, "total": self.total, "kind": self.kind,
+                "decay_fraction": self.decay_fraction}  # fmt: skip

@@ -4,7 +4,8 @@ no pyplot global state, safe in threads) and written through mlm_tasks.storage, 
     png = line_plot({"loss": (steps, losses), "validation loss": (val_steps, val_losses)}, "Training loss",
                     "step", "loss", references={"eval loss": 5.4})
     png = line_plot({"learning rate": (steps, lrs)}, "Schedule", "step", "learning rate",
-                    right=("gradient norm", {"gradient norm": (steps, norms)}))   # a second y axis
+                    right=("gradient norm", {"gradient norm": (steps, norms)}),   # a second y axis
+                    spans=schedule_phases(steps, lrs))            # warmup, stable, decay shaded
 """
 
 from __future__ import annotations
@@ -22,10 +23,11 @@ def line_plot(
     references: dict[str, float] | None = None,
     log_y: bool = False,
     right: tuple[str, dict[str, Series]] | None = None,
+    spans: dict[str, tuple[float, float]] | None = None,
 ) -> bytes:
     """One line per series (the first without markers when long, the others with), dashed horizontal
-    lines for `references`, `right`'s (label, series) on a second y axis; a legend when there is more than
-    one thing to tell apart."""
+    lines for `references`, `right`'s (label, series) on a second y axis, `spans` shaded; a legend when
+    there is more than one thing to tell apart."""
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
 
@@ -39,6 +41,8 @@ def line_plot(
         values += ys
     for i, (label, value) in enumerate((references or {}).items()):
         ax.axhline(value, linestyle="--", linewidth=1, color=f"C{i + len(series)}", label=label)
+    for (label, (start, end)), gray in zip((spans or {}).items(), ("0.9", "0.97", "0.82"), strict=False):
+        ax.axvspan(start, end, color=gray, label=label, zorder=0)
     if log_y and values and min(values) > 0:
         ax.set_yscale("log")
     ax.set(title=title, xlabel=xlabel, ylabel=ylabel)
@@ -49,9 +53,20 @@ def line_plot(
             twin.plot(xs, ys, linewidth=0.8, color=f"C{i}", label=label)
         twin.set_ylabel(right[0])
         fig.legend(fontsize="small", loc="upper right")
-    elif references or len(series) > 1:
+    elif references or spans or len(series) > 1:
         ax.legend(fontsize="small")
     fig.tight_layout()
     buf = io.BytesIO()
     fig.savefig(buf, format="png")
     return buf.getvalue()
+
+
+def schedule_phases(steps: list[float], lrs: list[float]) -> dict[str, tuple[float, float]]:
+    """Warmup, stable and decay (those that last a step at least), read off the logged learning rates: the
+    stable phase is where the rate holds its peak."""
+    if len(lrs) < 2:
+        return {}
+    peak = max(lrs)
+    held = [step for step, lr in zip(steps, lrs, strict=True) if lr >= peak * (1 - 1e-6)]
+    phases = {"warmup": (steps[0], held[0]), "stable": (held[0], held[-1]), "decay": (held[-1], steps[-1])}
+    return {name: span for name, span in phases.items() if span[1] > span[0]}

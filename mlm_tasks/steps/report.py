@@ -33,7 +33,7 @@ from mlm_tasks.reporting.card import (
     read_run_artifacts,
     training_lines,
 )
-from mlm_tasks.reporting.plots import line_plot
+from mlm_tasks.reporting.plots import line_plot, schedule_phases
 from mlm_tasks.results import KeyMetrics
 from mlm_tasks.training.progress import read_history
 
@@ -173,7 +173,12 @@ def _plots(run: RunPaths, history: list[dict], metrics: Mapping[str, Any] | None
         storage.write_bytes(
             join(run.report, LR_PNG),
             line_plot(
-                {"learning rate": (lr_steps, lrs)}, "Learning rate schedule", "step", "learning rate", right=right
+                {"learning rate": (lr_steps, lrs)},
+                "Learning rate schedule",
+                "step",
+                "learning rate",
+                right=right,
+                spans=schedule_phases(lr_steps, lrs),  # warmup, stable (wsd), decay
             ),
         )
         plots["learning_rate"] = join(run.report, LR_PNG)

@@ -75,7 +75,9 @@ class TrainLoop:
         self.end_s = {"checkpoint": 0.0, "validation": 0.0}  # what the run's end takes: the deadline keeps it
         # With a deadline the input runs on past the first plan: a faster machine may train more steps.
         take = (cap or 10**9) - start if self.deadline else total - start
-        batches = train_input(cfg, inputs.shard_set, inputs.tokenizer, plan.global_batch, start, take)
+        # train.continue_run: the input goes on after the batches the continued run's steps took.
+        skip = start + int(state.schedule.offset.numpy())
+        batches = train_input(cfg, inputs.shard_set, inputs.tokenizer, plan.global_batch, skip, take)
         self.iterator = iter(plan.strategy.distribute_datasets_from_function(batches))
         max_pred, clip = cfg.train.max_predictions_per_seq, cfg.train.clip_norm
         self.distributed_steps = step_functions(plan.strategy, state.model, state.optimizer, max_pred, plan.xla, clip)

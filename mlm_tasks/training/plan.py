@@ -24,7 +24,7 @@ from mlm_tasks import storage
 from mlm_tasks.base_model import BaseModelRef
 from mlm_tasks.config import PipelineConfig
 from mlm_tasks.data.shard_set import ShardSet, load_manifest
-from mlm_tasks.errors import ConfigError
+from mlm_tasks.errors import ConfigError, MissingArtifactError
 from mlm_tasks.paths import RunContext, RunPaths, join
 from mlm_tasks.training.device import make_strategy, select_device
 from mlm_tasks.training.step import model_and_optimizer, step_functions, train_input
@@ -157,11 +157,12 @@ def plan_lines(
 @dataclass(frozen=True)
 class TrainInputs:
     """What a run trains on: its shard set (train split verified), its tokenizer, and the base model whose
-    weights it starts from (None: random weights)."""
+    weights it starts from, or the checkpoint of train.continue_run (None, None: random weights)."""
 
     shard_set: ShardSet
     tokenizer: Any
     base: BaseModelRef | None
+    continued: str | None = None  # the checkpoint path
 
 
 def load_inputs(cfg: PipelineConfig, ctx: RunContext) -> TrainInputs:
@@ -174,8 +175,25 @@ def load_inputs(cfg: PipelineConfig, ctx: RunContext) -> TrainInputs:
     shard_set.verify("train")
     tokenizer = load_tokenizer(shard_set.paths.tokenizer, shard_set.max_length)
     base = BaseModelRef.pinned(cfg, shard_set.base_model)  # at the revision the shard set recorded
-    check_resumable(ctx.run, ctx.data.fingerprint, model_vocab_size(cfg, len(tokenizer)))
-    return TrainInputs(shard_set, tokenizer, base)
+    vocab_size = model_vocab_size(cfg, len(tokenizer))
+    check_resumable(ctx.run, ctx.data.fingerprint, vocab_size)
+    return TrainInputs(shard_set, tokenizer, base, continued_checkpoint(cfg, ctx.data.fingerprint, vocab_size))
+
+
+def continued_checkpoint(cfg: PipelineConfig, fingerprint: str, vocab_size: int) -> str | None:
+    """The latest checkpoint of the run train.continue_run names, once found and of this data (None: not set)."""
+    if not cfg.train.continue_run:
+        return None
+    other = RunPaths(cfg.output_root, cfg.train.continue_run)
+    if checkpoint_vocab_size(other.checkpoints) is None:
+        raise MissingArtifactError(
+            f"train.continue_run {cfg.train.continue_run!r} has no checkpoint under {other.checkpoints}: "
+            "train that run first (same output_root), or check the run id."
+        )
+    check_resumable(other, fingerprint, vocab_size)
+    import tensorflow as tf
+
+    return str(tf.train.latest_checkpoint(other.checkpoints))
 
 
 @dataclass(frozen=True)

@@ -126,7 +126,7 @@ class ProgressLog:
             "step": step,
             "loss": loss_sum / max(count, 1),
             "accuracy": correct / max(count, 1),
-            "learning_rate": float(self.schedule(step)),
+            "learning_rate": self.schedule.at(step),
             "grad_norm": norms / max(step - self.last_logged, 1),
             "tokens_per_s": (step - self.last_logged) * self.tokens_per_step / max(now - self.t_last, 1e-9),
             "elapsed_s": now - self.t0,

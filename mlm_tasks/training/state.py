@@ -4,8 +4,9 @@
 
 A checkpoint holds weights, optimizer moments, the step, the learning-rate schedule's plan (the schedule
 follows the optimizer's step to the last step planned so far) and the time budget used. A run with a
-checkpoint restores the latest; a fresh run with `model.init_from` starts from the base model's weights
-(mlm_tasks/model/init_weights.py), else from random ones.
+checkpoint restores the latest; a fresh run with `train.continue_run` starts from that run's latest
+checkpoint (weights and optimizer state, its step count kept as the schedule's offset), one with
+`model.init_from` from the base model's weights (mlm_tasks/model/init_weights.py), else from random ones.
 """
 
 from __future__ import annotations
@@ -15,7 +16,6 @@ import tempfile
 from dataclasses import dataclass
 from typing import Any
 
-from mlm_tasks.base_model import BaseModelRef
 from mlm_tasks.config import PipelineConfig
 from mlm_tasks.paths import RunPaths
 from mlm_tasks.training.plan import TrainInputs, TrainPlan
@@ -57,8 +57,9 @@ def build_training(cfg: PipelineConfig, run: RunPaths, inputs: TrainInputs, plan
         used_s = tf.Variable(0.0, dtype=tf.float64, trainable=False, name="budget_used_s")
     # lr_plan: where the schedule's decay ends, and budget_used_s: what a time budget had used, so a resume
     # follows the schedule the run was re-planned to and gets the rest of the budget (training/budget.py)
+    continued = {"lr_offset": schedule.offset} if cfg.train.continue_run else {}  # older checkpoints have none
     checkpoint = tf.train.Checkpoint(
-        model=model, optimizer=optimizer, step=step, lr_plan=schedule.plan, budget_used_s=used_s
+        model=model, optimizer=optimizer, step=step, lr_plan=schedule.plan, budget_used_s=used_s, **continued
     )
     manager = tf.train.CheckpointManager(checkpoint, run.checkpoints, max_to_keep=2)
     validate = (
@@ -67,17 +68,26 @@ def build_training(cfg: PipelineConfig, run: RunPaths, inputs: TrainInputs, plan
         else None
     )
     best = tf.train.CheckpointManager(tf.train.Checkpoint(model=model), run.train_best, max_to_keep=1)
-    _restore_or_start(checkpoint, manager, step, model, inputs.base)
+    _restore_or_start(checkpoint, manager, step, inputs)
     start_step = int(step.numpy())  # int() refuses the Mirrored/TPU variable a strategy makes
     history = [h for h in read_history(run) if h["step"] <= start_step]
     return TrainState(model, optimizer, schedule, step, used_s, manager, best, validate, start_step, history)
 
 
-def _restore_or_start(checkpoint: Any, manager: Any, step: Any, model: Any, base: BaseModelRef | None) -> None:
-    """The latest checkpoint of the run when it has one; else the base model's weights, if any."""
+def _restore_or_start(checkpoint: Any, manager: Any, step: Any, inputs: TrainInputs) -> None:
+    """The latest checkpoint of the run when it has one; else train.continue_run's, or the base model's
+    weights, if any."""
+    import tensorflow as tf
+
+    model, optimizer, base = checkpoint.model, checkpoint.optimizer, inputs.base
     if manager.latest_checkpoint:
         checkpoint.restore(manager.latest_checkpoint).assert_existing_objects_matched()
         log.info("Resumed from %s at step %d", manager.latest_checkpoint, int(step.numpy()))
+    elif inputs.continued:
+        tf.train.Checkpoint(model=model, optimizer=optimizer).restore(inputs.continued).expect_partial()
+        taken = int(optimizer.iterations.numpy())
+        checkpoint.lr_offset.assign(float(taken))  # the optimizer's step count goes on; the schedule is this run's
+        log.info("Continuing from %s: its weights and optimizer state (%d steps taken)", inputs.continued, taken)
     elif base is not None:
         from mlm_tasks.model.init_weights import load_base_weights
 
