@@ -16,6 +16,7 @@ from mlm_tasks import storage
 from mlm_tasks.config import PipelineConfig
 from mlm_tasks.data.corpus import open_corpus
 from mlm_tasks.data.shard_set import ShardSet, config_weights, data_summary, manifest_extra
+from mlm_tasks.errors import MissingArtifactError
 from mlm_tasks.paths import RunContext
 from mlm_tasks.results import DataSummary, ShardPlan
 
@@ -50,9 +51,11 @@ def merge_shards(cfg: PipelineConfig, ctx: RunContext, *, plan: ShardPlan | None
         cache_hit = plan["cache_hit"] if plan else False
         return data_summary(ShardSet.load(paths), cache_hit=cache_hit, weights=config_weights(cfg))
     if plan is not None and not plan["partitions"]:
-        raise FileNotFoundError(
-            f"The shard set {paths.shards_dir} was complete when plan_shards ran, but its "
-            "_SUCCESS is gone (deleted meanwhile?): run again, so plan_shards plans it anew."
+        # No retry of this run can fix it: its plan, an XCom, says there is nothing to write.
+        raise MissingArtifactError(
+            f"The shard set {paths.shards_dir} was complete when plan_shards ran, but its _SUCCESS is gone "
+            "(deleted meanwhile?): start a new run of this DAG (mlm_pretrain or mlm_dataset_refresh) with the "
+            "same settings, so its plan_shards plans the set anew; clearing this task alone reads the same plan."
         )
     num_parts = len(plan["partitions"]) if plan else cfg.shards.partitions
     corpus = corpus or open_corpus(cfg.corpus)

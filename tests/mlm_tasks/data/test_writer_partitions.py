@@ -165,7 +165,9 @@ def test_cli_fan_out_by_hand_matches_build_shard_set(tmp_path, capsys):
 
 def test_merge_of_an_empty_plan_names_a_set_deleted_since_the_plan(tmp_path):
     """An empty plan (the set was complete, or brought as it is) has the merge read the set: one deleted
-    between the plan and the merge is named, not rebuilt from partitions nobody wrote."""
+    between the plan and the merge is named, not rebuilt from partitions nobody wrote, and not retried
+    (a retry reads the same plan): the message says to start a new run."""
+    from mlm_tasks.errors import MissingArtifactError, NoRetryError
     from mlm_tasks.paths import RunContext
     from mlm_tasks.results import ShardPlan
     from mlm_tasks.steps.merge_shards import merge_shards
@@ -173,5 +175,8 @@ def test_merge_of_an_empty_plan_names_a_set_deleted_since_the_plan(tmp_path):
 
     cfg = tiny_config(tmp_path / "out")
     plan = ShardPlan(fingerprint="0123456789abcdef", cache_hit=True, corpus_fingerprint=None, partitions=[])
-    with pytest.raises(FileNotFoundError, match=r"was complete when plan_shards ran, but its _SUCCESS is gone"):
+    with pytest.raises(
+        MissingArtifactError, match=r"was complete when plan_shards ran, but its _SUCCESS is gone"
+    ) as err:
         merge_shards(cfg, RunContext.of(cfg, fingerprint=plan["fingerprint"]), plan=plan)
+    assert isinstance(err.value, NoRetryError) and "start a new run" in str(err.value)
