@@ -61,6 +61,25 @@ def current() -> Any | None:
     return got.credentials if got else None
 
 
+def check_gcs_credentials(uri: str) -> None:
+    """An AuthError saying how to give credentials when `uri` (gs://) would be reached with none."""
+    if current() is not None or os.environ.get("STORAGE_EMULATOR_HOST"):
+        return  # handed in from the Airflow connection (or an emulator that takes none)
+    import google.auth
+    from google.auth.exceptions import DefaultCredentialsError
+
+    from mlm_tasks.errors import AuthError
+
+    try:
+        google.auth.default()
+    except DefaultCredentialsError as err:
+        raise AuthError(
+            f"output_root {uri} needs Google Cloud credentials and none were found ({err}): set "
+            "GOOGLE_APPLICATION_CREDENTIALS to a key file, run `gcloud auth application-default "
+            "login`, or give the Airflow GCP connection (gcp_conn_id) a service-account key."
+        ) from None
+
+
 TF_TOKEN_VAR = "GOOGLE_AUTH_TOKEN_FOR_TESTING"
 _refresher: threading.Thread | None = None
 _stop = threading.Event()

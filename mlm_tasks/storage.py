@@ -1,21 +1,14 @@
-"""One storage API for local folders and gs:// (fsspec/gcsfs), chosen by URI scheme.
+"""One storage API for local folders and gs:// (fsspec/gcsfs): `scheme(uri)` is the one dispatch.
 
-Writes are atomic at the file level: a reader sees a whole file or none. Local files are written
-to a temporary name and renamed; a GCS object upload is atomic by itself. `create_only` gives
-first-writer-wins for artifacts that must not be replaced once published (the tokenizer).
-gs:// clients (gcsfs, google-cloud-storage) use the credentials handed to `mlm_tasks.credentials`
-(on the Airflow side: the run's GCP connection), else Application Default Credentials.
-
-Every gs:// call has a deadline (`set_timeout`, from `storage.timeout_s`): a request that gets no
-connection, or no next bytes of its answer, within it is abandoned and retried by gcsfs; a call fails
-as a `TransientError` once its whole deadline has passed (see `call_deadline`), cancelled, so no thread
-stays blocked on a half-open connection. TensorFlow's own gs:// client gets the same bound through its
-GCS_* variables (`tensorflow_env`).
+Writes are atomic per file: local files go to a temporary name and are renamed; a GCS upload is atomic.
+`create_only` gives first-writer-wins (the tokenizer). gs:// clients use the credentials handed to
+`mlm_tasks.credentials`, else Application Default Credentials. Every gs:// call has a deadline
+(`set_timeout`, from `storage.timeout_s`; `call_deadline`): past it the call fails as a TransientError,
+cancelled, so no thread stays blocked; TensorFlow's gs:// client gets the same bound (`tensorflow_env`).
 """
 
 from __future__ import annotations
 
-import errno
 import hashlib
 import json
 import os
@@ -26,7 +19,7 @@ from typing import Any, TypeVar
 import fsspec
 
 from mlm_tasks import credentials
-from mlm_tasks.errors import AuthError, ConfigError, TransientError
+from mlm_tasks.errors import ConfigError, TransientError
 
 # gcsfs' HNS probe stalls ~60 s a call against anything but the real service; we never use HNS.
 os.environ.setdefault("GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT", "false")
@@ -98,7 +91,14 @@ def _no_answer(uri: str, deadline: float, err: BaseException) -> TransientError:
 
 
 def scheme(uri: str) -> str:
+    """ "gs" for gs://bucket/..., "file" for a local path or file://; what every storage call dispatches on."""
     return uri.split("://", 1)[0] if "://" in uri else "file"
+
+
+def bucket_and_name(uri: str) -> tuple[str, str]:
+    """("bucket", "path/in/it") of a gs:// URI."""
+    bucket, _, name = uri.split("://", 1)[1].partition("/")
+    return bucket, name
 
 
 def is_local(uri: str) -> bool:
@@ -246,7 +246,7 @@ def create_only(uri: str, data: bytes) -> bool:
     from requests import ConnectionError as RequestsConnectionError
     from requests import Timeout
 
-    bucket, _, name = uri[len("gs://") :].partition("/")
+    bucket, name = bucket_and_name(uri)
     deadline = call_deadline(len(data))
     try:
         # The precondition makes a repeat safe, so the client's retry applies (what it does for any upload
@@ -350,68 +350,3 @@ def download_dir(uri: str, local_dir: str) -> str:
         os.makedirs(os.path.dirname(target), exist_ok=True)
         _bounded(uri, filesystem(uri).get_file, "gs://" + path, target, nbytes=int(info.get("size") or 0))
     return local_dir
-
-
-def check_writable(uri: str) -> None:
-    """A probe object written and removed: a run that could not save its work fails now, not after hours.
-
-    A wrong path or a missing permission is the user's to fix (ConfigError, AuthError); a service that
-    failed or did not answer is worth a retry (TransientError, raised after gcsfs' own retries)."""
-    import aiohttp
-    import requests
-    from gcsfs.retry import HttpError
-    from google.auth.exceptions import GoogleAuthError
-
-    probe = f"{uri.rstrip('/')}/_probes/{uuid.uuid4().hex}"
-    try:
-        write_text(probe, "ok")
-        remove(probe)
-    except (
-        OSError,
-        ValueError,
-        ImportError,
-        HttpError,
-        GoogleAuthError,
-        requests.RequestException,
-        aiohttp.ClientError,
-    ) as err:  # what fsspec, gcsfs and google-auth raise; the rest is a bug, raised as it is
-        raise probe_failure(uri, err) from None
-
-
-def probe_failure(uri: str, err: Exception) -> Exception:
-    """The kind (mlm_tasks.errors) of a failure to write under output_root `uri`, with what to do."""
-    import aiohttp
-    import requests
-    from gcsfs.retry import HttpError
-    from google.auth.exceptions import GoogleAuthError, TransportError
-
-    what = " ".join(f"{type(err).__name__}: {err}".split()).rstrip(":")  # one line: gcsfs puts the reason on a second
-    where = "the path and its permissions" if is_local(uri) else "that the bucket exists and the path"
-    fix = ConfigError(f"Cannot write to output_root {uri} ({what}): check {where}.")
-    auth = AuthError(
-        f"Cannot write to output_root {uri}: the credentials were refused ({what}). Give the "
-        "run's identity (the Airflow GCP connection, or Application Default Credentials) write "
-        "access to it."
-    )
-    retry = TransientError(
-        f"Cannot write to output_root {uri} now: the storage service failed or did not "
-        f"answer ({what}). The task retries; if it persists, check the service and the network."
-    )
-    if isinstance(err, HttpError):
-        code = int(err.code) if str(err.code or "").isdigit() else None
-        if code in (401, 403):
-            return auth
-        return retry if code is None or code >= 500 or code in (408, 429) else fix
-    if isinstance(err, GoogleAuthError):  # getting or refreshing a token
-        return retry if isinstance(err, TransportError) or getattr(err, "retryable", False) else auth
-    # After gcsfs' retries: a 502 (ProxyError), a refused or dropped connection, a timeout.
-    if isinstance(err, (requests.RequestException, aiohttp.ClientError, TimeoutError, ConnectionError)):
-        return retry
-    if type(err) is OSError and str(err).startswith("Forbidden"):
-        return auth  # gcsfs raises a 403 as a bare OSError
-    if isinstance(err, (PermissionError, FileNotFoundError, FileExistsError, NotADirectoryError, IsADirectoryError)):
-        return fix  # a local folder we may not write, a missing bucket (404), a file where a folder should be
-    if isinstance(err, OSError):
-        full = err.errno in (errno.EROFS, errno.ENOSPC, errno.EDQUOT, errno.ENAMETOOLONG)
-        return fix if full else retry  # read-only or full: a person acts; EIO and the like may pass
-    return fix  # ValueError (gcsfs' 400 "invalid": a bad bucket name), ImportError (no driver for the scheme)

@@ -21,9 +21,9 @@ from mlm_tasks.config import MAX_PARTITIONS, PipelineConfig, ShardConfig
 from mlm_tasks.data.corpus import open_corpus
 from mlm_tasks.data.corpus.base import Corpus
 from mlm_tasks.data.shard_set import data_fingerprint
+from mlm_tasks.output_root import check_writable
 from mlm_tasks.paths import DataPaths, RunContext
 from mlm_tasks.results import Partition, ShardPlan
-from mlm_tasks.storage import check_writable
 
 log = logging.getLogger(__name__)
 

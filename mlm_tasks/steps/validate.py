@@ -2,55 +2,31 @@
 
     python -m mlm_tasks validate --config configs/default.yaml
 
-`PipelineConfig` already rejects bad values and combinations; this adds what needs I/O: the corpus
-exists and is readable (local files: every line decodes, the train split has text), output_root is
-writable, gs:// has credentials, and a base model (model.init_from) fits the run: its config.json and
-tokenizer.json are read (not its weights) and checked against the run's settings (with
-train.whole_word_mask, its tokenizer must mark words with "▁"), and downstream task
-files are read (columns, labels). It runs first in the DAG, so a bad input fails in seconds, long
-before a TPU VM is created. What needs the shard set
-(batch vs records, the shards' max_length and tokenizer, a checkpoint this run already has) is the
-check_run step's, once the data is prepared.
+`PipelineConfig` rejects bad values; this adds what needs I/O: the corpus is readable, output_root is
+writable (and reachable by every worker), gs:// has credentials, a base model (model.init_from) and the
+downstream task files fit the run. What needs the shard set is the check_run step's.
 """
 
 from __future__ import annotations
 
 import logging
-import os
 from collections.abc import Sequence
 
 from mlm_tasks import storage
 from mlm_tasks.base_model import BaseModelRef, check_base
 from mlm_tasks.config import PipelineConfig
+from mlm_tasks.credentials import check_gcs_credentials
 from mlm_tasks.data.corpus import open_corpus
 from mlm_tasks.data.corpus.base import empty_corpus_error
 from mlm_tasks.data.corpus.mixture import MixtureCorpus
 from mlm_tasks.data.corpus.shards import ShardsCorpus, check_shards
 from mlm_tasks.data.word_mask import check_tokenizer_words
 from mlm_tasks.downstream.tasks import load_task
-from mlm_tasks.errors import AuthError, ConfigError
+from mlm_tasks.errors import ConfigError
+from mlm_tasks.output_root import check_output_root_reachable, check_writable
 from mlm_tasks.results import ValidatedConfig
-from mlm_tasks.storage import check_writable
 
 log = logging.getLogger(__name__)
-
-
-def check_gcs_credentials(uri: str) -> None:
-    from mlm_tasks import credentials
-
-    if credentials.current() is not None or os.environ.get("STORAGE_EMULATOR_HOST"):
-        return  # handed in from the Airflow connection (or an emulator that takes none)
-    import google.auth
-    from google.auth.exceptions import DefaultCredentialsError
-
-    try:
-        google.auth.default()
-    except DefaultCredentialsError as err:
-        raise AuthError(
-            f"output_root {uri} needs Google Cloud credentials and none were found ({err}): set "
-            "GOOGLE_APPLICATION_CREDENTIALS to a key file, run `gcloud auth application-default "
-            "login`, or give the Airflow GCP connection (gcp_conn_id) a service-account key."
-        ) from None
 
 
 def check_local_corpus(corpus) -> None:
@@ -59,28 +35,6 @@ def check_local_corpus(corpus) -> None:
     train_rows = sum(1 for _ in corpus.rows("train"))  # decodes every line of every file
     if not train_rows:
         raise empty_corpus_error()
-
-
-def check_output_root_reachable(
-    output_root: str, distributed_executor: str | None, shared_roots: Sequence[str] = ()
-) -> None:
-    """A local output_root works only when every task of the run sees the same folder: one machine
-    (LocalExecutor), or a shared mount declared as such. `distributed_executor` names the executor
-    when it may spread the run's tasks over machines (the Airflow side detects it)."""
-    if not distributed_executor or not storage.is_local(output_root):
-        return
-    path = os.path.abspath(storage.local_path(output_root))
-    for shared in shared_roots:
-        shared = os.path.abspath(shared)
-        if path == shared or path.startswith(shared.rstrip(os.sep) + os.sep):
-            return
-    raise ConfigError(
-        f"output_root {output_root} is a local folder, but the {distributed_executor} may run this run's tasks "
-        "on several workers, and a worker on another machine would not see the files the others wrote. Use "
-        "output_root gs://bucket/prefix, or, if this folder is a shared mount (NFS, Filestore) at the same path "
-        "on every worker, declare it in the environment of every Airflow service: "
-        f"MLM_SHARED_OUTPUT_ROOTS={path}"
-    )
 
 
 def validate(

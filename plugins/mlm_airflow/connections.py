@@ -1,38 +1,16 @@
 """The Airflow connections a task reads, turned into what `mlm_tasks` takes as arguments: the run's GCP
 credentials for every Google client, the Hugging Face Hub token and endpoint, the login to a TPU VM worker.
 
-    from mlm_airflow.connections import connection_credentials, hub_credentials, install_for, ssh_connect
     install_for(cfg)                                  # a task: TPU API, gcsfs and storage use the connection
     with use_connection("google_cloud_default"): ...  # a block (a trigger poll, the janitor)
     token, endpoint = hub_credentials(cfg.publish.hf_conn_id)
     connect = ssh_connect("tpu_ssh", 22, node=name, published=tpu.published_keys(cfg.tpu, name, api=api))
     client = connect("10.128.0.7", 0)   # a logged-in paramiko SSHClient for worker 0
 
-GCP. The Google provider's own hook (`GoogleBaseHook.get_credentials_and_project_id`) reads the
-connection, so every form it supports works (and TensorFlow's gs:// gets the same identity as a
-refreshed access token, see `mlm_tasks.credentials.share_with_tensorflow`): a key JSON (`keyfile_dict`), a key file
-(`key_path`),
-a secret, workload identity federation, impersonation, anonymous. `mlm_tasks.credentials` carries
-the google-auth object to the clients (mlm_tasks never imports Airflow). Only where the connection
-does not exist or holds no credentials of its own do the clients fall back to Application Default
-Credentials, and the log says so.
-
-Hub. The token is the connection's password, the endpoint its host (empty: huggingface.co, or HF_ENDPOINT).
-Callers hand the token to `mlm_tasks` as an argument (or, to a TPU VM, in the SSH session's
-environment): never through this process's environment, a log, XCom or a file.
-Errors follow mlm_tasks/errors.py: a connection that does not exist, has no password, or that the
-secrets backend refuses to give this task fails the task without retries; any other failure of the
-lookup (a secrets backend that is down or slow) is raised as it is, and retried. The task SDK itself
-(airflow/sdk/execution_time/context.py) turns a backend that fails *inside* its lookup loop into
-"not found" after logging it at debug level, so the not-found message says to look there.
-
-SSH. The login (user, `key_file` or `private_key`, password, timeouts, a ProxyCommand from ~/.ssh/config)
-is read from the connection with the SSH provider's SSHHook; the SSH itself is mlm_tasks/tpu/ssh.py,
-and the worker must present one of the host
-keys its node published (mlm_tasks.tpu.ssh). A `host_key` extra is not used (every VM has keys of its
-own), nor ~/.ssh/known_hosts. `no_host_key_check: true` in the extra accepts any host key, with a
-warning: anyone answering at that IP is then believed. A failure that no retry can fix (a host-key
-mismatch, a ConfigError) fails the task without retries (plugins/mlm_airflow/operators/remote_step.py).
+GCP: the Google provider's own hook reads the connection (every form it supports), handed to
+`mlm_tasks.credentials`; Hub: the password is the token, the host the endpoint, passed as arguments, never
+through the environment, a log, XCom or a file; SSH: the SSH provider's SSHHook reads the login, and the
+worker must present a host key its node published. docs/google-cloud.md#credentials-the-airflow-gcp-connection.
 """
 
 from __future__ import annotations
@@ -102,7 +80,7 @@ def install_for(cfg: PipelineConfig) -> None:
     """A task's Google clients use the run's connection, when the run touches Google Cloud at all; its
     storage calls get the run's deadline (storage.timeout_s)."""
     storage.set_timeout(cfg.storage.timeout_s)
-    if cfg.output_root.startswith("gs://") or cfg.compute == "tpu_vm":
+    if storage.scheme(cfg.output_root) == "gs" or cfg.compute == "tpu_vm":
         install(cfg.gcp_conn_id)
 
 

@@ -51,7 +51,7 @@ def test_install_is_process_wide_and_use_wins_inside_its_block(oauth_server):
 
 
 def test_validate_takes_handed_credentials_as_credentials(oauth_server, monkeypatch, tmp_path):
-    from mlm_tasks.steps.validate import check_gcs_credentials
+    from mlm_tasks.credentials import check_gcs_credentials
 
     monkeypatch.delenv("STORAGE_EMULATOR_HOST", raising=False)
     monkeypatch.setenv("GOOGLE_APPLICATION_CREDENTIALS", str(tmp_path / "missing.json"))

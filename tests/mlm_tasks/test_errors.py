@@ -14,6 +14,7 @@ import pytest
 from mlm_tasks import errors, storage
 from mlm_tasks.cli import main
 from mlm_tasks.errors import AuthError, ConfigError, MissingArtifactError, NoRetryError, TransientError
+from mlm_tasks.output_root import check_writable
 from peers.loopback_http import LoopbackServer
 from peers.run_artifacts import make_run
 from peers.tiny_data import TINY_YAML
@@ -109,7 +110,7 @@ def test_a_503_while_probing_output_root_is_transient_after_gcsfs_retries(answer
         match=r"Cannot write to output_root gs://b/p now: the storage service "
         r"failed or did not answer .*The task retries",
     ):
-        storage.check_writable("gs://b/p")
+        check_writable("gs://b/p")
     assert gcs.requests == 6  # gcsfs' own tries, then ours to make (the task's retry)
 
 
@@ -124,14 +125,14 @@ def test_a_403_while_probing_output_root_is_an_auth_error(answering_gcs):
         match=r"credentials were refused .*Forbidden.*storage\.objects\.create.*Give the "
         r"run's identity .* write access",
     ):
-        storage.check_writable("gs://b/p")
+        check_writable("gs://b/p")
     assert gcs.requests == 1  # not retried by gcsfs either
 
 
 def test_a_401_while_probing_output_root_is_an_auth_error(answering_gcs):
     answering_gcs(401, "Anonymous caller does not have storage.objects.create access.", "required")
     with pytest.raises(AuthError, match="credentials were refused"):
-        storage.check_writable("gs://b/p")
+        check_writable("gs://b/p")
 
 
 def test_a_missing_bucket_is_a_config_error(gcs):
@@ -140,18 +141,18 @@ def test_a_missing_bucket_is_a_config_error(gcs):
         match=r"Cannot write to output_root gs://mlm-no-such-bucket-x/p "
         r"\(FileNotFoundError: .*\): check that the bucket exists",
     ):
-        storage.check_writable("gs://mlm-no-such-bucket-x/p")
+        check_writable("gs://mlm-no-such-bucket-x/p")
 
 
 def test_a_writable_bucket_passes_and_keeps_no_probe(gcs, gcs_root):
-    storage.check_writable(gcs_root)
+    check_writable(gcs_root)
     assert storage.listdir(f"{gcs_root}/_probes") == []
 
 
 def test_a_local_folder_that_cannot_be_made_is_a_config_error(tmp_path):
     (tmp_path / "a-file").write_text("x")
     with pytest.raises(ConfigError, match="Cannot write to output_root"):
-        storage.check_writable(str(tmp_path / "a-file" / "o"))
+        check_writable(str(tmp_path / "a-file" / "o"))
 
 
 # -- the Hub: 401 vs 503 ---------------------------------------------------------------------------

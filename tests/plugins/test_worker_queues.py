@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 
 from mlm_tasks.errors import ConfigError
+from mlm_tasks.output_root import check_output_root_reachable
 from mlm_tasks.steps import SHARD_SET_STEPS
-from mlm_tasks.steps.validate import check_output_root_reachable
 
 ROOT = Path(__file__).resolve().parents[2]
 

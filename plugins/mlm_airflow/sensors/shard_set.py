@@ -1,19 +1,10 @@
 """The shard gate: wait until a shard set's _SUCCESS marker exists, locally or on gs://.
 
-    from mlm_airflow.sensors.shard_set import ShardSetCompleteSensor      # Airflow puts plugins/ on sys.path
     wait = ShardSetCompleteSensor(task_id="wait_for_shards", config=validate_output, data=merge_output)
 
-`config` is the run's validated config and `data` the shard-set summary the merge step returns
-("success_uri", "cache_hit", "written_here"); both are templated fields, normally XComArgs, so the
-gate knows nothing of task ids. Its settings come from the run's config when it runs, not from the
-defaults when the DAG is parsed: `sensor.poke_interval_s`, `sensor.timeout_s` and
-`sensor.gcp_conn_id` (empty: the top-level `gcp_conn_id`).
-
-The gate is for shards written elsewhere (a dataset refresh, another DAG, bring-your-own shards):
-when this very run wrote the set (`written_here`), it succeeds at once and says so. Otherwise, for
-gs:// the check is GCSHook.exists with the run's Airflow GCP connection and, when deferrable, the wait
-is handed to the provider's GCSBlobTrigger on the triggerer (no worker slot held); for a local folder
-it pokes the file in reschedule mode (the slot is freed between pokes). A timeout says what to check.
+`config` (the validated config) and `data` (merge_shards' summary) are XComArgs; the timing and the GCP
+connection come from the run's config when it runs (`sensor.*`). A set this run wrote passes at once;
+gs:// waits in the provider's GCSBlobTrigger (deferrable), a local folder pokes in reschedule mode.
 """
 
 from __future__ import annotations
@@ -26,13 +17,14 @@ from airflow.sdk import BaseSensorOperator, Context
 from airflow.sdk.exceptions import AirflowException, AirflowFailException, AirflowSensorTimeout
 
 from mlm_airflow.tasks.step_context import config_from_xcom, xcom_dict
+from mlm_tasks import storage
 
 if TYPE_CHECKING:  # imported when it runs: parsing a DAG loads no provider trigger
     from airflow.providers.google.cloud.triggers.gcs import GCSBlobTrigger
 
 
 def split_gs_uri(uri: str) -> tuple[str, str]:
-    bucket, _, name = uri[len("gs://") :].partition("/")
+    bucket, name = storage.bucket_and_name(uri)
     if not bucket or not name:
         raise AirflowFailException(f"Not a gs://bucket/object URI: {uri!r}. Check output_root in the config.")
     return bucket, name
@@ -85,7 +77,7 @@ class ShardSetCompleteSensor(BaseSensorOperator):
 
     @property
     def _is_gcs(self) -> bool:
-        return self.marker_uri.startswith("gs://")
+        return storage.scheme(self.marker_uri) == "gs"
 
     def poke(self, context: Context) -> bool:
         self.apply_run_config()
@@ -96,8 +88,7 @@ class ShardSetCompleteSensor(BaseSensorOperator):
 
             bucket, name = split_gs_uri(marker)
             return GCSHook(gcp_conn_id=self.gcp_conn_id).exists(bucket, name)
-        path = marker[len("file://") :] if marker.startswith("file://") else marker
-        return os.path.isfile(path)
+        return os.path.isfile(storage.local_path(marker))
 
     def execute(self, context: Context) -> str:
         self.apply_run_config()
