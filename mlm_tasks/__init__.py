@@ -1,8 +1,8 @@
 """mlm_tasks: every step of the masked-LM pretraining pipeline, with no Airflow inside.
 
 mlm_tasks/steps/ holds the steps, one module and one function each, called both by the Airflow DAGs
-(the task of the same name) and by the CLI (the verb of the same name); the modules beside it are the
-libraries they use (config, storage, paths, corpus, tokenizer, shards, manifest, model, data, hub, tpu):
+(the task of the same name) and by the CLI (the verb of the same name), over the libraries beside it
+(docs/architecture.md#layers lists them):
 
     python -m mlm_tasks build_shard_set --config configs/default.yaml
     python -m mlm_tasks train --config configs/default.yaml --run-id my-run

@@ -10,9 +10,8 @@
     output_root/runs/<run>/checkpoints/ model/ eval/ (metrics.json, downstream.json) infer/ report/ tensorboard/
     output_root/runs/<run>/train/  summary.json history.jsonl status.json budget.json best/ .fault_injected
 
-Data artifacts are keyed by the data fingerprint (an unchanged corpus is never re-tokenized);
-run artifacts by the run id (two runs never collide). Every step takes a `RunContext`: the run id,
-the fingerprint of the shard set it uses, and the paths of both.
+Data artifacts are keyed by the data fingerprint, run artifacts by the run id; every step takes a
+`RunContext` (run id, data fingerprint, the paths of both).
 """
 
 from __future__ import annotations

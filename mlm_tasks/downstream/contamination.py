@@ -2,6 +2,7 @@
 sentences scores them better than it would score new ones, and the gate would credit it.
 
     found = contaminated({"sst2": (texts, pairs)}, train_rows)   # {"sst2": [indices of examples]}
+    mark_contamination(cfg.corpus, entries, {"sst2": (texts, pairs)})   # the record and warning per entry
 
 The check GPT-3's authors ran on their benchmarks (Brown et al. 2020, appendix C): an example counts as
 contaminated when one of its word 13-grams (lower-cased, punctuation dropped) occurs in the pretraining
@@ -13,8 +14,13 @@ own task needs none (held_out.py takes its passages from articles pretraining ne
 
 from __future__ import annotations
 
+import logging
 import re
+import time
 from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
+
+log = logging.getLogger(__name__)
 
 NGRAM = 13
 MIN_WORDS = 8
@@ -54,3 +60,38 @@ def contaminated(
                 for name, i in owners.get(tuple(words[j : j + k]), ()):
                     found[name].add(i)
     return {name: sorted(hits) for name, hits in found.items()}
+
+
+def mark_contamination(
+    corpus_cfg: Any, entries: Sequence[Any], tasks: Mapping[str, tuple[Sequence[str], Sequence[str] | None]]
+) -> None:
+    """Adds to each downstream entry (DownstreamTaskScores) of `tasks` its examples found in the corpus's
+    train split, and a warning when there are any."""
+    from mlm_tasks.data.corpus import open_corpus
+
+    began = time.perf_counter()
+    found = contaminated(tasks, open_corpus(corpus_cfg).rows("train"))
+    log.info(
+        "Contamination check (%d-grams) of %d task(s) against the train split: %.0fs",
+        *(NGRAM, len(tasks), time.perf_counter() - began),
+    )
+    for entry in entries:
+        if entry["name"] not in found:
+            continue
+        hits, texts = found[entry["name"]], tasks[entry["name"]][0]
+        record: dict[str, Any] = {
+            "ngram": NGRAM,
+            "checked": len(texts),
+            "found": len(hits),
+            "examples": [texts[i][:200] for i in hits[:3]],
+        }
+        entry["contamination"] = record
+        if hits:
+            warning = (
+                f"{entry['name']}: {len(hits)} of {len(texts)} scored examples share a {NGRAM}-word sequence with the "
+                f"pretraining train split (e.g. {texts[hits[0]][:120]!r}): the model may have read them, and its "
+                "score may be inflated; remove them from the task or the corpus."
+            )
+            record["warning"] = warning
+            entry["warnings"].append(warning)
+            log.warning("%s", warning)

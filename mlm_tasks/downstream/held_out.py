@@ -2,20 +2,9 @@
 
     task = held_out_article_task(task_cfg, cfg.corpus)    # source: held_out_article
 
-Articles go to the corpus's splits by a hash of their title (data/corpus/base.split_of), exactly as
-the shard writer splits them; only the test split's articles are used (train never trains on it, and
-evaluate reads validation). A passage that also appears word for word in the train or validation
-split (a stock sentence, a repeated caption) is dropped, so no row the model saw is in the task.
-
-Passages (paragraphs of MIN_WORDS words or more, no headings) are labelled with their article's title
-and go to the task's own train or validation part by a hash of their text: the validation passages
-are new to the fine-tuned model too. Each is then cut into pieces of about WINDOW_WORDS words (the
-task's 64 tokens hold ~45): 918 examples from the embedded corpus's 467 paragraphs, 374 of them scored,
-where whole paragraphs gave 119 (a 95% interval of about ±0.05 instead of ±0.09; pieces of one paragraph
-stay in one part, so none is scored after its sibling was trained on). The order is shuffled with a
-constant seed: the task is the same for every run, seed and model. (Whether two passages share an
-article was tried first: at a budget of a minute both the pretrained and the random-init model stay at
-chance on it.)
+Passages of the test split's articles (never trained on, never evaluated), none word for word in another
+split, labelled by title and cut into pieces of about WINDOW_WORDS words; constant for every run and seed.
+How and why: docs/releases.md#how-downstream-scores-are-made.
 """
 
 from __future__ import annotations

@@ -97,7 +97,7 @@ def task_scores(
         "pretrained": summarize(pretrained, metric, labels, task.num_labels),
         "random_init": summarize(random_init, metric, labels, task.num_labels) if random_init else None,
         "warnings": [],
-        "contamination": None,  # steps/downstream.py checks tasks from files and `datasets`
+        "contamination": None,  # contamination.py checks tasks from files and `datasets`
     }
     entry["warnings"] = flags(entry, max_half_width)
     return entry

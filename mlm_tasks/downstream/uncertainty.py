@@ -4,15 +4,8 @@
     diff, lo, hi = paired_difference("accuracy", candidate, published, labels, num_labels)
     diff, lo, hi = unpaired_difference(mean, (lo, hi), published_mean, (plo, phi))
 
-A score has two sources of noise: the fine-tuning seed (the head's initial weights, the batch order) and
-the choice of evaluation examples (a few hundred sentences stand for the task). `interval` bootstraps
-both at once: each round draws the seeds and the examples with replacement and scores the mean over the
-drawn seeds; the percentiles of those rounds are the interval (Efron & Tibshirani's percentile interval,
-as the hierarchical bootstrap of Dror et al., "The Hitchhiker's Guide to Testing Statistical Significance
-in NLP", 2018, and BERT's reproducibility studies use it). Two models scored on the same examples are
-compared pairwise (the same drawn examples for both), which is far tighter than comparing two intervals:
-most of the example noise is shared. numpy only; ROUNDS rounds from a fixed seed, so a rerun gives the same
-interval.
+A bootstrap over seeds and examples at once, paired when two models scored the same examples; numpy only,
+from a fixed seed. The method and its sources: docs/releases.md#how-downstream-scores-are-made.
 """
 
 from __future__ import annotations

@@ -18,7 +18,8 @@ from typing import Any
 from mlm_tasks import paths, storage
 from mlm_tasks.config import PipelineConfig
 from mlm_tasks.paths import RunPaths
-from mlm_tasks.reporting.card import downstream_table, read_run_artifacts
+from mlm_tasks.reporting.card import read_run_artifacts
+from mlm_tasks.reporting.tables import downstream_table
 from mlm_tasks.results import GateDecision
 
 MISSING = "–"

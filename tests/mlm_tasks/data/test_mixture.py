@@ -91,11 +91,11 @@ def test_counts_by_source_add_up(mixture):
 
 def test_the_report_and_the_card_show_each_sources_weight_and_tokens(mixture):
     from mlm_tasks.reporting.card import render_model_card
-    from mlm_tasks.steps.report import _data_lines
+    from mlm_tasks.reporting.report import data_lines
 
     cfg, data = mixture
     card = render_model_card(cfg, "run-1", None, None, None, data)
-    report = "\n".join(_data_lines(cfg, data))
+    report = "\n".join(data_lines(cfg, data))
     for name, weight in (("synth", 3), ("wiki", 1)):
         tokens = data["corpus"]["sources"][name]["tokens"]
         line = (

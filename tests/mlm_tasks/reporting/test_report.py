@@ -1,4 +1,4 @@
-"""The run report: real PNG plots, a page that links them, graceful gaps — on a local root and gs://."""
+"""The run report (reporting/report.py): real PNG plots, a page that links them, graceful gaps — on a local root and gs://."""
 
 from __future__ import annotations
 
@@ -10,8 +10,8 @@ from matplotlib import image as mpimg
 
 from mlm_tasks import storage
 from mlm_tasks.config import build_config
-from mlm_tasks.paths import RunContext, join
-from mlm_tasks.steps.report import report
+from mlm_tasks.paths import join
+from mlm_tasks.reporting.report import write_report
 from peers.run_artifacts import make_run
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
@@ -33,7 +33,7 @@ def test_report_has_valid_plots_and_a_page_linking_them(output_root):
     cfg = build_config({"output_root": output_root})
     run = make_run(output_root, "run-1")
 
-    result = report(cfg, RunContext(run.output_root, run.run_id))
+    result = write_report(cfg, run)
 
     for name in ("loss.png", "learning_rate.png"):
         _assert_png(storage.read_bytes(join(run.report, name)))
@@ -61,7 +61,7 @@ def test_report_names_what_is_missing_instead_of_failing(tmp_path):
     cfg = build_config({"output_root": str(tmp_path)})
     run = make_run(str(tmp_path), "early", metrics=None, predictions=None)
 
-    result = report(cfg, RunContext(run.output_root, run.run_id))
+    result = write_report(cfg, run)
 
     page = storage.read_text(result["report_uri"])
     assert "_No fill-mask predictions were recorded for this run" in page
@@ -75,7 +75,7 @@ def test_report_before_training_has_no_plots_and_says_so(tmp_path):
     cfg = build_config({"output_root": str(tmp_path)})
     run = make_run(str(tmp_path), "nothing-yet", metrics=None, predictions=None, history=False, model=False)
 
-    result = report(cfg, RunContext(run.output_root, run.run_id))
+    result = write_report(cfg, run)
 
     page = storage.read_text(result["report_uri"])
     assert result["plots"] == {} and not storage.exists(join(run.report, "loss.png"))

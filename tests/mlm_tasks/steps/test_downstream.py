@@ -15,8 +15,9 @@ from mlm_tasks import paths, storage
 from mlm_tasks.config import GateConfig, build_config
 from mlm_tasks.paths import RunContext, RunPaths
 from mlm_tasks.reporting.card import render_model_card
+from mlm_tasks.reporting.gate import evaluate_gate
 from mlm_tasks.steps.downstream import downstream
-from mlm_tasks.steps.gate import evaluate_gate, gate
+from mlm_tasks.steps.gate import gate
 from mlm_tasks.steps.report import report
 from peers.downstream_data import pair_rows, save_tiny_encoder, sentiment_rows
 from peers.run_artifacts import METRICS, make_run

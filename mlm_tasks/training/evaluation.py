@@ -1,0 +1,162 @@
+"""Evaluate a trained masked LM: loss, perplexity and masked-token accuracy on `eval.split`, beside the
+untrained model (same shape and seed) and the unigram baseline (always the train split's most frequent
+token), all on the same masked batches, so "it learned" is a fact in metrics.json.
+
+    metrics = evaluate_model(cfg, ctx)          # EvalMetrics; the evaluate step writes them
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import tempfile
+from collections import Counter
+from typing import Any
+
+from mlm_tasks import storage
+from mlm_tasks.config import PipelineConfig
+from mlm_tasks.errors import ConfigError
+from mlm_tasks.model.roberta import model_vocab_size
+from mlm_tasks.paths import RunContext
+from mlm_tasks.results import EvalMetrics
+
+log = logging.getLogger(__name__)
+
+
+def most_frequent_token(shard_set, special_ids: set[int], max_records: int = 20_000) -> int:
+    import numpy as np
+    import tensorflow as tf
+
+    counts: Counter = Counter()
+    feature = {"input_ids": tf.io.FixedLenFeature([shard_set.max_length], tf.int64)}
+    ds = tf.data.TFRecordDataset(shard_set.shard_uris("train")).take(max_records).batch(1024)
+    for batch in ds:
+        ids = tf.io.parse_example(batch, feature)["input_ids"].numpy().ravel()
+        values, freq = np.unique(ids, return_counts=True)
+        counts.update(dict(zip(values.tolist(), freq.tolist(), strict=False)))
+    for token, _ in counts.most_common():
+        if token not in special_ids:
+            return token
+    raise ValueError("The train split holds only special tokens.")
+
+
+def _score(model, batches, mask_id: int) -> tuple[float, float, int, float]:
+    """Loss and accuracy over every selected position, and accuracy where the input shows <mask>
+    (the 10% of selected tokens left unchanged can be copied; this one cannot)."""
+    import tensorflow as tf
+
+    loss_sum = count = correct = at_mask = masks = 0.0
+    for batch in batches:
+        logits = tf.cast(
+            model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"], training=False).logits,
+            tf.float32,
+        )
+        labels = batch["labels"]
+        valid = labels != -100
+        safe = tf.where(valid, labels, 0)
+        per_token = tf.nn.sparse_softmax_cross_entropy_with_logits(labels=safe, logits=logits)
+        hit = tf.argmax(logits, -1, output_type=safe.dtype) == safe
+        shown_mask = valid & (batch["input_ids"] == mask_id)
+        loss_sum += float(tf.reduce_sum(tf.where(valid, per_token, 0.0)))
+        count += float(tf.reduce_sum(tf.cast(valid, tf.float32)))
+        correct += float(tf.reduce_sum(tf.cast(hit & valid, tf.float32)))
+        at_mask += float(tf.reduce_sum(tf.cast(hit & shown_mask, tf.float32)))
+        masks += float(tf.reduce_sum(tf.cast(shown_mask, tf.float32)))
+    return loss_sum / max(count, 1), correct / max(count, 1), int(count), at_mask / max(masks, 1)
+
+
+def evaluate_model(cfg: PipelineConfig, ctx: RunContext) -> EvalMetrics:
+    """Score run `ctx.run_id`'s trained model on `eval.split` of shard set `ctx.fingerprint`."""
+    import tensorflow as tf
+
+    from mlm_tasks.data.shard_set import load_manifest
+    from mlm_tasks.data.tokenizer import load_tokenizer
+    from mlm_tasks.model.roberta import build_model
+
+    fingerprint = ctx.data.fingerprint
+    shard_set = load_manifest(cfg, fingerprint)
+    split = cfg.eval.split
+    tokenizer = load_tokenizer(shard_set.paths.tokenizer, shard_set.max_length)
+    model = _trained_model(cfg, ctx, len(tokenizer))
+
+    batches = _eval_batches(cfg, shard_set, split, tokenizer)
+    loss, accuracy, masked, mask_acc = _score(model, batches, tokenizer.mask_token_id)
+    tf.keras.utils.set_random_seed(cfg.train.seed)
+    untrained = build_model(model.config)
+    untrained_loss, untrained_acc, _, _ = _score(untrained, batches, tokenizer.mask_token_id)
+    top = most_frequent_token(shard_set, set(tokenizer.all_special_ids))
+    labels = tf.concat([tf.reshape(b["labels"], [-1]) for b in batches], 0)
+    labels = tf.boolean_mask(labels, labels != -100)
+    baseline = float(tf.reduce_mean(tf.cast(labels == top, tf.float32)))
+
+    metrics: EvalMetrics = {
+        "split": split,
+        "loss": loss,
+        "perplexity": math.exp(min(loss, 50)),
+        "accuracy": accuracy,
+        "accuracy_at_mask_token": mask_acc,
+        "masked_tokens": masked,
+        "untrained_loss": untrained_loss,
+        "untrained_accuracy": untrained_acc,
+        "baseline_accuracy": baseline,
+        "baseline_token": tokenizer.convert_ids_to_tokens(top),
+        "data_fingerprint": fingerprint,
+    }
+    log.info(
+        "Eval on %s (%d masked tokens): loss %.3f, perplexity %.1f, accuracy %.1f%% (%.1f%% where the "
+        "input shows <mask>) | untrained: loss %.3f, accuracy %.1f%% | always %r: %.1f%%",
+        split,
+        masked,
+        loss,
+        metrics["perplexity"],
+        100 * accuracy,
+        100 * mask_acc,
+        untrained_loss,
+        100 * untrained_acc,
+        metrics["baseline_token"],
+        100 * baseline,
+    )
+    return metrics
+
+
+def _trained_model(cfg: PipelineConfig, ctx: RunContext, tokenizer_size: int) -> Any:
+    """The run's trained model, refused when its vocabulary is not the tokenizer's."""
+    from transformers import TFRobertaForMaskedLM
+
+    run, fingerprint = ctx.run, ctx.data.fingerprint
+    with tempfile.TemporaryDirectory() as tmp:
+        # use_safetensors=False: read tf_model.h5. transformers 4.57 would otherwise pick the PyTorch
+        # model.safetensors beside it and fail to read it (transformers#40028).
+        model = TFRobertaForMaskedLM.from_pretrained(storage.download_dir(run.model, tmp), use_safetensors=False)
+    if model.config.vocab_size != model_vocab_size(cfg, tokenizer_size):
+        trained_on = storage.read_json(run.train_summary).get("data_fingerprint", "?")
+        raise ConfigError(
+            f"Model vocab {model.config.vocab_size} != tokenizer vocab {tokenizer_size}: the model at "
+            f"{run.model} was trained with another tokenizer (data {trained_on}, not {fingerprint}). "
+            "Evaluate with the data fingerprint the run trained on, or retrain on this data."
+        )
+    return model
+
+
+def _eval_batches(cfg: PipelineConfig, shard_set: Any, split: str, tokenizer: Any) -> list:
+    """The masked batches every score is taken on."""
+    import tensorflow as tf
+
+    from mlm_tasks.data.input import mlm_dataset
+    from mlm_tasks.training.validation import EVAL_MLM_PROBABILITY
+
+    # Fixed seed and rate: every run (and the previously published model) is scored on identical masks,
+    # whatever masking rate it trained with; the first batches are those of train.eval_every.
+    tf.random.set_seed(cfg.train.seed)
+    ds = mlm_dataset(
+        shard_set,
+        split,
+        tokenizer,
+        cfg.eval.batch_size,
+        training=False,
+        mlm_probability=EVAL_MLM_PROBABILITY,
+        seed=cfg.train.seed,
+    )
+    if cfg.eval.max_batches:
+        ds = ds.take(cfg.eval.max_batches)
+    return list(ds)  # the same masked batches for all three scores
