@@ -1,31 +1,12 @@
-"""What every project DAG shares: owner, retries with backoff, the failure notifier, the default
-config file and the trigger-form fields, generated from the config model so the form and the
-validator cannot disagree on types, bounds, choices or descriptions; and where tasks run (the two
-Celery queues, and whether this deployment spreads a run over machines).
+"""What every project DAG shares: owner, retries with backoff, the failure notifier, an execution_timeout
+(MLM_TASK_TIMEOUT_H), the default config file and the trigger-form fields (generated from the config model,
+so the form and the validator cannot disagree), and where tasks run (the `cpu` and `control` Celery
+queues, and whether this deployment spreads a run over machines).
 
     from mlm_airflow.defaults import CPU_QUEUE, CONTROL_QUEUE, default_args, distributed_executor
 
-MLM_CONFIG_DIR moves the configs folder (a deployment mounts it elsewhere); MLM_RETRY_DELAY_S lets
-tests and local runs retry at once, production keeps 30 s, doubling up to 10 minutes. Every task
-goes to the `control` queue unless its DAG puts it on `cpu` (the table below).
-Every task has an execution_timeout, MLM_TASK_TIMEOUT_H hours (default 6): a task stuck on something
-that never answers fails and retries instead of holding its slot for ever. Tasks whose run decides
-how long they may take set their own (train: `train.timeout_hours`, see operators/train.py).
-
-Queues are orchestration-only settings, so they live here (plugins) and in the environment, not in
-`mlm_tasks.config` (which describes a run, and knows nothing of Airflow):
-
-| variable | default | what |
-|---|---|---|
-| `MLM_CPU_QUEUE` | `cpu` | CPU-heavy: tokenizer, shards, merge, CPU training, evaluate, downstream, fill-mask, report |
-| `MLM_CONTROL_QUEUE` | `control` | light drivers: validate, sensors, TPU VM create/delete, SSH driver, gate, publish |
-| `MLM_SHARED_OUTPUT_ROOTS` | (empty) | local folders at the same path on every worker (NFS, Filestore), `:`-separated |
-
-The queue is an operator attribute, fixed when the dag-processor parses the DAG files: set the two
-names in the environment of the dag-processor (and of the workers that consume them, which the
-compose file does for every service at once), then the next parse (about 30 s) routes new task
-instances. A run's own settings cannot move a task to another queue. The LocalExecutor ignores
-queues, so the default deployment runs everything whatever the names are.
+Queues are orchestration settings, so they live here and in the environment (MLM_CPU_QUEUE,
+MLM_CONTROL_QUEUE, MLM_SHARED_OUTPUT_ROOTS: docs/operations.md), not in `mlm_tasks.config`.
 """
 
 from __future__ import annotations
