@@ -11,8 +11,8 @@ from mlm_tasks.config import build_config
 from mlm_tasks.paths import RunContext
 from mlm_tasks.reporting.card import render_model_card, training_lines
 from mlm_tasks.steps.summary import summary
-from mlm_tasks.steps.train import _tpu_cost
 from mlm_tasks.tpu import prices
+from mlm_tasks.training.finish import _tpu_cost
 
 HOUR = 3600.0
 
