@@ -17,6 +17,7 @@ import contextlib
 import logging
 import os
 import sys
+from typing import Any
 
 import requests
 from requests.adapters import BaseAdapter
@@ -161,6 +162,21 @@ def hub_errors(action: str, token: str, endpoint: str, conn_id: str):
                 token,
             )
         ) from None
+
+
+def push_folder(api, repo_id: str, folder: str, private: bool, message: str, about: str = "") -> tuple[Any, list[str]]:
+    """Create `repo_id` if needed (refusing an existing one less private than asked), upload `folder` to it in
+    one commit (message, description `about`); (the commit's info, the files uploaded)."""
+    api.create_repo(repo_id, private=private, exist_ok=True)
+    check_visibility(api, repo_id, private)
+    info = api.upload_folder(
+        repo_id=repo_id,
+        folder_path=folder,
+        ignore_patterns=["*.tmp-*", "**/*.tmp-*"],  # storage.write_bytes' temporary names: a writer's leftovers
+        commit_message=message,
+        commit_description=about or None,
+    )
+    return info, local_files(folder)
 
 
 def local_files(folder: str) -> list[str]:

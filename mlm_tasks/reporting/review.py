@@ -15,10 +15,10 @@ import math
 from collections.abc import Mapping
 from typing import Any
 
-from mlm_tasks import paths, storage
 from mlm_tasks.config import PipelineConfig
 from mlm_tasks.paths import RunPaths
 from mlm_tasks.reporting.card import read_run_artifacts
+from mlm_tasks.reporting.gate import previous_published
 from mlm_tasks.reporting.tables import downstream_table
 from mlm_tasks.results import GateDecision
 
@@ -136,16 +136,13 @@ def render_review(
 def review_markdown(cfg: PipelineConfig, run: RunPaths, decision: GateDecision) -> str:
     """The review page of `run`, from its artifacts and the metrics last published to `publish.repo_id`."""
     artifacts = read_run_artifacts(run)
-    repo_id = cfg.publish.repo_id
-    baseline = paths.published_metrics(cfg.output_root, repo_id, cfg.publish.releases_root) if repo_id else None
-    previous = storage.read_json_if_exists(baseline) if baseline else None
     return render_review(
         run_id=run.run_id,
-        repo_id=repo_id,
+        repo_id=cfg.publish.repo_id,
         private=cfg.publish.private,
         decision=decision,
         metrics=artifacts["metrics"],
-        previous=previous,
+        previous=previous_published(cfg),
         summary=artifacts["summary"],
         downstream=artifacts["downstream"],
         timeout_hours=cfg.publish.approval_timeout_hours,

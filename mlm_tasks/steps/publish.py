@@ -3,11 +3,8 @@
     HF_TOKEN=hf_... python -m mlm_tasks publish --config c.yaml --run-id my-run   # after the gate passed
     result = publish(cfg, ctx, token=token)             # returns the commit url/oid
 
-The tokenizer alone goes by `publish_tokenizer`; checkpoints during training by mlm_tasks/hub/sync.py.
-The token is an argument: the DAG reads it from the Airflow connection `publish.hf_conn_id`, the CLI
-from HF_TOKEN. It never
-reaches logs, error messages, XCom or files. `endpoint` (or HF_ENDPOINT) selects another Hub, such
-as the loopback fake the tests use.
+The token is an argument (the DAG's from the Airflow connection `publish.hf_conn_id`, the CLI's from
+HF_TOKEN) and never reaches logs, errors, XCom or files; `endpoint` (or HF_ENDPOINT) selects another Hub.
 """
 
 from __future__ import annotations
@@ -22,15 +19,13 @@ from mlm_tasks import paths, storage
 from mlm_tasks.config import PipelineConfig
 from mlm_tasks.downstream.scores import published_scores
 from mlm_tasks.errors import ConfigError, MissingArtifactError
-from mlm_tasks.hub.api import check_visibility, hub_api, hub_errors, local_files
+from mlm_tasks.hub.api import hub_api, hub_errors, push_folder
 from mlm_tasks.model.pt_export import SAFETENSORS_NAME, export_pytorch_weights
 from mlm_tasks.paths import RunContext, RunPaths, join
 from mlm_tasks.reporting.card import read_run_artifacts, write_model_card
 from mlm_tasks.results import ModelCommit
 
 log = logging.getLogger(__name__)
-# storage.write_bytes' in-flight temporary files; a concurrent writer's leftovers must not be published.
-IGNORE_PATTERNS = ["*.tmp-*", "**/*.tmp-*"]
 
 
 def _add_pytorch_weights(folder: str, run: RunPaths) -> None:
@@ -78,18 +73,10 @@ def publish(
     with tempfile.TemporaryDirectory(prefix="mlm-publish-") as tmp:
         folder = storage.download_dir(run.model, tmp)
         _add_pytorch_weights(folder, run)
-        with hub_errors(f"creating {repo_id}", token, url, conn_id):
-            api.create_repo(repo_id, private=cfg.publish.private, exist_ok=True)
-            check_visibility(api, repo_id, cfg.publish.private)
-        with hub_errors(f"uploading {run.model} to {repo_id}", token, url, conn_id):
-            info = api.upload_folder(
-                repo_id=repo_id,
-                folder_path=folder,
-                ignore_patterns=list(IGNORE_PATTERNS),
-                commit_message=f"Upload model from run {run.run_id}",
-                commit_description=", ".join(f"{k}={metrics[k]}" for k in ("loss", "accuracy") if k in metrics),
-            )
-        files = local_files(folder)
+        with hub_errors(f"publishing {run.model} to {repo_id}", token, url, conn_id):
+            about = ", ".join(f"{k}={metrics[k]}" for k in ("loss", "accuracy") if k in metrics)
+            message = f"Upload model from run {run.run_id}"
+            info, files = push_folder(api, repo_id, folder, cfg.publish.private, message, about)
     result: ModelCommit = {
         "repo_id": repo_id,
         "commit_url": info.commit_url,

@@ -16,7 +16,7 @@ import tempfile
 from mlm_tasks import storage
 from mlm_tasks.config import PipelineConfig
 from mlm_tasks.errors import ConfigError, MissingArtifactError
-from mlm_tasks.hub.api import check_visibility, hub_api, hub_errors, local_files
+from mlm_tasks.hub.api import hub_api, hub_errors, push_folder
 from mlm_tasks.paths import RunContext, join
 from mlm_tasks.results import TokenizerCommit
 
@@ -51,7 +51,7 @@ def publish_tokenizer(
         # Copy: the tokenizer dir is create-only data shared by runs; the card must not land in it.
         src = storage.download_dir(data.tokenizer, os.path.join(tmp, "download"))
         folder = os.path.join(tmp, "upload")
-        shutil.copytree(src, folder, ignore=shutil.ignore_patterns("*.tmp-*"))
+        shutil.copytree(src, folder)
         with open(os.path.join(folder, "README.md"), "w", encoding="utf-8") as f:
             f.write(
                 TOKENIZER_CARD.format(
@@ -62,12 +62,8 @@ def publish_tokenizer(
                 )
             )
         with hub_errors(f"publishing the tokenizer to {repo_id}", token, url, conn_id):
-            api.create_repo(repo_id, private=cfg.publish.private, exist_ok=True)
-            check_visibility(api, repo_id, cfg.publish.private)
-            info = api.upload_folder(
-                repo_id=repo_id, folder_path=folder, commit_message=f"Upload tokenizer for data {data.fingerprint}"
-            )
-        files = local_files(folder)
+            message = f"Upload tokenizer for data {data.fingerprint}"
+            info, files = push_folder(api, repo_id, folder, cfg.publish.private, message)
     log.info("Published tokenizer %s to %s as %s", data.fingerprint, repo_id, info.oid)
     return {
         "repo_id": repo_id,

@@ -82,6 +82,13 @@ def test_create_only_race_has_exactly_one_winner(root):
     assert storage.read_bytes(uri) == f"writer-{winners[0]}".encode()
 
 
+def test_the_scheme_is_the_one_dispatch():
+    schemes = [storage.scheme(u) for u in ("gs://b/p", "/abs/p", "rel/p", "file:///abs/p")]
+    assert schemes == ["gs", "file", "file", "file"]
+    assert storage.bucket_and_name("gs://bucket/a/b.json") == ("bucket", "a/b.json")
+    assert storage.local_path("file:///abs/p") == "/abs/p" and storage.is_local("rel/p")
+
+
 def test_create_only_rejects_other_schemes():
     with pytest.raises(ValueError, match="local paths and gs://"):
         storage.create_only("memory://x/y", b"")
