@@ -130,7 +130,8 @@ class PipelineConfig(Section):
                 "tokenizer.from_pretrained is for a new model on text: model.init_from and corpus.source="
                 "tfrecord_shards bring their own tokenizer. Leave tokenizer.from_pretrained empty."
             )
-        if self.train.whole_word_mask and self.tokenizer.model != "unigram" and not self.model.init_from:
+        reused = self.model.init_from or self.tokenizer.from_pretrained  # validate checks a reused one's words
+        if self.train.whole_word_mask and self.tokenizer.model != "unigram" and not reused:
             raise ConfigError(
                 f"train.whole_word_mask needs word-initial pieces marked with ▁ (tokenizer.model=unigram); "
                 f"tokenizer.model={self.tokenizer.model} has none: use unigram, or turn whole_word_mask off."

@@ -170,13 +170,4 @@ def load_encoder(uri: str):
 
 def load_tokenizer(uri: str, max_length: int | None = None):
     """Load the published tokenizer (PreTrainedTokenizerFast) from a local folder or gs://."""
-    from tokenizers import Tokenizer
-
-    path = join(uri, "tokenizer.json")
-    if not storage.exists(path):
-        raise MissingArtifactError(
-            f"No tokenizer at {uri}: run train_tokenizer first (after plan_shards and the dedup steps) or check "
-            "output_root."
-        )
-    tok = Tokenizer.from_str(storage.read_text(path))
-    return to_pretrained(tok, max_length or 512)
+    return to_pretrained(load_encoder(uri), max_length or 512)

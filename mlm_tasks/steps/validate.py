@@ -13,13 +13,14 @@ import logging
 from collections.abc import Sequence
 
 from mlm_tasks import storage
-from mlm_tasks.base_model import BaseModelRef, check_base
+from mlm_tasks.base_model import BaseModelRef, check_base, tokenizer_ref
 from mlm_tasks.config import PipelineConfig
 from mlm_tasks.credentials import check_gcs_credentials
 from mlm_tasks.data.corpus import open_corpus
 from mlm_tasks.data.corpus.base import empty_corpus_error
 from mlm_tasks.data.corpus.mixture import MixtureCorpus
 from mlm_tasks.data.corpus.shards import ShardsCorpus, check_shards
+from mlm_tasks.data.tokenizer import read_tokenizer_json
 from mlm_tasks.data.word_mask import check_tokenizer_words
 from mlm_tasks.downstream.tasks import load_task
 from mlm_tasks.errors import ConfigError
@@ -62,10 +63,14 @@ def validate(
     if storage.scheme(cfg.output_root) == "gs":
         check_gcs_credentials(cfg.output_root)
     base = BaseModelRef.of(cfg)
+    reused = base or tokenizer_ref(cfg)  # the tokenizer that encodes the shards, when none is trained
+    if base is None and reused is not None:  # tokenizer.from_pretrained: its special tokens, before any work
+        read_tokenizer_json(reused.tokenizer_json(), f"tokenizer.from_pretrained {reused.uri}")
     if base is not None:
         check_base(cfg, base)  # the shape, positions and tokenizer of the base against the run's settings
-        if cfg.train.whole_word_mask:  # the base's tokenizer encodes the shards: its words must be findable
-            check_tokenizer_words(base.tokenizer_json(), f"model.init_from {base.uri}")
+    if reused is not None and cfg.train.whole_word_mask:  # it encodes the shards: its words must be findable
+        check_tokenizer_words(reused.tokenizer_json(), f"{reused.setting} {reused.uri}")
+    if base is not None:
         log.info(
             "Continuing from %s%s: %s; model.preset and tokenizer.* are not used",
             base.uri,

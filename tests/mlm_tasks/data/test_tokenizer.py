@@ -134,6 +134,10 @@ def test_a_tokenizer_from_a_folder_is_reused_and_named(tmp_path, caplog):
     assert _fingerprint(cfg) != data["fingerprint"]
     with pytest.raises(ConfigError, match=r"tokenizer.from_pretrained .* lacks the special token\(s\) <unk>"):
         _shard_set(tmp_path, "broken", from_pretrained=str(folder))
+    from mlm_tasks.steps.validate import validate
+
+    with pytest.raises(ConfigError, match=r"tokenizer.from_pretrained .* lacks the special token\(s\) <unk>"):
+        validate(cfg)  # before any work, too
 
 
 def test_a_hub_tokenizer_is_pinned_to_its_commit(tmp_path, fake_hub):

@@ -199,6 +199,8 @@ def test_validate_refuses_whole_words_for_a_base_or_shards_tokenizer_without_wor
     validate(tiny_config(tmp_path / "b", **byo, **{"corpus.tokenizer_uri": str(folder)}, **on))  # ours: fine
     with pytest.raises(ConfigError, match=rf"needs a Metaspace tokenizer.*corpus.tokenizer_uri {bpe}"):
         validate(tiny_config(tmp_path / "c", **byo, **{"corpus.tokenizer_uri": str(bpe)}, **on))
+    with pytest.raises(ConfigError, match=rf"needs a Metaspace tokenizer.*tokenizer.from_pretrained {bpe}"):
+        validate(tiny_config(tmp_path / "d", **{"tokenizer.from_pretrained": str(bpe)}, **on))
 
 
 def _shards(folder, block):
