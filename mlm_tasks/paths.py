@@ -26,6 +26,17 @@ SPLITS = ("train", "validation", "test")
 _HASHED = re.compile(r".*-[0-9a-f]{8}")
 
 
+def scheme(uri: str) -> str:
+    """ "gs" for gs://bucket/..., "file" for a local path or file://: what storage and every check dispatch on."""
+    return uri.split("://", 1)[0] if "://" in uri else "file"
+
+
+def bucket_and_name(uri: str) -> tuple[str, str]:
+    """("bucket", "path/in/it") of a gs:// URI."""
+    bucket, _, name = uri.split("://", 1)[1].partition("/")
+    return bucket, name
+
+
 def join(root: str, *parts: str) -> str:
     """Join URI parts with '/', for local paths and gs:// alike."""
     out = root.rstrip("/")
@@ -57,14 +68,14 @@ def check_safe_uri(setting: str, value: str, *, glob: bool = False) -> None:
             f"{setting} {value!r} has a '..' path segment: give the place itself (an absolute "
             "path or a gs://bucket/prefix), not a way up out of another."
         )
-    if value.startswith("gs://"):
+    if scheme(value) == "gs":
         _check_gs_uri(setting, value)
 
 
 def _check_gs_uri(setting: str, value: str) -> None:
     """The bucket by Google's naming rules, and the object path as written is the canonical one: gcsfs keeps
     an empty or '.' segment in the object names (gs://b//mlm/x writes '/mlm/x/...', outside the prefix mlm/)."""
-    bucket, _, path = value[len("gs://") :].partition("/")
+    bucket, path = bucket_and_name(value)
     if bucket and not (
         _BUCKET.fullmatch(bucket)
         and all(len(part) <= 63 for part in bucket.split("."))

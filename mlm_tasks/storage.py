@@ -20,6 +20,7 @@ import fsspec
 
 from mlm_tasks import credentials
 from mlm_tasks.errors import ConfigError, TransientError
+from mlm_tasks.paths import bucket_and_name, scheme  # the one dispatch: storage.scheme(uri)
 
 # gcsfs' HNS probe stalls ~60 s a call against anything but the real service; we never use HNS.
 os.environ.setdefault("GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT", "false")
@@ -88,17 +89,6 @@ def _no_answer(uri: str, deadline: float, err: BaseException) -> TransientError:
         "if it persists, check the network and the storage service, or raise storage.timeout_s "
         "if the link is only slow."
     )
-
-
-def scheme(uri: str) -> str:
-    """ "gs" for gs://bucket/..., "file" for a local path or file://; what every storage call dispatches on."""
-    return uri.split("://", 1)[0] if "://" in uri else "file"
-
-
-def bucket_and_name(uri: str) -> tuple[str, str]:
-    """("bucket", "path/in/it") of a gs:// URI."""
-    bucket, _, name = uri.split("://", 1)[1].partition("/")
-    return bucket, name
 
 
 def is_local(uri: str) -> bool:

@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr
 
 from mlm_tasks.errors import ConfigError
+from mlm_tasks.paths import bucket_and_name, scheme
 from mlm_tasks.storage import local_path
 
 if TYPE_CHECKING:
@@ -154,7 +155,7 @@ class Bounds(BaseModel):
             return
         readable = [*self.input_roots, *self.output_roots]
         local = local_path(value)
-        if value.startswith("gs://") or value.startswith(("/", ".", "~", "file://")) or os.path.lexists(local):
+        if scheme(value) == "gs" or value.startswith(("/", ".", "~", "file://")) or os.path.lexists(local):
             if not any(_under(value, r) for r in readable):
                 raise ConfigError(
                     f"{key} {value!r} is a path outside the folders this deployment lets runs read "
@@ -172,7 +173,7 @@ def _expanded(pattern: str) -> list[str]:
     when it matches nothing yet (then it is judged as written)."""
     import glob
 
-    if pattern.startswith("gs://"):
+    if scheme(pattern) == "gs":
         return [pattern]
     local = os.path.expanduser(local_path(pattern))
     found = glob.glob(local, recursive=True)
@@ -187,10 +188,10 @@ def under_local(real: str, root: str) -> bool:
 def _under(uri: str, root: str) -> bool:
     """Is `uri` the root or inside it? gs:// by normalised path (a `..` segment never climbs out);
     local paths by their real path (symlinks resolved)."""
-    if uri.startswith("gs://") or root.startswith("gs://"):
-        if not (uri.startswith("gs://") and root.startswith("gs://")) or "/../" in f"{uri}/":
+    if "gs" in (scheme(uri), scheme(root)):
+        if scheme(uri) != scheme(root) or "/../" in f"{uri}/":
             return False
-        path, top = posixpath.normpath(uri[5:]), posixpath.normpath(root[5:])
+        path, top = (posixpath.normpath("/".join(bucket_and_name(u))) for u in (uri, root))
         return path == top or path.startswith(top + "/")
     return under_local(
         os.path.realpath(str(Path(local_path(uri)).expanduser())), str(Path(local_path(root)).expanduser())

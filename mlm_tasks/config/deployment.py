@@ -36,6 +36,7 @@ from mlm_tasks.config.pipeline import PipelineConfig
 from mlm_tasks.config.section import deployment_keys
 from mlm_tasks.config.tpu import TpuConfig
 from mlm_tasks.errors import ConfigError
+from mlm_tasks.paths import scheme
 
 ENV = "MLM_DEPLOYMENT"
 BUILTIN = "the built-in boundary (no deployment file: MLM_DEPLOYMENT is unset)"
@@ -103,7 +104,7 @@ class Deployment(Bounds):
                     part
                     for v in tree[key]
                     if isinstance(v, str)
-                    for part in ([v] if v.startswith("gs://") else v.split(":"))
+                    for part in ([v] if scheme(v) == "gs" else v.split(":"))
                     if part
                 ]
         try:

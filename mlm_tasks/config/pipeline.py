@@ -8,6 +8,7 @@ from typing import Literal
 
 from pydantic import Field, model_validator
 
+from mlm_tasks import paths
 from mlm_tasks.config.data import SPECIAL_TOKENS, CorpusConfig, DedupConfig, ShardConfig, TokenizerConfig
 from mlm_tasks.config.release import DownstreamConfig, GateConfig, PublishConfig
 from mlm_tasks.config.section import DeploymentOnly, Section
@@ -151,8 +152,8 @@ class PipelineConfig(Section):
 
     def _output_checks(self) -> None:
         """Where the run writes and what runs it: output_root's scheme, the run's URIs, the TPU VM."""
-        scheme = self.output_root.split("://", 1)[0] if "://" in self.output_root else "file"
-        if scheme == "gs" and not self.output_root[len("gs://") :].split("/", 1)[0]:
+        scheme = paths.scheme(self.output_root)
+        if scheme == "gs" and not paths.bucket_and_name(self.output_root)[0]:
             raise ConfigError(
                 f"output_root {self.output_root!r} names no bucket: use gs://bucket/prefix "
                 "(the bucket must exist; create it with `gcloud storage buckets create`)."
