@@ -100,7 +100,7 @@ class PublishConfig(Section):
     hf_conn_id: DeploymentOnly[str] = Field(
         "huggingface_default", description="Airflow connection whose password is the Hub token."
     )
-    sync_checkpoints: bool = Field(False, description="Upload checkpoints to the Hub during training (non-blocking).")
+    sync_checkpoints: bool = Field(False, description="Push checkpoints (revisions step-N) while training.")
     request_timeout_s: float = Field(120, gt=0, le=3600, description="Seconds a Hub request may go silent.")
     license: str = Field("cc-by-sa-4.0", description="License in the model card (Wikipedia text is CC BY-SA 4.0).")
     require_approval: bool = Field(False, description="A person approves the release.")
