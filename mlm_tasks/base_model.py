@@ -20,7 +20,7 @@ import os
 from functools import cached_property
 
 from mlm_tasks import storage
-from mlm_tasks.config import PipelineConfig
+from mlm_tasks.config import SPECIAL_TOKENS, PipelineConfig
 from mlm_tasks.errors import ConfigError
 from mlm_tasks.hub.api import DEFAULT_TIMEOUT_S
 from mlm_tasks.hub.download import REVISION_SETTING
@@ -201,8 +201,6 @@ def check_base(cfg: PipelineConfig, base: BaseModelRef) -> None:
     """What validate checks of a base before any work: a RoBERTa masked LM whose shape the run does not
     contradict, whose positions hold max_length, and whose tokenizer has our special tokens and fills
     its vocabulary."""
-    from mlm_tasks.data.tokenizer import read_tokenizer_json
-
     config = base.config()
     if config.get("model_type") not in MODEL_TYPES:
         raise ConfigError(
@@ -241,3 +239,24 @@ def check_base(cfg: PipelineConfig, base: BaseModelRef) -> None:
             "token; give a base whose tokenizer matches its embeddings."
         )
     base.weights_file  # noqa: B018  (raises when the base has no weights)
+
+
+def read_tokenizer_json(text: str, whose: str):
+    """A tokenizer.json as a `tokenizers.Tokenizer`; a ConfigError unless it parses and has RoBERTa's special
+    tokens (what the masking, the model and fill-mask use)."""
+    from tokenizers import Tokenizer
+
+    try:
+        tok = Tokenizer.from_str(text)
+    except Exception as err:  # tokenizers raises a bare Exception for a file it cannot parse
+        raise ConfigError(
+            f"tokenizer.json of {whose} is not a fast tokenizer ({err}): save it "
+            "with AutoTokenizer.from_pretrained(..., use_fast=True).save_pretrained(folder)."
+        ) from None
+    absent = [t for t in SPECIAL_TOKENS if tok.token_to_id(t) is None]
+    if absent:
+        raise ConfigError(
+            f"The tokenizer of {whose} lacks the special token(s) {' '.join(absent)}: "
+            f"the masking and the model use RoBERTa's {' '.join(SPECIAL_TOKENS)}."
+        )
+    return tok

@@ -20,11 +20,11 @@ import time
 from dataclasses import dataclass
 
 from mlm_tasks import storage
-from mlm_tasks.base_model import BaseModelRef, tokenizer_ref
+from mlm_tasks.base_model import BaseModelRef, read_tokenizer_json, tokenizer_ref
 from mlm_tasks.config import PipelineConfig
 from mlm_tasks.data.corpus import open_corpus
 from mlm_tasks.data.corpus.shards import ShardsCorpus, check_shards
-from mlm_tasks.data.tokenizer import SPARE, add_spare_tokens, read_tokenizer_json, save_tokenizer, train_subwords
+from mlm_tasks.data.tokenizer import SPARE, add_spare_tokens, save_tokenizer, train_subwords
 from mlm_tasks.errors import ConfigError, MissingArtifactError
 from mlm_tasks.paths import SPLITS, DataPaths, join
 from mlm_tasks.results import DataSummary

@@ -101,27 +101,6 @@ def add_spare_tokens(tok, reserved: int) -> int:
     return count
 
 
-def read_tokenizer_json(text: str, whose: str):
-    """A tokenizer.json as a `tokenizers.Tokenizer`; a ConfigError unless it parses and has RoBERTa's special
-    tokens (what the masking, the model and fill-mask use)."""
-    from tokenizers import Tokenizer
-
-    try:
-        tok = Tokenizer.from_str(text)
-    except Exception as err:  # tokenizers raises a bare Exception for a file it cannot parse
-        raise ConfigError(
-            f"tokenizer.json of {whose} is not a fast tokenizer ({err}): save it "
-            "with AutoTokenizer.from_pretrained(..., use_fast=True).save_pretrained(folder)."
-        ) from None
-    absent = [t for t in SPECIAL_TOKENS if tok.token_to_id(t) is None]
-    if absent:
-        raise ConfigError(
-            f"The tokenizer of {whose} lacks the special token(s) {' '.join(absent)}: "
-            f"the masking and the model use RoBERTa's {' '.join(SPECIAL_TOKENS)}."
-        )
-    return tok
-
-
 def to_pretrained(tok, max_length: int):
     from tokenizers import AddedToken
     from transformers import PreTrainedTokenizerFast

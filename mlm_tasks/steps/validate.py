@@ -13,14 +13,13 @@ import logging
 from collections.abc import Sequence
 
 from mlm_tasks import storage
-from mlm_tasks.base_model import BaseModelRef, check_base, tokenizer_ref
+from mlm_tasks.base_model import BaseModelRef, check_base, read_tokenizer_json, tokenizer_ref
 from mlm_tasks.config import PipelineConfig
 from mlm_tasks.credentials import check_gcs_credentials
 from mlm_tasks.data.corpus import open_corpus
 from mlm_tasks.data.corpus.base import empty_corpus_error
 from mlm_tasks.data.corpus.mixture import MixtureCorpus
 from mlm_tasks.data.corpus.shards import ShardsCorpus, check_shards
-from mlm_tasks.data.tokenizer import read_tokenizer_json
 from mlm_tasks.data.word_mask import check_tokenizer_words
 from mlm_tasks.downstream.tasks import load_task
 from mlm_tasks.errors import ConfigError

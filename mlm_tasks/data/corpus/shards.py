@@ -132,7 +132,7 @@ class ShardsCorpus(Corpus):
 def check_shards(cfg: PipelineConfig, corpus: ShardsCorpus) -> int:
     """Features, max_length and ids against the tokenizer, read from the first records of a few shards
     per split; returns the max_length the data has."""
-    from mlm_tasks.data.tokenizer import read_tokenizer_json
+    from mlm_tasks.base_model import read_tokenizer_json
 
     tok = read_tokenizer_json(corpus.tokenizer_json, f"corpus.tokenizer_uri {cfg.corpus.tokenizer_uri}")
     vocab = tok.get_vocab_size(with_added_tokens=True)
