@@ -9,6 +9,7 @@ from __future__ import annotations
 from mlm_tasks import storage
 from mlm_tasks.data.shard_set import DataSummary
 from mlm_tasks.paths import DataPaths, RunPaths
+from mlm_tasks.training.status import read_status
 
 
 def summary_text(run: RunPaths, paths: DataPaths, data: DataSummary) -> str:
@@ -72,8 +73,12 @@ def _removed_line(card: dict) -> list[str]:
 
 
 def _training_lines(run: RunPaths, train: dict) -> list[str]:
-    """Training, Hardware (on a TPU, the training's hours at the run's price: an estimate, named), Budget."""
+    """Training, Hardware (on a TPU, the training's hours at the run's price: an estimate, named), Budget; or
+    why the trainer failed (its status record), when it did."""
     out: list[str] = []
+    status = None if train else read_status(run)
+    if status and status["state"] == "failed":  # e.g. a diverged run: the step and its last good checkpoint
+        out.append(f"Training   failed (exit {status['exit_code']}): {status['error']}")
     if train:
         out.append(
             f"Training   {train['steps']} steps on {train['device']} (global batch {train['global_batch']} = "

@@ -94,6 +94,10 @@ def test_a_non_finite_step_stops_the_run_naming_it_and_the_last_good_checkpoint_
     status = read_status(ctx.run)
     assert status["state"] == "failed" and status["exit_code"] == NO_RETRY_EXIT
     assert status["error"].startswith("TrainingDivergedError: Training diverged at step 9")
+    from mlm_tasks.steps.summary import summary
+
+    text = summary(cfg, ctx, data=data)["text"]
+    assert "Training   failed (exit 2): TrainingDivergedError: Training diverged at step 9: loss nan" in text
     assert tf.train.latest_checkpoint(ctx.run.checkpoints).endswith("ckpt-8")
     reader = tf.train.load_checkpoint(ctx.run.checkpoints)
     weights = [reader.get_tensor(name) for name, _ in tf.train.list_variables(ctx.run.checkpoints)]
