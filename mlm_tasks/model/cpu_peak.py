@@ -6,22 +6,20 @@ precision the run trains in, not what the kernel in use happens to reach.
 Where the maximum frequency is known (cpufreq, or the "@ 2.60GHz" of an Intel model name): from the ISA,
 cores × FLOPs per cycle × frequency, the widest unit the flags show (ISA_FLOPS_PER_CYCLE). Where a VM
 hides it: the best rate a large GEMM reaches here in fp32 or bf16 (TensorFlow's own kernels, the best of
-a few windows), measured once per machine kind and cached (CACHE_FILE under $XDG_CACHE_HOME; delete it
-to measure again on an idle machine), labelled a measured peak. Why not a probe of the run's own
-precision, as before: where TensorFlow runs bf16 matmuls at half the fp32 rate, that probe made a slow
-bf16 run read 99.8% MFU.
+a few windows), measured once per machine kind on a quiet machine and cached (CACHE_FILE under
+$XDG_CACHE_HOME; delete it to measure again), labelled a measured peak. More: docs/google-cloud.md (MFU).
 """
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
-
-from mlm_tasks import machine_cache
 
 # FLOPs per cycle per core of the widest unit a flag shows (two FMA pipes, an FMA = 2 FLOPs), from Intel's
 # Optimization Reference Manual (AVX-512: 2 × 16 fp32 lanes; AVX2: 2 × 8; AVX-512-BF16's vdpbf16ps: twice
@@ -109,14 +107,15 @@ def machine_kind(info: dict[str, Any] | None = None) -> str:
 def measured_peak(info: dict[str, Any]) -> CpuPeak:
     """The best GEMM rate of fp32 and bf16 on this machine kind, from the cache or measured (then cached)."""
     kind = machine_kind(info)
-    path = machine_cache.path(CACHE_FILE, "MLM_CPU_PEAK_CACHE")
+    env = os.environ.get("MLM_CPU_PEAK_CACHE")  # the tests' own
+    path = Path(env) if env else Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / CACHE_FILE
 
     def measure() -> dict[str, Any]:
         rates = {precision: gemm_rate(precision) for precision in ("fp32", "bf16")}
         best = max(rates, key=lambda p: rates[p])
         return {"flops": rates[best], "precision": best, "rates": rates}
 
-    entry = machine_cache.entry(path, kind, measure)
+    entry = cached(path, kind, measure)
     where = (
         f"not cached: the machine was busy, load {entry['busy_load']:.1f}"
         if "busy_load" in entry
@@ -131,3 +130,30 @@ def cpu_peak() -> CpuPeak:
     hz = max_frequency_hz(info["model"])
     from_isa = isa_peak(info["flags"], info["cores"], hz) if hz else None
     return from_isa or measured_peak(info)
+
+
+def busy_load() -> float | None:
+    """The 1-minute load average when it is over 1.5x the cores this process may use (None: quiet enough). The
+    run's own work just before (writing shards, the measurement itself) brings it to about the cores."""
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    load = os.getloadavg()[0] if hasattr(os, "getloadavg") else 0.0
+    return load if load > 1.5 * cores else None
+
+
+def cached(file: Path, key: str, measure: Callable[[], dict[str, Any]]) -> dict[str, Any]:
+    """The cached entry `key`, or `measure()`'s, dated, then cached unless the machine was busy (the entry then
+    carries `busy_load` and is not written: one measured beside a CI run had cached a ninth of the real peak).
+    Each writer renames a whole file into place, so two at once never leave it torn."""
+    cache = json.loads(file.read_text()) if file.exists() else {}
+    if key not in cache:
+        load = busy_load()
+        measured = {**measure(), "at": time.strftime("%Y-%m-%d")}
+        load = load if load is not None else busy_load()  # busy before or after: not the machine's figure
+        if load is not None:
+            return {**measured, "busy_load": load}
+        cache[key] = measured
+        file.parent.mkdir(parents=True, exist_ok=True)
+        partial = file.with_name(f"{file.name}.{os.getpid()}")
+        partial.write_text(json.dumps(cache, indent=1))
+        partial.replace(file)
+    return dict(cache[key])

@@ -1,18 +1,12 @@
-"""The learning-rate schedule: linear warmup to the peak, an optional stable phase at the peak (`wsd`), then
-a decay to 0 at the run's last step, whose last step can move while the run trains (train.budget_minutes
-re-plans it as the machine's pace changes).
+"""The learning-rate schedule: linear warmup, a stable phase at the peak (`wsd` only), then a decay to 0 at the
+run's last step, which a time budget may move while the run trains (the decay re-anchors: no jump).
 
     schedule = decay_schedule(peak=2e-3, warmup=66, total=1100, kind="linear")   # or "cosine", "1-sqrt"
     schedule = decay_schedule(2e-3, 66, 1100, "1-sqrt", decay_fraction=0.2)   # wsd: stable until step 880
-    schedule.at(step)                     # the learning rate at the run's `step`
-    schedule.replan(step=600, total=950)  # from here on, decay from schedule.at(600) to 0 at step 950
+    schedule.at(step); schedule.replan(step=600, total=950)
 
-Until a re-plan, linear is transformers' `create_optimizer` schedule (WarmUp + PolynomialDecay, power 1)
-and cosine is WarmUp + Keras' CosineDecay. A re-plan re-anchors the decay at the current step and learning
-rate, so the rate never jumps; before a wsd decay it only moves the decay's start. The three numbers are
-variables (`schedule.plan`, saved in the checkpoint), so a resumed run follows the same schedule as the run
-it continues. The optimizer calls the schedule with its own step count, which `schedule.offset` (the steps
-an optimizer continued from another run had taken, train.continue_run) turns into the run's step.
+Linear is transformers' create_optimizer schedule until a re-plan. The plan's numbers are variables saved in
+the checkpoint (`lr_plan`); `offset` turns a continued optimizer's step count into this run's step.
 """
 
 from __future__ import annotations

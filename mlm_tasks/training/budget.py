@@ -1,24 +1,12 @@
-"""train.budget_minutes: a run that ends on time on any machine. The budget is a deadline on the time the
-run spends training, from its first start (measuring included): the step count is planned from the speed
-of the run's own step on this hardware, then re-planned as it trains, and the run stops at a step boundary
-with its checkpoint. A retry gets what its last checkpoint had not used (the checkpoint keeps the seconds
-used), so a crash costs the work since that checkpoint, not the rest of the budget.
+"""train.budget_minutes: a deadline on the time a run trains, from its first start (measuring included). The
+step count is planned from the run's own measured step, re-planned before each call from the last minute's
+pace, and the run stops at a step boundary with its checkpoint; a retry gets what its checkpoint had not used.
 
-    budget = budgeted_steps(run, budget_minutes=5, cap=None, measure=lambda: (0.012, 4.1))
+    budget = budgeted_steps(run, budget_minutes=5, cap=None, measure=lambda: (0.012, 4.1))  # recorded in budget.json
     deadline = Deadline(time.time() + budget.seconds - used_s, budget.seconds_per_step, cap=None)
     total = deadline.total_before_call(step, per_call, total, reserve_s)   # before each call of the loop
 
-`measure()` returns (seconds per step, seconds spent measuring): train times a throwaway copy of the
-model and optimizer for at least MEASURE_STEPS steps and MEASURE_S seconds after WARMUP_CALLS untimed
-calls (the first compiles), on batches of the run's own input, then starts the real run from the seed. The
-first count is (budget - time spent measuring) / seconds per step, at most `cap` (train.steps, when set), at
-least 1. It lands in runs/<run>/train/budget.json (RunPaths.train_budget) before the first step, with the
-time it started; every later try of the run reads it. Before each call of the compiled loop, `Deadline` re-plans
-the last step from the pace of the last PACE_WINDOW_S (what a busier machine now does, not what it did at
-the start), and ends the run on the call after which the next would not fit; the learning-rate schedule
-follows the re-planned last step (mlm_tasks/model/schedule.py). The steps trained, the re-plans and the
-time the last step ended are added to budget.json at the end: a rerun with `train.steps` set to the steps
-trained trains as long.
+More: docs/google-cloud.md (`train.budget_minutes`).
 """
 
 from __future__ import annotations

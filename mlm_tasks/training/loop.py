@@ -3,19 +3,11 @@
     loop = TrainLoop(cfg, ctx.run, inputs, plan, state, hooks)
     with loop.status:                  # runs/<run>/train/status.json: heartbeats, then done or failed
         loop.run()                     # ... the final checkpoint saved, every hook's on_end called
-        loop.progress.tokens_per_s     # what the summary reports
 
-Each call of the compiled loop runs `plan.per_call` steps; validation, checkpoints and the hooks'
-on_steps land on a call's last step. A checkpoint is saved every train.checkpoint_every steps (and as
-often as a hook's `checkpoint_every` asks), with the history up to it; a rerun of the run restores the
-latest one and skips the batches it already consumed, so a killed process loses at most one checkpoint
-interval and finishes at exactly the planned step count. With train.budget_minutes the planned count moves
-before each call (mlm_tasks/training/budget.py: Deadline), and so do the schedule's end, the progress
-lines' total and the status record's; the run's last step gets its entry, validation and checkpoint
-whenever it comes. A preemption notice (SIGTERM to a CLI trainer,
-mlm_tasks/training/preemption.py) saves a checkpoint after the call under way and stops there. A step
-whose loss or gradient norm is not finite stops the run before anything of its call is saved or validated
-(TrainingDivergedError, no retry): the last checkpoint stays the last good one.
+Validation, checkpoints (train.checkpoint_every, or a hook's) and hooks land on a call's last step; a rerun
+restores the latest checkpoint and skips the batches it took. A time budget re-plans the last step before
+each call; a preemption notice saves a checkpoint after the call and stops; a non-finite loss or gradient
+norm stops the run before anything of its call is saved (TrainingDivergedError, no retry).
 """
 
 from __future__ import annotations

@@ -8,7 +8,6 @@ import logging
 
 import pytest
 
-from mlm_tasks import machine_cache
 from mlm_tasks.config import build_config
 from mlm_tasks.model import cpu_peak
 from mlm_tasks.model.flops import Peak, device_peak, flops_per_token, mfu
@@ -60,11 +59,11 @@ def test_a_measured_cpu_peak_is_the_best_precision_and_measured_once_on_a_quiet_
     rates = {"fp32": 120e9, "bf16": 60e9}  # TensorFlow's bf16 at half the fp32 rate, as on one Intel kind
     monkeypatch.setattr(cpu_peak, "gemm_rate", lambda precision: rates[precision])
     info = {"model": "Test CPU", "flags": set(), "cores": 2}
-    monkeypatch.setattr(machine_cache, "busy_load", lambda: 3.5)  # beside another job: used, never cached
+    monkeypatch.setattr(cpu_peak, "busy_load", lambda: 3.5)  # beside another job: used, never cached
     busy = cpu_peak.measured_peak(info)
     assert busy.flops == 120e9 and "not cached: the machine was busy, load 3.5" in busy.source
     assert not (tmp_path / "peak.json").exists()
-    monkeypatch.setattr(machine_cache, "busy_load", lambda: None)  # a quiet machine
+    monkeypatch.setattr(cpu_peak, "busy_load", lambda: None)  # a quiet machine
     first = cpu_peak.measured_peak(info)
     assert (first.flops, first.precision) == (120e9, "fp32") and "measured peak: fp32 GEMM 2048³" in first.source
     monkeypatch.setattr(cpu_peak, "gemm_rate", lambda precision: pytest.fail("measured twice"))
