@@ -64,7 +64,7 @@ def test_eval_every_records_the_validation_loss_and_the_best_step(tiny_prepared)
     for path in events:
         for event in tf.compat.v1.train.summary_iterator(path):
             tags |= {value.tag for value in event.summary.value}
-    assert {"val/loss", "val/accuracy", "train/loss"} <= tags
+    assert {"val/loss", "val/accuracy", "train/loss", "train/grad_norm"} <= tags
 
 
 @pytest.mark.slow  # trains, then evaluates: ~12 s: in make test, not in make test-fast
