@@ -28,11 +28,11 @@ def _model_and_optimizer(preset: str):
     import tensorflow as tf
 
     from mlm_tasks.config import load_config
-    from mlm_tasks.model.roberta import build_model, optimizer_and_schedule, roberta_config
+    from mlm_tasks.model.roberta import build_model, model_config, optimizer_and_schedule
 
     # Not the bench config: configs/default.yaml trims the preset's layers; this is the preset's own shape.
     cfg = load_config(None, {"model.preset": preset, "tokenizer.vocab_size": 50265})
-    config = roberta_config(cfg, 50265, {"pad": 1, "bos": 0, "eos": 2})
+    config = model_config(cfg, 50265, {"pad": 1, "bos": 0, "eos": 2})
     model = build_model(config)
     optimizer, _ = optimizer_and_schedule(cfg.train, 1000)
     optimizer.apply_gradients([(tf.zeros_like(v), v) for v in model.trainable_variables])  # make the slots

@@ -119,9 +119,9 @@ def reference_dataset(paths, manifest, tokenizer, seed: int = 42, batch: int = B
 def _reference_model(cfg, data, manifest, steps: int, xla: bool):
     from transformers import create_optimizer
 
-    from mlm_tasks.model.roberta import build_model, roberta_config
+    from mlm_tasks.model.roberta import build_model, model_config
 
-    model = build_model(roberta_config(cfg, data["vocab_size"], manifest.special_ids))
+    model = build_model(model_config(cfg, data["vocab_size"], manifest.special_ids))
     optimizer, _ = create_optimizer(
         init_lr=cfg.train.learning_rate,
         num_train_steps=steps,

@@ -21,6 +21,7 @@ from functools import cached_property
 
 from mlm_tasks import storage
 from mlm_tasks.config import SPECIAL_TOKENS, PipelineConfig
+from mlm_tasks.config.training import POSITION_OFFSET
 from mlm_tasks.errors import ConfigError
 from mlm_tasks.hub.api import DEFAULT_TIMEOUT_S
 from mlm_tasks.hub.download import REVISION_SETTING
@@ -28,9 +29,7 @@ from mlm_tasks.paths import join
 
 WEIGHT_FILES = ("tf_model.h5", "model.safetensors")  # in the order they are preferred
 READ_FILES = ("config.json", "tokenizer.json", *WEIGHT_FILES)  # what the identity of a folder covers
-MODEL_TYPES = ("roberta",)
 SHAPE_KEYS = ("hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size", "max_position_embeddings")
-POSITION_OFFSET = 2  # RoBERTa numbers positions from padding_idx + 1: max_length + 2 positions
 
 
 def where(uri: str, setting: str = "model.init_from") -> str:
@@ -201,11 +200,12 @@ def check_base(cfg: PipelineConfig, base: BaseModelRef) -> None:
     """What validate checks of a base before any work: a RoBERTa masked LM whose shape the run does not
     contradict, whose positions hold max_length, and whose tokenizer has our special tokens and fills
     its vocabulary."""
-    config = base.config()
-    if config.get("model_type") not in MODEL_TYPES:
+    config, architecture = base.config(), cfg.model.architecture
+    if config.get("model_type") != architecture:
         raise ConfigError(
-            f"model.init_from {base.uri} is a {config.get('model_type')!r} model; this project trains "
-            f"{' and '.join(MODEL_TYPES)} masked LMs only: choose a RoBERTa checkpoint."
+            f"model.init_from {base.uri} is a {config.get('model_type')!r} model, but model.architecture is "
+            f"{architecture}: choose a {architecture} checkpoint, or set model.architecture to the base's "
+            "(roberta and modernbert masked LMs can be continued)."
         )
     missing = [k for k in (*SHAPE_KEYS, "vocab_size") if not isinstance(config.get(k), int)]
     if missing:
@@ -213,22 +213,24 @@ def check_base(cfg: PipelineConfig, base: BaseModelRef) -> None:
             f"config.json of model.init_from {base.uri} lacks {', '.join(missing)}: give a folder "
             "saved by save_pretrained."
         )
+    grows = ("max_position_embeddings",) if architecture == "modernbert" else ()  # RoPE: a longer context is no table
     conflicts = [
         f"model.{k}={getattr(cfg.model, k)} (the base has {config[k]})"
         for k in SHAPE_KEYS
-        if getattr(cfg.model, k) is not None and getattr(cfg.model, k) != config[k]
+        if getattr(cfg.model, k) not in (None, config[k]) and not (k in grows and getattr(cfg.model, k) > config[k])
     ]
     if conflicts:
         raise ConfigError(
             f"With model.init_from the shape comes from the base model {base.uri}, but this run sets "
             f"{', '.join(conflicts)}: remove those settings, or set them to the base's values."
         )
-    positions = config["max_position_embeddings"]
-    if cfg.shards.max_length + POSITION_OFFSET > positions:
+    positions, offset = config["max_position_embeddings"], POSITION_OFFSET[architecture]
+    if architecture == "roberta" and cfg.shards.max_length + offset > positions:  # ModernBERT's RoPE has no table
         raise ConfigError(
             f"shards.max_length {cfg.shards.max_length} does not fit the base model {base.uri}: it has "
-            f"{positions} positions, so max_length can be at most {positions - POSITION_OFFSET}. "
-            "Lower shards.max_length."
+            f"{positions} learned positions, so max_length can be at most {positions - offset}. Lower "
+            "shards.max_length (a RoBERTa's position table is not grown; model.architecture=modernbert "
+            "extends its context with model.rope_theta)."
         )
     tok = read_tokenizer_json(base.tokenizer_json(), f"model.init_from {base.uri}")
     vocab = tok.get_vocab_size(with_added_tokens=True)

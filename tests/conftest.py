@@ -11,6 +11,7 @@ sshd        session   a real OpenSSH server on loopback: (host, port, user, priv
 airflow_env session   env of a migrated SQLite Airflow in a temp AIRFLOW_HOME (peers.airflow_home.dags_test)
 pt_python   session   python of the PyTorch + transformers 5.x env (.venv-pt/, `make env-pt`)
 tiny_model  session   (cfg, run) of a tiny model trained and saved by the real train step
+tiny_modernbert session (cfg, run, summary): the same for model.architecture=modernbert
 """
 
 import os
@@ -47,7 +48,7 @@ import pytest  # noqa: E402
 
 from peers.airflow_home import airflow_env  # noqa: E402,F401  (fixture)
 from peers.fake_tpu_api import fake_tpu, oauth_server, sa_key  # noqa: E402,F401  (fixtures)
-from peers.model_clients import pt_python, tiny_model  # noqa: E402,F401  (fixtures)
+from peers.model_clients import pt_python, tiny_model, tiny_modernbert  # noqa: E402,F401  (fixtures)
 from peers.sshd import sshd  # noqa: E402,F401  (fixture)
 from peers.tiny_data import tiny_cfg, tiny_prepared  # noqa: E402,F401  (fixtures)
 
@@ -86,6 +87,7 @@ _E2E_FIXTURES = {
     "airflow_api",
     "pt_python",
     "tiny_model",
+    "tiny_modernbert",
     "tpu_vm_python",
     "tf_gcs_env",
     "tls_gcs_proxy",

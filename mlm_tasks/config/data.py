@@ -232,7 +232,7 @@ class TokenizerConfig(Section):
 
 
 class ShardConfig(Section):
-    max_length: int = Field(128, ge=8, le=4096, description="Tokens per training example (chunk length).")
+    max_length: int = Field(128, ge=8, le=8192, description="Tokens per training example (chunk length).")
     records_per_shard: int = Field(2048, ge=1, le=1_000_000, description="TFRecord examples per shard file.")
     tokenize_batch_rows: int = Field(1000, ge=1, le=100_000, description="Rows per encode_batch call.")
     partitions: int = Field(1, ge=1, le=MAX_PARTITIONS, description="Shard-writing tasks, at least.")

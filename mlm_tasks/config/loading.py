@@ -31,6 +31,7 @@ PARAM_PATHS = {
     "vocab_size": "tokenizer.vocab_size",
     "max_length": "shards.max_length",
     "model_preset": "model.preset",
+    "architecture": "model.architecture",
     "init_from": "model.init_from",
     "init_revision": "model.init_revision",
     "steps": "train.steps",

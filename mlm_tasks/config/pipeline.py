@@ -13,7 +13,7 @@ from mlm_tasks.config.data import SPECIAL_TOKENS, CorpusConfig, DedupConfig, Sha
 from mlm_tasks.config.release import DownstreamConfig, GateConfig, PublishConfig
 from mlm_tasks.config.section import DeploymentOnly, Section
 from mlm_tasks.config.tpu import TpuConfig
-from mlm_tasks.config.training import EvalConfig, InferConfig, ModelConfig, TrainConfig
+from mlm_tasks.config.training import POSITION_OFFSET, EvalConfig, InferConfig, ModelConfig, TrainConfig
 from mlm_tasks.errors import ConfigError
 from mlm_tasks.paths import check_safe_uri
 from mlm_tasks.tpu import slices as tpu_slices
@@ -76,12 +76,17 @@ class PipelineConfig(Section):
                 f"model.hidden_size {shape.hidden_size} is not a multiple of "
                 f"num_attention_heads {shape.num_attention_heads}."
             )
-        elif self.shards.max_length + 2 > shape.max_position_embeddings:
+        elif self.model.architecture == "modernbert" and (shape.hidden_size // shape.num_attention_heads) % 2:
+            raise ConfigError("modernbert: hidden_size / num_attention_heads must be even (RoPE rotates pairs).")
+        elif (
+            self.shards.max_length + (offset := POSITION_OFFSET[self.model.architecture])
+            > shape.max_position_embeddings
+        ):
             # RoBERTa offsets positions by padding_idx + 1, so a 512-token model has 514 positions.
             raise ConfigError(
                 f"max_length {self.shards.max_length} does not fit the model: preset {self.model.preset!r} has "
                 f"{shape.max_position_embeddings} positions, so max_length can be at most "
-                f"{shape.max_position_embeddings - 2}. Lower max_length or set model.max_position_embeddings."
+                f"{shape.max_position_embeddings - offset}. Lower max_length or set model.max_position_embeddings."
             )
         elif self.tokenizer.vocab_size <= len(SPECIAL_TOKENS) + 10:
             raise ConfigError(

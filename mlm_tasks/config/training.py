@@ -31,9 +31,37 @@ PRESETS = {
 }
 
 
+# ModernBERT's proportions: GLU width 1.5 x hidden (1,152 for 768), head size 64, positions by RoPE (no table;
+# max_position_embeddings is the context the config announces). `tiny` has about RoBERTa tiny's parameters.
+MODERNBERT_PRESETS = {
+    "tiny": ModelShape(
+        hidden_size=128, num_hidden_layers=3, num_attention_heads=2, intermediate_size=192, max_position_embeddings=1024
+    ),
+    "small": ModelShape(
+        hidden_size=256, num_hidden_layers=6, num_attention_heads=4, intermediate_size=384, max_position_embeddings=1024
+    ),
+    "base": ModelShape(  # answerdotai/ModernBERT-base's shape
+        hidden_size=768,
+        num_hidden_layers=22,
+        num_attention_heads=12,
+        intermediate_size=1152,
+        max_position_embeddings=8192,
+    ),
+}
+PRESETS_BY_ARCHITECTURE = {"roberta": PRESETS, "modernbert": MODERNBERT_PRESETS}
+POSITION_OFFSET = {"roberta": 2, "modernbert": 0}  # RoBERTa numbers positions from padding_idx + 1
+
+
 class ModelConfig(Section):
+    architecture: Literal["roberta", "modernbert"] = Field(
+        "roberta",
+        description="roberta (transformers' TFRobertaForMaskedLM) or modernbert (a Keras encoder in ModernBERT's "
+        "shape: RoPE, GeGLU, local and global attention; published for transformers 5).",
+    )
     preset: str = Field(
-        "tiny", description="Model shape: tiny, small, base.", json_schema_extra={"enum": [*sorted(PRESETS)]}
+        "tiny",
+        description="Model shape: tiny, small, base (roberta-base, or ModernBERT-base's 22 x 768).",
+        json_schema_extra={"enum": [*sorted(PRESETS)]},
     )  # [*...]: a list of JSON values
     hidden_size: int | None = Field(None, ge=8, le=16_384, description="Override the preset's hidden size.")
     num_hidden_layers: int | None = Field(None, ge=1, le=128, description="Override the preset's layer count.")
@@ -41,20 +69,21 @@ class ModelConfig(Section):
     intermediate_size: int | None = Field(None, ge=8, le=65_536, description="Override the preset's FFN width.")
     max_position_embeddings: int | None = Field(None, ge=10, le=8194, description="Override positions.")
     dropout: float = Field(0.1, ge=0, lt=1, description="Hidden and attention dropout.")
+    rope_theta: float | None = Field(
+        None, gt=0, le=1e9, description="modernbert: the global layers' RoPE base (empty: 10,000, or the base's)."
+    )
+    local_attention: int = Field(128, ge=2, le=65_536, description="modernbert: the local layers' window.")
     sinusoidal_init: bool = Field(False, description="Start position embeddings from sinusoids.")
     init_from: str | None = Field(None, description="Continue from this model: Hub id or folder.")
     init_revision: str | None = Field(None, description="init_from's branch, tag or commit.")
     vocab_multiple: int | None = Field(None, ge=2, le=1024, description="Pad embedding rows to a multiple of this.")
 
     def shape(self) -> ModelShape:
-        if self.preset not in PRESETS:
-            raise ConfigError(f"Unknown model preset {self.preset!r}: choose one of {sorted(PRESETS)}.")
-        overrides = {
-            k: v
-            for k, v in self.model_dump().items()
-            if k not in ("preset", "dropout", "sinusoidal_init", "vocab_multiple") and v is not None
-        }
-        return PRESETS[self.preset].model_copy(update=overrides)
+        presets = PRESETS_BY_ARCHITECTURE[self.architecture]
+        if self.preset not in presets:
+            raise ConfigError(f"Unknown model preset {self.preset!r}: choose one of {sorted(presets)}.")
+        overrides = {k: getattr(self, k) for k in ModelShape.model_fields if getattr(self, k) is not None}
+        return presets[self.preset].model_copy(update=overrides)
 
 
 PROGRESS_EVERY_POLLS = 6  # a TPU VM trainer's progress line every 6 checks (180 s at the default 30 s)

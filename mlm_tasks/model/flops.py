@@ -66,16 +66,21 @@ class Peak:
 
 
 def flops_per_token(config: Any, seq_len: int, max_predictions: int = 0) -> float:
-    """Training FLOPs per token of a RoBERTa masked LM (`config`: a RobertaConfig, or its dict)."""
+    """Training FLOPs per token of a RoBERTa or ModernBERT masked LM (`config`: its config, or a dict;
+    `model_type` modernbert: GeGLU's Wi is 2 x intermediate wide, and a local layer's attention needs only
+    its window, local_attention + 1 keys, although it is computed densely here)."""
     values = config if isinstance(config, dict) else config.to_dict()
     d, ff, layers, vocab = (
         int(values[k]) for k in ("hidden_size", "intermediate_size", "num_hidden_layers", "vocab_size")
     )
-    encoder = layers * (4 * d * d + 2 * d * ff)
     head_share = min(max_predictions, seq_len) / seq_len if max_predictions else 1.0
     head = (d * d + d * vocab) * head_share
-    attention = 12 * layers * d * seq_len
-    return 6 * (encoder + head) + attention
+    if values.get("model_type") != "modernbert":
+        return 6 * (layers * (4 * d * d + 2 * d * ff) + head) + 12 * layers * d * seq_len
+    every = int(values.get("global_attn_every_n_layers", 3))
+    n_global = len(range(0, layers, every))
+    context = n_global * seq_len + (layers - n_global) * min(seq_len, int(values.get("local_attention", 128)) + 1)
+    return 6 * (layers * (4 * d * d + 3 * d * ff) + head) + 12 * d * context
 
 
 def _gpu_key() -> str | None:

@@ -59,6 +59,11 @@ def base_weights(folder: str) -> tuple[str, dict[str, np.ndarray], bool]:
 def load_base_weights(model, folder: str) -> str:
     """Assign every variable of `model` (built: its variables exist) from the base in `folder`; returns a
     line saying what was read."""
+    if model.config.model_type == "modernbert":  # the Keras ModernBERT: PyTorch names only
+        from mlm_tasks.model.modernbert_weights import assign_weights
+
+        path = os.path.join(folder, "model.safetensors")
+        return assign_weights(model, read_safetensors(path), path)
     source, weights, pytorch = base_weights(folder)
     values, missing, mismatched = [], [], []
     for variable in model.weights:

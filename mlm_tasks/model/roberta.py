@@ -1,7 +1,8 @@
-"""The RoBERTa masked-LM model and the loss that trains it.
+"""The masked-LM model of `model.architecture` and the loss that trains it.
 
-`build_model` makes a `TFRobertaForMaskedLM` from the config (inside the strategy's scope, so the
-variables land on TPU/GPU replicas). `masked_lm_loss` computes the LM head only at masked positions:
+`build_model` makes a `TFRobertaForMaskedLM`, or the Keras ModernBERT (mlm_tasks/model/modernbert.py), from
+the config (inside the strategy's scope, so the variables land on TPU/GPU replicas); `save_masked_lm` and
+`load_masked_lm` write and read either. `masked_lm_loss` computes the LM head only at masked positions:
 the head over the full vocabulary at every position is most of a small model's step, although only
 ~15% of positions carry a label. A static per-sequence maximum (`max_predictions_per_seq`, as the
 original BERT TPU code did) keeps shapes static for XLA. With max_predictions_per_seq=0 the head runs
@@ -39,16 +40,18 @@ def optimizer_and_schedule(train: TrainConfig, steps: int):
         beta_1=0.9,
         beta_2=train.adam_beta2,
         epsilon=train.adam_epsilon,
-        exclude_from_weight_decay=["LayerNorm", "layer_norm", "bias"],
+        exclude_from_weight_decay=["LayerNorm", "layer_norm", "norm", "bias"],
     )
     return optimizer, schedule
 
 
-def roberta_config(cfg: PipelineConfig, vocab_size: int, special_ids: dict, base_config: dict | None = None):
+def model_config(cfg: PipelineConfig, vocab_size: int, special_ids: dict, base_config: dict | None = None):
     """The model's config: the preset's shape, or with `base_config` (model.init_from) the base's config.json
     as it is. Dropout is the run's either way: a training setting, like the learning rate."""
     from transformers import RobertaConfig
 
+    if cfg.model.architecture == "modernbert":
+        return _modernbert_config(cfg, vocab_size, special_ids, base_config)
     if base_config is not None:
         return RobertaConfig.from_dict(
             {**base_config, "hidden_dropout_prob": cfg.model.dropout, "attention_probs_dropout_prob": cfg.model.dropout}
@@ -70,6 +73,34 @@ def roberta_config(cfg: PipelineConfig, vocab_size: int, special_ids: dict, base
     )
 
 
+def _modernbert_config(cfg: PipelineConfig, vocab_size: int, special_ids: dict, base_config: dict | None):
+    """ModernBERT's config; from a base, its context grows to shards.max_length (RoPE has no table) and
+    model.rope_theta, when set, replaces its global RoPE base: the context-extension phase."""
+    from mlm_tasks.model.modernbert_weights import modernbert_config
+
+    m, drops = cfg.model, ("attention_dropout", "embedding_dropout", "mlp_dropout")
+    if base_config is not None:
+        values = {**base_config, **dict.fromkeys(drops, m.dropout)}
+        grown = (base_config["max_position_embeddings"], cfg.shards.max_length, m.max_position_embeddings or 0)
+        values["max_position_embeddings"] = max(grown)
+    else:
+        shape = m.shape()
+        values = {
+            **shape.model_dump(),
+            **dict.fromkeys(drops, m.dropout),
+            "vocab_size": model_vocab_size(cfg, vocab_size),
+            "local_attention": m.local_attention,
+            "global_rope_theta": 10_000.0,
+            "pad_token_id": special_ids["pad"],
+            **dict.fromkeys(("bos_token_id", "cls_token_id"), special_ids["bos"]),
+            **dict.fromkeys(("eos_token_id", "sep_token_id"), special_ids["eos"]),
+        }
+    config = modernbert_config(values)
+    if m.rope_theta:
+        config.global_rope_theta = m.rope_theta
+    return config
+
+
 def build_model(config, sinusoidal_positions: bool = False):
     """Build a freshly initialised model and create its variables (needed before checkpoint restore).
 
@@ -81,6 +112,10 @@ def build_model(config, sinusoidal_positions: bool = False):
     import tensorflow as tf
     from transformers import TFRobertaForMaskedLM
 
+    if config.model_type == "modernbert":
+        from mlm_tasks.model.modernbert import build_modernbert
+
+        return build_modernbert(config)  # RoPE: no position table to start from sinusoids
     model = TFRobertaForMaskedLM(config)
     dummy = tf.ones((1, 8), dtype=tf.int32) * 5
     model(input_ids=dummy, attention_mask=tf.ones_like(dummy), training=False)
@@ -95,6 +130,38 @@ def build_model(config, sinusoidal_positions: bool = False):
     return model
 
 
+def save_masked_lm(model, folder: str) -> None:
+    """config.json and weights that transformers loads: RoBERTa's tf_model.h5 (4.57, TensorFlow) and
+    model.safetensors (5.x, PyTorch names); ModernBERT's model.safetensors (5.x, modernbert_weights.py)."""
+    if model.config.model_type == "modernbert":
+        from mlm_tasks.model.modernbert_weights import save_modernbert
+
+        save_modernbert(model, folder)
+        return
+    from mlm_tasks.model.pt_export import export_pytorch_weights
+
+    model.save_pretrained(folder)
+    export_pytorch_weights(folder)
+
+
+def load_masked_lm(folder: str):
+    """The masked LM saved in a local `folder`, by its config.json's model_type."""
+    import json
+    import os
+
+    with open(os.path.join(folder, "config.json"), encoding="utf-8") as f:
+        model_type = json.load(f).get("model_type")
+    if model_type == "modernbert":
+        from mlm_tasks.model.modernbert_weights import load_modernbert
+
+        return load_modernbert(folder)
+    from transformers import TFRobertaForMaskedLM
+
+    # use_safetensors=False: read tf_model.h5. transformers 4.57 would otherwise pick the PyTorch
+    # model.safetensors beside it and fail to read it (transformers#40028).
+    return TFRobertaForMaskedLM.from_pretrained(folder, use_safetensors=False)
+
+
 def masked_lm_loss(model, batch, max_predictions: int, training: bool, packed: bool = False):
     """Returns (summed loss, number of masked tokens, number predicted correctly) for one batch.
 
@@ -104,7 +171,13 @@ def masked_lm_loss(model, batch, max_predictions: int, training: bool, packed: b
     import tensorflow as tf
 
     labels = batch["labels"]
-    hidden = model.roberta(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"], training=training)[0]
+    if hasattr(model, "lm_logits"):  # the Keras ModernBERT
+        hidden, lm_head = model.encode(batch["input_ids"], batch["attention_mask"], training=training), model.lm_logits
+    else:
+        hidden = model.roberta(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"], training=training)[
+            0
+        ]
+        lm_head = model.lm_head
     if packed:
         is_masked = labels != -100
         if max_predictions:  # the same positions top_k picks below: the first max_predictions of each row
@@ -118,7 +191,7 @@ def masked_lm_loss(model, batch, max_predictions: int, training: bool, packed: b
         _, positions = tf.math.top_k(is_masked, k=max_predictions)
         hidden = tf.gather(hidden, positions, batch_dims=1)
         labels = tf.gather(labels, positions, batch_dims=1)
-    logits = tf.cast(model.lm_head(hidden), tf.float32)
+    logits = tf.cast(lm_head(hidden), tf.float32)
     valid = labels != -100
     safe_labels = tf.where(valid, labels, 0)
     per_token = tf.nn.sparse_softmax_cross_entropy_with_logits(labels=safe_labels, logits=logits)

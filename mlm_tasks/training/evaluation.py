@@ -121,13 +121,11 @@ def evaluate_model(cfg: PipelineConfig, ctx: RunContext) -> EvalMetrics:
 
 def _trained_model(cfg: PipelineConfig, ctx: RunContext, tokenizer_size: int) -> Any:
     """The run's trained model, refused when its vocabulary is not the tokenizer's."""
-    from transformers import TFRobertaForMaskedLM
+    from mlm_tasks.model.roberta import load_masked_lm
 
     run, fingerprint = ctx.run, ctx.data.fingerprint
     with tempfile.TemporaryDirectory() as tmp:
-        # use_safetensors=False: read tf_model.h5. transformers 4.57 would otherwise pick the PyTorch
-        # model.safetensors beside it and fail to read it (transformers#40028).
-        model = TFRobertaForMaskedLM.from_pretrained(storage.download_dir(run.model, tmp), use_safetensors=False)
+        model = load_masked_lm(storage.download_dir(run.model, tmp))
     if model.config.vocab_size != model_vocab_size(cfg, tokenizer_size):
         trained_on = storage.read_json(run.train_summary).get("data_fingerprint", "?")
         raise ConfigError(

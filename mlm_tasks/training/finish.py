@@ -103,15 +103,14 @@ def save_model(model, tokenizer, uri: str) -> None:
     each step the Hub sync pushes as a revision, mid-training)."""
     import tf_keras
 
-    from mlm_tasks.model.pt_export import export_pytorch_weights
+    from mlm_tasks.model.roberta import save_masked_lm
 
     # Saved in float32 whatever the training precision, so any CPU can load it; training's policy after.
     policy = tf_keras.mixed_precision.global_policy()
     tf_keras.mixed_precision.set_global_policy("float32")
     try:
         with tempfile.TemporaryDirectory() as tmp:
-            model.save_pretrained(tmp)
-            export_pytorch_weights(tmp)  # model.safetensors: what PyTorch / transformers 5.x users load
+            save_masked_lm(model, tmp)  # model.safetensors: what PyTorch / transformers 5.x users load
             tokenizer.save_pretrained(tmp)
             storage.upload_dir(tmp, uri)
     finally:

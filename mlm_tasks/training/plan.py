@@ -113,7 +113,12 @@ def plan_lines(
     from mlm_tasks.tpu import prices
 
     replicas = replicas or planned_replicas(cfg)
-    dims = base_config or {**cfg.model.shape().model_dump(), "vocab_size": vocab_size}
+    dims = base_config or {
+        **cfg.model.shape().model_dump(),
+        "vocab_size": vocab_size,
+        "model_type": cfg.model.architecture,
+        "local_attention": cfg.model.local_attention,
+    }
     per_token = flops_per_token(dims, cfg.shards.max_length, cfg.train.max_predictions_per_seq)
     tokens = steps * cfg.train.batch_size * replicas * cfg.shards.max_length
     lines = [
@@ -208,7 +213,7 @@ class TrainPlan:
     global_batch: int  # train.batch_size per replica x replicas
     total_steps: int  # train.steps, epochs over the records, or what fits train.budget_minutes
     per_call: int  # optimizer steps per call of the compiled loop
-    model_config: Any  # the RobertaConfig the model is built from
+    model_config: Any  # the RobertaConfig or ModernBertConfig the model is built from
     budget: Any = None  # Budget (mlm_tasks/training/budget.py) with train.budget_minutes: the loop re-plans to it
     precision_reason: str = ""  # why this precision: the setting, or `auto`'s rule
 
@@ -219,7 +224,7 @@ def plan_training(cfg: PipelineConfig, run: RunPaths, inputs: TrainInputs) -> Tr
     import tensorflow as tf
     import tf_keras
 
-    from mlm_tasks.model.roberta import roberta_config
+    from mlm_tasks.model.roberta import model_config
 
     device = select_device(cfg.train.device)
     xla = cfg.train.xla == "on" or (cfg.train.xla == "auto" and device != "cpu")
@@ -237,7 +242,7 @@ def plan_training(cfg: PipelineConfig, run: RunPaths, inputs: TrainInputs) -> Tr
         global_batch,
         total_steps=plan_steps(cfg, inputs.shard_set, global_batch),
         per_call=steps_per_call(cfg.train.steps_per_call, device),
-        model_config=roberta_config(
+        model_config=model_config(
             cfg, len(inputs.tokenizer), inputs.shard_set.special_ids, base.config() if base else None
         ),
         precision_reason=f"{cfg.train.mixed_precision}: set by train.mixed_precision",

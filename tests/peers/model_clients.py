@@ -2,6 +2,7 @@
 
     pt_python     session   python of the PyTorch + transformers 5.x env (`make env-pt`, .venv-pt/)
     tiny_model    session   (cfg, RunPaths) of a model trained by the real train step, saved by its real save
+    tiny_modernbert session the same for model.architecture=modernbert, trained XLA-compiled in bf16
     run_in(python, code_or_script, *args)   a subprocess in that env: no network, no TF_USE_LEGACY_KERAS
                                             unless asked, returns CompletedProcess (stdout, stderr text)
 
@@ -44,6 +45,23 @@ def tiny_model(tiny_prepared):
     cfg = cfg.model_copy(update={"train": cfg.train.model_copy(update={"steps": TRAIN_STEPS})})
     train(cfg, RunContext.of(cfg, "clients-run", data["fingerprint"]))
     return cfg, RunPaths(cfg.output_root, "clients-run")
+
+
+# ModernBERT's proportions on the tiny config, and a window (±8 tokens) shorter than its 64-token sequences.
+MODERNBERT = {"model.architecture": "modernbert", "model.intermediate_size": 96, "model.local_attention": 16}
+
+
+@pytest.fixture(scope="session")
+def tiny_modernbert(tiny_prepared):
+    from mlm_tasks.paths import RunContext, RunPaths
+    from mlm_tasks.steps.train import train
+    from peers.tiny_data import tiny_config
+
+    data_cfg, data = tiny_prepared
+    train_over = {"train.steps": TRAIN_STEPS, "train.xla": "on", "train.mixed_precision": "bf16"}
+    cfg = tiny_config(data_cfg.output_root, **MODERNBERT, **train_over, **{"train.steps_per_call": 4})
+    summary = train(cfg, RunContext.of(cfg, "clients-modernbert", data["fingerprint"]))
+    return cfg, RunPaths(cfg.output_root, "clients-modernbert"), summary
 
 
 def client_env(legacy_keras: bool = False) -> dict:

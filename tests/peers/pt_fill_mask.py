@@ -30,7 +30,7 @@ print(
             "loading_info": {k: sorted(map(str, v)) for k, v in info.items()},
             "parameters": sorted(model.state_dict()),
             "decoder_tied": (
-                model.lm_head.decoder.weight.data_ptr() == model.roberta.embeddings.word_embeddings.weight.data_ptr()
+                model.get_output_embeddings().weight.data_ptr() == model.get_input_embeddings().weight.data_ptr()
             ),
             "predictions": predictions,
         }

@@ -44,13 +44,13 @@ def _model_and_batch(tiny_prepared):
     """A fresh tiny model (seed 0) and the first masked batch of the tiny shard set."""
     import tensorflow as tf
 
-    from mlm_tasks.model.roberta import build_model, roberta_config
+    from mlm_tasks.model.roberta import build_model, model_config
 
     cfg, data = tiny_prepared
     ds, tok = _dataset(cfg, data)
     shard_set = ShardSet.load(DataPaths(cfg.output_root, data["fingerprint"]))
     tf.keras.utils.set_random_seed(0)
-    return build_model(roberta_config(cfg, len(tok), shard_set.special_ids)), next(iter(ds))
+    return build_model(model_config(cfg, len(tok), shard_set.special_ids)), next(iter(ds))
 
 
 def test_loss_at_masked_positions_equals_full_head(tiny_prepared):

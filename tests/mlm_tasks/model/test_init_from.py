@@ -104,7 +104,7 @@ def test_pytorch_and_tensorflow_safetensors_load_the_same_weights_as_the_h5(base
     from mlm_tasks.base_model import BaseModelRef
     from mlm_tasks.model.init_weights import load_base_weights
     from mlm_tasks.model.pt_export import read_tf_weights
-    from mlm_tasks.model.roberta import build_model, roberta_config
+    from mlm_tasks.model.roberta import build_model, model_config
     from mlm_tasks.steps.validate import validate
 
     _, _, folder = base
@@ -122,7 +122,7 @@ def test_pytorch_and_tensorflow_safetensors_load_the_same_weights_as_the_h5(base
         validate(cfg)
         b = BaseModelRef.of(cfg)
         assert b.weights_file == "model.safetensors"
-        model = build_model(roberta_config(cfg, 0, {}, b.config()))
+        model = build_model(model_config(cfg, 0, {}, b.config()))
         assert load_base_weights(model, b.local_folder(str(tmp_path / "x"))).endswith(f"({layout} names)")
         for variable in model.weights:
             name = variable.name.split("/", 1)[1].rsplit(":", 1)[0]
@@ -198,7 +198,7 @@ def test_validate_refuses_what_contradicts_the_base(base, tmp_path):
     bert = _pytorch_only(folder, tmp_path / "bert")
     config = json.loads((bert / "config.json").read_text())
     (bert / "config.json").write_text(json.dumps({**config, "model_type": "bert"}))
-    with pytest.raises(ConfigError, match="is a 'bert' model; this project trains roberta masked LMs only"):
+    with pytest.raises(ConfigError, match="is a 'bert' model, but model.architecture is roberta"):
         validate(_continued(tmp_path, str(bert)))
     (bert / "config.json").write_text(json.dumps(config))
     # Another base (other files) is other data: its shard set never mixes with this one's.

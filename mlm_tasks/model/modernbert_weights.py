@@ -1,0 +1,163 @@
+"""ModernBERT weights and config in the layout transformers 5 loads, both ways, without torch.
+
+    save_modernbert(model, folder)       # config.json (model_type modernbert) + model.safetensors, PyTorch names
+    model = load_modernbert(folder)      # such a folder (ours, or one transformers 5 saved) as a Keras model
+    read = assign_weights(model, tensors, where)   # into a built model (model.init_from)
+
+One table (`parameters`) names every variable with `ModernBertForMaskedLM`'s parameter name and whether its
+layout is transposed (Dense kernels [in, out] in Keras, [out, in] in torch), and serves both directions.
+config.json carries both spellings of the attention pattern and RoPE bases: transformers 5's
+`layer_types` + `rope_parameters`, and 4.x's `global_attn_every_n_layers` + `*_rope_theta`.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from typing import Any
+
+import numpy as np
+
+from mlm_tasks.errors import ConfigError
+from mlm_tasks.model.modernbert import GLOBAL, LOCAL, layer_types
+
+ARCHITECTURE = "ModernBertForMaskedLM"
+SAFETENSORS_NAME = "model.safetensors"
+TIED = {"decoder.weight": "model.embeddings.tok_embeddings.weight"}
+
+
+def modernbert_config(values: dict) -> Any:
+    """transformers (4.57)'s ModernBertConfig from a config.json of either line (4.x or 5.x keys)."""
+    from transformers import ModernBertConfig
+
+    types, rope = values.get("layer_types"), values.get("rope_parameters") or {}
+    known = {k: v for k, v in values.items() if k not in ("layer_types", "rope_parameters", "transformers_version")}
+    for key, kind in (("global_rope_theta", GLOBAL), ("local_rope_theta", LOCAL)):
+        if "rope_theta" in (rope.get(kind) or {}):
+            known[key] = float(rope[kind]["rope_theta"])
+    if types is not None:  # a global layer every N: 0, N, 2N, ...
+        known["global_attn_every_n_layers"] = next((i for i, t in enumerate(types) if i and t == GLOBAL), len(types))
+    config = ModernBertConfig.from_dict(known)
+    if types is not None and layer_types(config) != list(types):
+        raise ConfigError(
+            f"layer_types {types} is not a global layer every N layers (0, N, 2N, ...): this project's "
+            "ModernBERT takes that pattern only."
+        )
+    return config
+
+
+def read_config(path: str) -> Any:
+    with open(path, encoding="utf-8") as f:
+        return modernbert_config(json.load(f))
+
+
+def config_json(config: Any) -> dict:
+    """config.json as transformers 5 reads it (and 4.x: its keys are there too): every argument of 4.57's
+    ModernBertConfig (5.24's fields, with the pattern and RoPE bases in 4.x's spelling) and 5.x's own."""
+    import inspect
+
+    skip = ("self", "kwargs", "reference_compile", "repad_logits_with_grad")  # 4.x's, not model settings
+    keys = [k for k in inspect.signature(type(config).__init__).parameters if k not in skip]
+    values = {key: getattr(config, key) for key in [*keys, "tie_word_embeddings"]}
+    values.update(model_type="modernbert", architectures=[ARCHITECTURE], layer_types=layer_types(config))
+    values["rope_parameters"] = {
+        GLOBAL: {"rope_type": "default", "rope_theta": float(config.global_rope_theta)},
+        LOCAL: {"rope_type": "default", "rope_theta": float(config.local_rope_theta)},
+    }
+    return values
+
+
+def parameters(model: Any) -> dict[str, tuple[Any, bool]]:
+    """Every variable of a built ModernBertMaskedLM by its PyTorch name: (variable, transposed?)."""
+
+    def dense(prefix: str, layer: Any) -> dict[str, tuple[Any, bool]]:
+        out = {f"{prefix}.weight": (layer.kernel, True)}
+        return {**out, f"{prefix}.bias": (layer.bias, False)} if layer.use_bias else out
+
+    def norm(prefix: str, layer: Any) -> dict[str, tuple[Any, bool]]:
+        out = {f"{prefix}.weight": (layer.weight, False)}
+        return {**out, f"{prefix}.bias": (layer.bias, False)} if layer.bias is not None else out
+
+    table = {"model.embeddings.tok_embeddings.weight": (model.tok_embeddings.embeddings, False)}
+    table.update(norm("model.embeddings.norm", model.embed_norm))
+    for i, block in enumerate(model.blocks):
+        p = f"model.layers.{i}."
+        if block.attn_norm is not None:
+            table.update(norm(p + "attn_norm", block.attn_norm))
+        table.update(dense(p + "attn.Wqkv", block.attn.Wqkv))
+        table.update(dense(p + "attn.Wo", block.attn.Wo))
+        table.update(norm(p + "mlp_norm", block.mlp_norm))
+        table.update(dense(p + "mlp.Wi", block.mlp.Wi))
+        table.update(dense(p + "mlp.Wo", block.mlp.Wo))
+    table.update(norm("model.final_norm", model.final_norm))
+    table.update(dense("head.dense", model.head_dense))
+    table.update(norm("head.norm", model.head_norm))
+    if model.decoder_bias is not None:
+        table["decoder.bias"] = (model.decoder_bias, False)
+    return table
+
+
+def pytorch_tensors(model: Any) -> dict[str, np.ndarray]:
+    """The model's weights as ModernBertForMaskedLM's state dict (fp32), the tied decoder weight included."""
+    out = {
+        name: np.ascontiguousarray(np.asarray(var.numpy(), np.float32).T if transpose else var.numpy(), np.float32)
+        for name, (var, transpose) in parameters(model).items()
+    }
+    for tied, source in TIED.items():
+        out[tied] = out[source].copy()  # safetensors stores no aliases
+    return out
+
+
+def save_modernbert(model: Any, folder: str) -> str:
+    """Write config.json and model.safetensors (metadata format=pt) into `folder`; returns the weights' path."""
+    from safetensors.numpy import save_file
+
+    os.makedirs(folder, exist_ok=True)
+    with open(os.path.join(folder, "config.json"), "w", encoding="utf-8") as f:
+        json.dump(config_json(model.config), f, indent=2, sort_keys=True)
+    path = os.path.join(folder, SAFETENSORS_NAME)
+    save_file(pytorch_tensors(model), path + ".partial", metadata={"format": "pt"})
+    os.replace(path + ".partial", path)
+    return path
+
+
+def assign_weights(model: Any, tensors: dict[str, np.ndarray], where: str) -> str:
+    """Assign every variable of `model` from `tensors` (PyTorch names); a ConfigError names what does not fit.
+    Names the model lacks are allowed only where ModernBertForMaskedLM has no parameter of its own (the tied
+    decoder weight)."""
+    values, missing, mismatched = [], [], []
+    for name, (variable, transpose) in parameters(model).items():
+        if name not in tensors:
+            missing.append(name)
+            continue
+        value = tensors[name].T if transpose else tensors[name]
+        if tuple(value.shape) != tuple(variable.shape):
+            mismatched.append(f"{name} {tuple(value.shape)} (model {tuple(variable.shape)})")
+            continue
+        values.append((variable, value))
+    unexpected = sorted(set(tensors) - set(parameters(model)) - set(TIED))
+    if missing or mismatched or unexpected:
+        raise ConfigError(
+            f"The weights in {where} do not fit a ModernBertForMaskedLM of its config.json: {len(missing)} "
+            f"missing (e.g. {missing[:3]}), {len(mismatched)} of another shape (e.g. {mismatched[:3]}), "
+            f"{len(unexpected)} unknown (e.g. {unexpected[:3]}). Give a ModernBertForMaskedLM checkpoint."
+        )
+    for variable, value in values:
+        variable.assign(value.astype(variable.dtype.as_numpy_dtype))
+    return f"{len(values)} tensors from {os.path.basename(where)} (PyTorch names)"
+
+
+def load_modernbert(folder: str, num_labels: int | None = None, pretrained: bool = True) -> Any:
+    """A Keras ModernBertMaskedLM from a folder of config.json + model.safetensors; with `num_labels` a
+    ModernBertClassifier on its encoder and head (`pretrained=False`: the same shape, random weights)."""
+    from mlm_tasks.model.init_weights import read_safetensors
+    from mlm_tasks.model.modernbert import build_modernbert
+
+    model = build_modernbert(read_config(os.path.join(folder, "config.json")), num_labels)
+    if pretrained:
+        path = os.path.join(folder, SAFETENSORS_NAME)
+        tensors = read_safetensors(path)
+        if num_labels is not None:  # the classifier has no decoder: the LM's own weights are left out
+            tensors = {k: v for k, v in tensors.items() if k in parameters(model)}
+        assign_weights(model, tensors, path)
+    return model
