@@ -69,6 +69,7 @@ params = {
             "corpus_source": "Corpus source",
             "vocab_size": "Vocabulary size",
             "max_length": "Sequence length",
+            "architecture": "Model architecture",
             "model_preset": "Model preset",
             "init_from": "Continue from (base model)",
             "init_revision": "Base model revision",
@@ -85,7 +86,7 @@ params["overrides"] = params.pop("overrides")  # last in the form: the catch-all
 
 with DAG(
     dag_id="mlm_pretrain",
-    description="Pretrain a RoBERTa masked LM with Transformers on TensorFlow (CPU or TPU VM).",
+    description="Pretrain a RoBERTa or ModernBERT masked LM on TensorFlow (CPU or TPU VM).",
     doc_md=__doc__,
     # Runs when mlm_dataset_refresh announces new shards, and whenever triggered from the UI or API.
     schedule=[SHARDS],

@@ -1,5 +1,6 @@
 """bench/bench_gpu.py keeps working without a GPU: its CPU check (tiny preset, a few steps, the tiny
-corpus) runs as a subprocess, as a user runs it, and prints both loops' rows with every column."""
+corpus) runs as a subprocess, as a user runs it, and prints every loop's row (ours and the reference on
+RoBERTa, ours on ModernBERT) with every column."""
 
 import os
 import subprocess
@@ -50,7 +51,7 @@ def test_cpu_check_prints_both_loops_with_throughput_mfu_and_memory(tmp_path):
     lines = out.stdout.splitlines()
     table = [line for line in lines if line.startswith("|")]
     rows = _rows(table)
-    assert set(rows) == {"ours", "reference"}, out.stdout
+    assert set(rows) == {"ours", "reference", "modernbert"}, out.stdout
     for name, row in rows.items():
         assert _number(row["tokens/s"]) > 0, (name, row)
         assert row["MFU"].endswith("%") and _number(row["MFU"]) > 0, (name, row)  # the CPU probe is the peak
@@ -63,3 +64,4 @@ def test_cpu_check_prints_both_loops_with_throughput_mfu_and_memory(tmp_path):
         line.startswith("model.preset tiny") and "XLA on" in line and "the first 2 not timed" in line for line in lines
     ), out.stdout
     assert any(line.startswith("whole command") for line in lines), out.stdout
+    assert any(line.startswith("modernbert: ours on ModernBERT's shape of preset tiny") for line in lines), out.stdout

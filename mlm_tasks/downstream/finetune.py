@@ -3,7 +3,8 @@
     inputs = encode(tokenizer, task.train, max_length)             # once per task
     scores = finetune(model_dir, train, validation, labels, budget, seed, pretrained=True)
 
-A `TFRobertaForSequenceClassification` on the run's saved encoder (`pretrained`), or on random weights
+A `TFRobertaForSequenceClassification` (or for ModernBERT, mlm_tasks/model/modernbert.py's
+`ModernBertClassifier`) on the run's saved encoder (`pretrained`), or on random weights
 of the same shape (the baseline: what the same budget buys without pretraining). The seed fixes the
 head's initial weights, the order of the batches and dropout, so one seed gives one score: a rerun of
 the same model on the same task reproduces it, and the seeds' spread is the fine-tuning noise.
@@ -62,9 +63,17 @@ def _batch_order(n: int, batch_size: int, steps: int, rng: np.random.Generator) 
 
 
 def _model(model_dir: str, num_labels: int, pretrained: bool):
+    import json
+    import os
+
     from transformers import RobertaConfig, TFRobertaForSequenceClassification
     from transformers.utils import logging as hf_logging
 
+    with open(os.path.join(model_dir, "config.json"), encoding="utf-8") as f:
+        if json.load(f).get("model_type") == "modernbert":
+            from mlm_tasks.model.modernbert_weights import load_modernbert
+
+            return load_modernbert(model_dir, num_labels, pretrained)
     if not pretrained:
         return TFRobertaForSequenceClassification(RobertaConfig.from_pretrained(model_dir, num_labels=num_labels))
     verbosity = hf_logging.get_verbosity()

@@ -22,6 +22,7 @@ from mlm_tasks.reporting.tables import downstream_table, fill_mask_lines, metric
 from mlm_tasks.training.restarts import read_restarts
 
 WIKIPEDIA_CREDIT = "Text from English Wikipedia, CC BY-SA 4.0"
+ARCHITECTURES = {"roberta": "RoBERTa", "modernbert": "ModernBERT"}  # model.architecture as a card names it
 
 
 def read_run_artifacts(run: RunPaths) -> dict[str, Any]:
@@ -110,10 +111,10 @@ def config_lines(cfg: PipelineConfig, data_info: Mapping[str, Any] | None = None
     t = cfg.train
     # Unigram training may stop short of the requested size: prefer the size the data step recorded.
     vocab = (data_info or {}).get("vocab_size") or cfg.tokenizer.vocab_size
-    base = (data_info or {}).get("base_model")
+    base, name = (data_info or {}).get("base_model"), ARCHITECTURES[cfg.model.architecture]
     if base:  # the shape and tokenizer are the base model's (model.init_from)
         arch = (
-            f"- Architecture: RoBERTa, the base model's: {base.get('num_hidden_layers')} layers, hidden "
+            f"- Architecture: {name}, the base model's: {base.get('num_hidden_layers')} layers, hidden "
             f"{base.get('hidden_size')}, {base.get('num_attention_heads')} heads, "
             f"FFN {base.get('intermediate_size')}"
         )
@@ -121,7 +122,7 @@ def config_lines(cfg: PipelineConfig, data_info: Mapping[str, Any] | None = None
     else:
         shape = cfg.model.shape()
         arch = (
-            f"- Architecture: RoBERTa (preset `{cfg.model.preset}`): {shape.num_hidden_layers} layers, hidden "
+            f"- Architecture: {name} (preset `{cfg.model.preset}`): {shape.num_hidden_layers} layers, hidden "
             f"{shape.hidden_size}, {shape.num_attention_heads} heads, FFN {shape.intermediate_size}"
         )
         tokenizer = f"- Tokenizer: Unigram, vocabulary {vocab}; sequence length {cfg.shards.max_length}"
@@ -189,13 +190,9 @@ def training_lines(summary: Mapping[str, Any] | None, restarts: list[Mapping[str
 USAGE_MARKERS = {"pytorch": "# PyTorch, transformers 5.x", "tensorflow": "# TensorFlow, transformers 4.57"}
 
 
-def usage_lines(repo: str) -> list[str]:
+def usage_lines(repo: str, architecture: str = "roberta") -> list[str]:
     probe = "The capital of France is <mask>."
-    return [
-        "## How to use",
-        "The repository holds the same weights twice: `model.safetensors` (PyTorch) and `tf_model.h5`",
-        "(TensorFlow). With PyTorch and the current Transformers (`pip install torch transformers`):",
-        "",
+    pytorch = [
         "```python",
         f"{USAGE_MARKERS['pytorch']}",
         "from transformers import pipeline",
@@ -204,6 +201,21 @@ def usage_lines(repo: str) -> list[str]:
         f'print(fill("{probe}"))',
         "```",
         "",
+    ]
+    if architecture == "modernbert":
+        return [
+            "## How to use",
+            "`model.safetensors` holds `ModernBertForMaskedLM`'s weights, for PyTorch and the current Transformers",
+            "(`pip install torch transformers`; Transformers has no TensorFlow ModernBERT):",
+            "",
+            *pytorch,
+        ]
+    return [
+        "## How to use",
+        "The repository holds the same weights twice: `model.safetensors` (PyTorch) and `tf_model.h5`",
+        "(TensorFlow). With PyTorch and the current Transformers (`pip install torch transformers`):",
+        "",
+        *pytorch,
         "With TensorFlow: Transformers 4.57 is the last release with TensorFlow models",
         '(`pip install "transformers==4.57.*" tensorflow tf-keras`). `dtype=None` keeps the pipeline',
         "from looking up PyTorch's default dtype, which fails where torch is not installed;",
@@ -241,6 +253,9 @@ def render_model_card(
         "pipeline_tag": "fill-mask",
         "tags": ["roberta", "fill-mask", "masked-lm", "tf", "pytorch", "safetensors", "pretraining"],
     }
+    name = ARCHITECTURES[cfg.model.architecture]
+    if cfg.model.architecture == "modernbert":  # PyTorch weights only
+        meta["tags"] = ["modernbert", "fill-mask", "masked-lm", "pytorch", "safetensors", "pretraining"]
     if datasets:
         meta["datasets"] = datasets
     base = (data_info or {}).get("base_model")
@@ -256,11 +271,10 @@ def render_model_card(
         f"# {repo.split('/')[-1]}",
         "",
         (
-            f"A RoBERTa-style masked language model, pretraining continued from {base_model_line(base)} with "
+            f"A {name}-style masked language model, pretraining continued from {base_model_line(base)} with "
             f"TensorFlow (run `{run_id}`)."
             if base
-            else "A small RoBERTa-style masked language model pretrained from scratch with TensorFlow "
-            f"(run `{run_id}`)."
+            else f"A small {name}-style masked language model pretrained from scratch with TensorFlow (run `{run_id}`)."
         ),
         "",
         "## Data",
@@ -290,7 +304,7 @@ def render_model_card(
         "## Fill-mask examples",
         *fill_mask_lines(predictions),
         "",
-        *usage_lines(repo),
+        *usage_lines(repo, cfg.model.architecture),
         "",
         "## Intended use and limitations",
         "- A pretraining demonstration and a starting point for fine-tuning on English text; not a product.",

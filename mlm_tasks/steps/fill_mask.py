@@ -1,4 +1,5 @@
-"""Step fill_mask: smoke test of the trained model with `pipeline("fill-mask", framework="tf")`.
+"""Step fill_mask: smoke test of the trained model with `pipeline("fill-mask", framework="tf")` (transformers
+4.57's pipeline runs the Keras ModernBERT too: the same output for either architecture).
 
     python -m mlm_tasks fill_mask --config configs/default.yaml --run-id my-run
 
@@ -24,6 +25,8 @@ def fill_mask(cfg: PipelineConfig, ctx: RunContext) -> list[ProbePredictions]:
     """Fill the <mask> of each `infer.probes` with run `ctx.run_id`'s model; the top-k predictions."""
     from transformers import pipeline
 
+    from mlm_tasks.model.roberta import load_masked_lm
+
     run, run_id = ctx.run, ctx.run_id
     for probe in cfg.infer.probes:
         if probe.count("<mask>") != 1:
@@ -33,17 +36,8 @@ def fill_mask(cfg: PipelineConfig, ctx: RunContext) -> list[ProbePredictions]:
     with tempfile.TemporaryDirectory() as tmp:
         local = storage.download_dir(run.model, tmp)
         # dtype=None: without torch installed the pipeline's default dtype lookup fails.
-        # use_safetensors=False: read tf_model.h5; 4.57 would pick the PyTorch model.safetensors beside it
-        # and fail to read it (transformers#40028).
-        fill = pipeline(
-            "fill-mask",
-            model=local,
-            tokenizer=local,
-            framework="tf",
-            dtype=None,
-            model_kwargs={"use_safetensors": False},
-            top_k=cfg.infer.top_k,
-        )
+        model = load_masked_lm(local)
+        fill = pipeline("fill-mask", model=model, tokenizer=local, framework="tf", dtype=None, top_k=cfg.infer.top_k)
         results: list[ProbePredictions] = []
         for probe in cfg.infer.probes:
             preds: list[Prediction] = [
