@@ -1,6 +1,7 @@
 """Benchmark 8: roberta-base on one GPU, ours (mlm_tasks.steps.train) against the reference `model.fit` loop
-(bench_train's), sequence length 128, bf16, XLA, a fixed number of steps each; prints a Markdown table of
-tokens/s, MFU, peak device memory and steps per call, with the machine named, for bench/RESULTS.md.
+(bench_train's), and ours on ModernBERT-base (model.architecture=modernbert, 22 × 768, GLU 1,152), sequence
+length 128, bf16, XLA, a fixed number of steps each; prints a Markdown table of tokens/s, MFU, peak device
+memory and steps per call, with the machine named, for bench/RESULTS.md.
 
     .venv/bin/python bench/bench_gpu.py                                 # a GPU machine: the whole benchmark
     .venv/bin/python bench/bench_gpu.py --preset tiny --steps 8 --batch 8 --config configs/tiny.yaml  # CPU check
@@ -39,6 +40,9 @@ import bench_train
 import common
 
 GPU_BATCH = 256  # roberta-base at 128 tokens: large enough to fill an H200's tensor cores, far from its memory
+LOOPS = ("ours", "reference", "modernbert")
+# The preset's own depth: the data's config (configs/default.yaml) sets model.num_hidden_layers for its CPU run.
+SHAPE = {"model.num_hidden_layers": None}
 BOUND_S = 8 * 60  # the whole command, data preparation included
 
 
@@ -55,9 +59,14 @@ def run_ours(spec: dict) -> dict:
         precision=spec["precision"],
         device=spec["device"],
         batch=spec["batch"],
-        extra={"train.steps_per_call": spec["per_call"], "train.eval_every": None},
-    )  # no validation in the timing
-    run_id = f"bench-gpu-{spec['preset']}-{os.getpid()}-{int(time.time())}"
+        extra={
+            "train.steps_per_call": spec["per_call"],
+            "train.eval_every": None,  # no validation in the timing
+            **SHAPE,
+            **({"model.architecture": "modernbert"} if spec["impl"] == "modernbert" else {}),
+        },
+    )
+    run_id = f"bench-gpu-{spec['impl']}-{spec['preset']}-{os.getpid()}-{int(time.time())}"
     summary = train(cfg, RunContext.of(cfg, run_id, data["fingerprint"]))
     # One history entry per call (log_every = steps_per_call), stamped when the call's results are back.
     elapsed = {h["step"]: h["elapsed_s"] for h in read_history(RunPaths(cfg.output_root, run_id))}
@@ -82,7 +91,13 @@ def run_reference(spec: dict) -> dict:
     from mlm_tasks.model.flops import flops_per_token
 
     cfg, data, paths, manifest = bench_train._setup(
-        spec["preset"], "on", spec["steps"], precision=spec["precision"], device=spec["device"], batch=spec["batch"]
+        spec["preset"],
+        "on",
+        spec["steps"],
+        precision=spec["precision"],
+        device=spec["device"],
+        batch=spec["batch"],
+        extra=SHAPE,
     )
     result, model = bench_train.fit_reference(cfg, data, paths, manifest, spec["precision"], spec["warmup"])
     return {
@@ -186,12 +201,14 @@ def report(spec: dict, results: dict, walls: dict) -> None:
     )
     bound = "met" if walls["total"] <= BOUND_S else "NOT met"
     print(
-        f"whole command {walls['total']:.0f} s (data {walls['data']:.0f} s, ours {walls['ours']:.0f} s, "
-        f"reference {walls['reference']:.0f} s); bound {BOUND_S} s: {bound}\n"
+        f"whole command {walls['total']:.0f} s (data {walls['data']:.0f} s, "
+        + ", ".join(f"{name} {walls[name]:.0f} s" for name in LOOPS)
+        + f"); bound {BOUND_S} s: {bound}\n"
     )
     memory = "peak GPU:0 MiB" if gpu else "peak RSS MiB"
     rows = []
-    for name, r in (("ours", ours), ("reference", ref)):
+    for name in LOOPS:
+        r = results[name]
         utilisation = f"{100 * r['tokens_per_s'] * r['flops_per_token'] / peak:.1f}%" if peak else "unknown"
         rows.append(
             [
@@ -208,6 +225,11 @@ def report(spec: dict, results: dict, walls: dict) -> None:
     print(
         f"\nours / reference tokens/s: **{ours['tokens_per_s'] / ref['tokens_per_s']:.2f}×**; ours' training summary "
         f"(after its first call): {ours['summary_tokens_per_s'] or 0:,.0f} tokens/s, {ours['summary_mfu_of']}"
+    )
+    print(
+        f"modernbert: ours on ModernBERT's shape of preset {spec['preset']} "
+        f"({results['modernbert']['parameters'] / 1e6:.1f} M parameters; MFU by flops.py's ModernBERT count, a "
+        "local layer's attention at its window)"
     )
     print("target: ours >= 40% MFU on an H200, the reference beside it")
 
@@ -226,7 +248,7 @@ def main() -> None:
     args = p.parse_args()
     if args.worker:
         spec = json.loads(args.worker)
-        return common.emit((run_ours if spec["impl"] == "ours" else run_reference)(spec))
+        return common.emit((run_reference if spec["impl"] == "reference" else run_ours)(spec))
     began = time.time()
     os.environ.setdefault("CUDA_VISIBLE_DEVICES", "0")  # one GPU for both loops (ours would mirror over all)
     if args.config:  # for this process and, through the environment, the workers
@@ -235,7 +257,7 @@ def main() -> None:
     common.prepared()
     walls = {"data": time.time() - began}
     results = {}
-    for impl in ("ours", "reference"):
+    for impl in LOOPS:
         t0 = time.time()
         results[impl] = common.run_worker(__file__, json.dumps({**spec, "impl": impl}))
         walls[impl] = time.time() - t0

@@ -9,6 +9,8 @@ the same tokenizer, split, batches and masked positions for every recipe, whatev
         [--today ../main-before]   # the baseline: another checkout's code and its version of --config
     .venv/bin/python bench/bench_quality.py --commits 7ab6da0^,18e2cc0 --rounds 2   # defaults side by side
     .venv/bin/python bench/bench_quality.py --commits HEAD:long --rounds 3   # a recipe beside the default, 3 seeds
+    .venv/bin/python bench/bench_quality.py --commits HEAD:modernbert --rounds 3   # ModernBERT vs RoBERTa, 3 seeds
+    .venv/bin/python bench/bench_quality.py --attention [--preset base]   # a ModernBERT layer at 128 and 1,024 tokens
 
 The step count of every run is fixed by train.budget_minutes from its own measured step time, so a faster
 recipe trains more steps in the same minutes; the table gives steps done, tokens/s, the validation loss and
@@ -56,6 +58,9 @@ CANDIDATES: dict[str, dict] = {
     "layers1": {"model.num_hidden_layers": 1},
     "layers2": {"model.num_hidden_layers": 2, "train.learning_rate": 0.0015},  # the tiny preset's own shape
     "ffn256": {"model.intermediate_size": 256},
+    # ModernBERT's shape (RoPE, GeGLU, pre-norm, no biases) at the default's parameters (1 layer of 128, FFN 512):
+    # one layer, GLU 342 wide (3 x 342 ~ 2 x 512 weights per hidden unit). One layer is global: no local window.
+    "modernbert": {"model.architecture": "modernbert", "model.num_hidden_layers": 1, "model.intermediate_size": 342},
     # The default's fixed step count, longer: the minutes make run has left under its 10 (--commits HEAD:long).
     "long": {"train.steps": 4500, "train.budget_minutes": 7.5},
 }
@@ -112,6 +117,45 @@ def run_recipe(config: str, budget_minutes: float, name: str) -> dict:
     }
 
 
+def attention_cost(preset: str, lengths: tuple[int, ...] = (128, 1024), repeats: int = 5) -> None:
+    """One ModernBERT layer of `preset`, global (layer 0) and local (layer 1), forward + backward at each length,
+    XLA-compiled, one sequence: the median ms of `repeats`, and the attention-score FLOPs each needs (a local layer:
+    its window). The window is a mask on dense scores here, so a local layer computes all of them."""
+    import tensorflow as tf
+
+    from mlm_tasks.model.modernbert import EncoderLayer, attention_biases, layer_types, rope
+    from mlm_tasks.model.modernbert_weights import modernbert_config
+    from mlm_tasks.presets import MODERNBERT_PRESETS
+
+    shape = MODERNBERT_PRESETS[preset]
+    config = modernbert_config({**shape.model_dump(), "num_hidden_layers": 3, "local_attention": 128})
+    h, rows = shape.hidden_size, []
+    for n in lengths:
+        x = tf.random.normal([1, n, h])
+        biases = attention_biases(tf.ones([1, n], tf.int32), config)
+        for index in (0, 1):
+            layer, kind = EncoderLayer(config, index), layer_types(config)[index]
+            cos_sin = rope(n, h // shape.num_attention_heads, 10_000.0)
+
+            @tf.function(jit_compile=True)
+            def step(x, layer=layer, bias=biases[kind], cos_sin=cos_sin):
+                with tf.GradientTape() as tape:
+                    tape.watch(x)
+                    loss = tf.reduce_sum(layer(x, bias, *cos_sin, training=True))
+                return tape.gradient(loss, [x, *layer.trainable_variables])
+
+            step(x)  # trace and compile
+            times = []
+            for _ in range(repeats):
+                began = time.perf_counter()
+                [g.numpy() for g in step(x)]
+                times.append(1000 * (time.perf_counter() - began))
+            needed = 4 * n * (n if kind == "full_attention" else min(n, config.local_attention + 1)) * h
+            rows.append([n, kind, common.median(times), min(times), max(times), 3 * needed / 1e6])
+    print(f"\n{common.machine()}\nModernBERT preset {preset}: one layer, forward + backward, batch 1, XLA, fp32\n")
+    print(common.table(["tokens", "layer", "median ms", "min ms", "max ms", "score MFLOP needed"], rows))
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--config", default=os.path.join(common.REPO, "configs", "default.yaml"))
@@ -130,8 +174,14 @@ def main() -> None:
         help="instead: this checkout's default beside these commits' own code and default, each trained as its "
         "make run trains it (bench/commit_arms.py), e.g. 7ab6da0^,18e2cc0",
     )
+    p.add_argument(
+        "--attention", action="store_true", help="instead: a ModernBERT layer's cost at 128 and 1,024 tokens"
+    )
+    p.add_argument("--preset", default="base", help="with --attention: the ModernBERT preset")
     p.add_argument("--worker")
     args = p.parse_args()
+    if args.attention:
+        return attention_cost(args.preset)
     if args.commits:
         import commit_arms
 
