@@ -203,7 +203,7 @@ def test_a_1024_token_extension_of_a_128_token_model_scores_lower_at_1024_tokens
     short = short.model_copy(update={"train": short.train.model_copy(update={"learning_rate": 3e-3})})
     short_data = build_shard_set(short)
     train(short, RunContext.of(short, "short", short_data["fingerprint"]))
-    base = storage.local_path(RunPaths(out, "short").model)
+    base = storage.local_path(RunPaths(short.output_root, "short").model)
 
     # The extension phase: the 128-token model on a 1,024-token shard set of the same corpus, its global RoPE
     # base raised as ModernBERT's was; the optimizer starts afresh (init_from reads the model, not its moments).
@@ -211,7 +211,9 @@ def test_a_1024_token_extension_of_a_128_token_model_scores_lower_at_1024_tokens
     long = tiny_config(out, **MODERNBERT, **context, **extension, **{"train.steps": 20, "train.batch_size": 4})
     long_data = build_shard_set(long)
     train(long, RunContext.of(long, "extended", long_data["fingerprint"]))
-    config = json.loads((Path(storage.local_path(RunPaths(out, "extended").model)) / "config.json").read_text())
+    config = json.loads(
+        (Path(storage.local_path(RunPaths(long.output_root, "extended").model)) / "config.json").read_text()
+    )
     assert config["max_position_embeddings"] == 1024 and config["global_rope_theta"] == 160_000.0
     assert config["rope_parameters"]["full_attention"]["rope_theta"] == 160_000.0
     assert config["rope_parameters"]["sliding_attention"]["rope_theta"] == 10_000.0

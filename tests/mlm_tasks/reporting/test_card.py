@@ -72,3 +72,19 @@ def test_every_code_block_of_the_card_runs_as_written(tiny_model, pt_python):
     assert [p["token_str"] for p in answers["pytorch"]] == [p["token_str"] for p in answers["tensorflow"]]
     for pt, tf in zip(answers["pytorch"], answers["tensorflow"], strict=False):
         assert abs(pt["score"] - tf["score"]) < 1e-4, (pt, tf)
+
+
+def test_a_modernbert_cards_code_runs_with_transformers_5(tiny_modernbert, pt_python):
+    from peers.model_clients import run_in
+
+    cfg, run, _ = tiny_modernbert
+    cfg = cfg.model_copy(update={"publish": cfg.publish.model_copy(update={"repo_id": REPO})})
+    card = storage.read_text(write_model_card(cfg, run))
+    meta = yaml.safe_load(card.split("---\n")[1])
+    assert "modernbert" in meta["tags"] and "tf" not in meta["tags"] and "ModernBERT (preset `tiny`)" in card
+    ((framework, code),) = code_blocks(card)  # transformers 5 only: it has no TensorFlow ModernBERT
+    folder = storage.local_path(run.model)
+    done = run_in(pt_python, code.replace(f'"{REPO}"', json.dumps(folder)), cwd=str(folder.rsplit("/", 1)[0]))
+    assert framework == "pytorch" and done.returncode == 0, done.stderr[-4000:]
+    printed = ast.literal_eval(done.stdout.strip().splitlines()[-1])
+    assert len(printed) == 5 and all("<mask>" not in p["sequence"] for p in printed), printed
