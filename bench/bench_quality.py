@@ -123,9 +123,9 @@ def attention_cost(preset: str, lengths: tuple[int, ...] = (128, 1024), repeats:
     its window). The window is a mask on dense scores here, so a local layer computes all of them."""
     import tensorflow as tf
 
+    from mlm_tasks.config.training import MODERNBERT_PRESETS
     from mlm_tasks.model.modernbert import EncoderLayer, attention_biases, layer_types, rope
     from mlm_tasks.model.modernbert_weights import modernbert_config
-    from mlm_tasks.presets import MODERNBERT_PRESETS
 
     shape = MODERNBERT_PRESETS[preset]
     config = modernbert_config({**shape.model_dump(), "num_hidden_layers": 3, "local_attention": 128})
