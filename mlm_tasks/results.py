@@ -30,18 +30,12 @@ class ShardPlan(TypedDict):
     partitions: list[Partition]  # empty: nothing to write (the set is complete, or shards were brought)
 
 
-class ScannedPartition(TypedDict):
-    fingerprint: str
-    part: int
-    num_parts: int
+class ScannedPartition(Partition):
     rows: dict[str, int]
     dropped_by_filters: int
 
 
-class WrittenPartition(TypedDict):
-    fingerprint: str
-    part: int
-    num_parts: int
+class WrittenPartition(Partition):
     records: dict[str, int]
     rows: dict[str, int]
 

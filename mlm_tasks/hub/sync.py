@@ -10,9 +10,8 @@
 
 Each synced step is a commit of `checkpoints/` (resumable: weights, optimizer, step) on main and, with a
 model folder, a branch `step-N` from that commit holding the model too, so that
-`from_pretrained(repo, revision="step-N")` loads it. Why: a background thread uploads and keeps only the
-newest waiting checkpoint; a failed upload never fails training; the token is an argument.
-docs/releases.md#checkpoints-on-the-hub-during-training
+`from_pretrained(repo, revision="step-N")` loads it. A background thread uploads, keeping only the newest
+waiting checkpoint; a failed upload never fails training. docs/releases.md#checkpoints-on-the-hub-during-training
 """
 
 from __future__ import annotations

@@ -116,19 +116,8 @@ def _score(row: RunRow, task: str) -> str:
 def table_lines(rows: list[RunRow], current: str | None = None) -> list[str]:
     """The Markdown table (`current`, the run a report is about, in bold)."""
     tasks = sorted({task for row in rows for task in row["downstream"]})
-    head = [
-        "run",
-        "data",
-        "base model",
-        "steps",
-        "tokens",
-        "val loss (last)",
-        "val loss (best @ step)",
-        "eval loss",
-        *tasks,
-        "wall time",
-        "cost",
-    ]
+    head = ["run", "data", "base model", "steps", "tokens", "val loss (last)", "val loss (best @ step)", "eval loss"]
+    head += [*tasks, "wall time", "cost"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for row in rows:
         best = f"{row['best_val_loss']:.4f} @ {row['best_step']}" if row["best_val_loss"] is not None else "—"
