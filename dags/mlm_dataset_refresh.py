@@ -1,24 +1,15 @@
 """
 ### mlm_dataset_refresh — rebuild tokenizer and shards when the corpus changed, and announce them
 
-validate → source_changed (fingerprint the source: dataset id + config + revision, or file
-hashes, plus every setting that changes the shards) → plan_shards → filters and dedup → train_tokenizer →
-write_shards (TFRecord shards, one mapped task per corpus partition: set `shards.partitions` to fan a
-large corpus out over the workers) → merge_shards (one merged manifest and `_SUCCESS` under
-`<output_root>/datasets/<fingerprint>/`). The shard-set tasks are the same task group as in mlm_pretrain.
+validate → source_changed (fingerprint the source and every setting that changes the shards) → the shard-set
+tasks of mlm_pretrain (plan_shards, filters and dedup, train_tokenizer, write_shards per partition,
+merge_shards). An unchanged source skips the rest: nothing written, no event. Otherwise `merge_shards` emits
+an event on the `mlm_shards` asset (fingerprint, output_root, data settings, counts), on which
+`mlm_pretrain` is scheduled: it trains on exactly that fingerprint.
 
-When a complete shard set with that fingerprint already exists, `source_changed` says so in its log
-and skips the rest: nothing is written and no asset event is emitted. Otherwise
-`merge_shards` emits an event on the `mlm_shards` asset whose extra carries the fingerprint, the
-output_root, the data settings and the record/token counts; `mlm_pretrain` is scheduled on that
-asset and trains on exactly that fingerprint.
-
-**Schedule**: weekly by default; set the environment variable `MLM_REFRESH_SCHEDULE` of the
-scheduler and dag-processor to a cron string (`0 3 * * 1`) or a preset (`@daily`), or to `none` for
-manual runs only. The form's fields are those of `mlm_pretrain` (config file, output root and an
-**overrides** object of dotted settings, e.g. `{"corpus.source": "local_files", "corpus.local_paths":
-["/data/*.txt"]}`); scheduled runs use their defaults, so put the production settings in the config
-file. Run by hand: `airflow dags test mlm_dataset_refresh -c '{"config_file": "configs/tiny.yaml"}'`.
+**Schedule**: weekly; `MLM_REFRESH_SCHEDULE` (scheduler and dag-processor) sets a cron string, a preset or
+`none`. Scheduled runs use the form's defaults, so put production settings in the config file
+(docs/releases.md). By hand: `airflow dags test mlm_dataset_refresh -c '{"config_file": "configs/tiny.yaml"}'`.
 """
 
 from __future__ import annotations
