@@ -10,12 +10,12 @@ write_shards (TFRecord shards, one mapped task per corpus partition, `shards.par
 manifest; all reused when the corpus fingerprint is unchanged) → check_run (the run fits its data: batch,
 max_length, tokenizer, earlier checkpoints) → wait_for_shards (only for shards made elsewhere) →
 [create_tpu_vm] → train (resumes from its last checkpoint on retry) → evaluate → downstream (fine-tuned on
-`downstream.tasks`, beside random weights) → fill_mask → report → gate → approve_release (with
-`publish.require_approval`, a person approves in "Required actions"; skipped otherwise) → publish to the Hub
-(skipped, with the reason, unless enabled, the gate passed and, when asked, a person approved) → summary →
-[delete_tpu_vm, a teardown: runs whatever happened upstream]. With `compute: local` the two TPU VM tasks end
-skipped, saying so in their logs. Each task runs the step of the same name in `mlm_tasks/steps/`
-(docs/architecture.md).
+`downstream.tasks`, beside random weights) → fill_mask (these three on the TPU VM with `compute: tpu_vm`) →
+report → gate → approve_release (with `publish.require_approval`, a person approves in "Required actions";
+skipped otherwise) → publish to the Hub (skipped, with the reason, unless enabled, the gate passed and, when
+asked, a person approved) → summary; [delete_tpu_vm, a teardown after fill_mask: runs whatever happened
+upstream]. With `compute: local` the two TPU VM tasks end skipped, saying so in their logs. Each task runs
+the step of the same name in `mlm_tasks/steps/` (docs/architecture.md).
 
 The same DAG runs the embedded default (local folder, this machine's CPU, the Wikipedia sample
 shipped with gensim) and production (`output_root: gs://…`, `compute: tpu_vm`): configuration
@@ -104,7 +104,9 @@ with DAG(
     # Waits only for shards from elsewhere (a refresh, bring-your-own); passes at once when this run wrote them.
     wait = ShardSetCompleteSensor(task_id="wait_for_shards", config=config, data=data, retries=0)
     create_vm = TpuVmCreateOperator(task_id="create_tpu_vm", config=config)
-    # Queues are fixed at parse time: train follows the default config's compute (see mlm_airflow.defaults).
+    # Queues are fixed at parse time: train and the steps that judge the model (on the VM with compute tpu_vm)
+    # follow the default config's compute (see mlm_airflow.defaults).
+    on_compute = train_queue(_defaults.compute)
     # none_failed: with compute local, create_tpu_vm is skipped and train still runs; a failed one stops it.
     # (Hence create_tpu_vm is no setup task: Airflow skips all of a skipped setup's scope.)
     train = TrainOperator(
@@ -112,7 +114,7 @@ with DAG(
         config=config,
         data=data,
         execution_timeout=timedelta(hours=72),
-        queue=train_queue(_defaults.compute),
+        queue=on_compute,
         trigger_rule="none_failed",
     )
     decision = gate(config)
@@ -132,15 +134,16 @@ with DAG(
         data,
         approval.output,
     )
+    judged = fill_mask.override(queue=on_compute)(config)  # the last step on the VM, before its delete
     chain(
         data,
         check_run(config, data),
         wait,
         create_vm,
         train,
-        evaluate(config, data),
-        downstream(config),
-        fill_mask(config),
+        evaluate.override(queue=on_compute)(config, data),
+        downstream.override(queue=on_compute)(config),
+        judged,
         report(config, data),
         decision,
         approval,
@@ -148,7 +151,7 @@ with DAG(
         summary(config, data),
     )
     data >> publish_tokenizer(config, data)
-    # A teardown without a setup: it runs once train and create_tpu_vm are done, whatever happened (a failed
-    # create too: it deletes what the failed try left), so no TPU VM outlives its run; with compute local it
-    # ends skipped, saying why. Its own failure does not decide the run's state.
-    [create_vm, train] >> TpuVmDeleteOperator(task_id="delete_tpu_vm", config=config).as_teardown()
+    # A teardown without a setup: it runs once create_tpu_vm, train and the steps on the VM are done, whatever
+    # happened (a failed create too: it deletes what the failed try left), so no TPU VM outlives its run; with
+    # compute local it ends skipped, saying why. Its own failure does not decide the run's state.
+    [create_vm, train, judged] >> TpuVmDeleteOperator(task_id="delete_tpu_vm", config=config).as_teardown()

@@ -5,6 +5,7 @@ and the environment its TensorFlow needs.
     rt = runtimes.get("tpu-vm-tf-2.16.1-pjrt")   # Runtime(tensorflow="2.16.1", python="3.10", pod=False, ...)
     rt.lock_path                                   # .../mlm_tasks/tpu/vm/requirements-tf2.16.txt
     runtimes.environment(rt)                       # {"NEXT_PLUGGABLE_DEVICE_USE_C_API": "true", ...}
+    runtimes.libtpu_probe(rt, "python3")           # shell: TF_PLUGGABLE_DEVICE_LIBRARY_PATH = the VM's libtpu
 
 A runtime image (`tpu-vm-tf-X.Y.Z[-pod]-pjrt`) is Ubuntu 22.04 with Python 3.10, a TPU build of
 TensorFlow X.Y.Z (wheel named `tensorflow`) and the rest of its packages as of the runtime's release:
@@ -26,6 +27,7 @@ Adding one = a row below, `make lock-vm`, and that test's parameter.
 from __future__ import annotations
 
 import re
+import shlex
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -40,8 +42,9 @@ NAME = re.compile(
 
 
 # Packages the VM lock may carry newer than the image (they shadow its copy on PYTHONPATH): pure
-# Python, and needed newer by the pinned pydantic. Everything else in the lock fits the image's pins.
-SHADOWED = frozenset({"typing-extensions"})
+# Python, and needed newer by the pinned pydantic (typing-extensions) and datasets (requests >= 2.32.2).
+# Everything else in the lock fits the image's pins.
+SHADOWED = frozenset({"typing-extensions", "requests"})
 
 
 @dataclass(frozen=True)
@@ -120,15 +123,39 @@ NO_TENSORFLOW = {
 
 
 # The variables each kind of runtime needs before TensorFlow is first imported, with their source.
-# PJRT on one host: TensorFlow loads libtpu as a pluggable device (Google's Vertex AI TPU page for v5e;
-# GoogleCloudPlatform/ml-auto-solutions exports both for every single-host PJRT test). A -pod runtime:
-# the tpu-runtime service on each host owns the chips, so the client on worker 0 must not load
-# libtpu itself (ml-auto-solutions, dags/solutions_team/configs/tensorflow/common.py, every pod test).
+# PJRT on one host: TensorFlow loads libtpu as a pluggable device, TF_PLUGGABLE_DEVICE_LIBRARY_PATH naming it
+# (Google's Vertex AI TPU page for v5e; GoogleCloudPlatform/ml-auto-solutions exports both for every
+# single-host PJRT test): found on the VM by `libtpu_probe`. A -pod runtime: the tpu-runtime service on
+# each host owns the chips, so the client on worker 0 must not load libtpu itself (ml-auto-solutions,
+# dags/solutions_team/configs/tensorflow/common.py, every pod test).
 ENVIRONMENT = {
     # (pod, device api): variables
-    (False, "pjrt"): {"NEXT_PLUGGABLE_DEVICE_USE_C_API": "true", "TF_PLUGGABLE_DEVICE_LIBRARY_PATH": "/lib/libtpu.so"},
+    (False, "pjrt"): {"NEXT_PLUGGABLE_DEVICE_USE_C_API": "true"},
     (True, "pjrt"): {"TPU_LOAD_LIBRARY": "0"},
 }
+LIBTPU = "TF_PLUGGABLE_DEVICE_LIBRARY_PATH"
+# Where an image's libtpu lies: /lib/libtpu.so on the 2.16 images (where ml-auto-solutions puts the libtpu
+# it tests), else the `libtpu` wheel a TPU build of TensorFlow depends on (site-packages/libtpu/libtpu.so).
+# Google documents neither for 2.17: the probe takes the first that exists.
+LIBTPU_PATHS = ("/lib/libtpu.so",)
+LIBTPU_PACKAGE = "import os, libtpu; print(os.path.join(os.path.dirname(libtpu.__file__), 'libtpu.so'))"
+
+
+def libtpu_probe(runtime: Runtime, python: str) -> list[str]:
+    """Shell that exports TF_PLUGGABLE_DEVICE_LIBRARY_PATH as the first libtpu found (LIBTPU_PATHS, then the
+    `libtpu` package of `python`) on a single-host runtime, unless already set (tpu.env; empty: no plugin)."""
+    if runtime.pod:
+        return []
+    paths = " ".join(shlex.quote(p) for p in LIBTPU_PATHS)
+    missing = shlex.quote(
+        f"No libtpu.so on this VM (looked in {', '.join(LIBTPU_PATHS)} and the libtpu package): TensorFlow will "
+        f"not see the TPU. Set {LIBTPU} in tpu.env to where the image keeps it."
+    )
+    return [
+        f'if [ -z "${{{LIBTPU}+set}}" ]; then for f in {paths} "$({python} -c {shlex.quote(LIBTPU_PACKAGE)} '
+        f'2>/dev/null)"; do if [ -f "$f" ]; then export {LIBTPU}="$f"; break; fi; done; '
+        f'[ -n "${{{LIBTPU}+set}}" ] || echo {missing} >&2; fi'
+    ]
 
 
 def environment(runtime: Runtime) -> dict[str, str]:

@@ -132,8 +132,8 @@ def form_params(defaults: PipelineConfig, titles: dict[str, str]) -> dict:
 
 
 def train_queue(default_compute: str) -> str:
-    """`train` drives a TPU VM over SSH (light) or trains on the worker's CPU (heavy). The queue is
-    fixed at parse time, so it follows the compute of the default config file."""
+    """`train`, `evaluate`, `downstream` and `fill_mask` drive a TPU VM over SSH (light) or work on the
+    worker's CPU (heavy). The queue is fixed at parse time, so it follows the default config file's compute."""
     return CONTROL_QUEUE if default_compute == "tpu_vm" else CPU_QUEUE
 
 

@@ -52,7 +52,8 @@ def test_pretrain_shape_and_teardown(dagbag):
     for up, down in zip(order, order[1:], strict=False):
         assert down in dag.get_task(up).downstream_task_ids, (up, down)
     delete = dag.get_task("delete_tpu_vm")
-    assert delete.is_teardown and {"create_tpu_vm", "train"} <= delete.upstream_task_ids
+    # After the steps that judge the model on the VM (compute tpu_vm): the VM lives until fill_mask is done.
+    assert delete.is_teardown and {"create_tpu_vm", "train", "fill_mask"} <= delete.upstream_task_ids
     # create_tpu_vm skips with compute local: not a setup (Airflow would skip its whole scope), and train
     # runs after a skipped one; the merge runs when write_shards was skipped (nothing to write).
     assert not dag.get_task("create_tpu_vm").is_setup

@@ -74,7 +74,7 @@ def _conf(gcs_root: str, fake_tpu, sshd, tf_gcs_env: dict, vm_env: dict | None =
 
 def _env(sshd, tf_gcs_env: dict, gcs) -> dict:
     """The Airflow process: connections as env JSON/URI (google_cloud_default, the service-account key, comes
-    from the fake_tpu fixture); TF's gs:// for the local evaluate step."""
+    from the fake_tpu fixture); TF's gs:// as the VM has it."""
     # The connection as docs/google-cloud.md describes it: the login pins the host key the fake TPU API publishes.
     return {
         **tf_gcs_env,
@@ -149,8 +149,14 @@ def _check_run_artifacts(gcs_root: str, log: str, fake_tpu, sa_key, oauth_server
     assert fake_tpu.principals == {sa_key["client_email"]}
     assert sa_key["client_email"] in oauth_server.grants[grants_before:]
     assert "Google clients use the credentials of Airflow connection 'google_cloud_default'" in log
-    # Training ran over SSH on the "VM" (worker 0's lines in the task log), on gs:// shards.
+    # Training ran over SSH on the "VM" (worker 0's lines in the task log), on gs:// shards; and the model was
+    # judged there too, before delete_tpu_vm: evaluate, downstream and fill_mask logged as worker 0's lines.
     assert "[worker 0]" in log and "Training done: 12 steps" in log
+    for step in ("evaluate", "downstream", "fill_mask"):
+        assert f"Running {step!r} on mlm-pretrain-" in log, step
+    assert re.search(r"\[worker 0\] .*Eval on validation \(\d+ masked tokens\): loss", log)
+    assert re.search(r"\[worker 0\] .*downstream\.tasks is empty: no downstream evaluation", log)
+    assert re.search(r"\[worker 0\] .*<mask>.* -> ", log)
 
     fp = _only_fingerprint(gcs_root)
     data = DataPaths(gcs_root, fp)

@@ -118,6 +118,27 @@ def test_single_host_runs_with_the_local_resolver(fake_tpu, sshd, ssh_conn, tmp_
     assert out.read_text().splitlines() == ["hit local"]
 
 
+def test_a_step_on_the_vm_returns_the_result_its_cli_printed(fake_tpu, sshd, ssh_conn, tmp_path, caplog):
+    """How evaluate, downstream and fill_mask run with compute tpu_vm: attached on the run's VM, their lines in
+    the task log, their result the JSON the CLI prints last (indented on the session's pty); a VM no longer
+    READY fails the task naming the fix."""
+    from mlm_airflow.operators.remote_step import step_on_vm, step_result
+
+    name = _ready_node(fake_tpu, workers=1)
+    cli = "import json, sys; print('12:00:00 INFO fill -> x'); print(json.dumps([{'probe': sys.argv[1]}], indent=2))"
+    python = _fake_python(tmp_path, f'shift 2; exec {sys.executable} -c "{cli}" "$@"')
+    cfg = _cfg(fake_tpu, sshd, python=python)
+    with caplog.at_level("INFO"):
+        assert step_on_vm(_context(), cfg, "fill_mask") == [{"probe": "fill_mask"}]  # argv[1]: the verb given
+    assert "[worker 0] 12:00:00 INFO fill -> x" in caplog.text
+    assert step_result("evaluate", ["a log line", '{"loss": 1.5}', "exit noise"]) == {"loss": 1.5}  # one line
+    with pytest.raises(AirflowException, match="ended without printing its result"):
+        step_result("evaluate", ["Traceback (most recent call last):", "[1, 2"])
+    fake_tpu.preempt(name)
+    with pytest.raises(AirflowException, match="is PREEMPTED: 'evaluate' runs on the VM the model trained on"):
+        step_on_vm(_context(), cfg, "evaluate")
+
+
 def test_resolver_arguments_follow_the_remote_environment(monkeypatch):
     from mlm_tasks.training.device import tpu_resolver_args
 

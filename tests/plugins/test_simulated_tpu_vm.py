@@ -8,9 +8,10 @@ TensorFlow 2.16.1 or 2.17.0 under its own wheel name, and its own dependencies a
 date). The bucket is the GCS emulator
 (TensorFlow's gs:// reaches it through the TLS proxy). The train task stages the installed package
 to the bucket, the VM fetches it with its own TensorFlow, installs the VM lock with pip from the
-package index, checks the image, and trains the tiny preset from gs:// shards. The Airflow side (Python 3.11,
-TensorFlow 2.21) then evaluates the model
-and runs fill-mask on it, and reads the checkpoint.
+package index, checks the image, and trains the tiny preset from gs:// shards. Then the model is judged
+where it trained, as the DAG's tasks do with compute tpu_vm: evaluate, downstream (the held-out article
+task, which reads the corpus with gensim's parser in the image's Python) and fill_mask on the same VM.
+The Airflow side (Python 3.11, TensorFlow 2.21) reads the checkpoint and loads the model.
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ from types import SimpleNamespace
 import pytest
 
 from mlm_tasks import storage
-from mlm_tasks.config import PipelineConfig
+from mlm_tasks.config import DownstreamTask, PipelineConfig
 from mlm_tasks.paths import RunPaths, join
 from mlm_tasks.tpu import api as tpu
 from mlm_tasks.tpu import runtimes
@@ -85,9 +86,10 @@ def _vm_config(prepared_cfg, root, runtime, python, workdir, fake_tpu, sshd, tf_
 
 @pytest.mark.slow
 @pytest.mark.parametrize("runtime", ["tpu-vm-tf-2.16.1-pjrt", "tpu-vm-tf-2.17.0-pjrt"])
-def test_bootstrap_and_train_on_the_simulated_image(
-    runtime, tiny_prepared, gcs_root, tf_gcs_env, fake_tpu, sshd, tmp_path, monkeypatch, capfd
+def test_bootstrap_train_and_judge_on_the_simulated_image(
+    runtime, tiny_prepared, gcs_root, tf_gcs_env, fake_tpu, sshd, tmp_path, monkeypatch, capfd, caplog
 ):
+    from mlm_airflow.operators.remote_step import step_on_vm
     from mlm_airflow.operators.train import TrainOperator
 
     rt = runtimes.get(runtime)
@@ -114,7 +116,7 @@ def test_bootstrap_and_train_on_the_simulated_image(
     assert "Installing project" in log and f"Installing {rt.lock_path.name} beside the image TensorFlow" in log
     assert (
         f"[worker 0] VM ready: Python 3.10.13, TensorFlow {rt.tensorflow}, tf-keras {rt.tf_minor}.0, "
-        "transformers 4.57.6"
+        "transformers 4.57.6, datasets 5.0.1"
     ) in log
 
     run = RunPaths(root, RUN)
@@ -125,27 +127,48 @@ def test_bootstrap_and_train_on_the_simulated_image(
     assert summary["global_batch"] == cfg.train.batch_size * summary["replicas"]
     assert _site_packages(tpu_vm_python) == image_before, "the bootstrap changed the image's own packages"
 
-    # The Airflow side (TensorFlow 2.21) reads what TensorFlow 2.16 wrote: the checkpoint, then the
-    # model through the evaluate and fill_mask steps. In subprocesses, as TensorFlow must be
-    # for its gs:// to reach the emulator through the TLS proxy (which runs in this process).
+    # Judged where it trained: the three steps on the VM, their results the tasks' XCom.
+    judged = cfg.model_copy(
+        update={
+            # 40% of the 12 articles held out: enough for the task's classes (it reads the corpus, not the shards).
+            "corpus": cfg.corpus.model_copy(update={"test_fraction": 0.4}),
+            "downstream": cfg.downstream.model_copy(
+                update={
+                    "tasks": [DownstreamTask(name="which_article", source="held_out_article")],
+                    "seeds": 1,
+                    "steps": 3,
+                    "random_init": False,
+                }
+            )
+        }
+    )
+    with caplog.at_level("INFO"):
+        metrics = step_on_vm(context, judged, "evaluate", ["--data-fingerprint", data["fingerprint"]])
+        table = step_on_vm(context, judged, "downstream")
+        predictions = step_on_vm(context, judged, "fill_mask")
+    assert metrics == storage.read_json(run.eval_metrics) and 0 < metrics["loss"] < metrics["untrained_loss"]
+    # The held-out task read the corpus's articles on the VM, with gensim's parser.
+    assert [t["name"] for t in table["tasks"]] == ["which_article"] and table == storage.read_json(run.downstream)
+    assert predictions == storage.read_json(run.predictions) and all(p["predictions"] for p in predictions)
+    vm_lines = [line for line in caplog.text.splitlines() if "[worker 0]" in line]
+    assert any("Eval on validation" in line for line in vm_lines), caplog.text[-3000:]
+    assert any("Downstream scores of 1 task(s)" in line for line in vm_lines)
+
+    # The Airflow side (TensorFlow 2.21) reads what TensorFlow 2.16 wrote: the checkpoint and the model. In a
+    # subprocess, as TensorFlow must be for its gs:// to reach the emulator through the TLS proxy (which
+    # runs in this process).
     env = {**os.environ, **tf_gcs_env, "HF_HUB_OFFLINE": "1"}
     airflow_side = f"""
-import sys, tensorflow as tf
-from mlm_tasks.config import PipelineConfig
-from mlm_tasks.paths import RunContext
-from mlm_tasks.steps.evaluate import evaluate
-from mlm_tasks.steps.fill_mask import fill_mask
+import tempfile, tensorflow as tf
+from transformers import TFRobertaForMaskedLM
+from mlm_tasks import storage
 assert tf.__version__.startswith("2.21"), tf.__version__
 names = [n for n, _ in tf.train.list_variables(tf.train.latest_checkpoint({run.checkpoints!r}))]
 assert any(n.endswith("roberta/embeddings/weight/.ATTRIBUTES/VARIABLE_VALUE") for n in names), names
-cfg = PipelineConfig.model_validate_json(sys.argv[1])
-evaluate(cfg, RunContext.of(cfg, {RUN!r}, {data["fingerprint"]!r}))
-fill_mask(cfg, RunContext.of(cfg, {RUN!r}))
+with tempfile.TemporaryDirectory() as tmp:
+    TFRobertaForMaskedLM.from_pretrained(storage.download_dir({run.model!r}, tmp), use_safetensors=False)
 """
-    subprocess.run([sys.executable, "-c", airflow_side, cfg.model_dump_json()], env=env, check=True, timeout=300)
-    assert 0 < storage.read_json(run.eval_metrics)["loss"] < 20
-    predictions = storage.read_json(run.predictions)
-    assert predictions and all(p["predictions"] for p in predictions)
+    subprocess.run([sys.executable, "-c", airflow_side], env=env, check=True, timeout=300)
 
     if runtime != runtimes.DEFAULT:
         return  # the retry below is the operator's code, not the image's: checked once, on the default image

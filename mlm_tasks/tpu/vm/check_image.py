@@ -5,9 +5,9 @@
 Checks that the image's TensorFlow has the runtime's minor version; that every requirement of every
 locked package, and of the image's TensorFlow itself, is met by what Python imports first (the lock
 shadows a few image packages, `runtimes.SHADOWED`; the lock is installed with `pip --no-deps`, so
-nobody else checks); and that the VM side imports: tf-keras, transformers (seeing TensorFlow),
-gcsfs, the storage client, and on a `-pod` runtime the TPU client that TPUClusterResolver(tpu=<node>)
-needs. Exits non-zero with what to do.
+nobody else checks); and that what the steps on the VM import imports: tf-keras, transformers (seeing
+TensorFlow) and its fill-mask pipeline, datasets, gensim's Wikipedia parser, gcsfs, the storage client,
+and on a `-pod` runtime the TPU client that TPUClusterResolver(tpu=<node>) needs. Exits non-zero with what to do.
 """
 
 from __future__ import annotations
@@ -84,10 +84,14 @@ def main(argv: list[str]) -> int:
             file=sys.stderr,
         )
         return 1
+    # What the steps on the VM import: train, and evaluate, downstream and fill_mask (the model judged there).
+    import datasets  # hf_dataset corpora and downstream tasks
     import gcsfs  # noqa: F401
+    import gensim.corpora.wikicorpus  # noqa: F401  Wikipedia corpora (downstream's held-out task, contamination)
     import google.cloud.storage  # noqa: F401
     import tf_keras
     import transformers
+    from transformers import pipeline  # noqa: F401  fill_mask's
 
     if not transformers.is_tf_available():
         print("transformers does not see TensorFlow: FORCE_TF_AVAILABLE=1 must be set for the step.", file=sys.stderr)
@@ -106,7 +110,8 @@ def main(argv: list[str]) -> int:
             return 1
     print(
         f"VM ready: Python {sys.version.split()[0]}, TensorFlow {tf.__version__}, tf-keras {tf_keras.__version__}, "
-        f"transformers {transformers.__version__}" + (", TPU client for the pod" if pod else "")
+        f"transformers {transformers.__version__}, datasets {datasets.__version__}"
+        + (", TPU client for the pod" if pod else "")
     )
     return 0
 

@@ -33,6 +33,8 @@ login pointed at the worker's IP.
 
 from __future__ import annotations
 
+import json
+import logging
 from collections.abc import Sequence
 from typing import Any
 
@@ -46,6 +48,8 @@ from mlm_tasks.tpu import api as tpu
 from mlm_tasks.tpu import ssh
 from mlm_tasks.tpu.bundle import TOKEN_PROMPT, remote_command, stage_code
 from mlm_tasks.tpu.job import Log
+
+log = logging.getLogger(__name__)
 
 
 def check_reachable(cfg: PipelineConfig, name: str, host: str) -> None:
@@ -91,11 +95,16 @@ class RemoteStep:
         self.step_env = dict(step_env or {})
         self.replaces_dead_node = replaces_dead_node
         self.session: ssh.Session | None = None
+        self.output: list[str] = []  # worker 0's lines, as logged
+
+    def _line(self, line: str) -> None:
+        self.output.append(line)
+        self.log.info("[worker 0] %s", line)
 
     def run(self, context: Context, cfg: PipelineConfig, node: tpu.NodeState) -> dict[str, Any]:
         name, hosts, connect = self.connect_to(context, cfg, node)
         command = self.command or self.remote_line(context, cfg, name)
-        self.session = ssh.Session(connect, hosts[0], on_line=lambda line: self.log.info("[worker 0] %s", line))
+        self.session = ssh.Session(connect, hosts[0], on_line=self._line)
         outcome = self.session.run(command, secret=self.secret())
         if outcome.exit_code != 0:
             raise self.failure(cfg, name, outcome)
@@ -203,3 +212,35 @@ class RemoteStep:
         if self.session is not None:
             self.log.info("Task killed: hanging up the SSH session, which stops the remote step.")
             self.session.close()
+
+
+def step_on_vm(context: Context, cfg: PipelineConfig, step: str, args: Sequence[str] = ()) -> Any:
+    """`python -m mlm_tasks <step> <args>` on the run's TPU VM, attached, and the step's result: the JSON the
+    CLI prints last. How evaluate, downstream and fill_mask judge the model where it trained, before
+    delete_tpu_vm (plugins/mlm_airflow/tasks/steps.py). A VM no longer READY fails the task, naming the fix."""
+    from mlm_airflow.connections import use_connection
+
+    name = tpu.node_name(context["dag"].dag_id, context["run_id"])
+    remote = RemoteStep(step, log, args=args)
+    with use_connection(cfg.gcp_conn_id):
+        node = tpu.get_state(cfg.tpu, name)
+        if not node.ready:
+            raise AirflowException(
+                f"TPU VM {name} is {node.state}: {step!r} runs on the VM the model trained on, which is gone "
+                "(preempted?). The model is safe in output_root: clear create_tpu_vm and this task to run it on a "
+                "new VM."
+            )
+        remote.run(context, cfg, node)
+    return step_result(step, remote.output)
+
+
+def step_result(step: str, lines: Sequence[str]) -> Any:
+    """The JSON value the CLI printed last among `lines` (indented over a pty, one line into a file)."""
+    decoder = json.JSONDecoder()
+    for i in range(len(lines) - 1, -1, -1):
+        if lines[i].startswith(("{", "[")):
+            try:
+                return decoder.raw_decode("\n".join(lines[i:]))[0]
+            except json.JSONDecodeError:
+                continue
+    raise AirflowException(f"Step {step!r} ended without printing its result (the JSON `python -m mlm_tasks` prints).")

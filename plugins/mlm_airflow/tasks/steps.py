@@ -11,18 +11,21 @@ Each result is one XCom (`multiple_outputs=False`): a TypedDict of mlm_tasks/res
 by the next task and by REST API clients. No ML logic and no file I/O live here. TensorFlow and
 transformers are imported by the steps themselves, at run time, so parsing a DAG that uses these
 stays fast. `train` is an operator (plugins/mlm_airflow/operators/train.py): it trains here or on the run's TPU VM.
+With `compute: tpu_vm`, evaluate, downstream and fill_mask run on that VM too (`step_on_vm`, before
+delete_tpu_vm): the model is judged where it trained, not on this worker's CPU.
 """
 
 from __future__ import annotations
 
 import logging
-from typing import Any
+from typing import Any, cast
 
-from airflow.sdk import task
+from airflow.sdk import get_current_context, task
 
 from mlm_airflow.defaults import CPU_QUEUE
 from mlm_airflow.errors import bad_input_fails_fast
 from mlm_airflow.tasks.step_context import step_context
+from mlm_tasks.config import PipelineConfig
 from mlm_tasks.results import (
     DataSummary,
     DownstreamResult,
@@ -83,12 +86,21 @@ def check_run(config: dict, data: DataSummary) -> RunCheck:
         return step(cfg, ctx, data=data)
 
 
+def _on_vm(cfg: PipelineConfig, step: str, *args: str) -> Any:
+    from mlm_airflow.operators.remote_step import step_on_vm
+
+    return step_on_vm(get_current_context(), cfg, step, args)
+
+
 @task(queue=CPU_QUEUE, multiple_outputs=False)
 def evaluate(config: dict, data: DataSummary) -> EvalMetrics:
     from mlm_tasks.steps.evaluate import evaluate as step
 
     with bad_input_fails_fast():
-        return step(*step_context(config, data))
+        cfg, ctx = step_context(config, data)
+        if cfg.compute == "tpu_vm":
+            return cast(EvalMetrics, _on_vm(cfg, "evaluate", "--data-fingerprint", data["fingerprint"]))
+        return step(cfg, ctx)
 
 
 @task(queue=CPU_QUEUE, multiple_outputs=False)
@@ -97,7 +109,8 @@ def downstream(config: dict) -> DownstreamResult:
     from mlm_tasks.steps.downstream import downstream as step
 
     with bad_input_fails_fast():
-        return step(*step_context(config))
+        cfg, ctx = step_context(config)
+        return cast(DownstreamResult, _on_vm(cfg, "downstream")) if cfg.compute == "tpu_vm" else step(cfg, ctx)
 
 
 @task(queue=CPU_QUEUE)
@@ -105,7 +118,8 @@ def fill_mask(config: dict) -> list[ProbePredictions]:
     from mlm_tasks.steps.fill_mask import fill_mask as step
 
     with bad_input_fails_fast():
-        return step(*step_context(config))
+        cfg, ctx = step_context(config)
+        return cast(list[ProbePredictions], _on_vm(cfg, "fill_mask")) if cfg.compute == "tpu_vm" else step(cfg, ctx)
 
 
 @task(queue=CPU_QUEUE, multiple_outputs=False)
