@@ -3,31 +3,22 @@ then one CLI step.
 
     bundle = stage_code(cfg.output_root, cfg.tpu.runtime_version)          # once, from the Airflow worker
     line = remote_command(cfg, "train", run_id, node=name, code=bundle)     # the line worker 0 runs
+    ssh_command(22, "~/.ssh/id_ed25519", "mlm@10.0.0.2", line)              # that line for a person's shell
 
-`stage_code` puts a deterministic tarball of the installed `mlm_tasks` package (package data
-included: the VM locks under mlm_tasks/tpu/vm/) under output_root/_code/<sha>/ — content-addressed, so
-an unchanged project is uploaded once (its bytes are read back and re-uploaded if they differ: the
-`_SUCCESS` marker alone is not trusted), and a wheel or Docker install stages exactly what a checkout
-does. The line carries the tarball's full sha256: the VM fetches it and checks that hash before
-unpacking anything (exit 3 on a mismatch), whenever `<workdir>/.installed-<sha>` is missing or the
-tarball kept beside `code/` no longer has that hash. It installs the runtime's VM lock
-(mlm_tasks.tpu.runtimes) with `pip --no-deps --require-hashes --target` into
-`<workdir>/deps-<lock sha>/` when that is missing: nothing of the image (its Python, its TPU build of
-TensorFlow, numpy, protobuf) is replaced, and the image is checked to hold the runtime's TensorFlow.
-Then it runs `python -m mlm_tasks <step> --config-json <cfg> --run-id <run>`. With
-`tpu.bootstrap: false` it runs the step from `tpu.workdir` as it is (a custom image, or tests).
+`stage_code` puts a deterministic tarball of the installed `mlm_tasks` package (its VM locks included) under
+output_root/_code/<sha>/: content-addressed, uploaded once (re-uploaded if its bytes differ). The line
+carries the tarball's sha256: the VM fetches it (tpu/vm/fetch.py, the image's Python alone) and checks
+that hash before unpacking anything (exit 3 on a mismatch), then installs the runtime's VM lock with
+`pip --no-deps --require-hashes --target` into `<workdir>/deps-<lock sha>/` once: nothing of the image
+(its Python, its TPU build of TensorFlow, numpy, protobuf) is replaced, and the image is checked
+(tpu/vm/check_image.py). Then `python -m mlm_tasks <step> --config-json <cfg> --run-id <run>`. With
+`tpu.bootstrap: false` the step runs from `tpu.workdir` as it is (a custom image, or tests).
 
-One copy of a step per run (`_run_lock`): the step holds an flock on `<workdir>/.run-lock-<hash of run
-id and step>` for as long as it runs. A retry that finds the lock held (an earlier try that lost its
-SSH session to a partition or a crashed Airflow host, which sshd may not notice for hours) stops that
-try's step first: SIGTERM, SIGKILL after STOP_GRACE_S, exit 3 if the lock is still held.
-
-Secrets never ride on the command line (it shows in `ps` and in logs) nor in an environment block
-(`/proc/<pid>/environ` keeps a process's first environment for its whole life, whatever the shell
-unsets): the line turns the pty's echo off and prints `TOKEN_PROMPT`, the SSH session answers with the
-Hub token on stdin, the shell reads it into an unexported variable, and pipes it to the step alone
-(`--hub-token-stdin`, printf being a builtin): the bootstrap's commands (the fetch, pip, the image check)
-never see it.
+One copy of a step per run (`_run_lock`): the step holds an flock on `<workdir>/.run-lock-<hash>` while it
+runs; a retry that finds it held (a try whose SSH session was lost) stops that step first: SIGTERM, SIGKILL
+after STOP_GRACE_S, exit 3 if the lock is still held. Secrets never ride on the command line or in an
+environment block: the line turns the pty's echo off and prints `TOKEN_PROMPT`, the session answers with
+the Hub token on stdin, and the shell pipes it to the step alone (`--hub-token-stdin`).
 """
 
 from __future__ import annotations
@@ -150,6 +141,12 @@ def code_bundle(output_root: str, runtime_version: str, package_dir: Path = PACK
     return bundle, tarball
 
 
+def ssh_command(port: int, key: str, login: str, remote: str) -> str:
+    """An `ssh` line a person can paste that runs the shell line `remote` on a worker: every part quoted, and
+    `remote` one argument (ssh joins its arguments with spaces; the worker's shell splits the line again)."""
+    return shlex.join(["ssh", "-p", str(port), "-i", key, login, remote])
+
+
 def shell_path(path: str) -> str:
     """Quote a path but keep a leading ~ meaning the remote user's home."""
     if path == "~":
@@ -160,13 +157,12 @@ def shell_path(path: str) -> str:
 
 
 def _fetch(py: str, uri: str) -> str:
-    """Shell that copies the bundle's tarball from `uri` into the current directory. gs:// goes
-    through the image's own TensorFlow (its GCS filesystem uses the VM's service account), so the
-    VM needs nothing else, not even gcloud."""
+    """Shell that copies the bundle's tarball from `uri` into the current directory: gs:// with the image's
+    Python alone (tpu/vm/fetch.py, as the VM's service account), so the VM needs nothing else."""
     tarball = join(uri, "mlm_tasks.tar.gz")
     if storage.scheme(uri) == "gs":
-        copy = "import sys, tensorflow as tf; tf.io.gfile.copy(sys.argv[1], sys.argv[2], overwrite=True)"
-        return f"{py} -c {shlex.quote(copy)} {shlex.quote(tarball)} mlm_tasks.tar.gz"
+        fetch = (runtimes.VM_DIR / "fetch.py").read_text()
+        return f"{py} -c {shlex.quote(fetch)} {shlex.quote(tarball)} mlm_tasks.tar.gz"
     return f"cp {shlex.quote(storage.local_path(tarball))} ."
 
 
@@ -333,6 +329,7 @@ def remote_command(
         raise ConfigError(f"tpu.env has invalid variable names {bad}: use letters, digits and _.")
     parts = ["set -e", f"mkdir -p {shell_path(cfg.tpu.workdir)}", f"cd {shell_path(cfg.tpu.workdir)}"]
     parts += [f"export {k}={shlex.quote(v)}" for k, v in sorted(variables.items())]
+    parts += runtimes.libtpu_probe(runtimes.get(cfg.tpu.runtime_version), shlex.quote(cfg.tpu.python))
     # The token arrives on stdin once asked for, never in this line or an environment; echo off first,
     # so the pty does not print it back into the log.
     if expect_token:

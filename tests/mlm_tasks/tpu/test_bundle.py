@@ -233,7 +233,7 @@ def test_a_newer_runtime_is_supported_with_its_own_lock_and_image():
         runtimes.get("tpu-vm-tf-2.18.0-pjrt-v5p-and-below")
 
 
-PJRT_ONE_HOST = {"NEXT_PLUGGABLE_DEVICE_USE_C_API": "true", "TF_PLUGGABLE_DEVICE_LIBRARY_PATH": "/lib/libtpu.so"}
+PJRT_ONE_HOST = {"NEXT_PLUGGABLE_DEVICE_USE_C_API": "true"}  # and the libtpu the probe finds (test below)
 
 
 @pytest.mark.parametrize(
@@ -248,7 +248,7 @@ PJRT_ONE_HOST = {"NEXT_PLUGGABLE_DEVICE_USE_C_API": "true", "TF_PLUGGABLE_DEVICE
 )
 def test_remote_line_exports_the_runtime_environment_before_tensorflow(accelerator, runtime, variables, tmp_path):
     """Google's variables for the runtime and slice shape (runtimes.ENVIRONMENT), exported before the
-    first command that imports TensorFlow: the bundle fetch, the image check, the step."""
+    first command that imports TensorFlow (the image check, the step; the bundle fetch imports none)."""
     cfg = PipelineConfig.model_validate(
         {
             "output_root": "gs://bucket/p",
@@ -268,8 +268,11 @@ def test_remote_line_exports_the_runtime_environment_before_tensorflow(accelerat
     assert {k: exports.get(k) for k in variables} == variables
     others = {"TPU_LOAD_LIBRARY", "MLM_TPU_NODE", *PJRT_ONE_HOST} - set(variables)
     assert not others & set(exports), f"{others & set(exports)} exported for {accelerator}"
-    first_tensorflow = min(line.index(t) for t in ("tensorflow as tf", "mlm_tasks.tpu.vm.check_image", "exec "))
+    assert "tensorflow" not in line.split("mlm_tasks.tpu.vm.check_image", 1)[0]  # the fetch: the image's Python alone
+    first_tensorflow = min(line.index(t) for t in ("mlm_tasks.tpu.vm.check_image", "exec "))
     assert max(line.index(f"export {k}=") for k in variables) < first_tensorflow
+    probe = line.find(runtimes.LIBTPU + "+set")
+    assert (probe == -1) == runtimes.get(runtime).pod and probe < first_tensorflow  # one host: the libtpu probe
     assert ("--pod" in line.split("check_image", 1)[1].split(";", 1)[0]) == runtimes.get(runtime).pod
 
 
@@ -331,3 +334,58 @@ def test_a_step_that_ignores_sigterm_is_killed(tmp_path):
         assert earlier.wait(timeout=5) == -9
     finally:
         earlier.kill()
+
+
+def _probe_in_a_shell(tmp_path, package_answer: str, preset: str | None = None) -> tuple[str, str]:
+    """runtimes.libtpu_probe run by sh with a stand-in python whose `libtpu` package lies at `package_answer`;
+    (the exported value or "unset", stderr)."""
+    python = tmp_path / "python"
+    python.write_text(f"#!/bin/sh\necho {shlex.quote(package_answer)}\n")
+    python.chmod(0o755)
+    probe = "; ".join(runtimes.libtpu_probe(runtimes.get(runtimes.DEFAULT), str(python)))
+    env = {"PATH": "/usr/bin:/bin"} | ({runtimes.LIBTPU: preset} if preset is not None else {})
+    script = f'{probe}; echo "${{{runtimes.LIBTPU}-unset}}"'
+    done = subprocess.run(["sh", "-c", script], capture_output=True, text=True, env=env, check=True, timeout=30)
+    return done.stdout.strip(), done.stderr
+
+
+def test_the_remote_line_finds_the_images_libtpu(tmp_path):
+    """Single-host PJRT needs TF_PLUGGABLE_DEVICE_LIBRARY_PATH to name the image's libtpu, which is not in
+    one place on every image: /lib/libtpu.so, else the `libtpu` package's copy; tpu.env's value wins (the
+    simulated VM's empty one: no plugin); none found is said, naming the setting."""
+    assert not Path("/lib/libtpu.so").exists()  # this machine: the package's answer decides
+    wheel = tmp_path / "site-packages" / "libtpu" / "libtpu.so"
+    wheel.parent.mkdir(parents=True)
+    wheel.write_bytes(b"")
+    assert _probe_in_a_shell(tmp_path, str(wheel)) == (str(wheel), "")
+    assert _probe_in_a_shell(tmp_path, str(wheel), preset="") == ("", "")
+    assert _probe_in_a_shell(tmp_path, str(wheel), preset="/opt/libtpu.so") == ("/opt/libtpu.so", "")
+    found, said = _probe_in_a_shell(tmp_path, str(tmp_path / "nowhere.so"))
+    assert found == "unset" and "No libtpu.so on this VM" in said and runtimes.LIBTPU in said
+    assert runtimes.libtpu_probe(runtimes.get("tpu-vm-tf-2.16.1-pod-pjrt"), "python3") == []  # the pod's runtime
+
+
+def test_the_vm_fetches_the_bundle_with_the_standard_library(gcs_root, tmp_path):
+    """tpu/vm/fetch.py, as the bootstrap runs it (its source, in a Python with none of the project's
+    packages on its path: -I), against the storage emulator the way the storage layer reads it."""
+    import os
+
+    from mlm_tasks import storage
+    from mlm_tasks.paths import join
+
+    uri = join(gcs_root, "_code", "x y", "mlm_tasks.tar.gz")
+    storage.write_bytes(uri, b"\x1f\x8b staged bytes")
+    source = (runtimes.VM_DIR / "fetch.py").read_text()
+    env = {"STORAGE_EMULATOR_HOST": os.environ["STORAGE_EMULATOR_HOST"], "PATH": os.environ["PATH"]}
+    subprocess.run([sys.executable, "-I", "-c", source, uri, "got"], cwd=tmp_path, env=env, check=True, timeout=60)
+    assert (tmp_path / "got").read_bytes() == b"\x1f\x8b staged bytes"
+
+
+def test_a_printed_ssh_line_pastes_into_a_shell_as_the_worker_would_run_it():
+    """The smoke tool's dry run prints the remote line as an ssh command: pasted into a shell, ssh must get
+    the whole line as one argument and the login placeholder must not be a redirect."""
+    from mlm_tasks.tpu.bundle import ssh_command
+
+    remote = "set -e; cd \"$HOME\"/mlm; export A='x y'; exec python3 -m mlm_tasks train --run-id 'r 1'"
+    line = ssh_command(22, "/keys/my key", "mlm@<worker-0-ip>", remote)
+    assert shlex.split(line) == ["ssh", "-p", "22", "-i", "/keys/my key", "mlm@<worker-0-ip>", remote]
