@@ -9,22 +9,13 @@ project or zone a run chose (not only the zones the janitor is told about).
     sweep = tpu_registry.delete_expired(api, zones, root)   # mlm_tpu_janitor: every expired mlm-* node
     tpu_registry.forget_gone(api, root)                      # then the entries of nodes that are gone
 
-One small JSON file per node, `<root>/<project>/<zone>/<name>.json`, written by the task that creates
-the node and removed once the node is known to be gone (teardown confirmed it, or the janitor found
-it gone). Why files under a deployment location rather than an Airflow Variable or the create tasks'
-XCom: each create writes its own file, so two creates at once cannot lose each other's entry (one
-Variable holding a list is a read-modify-write race); every Celery worker, whatever machine, and the
-janitor read the same place when it is gs:// (or a volume they share); it goes through the storage
-layer the artifacts use; and an entry outlives the metadata database (`airflow db clean` drops old
-XCom, a cleared run rewrites it). A node recorded twice (a retry) is one file, rewritten.
-
-The janitor's sweep (`delete_expired`, `forget_gone`) lives here too, with no Airflow in it: the DAG
-(dags/mlm_tpu_janitor.py) hands it the deployment's TPU API settings (`api`, a TpuConfig whose project
-is the janitor's own; mlm_tasks.config.deployment.janitor_api) and the trigger's zones. A zone whose listing
-fails, or a node whose delete the API refuses, does not stop the others: the Sweep names them, and
-the task fails at the end (`Sweep.problems`). Only nodes named `mlm-*` whose `expires` label is past
-are deleted (tpu.api.list_expired), and queued resources named so whose node's label is (with their node:
-mlm_tasks/tpu/queued.py).
+One small JSON file per node, `<root>/<project>/<zone>/<name>.json`, written by the task that creates the
+node (before it exists) and removed once it is known to be gone. Files rather than an Airflow Variable or
+XCom: two creates at once cannot lose each other's entry, every worker and the janitor read the same
+place, and an entry outlives the metadata database. The janitor's sweep (`delete_expired`, `forget_gone`)
+lives here too, with no Airflow in it: a zone whose listing fails or a refused delete does not stop the
+others (`Sweep.problems`); only `mlm-*` nodes (and their queued resources) whose `expires` label is past
+are deleted.
 """
 
 from __future__ import annotations

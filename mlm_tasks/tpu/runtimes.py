@@ -7,21 +7,14 @@ and the environment its TensorFlow needs.
     runtimes.environment(rt)                       # {"NEXT_PLUGGABLE_DEVICE_USE_C_API": "true", ...}
     runtimes.libtpu_probe(rt, "python3")           # shell: TF_PLUGGABLE_DEVICE_LIBRARY_PATH = the VM's libtpu
 
-A runtime image (`tpu-vm-tf-X.Y.Z[-pod]-pjrt`) is Ubuntu 22.04 with Python 3.10, a TPU build of
-TensorFlow X.Y.Z (wheel named `tensorflow`) and the rest of its packages as of the runtime's release:
-`image_date` is that day, and `image-tfX.Y.txt` the packages (resolved as of that day by `make
-lock-vm`, or captured from a real VM by `python -m mlm_tasks.smoke --capture-image`). The VM lock
-holds what runs beside that TensorFlow, resolved against the image's exact pins; only the packages in
-`SHADOWED` may be newer than the image's (the lock's copy comes first on PYTHONPATH, within
-TensorFlow's own bounds). `-pod` images are for multi-host slices, where TensorFlow is single-client:
-worker 0 runs the program and the `-pod` runtime on the other hosts serves it.
-
-Sources (Google): "TPU software versions" (cloud.google.com/tpu/docs/runtimes) gives the naming rule
-`tpu-vm-tf-x.y.z[-pod][-{device_api}]` and the libtpu of each TensorFlow (2.16.1: 1.10.1, 2.17.0:
-1.11.0, 2.18.0: 1.12.0); 2.18.0 comes as `-pjrt-v5p-and-below` and `-pjrt-v5e-and-v6`. Vertex AI's TPU
-training page: TensorFlow is not supported on v6e (Trillium) and later. Supported here is what has a
-VM lock, a dated image and the simulated end-to-end test (tests/plugins/test_simulated_tpu_vm.py).
-Adding one = a row below, `make lock-vm`, and that test's parameter.
+A runtime image (`tpu-vm-tf-X.Y.Z[-pod]-pjrt`) is Ubuntu 22.04, Python 3.10, a TPU build of TensorFlow X.Y.Z
+(wheel `tensorflow`) and its packages as of `image_date` (`image-tfX.Y.txt`: resolved as of that day by
+`make lock-vm`, or captured from a real VM). The VM lock holds what runs beside that TensorFlow, resolved
+against the image's pins; only `SHADOWED` packages may be newer. `-pod` images serve multi-host slices
+(the program on worker 0 only). Sources: Google's "TPU software versions" page (the naming rule, each
+TensorFlow's libtpu; 2.18.0 split by chip family) and Vertex AI's TPU page (no TensorFlow on v6e and later).
+Supported is what has a VM lock, a dated image and the simulated end-to-end test
+(tests/plugins/test_simulated_tpu_vm.py): adding one = a row below, `make lock-vm`, that test's parameter.
 """
 
 from __future__ import annotations

@@ -1,34 +1,19 @@
 """Run one pipeline step on the run's TPU VM over SSH (the `compute: tpu_vm` path).
 
     remote = RemoteStep("train", log, args=[...], hub_token=token)     # what TrainOperator composes
-    node = node_for_step(op, context, cfg, name, replace_in=op.resume)  # operators/tpu_vm.py
     remote.run(context, cfg, node)                                      # {"node", "workers"}
+    step_on_vm(context, cfg, "evaluate", ["--data-fingerprint", fp])    # evaluate, downstream, fill_mask: the result
 
-`RemoteStep` is the whole remote path, which the train task (plugins/mlm_airflow/operators/train.py) and
-the tests' step operator (tests/peers/tpu_step_operator.py) use: the checks of the node, the command line,
-the session's environment and the SSH session itself (mlm_tasks/tpu/ssh.py). The node's workers come from the TPU
-API (their IPs, internal or external per `tpu.ssh_via`; the port is `tpu.ssh_port`), the login from
-the Airflow SSH connection `tpu.ssh_conn_id` (user + private key, plugins/mlm_airflow/connections.py). Before the
-SSH session, the port of worker 0 is probed with a short timeout: a worker Airflow cannot reach
-fails the task at once, without retries, naming the fix (firewall rule, external IPs, ssh_via),
-instead of waiting out the SSH patience on every try. TensorFlow on TPU is single-client: on one
-host the step runs there with `TPUClusterResolver(tpu="local")`; on a multi-host slice (more than
-one network endpoint, which needs a `-pod` runtime) it runs on worker 0 only, addressing the whole
-slice by node name, zone and project (MLM_TPU_NODE), while the `-pod` runtime on the other hosts
-serves it. Worker 0's output streams into the task log line by line. The task fails if the step
-exits non-zero, naming the worker and its exit code, and says so when the node was preempted
-meanwhile. Exit code 2 (the CLI's "bad configuration") fails without retries: a retry cannot fix
-it; so does a worker presenting a host key its node did not publish. With `replace_dead_node`
-(the train task) a node found PREEMPTED or gone is replaced first, waiting in the triggerer
-(`node_for_step`, plugins/mlm_airflow/operators/tpu_vm.py), so a retry after a preemption continues on a fresh VM from
-the last checkpoint. The session has a pty, so closing it (task killed, timed out, or failed) hangs
-up the remote step instead of orphaning it; a session lost without a hang-up (a network partition, a
-crashed Airflow host) leaves the step running, and the next try stops it first (the run lock of
-`remote_command`), so one run never has two trainers. The train task runs its trainer detached from
-the session instead, and follows it (`DetachedTrain`, plugins/mlm_airflow/operators/train.py). Secrets (the Hub
-token) travel on the SSH session's stdin when the line asks (`hub_token`), never on the command line
-or in an environment. Google's ComputeEngineSSHHook cannot find TPU VMs, hence the SSH connection's
-login pointed at the worker's IP.
+`RemoteStep` is the whole remote path (the train task, the steps that judge the model, the tests' step
+operator): the node's checks (READY, host count against the runtime, worker 0's port probed at once: an
+unreachable worker fails without retry, naming the fix), the command line (mlm_tasks/tpu/bundle.py) and the
+SSH session (mlm_tasks/tpu/ssh.py; the login from the Airflow SSH connection `tpu.ssh_conn_id`, since
+Google's ComputeEngineSSHHook cannot find TPU VMs). Only worker 0 is dialled: TensorFlow on TPU is
+single-client, and on a `-pod` slice the other hosts serve it. Worker 0's lines stream into the task log.
+A non-zero exit fails the task naming the worker and code (and a node preempted meanwhile); exit 2 and a
+host key the node did not publish fail without retry. The session's pty makes a hang-up (task killed)
+stop the remote step; a lost session leaves it running, and the next try stops it first (the run lock).
+The Hub token travels on the session's stdin, never on the command line or in an environment.
 """
 
 from __future__ import annotations
