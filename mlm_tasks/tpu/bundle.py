@@ -7,7 +7,7 @@ then one CLI step.
 
 `stage_code` puts a deterministic tarball of the installed `mlm_tasks` package (its VM locks included) under
 output_root/_code/<sha>/: content-addressed, uploaded once (re-uploaded if its bytes differ). The line
-carries the tarball's sha256: the VM fetches it (tpu/vm/fetch.py, the image's Python alone) and checks
+carries the tarball's sha256: the VM fetches it (FETCH: the image's Python alone) and checks
 that hash before unpacking anything (exit 3 on a mismatch), then installs the runtime's VM lock with
 `pip --no-deps --require-hashes --target` into `<workdir>/deps-<lock sha>/` once: nothing of the image
 (its Python, its TPU build of TensorFlow, numpy, protobuf) is replaced, and the image is checked
@@ -156,13 +156,26 @@ def shell_path(path: str) -> str:
     return shlex.quote(path)
 
 
+# `python -c FETCH gs://bucket/object dest`: one object copied with the standard library alone (the project is
+# not there yet), by the storage layer's rules: STORAGE_EMULATOR_HOST when set, else the GCS JSON API as the VM's
+# service account (a token from the metadata server). Importing TensorFlow instead would cost seconds and, on a
+# single-host PJRT runtime, load libtpu and take the chips. One line, so the remote line stays one line.
+FETCH = (
+    "import json, os, shutil, sys, urllib.parse as p, urllib.request as r; "
+    "e = os.environ.get('STORAGE_EMULATOR_HOST', '').rstrip('/'); b, _, n = sys.argv[1][5:].partition('/'); "
+    "m = 'http://metadata.google.internal/computeMetadata/v1/instance/service-accounts/default/token'; "
+    "a = {} if e else {'Authorization': 'Bearer ' + json.load(r.build_opener(r.ProxyHandler({})).open("
+    "r.Request(m, headers={'Metadata-Flavor': 'Google'}), timeout=60))['access_token']}; "
+    "u = (e or 'https://storage.googleapis.com') + f'/download/storage/v1/b/{b}/o/{p.quote(n, safe=\"\")}?alt=media'; "
+    "shutil.copyfileobj(r.urlopen(r.Request(u, headers=a), timeout=60), open(sys.argv[2], 'wb'))"
+)
+
+
 def _fetch(py: str, uri: str) -> str:
-    """Shell that copies the bundle's tarball from `uri` into the current directory: gs:// with the image's
-    Python alone (tpu/vm/fetch.py, as the VM's service account), so the VM needs nothing else."""
+    """Shell that copies the bundle's tarball from `uri` into the current directory (gs://: FETCH)."""
     tarball = join(uri, "mlm_tasks.tar.gz")
     if storage.scheme(uri) == "gs":
-        fetch = (runtimes.VM_DIR / "fetch.py").read_text()
-        return f"{py} -c {shlex.quote(fetch)} {shlex.quote(tarball)} mlm_tasks.tar.gz"
+        return f"{py} -c {shlex.quote(FETCH)} {shlex.quote(tarball)} mlm_tasks.tar.gz"
     return f"cp {shlex.quote(storage.local_path(tarball))} ."
 
 

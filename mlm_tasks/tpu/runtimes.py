@@ -144,9 +144,10 @@ def libtpu_probe(runtime: Runtime, python: str) -> list[str]:
         f"No libtpu.so on this VM (looked in {', '.join(LIBTPU_PATHS)} and the libtpu package): TensorFlow will "
         f"not see the TPU. Set {LIBTPU} in tpu.env to where the image keeps it."
     )
+    # </dev/null: the session's stdin may hold the Hub token, which only the step may read.
     return [
         f'if [ -z "${{{LIBTPU}+set}}" ]; then for f in {paths} "$({python} -c {shlex.quote(LIBTPU_PACKAGE)} '
-        f'2>/dev/null)"; do if [ -f "$f" ]; then export {LIBTPU}="$f"; break; fi; done; '
+        f'</dev/null 2>/dev/null)"; do if [ -f "$f" ]; then export {LIBTPU}="$f"; break; fi; done; '
         f'[ -n "${{{LIBTPU}+set}}" ] || echo {missing} >&2; fi'
     ]
 

@@ -19,6 +19,7 @@ from mlm_tasks.tpu.bundle import remote_command, stage_code
 from mlm_tasks.tpu.ssh import Session
 from peers.sshd import airflow_conn_uri, host_public_key
 from peers.tpu_step_operator import TpuSSHStepOperator
+from peers.tpu_vm_image import NO_LIBTPU
 from peers.waits import error_text
 
 ZONE = "us-central2-b"
@@ -34,6 +35,9 @@ def ssh_conn(sshd, monkeypatch):
 
 
 def _cfg(fake_tpu, sshd, **tpu):
+    """A config for worker 0 = this machine, which has no libtpu: tpu.env says so (NO_LIBTPU), as on the
+    simulated image, unless a test sets its own env."""
+    tpu.setdefault("env", NO_LIBTPU)
     return PipelineConfig.model_validate(
         {
             "compute": "tpu_vm",
@@ -275,7 +279,10 @@ def test_unreachable_worker_is_reported(sshd, monkeypatch):
 
 def test_remote_command_exports_tpu_env(ssh_conn, fake_tpu, sshd, tmp_path):
     cfg = _cfg(
-        fake_tpu, sshd, workdir=str(tmp_path), env={"STORAGE_EMULATOR_HOST": "http://127.0.0.1:1", "ODD": "a b'c"}
+        fake_tpu,
+        sshd,
+        workdir=str(tmp_path),
+        env={**NO_LIBTPU, "STORAGE_EMULATOR_HOST": "http://127.0.0.1:1", "ODD": "a b'c"},
     )
     setup = remote_command(cfg, "train", "r", node="mlm-n").split("; exec ", 1)[0]  # everything before the step
     outcome = Session(ssh_conn, "127.0.0.1").run(setup + '; echo "$PWD|$STORAGE_EMULATOR_HOST|$ODD"')

@@ -139,7 +139,7 @@ def test_bootstrap_train_and_judge_on_the_simulated_image(
                     "steps": 3,
                     "random_init": False,
                 }
-            )
+            ),
         }
     )
     with caplog.at_level("INFO"):

@@ -366,8 +366,8 @@ def test_the_remote_line_finds_the_images_libtpu(tmp_path):
 
 
 def test_the_vm_fetches_the_bundle_with_the_standard_library(gcs_root, tmp_path):
-    """tpu/vm/fetch.py, as the bootstrap runs it (its source, in a Python with none of the project's
-    packages on its path: -I), against the storage emulator the way the storage layer reads it."""
+    """bundle.FETCH, as the bootstrap runs it (in a Python with none of the project's packages on its path:
+    -I), against the storage emulator the way the storage layer reads it."""
     import os
 
     from mlm_tasks import storage
@@ -375,9 +375,10 @@ def test_the_vm_fetches_the_bundle_with_the_standard_library(gcs_root, tmp_path)
 
     uri = join(gcs_root, "_code", "x y", "mlm_tasks.tar.gz")
     storage.write_bytes(uri, b"\x1f\x8b staged bytes")
-    source = (runtimes.VM_DIR / "fetch.py").read_text()
+    from mlm_tasks.tpu.bundle import FETCH
+
     env = {"STORAGE_EMULATOR_HOST": os.environ["STORAGE_EMULATOR_HOST"], "PATH": os.environ["PATH"]}
-    subprocess.run([sys.executable, "-I", "-c", source, uri, "got"], cwd=tmp_path, env=env, check=True, timeout=60)
+    subprocess.run([sys.executable, "-I", "-c", FETCH, uri, "got"], cwd=tmp_path, env=env, check=True, timeout=60)
     assert (tmp_path / "got").read_bytes() == b"\x1f\x8b staged bytes"
 
 
