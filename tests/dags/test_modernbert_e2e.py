@@ -38,6 +38,9 @@ def test_pretrain_dag_with_modernbert_publishes_a_transformers_5_model(airflow_e
         "config_file": str(ROOT / "configs" / "tiny.yaml"),
         "output_root": str(out),
         "architecture": "modernbert",
+        "vocab_size": 1000,  # the form's own fields default to the embedded run's: the tiny config's values
+        "max_length": 64,
+        "batch_size": 8,
         "steps": 12,
         "overrides": {"downstream": downstream, "publish.enabled": True, "publish.repo_id": REPO},
     }
