@@ -154,8 +154,14 @@ def test_cli_fan_out_by_hand_matches_build_shard_set(tmp_path, capsys):
         assert run("write_shards", "--part", str(part), *fp)["part"] == part
     assert run("write_shards", "--part", "1", *fp)["part"] == 1  # rerun: skipped, same answer
     merged = run("merge_shards", *fp)
-    for key in ("records", "tokens", "corpus", "vocab_size"):
+
+    # The tokenizer's file hash is left out: Unigram training is not byte-reproducible across processes.
+    def same(summary: dict) -> dict:
+        return {**summary["corpus"], "tokenizer": {**summary["corpus"]["tokenizer"], "sha256": None}}
+
+    for key in ("records", "tokens", "vocab_size"):
         assert merged[key] == single[key], key
+    assert same(merged) == same(single)
     manifest = storage.read_json(merged["manifest_uri"])
     assert manifest["partitions"] == 3 and storage.exists(merged["success_uri"])
     assert merged["written_here"] and not merged["cache_hit"]
