@@ -1,14 +1,11 @@
 """The model a run continues from (`model.init_from`): files, identity, shape, tokenizer, checks against the run.
-The same reference reads a tokenizer reused without its model (`tokenizer.from_pretrained`: `tokenizer_ref`).
 
-    base = BaseModelRef.of(cfg)                 # None without model.init_from
+    base = BaseModelRef.of(cfg)              # None without model.init_from (tokenizer_ref: tokenizer.from_pretrained)
     base.identity()                          # {"init_from": ..., "revision": commit sha, or sha256 of its files}
-    base.config(), base.tokenizer_json()     # config.json (a dict), tokenizer.json (text)
     folder = base.local_folder(tmp)          # config.json and the weights on local disk, to load
     check_base(cfg, base)                    # validate: conflicting shape settings, max_length, tokenizer
 
-Why pinned: a Hub revision is resolved to its commit once and train reads that commit (`BaseModelRef.pinned`),
-so a moving branch cannot pair other weights with the shards' tokenizer; a changed folder is refused.
+A Hub revision is resolved to its commit once (`BaseModelRef.pinned`).
 docs/configuration.md#continued-pretraining-modelinit_from
 """
 

@@ -1,14 +1,10 @@
 """The Google credentials every Google client of this process uses (TPU API, gcsfs, google-cloud-storage).
 
-    from mlm_tasks import credentials
     credentials.install(creds, project)        # for the rest of this process (an Airflow task)
     with credentials.use(creds, project): ...  # for a block (a trigger poll, a test)
     credentials.current()                      # what the clients get; None -> Application Default Credentials
 
-mlm_tasks never imports Airflow: on the Airflow side, `plugins/mlm_airflow/connections.py` reads the run's
-GCP connection with the Google provider's own hook and hands the google-auth object in here. Where
-nothing was handed in (the CLI, the TPU VM itself), the clients find credentials the usual way:
-Application Default Credentials (GOOGLE_APPLICATION_CREDENTIALS, gcloud, the VM's service account).
+The Airflow side (`plugins/mlm_airflow/connections.py`) hands the google-auth object in here.
 """
 
 from __future__ import annotations

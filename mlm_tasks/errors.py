@@ -2,11 +2,8 @@
 
     from mlm_tasks.errors import ConfigError, MissingArtifactError, AuthError, TransientError
 
-ConfigError (a setting or input is wrong), MissingArtifactError (an earlier step's output is missing)
-and AuthError (401/403) share NoRetryError: only a person can fix them, so an Airflow task fails
-without retries and the CLI exits 2. TransientError (5xx, 429, timeouts) and anything unforeseen are
-retried; the CLI exits 1. The glue keeps this contract (plugins/mlm_airflow/errors.py, mlm_tasks/cli.py, the
-SSH runner); every message says what happened and what to do. docs/architecture.md#errors
+`NoRetryError` (a person must act) fails an Airflow task without retries, the CLI exits 2; TransientError
+and anything unforeseen are retried. docs/architecture.md#errors
 """
 
 from __future__ import annotations

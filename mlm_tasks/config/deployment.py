@@ -1,15 +1,11 @@
 """Two kinds of settings: what the deployment sets, and what a run may set.
 
     dep = Deployment.load()              # $MLM_DEPLOYMENT (a YAML file), or None: no boundary
-    cfg = dep.run_config(params)         # the trigger form / REST conf -> PipelineConfig
-    extra = check_event(extra, dep, source_dag_id)   # a dataset-refresh event: from the refresh DAG, data only
     cfg = run_config(params, dep, extra)  # the one door: form, conf and event in, the deployment last
 
-Why: a platform team keeps the deployment (project, service accounts, connections, endpoints, the VM's
-environment, buckets); the settings marked `DeploymentOnly` in the schema and what the file's `settings`
-pins come only from the file, and a run that sets one is refused, naming the key. Without MLM_DEPLOYMENT
-every Airflow task still refuses them (`Deployment.for_airflow()`: closed by default); only the CLI applies
-none. docs/security.md
+Settings marked `DeploymentOnly` in the schema and the file's `settings` come only from the file; a run that
+sets one is refused, naming the key. Without MLM_DEPLOYMENT every Airflow task still refuses them
+(`Deployment.for_airflow()`); only the CLI applies none. docs/security.md
 """
 
 from __future__ import annotations

@@ -2,15 +2,9 @@
 
     ds = mlm_dataset(shard_set, "train", tokenizer, global_batch, mlm_probability=cfg.train.mlm_probability,
                      seed=cfg.train.seed, input_context=input_context)   # training=False: one ordered pass
-    # whole_word_mask=True, max_predictions=32: whole words instead of single tokens (data/word_mask.py)
-    # replace=(1.0, 0.0): every selected token shows <mask> (default (0.8, 0.1): BERT's 80/10/10)
-    # weights={"web": 3, "wiki": 1}: a mixture's train examples drawn by source (shard_set.source_weights)
 
-Why it looks so: masking is transformers' TF-native collator applied to whole batches inside the graph,
-so the pipeline never drops to Python per example; reads go through TensorFlow's own GCS filesystem, so
-a TPU VM streams shards straight from the bucket; on a pod `shard_policy` picks FILE (each pipeline its
-own files) or DATA (every file, a slice of each batch). A bad record is a `DataLossError` naming no
-file: `damaged_shard_error` finds it. More: docs/data.md#reading-shards-in-training
+Masking is transformers' TF-native collator applied to whole batches inside the graph; reads go through
+TensorFlow's GCS filesystem. docs/data.md#reading-shards-in-training
 """
 
 from __future__ import annotations

@@ -2,13 +2,10 @@
 
     with open("part.tfrecord", "wb") as f:
         f.write(frame_records(encode_examples(block)))          # block: [n, max_length] ids
-    with open("part.tfrecord", "rb") as f:
-        for offset, record in iter_records(f, "part.tfrecord"):  # both crc32c checked; ConfigError if bad
-            parse_example(record)
+    for offset, record in iter_records(f, "part.tfrecord"):      # both crc32c checked; ConfigError if bad
 
-Why not tf.train.Example and tf.io.TFRecordWriter: a proto per record costs more than tokenizing
-(bench/bench_shards.py) and importing TensorFlow costs seconds per writer; numpy encodes a whole block
-at once. Held to TensorFlow's bytes by tests/mlm_tasks/data/test_shards_format.py; docs/data.md#the-file-format
+numpy encodes a whole block at once: a proto per record costs more than tokenizing, and importing
+TensorFlow costs seconds per writer. docs/data.md#the-file-format
 """
 
 from __future__ import annotations

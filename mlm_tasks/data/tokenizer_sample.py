@@ -2,13 +2,8 @@
 
     rows, stats = tokenizer_sample(paths, num_parts, budget_bytes)   # rows by ascending row hash
 
-The sample is the train rows with the smallest row hashes whose text fits in the budget: the row hash
-is the seed, so the same corpus gives the same sample on every machine. Each partition's scan kept its
-own such rows and the one that ends them (mlm_tasks/data/dedup/scan.py); here their lists are merged in
-hash order, skipping what the dedup removed, until the budget is full. When the dedup removes none of
-the candidates the sample is the same for any partition count; when it does, a partition's list may end
-a few rows early and the cut can move by those rows. Memory: the rows taken, a line per partition, and a
-bit per row of the corpus (the masks, packed).
+The train rows with the smallest row hashes that fit the budget, merged from each partition's scan
+(mlm_tasks/data/dedup/scan.py), skipping what the dedup removed. docs/data.md
 """
 
 from __future__ import annotations

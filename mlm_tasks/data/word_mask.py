@@ -3,12 +3,9 @@
     masker = WholeWordMasker(tokenizer, mlm_probability=0.15, max_predictions=32)
     masked, labels = masker(ids, special, BatchSeededRng(seed, batch_index))   # a tf.data map, or under XLA
 
-transformers' `whole_word_mask` collator is torch-only and needs offsets, so the words are found here from
-the pieces alone: our Unigram tokenizer's Metaspace pre-tokenizer turns each space into "▁", so a piece
-that starts with "▁" starts a word. A special token (<s> </s> <pad> <mask> <unk>) is a word of its own and
-is never masked; the piece after one starts a word too (a chunk boundary or "<mask>." has no "▁"). Every
-shape is static, so the same code runs in tf.data and under `jit_compile=True` (a TPU).
-More: docs/configuration.md#whole-word-masking-trainwhole_word_mask
+transformers' `whole_word_mask` collator is torch-only and needs offsets, so words are found from the pieces;
+every shape is static, so it runs under `jit_compile=True`.
+docs/configuration.md#whole-word-masking-trainwhole_word_mask
 """
 
 from __future__ import annotations

@@ -3,13 +3,9 @@
     parts = [write_partition(cfg, paths, p, 4) for p in range(4)]    # any order, any machine, in parallel
     shard_set = merge_partitions(cfg, paths, 4, extra)               # manifest.json and _SUCCESS last
 
-Why (docs/data.md#how-a-partition-is-written): it streams, so memory stays flat however large the
-corpus; a partition keeps whole chunks and the merge joins the tails, so records = floor(sum of all
-ids / max_length) whatever the partition count; names carry partition and record count
-(`<split>-p00001of00004-00000-2048.tfrecord`; a mixture's sources `<split>-<source>-p00001of00004-…`, each
-chunked apart so training can weight them), so partitions never collide and Hugging Face's regex
-reads the count; a partition stages privately and writes its partial manifest last, the merge writes
-manifest.json then `_SUCCESS`, and two writers of one fingerprint write the same bytes.
+It streams (memory stays flat), the merge joins the partitions' tails (records = floor(ids / max_length)
+whatever the partition count), and two writers of one fingerprint write the same bytes.
+docs/data.md#how-a-partition-is-written
 """
 
 from __future__ import annotations

@@ -1,6 +1,4 @@
-"""train.budget_minutes: a deadline on the time a run trains, from its first start (measuring included). The
-step count is planned from the run's own measured step, re-planned before each call from the last minute's
-pace, and the run stops at a step boundary with its checkpoint; a retry gets what its checkpoint had not used.
+"""train.budget_minutes: a deadline on the time a run trains, from its first start (measuring included).
 
     budget = budgeted_steps(run, budget_minutes=5, cap=None, measure=lambda: (0.012, 4.1))  # recorded in budget.json
     deadline = Deadline(time.time() + budget.seconds - used_s, budget.seconds_per_step, cap=None)

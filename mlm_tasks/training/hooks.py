@@ -1,18 +1,10 @@
-"""Hooks of the training loop: what a caller runs around it (checkpoint listeners such as the Hub sync, a
-test's fault) without the loop knowing who they are.
+"""Hooks of the training loop: what runs around it (checkpoint listeners such as the Hub sync, a test's fault).
 
     train(cfg, ctx, hooks=[FailAtStep(6)])                        # in this process (a test)
     MLM_TRAIN_HOOKS=mlm_tasks.training.hooks:fail_at_step=6     # a trainer in another process
 
-A hook overrides what it needs of `TrainHook`: `on_start(run, start_step, total_steps)` before the first
-step, `on_steps(first, last)` after each call of the compiled loop (steps first..last, any checkpoint of
-that call saved), `on_checkpoint(step, path)` after each saved checkpoint and the final one, `on_end()`
-after the final checkpoint. An int `checkpoint_every` asks for a checkpoint that often as well.
-
-MLM_TRAIN_HOOKS is a test and diagnostic seam, not a setting: `module:factory` or `module:factory=ARG`
-entries, comma-separated, each factory called (with ARG, a string, when given) for a hook. It is read
-from the trainer's own environment (the worker's, or tpu.env's on a TPU VM, both the deployment's),
-never from a run's config, so no DAG-run conf or trigger form can set it.
+A hook overrides what it needs of `TrainHook`. MLM_TRAIN_HOOKS (`module:factory[=ARG]`, comma-separated) is
+a test seam read from the trainer's own environment, never from a run's config. docs/configuration.md
 """
 
 from __future__ import annotations

@@ -4,10 +4,7 @@
     with loop.status:                  # runs/<run>/train/status.json: heartbeats, then done or failed
         loop.run()                     # ... the final checkpoint saved, every hook's on_end called
 
-Validation, checkpoints (train.checkpoint_every, or a hook's) and hooks land on a call's last step; a rerun
-restores the latest checkpoint and skips the batches it took. A time budget re-plans the last step before
-each call; a preemption notice saves a checkpoint after the call and stops; a non-finite loss or gradient
-norm stops the run before anything of its call is saved (TrainingDivergedError, no retry).
+A non-finite loss or gradient norm stops the run before anything of its call is saved (no retry).
 """
 
 from __future__ import annotations

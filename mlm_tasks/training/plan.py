@@ -2,14 +2,10 @@
 
     steps = plan_steps(cfg, shard_set, global_batch)          # the batch fits the train records
     check_resumable(run, fingerprint, shard_set.vocab_size)   # a checkpoint of this run is of this data
-    per_call = steps_per_call(cfg.train.steps_per_call, device)  # optimizer steps per compiled call
-    plan_lines(cfg, steps, vocab_size)   # tokens, FLOPs; on a TPU VM hours and cost, before spending
-
-Shared by the steps that need them (validate, check_run, train), so no step imports another. The train
-step's first two parts live here too, each handing a typed result to the next:
-
     inputs = load_inputs(cfg, ctx)                 # TrainInputs: the checked shard set, tokenizer, base model
     plan = plan_training(cfg, ctx.run, inputs)     # TrainPlan: device, precision, strategy, batch, steps
+
+Shared by the steps that need them (validate, check_run, train), so no step imports another.
 """
 
 from __future__ import annotations

@@ -2,11 +2,7 @@
 
     state = build_training(cfg, ctx.run, inputs, plan)   # TrainState: model, checkpoints, start step, history
 
-A checkpoint holds weights, optimizer moments, the step, the learning-rate schedule's plan (the schedule
-follows the optimizer's step to the last step planned so far) and the time budget used. A run with a
-checkpoint restores the latest; a fresh run with `train.continue_run` starts from that run's latest
-checkpoint (weights and optimizer state, its step count kept as the schedule's offset), one with
-`model.init_from` from the base model's weights (mlm_tasks/model/init_weights.py), else from random ones.
+The latest checkpoint of the run, else `train.continue_run`'s, else `model.init_from`'s weights, else random.
 """
 
 from __future__ import annotations

@@ -4,11 +4,8 @@
     validate = Validation(strategy, model, validation_batches(shard_set, tokenizer, cfg))
     loss, accuracy, tokens = validate()          # the same batches, the same masks, every call
 
-The masks are fixed: 15% of tokens (EVAL_MLM_PROBABILITY, whatever `train.mlm_probability` trains
-with), drawn per batch from the run's seed and the batch's index (`BatchSeededRng`), so two runs on
-one shard set score the same masked positions, and a resumed run scores what an uninterrupted one
-would. Every masked position is scored (no `max_predictions_per_seq` cut). Only whole batches are
-used: a TPU compiles one batch shape.
+The masks are fixed (15% of tokens, seeded per batch), so two runs on one shard set, or a resumed run,
+score the same positions; only whole batches (a TPU compiles one shape). docs/configuration.md
 """
 
 from __future__ import annotations

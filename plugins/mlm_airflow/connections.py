@@ -1,16 +1,13 @@
-"""The Airflow connections a task reads, turned into what `mlm_tasks` takes as arguments: the run's GCP
-credentials for every Google client, the Hugging Face Hub token and endpoint, the login to a TPU VM worker.
+"""The Airflow connections a task reads, turned into arguments for `mlm_tasks`: GCP credentials, the Hub's
+token and endpoint, the login to a TPU VM worker.
 
     install_for(cfg)                                  # a task: TPU API, gcsfs and storage use the connection
     with use_connection("google_cloud_default"): ...  # a block (a trigger poll, the janitor)
     token, endpoint = hub_credentials(cfg.publish.hf_conn_id)
     connect = ssh_connect("tpu_ssh", 22, node=name, published=tpu.published_keys(cfg.tpu, name, api=api))
-    client = connect("10.128.0.7", 0)   # a logged-in paramiko SSHClient for worker 0
 
-GCP: the Google provider's own hook reads the connection (every form it supports), handed to
-`mlm_tasks.credentials`; Hub: the password is the token, the host the endpoint, passed as arguments, never
-through the environment, a log, XCom or a file; SSH: the SSH provider's SSHHook reads the login, and the
-worker must present a host key its node published. docs/google-cloud.md#credentials-the-airflow-gcp-connection.
+Secrets pass as arguments, never through the environment, a log, XCom or a file; the worker must present a
+host key its node published. docs/google-cloud.md#credentials-the-airflow-gcp-connection
 """
 
 from __future__ import annotations

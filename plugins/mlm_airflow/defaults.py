@@ -1,12 +1,9 @@
-"""What every project DAG shares: owner, retries with backoff, the failure notifier, an execution_timeout
-(MLM_TASK_TIMEOUT_H), the default config file and the trigger-form fields (generated from the config model,
-so the form and the validator cannot disagree), and where tasks run (the `cpu` and `control` Celery
-queues, and whether this deployment spreads a run over machines).
+"""What every project DAG shares: owner, retries, the failure notifier, an execution_timeout, the default
+config file, the trigger form (generated from the config model) and the Celery queues.
 
     from mlm_airflow.defaults import CPU_QUEUE, CONTROL_QUEUE, default_args, distributed_executor
 
-Queues are orchestration settings, so they live here and in the environment (MLM_CPU_QUEUE,
-MLM_CONTROL_QUEUE, MLM_SHARED_OUTPUT_ROOTS: docs/operations.md), not in `mlm_tasks.config`.
+Queues are orchestration settings: environment variables (docs/operations.md), not `mlm_tasks.config`.
 """
 
 from __future__ import annotations

@@ -3,10 +3,7 @@
     with bad_input_fails_fast():
         step(cfg)
 
-`mlm_tasks` raises a `NoRetryError` (mlm_tasks/errors.py) for what a person must act on: a bad input
-(`ConfigError`), an artifact an earlier step did not write (`MissingArtifactError`), a refused or missing
-credential (`AuthError`). A retry would fail the same way, so it becomes `AirflowFailException`.
-`TransientError` and anything unforeseen keep their normal retries.
+A `NoRetryError` (mlm_tasks/errors.py) becomes `AirflowFailException`; anything else keeps its retries.
 """
 
 from __future__ import annotations
