@@ -40,14 +40,10 @@ class FilterConfig(Section):
     max_word_chars: int = Field(1000, ge=1, le=10**7, description="Drop rows with a longer word (C4: 1000).")
     ratio_min_words: int = Field(3, ge=1, le=10_000, description="Shorter rows skip the ratio rules.")
     min_mean_word_length: float = Field(2.0, ge=0, le=100, description="Drop rows of shorter mean word (0: off).")
-    max_mean_word_length: float = Field(
-        12.0, ge=1, le=10_000, description="Drop rows of longer mean word (Gopher: 10)."
-    )
+    max_mean_word_length: float = Field(12.0, ge=1, le=10_000, description="Drop rows of longer mean word (Gopher 10).")
     min_alpha_word_fraction: float = Field(0.5, ge=0, le=1, description="Least share of words with a letter (0: off).")
     max_symbol_word_ratio: float = Field(0.1, ge=0, le=1000, description="Most '#' or ellipses per word (1000: off).")
-    max_duplicate_ngram_fraction: float = Field(
-        0.15, ge=0, le=1, description="Most characters in repeated 5-grams (1: off)."
-    )
+    max_duplicate_ngram_fraction: float = Field(0.15, ge=0, le=1, description="Most chars in repeated 5-grams (1 off).")
     min_stop_words: int = Field(0, ge=0, le=1000, description="Least stop words a row holds (0: off; Gopher: 2).")
     require_end_punctuation: bool = Field(False, description="Drop rows not ending in . ? ! \" ' (C4's line rule).")
     drop_curly_brackets: bool = Field(True, description="Drop rows holding '{', which is code, not prose (C4).")
@@ -89,21 +85,15 @@ MIXTURE_MAX_WEIGHT = 100.0
 class MixtureSource(Section):
     """One source of a mixture (corpus.mixture): a text source, its settings, and its weight in training."""
 
-    name: str = Field(
-        pattern=r"^[a-z0-9][a-z0-9_-]{0,31}$", description="Short unique name: it names the source's shards."
-    )
-    weight: float = Field(
-        1.0, gt=0, le=MIXTURE_MAX_WEIGHT, description="Relative share of train examples drawn from it."
-    )
+    name: str = Field(pattern=r"^[a-z0-9][a-z0-9_-]{0,31}$", description="Short unique name; it names its shards.")
+    weight: float = Field(1.0, gt=0, le=MIXTURE_MAX_WEIGHT, description="Relative share of train examples drawn.")
     source: TextSource = Field("local_files", description="Where its text comes from (a text source).")
     hf_path: str = Field("Salesforce/wikitext", description="`datasets` path (source=hf_dataset).")
     hf_name: str | None = Field("wikitext-103-raw-v1", description="`datasets` config name.")
     hf_revision: str | None = Field(None, description="Dataset revision (commit/tag); pins the data.")
     text_column: str = Field("text", description="Column holding the text in datasets/jsonl/parquet.")
     local_paths: list[str] = Field(default_factory=list, description="Files or globs (source=local_files).")
-    split_by: Literal["row", "file", "document"] = Field(
-        "row", description="source=local_files: what the split hashes."
-    )
+    split_by: Literal["row", "file", "document"] = Field("row", description="local_files: what the split hashes.")
     document_column: str | None = Field(None, description="split_by=document: the document id column.")
     dump_path: str | None = Field(None, description="Path of an enwiki pages-articles*.xml.bz2 dump (wiki_dump).")
     max_articles: int | None = Field(None, ge=1, le=10**9, description="Read at most this many articles (dumps).")
@@ -143,25 +133,17 @@ class CorpusConfig(Section):
     hf_name: str | None = Field("wikitext-103-raw-v1", description="`datasets` config name.")
     hf_revision: str | None = Field(None, description="Dataset revision (commit/tag); pins the data.")
     text_column: str = Field("text", description="Column holding the text in datasets/jsonl/parquet.")
-    local_paths: list[str] = Field(
-        default_factory=list, description="Files or globs (source=local_files), local or gs://."
-    )
+    local_paths: list[str] = Field(default_factory=list, description="Files or globs (local_files), local or gs://.")
     dump_path: str | None = Field(None, description="Path of an enwiki pages-articles*.xml.bz2 dump.")
     max_articles: int | None = Field(None, ge=1, le=10**9, description="Read at most this many articles (dumps).")
-    validation_fraction: float = Field(
-        0.05, ge=0.0, lt=0.5, description="Share held out for validation (no split of its own)."
-    )
+    validation_fraction: float = Field(0.05, ge=0.0, lt=0.5, description="Share held out for validation.")
     test_fraction: float = Field(0.05, ge=0.0, lt=0.5, description="Share held out for test.")
-    split_by: Literal["row", "file", "document"] = Field(
-        "row", description="source=local_files: what the split hashes."
-    )
+    split_by: Literal["row", "file", "document"] = Field("row", description="local_files: what the split hashes.")
     document_column: str | None = Field(None, description="split_by=document: the document id column.")
     shards_uri: str | None = Field(None, description="source=tfrecord_shards: where the shards are.")
     tokenizer_uri: str | None = Field(None, description="source=tfrecord_shards: their tokenizer.")
     filters: FilterConfig = Field(default_factory=FilterConfig, description="Which rows to drop before tokenizing.")
-    mixture: list[MixtureSource] = Field(
-        default_factory=list, max_length=32, description="source=mixture: its sources."
-    )
+    mixture: list[MixtureSource] = Field(default_factory=list, max_length=32, description="The mixture's sources.")
 
     @model_validator(mode="after")
     def _mixture(self) -> CorpusConfig:

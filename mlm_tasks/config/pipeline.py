@@ -40,9 +40,7 @@ class StorageConfig(Section):
 class PipelineConfig(Section):
     output_root: str = Field("out", description="Where every artifact goes: a local folder or gs://bucket/prefix.")
     compute: Literal["local", "tpu_vm"] = Field("local", description="Train here, or on a TPU VM made for the run.")
-    gcp_conn_id: DeploymentOnly[str] = Field(
-        "google_cloud_default", description="GCP connection of every Google client."
-    )
+    gcp_conn_id: DeploymentOnly[str] = Field("google_cloud_default", description="GCP connection of Google clients.")
     corpus: CorpusConfig = Field(default_factory=CorpusConfig)
     tokenizer: TokenizerConfig = Field(default_factory=TokenizerConfig)
     shards: ShardConfig = Field(default_factory=ShardConfig)

@@ -23,9 +23,7 @@ class DownstreamTask(Section):
     """One text-classification task the trained encoder is fine-tuned on (mlm_tasks/downstream/)."""
 
     name: str = Field(pattern=r"^[A-Za-z0-9_.-]+$", description="What the table calls it, e.g. sst2.")
-    source: Literal["files", "hf_dataset", "held_out_article"] = Field(
-        "files", description="Where the examples come from."
-    )
+    source: Literal["files", "hf_dataset", "held_out_article"] = Field("files", description="Where examples come from.")
     train_file: str | None = Field(None, description="source=files: the training examples.")
     validation_file: str | None = Field(None, description="source=files: the examples scored.")
     hf_path: str | None = Field(None, description="source=hf_dataset: `datasets` path, e.g. nyu-mll/glue.")
@@ -35,9 +33,7 @@ class DownstreamTask(Section):
     validation_split: str = Field("validation", description="source=hf_dataset: the split scored.")
     text_columns: list[str] = Field(default_factory=list, max_length=2, description="One column, or two for pairs.")
     label_column: str = Field("label", description="Column of the class: integers from 0, or names.")
-    metric: Literal["accuracy", "f1", "macro_f1", "mcc", "pearson", "spearman"] = Field(
-        "accuracy", description="The score of the task."
-    )
+    metric: Literal["accuracy", "f1", "macro_f1", "mcc", "pearson", "spearman"] = Field("accuracy", description="Score")
     min_score: float | None = Field(None, ge=-1, le=1, description="The gate refuses a mean score below this.")
     max_train_examples: int | None = Field(None, ge=1, le=10_000_000, description="Fine-tune on at most this many.")
     max_eval_examples: int | None = Field(None, ge=1, le=10_000_000, description="Score at most this many.")
@@ -97,9 +93,7 @@ class PublishConfig(Section):
     repo_id: str | None = Field(None, description="Hub model repo id, e.g. my-org/roberta-wiki-mlm.")
     tokenizer_repo_id: str | None = Field(None, description="Push the tokenizer alone to this repo after training it.")
     private: bool = Field(True, description="Create the Hub repo as private.")
-    hf_conn_id: DeploymentOnly[str] = Field(
-        "huggingface_default", description="Airflow connection whose password is the Hub token."
-    )
+    hf_conn_id: DeploymentOnly[str] = Field("huggingface_default", description="Connection: password = Hub token.")
     sync_checkpoints: bool = Field(False, description="Push checkpoints (revisions step-N) while training.")
     request_timeout_s: float = Field(120, gt=0, le=3600, description="Seconds a Hub request may go silent.")
     license: str = Field("cc-by-sa-4.0", description="License in the model card (Wikipedia text is CC BY-SA 4.0).")

@@ -37,13 +37,9 @@ class TpuConfig(Section):
     price_per_chip_hour: float | None = Field(None, gt=0, le=1000, description="US$ per chip-hour (empty: list price).")
     service_account: DeploymentOnly[str | None] = Field(None, description="Service account email for the VM.")
     ttl_hours: float = Field(12, gt=0, le=720, description="The janitor deletes the VM after this many hours.")
-    api_endpoint: DeploymentOnly[str | None] = Field(
-        None, description="TPU API endpoint override (tests: http://127.0.0.1:P)."
-    )
+    api_endpoint: DeploymentOnly[str | None] = Field(None, description="TPU API endpoint override (tests).")
     transport: DeploymentOnly[Literal["grpc", "rest"]] = Field("grpc", description="TPU API client transport.")
-    ssh_conn_id: DeploymentOnly[str] = Field(
-        "tpu_ssh", description="Airflow SSH connection (user, private key) for the VM."
-    )
+    ssh_conn_id: DeploymentOnly[str] = Field("tpu_ssh", description="SSH connection (user, private key) for the VM.")
     ssh_port: DeploymentOnly[int] = Field(22, ge=1, le=65535, description="SSH port on the VM workers.")
     workdir: DeploymentOnly[str] = Field("~/mlm", description="Directory on the VM where the project is installed.")
     python: DeploymentOnly[str] = Field("python3", description="Python interpreter on the VM.")
@@ -55,13 +51,9 @@ class TpuConfig(Section):
     delete_timeout_s: int = Field(900, ge=1, le=86_400, description="Seconds the teardown waits for a deletion.")
     bootstrap: DeploymentOnly[bool] = Field(True, description="Install the project code on the VM.")
     external_ips: DeploymentOnly[bool] = Field(True, description="Give the workers external IPs.")
-    ssh_via: DeploymentOnly[Literal["internal", "external"]] = Field(
-        "external", description="Which worker IPs Airflow dials for SSH."
-    )
+    ssh_via: DeploymentOnly[Literal["internal", "external"]] = Field("external", description="Worker IPs SSH dials.")
     enable_oslogin: DeploymentOnly[bool] = Field(False, description="Log in through OS Login, not ssh-keys.")
-    env: DeploymentOnly[dict[str, str]] = Field(
-        default_factory=dict, description="Environment of the step (no secrets)."
-    )
+    env: DeploymentOnly[dict[str, str]] = Field(default_factory=dict, description="The step's environment, no secrets.")
 
     @model_validator(mode="before")
     @classmethod

@@ -120,9 +120,7 @@ class TrainConfig(Section):
     checkpoint_every: int = Field(100, ge=1, le=100_000_000, description="Steps between checkpoints.")
     log_every: int = Field(25, ge=1, le=100_000_000, description="Steps between progress lines in the log.")
     steps_per_call: Literal["auto"] | int = Field("auto", description="Steps per compiled call (auto by device).")
-    eval_every: int | None = Field(
-        None, ge=1, le=100_000_000, description="Steps between validation losses (empty: none)."
-    )
+    eval_every: int | None = Field(None, ge=1, le=100_000_000, description="Steps between validations (empty: none).")
     eval_batches: int = Field(8, ge=1, le=1_000_000, description="Validation batches per eval_every.")
     keep_checkpoint: Literal["last", "best"] = Field("last", description="The model the run keeps: last or best.")
     xla: Literal["auto", "on", "off"] = Field("auto", description="XLA-compile the step (auto: on for TPU/GPU).")
@@ -166,7 +164,5 @@ DEFAULT_PROBES = [
 
 
 class InferConfig(Section):
-    probes: list[str] = Field(
-        default_factory=lambda: list(DEFAULT_PROBES), description="Fill-mask probes, one <mask> each."
-    )
+    probes: list[str] = Field(default_factory=lambda: list(DEFAULT_PROBES), description="Fill-mask probes, one <mask>.")
     top_k: int = Field(5, ge=1, le=50, description="Predictions kept per probe.")

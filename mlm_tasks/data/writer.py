@@ -170,7 +170,6 @@ def check_split_written(split: str, entry: dict, max_length: int) -> None:
         )
 
 
-log = logging.getLogger(__name__)
 STAGING_PREFIX = ".shards-staging-"
 
 
@@ -288,17 +287,10 @@ def _merge_tails(sc: ShardConfig, paths: DataPaths, staging: str, split: str, so
     writer.write(tail[:usable].reshape(-1, sc.max_length))
     last = writer.finish()
     _move_into_set(staging, paths, last)
-    shards = [s for e in entries for s in e["shards"]] + last
-    records = sum(s["records"] for s in shards)
-    entry = {
-        "records": records,
-        "tokens": records * sc.max_length,
-        "rows": sum(e["rows"] for e in entries),
-        "characters": sum(e["characters"] for e in entries),
-        "shards": shards,
-    }
-    if all(e.get("articles") is not None for e in entries):
-        entry["articles"] = sum(e["articles"] for e in entries)
+    entry = _total(entries)
+    records = sum(s["records"] for s in last)
+    entry.update(records=entry["records"] + records, tokens=entry["tokens"] + records * sc.max_length)
+    entry["shards"] += last
     return entry
 
 
