@@ -105,21 +105,11 @@ def mlm_dataset(
 ):
     """Batches of {"input_ids", "attention_mask", "labels"} (labels = -100 where nothing is masked).
 
-    training=True: shuffled, repeated, `skip_batches` skipped so a resumed run continues where the
-    last checkpoint left off, and `take_batches` long: a finite dataset ends cleanly, where tearing
-    down an endless one blocks for many seconds on its in-flight reader threads.
-    training=False: one ordered pass, for evaluation.
-
-    whole_word_mask=True masks whole words (mlm_tasks/data/word_mask.py), never more than
-    `max_predictions` tokens a row when it is set (the LM head's slots), so no word is cut by them.
-    `replace`: the shares of the selected tokens shown as <mask> and as a random token (make_masker).
-
-    `input_context` (a tf.distribute.InputContext; training only): `batch_size` is then the global
-    batch, this pipeline's share of each step is split into per-replica batches, and skip/take still
-    count steps.
-
-    `weights` (a mixture's, by source name: shard_set.source_weights; training only): each train example
-    is drawn from a source chosen by weight, each source repeated, so up-sampling repeats a small source.
+    training=True: shuffled, repeated, `skip_batches` skipped (a resumed run continues where its checkpoint
+    left off), `take_batches` long (a finite dataset tears down at once); training=False: one ordered pass.
+    whole_word_mask: whole words, at most `max_predictions` tokens a row; `replace`: make_masker's shares.
+    `input_context` (training): `batch_size` is the global batch, split per replica; skip/take count steps.
+    `weights` (a mixture's, by source name; training): each example drawn from a source chosen by weight.
     """
     import tensorflow as tf
 

@@ -3,9 +3,8 @@
     python -m mlm_tasks train_tokenizer   # after the dedup stages, on a seeded sample of the kept train rows
     tok = train_subwords(rows, cfg.tokenizer); add_spare_tokens(tok, 8); save_tokenizer(tok, uri, 128)
 
-Training is not reproducible id-for-id (Unigram's ties swap ~5% of ids), so a tokenizer is trained
-once per data fingerprint and published first-writer-wins: whoever loses the race uses the winner's
-file, and shards are always encoded with the tokenizer read back from storage.
+Training is not reproducible id-for-id, so a tokenizer is trained once per data fingerprint (first
+writer wins) and shards are encoded with the tokenizer read back from storage.
 """
 
 from __future__ import annotations

@@ -59,14 +59,9 @@ def select_whole_words(ids, special, starts_word, probability: float, max_predic
     """bool[batch, length]: the positions of the words drawn for prediction, each word whole.
 
     `starts_word` is `starts_word_table` as a tf constant, `special` marks the special positions and
-    `uniform(shape)` draws floats in [0, 1) (a `BatchSeededRng`'s). Each word is drawn with
-    `probability`, so each non-special token is selected with exactly that probability: the expected
-    share of tokens is mlm_probability's, as token-level masking gives (BERT's release instead masks
-    round(p * tokens) per sequence; a per-word draw keeps it one vectorised op, at a larger spread).
-    `max_predictions` > 0: of the drawn words only those that end within the first `max_predictions`
-    selected tokens of their row are kept, so no word is cut by the LM head's slots; the word that
-    crosses the cap and every later one are left unmasked (BERT skips such a word and tries the next,
-    a sequential loop). The cut lowers the share: 30% with 1.5x the mean count in slots masks ~29.3%."""
+    `uniform(shape)` draws floats in [0, 1). Each word is drawn with `probability` (one vectorised op).
+    `max_predictions` > 0: only drawn words that end within the first `max_predictions` selected tokens
+    of their row are kept, so no word is cut by the LM head's slots."""
     import tensorflow as tf
 
     # A special position ends the word before it; position 0 starts a word (a chunk may start mid-word).

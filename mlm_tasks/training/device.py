@@ -3,8 +3,7 @@
     device = select_device(cfg.train.device)     # tpu, gpu or cpu (train.device=auto: what this host has)
     strategy = make_strategy(device, cfg)        # TPUStrategy, Mirrored on several GPUs, else the default
 
-TensorFlow on TPU is single-client: on one host the program talks to its own chips; on a multi-host slice
-it runs on worker 0 only and addresses the whole slice by name (tpu_resolver_args).
+On a multi-host TPU slice the program runs on worker 0 only and addresses the slice by name.
 """
 
 from __future__ import annotations

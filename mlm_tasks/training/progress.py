@@ -1,9 +1,8 @@
-"""Training progress: the log lines an operator reads, the TensorBoard scalars and the history the
-report plots, from one place. Throughput leaves out the first step, which traces and compiles.
+"""Training progress: the log lines, the TensorBoard scalars and the history the report plots.
 
-    history = read_history(run)          # runs/<run>/train/history.jsonl: train resumes it, report plots it
-    write_history(run, history)          # at every checkpoint
-    best_so_far(history)                 # (step, val_loss) of the lowest validation loss (train.eval_every)
+history = read_history(run)          # runs/<run>/train/history.jsonl: train resumes it, report plots it
+write_history(run, history)          # at every checkpoint
+best_so_far(history)                 # (step, val_loss) of the lowest validation loss (train.eval_every)
 """
 
 from __future__ import annotations

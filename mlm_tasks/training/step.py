@@ -1,6 +1,5 @@
-"""What one training step is made of: the model and optimizer in the strategy's scope, the train input,
-and the compiled loop that runs k optimizer steps a call. Shared by the run and by the time budget's
-throwaway measurement (mlm_tasks/training/budget.py), so both time the same step.
+"""One training step: the model and optimizer in the strategy's scope, the train input, and the compiled
+loop that runs k optimizer steps a call (shared by the run and the time budget's measurement).
 
     model, optimizer, schedule = model_and_optimizer(strategy, cfg, model_config, steps, from_base=False)
     batches = train_input(cfg, shard_set, tokenizer, global_batch, skip=0, take=steps)
