@@ -3,10 +3,8 @@
     cfg = load_config("configs/tiny.yaml", overrides={"train.steps": 50})
     cfg = config_from_params(dag_params)        # flat names from the Airflow trigger form
 
-Every setting has a default and a one-line description; unknown keys are errors, so a typo fails before
-any work starts. What each setting is for: docs/configuration.md. Sections: `data`, `training` (model and
-training), `tpu`, `release` (downstream, gate, publish), `pipeline` (the whole run and its cross-section
-checks), `loading` (YAML, form, overrides), `deployment` (the boundary: what only the deployment sets).
+Unknown keys are errors, so a typo fails before any work starts. What each setting is for:
+docs/configuration.md; the modules: docs/layout.md.
 """
 
 from mlm_tasks.config.data import (

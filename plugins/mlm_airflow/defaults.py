@@ -85,12 +85,6 @@ def _config_schema() -> dict:
     return PipelineConfig.model_json_schema()
 
 
-def _json_schema(model: type[BaseModel]) -> dict:
-    """A section's JSON schema, read from the top-level schema's $defs."""
-    tree = _config_schema()
-    return tree if model is PipelineConfig else tree["$defs"][model.__name__]
-
-
 def field_schema(dotted: str) -> dict:
     """The JSON schema of one setting (`tokenizer.vocab_size`), as pydantic derives it from the model.
     An optional setting (`int | None`) becomes `type: [integer, null]` with the integer's bounds."""
@@ -101,7 +95,8 @@ def field_schema(dotted: str) -> dict:
         if not (isinstance(annotation, type) and issubclass(annotation, BaseModel)):
             raise TypeError(f"{dotted}: {section!r} is not a section of the config (its type: {annotation!r})")
         model = annotation
-    prop = _json_schema(model)["properties"][leaf]
+    tree = _config_schema()
+    prop = (tree if model is PipelineConfig else tree["$defs"][model.__name__])["properties"][leaf]
     options = prop.get("anyOf", [prop])
     schema: dict = {}
     types = []
