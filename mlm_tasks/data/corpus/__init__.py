@@ -3,12 +3,7 @@
     corpus = open_corpus(cfg.corpus)      # one of SOURCES, by corpus.source
     for split, row in corpus.split_rows(part, num_parts): ...
 
-Five sources (docs/data.md#sources-corpussource), and a weighted mixture of the text ones (mixture.py,
-docs/data.md#mixtures); one interface (base.Corpus: rows per split, a content fingerprint, a credit).
-Before editing a source: its fingerprint is what lets unchanged data skip tokenizing; its splits come
-from a hash of the article title (or row), never from random draws; and `split_rows` yields one
-partition's rows of every split in one read, skipping the other partitions' rows before parsing them,
-so each mapped `write_shards` task reads only its own part, once.
+One interface (base.Corpus: rows per split, a content fingerprint, a credit). docs/data.md#sources-corpussource
 """
 
 from __future__ import annotations

@@ -3,12 +3,8 @@
     for index, start, end in owned_ranges(sizes, part, num_parts): ...   # file `index`, bytes [start, end)
     for offset, line in lines_starting_in(f, start, end): ...
 
-The files, in listing order, lie end to end on one byte axis of T bytes, cut into num_parts equal
-ranges: partition p owns [p*T//n, (p+1)*T//n). A record (a line, a parquet row group, a whole
-compressed file) belongs to the partition that owns its first byte. So every record lands in exactly
-one partition for every num_parts, a partition reads its own bytes (plus at most the one line that
-straddles each end of its range), and partitions 0..n-1 read in turn give exactly the rows, in the
-order, of one reader of the whole corpus.
+The files lie end to end on one byte axis of T bytes: partition p owns [p*T//n, (p+1)*T//n), and a record
+belongs to the partition that owns its first byte, so every record lands in exactly one partition.
 """
 
 from __future__ import annotations

@@ -3,10 +3,7 @@
 
     corpus = LocalFilesCorpus(cfg)    # corpus.source: local_files, corpus.local_paths: files or globs
 
-Rows are split by a hash of the row. Partitions cut the files' bytes (byte_ranges): a partition reads
-the lines that start in its byte range of .txt/.jsonl files, the parquet row groups that start in it,
-and the whole .gz files that start in it (gzip cannot be entered midway). Partitions in order give the
-one-reader stream, so every partition count gives the same rows per split, in the same order.
+Partitions cut the files' bytes (byte_ranges; a .gz file whole). docs/data.md#reading-a-large-corpus
 """
 
 from __future__ import annotations

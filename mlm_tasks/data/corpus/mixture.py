@@ -4,11 +4,7 @@ apart, training draws from them by weight.
     corpus = MixtureCorpus(cfg)          # cfg.mixture: [{name, weight, source, ...}, ...]
     for source, split, row in corpus.source_rows(part, num_parts): ...
 
-Each source is opened as a corpus of its own (`open_corpus` of its settings, the corpus-wide splits and
-filters) and read in a fixed order, by name, so reordering corpus.mixture changes nothing. The
-fingerprint is the sources' fingerprints by name, not their weights: weights are applied when training
-(mlm_tasks/data/input.py), so a run that changes only the weights reuses the shard set.
-docs/data.md#mixtures
+Sources are read in name order; the fingerprint leaves the weights out (training applies them). docs/data.md#mixtures
 """
 
 from __future__ import annotations

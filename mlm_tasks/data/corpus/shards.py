@@ -5,10 +5,8 @@
       shards_uri: gs://my-bucket/wikitext-shards      # holds train/, validation/ (and test/) *.tfrecord
       tokenizer_uri: my-org/my-unigram-tokenizer       # or a local folder, or a gs:// folder
 
-Why two checks: adoption (`mlm_tasks.data.shard_set.adopt`, once per fingerprint) reads every record and
-holds its count to the one the file name carries, since a file cut at a record boundary passes every
-checksum; `check_shards` runs in validate, on every DAG run and before any TPU VM, so it reads only the
-first records of a few shards per split. Fingerprint and checks: docs/data.md#bring-your-own-shards
+Adoption (`shard_set.adopt`) reads every record; `check_shards` (validate) only the first records of a few
+shards per split. docs/data.md#bring-your-own-shards
 """
 
 from __future__ import annotations

@@ -5,10 +5,7 @@
     cluster_duplicates(cfg, paths)        # once: pairs joined into clusters, one row kept per cluster
     kept_rows(corpus, paths, part, n)     # what the shard writer reads: rows no filter dropped, one per cluster
 
-A row is named by a RowId (its split's rank, its partition, its index in that partition's stream): the
-smallest id of a cluster is kept, so a row with a copy in the train split keeps that copy. Exact keys are
-a hash of the row's text; near keys are the LSH bands of a MinHash signature of its word shingles.
-Every stage writes its outputs, then a marker last: a retried task finds its own finished work.
+The smallest RowId of a cluster is kept (a train copy when there is one). docs/data.md, Deduplication
 """
 
 from __future__ import annotations

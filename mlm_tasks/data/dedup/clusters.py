@@ -1,13 +1,10 @@
 """Stage 3, once: the pairs of every bucket joined into clusters; every row but a cluster's smallest id goes.
 
     stats = cluster_duplicates(cfg, paths, num_parts)   # dedup/clusters/pPPPPP-of-NNNNN.npy, clusters.json last
-    removed = removed_rows(paths, part, num_parts)       # a bool per row of the partition's stream
     for split, row in kept_rows(corpus, paths, part, num_parts): ...   # what the shard writer reads
     for source, split, row in kept_source_rows(corpus, paths, part, num_parts): ...   # by mixture source
 
-A partition's mask also carries the rows its scan's filters dropped, so the writer reads one mask.
-Exact pairs all point at their group's smallest id already; only near pairs need the union-find, so only
-they are held in memory together.
+A partition's mask also carries the rows its scan's filters dropped; only near pairs need the union-find.
 """
 
 from __future__ import annotations

@@ -3,11 +3,8 @@
     keys = NearKeys(cfg.dedup)
     keys.of_batch(rows) -> list[list[int]]   # per row: its band keys (empty for rows too short to compare)
 
-Two rows share a band key when all `r` hash values of that band agree; with `b` bands of `r` values,
-rows of Jaccard similarity s share at least one key with probability 1 - (1 - s^r)^b. datasketch's
-MinHashLSH picks b and r for the threshold (minimising false positives plus false negatives); only those
-and its band ranges are used here, because the index itself lives in one process's memory and ours is
-spread over buckets (mlm_tasks/data/dedup/matches.py).
+datasketch's MinHashLSH picks the bands for the threshold; its index is not used, because ours is spread
+over buckets (mlm_tasks/data/dedup/matches.py).
 """
 
 from __future__ import annotations

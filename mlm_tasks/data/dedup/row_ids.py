@@ -4,8 +4,7 @@
     split_of_id(rid), part_of_id(rid), index_of_id(rid)   # split_ranks, parts_and_indexes: for arrays
     row_hash("some text")              # 64-bit hash of a row's text: the exact-dedup key
 
-The split's rank is in the top bits, so the smallest id of a group of copies is a train copy when one
-exists: dropping the validation or test copy keeps the evaluation free of text the model trained on.
+The split's rank is in the top bits, so the smallest id of a group of copies is a train copy when one exists.
 """
 
 from __future__ import annotations

@@ -2,12 +2,8 @@
 
     scan = scan_partition(cfg, paths, corpus, part, num_parts, row_filter)   # its scan.json, written last
 
-Writes under dedup/scans/pPPPPP-of-NNNNN/: bBBBBB.npy per bucket, as many buckets as partitions
-(KEY_DTYPE records: exact and near keys of this partition's rows); dropped.npy (a bit per row of the
-partition's stream: dropped by a filter); sample.jsonl (the train rows with the smallest hashes, up to
-tokenizer.sample_mb: no partition can hold one of the corpus's sample rows back, so the tokenizer's
-merge of these lists is the corpus's own bottom-hash sample); and scan.json last (counts). Memory: one
-partition's keys, and the sample.
+Writes under dedup/scans/pPPPPP-of-NNNNN/: bBBBBB.npy per bucket (KEY_DTYPE records), dropped.npy (a bit
+per row), sample.jsonl (the train rows with the smallest hashes, up to tokenizer.sample_mb), scan.json last.
 """
 
 from __future__ import annotations

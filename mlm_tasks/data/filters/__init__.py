@@ -1,13 +1,10 @@
 """Row filters: drop rows that are not prose worth pretraining on, by rule and by language, counting why.
 
     row_filter = RowFilter(cfg.corpus.filters)
-    for split, row in corpus.split_rows(part, num_parts):
-        if row_filter.reason(row) is None: ...          # keep it
+    if row_filter.reason(row) is None: ...          # keep it
     row_filter.counts   # {"seen": 18384, "kept": 17820, "too_few_words": 25, ...}
 
-The Gopher and C4 heuristics datatrove ships (rules.py cites each), adapted to rows (paragraphs and lines,
-not web pages) and language ID (language.py): docs/data.md#filters-corpusfilters says which rules were
-adapted or left out, and why.
+What was adapted from datatrove's Gopher and C4 filters, and why: docs/data.md#filters-corpusfilters
 """
 
 from __future__ import annotations

@@ -2,10 +2,8 @@
 
     keep = is_in(text, ("en",), 0.5)   # its most likely language is English, with probability >= 0.5
 
-The model loads once per process, on the first row long enough to classify (~0.7-1 s), so a run with
-language ID off, or a process that never filters, pays nothing. Probabilities are normalized over the
-model's 97 languages (py3langid's norm_probs, softmax over length-scaled scores), so a threshold means the
-same on a 100- and a 1,000-character row.
+The model loads once per process, on the first row long enough to classify; probabilities are normalized
+(py3langid's norm_probs), so a threshold means the same on short and long rows.
 """
 
 from __future__ import annotations

@@ -3,13 +3,9 @@
     rules = build_rules(cfg.corpus.filters)        # [(name, check)], cheapest first
     first = next((name for name, check in rules if check(Row(text))), None)
 
-Each check takes a `Row` (the text, its words computed once) and returns True to drop it. The rules and
-thresholds are those of datatrove's GopherQualityFilter and GopherRepetitionFilter (Gopher, Rae et al. 2021,
-arXiv:2112.11446, appendix A) and C4QualityFilter (Raffel et al. 2020, tensorflow_datasets c4_utils),
-adapted from pages to rows; mlm_tasks/data/filters/__init__.py says what changed and why.
-
-A "word" is a whitespace token holding a letter or digit: the WikiText heading marks (`= = History = =`),
-list bullets and dashes are not words, so a heading is one word, not five of which four are symbols.
+Each check takes a `Row` (the text, its words computed once) and returns True to drop it. Rules and thresholds
+are datatrove's GopherQualityFilter, GopherRepetitionFilter and C4QualityFilter, adapted from pages to rows.
+A "word" is a whitespace token holding a letter or digit (a WikiText heading `= = History = =` is one word).
 """
 
 from __future__ import annotations
