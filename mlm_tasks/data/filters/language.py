@@ -10,8 +10,6 @@ from __future__ import annotations
 
 import threading
 
-from mlm_tasks.errors import ConfigError
-
 _load_lock = threading.Lock()
 _model = None
 
@@ -27,21 +25,6 @@ def _identifier():
 
                 _model = LanguageIdentifier.from_model_file(MODEL_FILE, norm_probs=True)
     return _model
-
-
-def known_languages() -> list[str]:
-    """The ISO 639 codes py3langid can tell apart (loads the model)."""
-    return list(_identifier().labels)
-
-
-def check_languages(codes: list[str]) -> None:
-    """Raise a ConfigError naming the codes the model does not know (a typo would drop every row)."""
-    unknown = sorted(set(codes) - set(known_languages()))
-    if unknown:
-        raise ConfigError(
-            f"corpus.filters.languages {unknown} are not languages py3langid knows: use some of "
-            f"{', '.join(sorted(known_languages()))}."
-        )
 
 
 def classify(text: str) -> tuple[str, float]:

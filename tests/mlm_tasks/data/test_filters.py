@@ -7,7 +7,7 @@ import pytest
 
 from mlm_tasks.config import CorpusConfig, FilterConfig, build_config
 from mlm_tasks.data.corpus import open_corpus
-from mlm_tasks.data.filters import RowFilter, language
+from mlm_tasks.data.filters import RowFilter
 from mlm_tasks.errors import ConfigError
 
 # A paragraph of the embedded corpus (the Anarchism article), as open_corpus yields it.
@@ -66,12 +66,6 @@ def test_language_id_keeps_english_and_drops_german_and_french():
     assert row_filter.reason(FRENCH) == "language"
     assert row_filter.reason("Die Stadt am Fluss") is None  # under language_min_chars: not judged
     assert RowFilter(FilterConfig(languages=["en", "de"])).reason(GERMAN) is None
-
-
-def test_language_codes_are_checked_against_the_model():
-    language.check_languages(["en", "de"])
-    with pytest.raises(ConfigError, match=r"\['xx'\] are not languages py3langid knows"):
-        language.check_languages(["en", "xx"])
 
 
 def test_the_language_model_loads_only_for_a_long_row():
