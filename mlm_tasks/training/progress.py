@@ -1,8 +1,10 @@
 """Training progress: the log lines, the TensorBoard scalars and the history the report plots.
 
-history = read_history(run)          # runs/<run>/train/history.jsonl: train resumes it, report plots it
-write_history(run, history)          # at every checkpoint
-best_so_far(history)                 # (step, val_loss) of the lowest validation loss (train.eval_every)
+    history = read_history(run)          # runs/<run>/train/history.jsonl: train resumes it, report plots it
+    write_history(run, history)          # at every checkpoint
+    best_so_far(history)                 # (step, val_loss) of the lowest validation loss (train.eval_every)
+
+Throughput leaves out the first call, which traces and compiles.
 """
 
 from __future__ import annotations
