@@ -1,5 +1,5 @@
 """Benchmark: how long a checkpoint of roberta-base takes to save on this CPU, the one a preemption
-notice asks for (mlm_tasks/training/preemption.py).
+notice asks for (mlm_tasks/job/preemption.py).
 
     .venv/bin/python bench/bench_checkpoint.py [--preset base] [--rounds 3] [--dir /tmp/mlm-bench/ckpt]
 

@@ -26,9 +26,9 @@ import yaml
 from mlm_tasks import storage
 from mlm_tasks.config import PipelineConfig, build_config, load_config
 from mlm_tasks.errors import NO_RETRY_EXIT, AuthError, ConfigError, NoRetryError
+from mlm_tasks.job import preemption
 from mlm_tasks.paths import RunContext
 from mlm_tasks.steps import SHARD_SET_STEPS, STEPS
-from mlm_tasks.training import preemption
 
 # The pipeline's steps (mlm_tasks/steps/, the DAGs' task ids) and four conveniences.
 VERBS = (*STEPS, "fingerprint", "build_shard_set", "run_all", "compare")

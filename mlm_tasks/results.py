@@ -111,7 +111,7 @@ class TrainSummary(TypedDict):
 
 
 class Restart(TypedDict):
-    """A node loss the train task handled inside its try (mlm_tasks/training/restarts.py): one entry of
+    """A node loss the train task handled inside its try (mlm_tasks/job/restarts.py): one entry of
     runs/<run>/train/restarts.json."""
 
     cause: str  # what the follow saw: the node's state, or the trainer gone with it
@@ -128,7 +128,7 @@ class _TrainStatusRestarts(TypedDict, total=False):  # NotRequired is Python 3.1
 
 
 class TrainStatus(_TrainStatusRestarts):
-    """The trainer's status record, runs/<run>/train/status.json (mlm_tasks/training/status.py)."""
+    """The trainer's status record, runs/<run>/train/status.json (mlm_tasks/job/status.py)."""
 
     state: str  # running, done, preempted (exit 75: resume from its step) or failed
     step: int  # the last step finished
@@ -148,7 +148,7 @@ class TrainStatus(_TrainStatusRestarts):
 
 
 class TrainJob(TypedDict):
-    """The handle of a trainer started detached on a TPU VM (mlm_tasks/tpu/job.py), kept in the train
+    """The handle of a trainer started detached on a TPU VM (mlm_tasks/job/launch.py), kept in the train
     task's state store so that a retry finds it."""
 
     node: str

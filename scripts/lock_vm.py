@@ -4,7 +4,7 @@
     python scripts/lock_vm.py --check    # only resolves each committed lock against its image file
 
 For each supported TensorFlow minor (mlm_tasks.tpu.runtimes): `image-tfX.Y.txt` is what the image
-holds. Unless it was captured from a real VM (`python -m mlm_tasks.smoke --capture-image`, a
+holds. Unless it was captured from a real VM (`python -m mlm_tasks.commands.smoke --capture-image`, a
 `# captured` header), it is the image's TensorFlow with its own dependencies resolved *as of the
 runtime's release* (`uv --exclude-newer <image_date>`), the image's Python and platform: what the
 simulated image installs. `requirements-tfX.Y.txt` is everything the `.in` file needs beyond the

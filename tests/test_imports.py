@@ -122,13 +122,13 @@ def test_steps_import_libraries_not_other_steps():
 
 
 # The layers a run's code crosses, top to bottom. A command is a module a person runs.
-COMMANDS = {"mlm_tasks.__main__", "mlm_tasks.cli", "mlm_tasks.smoke"}
-PACKAGES = ("config", "steps", "data", "model", "training", "reporting", "downstream", "hub", "tpu")
+COMMANDS = {"mlm_tasks.__main__", "mlm_tasks.cli"}
+PACKAGES = ("config", "steps", "data", "model", "training", "job", "reporting", "downstream", "hub", "tpu")
 
 
 def _layer(module: str) -> str:
     """The node of the package graph: a command, a package of mlm_tasks, or a top-level module."""
-    if module in COMMANDS:
+    if module in COMMANDS or module.startswith("mlm_tasks.commands."):
         return "commands"
     parts = module.split(".")
     return ".".join(parts[:2]) if len(parts) > 1 and parts[1] in PACKAGES else module

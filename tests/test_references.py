@@ -1,6 +1,6 @@
 """No page, docstring or comment points at a file or module that does not exist: a reader who follows a
-reference (`plugins/mlm_airflow/connections.py`, `mlm_tasks.smoke`, `bench/bench_shards.py`) finds it. Paths are
-checked against the checkout; dotted names against the modules of mlm_tasks and the names they define."""
+reference (`plugins/mlm_airflow/connections.py`, `mlm_tasks.commands.smoke`, `bench/bench_shards.py`) finds it.
+Paths are checked against the checkout; dotted names against the modules of mlm_tasks and the names they define."""
 
 import ast
 import os

@@ -17,9 +17,9 @@ import yaml
 
 from mlm_tasks import storage
 from mlm_tasks.config import PipelineConfig
+from mlm_tasks.job.restarts import read_restarts
 from mlm_tasks.paths import SPLITS, RunPaths, join
 from mlm_tasks.reporting.tables import downstream_table, fill_mask_lines, metrics_table
-from mlm_tasks.training.restarts import read_restarts
 
 WIKIPEDIA_CREDIT = "Text from English Wikipedia, CC BY-SA 4.0"
 ARCHITECTURES = {"roberta": "RoBERTa", "modernbert": "ModernBERT"}  # model.architecture as a card names it

@@ -67,6 +67,7 @@ class NodeState:
     operation: str | None = None  # long-running operation started by this call, if any
     created: float | None = None  # the node's createTime (epoch seconds): billing runs from then
     replaced: str = ""  # "recreating": the dead state (PREEMPTED, TERMINATED, ...) of the node being deleted
+    error: str | None = None  # "refused": why the API refused the create (a quota)
 
     @property
     def ready(self) -> bool:
@@ -130,18 +131,6 @@ def get_state(cfg: TpuConfig, name: str, api: TpuClient | None = None) -> NodeSt
         return NodeState(name=name, state=NOT_FOUND)
 
 
-# How the TPU API says the zone has no capacity for the slice (a stockout): the create operation fails with
-# RESOURCE_EXHAUSTED, "There is no more capacity in the zone "us-central2-b"; you can try in another zone
-# where Cloud TPU Nodes are offered ..." (Spot: "... due to lack of capacity"). Quota errors are not stockouts:
-# they do not pass with time.
-_STOCKOUT = re.compile(r"no more capacity|lack of capacity|insufficient capacity|out of capacity|stockout", re.I)
-
-
-def is_stockout(error: str | None) -> bool:
-    """Whether a create's error says the zone is out of capacity for the slice (worth waiting out)."""
-    return bool(error and _STOCKOUT.search(error))
-
-
 def operation_error(cfg: TpuConfig, operation: str, api: TpuClient | None = None) -> str | None:
     """The error message of a finished long-running operation, or None (running or succeeded)."""
     from google.longrunning import operations_pb2
@@ -150,7 +139,7 @@ def operation_error(cfg: TpuConfig, operation: str, api: TpuClient | None = None
         op = (api or client(cfg)).get_operation(operations_pb2.GetOperationRequest(name=operation), **limits(cfg))
     if not (op.done and op.error.code):
         return None
-    return op.error.message or f"error code {op.error.code}"
+    return f"{op.error.message or 'no message'} (code {op.error.code})"
 
 
 def _new_node(cfg: TpuConfig, node_labels: dict[str, str], metadata: dict[str, str] | None) -> Node:
@@ -186,9 +175,10 @@ def ensure_node(
 
     READY -> reused ("ready"); CREATING and other passing states -> "wait"; PREEMPTED, TERMINATED
     and other dead ends -> delete started ("recreating": call again once it is NOT_FOUND);
-    NOT_FOUND -> create started ("created"). A create that loses a race (409) is a "wait".
+    NOT_FOUND -> create started ("created"). A create that loses a race (409) is a "wait"; one refused for
+    quota is "refused", with the API's words in `error`.
     """
-    from google.api_core.exceptions import Conflict
+    from google.api_core.exceptions import Conflict, TooManyRequests
 
     api = api or client(cfg)
     current = get_state(cfg, name, api)
@@ -216,6 +206,8 @@ def ensure_node(
             )
     except Conflict:  # another try created it between our get and create: wait for that one
         return NodeState(name=name, state="CREATING", action="wait")
+    except TooManyRequests as err:  # a busy API's 429 was retried (calls.py); a quota's is the answer
+        return NodeState(name=name, state=NOT_FOUND, action="refused", error=f"{err.message} (code 8)")
     log.info("Creating TPU VM %s (%s, %s) in %s.", name, cfg.accelerator_type, cfg.runtime_version, cfg.zone)
     return NodeState(name=name, state="CREATING", action="created", labels=node_labels, operation=op.operation.name)
 

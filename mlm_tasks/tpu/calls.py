@@ -3,11 +3,12 @@ queued resource (mlm_tasks/tpu/queued.py) alike.
 
     api = client(cfg)                                       # the handed-in credentials, else ADC
     with answered(cfg, "get_node n"):                       # a timeout names the call and API_TIMEOUT_S
-        api.get_node(name=..., **limits(cfg))               # retried on 429/503 only, each attempt bounded
+        api.get_node(name=..., **limits(cfg))               # retried when busy only, each attempt bounded
 
-Every call is retried on 429 and 503, the answers Google gives for a busy API (for at most
-RETRY_DEADLINE_S), and nothing else is. Every request is bounded by `API_TIMEOUT_S`: a hung API or
-network fails the call with a DeadlineExceeded that says so (a 504, so pollers treat it as transient).
+Every call is retried on 503 and on a 429 of the request rate, the answers Google gives for a busy API (for at
+most RETRY_DEADLINE_S), and nothing else is: a 429 naming a resource quota is the answer. Every request is
+bounded by `API_TIMEOUT_S`: a hung API or network fails the call with a DeadlineExceeded that says so (a
+504, so pollers treat it as transient).
 """
 
 from __future__ import annotations
@@ -15,7 +16,8 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
-from typing import TYPE_CHECKING, Any
+import re
+from typing import TYPE_CHECKING, Any, Literal
 
 from mlm_tasks import credentials
 
@@ -34,6 +36,29 @@ RETRY_DEADLINE_S = 300.0  # how long busy answers are retried in all; each attem
 API_TIMEOUT_S = 60.0  # one TPU API request unanswered this long fails (a hung API or network)
 
 
+# How the TPU API says the zone has no capacity for the slice (a stockout): the create operation fails with
+# RESOURCE_EXHAUSTED (code 8), "There is no more capacity in the zone "us-central2-b"; you can try in another
+# zone where Cloud TPU Nodes are offered ..." (Spot: "... due to lack of capacity"); a reservation without room,
+# FAILED_PRECONDITION (code 9) "Insufficient reserved capacity"; a Spot node taken back before it was READY,
+# INVALID_ARGUMENT (code 3) "... not supported while in state PREEMPTED". A quota refusal names the quota and
+# does not pass with time; a 429 on the request-rate quota ('Requests') is a busy API, retried.
+_STOCKOUT = re.compile(r"no more capacity|lack of capacity|insufficient capacity|out of capacity|stockout", re.I)
+_QUOTA = re.compile(r"quota\b(?!.*metric 'Requests')", re.I | re.S)
+
+
+def capacity(error: str | None) -> Literal["quota", "preempted", "reserved", "stockout"] | None:
+    """What a create's error says about capacity (None: nothing, an ordinary failure)."""
+    if not error:
+        return None
+    if _QUOTA.search(error) and "capacity" not in error.lower():
+        return "quota"
+    if "(code 3)" in error and "PREEMPTED" in error:
+        return "preempted"
+    if "(code 9)" in error or "reserved capacity" in error.lower():
+        return "reserved"
+    return "stockout" if _STOCKOUT.search(error) else None
+
+
 def client(cfg: TpuConfig) -> TpuClient:
     """A TpuClient for cfg with the handed-in credentials (see mlm_tasks.credentials), else ADC."""
     from google.cloud import tpu_v2
@@ -45,13 +70,22 @@ def client(cfg: TpuConfig) -> TpuClient:
     return tpu_v2.TpuClient(transport=cfg.transport, credentials=creds, client_options=options)
 
 
-def retry():
-    """Retry what Google answers when the API is busy (429, 503); any other error is final."""
+def busy(err: Exception) -> bool:
+    """Whether an answer says the API is busy (a 503, or a 429 on the request rate): worth retrying. A 429 that
+    names a resource quota (TPU chips in a region) is final: waiting minutes does not raise a quota."""
     from google.api_core.exceptions import ServiceUnavailable, TooManyRequests
-    from google.api_core.retry import Retry, if_exception_type
+
+    if isinstance(err, TooManyRequests):
+        return capacity(str(err.message)) != "quota"
+    return isinstance(err, ServiceUnavailable)
+
+
+def retry():
+    """Retry what Google answers when the API is busy (`busy`); any other error is final."""
+    from google.api_core.retry import Retry
 
     return Retry(
-        predicate=if_exception_type(TooManyRequests, ServiceUnavailable),
+        predicate=busy,
         initial=RETRY_INITIAL_S,
         maximum=30.0,
         multiplier=2.0,

@@ -9,8 +9,8 @@
 
 The one SSH path of the project: the DAG's step runner (plugins/mlm_airflow/operators/remote_step.py, with the
 login read from the Airflow SSH connection in plugins/mlm_airflow/connections.py) and the smoke tool
-(mlm_tasks.smoke) both use it. Only worker 0 is ever dialled: TensorFlow on TPU is single-client, so on a pod slice
-worker 0 runs the program and the `-pod` runtime on the other hosts serves it.
+(mlm_tasks.commands.smoke) both use it. Only worker 0 is ever dialled: TensorFlow on TPU is single-client, so
+on a pod slice worker 0 runs the program and the `-pod` runtime on the other hosts serves it.
 
 Host keys: a TPU VM's guest agent publishes its sshd host keys as guest attributes (`hostkeys/`);
 the worker must present one of them. That is stricter than `gcloud compute tpus tpu-vm ssh`, which

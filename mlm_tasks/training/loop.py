@@ -16,14 +16,14 @@ from typing import Any
 
 from mlm_tasks.config import PipelineConfig
 from mlm_tasks.errors import TrainingDivergedError
+from mlm_tasks.job import preemption
+from mlm_tasks.job.status import StatusRecord
 from mlm_tasks.paths import RunPaths
-from mlm_tasks.training import preemption
 from mlm_tasks.training.budget import Deadline, record_end
 from mlm_tasks.training.hooks import TrainHook
 from mlm_tasks.training.plan import TrainInputs, TrainPlan, crossed
 from mlm_tasks.training.progress import ProgressLog, write_history
 from mlm_tasks.training.state import TrainState
-from mlm_tasks.training.status import StatusRecord
 from mlm_tasks.training.step import step_functions, train_input
 
 log = logging.getLogger("mlm_tasks.steps.train")

@@ -39,10 +39,10 @@ import pytest
 import yaml
 
 from mlm_tasks import storage
+from mlm_tasks.job.restarts import read_restarts
+from mlm_tasks.job.status import read_status
 from mlm_tasks.paths import RunPaths
 from mlm_tasks.tpu import api as tpu
-from mlm_tasks.training.restarts import read_restarts
-from mlm_tasks.training.status import read_status
 from peers.airflow_rest import AirflowApi
 from peers.airflow_stack import ROOT, running_stack
 from peers.fake_tpu_api import FakeTpuApi

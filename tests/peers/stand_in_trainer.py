@@ -6,7 +6,7 @@ of sleeps, so that a test can kill, freeze, reattach to and stop a trainer in se
     python = write_stand_in(tmp_path, step_s=0.15, bad_input_at_step=4)   # exits 2 at step 4
     steps = steps_made(workdir, run_id)   # [(pid, step), ...] of every step the run's stand-ins made, in order
 
-The stand-in writes runs/<run>/train/status.json (mlm_tasks/training/status.py) as the real trainer does,
+The stand-in writes runs/<run>/train/status.json (mlm_tasks/job/status.py) as the real trainer does,
 records each step it makes with its pid in `<tpu.workdir>/steps-<run>.log`, takes the seconds a step
 from `<tpu.workdir>/pace-<run>` while that file exists (`set_pace`), "checkpoints" every
 checkpoint_every steps (train/ckpt.json) and resumes from there. With `model_from` (a RunPaths of a
@@ -28,7 +28,7 @@ sys.path.insert(0, {root!r})
 from mlm_tasks import storage
 from mlm_tasks.config import PipelineConfig
 from mlm_tasks.errors import NoRetryError
-from mlm_tasks.training.status import StatusRecord
+from mlm_tasks.job.status import StatusRecord
 from mlm_tasks.paths import RunPaths, join
 args = sys.argv[1:]
 cfg = PipelineConfig.model_validate_json(args[args.index("--config-json") + 1])

@@ -19,7 +19,7 @@ from airflow.sdk.exceptions import AirflowSkipException
 
 from mlm_airflow.connections import use_connection
 from mlm_airflow.operators.remote_step import RemoteStep
-from mlm_airflow.operators.tpu_vm import node_for_step, node_from_event, run_node_name
+from mlm_airflow.operators.tpu_vm import drive_node, node_for_step, run_node_name
 from mlm_airflow.tasks.step_context import config_from_xcom
 from mlm_tasks.tpu import api as tpu
 
@@ -61,20 +61,18 @@ class TpuSSHStepOperator(BaseOperator):
         cfg = config_from_xcom(self.config)
         if cfg.compute != "tpu_vm":
             raise AirflowSkipException(f"compute is {cfg.compute!r}: the step runs locally, not here.")
+        name = run_node_name(context, self.node_name)
+        if self.replace_dead_node:  # as create_tpu_vm does it (the driver's decisions)
+            drive_node(self, context, cfg, name, resume_in=self.resume)
         with use_connection(cfg.gcp_conn_id):
-            node = node_for_step(
-                self,
-                context,
-                cfg,
-                run_node_name(context, self.node_name),
-                replace_in=self.resume if self.replace_dead_node else None,
-            )
-            return self._remote().run(context, cfg, node)
+            return self._remote().run(context, cfg, node_for_step(cfg, name))
 
     def resume(self, context: Any, event: dict[str, Any] | None = None, **_: Any) -> dict[str, Any]:
         """Back from the wait for a replacement node."""
         cfg = config_from_xcom(self.config)
-        node = node_from_event(self, context, cfg, event, resume_in=self.resume)
+        node = drive_node(
+            self, context, cfg, run_node_name(context, self.node_name), resume_in=self.resume, event=event
+        )
         with use_connection(cfg.gcp_conn_id):
             return self._remote().run(context, cfg, tpu.get_state(cfg.tpu, node["name"]))
 

@@ -26,10 +26,10 @@ import pytest
 
 from mlm_tasks import storage
 from mlm_tasks.config import DownstreamTask, PipelineConfig
+from mlm_tasks.job.restarts import read_restarts
 from mlm_tasks.paths import RunPaths, join
 from mlm_tasks.tpu import api as tpu
 from mlm_tasks.tpu import runtimes
-from mlm_tasks.training.restarts import read_restarts
 from peers import tpu_vm_image
 from peers.deferral import run_deferrable
 from peers.sshd import airflow_conn_uri

@@ -1,5 +1,5 @@
 """The train task's detached trainer on a TPU VM (plugins/mlm_airflow/operators/train.py,
-plugins/mlm_airflow/triggers/train_job.py, the driver in mlm_tasks/tpu/job.py and mlm_tasks/training/follow.py)
+plugins/mlm_airflow/triggers/train_job.py, the driver in mlm_tasks/job/launch.py and mlm_tasks/job/follow.py)
 over a real sshd: the task starts it and defers; the trigger follows
 it; it outlives the task's process and the trigger's; a retry reattaches to it (or stops a stale one); the
 watchdog and on_kill stop it.
@@ -7,7 +7,7 @@ watchdog and on_kill stop it.
     TF_USE_LEGACY_KERAS=1 .venv/bin/python -m pytest tests/plugins/test_train_job.py -q -s
 
 The VM's python is a stand-in trainer (peers/stand_in_trainer.py): the real status record
-(mlm_tasks/training/status.py, written to the GCS emulator, as on a VM to gs://) around a loop of sleeps
+(mlm_tasks/job/status.py, written to the GCS emulator, as on a VM to gs://) around a loop of sleeps
 that records each step it makes and "checkpoints" every checkpoint_every steps, resuming from there.
 The real trainer on the simulated TPU VM image: tests/plugins/test_simulated_tpu_vm.py. The task state
 store is a file (peers/task_state.py), so that it survives a task runner the test SIGKILLs. The task
@@ -31,9 +31,9 @@ from airflow.sdk.exceptions import AirflowException, AirflowFailException, TaskD
 
 from mlm_airflow.operators.train import JOB_KEY, TrainOperator
 from mlm_tasks import storage
+from mlm_tasks.job.restarts import read_restarts
 from mlm_tasks.paths import RunPaths, join
 from mlm_tasks.tpu import api as tpu
-from mlm_tasks.training.restarts import read_restarts
 from peers.deferral import first_event, rebuilt, run_deferrable
 from peers.sshd import airflow_conn_uri
 from peers.stalled_peer import StalledPeer

@@ -48,7 +48,7 @@ def _config(fake_tpu, sshd, tmp_path, **tpu_settings):
 
 def _trainer_log(tmp_path, try_number=1):
     """What the detached trainer wrote to its log file on the VM."""
-    from mlm_tasks.tpu.job import log_name
+    from mlm_tasks.job.launch import log_name
 
     return (tmp_path / "vm" / log_name(RUN, try_number)).read_text().splitlines()
 

@@ -79,7 +79,7 @@ def main(argv: list[str]) -> int:
     if problems:
         print(
             "The VM lock does not fit this image:\n  " + "\n  ".join(problems) + "\nRe-lock for the image "
-            "(make lock-vm; python -m mlm_tasks.smoke --capture-image records a real image's packages) or "
+            "(make lock-vm; python -m mlm_tasks.commands.smoke --capture-image records a real image's packages) or "
             "pick the runtime the lock was made for.",
             file=sys.stderr,
         )

@@ -1,38 +1,29 @@
-"""The train step as a detached job on worker 0 of the run's TPU VM, for the train task
-(plugins/mlm_airflow/operators/train.py), and the task's end for the trigger's last verdict.
+"""The train step started as a detached job on worker 0 of the run's TPU VM, for the train task
+(plugins/mlm_airflow/operators/train.py), which decides when (mlm_tasks/job/decide.py).
 
     detached = DetachedTrain(RemoteStep("train", log, ...))
-    job, workers = detached.start(context, cfg, node)   # a new trainer, or the stored one reattached to
-    end_of_training(watch, verdict)                      # returns on done, raises otherwise
+    job = detached.start(context, cfg, node)   # a new trainer, its handle in the task state store (JOB_KEY)
 
-A handle whose trainer is alive and beating is reattached to (`reattach`, mlm_tasks/training/follow.py): no
-second start, no lost step. One that is gone is followed by a new start (mlm_tasks/tpu/job.py: the run lock,
-the install, then setsid/nohup with the output in `<workdir>/logs/`), which resumes from the last checkpoint;
-one alive but stale is stopped first (its process group: SIGTERM, SIGCONT, then SIGKILL). One of a node lost or
-since replaced (its createTime differs: the same name, maybe the same address) raises NodeLost, a restart the
-train task counts and records. The handle lives in the task state store (key JOB_KEY), so a retry finds it.
+The start (mlm_tasks/job/launch.py: the run lock, the install, then setsid/nohup with the output in
+`<workdir>/logs/`) resumes from the last checkpoint; the run lock stops one an earlier start left.
 """
 
 from __future__ import annotations
 
 import os
 import threading
-import time
 from typing import TYPE_CHECKING, cast
 
 from airflow.sdk import Context
-from airflow.sdk.exceptions import AirflowException, AirflowFailException
+from airflow.sdk.exceptions import AirflowException
 
 from mlm_airflow.operators.remote_step import RemoteStep
 from mlm_tasks.config import PipelineConfig
-from mlm_tasks.errors import NO_RETRY_EXIT
-from mlm_tasks.paths import RunPaths
+from mlm_tasks.job import launch as vm_job
+from mlm_tasks.job.follow import JobWatch
 from mlm_tasks.results import TrainJob
 from mlm_tasks.tpu import api as tpu
-from mlm_tasks.tpu import job as vm_job
 from mlm_tasks.tpu import ssh
-from mlm_tasks.training.follow import JobWatch, Verdict, reattach
-from mlm_tasks.training.status import read_status
 
 if TYPE_CHECKING:
     from pydantic import JsonValue  # what Airflow's task state store takes
@@ -58,51 +49,23 @@ def watch_of(cfg: PipelineConfig, job: TrainJob, connect: ssh.Connect, log: vm_j
     )
 
 
-def end_of_training(watch: JobWatch, verdict: Verdict) -> None:
-    """The task's end for a final verdict: returns on done, raises otherwise (stopping a stalled trainer)."""
-    job, log = watch.job, watch.log
-    if verdict.kind == "done":
-        log.info("Training done: %s.\n%s", verdict.detail, watch.tail_text())
-        return
-    if verdict.kind == "stalled":
-        watch.stop()
-        raise AirflowException(
-            f"Watchdog: {verdict.detail}. The trainer was stopped; a retry starts a "
-            "new one from the last checkpoint.\n" + watch.tail_text()
-        )
-    message = f"Training failed on TPU VM {job['node']}: {verdict.detail}.\n{watch.tail_text()}"
-    if verdict.exit_code == NO_RETRY_EXIT:
-        raise AirflowFailException(
-            message + "\nExit code 2 is an error no retry can fix (a bad input, a "
-            "missing artifact, a refused credential): act on the message above and "
-            "trigger a new run."
-        )
-    raise AirflowException(message + "\nA retry starts a new trainer from the last checkpoint.")
-
-
 class DetachedTrain:
-    """The train step as a job on worker 0, through `remote`: `start` returns (job, workers) once the
-    trainer runs, a new one or the stored one reattached to; see the module docstring."""
+    """The train step as a job on worker 0, through `remote`: `start` returns the new trainer's handle."""
 
     def __init__(self, remote: RemoteStep) -> None:
         self.remote = remote
         self.log = remote.log
         self.watch: JobWatch | None = None
 
-    def start(self, context: Context, cfg: PipelineConfig, node: tpu.NodeState) -> tuple[TrainJob, int]:
+    def start(self, context: Context, cfg: PipelineConfig, node: tpu.NodeState) -> TrainJob:
         name, hosts, connect = self.remote.connect_to(context, cfg, node)
+        job = self._start(context, cfg, name, hosts[0], connect, node.created)
         store = context.get("task_state_store")
-        job = vm_job.job_handle(store.get(JOB_KEY) if store is not None else None)
-        watch = None if job is None else watch_of(cfg, job, connect, self.log)
-        if watch is not None and not reattach(watch, node=name, host=hosts[0], created=node.created):  # or NodeLost
-            job = None
-        if job is None:
-            job = self._start(context, cfg, name, hosts[0], connect, node.created)
-            if store is not None:
-                # A handle is JSON (str, int and float fields); mypy sees no TypedDict as a dict[str, JsonValue].
-                store.set(JOB_KEY, cast("JsonValue", dict(job)))
+        if store is not None:
+            # A handle is JSON (str, int and float fields); mypy sees no TypedDict as a dict[str, JsonValue].
+            store.set(JOB_KEY, cast("JsonValue", dict(job)))
         self.watch = watch_of(cfg, job, connect, self.log)
-        return job, len(hosts)
+        return job
 
     def _start(
         self, context: Context, cfg: PipelineConfig, name: str, host: str, connect: ssh.Connect, created: float | None
@@ -119,7 +82,6 @@ class DetachedTrain:
             cfg.tpu.workdir,
             log_name,
         )
-        before = read_status(RunPaths(cfg.output_root, context["run_id"]))  # the new trainer's record counts one more
         # The remote step's session: its close() (on_kill) hangs up a start still under way.
         self.remote.session = ssh.Session(connect, host, on_line=lambda line: self.log.info("[worker 0] %s", line))
         outcome, job = vm_job.start(
@@ -130,11 +92,9 @@ class DetachedTrain:
             node_created=created,
             host=host,
             try_number=number,
-            log=log_name,
             workdir=cfg.tpu.workdir,
+            output_root=cfg.output_root,
             run_id=context["run_id"],
-            now=time.time(),
-            starts_before=before["starts"] if before else 0,
         )
         if outcome.exit_code != 0:
             raise self.remote.failure(cfg, name, outcome)

@@ -29,10 +29,10 @@ from airflow.sdk.exceptions import AirflowException, AirflowFailException
 from mlm_airflow.connections import ssh_connect
 from mlm_tasks.config import PipelineConfig
 from mlm_tasks.errors import NO_RETRY_EXIT, NoRetryError, TransientError
+from mlm_tasks.job.launch import Log
 from mlm_tasks.tpu import api as tpu
 from mlm_tasks.tpu import ssh
 from mlm_tasks.tpu.bundle import TOKEN_PROMPT, remote_command, stage_code
-from mlm_tasks.tpu.job import Log
 
 log = logging.getLogger(__name__)
 

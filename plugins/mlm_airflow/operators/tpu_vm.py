@@ -1,30 +1,16 @@
-"""Airflow operators that make and remove the run's TPU VM (Google Cloud path).
+"""Airflow operators that make and remove the run's TPU VM, and the node's part of the trainer's driver.
 
-    config = validate()                    # the validated config (an XComArg), plugins/mlm_airflow/tasks/steps.py
     create = TpuVmCreateOperator(task_id="create_tpu_vm", config=config)
     [create, train] >> TpuVmDeleteOperator(task_id="delete_tpu_vm", config=config).as_teardown()
 
-Both end skipped, saying why in their log, unless `compute` is "tpu_vm": the grid then does not read
-as if a VM had been made. Create is a plain task, not a setup, because Airflow skips everything in a
-skipped setup's scope: train follows it with none_failed. Delete is a teardown without a setup: it
-runs once its upstreams are done, whatever happened. The node is named from the DAG and run ids
-(`mlm_tasks.tpu.api.node_name`), so a retry finds the node the first try made. Create is idempotent
-(READY reused, dead nodes replaced) and deferrable: while the node is CREATING it waits in the
-triggerer (plugins/mlm_airflow/triggers/tpu_vm.py), not in a worker slot. Every TPU API call uses the credentials of the
-run's Airflow GCP connection (`gcp_conn_id`). If creation fails after the node appeared,
-the node is deleted before the task fails, so no half-made VM is left behind. A stockout (the zone has no
-capacity for the slice) does not fail the try: the node is deleted and created again every
-`tpu.stockout_retry_s`, deferred in between, for up to `tpu.stockout_wait_hours` (wait_out_stockout).
-`create_or_reuse_node` is that logic as a function of the operator that waits (its `resume` method
-takes the trigger's event to `node_from_event`); the train step uses it, through `node_for_step`, to
-replace a node preempted mid-run.
-Before it creates (or reuses) a node it records it in the deployment's registry
-(`mlm_tasks.tpu.registry`, MLM_TPU_REGISTRY), where mlm_tpu_janitor finds it whatever its zone.
-
-Delete confirms: it sends the delete, then waits in the triggerer (the same TpuNodeTrigger) until
-the node is gone (NOT_FOUND), at most `tpu.delete_timeout_s`; at that bound it leaves the node to
-the janitor and says so. A delete the API refuses (403, 400, ...) or whose operation fails fails the
-task, naming the node and how to delete it by hand.
+Both end skipped, saying why, unless `compute` is "tpu_vm". Create is a plain task, not a setup (a skipped
+setup skips its whole scope); delete is a teardown without a setup. The node is named from the DAG and run
+ids, so a retry finds the node the first try made. What to do about the node (reuse, create, replace a dead
+one, wait in the triggerer, wait out a stockout, fail) is mlm_tasks/job/decide.py's answer, carried out here
+(`drive_node`, `carry_out`) for create_tpu_vm and for train replacing a lost node; a create that failed is
+deleted before the task fails. Every TPU API call uses the run's Airflow GCP connection; a node
+is recorded in the deployment's registry (MLM_TPU_REGISTRY) before it is made, for mlm_tpu_janitor. Delete
+waits in the triggerer until the node is gone, at most `tpu.delete_timeout_s`, then leaves it to the janitor.
 """
 
 from __future__ import annotations
@@ -41,9 +27,11 @@ from mlm_airflow.connections import use_connection
 from mlm_airflow.tasks.step_context import config_from_xcom
 from mlm_airflow.triggers.tpu_vm import TpuNodeTrigger
 from mlm_tasks.config import PipelineConfig
+from mlm_tasks.job.decide import Action, Facts, decide
+from mlm_tasks.job.launch import Log
 from mlm_tasks.tpu import api as tpu
 from mlm_tasks.tpu import registry as tpu_registry
-from mlm_tasks.tpu.job import Log
+from mlm_tasks.tpu.calls import capacity
 
 
 def run_node_name(context: Context, override: str | None = None) -> str:
@@ -70,20 +58,99 @@ def ssh_key_metadata(conn_id: str, log: Log) -> dict[str, str]:
     return {"ssh-keys": f"{hook.username}:{key.get_name()} {key.get_base64()} {hook.username}"}
 
 
-def create_or_reuse_node(
+def node_facts(cfg: PipelineConfig, name: str, event: dict[str, Any] | None = None) -> tuple[tpu.NodeState, Facts]:
+    """The node as the TPU API says it now, or as TpuNodeTrigger's event reported its end (an error, a
+    timeout, gone), as the decision's facts (mlm_tasks/job/decide.py); the caller adds the trainer's."""
+    event = event or {}
+    if event.get("state") not in (None, "READY") or event.get("error"):
+        node = tpu.NodeState(name=name, state=event["state"])
+    else:
+        node = tpu.get_state(cfg.tpu, name)
+    facts = Facts(
+        node=node.state,
+        now=time.time(),
+        node_error=event.get("error"),
+        zone=cfg.tpu.zone,
+        stockout_until=event.get("stockout_until"),
+        stockout_wait_s=cfg.tpu.stockout_wait_hours * 3600,
+        retry_s=cfg.tpu.stockout_retry_s,
+    )
+    return node, facts
+
+
+def drive_node(
+    op: BaseOperator, context: Context, cfg: PipelineConfig, name: str, *, resume_in: Callable[..., Any], event=None
+) -> dict[str, Any]:
+    """The run's node READY (`tpu.describe` of it), as `decide` says: reused, created, a dead one replaced, a
+    stockout waited out; until then `op` defers to TpuNodeTrigger and resumes in `resume_in` (a method of `op`
+    that hands the event back here)."""
+    while True:
+        with use_connection(cfg.gcp_conn_id):
+            node, facts = node_facts(cfg, name, event)
+        action = decide(facts)
+        if action.kind in ("start", "reattach", "done"):  # READY: what comes next is the caller's
+            return tpu.describe(node)
+        made = carry_out(op, context, cfg, node, action, resume_in=resume_in, stockout_until=facts.stockout_until)
+        event = {"state": made.state, "error": made.error} if made is not None and made.error else None
+
+
+def carry_out(
+    op: BaseOperator,
+    context: Context,
+    cfg: PipelineConfig,
+    node: tpu.NodeState,
+    action: Action,
+    *,
+    resume_in: Callable[..., Any],
+    stockout_until: float | None = None,
+) -> tpu.NodeState | None:
+    """The node's part of a decision: ensure_node (the READY node, or a deferral until it is), wait (for the
+    node, or for capacity) and a failed create (what it left deleted, then the task fails)."""
+    name = node.name
+    if action.kind == "ensure_node":
+        op.log.info("TPU VM %s: %s.", name, action.why)
+        return ensure_ready(op, context, cfg, name, resume_in=resume_in, stockout_until=stockout_until)
+    if action.kind == "wait" and action.wait_for == "capacity":  # what the create left deleted, then created again
+        operation = delete_left(cfg, name)
+        retry_at = time.time() + cfg.tpu.stockout_retry_s
+        op.log.warning(
+            "No capacity for %s in %s (%s): creating TPU VM %s again at %s UTC, until %s UTC "
+            "(tpu.stockout_wait_hours), in this try. To get a node sooner: another tpu.zone, or queued.",
+            *(cfg.tpu.accelerator_type, cfg.tpu.zone, action.why, name),
+            *(time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(t)) for t in (retry_at, action.until or retry_at)),
+        )
+        deadline = retry_at + cfg.tpu.create_timeout_s  # for the node to be gone; then for the next create
+        method = resume_in.__name__
+        defer_to_node(
+            op,
+            cfg,
+            name,
+            deadline,
+            operation,
+            method,
+            until_gone=True,
+            not_before=retry_at,
+            stockout_until=action.until,
+        )
+    if action.kind == "wait":
+        deadline = time.time() + cfg.tpu.create_wait_s()
+        defer_to_node(op, cfg, name, deadline, None, resume_in.__name__, stockout_until=stockout_until)
+    if action.kind == "fail" and action.delete:
+        failed_create(op, context, cfg, node, action)
+    raise ValueError(f"not a node action: {action}")
+
+
+def ensure_ready(
     op: BaseOperator,
     context: Context,
     cfg: PipelineConfig,
     name: str,
-    deadline: float,
     *,
     resume_in: Callable[..., Any],
     stockout_until: float | None = None,
-) -> dict[str, Any]:
-    """The run's node READY (`tpu.describe` of it): reused, created, or a dead one replaced. Until it is READY
-    `op` defers to TpuNodeTrigger and the task resumes in `resume_in` (a method of `op`, which hands the
-    event to `node_from_event`); `deadline` (epoch seconds) bounds the wait for this create.
-    `stockout_until`: set while a stockout is being waited out (see wait_out_stockout)."""
+) -> tpu.NodeState | None:
+    """`tpu.ensure_node` (reuse, create, or delete a dead node to replace it), after recording the node in the
+    registry; the node when READY or refused (its error), else a deferral to TpuNodeTrigger until it settles."""
     metadata = ssh_key_metadata(cfg.tpu.ssh_conn_id, op.log)
     node_labels = tpu.labels(context["run_id"], cfg.tpu.ttl_hours)
     registry = tpu_registry.location()  # unset: fail before anything is made that nobody would find
@@ -92,9 +159,10 @@ def create_or_reuse_node(
         tpu_registry.record(registry, cfg.tpu.project, cfg.tpu.zone, name, node_labels["expires"])
         state = tpu.ensure_node(cfg.tpu, name, node_labels, metadata)
         op.log.info("TPU VM %s: %s (%s).", name, state.state, state.action)
-    if state.ready:
-        return tpu.describe(state)
+    if state.ready or state.error:
+        return state
     operation = state.operation if state.action == "created" else None
+    deadline = time.time() + cfg.tpu.create_wait_s()
     defer_to_node(op, cfg, name, deadline, operation, resume_in.__name__, stockout_until=stockout_until)
 
 
@@ -127,95 +195,32 @@ def defer_to_node(
     )
 
 
-def node_from_event(
-    op: BaseOperator,
-    context: Context,
-    cfg: PipelineConfig,
-    event: dict[str, Any] | None,
-    *,
-    resume_in: Callable[..., Any],
-) -> dict[str, Any]:
-    """The READY node TpuNodeTrigger's event reports. A node gone before the deadline (the dead one it
-    replaces, deleted) is created again, deferring once more; any other end deletes what is left of the
-    node and fails the task, naming what to try."""
-    event = event or {}
-    name: str = event.get("name", "")
-    state, error = event.get("state"), event.get("error")
-    if state == "READY" and not error:
-        op.log.info("TPU VM %s is READY: %s", name, event["node"]["workers"])
-        return event["node"]
-    stockout_until = event.get("stockout_until")
-    if state == tpu.NOT_FOUND and not error and time.time() < event.get("deadline", 0):
-        why = "the node that had no capacity deleted" if stockout_until else "replaced node deleted"
-        op.log.info("TPU VM %s is gone (%s): creating it again.", name, why)
-        return create_or_reuse_node(
-            op, context, cfg, name, event["deadline"], resume_in=resume_in, stockout_until=stockout_until
-        )
-    if tpu.is_stockout(error) and cfg.tpu.stockout_wait_hours > 0:
-        until = stockout_until or time.time() + cfg.tpu.stockout_wait_hours * 3600
-        if time.time() + cfg.tpu.stockout_retry_s < until:
-            wait_out_stockout(op, cfg, name, str(error), until, resume_in=resume_in)  # defers
+def failed_create(
+    op: BaseOperator, context: Context, cfg: PipelineConfig, node: tpu.NodeState, action: Action
+) -> NoReturn:
+    """A create that did not give a READY node: what it left is deleted , then the task fails,
+    naming what to try (a quota refusal: without retry)."""
+    name, error = node.name, action.why
     deleted = None
-    if state != tpu.NOT_FOUND or cfg.tpu.provisioning == "queued":  # a FAILED request has no node, and is left
+    if node.state != tpu.NOT_FOUND or cfg.tpu.provisioning == "queued":  # a FAILED request has no node, and is left
         deleted = delete_left(cfg, name)
     cleanup = "deleted it" if deleted else "nothing left to delete"
-    if state == "TIMEOUT":
+    if not action.retry:
+        raise AirflowFailException(f"{error} TPU VM {name}: {cleanup}.")
+    if node.state == "TIMEOUT":
         queued = f"tpu.queued_valid_hours={cfg.tpu.queued_valid_hours:g} + " if cfg.tpu.provisioning == "queued" else ""
         raise AirflowException(
             f"TPU VM {name} was not READY within {queued}tpu.create_timeout_s={cfg.tpu.create_timeout_s}s "
             f"({error}); {cleanup}. Retry later, raise the timeout, or pick another tpu.zone."
         )
     raise AirflowException(
-        f"Creating TPU VM {name} ({cfg.tpu.accelerator_type} in {cfg.tpu.zone}) failed: "
-        f"{error or 'node is ' + str(state)}; {cleanup}. "
+        f"Creating TPU VM {name} ({cfg.tpu.accelerator_type} in {cfg.tpu.zone}) failed: {error}; {cleanup}. "
         + (
             f"The zone had no capacity for tpu.stockout_wait_hours={cfg.tpu.stockout_wait_hours:g}: raise it, or "
             "try another tpu.zone, or tpu.provisioning=queued (waits in Google's queue for capacity)."
-            if tpu.is_stockout(error)
+            if capacity(error) in ("stockout", "reserved")
             else "Retry, or try another tpu.zone / tpu.provisioning (on_demand, spot, queued)."
         )
-    )
-
-
-def wait_out_stockout(
-    op: BaseOperator,
-    cfg: PipelineConfig,
-    name: str,
-    error: str,
-    until: float,
-    *,
-    resume_in: Callable[..., Any],
-) -> NoReturn:
-    """The zone has no capacity for the slice: delete what the failed create left (billed while it exists),
-    then defer until it is gone and `tpu.stockout_retry_s` has passed; the event (NOT_FOUND) brings the task
-    back to node_from_event, which creates the node again, in the same try, until `until` (epoch seconds:
-    `tpu.stockout_wait_hours` after the first stockout). Raises TaskDeferred."""
-    operation = delete_left(cfg, name)
-    retry_at = time.time() + cfg.tpu.stockout_retry_s
-    op.log.warning(
-        "No capacity for %s in %s (%s): deleted what the create left; creating TPU VM %s again at %s UTC, and "
-        "every %gs until %s UTC (tpu.stockout_wait_hours=%g), in this try. Waiting longer costs nothing; to get "
-        "a node sooner, try another tpu.zone, or tpu.provisioning=queued with a reservation.",
-        cfg.tpu.accelerator_type,
-        cfg.tpu.zone,
-        error,
-        name,
-        time.strftime("%H:%M:%S", time.gmtime(retry_at)),
-        cfg.tpu.stockout_retry_s,
-        time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(until)),
-        cfg.tpu.stockout_wait_hours,
-    )
-    deadline = retry_at + cfg.tpu.create_timeout_s  # for the node to be gone; then for the next create
-    defer_to_node(
-        op,
-        cfg,
-        name,
-        deadline,
-        operation,
-        resume_in.__name__,
-        until_gone=True,
-        not_before=retry_at,
-        stockout_until=until,
     )
 
 
@@ -226,23 +231,15 @@ def delete_left(cfg: PipelineConfig, name: str) -> str | None:
         return tpu.delete_node(cfg.tpu, name)
 
 
-def node_for_step(
-    op: BaseOperator, context: Context, cfg: PipelineConfig, name: str, *, replace_in: Callable[..., Any] | None
-) -> tpu.NodeState:
-    """The node a step runs on, READY. A dead one (preempted, deleted) is replaced first when `replace_in`
-    is given (a resume method of `op`: see create_or_reuse_node); else the task fails, naming the fix."""
+def node_for_step(cfg: PipelineConfig, name: str) -> tpu.NodeState:
+    """The node a step runs on, READY; else the task fails, naming the fix (only train replaces a node)."""
     node = tpu.get_state(cfg.tpu, name)
-    if node.ready:
-        return node
-    if replace_in is None:
+    if not node.ready:
         raise AirflowException(
-            f"TPU VM {name} is {node.state}, not READY: clear the create_tpu_vm "
-            "task (it replaces a dead node) and this one."
+            f"TPU VM {name} is {node.state}, not READY: clear the create_tpu_vm task (it replaces a dead node) "
+            "and this one."
         )
-    # create_tpu_vm is not rerun on a retry of this task: replace a preempted (or deleted) node here.
-    op.log.warning("TPU VM %s is %s, not READY (preempted?): getting a READY one before the step.", name, node.state)
-    replaced = create_or_reuse_node(op, context, cfg, name, time.time() + cfg.tpu.create_wait_s(), resume_in=replace_in)
-    return tpu.get_state(cfg.tpu, replaced["name"])
+    return node
 
 
 class _RunNodeOperator(BaseOperator):
@@ -265,13 +262,12 @@ class TpuVmCreateOperator(_RunNodeOperator):
         cfg = config_from_xcom(self.config)
         if cfg.compute != "tpu_vm":
             raise AirflowSkipException(f"compute is {cfg.compute!r}: this run needs no TPU VM, none is made.")
-        deadline = time.time() + cfg.tpu.create_wait_s()  # with provisioning=queued, the queue's validity too
-        return create_or_reuse_node(
-            self, context, cfg, run_node_name(context, self.node_name), deadline, resume_in=self.resume
-        )
+        return drive_node(self, context, cfg, run_node_name(context, self.node_name), resume_in=self.resume)
 
     def resume(self, context: Context, event: dict[str, Any] | None = None, **_: Any) -> dict[str, Any]:
-        return node_from_event(self, context, config_from_xcom(self.config), event, resume_in=self.resume)
+        cfg = config_from_xcom(self.config)
+        name = run_node_name(context, self.node_name)
+        return drive_node(self, context, cfg, name, resume_in=self.resume, event=event)
 
 
 class TpuVmDeleteOperator(_RunNodeOperator):

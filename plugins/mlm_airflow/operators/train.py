@@ -3,30 +3,24 @@
 `compute: local` trains in the worker process (the default strategy on CPU, Mirrored on GPUs);
 `compute: tpu_vm` starts the same `python -m mlm_tasks train` as a detached job on worker 0 of the run's
 TPU VM (`DetachedTrain`), then defers: the triggerer follows the trainer (`TrainJobTrigger`,
-plugins/mlm_airflow/triggers/train_job.py) while the worker slot is free, and the task resumes in
-`trainer_ended` when it is done, failed or stalled. The trainer outlives the task's process and the
-triggerer's; a retry reattaches to it when it still runs; marking the task failed stops it (the
-trigger's on_kill, or on_kill before the deferral). Either way a retry resumes from the run's last
-checkpoint; on a TPU VM a retry first replaces a node that was preempted (create_tpu_vm, upstream, is
-not rerun), waiting in the triggerer (`node_for_step`, plugins/mlm_airflow/operators/tpu_vm.py).
+plugins/mlm_airflow/triggers/train_job.py) while the worker slot is free. What to do at each visit (replace
+the node, wait for it or for capacity, start, reattach, restart after a node loss, done, fail) is
+mlm_tasks/job/decide.py's answer; this operator gathers the facts and maps the answer to Airflow: a wait or
+a follow is a deferral, a failure an AirflowException (AirflowFailException where no retry can help).
 
-Inside one try (issue 31): a lost node (the trigger's "lost": preempted, deleted; or found replaced under
-the stored trainer) is a restart, not a failure: a new node and a new trainer from the last checkpoint
-(`_restart`, at most train.max_restarts, each in runs/<run>/train/restarts.json:
-mlm_tasks/training/restarts.py). The trigger's timeout, train.check_in_minutes, is a check-in
-(`resume_execution`): the deadline, one check, then the deferral again. The deadline, train.timeout_hours
-from the task's first start, is kept in the task state store with the counts, so no retry moves it; past
-it the trainer is stopped and the task fails without retry. The execution_timeout
-(the same hours, set before execute starts the clock) bounds each visit of the task to a worker.
-
-The start, the reattach and the end of a detached trainer: `DetachedTrain` and `end_of_training`
-(plugins/mlm_airflow/operators/detached_train.py).
+Inside one try (issue 31): a lost node is a restart, not a failure, at most train.max_restarts. The trigger's
+timeout, train.check_in_minutes, is a check-in (`resume_execution`): one more decision, then the deferral
+again. The deadline, train.timeout_hours from the try sequence's first start, and the restart count are kept
+in the task state store, so a retry keeps them; a Clear (Airflow then sets max_tries to the last try number
+plus retries: a new try sequence) starts both afresh (`_new_sequence`). The execution_timeout (the same
+hours, set before execute starts the clock) bounds each visit of the task to a worker.
+docs/operations.md#durable-training-what-survives-what
 """
 
 from __future__ import annotations
 
 import time
-from dataclasses import asdict
+from dataclasses import replace
 from datetime import timedelta
 from typing import Any, NoReturn, cast
 
@@ -36,32 +30,34 @@ from airflow.sdk.exceptions import AirflowException, AirflowFailException
 
 from mlm_airflow.connections import hub_credentials, use_connection
 from mlm_airflow.errors import bad_input_fails_fast
-from mlm_airflow.operators.detached_train import JOB_KEY, DetachedTrain, end_of_training, try_number
+from mlm_airflow.operators.detached_train import JOB_KEY, DetachedTrain, try_number
 from mlm_airflow.operators.remote_step import RemoteStep
-from mlm_airflow.operators.tpu_vm import node_for_step, node_from_event, run_node_name
+from mlm_airflow.operators.tpu_vm import carry_out, node_facts, run_node_name
 from mlm_airflow.tasks.step_context import config_from_xcom
-from mlm_airflow.triggers.train_job import ENDS, TrainJobTrigger, connected_watch
+from mlm_airflow.triggers.train_job import TrainJobTrigger, connected_watch
 from mlm_tasks.config import PipelineConfig
+from mlm_tasks.job import launch as vm_job
+from mlm_tasks.job import restarts
+from mlm_tasks.job.decide import Action, Facts, decide
+from mlm_tasks.job.follow import JobWatch, Verdict, classify
+from mlm_tasks.job.status import read_status
 from mlm_tasks.paths import RunPaths
 from mlm_tasks.results import RemoteTrain, TrainJob, TrainSummary
 from mlm_tasks.tpu import api as tpu
-from mlm_tasks.tpu import job as vm_job
-from mlm_tasks.training import restarts
-from mlm_tasks.training.follow import JobWatch, NodeLost, Verdict
-from mlm_tasks.training.status import read_status
 
 __all__ = ["JOB_KEY", "TrainOperator"]
 
 # In the task state store with the job's handle (JOB_KEY), so that they hold across the task's processes and tries:
-DEADLINE_KEY = "train_deadline"  # epoch seconds: the task's first start + train.timeout_hours
+DEADLINE_KEY = "train_deadline"  # epoch seconds: the try sequence's first start + train.timeout_hours
 RESTARTS_KEY = "train_restarts"  # node losses handled so far (train.max_restarts)
 CHECK_INS_KEY = "train_check_ins"  # trigger timeouts turned into check-ins
-DEFERRED_KEY = "train_deferred_to"  # which trigger a timeout belongs to: {"trigger": "trainer"|"node", "workers"}
+DEFERRED_KEY = "train_deferred_to"  # which trigger a timeout belongs to: {"trigger": "trainer"|"node"}
+SEQUENCE_KEY = "train_first_try"  # the first try number of the try sequence the keys above belong to
 
 
 def run_deadline(context: Context, cfg: PipelineConfig) -> float:
-    """When the training must end (epoch seconds): fixed at the task's first start, kept in its state store
-    (without one, from now)."""
+    """When the training must end (epoch seconds): fixed at the try sequence's first start, kept in the task
+    state store (without one, from now)."""
     store = context.get("task_state_store")
     stored = store.get(DEADLINE_KEY) if store is not None else None
     if isinstance(stored, (int, float)):
@@ -113,15 +109,17 @@ class TrainOperator(BaseOperator):
         cfg = config_from_xcom(self.config)
         fingerprint = self._fingerprint()
         if cfg.compute == "tpu_vm":
+            self._new_sequence(context)
             deadline = run_deadline(context, cfg)
             self.log.info(
-                "The training's deadline: %s UTC (train.timeout_hours, from this task's first start); a check-in "
-                "every %g min (train.check_in_minutes), at most %d restarts after node losses (train.max_restarts).",
+                "The training's deadline: %s UTC (train.timeout_hours, from this try sequence's first start); a "
+                "check-in every %g min (train.check_in_minutes), at most %d restarts after node losses "
+                "(train.max_restarts).",
                 time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(deadline)),
                 cfg.train.check_in_minutes,
                 cfg.train.max_restarts,
             )
-            self._start_and_follow(context, cfg)
+            return self._drive(context, cfg)
         from mlm_tasks.paths import RunContext
         from mlm_tasks.steps.train import train
 
@@ -132,98 +130,157 @@ class TrainOperator(BaseOperator):
                 cfg, RunContext.of(cfg, context["run_id"], fingerprint), hub_token=token, hub_endpoint=endpoint
             )
 
-    def resume(self, context: Context, event: dict[str, Any] | None = None, **_: Any) -> NoReturn:
-        """After waiting for a replacement node the task resumes here, in a fresh operator instance."""
-        cfg = config_from_xcom(self.config)
-        node = node_from_event(self, context, cfg, event, resume_in=self.resume)
-        with use_connection(cfg.gcp_conn_id):
-            ready = tpu.get_state(cfg.tpu, node["name"])
-        self._start_on(context, cfg, ready)
+    def _new_sequence(self, context: Context) -> None:
+        """A Clear (or a new run of the task after success) is a new try sequence: Airflow's
+        clear_task_instances sets max_tries to the last try number plus retries, so the sequence's first try,
+        max_tries - retries + 1, moves; a retry keeps it. A new sequence gets a fresh deadline and restart budget."""
+        store = context.get("task_state_store")
+        max_tries = getattr(context.get("ti"), "max_tries", None)
+        if store is None or not isinstance(max_tries, int):
+            return
+        first = max_tries - (self.retries or 0) + 1
+        stored = store.get(SEQUENCE_KEY)
+        if stored == first:
+            return
+        if stored is not None:
+            self.log.info(
+                "Try %d starts a new try sequence (a Clear, not a retry of tries %s+): a fresh deadline "
+                "(train.timeout_hours) and restart budget (train.max_restarts).",
+                try_number(context),
+                stored,
+            )
+        for key in (DEADLINE_KEY, RESTARTS_KEY, CHECK_INS_KEY):
+            store.delete(key)
+        store.set(SEQUENCE_KEY, first)
+
+    def resume(self, context: Context, event: dict[str, Any] | None = None, **_: Any) -> RemoteTrain:
+        """Back from waiting for the node (TpuNodeTrigger), in a fresh operator instance."""
+        return self._drive(context, config_from_xcom(self.config), node_event=event)
+
+    def trainer_ended(self, context: Context, event: dict[str, Any] | None = None, **_: Any) -> RemoteTrain:
+        """Back from the trainer's trigger, with its verdict (the trainer's word; the node is asked again)."""
+        event = event or {}
+        job = vm_job.job_handle(event.get("job"))
+        if job is None:
+            raise AirflowException(
+                f"The train trigger fired without a job ({event!r}): retry; the retry "
+                "reattaches to the trainer if it still runs."
+            )
+        verdict = Verdict(event["kind"], event["detail"], event.get("exit_code"))
+        return self._drive(context, config_from_xcom(self.config), verdict=(job, verdict))
 
     def resume_execution(self, next_method: str, next_kwargs: dict[str, Any] | None, context: Context) -> Any:
         """The trainer's trigger timed out (train.check_in_minutes): a check-in, not a failure. Airflow turns a
         trigger timeout into TaskDeferralTimeout, an ordinary failure that would use up a retry every
-        check-in; here the task checks the deadline, reattaches to the trainer and defers again, in the same
-        try. Every other resume (a node trigger's timeout included) is Airflow's."""
+        check-in; here the task decides once more, in the same try. Every other resume is Airflow's."""
         error = (next_kwargs or {}).get("error")
         store = context.get("task_state_store")
         timed_out = next_method == TRIGGER_FAIL_REPR and error == TriggerFailureReason.TRIGGER_TIMEOUT
         deferred = store.get(DEFERRED_KEY) if store is not None else None
         if timed_out and store is not None and isinstance(deferred, dict) and deferred.get("trigger") == "trainer":
-            return self._check_in(context, store, deferred)
+            checked_in = int(cast(int, store.get(CHECK_INS_KEY, 0))) + 1
+            store.set(CHECK_INS_KEY, checked_in)
+            self.log.info(
+                "Check-in %d: the trainer's trigger reached train.check_in_minutes; this try goes on.", checked_in
+            )
+            return self._drive(context, config_from_xcom(self.config))
         return super().resume_execution(next_method, next_kwargs, context)
 
-    def _check_in(self, context: Context, store: Any, deferred: dict[str, Any]) -> RemoteTrain:
-        """At the trainer's trigger timeout: the deadline, then one check of the stored trainer. An end (a lost
-        node among them) is handled as the trigger's event would be; a running trainer is followed on."""
-        cfg = config_from_xcom(self.config)
-        checked_in = int(store.get(CHECK_INS_KEY, 0)) + 1
-        store.set(CHECK_INS_KEY, checked_in)
-        self.log.info(
-            "Check-in %d: the trainer's trigger reached train.check_in_minutes=%g; this try goes on.",
-            checked_in,
-            cfg.train.check_in_minutes,
-        )
-        self._check_deadline(context, cfg)
-        job = vm_job.job_handle(store.get(JOB_KEY))
-        if job is not None:
+    def _drive(
+        self,
+        context: Context,
+        cfg: PipelineConfig,
+        *,
+        node_event: dict[str, Any] | None = None,
+        verdict: tuple[TrainJob, Verdict] | None = None,
+    ) -> RemoteTrain:
+        """Facts, decision, action, until an action defers, fails or ends the training."""
+        name = run_node_name(context, self.node_name)
+        store = context.get("task_state_store")
+        rechecked, began = False, time.monotonic()
+        while True:
             with use_connection(cfg.gcp_conn_id):
-                verdict = self._watch(cfg, job).check()
-            if verdict.kind in ENDS:
-                return self.trainer_ended(
-                    context, {**asdict(verdict), "job": job, "workers": deferred.get("workers", 1)}
+                node, facts = self._facts(context, cfg, name, node_event, verdict, rechecked)
+            action = decide(facts)
+            node_event, verdict = None, None
+            if action.kind == "wait" and action.wait_for == "recheck":
+                self.log.warning("%s in %gs (tpu.poll_interval_s).", action.why, cfg.tpu.poll_interval_s)
+                time.sleep(cfg.tpu.poll_interval_s)
+                rechecked = True
+            elif action.kind in ("ensure_node", "wait") or (action.kind == "fail" and action.delete):
+                if store is not None:
+                    store.set(DEFERRED_KEY, {"trigger": "node"})
+                made = carry_out(
+                    self, context, cfg, node, action, resume_in=self.resume, stockout_until=facts.stockout_until
                 )
-        self._start_and_follow(context, cfg)
+                node_event = {"state": made.state, "error": made.error} if made is not None and made.error else None
+            elif action.kind == "restart":
+                self._restart(context, cfg, facts, action.why)
+            elif action.kind == "start":
+                with use_connection(cfg.gcp_conn_id):
+                    if facts.job is not None:
+                        self.log.warning("%s.", action.why)
+                    if action.stop and facts.job is not None:
+                        self._watch(cfg, facts.job).stop()
+                    job = self._detached(cfg).start(context, cfg, node)
+                self._follow(context, cfg, job, len(node.workers))
+            elif action.kind == "reattach":
+                assert facts.job is not None
+                self.log.info(
+                    "Reattached to the trainer of try %d (pid %d) in %.2fs: %s. No second trainer is started.",
+                    facts.job["try_number"],
+                    facts.job["pid"],
+                    time.monotonic() - began,
+                    action.why,
+                )
+                self._follow(context, cfg, facts.job, len(node.workers))
+            elif action.kind == "done":
+                with use_connection(cfg.gcp_conn_id):
+                    self.log.info("Training done: %s.\n%s", action.why, self._tail(cfg, facts.job))
+                return {"node": name, "workers": max(1, len(node.workers))}
+            else:
+                self._fail(context, cfg, facts, action)
 
-    def _start_and_follow(self, context: Context, cfg: PipelineConfig) -> NoReturn:
-        """The run's node READY (a dead one replaced, waiting in the triggerer), the trainer on it started or
-        reattached to, then the deferral that follows it."""
-        self._check_deadline(context, cfg)
+    def _facts(
+        self,
+        context: Context,
+        cfg: PipelineConfig,
+        name: str,
+        node_event: dict[str, Any] | None,
+        ended: tuple[TrainJob, Verdict] | None,
+        rechecked: bool,
+    ) -> tuple[tpu.NodeState, Facts]:
+        """What decide needs: the node (asked now, or the node trigger's end), the stored trainer (checked
+        over SSH on a READY node, else its status record alone), the restarts used and the deadline."""
         store = context.get("task_state_store")
-        if store is not None:
-            store.set(DEFERRED_KEY, {"trigger": "node"})
-        with use_connection(cfg.gcp_conn_id):
-            node = node_for_step(self, context, cfg, run_node_name(context, self.node_name), replace_in=self.resume)
-        self._start_on(context, cfg, node)
-
-    def _start_on(self, context: Context, cfg: PipelineConfig, node: tpu.NodeState) -> NoReturn:
-        """The trainer on this READY node, the stored one reattached to or a new one, then followed. A stored
-        one whose node was lost (preempted since it was READY) or replaced (by this task's check-in, or a cleared
-        create_tpu_vm) is a restart, counted and recorded, not a start that would leave its loss uncounted."""
-        lost = None
-        with use_connection(cfg.gcp_conn_id):
-            try:
-                started = self._detached(cfg).start(context, cfg, node)
-            except NodeLost as err:
-                lost = str(err)
-        if lost is not None:
-            store = context.get("task_state_store")
-            job = cast(TrainJob, vm_job.job_handle(store.get(JOB_KEY) if store is not None else None))
-            self._restart(context, cfg, job, lost)
-        self._follow(context, cfg, started)
-
-    def _check_deadline(self, context: Context, cfg: PipelineConfig) -> None:
-        """Past the deadline: the stored trainer is stopped and the task fails, without retry."""
-        deadline = run_deadline(context, cfg)
-        if time.time() < deadline:
-            return
-        store = context.get("task_state_store")
-        job = vm_job.job_handle(store.get(JOB_KEY) if store is not None else None)
-        if job is not None:
-            with use_connection(cfg.gcp_conn_id):
-                self._watch(cfg, job).stop()
-        hours = cfg.train.timeout_for(cfg.compute, cfg.tpu.ttl_hours)
-        raise AirflowFailException(
-            f"The training reached its deadline, train.timeout_hours={hours:g} from this task's first start "
-            f"({time.strftime('%Y-%m-%d %H:%M:%S', time.gmtime(deadline))} UTC), and was stopped; its checkpoints "
-            f"are kept under {RunPaths(cfg.output_root, context['run_id']).root}. Raise train.timeout_hours (and "
-            "tpu.ttl_hours) for a longer run."
+        job, verdict = ended or (vm_job.job_handle(store.get(JOB_KEY) if store is not None else None), None)
+        node, facts = node_facts(cfg, name, node_event)
+        replaced = False
+        if job is not None and node.ready:
+            host = tpu.worker_endpoints(node, external=cfg.tpu.ssh_via == "external")[0]
+            was = job.get("node_created")
+            replaced = (job["node"], job["host"]) != (name, host) or bool(node.created and was and node.created != was)
+            if verdict is None and not replaced:
+                verdict = self._watch(cfg, job).check()
+        elif job is not None and verdict is None:  # no SSH to a node that is not READY: the record tells
+            status = read_status(RunPaths(cfg.output_root, context["run_id"]))
+            verdict = classify(job, status, vm_job.Probe(None), now=time.time(), stall_s=cfg.train.stall_minutes * 60)
+        used = int(cast(int, store.get(RESTARTS_KEY, 0))) if store is not None else 0
+        return node, replace(
+            facts,
+            deadline=run_deadline(context, cfg),
+            job=job,
+            verdict=verdict,
+            replaced=replaced,
+            rechecked=rechecked,
+            try_number=try_number(context),
+            restarts=used,
+            max_restarts=cfg.train.max_restarts,
         )
 
-    def _follow(self, context: Context, cfg: PipelineConfig, started: tuple[TrainJob, int]) -> NoReturn:
+    def _follow(self, context: Context, cfg: PipelineConfig, job: TrainJob, workers: int) -> NoReturn:
         """Defer: wait for the trainer in the triggerer until the next check-in (or the deadline, if sooner);
         the task resumes in trainer_ended, or in resume_execution at the trigger's timeout."""
-        job, workers = started
         left_s = run_deadline(context, cfg) - time.time()
         store = context.get("task_state_store")
         if store is not None:
@@ -243,60 +300,67 @@ class TrainOperator(BaseOperator):
         check_in_s = max(1.0, min(cfg.train.check_in_minutes * 60, left_s))
         self.defer(trigger=trigger, method_name="trainer_ended", timeout=timedelta(seconds=check_in_s))
 
-    def trainer_ended(self, context: Context, event: dict[str, Any] | None = None, **_: Any) -> RemoteTrain:
-        """Back from the trigger: the training's end as the task's (its log's last lines either way)."""
-        cfg = config_from_xcom(self.config)
-        event = event or {}
-        job = vm_job.job_handle(event.get("job"))
-        if job is None:
-            raise AirflowException(
-                f"The train trigger fired without a job ({event!r}): retry; the retry "
-                "reattaches to the trainer if it still runs."
-            )
-        if event["kind"] == "lost":
-            self._restart(context, cfg, job, event["detail"])
-        with use_connection(cfg.gcp_conn_id):
-            self.watch = self._watch(cfg, job)
-            end_of_training(self.watch, Verdict(event["kind"], event["detail"], event.get("exit_code")))
-        return {"node": job["node"], "workers": event.get("workers", 1)}
-
     def _watch(self, cfg: PipelineConfig, job: TrainJob) -> JobWatch:
         """The stored trainer, checked or stopped from this task (within a use_connection block)."""
         return connected_watch(
             cfg.tpu, job, output_root=cfg.output_root, stall_s=cfg.train.stall_minutes * 60, log=self.log
         )
 
-    def _restart(self, context: Context, cfg: PipelineConfig, job: TrainJob, cause: str) -> NoReturn:
-        """The trainer's node is gone: inside this try, a new node and a new trainer from the last checkpoint,
-        while train.max_restarts lasts (counted for the task, across its tries)."""
+    def _tail(self, cfg: PipelineConfig, job: TrainJob | None) -> str:
+        return self._watch(cfg, job).tail_text() if job is not None else ""
+
+    def _restart(self, context: Context, cfg: PipelineConfig, facts: Facts, cause: str) -> None:
+        """A restart inside this try: counted (across tries), recorded in restarts.json, the lost handle dropped;
+        the next decision replaces the node and starts a new trainer from the last checkpoint."""
         store = context.get("task_state_store")
-        used = int(cast(int, store.get(RESTARTS_KEY, 0))) if store is not None else 0
-        run = RunPaths(cfg.output_root, context["run_id"])
-        if store is not None:  # its trainer is gone with the node: what follows (or a retry) starts one, once
+        job = facts.job
+        if store is not None:  # its trainer is gone: what follows (or a retry) starts one, once
             store.delete(JOB_KEY)
-        if used >= cfg.train.max_restarts:
-            so_far = restarts.summary_line(restarts.read_restarts(run))
-            raise AirflowException(
-                f"Training lost its node again ({cause}) after train.max_restarts={cfg.train.max_restarts} restarts "
-                f"({so_far}). This try fails; an Airflow retry starts a new trainer from the last checkpoint. Raise "
-                "train.max_restarts for capacity that is preempted this often."
+            store.set(RESTARTS_KEY, facts.restarts + 1)
+        run = RunPaths(cfg.output_root, context["run_id"])
+        with use_connection(cfg.gcp_conn_id):
+            status = read_status(run)
+            recorded = restarts.record_restart(
+                run,
+                cause=cause,
+                node=job["node"] if job is not None else "",
+                try_number=try_number(context),
+                step=status["step"] if status else 0,
             )
-        if store is not None:
-            store.set(RESTARTS_KEY, used + 1)
-        status = read_status(run)
-        recorded = restarts.record_restart(
-            run, cause=cause, node=job["node"], try_number=try_number(context), step=status["step"] if status else 0
-        )
         self.log.warning(
             "Restart %d of at most %d (train.max_restarts), in try %d: %s. Last recorded step %d; replacing the "
-            "node and starting a new trainer from the last checkpoint.",
-            used + 1,
+            "node if it is lost and starting a new trainer from the last checkpoint.",
+            facts.restarts + 1,
             cfg.train.max_restarts,
             try_number(context),
             cause,
             recorded[-1]["step"],
         )
-        self._start_and_follow(context, cfg)
+
+    def _fail(self, context: Context, cfg: PipelineConfig, facts: Facts, action: Action) -> NoReturn:
+        """A failure decided: the trainer stopped where asked (its log's last lines in the message), then raised,
+        as AirflowFailException where no retry can help."""
+        message, job = action.why, facts.job
+        store = context.get("task_state_store")
+        if action.about == "budget" and store is not None:  # its trainer is gone with the node: a retry starts one
+            store.delete(JOB_KEY)
+        with use_connection(cfg.gcp_conn_id):
+            if action.stop and job is not None and facts.node == "READY":
+                self.watch = self._watch(cfg, job)
+                self.watch.stop()
+            if action.about == "trainer":
+                message += "\n" + self._tail(cfg, job)
+        if action.about == "deadline":
+            hours = cfg.train.timeout_for(cfg.compute, cfg.tpu.ttl_hours)
+            message = (
+                f"The training reached its deadline, train.timeout_hours={hours:g} from this try sequence's first "
+                f"start ({time.strftime('%Y-%m-%d %H:%M:%S', time.gmtime(facts.deadline))} UTC), and was stopped; its "
+                f"checkpoints are kept under {RunPaths(cfg.output_root, context['run_id']).root}. Clear the task to "
+                "go on from the last checkpoint with a new deadline, or raise train.timeout_hours (and "
+                "tpu.ttl_hours) for a longer run."
+            )
+        message += f"\n{action.advice}" if action.advice else ""
+        raise (AirflowException if action.retry else AirflowFailException)(message)
 
     def _detached(self, cfg: PipelineConfig) -> DetachedTrain:
         """The step on the TPU VM. With checkpoint sync the Hub token travels on the SSH session's stdin

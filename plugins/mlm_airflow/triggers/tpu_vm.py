@@ -1,7 +1,7 @@
 """Trigger that polls the TPU API until a node stops changing by itself (runs in the triggerer).
 
 TpuVmCreateOperator defers to it (as does the train task replacing a dead node: operators/tpu_vm.py's
-create_or_reuse_node), so waiting minutes for a TPU VM holds no worker slot. It fires once with
+carry_out), so waiting minutes for a TPU VM holds no worker slot. It fires once with
 {"name", "state", "error", "node", "deadline", "stockout_until"} when the node is READY,
 NOT_FOUND, in a dead-end state (PREEMPTED, TERMINATED, ...), when the create operation reports an error,
 or with state "TIMEOUT" at `deadline` (epoch seconds). `deadline` and `stockout_until` (when a

@@ -11,7 +11,7 @@ location (`tpu_config`: project, zone, API endpoint, SSH connection and port), t
 and progress seconds (train.follow_poll_s, train.stall_minutes, train.progress_log_s), the storage
 deadline (storage.timeout_s) and the GCP connection id.
 
-Every poll_s it runs one check (`JobWatch.check`, mlm_tasks/training/follow.py: an SSH probe of the job,
+Every poll_s it runs one check (`JobWatch.check`, mlm_tasks/job/follow.py: an SSH probe of the job,
 the status record from output_root, the node's state when SSH does not answer) in a thread, with the
 run's GCP connection, and logs a progress line (step, loss, tokens/s, ETA) every progress_s. It fires
 once, with {"kind", "detail", "exit_code", "job", "workers"}, when the verdict is done, failed or
@@ -40,10 +40,10 @@ from mlm_airflow.connections import connection_credentials, ssh_connect
 from mlm_tasks import credentials, storage
 from mlm_tasks.config import TpuConfig
 from mlm_tasks.errors import TransientError
+from mlm_tasks.job.follow import JobWatch, Verdict
+from mlm_tasks.job.launch import DetachedJob, Log
 from mlm_tasks.results import TrainJob
 from mlm_tasks.tpu import api as tpu
-from mlm_tasks.tpu.job import DetachedJob, Log
-from mlm_tasks.training.follow import JobWatch, Verdict
 
 ENDS = ("done", "failed", "stalled", "lost")
 # A check's SSH login is retried this long (the start's: 300 s): a node that does not answer is soon

@@ -10,9 +10,9 @@ import numpy as np
 import pytest
 
 from mlm_tasks.errors import NO_RETRY_EXIT, TrainingDivergedError
+from mlm_tasks.job.status import read_status
 from mlm_tasks.paths import RunContext
 from mlm_tasks.training.progress import read_history
-from mlm_tasks.training.status import read_status
 from peers.tiny_data import tiny_config
 
 

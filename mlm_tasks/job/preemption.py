@@ -6,11 +6,11 @@
         sys.exit(preemption.PREEMPTED_EXIT)
 
 A preempted or maintained TPU VM shuts down: the OS sends SIGTERM to every process and waits before
-SIGKILL (30 s for a Spot VM's preemption). So does `tpu.job.stop` (SIGTERM, then SIGKILL after
+SIGKILL (30 s for a Spot VM's preemption). So does `job.launch.stop_command` (SIGTERM, then SIGKILL after
 STOP_GRACE_S). The handler only sets a flag; the loop checks it after each call of the compiled loop
 (`train.steps_per_call` steps), saves a checkpoint at that step, records the state "preempted" in
 the status record and exits with PREEMPTED_EXIT, which the train task reads as a restart from that
-step (mlm_tasks/training/follow.py), not as a failure. The notice costs the steps of the call under
+step (mlm_tasks/job/follow.py), not as a failure. The notice costs the steps of the call under
 way, not a checkpoint interval.
 
 Installed by the CLI only: under an Airflow worker (`compute: local`) the task process belongs to

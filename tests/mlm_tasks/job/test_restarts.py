@@ -1,9 +1,9 @@
-"""The restarts a train task records in runs/<run>/train/restarts.json (mlm_tasks/training/restarts.py),
+"""The restarts a train task records in runs/<run>/train/restarts.json (mlm_tasks/job/restarts.py),
 closed by the next trainer's StatusRecord at its start step."""
 
+from mlm_tasks.job import restarts
+from mlm_tasks.job.status import StatusRecord, read_status
 from mlm_tasks.paths import RunPaths
-from mlm_tasks.training import restarts
-from mlm_tasks.training.status import StatusRecord, read_status
 
 
 def test_a_restart_is_recorded_then_closed_by_the_next_trainer(tmp_path):

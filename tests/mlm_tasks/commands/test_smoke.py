@@ -1,4 +1,4 @@
-"""The real-cloud smoke test's command (mlm_tasks.smoke): its dry run prints every request and
+"""The real-cloud smoke test's command (mlm_tasks.commands.smoke): its dry run prints every request and
 command and sends nothing; a failing run still deletes its VM; its login accepts only the host key the
 node published (against the fake TPU API and a real sshd)."""
 
@@ -11,12 +11,12 @@ from pathlib import Path
 
 import pytest
 
-from mlm_tasks import smoke as tpu_smoke
+from mlm_tasks.commands import smoke as tpu_smoke
 from mlm_tasks.tpu import api as tpu
 from mlm_tasks.tpu import ssh
 from peers.sshd import host_public_key
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 
 
 @pytest.fixture
@@ -40,7 +40,7 @@ def test_dry_run_prints_every_request_and_command_and_sends_nothing(ssh_key, tmp
         [
             sys.executable,
             "-m",
-            "mlm_tasks.smoke",
+            "mlm_tasks.commands.smoke",
             "--project",
             "my-proj",
             "--zone",
@@ -81,7 +81,7 @@ def test_dry_run_prints_every_request_and_command_and_sends_nothing(ssh_key, tmp
 
 def test_a_queued_dry_run_prints_the_queued_resource_request(ssh_key, tmp_path):
     result = subprocess.run(
-        [sys.executable, "-m", "mlm_tasks.smoke", "--project", "my-proj", "--zone", "us-west4-a", "--bucket"]
+        [sys.executable, "-m", "mlm_tasks.commands.smoke", "--project", "my-proj", "--zone", "us-west4-a", "--bucket"]
         + ["gs://no-such-bucket/smoke", "--ssh-key", ssh_key, "--run-id", "smoke-1", "--dry-run"]
         + ["--provisioning", "queued", "--set", "tpu.queued_valid_hours=3"],
         cwd=ROOT,
@@ -229,8 +229,8 @@ def test_the_smoke_run_trains_detached_and_restarts_after_its_node_is_deleted(
     import signal
     import threading
 
+    from mlm_tasks.job.status import read_status
     from mlm_tasks.paths import RunPaths
-    from mlm_tasks.training.status import read_status
     from peers.stand_in_trainer import steps_made, write_stand_in
 
     key_file = tmp_path / "sa.json"
@@ -281,7 +281,7 @@ def test_the_smoke_run_trains_detached_and_restarts_after_its_node_is_deleted(
 
 
 def test_smoke_module_imports_no_airflow():
-    code = "import mlm_tasks.smoke, sys; assert 'airflow' not in sys.modules"
+    code = "import mlm_tasks.commands.smoke, sys; assert 'airflow' not in sys.modules"
     subprocess.run([sys.executable, "-c", code], check=True, cwd=str(ROOT))
 
 
@@ -298,7 +298,7 @@ def test_sigterm_while_waiting_for_the_vm_still_deletes_it(ssh_key, fake_tpu, sa
         [
             sys.executable,
             "-m",
-            "mlm_tasks.smoke",
+            "mlm_tasks.commands.smoke",
             "--project",
             "proj",
             "--zone",

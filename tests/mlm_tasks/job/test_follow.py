@@ -1,13 +1,10 @@
-"""What a detached trainer's state means (mlm_tasks/training/follow.py): the follow loop's and a retry's
-decisions, from (handle, status record, probe, node state, clock) alone."""
-
-import logging
-from types import SimpleNamespace
+"""What a detached trainer's state means (mlm_tasks/job/follow.py), from (handle, status record, probe, node
+state, clock) alone; what to do about it: test_decide.py."""
 
 import pytest
 
-from mlm_tasks.tpu.job import Probe, parse_probe
-from mlm_tasks.training.follow import NodeLost, Verdict, classify, reattach
+from mlm_tasks.job.follow import classify
+from mlm_tasks.job.launch import Probe, parse_probe
 
 NOW = 1_000_000.0
 JOB = {
@@ -86,7 +83,18 @@ def test_stalls_and_a_lost_node():
     noticed = _status(state="preempted", exit_code=75, error="Preemption notice (SIGTERM): checkpoint saved at step 40")
     for node_state in (None, "READY", "PREEMPTED"):
         verdict = _kind(noticed, Probe(False, exit_code=75), node_state=node_state)
-        assert (verdict.kind, verdict.exit_code) == ("lost", 75) and "checkpoint saved at step 40" in verdict.detail
+        assert verdict.kind == "lost" and "checkpoint saved at step 40" in verdict.detail
+
+
+def test_the_nodes_word_comes_before_the_trainers_record():
+    """Issue 48: the TPU runtime erroring as its host goes down is recorded as "failed"; a node PREEMPTED under
+    it makes it lost (a restart), its own words kept in the detail."""
+    failed = _status(state="failed", exit_code=1, error="RuntimeError: TPU runtime: connection reset")
+    assert _kind(failed, Probe(False, 1), node_state="READY").kind == "failed"
+    lost = _kind(failed, Probe(False, 1), node_state="PREEMPTED")
+    assert lost.kind == "lost" and "PREEMPTED" in lost.detail and "TPU runtime: connection reset" in lost.detail
+    done = _kind(_status(state="done", exit_code=0), Probe(False, 0), node_state="PREEMPTED")
+    assert done.kind == "done"  # finished before its node went
 
 
 def test_probe_answers():
@@ -94,35 +102,3 @@ def test_probe_answers():
     assert parse_probe(["MLM_PROBE gone 3"]) == Probe(False, 3)
     assert parse_probe(["MLM_PROBE gone -"]) == Probe(False, None)
     assert parse_probe([], "Cannot SSH").alive is None
-
-
-def test_a_node_lost_between_its_check_and_the_reattach_is_no_place_to_start():
-    """The node was READY when the task looked, and is PREEMPTED when the reattach checks the trainer: starting
-    a trainer there would run on a dead node, uncounted. NodeLost sends the task to its restart instead."""
-    lost = Verdict("lost", "the TPU VM mlm-n is PREEMPTED: the trainer is lost with it")
-    watch = SimpleNamespace(job=JOB, log=logging.getLogger("test"), check=lambda: lost, stop=lambda: None)
-    with pytest.raises(NodeLost, match="PREEMPTED"):
-        reattach(watch, node=JOB["node"], host=JOB["host"])
-    running = SimpleNamespace(**{**vars(watch), "check": lambda: Verdict("running", "step 40/100")})
-    assert reattach(running, node=JOB["node"], host=JOB["host"]) is True
-    # A trainer that saved a checkpoint on a preemption notice and exited 75, its node READY (a maintenance
-    # event): a new trainer starts from that checkpoint. Read as a lost node, each restart would find the same
-    # record and restart again, until train.max_restarts (found on the simulated TPU VM image).
-    noticed = Verdict("lost", "the trainer stopped on a preemption notice: checkpoint saved at step 71", 75)
-    after_notice = SimpleNamespace(**{**vars(watch), "check": lambda: noticed})
-    assert reattach(after_notice, node=JOB["node"], host=JOB["host"]) is False
-
-
-def test_a_node_replaced_under_the_same_name_and_address_took_its_trainer_with_it():
-    """A preempted node replaced by the task's check-in (or a cleared create_tpu_vm) can come back with the same
-    name and internal address: its createTime differs. The stored trainer is lost with the old node, a restart
-    to count and record; read as "ended" it was followed by a new trainer with the loss in no record."""
-    running = SimpleNamespace(job=JOB, log=logging.getLogger("test"), check=lambda: Verdict("running", "step 40/100"))
-    assert reattach(running, node=JOB["node"], host=JOB["host"], created=JOB["node_created"]) is True
-    with pytest.raises(NodeLost, match="replaced by mlm-n"):
-        reattach(running, node=JOB["node"], host=JOB["host"], created=NOW - 50)
-    with pytest.raises(NodeLost, match="ran on mlm-n .10.0.0.2"):
-        reattach(running, node=JOB["node"], host="10.0.0.3", created=JOB["node_created"])
-    # A handle of an older try, without node_created: the name and the address decide.
-    older = SimpleNamespace(**{**vars(running), "job": {k: v for k, v in JOB.items() if k != "node_created"}})
-    assert reattach(older, node=JOB["node"], host=JOB["host"], created=NOW - 50) is True

@@ -1,4 +1,4 @@
-"""The trainer's status record (mlm_tasks/training/status.py): what it says while a trainer runs, when it
+"""The trainer's status record (mlm_tasks/job/status.py): what it says while a trainer runs, when it
 ends, when it is frozen; and how starts are counted across trainers of one run."""
 
 import os
@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 
 from mlm_tasks.errors import ConfigError
+from mlm_tasks.job.status import StatusRecord, read_status, stalled
 from mlm_tasks.paths import RunPaths
-from mlm_tasks.training.status import StatusRecord, read_status, stalled
 from peers.waits import wait_for
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -69,7 +69,7 @@ def test_a_frozen_trainer_stops_beating_and_counts_as_stalled(tmp_path):
     """A real process whose status thread beats every 0.5 s, frozen with SIGSTOP, then let go."""
     code = (
         f"import sys, time; sys.path.insert(0, {str(ROOT)!r})\n"
-        "from mlm_tasks.training.status import StatusRecord\nfrom mlm_tasks.paths import RunPaths\n"
+        "from mlm_tasks.job.status import StatusRecord\nfrom mlm_tasks.paths import RunPaths\n"
         f"with StatusRecord(RunPaths({str(tmp_path)!r}, 'frozen'), total_steps=5, start_step=0, heartbeat_s=0.5):\n"
         "    time.sleep(120)\n"
     )

@@ -24,9 +24,9 @@ from typing import cast
 
 from mlm_tasks import storage
 from mlm_tasks.errors import NO_RETRY_EXIT, NoRetryError
+from mlm_tasks.job import preemption, restarts
 from mlm_tasks.paths import RunPaths
 from mlm_tasks.results import TrainStatus
-from mlm_tasks.training import preemption, restarts
 
 log = logging.getLogger(__name__)
 TRY_NUMBER_VARS = ("MLM_TRY_NUMBER", "AIRFLOW_CTX_TRY_NUMBER")
@@ -99,7 +99,7 @@ class StatusRecord:
 
     def __enter__(self) -> StatusRecord:
         # A restart the train task recorded before starting this trainer is closed at its start step; the
-        # record carries them all (restarts.json is the task's: mlm_tasks/training/restarts.py).
+        # record carries them all (restarts.json is the task's: mlm_tasks/job/restarts.py).
         self.record["restarts"] = restarts.close_open(self.run, self.record["step"])
         self._write()
         self._thread.start()

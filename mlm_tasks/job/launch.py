@@ -1,9 +1,9 @@
 """The trainer as a job of the TPU VM, not a child of an SSH session: start it, then probe, stop and tail
 it over short SSH sessions to worker 0 (what the answers mean, and the check and reattach built on them:
-mlm_tasks/training/follow.py). No Airflow here: the train task and its trigger drive these.
+mlm_tasks/job/follow.py). No Airflow here: the train task and its trigger drive these.
 
     line = remote_command(cfg, "train", run_id, node=name, detach_log=log_name(run_id, try_number), ...)
-    outcome, job = start(ssh.Session(connect, host), line, node=name, host=host, ...)  # job: pid, log, try
+    outcome, job = start(ssh.Session(connect, host), line, node=name, host=host, try_number=n, ...)  # pid, log
     vm = DetachedJob(job, connect)                   # one short session per call
     vm.probe()                                       # Probe: alive? else its exit code
     vm.stop(log)                                     # SIGTERM+SIGCONT, then SIGKILL, the process group
@@ -18,10 +18,13 @@ from __future__ import annotations
 import hashlib
 import re
 import shlex
+import time
 from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any, Protocol, cast
 
+from mlm_tasks.job.status import read_status
+from mlm_tasks.paths import RunPaths
 from mlm_tasks.results import TrainJob
 from mlm_tasks.tpu import ssh
 from mlm_tasks.tpu.bundle import JOB_MARK, STOP_GRACE_S, exit_file, run_lock_name, shell_path
@@ -45,39 +48,6 @@ def log_name(run_id: str, try_number: int) -> str:
     return f"logs/train-{hashlib.sha256(run_id.encode()).hexdigest()[:16]}-try{try_number}.log"
 
 
-def started_job(
-    lines: Iterable[str],
-    *,
-    node: str,
-    node_created: float | None,
-    host: str,
-    try_number: int,
-    log: str,
-    workdir: str,
-    run_id: str,
-    now: float,
-    starts_before: int,
-) -> TrainJob | None:
-    """The handle from a detached start's output (None: the line printed no JOB_MARK, so nothing started)."""
-    for line in lines:
-        found = re.fullmatch(rf"{JOB_MARK} pid=(\d+)", line.strip())
-        if found:
-            return TrainJob(
-                node=node,
-                node_created=node_created,
-                host=host,
-                worker=0,
-                pid=int(found.group(1)),
-                try_number=try_number,
-                log=log,
-                workdir=workdir,
-                run_id=run_id,
-                started_at=now,
-                starts_before=starts_before,
-            )
-    return None
-
-
 def job_handle(stored: object) -> TrainJob | None:
     """A handle as a store gives it back (JSON), or None when there is none (nothing stored, or no pid). Only
     the pid is required: a handle of an older try may lack a later field (follow reads those with a default)."""
@@ -95,29 +65,33 @@ def start(
     node_created: float | None,
     host: str,
     try_number: int,
-    log: str,
     workdir: str,
+    output_root: str,
     run_id: str,
-    now: float,
-    starts_before: int,
 ) -> tuple[ssh.Outcome, TrainJob | None]:
-    """Runs the detached start line (`remote_command(..., detach_log=log)`) in `session`: its outcome, and
-    the job's handle (None when the line failed or printed no JOB_MARK: nothing was started)."""
+    """Runs the detached start line (`remote_command(..., detach_log=log_name(run_id, try_number))`) in
+    `session`: its outcome, and the job's handle (None when the line failed or printed no JOB_MARK: nothing
+    was started). The handle counts the status record's starts before it, so that its own record is known."""
+    before = read_status(RunPaths(output_root, run_id))
+    now = time.time()
     outcome = session.run(command, secret=secret)
-    if outcome.exit_code != 0:
-        return outcome, None
-    return outcome, started_job(
-        outcome.tail,
-        node=node,
-        node_created=node_created,
-        host=host,
-        try_number=try_number,
-        log=log,
-        workdir=workdir,
-        run_id=run_id,
-        now=now,
-        starts_before=starts_before,
-    )
+    for line in outcome.tail if outcome.exit_code == 0 else ():
+        found = re.fullmatch(rf"{JOB_MARK} pid=(\d+)", line.strip())
+        if found:
+            return outcome, TrainJob(
+                node=node,
+                node_created=node_created,
+                host=host,
+                worker=0,
+                pid=int(found.group(1)),
+                try_number=try_number,
+                log=log_name(run_id, try_number),
+                workdir=workdir,
+                run_id=run_id,
+                started_at=now,
+                starts_before=before["starts"] if before else 0,
+            )
+    return outcome, None
 
 
 def _cd(job: TrainJob) -> str:

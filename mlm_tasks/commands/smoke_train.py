@@ -1,0 +1,175 @@
+"""The smoke command's training (mlm_tasks/commands/smoke.py) on the production path: the run's node made READY
+and the trainer started detached on worker 0, followed, restarted after a lost node, as the DAG's train task
+does it: the same decisions (mlm_tasks/job/decide.py), with sleeps where the task defers.
+
+    driver = SmokeDriver(cfg, run_id, name, api=api, ensure=ensure, start_on=start, out=print, preempt_after=20)
+    restarts = driver.run()   # the restarts it took; TrainingFailed on a failure decided
+
+`preempt_after` N deletes the node once the trainer has recorded step N, as a preemption would take it, to
+prove that restart end to end on a real project.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+from mlm_tasks.config import PipelineConfig
+from mlm_tasks.job import restarts
+from mlm_tasks.job.decide import Action, Facts, decide
+from mlm_tasks.job.follow import JobWatch, classify, own_status, progress_line
+from mlm_tasks.job.launch import DetachedJob, Probe
+from mlm_tasks.job.status import read_status
+from mlm_tasks.paths import RunPaths
+from mlm_tasks.results import Restart, TrainJob
+from mlm_tasks.tpu import api as tpu
+from mlm_tasks.tpu import queued, ssh
+
+if TYPE_CHECKING:
+    from google.cloud.tpu_v2 import TpuClient
+
+log = logging.getLogger("mlm_tasks.commands.smoke")
+
+Start = Callable[[tpu.NodeState], tuple[TrainJob, ssh.Connect]]
+
+
+class TrainingFailed(RuntimeError):
+    """The trainer could not start, failed or stalled: the smoke run fails with its words (exit 1)."""
+
+
+class SmokeDriver:
+    """One process a person watches: facts, `decide`, then the action, until done or a failure."""
+
+    def __init__(
+        self,
+        cfg: PipelineConfig,
+        run_id: str,
+        name: str,
+        *,
+        api: TpuClient | Any,
+        ensure: Callable[[], tpu.NodeState],
+        start_on: Start,
+        out: Callable[[str], None],
+        preempt_after: int | None = None,
+    ) -> None:
+        self.cfg, self.name, self.api, self.out = cfg, name, api, out
+        self.ensure, self.start_on, self.preempt_after = ensure, start_on, preempt_after
+        self.run_paths = RunPaths(cfg.output_root, run_id)
+        self.deadline = time.time() + cfg.train.timeout_for(cfg.compute, cfg.tpu.ttl_hours) * 3600
+        self.job: TrainJob | None = None
+        self.watch: JobWatch | None = None
+        self.operation: str | None = None  # the create under way, whose error explains a dead node
+        self.asked = 0.0  # when it was asked for
+        self.refused: str | None = None  # the create's refusal (a quota)
+        self.used, self.rechecked, self.preempted, self.said = 0, False, False, 0.0
+        self.stockout_until: float | None = None
+
+    def run(self) -> list[Restart]:
+        while True:
+            action = decide(self.facts())
+            if self.act(action):
+                return restarts.read_restarts(self.run_paths)
+
+    def facts(self) -> Facts:
+        cfg, job = self.cfg, self.job
+        node = tpu.get_state(cfg.tpu, self.name, self.api)
+        state = node.state
+        error = tpu.operation_error(cfg.tpu, self.operation, self.api) if self.operation and not node.ready else None
+        if cfg.tpu.provisioning == "queued" and state == tpu.NOT_FOUND and self.operation:  # its request instead
+            request = queued.get_state(cfg.tpu, self.name, self.api)
+            state = f"QUEUED ({request.state})" if request.state in (*queued.WAIT_STATES, "ACTIVE") else state
+            error = error or (f"the queued resource is FAILED: {request.error}" if request.state == "FAILED" else None)
+        error, self.refused = self.refused or error, None
+        if self.operation and not node.ready and time.time() - self.asked > cfg.tpu.create_wait_s():
+            state, error = "TIMEOUT", error or f"still {state} after {cfg.tpu.create_wait_s():g}s"
+        verdict, replaced = None, False
+        if job is not None and node.ready and self.watch is not None:
+            replaced = node.created is not None and job.get("node_created") not in (None, node.created)
+            verdict = None if replaced else self.watch.check()
+        elif job is not None:  # no SSH to a node that is not READY: the record tells
+            status = read_status(self.run_paths)
+            verdict = classify(job, status, Probe(None), now=time.time(), stall_s=cfg.train.stall_minutes * 60)
+        return Facts(
+            node=state,
+            now=time.time(),
+            deadline=self.deadline,
+            job=job,
+            verdict=verdict,
+            replaced=replaced,
+            node_error=error,
+            rechecked=self.rechecked,
+            restarts=self.used,
+            max_restarts=cfg.train.max_restarts,
+            zone=cfg.tpu.zone,
+            stockout_until=self.stockout_until,
+            stockout_wait_s=cfg.tpu.stockout_wait_hours * 3600,
+            retry_s=cfg.tpu.stockout_retry_s,
+        )
+
+    def act(self, action: Action) -> bool:
+        """Carries `action` out; True once the training is done. Waits are sleeps."""
+        cfg, self.rechecked = self.cfg, False
+        if action.kind == "ensure_node":
+            self.out(f"TPU VM {self.name}: {action.why}.")
+            made = self.ensure()
+            if made.error:
+                self.refused = made.error
+                return False
+            self.operation, self.asked, self.refused = made.operation or self.operation, time.time(), made.error
+            time.sleep(cfg.tpu.poll_interval_s)
+        elif action.kind == "wait" and action.wait_for == "capacity":
+            self.out(f"No capacity ({action.why}): deleting, creating again in {cfg.tpu.stockout_retry_s:g}s.")
+            tpu.delete_node(cfg.tpu, self.name, api=self.api)
+            self.operation, self.stockout_until = None, action.until
+            time.sleep(cfg.tpu.stockout_retry_s)
+        elif action.kind == "wait":
+            self.out(f"{action.why}; checking again in {cfg.tpu.poll_interval_s:g}s.")
+            self.rechecked = action.wait_for == "recheck"
+            time.sleep(cfg.tpu.poll_interval_s)
+        elif action.kind == "restart":
+            self.used += 1
+            status = read_status(self.run_paths)
+            restarts.record_restart(
+                self.run_paths, cause=action.why, node=self.name, try_number=1, step=status["step"] if status else 0
+            )
+            self.out(f"Restart {self.used}: {action.why}. A new node, and a new trainer from the last checkpoint.")
+            self.job = self.watch = None
+        elif action.kind == "start":
+            node = tpu.get_state(cfg.tpu, self.name, self.api)
+            self.operation = None
+            self.job, connect = self.start_on(node)
+            stall_s = cfg.train.stall_minutes * 60
+            self.watch = JobWatch(
+                DetachedJob(self.job, connect), cfg.tpu, output_root=cfg.output_root, stall_s=stall_s, log=log
+            )
+        elif action.kind == "reattach":
+            self._progress()
+            time.sleep(cfg.train.follow_poll_s)
+        elif action.kind == "done":
+            self.out(f"Training done: {action.why}")
+            return True
+        else:
+            self._fail(action)
+        return False
+
+    def _progress(self) -> None:
+        assert self.job is not None
+        status = own_status(self.job, read_status(self.run_paths))
+        if status is not None and time.monotonic() - self.said >= self.cfg.train.progress_log_s:
+            self.out(f"Training: {progress_line(status)}")
+            self.said = time.monotonic()
+        after = self.preempt_after
+        if after is not None and not self.preempted and status is not None and status["step"] >= after:
+            self.out(f"--preempt-after {after}: deleting TPU VM {self.name} at step {status['step']}, as Spot may.")
+            tpu.delete_node(self.cfg.tpu, self.name, api=self.api)
+            self.preempted = True
+
+    def _fail(self, action: Action) -> None:
+        message = action.why
+        if self.watch is not None and action.stop:
+            self.watch.stop()
+        if self.watch is not None and action.about == "trainer":
+            message += "\n" + self.watch.tail_text()
+        raise TrainingFailed(message + (f"\n{action.advice}" if action.advice else ""))
