@@ -1,47 +1,60 @@
-"""The trainer's preemption notice: SIGTERM means "save now, then go", not "die mid-step".
+"""The trainer's preemption notice: SIGTERM, or the metadata server announcing maintenance or a preemption,
+means "save now, then go", not "die mid-step".
 
     with preemption.notice_on_sigterm():   # the CLI's train step only (a trainer process of its own)
-        ...                                 # the loop asks preemption.noticed() after each call
-    except preemption.Preempted as err:     # raised by the loop once the checkpoint is saved
+        preemption.on_notice(stop.assign)    # the compiled loop checks `stop` between its steps
+        ...                                  # the loop asks preemption.noticed() after each call
+    except preemption.Preempted as err:      # raised by the loop once the checkpoint is saved (or known)
         sys.exit(preemption.PREEMPTED_EXIT)
 
-A preempted or maintained TPU VM shuts down: the OS sends SIGTERM to every process and waits before
-SIGKILL (30 s for a Spot VM's preemption). So does `job.launch.stop_command` (SIGTERM, then SIGKILL after
-STOP_GRACE_S). The handler only sets a flag; the loop checks it after each call of the compiled loop
-(`train.steps_per_call` steps), saves a checkpoint at that step, records the state "preempted" in
-the status record and exits with PREEMPTED_EXIT, which the train task reads as a restart from that
-step (mlm_tasks/job/follow.py), not as a failure. The notice costs the steps of the call under
-way, not a checkpoint interval.
+A preempted or maintained TPU VM shuts down: the OS sends SIGTERM to every process and waits GRACE_S before
+SIGKILL (30 s for a Spot VM). The notice reaches the loop while a call of `train.steps_per_call` steps runs:
+the C-level handler wakes a thread (`signal.set_wakeup_fd`), which sets the loop's stop flag, so the call
+ends after the step under way. The metadata server's `instance/maintenance-event` (anything but NONE) and
+`instance/preempted` (TRUE) are watched by another thread (GCE_METADATA_HOST, as google-auth reads it). The
+loop then saves a checkpoint at that step, unless its last save took longer than the grace left (`fits`):
+then the last periodic checkpoint is where the next trainer resumes, and the status record says so. It
+records "preempted" and exits PREEMPTED_EXIT, which the train task reads as a restart (mlm_tasks/job/decide.py).
 
-Installed by the CLI only: under an Airflow worker (`compute: local`) the task process belongs to
-Airflow's task runner, whose own SIGTERM handling must stay as it is. The metadata server's
-`instance/preempted` is not watched: SIGTERM reaches the trainer anyway, with less warning.
+Installed by the CLI only: under an Airflow worker (`compute: local`) SIGTERM is Airflow's task runner's.
 """
 
 from __future__ import annotations
 
 import contextlib
 import logging
+import os
 import signal
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 log = logging.getLogger("mlm_tasks.steps.train")
 
 PREEMPTED_EXIT = 75  # EX_TEMPFAIL: "try again later", here from the checkpoint just saved
+GRACE_S = 30.0  # SIGTERM to SIGKILL on a Spot VM's preemption (Google's documented shutdown period)
+METADATA_POLL_S = 5.0
 _notice = threading.Event()
-_noticed_at: list[float] = []
+_noticed: list[tuple[float, str]] = []  # (monotonic time, what) of the first notice
+_callbacks: list[Callable[[bool], Any]] = []
+_active: list[bool] = []  # inside notice_on_sigterm
 
 
 class Preempted(Exception):
-    """The loop stopped on the notice after saving a checkpoint at `step`."""
+    """The loop stopped on the notice at a checkpoint of `step` (saved now, or the last periodic one)."""
 
-    def __init__(self, step: int, waited_s: float):
+    def __init__(self, step: int, waited_s: float, saved: bool = True):
+        what = _noticed[0][1] if _noticed else "SIGTERM"
+        how = (
+            f"checkpoint saved at step {step} {waited_s:.1f}s after the notice"
+            if saved
+            else f"no time to save within the {GRACE_S:g}s grace: the last periodic checkpoint, step {step}, "
+            "is where the next trainer resumes"
+        )
         super().__init__(
-            f"Preemption notice (SIGTERM): checkpoint saved at step {step} {waited_s:.1f}s after the notice; "
-            f"exiting with code {PREEMPTED_EXIT} so that the next trainer resumes at step {step}."
+            f"Preemption notice ({what}): {how}; exiting with code {PREEMPTED_EXIT} so that the next trainer "
+            f"resumes at step {step}."
         )
         self.step = step
 
@@ -52,21 +65,83 @@ def noticed() -> bool:
 
 def waited_s() -> float:
     """Seconds since the notice (0 without one)."""
-    return time.monotonic() - _noticed_at[0] if _noticed_at else 0.0
+    return time.monotonic() - _noticed[0][0] if _noticed else 0.0
+
+
+def fits(save_s: float | None) -> bool:
+    """Whether a save that took `save_s` last time still fits in the grace left (unknown: try it)."""
+    return save_s is None or waited_s() + save_s < GRACE_S
+
+
+def on_notice(callback: Callable[[bool], Any]) -> None:
+    """`callback(True)` at the notice (at once, if one came already): how the compiled loop's flag is set.
+    Only inside notice_on_sigterm (elsewhere no notice comes)."""
+    if _active:
+        _callbacks.append(callback)
+    if _active and _notice.is_set():
+        callback(True)
+
+
+def notify(what: str) -> None:
+    if _notice.is_set():
+        return
+    _noticed.append((time.monotonic(), what))
+    _notice.set()
+    log.warning("Preemption notice (%s): saving a checkpoint after the step under way, then exiting.", what)
+    for callback in _callbacks:
+        callback(True)
 
 
 def _on_sigterm(signum: int, frame: Any) -> None:
-    if not _notice.is_set():
-        _noticed_at.append(time.monotonic())
-        _notice.set()
-        log.warning("Preemption notice (SIGTERM): saving a checkpoint after the steps under way, then exiting.")
+    notify("SIGTERM")
+
+
+def _wakeups(read_fd: int, stop: threading.Event) -> None:
+    """The C handler writes the signal's number here at once, while the main thread is inside a TF call."""
+    with contextlib.suppress(OSError):
+        while got := os.read(read_fd, 16):  # b"": the block ended (its write end closed)
+            if signal.SIGTERM in got and not stop.is_set():
+                notify("SIGTERM")
+    os.close(read_fd)
+
+
+def _metadata(stop: threading.Event) -> None:
+    """Polls the metadata server for an announced maintenance or a preemption; gone quiet off GCE."""
+    import requests
+
+    host = os.environ.get("GCE_METADATA_HOST", "metadata.google.internal")
+    base = f"http://{host}/computeMetadata/v1/instance"
+    while not stop.is_set() and not _notice.is_set():
+        try:
+            event = requests.get(f"{base}/maintenance-event", headers={"Metadata-Flavor": "Google"}, timeout=2).text
+            preempted = requests.get(f"{base}/preempted", headers={"Metadata-Flavor": "Google"}, timeout=2).text
+        except requests.RequestException:
+            return  # no metadata server: not on Google Cloud
+        if event.strip() not in ("", "NONE"):
+            notify(f"maintenance-event {event.strip()}")
+        elif preempted.strip().upper() == "TRUE":
+            notify("metadata preempted TRUE")
+        stop.wait(METADATA_POLL_S)
 
 
 @contextlib.contextmanager
 def notice_on_sigterm() -> Iterator[None]:
-    """SIGTERM sets the notice instead of ending the process, for the block (the main thread only)."""
+    """SIGTERM (and the metadata server's notices) set the notice instead of ending the process, for the
+    block (the main thread only)."""
     previous = signal.signal(signal.SIGTERM, _on_sigterm)
+    read_fd, write_fd = os.pipe()
+    os.set_blocking(write_fd, False)
+    old_fd = signal.set_wakeup_fd(write_fd, warn_on_full_buffer=False)
+    stop = threading.Event()
+    _active.append(True)
+    for target, args in ((_wakeups, (read_fd, stop)), (_metadata, (stop,))):
+        threading.Thread(target=target, args=args, name=f"preemption-{target.__name__}", daemon=True).start()
     try:
         yield
     finally:
+        stop.set()
+        signal.set_wakeup_fd(old_fd)
         signal.signal(signal.SIGTERM, previous)
+        os.close(write_fd)  # the reader's os.read then ends
+        _callbacks.clear()
+        _active.clear()

@@ -69,7 +69,13 @@ class TrainLoop:
         batches = train_input(cfg, inputs.shard_set, inputs.tokenizer, plan.global_batch, skip, take)
         self.iterator = iter(plan.strategy.distribute_datasets_from_function(batches))
         max_pred, clip = cfg.train.max_predictions_per_seq, cfg.train.clip_norm
-        self.distributed_steps = step_functions(plan.strategy, state.model, state.optimizer, max_pred, plan.xla, clip)
+        import tensorflow as tf
+
+        self.stop = tf.Variable(False, trainable=False, name="preemption_notice")  # ends a call between steps
+        preemption.on_notice(self.stop.assign)
+        self.distributed_steps = step_functions(
+            plan.strategy, state.model, state.optimizer, max_pred, plan.xla, clip, stop=self.stop
+        )
         self.flops_per_token = flops_per_token(state.model.config, inputs.shard_set.max_length, max_pred)
         self.peak = device_peak(plan.device, plan.precision, plan.replicas, cfg.tpu.accelerator_type)
         log.info("%.1f MFLOP per token (training); peak %s", self.flops_per_token / 1e6, self.peak.describe())
@@ -95,10 +101,9 @@ class TrainLoop:
         step = start
         while self._replan(step) > step:
             first, step = step + 1, min(step + self.plan.per_call, self.total)
-            self._steps(first, step)
-            if step != self.total and preemption.noticed():  # SIGTERM to a CLI trainer: save here, then go
-                self.save_checkpoint(step)
-                raise preemption.Preempted(step, preemption.waited_s())
+            step = self._steps(first, step)  # fewer steps when a notice ended the call
+            if step != self.total and preemption.noticed():  # a notice to a CLI trainer: save here, then go
+                self._answer_notice(step)
             if step != self.total and any(crossed(every, first, step) for every in self.save_every):
                 self.save_checkpoint(step)
             for hook in self.hooks:
@@ -145,11 +150,21 @@ class TrainLoop:
             self.total,
         )
 
-    def _steps(self, first: int, last: int) -> None:
-        """One call of the compiled loop (steps first..last), its losses recorded, then validation if due."""
+    def _answer_notice(self, step: int) -> None:
+        """A checkpoint at `step` when the last save fits in the notice's grace, else the last periodic one."""
+        if preemption.fits(self.end_s["checkpoint"] or None):
+            self.save_checkpoint(step)
+            raise preemption.Preempted(step, preemption.waited_s())
+        kept = self.state.checkpoints.latest_checkpoint
+        raise preemption.Preempted(int(kept.rsplit("-", 1)[1]) if kept else 0, preemption.waited_s(), saved=False)
+
+    def _steps(self, first: int, last: int) -> int:
+        """One call of the compiled loop (steps first..last, fewer on a notice), its losses recorded, then
+        validation if due; the last step it made."""
+        rows = self._call(last - first + 1)
+        last = first + len(rows) - 1
         eval_every = self.cfg.train.eval_every or 0  # 0: no validation during training
         due = bool(eval_every) and (crossed(eval_every, first, last) or last == self.total)
-        rows = self._call(last - first + 1)
         self._check_finite(first, rows)
         for s, row in enumerate(rows, start=first):
             self.progress.record(s, *row, force=due and s == last)
@@ -162,6 +177,7 @@ class TrainLoop:
             if self.progress.validation(last, *validate()[:2]) and keep_best:
                 self.state.best.save(checkpoint_number=last)  # a new best: its weights, numbered by its step
             self.end_s["validation"] = time.monotonic() - began
+        return last
 
     def _call(self, steps: int) -> Any:
         """[loss sum, masked tokens, correct] of each of `steps` steps; a shard failing its checksum is named."""

@@ -59,12 +59,15 @@ def train_input(
     return batches
 
 
-def step_functions(strategy: Any, model: Any, optimizer: Any, max_pred: int, xla: bool, clip_norm: float = 0.0) -> Any:
+def step_functions(
+    strategy: Any, model: Any, optimizer: Any, max_pred: int, xla: bool, clip_norm: float = 0.0, stop: Any = None
+) -> Any:
     """`distributed_steps(iterator, k)`: k optimizer steps in one call (train.steps_per_call). The loop runs
     on the device side, so the host dispatches once per k steps; it returns each step's [loss sum, masked
     tokens, correct, gradient norm] (k x 4). The gradients are summed over the replicas here, then clipped
     to the global norm `clip_norm` (0: not clipped), so the clip sees the step's whole gradient under any
-    strategy; the norm is the unclipped one."""
+    strategy; the norm is the unclipped one. `stop` (a boolean tf.Variable a preemption notice sets) ends the
+    call after the step under way: then it returns fewer rows than k."""
     import tensorflow as tf
 
     from mlm_tasks.model.roberta import masked_lm_loss
@@ -89,8 +92,10 @@ def step_functions(strategy: Any, model: Any, optimizer: Any, max_pred: int, xla
 
     @tf.function
     def distributed_steps(it, k: int):
-        sums = tf.TensorArray(tf.float32, size=k)
+        sums = tf.TensorArray(tf.float32, size=0, dynamic_size=True)
         for i in tf.range(k):
+            if stop is not None and stop:
+                break
             loss_sum, count, correct, norm = strategy.run(replica_step, args=(next(it),))
             sums = sums.write(
                 i,

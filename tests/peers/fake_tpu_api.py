@@ -55,7 +55,8 @@ Leniencies left, and why:
 - runtime versions are not checked against Google's list of existing runtimes (that list changes;
   mlm_tasks' runtime table is checked against it instead), nor against the generation.
 - quota, capacity and zone availability of a type are not modelled (`fail_next_create` injects a
-  stockout); IAM roles are not modelled (any registered service account may do anything):
+  failed create by its code: a stockout, no reserved capacity, a Spot node preempted before READY;
+  `refuse_next_create` a quota's 429); IAM roles are not modelled (any registered service account may do anything):
   `refuse_delete` stands in for a missing permission (403) or an API fault (500) on one node.
 - acceleratorConfig (type + topology) is not modelled and is refused: mlm_tasks never sends it.
 - network/subnetwork names are not resolved (there is no VPC here); ssh-keys key material is not parsed.
@@ -187,7 +188,8 @@ class FakeTpuApi(LoopbackServer):
         self.requests: list[tuple[str, str]] = []  # (method, path) of requests past auth and busy answers
         self.answers: list[tuple[str, str, int]] = []  # (method, path, status) of every request
         self.principals: set[str] = set()  # service accounts whose requests got through auth
-        self._fail_next: list[tuple[str, str]] = []  # one (message, node state) per create still to fail
+        self._fail_next: list[tuple[str, str, int]] = []  # one (message, node state, code) per create to fail
+        self._refuse_create: str | None = None
         self._refuse_delete: dict[str, tuple[int, dict]] = {}  # full node name -> error answer
         self._answering = threading.Event()  # cleared by stall(): requests wait, unanswered
         self._answering.set()
@@ -221,11 +223,22 @@ class FakeTpuApi(LoopbackServer):
         self.set_state(node_id, "PREEMPTED")
 
     def fail_next_create(
-        self, message: str = "There is no more capacity in the zone", node_state: str = "TERMINATED", times: int = 1
+        self,
+        message: str = "There is no more capacity in the zone",
+        node_state: str = "TERMINATED",
+        times: int = 1,
+        code: int = 8,
     ) -> None:
-        """The next `times` creates each make the node (CREATING), then fail its operation when it would turn
-        READY (a stockout that lasts `times` creates)."""
-        self._fail_next = [(message, node_state)] * times
+        """The next `times` creates each make the node (CREATING), then fail its operation with google.rpc
+        `code` when it would turn READY: 8 RESOURCE_EXHAUSTED (a stockout that lasts `times` creates), 9
+        FAILED_PRECONDITION (no reserved capacity), 3 INVALID_ARGUMENT with node_state PREEMPTED (a Spot
+        node taken back before it was READY)."""
+        self._fail_next = [(message, node_state, code)] * times
+
+    def refuse_next_create(self, message: str) -> None:
+        """The next create is refused at once with 429 RESOURCE_EXHAUSTED and `message` (a quota naming its
+        limit, as Google answers when the project's TPU quota in the region is used up); nothing is made."""
+        self._refuse_create = message
 
     def fail_next_queued(self, message: str = "Queued resource request expired before capacity was found.") -> None:
         """The next queued resource waits, then FAILS with this reason instead of provisioning (its
@@ -360,9 +373,9 @@ class FakeTpuApi(LoopbackServer):
         if not done:
             return
         if node["_fail"]:
-            message, state = node["_fail"]
+            message, state, code = node["_fail"]
             node["state"] = state
-            node["_error"] = {"code": 8, "message": message, "status": "RESOURCE_EXHAUSTED"}
+            node["_error"] = {"code": code, "message": message}
         else:
             node["state"] = "READY"
             if node.get("queuedResource") in self.queued:  # the request that made it is fulfilled
@@ -666,6 +679,9 @@ def _handler(api: FakeTpuApi):
             parent = self._parent(g)
             if f"{parent}/nodes/{node_id}" in api.nodes:
                 return _error(409, "ALREADY_EXISTS", f"Node {node_id} already exists.")
+            if api._refuse_create:
+                message, api._refuse_create = api._refuse_create, None
+                return _error(429, "RESOURCE_EXHAUSTED", message)
             busy = api._busy("create", f"{parent}/nodes/{node_id}")
             if busy:
                 return busy

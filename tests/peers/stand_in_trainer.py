@@ -12,7 +12,9 @@ from `<tpu.workdir>/pace-<run>` while that file exists (`set_pace`), "checkpoint
 checkpoint_every steps (train/ckpt.json) and resumes from there. With `model_from` (a RunPaths of a
 run the real train step made on the same data) it ends as the real trainer does: the model in
 runs/<run>/model/, its own loss curve in history.jsonl, summary.json last, so that evaluate,
-fill_mask and report run on a real model. `bad_input_at_step` makes it exit 2 there (no retry can fix it).
+fill_mask and report run on a real model. `bad_input_at_step` makes it exit 2 there (no retry can fix it);
+a file `fail-<run>` in the workdir makes it fail at its next step as the TPU runtime does when its host
+goes down (exit 1, recorded "failed").
 The wrapper refuses any other command than `-m mlm_tasks train` (exit 9).
 """
 
@@ -43,6 +45,9 @@ pace = "pace-%s" % os.path.basename(run.root)  # a test slows the trainer down b
 with StatusRecord(run, total_steps=total, start_step=start, heartbeat_s=cfg.train.heartbeat_s) as status:
     for step in range(start + 1, total + 1):
         time.sleep(float(open(pace).read()) if os.path.exists(pace) else {step_s})
+        if os.path.exists("fail-%s" % os.path.basename(run.root)):  # a test's: the runtime dies under it
+            os.remove("fail-%s" % os.path.basename(run.root))
+            raise RuntimeError("TPU runtime: the host is going down")
         if bad_input_at_step == step:
             print("error: the shards are not what this run was planned on", flush=True)
             raise NoRetryError("bad input at step %d" % step)

@@ -116,6 +116,37 @@ def test_a_stockout_is_waited_out_inside_the_try(fake_tpu, gcs_root, caplog):
     assert caplog.text.count(f"No capacity for v4-8 in {ZONE}") == 2 and "in this try" in caplog.text
 
 
+def test_a_spot_node_preempted_before_ready_is_replaced_and_no_reserved_capacity_waits(fake_tpu, gcs_root):
+    """Issue 48: a Spot node taken back while CREATING (the create operation's code 3, the node PREEMPTED) is
+    deleted and made again; a reservation without room (code 9) is waited out like a stockout; both in one try."""
+    fake_tpu.fail_next_create(
+        "Cloud TPU received a bad request. update is not supported while in state PREEMPTED", "PREEMPTED", code=3
+    )
+    config = _config(fake_tpu, {"stockout_retry_s": 0.2}, output_root=gcs_root)
+    assert _run(TpuVmCreateOperator(task_id="create_tpu_vm", config=config))["state"] == "READY"
+    assert [m for m, _ in fake_tpu.requests if m in ("POST", "DELETE")] == ["POST", "DELETE", "POST"]
+
+    fake_tpu.nodes.clear()
+    fake_tpu.requests.clear()
+    fake_tpu.fail_next_create("Insufficient reserved capacity. Contact customer support.", code=9)
+    deferrals = []
+    assert _run(TpuVmCreateOperator(task_id="create_tpu_vm", config=config), deferrals.append)["state"] == "READY"
+    assert [m for m, _ in fake_tpu.requests if m in ("POST", "DELETE")] == ["POST", "DELETE", "POST"]
+    assert [t.stockout_until is not None for t in deferrals if t.not_before is not None] == [True]
+
+
+def test_a_quota_refusal_fails_at_once_without_retry_naming_the_quota_and_region(fake_tpu, gcs_root):
+    """Issue 48: a 429 naming a quota is the answer, not a busy API: no 5-minute retry, no Airflow retry."""
+    fake_tpu.refuse_next_create(
+        "Quota limit 'TPUV4sPodPerProjectPerZoneForTPUAPI' has been exceeded. Limit: 32 in zone us-central2-b."
+    )
+    config = _config(fake_tpu, output_root=gcs_root)
+    with pytest.raises(AirflowFailException, match=r"quota TPUV4sPodPerProjectPerZoneForTPUAPI in region us-central2"):
+        _run(TpuVmCreateOperator(task_id="create_tpu_vm", config=config))
+    assert [m for m, _ in fake_tpu.requests if m in ("POST", "DELETE")] == []  # refused: nothing made, none to delete
+    assert [(m, code) for m, path, code in fake_tpu.answers if m == "POST"] == [("POST", 429)]  # asked once
+
+
 def test_a_stockout_past_its_wait_fails_the_try_naming_the_setting(fake_tpu, gcs_root):
     fake_tpu.fail_next_create("There is no more capacity in the zone", times=100)
     config = _config(fake_tpu, {"poll_interval_s": 0.01, "stockout_wait_hours": 0.0003}, output_root=gcs_root)

@@ -469,3 +469,54 @@ def test_a_loss_past_max_restarts_fails_the_try_and_the_deadline_fails_the_run(v
     pid = _status(vm)["pid"]
     wait_for("the trainer stopped at the deadline", lambda: _gone(pid), 10)
     assert _status(vm)["step"] < 400
+
+
+@pytest.mark.parametrize("vm", [{"step_s": 0.1}], indirect=True)
+def test_a_trainer_that_records_failed_as_its_node_is_preempted_is_a_restart_in_one_try(vm, fake_tpu):
+    """Issue 48: the TPU runtime erroring as its host goes down is recorded "failed" (exit 1); the node's word
+    comes first, so a node PREEMPTED under it is a restart inside the try, the trainer's words in the cause."""
+    from mlm_tasks.paths import safe_run_id
+
+    config = {**vm.config, "train": {**vm.config["train"], "steps": 40, "max_restarts": 1}}
+
+    def preempt() -> None:
+        wait_for("the trainer past step 5", lambda: (s := _status(vm)) and s["step"] >= 5, 90)
+        fake_tpu.preempt(NAME)
+        (vm.workdir / f"fail-{safe_run_id(RUN)}").write_text("")
+
+    threading.Thread(target=preempt, daemon=True).start()
+    assert _train(vm, 1, config) == {"node": NAME, "workers": 1}
+    (restart,) = read_restarts(vm.run)
+    assert restart["try_number"] == 1 and "is PREEMPTED" in restart["cause"], restart
+    assert "RuntimeError: TPU runtime: the host is going down" in restart["cause"], restart
+    status = _status(vm)
+    assert (status["state"], status["step"], status["starts"]) == ("done", 40, 2)
+    assert vm.store.get("train_restarts") == 1
+
+
+@pytest.mark.parametrize("vm", [{"step_s": 0.05}], indirect=True)
+def test_a_clear_starts_a_new_deadline_and_restart_budget_a_retry_does_not(vm):
+    """Issue 48: the deadline and the restart count live in the task state store, which a Clear does not
+    touch. Airflow's clear_task_instances sets max_tries to the last try plus retries, so the try sequence's
+    first try (max_tries - retries + 1) moves on a Clear and not on a retry."""
+    config = {**vm.config, "train": {**vm.config["train"], "steps": 20}}
+
+    def context(try_number, max_tries):
+        ti = SimpleNamespace(try_number=try_number, max_tries=max_tries)
+        return {"dag": SimpleNamespace(dag_id="mlm_pretrain"), "run_id": RUN, "ti": ti, "task_state_store": vm.store}
+
+    def train(try_number, max_tries):
+        op = TrainOperator(task_id="train", config=config, data=DATA, retries=2)
+        return run_deferrable(op, lambda: context(try_number, max_tries), timeout=120)
+
+    # Tries 1-2 of the first sequence (max_tries = retries = 2): its deadline passed, its restarts spent.
+    vm.store.set("train_first_try", 1)
+    vm.store.set("train_deadline", time.time() - 60)
+    vm.store.set("train_restarts", 10)
+    with pytest.raises(AirflowFailException, match="reached its deadline"):
+        train(2, 2)  # a retry: the same deadline
+    assert vm.store.get("train_restarts") == 10
+    assert train(3, 4) == {"node": NAME, "workers": 1}  # cleared after try 2: max_tries = 2 + retries
+    assert vm.store.get("train_first_try") == 3 and vm.store.get("train_restarts", 0) == 0
+    assert vm.store.get("train_deadline") > time.time()
+    assert (_status(vm)["state"], _status(vm)["step"]) == ("done", 20)

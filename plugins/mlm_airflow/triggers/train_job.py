@@ -4,26 +4,12 @@ hours holds no worker slot.
     TrainJobTrigger(output_root=cfg.output_root, job=job, workers=1, tpu_config=cfg.tpu.model_dump(mode="json"),
                     poll_s=..., stall_s=..., progress_s=..., storage_timeout_s=..., gcp_conn_id=...)
 
-What TrainOperator defers to, with primitive arguments (as the Google provider's CloudBatchJobFinishedTrigger
-takes a job name, a project, a connection id and a poll period), not the run's whole config: the output
-root whose status record it reads, the job's handle (node, host, pid, run id, try), the TPU VM's
-location (`tpu_config`: project, zone, API endpoint, SSH connection and port), the run's poll, stall
-and progress seconds (train.follow_poll_s, train.stall_minutes, train.progress_log_s), the storage
-deadline (storage.timeout_s) and the GCP connection id.
-
-Every poll_s it runs one check (`JobWatch.check`, mlm_tasks/job/follow.py: an SSH probe of the job,
-the status record from output_root, the node's state when SSH does not answer) in a thread, with the
-run's GCP connection, and logs a progress line (step, loss, tokens/s, ETA) every progress_s. It fires
-once, with {"kind", "detail", "exit_code", "job", "workers"}, when the verdict is done, failed or
-stalled; the task resumes in `TrainOperator.trainer_ended`, which succeeds, fails with the log's last
-lines, or stops a stalled trainer and fails the try.
-
-What survives what: a triggerer restart rebuilds the trigger from `serialize()` and it follows on,
-the same try and the same trainer (the stall clock is the record's heartbeat, not this process's).
-A poll that meets a transient error (a GCS 503, a TPU API 5xx) polls again. `on_kill` (Airflow calls
-it when a user marks the deferred task failed or clears it, never on a triggerer restart) stops the
-trainer over SSH. Airflow only calls on_kill on a trigger the triggerer runs: a mark in the second or two
-before it picks the trigger up leaves the trainer to the teardown, whose delete of the VM ends it.
+Primitive arguments, not the run's config (as the Google provider's triggers take). Every poll_s it runs one
+check (`JobWatch.check`, mlm_tasks/job/follow.py) in a thread with the run's GCP connection, logs a
+progress line every progress_s, and fires once, with {"kind", "detail", "exit_code", "job", "workers"}, at
+an end (done, failed, stalled, lost); `TrainOperator.trainer_ended` then decides. A triggerer restart
+rebuilds it from `serialize()` and it follows on; a transient error polls again. `on_kill` (a user marked
+the deferred task failed or cleared it; never a triggerer restart) stops the trainer over SSH.
 """
 
 from __future__ import annotations

@@ -18,7 +18,7 @@ from mlm_tasks.paths import RunContext, RunPaths, join
 ROOT = Path(__file__).resolve().parents[3]
 
 
-def _train_cli(cfg, fingerprint, run_id, steps, **popen):
+def _train_cli(cfg, fingerprint, run_id, steps, *settings, **popen):
     args = [
         sys.executable,
         "-m",
@@ -34,6 +34,7 @@ def _train_cli(cfg, fingerprint, run_id, steps, **popen):
         "train.checkpoint_every=5",
         "--set",
         "train.log_every=1",
+        *(arg for setting in settings for arg in ("--set", setting)),
         "--run-id",
         run_id,
         "--data-fingerprint",
@@ -110,6 +111,29 @@ def test_a_killed_or_preempted_trainer_resumes_and_matches_an_uninterrupted_run(
     got_w = _final_weights(run)
     for name in ref_w:
         np.testing.assert_allclose(got_w[name], ref_w[name], rtol=1e-4, atol=1e-5, err_msg=name)
+
+
+@pytest.mark.slow
+def test_a_notice_mid_call_ends_the_call_after_its_step_and_saves_within_the_grace(tiny_prepared):
+    """Issue 48: a notice while a call of train.steps_per_call steps runs ends that call after the step under
+    way (the compiled loop reads the flag the notice sets between its steps), not at the call's end, and the
+    save on it takes less than the grace a Spot VM gives (preemption.GRACE_S)."""
+    from mlm_tasks.job.preemption import GRACE_S
+
+    cfg, data = tiny_prepared
+    per_call, steps = 100, 300
+    proc = _train_cli(cfg, data["fingerprint"], "noticed-mid-call", steps, f"train.steps_per_call={per_call}")
+    for line in proc.stdout:
+        if f"step {per_call}/{steps}" in line:  # the first call's lines: the second call starts now
+            proc.send_signal(signal.SIGTERM)
+            break
+    rest = proc.communicate(timeout=300)[0]
+    assert proc.returncode == 75, rest
+    status = storage.read_json(RunPaths(cfg.output_root, "noticed-mid-call").train_status)
+    saved = status["step"]
+    assert status["state"] == "preempted" and per_call <= saved < 2 * per_call, status  # not the call's end
+    waited = float(status["error"].split(f"checkpoint saved at step {saved} ")[1].split("s after")[0])
+    assert waited < GRACE_S, status["error"]
 
 
 @pytest.mark.slow  # trains a model, then the rerun: ~20 s: in make test, not in make test-fast
