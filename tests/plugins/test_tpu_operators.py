@@ -122,7 +122,7 @@ def test_a_spot_node_preempted_before_ready_is_replaced_and_no_reserved_capacity
     fake_tpu.fail_next_create(
         "Cloud TPU received a bad request. update is not supported while in state PREEMPTED", "PREEMPTED", code=3
     )
-    config = _config(fake_tpu, {"stockout_retry_s": 0.2}, output_root=gcs_root)
+    config = _config(fake_tpu, output_root=gcs_root)
     assert _run(TpuVmCreateOperator(task_id="create_tpu_vm", config=config))["state"] == "READY"
     assert [m for m, _ in fake_tpu.requests if m in ("POST", "DELETE")] == ["POST", "DELETE", "POST"]
 
