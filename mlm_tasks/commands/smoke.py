@@ -3,13 +3,10 @@ r"""Real-cloud smoke test: one tiny training on a real TPU VM, then the VM is de
     python -m mlm_tasks.commands.smoke --project my-project --zone us-west4-a --bucket gs://my-bucket/smoke \
         --ssh-key ~/.ssh/id_ed25519 [--accelerator v5litepod-1] [--provisioning queued] [--dry-run] [--capture-image]
 
-Why it is built so: it sends the DAG's own TPU VM request (or queued resource: --provisioning) and runs the
-real bootstrap and `python -m mlm_tasks train` on worker 0, detached and followed as the DAG's train task does
-(mlm_tasks/commands/smoke_train.py; --preempt-after N deletes the node at step N to prove the restart), so it proves
-the production path; the delete sits in a `finally` that
-SIGTERM and SIGHUP reach too, and the node carries a 2-hour TTL label for the janitor; `--dry-run`
-prints every request and command and touches nothing (no credentials, bucket or VM). Credentials,
-roles and the firewall: docs/google-cloud.md#smoke-test-on-real-hardware
+It sends the DAG's own TPU VM request, runs the real bootstrap and trainer on worker 0 and makes the DAG's
+own decisions (smoke_train.py), so it proves the production path; the delete sits in a `finally` that
+SIGTERM and SIGHUP reach too. `--dry-run` prints every request and command and touches nothing.
+Credentials, roles and the firewall: docs/google-cloud.md#smoke-test-on-real-hardware
 """
 
 from __future__ import annotations

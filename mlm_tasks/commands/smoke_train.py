@@ -1,12 +1,9 @@
-"""The smoke command's training (mlm_tasks/commands/smoke.py) on the production path: the run's node made READY
-and the trainer started detached on worker 0, followed, restarted after a lost node, as the DAG's train task
-does it: the same decisions (mlm_tasks/job/decide.py), with sleeps where the task defers.
+"""The smoke command's driver (mlm_tasks/commands/smoke.py): the DAG's own decisions (mlm_tasks/job/decide.py),
+carried out with sleeps where the train task defers.
 
-    driver = SmokeDriver(cfg, run_id, name, api=api, ensure=ensure, start_on=start, out=print, preempt_after=20)
-    restarts = driver.run()   # the restarts it took; TrainingFailed on a failure decided
+    restarts = SmokeDriver(cfg, run_id, name, api=api, ensure=ensure, start_on=start, out=print).run()
 
-`preempt_after` N deletes the node once the trainer has recorded step N, as a preemption would take it, to
-prove that restart end to end on a real project.
+`preempt_after` N deletes the node once the trainer has recorded step N, to prove the restart for real.
 """
 
 from __future__ import annotations

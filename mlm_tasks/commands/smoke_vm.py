@@ -1,9 +1,5 @@
-"""The smoke command's side of the TPU VM (mlm_tasks/commands/smoke.py): the dry run's stand-in for the TPU
-API, the login to worker 0, the image capture, and the trainer's detached start.
-
-    api = DryRunApi(print)                    # prints each request as the REST transport would send it
-    connect = login_to(cfg, name, args, api)  # accepts only the host keys the node published
-    capture_image(cfg, name, connect, host, print)   # worker 0's pip freeze into the runtime's image file
+"""The smoke command's side of the TPU VM: the dry run's stand-in for the TPU API, the login to worker 0,
+the image capture and the trainer's detached start.
 """
 
 from __future__ import annotations

@@ -1,16 +1,12 @@
 """The driver's one decision: from what is known now about the run's node and its trainer, what to do next.
-The Airflow tasks (create_tpu_vm and train) and the smoke command gather the facts and carry the answer out
-(deferring or sleeping); neither decides anything of its own. docs/operations.md#durable-training-what-survives-what
+create_tpu_vm, train and the smoke command gather the facts and carry the answer out (deferring or sleeping).
 
-    action = decide(Facts(node="PREEMPTED", now=time.time(), job=job, verdict=verdict, restarts=1, max_restarts=10))
+    action = decide(Facts(node="PREEMPTED", now=time.time(), job=job, verdict=verdict, restarts=1))
     action.kind   # ensure_node | wait | start | reattach | restart | done | fail
     action.why    # the cause (a restart's, kept in restarts.json) or the message (a failure's)
 
-The node's word comes first: a trainer that ended (failed, lost, silent) on a node that is not READY, or was
-replaced, is a restart inside the try (train.max_restarts), the trainer's own words kept in the cause; on a
-READY node it is asked about again after a short wait before it is a failure. A create's error is read by its
-code and text: a Spot node preempted before READY (code 3) is replaced; no capacity (code 8) or no reserved
-capacity (code 9) is waited out within tpu.stockout_wait_hours; a quota refusal fails at once, without retry.
+The node's word comes first; a create's error is read by its code (3: a replacement; 8, 9: waited out; a
+quota: no retry). The table, case by case: docs/operations.md#durable-training-what-survives-what.
 """
 
 from __future__ import annotations

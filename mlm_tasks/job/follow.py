@@ -1,14 +1,11 @@
-"""What a detached trainer's state means, as a pure function of (handle, status record, probe, node
-state, clock), and the check built on it, which the train task, its trigger and the smoke command run.
+"""What a detached trainer's state means, as a pure function of (handle, status record, probe, node state,
+clock), and the check built on it (the train task, its trigger and the smoke command run it).
 
     verdict = classify(job, read_status(run), probe, now=time.time(), stall_s=cfg.train.stall_minutes * 60)
     verdict.kind    # starting | running | done | failed | stalled | lost (its node is gone, or a notice)
-    watch = JobWatch(DetachedJob(job, connect), cfg.tpu, output_root=cfg.output_root, stall_s=..., log=log)
-    watch.check()                                   # one look: probe, record, node state -> classify
+    JobWatch(DetachedJob(job, connect), cfg.tpu, output_root=..., stall_s=..., log=log).check()
 
-What to do about a verdict is mlm_tasks/job/decide.py's. The status record belongs to the job when it
-names the job's try (MLM_TRY_NUMBER) and counts more starts than the record found before the job began:
-a record left by an earlier trainer is not this one's progress.
+A status record is this job's when it names its try and counts a start more than before the job began.
 """
 
 from __future__ import annotations

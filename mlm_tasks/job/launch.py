@@ -1,16 +1,11 @@
-"""The trainer as a job of the TPU VM, not a child of an SSH session: start it, then probe, stop and tail
-it over short SSH sessions to worker 0 (what the answers mean, and the check and reattach built on them:
-mlm_tasks/job/follow.py). No Airflow here: the train task and its trigger drive these.
+"""The trainer as a job of the TPU VM, not a child of an SSH session: started, then probed, stopped and tailed
+over short SSH sessions to worker 0 (what the answers mean: follow.py).
 
-    line = remote_command(cfg, "train", run_id, node=name, detach_log=log_name(run_id, try_number), ...)
     outcome, job = start(ssh.Session(connect, host), line, node=name, host=host, try_number=n, ...)  # pid, log
-    vm = DetachedJob(job, connect)                   # one short session per call
-    vm.probe()                                       # Probe: alive? else its exit code
-    vm.stop(log)                                     # SIGTERM+SIGCONT, then SIGKILL, the process group
-    vm.tail_text()                                   # the last lines of its log, for a task's message
+    vm = DetachedJob(job, connect)          # one short session per call
+    vm.probe(); vm.stop(log); vm.tail_text()
 
-A job is alive while its pid runs and holds the run lock on fd 9 (`bundle._run_lock`): a recycled pid,
-or a zombie, is not it. A handle read back from a store is checked before it is used (`job_handle`).
+A job is alive while its pid runs and holds the run lock on fd 9: a recycled pid, or a zombie, is not it.
 """
 
 from __future__ import annotations

@@ -1,22 +1,14 @@
 """The trainer's preemption notice: SIGTERM, or the metadata server announcing maintenance or a preemption,
 means "save now, then go", not "die mid-step".
 
-    with preemption.notice_on_sigterm():   # the CLI's train step only (a trainer process of its own)
-        preemption.on_notice(stop.assign)    # the compiled loop checks `stop` between its steps
-        ...                                  # the loop asks preemption.noticed() after each call
-    except preemption.Preempted as err:      # raised by the loop once the checkpoint is saved (or known)
-        sys.exit(preemption.PREEMPTED_EXIT)
+    with preemption.notice_on_sigterm():    # the CLI's train step only (under Airflow, SIGTERM is Airflow's)
+        preemption.on_notice(stop.assign)     # the compiled loop reads `stop` between its steps
+    except preemption.Preempted as err:       # the loop saved a checkpoint (or knows the last one): exit 75
 
-A preempted or maintained TPU VM shuts down: the OS sends SIGTERM to every process and waits GRACE_S before
-SIGKILL (30 s for a Spot VM). The notice reaches the loop while a call of `train.steps_per_call` steps runs:
-the C-level handler wakes a thread (`signal.set_wakeup_fd`), which sets the loop's stop flag, so the call
-ends after the step under way. The metadata server's `instance/maintenance-event` (anything but NONE) and
-`instance/preempted` (TRUE) are watched by another thread (GCE_METADATA_HOST, as google-auth reads it). The
-loop then saves a checkpoint at that step, unless its last save took longer than the grace left (`fits`):
-then the last periodic checkpoint is where the next trainer resumes, and the status record says so. It
-records "preempted" and exits PREEMPTED_EXIT, which the train task reads as a restart (mlm_tasks/job/decide.py).
-
-Installed by the CLI only: under an Airflow worker (`compute: local`) SIGTERM is Airflow's task runner's.
+SIGTERM's C handler wakes a thread (`signal.set_wakeup_fd`) while the main thread is inside a TF call; the
+metadata server's `instance/maintenance-event` and `instance/preempted` are polled (GCE_METADATA_HOST). The
+loop saves at the step it reached unless its last save would not fit the grace left (`fits`, GRACE_S): then
+the last periodic checkpoint is the resume point, and the status record says so.
 """
 
 from __future__ import annotations

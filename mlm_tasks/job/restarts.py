@@ -1,18 +1,12 @@
-"""Restarts inside one try of the train task: each node loss (a preemption, a deleted or replaced node) the
-task handles itself, by a new node and a new trainer from the last checkpoint, kept in
-runs/<run>/train/restarts.json.
+"""Restarts inside one try of the train task (a node lost, a notice answered), in runs/<run>/train/restarts.json.
 
     restarts = record_restart(run, cause="the TPU VM ... is PREEMPTED", node=name, try_number=1, step=37)
     close_open(run, start_step=30)   # the next trainer, at its start: resumed_from, steps_lost
     read_restarts(run)   # [{"cause", "at_utc", "node", "try_number", "step", "resumed_from", "steps_lost"}, ...]
-    read_status(run)["restarts"]   # the same, as of the current trainer's start (its copy)
 
-Why here and not in Airflow's retries: a days-long run on Spot capacity is preempted many times, and each
-Airflow retry is a budget meant for errors (`retries`); `train.max_restarts` is the budget for losses.
-Why a file of its own, written by the task: the status record is the trainer's, and a trainer on a node being
-preempted may still rewrite it (its heartbeat, its notice) after the task has seen the node lost; a restart
-the task wrote there was overwritten. Each file has one writer at a time: this one the task, while no trainer
-of it runs, then the next trainer once, at its start, which copies them into its own status record.
+`train.max_restarts` is the budget for losses, Airflow's `retries` the one for errors. A file of its own,
+written by the task while no trainer runs: a trainer on a node being preempted may still rewrite its status
+record; the next trainer copies these into its record at its start.
 """
 
 from __future__ import annotations

@@ -1,15 +1,10 @@
 """The trainer's status record, runs/<run>/train/status.json: one small file whoever watches a training reads.
 
-    status = StatusRecord(run, total_steps=3500, start_step=1200, heartbeat_s=30)   # starts += 1
-    with status:                       # a heartbeat thread rewrites the record every heartbeat_s
-        ... status.progress(step, loss, tokens_per_s, eta_s) ...   # at every progress line
-    # leaving the block records done (exit 0), preempted (75: a checkpoint at the notice's step, resume
-    # there) or failed (exit 2: no retry can fix it; 1: anything else)
-    record = read_status(run)          # None before a trainer has started
-    why = stalled(record, stall_s=1800)   # None, or what is stale: the heartbeat or the step
-
-Why two clocks: the heartbeat proves the process runs, the step time that training advances (a trainer
-stuck in a collective still beats). docs/operations.md#durable-training-what-survives-what
+with StatusRecord(run, total_steps=3500, start_step=1200, heartbeat_s=30) as status:   # starts += 1
+    ... status.progress(step, loss, tokens_per_s, eta_s) ...   # a thread beats every heartbeat_s
+# leaving records done (0), preempted (75: resume at its step) or failed (2: no retry helps; 1: else)
+record = read_status(run)          # None before a trainer has started
+why = stalled(record, stall_s=1800)   # None, or what is stale: the heartbeat or the step
 """
 
 from __future__ import annotations

@@ -1,22 +1,12 @@
 """Cloud TPU VM lifecycle on the TPU v2 API: make one node per run, reuse it on retries, clean up.
 
-    from mlm_tasks import tpu
     name = tpu.node_name("mlm_pretrain", run_id)            # mlm-pretrain-<hash>, same on every retry
-    state = tpu.ensure_node(cfg.tpu, name, tpu.labels(run_id, cfg.tpu.ttl_hours))
-    while state.action != "ready": ...poll tpu.get_state / call ensure_node again...
+    state = tpu.ensure_node(cfg.tpu, name, tpu.labels(run_id, cfg.tpu.ttl_hours))   # never blocks
     tpu.delete_node(cfg.tpu, name)
 
-`ensure_node` never blocks on the API's long-running operations: it says what it did ("ready",
-"wait", "created", "recreating") and the caller (a deferrable Airflow operator) polls. Names and
-labels follow GCP rules (lowercase, [-a-z0-9], <= 63 chars). The remote side lives in
-`mlm_tasks.tpu.bundle` (`remote_command`, `stage_code`); `host_keys` reads the SSH host keys a worker
-published, which the SSH login pins.
-
-The client authenticates with the credentials handed to `mlm_tasks.credentials` (on the Airflow
-side: the run's GCP connection), else Application Default Credentials; every call is retried on busy
-answers only and bounded by `API_TIMEOUT_S` (mlm_tasks/tpu/calls.py). With tpu.provisioning=queued
-the node comes from a queued resource (mlm_tasks/tpu/queued.py): `ensure_node` queues it, `delete_node`
-deletes it with its node.
+`ensure_node` says what it did ("ready", "wait", "created", "recreating", "refused") and the caller polls
+(what to do next: mlm_tasks/job/decide.py). The client, its credentials and the bounds of every call:
+mlm_tasks/tpu/calls.py; with tpu.provisioning=queued the node comes from a queued resource (queued.py).
 """
 
 from __future__ import annotations
@@ -303,17 +293,9 @@ def worker_endpoints(node: Node | NodeState, external: bool = False) -> list[str
 def host_keys(
     cfg: TpuConfig, name: str, worker: int = 0, timeout_s: float = 30.0, api: TpuClient | None = None
 ) -> dict[str, str]:
-    """SSH host public keys worker `worker` of node `name` published, as {type: base64 key}.
-
-    The VM's guest agent publishes them as guest attributes (namespace `hostkeys`); the login is pinned
-    to them (`gcloud compute tpus tpu-vm ssh` only names its known_hosts alias with them). {} while the
-    agent has not published them yet (it starts with the VM): an empty answer or a 404, which is what
-    the Compute API answers for a path with nothing under it (a 404 for a node that is gone reads the
-    same: published_keys then asks its state). A refusal (403, 400: the organisation policy
-    compute.disableGuestAttributesAccess, or no permission to read them) is an AuthError naming both
-    ways out. Busy answers (429, 503) are retried until timeout_s, which bounds the whole call (each
-    request also by calls.API_TIMEOUT_S).
-    """
+    """SSH host public keys worker `worker` of node `name` published (guest attributes `hostkeys/`), as
+    {type: base64 key}; {} while none are (an empty answer or a 404); a refusal is an AuthError naming both
+    ways out. timeout_s bounds the whole call. The cases: docs/google-cloud.md#host-keys-on-first-contact."""
     from google.api_core.exceptions import BadRequest, FailedPrecondition, Forbidden, NotFound
     from google.cloud import tpu_v2
 

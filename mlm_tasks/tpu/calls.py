@@ -1,14 +1,11 @@
-"""The TPU v2 API client and the bounds of every call to it, for the node (mlm_tasks/tpu/api.py) and the
-queued resource (mlm_tasks/tpu/queued.py) alike.
+"""The TPU v2 API client and the bounds of every call to it (nodes and queued resources alike).
 
     api = client(cfg)                                       # the handed-in credentials, else ADC
     with answered(cfg, "get_node n"):                       # a timeout names the call and API_TIMEOUT_S
         api.get_node(name=..., **limits(cfg))               # retried when busy only, each attempt bounded
 
-Every call is retried on 503 and on a 429 of the request rate, the answers Google gives for a busy API (for at
-most RETRY_DEADLINE_S), and nothing else is: a 429 naming a resource quota is the answer. Every request is
-bounded by `API_TIMEOUT_S`: a hung API or network fails the call with a DeadlineExceeded that says so (a
-504, so pollers treat it as transient).
+A busy API (503, a 429 on the request rate) is retried for RETRY_DEADLINE_S; nothing else is: a 429 naming a
+resource quota is the answer (`capacity`). A hung API fails the call with a DeadlineExceeded that says so.
 """
 
 from __future__ import annotations

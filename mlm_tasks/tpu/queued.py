@@ -1,15 +1,12 @@
-"""Queued resources (the TPU v2 API's `queuedResources`): a request for the run's node that waits in Google's
-queue until the zone has capacity, instead of a create that fails on a stockout (tpu.provisioning=queued).
+"""Queued resources (`queuedResources`): the run's node requested through Google's queue, which waits for
+capacity instead of failing on a stockout (tpu.provisioning=queued).
 
     op = queued.create(cfg.tpu, name, node)       # one node spec, node id = the QR id = the run's node name
     queued.get_state(cfg.tpu, name).state         # ACCEPTED, WAITING_FOR_RESOURCES, PROVISIONING, ACTIVE, ...
     queued.delete(cfg.tpu, name)                  # force: its node goes with it
 
-The request is named like its node, so a retry finds it. Its tier is Spot or guaranteed (tpu.queued_tier,
-optionally from tpu.reservation), and it is valid for tpu.queued_valid_hours (validUntilDuration): past
-that Google fails it (FAILED, with the reason). A Spot node preempted under a request leaves it SUSPENDED.
-FAILED and SUSPENDED requests never give a node again: they are deleted and queued anew. The waiting is the
-caller's (a deferrable operator polls `get_state`, as for a node).
+Valid for tpu.queued_valid_hours; FAILED and SUSPENDED (a Spot node preempted under it) requests never give
+a node again: they are deleted and queued anew.
 """
 
 from __future__ import annotations

@@ -1,19 +1,11 @@
 """How many hosts (TPU VMs) an accelerator type has, and which runtimes fit it.
 
-    from mlm_tasks.tpu import slices as tpu_slices
     tpu_slices.hosts("v4-32")                    # 4
     tpu_slices.check_runtime("v4-32", "tpu-vm-tf-2.16.1-pjrt")   # ConfigError: needs a -pod runtime
 
-Multi-host TensorFlow on TPU is single-client: a slice of more than one host needs a TensorFlow
-runtime whose name ends in `-pod` (`tpu-vm-tf-2.16.1-pod-pjrt`), and a one-host slice must not use one.
-The table follows Google's "TPU versions" pages (v2, v3, v4, v5e, v5p, v6e; v6e is known for its
-shape, but refused for TensorFlow: `runtimes.check_accelerator`):
-
-| generation | type suffix counts | sizes | one host up to | per host beyond |
-|---|---|---|---|---|
-| v2, v3 | TensorCores (2 per chip) | 8 .. 2048 (v2: 512), multiples of 8 | 8 cores | 8 cores (4 chips) |
-| v4, v5p | TensorCores (2 per chip) | 8 .. 8192 (v5p: 12288), multiples of 8 | 8 cores | 8 cores (4 chips) |
-| v5litepod (v5e), v6e | chips | 1, 4, 8, 16, 32, 64, 128, 256 | 8 chips | 4 chips |
+Multi-host TensorFlow on TPU is single-client: a slice of more than one host needs a `-pod` runtime, and a
+one-host slice must not use one. The table (`GENERATIONS`) follows Google's "TPU versions" pages; v2-v4 and
+v5p count TensorCores (8 per host), v5litepod and v6e chips (8 on one host, then 4 per host).
 """
 
 from __future__ import annotations

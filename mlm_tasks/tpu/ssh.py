@@ -5,31 +5,12 @@
     problem = unreachable("10.128.0.7", port, timeout_s=10)      # None, or why the port does not answer
     session = Session(connect, "10.128.0.7", on_line=print)      # close() from any thread hangs up
     outcome = session.run(command, secret=(TOKEN_PROMPT, token))  # the token on stdin, when asked
-    outcome.exit_code, outcome.describe()
 
-The one SSH path of the project: the DAG's step runner (plugins/mlm_airflow/operators/remote_step.py, with the
-login read from the Airflow SSH connection in plugins/mlm_airflow/connections.py) and the smoke tool
-(mlm_tasks.commands.smoke) both use it. Only worker 0 is ever dialled: TensorFlow on TPU is single-client, so
-on a pod slice worker 0 runs the program and the `-pod` runtime on the other hosts serves it.
-
-Host keys: a TPU VM's guest agent publishes its sshd host keys as guest attributes (`hostkeys/`);
-the worker must present one of them. That is stricter than `gcloud compute tpus tpu-vm ssh`, which
-reads them only to name its known_hosts alias and goes on without them on any error (docs/google-cloud.md
-has the cases). ~/.ssh/known_hosts is never read: a new VM often gets the IP of an old one, whose entry
-would refuse it. `Login.no_host_key_check` accepts any key (the caller warns: anyone at that IP is then
-believed).
-
-Patience: a fresh VM refuses SSH, or our key, for a minute or two after READY (sshd starting, ssh-keys
-metadata being applied) and publishes its host keys only once its guest agent runs, so those are
-retried for `patience_s`. A host key that does not match is read again once, `poll_s` later (at most a
-quarter of the patience): a first boot may replace the keys after the agent published the first ones.
-The same keys again, or a key still not among them, is a HostKeyMismatch, not retried: a retry
-reaches the same machine. Each failure names its kind: host key, login (user and key), or no SSH
-answer (firewall).
-
-Session: the command runs in a pty, so closing the session (killed, timed out, failed, Ctrl-C) makes
-sshd hang up the remote process instead of orphaning it. Secrets travel as SSH "env" requests
-(`env`), never on the command line.
+The one SSH path of the project (the DAG's steps and the smoke command). Only worker 0 is dialled (TensorFlow
+on TPU is single-client). The worker must present a host key its guest agent published (`hostkeys/`);
+known_hosts is never read. A fresh VM's refusals are retried for `patience_s`; a key that still does not
+match is a HostKeyMismatch, not retried. The pty makes a closed session hang up the remote process.
+The cases: docs/google-cloud.md#host-keys-on-first-contact.
 """
 
 from __future__ import annotations

@@ -1,11 +1,6 @@
-"""The train step started as a detached job on worker 0 of the run's TPU VM, for the train task
-(plugins/mlm_airflow/operators/train.py), which decides when (mlm_tasks/job/decide.py).
-
-    detached = DetachedTrain(RemoteStep("train", log, ...))
-    job = detached.start(context, cfg, node)   # a new trainer, its handle in the task state store (JOB_KEY)
-
-The start (mlm_tasks/job/launch.py: the run lock, the install, then setsid/nohup with the output in
-`<workdir>/logs/`) resumes from the last checkpoint; the run lock stops one an earlier start left.
+"""The train step started as a detached job on worker 0 of the run's TPU VM, for the train task, which decides
+when (mlm_tasks/job/decide.py): `DetachedTrain(RemoteStep("train", log, ...)).start(context, cfg, node)`.
+The handle goes to the task state store (JOB_KEY); the run lock stops a trainer an earlier start left.
 """
 
 from __future__ import annotations

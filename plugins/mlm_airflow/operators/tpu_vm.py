@@ -3,14 +3,10 @@
     create = TpuVmCreateOperator(task_id="create_tpu_vm", config=config)
     [create, train] >> TpuVmDeleteOperator(task_id="delete_tpu_vm", config=config).as_teardown()
 
-Both end skipped, saying why, unless `compute` is "tpu_vm". Create is a plain task, not a setup (a skipped
-setup skips its whole scope); delete is a teardown without a setup. The node is named from the DAG and run
-ids, so a retry finds the node the first try made. What to do about the node (reuse, create, replace a dead
-one, wait in the triggerer, wait out a stockout, fail) is mlm_tasks/job/decide.py's answer, carried out here
-(`drive_node`, `carry_out`) for create_tpu_vm and for train replacing a lost node; a create that failed is
-deleted before the task fails. Every TPU API call uses the run's Airflow GCP connection; a node
-is recorded in the deployment's registry (MLM_TPU_REGISTRY) before it is made, for mlm_tpu_janitor. Delete
-waits in the triggerer until the node is gone, at most `tpu.delete_timeout_s`, then leaves it to the janitor.
+Both end skipped unless `compute` is "tpu_vm"; create is a plain task (a skipped setup skips its scope),
+delete a teardown without a setup. What to do about the node is mlm_tasks/job/decide.py's answer, carried
+out here (`drive_node`, `carry_out`) for create_tpu_vm and for train; a failed create is deleted before the
+task fails. A node is recorded in the registry (MLM_TPU_REGISTRY) before it is made, for the janitor.
 """
 
 from __future__ import annotations

@@ -1,19 +1,11 @@
-"""The `train` task: one task in the graph whichever compute the run uses.
+"""The `train` task: in the worker (`compute: local`), or as a detached trainer on worker 0 of the run's TPU
+VM (`compute: tpu_vm`), followed by a trigger while the worker slot is free.
 
-`compute: local` trains in the worker process (the default strategy on CPU, Mirrored on GPUs);
-`compute: tpu_vm` starts the same `python -m mlm_tasks train` as a detached job on worker 0 of the run's
-TPU VM (`DetachedTrain`), then defers: the triggerer follows the trainer (`TrainJobTrigger`,
-plugins/mlm_airflow/triggers/train_job.py) while the worker slot is free. What to do at each visit (replace
-the node, wait for it or for capacity, start, reattach, restart after a node loss, done, fail) is
-mlm_tasks/job/decide.py's answer; this operator gathers the facts and maps the answer to Airflow: a wait or
-a follow is a deferral, a failure an AirflowException (AirflowFailException where no retry can help).
-
-Inside one try (issue 31): a lost node is a restart, not a failure, at most train.max_restarts. The trigger's
-timeout, train.check_in_minutes, is a check-in (`resume_execution`): one more decision, then the deferral
-again. The deadline, train.timeout_hours from the try sequence's first start, and the restart count are kept
-in the task state store, so a retry keeps them; a Clear (Airflow then sets max_tries to the last try number
-plus retries: a new try sequence) starts both afresh (`_new_sequence`). The execution_timeout (the same
-hours, set before execute starts the clock) bounds each visit of the task to a worker.
+At every visit of the task the facts (the node, the stored trainer, the restarts, the deadline) go to
+mlm_tasks/job/decide.py; its answer is carried out here: a wait or a follow is a deferral, a failure an
+AirflowException (AirflowFailException where no retry helps). The trigger's timeout, train.check_in_minutes,
+is a check-in, not a failure (`resume_execution`). The deadline and the restart count live in the task state
+store: a retry keeps them, a Clear starts both afresh (`_new_sequence`).
 docs/operations.md#durable-training-what-survives-what
 """
 

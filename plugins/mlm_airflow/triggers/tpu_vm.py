@@ -1,18 +1,11 @@
 """Trigger that polls the TPU API until a node stops changing by itself (runs in the triggerer).
 
-TpuVmCreateOperator defers to it (as does the train task replacing a dead node: operators/tpu_vm.py's
-carry_out), so waiting minutes for a TPU VM holds no worker slot. It fires once with
-{"name", "state", "error", "node", "deadline", "stockout_until"} when the node is READY,
-NOT_FOUND, in a dead-end state (PREEMPTED, TERMINATED, ...), when the create operation reports an error,
-or with state "TIMEOUT" at `deadline` (epoch seconds). `deadline` and `stockout_until` (when a
-stockout stops being waited out) are echoed back because `dag.test()` drops the operator's resume kwargs.
-`not_before`: the first poll waits until then (the pause between creates during a stockout). With
-`until_gone` (TpuVmDeleteOperator, and a stockout's wait) only NOT_FOUND, an operation error or the
-deadline end the wait: a node still READY just after its delete was accepted is not an answer. The
-blocking google-cloud-tpu calls run in a thread, with the credentials of the Airflow GCP connection
-`gcp_conn_id` (read once per trigger run). With tpu.provisioning=queued a node that is not there yet is
-waited for while its queued resource waits (mlm_tasks/tpu/queued.py); a FAILED request ends the wait
-with its reason, and until_gone waits for the request to be gone too.
+The TPU VM operators and the train task defer to it (operators/tpu_vm.py's `carry_out`), so waiting for a
+node holds no worker slot. It fires once with {"name", "state", "error", "node", "deadline",
+"stockout_until"}: READY, NOT_FOUND, a dead end, the create operation's error, or "TIMEOUT" at `deadline`.
+`not_before` delays the first poll (the pause between creates in a stockout); with `until_gone` only
+NOT_FOUND, an error or the deadline end the wait. With tpu.provisioning=queued a node not there yet is
+waited for while its queued resource waits.
 """
 
 from __future__ import annotations
