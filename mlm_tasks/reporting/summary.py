@@ -8,8 +8,8 @@ from __future__ import annotations
 
 from mlm_tasks import storage
 from mlm_tasks.data.shard_set import DataSummary
+from mlm_tasks.job.status import read_status
 from mlm_tasks.paths import DataPaths, RunPaths
-from mlm_tasks.training.status import read_status
 
 
 def summary_text(run: RunPaths, paths: DataPaths, data: DataSummary) -> str:
