@@ -15,11 +15,11 @@ from collections.abc import Sequence
 from typing import Any
 
 from airflow.sdk import BaseOperator
-from airflow.sdk.exceptions import AirflowSkipException
+from airflow.sdk.exceptions import AirflowException, AirflowSkipException
 
 from mlm_airflow.connections import use_connection
 from mlm_airflow.operators.remote_step import RemoteStep
-from mlm_airflow.operators.tpu_vm import drive_node, node_for_step, run_node_name
+from mlm_airflow.operators.tpu_vm import drive_node, run_node_name
 from mlm_airflow.tasks.step_context import config_from_xcom
 from mlm_tasks.tpu import api as tpu
 
@@ -65,7 +65,10 @@ class TpuSSHStepOperator(BaseOperator):
         if self.replace_dead_node:  # as create_tpu_vm does it (the driver's decisions)
             drive_node(self, context, cfg, name, resume_in=self.resume)
         with use_connection(cfg.gcp_conn_id):
-            return self._remote().run(context, cfg, node_for_step(cfg, name))
+            node = tpu.get_state(cfg.tpu, name)
+            if not node.ready:
+                raise AirflowException(f"TPU VM {name} is {node.state}, not READY: clear create_tpu_vm and this task.")
+            return self._remote().run(context, cfg, node)
 
     def resume(self, context: Any, event: dict[str, Any] | None = None, **_: Any) -> dict[str, Any]:
         """Back from the wait for a replacement node."""

@@ -227,17 +227,6 @@ def delete_left(cfg: PipelineConfig, name: str) -> str | None:
         return tpu.delete_node(cfg.tpu, name)
 
 
-def node_for_step(cfg: PipelineConfig, name: str) -> tpu.NodeState:
-    """The node a step runs on, READY; else the task fails, naming the fix (only train replaces a node)."""
-    node = tpu.get_state(cfg.tpu, name)
-    if not node.ready:
-        raise AirflowException(
-            f"TPU VM {name} is {node.state}, not READY: clear the create_tpu_vm task (it replaces a dead node) "
-            "and this one."
-        )
-    return node
-
-
 class _RunNodeOperator(BaseOperator):
     """What both take: the validated config (an XComArg or dict) and, optionally, a fixed node name."""
 
