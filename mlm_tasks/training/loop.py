@@ -4,8 +4,8 @@
     with loop.status:                  # runs/<run>/train/status.json: heartbeats, then done or failed
         loop.run()                     # ... the final checkpoint saved, every hook's on_end called
 
-A non-finite loss or gradient norm stops the run before anything of its call is saved (no retry). A preemption notice ends a call after its step
-(mlm_tasks/job/preemption.py).
+A non-finite loss or gradient norm stops the run before anything of its call is saved (no retry); a preemption
+notice ends a call after its step (mlm_tasks/job/preemption.py).
 """
 
 from __future__ import annotations
