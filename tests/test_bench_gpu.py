@@ -45,7 +45,7 @@ def test_cpu_check_prints_both_loops_with_throughput_mfu_and_memory(tmp_path):
         env=env,
         capture_output=True,
         text=True,
-        timeout=300,
+        timeout=600,  # three loops, each a fresh TensorFlow process; minutes on a loaded 2-core machine
     )
     assert out.returncode == 0, out.stderr[-3000:]
     lines = out.stdout.splitlines()

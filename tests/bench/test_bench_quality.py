@@ -27,16 +27,16 @@ def _bench(root, timeout: int, *args: str) -> subprocess.CompletedProcess:
 def test_the_bench_trains_each_recipe_in_its_own_process_and_tables_the_validation_losses(tmp_path):
     # --today: another checkout's code and config as the baseline (here this one: its recipe `default` is
     # the same code, run under the name `today`); a candidate beside it.
-    done = _bench(tmp_path, 400, "--budget-minutes", "0.02", "--candidates", "one_cycle,modernbert", "--today", REPO)
+    done = _bench(tmp_path, 300, "--budget-minutes", "0.02", "--candidates", "one_cycle", "--today", REPO)
     assert done.returncode == 0, done.stderr[-3000:]
     rows = {
         line.split("|")[1].strip(): [c.strip() for c in line.split("|")[2:-1]]
         for line in done.stdout.splitlines()
         if line.startswith("| ") and "recipe" not in line
     }
-    assert list(rows) == ["today", "one_cycle", "modernbert"]
+    assert list(rows) == ["today", "one_cycle"]
     assert "| vs today " in done.stdout and rows["today"][4] == "+0.0000"  # the deltas are against today's
-    assert float(rows["one_cycle"][3]) > 0 and float(rows["today"][3]) > 0 and float(rows["modernbert"][3]) > 0
+    assert float(rows["one_cycle"][3]) > 0 and float(rows["today"][3]) > 0  # val loss
     for name in rows:  # each in its own process, on this checkout's mlm_tasks (today's through PYTHONPATH)
         assert f"round 1 {name}:" in done.stderr
     assert f"({os.path.join(REPO, 'mlm_tasks')})" in done.stderr
@@ -84,7 +84,9 @@ def test_the_attention_mode_times_a_global_and_a_local_layer_at_128_and_1024_tok
     ]
     needed = {(r[0], r[1]): float(r[5]) for r in rows[1:]}
     assert needed[("128", "sliding_attention")] == needed[("128", "full_attention")]  # the window holds 128
-    assert needed[("1024", "sliding_attention")] == pytest.approx(needed[("1024", "full_attention")] * 129 / 1024)
+    assert needed[("1024", "sliding_attention")] == pytest.approx(
+        needed[("1024", "full_attention")] * 129 / 1024, rel=0.01
+    )  # the table rounds
     assert all(float(r[2]) > 0 for r in rows[1:])
 
 
