@@ -33,6 +33,7 @@ from mlm_tasks.results import TrainJob
 from mlm_tasks.tpu import api as tpu
 from mlm_tasks.tpu import slices as tpu_slices
 from mlm_tasks.tpu import ssh
+from mlm_tasks.tpu.bundle import ssh_command
 
 if TYPE_CHECKING:
     from google.cloud.tpu_v2 import TpuClient
@@ -176,10 +177,10 @@ def smoke(args: argparse.Namespace, out: Callable[[str], None] = print) -> int:
         if args.dry_run:
             tpu.ensure_node(cfg.tpu, name, node_labels, metadata, api=api)
             worker_0(cfg, name, tpu.NodeState(name=name, state="READY"), args, out)
-            ssh_line = f"ssh -p {cfg.tpu.ssh_port} -i {args.ssh_key} {args.ssh_user}@<worker-0-ip>"
+            login = f"{args.ssh_user}@<worker-0-ip>"  # quoted: a bare <...> is a shell redirect
             if args.capture_image:
-                out(f"{ssh_line} {capture_command(cfg)}")
-            out(f"{ssh_line} {command}")
+                out(ssh_command(cfg.tpu.ssh_port, args.ssh_key, login, capture_command(cfg)))
+            out(ssh_command(cfg.tpu.ssh_port, args.ssh_key, login, command))
             out(f"(dry run) would follow the detached trainer until done{_preempting(args)}")
             return 0
         captured: list[Path] = []

@@ -4,6 +4,7 @@ node published (against the fake TPU API and a real sshd)."""
 
 import json
 import re
+import shlex
 import subprocess
 import sys
 import time
@@ -74,7 +75,11 @@ def test_dry_run_prints_every_request_and_command_and_sends_nothing(ssh_key, tmp
     assert int(body["labels"]["expires"]) - int(body["labels"]["created"]) == 2 * 3600
     # The command the workers would run: the real bootstrap, then the train step on TPU.
     ssh = next(line for line in out.splitlines() if line.startswith("ssh "))
-    assert "gs://no-such-bucket/smoke/_code/" in ssh and "-m mlm_tasks train" in ssh and '"device":"tpu"' in ssh
+    # A line a person can paste: the login quoted (a bare <worker-0-ip> is a redirect), the command one argument.
+    *opts, login, remote = shlex.split(ssh)
+    assert opts == ["ssh", "-p", opts[2], "-i", ssh_key] and login == "mlm@<worker-0-ip>"
+    assert "gs://no-such-bucket/smoke/_code/" in remote and "-m mlm_tasks train" in remote
+    assert '"device":"tpu"' in remote
     # The DELETE comes last: teardown always.
     assert out.rindex("DELETE ") > out.index("POST ") and out.rindex("DELETE ") > out.index("ssh ")
 
