@@ -22,7 +22,10 @@ def test_importing_mlm_tasks_does_not_import_airflow_or_tensorflow():
     mods = [
         ".".join(p.relative_to(ROOT).with_suffix("").parts).removesuffix(".__init__")
         for p in (ROOT / "mlm_tasks").rglob("*.py")
-        if p.stem != "__main__"
+        # model/modernbert.py is the Keras ModernBERT itself: its layers subclass tf_keras's, so defining them needs
+        # TensorFlow. Every other module reaches it inside the function that builds or loads a model, which
+        # importing all the others here checks.
+        if p.stem != "__main__" and p.relative_to(ROOT).as_posix() != "mlm_tasks/model/modernbert.py"
     ]
     assert {"mlm_tasks.steps.train", "mlm_tasks.data.corpus.wiki", "mlm_tasks.tpu.vm.check_image"} <= set(mods)
     code = (

@@ -71,7 +71,7 @@ def _model(model_dir: str, num_labels: int, pretrained: bool):
 
     with open(os.path.join(model_dir, "config.json"), encoding="utf-8") as f:
         if json.load(f).get("model_type") == "modernbert":
-            from mlm_tasks.model.modernbert_weights import load_modernbert
+            from mlm_tasks.model.modernbert import load_modernbert
 
             return load_modernbert(model_dir, num_labels, pretrained)
     if not pretrained:

@@ -14,17 +14,21 @@ as transformers does. Weights in and out: mlm_tasks/model/modernbert_weights.py.
 from __future__ import annotations
 
 import math
+import os
 from typing import Any
 
 import tensorflow as tf
 import tf_keras
 
-GLOBAL, LOCAL = "full_attention", "sliding_attention"  # transformers 5's layer_types
-
-
-def layer_types(config: Any) -> list[str]:
-    every = config.global_attn_every_n_layers
-    return [LOCAL if i % every else GLOBAL for i in range(config.num_hidden_layers)]
+from mlm_tasks.model.modernbert_weights import (
+    GLOBAL,
+    LOCAL,
+    SAFETENSORS_NAME,
+    assign_weights,
+    layer_types,
+    parameters,
+    read_config,
+)
 
 
 def _init(std: float) -> Any:  # ModernBERT's: a normal cut at 2 std (initializer_cutoff_factor)
@@ -214,4 +218,19 @@ def build_modernbert(config: Any, num_labels: int | None = None) -> ModernBertMa
     model = ModernBertMaskedLM(config) if num_labels is None else ModernBertClassifier(config, num_labels)
     dummy = tf.ones((1, 8), dtype=tf.int32) * 5
     model(dummy, tf.ones_like(dummy), training=False)
+    return model
+
+
+def load_modernbert(folder: str, num_labels: int | None = None, pretrained: bool = True) -> Any:
+    """A Keras ModernBertMaskedLM from a folder of config.json + model.safetensors; with `num_labels` a
+    ModernBertClassifier on its encoder and head (`pretrained=False`: the same shape, random weights)."""
+    from mlm_tasks.model.init_weights import read_safetensors
+
+    model = build_modernbert(read_config(os.path.join(folder, "config.json")), num_labels)
+    if pretrained:
+        path = os.path.join(folder, SAFETENSORS_NAME)
+        tensors = read_safetensors(path)
+        if num_labels is not None:  # the classifier has no decoder: the LM's own weights are left out
+            tensors = {k: v for k, v in tensors.items() if k in parameters(model)}
+        assign_weights(model, tensors, path)
     return model

@@ -1,7 +1,7 @@
 """ModernBERT weights and config in the layout transformers 5 loads, both ways, without torch.
 
     save_modernbert(model, folder)       # config.json (model_type modernbert) + model.safetensors, PyTorch names
-    model = load_modernbert(folder)      # such a folder (ours, or one transformers 5 saved) as a Keras model
+    model = modernbert.load_modernbert(folder)   # such a folder (ours, or one transformers 5 saved) as Keras
     read = assign_weights(model, tensors, where)   # into a built model (model.init_from)
 
 One table (`parameters`) names every variable with `ModernBertForMaskedLM`'s parameter name and whether its
@@ -19,11 +19,16 @@ from typing import Any
 import numpy as np
 
 from mlm_tasks.errors import ConfigError
-from mlm_tasks.model.modernbert import GLOBAL, LOCAL, layer_types
 
 ARCHITECTURE = "ModernBertForMaskedLM"
 SAFETENSORS_NAME = "model.safetensors"
 TIED = {"decoder.weight": "model.embeddings.tok_embeddings.weight"}
+GLOBAL, LOCAL = "full_attention", "sliding_attention"  # transformers 5's layer_types
+
+
+def layer_types(config: Any) -> list[str]:
+    every = config.global_attn_every_n_layers
+    return [LOCAL if i % every else GLOBAL for i in range(config.num_hidden_layers)]
 
 
 def modernbert_config(values: dict) -> Any:
@@ -145,19 +150,3 @@ def assign_weights(model: Any, tensors: dict[str, np.ndarray], where: str) -> st
     for variable, value in values:
         variable.assign(value.astype(variable.dtype.as_numpy_dtype))
     return f"{len(values)} tensors from {os.path.basename(where)} (PyTorch names)"
-
-
-def load_modernbert(folder: str, num_labels: int | None = None, pretrained: bool = True) -> Any:
-    """A Keras ModernBertMaskedLM from a folder of config.json + model.safetensors; with `num_labels` a
-    ModernBertClassifier on its encoder and head (`pretrained=False`: the same shape, random weights)."""
-    from mlm_tasks.model.init_weights import read_safetensors
-    from mlm_tasks.model.modernbert import build_modernbert
-
-    model = build_modernbert(read_config(os.path.join(folder, "config.json")), num_labels)
-    if pretrained:
-        path = os.path.join(folder, SAFETENSORS_NAME)
-        tensors = read_safetensors(path)
-        if num_labels is not None:  # the classifier has no decoder: the LM's own weights are left out
-            tensors = {k: v for k, v in tensors.items() if k in parameters(model)}
-        assign_weights(model, tensors, path)
-    return model

@@ -152,7 +152,7 @@ def load_masked_lm(folder: str):
     with open(os.path.join(folder, "config.json"), encoding="utf-8") as f:
         model_type = json.load(f).get("model_type")
     if model_type == "modernbert":
-        from mlm_tasks.model.modernbert_weights import load_modernbert
+        from mlm_tasks.model.modernbert import load_modernbert
 
         return load_modernbert(folder)
     from transformers import TFRobertaForMaskedLM
