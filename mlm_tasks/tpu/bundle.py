@@ -5,20 +5,9 @@ then one CLI step.
     line = remote_command(cfg, "train", run_id, node=name, code=bundle)     # the line worker 0 runs
     ssh_command(22, "~/.ssh/id_ed25519", "mlm@10.0.0.2", line)              # that line for a person's shell
 
-`stage_code` puts a deterministic tarball of the installed `mlm_tasks` package (its VM locks included) under
-output_root/_code/<sha>/: content-addressed, uploaded once (re-uploaded if its bytes differ). The line
-carries the tarball's sha256: the VM fetches it (FETCH: the image's Python alone) and checks
-that hash before unpacking anything (exit 3 on a mismatch), then installs the runtime's VM lock with
-`pip --no-deps --require-hashes --target` into `<workdir>/deps-<lock sha>/` once: nothing of the image
-(its Python, its TPU build of TensorFlow, numpy, protobuf) is replaced, and the image is checked
-(tpu/vm/check_image.py). Then `python -m mlm_tasks <step> --config-json <cfg> --run-id <run>`. With
-`tpu.bootstrap: false` the step runs from `tpu.workdir` as it is (a custom image, or tests).
-
-One copy of a step per run (`_run_lock`): the step holds an flock on `<workdir>/.run-lock-<hash>` while it
-runs; a retry that finds it held (a try whose SSH session was lost) stops that step first: SIGTERM, SIGKILL
-after STOP_GRACE_S, exit 3 if the lock is still held. Secrets never ride on the command line or in an
-environment block: the line turns the pty's echo off and prints `TOKEN_PROMPT`, the session answers with
-the Hub token on stdin, and the shell pipes it to the step alone (`--hub-token-stdin`).
+`stage_code` uploads a content-addressed tarball of the installed package (VM locks included); the VM checks
+its sha256, installs the runtime's lock beside the image's TensorFlow (never over it) and runs one step under a
+per-run lock; the Hub token reaches the step on stdin, never on the command line. The why: docs/google-cloud.md.
 """
 
 from __future__ import annotations
