@@ -5,7 +5,9 @@ the poller sets the notice, as SIGTERM does, against a metadata peer on loopback
 from __future__ import annotations
 
 import threading
+import time
 from http.server import BaseHTTPRequestHandler
+from types import SimpleNamespace
 
 import pytest
 
@@ -87,3 +89,27 @@ def test_no_metadata_server_is_quiet_off_google_cloud(monkeypatch, fresh_notice)
     with preemption.notice_on_sigterm():
         threading.Event().wait(0.5)
     assert not preemption.noticed()
+
+
+def test_a_save_that_would_not_fit_the_grace_left_keeps_the_last_periodic_checkpoint(monkeypatch, fresh_notice):
+    """The loop's answer to a notice (TrainLoop._answer_notice): a checkpoint at the step reached while the last
+    save's time still fits in the grace left, else none, and the last periodic checkpoint is where the next
+    trainer resumes; the error (the status record's) says which."""
+    from mlm_tasks.training.loop import TrainLoop
+
+    saved: list[int] = []
+    loop = SimpleNamespace(
+        end_s={"checkpoint": 8.0},  # the last save took 8 s
+        save_checkpoint=saved.append,
+        state=SimpleNamespace(checkpoints=SimpleNamespace(latest_checkpoint="/run/checkpoints/ckpt-250")),
+    )
+    monkeypatch.setattr(preemption, "_noticed", [(time.monotonic() - 25.0, "SIGTERM")])  # 25 s of 30 gone
+    with pytest.raises(preemption.Preempted) as late:
+        TrainLoop._answer_notice(loop, 317)
+    assert saved == [] and late.value.step == 250
+    assert "no time to save within the 30s grace: the last periodic checkpoint, step 250" in str(late.value)
+
+    monkeypatch.setattr(preemption, "_noticed", [(time.monotonic() - 5.0, "SIGTERM")])  # 5 s gone: 8 s fit
+    with pytest.raises(preemption.Preempted) as early:
+        TrainLoop._answer_notice(loop, 317)
+    assert saved == [317] and early.value.step == 317 and "checkpoint saved at step 317" in str(early.value)
