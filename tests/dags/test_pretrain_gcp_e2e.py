@@ -265,7 +265,7 @@ def test_gcs_and_tpu_vm_end_to_end_through_a_stockout_and_a_preemption(
     assert fake_tpu.nodes == {}
     # The API's 429 and 503 before the first create went through were retried.
     assert [c for m, path, c in fake_tpu.answers if m == "POST" and not is_read(path)][:3] == [429, 503, 200]
-    assert "No capacity for v4-8 in us-central2-b (There is no more capacity in the zone)" in log
+    assert "No capacity for v4-8 in us-central2-b (" in log and "There is no more capacity in the zone" in log
     tries = db_rows(
         airflow_env,
         "SELECT task_id, try_number FROM task_instance WHERE run_id = ? AND task_id IN ('create_tpu_vm', 'train')",

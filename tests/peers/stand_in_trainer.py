@@ -72,7 +72,8 @@ print("stand-in trainer done at step", total, flush=True)
 def write_stand_in(
     folder: Path, step_s: float, model_from: str | None = None, bad_input_at_step: int | None = None
 ) -> Path:
-    """The VM's `python` (a wrapper script in `folder`) that runs the stand-in trainer; `model_from`:
+    """The VM's `python` (a wrapper script in `folder`) that runs the stand-in trainer, and the real CLI for the
+    other steps (the model is judged on the VM); `model_from`:
     the run id, under the same output_root, whose model the stand-in hands on at its end;
     `bad_input_at_step`: the step at which it fails as a trainer given bad input does (exit 2)."""
     stub = folder / "stand_in_trainer.py"
@@ -81,7 +82,9 @@ def write_stand_in(
     )
     python = folder / "python"
     python.write_text(
-        f'#!/bin/sh\n[ "$1 $2 $3" = "-m mlm_tasks train" ] || exit 9\nshift 3\nexec {sys.executable} {stub} "$@"\n'
+        # train is the stand-in; the steps that judge the model on the VM (evaluate, downstream, fill_mask) are real
+        f'#!/bin/sh\n[ "$1 $2" = "-m mlm_tasks" ] || exit 9\n[ "$3" = train ] || exec {sys.executable} "$@"\n'
+        f'shift 3\nexec {sys.executable} {stub} "$@"\n'
     )
     python.chmod(0o755)
     return python
