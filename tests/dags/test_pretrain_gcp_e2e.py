@@ -271,7 +271,9 @@ def test_gcs_and_tpu_vm_end_to_end_through_a_stockout_and_a_preemption(
         "SELECT task_id, try_number FROM task_instance WHERE run_id = ? AND task_id IN ('create_tpu_vm', 'train')",
         _run_id(log),
     )
-    assert dict(tries) == {"create_tpu_vm": 1, "train": 2}, tries  # the stockout cost no try; the fault did
+    # Neither the stockout nor the fault cost a try: a trainer that failed as its node went PREEMPTED is a
+    # restart inside the try (issue 48: the node's word first).
+    assert dict(tries) == {"create_tpu_vm": 1, "train": 1}, tries
     assert "Injected fault at step 7" in log and "PREEMPTED" in log
     # The preempted node was not waited on for host keys it never publishes: its state answered at once.
     assert "is PREEMPTED: it publishes no SSH host keys" in log

@@ -144,7 +144,7 @@ def workdir(shared) -> Path:
 
 
 @pytest.fixture(scope="module")
-def deployment(shared, output_root, workdir, tpu_api, sshd, gcs) -> Path:
+def deployment(shared, output_root, workdir, tpu_api, sshd, gcs, tf_gcs_env) -> Path:
     """The deployment file: everything about the VM (endpoint, port, python, workdir) is set here only."""
     python = write_stand_in(shared, STEP_S, model_from=REFERENCE)
     tpu = {
@@ -156,8 +156,8 @@ def deployment(shared, output_root, workdir, tpu_api, sshd, gcs) -> Path:
         "python": str(python),
         "workdir": str(workdir),
         "bootstrap": False,
-        "env": {"STORAGE_EMULATOR_HOST": gcs.endpoint},
-    }  # the VM's gs:// is the emulator
+        "env": {"STORAGE_EMULATOR_HOST": gcs.endpoint, "HF_HUB_OFFLINE": "1", **tf_gcs_env},
+    }  # the VM's gs:// is the emulator, TensorFlow's too (evaluate, downstream and fill_mask run on the VM)
     path = shared / "deployment.yaml"
     path.write_text(
         yaml.safe_dump(
