@@ -183,6 +183,13 @@ def main() -> None:
         "--attention", action="store_true", help="instead: a ModernBERT layer's cost at 128 and 1,024 tokens"
     )
     p.add_argument("--preset", default="base", help="with --attention: the ModernBERT preset")
+    p.add_argument(
+        "--first-seed",
+        type=int,
+        default=42,
+        help="with --commits: round r trains with this seed + r - 1 (split seeds across processes)",
+    )
+    p.add_argument("--no-head", action="store_true", help="with --commits: the listed arms alone, not HEAD beside them")
     p.add_argument("--worker")
     args = p.parse_args()
     if args.attention:
@@ -190,7 +197,13 @@ def main() -> None:
     if args.commits:
         import commit_arms
 
-        return commit_arms.compare(args.commits.split(","), args.rounds, os.path.relpath(args.config, common.REPO))
+        return commit_arms.compare(
+            args.commits.split(","),
+            args.rounds,
+            os.path.relpath(args.config, common.REPO),
+            first_seed=args.first_seed,
+            head=not args.no_head,
+        )
     if args.worker:
         name, budget = args.worker.split(":")
         return common.emit(run_recipe(args.config, float(budget), name))

@@ -110,8 +110,10 @@ def overrides(label: str) -> list[str]:
     return [f"{key}={'null' if value is None else value}" for key, value in recipe(candidate).items()]
 
 
-def compare(commits: list[str], rounds: int, config: str = "configs/default.yaml") -> None:
-    labels = list(dict.fromkeys(["HEAD", *commits]))
+def compare(
+    commits: list[str], rounds: int, config: str = "configs/default.yaml", first_seed: int = 42, head: bool = True
+) -> None:
+    labels = list(dict.fromkeys(["HEAD", *commits] if head else commits))
     for label in labels:
         overrides(label)  # an unknown candidate fails now, not after an hour
     arms = {label: checkout(_rev(label)) for label in labels}
@@ -122,17 +124,17 @@ def compare(commits: list[str], rounds: int, config: str = "configs/default.yaml
     order = list(arms)
     for rnd in range(rounds):
         for label in order if rnd % 2 == 0 else order[::-1]:
-            sets = [f"train.seed={42 + rnd}", *overrides(label)]
+            sets = [f"train.seed={first_seed + rnd}", *overrides(label)]
             res = run_arm(arms[label], config, roots[label], f"quality-r{rnd + 1}-{int(time.time())}", sets)
             runs[label].append(res)
             print(
-                f"round {rnd + 1} {label} (seed {42 + rnd}): {res['steps']} steps in {res['loop_s']:.0f} s, val loss "
-                f"{res['val_loss']:.4f}, fill-mask tops {res['tops']}",
+                f"round {rnd + 1} {label} (seed {first_seed + rnd}): {res['steps']} steps in {res['loop_s']:.0f} s, "
+                f"val loss {res['val_loss']:.4f}, fill-mask tops {res['tops']}",
                 file=sys.stderr,
             )
     print(
         f"\n{common.machine()}\neach commit's {config} with its own code; {rounds} alternating round(s), round r "
-        f"with train.seed 42 + r - 1\n"
+        f"with train.seed {first_seed} + r - 1\n"
     )
     rows = []
     for label, res in runs.items():

@@ -185,7 +185,7 @@ def test_operator_refuses_a_node_that_is_not_ready(fake_tpu, sshd, ssh_conn):
     name = _ready_node(fake_tpu)
     fake_tpu.preempt(name)
     op = TpuSSHStepOperator(task_id="train", config=_cfg(fake_tpu, sshd).model_dump(mode="json"), command="true")
-    with pytest.raises(AirflowException, match="PREEMPTED, not READY: clear the create_tpu_vm"):
+    with pytest.raises(AirflowException, match="PREEMPTED, not READY: clear create_tpu_vm"):
         op.execute(_context())
 
 
