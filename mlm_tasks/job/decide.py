@@ -79,12 +79,12 @@ def decide(f: Facts) -> Action:
         return Action("reattach", verdict.detail)
     if verdict.kind == "done":
         return Action("done", verdict.detail)
+    if verdict.kind == "lost":  # a checkpoint at a notice (maintenance, a preemption the node survived)
+        return _restart(f, verdict.detail)  # in whichever try's trainer heard it: a retry may have reattached to it
     if f.job["try_number"] < f.try_number:  # a retry: the end of an earlier try's trainer failed that try
         how = "alive but stale" if verdict.kind == "stalled" else "ended"
         why = f"The stored trainer is {how} ({verdict.detail}): a new one starts from the last checkpoint"
         return Action("start", why, stop=verdict.kind == "stalled")
-    if verdict.kind == "lost":  # a checkpoint at a notice (maintenance, a preemption the node survived)
-        return _restart(f, verdict.detail)
     if not f.rechecked:  # the node may be on its way to PREEMPTED: its word first
         return Action("wait", f"{verdict.detail}; its node is READY: asking it again", wait_for="recheck")
     if verdict.kind == "stalled":

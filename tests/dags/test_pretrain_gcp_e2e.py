@@ -275,8 +275,8 @@ def test_gcs_and_tpu_vm_end_to_end_through_a_stockout_and_a_preemption(
     # restart inside the try (issue 48: the node's word first).
     assert dict(tries) == {"create_tpu_vm": 1, "train": 1}, tries
     assert "Injected fault at step 7" in log and "PREEMPTED" in log
-    # The preempted node was not waited on for host keys it never publishes: its state answered at once.
-    assert "is PREEMPTED: it publishes no SSH host keys" in log
+    # The preempted node was not waited on for host keys it never publishes: its state answered at once (read by
+    # the follow before any SSH, or by the SSH login's key lookup: which comes first is the race's).
     assert "has not published worker 0's SSH host keys yet" not in log
 
     run = _check_run_artifacts(gcs_root, log, fake_tpu, sa_key, oauth_server, grants_before)
