@@ -1,6 +1,5 @@
 """The smoke command's side of the TPU VM: the dry run's stand-in for the TPU API, the login to worker 0,
-the image capture and the trainer's detached start.
-"""
+the image capture and the trainer's detached start."""
 
 from __future__ import annotations
 
@@ -9,6 +8,7 @@ import json
 import time
 from collections.abc import Callable
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 from mlm_tasks.commands.smoke_train import TrainingFailed
@@ -27,50 +27,36 @@ class DryRunApi:
     def __init__(self, out: Callable[[str], None]):
         self.out = out
 
-    def _print(self, method: str, path: str, body: Any = None) -> None:
-        self.out(f"{method} {API}/{path}" + (f"\n{json.dumps(body, indent=2, sort_keys=True)}" if body else ""))
+    def _request(self, method: str, path: str, operation: str, message: Any = None) -> SimpleNamespace:
+        from google.protobuf import json_format
+
+        line = f"{method} {API}/{path}"
+        if message is not None:  # the body exactly as the REST transport serializes it (camelCase, no defaults)
+            line += "\n" + json.dumps(json_format.MessageToDict(type(message).pb(message)), indent=2, sort_keys=True)
+        self.out(line)
+        return SimpleNamespace(operation=SimpleNamespace(name=operation))
 
     def get_node(self, name: str, **_: Any):
         from google.api_core.exceptions import NotFound
 
-        self._print("GET", name)
+        self.out(f"GET {API}/{name}")
         raise NotFound(f"(dry run: {name} taken as absent)")
+
+    get_queued_resource = get_node
 
     def create_node(self, parent: str, node_id: str, node: Any, **_: Any):
-        from google.cloud import tpu_v2
-        from google.protobuf import json_format
-
-        # The body exactly as the REST transport serializes it (camelCase, defaults left out).
-        body = json_format.MessageToDict(tpu_v2.Node.pb(node))
-        self._print("POST", f"{parent}/nodes?nodeId={node_id}", body)
-        return _Op(f"{parent}/operations/dry-run-create")
+        return self._request("POST", f"{parent}/nodes?nodeId={node_id}", f"{parent}/operations/dry-run-create", node)
 
     def delete_node(self, name: str, **_: Any):
-        self._print("DELETE", name)
-        return _Op(f"{name.rsplit('/nodes/', 1)[0]}/operations/dry-run-delete")
-
-    def get_queued_resource(self, name: str, **_: Any):
-        from google.api_core.exceptions import NotFound
-
-        self._print("GET", name)
-        raise NotFound(f"(dry run: {name} taken as absent)")
+        return self._request("DELETE", name, f"{name.rsplit('/nodes/', 1)[0]}/operations/dry-run-delete")
 
     def create_queued_resource(self, parent: str, queued_resource_id: str, queued_resource: Any, **_: Any):
-        from google.cloud import tpu_v2
-        from google.protobuf import json_format
-
-        body = json_format.MessageToDict(tpu_v2.QueuedResource.pb(queued_resource))
-        self._print("POST", f"{parent}/queuedResources?queuedResourceId={queued_resource_id}", body)
-        return _Op(f"{parent}/operations/dry-run-queue")
+        path = f"{parent}/queuedResources?queuedResourceId={queued_resource_id}"
+        return self._request("POST", path, f"{parent}/operations/dry-run-queue", queued_resource)
 
     def delete_queued_resource(self, request: Any, **_: Any):
-        self._print("DELETE", f"{request.name}?force={str(request.force).lower()}")
-        return _Op(f"{request.name.rsplit('/queuedResources/', 1)[0]}/operations/dry-run-delete")
-
-
-class _Op:
-    def __init__(self, name: str):
-        self.operation = type("Operation", (), {"name": name})()
+        operation = f"{request.name.rsplit('/queuedResources/', 1)[0]}/operations/dry-run-delete"
+        return self._request("DELETE", f"{request.name}?force={str(request.force).lower()}", operation)
 
 
 def login_to(cfg: PipelineConfig, name: str, args: argparse.Namespace, api: Any) -> ssh.Connect:
@@ -84,11 +70,6 @@ def login_to(cfg: PipelineConfig, name: str, args: argparse.Namespace, api: Any)
     return ssh.connector(
         lambda host: login, cfg.tpu.ssh_port, node=name, published=tpu.published_keys(cfg.tpu, name, api=api)
     )
-
-
-def run_on_worker_0(connect: ssh.Connect, host: str, command: str, on_line: Callable[[str], None]) -> ssh.Outcome:
-    """`command` on worker 0 (the smoke slices are one host; a pod slice runs on worker 0 too)."""
-    return ssh.Session(connect, host, on_line=on_line).run(command)
 
 
 def capture_command(cfg: PipelineConfig) -> str:
@@ -116,7 +97,7 @@ def capture_image(
     runtime = runtimes.get(cfg.tpu.runtime_version)
     path = path or runtime.image_path
     lines: list[str] = []
-    outcome = run_on_worker_0(connect, host, capture_command(cfg), lines.append)
+    outcome = ssh.Session(connect, host, on_line=lines.append).run(capture_command(cfg))
     if outcome.exit_code != 0:
         raise RuntimeError(f"Capturing the image failed: {outcome.describe()}")
     python, *freeze = lines

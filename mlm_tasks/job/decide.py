@@ -19,11 +19,10 @@ from typing import Literal
 from mlm_tasks.errors import NO_RETRY_EXIT
 from mlm_tasks.job.follow import Verdict
 from mlm_tasks.results import TrainJob
+from mlm_tasks.tpu.api import WAIT_STATES
 from mlm_tasks.tpu.calls import capacity
 
 Kind = Literal["ensure_node", "wait", "start", "reattach", "restart", "done", "fail"]
-# States a node leaves by itself (mlm_tasks/tpu/api.py WAIT_STATES, QUEUED (...) for a queued request).
-_PASSING = ("CREATING", "STARTING", "RESTARTING", "REPAIRING", "REIMAGING", "DELETING", "STOPPING", "UNHIDING")
 
 
 @dataclass(frozen=True)
@@ -66,7 +65,7 @@ def decide(f: Facts) -> Action:
         )
     if f.node_error or f.node == "TIMEOUT":
         return _create_failed(f)
-    if f.node in _PASSING or f.node.startswith("QUEUED"):
+    if f.node in WAIT_STATES or f.node.startswith("QUEUED"):  # states a node (or its request) leaves by itself
         return Action("wait", f"the TPU VM is {f.node}")
     if f.job is not None and (f.node != "READY" or f.replaced):
         return _restart(f, _lost(f))

@@ -1,11 +1,8 @@
-"""What a detached trainer's state means, as a pure function of (handle, status record, probe, node state,
-clock), and the check built on it (the train task, its trigger and the smoke command run it).
+"""What a detached trainer's state means (a pure function), and the check built on it.
 
-    verdict = classify(job, read_status(run), probe, now=time.time(), stall_s=cfg.train.stall_minutes * 60)
-    verdict.kind    # starting | running | done | failed | stalled | lost (its node is gone, or a notice)
-    JobWatch(DetachedJob(job, connect), cfg.tpu, output_root=..., stall_s=..., log=log).check()
-
-A status record is this job's when it names its try and counts a start more than before the job began.
+verdict = classify(job, read_status(run), probe, now=time.time(), stall_s=cfg.train.stall_minutes * 60)
+verdict.kind    # starting | running | done | failed | stalled | lost (its node is gone, or a notice)
+JobWatch(DetachedJob(job, connect), cfg.tpu, output_root=..., stall_s=..., log=log).check()
 """
 
 from __future__ import annotations
@@ -39,10 +36,6 @@ def own_status(job: TrainJob, status: TrainStatus | None) -> TrainStatus | None:
     if status is None or status.get("try_number") != job["try_number"]:
         return None
     return status if status["starts"] > job.get("starts_before", 0) else None
-
-
-def _done(status: TrainStatus | None) -> bool:
-    return status is not None and status["state"] == "done"
 
 
 def _eta(seconds: float | None) -> str:
@@ -116,13 +109,12 @@ class JobWatch:
         # The probe first, then the record: a trainer that finishes between the two is read as done.
         probe = self.vm.probe()
         status = read_status(RunPaths(self.output_root, self.job["run_id"]))
-        node_state = None
+        mine, node_state = own_status(self.job, status), None
         if probe.alive is None:  # no SSH answer: a preempted node explains it at once
             node_state = tpu.get_state(self.tpu_cfg, self.job["node"]).state
             self.log.warning("No answer from worker 0 (%s); the node is %s.", probe.error, node_state)
-        elif probe.alive is False and probe.exit_code != 0 and not _done(own_status(self.job, status)):
-            # Ended, but not done: killed, failed, or its VM is being preempted (the processes go before SSH
-            # does, and the runtime's errors as the host goes are recorded as a failure): the node's word first.
+        elif probe.alive is False and probe.exit_code != 0 and not (mine and mine["state"] == "done"):
+            # Ended, not done: a VM being preempted loses its processes before SSH: the node's word first.
             node_state = tpu.get_state(self.tpu_cfg, self.job["node"]).state
         return classify(self.job, status, probe, now=time.time(), stall_s=self.stall_s, node_state=node_state)
 

@@ -44,8 +44,8 @@ def log_name(run_id: str, try_number: int) -> str:
 
 
 def job_handle(stored: object) -> TrainJob | None:
-    """A handle as a store gives it back (JSON), or None when there is none (nothing stored, or no pid). Only
-    the pid is required: a handle of an older try may lack a later field (follow reads those with a default)."""
+    """A handle as a store gives it back (JSON), or None when there is none. Only the pid is required: an
+    older try's handle may lack a later field."""
     if not isinstance(stored, dict) or "pid" not in stored:
         return None
     return cast(TrainJob, stored)
@@ -65,8 +65,8 @@ def start(
     run_id: str,
 ) -> tuple[ssh.Outcome, TrainJob | None]:
     """Runs the detached start line (`remote_command(..., detach_log=log_name(run_id, try_number))`) in
-    `session`: its outcome, and the job's handle (None when the line failed or printed no JOB_MARK: nothing
-    was started). The handle counts the status record's starts before it, so that its own record is known."""
+    `session`: its outcome, and the job's handle (None: nothing was started). The handle counts the status
+    record's starts before it, so that its own record is known."""
     before = read_status(RunPaths(output_root, run_id))
     now = time.time()
     outcome = session.run(command, secret=secret)
@@ -104,16 +104,12 @@ def _holds_lock(job: TrainJob) -> str:
 
 
 def _answer(job: TrainJob) -> str:
+    """Prints `MLM_PROBE alive`, or `MLM_PROBE gone <exit code, or - when it left none>`."""
     code = shlex.quote(exit_file(job["log"]))
     return (
         f"if {_holds_lock(job)}; then echo {PROBE_MARK} alive; "
         f'else echo "{PROBE_MARK} gone $(cat {code} 2>/dev/null || echo -)"; fi'
     )
-
-
-def probe_command(job: TrainJob) -> str:
-    """Prints `MLM_PROBE alive`, or `MLM_PROBE gone <exit code, or - when it left none>`."""
-    return f"{_cd(job)} && {_answer(job)}"
 
 
 @dataclass(frozen=True)
@@ -150,10 +146,6 @@ def stop_command(job: TrainJob, grace_s: int = STOP_GRACE_S) -> str:
     )
 
 
-def tail_command(job: TrainJob, lines: int = 40) -> str:
-    return f"{_cd(job)} && tail -n {int(lines)} {shlex.quote(job['log'])}"
-
-
 class DetachedJob:
     """A started job and the login to its worker 0: each call is one short SSH session, bounded by
     CHECK_IDLE_S without output (the login's own patience is the connector's)."""
@@ -166,7 +158,7 @@ class DetachedJob:
         return ssh.Session(self.connect, self.job["host"], idle_timeout_s=CHECK_IDLE_S).run(command)
 
     def probe(self) -> Probe:
-        outcome = self._short(probe_command(self.job))
+        outcome = self._short(f"{_cd(self.job)} && {_answer(self.job)}")
         return parse_probe(outcome.tail, outcome.error)
 
     def stop(self, log: Log) -> Probe:
@@ -179,6 +171,6 @@ class DetachedJob:
 
     def tail_text(self, lines: int = TAIL_LINES) -> str:
         """The last lines of the job's log, as a task's message shows them."""
-        outcome = self._short(tail_command(self.job, lines))
+        outcome = self._short(f"{_cd(self.job)} && tail -n {int(lines)} {shlex.quote(self.job['log'])}")
         text = "\n    ".join(outcome.tail) or (f"(none: {outcome.error})" if outcome.error else "(empty)")
         return f"Last lines of {self.job['workdir']}/{self.job['log']} on worker 0:\n    {text}"

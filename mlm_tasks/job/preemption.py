@@ -5,10 +5,7 @@ means "save now, then go", not "die mid-step".
         preemption.on_notice(stop.assign)     # the compiled loop reads `stop` between its steps
     except preemption.Preempted as err:       # the loop saved a checkpoint (or knows the last one): exit 75
 
-SIGTERM's C handler wakes a thread (`signal.set_wakeup_fd`) while the main thread is inside a TF call; the
-metadata server's `instance/maintenance-event` and `instance/preempted` are polled (GCE_METADATA_HOST). The
-loop saves at the step it reached unless its last save would not fit the grace left (`fits`, GRACE_S): then
-the last periodic checkpoint is the resume point, and the status record says so.
+A save that would not fit the grace left (`fits`) is skipped: the last periodic checkpoint is the resume point.
 """
 
 from __future__ import annotations

@@ -4,9 +4,7 @@
     close_open(run, start_step=30)   # the next trainer, at its start: resumed_from, steps_lost
     read_restarts(run)   # [{"cause", "at_utc", "node", "try_number", "step", "resumed_from", "steps_lost"}, ...]
 
-`train.max_restarts` is the budget for losses, Airflow's `retries` the one for errors. A file of its own,
-written by the task while no trainer runs: a trainer on a node being preempted may still rewrite its status
-record; the next trainer copies these into its record at its start.
+A file of its own, written while no trainer runs (one on a node being preempted may still rewrite its status).
 """
 
 from __future__ import annotations

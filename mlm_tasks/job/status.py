@@ -93,8 +93,7 @@ class StatusRecord:
         self._thread = threading.Thread(target=self._beat, name="train-status-heartbeat", daemon=True)
 
     def __enter__(self) -> StatusRecord:
-        # A restart the train task recorded before starting this trainer is closed at its start step; the
-        # record carries them all (restarts.json is the task's: mlm_tasks/job/restarts.py).
+        # The restart this trainer answers is closed at its start step; the record carries them all.
         self.record["restarts"] = restarts.close_open(self.run, self.record["step"])
         self._write()
         self._thread.start()

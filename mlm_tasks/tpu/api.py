@@ -4,9 +4,7 @@
     state = tpu.ensure_node(cfg.tpu, name, tpu.labels(run_id, cfg.tpu.ttl_hours))   # never blocks
     tpu.delete_node(cfg.tpu, name)
 
-`ensure_node` says what it did ("ready", "wait", "created", "recreating", "refused") and the caller polls
-(what to do next: mlm_tasks/job/decide.py). The client, its credentials and the bounds of every call:
-mlm_tasks/tpu/calls.py; with tpu.provisioning=queued the node comes from a queued resource (queued.py).
+`ensure_node` never waits: it says what it did and the caller polls (mlm_tasks/job/decide.py says what next).
 """
 
 from __future__ import annotations
@@ -21,8 +19,6 @@ from typing import TYPE_CHECKING, Any
 
 from mlm_tasks.errors import AuthError
 from mlm_tasks.tpu import queued
-
-# The client and its bounds are calls.py's (queued.py uses them too); callers keep reaching them as tpu.client etc.
 from mlm_tasks.tpu.calls import NAME_PREFIX, NOT_FOUND, answered, client, limits, parent, retry
 
 if TYPE_CHECKING:  # types only: config imports this package's tables, so tpu/ imports no config at run time
@@ -33,17 +29,11 @@ if TYPE_CHECKING:  # types only: config imports this package's tables, so tpu/ i
 
 log = logging.getLogger(__name__)
 
-
-# States that end by themselves; anything else but READY (PREEMPTED, TERMINATED, STOPPED, ...)
-# will not become READY without help, so the node is replaced.
+# States that end by themselves; any other but READY (PREEMPTED, TERMINATED, ...) is replaced.
 WAIT_STATES = frozenset(
     {"CREATING", "STARTING", "RESTARTING", "REPAIRING", "REIMAGING", "DELETING", "STOPPING", "UNHIDING"}
 )
-
-
 SCOPE = "https://www.googleapis.com/auth/cloud-platform"  # what the VM's service account may call
-
-
 HOST_KEYS = "hostkeys"  # guest-attribute namespace where a VM's guest agent publishes its SSH host keys
 
 
@@ -95,19 +85,14 @@ def full_name(cfg: TpuConfig, name: str) -> str:
 
 def _state_of(node: Node) -> NodeState:
     workers = tuple((e.ip_address, e.access_config.external_ip) for e in node.network_endpoints)
+    stamp: Any = node.create_time  # proto-plus hands a datetime (its stubs say Timestamp); unset: None
     return NodeState(
         name=node.name.rsplit("/", 1)[-1],
         state=node.state.name,
         workers=workers,
         labels=dict(node.labels),
-        created=_epoch(node.create_time),
+        created=stamp.timestamp() if stamp else None,
     )
-
-
-def _epoch(stamp: Any) -> float | None:
-    """A Node's timestamp in epoch seconds: proto-plus hands a datetime (its stubs say protobuf's
-    Timestamp); an unset one is None."""
-    return stamp.timestamp() if stamp else None
 
 
 def get_state(cfg: TpuConfig, name: str, api: TpuClient | None = None) -> NodeState:
@@ -146,10 +131,8 @@ def _new_node(cfg: TpuConfig, node_labels: dict[str, str], metadata: dict[str, s
         labels=node_labels,
         metadata=metadata,
         network_config=network,
-        # A queued resource's tier is on the request (mlm_tasks/tpu/queued.py), not on its node.
         scheduling_config=tpu_v2.SchedulingConfig(spot=cfg.provisioning == "spot"),
-        # An empty email is the project's default compute service account; the scope is
-        # explicit so the VM can reach GCS whatever the API's default is.
+        # An empty email: the project's default compute account; the scope lets the VM reach GCS.
         service_account=tpu_v2.ServiceAccount(email=cfg.service_account or "", scope=[SCOPE]),
     )
 
@@ -161,13 +144,9 @@ def ensure_node(
     metadata: dict[str, str] | None = None,
     api: TpuClient | None = None,
 ) -> NodeState:
-    """Make sure node `name` exists or is on its way; never waits for the API's operations.
-
-    READY -> reused ("ready"); CREATING and other passing states -> "wait"; PREEMPTED, TERMINATED
-    and other dead ends -> delete started ("recreating": call again once it is NOT_FOUND);
-    NOT_FOUND -> create started ("created"). A create that loses a race (409) is a "wait"; one refused for
-    quota is "refused", with the API's words in `error`.
-    """
+    """Make sure node `name` exists or is on its way: READY -> "ready"; a passing state or a lost create race
+    -> "wait"; a dead end -> delete started ("recreating"); NOT_FOUND -> "created", or "refused" (quota, in
+    `error`)."""
     from google.api_core.exceptions import Conflict, TooManyRequests
 
     api = api or client(cfg)
@@ -180,13 +159,8 @@ def ensure_node(
         return replace(current, action="wait")
     if current.state != NOT_FOUND:
         log.warning("TPU VM %s is %s and will not become READY: deleting it to make a fresh one.", name, current.state)
-        return replace(
-            current,
-            state="DELETING",
-            action="recreating",
-            operation=delete_node(cfg, name, api),
-            replaced=current.state,
-        )
+        op_name = delete_node(cfg, name, api)
+        return replace(current, state="DELETING", action="recreating", operation=op_name, replaced=current.state)
     if cfg.provisioning == "queued":
         return _ensure_queued(cfg, name, node_labels, metadata, api)
     try:
@@ -238,8 +212,8 @@ def delete_node(cfg: TpuConfig, name: str, api: TpuClient | None = None) -> str 
 
 
 def refresh_expiry(cfg: TpuConfig, node: NodeState, expires: str | None, api: TpuClient | None = None) -> str | None:
-    """Move the node's `expires` label to `expires` (epoch seconds) when that is later; returns the
-    update operation, or None when nothing had to change. Only the labels field is written."""
+    """Move the node's `expires` label to `expires` (epoch seconds) when that is later; the update operation,
+    or None when nothing changed."""
     from google.cloud import tpu_v2
     from google.protobuf import field_mask_pb2
 
@@ -269,12 +243,12 @@ def list_expired(
     """Nodes named `prefix*` whose `expires` label is in the past; nodes without one are left alone
     (we did not make them, or someone labelled them by hand)."""
     now = time.time() if now is None else now
-    expired = []
-    for node in list_nodes(cfg, api):
-        expires = node.labels.get("expires", "")
-        if node.name.startswith(prefix) and expires.isdigit() and int(expires) < now:
-            expired.append(node)
-    return expired
+    return [
+        node
+        for node in list_nodes(cfg, api)
+        if node.name.startswith(prefix) and node.labels.get("expires", "").isdigit()
+        if int(node.labels["expires"]) < now
+    ]
 
 
 def worker_endpoints(node: Node | NodeState, external: bool = False) -> list[str]:
@@ -293,9 +267,8 @@ def worker_endpoints(node: Node | NodeState, external: bool = False) -> list[str
 def host_keys(
     cfg: TpuConfig, name: str, worker: int = 0, timeout_s: float = 30.0, api: TpuClient | None = None
 ) -> dict[str, str]:
-    """SSH host public keys worker `worker` of node `name` published (guest attributes `hostkeys/`), as
-    {type: base64 key}; {} while none are (an empty answer or a 404); a refusal is an AuthError naming both
-    ways out. timeout_s bounds the whole call. The cases: docs/google-cloud.md#host-keys-on-first-contact."""
+    """SSH host keys worker `worker` of node `name` published (guest attributes `hostkeys/`), as {type: base64
+    key}; {} while none are; a refusal is an AuthError. docs/google-cloud.md#host-keys-on-first-contact."""
     from google.api_core.exceptions import BadRequest, FailedPrecondition, Forbidden, NotFound
     from google.cloud import tpu_v2
 
@@ -338,11 +311,8 @@ class NodeNotReady(RuntimeError):
 
 
 def published_keys(cfg: TpuConfig, name: str, api: TpuClient | None = None) -> Callable[[int], dict[str, str]]:
-    """ssh.connector's `published` for node `name`: worker -> host_keys. When the node publishes none, its
-    state decides: READY is a guest agent still starting (the connector waits for it), anything else
-    raises NodeNotReady at once. A preempted node's agent never starts again; waiting minutes for its keys
-    would only delay what its state already says (the follow then reads the node's state, and a retry
-    replaces it)."""
+    """ssh.connector's `published` for node `name`: worker -> host_keys. No keys on a READY node: its guest
+    agent is still starting (the connector waits); on any other, NodeNotReady at once (it never publishes)."""
 
     def published(worker: int) -> dict[str, str]:
         keys = host_keys(cfg, name, worker, api=api)

@@ -1,13 +1,10 @@
-"""What runs on a TPU VM: an idempotent install of this project beside the image's TensorFlow,
-then one CLI step.
+"""What runs on a TPU VM: an idempotent install of this project beside the image's TensorFlow, then one step.
 
     bundle = stage_code(cfg.output_root, cfg.tpu.runtime_version)          # once, from the Airflow worker
     line = remote_command(cfg, "train", run_id, node=name, code=bundle)     # the line worker 0 runs
     ssh_command(22, "~/.ssh/id_ed25519", "mlm@10.0.0.2", line)              # that line for a person's shell
 
-`stage_code` uploads a content-addressed tarball of the installed package (VM locks included); the VM checks
-its sha256, installs the runtime's lock beside the image's TensorFlow (never over it) and runs one step under a
-per-run lock; the Hub token reaches the step on stdin, never on the command line. The why: docs/google-cloud.md.
+The bundle is checked by sha256 before it is unpacked; the Hub token reaches the step on stdin. docs/google-cloud.md.
 """
 
 from __future__ import annotations
@@ -34,25 +31,13 @@ if TYPE_CHECKING:  # types only: config imports this package's tables, so tpu/ i
 
 PACKAGE_DIR = runtimes.PACKAGE_DIR
 
-
-# The line asks for the Hub token with this line; the session answers on stdin (ssh.Session.run's `secret`).
-TOKEN_PROMPT = "MLM_SEND_HUB_TOKEN"
+TOKEN_PROMPT = "MLM_SEND_HUB_TOKEN"  # the line prints it; the session answers with the token on stdin
 TOKEN_VAR = "mlm_hf_token"  # the line's own, unexported copy of the token
 TOKEN_ARG = "--hub-token-stdin"  # the step reads the token from its stdin (mlm_tasks/cli.py)
-
-
-# The images' TPU build is a wheel named `tensorflow`, which transformers 4.57 finds; FORCE_TF_AVAILABLE
-# keeps a custom image working whose build carries another name (tensorflow-tpu from Google's index).
+# FORCE_TF_AVAILABLE: a custom image's TPU build may carry another wheel name (tensorflow-tpu) than `tensorflow`.
 VM_ENV = {"FORCE_TF_AVAILABLE": "1", "TF_USE_LEGACY_KERAS": "1", "PYTHONUNBUFFERED": "1"}
-
-
-# An earlier try's step gets this long to exit on SIGTERM before SIGKILL (a trainer without a handler
-# dies at once; TensorFlow may take seconds to let go of the TPU chips).
-STOP_GRACE_S = 60
-
-
-# After SIGKILL the kernel drops the lock as soon as the process group is gone.
-KILL_WAIT_S = 10
+STOP_GRACE_S = 60  # an earlier try's step: SIGTERM, then SIGKILL after this (TF may take seconds to free the chips)
+KILL_WAIT_S = 10  # after SIGKILL the kernel drops the lock once the process group is gone
 
 
 @dataclass(frozen=True)
@@ -67,11 +52,11 @@ class CodeBundle:
 
 
 def _package_files(package_dir: Path) -> list[tuple[str, bytes]]:
-    files = []
-    for path in sorted(package_dir.rglob("*")):
-        if path.is_file() and "__pycache__" not in path.parts and path.suffix != ".pyc":
-            files.append((f"{package_dir.name}/{path.relative_to(package_dir).as_posix()}", path.read_bytes()))
-    return files
+    return [
+        (f"{package_dir.name}/{path.relative_to(package_dir).as_posix()}", path.read_bytes())
+        for path in sorted(package_dir.rglob("*"))
+        if path.is_file() and "__pycache__" not in path.parts and path.suffix != ".pyc"
+    ]
 
 
 def _tarball(files: list[tuple[str, bytes]]) -> bytes:
@@ -103,7 +88,6 @@ def stage_code(output_root: str, runtime_version: str, package_dir: Path = PACKA
 
 def code_bundle(output_root: str, runtime_version: str, package_dir: Path = PACKAGE_DIR) -> tuple[CodeBundle, bytes]:
     """What stage_code would upload, and where, without any I/O (the smoke tool's dry run prints it)."""
-
     runtime = runtimes.get(runtime_version)
     files = _package_files(package_dir)
     lock_name = f"{package_dir.name}/{runtime.lock_path.relative_to(runtimes.PACKAGE_DIR).as_posix()}"
@@ -145,10 +129,8 @@ def shell_path(path: str) -> str:
     return shlex.quote(path)
 
 
-# `python -c FETCH gs://bucket/object dest`: one object copied with the standard library alone (the project is
-# not there yet), by the storage layer's rules: STORAGE_EMULATOR_HOST when set, else the GCS JSON API as the VM's
-# service account (a token from the metadata server). Importing TensorFlow instead would cost seconds and, on a
-# single-host PJRT runtime, load libtpu and take the chips. One line, so the remote line stays one line.
+# `python -c FETCH gs://bucket/object dest`: the standard library alone (importing TensorFlow would take the
+# chips), STORAGE_EMULATOR_HOST when set, else the GCS JSON API as the VM's service account.
 FETCH = (
     "import json, os, shutil, sys, urllib.parse as p, urllib.request as r; "
     "e = os.environ.get('STORAGE_EMULATOR_HOST', '').rstrip('/'); b, _, n = sys.argv[1][5:].partition('/'); "
@@ -190,9 +172,7 @@ def _bootstrap(cfg: PipelineConfig, code: CodeBundle) -> list[str]:
             f"touch {installed}",
         ]
     )
-    # --no-deps: the lock is complete beside the image's packages, and must never pull PyPI's
-    # TensorFlow (tf-keras asks for `tensorflow`, which the image's TPU build may not be named).
-    # --require-hashes: a wheel that is not the one locked (a swapped file, a proxy) fails the install.
+    # --no-deps: never PyPI's TensorFlow (tf-keras asks for it); --require-hashes: only the wheels locked.
     install = " && ".join(
         [
             f"rm -rf {deps_tmp}",
@@ -225,11 +205,8 @@ def _bootstrap(cfg: PipelineConfig, code: CodeBundle) -> list[str]:
 
 
 def step_environment(cfg: PipelineConfig, node: str) -> dict[str, str]:
-    """What the remote line exports before anything imports TensorFlow: the runtime's variables
-    (mlm_tasks.tpu.runtimes.ENVIRONMENT: PJRT's pluggable device on one host, TPU_LOAD_LIBRARY=0 on a
-    pod), the slice's node name on a pod (train: TPUClusterResolver(tpu=<node>, zone, project)),
-    then the project's own, then tpu.env."""
-
+    """What the remote line exports before anything imports TensorFlow: the runtime's variables, the node's
+    name on a pod (for TPUClusterResolver), the project's own (VM_ENV), then tpu.env."""
     runtime = runtimes.get(cfg.tpu.runtime_version)
     variables = {**runtimes.environment(runtime), **VM_ENV}
     if runtime.pod:
@@ -238,22 +215,19 @@ def step_environment(cfg: PipelineConfig, node: str) -> dict[str, str]:
 
 
 def run_lock_name(run_id: str, step: str) -> str:
-    """The lock file (in tpu.workdir) of one run's step. A hash, because a run id may hold any
-    character (`manual__2025-01-01T00:00:00+00:00`, or one a user chose)."""
+    """The lock file (in tpu.workdir) of one run's step: a hash, since a run id may hold any character."""
     return ".run-lock-" + hashlib.sha256(f"{run_id}\0{step}".encode()).hexdigest()[:16]
 
 
 def _run_lock(step: str, run_id: str, grace_s: int = STOP_GRACE_S) -> list[str]:
     """Shell that takes the run's lock for `step` on fd 9 (stopping an earlier try's step that holds it)
-    and writes the holder's pid beside it. The final `exec` keeps fd 9 open: the lock lives exactly as
-    long as the step."""
+    and writes the holder's pid beside it; the step inherits fd 9, so the lock lives exactly as long as it."""
     lock = run_lock_name(run_id, step)
     q, pid_file = shlex.quote(lock), shlex.quote(lock + ".pid")
     who = shlex.quote("trainer" if step == "train" else f"{step} step")
     # The pid file alone may be stale (a recycled pid): signal it only if that process holds the lock file.
     holder = f'[ -n "$pid" ] && [ "$(stat -L -c %d:%i "/proc/$pid/fd/9" 2>/dev/null)" = "$(stat -c %d:%i {q})" ]'
-    # The holder leads its process group (sshd's session shell, or setsid for a detached trainer): the
-    # group takes the step's children too. SIGCONT after SIGTERM: a frozen trainer gets to handle it.
+    # The holder leads its process group (its children go too); SIGCONT lets a frozen trainer handle SIGTERM.
     stop = (
         f'echo "Stopping the "{who}" left by an earlier try (pid $pid) of this run: SIGTERM, then SIGKILL '
         f'after {grace_s}s."; {{ kill -s TERM -- "-$pid" || kill -s TERM "$pid"; }} 2>/dev/null || true; '
@@ -305,26 +279,12 @@ def remote_command(
     detach_log: str | None = None,
 ) -> str:
     """The shell line worker 0 of TPU VM `node` runs: [install once] then `python -m mlm_tasks <step> ...`.
-    `env`: more (non-secret) variables for the step, e.g. the Hub endpoint.
-    `expect_token`: the session sends the Hub token; fail at once, saying why, if it did not arrive.
-    `detach_log`: start the step detached instead (see `_detached`), its output in that file (relative
-    to tpu.workdir); the line prints `JOB_MARK pid=<pid>` and returns at once."""
+    `env`: more (non-secret) variables for the step; `expect_token`: the session sends the Hub token on stdin;
+    `detach_log`: start the step detached, its output in that file; the line prints `JOB_MARK pid=<pid>`."""
     install = _bundle_to_install(cfg, code)
     config_json = json.dumps(cfg.model_dump(mode="json"), separators=(",", ":"))
-    step_line = " ".join(
-        shlex.quote(a)
-        for a in [
-            cfg.tpu.python,
-            "-m",
-            "mlm_tasks",
-            step,
-            "--config-json",
-            config_json,
-            "--run-id",
-            run_id,
-            *extra_args,
-        ]
-    )
+    argv = [cfg.tpu.python, "-m", "mlm_tasks", step, "--config-json", config_json, "--run-id", run_id, *extra_args]
+    step_line = shlex.join(argv)
     variables = {**step_environment(cfg, node), **(env or {})}
     bad = [k for k in variables if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", k)]
     if bad:
@@ -332,8 +292,7 @@ def remote_command(
     parts = ["set -e", f"mkdir -p {shell_path(cfg.tpu.workdir)}", f"cd {shell_path(cfg.tpu.workdir)}"]
     parts += [f"export {k}={shlex.quote(v)}" for k, v in sorted(variables.items())]
     parts += runtimes.libtpu_probe(runtimes.get(cfg.tpu.runtime_version), shlex.quote(cfg.tpu.python))
-    # The token arrives on stdin once asked for, never in this line or an environment; echo off first,
-    # so the pty does not print it back into the log.
+    # The token arrives on stdin, never in this line or an environment; echo off, so the pty does not log it.
     if expect_token:
         parts += [
             "stty -echo 2>/dev/null || true",
@@ -348,20 +307,16 @@ def remote_command(
     parts += _run_lock(step, run_id)
     if install is not None:
         parts += _bootstrap(cfg, install)
-    # The token through a pipe: printf is a builtin, so it is in no argv, and the step's environment is
-    # the line's, which never held it.
+    # printf is a builtin: the token is in no argv.
     feed = f"printf '%s\\n' \"${TOKEN_VAR}\" | " if expect_token else ""
     if detach_log is not None:
         return "; ".join(parts + _detached(step_line, detach_log, run_lock_name(run_id, step), feed))
-    # exec: the step replaces the shell (with a token, the pipeline's last command, in the shell's
-    # process group), so a hang-up of the SSH session (task killed) reaches it, and it keeps the run
-    # lock's fd 9 (a partition or a crashed Airflow host: the next try stops it).
+    # exec: the session's hang-up (task killed) reaches the step, and it keeps the run lock's fd 9.
     parts.append(f"{feed}exec {step_line}")
     return "; ".join(parts)
 
 
-# What a detached start prints, with the job's pid: the caller's handle.
-JOB_MARK = "MLM_JOB"
+JOB_MARK = "MLM_JOB"  # a detached start prints it with the job's pid: the caller's handle
 
 
 def exit_file(log: str) -> str:
@@ -370,22 +325,17 @@ def exit_file(log: str) -> str:
 
 
 def _detached(step_line: str, log: str, lock: str, feed: str = "") -> list[str]:
-    """Shell that starts the step as a job of the VM, not of the SSH session: setsid gives it a session
-    (and process group, whose id is its pid) of its own, so the session's hang-up never reaches it;
-    nohup and the redirects cut it off the pty. It inherits fd 9, the run lock, which it then holds
-    alone: the lock lives exactly as long as the job. A wrapper shell records the step's exit code
-    (137 for a SIGKILL, an OOM kill) beside the log."""
+    """Shell that starts the step as a job of the VM, not of the SSH session (setsid, nohup: no hang-up reaches
+    it), holding the run lock's fd 9; a wrapper records its exit code beside the log (137: SIGKILL)."""
     q = shlex.quote
     folder = log.rsplit("/", 1)[0] if "/" in log else "."
     wrapped = f"{step_line}; echo $? > {q(exit_file(log))}"
-    # trap: the session may hang up the moment this line ends, before setsid runs in the child (still in
-    # the session's process group then); an ignored SIGHUP is inherited, so the hang-up cannot kill it.
+    # trap: a hang-up before setsid runs in the child would kill it; an ignored SIGHUP is inherited.
     return [
         f"mkdir -p {q(folder)}",
         f"rm -f {q(exit_file(log))}",
         "trap '' HUP",
-        # `&` ends a command as `;` does: the line goes on with the job's pid.
-        # `feed` (the token's pipe) replaces /dev/null as stdin; `$!` is still the job's pid.
+        # `feed` (the token's pipe) replaces /dev/null as stdin; `$!` is the job's pid either way.
         f"{feed}setsid nohup sh -c {q(wrapped)} > {q(log)} 2>&1{'' if feed else ' < /dev/null'} & "
         f'pid=$!; echo "$pid" > {q(lock + ".pid")}; echo "{JOB_MARK} pid=$pid"',
     ]

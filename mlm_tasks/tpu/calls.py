@@ -4,8 +4,7 @@
     with answered(cfg, "get_node n"):                       # a timeout names the call and API_TIMEOUT_S
         api.get_node(name=..., **limits(cfg))               # retried when busy only, each attempt bounded
 
-A busy API (503, a 429 on the request rate) is retried for RETRY_DEADLINE_S; nothing else is: a 429 naming a
-resource quota is the answer (`capacity`). A hung API fails the call with a DeadlineExceeded that says so.
+A busy API (503, a 429 on the request rate) is retried for RETRY_DEADLINE_S; nothing else is.
 """
 
 from __future__ import annotations
@@ -23,22 +22,17 @@ if TYPE_CHECKING:  # types only: config imports this package's tables, so tpu/ i
 
     from mlm_tasks.config import TpuConfig
 
-log = logging.getLogger("mlm_tasks.tpu.api")  # where these calls logged before they had a module of their own
+log = logging.getLogger("mlm_tasks.tpu.api")
 NOT_FOUND = "NOT_FOUND"  # the state of a node or queued resource the API does not know
 NAME_PREFIX = "mlm-"  # what every node (and queued resource) this project makes is named with
 
 # First wait of the 429/503 retry (doubling up to 30 s, 5 min in all); tests shorten it.
 RETRY_INITIAL_S = float(os.environ.get("MLM_TPU_RETRY_INITIAL_S", "1.0"))
-RETRY_DEADLINE_S = 300.0  # how long busy answers are retried in all; each attempt is bounded by API_TIMEOUT_S
+RETRY_DEADLINE_S = 300.0  # how long busy answers are retried in all
 API_TIMEOUT_S = 60.0  # one TPU API request unanswered this long fails (a hung API or network)
 
-
-# How the TPU API says the zone has no capacity for the slice (a stockout): the create operation fails with
-# RESOURCE_EXHAUSTED (code 8), "There is no more capacity in the zone "us-central2-b"; you can try in another
-# zone where Cloud TPU Nodes are offered ..." (Spot: "... due to lack of capacity"); a reservation without room,
-# FAILED_PRECONDITION (code 9) "Insufficient reserved capacity"; a Spot node taken back before it was READY,
-# INVALID_ARGUMENT (code 3) "... not supported while in state PREEMPTED". A quota refusal names the quota and
-# does not pass with time; a 429 on the request-rate quota ('Requests') is a busy API, retried.
+# A create's error: a stockout (code 8, "no more capacity in the zone"), a full reservation (code 9), a Spot node
+# taken back before READY (code 3, "... in state PREEMPTED"), or a quota (final; the 'Requests' quota is a busy API).
 _STOCKOUT = re.compile(r"no more capacity|lack of capacity|insufficient capacity|out of capacity|stockout", re.I)
 _QUOTA = re.compile(r"quota\b(?!.*metric 'Requests')", re.I | re.S)
 
@@ -69,7 +63,7 @@ def client(cfg: TpuConfig) -> TpuClient:
 
 def busy(err: Exception) -> bool:
     """Whether an answer says the API is busy (a 503, or a 429 on the request rate): worth retrying. A 429 that
-    names a resource quota (TPU chips in a region) is final: waiting minutes does not raise a quota."""
+    names a resource quota is final: waiting does not raise a quota."""
     from google.api_core.exceptions import ServiceUnavailable, TooManyRequests
 
     if isinstance(err, TooManyRequests):
@@ -81,13 +75,7 @@ def retry():
     """Retry what Google answers when the API is busy (`busy`); any other error is final."""
     from google.api_core.retry import Retry
 
-    return Retry(
-        predicate=busy,
-        initial=RETRY_INITIAL_S,
-        maximum=30.0,
-        multiplier=2.0,
-        timeout=RETRY_DEADLINE_S,
-    )
+    return Retry(predicate=busy, initial=RETRY_INITIAL_S, maximum=30.0, multiplier=2.0, timeout=RETRY_DEADLINE_S)
 
 
 def limits(cfg: TpuConfig, timeout_s: float | None = None) -> dict[str, Any]:

@@ -1,14 +1,8 @@
-"""What a TPU slice costs: list prices per chip-hour, for the estimates a run prints (the plan's before it
-spends, training/plan.py; the training's hours at the price after, in the train summary and summary.txt).
+"""What a TPU slice costs, for the estimates a run prints: Google's list prices per chip-hour, unless
+`tpu.price_per_chip_hour` gives the deployment's own.
 
     hourly(cfg.tpu)          # $/hour of the run's slice (Spot or on-demand, per tpu.spot)
     cost(cfg.tpu, seconds)   # what that long costs; source(cfg.tpu) names the price it used
-
-LIST_PRICES are Google's public list prices in US dollars per chip-hour for the regions where each
-generation first shipped (v4: us-central2; v5e: us-west4/us-central1; v5p: us-east5), as listed on
-https://cloud.google.com/tpu/pricing (read 2025-11; Spot prices move with demand). They are an
-estimate, not a bill: regions, committed-use discounts and negotiated prices differ, so a deployment
-with other prices sets `tpu.price_per_chip_hour` (what its invoice says) and every figure follows it.
 """
 
 from __future__ import annotations
@@ -18,7 +12,8 @@ from typing import Any
 from mlm_tasks.tpu import slices
 
 PRICES_AS_OF = "2025-11"
-LIST_PRICES: dict[str, dict[str, float]] = {  # generation -> {"on_demand", "spot"} US$ per chip-hour
+# generation -> US$ per chip-hour where it first shipped (v4: us-central2; v5e: us-west4/us-central1; v5p: us-east5)
+LIST_PRICES: dict[str, dict[str, float]] = {
     "v4": {"on_demand": 3.22, "spot": 0.97},
     "v5litepod": {"on_demand": 1.20, "spot": 0.48},
     "v5p": {"on_demand": 4.20, "spot": 1.68},

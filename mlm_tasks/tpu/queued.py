@@ -5,8 +5,7 @@ capacity instead of failing on a stockout (tpu.provisioning=queued).
     queued.get_state(cfg.tpu, name).state         # ACCEPTED, WAITING_FOR_RESOURCES, PROVISIONING, ACTIVE, ...
     queued.delete(cfg.tpu, name)                  # force: its node goes with it
 
-Valid for tpu.queued_valid_hours; FAILED and SUSPENDED (a Spot node preempted under it) requests never give
-a node again: they are deleted and queued anew.
+FAILED and SUSPENDED requests never give a node again: they are deleted and queued anew.
 """
 
 from __future__ import annotations

@@ -9,13 +9,8 @@ project or zone a run chose (not only the zones the janitor is told about).
     sweep = tpu_registry.delete_expired(api, zones, root)   # mlm_tpu_janitor: every expired mlm-* node
     tpu_registry.forget_gone(api, root)                      # then the entries of nodes that are gone
 
-One small JSON file per node, `<root>/<project>/<zone>/<name>.json`, written by the task that creates the
-node (before it exists) and removed once it is known to be gone. Files rather than an Airflow Variable or
-XCom: two creates at once cannot lose each other's entry, every worker and the janitor read the same
-place, and an entry outlives the metadata database. The janitor's sweep (`delete_expired`, `forget_gone`)
-lives here too, with no Airflow in it: a zone whose listing fails or a refused delete does not stop the
-others (`Sweep.problems`); only `mlm-*` nodes (and their queued resources) whose `expires` label is past
-are deleted.
+One JSON file per node, `<root>/<project>/<zone>/<name>.json`, written before the node exists (two creates at
+once cannot lose each other's entry, and it outlives the metadata database).
 """
 
 from __future__ import annotations
@@ -25,7 +20,7 @@ import os
 import re
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
-from typing import TYPE_CHECKING, Literal, overload
+from typing import TYPE_CHECKING, Any, Literal, overload
 
 from mlm_tasks import storage
 from mlm_tasks.errors import ConfigError
@@ -34,6 +29,8 @@ from mlm_tasks.tpu import api as tpu
 from mlm_tasks.tpu import queued
 
 if TYPE_CHECKING:  # types only: config imports this package's tables, so tpu/ imports no config at run time
+    from collections.abc import Callable
+
     from mlm_tasks.config import TpuConfig
 
 log = logging.getLogger(__name__)
@@ -139,10 +136,22 @@ class Sweep:
             )
         return " ".join(problems) or None
 
+    def delete(self, cfg: TpuConfig, what: str, name: str, delete: Callable[[TpuConfig, str], Any]) -> None:
+        """One delete; a refusal is logged and counted, never raised: it must not spare the others."""
+        from google.api_core.exceptions import GoogleAPICallError
+
+        try:
+            delete(cfg, name)
+        except GoogleAPICallError as err:
+            log.error("Cannot delete %s %s in %s/%s: %s", what, name, cfg.project, cfg.zone, err)
+            self.undeleted.append(f"{cfg.zone}/{name}")
+            return
+        self.deleted.append(f"{cfg.zone}/{name}")
+
 
 def delete_expired(api: TpuConfig, zones: list[str], root: str) -> Sweep:
-    """Deletes the expired `mlm-*` nodes in `zones` of api.project and wherever the registry under `root`
-    says a node was made; one zone's or one node's trouble spares none of the others."""
+    """Deletes the expired `mlm-*` nodes (and their queued resources) in `zones` of api.project and wherever the
+    registry under `root` says a node was made; one zone's or one node's trouble spares none of the others."""
     from google.api_core.exceptions import GoogleAPICallError
 
     sweep = Sweep()
@@ -157,13 +166,7 @@ def delete_expired(api: TpuConfig, zones: list[str], root: str) -> Sweep:
             continue
         for request in expired_requests:
             log.info("Deleting the queued resource %s in %s (%s) and its node.", request.name, zone, request.state)
-            try:
-                queued.delete(cfg, request.name)
-            except GoogleAPICallError as err:
-                log.error("Cannot delete the queued resource %s in %s/%s: %s", request.name, cfg.project, zone, err)
-                sweep.undeleted.append(f"{zone}/{request.name}")
-                continue
-            sweep.deleted.append(f"{zone}/{request.name}")
+            sweep.delete(cfg, "the queued resource", request.name, queued.delete)
         requested = {request.name for request in expired_requests}
         for node in (n for n in expired_nodes if n.name not in requested):  # those went with their request
             expired = datetime.fromtimestamp(int(node.labels["expires"]), timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
@@ -175,13 +178,7 @@ def delete_expired(api: TpuConfig, zones: list[str], root: str) -> Sweep:
                 node.labels.get("run", "?"),
                 expired,
             )
-            try:
-                tpu.delete_node(cfg, node.name)
-            except GoogleAPICallError as err:  # one refused node must not spare the others
-                log.error("Cannot delete TPU VM %s in %s/%s: %s", node.name, cfg.project, zone, err)
-                sweep.undeleted.append(f"{zone}/{node.name}")
-                continue
-            sweep.deleted.append(f"{zone}/{node.name}")
+            sweep.delete(cfg, "TPU VM", node.name, tpu.delete_node)
     log.info("Deleted %d expired TPU VM(s) in %s %s: %s", len(sweep.deleted), api.project, zones, sweep.deleted)
     return sweep
 

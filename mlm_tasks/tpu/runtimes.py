@@ -7,14 +7,8 @@ and the environment its TensorFlow needs.
     runtimes.environment(rt)                       # {"NEXT_PLUGGABLE_DEVICE_USE_C_API": "true", ...}
     runtimes.libtpu_probe(rt, "python3")           # shell: TF_PLUGGABLE_DEVICE_LIBRARY_PATH = the VM's libtpu
 
-A runtime image (`tpu-vm-tf-X.Y.Z[-pod]-pjrt`) is Ubuntu 22.04, Python 3.10, a TPU build of TensorFlow X.Y.Z
-(wheel `tensorflow`) and its packages as of `image_date` (`image-tfX.Y.txt`: resolved as of that day by
-`make lock-vm`, or captured from a real VM). The VM lock holds what runs beside that TensorFlow, resolved
-against the image's pins; only `SHADOWED` packages may be newer. `-pod` images serve multi-host slices
-(the program on worker 0 only). Sources: Google's "TPU software versions" page (the naming rule, each
-TensorFlow's libtpu; 2.18.0 split by chip family) and Vertex AI's TPU page (no TensorFlow on v6e and later).
-Supported is what has a VM lock, a dated image and the simulated end-to-end test
-(tests/plugins/test_simulated_tpu_vm.py): adding one = a row below, `make lock-vm`, that test's parameter.
+Images, sources and locks: docs/google-cloud.md#slices-runtimes-and-the-vm-install. Adding a runtime = a row
+below, `make lock-vm`, and a parameter of tests/plugins/test_simulated_tpu_vm.py.
 """
 
 from __future__ import annotations
@@ -32,11 +26,7 @@ NAME = re.compile(
     r"^tpu-vm-tf-(?P<tf>\d+\.\d+\.\d+)(?P<pod>-pod)?(?:-(?P<api>pjrt|se))?"
     r"(?P<chips>-v5p-and-below|-v5e-and-v6)?$"
 )
-
-
-# Packages the VM lock may carry newer than the image (they shadow its copy on PYTHONPATH): pure
-# Python, and needed newer by the pinned pydantic (typing-extensions) and datasets (requests >= 2.32.2).
-# Everything else in the lock fits the image's pins.
+# Packages the VM lock may carry newer than the image, shadowing its copy on PYTHONPATH (the rest fits its pins).
 SHADOWED = frozenset({"typing-extensions", "requests"})
 
 
@@ -114,22 +104,14 @@ NO_TENSORFLOW = {
     "and tpu-vm-tf-2.16.1-pjrt does not see v6e devices"
 }
 
-
-# The variables each kind of runtime needs before TensorFlow is first imported, with their source.
-# PJRT on one host: TensorFlow loads libtpu as a pluggable device, TF_PLUGGABLE_DEVICE_LIBRARY_PATH naming it
-# (Google's Vertex AI TPU page for v5e; GoogleCloudPlatform/ml-auto-solutions exports both for every
-# single-host PJRT test): found on the VM by `libtpu_probe`. A -pod runtime: the tpu-runtime service on
-# each host owns the chips, so the client on worker 0 must not load libtpu itself (ml-auto-solutions,
-# dags/solutions_team/configs/tensorflow/common.py, every pod test).
+# (pod, device api): the variables before TensorFlow is first imported (their sources: docs/google-cloud.md).
+# One host: libtpu as a pluggable device (libtpu_probe finds it); a pod: the tpu-runtime service owns the chips.
 ENVIRONMENT = {
-    # (pod, device api): variables
     (False, "pjrt"): {"NEXT_PLUGGABLE_DEVICE_USE_C_API": "true"},
     (True, "pjrt"): {"TPU_LOAD_LIBRARY": "0"},
 }
 LIBTPU = "TF_PLUGGABLE_DEVICE_LIBRARY_PATH"
-# Where an image's libtpu lies: /lib/libtpu.so on the 2.16 images (where ml-auto-solutions puts the libtpu
-# it tests), else the `libtpu` wheel a TPU build of TensorFlow depends on (site-packages/libtpu/libtpu.so).
-# Google documents neither for 2.17: the probe takes the first that exists.
+# Where an image's libtpu lies (undocumented): /lib/libtpu.so on the 2.16 images, else the `libtpu` wheel.
 LIBTPU_PATHS = ("/lib/libtpu.so",)
 LIBTPU_PACKAGE = "import os, libtpu; print(os.path.join(os.path.dirname(libtpu.__file__), 'libtpu.so'))"
 

@@ -3,9 +3,8 @@
     tpu_slices.hosts("v4-32")                    # 4
     tpu_slices.check_runtime("v4-32", "tpu-vm-tf-2.16.1-pjrt")   # ConfigError: needs a -pod runtime
 
-Multi-host TensorFlow on TPU is single-client: a slice of more than one host needs a `-pod` runtime, and a
-one-host slice must not use one. The table (`GENERATIONS`) follows Google's "TPU versions" pages; v2-v4 and
-v5p count TensorCores (8 per host), v5litepod and v6e chips (8 on one host, then 4 per host).
+A multi-host slice needs a `-pod` runtime, and a one-host slice must not use one. `GENERATIONS` follows
+Google's "TPU versions" pages: v2-v4 and v5p count TensorCores (8 per host), v5litepod and v6e chips.
 """
 
 from __future__ import annotations

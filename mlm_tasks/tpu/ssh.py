@@ -6,10 +6,7 @@
     session = Session(connect, "10.128.0.7", on_line=print)      # close() from any thread hangs up
     outcome = session.run(command, secret=(TOKEN_PROMPT, token))  # the token on stdin, when asked
 
-The one SSH path of the project (the DAG's steps and the smoke command). Only worker 0 is dialled (TensorFlow
-on TPU is single-client). The worker must present a host key its guest agent published (`hostkeys/`);
-known_hosts is never read. A fresh VM's refusals are retried for `patience_s`; a key that still does not
-match is a HostKeyMismatch, not retried. The pty makes a closed session hang up the remote process.
+The one SSH path of the project (the DAG's steps and the smoke command); known_hosts is never read.
 The cases: docs/google-cloud.md#host-keys-on-first-contact.
 """
 
@@ -35,7 +32,6 @@ Published = Callable[[int], "dict[str, str]"]  # worker index -> {key type: base
 Connect = Callable[..., Any]  # connect(host, worker=0) -> logged-in paramiko SSHClient
 
 
-# An AuthError: the machine at that IP is not the one the node published; a retry reaches the same one.
 class HostKeyMismatch(AuthError):
     """The worker presented a host key its node did not publish: no retry can fix that."""
 
@@ -66,12 +62,12 @@ def _keys(published: dict[str, str]) -> list[Any]:
 
 
 def _login(login: Login, host: str, port: int, pinned: list[Any] | None) -> Any:
-    """One SSH login; `pinned` None accepts any host key."""
+    """One SSH login; `pinned` None accepts any host key (the login opted out)."""
     import paramiko
 
     client = paramiko.SSHClient()
     if pinned is None:
-        client.set_missing_host_key_policy(paramiko.AutoAddPolicy())  # the login opted out
+        client.set_missing_host_key_policy(paramiko.AutoAddPolicy())
     else:
         entry = host if port == 22 else f"[{host}]:{port}"  # how paramiko looks the server up
         for key in pinned:
@@ -142,8 +138,8 @@ def connector(
     patience_s: float = 300.0,
     poll_s: float = 5.0,
 ) -> Connect:
-    """connect(host, worker=0) -> logged-in paramiko SSHClient; see the module docstring.
-    `login_for(host)` is asked once per connect (a proxy socket, for one, belongs to one host)."""
+    """connect(host, worker=0) -> a paramiko SSHClient logged in against the host keys the node published;
+    refusals are retried for `patience_s`. `login_for(host)` is asked once per connect (a proxy is per host)."""
     import paramiko
 
     def connect(host: str, worker: int = 0) -> Any:
@@ -252,8 +248,7 @@ class Session:
         idle_timeout_s: float | None = None,
     ):
         self.connect = connect
-        # A short command's bound: no output for this long (a half-open connection) ends the session
-        # with an error. None for the long ones (a training's start streams for minutes).
+        # No output this long (a half-open connection) ends a short command's session; None for long ones.
         self.idle_timeout_s = idle_timeout_s
         self.outcome = Outcome(host, worker)
         self.on_line = on_line or (lambda line: None)
@@ -276,9 +271,8 @@ class Session:
         secret: tuple[str, str] | None = None,
     ) -> Outcome:
         """Runs `command`; any failure is reported in the Outcome (the caller decides what it means).
-        `secret` (prompt, value): when the command prints the line `prompt`, the value is sent on its stdin,
-        never in its environment; the prompt is kept out of the tail. A line that asks (bundle.remote_command's
-        expect_token) waits for that answer: run it only with a secret (an empty value fails it at once)."""
+        `secret` (prompt, value): when the command prints the line `prompt`, the value is sent on its stdin
+        (bundle.remote_command's expect_token); the prompt is kept out of the tail."""
         out = self.outcome
         try:
             client = self.connect(out.host, out.worker)
@@ -289,8 +283,7 @@ class Session:
                 channel.settimeout(self.idle_timeout_s)
             channel.get_pty(width=200)  # a hang-up of the pty is what stops the remote command
             if env:
-                # paramiko sends these without asking for a reply: a name the sshd does not accept is
-                # dropped silently, so the remote line checks what it expects (bundle.remote_command).
+                # An sshd drops a name it does not accept silently: the remote line checks what it expects.
                 channel.update_environment(env)
             channel.exec_command(command)
             for raw in channel.makefile("rb"):

@@ -2,12 +2,9 @@
 
     PYTHONPATH=code:deps-<sha>.tmp python -m mlm_tasks.tpu.vm.check_image 2.16.1 deps-<sha>.tmp [--pod]
 
-Checks that the image's TensorFlow has the runtime's minor version; that every requirement of every
-locked package, and of the image's TensorFlow itself, is met by what Python imports first (the lock
-shadows a few image packages, `runtimes.SHADOWED`; the lock is installed with `pip --no-deps`, so
-nobody else checks); and that what the steps on the VM import imports: tf-keras, transformers (seeing
-TensorFlow) and its fill-mask pipeline, datasets, gensim's Wikipedia parser, gcsfs, the storage client,
-and on a `-pod` runtime the TPU client that TPUClusterResolver(tpu=<node>) needs. Exits non-zero with what to do.
+Checks the image's TensorFlow version, that every requirement of the lock and of TensorFlow is met by what
+Python imports first (pip --no-deps checks none), and that what the steps import imports. Exits non-zero with
+what to do.
 """
 
 from __future__ import annotations
@@ -48,9 +45,8 @@ def _unmet(dist: metadata.Distribution, have: dict[str, str]) -> list[str]:
 
 
 def unmet_requirements(deps_dir: str, tf_version: str) -> list[str]:
-    """Requirements of the packages in `deps_dir` and of the image's TensorFlow that nothing
-    importable here satisfies. A TPU build under another distribution name (tensorflow-tpu) counts
-    as `tensorflow`."""
+    """Requirements of the packages in `deps_dir` and of the image's TensorFlow that nothing importable here
+    satisfies (a TPU build named tensorflow-tpu counts as `tensorflow`)."""
     dists = importable()
     have = {name: dist.version for name, dist in dists.items()}
     have["tensorflow"] = tf_version
