@@ -61,6 +61,8 @@ CANDIDATES: dict[str, dict] = {
     # ModernBERT's shape (RoPE, GeGLU, pre-norm, no biases) at the default's parameters (1 layer of 128, FFN 512):
     # one layer, GLU 342 wide (3 x 342 ~ 2 x 512 weights per hidden unit). One layer is global: no local window.
     "modernbert": {"model.architecture": "modernbert", "model.num_hidden_layers": 1, "model.intermediate_size": 342},
+    # The RoBERTa default before ModernBERT's (configs/default.yaml until phase 9): one post-LN layer, FFN 512.
+    "roberta": {"model.architecture": "roberta", "model.intermediate_size": None, "model.sinusoidal_init": True},
     # The default's fixed step count, longer: the minutes make run has left under its 10 (--commits HEAD:long).
     "long": {"train.steps": 4500, "train.budget_minutes": 7.5},
     # The Intel AMX kind's ~6 minutes (issue 46 item 6): 1,650 steps whatever the load, a deadline that does not bind.

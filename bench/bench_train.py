@@ -53,6 +53,8 @@ def overrides(
     """The settings of one run over configs/default.yaml (`extra`: more of them): the reference's masking
     (15%, its collator's) at most `max_pred` positions a sequence (the default masks 30%, more than 32 of 128)."""
     return {
+        "model.architecture": "roberta",  # the reference is TFRobertaForMaskedLM; the default's CPU run is ModernBERT
+        "model.intermediate_size": None,
         "model.preset": preset,
         "train.xla": xla,
         "train.steps": steps,

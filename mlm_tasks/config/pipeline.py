@@ -67,6 +67,8 @@ class PipelineConfig(Section):
     def _model_checks(self) -> None:
         """The model's shape against the data's: heads, positions, vocabulary."""
         shape = self.model.shape()  # raises on an unknown preset
+        if self.model.architecture == "modernbert" and self.model.sinusoidal_init:
+            raise ConfigError("model.sinusoidal_init: modernbert has no position table (RoPE); drop the setting.")
         if self.model.init_from is not None:
             self._init_from_checks()  # the shape, positions and vocabulary are the base's: validate checks them
         elif shape.hidden_size % shape.num_attention_heads:

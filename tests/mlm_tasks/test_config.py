@@ -41,6 +41,7 @@ def test_shipped_config_files_load(path):
         ({"tokenizer.revision": "v1"}, "tokenizer.revision 'v1' is set but tokenizer.from_pretrained is empty"),
         ({"tokenizer.from_pretrained": "a/b", "model.init_from": "c/d"}, "model.init_from and corpus.source="),
         ({"tokenizer.model": "bpe", "train.whole_word_mask": True}, "tokenizer.model=bpe has none"),
+        ({"architecture": "modernbert", "model.sinusoidal_init": True}, "modernbert has no position table"),
     ],
 )
 def test_bad_settings_fail_with_a_message(overrides, message):
