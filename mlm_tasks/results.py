@@ -1,9 +1,5 @@
-"""What the steps return: one TypedDict per result, so the types say what a task hands on.
-
-TypedDicts, not dataclasses: a result travels as plain JSON (the CLI's output, Airflow's XCom, the REST
-API that outside clients read), and a TypedDict is exactly that JSON, with no conversion on either side.
-A leaf module: it imports nothing of mlm_tasks at run time, so every layer may use it.
-"""
+"""What the steps return: one TypedDict per result, exactly the JSON a task hands on (CLI output, XCom).
+A leaf module: it imports nothing of mlm_tasks, so every layer may use it."""
 
 from __future__ import annotations
 
@@ -21,8 +17,7 @@ class Partition(TypedDict):
 
 
 class ShardPlan(TypedDict):
-    """What plan_shards decided, handed to the later shard-set tasks; scan_partition, find_duplicates (bucket
-    `part`) and write_shards are mapped over `partitions`."""
+    """What plan_shards decided; scan_partition, find_duplicates and write_shards are mapped over `partitions`."""
 
     fingerprint: str
     cache_hit: bool  # the complete set was there before this run
@@ -59,9 +54,6 @@ class DataSummary(TypedDict):
     corpus: dict
 
 
-# The run, checked against its shard set
-
-
 class RunCheck(TypedDict):
     """check_run: what it found; nothing is written."""
 
@@ -70,8 +62,6 @@ class RunCheck(TypedDict):
     steps: int  # at one replica; train() plans again with the global batch of its devices
     plan: list[str]  # tokens, FLOPs; on a TPU VM the estimated hours and cost (training.plan.plan_lines)
 
-
-# Training and after
 
 # validate: the validated config, `PipelineConfig.model_dump(mode="json")`; every later task's `config`.
 ValidatedConfig = dict[str, Any]
@@ -111,8 +101,7 @@ class TrainSummary(TypedDict):
 
 
 class Restart(TypedDict):
-    """A node loss the train task handled inside its try (mlm_tasks/job/restarts.py): one entry of
-    runs/<run>/train/restarts.json."""
+    """A node loss the train task handled inside its try: one entry of runs/<run>/train/restarts.json."""
 
     cause: str  # what the follow saw: the node's state, or the trainer gone with it
     at_utc: str
@@ -148,8 +137,7 @@ class TrainStatus(_TrainStatusRestarts):
 
 
 class TrainJob(TypedDict):
-    """The handle of a trainer started detached on a TPU VM (mlm_tasks/job/launch.py), kept in the train
-    task's state store so that a retry finds it."""
+    """The handle of a trainer started detached on a TPU VM, kept in the train task's state store for a retry."""
 
     node: str
     node_created: float | None  # the node's createTime: a node replaced under the same name (and address) differs
@@ -165,7 +153,7 @@ class TrainJob(TypedDict):
 
 
 class RunRow(TypedDict):
-    """One run in the comparison of every run under an output_root (mlm_tasks/reporting/compare.py)."""
+    """One run in the comparison of every run under an output_root."""
 
     run: str  # its folder under runs/
     data_fingerprint: str | None
@@ -288,8 +276,6 @@ class GateDecision(TypedDict):
 
 
 class HubCommit(TypedDict):
-    """A commit pushed to the Hugging Face Hub."""
-
     repo_id: str
     commit_url: str
     commit_oid: str

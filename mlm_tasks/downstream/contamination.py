@@ -1,15 +1,9 @@
-"""Is a downstream task's scored text in the pretraining data? A model that pretrained on the evaluation
-sentences scores them better than it would score new ones, and the gate would credit it.
+"""Is a downstream task's scored text in the pretraining data? A model that pretrained on it would score
+better than on new text. GPT-3's check (Brown et al. 2020, appendix C): an example is contaminated when one
+of its word 13-grams (lower-cased, no punctuation) occurs in the train split; one of 8 to 12 words, when its
+whole word sequence does.
 
-    found = contaminated({"sst2": (texts, pairs)}, train_rows)   # {"sst2": [indices of examples]}
     mark_contamination(cfg.corpus, entries, {"sst2": (texts, pairs)})   # the record and warning per entry
-
-The check GPT-3's authors ran on their benchmarks (Brown et al. 2020, appendix C): an example counts as
-contaminated when one of its word 13-grams (lower-cased, punctuation dropped) occurs in the pretraining
-train split; an example of 8 to 12 words, when its whole word sequence does (shorter ones are not
-checked: their words occur anywhere). One pass over the
-corpus's rows, with the examples' n-grams in memory (a few thousand examples: a few MB). The default's
-own task needs none (held_out.py takes its passages from articles pretraining never reads).
 """
 
 from __future__ import annotations
@@ -40,9 +34,8 @@ def _grams(words: list[str], n: int) -> set[tuple[str, ...]]:
 def contaminated(
     tasks: Mapping[str, tuple[Sequence[str], Sequence[str] | None]], rows: Iterable[str], n: int = NGRAM
 ) -> dict[str, list[int]]:
-    """Per task name, the indices of its examples (text, and pair text when there is one) that share an
-    n-gram with `rows`, read once for every task. Examples under MIN_WORDS words are not checked (a short
-    sentence's words occur anywhere)."""
+    """Per task name, the indices of its examples (text, or pair text) that share an n-gram with `rows`, read
+    once. Examples under MIN_WORDS words are not checked (a short sentence's words occur anywhere)."""
     owners: dict[tuple[str, ...], list[tuple[str, int]]] = {}
     for name, (texts, pairs) in tasks.items():
         for i, text in enumerate(texts):
@@ -65,8 +58,7 @@ def contaminated(
 def mark_contamination(
     corpus_cfg: Any, entries: Sequence[Any], tasks: Mapping[str, tuple[Sequence[str], Sequence[str] | None]]
 ) -> None:
-    """Adds to each downstream entry (DownstreamTaskScores) of `tasks` its examples found in the corpus's
-    train split, and a warning when there are any."""
+    """Adds to each entry of `tasks` its examples found in the corpus's train split, and a warning if any."""
     from mlm_tasks.data.corpus import open_corpus
 
     began = time.perf_counter()

@@ -1,4 +1,4 @@
-"""A downstream task's examples, as every source gives them (tasks.py, held_out.py) and finetune.py reads them."""
+"""A downstream task's examples, as every source gives them and finetune.py reads them."""
 
 from __future__ import annotations
 
@@ -38,9 +38,8 @@ SAMPLE_SEED = 0
 
 
 def sample(examples: Examples, limit: int | None, stratify: bool) -> Examples:
-    """At most `limit` examples, drawn with a fixed seed, not the first ones (a file sorted by label would
-    give one class); `stratify` keeps each label's share (largest remainders), every label at least once.
-    The examples keep their order (fine-tuning draws its batches in a seeded order of its own)."""
+    """At most `limit` examples, in their order, drawn with a fixed seed (a file sorted by label would give one
+    class in its first rows); `stratify` keeps each label's share (largest remainders), every label once at least."""
     import numpy as np
 
     rng = np.random.default_rng(SAMPLE_SEED)

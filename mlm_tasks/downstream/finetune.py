@@ -1,14 +1,7 @@
-"""Fine-tune the encoder on one task for a fixed budget and one seed, and score it (TensorFlow, CPU-friendly).
+"""Fine-tune the encoder (or random weights of its shape) on one task for a fixed budget and one seed, and
+score it. The seed fixes the head's weights, the batch order and dropout: one seed gives one score.
 
-    inputs = encode(tokenizer, task.train, max_length)             # once per task
-    scores = finetune(model_dir, train, validation, labels, budget, seed, pretrained=True)
-
-A `TFRobertaForSequenceClassification` (or for ModernBERT, mlm_tasks/model/modernbert.py's
-`ModernBertClassifier`) on the run's saved encoder (`pretrained`), or on random weights
-of the same shape (the baseline: what the same budget buys without pretraining). The seed fixes the
-head's initial weights, the order of the batches and dropout, so one seed gives one score: a rerun of
-the same model on the same task reproduces it, and the seeds' spread is the fine-tuning noise.
-AdamW with 10% warmup and linear decay, as GLUE fine-tuning is usually run.
+    scores = finetune(model_dir, encode(tokenizer, train, n), encode(...), labels, budget, seed, pretrained=True)
 """
 
 from __future__ import annotations

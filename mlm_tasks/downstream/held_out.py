@@ -1,10 +1,7 @@
-"""The embedded default's downstream task, from text pretraining never saw: which article is this passage from?
+"""The embedded default's downstream task, from the test split's articles (never trained on): which article
+is this passage from? docs/releases.md#how-downstream-scores-are-made
 
     task = held_out_article_task(task_cfg, cfg.corpus)    # source: held_out_article
-
-Passages of the test split's articles (never trained on, never evaluated), none word for word in another
-split, labelled by title and cut into pieces of about WINDOW_WORDS words; constant for every run and seed.
-How and why: docs/releases.md#how-downstream-scores-are-made.
 """
 
 from __future__ import annotations

@@ -1,11 +1,7 @@
-"""The score a downstream task needs, from predictions and labels (numpy only: the gate and the bootstrap
-call it thousands of times, and it must not load TensorFlow).
+"""The score a downstream task needs, from predictions and labels (numpy only: the gate and the bootstrap call
+it thousands of times). f1 is class 1's (binary tasks, as GLUE's MRPC), macro_f1 the mean over classes.
 
     value = score("mcc", predictions, labels, num_labels=2)
-
-Classification (integer labels): accuracy; f1 (of class 1, binary tasks, as GLUE scores MRPC and QQP);
-macro_f1 (the mean of every class's F1); mcc (Matthews correlation, multiclass form, as GLUE scores CoLA).
-Regression (real-valued labels, as STS-B's 0-5 similarity): pearson and spearman (GLUE reports both).
 """
 
 from __future__ import annotations

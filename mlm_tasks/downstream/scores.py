@@ -1,10 +1,7 @@
-"""The seeds' scores as the table shows them (mean, spread over seeds, 95% interval over seeds and
-examples), and the part the next run's gate compares.
+"""The seeds' scores as the table shows them (mean, spread, 95% interval), and the part the next run's gate
+compares (`published_scores`). No TensorFlow here.
 
     entry = task_scores(task_cfg, task, budget, min_score, pretrained_runs, random_runs, max_half_width)
-    published = published_scores(downstream_json)   # what publish keeps beside the eval metrics
-
-No TensorFlow here: the gate, the report and the card read these.
 """
 
 from __future__ import annotations
@@ -104,8 +101,7 @@ def task_scores(
 
 
 def published_scores(downstream: Mapping[str, Any] | None) -> dict[str, dict[str, Any]]:
-    """Per task: metric, mean, spread, interval, budget, and the scored examples' fingerprint, labels and each
-    seed's predictions (published/<repo>/metrics.json: the next run's gate compares with them pairwise)."""
+    """Per task what published/<repo>/metrics.json keeps for the next run's gate (pairwise: each seed's predictions)."""
     return {
         t["name"]: {
             "metric": t["metric"],

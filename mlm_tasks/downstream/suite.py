@@ -1,11 +1,7 @@
-"""Score a model folder on every task of `downstream.tasks`: N seeds from its weights and, with
-`downstream.random_init`, as many from random weights under the same budget.
+"""Score a model folder on every task of `downstream.tasks`: seeds train.seed, train.seed + 1, ... from its
+weights and, with `downstream.random_init`, as many from random weights under the same budget.
 
     result = score_model(cfg, model_dir, model_uri)       # DownstreamResult: tasks, skipped, settings
-    settings = scored_settings(cfg.downstream)            # what the scores depend on (a rerun reuses them)
-
-Seeds are train.seed, train.seed + 1, ...; each run is deterministic per seed. The default's
-held_out_article task is skipped, with the reason, on a corpus without articles.
 """
 
 from __future__ import annotations
@@ -94,8 +90,6 @@ def _score_task(
     budget: dict[str, Any],
     seeds: list[int],
 ) -> DownstreamTaskScores:
-    """One task's row: `seeds` fine-tuning runs from the trained encoder and, with downstream.random_init, as
-    many from random weights, scored with their spread and interval."""
     from mlm_tasks.downstream.finetune import encode, finetune
 
     n = len(task.validation)

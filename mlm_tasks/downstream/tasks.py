@@ -1,13 +1,7 @@
-"""Where a downstream task's examples come from: CSV/JSONL/parquet files (local or gs://), a `datasets`
-dataset (GLUE's SST-2, MRPC, RTE in production), or the held-out passages of held_out.py.
+"""Where a downstream task's examples come from: CSV/JSONL/parquet files (local or gs://), a `datasets` dataset,
+or the held-out passages of held_out.py. Columns, labels and limits: docs/configuration.md.
 
     task = load_task(task_cfg, cfg.corpus)     # TaskData: train and validation Examples, the label names
-
-Columns: one text column (single sentences) or two (pairs); by default GLUE's `sentence`, or
-`sentence1` + `sentence2`. Labels are integers from 0, or names (sorted, then numbered); a validation
-label the training examples never show is an error, not a silent extra class. A task scored by pearson or
-spearman is a regression: its labels are numbers (STS-B's 0-5), and the model has one output.
-`max_train_examples` and `max_eval_examples` draw a seeded sample, stratified by label (examples.sample).
 """
 
 from __future__ import annotations

@@ -1,11 +1,8 @@
-"""How far a downstream score can be trusted, and whether two scores differ by more than their noise.
+"""How far a downstream score can be trusted, and whether two scores differ by more than their noise: a
+bootstrap over seeds and examples from a fixed seed (docs/releases.md#how-downstream-scores-are-made).
 
     lo, hi = interval("accuracy", predictions, labels, num_labels)            # predictions: seeds x examples
     diff, lo, hi = paired_difference("accuracy", candidate, published, labels, num_labels)
-    diff, lo, hi = unpaired_difference(mean, (lo, hi), published_mean, (plo, phi))
-
-A bootstrap over seeds and examples at once, paired when two models scored the same examples; numpy only,
-from a fixed seed. The method and its sources: docs/releases.md#how-downstream-scores-are-made.
 """
 
 from __future__ import annotations

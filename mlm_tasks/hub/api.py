@@ -1,14 +1,12 @@
-"""Hugging Face Hub client plumbing shared by publishing and checkpoint sync: one place that builds the
-client, resolves the endpoint, and turns HTTP failures into errors that say what to do.
+"""Hugging Face Hub client plumbing shared by publishing and checkpoint sync: the client with bounded
+requests, and HTTP failures as errors that say what to do (scrubbed of the token).
 
     api, url = hub_api(token, endpoint, conn_id="huggingface_default")
     with hub_errors("uploading the model", token, url, conn_id):
         api.upload_folder(...)
 
-Why: 401/403 is an AuthError, 5xx, 429 and no answer a TransientError, any other 4xx a ConfigError; the
-token goes only to HfApi and every message is scrubbed of it. huggingface_hub 0.36 sends most calls with
-no timeout, so `hub_api(..., timeout_s=)` installs bounded sessions via `configure_http_backend`: that is
-process-wide, and the last call sets it. docs/security.md ("Limits on everything that waits")
+401/403 is an AuthError, 5xx, 429 and no answer a TransientError, any other 4xx a ConfigError. The request
+bound is process-wide (the last call sets it): docs/security.md ("Limits on everything that waits").
 """
 
 from __future__ import annotations
@@ -28,10 +26,7 @@ log = logging.getLogger(__name__)
 DEFAULT_TIMEOUT_S = 120.0  # publish.request_timeout_s's default, for callers without a config
 _timeout_s = DEFAULT_TIMEOUT_S
 _installed = False
-
-
-# Refusals that a later try may not meet: the Hub's rate limit and its own request timeout.
-RETRY_STATUSES = (408, 429)
+RETRY_STATUSES = (408, 429)  # refusals that a later try may not meet: the rate limit, the Hub's own timeout
 
 
 def scrub(text: str, token: str | None) -> str:
@@ -71,7 +66,8 @@ class _BoundedAdapter(BaseAdapter):
 
 
 def bound_requests(timeout_s: float) -> None:
-    """Make every huggingface_hub request in this process time out after `timeout_s` (see above)."""
+    """Make every huggingface_hub request in this process time out after `timeout_s` (huggingface_hub
+    sends most calls with no timeout)."""
     global _timeout_s, _installed
     _timeout_s = float(timeout_s)
     if _installed:
@@ -105,92 +101,61 @@ def hub_api(token: str | None, endpoint: str | None, conn_id: str, timeout_s: fl
     return HfApi(endpoint=url, token=token), url
 
 
+def is_transient(status: int | None) -> bool:
+    """An HTTP status (None: no response) that a later try may not meet."""
+    return status is None or status >= 500 or status in RETRY_STATUSES
+
+
 @contextlib.contextmanager
 def hub_errors(action: str, token: str, endpoint: str, conn_id: str):
     """Turn Hub HTTP failures into the errors of mlm_tasks.errors, saying what to do (and holding no token)."""
+    kind: type[Exception] = TransientError
     try:
         yield
+        return
     except requests.Timeout as err:  # before ConnectionError: a ConnectTimeout is both
-        raise TransientError(
-            scrub(
-                f"The Hub at {endpoint} did not answer within publish.request_timeout_s="
-                f"{_timeout_s:g}s while {action} ({type(err).__name__}): the task retries; if "
-                f"it persists, check {endpoint} and the network, or raise "
-                "publish.request_timeout_s if the Hub is only slow.",
-                token,
-            )
-        ) from None
+        message = (
+            f"The Hub at {endpoint} did not answer within publish.request_timeout_s={_timeout_s:g}s while "
+            f"{action} ({type(err).__name__}): the task retries; if it persists, check {endpoint} and the "
+            "network, or raise publish.request_timeout_s if the Hub is only slow."
+        )
     except requests.HTTPError as err:
         status = err.response.status_code if err.response is not None else None
         if status == 401:
-            raise AuthError(
-                scrub(
-                    f"The Hugging Face Hub at {endpoint} rejected the token (401 Unauthorized) while "
-                    f"{action}: put a valid write token in the password of Airflow connection "
-                    f"{conn_id!r}.",
-                    token,
-                )
-            ) from None
-        if status == 403:
-            raise AuthError(
-                scrub(
-                    f"The token has no write permission (403 Forbidden) while {action} on "
-                    f"{endpoint}: grant it write access to that namespace, or change publish.repo_id.",
-                    token,
-                )
-            ) from None
-        if status is None or status >= 500 or status in RETRY_STATUSES:
-            raise TransientError(
-                scrub(
-                    f"The Hub failed while {action} ({status}): {err}. The task retries; if it "
-                    f"persists, check the status of {endpoint}.",
-                    token,
-                )
-            ) from None
-        raise ConfigError(
-            scrub(
-                f"The Hub refused the request while {action} ({status}): {err}. Check "
-                "publish.repo_id (and publish.tokenizer_repo_id) and the files to upload.",
-                token,
+            kind = AuthError
+            message = (
+                f"The Hugging Face Hub at {endpoint} rejected the token (401 Unauthorized) while {action}: put "
+                f"a valid write token in the password of Airflow connection {conn_id!r}."
             )
-        ) from None
+        elif status == 403:
+            kind = AuthError
+            message = (
+                f"The token has no write permission (403 Forbidden) while {action} on {endpoint}: grant it "
+                "write access to that namespace, or change publish.repo_id."
+            )
+        elif is_transient(status):
+            message = (
+                f"The Hub failed while {action} ({status}): {err}. The task retries; if it persists, check "
+                f"the status of {endpoint}."
+            )
+        else:
+            kind = ConfigError
+            message = (
+                f"The Hub refused the request while {action} ({status}): {err}. Check publish.repo_id (and "
+                "publish.tokenizer_repo_id) and the files to upload."
+            )
     except requests.ConnectionError as err:
-        raise TransientError(
-            scrub(
-                f"Cannot reach the Hub at {endpoint} while {action}: {err}. The task retries; "
-                "if it persists, check the network or HF_ENDPOINT.",
-                token,
-            )
-        ) from None
+        message = (
+            f"Cannot reach the Hub at {endpoint} while {action}: {err}. The task retries; if it persists, "
+            "check the network or HF_ENDPOINT."
+        )
+    raise kind(scrub(message, token)) from None
 
 
 def push_folder(api, repo_id: str, folder: str, private: bool, message: str, about: str = "") -> tuple[Any, list[str]]:
     """Create `repo_id` if needed (refusing an existing one less private than asked), upload `folder` to it in
     one commit (message, description `about`); (the commit's info, the files uploaded)."""
     api.create_repo(repo_id, private=private, exist_ok=True)
-    check_visibility(api, repo_id, private)
-    info = api.upload_folder(
-        repo_id=repo_id,
-        folder_path=folder,
-        ignore_patterns=["*.tmp-*", "**/*.tmp-*"],  # storage.write_bytes' temporary names: a writer's leftovers
-        commit_message=message,
-        commit_description=about or None,
-    )
-    return info, local_files(folder)
-
-
-def local_files(folder: str) -> list[str]:
-    """The files under `folder` as repo paths, without in-flight temporary files."""
-    out = []
-    for dirpath, _, names in os.walk(folder):
-        for name in names:
-            if ".tmp-" not in name:
-                out.append(os.path.relpath(os.path.join(dirpath, name), folder).replace(os.sep, "/"))
-    return sorted(out)
-
-
-def check_visibility(api, repo_id: str, private: bool) -> None:
-    """An existing repo must be as private as publish.private asks."""
     actual = api.repo_info(repo_id).private
     if private and not actual:
         raise ConfigError(
@@ -199,3 +164,17 @@ def check_visibility(api, repo_id: str, private: bool) -> None:
         )
     if actual and not private:
         log.warning("publish.private is false but %s already exists as a private repo; it stays private", repo_id)
+    info = api.upload_folder(
+        repo_id=repo_id,
+        folder_path=folder,
+        ignore_patterns=["*.tmp-*", "**/*.tmp-*"],  # storage.write_bytes' temporary names: a writer's leftovers
+        commit_message=message,
+        commit_description=about or None,
+    )
+    files = [
+        os.path.relpath(os.path.join(dirpath, name), folder).replace(os.sep, "/")
+        for dirpath, _, names in os.walk(folder)
+        for name in names
+        if ".tmp-" not in name  # in-flight temporary files
+    ]
+    return info, sorted(files)

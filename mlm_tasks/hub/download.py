@@ -1,16 +1,10 @@
-"""Reading a model repo from the Hub: which commit a revision names, what files it holds, one file's bytes.
+"""Reading a model repo from the Hub (`model.init_from`, `tokenizer.from_pretrained`): which commit a revision
+names, what files it holds, one file's bytes, always by commit so every task of a run reads the same bytes.
 
     sha, files = resolve_revision("FacebookAI/roberta-base", "main")   # the commit, its file names
     path = download_file("FacebookAI/roberta-base", sha, "config.json")  # a local path in the Hub cache
 
-Used by `model.init_from` and `tokenizer.from_pretrained` (mlm_tasks/base_model.py). The endpoint is
-HF_ENDPOINT (read by huggingface_hub at import); a private repo needs HF_TOKEN in the environment, which
-huggingface_hub reads itself. Files are downloaded by commit, never by branch, so every task of a run
-reads the same bytes.
-
-Failures take the kinds of mlm_tasks.errors: a repo, revision or file that is not there is a ConfigError
-(fix the setting that names it), a gated repo or a refused token an AuthError, a Hub that failed or did
-not answer a TransientError.
+The endpoint is HF_ENDPOINT; a private or gated repo needs HF_TOKEN, which huggingface_hub reads itself.
 """
 
 from __future__ import annotations
@@ -20,7 +14,7 @@ import contextlib
 import requests
 
 from mlm_tasks.errors import AuthError, ConfigError, TransientError
-from mlm_tasks.hub.api import DEFAULT_TIMEOUT_S, RETRY_STATUSES, bound_requests
+from mlm_tasks.hub.api import DEFAULT_TIMEOUT_S, bound_requests, is_transient
 
 # The setting naming a repo -> the one naming its revision, for messages that say what to fix.
 REVISION_SETTING = {"model.init_from": "model.init_revision", "tokenizer.from_pretrained": "tokenizer.revision"}
@@ -77,7 +71,7 @@ def download_errors(repo_id: str, revision: str | None, what: str, setting: str 
                 f"The Hub refused the token ({status}) while reading {what} of {at}: set HF_TOKEN to "
                 "a token that may read the repo."
             ) from None
-        if status is None or status >= 500 or status in RETRY_STATUSES:
+        if is_transient(status):
             raise TransientError(f"The Hub failed ({status}) while reading {what} of {at}: the task retries.") from None
         raise ConfigError(
             f"The Hub refused reading {what} of {at} ({status}): {err}. Check {setting} and {rev_setting}."

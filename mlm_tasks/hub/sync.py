@@ -1,17 +1,11 @@
 """Checkpoint sync to the Hugging Face Hub during training (`publish.sync_checkpoints`), never blocking it.
 
-    sync = hub_checkpoint_sync(cfg, hub_token, train_records=..., global_batch=..., total_steps=...,
-                               strategy=strategy, endpoint=hub_endpoint)  # None: sync off, or not worker 0
-    sync.save_model = lambda folder: ...   # train: writes the model folder (TF, PyTorch, tokenizer) into folder
-    sync(step, path)   # train: after each checkpoint of `sync.checkpoint_every` steps (an epoch), and the last
-    sync.finish()      # after training: waits for the uploads; a failure is logged, never raised
-    with CheckpointSyncer(repo_id, token) as syncer:   # the uploader on its own
-        syncer.submit(checkpoint_dir, step, model_dir)  # returns at once
+    sync = hub_checkpoint_sync(cfg, hub_token, train_records=..., global_batch=..., total_steps=...)  # None: off
+    sync(step, path)   # train: after each epoch's checkpoint and the last; sync.save_model adds the model folder
+    sync.finish()      # waits for the uploads; a failure is logged, never raised
 
-Each synced step is a commit of `checkpoints/` (resumable: weights, optimizer, step) on main and, with a
-model folder, a branch `step-N` from that commit holding the model too, so that
-`from_pretrained(repo, revision="step-N")` loads it. A background thread uploads, keeping only the newest
-waiting checkpoint; a failed upload never fails training. docs/releases.md#checkpoints-on-the-hub-during-training
+Each synced step is a commit of `checkpoints/` on main and, with a model folder, a branch `step-N` holding the
+model too. docs/releases.md#checkpoints-on-the-hub-during-training
 """
 
 from __future__ import annotations
@@ -71,13 +65,9 @@ def hub_checkpoint_sync(
         log.info("Checkpoint sync runs on worker 0 only (this is worker %s)", task_id)
         return None
     steps_per_epoch = max(1, train_records // global_batch)
+    publish = cfg.publish
     syncer = CheckpointSyncer(
-        repo_id,
-        token,
-        endpoint,
-        private=cfg.publish.private,
-        conn_id=cfg.publish.hf_conn_id,
-        timeout_s=cfg.publish.request_timeout_s,
+        repo_id, token, endpoint, publish.private, conn_id=publish.hf_conn_id, timeout_s=publish.request_timeout_s
     )
     log.info(
         "Syncing checkpoints to %s every %d steps (each epoch) and at the end of training", repo_id, steps_per_epoch
@@ -152,7 +142,6 @@ def stage_checkpoint(checkpoint_path: str) -> str:
     return staged
 
 
-# The background uploader.
 @dataclass
 class _Job:
     step: int
@@ -162,12 +151,12 @@ class _Job:
 
 
 class CheckpointSyncer:
-    """Uploads checkpoint folders to `<repo_id>/<path_in_repo>/` from a background thread.
+    """Uploads checkpoint folders to `<repo_id>/<path_in_repo>/` from a background thread, each an exact copy
+    of one checkpoint. A waiting checkpoint is dropped for a newer one (`skipped_steps`); `close()` raises an
+    error of the last failed upload's kind (TransientError for an unforeseen one).
 
-    Each upload makes that folder an exact copy of one checkpoint (files of older checkpoints are
-    deleted in the same commit). If uploads fall behind, an older checkpoint that never started
-    uploading is dropped (logged, and listed in `skipped_steps`); `close()` raises if any upload failed,
-    an error of the last failure's kind (mlm_tasks.errors; TransientError for an unforeseen one).
+        with CheckpointSyncer(repo_id, token) as syncer:
+            syncer.submit(checkpoint_dir, step, model_dir)  # returns at once
     """
 
     def __init__(
@@ -181,7 +170,6 @@ class CheckpointSyncer:
         timeout_s: float = DEFAULT_TIMEOUT_S,
     ):
         # Resolve the client now so a missing token fails at the start of training, not at its end.
-        # timeout_s bounds each Hub request (publish.request_timeout_s), so a hung Hub fails the upload.
         self._api, self._url = hub_api(token, endpoint, conn_id, timeout_s)
         self.repo_id, self.private, self.path_in_repo = repo_id, private, path_in_repo.strip("/")
         self._token, self._conn_id = token, conn_id
@@ -231,13 +219,12 @@ class CheckpointSyncer:
         return self
 
     def __exit__(self, exc_type, exc, tb) -> None:
-        if exc_type is None:
-            self.close()
-            return
-        try:  # training already failed: wait for the upload, but report that failure, not ours
+        try:
             self.close()
         except (NoRetryError, TransientError) as err:  # what close() raises
-            log.warning("%s", err)
+            if exc_type is None:
+                raise
+            log.warning("%s", err)  # training already failed: report that failure, not ours
 
     def _run(self) -> None:
         while True:
@@ -291,9 +278,8 @@ class CheckpointSyncer:
         log.info("Uploaded the step %d checkpoint to %s (%s)", job.step, self.repo_id, done)
 
 
-# Small files (the `checkpoint` state file) may be rewritten in place by the next save, so they are
-# copied; big ones (weights, optimizer slots) get fresh names per save, so a hard link freezes them
-# at no cost in time or space.
+# Small files (the `checkpoint` state file) may be rewritten in place by the next save: copied. Big ones get
+# fresh names per save: a hard link freezes them for free.
 COPY_BELOW_BYTES = 1 << 20
 
 

@@ -1,10 +1,6 @@
-"""The model card (README.md with YAML front matter) published with the model.
+"""The model card (README.md with YAML front matter) published with the model, built only from the run's own
+artifacts; a missing piece is named in the card, not left out.
 
-Built only from the run's own artifacts: eval/metrics.json, eval/downstream.json, train/summary.json,
-infer/predictions.json and the data reference (fingerprint, corpus credit). Missing pieces are named in
-the card rather than silently left out, so a reader knows what was not measured.
-
-    text = render_model_card(cfg, run_id, metrics, summary, predictions, data_info)
     uri = write_model_card(cfg, run)          # reads the artifacts, writes runs/<run>/model/README.md
 """
 
@@ -58,8 +54,7 @@ def _per_split(counts: Mapping[str, Any] | None) -> str:
 
 
 def data_card_lines(data_info: Mapping[str, Any] | None) -> list[str]:
-    """What went into the shards and what was removed on the way (the manifest's data card, the sources of
-    a mixture): the report's and the model card's Data section. Nothing for a set built before the card."""
+    """What went into the shards and what was removed on the way (the manifest's data card, a mixture's sources)."""
     corpus = (data_info or {}).get("corpus") or {}
     card = corpus.get("data_card") or {}
     lines = []
@@ -112,23 +107,16 @@ def config_lines(cfg: PipelineConfig, data_info: Mapping[str, Any] | None = None
     # Unigram training may stop short of the requested size: prefer the size the data step recorded.
     vocab = (data_info or {}).get("vocab_size") or cfg.tokenizer.vocab_size
     base, name = (data_info or {}).get("base_model"), ARCHITECTURES[cfg.model.architecture]
+    keys = ("num_hidden_layers", "hidden_size", "num_attention_heads", "intermediate_size")
     if base:  # the shape and tokenizer are the base model's (model.init_from)
-        arch = (
-            f"- Architecture: {name}, the base model's: {base.get('num_hidden_layers')} layers, hidden "
-            f"{base.get('hidden_size')}, {base.get('num_attention_heads')} heads, "
-            f"FFN {base.get('intermediate_size')}"
-        )
-        tokenizer = f"- Tokenizer: the base model's, vocabulary {vocab}; sequence length {cfg.shards.max_length}"
+        layers, hidden, heads, ffn = (base.get(key) for key in keys)
+        model, tokenizer = f"{name}, the base model's", "the base model's"
     else:
-        shape = cfg.model.shape()
-        arch = (
-            f"- Architecture: {name} (preset `{cfg.model.preset}`): {shape.num_hidden_layers} layers, hidden "
-            f"{shape.hidden_size}, {shape.num_attention_heads} heads, FFN {shape.intermediate_size}"
-        )
-        tokenizer = f"- Tokenizer: Unigram, vocabulary {vocab}; sequence length {cfg.shards.max_length}"
+        layers, hidden, heads, ffn = (getattr(cfg.model.shape(), key) for key in keys)
+        model, tokenizer = f"{name} (preset `{cfg.model.preset}`)", "Unigram"
     return [
-        arch,
-        tokenizer,
+        f"- Architecture: {model}: {layers} layers, hidden {hidden}, {heads} heads, FFN {ffn}",
+        f"- Tokenizer: {tokenizer}, vocabulary {vocab}; sequence length {cfg.shards.max_length}",
         f"- Optimizer: AdamW, peak learning rate {t.learning_rate:g}, warmup {t.warmup_fraction:.0%}, "
         f"weight decay {t.weight_decay:g}; batch {t.batch_size} per replica",
         f"- Masking: {t.mlm_probability:.0%} of tokens selected for prediction"
@@ -138,8 +126,7 @@ def config_lines(cfg: PipelineConfig, data_info: Mapping[str, Any] | None = None
 
 
 def restart_lines(restarts: list[Mapping[str, Any]] | None) -> list[str]:
-    """The node losses the train task handled inside its tries (runs/<run>/train/restarts.json): how many
-    per try, then each with its cause and the steps it cost (trained again from the last checkpoint)."""
+    """The node losses handled inside the train task's tries: how many per try, then each with its cause."""
     lines: list[str] = []
     restarts = restarts or []
     for try_number in sorted({r["try_number"] for r in restarts}):
@@ -154,7 +141,6 @@ def restart_lines(restarts: list[Mapping[str, Any]] | None) -> list[str]:
 
 
 def training_lines(summary: Mapping[str, Any] | None, restarts: list[Mapping[str, Any]] | None = None) -> list[str]:
-    """`restarts`: the node losses handled inside a try (restart_lines)."""
     if not summary:
         return ["_No training summary was recorded for this run._", *restart_lines(restarts)]
     lines = [f"- Steps: {summary.get('steps')}"]
@@ -245,27 +231,23 @@ def render_model_card(
     restarts: list[Mapping[str, Any]] | None = None,
 ) -> str:
     credit, datasets = corpus_credit(cfg, data_info)
-    # One library (transformers), two frameworks: tf_model.h5 for TensorFlow, model.safetensors for PyTorch.
+    # One library (transformers): tf_model.h5 for TensorFlow (RoBERTa only), model.safetensors for PyTorch.
+    architecture, name = cfg.model.architecture, ARCHITECTURES[cfg.model.architecture]
+    frameworks = ["pytorch"] if architecture == "modernbert" else ["tf", "pytorch"]
     meta = {
         "language": "en",
         "license": cfg.publish.license,
         "library_name": "transformers",
         "pipeline_tag": "fill-mask",
-        "tags": ["roberta", "fill-mask", "masked-lm", "tf", "pytorch", "safetensors", "pretraining"],
+        "tags": [architecture, "fill-mask", "masked-lm", *frameworks, "safetensors", "pretraining"],
     }
-    name = ARCHITECTURES[cfg.model.architecture]
-    if cfg.model.architecture == "modernbert":  # PyTorch weights only
-        meta["tags"] = ["modernbert", "fill-mask", "masked-lm", "pytorch", "safetensors", "pretraining"]
     if datasets:
         meta["datasets"] = datasets
     base = (data_info or {}).get("base_model")
     if base and base.get("kind") == "hub":
         meta["base_model"] = base["init_from"]  # the Hub's model tree links the base (Hub ids only)
-    fingerprint = (
-        (data_info or {}).get("fingerprint")
-        or (metrics or {}).get("data_fingerprint")
-        or "unknown (no data reference recorded)"
-    )
+    fingerprint = (data_info or {}).get("fingerprint") or (metrics or {}).get("data_fingerprint")
+    fingerprint = fingerprint or "unknown (no data reference recorded)"
     repo = cfg.publish.repo_id or "<repo_id>"
     body = [
         f"# {repo.split('/')[-1]}",
@@ -304,7 +286,7 @@ def render_model_card(
         "## Fill-mask examples",
         *fill_mask_lines(predictions),
         "",
-        *usage_lines(repo, cfg.model.architecture),
+        *usage_lines(repo, architecture),
         "",
         "## Intended use and limitations",
         "- A pretraining demonstration and a starting point for fine-tuning on English text; not a product.",
@@ -319,13 +301,14 @@ def render_model_card(
 def write_model_card(cfg: PipelineConfig, run: RunPaths, data_info: Mapping[str, Any] | None = None) -> str:
     """Write README.md next to the saved model; returns its URI."""
     art = read_run_artifacts(run)
+    data_info = data_info if data_info is not None else art["data_info"]
     text = render_model_card(
         cfg,
         run.run_id,
         art["metrics"],
         art["summary"],
         art["predictions"],
-        data_info if data_info is not None else art["data_info"],
+        data_info,
         art["downstream"],
         art["restarts"],
     )

@@ -1,14 +1,8 @@
-"""Every run under an output_root in one table, and their validation losses against tokens seen.
+"""Every run under an output_root in one table, and their validation losses against tokens seen (step ×
+global batch × sequence length), from each run's own artifacts only.
 
     rows = compare_runs("out")                        # or compare_runs("gs://b/mlm", ["run-a", "run-b"])
-    "\n".join(table_lines(rows))                      # Markdown: the `compare` verb and the run report
-    png = val_loss_plot(rows)                         # None when no chosen run validated during training
     write_comparison("out", rows)                     # out/compare/compare.md (+ val_loss.png): the `compare` verb
-
-A run is a folder under runs/ with a training summary (runs still training are left out). What a row
-holds comes from the run's own artifacts only (train/summary.json, train/history.jsonl, eval/metrics.json,
-eval/downstream.json, data.json), so runs made by any version of the pipeline, on any machine, compare.
-Tokens seen = step × global batch × sequence length, so runs with other batch sizes share one axis.
 """
 
 from __future__ import annotations
@@ -37,8 +31,7 @@ def run_names(output_root: str) -> list[str]:
 
 
 def _tokens_per_step(output_root: str, summary: dict[str, Any], data_info: dict[str, Any] | None) -> int | None:
-    """Global batch × sequence length: the length from the run's data.json (the report writes it), else from
-    its shard set's manifest."""
+    """Global batch × sequence length (from the run's data.json, else its shard set's manifest)."""
     length = (data_info or {}).get("max_length")
     if not length and summary.get("data_fingerprint"):
         manifest = storage.read_json_if_exists(DataPaths(output_root, summary["data_fingerprint"]).manifest)
@@ -49,8 +42,7 @@ def _tokens_per_step(output_root: str, summary: dict[str, Any], data_info: dict[
 
 
 def downstream_scores(run: RunFolder) -> tuple[dict[str, float], dict[str, list[float]]]:
-    """task → the trained encoder's mean score, and task → its 95% interval where recorded, from
-    eval/downstream.json when the run has one."""
+    """task → the trained encoder's mean score, and task → its 95% interval where recorded."""
     found = storage.read_json_if_exists(run.downstream)
     tasks = [t for t in (found.get("tasks", []) if isinstance(found, dict) else []) if "pretrained" in t]
     means = {t["name"]: t["pretrained"]["mean"] for t in tasks}

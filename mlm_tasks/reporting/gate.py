@@ -1,10 +1,7 @@
-"""The release gate's rules: may this run's model be published?
+"""The release gate's rules (docs/releases.md): may this run's model be published? Every configured check must
+pass; each reason names the rule that decided.
 
-    decision = evaluate_gate(metrics, cfg.gate, previous, downstream, cfg.downstream)   # pure, no I/O
-    previous = previous_published(cfg)          # the metrics of the model last published to the repo
-
-Every configured check must pass; each reason names the rule that decided. The rules (thresholds, no
-regression against the published model beyond noise, paired or unpaired intervals) are in docs/releases.md.
+    decision = evaluate_gate(metrics, cfg.gate, previous_published(cfg), downstream, cfg.downstream)
 """
 
 from __future__ import annotations
@@ -17,8 +14,7 @@ from mlm_tasks import paths, storage
 from mlm_tasks.config import DownstreamConfig, GateConfig, PipelineConfig
 from mlm_tasks.results import GateDecision
 
-# A rerun of the same model reproduces its metrics only up to float noise (hardware, XLA fusion order);
-# such a rerun must not count as "worse".
+# A rerun of the same model reproduces its metrics only up to float noise: that must not count as "worse".
 REL_TOLERANCE = 1e-6
 ABS_TOLERANCE = 1e-9
 

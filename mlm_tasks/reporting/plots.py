@@ -1,11 +1,7 @@
-"""Line plots as PNG bytes, for the run report and the runs comparison: rendered in memory (Agg canvas,
-no pyplot global state, safe in threads) and written through mlm_tasks.storage, so gs:// works too.
+"""Line plots as PNG bytes for the run report and the runs comparison, rendered in memory (Agg canvas, no
+pyplot global state: safe in threads).
 
-    png = line_plot({"loss": (steps, losses), "validation loss": (val_steps, val_losses)}, "Training loss",
-                    "step", "loss", references={"eval loss": 5.4})
-    png = line_plot({"learning rate": (steps, lrs)}, "Schedule", "step", "learning rate",
-                    right=("gradient norm", {"gradient norm": (steps, norms)}),   # a second y axis
-                    spans=schedule_phases(steps, lrs))            # warmup, stable, decay shaded
+    png = line_plot({"loss": (steps, losses)}, "Training loss", "step", "loss", references={"eval loss": 5.4})
 """
 
 from __future__ import annotations
@@ -25,9 +21,8 @@ def line_plot(
     right: tuple[str, dict[str, Series]] | None = None,
     spans: dict[str, tuple[float, float]] | None = None,
 ) -> bytes:
-    """One line per series (the first without markers when long, the others with), dashed horizontal
-    lines for `references`, `right`'s (label, series) on a second y axis, `spans` shaded; a legend when
-    there is more than one thing to tell apart."""
+    """One line per series, dashed horizontal lines for `references`, `right`'s (label, series) on a second
+    y axis, `spans` shaded (e.g. schedule_phases)."""
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
 
@@ -62,8 +57,7 @@ def line_plot(
 
 
 def schedule_phases(steps: list[float], lrs: list[float]) -> dict[str, tuple[float, float]]:
-    """Warmup, stable and decay (those that last a step at least), read off the logged learning rates: the
-    stable phase is where the rate holds its peak."""
+    """Warmup, stable (the rate at its peak) and decay, those that last a step at least."""
     if len(lrs) < 2:
         return {}
     peak = max(lrs)

@@ -1,10 +1,7 @@
-"""The run report: loss and learning-rate curves and a one-page Markdown summary under runs/<run>/report/.
+"""The run report: loss and learning-rate curves and a one-page Markdown summary under runs/<run>/report/;
+a piece not produced yet is named on the page instead of failing.
 
     key_metrics = write_report(cfg, run, data_info)    # loss.png, learning_rate.png, report.md; KeyMetrics
-
-The page holds data, config, training, metrics against their baselines, the downstream table, fill-mask
-examples, this run among the others under output_root, and links to the plots and TensorBoard. A piece
-not produced yet is named on the page instead of failing; plots are PNG bytes written through storage.
 """
 
 from __future__ import annotations
@@ -36,8 +33,8 @@ COMPARED_RUNS = 20  # the report's table of runs: this one and the latest others
 
 
 def write_report(cfg: PipelineConfig, run: RunPaths, data_info: Mapping[str, Any] | None = None) -> KeyMetrics:
-    """Write the plots and report.md of `run`; the key metrics (small, JSON-serialisable) for XCom.
-    `data_info`: the shard set's summary (else the run's data.json, else the metrics' fingerprint)."""
+    """Write the plots and report.md of `run`; the key metrics for XCom. `data_info`: the shard set's summary
+    (else the run's data.json, else the metrics' fingerprint)."""
     art = read_run_artifacts(run)
     metrics, summary, predictions = art["metrics"], art["summary"], art["predictions"]
     data_info = data_info if data_info is not None else art["data_info"]

@@ -1,12 +1,7 @@
-"""What a person reads before approving a release (`publish.require_approval`): one Markdown page.
+"""What a person reads before approving a release (`publish.require_approval`): one Markdown page, the body
+of Airflow's approval form (plugins/mlm_airflow/operators/release_approval.py).
 
     body = review_markdown(cfg, ctx.run, decision)           # reads the run's artifacts and the published metrics
-    body = render_review(repo_id=..., metrics=..., ...)      # pure, no I/O
-
-The approval task (plugins/mlm_airflow/operators/release_approval.py) shows it as the body of Airflow's approval
-form: the eval metrics beside the untrained model and the unigram baseline, the gate's verdict and reasons, the
-comparison with the model last published to the same repo, the validation loss (best and last), the
-downstream table when the run has one, and the repo it would publish to.
 """
 
 from __future__ import annotations

@@ -1,7 +1,6 @@
-"""The end-of-run summary a person reads first: data, tokenizer, shards, training, evaluation, fill-mask
-examples and where every artifact lies, built only from the run's saved artifacts.
+"""The end-of-run summary a person reads first, built only from the run's saved artifacts.
 
-    text = summary_text(run, ctx.data, data)     # the summary step writes it to runs/<run>/summary.txt
+text = summary_text(run, ctx.data, data)     # the summary step writes it to runs/<run>/summary.txt
 """
 
 from __future__ import annotations
@@ -61,7 +60,7 @@ def summary_text(run: RunPaths, paths: DataPaths, data: DataSummary) -> str:
 
 
 def _removed_line(card: dict) -> list[str]:
-    """What the filters and the dedup took out of the rows read (the data card; none for older sets)."""
+    """What the filters and the dedup took out of the rows read (the data card)."""
     if not card.get("rows_read"):
         return []
     removed = card.get("duplicates_removed") or {}
@@ -73,8 +72,7 @@ def _removed_line(card: dict) -> list[str]:
 
 
 def _training_lines(run: RunPaths, train: dict) -> list[str]:
-    """Training, Hardware (on a TPU, the training's hours at the run's price: an estimate, named), Budget; or
-    why the trainer failed (its status record), when it did."""
+    """Training, Hardware, Precision and Budget; or why the trainer failed (its status record)."""
     out: list[str] = []
     status = None if train else read_status(run)
     if status and status["state"] == "failed":  # e.g. a diverged run: the step and its last good checkpoint

@@ -1,7 +1,6 @@
-"""The tables the run report, the model card and the approval page share: evaluation metrics, the
-downstream fine-tuning table and the fill-mask examples, as Markdown lines (nothing missing fails: it is named).
+"""The Markdown tables the run report, the model card and the approval page share (a missing piece is named).
 
-    lines = metrics_table(metrics) + downstream_table(downstream) + fill_mask_lines(predictions)
+lines = metrics_table(metrics) + downstream_table(downstream) + fill_mask_lines(predictions)
 """
 
 from __future__ import annotations
@@ -41,8 +40,7 @@ def metrics_table(metrics: Mapping[str, Any] | None) -> list[str]:
 
 
 def downstream_table(downstream: Mapping[str, Any] | None) -> list[str]:
-    """The fine-tuning table: per task its metric's mean ± spread over the seeds, from the trained encoder
-    and from random weights under the same budget (what pretraining bought)."""
+    """Per task its metric's mean ± spread over the seeds, from the trained encoder and from random weights."""
     tasks = (downstream or {}).get("tasks")
     skipped = [f"- {s['name']}: skipped ({s['reason']})" for s in (downstream or {}).get("skipped", [])]
     if not tasks:
