@@ -20,7 +20,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
 
-from mlm_tasks import credentials
+from mlm_tasks import credentials, storage
 from mlm_tasks.commands.smoke_train import SmokeDriver, TrainingFailed
 from mlm_tasks.commands.smoke_vm import DryRunApi, capture_command, capture_image, login_to, start_detached, worker_0
 from mlm_tasks.config import PipelineConfig, build_config, read_yaml_config
@@ -39,13 +39,7 @@ if TYPE_CHECKING:
     from google.cloud.tpu_v2 import TpuClient
 
 DAG_ID = "mlm_smoke"
-
-
-# The tests' smallest run, the same file (output_root and compute are the smoke test's own, below).
-TINY_CONFIG = Path(__file__).resolve().parents[2] / "configs" / "tiny.yaml"
-
-
-log = logging.getLogger("mlm_tasks.commands.smoke")
+TINY_CONFIG = Path(__file__).resolve().parents[2] / "configs" / "tiny.yaml"  # the tests' smallest run
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -181,7 +175,9 @@ def smoke(args: argparse.Namespace, out: Callable[[str], None] = print) -> int:
             if args.capture_image:
                 out(ssh_command(cfg.tpu.ssh_port, args.ssh_key, login, capture_command(cfg)))
             out(ssh_command(cfg.tpu.ssh_port, args.ssh_key, login, command))
-            out(f"(dry run) would follow the detached trainer until done{_preempting(args)}")
+            after = args.preempt_after
+            preempting = f", deleting the node at step {after} and restarting" if after else ""
+            out(f"(dry run) would follow the detached trainer until done{preempting}")
             return 0
         captured: list[Path] = []
 
@@ -202,8 +198,6 @@ def smoke(args: argparse.Namespace, out: Callable[[str], None] = print) -> int:
             out=out,
             preempt_after=args.preempt_after,
         ).run()
-        from mlm_tasks import storage
-
         run = RunPaths(cfg.output_root, run_id)
         summary, status = storage.read_json_if_exists(run.train_summary), read_status(run)
         steps = summary["steps"] if summary else status["step"] if status else "?"
@@ -220,18 +214,13 @@ def smoke(args: argparse.Namespace, out: Callable[[str], None] = print) -> int:
         try:
             op = tpu.delete_node(cfg.tpu, name, api=api)
             out(f"Deleting TPU VM {name}: {op or 'already gone'}")
-        except Exception as err:  # any failure recorded for the person, with what to run by hand; not raised, so
-            # it does not hide the smoke's own error (the janitor's TTL is the last resort)
+        except Exception as err:  # said with what to run by hand, not raised: the smoke's own error goes first
             out(
                 f"DELETE OF TPU VM {name} FAILED ({err}): run `gcloud compute tpus tpu-vm delete {name} "
                 f"--zone {cfg.tpu.zone} --project {cfg.tpu.project}` (its expires label is 2 hours out)."
             )
         for s, handler in previous.items():
             signal.signal(s, handler)
-
-
-def _preempting(args: argparse.Namespace) -> str:
-    return f", deleting the node at step {args.preempt_after} and restarting" if args.preempt_after else ""
 
 
 def _train_line(cfg: PipelineConfig, run_id: str, name: str, fingerprint: str, code: Any) -> str:

@@ -2,8 +2,6 @@
 carried out with sleeps where the train task defers.
 
     restarts = SmokeDriver(cfg, run_id, name, api=api, ensure=ensure, start_on=start, out=print).run()
-
-`preempt_after` N deletes the node once the trainer has recorded step N, to prove the restart for real.
 """
 
 from __future__ import annotations

@@ -5,8 +5,7 @@ create_tpu_vm, train and the smoke command gather the facts and carry the answer
     action.kind   # ensure_node | wait | start | reattach | restart | done | fail
     action.why    # the cause (a restart's, kept in restarts.json) or the message (a failure's)
 
-The node's word comes first; a create's error is read by its code (3: a replacement; 8, 9: waited out; a
-quota: no retry). The table, case by case: docs/operations.md#durable-training-what-survives-what.
+The table, case by case: docs/operations.md#durable-training-what-survives-what.
 """
 
 from __future__ import annotations

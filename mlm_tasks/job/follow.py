@@ -98,8 +98,7 @@ def classify(
 
 
 class JobWatch:
-    """The detached trainer as its driver follows it: one check, a stop, its log's last lines. The status
-    record is read from `output_root`; the node's state is asked of the TPU API only when SSH is silent."""
+    """The detached trainer as its driver follows it: one check, a stop, its log's last lines."""
 
     def __init__(self, vm: DetachedJob, tpu_cfg: TpuConfig, *, output_root: str, stall_s: float, log: Log) -> None:
         self.vm, self.job, self.tpu_cfg, self.log = vm, vm.job, tpu_cfg, log

@@ -1,5 +1,4 @@
-"""The trainer as a job of the TPU VM, not a child of an SSH session: started, then probed, stopped and tailed
-over short SSH sessions to worker 0 (what the answers mean: follow.py).
+"""The trainer as a job of the TPU VM, not of an SSH session: started, probed, stopped and tailed over SSH.
 
     outcome, job = start(ssh.Session(connect, host), line, node=name, host=host, try_number=n, ...)  # pid, log
     vm = DetachedJob(job, connect)          # one short session per call
@@ -147,8 +146,7 @@ def stop_command(job: TrainJob, grace_s: int = STOP_GRACE_S) -> str:
 
 
 class DetachedJob:
-    """A started job and the login to its worker 0: each call is one short SSH session, bounded by
-    CHECK_IDLE_S without output (the login's own patience is the connector's)."""
+    """A started job and the login to its worker 0: each call is one short SSH session."""
 
     def __init__(self, job: TrainJob, connect: ssh.Connect) -> None:
         self.job = job

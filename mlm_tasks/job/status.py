@@ -63,8 +63,7 @@ def _try_number() -> int | None:
 
 
 class StatusRecord:
-    """Writes the status record of one trainer: at start, at every progress line, every heartbeat_s
-    from a thread, and once at the end with the exit code."""
+    """Writes one trainer's status record: at start, at every progress line, every heartbeat_s, and at the end."""
 
     def __init__(self, run: RunPaths, *, total_steps: int, start_step: int, heartbeat_s: float):
         previous = read_status(run)

@@ -54,10 +54,6 @@ class NodeState:
         return self.state == "READY"
 
 
-def _label_value(text: str, limit: int = 63) -> str:
-    return re.sub(r"[^a-z0-9_-]+", "-", text.lower()).strip("-")[:limit]
-
-
 def node_name(dag_id: str, run_id: str) -> str:
     """`mlm-<dag>-<hash of dag and run>`: a retry of the run finds the node the first try made."""
     digest = hashlib.sha1(f"{dag_id}/{run_id}".encode()).hexdigest()[:10]
@@ -72,7 +68,7 @@ def labels(run_id: str, ttl_hours: float, now: float | None = None) -> dict[str,
     now = time.time() if now is None else now
     return {
         "managed-by": "mlm-tasks",
-        "run": _label_value(run_id) or "run",
+        "run": re.sub(r"[^a-z0-9_-]+", "-", run_id.lower()).strip("-")[:63] or "run",
         "run-hash": hashlib.sha1(run_id.encode()).hexdigest()[:10],
         "created": str(int(now)),
         "expires": str(int(now + ttl_hours * 3600)),
@@ -282,8 +278,8 @@ def host_keys(
     except NotFound:
         return {}
     except (Forbidden, BadRequest) as err:
-        # Forbidden: 403 on both transports. The policy's refusal is undocumented: FAILED_PRECONDITION over
-        # gRPC, a 400 naming guest attributes over REST (which maps by HTTP code); any other 400 is ours.
+        # The policy's refusal is undocumented: FAILED_PRECONDITION over gRPC, a 400 naming guest attributes over
+        # REST; any other 400 is ours.
         refused = isinstance(err, Forbidden | FailedPrecondition) or "guest attribute" in str(err.message).lower()
         if not refused:
             raise

@@ -109,22 +109,18 @@ def delete(cfg: TpuConfig, name: str, api: TpuClient | None = None) -> str | Non
     return str(op.operation.name)
 
 
-def list_states(cfg: TpuConfig, api: TpuClient | None = None) -> list[tuple[QueuedState, dict[str, str]]]:
-    """Every request in the zone, with the labels of the node it asks for (where the janitor reads `expires`)."""
-    with answered(cfg, f"list_queued_resources {parent(cfg)}"):
-        return [
-            (_state_of(qr), dict(qr.tpu.node_spec[0].node.labels) if qr.tpu.node_spec else {})
-            for qr in (api or client(cfg)).list_queued_resources(parent=parent(cfg), **limits(cfg))
-        ]
-
-
 def list_expired(cfg: TpuConfig, now: float | None = None, prefix: str = NAME_PREFIX) -> list[QueuedState]:
     """Requests named `prefix*` whose node's `expires` label is in the past (the janitor's; a request left
     FAILED or SUSPENDED costs nothing, but its name blocks a new one)."""
     now = time.time() if now is None else now
+    with answered(cfg, f"list_queued_resources {parent(cfg)}"):  # the pager fetches later pages as we iterate
+        listed = [
+            (_state_of(qr), dict(qr.tpu.node_spec[0].node.labels) if qr.tpu.node_spec else {})
+            for qr in client(cfg).list_queued_resources(parent=parent(cfg), **limits(cfg))
+        ]
     return [
         request
-        for request, node_labels in list_states(cfg)
+        for request, node_labels in listed
         if request.name.startswith(prefix) and node_labels.get("expires", "").isdigit()
         if int(node_labels["expires"]) < now
     ]

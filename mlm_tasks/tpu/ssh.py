@@ -38,8 +38,8 @@ class HostKeyMismatch(AuthError):
 
 @dataclass
 class Login:
-    """Who logs in: `user`, where that login comes from (`source`, for messages), the rest of
-    paramiko's SSHClient.connect arguments (key_filename or pkey, password, timeouts, sock...)."""
+    """Who logs in: `user`, where that login comes from (`source`, for messages), and the rest of
+    paramiko's SSHClient.connect arguments (`options`: key_filename or pkey, timeouts, sock...)."""
 
     user: str
     source: str
@@ -99,7 +99,7 @@ def _fingerprints(keys: list[Any]) -> set[str]:
 
 
 def _republished(published: Published, node: str, worker: int, poll_s: float) -> list[Any]:
-    """What the node publishes for `worker` `poll_s` from now (the one second look after a mismatch)."""
+    """What the node publishes for `worker` `poll_s` from now."""
     log.info(
         "Worker %d of %s presented a host key it has not published: reading its keys again in %.0fs.",
         worker,
@@ -154,18 +154,14 @@ def connector(
             )
         else:
             pinned = _published_keys(published, node, worker, deadline, poll_s)
-        where = f"{host}:{port} as {login.source}"
-        read_again = published is not None and pinned is not None
+        where, looked_again = f"{host}:{port} as {login.source}", False
         while True:
             try:
                 return _login(login, host, port, pinned)
             except paramiko.BadHostKeyException as err:
-                fresh = (
-                    _republished(published, node, worker, min(poll_s, patience_s / 4))
-                    if read_again and published
-                    else []
-                )
-                read_again = False
+                fresh: list[Any] = []
+                if published and pinned and not looked_again:  # a first boot may replace the keys it published
+                    fresh, looked_again = _republished(published, node, worker, min(poll_s, patience_s / 4)), True
                 if not fresh or _fingerprints(fresh) == _fingerprints(pinned or []):
                     raise _mismatch(node, worker, host, port, err.key, pinned or []) from err
                 log.warning(
