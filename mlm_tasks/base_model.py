@@ -5,7 +5,6 @@
     folder = base.local_folder(tmp)          # config.json and the weights on local disk, to load
     check_base(cfg, base)                    # validate: conflicting shape settings, max_length, tokenizer
 
-A Hub revision is resolved to its commit once (`BaseModelRef.pinned`).
 docs/configuration.md#continued-pretraining-modelinit_from
 """
 
@@ -86,7 +85,6 @@ class BaseModelRef:
             )
         return base
 
-    # -- what is there ----------------------------------------------------------------------------------
     @cached_property
     def _hub(self) -> tuple[str, list[str]]:
         from mlm_tasks.hub.download import resolve_revision
@@ -115,9 +113,9 @@ class BaseModelRef:
 
     @cached_property
     def weights_file(self) -> str:
-        for name in WEIGHT_FILES:
-            if name in self.files:
-                return name
+        name = next((n for n in WEIGHT_FILES if n in self.files), None)
+        if name:
+            return name
         raise ConfigError(
             f"model.init_from {self.uri} has neither {' nor '.join(WEIGHT_FILES)}: give a model "
             "saved by save_pretrained (TensorFlow or PyTorch)."
@@ -125,9 +123,7 @@ class BaseModelRef:
 
     def identity(self) -> dict:
         """What the data fingerprint and the model card name: the base and its exact revision."""
-        if self.kind == "hub":
-            return {"init_from": self.uri, "revision": self._hub[0]}
-        return {"init_from": self.uri, "revision": self._digest}
+        return {"init_from": self.uri, "revision": self._hub[0] if self.kind == "hub" else self._digest}
 
     @cached_property
     def _digest(self) -> str:
@@ -136,7 +132,6 @@ class BaseModelRef:
             h.update(f"{name}\0{storage.sha256(join(self.uri, name))}\0".encode())
         return "sha256:" + h.hexdigest()
 
-    # -- its contents -----------------------------------------------------------------------------------
     @cached_property
     def _config(self) -> dict:
         try:
@@ -162,12 +157,7 @@ class BaseModelRef:
 
     def shape(self) -> dict:
         """The base's shape and vocabulary, as the manifest and the model card show them."""
-        c = self._config
-        return {
-            "model_type": c.get("model_type"),
-            "vocab_size": c.get("vocab_size"),
-            **{k: c.get(k) for k in SHAPE_KEYS},
-        }
+        return {k: self._config.get(k) for k in ("model_type", "vocab_size", *SHAPE_KEYS)}
 
     def local_folder(self, tmp: str) -> str:
         """A local folder with config.json and the weights file, to load from (`tmp`: for a gs:// base)."""
@@ -175,8 +165,7 @@ class BaseModelRef:
         if self.kind == "local":
             return storage.local_path(self.uri)
         if self.kind == "hub":
-            paths = {os.path.dirname(self._path(n)) for n in names}  # one snapshot folder of the Hub cache
-            (folder,) = paths
+            (folder,) = {os.path.dirname(self._path(n)) for n in names}  # one snapshot folder of the Hub cache
             return folder
         os.makedirs(tmp, exist_ok=True)
         for name in names:
@@ -185,8 +174,7 @@ class BaseModelRef:
 
 
 def tokenizer_ref(cfg: PipelineConfig) -> BaseModelRef | None:
-    """Where the shards' tokenizer comes from when none is trained: model.init_from's base, or
-    tokenizer.from_pretrained (a tokenizer alone); None: it is trained."""
+    """Where the shards' tokenizer comes from: model.init_from's base, or tokenizer.from_pretrained (None: trained)."""
     t = cfg.tokenizer
     if cfg.model.init_from or not t.from_pretrained:
         return BaseModelRef.of(cfg)
@@ -194,9 +182,8 @@ def tokenizer_ref(cfg: PipelineConfig) -> BaseModelRef | None:
 
 
 def check_base(cfg: PipelineConfig, base: BaseModelRef) -> None:
-    """What validate checks of a base before any work: a RoBERTa masked LM whose shape the run does not
-    contradict, whose positions hold max_length, and whose tokenizer has our special tokens and fills
-    its vocabulary."""
+    """What validate checks of a base: its model type, a shape the run does not contradict, positions that hold
+    max_length, and a tokenizer with our special tokens that fills its vocabulary."""
     config, architecture = base.config(), cfg.model.architecture
     if config.get("model_type") != architecture:
         raise ConfigError(
@@ -242,7 +229,7 @@ def check_base(cfg: PipelineConfig, base: BaseModelRef) -> None:
 
 def read_tokenizer_json(text: str, whose: str):
     """A tokenizer.json as a `tokenizers.Tokenizer`; a ConfigError unless it parses and has RoBERTa's special
-    tokens (what the masking, the model and fill-mask use)."""
+    tokens."""
     from tokenizers import Tokenizer
 
     try:

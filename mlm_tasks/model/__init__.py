@@ -1,2 +1,1 @@
-"""The model: the RoBERTa masked LM (`roberta`), its weights in and out (`init_weights` from a base model,
-`pt_export` to PyTorch's layout), the learning-rate schedule (`schedule`) and its FLOPs and MFU (`flops`)."""
+"""What is trained: the masked LMs, their weights in and out, the schedule, FLOPs and MFU (docs/layout.md)."""

@@ -1,13 +1,7 @@
-"""The peak FLOP/s of this CPU, the denominator of a CPU run's MFU: what the hardware can do, whatever
-precision the run trains in, not what the kernel in use happens to reach.
+"""The peak FLOP/s of this CPU in any precision, the denominator of a CPU run's MFU: from the ISA where the
+frequency is known, else a GEMM measured once per machine kind and cached. docs/google-cloud.md (MFU)
 
-    peak = cpu_peak()   # CpuPeak(2.1e11, "fp32", "measured peak: fp32 GEMM 2048³, AMD EPYC × 2 cores, cached")
-
-Where the maximum frequency is known (cpufreq, or the "@ 2.60GHz" of an Intel model name): from the ISA,
-cores × FLOPs per cycle × frequency, the widest unit the flags show (ISA_FLOPS_PER_CYCLE). Where a VM
-hides it: the best rate a large GEMM reaches here in fp32 or bf16 (TensorFlow's own kernels, the best of
-a few windows), measured once per machine kind on a quiet machine and cached (CACHE_FILE under
-$XDG_CACHE_HOME; delete it to measure again), labelled a measured peak. More: docs/google-cloud.md (MFU).
+    peak = cpu_peak()   # CpuPeak(2.1e11, "fp32", "measured peak: fp32 GEMM 2048³, AMD EPYC × 2 cores, ...")
 """
 
 from __future__ import annotations
@@ -47,12 +41,16 @@ def cpu_info(text: str | None = None) -> dict[str, Any]:
         text = Path("/proc/cpuinfo").read_text() if Path("/proc/cpuinfo").exists() else ""
     model = re.search(r"^model name\s*:\s*(.+)$", text, re.M)
     flags = re.search(r"^flags\s*:\s*(.+)$", text, re.M)
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
     return {
         "model": model.group(1).strip() if model else "unknown CPU",
         "flags": set(flags.group(1).split()) if flags else set(),
-        "cores": cores,
+        "cores": _cores(),
     }
+
+
+def _cores() -> int:
+    """The cores this process may use."""
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
 
 
 def max_frequency_hz(model: str) -> float | None:
@@ -96,9 +94,8 @@ def gemm_rate(precision: str, size: int = GEMM_SIZE) -> float:
 
 
 def machine_kind(info: dict[str, Any] | None = None) -> str:
-    """ "AMD EPYC (AVX512-BF16) × 2 cores": what the figures measured once per machine are keyed by. The widest
-    unit is part of it because a cloud's model name is not: an AVX2-only EPYC and an AVX-512-BF16 one are both
-    "AMD EPYC", with a 3.4x different GEMM peak, and had shared one cache entry."""
+    """ "AMD EPYC (AVX512-BF16) × 2 cores", the cache's key: the widest unit tells apart kinds a cloud's model
+    name does not (an AVX2 and an AVX-512-BF16 "AMD EPYC" differ 3.4x)."""
     info = info or cpu_info()
     widest = next((_unit_name(flag) for flag, _, _ in ISA_FLOPS_PER_CYCLE if flag in info["flags"]), None)
     return f"{info['model']}{f' ({widest})' if widest else ''} × {info['cores']} cores"
@@ -133,17 +130,15 @@ def cpu_peak() -> CpuPeak:
 
 
 def busy_load() -> float | None:
-    """The 1-minute load average when it is over 1.5x the cores this process may use (None: quiet enough). The
-    run's own work just before (writing shards, the measurement itself) brings it to about the cores."""
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    """The 1-minute load average when it is over 1.5x the cores (None: quiet enough; the run's own work just
+    before brings it to about the cores)."""
     load = os.getloadavg()[0] if hasattr(os, "getloadavg") else 0.0
-    return load if load > 1.5 * cores else None
+    return load if load > 1.5 * _cores() else None
 
 
 def cached(file: Path, key: str, measure: Callable[[], dict[str, Any]]) -> dict[str, Any]:
     """The cached entry `key`, or `measure()`'s, dated, then cached unless the machine was busy (the entry then
-    carries `busy_load` and is not written: one measured beside a CI run had cached a ninth of the real peak).
-    Each writer renames a whole file into place, so two at once never leave it torn."""
+    carries `busy_load`). Each writer renames a whole file into place, so two at once never leave it torn."""
     cache = json.loads(file.read_text()) if file.exists() else {}
     if key not in cache:
         load = busy_load()

@@ -1,15 +1,9 @@
-"""How well a run uses its hardware: the model's training FLOPs per token, the device's peak, and
-their ratio, the model FLOPs utilisation (MFU).
+"""Model FLOPs utilisation (MFU): the model's training FLOPs per token (PaLM's count, the LM head only where
+it runs) over the device's dense peak. docs/google-cloud.md
 
-    fpt = flops_per_token(model_config, seq_len=128, max_predictions=32)   # training FLOPs per token
-    peak = device_peak("tpu", "bf16", replicas=4, accelerator_type="v4-8")  # Peak(4 x 275 TFLOP/s bf16, ...)
-    mfu(tokens_per_s, fpt, peak)                                            # 0.31
-    peak.describe(mfu)                                                      # "MFU 31% of 4 × 275 TFLOP/s bf16"
-
-Why these counts: PaLM's FLOPs (appendix B), the LM head only where it runs; dense datasheet peaks
-(PEAKS, with sources); on a CPU, its ISA's peak where the frequency is known, else the best GEMM rate
-this machine kind reaches in any precision, measured once and cached (mlm_tasks/model/cpu_peak.py).
-docs/google-cloud.md#what-a-run-costs-and-how-well-it-uses-the-hardware
+    fpt = flops_per_token(model_config, seq_len=128, max_predictions=32)
+    peak = device_peak("tpu", "bf16", replicas=4, accelerator_type="v4-8")
+    mfu(tokens_per_s, fpt, peak); peak.describe(utilisation)   # "MFU 31.0% of 4 × 275 TFLOP/s bf16 (TPU v4)"
 """
 
 from __future__ import annotations
@@ -20,14 +14,8 @@ from typing import Any
 
 log = logging.getLogger(__name__)
 
-# Dense peak FLOP/s per chip (TPU) or GPU, by precision. Checked 2026-12 against:
-#   TPU v4   https://cloud.google.com/tpu/docs/v4       275 TFLOP/s bf16 per chip
-#   TPU v5e  https://cloud.google.com/tpu/docs/v5e      197 TFLOP/s bf16 per chip
-#   TPU v5p  https://cloud.google.com/tpu/docs/v5p      459 TFLOP/s bf16 per chip
-#   A100     NVIDIA A100 datasheet (SXM)                312 bf16, 19.5 fp32 (156 tf32)
-#   H100     NVIDIA H100 datasheet (SXM)                989 bf16 dense, 67 fp32
-#   H200     NVIDIA H200 datasheet (SXM)                989 bf16 dense, 67 fp32
-# fp32 on a TPU runs through bf16 passes (about a third of bf16): not listed, the run says "unknown".
+# Dense peak FLOP/s per TPU chip or GPU, checked 2026-12: https://cloud.google.com/tpu/docs/{v4,v5e,v5p}, NVIDIA's
+# A100/H100/H200 SXM datasheets. A TPU's fp32 (bf16 passes, about a third) is not listed: the run says "unknown".
 PEAKS: dict[str, dict[str, float]] = {
     "tpu-v4": {"bf16": 275e12},
     "tpu-v5litepod": {"bf16": 197e12},
@@ -58,7 +46,7 @@ class Peak:
         return self.per_device * self.devices if self.per_device else None
 
     def describe(self, utilisation: float | None = None) -> str:
-        """ "MFU 31% of 4 × 275 TFLOP/s bf16 (TPU v4)" (or just the peak, without a utilisation)."""
+        """The MFU and the peak it is of (without a utilisation: the peak)."""
         if not self.per_device:
             return f"MFU unknown ({self.source}: no peak for {self.precision})"
         peak = f"{self.devices} × {self.per_device / 1e12:.3g} TFLOP/s {self.precision} ({self.source})"
@@ -66,9 +54,8 @@ class Peak:
 
 
 def flops_per_token(config: Any, seq_len: int, max_predictions: int = 0) -> float:
-    """Training FLOPs per token of a RoBERTa or ModernBERT masked LM (`config`: its config, or a dict;
-    `model_type` modernbert: GeGLU's Wi is 2 x intermediate wide, and a local layer's attention needs only
-    its window, local_attention + 1 keys, although it is computed densely here)."""
+    """Training FLOPs per token of a RoBERTa or ModernBERT masked LM (`config`: its config, or a dict). A
+    ModernBERT local layer's attention counts its window only (local_attention + 1 keys), as it needs."""
     values = config if isinstance(config, dict) else config.to_dict()
     d, ff, layers, vocab = (
         int(values[k]) for k in ("hidden_size", "intermediate_size", "num_hidden_layers", "vocab_size")
@@ -92,8 +79,7 @@ def _gpu_key() -> str | None:
 
 
 def device_peak(device: str, precision: str, replicas: int, accelerator_type: str = "") -> Peak:
-    """The peak of what trains: `replicas` chips of `accelerator_type` on a TPU, GPUs by their name, or
-    this CPU (one "device": the whole host; mlm_tasks/model/cpu_peak.py)."""
+    """The peak of `replicas` TPU chips of `accelerator_type`, of GPUs by their name, or of this CPU (the host)."""
     precision = "bf16" if precision == "bf16" else "fp32"
     if device == "cpu":  # the host's peak in any precision: a slow precision then reads a low MFU
         from mlm_tasks.model.cpu_peak import cpu_peak
@@ -108,7 +94,6 @@ def device_peak(device: str, precision: str, replicas: int, accelerator_type: st
 
 
 def mfu(tokens_per_s: float | None, per_token: float, peak: Peak) -> float | None:
-    """Model FLOPs utilisation: the FLOP/s the model's math needs at this speed, over the peak."""
     if not tokens_per_s or not peak.total:
         return None
     return tokens_per_s * per_token / peak.total

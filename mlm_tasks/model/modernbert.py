@@ -1,14 +1,8 @@
-"""A ModernBERT-shaped masked LM in tf-keras, layer for layer transformers 5.24's `ModernBertForMaskedLM`.
+"""A ModernBERT-shaped masked LM in tf-keras, layer for layer transformers 5.24's `ModernBertForMaskedLM`
+(docs/configuration.md, ModernBERT). Norms and RoPE run in fp32, the rest in the Keras policy's compute dtype.
 
-    model = build_modernbert(config)           # config: transformers' ModernBertConfig (4.57 has the class)
-    hidden = model.encode(ids, mask, training=True); logits = model.lm_logits(hidden)
-
-Token embeddings + norm; pre-norm layers (the first without an attention norm) with a fused Wqkv,
-RoPE (a global and a local base), a sliding window |i - j| <= local_attention // 2 on all layers but
-every `global_attn_every_n_layers`-th, and a GeGLU MLP (Wi gives input and gate); a final norm; the head
-dense + GELU + norm, then a decoder tied to the token embeddings with its own bias. Norms and RoPE run in
-fp32, the rest in the Keras policy's compute dtype (bf16 under mixed precision). Padding masks keys only,
-as transformers does. Weights in and out: mlm_tasks/model/modernbert_weights.py.
+    model = build_modernbert(config)   # config: transformers' ModernBertConfig
+    logits = model.lm_logits(model.encode(ids, mask, training=True))
 """
 
 from __future__ import annotations
@@ -20,15 +14,8 @@ from typing import Any
 import tensorflow as tf
 import tf_keras
 
-from mlm_tasks.model.modernbert_weights import (
-    GLOBAL,
-    LOCAL,
-    SAFETENSORS_NAME,
-    assign_weights,
-    layer_types,
-    parameters,
-    read_config,
-)
+from mlm_tasks.model.modernbert_weights import GLOBAL, LOCAL, assign_modernbert, layer_types, parameters, read_config
+from mlm_tasks.model.pt_export import SAFETENSORS_NAME, read_safetensors
 
 
 def _init(std: float) -> Any:  # ModernBERT's: a normal cut at 2 std (initializer_cutoff_factor)
@@ -59,7 +46,7 @@ class Norm(tf_keras.layers.Layer):
 
 
 def rope(length: Any, head_dim: int, theta: float) -> tuple[Any, Any]:
-    """(cos, sin) [length, head_dim] in fp32: positions 0..length-1, frequencies repeated as in torch."""
+    """(cos, sin) [length, head_dim] in fp32, frequencies repeated as in torch."""
     inv_freq = 1.0 / (theta ** (tf.range(0, head_dim, 2, dtype=tf.float32) / head_dim))
     freqs = tf.cast(tf.range(length), tf.float32)[:, None] * inv_freq[None, :]
     emb = tf.concat([freqs, freqs], axis=-1)
@@ -73,8 +60,8 @@ def _rotate(x: Any, cos: Any, sin: Any) -> Any:
 
 
 def attention_biases(attention_mask: Any, config: Any) -> dict[str, Any]:
-    """{layer type: fp32 bias [batch, 1, query, key]}: 0 where a query may look, -1e9 where not. Padding masks
-    keys; a local layer also keys farther than local_attention // 2 (transformers' sliding_window, inclusive)."""
+    """{layer type: fp32 bias [batch, 1, query, key]}: 0 where a query may look, -1e9 where not: padding keys,
+    and on a local layer keys farther than local_attention // 2."""
     length = tf.shape(attention_mask)[1]
     keys = tf.cast(attention_mask, tf.bool)[:, None, None, :]
     window = tf.abs(tf.range(length)[:, None] - tf.range(length)[None, :]) <= config.local_attention // 2
@@ -100,8 +87,7 @@ class Attention(tf_keras.layers.Layer):
         q, k = _rotate(q, cos[:, None, :], sin[:, None, :]), _rotate(k, cos[:, None, :], sin[:, None, :])
         scores = tf.einsum("bqhd,bkhd->bhqk", q, k) * tf.cast(self.head_dim**-0.5, q.dtype)
         probs = tf.nn.softmax(tf.cast(scores, tf.float32) + bias, axis=-1)
-        # A query with no key in reach (padding far from any text, in a local layer) gets zeros, as torch's
-        # SDPA, transformers 5's default, gives it; not a uniform average.
+        # A query with no key in reach gets zeros, as torch's SDPA (transformers 5's default) gives it.
         probs *= tf.cast(tf.reduce_max(bias, axis=-1, keepdims=True) == 0.0, tf.float32)
         probs = self.drop(tf.cast(probs, v.dtype), training=training)
         out = tf.reshape(tf.einsum("bhqk,bkhd->bqhd", probs, v), [batch, length, self.heads * self.head_dim])
@@ -137,8 +123,7 @@ class EncoderLayer(tf_keras.layers.Layer):
 
 
 class ModernBertMaskedLM(tf_keras.Model):
-    """`encode` (embeddings to final norm) and `lm_logits` (head + tied decoder), so the train step can run
-    the head at the masked positions only; calling the model gives the logits at every position."""
+    """`encode` and `lm_logits` apart, so the train step can run the head at the masked positions only."""
 
     def __init__(self, config: Any, **kwargs: Any):
         super().__init__(name="modernbert_for_masked_lm", **kwargs)
@@ -180,16 +165,15 @@ class ModernBertMaskedLM(tf_keras.Model):
     def call(
         self, input_ids: Any, attention_mask: Any = None, token_type_ids: Any = None, training: bool = False
     ) -> Any:
-        """`.logits` at every position, as transformers' TF models answer (so its TF fill-mask pipeline runs
-        this model; token_type_ids, which a tokenizer may hand over, mean nothing to ModernBERT)."""
+        """`.logits` at every position, as transformers' TF models answer (its fill-mask pipeline runs this)."""
         from transformers.modeling_tf_outputs import TFMaskedLMOutput
 
         return TFMaskedLMOutput(logits=self.lm_logits(self.encode(input_ids, attention_mask, training=training)))
 
 
 class ModernBertClassifier(ModernBertMaskedLM):
-    """transformers' ModernBertForSequenceClassification: the [CLS] (or mean) vector through the head
-    (dense + GELU + norm, loaded from the masked LM's), dropout and a new classifier. No decoder."""
+    """transformers' ModernBertForSequenceClassification: the [CLS] (or mean) vector through the masked LM's
+    head (no decoder), dropout and a new classifier."""
 
     def __init__(self, config: Any, num_labels: int, **kwargs: Any):
         super().__init__(config.__class__.from_dict({**config.to_dict(), "decoder_bias": False}), **kwargs)
@@ -213,8 +197,7 @@ class ModernBertClassifier(ModernBertMaskedLM):
 
 
 def build_modernbert(config: Any, num_labels: int | None = None) -> ModernBertMaskedLM:
-    """A freshly initialised model (with `num_labels`: a classifier) with its variables created (needed
-    before a checkpoint restore or loading weights)."""
+    """A freshly initialised model (with `num_labels`: a classifier), its variables created."""
     model = ModernBertMaskedLM(config) if num_labels is None else ModernBertClassifier(config, num_labels)
     dummy = tf.ones((1, 8), dtype=tf.int32) * 5
     model(dummy, tf.ones_like(dummy), training=False)
@@ -222,15 +205,13 @@ def build_modernbert(config: Any, num_labels: int | None = None) -> ModernBertMa
 
 
 def load_modernbert(folder: str, num_labels: int | None = None, pretrained: bool = True) -> Any:
-    """A Keras ModernBertMaskedLM from a folder of config.json + model.safetensors; with `num_labels` a
-    ModernBertClassifier on its encoder and head (`pretrained=False`: the same shape, random weights)."""
-    from mlm_tasks.model.init_weights import read_safetensors
-
+    """The model in a folder of config.json + model.safetensors; with `num_labels` a ModernBertClassifier on
+    its encoder and head (`pretrained=False`: random weights)."""
     model = build_modernbert(read_config(os.path.join(folder, "config.json")), num_labels)
     if pretrained:
         path = os.path.join(folder, SAFETENSORS_NAME)
         tensors = read_safetensors(path)
         if num_labels is not None:  # the classifier has no decoder: the LM's own weights are left out
             tensors = {k: v for k, v in tensors.items() if k in parameters(model)}
-        assign_weights(model, tensors, path)
+        assign_modernbert(model, tensors, path)
     return model

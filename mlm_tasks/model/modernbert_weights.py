@@ -1,13 +1,10 @@
-"""ModernBERT weights and config in the layout transformers 5 loads, both ways, without torch.
+"""ModernBERT's config.json and model.safetensors as transformers 5 loads them, both ways, without torch.
 
-    save_modernbert(model, folder)       # config.json (model_type modernbert) + model.safetensors, PyTorch names
-    model = modernbert.load_modernbert(folder)   # such a folder (ours, or one transformers 5 saved) as Keras
-    read = assign_weights(model, tensors, where)   # into a built model (model.init_from)
+    save_modernbert(model, folder)                 # config.json + model.safetensors (PyTorch names)
+    read = assign_modernbert(model, tensors, where)   # into a built Keras model (model.init_from, load_modernbert)
 
-One table (`parameters`) names every variable with `ModernBertForMaskedLM`'s parameter name and whether its
-layout is transposed (Dense kernels [in, out] in Keras, [out, in] in torch), and serves both directions.
-config.json carries both spellings of the attention pattern and RoPE bases: transformers 5's
-`layer_types` + `rope_parameters`, and 4.x's `global_attn_every_n_layers` + `*_rope_theta`.
+`parameters` names every variable by its `ModernBertForMaskedLM` name, for both directions. config.json carries
+transformers 5's `layer_types` + `rope_parameters` and 4.x's `global_attn_every_n_layers` + `*_rope_theta`.
 """
 
 from __future__ import annotations
@@ -19,9 +16,9 @@ from typing import Any
 import numpy as np
 
 from mlm_tasks.errors import ConfigError
+from mlm_tasks.model.pt_export import SAFETENSORS_NAME, assign_weights
 
 ARCHITECTURE = "ModernBertForMaskedLM"
-SAFETENSORS_NAME = "model.safetensors"
 TIED = {"decoder.weight": "model.embeddings.tok_embeddings.weight"}
 GLOBAL, LOCAL = "full_attention", "sliding_attention"  # transformers 5's layer_types
 
@@ -126,27 +123,10 @@ def save_modernbert(model: Any, folder: str) -> str:
     return path
 
 
-def assign_weights(model: Any, tensors: dict[str, np.ndarray], where: str) -> str:
-    """Assign every variable of `model` from `tensors` (PyTorch names); a ConfigError names what does not fit.
-    Names the model lacks are allowed only where ModernBertForMaskedLM has no parameter of its own (the tied
-    decoder weight)."""
-    values, missing, mismatched = [], [], []
-    for name, (variable, transpose) in parameters(model).items():
-        if name not in tensors:
-            missing.append(name)
-            continue
-        value = tensors[name].T if transpose else tensors[name]
-        if tuple(value.shape) != tuple(variable.shape):
-            mismatched.append(f"{name} {tuple(value.shape)} (model {tuple(variable.shape)})")
-            continue
-        values.append((variable, value))
-    unexpected = sorted(set(tensors) - set(parameters(model)) - set(TIED))
-    if missing or mismatched or unexpected:
-        raise ConfigError(
-            f"The weights in {where} do not fit a ModernBertForMaskedLM of its config.json: {len(missing)} "
-            f"missing (e.g. {missing[:3]}), {len(mismatched)} of another shape (e.g. {mismatched[:3]}), "
-            f"{len(unexpected)} unknown (e.g. {unexpected[:3]}). Give a ModernBertForMaskedLM checkpoint."
-        )
-    for variable, value in values:
-        variable.assign(value.astype(variable.dtype.as_numpy_dtype))
-    return f"{len(values)} tensors from {os.path.basename(where)} (PyTorch names)"
+def assign_modernbert(model: Any, tensors: dict[str, np.ndarray], where: str) -> str:
+    """Assign every variable of a built `model` from `tensors` (PyTorch names; the tied decoder weight may be
+    there too); returns a line saying what was read."""
+    table = parameters(model)
+    unknown = sorted(set(tensors) - set(table) - set(TIED))
+    count = assign_weights(table, tensors, where, ARCHITECTURE, f"Give a {ARCHITECTURE} checkpoint.", unknown)
+    return f"{count} tensors from {os.path.basename(where)} (PyTorch names)"

@@ -1,13 +1,9 @@
-"""PyTorch-layout weights for a saved model: `model.safetensors` beside `tf_model.h5`, without torch.
+"""RoBERTa weights between TensorFlow's and PyTorch's names and layouts, with numpy (no torch).
 
-    export_pytorch_weights(folder)   # folder holds tf_model.h5 + config.json; writes model.safetensors
+    export_pytorch_weights(folder)           # tf_model.h5 + config.json -> model.safetensors, PyTorch names
+    read = load_roberta_weights(model, folder)   # model.init_from: tf_model.h5, or model.safetensors of either naming
 
-Why: transformers 5.x has no TensorFlow and loads `RobertaForMaskedLM`'s parameter names; TensorFlow's
-`save_pretrained(safe_serialization=True)` writes TensorFlow names, which 5.x loads as a randomly
-initialised model with only a warning. So the weights are renamed and laid out here with numpy (Dense
-kernels [in, out] in Keras, [out, in] in torch), read from `tf_model.h5` itself: the export is a
-function of the artifact, and the training image needs neither torch nor TensorFlow for it. Every
-parameter is written, tied ones too. docs/releases.md#interoperability
+Why by hand: docs/releases.md#interoperability (transformers 4.57 cannot read safetensors without torch either).
 """
 
 from __future__ import annotations
@@ -15,13 +11,14 @@ from __future__ import annotations
 import json
 import os
 import re
+from typing import Any
 
 import numpy as np
 
+from mlm_tasks.errors import ConfigError
+
 SAFETENSORS_NAME = "model.safetensors"
 ARCHITECTURE = "RobertaForMaskedLM"
-
-
 # The last part of a Keras variable name -> (PyTorch parameter name, transpose?).
 _LEAF = {
     "kernel": ("weight", True),
@@ -31,15 +28,11 @@ _LEAF = {
     "weight": ("weight", False),
     "bias": ("bias", False),
 }
-
-
 _TIED = {"lm_head.decoder.weight": "roberta.embeddings.word_embeddings.weight", "lm_head.decoder.bias": "lm_head.bias"}
 
 
 def read_tf_weights(h5_path: str) -> dict[str, np.ndarray]:
-    """Keras' h5 layout: one group per layer, its `weight_names` attribute listing datasets under it.
-    Names lose the model's own scope (`tf_roberta_for_masked_lm[_N]/`) and the `:0` suffix; the word
-    embeddings are stored under both layers that use them, and are read once."""
+    """Keras' h5 layout by name, without the model's scope and `:0` (the shared word embeddings read once)."""
     import h5py
 
     out: dict[str, np.ndarray] = {}
@@ -117,8 +110,8 @@ def to_pytorch(tf_weights: dict[str, np.ndarray], config: dict) -> dict[str, np.
 
 
 def export_pytorch_weights(folder: str) -> str:
-    """Write `model.safetensors` (PyTorch names, metadata format=pt) into a local model folder and make
-    config.json name the PyTorch class. Returns the file's path."""
+    """Write `model.safetensors` (PyTorch names) into a local model folder and make config.json name the
+    PyTorch class. Returns the file's path."""
     from safetensors.numpy import save_file
 
     config_path = os.path.join(folder, "config.json")
@@ -134,6 +127,77 @@ def export_pytorch_weights(folder: str) -> str:
         with open(config_path, "w", encoding="utf-8") as f:
             json.dump(config, f, indent=2, sort_keys=True)
     return path
+
+
+def tf_name(variable_name: str) -> str:
+    """`tf_roberta_for_masked_lm/roberta/embeddings/word_embeddings/weight:0` -> `roberta/embeddings/...`:
+    the model's own scope (numbered when several models were built) and the `:0` go."""
+    name = variable_name.rsplit(":", 1)[0]
+    first, _, rest = name.partition("/")
+    return rest if rest and first not in ("roberta", "lm_head") else name
+
+
+def read_safetensors(path: str) -> dict[str, np.ndarray]:
+    from safetensors import SafetensorError
+    from safetensors.numpy import load_file
+
+    try:
+        return load_file(path)
+    except (SafetensorError, TypeError, ValueError) as err:  # TypeError: a dtype numpy lacks (bfloat16)
+        raise ConfigError(
+            f"Cannot read {path} ({type(err).__name__}: {err}): give float32 or float16 weights "
+            "(bfloat16 has no numpy type), or a folder with tf_model.h5."
+        ) from None
+
+
+def assign_weights(
+    table: dict[str, tuple[Any, bool]],
+    tensors: dict[str, np.ndarray],
+    where: str,
+    model_class: str,
+    advice: str,
+    unknown: list[str] | None = None,
+) -> int:
+    """Assign each variable of `table` ({name: (variable, transposed?)}) from `tensors`, all or none: a
+    ConfigError names what is missing, of another shape or (`unknown`) left over. Returns the count."""
+    values, missing, mismatched = [], [], []
+    for name, (variable, transpose) in table.items():
+        if name not in tensors:
+            missing.append(name)
+            continue
+        value = tensors[name].T if transpose else tensors[name]
+        if tuple(value.shape) != tuple(variable.shape):
+            mismatched.append(f"{name} {tuple(value.shape)} (model {tuple(variable.shape)})")
+            continue
+        values.append((variable, value))
+    found = f"{len(missing)} missing (e.g. {missing[:3]}), {len(mismatched)} of another shape (e.g. {mismatched[:3]})"
+    if unknown is not None:
+        found += f", {len(unknown)} unknown (e.g. {unknown[:3]})"
+    if missing or mismatched or unknown:
+        raise ConfigError(f"The weights in {where} do not fit a {model_class} of its config.json: {found}. {advice}")
+    for variable, value in values:
+        variable.assign(value.astype(variable.dtype.as_numpy_dtype))
+    return len(values)
+
+
+def load_roberta_weights(model: Any, folder: str) -> str:
+    """Assign every variable of a built RoBERTa from the base in `folder` (tf_model.h5 preferred; names the model
+    lacks, such as a pooler, are left out); returns a line saying what was read."""
+    if os.path.exists(os.path.join(folder, "tf_model.h5")):
+        source, weights, pytorch = "tf_model.h5", read_tf_weights(os.path.join(folder, "tf_model.h5")), False
+    else:
+        source, weights = SAFETENSORS_NAME, read_safetensors(os.path.join(folder, SAFETENSORS_NAME))
+        pytorch = not any("/" in name for name in weights)
+        if not pytorch:
+            weights = {tf_name(k): v for k, v in weights.items()}
+    table = {}
+    for variable in model.weights:
+        name = tf_name(variable.name)
+        key, transpose = pt_name(name) if pytorch else (name, False)
+        table[key] = (variable, transpose)
+    where, advice = os.path.join(folder, source), "Give a RobertaForMaskedLM checkpoint (with its lm_head)."
+    count = assign_weights(table, weights, where, "RoBERTa masked LM", advice)
+    return f"{count} tensors from {source} ({'PyTorch' if pytorch else 'TensorFlow'} names)"
 
 
 def _text(value) -> str:

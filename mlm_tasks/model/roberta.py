@@ -1,12 +1,8 @@
-"""The masked-LM model of `model.architecture` and the loss that trains it.
+"""The masked LM of `model.architecture` (transformers' `TFRobertaForMaskedLM` or mlm_tasks/model/modernbert.py),
+its optimizer, and the loss that trains it.
 
-`build_model` makes a `TFRobertaForMaskedLM`, or the Keras ModernBERT (mlm_tasks/model/modernbert.py), from
-the config (inside the strategy's scope, so the variables land on TPU/GPU replicas); `save_masked_lm` and
-`load_masked_lm` write and read either. `masked_lm_loss` computes the LM head only at masked positions:
-the head over the full vocabulary at every position is most of a small model's step, although only
-~15% of positions carry a label. A static per-sequence maximum (`max_predictions_per_seq`, as the
-original BERT TPU code did) keeps shapes static for XLA. With max_predictions_per_seq=0 the head runs
-everywhere, the plain way; both give the same loss on the same batch when no sequence overflows.
+    model = build_model(model_config(cfg, vocab_size, special_ids))   # in the strategy's scope
+    loss_sum, count, correct = masked_lm_loss(model, batch, max_predictions=32, training=True)
 """
 
 from __future__ import annotations
@@ -15,17 +11,14 @@ from mlm_tasks.config import PipelineConfig, TrainConfig
 
 
 def model_vocab_size(cfg: PipelineConfig, tokenizer_size: int) -> int:
-    """Rows of the model's embedding and LM head: the tokenizer's size, rounded up to model.vocab_multiple
-    when set (the extra ids are never in the input nor a label; training pushes their logits down)."""
+    """Rows of the model's embedding and LM head: the tokenizer's size, rounded up to model.vocab_multiple."""
     multiple = cfg.model.vocab_multiple
     return -(-tokenizer_size // multiple) * multiple if multiple and not cfg.model.init_from else tokenizer_size
 
 
 def optimizer_and_schedule(train: TrainConfig, steps: int):
-    """AdamW (decay not on norms and biases, as transformers.create_optimizer) and its learning-rate schedule:
-    linear warmup to train.learning_rate over train.warmup_fraction of `steps`, then train.schedule down to 0
-    at the last step, wsd's after a stable phase (mlm_tasks/model/schedule.py: a time budget may move that
-    step while it trains)."""
+    """AdamW (no decay on norms and biases, as transformers.create_optimizer) and its schedule over `steps`
+    (mlm_tasks/model/schedule.py)."""
     from transformers import AdamWeightDecay
 
     from mlm_tasks.model.schedule import decay_schedule
@@ -46,8 +39,7 @@ def optimizer_and_schedule(train: TrainConfig, steps: int):
 
 
 def model_config(cfg: PipelineConfig, vocab_size: int, special_ids: dict, base_config: dict | None = None):
-    """The model's config: the preset's shape, or with `base_config` (model.init_from) the base's config.json
-    as it is. Dropout is the run's either way: a training setting, like the learning rate."""
+    """The model's config: the preset's shape, or the base's config.json (model.init_from); dropout is the run's."""
     from transformers import RobertaConfig
 
     if cfg.model.architecture == "modernbert":
@@ -56,14 +48,9 @@ def model_config(cfg: PipelineConfig, vocab_size: int, special_ids: dict, base_c
         return RobertaConfig.from_dict(
             {**base_config, "hidden_dropout_prob": cfg.model.dropout, "attention_probs_dropout_prob": cfg.model.dropout}
         )
-    shape = cfg.model.shape()
     return RobertaConfig(
+        **cfg.model.shape().model_dump(),
         vocab_size=model_vocab_size(cfg, vocab_size),
-        hidden_size=shape.hidden_size,
-        num_hidden_layers=shape.num_hidden_layers,
-        num_attention_heads=shape.num_attention_heads,
-        intermediate_size=shape.intermediate_size,
-        max_position_embeddings=shape.max_position_embeddings,
         hidden_dropout_prob=cfg.model.dropout,
         attention_probs_dropout_prob=cfg.model.dropout,
         type_vocab_size=1,
@@ -74,8 +61,8 @@ def model_config(cfg: PipelineConfig, vocab_size: int, special_ids: dict, base_c
 
 
 def _modernbert_config(cfg: PipelineConfig, vocab_size: int, special_ids: dict, base_config: dict | None):
-    """ModernBERT's config; from a base, its context grows to shards.max_length (RoPE has no table) and
-    model.rope_theta, when set, replaces its global RoPE base: the context-extension phase."""
+    """ModernBERT's config; a base's context grows to shards.max_length and model.rope_theta replaces its global
+    RoPE base (context extension)."""
     from mlm_tasks.model.modernbert_weights import modernbert_config
 
     m, drops = cfg.model, ("attention_dropout", "embedding_dropout", "mlp_dropout")
@@ -102,12 +89,8 @@ def _modernbert_config(cfg: PipelineConfig, vocab_size: int, special_ids: dict, 
 
 
 def build_model(config, sinusoidal_positions: bool = False):
-    """Build a freshly initialised model and create its variables (needed before checkpoint restore).
-
-    sinusoidal_positions: start the (still learned) position embeddings from sinusoids scaled to the
-    token embeddings' spread. Random position vectors make "look at my neighbour" slow to discover,
-    which keeps a small model predicting unigram frequencies for its first thousands of steps.
-    """
+    """A freshly initialised model, its variables created (needed before a checkpoint restore).
+    `sinusoidal_positions`: RoBERTa's learned positions start from sinusoids (model.sinusoidal_init)."""
     import numpy as np
     import tensorflow as tf
     from transformers import TFRobertaForMaskedLM
@@ -131,8 +114,8 @@ def build_model(config, sinusoidal_positions: bool = False):
 
 
 def save_masked_lm(model, folder: str) -> None:
-    """config.json and weights that transformers loads: RoBERTa's tf_model.h5 (4.57, TensorFlow) and
-    model.safetensors (5.x, PyTorch names); ModernBERT's model.safetensors (5.x, modernbert_weights.py)."""
+    """config.json and weights: RoBERTa's tf_model.h5 (transformers 4.57) and model.safetensors (5.x, PyTorch
+    names); ModernBERT's model.safetensors only."""
     if model.config.model_type == "modernbert":
         from mlm_tasks.model.modernbert_weights import save_modernbert
 
@@ -142,6 +125,20 @@ def save_masked_lm(model, folder: str) -> None:
 
     model.save_pretrained(folder)
     export_pytorch_weights(folder)
+
+
+def load_base_weights(model, folder: str) -> str:
+    """The weights of model.init_from's `folder` into a built model; returns a line saying what was read."""
+    import os
+
+    from mlm_tasks.model.pt_export import SAFETENSORS_NAME, load_roberta_weights, read_safetensors
+
+    if model.config.model_type != "modernbert":
+        return load_roberta_weights(model, folder)
+    from mlm_tasks.model.modernbert_weights import assign_modernbert
+
+    path = os.path.join(folder, SAFETENSORS_NAME)  # the Keras ModernBERT: PyTorch names only
+    return assign_modernbert(model, read_safetensors(path), path)
 
 
 def load_masked_lm(folder: str):
@@ -157,27 +154,22 @@ def load_masked_lm(folder: str):
         return load_modernbert(folder)
     from transformers import TFRobertaForMaskedLM
 
-    # use_safetensors=False: read tf_model.h5. transformers 4.57 would otherwise pick the PyTorch
-    # model.safetensors beside it and fail to read it (transformers#40028).
+    # 4.57 would otherwise pick the PyTorch model.safetensors beside it and fail to read it (transformers#40028).
     return TFRobertaForMaskedLM.from_pretrained(folder, use_safetensors=False)
 
 
 def masked_lm_loss(model, batch, max_predictions: int, training: bool, packed: bool = False):
-    """Returns (summed loss, number of masked tokens, number predicted correctly) for one batch.
-
-    packed=True (shapes that change every batch: not for XLA or a TPU) runs the head at exactly the
-    batch's masked positions, the first `max_predictions` of each sequence as the static slots would
-    take, so none of its rows are padding: at 15% masking 32 slots hold ~19 labels."""
+    """(summed loss, masked tokens, correct predictions) of one batch. The LM head, most of a small model's
+    step, runs at the masked positions only: the first `max_predictions` of each sequence (static shapes for
+    XLA; 0: the head runs everywhere), or with `packed` (shapes that change per batch: not for XLA or a TPU)
+    exactly those, with no padding slots. Each gives the same loss when no sequence overflows."""
     import tensorflow as tf
 
-    labels = batch["labels"]
+    labels, ids, mask = batch["labels"], batch["input_ids"], batch["attention_mask"]
     if hasattr(model, "lm_logits"):  # the Keras ModernBERT
-        hidden, lm_head = model.encode(batch["input_ids"], batch["attention_mask"], training=training), model.lm_logits
+        hidden, lm_head = model.encode(ids, mask, training=training), model.lm_logits
     else:
-        hidden = model.roberta(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"], training=training)[
-            0
-        ]
-        lm_head = model.lm_head
+        hidden, lm_head = model.roberta(input_ids=ids, attention_mask=mask, training=training)[0], model.lm_head
     if packed:
         is_masked = labels != -100
         if max_predictions:  # the same positions top_k picks below: the first max_predictions of each row

@@ -1,12 +1,11 @@
 """The learning-rate schedule: linear warmup, a stable phase at the peak (`wsd` only), then a decay to 0 at the
 run's last step, which a time budget may move while the run trains (the decay re-anchors: no jump).
 
-    schedule = decay_schedule(peak=2e-3, warmup=66, total=1100, kind="linear")   # or "cosine", "1-sqrt"
     schedule = decay_schedule(2e-3, 66, 1100, "1-sqrt", decay_fraction=0.2)   # wsd: stable until step 880
     schedule.at(step); schedule.replan(step=600, total=950)
 
-Linear is transformers' create_optimizer schedule until a re-plan. The plan's numbers are variables saved in
-the checkpoint (`lr_plan`); `offset` turns a continued optimizer's step count into this run's step.
+The plan is variables the checkpoint saves (`lr_plan`); `offset` turns a continued optimizer's step count
+into this run's step.
 """
 
 from __future__ import annotations
@@ -19,14 +18,14 @@ Shape = Literal["linear", "cosine", "1-sqrt"]
 
 
 def decay_schedule(peak: float, warmup: int, total: int, kind: Shape, decay_fraction: float | None = None) -> Any:
-    """A DecaySchedule (a Keras LearningRateSchedule, which the optimizer calls with its step). `decay_fraction`:
-    the decay's share of the steps, at the end (wsd: stable between warmup and it); None: all after warmup."""
+    """A Keras LearningRateSchedule. `decay_fraction`: the decay's share of the steps, at the end (wsd); None:
+    all after warmup."""
     return _schedule_class()(peak, warmup, total, kind, decay_fraction)
 
 
 @cache
 def _schedule_class() -> type:
-    """The class, defined on first use: its base is Keras', and importing this module loads no TensorFlow."""
+    """Defined on first use: its base is Keras', and importing this module loads no TensorFlow."""
     import tf_keras
 
     class DecaySchedule(_DecayPlan, tf_keras.optimizers.schedules.LearningRateSchedule):
@@ -41,7 +40,6 @@ class _DecayPlan:
 
         super().__init__()
         self.peak, self.warmup, self.kind, self.decay_fraction = float(peak), int(warmup), kind, decay_fraction
-        # A tf.Module tracks its variables: the checkpoint saves them as `lr_plan`.
         self.plan = tf.Module(name="lr_plan")
         start = self._decay_start(total)
         self.plan.anchor_step = tf.Variable(float(start), trainable=False, name="anchor_step")
@@ -79,8 +77,7 @@ class _DecayPlan:
         return int(self.plan.end_step.numpy())
 
     def replan(self, step: int, total: int) -> None:
-        """Decay to 0 at `total` (no earlier than `step`): from this step's learning rate once decaying, else
-        from the peak at the decay's (moved) start."""
+        """Decay to 0 at `total` (no earlier than `step`), from this step's learning rate once decaying."""
         start = self._decay_start(total)
         if step < start:  # warming up or stable: only the decay's start and end move
             self.plan.anchor_step.assign(float(start))

@@ -1,3 +1,1 @@
-"""Training around the model: the plan (`plan`: device, precision, strategy, batch, steps; `device`,
-`budget`), the parts `steps/train.py` chains (`step`, `state`, `loop`, `hooks`) and what it records while it
-runs (`progress`, `validation`). The detached trainer's status record and driver: mlm_tasks/job/."""
+"""How the model is trained: the parts mlm_tasks/steps/train.py chains (docs/layout.md)."""

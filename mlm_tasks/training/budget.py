@@ -1,10 +1,9 @@
 """train.budget_minutes: a deadline on the time a run trains, from its first start (measuring included).
+docs/google-cloud.md (`train.budget_minutes`)
 
     budget = budgeted_steps(run, budget_minutes=5, cap=None, measure=lambda: (0.012, 4.1))  # recorded in budget.json
     deadline = Deadline(time.time() + budget.seconds - used_s, budget.seconds_per_step, cap=None)
     total = deadline.total_before_call(step, per_call, total, reserve_s)   # before each call of the loop
-
-More: docs/google-cloud.md (`train.budget_minutes`).
 """
 
 from __future__ import annotations
@@ -20,15 +19,11 @@ from mlm_tasks import storage
 from mlm_tasks.paths import RunPaths
 
 log = logging.getLogger(__name__)
-# Right after compiling, the input pipeline and the kernels are not at their steady pace yet (measured
-# on the embedded default: 20 steps / 3 s read fp32 steps 25-35% slow, bf16 ones 15-20% fast): a warm-up
-# call more, then a longer window, which is ~3% of a 5-minute budget.
+# Right after compiling, the input and the kernels are not at their steady pace yet: a warm-up call more,
+# then a window long enough (~3% of a 5-minute budget) to read it.
 MEASURE_STEPS, MEASURE_S, WARMUP_CALLS = 50, 8.0, 2
-# The measuring stops early past this share of the budget (compiling included): on a loaded machine the
-# 50-step window had taken longer than a 2-minute budget, which then trained 40% over it.
-MEASURE_SHARE = 0.05
-# The pace the re-plan reads: the last minute of calls (a checkpoint or a validation inside it is part of
-# the pace, as it is of the time left), so a machine that gets busier shortens the plan within a minute.
+MEASURE_SHARE = 0.05  # the measuring (compiling included) stops past this share of the budget
+# The re-plan's pace: the last minute of calls, checkpoints and validations inside it included.
 PACE_WINDOW_S = 60.0
 
 
@@ -43,6 +38,8 @@ class Budget:
 def budgeted_steps(
     run: RunPaths, budget_minutes: float, cap: int | None, measure: Callable[[], tuple[float, float]]
 ) -> Budget:
+    """The step count that fits the budget (`measure()`: seconds per step, seconds spent measuring), recorded in
+    RunPaths.train_budget on the first try; a retry reads it back."""
     recorded = storage.read_json_if_exists(run.train_budget)
     if recorded:
         log.info(
@@ -52,47 +49,41 @@ def budgeted_steps(
             recorded["seconds_per_step"],
             recorded["budget_minutes"],
         )
-        return Budget(
-            int(recorded["steps"]),
-            float(recorded["seconds_per_step"]),
-            float(recorded["budget_minutes"]) * 60,
-            recorded.get("started_at"),
-        )
-    started_at = time.time()
-    step_s, spent_s = measure()
-    steps = max(1, int((budget_minutes * 60 - spent_s) / step_s))
-    if cap is not None and steps > cap:
+    else:
+        started_at = time.time()
+        step_s, spent_s = measure()
+        steps = max(1, int((budget_minutes * 60 - spent_s) / step_s))
+        if cap is not None and steps > cap:
+            log.info(
+                "%d steps would fit train.budget_minutes=%g, but train.steps caps them at %d",
+                steps,
+                budget_minutes,
+                cap,
+            )
+            steps = cap
+        recorded = {"steps": steps, "seconds_per_step": step_s, "measured_in_s": spent_s}
+        recorded.update(budget_minutes=budget_minutes, cap=cap, started_at=started_at)
+        storage.write_json(run.train_budget, recorded)
         log.info(
-            "%d steps would fit train.budget_minutes=%g, but train.steps caps them at %d", steps, budget_minutes, cap
+            "Time budget %g min: %.4f s/step measured in %.1f s, so %d steps for a start; re-planned as it trains, "
+            "it stops by %s (recorded in %s)",
+            budget_minutes,
+            step_s,
+            spent_s,
+            steps,
+            time.strftime("%H:%M:%S", time.localtime(started_at + budget_minutes * 60)),
+            run.train_budget,
         )
-        steps = cap
-    storage.write_json(
-        run.train_budget,
-        {
-            "steps": steps,
-            "seconds_per_step": step_s,
-            "measured_in_s": spent_s,
-            "budget_minutes": budget_minutes,
-            "cap": cap,
-            "started_at": started_at,
-        },
+    return Budget(
+        int(recorded["steps"]),
+        float(recorded["seconds_per_step"]),
+        float(recorded["budget_minutes"]) * 60,
+        recorded.get("started_at"),
     )
-    log.info(
-        "Time budget %g min: %.4f s/step measured in %.1f s, so %d steps for a start; re-planned as it trains, "
-        "it stops by %s (recorded in %s)",
-        budget_minutes,
-        step_s,
-        spent_s,
-        steps,
-        time.strftime("%H:%M:%S", time.localtime(started_at + budget_minutes * 60)),
-        run.train_budget,
-    )
-    return Budget(steps, step_s, budget_minutes * 60, started_at)
 
 
 def record_end(run: RunPaths, trained_steps: int, replans: int, used_s: float) -> dict[str, Any]:
-    """Adds what the budget trained to budget.json: the steps (what `train.steps` repeats), the re-plans,
-    and the seconds used against the budget. Returns the record."""
+    """Adds what the budget trained to budget.json (the steps, re-plans, seconds used against it); returns it."""
     record = dict(storage.read_json(run.train_budget))
     record.update(
         trained_steps=trained_steps,
@@ -106,19 +97,12 @@ def record_end(run: RunPaths, trained_steps: int, replans: int, used_s: float) -
 
 
 class Deadline:
-    """The run's last step, re-planned before each call of the loop so the run ends by `deadline_at`.
-
-    The pace is seconds per step over the last PACE_WINDOW_S of calls (the start's measurement until two
-    calls have run). The plan is every step that fits before the deadline less `reserve_s` (what the end
-    needs: the final checkpoint and validation, measured by the loop); when the call after this one would
-    not fit, this call is the last. train.steps caps it; `clock` is time.time (a test passes its own)."""
+    """The run's last step, re-planned before each call of the loop so the run ends by `deadline_at`: every step
+    that fits before it less `reserve_s` (the end's checkpoint and validation) at the pace of the last
+    PACE_WINDOW_S of calls (the start's measurement until two calls have run). train.steps (`cap`) caps it."""
 
     def __init__(
-        self,
-        deadline_at: float,
-        seconds_per_step: float,
-        cap: int | None,
-        clock: Callable[[], float] = time.time,
+        self, deadline_at: float, seconds_per_step: float, cap: int | None, clock: Callable[[], float] = time.time
     ):
         self.deadline_at, self.cap, self.clock = deadline_at, cap, clock
         self.initial_pace = seconds_per_step
@@ -162,12 +146,10 @@ def seconds_per_step(
     xla: bool,
     batches: Callable[[Any], Any],
     per_call: int,
-    min_steps: int = MEASURE_STEPS,
-    min_s: float = MEASURE_S,
     max_s: float | None = None,
 ) -> tuple[float, float]:
     """(seconds per step, seconds spent) of a throwaway model and optimizer: WARMUP_CALLS calls (the first
-    compiles), then calls of `per_call` steps until `min_steps` steps and `min_s` seconds have passed, or
+    compiles), then calls of `per_call` steps until MEASURE_STEPS steps and MEASURE_S seconds have passed, or
     (one timed call at least) until `max_s` seconds have passed since the start, compiling included."""
     began = time.monotonic()
     model, optimizer = model_and_optimizer
@@ -182,7 +164,7 @@ def seconds_per_step(
             break
         run_steps(iterator, per_call).numpy()
     steps, timed = 0, time.monotonic()
-    while steps < min_steps or time.monotonic() - timed < min_s:
+    while steps < MEASURE_STEPS or time.monotonic() - timed < MEASURE_S:
         if steps and over_cap():
             log.info(
                 "Measuring stopped after %d steps at its cap, %.1f s (%.0f%% of the budget)",

@@ -1,9 +1,7 @@
 """Where a run trains: the accelerator this host has, and the tf.distribute strategy over it.
 
-    device = select_device(cfg.train.device)     # tpu, gpu or cpu (train.device=auto: what this host has)
-    strategy = make_strategy(device, cfg)        # TPUStrategy, Mirrored on several GPUs, else the default
-
-On a multi-host TPU slice the program runs on worker 0 only and addresses the slice by name.
+device = select_device(cfg.train.device)     # tpu, gpu or cpu (train.device=auto: what this host has)
+strategy = make_strategy(device, cfg)        # TPUStrategy, Mirrored on several GPUs, else the default
 """
 
 from __future__ import annotations
@@ -30,33 +28,31 @@ def select_device(requested: str) -> str:
 
 
 def tpu_resolver_args(cfg: PipelineConfig) -> dict:
-    """TPUClusterResolver arguments. TensorFlow on TPU is single-client: on one host the program
-    talks to its own chips (`tpu="local"`); on a multi-host slice it runs on worker 0 only and
-    addresses the whole slice by node name, zone and project (the remote step exports MLM_TPU_NODE
-    exactly then), while the `-pod` runtime on the other hosts serves it."""
+    """TPUClusterResolver arguments: this host's chips, or on a multi-host slice (the remote step exports
+    MLM_TPU_NODE) the whole slice by name, from worker 0 (TensorFlow on TPU is single-client)."""
     node = os.environ.get("MLM_TPU_NODE")
     if not node:
         return {"tpu": "local"}
     return {"tpu": node, "zone": cfg.tpu.zone, "project": cfg.tpu.project or None}
 
 
-def make_strategy(device: str, cfg: PipelineConfig | None = None) -> Any:
+def make_strategy(device: str, cfg: PipelineConfig) -> Any:
     import tensorflow as tf
 
     if device == "tpu":
-        if cfg is not None and cfg.train.strategy == "mirrored":
+        if cfg.train.strategy == "mirrored":
             raise ConfigError(
                 "train.strategy=mirrored is for CPU and GPU; a TPU always trains with "
                 "TPUStrategy: set train.strategy=auto."
             )
-        args = tpu_resolver_args(cfg) if cfg is not None else {"tpu": "local"}
+        args = tpu_resolver_args(cfg)
         resolver = tf.distribute.cluster_resolver.TPUClusterResolver(**args)
         tf.config.experimental_connect_to_cluster(resolver)
         tf.tpu.experimental.initialize_tpu_system(resolver)
         strategy = tf.distribute.TPUStrategy(resolver)
         log.info("TPU system %s: %d replica(s) in sync", args["tpu"], strategy.num_replicas_in_sync)
         return strategy
-    if cfg is not None and cfg.train.strategy == "mirrored":
+    if cfg.train.strategy == "mirrored":
         return tf.distribute.MirroredStrategy()  # over every GPU, else the CPU: one replica
     if device == "gpu" and len(tf.config.list_physical_devices("GPU")) > 1:
         return tf.distribute.MirroredStrategy()

@@ -1,6 +1,5 @@
-"""Evaluate a trained masked LM: loss, perplexity and masked-token accuracy on `eval.split`, beside the
-untrained model (same shape and seed) and the unigram baseline (always the train split's most frequent
-token), all on the same masked batches, so "it learned" is a fact in metrics.json.
+"""Evaluate a trained masked LM on `eval.split` beside the untrained model (same shape and seed) and the
+unigram baseline, on the same masked batches, so "it learned" is a fact in metrics.json.
 
     metrics = evaluate_model(cfg, ctx)          # EvalMetrics; the evaluate step writes them
 """
@@ -41,8 +40,8 @@ def most_frequent_token(shard_set, special_ids: set[int], max_records: int = 20_
 
 
 def _score(model, batches, mask_id: int) -> tuple[float, float, int, float]:
-    """Loss and accuracy over every selected position, and accuracy where the input shows <mask>
-    (the 10% of selected tokens left unchanged can be copied; this one cannot)."""
+    """(loss, accuracy, count) over every selected position, and the accuracy where the input shows <mask>
+    (unlike a token left unchanged, it cannot be copied)."""
     import tensorflow as tf
 
     loss_sum = count = correct = at_mask = masks = 0.0
@@ -137,14 +136,12 @@ def _trained_model(cfg: PipelineConfig, ctx: RunContext, tokenizer_size: int) ->
 
 
 def _eval_batches(cfg: PipelineConfig, shard_set: Any, split: str, tokenizer: Any) -> list:
-    """The masked batches every score is taken on."""
     import tensorflow as tf
 
     from mlm_tasks.data.input import mlm_dataset
     from mlm_tasks.training.validation import EVAL_MLM_PROBABILITY
 
-    # Fixed seed and rate: every run (and the previously published model) is scored on identical masks,
-    # whatever masking rate it trained with; the first batches are those of train.eval_every.
+    # Fixed seed and rate: every run (and the published model) is scored on the same masks, whatever it trained with.
     tf.random.set_seed(cfg.train.seed)
     ds = mlm_dataset(
         shard_set,

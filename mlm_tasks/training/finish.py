@@ -1,7 +1,6 @@
-"""The end of a training run: the kept step's weights saved as the model folder (TensorFlow and PyTorch
-layouts, float32, with the tokenizer), then the training summary, written last (it marks training complete).
+"""The end of a training run: the model folder, then the training summary.
 
-    summary = finish(cfg, ctx, inputs, plan, state, loop)       # after the loop's final checkpoint
+summary = finish(cfg, ctx, inputs, plan, state, loop)       # after the loop's final checkpoint
 """
 
 from __future__ import annotations
@@ -66,8 +65,8 @@ def _summary(
         "precision_reason": plan.precision_reason,
         "steps_per_call": plan.per_call,
         "tokens_per_s": progress.tokens_per_s,
-        "first_loss": progress.first_loss,
-        "last_loss": progress.last_loss,
+        "first_loss": history[0]["loss"] if history else None,
+        "last_loss": history[-1]["loss"] if history else None,
         "elapsed_s": progress.elapsed_s,
         "data_fingerprint": ctx.data.fingerprint,
         "val_loss": next((h["val_loss"] for h in reversed(history) if "val_loss" in h), None),
@@ -88,8 +87,7 @@ def _summary(
 
 
 def _tpu_cost(cfg: PipelineConfig, device: str, elapsed_s: float) -> tuple[float | None, float | None, str | None]:
-    """(hours, US$, basis) of the training on a TPU at the run's price (tpu.price_per_chip_hour or the list
-    price); the VM's start and the steps around training are not in it. Nothing to count off a TPU."""
+    """(hours, US$, basis) of the training alone on a TPU at the run's price; None off a TPU."""
     if device != "tpu":
         return None, None, None
     from mlm_tasks.tpu import prices
@@ -99,13 +97,13 @@ def _tpu_cost(cfg: PipelineConfig, device: str, elapsed_s: float) -> tuple[float
 
 
 def save_model(model, tokenizer, uri: str) -> None:
-    """The model folder at `uri`: TensorFlow and PyTorch weights, config, tokenizer (the run's model, and
-    each step the Hub sync pushes as a revision, mid-training)."""
+    """The model folder at `uri` (the run's model, and each step the Hub sync pushes): TensorFlow and PyTorch
+    weights in float32, config, tokenizer."""
     import tf_keras
 
     from mlm_tasks.model.roberta import save_masked_lm
 
-    # Saved in float32 whatever the training precision, so any CPU can load it; training's policy after.
+    # float32 whatever the training precision, so any CPU can load it; training's policy after.
     policy = tf_keras.mixed_precision.global_policy()
     tf_keras.mixed_precision.set_global_policy("float32")
     try:

@@ -1,10 +1,7 @@
-"""Hooks of the training loop: what runs around it (checkpoint listeners such as the Hub sync, a test's fault).
+"""Hooks of the training loop: checkpoint listeners such as the Hub sync, a test's fault. docs/operations.md
 
-    train(cfg, ctx, hooks=[FailAtStep(6)])                        # in this process (a test)
-    MLM_TRAIN_HOOKS=mlm_tasks.training.hooks:fail_at_step=6     # a trainer in another process
-
-A hook overrides what it needs of `TrainHook`. MLM_TRAIN_HOOKS (`module:factory[=ARG]`, comma-separated) is
-a test seam read from the trainer's own environment, never from a run's config. docs/configuration.md
+train(cfg, ctx, hooks=[FailAtStep(6)])                        # in this process (a test)
+MLM_TRAIN_HOOKS=mlm_tasks.training.hooks:fail_at_step=6     # a trainer in another process (its environment)
 """
 
 from __future__ import annotations
@@ -42,8 +39,7 @@ class TrainHook:
 
 
 class CheckpointCallback(TrainHook):
-    """An `on_checkpoint(step, path)` callable as a hook (train's `on_checkpoint`, the Hub sync): its int
-    `checkpoint_every` attribute, if it has one, is kept, and `end` runs at on_end."""
+    """An `on_checkpoint(step, path)` callable (and its `checkpoint_every`, if any) as a hook; `end` runs at on_end."""
 
     def __init__(self, callback: Callable[[int, str], None], end: Callable[[], object] | None = None):
         self.callback, self.end = callback, end
@@ -58,9 +54,8 @@ class CheckpointCallback(TrainHook):
 
 
 class FailAtStep(TrainHook):
-    """Fail the try after the call of the loop that holds `step`, once per run: a marker in the run's folder
-    (RunPaths.fault_marker) records it, so the retry, with the same hooks, resumes from the last checkpoint
-    and finishes. `run_id`: only that run (on a shared test stack, the other runs train undisturbed)."""
+    """Fail the try after the call of the loop that holds `step`, once per run (RunPaths.fault_marker records
+    it, so the retry resumes and finishes). `run_id`: only that run."""
 
     def __init__(self, step: int, run_id: str | None = None):
         if step < 1:

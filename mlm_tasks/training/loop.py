@@ -1,11 +1,8 @@
-"""The train step's fourth part: the steps of one try, from its start step to the plan's last.
+"""The steps of one training try, from its start step to the plan's last.
 
-    loop = TrainLoop(cfg, ctx.run, inputs, plan, state, hooks)
-    with loop.status:                  # runs/<run>/train/status.json: heartbeats, then done or failed
-        loop.run()                     # ... the final checkpoint saved, every hook's on_end called
-
-A non-finite loss or gradient norm stops the run before anything of its call is saved (no retry); a preemption
-notice ends a call after its step (mlm_tasks/job/preemption.py).
+loop = TrainLoop(cfg, ctx.run, inputs, plan, state, hooks)
+with loop.status:                  # runs/<run>/train/status.json: heartbeats, then done or failed
+    loop.run()                     # ... the final checkpoint saved, every hook's on_end called
 """
 
 from __future__ import annotations
@@ -31,9 +28,6 @@ log = logging.getLogger("mlm_tasks.steps.train")
 
 
 class TrainLoop:
-    """One try's steps: the input from the start step on, the compiled step, the progress and status
-    records, and the hooks."""
-
     def __init__(
         self,
         cfg: PipelineConfig,
@@ -95,7 +89,8 @@ class TrainLoop:
         )
 
     def run(self) -> None:
-        """Train to the plan's last step, save the final checkpoint, and end the hooks."""
+        """Train to the plan's last step, save the final checkpoint, and end the hooks. A preemption notice
+        ends a call after its step (mlm_tasks/job/preemption.py)."""
         start = self.state.start_step
         for hook in self.hooks:
             hook.on_start(self.run_paths, start, self.total)
@@ -195,7 +190,7 @@ class TrainLoop:
             raise bad from None
 
     def _check_finite(self, first: int, rows: Any) -> None:
-        """Raise TrainingDivergedError at the first step of the call whose loss or gradient norm is not finite."""
+        """Raise TrainingDivergedError at the call's first non-finite loss or gradient norm, before any save."""
         import numpy as np
 
         bad = np.flatnonzero(~np.isfinite(rows[:, [0, 3]]).all(axis=1))

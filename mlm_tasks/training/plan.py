@@ -1,11 +1,9 @@
-"""What a training run will do, checked before it starts: its step count, and whether its earlier work fits.
+"""What a training run will do, checked before it starts (validate, check_run and train share it).
 
-    steps = plan_steps(cfg, shard_set, global_batch)          # the batch fits the train records
-    check_resumable(run, fingerprint, shard_set.vocab_size)   # a checkpoint of this run is of this data
-    inputs = load_inputs(cfg, ctx)                 # TrainInputs: the checked shard set, tokenizer, base model
-    plan = plan_training(cfg, ctx.run, inputs)     # TrainPlan: device, precision, strategy, batch, steps
-
-Shared by the steps that need them (validate, check_run, train), so no step imports another.
+steps = plan_steps(cfg, shard_set, global_batch)          # the batch fits the train records
+check_resumable(run, fingerprint, shard_set.vocab_size)   # a checkpoint of this run is of this data
+inputs = load_inputs(cfg, ctx)                 # TrainInputs: the checked shard set, tokenizer, base model
+plan = plan_training(cfg, ctx.run, inputs)     # TrainPlan: device, precision, strategy, batch, steps
 """
 
 from __future__ import annotations
@@ -25,7 +23,6 @@ from mlm_tasks.paths import RunContext, RunPaths, join
 from mlm_tasks.training.device import make_strategy, select_device
 from mlm_tasks.training.step import model_and_optimizer, step_functions, train_input
 
-log = logging.getLogger(__name__)
 train_log = logging.getLogger("mlm_tasks.steps.train")  # the train step's own lines, as its other parts write them
 
 
@@ -44,8 +41,8 @@ def checkpoint_vocab_size(checkpoint_dir: str) -> int | None:
 
 
 def check_resumable(run: RunPaths, fingerprint: str, vocab_size: int) -> None:
-    """A run's earlier work must come from the same data: resuming a checkpoint (or reusing a model)
-    made with another tokenizer would fail deep in TensorFlow or, same size, silently mean nonsense."""
+    """Refuse a run whose earlier work (summary, checkpoint) comes from other data: resuming it would fail deep
+    in TensorFlow or, same vocabulary size, silently mean nonsense."""
     summary = storage.read_json_if_exists(run.train_summary)
     if summary and summary.get("data_fingerprint", fingerprint) != fingerprint:
         raise ConfigError(
@@ -87,8 +84,7 @@ def crossed(every: int, first: int, last: int) -> bool:
 
 
 def planned_replicas(cfg: PipelineConfig) -> int:
-    """Replicas the run will train on, as far as the config tells: a TPU slice's chips (v4, v5e and v5p
-    chips are one replica each), else 1 (the training host finds its GPUs itself)."""
+    """Replicas the run will train on, as far as the config tells: a TPU slice's chips, else 1."""
     if cfg.compute != "tpu_vm":
         return 1
     from mlm_tasks.tpu.prices import chips
@@ -105,7 +101,7 @@ def plan_lines(
 ) -> list[str]:
     """What the run will cost, before it spends: tokens, steps and FLOPs; on a TPU VM the hours at
     ASSUMED_MFU of the slice's peak and their price on-demand and Spot."""
-    from mlm_tasks.model.flops import PEAKS, flops_per_token
+    from mlm_tasks.model.flops import device_peak, flops_per_token
     from mlm_tasks.tpu import prices
 
     replicas = replicas or planned_replicas(cfg)
@@ -130,8 +126,7 @@ def plan_lines(
             f"{steps:,} steps."
         )
     if cfg.compute == "tpu_vm":
-        generation = cfg.tpu.accelerator_type.split("-", 1)[0]
-        peak = PEAKS.get(f"tpu-{generation}", {}).get("bf16")
+        peak = device_peak("tpu", "bf16", replicas, cfg.tpu.accelerator_type).per_device
         if peak is None:
             return [*lines, f"No bf16 peak for {cfg.tpu.accelerator_type} in mlm_tasks/model/flops.py: no estimate."]
         hours = tokens * per_token / (replicas * peak * prices.ASSUMED_MFU) / 3600
@@ -152,13 +147,10 @@ def plan_lines(
     return lines
 
 
-# The train step's plan: what it trains on, then how it trains on this host.
-
-
 @dataclass(frozen=True)
 class TrainInputs:
-    """What a run trains on: its shard set (train split verified), its tokenizer, and the base model whose
-    weights it starts from, or the checkpoint of train.continue_run (None, None: random weights)."""
+    """What a run trains on: its shard set (train split verified), its tokenizer, and the base model or the
+    checkpoint of train.continue_run it starts from (None, None: random weights)."""
 
     shard_set: ShardSet
     tokenizer: Any
@@ -228,27 +220,19 @@ def plan_training(cfg: PipelineConfig, run: RunPaths, inputs: TrainInputs) -> Tr
     strategy = make_strategy(device, cfg)
     replicas = strategy.num_replicas_in_sync
     global_batch = cfg.train.batch_size * replicas
-    base = inputs.base
-    plan = TrainPlan(
-        device,
-        cfg.train.mixed_precision,
-        xla,
-        strategy,
-        replicas,
-        global_batch,
-        total_steps=plan_steps(cfg, inputs.shard_set, global_batch),
-        per_call=steps_per_call(cfg.train.steps_per_call, device),
-        model_config=model_config(
-            cfg, len(inputs.tokenizer), inputs.shard_set.special_ids, base.config() if base else None
-        ),
-        precision_reason=f"{cfg.train.mixed_precision}: set by train.mixed_precision",
-    )
-    if cfg.train.mixed_precision == "auto":
+    total_steps = plan_steps(cfg, inputs.shard_set, global_batch)
+    base_config = inputs.base.config() if inputs.base else None
+    config = model_config(cfg, len(inputs.tokenizer), inputs.shard_set.special_ids, base_config)
+    precision: str = cfg.train.mixed_precision
+    reason = f"{precision}: set by train.mixed_precision"
+    if precision == "auto":
         precision, reason = auto_precision(device)
-        plan = replace(plan, precision=precision, precision_reason=reason)
         train_log.info("Precision %s", reason)
-    tf_keras.mixed_precision.set_global_policy("mixed_bfloat16" if plan.precision == "bf16" else "float32")
-    precision = plan.precision
+    per_call = steps_per_call(cfg.train.steps_per_call, device)
+    plan = TrainPlan(
+        device, precision, xla, strategy, replicas, global_batch, total_steps, per_call, config, precision_reason=reason
+    )
+    tf_keras.mixed_precision.set_global_policy("mixed_bfloat16" if precision == "bf16" else "float32")
     if cfg.train.budget_minutes:
         budget = _budget(cfg, run, inputs, plan, cfg.train.budget_minutes)
         plan = replace(plan, total_steps=budget.steps, budget=budget)
@@ -270,40 +254,33 @@ def plan_training(cfg: PipelineConfig, run: RunPaths, inputs: TrainInputs) -> Tr
 
 
 def auto_precision(device: str, flags: set[str] | None = None) -> tuple[str, str]:
-    """train.mixed_precision=auto on `device`: (off or bf16, why). bf16 on a TPU or GPU; on a CPU bf16 where it
-    has bf16 units (the CPU's `flags`, default /proc/cpuinfo's), fp32 where TensorFlow emulates bf16 (1.3-1.4x
-    slower on an AVX2 EPYC; bf16 1.06-1.4x faster on AVX512-BF16 and AMX kinds: bench/RESULTS.md 11)."""
+    """train.mixed_precision=auto on `device`: (off or bf16, why). bf16 on a TPU or GPU, and on a CPU with bf16
+    units (its `flags`, default /proc/cpuinfo's); fp32 where TensorFlow would emulate bf16 (docs/google-cloud.md)."""
     if device != "cpu":
         return "bf16", f"bf16: the {device.upper()}'s matrix units run it natively"
     from mlm_tasks.model.cpu_peak import cpu_info
 
-    unit = next(
-        (f for f in ("amx_bf16", "avx512_bf16") if f in (cpu_info()["flags"] if flags is None else flags)), None
-    )
+    flags = cpu_info()["flags"] if flags is None else flags
+    unit = next((f for f in ("amx_bf16", "avx512_bf16") if f in flags), None)
     if unit:
         return "bf16", f"bf16: this CPU has bf16 units ({unit}), where bf16 trained at least as fast as fp32"
     return "off", "fp32: this CPU has no bf16 units (no amx_bf16 or avx512_bf16), so TensorFlow would emulate bf16"
 
 
-def _time_throwaway(cfg: PipelineConfig, inputs: TrainInputs, plan: TrainPlan, max_s: float) -> tuple[float, float]:
-    """(seconds per step, seconds spent) of a throwaway model and optimizer in the run's precision, on the run's
-    first batches (the input repeats): the time budget's measurement (mlm_tasks/training/budget.py)."""
-    from mlm_tasks.training.budget import seconds_per_step
-
-    throwaway = model_and_optimizer(
-        plan.strategy, cfg, plan.model_config, plan.total_steps, from_base=inputs.base is not None
-    )
-    batches = train_input(cfg, inputs.shard_set, inputs.tokenizer, plan.global_batch, 0, 10**6)
-    step = partial(step_functions, clip_norm=cfg.train.clip_norm)
-    max_pred = cfg.train.max_predictions_per_seq
-    return seconds_per_step(plan.strategy, throwaway[:2], step, max_pred, plan.xla, batches, plan.per_call, max_s=max_s)
-
-
 def _budget(cfg: PipelineConfig, run: RunPaths, inputs: TrainInputs, plan: TrainPlan, minutes: float) -> Any:
-    """The step count that fits train.budget_minutes at the start, and the time it started (recorded in
-    RunPaths.train_budget; a retry reads it)."""
-    from mlm_tasks.training.budget import MEASURE_SHARE, budgeted_steps
+    """The step count that fits train.budget_minutes at the start (recorded in RunPaths.train_budget), measured
+    on a throwaway model and optimizer in the run's precision, on the run's first batches."""
+    from mlm_tasks.training.budget import MEASURE_SHARE, budgeted_steps, seconds_per_step
 
-    cap = plan.total_steps if cfg.train.steps else None
-    max_s = MEASURE_SHARE * minutes * 60
-    return budgeted_steps(run, minutes, cap, lambda: _time_throwaway(cfg, inputs, plan, max_s=max_s))
+    def measure() -> tuple[float, float]:
+        throwaway = model_and_optimizer(
+            plan.strategy, cfg, plan.model_config, plan.total_steps, from_base=inputs.base is not None
+        )
+        batches = train_input(cfg, inputs.shard_set, inputs.tokenizer, plan.global_batch, 0, 10**6)
+        step = partial(step_functions, clip_norm=cfg.train.clip_norm)
+        max_pred, max_s = cfg.train.max_predictions_per_seq, MEASURE_SHARE * minutes * 60
+        return seconds_per_step(
+            plan.strategy, throwaway[:2], step, max_pred, plan.xla, batches, plan.per_call, max_s=max_s
+        )
+
+    return budgeted_steps(run, minutes, plan.total_steps if cfg.train.steps else None, measure)

@@ -1,10 +1,8 @@
 """Training progress: the log lines, the TensorBoard scalars and the history the report plots.
 
-    history = read_history(run)          # runs/<run>/train/history.jsonl: train resumes it, report plots it
-    write_history(run, history)          # at every checkpoint
-    best_so_far(history)                 # (step, val_loss) of the lowest validation loss (train.eval_every)
-
-Throughput leaves out the first call, which traces and compiles.
+history = read_history(run)          # runs/<run>/train/history.jsonl: train resumes it, report plots it
+write_history(run, history)          # at every checkpoint
+best_so_far(history)                 # (step, val_loss) of the lowest validation loss (train.eval_every)
 """
 
 from __future__ import annotations
@@ -23,9 +21,8 @@ SCALARS = ("loss", "accuracy", "learning_rate", "grad_norm", "tokens_per_s")
 
 
 def read_history(run: RunPaths) -> list[dict[str, Any]]:
-    """train/history.jsonl as a list, one entry per logged step (empty before training has logged).
-    Tolerant: a line that is not an entry with a step is skipped, since a killed writer (or a copy cut
-    short) can leave a torn last line, and a report must not fail on it."""
+    """train/history.jsonl, one entry per logged step; a line that is not an entry with a step (a killed
+    writer's torn last line) is skipped."""
     if not storage.exists(run.train_history):
         return []
     rows = []
@@ -62,12 +59,13 @@ class ProgressLog:
         tokens_per_step: int,
         tensorboard_uri: str,
         schedule,
-        on_line: Callable[[int, float, float, float], None] | None = None,
-        flops_per_token: float | None = None,
-        peak_flops: float | None = None,
+        on_line: Callable[[int, float, float, float], None],
+        flops_per_token: float,
+        peak_flops: float | None,
     ):
         """`on_line(step, loss, tokens_per_s, eta_s)` is called at every progress line (the status record);
-        with `flops_per_token` and the devices' `peak_flops` each line carries the MFU too."""
+        with the devices' `peak_flops` known each line carries the MFU. Throughput leaves out the first call,
+        which traces and compiles."""
         import tensorflow as tf
 
         self.flops_per_token, self.peak_flops = flops_per_token, peak_flops
@@ -98,12 +96,7 @@ class ProgressLog:
         True when it is the best so far."""
         import tensorflow as tf
 
-        entry = self.history[-1]
-        if entry["step"] != step:
-            raise RuntimeError(
-                f"validation({step}) after the entry of step {entry['step']}: record(step, ..., force=True) first."
-            )
-        entry.update(val_loss=loss, val_accuracy=accuracy)
+        self.history[-1].update(val_loss=loss, val_accuracy=accuracy)
         best_step, best_loss = best_so_far(self.history) or (step, loss)
         log.info(
             "validation at step %d: loss %.4f acc %.3f (best %.4f at step %d)",
@@ -132,11 +125,7 @@ class ProgressLog:
             "tokens_per_s": (step - self.last_logged) * self.tokens_per_step / max(now - self.t_last, 1e-9),
             "elapsed_s": now - self.t0,
         }
-        mfu = (
-            entry["tokens_per_s"] * self.flops_per_token / self.peak_flops
-            if self.flops_per_token and self.peak_flops
-            else None
-        )
+        mfu = entry["tokens_per_s"] * self.flops_per_token / self.peak_flops if self.peak_flops else None
         if mfu is not None:
             entry["mfu"] = mfu
         self.history.append(entry)
@@ -158,8 +147,7 @@ class ProgressLog:
                 tf.summary.scalar(f"train/{key}", entry[key])
             if mfu is not None:
                 tf.summary.scalar("train/mfu", mfu)
-        if self.on_line is not None:
-            self.on_line(step, entry["loss"], entry["tokens_per_s"], eta)
+        self.on_line(step, entry["loss"], entry["tokens_per_s"], eta)
         self.window, self.t_last, self.last_logged = [0.0, 0.0, 0.0, 0.0], now, step
 
     def finish_loop(self) -> None:
@@ -172,11 +160,3 @@ class ProgressLog:
     def tokens_per_s(self) -> float | None:
         steps = self.total - self.steady_from
         return steps * self.tokens_per_step / self.steady_s if steps > 0 and self.steady_s else None
-
-    @property
-    def first_loss(self) -> float | None:
-        return self.history[0]["loss"] if self.history else None
-
-    @property
-    def last_loss(self) -> float | None:
-        return self.history[-1]["loss"] if self.history else None

@@ -1,8 +1,6 @@
-"""The train step's third part: the model, optimizer and checkpoints a plan trains, restored or started.
+"""The model, optimizer and checkpoints a plan trains, restored or started.
 
-    state = build_training(cfg, ctx.run, inputs, plan)   # TrainState: model, checkpoints, start step, history
-
-The latest checkpoint of the run, else `train.continue_run`'s, else `model.init_from`'s weights, else random.
+state = build_training(cfg, ctx.run, inputs, plan)   # TrainState: model, checkpoints, start step, history
 """
 
 from __future__ import annotations
@@ -23,8 +21,7 @@ log = logging.getLogger("mlm_tasks.steps.train")
 
 @dataclass
 class TrainState:
-    """What the loop trains and saves. `history` is the run's logged steps up to `start_step`; the loop
-    appends to it."""
+    """What the loop trains and saves; `history`: the run's logged steps up to `start_step`."""
 
     model: Any
     optimizer: Any
@@ -39,8 +36,8 @@ class TrainState:
 
 
 def build_training(cfg: PipelineConfig, run: RunPaths, inputs: TrainInputs, plan: TrainPlan) -> TrainState:
-    """Build the model and optimizer in the plan's strategy, their checkpoints, and restore the run's latest
-    checkpoint (or load the base model's weights into a fresh run)."""
+    """Build the model and optimizer in the plan's strategy and their checkpoints; restore the run's latest
+    checkpoint, else train.continue_run's, else load model.init_from's weights (else random)."""
     import tensorflow as tf
 
     from mlm_tasks.training.validation import Validation, validation_batches
@@ -51,8 +48,7 @@ def build_training(cfg: PipelineConfig, run: RunPaths, inputs: TrainInputs, plan
     with plan.strategy.scope():
         step = tf.Variable(0, dtype=tf.int64, trainable=False, name="step")
         used_s = tf.Variable(0.0, dtype=tf.float64, trainable=False, name="budget_used_s")
-    # lr_plan: where the schedule's decay ends, and budget_used_s: what a time budget had used, so a resume
-    # follows the schedule the run was re-planned to and gets the rest of the budget (training/budget.py)
+    # lr_plan and budget_used_s: a resume follows the re-planned schedule and gets the rest of the time budget.
     continued = {"lr_offset": schedule.offset} if cfg.train.continue_run else {}  # older checkpoints have none
     checkpoint = tf.train.Checkpoint(
         model=model, optimizer=optimizer, step=step, lr_plan=schedule.plan, budget_used_s=used_s, **continued
@@ -71,8 +67,6 @@ def build_training(cfg: PipelineConfig, run: RunPaths, inputs: TrainInputs, plan
 
 
 def _restore_or_start(checkpoint: Any, manager: Any, step: Any, inputs: TrainInputs) -> None:
-    """The latest checkpoint of the run when it has one; else train.continue_run's, or the base model's
-    weights, if any."""
     import tensorflow as tf
 
     model, optimizer, base = checkpoint.model, checkpoint.optimizer, inputs.base
@@ -85,7 +79,7 @@ def _restore_or_start(checkpoint: Any, manager: Any, step: Any, inputs: TrainInp
         checkpoint.lr_offset.assign(float(taken))  # the optimizer's step count goes on; the schedule is this run's
         log.info("Continuing from %s: its weights and optimizer state (%d steps taken)", inputs.continued, taken)
     elif base is not None:
-        from mlm_tasks.model.init_weights import load_base_weights
+        from mlm_tasks.model.roberta import load_base_weights
 
         with tempfile.TemporaryDirectory() as tmp:
             read = load_base_weights(model, base.local_folder(tmp))

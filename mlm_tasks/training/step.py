@@ -1,5 +1,5 @@
-"""One training step: the model and optimizer in the strategy's scope, the train input, and the compiled
-loop that runs k optimizer steps a call (shared by the run and the time budget's measurement).
+"""The model and optimizer in the strategy's scope, the train input, and the compiled k-step call (shared by
+the run and the time budget's measurement).
 
     model, optimizer, schedule = model_and_optimizer(strategy, cfg, model_config, steps, from_base=False)
     batches = train_input(cfg, shard_set, tokenizer, global_batch, skip=0, take=steps)
@@ -18,8 +18,8 @@ from mlm_tasks.config import PipelineConfig
 def model_and_optimizer(
     strategy: Any, cfg: PipelineConfig, model_config: Any, steps: int, *, from_base: bool
 ) -> tuple[Any, Any, Any]:
-    """(model, optimizer, learning-rate schedule over `steps`), their variables on the strategy's devices.
-    A model that will load a base's weights (`from_base`) skips the sinusoidal init they overwrite."""
+    """(model, optimizer, learning-rate schedule over `steps`) on the strategy's devices. `from_base`: skip the
+    sinusoidal init the base's weights overwrite."""
     from mlm_tasks.model.roberta import build_model, optimizer_and_schedule
 
     with strategy.scope():
@@ -31,8 +31,7 @@ def model_and_optimizer(
 def train_input(
     cfg: PipelineConfig, shard_set: Any, tokenizer: Any, global_batch: int, skip: int, take: int
 ) -> Callable[[Any], Any]:
-    """The masked train batches `skip`..`skip + take`, as a function of the input context: called once per
-    input pipeline (host), each reading its own share of the shards."""
+    """The masked train batches `skip`..`skip + take`, as a function of the input context (one per host)."""
     from mlm_tasks.data.input import mlm_dataset
     from mlm_tasks.data.shard_set import source_weights
 
@@ -62,19 +61,15 @@ def train_input(
 def step_functions(
     strategy: Any, model: Any, optimizer: Any, max_pred: int, xla: bool, clip_norm: float = 0.0, stop: Any = None
 ) -> Any:
-    """`distributed_steps(iterator, k)`: k optimizer steps in one call (train.steps_per_call). The loop runs
-    on the device side, so the host dispatches once per k steps; it returns each step's [loss sum, masked
-    tokens, correct, gradient norm] (k x 4). The gradients are summed over the replicas here, then clipped
-    to the global norm `clip_norm` (0: not clipped), so the clip sees the step's whole gradient under any
-    strategy; the norm is the unclipped one. `stop` (a boolean tf.Variable a preemption notice sets) ends the
-    call after the step under way: then it returns fewer rows than k."""
+    """`distributed_steps(iterator, k)`: k optimizer steps in one device-side call, each step's [loss sum, masked
+    tokens, correct, unclipped gradient norm] (k x 4). Gradients are summed over the replicas before the clip to
+    `clip_norm` (0: none), so it sees the whole gradient. `stop` (a tf.Variable) ends the call after a step."""
     import tensorflow as tf
 
     from mlm_tasks.model.roberta import masked_lm_loss
 
     replicas = strategy.num_replicas_in_sync
-    # Without XLA off a TPU, shapes may change per batch: the LM head then runs at the masked positions
-    # only, with no padding slots (same loss; on the embedded default ~1.2x the tokens/s).
+    # Without XLA off a TPU, shapes may change per batch: the LM head runs at the masked positions, unpadded.
     packed = not xla and not isinstance(strategy, tf.distribute.TPUStrategy)
 
     @tf.function(jit_compile=xla)
@@ -97,15 +92,8 @@ def step_functions(
             if stop is not None and stop:
                 break
             loss_sum, count, correct, norm = strategy.run(replica_step, args=(next(it),))
-            sums = sums.write(
-                i,
-                tf.stack(
-                    [
-                        *(strategy.reduce("SUM", v, axis=None) for v in (loss_sum, count, correct)),
-                        strategy.reduce("MEAN", norm, axis=None),
-                    ]
-                ),
-            )
+            summed = [strategy.reduce("SUM", v, axis=None) for v in (loss_sum, count, correct)]
+            sums = sums.write(i, tf.stack([*summed, strategy.reduce("MEAN", norm, axis=None)]))
         return sums.stack()
 
     return distributed_steps

@@ -1,11 +1,8 @@
-"""Validation during training: the masked-LM loss on a fixed set of validation batches, every
-`train.eval_every` steps, comparable across runs and settings.
+"""Validation every `train.eval_every` steps: the masked-LM loss on fixed batches and masks (15%, seeded), so
+runs on one shard set, and a resumed run, score the same positions. docs/configuration.md
 
     validate = Validation(strategy, model, validation_batches(shard_set, tokenizer, cfg))
-    loss, accuracy, tokens = validate()          # the same batches, the same masks, every call
-
-The masks are fixed (15% of tokens, seeded per batch), so two runs on one shard set, or a resumed run,
-score the same positions; only whole batches (a TPU compiles one shape). docs/configuration.md
+    loss, accuracy, tokens = validate()
 """
 
 from __future__ import annotations
@@ -19,7 +16,7 @@ EVAL_MLM_PROBABILITY = 0.15  # BERT's and RoBERTa's rate: the one every publishe
 
 
 def validation_batches(shard_set: Any, tokenizer: Any, cfg: Any) -> Any:
-    """The first `train.eval_batches` whole batches of `eval.split`, masked once and for all."""
+    """The first `train.eval_batches` whole batches (a TPU compiles one shape) of `eval.split`, masked once."""
     from mlm_tasks.data.input import mlm_dataset
 
     split, batch = cfg.eval.split, cfg.eval.batch_size

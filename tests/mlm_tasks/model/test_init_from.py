@@ -102,9 +102,8 @@ def test_pytorch_and_tensorflow_safetensors_load_the_same_weights_as_the_h5(base
     from transformers import TFRobertaForMaskedLM
 
     from mlm_tasks.base_model import BaseModelRef
-    from mlm_tasks.model.init_weights import load_base_weights
     from mlm_tasks.model.pt_export import read_tf_weights
-    from mlm_tasks.model.roberta import build_model, model_config
+    from mlm_tasks.model.roberta import build_model, load_base_weights, model_config
     from mlm_tasks.steps.validate import validate
 
     _, _, folder = base

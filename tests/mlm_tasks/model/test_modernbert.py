@@ -144,8 +144,7 @@ def test_a_modernbert_saved_by_transformers_5_loads_into_keras_and_continues_pre
     from tokenizers import Tokenizer
 
     from mlm_tasks.base_model import BaseModelRef
-    from mlm_tasks.model.init_weights import load_base_weights
-    from mlm_tasks.model.roberta import build_model, model_config
+    from mlm_tasks.model.roberta import build_model, load_base_weights, model_config
     from mlm_tasks.steps import build_shard_set
     from mlm_tasks.steps.train import train
     from mlm_tasks.steps.validate import validate
