@@ -88,8 +88,7 @@ def limits(cfg: TpuConfig, timeout_s: float | None = None) -> dict[str, Any]:
 
 @contextlib.contextmanager
 def answered(cfg: TpuConfig, what: str):
-    """Turn a request that timed out (REST: requests' Timeout; gRPC: DeadlineExceeded) into one
-    DeadlineExceeded naming the call and the setting, so a hung API reads as such in the task log."""
+    """Turn a request that timed out (REST or gRPC) into one DeadlineExceeded that names the call."""
     import requests
     from google.api_core.exceptions import DeadlineExceeded
 

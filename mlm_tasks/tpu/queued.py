@@ -1,5 +1,4 @@
-"""Queued resources (`queuedResources`): the run's node requested through Google's queue, which waits for
-capacity instead of failing on a stockout (tpu.provisioning=queued).
+"""Queued resources: the run's node asked for through Google's queue, which waits for capacity (provisioning=queued).
 
     op = queued.create(cfg.tpu, name, node)       # one node spec, node id = the QR id = the run's node name
     queued.get_state(cfg.tpu, name).state         # ACCEPTED, WAITING_FOR_RESOURCES, PROVISIONING, ACTIVE, ...

@@ -1,11 +1,7 @@
-"""The deployment's record of the TPU VMs it made, so mlm_tpu_janitor finds every one of them, whatever
-project or zone a run chose (not only the zones the janitor is told about).
+"""The deployment's record of the TPU VMs it made, so mlm_tpu_janitor finds every one, whatever project or zone.
 
     root = tpu_registry.location()                          # MLM_TPU_REGISTRY, e.g. gs://bucket/mlm/tpu-registry
     tpu_registry.record(root, "proj", "us-central2-b", "mlm-pretrain-3f2a9c01bd", expires=1718000000)
-    for entry in tpu_registry.entries(root): ...            # Entry(project, zone, name, expires, uri)
-    tpu_registry.forget(root, "proj", "us-central2-b", "mlm-pretrain-3f2a9c01bd")
-    tpu_registry.places_to_check("proj", ["us-central2-b"], entries)  # the janitor's (project, zone) pairs
     sweep = tpu_registry.delete_expired(api, zones, root)   # mlm_tpu_janitor: every expired mlm-* node
     tpu_registry.forget_gone(api, root)                      # then the entries of nodes that are gone
 
@@ -107,8 +103,7 @@ def places_to_check(project: str, zones: list[str], recorded: list[Entry]) -> li
 
 
 def _at(api: TpuConfig, project: str, zone: str) -> TpuConfig:
-    """`api`'s TPU API settings for another (project, zone), validated as a run's are (a zone from a
-    trigger or a registry file becomes part of a resource path)."""
+    """`api`'s TPU API settings for another (project, zone), validated as a run's are (it enters a path)."""
     return api.model_validate({**api.model_dump(), "project": project, "zone": zone})
 
 

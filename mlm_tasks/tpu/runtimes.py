@@ -1,7 +1,5 @@
-"""The TensorFlow TPU VM runtimes this project supports: each one's image as released, its VM lock,
-and the environment its TensorFlow needs.
+"""The TensorFlow TPU VM runtimes this project supports: each one's image, VM lock and environment.
 
-    from mlm_tasks.tpu import runtimes
     rt = runtimes.get("tpu-vm-tf-2.16.1-pjrt")   # Runtime(tensorflow="2.16.1", python="3.10", pod=False, ...)
     rt.lock_path                                   # .../mlm_tasks/tpu/vm/requirements-tf2.16.txt
     runtimes.environment(rt)                       # {"NEXT_PLUGGABLE_DEVICE_USE_C_API": "true", ...}
@@ -51,8 +49,7 @@ class Runtime:
 
     @property
     def image_path(self) -> Path:
-        """What the image preinstalls, TensorFlow included (the simulated image installs exactly this;
-        the lock is resolved against these pins)."""
+        """What the image preinstalls, TensorFlow included (the lock is resolved against these pins)."""
         return VM_DIR / f"image-tf{self.tf_minor}.txt"
 
 
