@@ -25,16 +25,8 @@ log = logging.getLogger(__name__)
 
 def scored_settings(cfg: DownstreamConfig) -> dict[str, Any]:
     """downstream.* less the gate's thresholds: changing one of those does not fine-tune again."""
-    return cfg.model_dump(
-        mode="json",
-        exclude={
-            "min_scores": True,
-            "max_regression": True,
-            "max_half_width": True,
-            "check_contamination": True,
-            "tasks": {"__all__": {"min_score"}},
-        },
-    )
+    gate_only = {"min_scores": True, "max_regression": True, "max_half_width": True, "check_contamination": True}
+    return cfg.model_dump(mode="json", exclude={**gate_only, "tasks": {"__all__": {"min_score"}}})
 
 
 def reflag(done: DownstreamResult, cfg: DownstreamConfig) -> DownstreamResult:

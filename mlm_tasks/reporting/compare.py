@@ -76,12 +76,12 @@ def run_row(output_root: str, name: str) -> RunRow:
 
 
 def folders(run_ids: list[str]) -> list[str]:
-    """The run folders of Airflow run ids (or of names that are folders already)."""
+    """The run folders of Airflow run ids (or names of folders)."""
     return [safe_run_id(run_id) for run_id in run_ids]
 
 
 def compare_runs(output_root: str, names: list[str] | None = None) -> list[RunRow]:
-    """The rows of the run folders `names` (see `folders`), or of every finished run under output_root."""
+    """The rows of the run folders `names`, or of every finished run under output_root."""
     names = run_names(output_root) if names is None else names
     missing = [n for n in names if not storage.exists(RunFolder(output_root, n).train_summary)]
     if missing:

@@ -57,7 +57,7 @@ def write_report(cfg: PipelineConfig, run: RunPaths, data_info: Mapping[str, Any
         len(history),
         ", ".join(missing) or "nothing",
     )
-    metrics, summary = metrics or {}, summary or {}
+    metrics, summary, downstream = metrics or {}, summary or {}, art["downstream"]
     return {
         "report_uri": report_uri,
         "plots": plots,
@@ -73,9 +73,7 @@ def write_report(cfg: PipelineConfig, run: RunPaths, data_info: Mapping[str, Any
         "accuracy": metrics.get("accuracy"),
         "baseline_accuracy": metrics.get("baseline_accuracy"),
         "untrained_accuracy": metrics.get("untrained_accuracy"),
-        "downstream": {t["name"]: t["pretrained"]["mean"] for t in art["downstream"]["tasks"]}
-        if art["downstream"]
-        else None,
+        "downstream": {t["name"]: t["pretrained"]["mean"] for t in downstream["tasks"]} if downstream else None,
     }
 
 
@@ -133,7 +131,6 @@ def _page(
     plots: dict[str, str],
     missing: list[str],
 ) -> list[str]:
-    """report.md's lines."""
     metrics = art["metrics"]
     page = [
         f"# Run report: `{run.run_id}`",

@@ -36,22 +36,16 @@ def _perplexity(loss: Any) -> Any:
 def _metrics_table(metrics: Mapping[str, Any] | None, previous: Mapping[str, Any] | None) -> list[str]:
     if not metrics:
         return ["No eval metrics for this run (evaluate did not write eval/metrics.json)."]
-    prev = previous or {}
+    get, prev = metrics.get, (previous or {}).get
     rows = [
-        ("loss", metrics.get("loss"), metrics.get("untrained_loss"), None, prev.get("loss")),
-        (
-            "perplexity",
-            metrics.get("perplexity"),
-            _perplexity(metrics.get("untrained_loss")),
-            None,
-            prev.get("perplexity"),
-        ),
+        ("loss", get("loss"), get("untrained_loss"), None, prev("loss")),
+        ("perplexity", get("perplexity"), _perplexity(get("untrained_loss")), None, prev("perplexity")),
         (
             "masked-token accuracy",
-            metrics.get("accuracy"),
-            metrics.get("untrained_accuracy"),
-            metrics.get("baseline_accuracy"),
-            prev.get("accuracy"),
+            get("accuracy"),
+            get("untrained_accuracy"),
+            get("baseline_accuracy"),
+            prev("accuracy"),
         ),
     ]
     lines = ["| metric | this run | untrained model | unigram baseline | last published |", "|---|---|---|---|---|"]
@@ -59,12 +53,12 @@ def _metrics_table(metrics: Mapping[str, Any] | None, previous: Mapping[str, Any
         f"| {name} | {_num(run)} | {_num(untrained)} | {_num(baseline)} | {_num(published)} |"
         for name, run, untrained, baseline, published in rows
     ]
-    lines.append("")
-    lines.append(
-        f"Split `{metrics.get('split', MISSING)}`, {metrics.get('masked_tokens', MISSING)} masked tokens; "
-        f"the baseline always predicts `{metrics.get('baseline_token', MISSING)}`."
-    )
-    return lines
+    return [
+        *lines,
+        "",
+        f"Split `{get('split', MISSING)}`, {get('masked_tokens', MISSING)} masked tokens; "
+        f"the baseline always predicts `{get('baseline_token', MISSING)}`.",
+    ]
 
 
 def _published_line(previous: Mapping[str, Any] | None, repo_id: str | None) -> str:
@@ -101,7 +95,6 @@ def render_review(
     downstream: Any = None,
     timeout_hours: float,
 ) -> str:
-    verdict = "passed" if decision.get("passed") else "failed"
     visibility = "private" if private else "public"
     return "\n".join(
         [
@@ -110,7 +103,7 @@ def render_review(
             "### Evaluation",
             *_metrics_table(metrics, previous),
             "",
-            f"### Gate: {verdict}",
+            f"### Gate: {'passed' if decision.get('passed') else 'failed'}",
             *[f"- {reason}" for reason in decision.get("reasons", [])],
             "",
             "### Last published model",
