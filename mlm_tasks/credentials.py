@@ -1,10 +1,8 @@
 """The Google credentials every Google client of this process uses (TPU API, gcsfs, google-cloud-storage).
 
-    credentials.install(creds, project)        # for the rest of this process (an Airflow task)
-    with credentials.use(creds, project): ...  # for a block (a trigger poll, a test)
-    credentials.current()                      # what the clients get; None -> Application Default Credentials
-
-The Airflow side (`plugins/mlm_airflow/connections.py`) hands the google-auth object in here.
+credentials.install(creds, project)        # for the rest of this process (an Airflow task)
+with credentials.use(creds, project): ...  # for a block (a trigger poll, a test)
+credentials.current()                      # what the clients get; None -> Application Default Credentials
 """
 
 from __future__ import annotations

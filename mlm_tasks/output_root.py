@@ -1,6 +1,5 @@
-"""Can this run keep its work in output_root? A probe write (`check_writable`), the kind of a failure to
-write there (`probe_failure`), and whether every worker of the run sees a local one
-(`check_output_root_reachable`). The validate and plan_shards steps call them before any costly work.
+"""Can this run keep its work in output_root? A probe write (`check_writable`) and whether every worker sees
+a local one (`check_output_root_reachable`), checked by validate and plan_shards before any costly work.
 """
 
 from __future__ import annotations
@@ -15,10 +14,8 @@ from mlm_tasks.errors import AuthError, ConfigError, TransientError
 
 
 def check_writable(uri: str) -> None:
-    """A probe object written and removed: a run that could not save its work fails now, not after hours.
-
-    A wrong path or a missing permission is the user's to fix (ConfigError, AuthError); a service that
-    failed or did not answer is worth a retry (TransientError, raised after gcsfs' own retries)."""
+    """A probe object written and removed: a run that could not save its work fails now, not after hours, as
+    a ConfigError or AuthError (the user's to fix) or a TransientError (the service failed: worth a retry)."""
     import aiohttp
     import requests
     from gcsfs.retry import HttpError
@@ -82,9 +79,8 @@ def probe_failure(uri: str, err: Exception) -> Exception:
 def check_output_root_reachable(
     output_root: str, distributed_executor: str | None, shared_roots: Sequence[str] = ()
 ) -> None:
-    """A local output_root works only when every task of the run sees the same folder: one machine
-    (LocalExecutor), or a shared mount declared as such. `distributed_executor` names the executor
-    when it may spread the run's tasks over machines (the Airflow side detects it)."""
+    """A local output_root works only when every task sees the same folder: one machine, or a declared shared
+    mount. `distributed_executor` names the executor when it may spread tasks over machines."""
     if not distributed_executor or not storage.is_local(output_root):
         return
     path = os.path.abspath(storage.local_path(output_root))

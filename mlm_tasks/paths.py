@@ -1,17 +1,5 @@
-"""Every URI of the pipeline, derived from output_root in one place.
-
-    output_root/datasets/<data_fp>/tokenizer/                 PreTrainedTokenizerFast files
-    output_root/datasets/<data_fp>/shards/<split>/<split>-p00000of00002-00000-2048.tfrecord
-                                                      (partition 0 of 2, shard 0, 2048 records)
-    output_root/datasets/<data_fp>/partitions/p00000-of-00002.json   a written partition's partial manifest
-    output_root/datasets/<data_fp>/dedup/{scans,matches,clusters}/  row hashes, duplicate pairs, removed rows
-    output_root/datasets/<data_fp>/shards/manifest.json       counts, checksums, config
-    output_root/datasets/<data_fp>/shards/_SUCCESS            written last; what sensors wait for
-    output_root/runs/<run>/checkpoints/ model/ eval/ (metrics.json, downstream.json) infer/ report/ tensorboard/
-    output_root/runs/<run>/train/  summary.json history.jsonl status.json budget.json best/ .fault_injected
-
-Data artifacts are keyed by the data fingerprint, run artifacts by the run id; every step takes a
-`RunContext` (run id, data fingerprint, the paths of both).
+"""Every URI of the pipeline, derived from output_root in one place: `datasets/<data fingerprint>/` (DataPaths)
+and `runs/<run id>/` (RunPaths); every step takes a `RunContext` with both. docs/architecture.md
 """
 
 from __future__ import annotations
@@ -45,9 +33,7 @@ def join(root: str, *parts: str) -> str:
     return out
 
 
-# What a run may write into a URI or a Hub id (house style 16): these reach paths, URLs and the TPU
-# VM's shell line, so no quote, space, `$`, `;`, backtick or newline, and no `..` climbing out of
-# output_root's tree. The shell line quotes everything anyway; this keeps odd names out of the store.
+# What a run may write into a URI or a Hub id: these reach paths, URLs and the TPU VM's shell line.
 SAFE_URI_CHARS = "[A-Za-z0-9._/-]"
 _SAFE_URI = re.compile(r"(?:gs://|file://)?[A-Za-z0-9._/-]+")
 _SAFE_GLOB = re.compile(r"(?:gs://|file://)?[A-Za-z0-9._/*?-]+")
@@ -73,8 +59,8 @@ def check_safe_uri(setting: str, value: str, *, glob: bool = False) -> None:
 
 
 def _check_gs_uri(setting: str, value: str) -> None:
-    """The bucket by Google's naming rules, and the object path as written is the canonical one: gcsfs keeps
-    an empty or '.' segment in the object names (gs://b//mlm/x writes '/mlm/x/...', outside the prefix mlm/)."""
+    """The bucket by Google's naming rules, and the object path canonical: gcsfs keeps an empty or '.'
+    segment in the object names (gs://b//mlm/x writes '/mlm/x/...', outside the prefix mlm/)."""
     bucket, path = bucket_and_name(value)
     if bucket and not (
         _BUCKET.fullmatch(bucket)
@@ -97,8 +83,8 @@ def _check_gs_uri(setting: str, value: str) -> None:
 
 
 def safe_run_id(run_id: str) -> str:
-    """Airflow run ids hold ':' and '+', which break gs:// tooling and TPU names: keep them readable
-    and unique by appending a short hash of the original."""
+    """A run id without the ':' and '+' of Airflow's (they break gs:// tooling and TPU names), kept readable and
+    unique by a short hash of the original."""
     readable = re.sub(r"[^A-Za-z0-9_.-]+", "-", run_id).strip("-.")[:60] or "run"
     # An id already in the hashed form ("x-1a2b3c4d") is hashed again: kept as is, it could be the
     # safe form of another run's id ("x:") and the two runs would share a folder.
@@ -160,20 +146,16 @@ class RunFolder(RunPaths):
 
 
 def published_metrics(output_root: str, repo_id: str, releases_root: str | None = None) -> str:
-    """Metrics of the last model published to `repo_id`; the evaluation gate compares against it. Kept under
-    `releases_root` when the deployment names one (a run's own output_root would let a fresh folder skip
-    the comparison), else under output_root."""
-    if releases_root:
-        return join(releases_root, repo_id.replace("/", "__"), "metrics.json")
-    return join(output_root, "published", repo_id.replace("/", "__"), "metrics.json")
+    """Metrics of the last model published to `repo_id`, which the gate compares against: under `releases_root`
+    when the deployment names one (a fresh output_root would skip the comparison), else under output_root."""
+    return join(releases_root or join(output_root, "published"), repo_id.replace("/", "__"), "metrics.json")
 
 
 @dataclass(frozen=True)
 class RunContext:
     """What every step gets besides the config: the run id, the shard set it uses, and their paths.
 
-    ctx = RunContext.of(cfg, run_id="r1", fingerprint=fp)
-    ctx.run.model, ctx.data.manifest
+    ctx = RunContext.of(cfg, run_id="r1", fingerprint=fp); ctx.run.model, ctx.data.manifest
     """
 
     output_root: str

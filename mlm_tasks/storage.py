@@ -1,19 +1,19 @@
 """One storage API for local folders and gs:// (fsspec/gcsfs): `scheme(uri)` is the one dispatch.
 
-Writes are atomic per file: local files go to a temporary name and are renamed; a GCS upload is atomic.
-`create_only` gives first-writer-wins (the tokenizer). gs:// clients use the credentials handed to
-`mlm_tasks.credentials`, else Application Default Credentials. Every gs:// call has a deadline
-(`set_timeout`, from `storage.timeout_s`; `call_deadline`): past it the call fails as a TransientError,
-cancelled, so no thread stays blocked; TensorFlow's gs:// client gets the same bound (`tensorflow_env`).
+Writes are atomic per file; `create_only` is first-writer-wins. gs:// clients use the credentials handed to
+`mlm_tasks.credentials` (else ADC), and every gs:// call has a deadline (`set_timeout`, `call_deadline`):
+past it the call is cancelled and fails as a TransientError.
 """
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
+import shutil
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any, TypeVar
 
 import fsspec
@@ -100,32 +100,23 @@ def local_path(uri: str) -> str:
 
 
 def filesystem(uri: str) -> fsspec.AbstractFileSystem:
-    if scheme(uri) == "gs":
-        # No listings cache: gcsfs would otherwise answer exists()/ls() from a listing taken
-        # earlier in this process, missing objects written since (by create_only, TensorFlow or
-        # another worker), and a poll for a marker would never see it appear.
-        import aiohttp
+    if scheme(uri) != "gs":
+        return fsspec.filesystem(scheme(uri))
+    import aiohttp
 
-        # Each request: a connection and every next chunk of its answer within the timeout (a stalled peer
-        # or a half-open connection fails the request, which gcsfs retries); `_bounded` caps the call.
-        opts: dict[str, Any] = {
-            "use_listings_cache": False,
-            "requests_timeout": aiohttp.ClientTimeout(total=None, sock_connect=_timeout_s, sock_read=_timeout_s),
-        }
-        creds = credentials.current()
-        if creds is not None:
-            # The connection's credentials (gcsfs refreshes them itself). The emulator accepts any
-            # token and checks none, so tests assert which object was used, not what it may do.
-            opts["token"] = creds
-        elif os.environ.get("STORAGE_EMULATOR_HOST"):
-            # The emulator takes no credentials.
-            opts["token"] = "anon"
-        if os.environ.get("STORAGE_EMULATOR_HOST"):
-            # gcsfs reads the host from the environment itself; named here, it is part of fsspec's instance
-            # cache key, so a process that points at another endpoint gets a filesystem for it.
-            opts["endpoint_url"] = os.environ["STORAGE_EMULATOR_HOST"]
-        return fsspec.filesystem("gs", **opts)
-    return fsspec.filesystem(scheme(uri))
+    opts: dict[str, Any] = {
+        # No listings cache: exists()/ls() would miss objects written since (a marker a poll waits for).
+        "use_listings_cache": False,
+        # A connection and every next chunk of an answer within the timeout (gcsfs retries); `_bounded` caps the call.
+        "requests_timeout": aiohttp.ClientTimeout(total=None, sock_connect=_timeout_s, sock_read=_timeout_s),
+    }
+    creds, emulator = credentials.current(), os.environ.get("STORAGE_EMULATOR_HOST")
+    if creds is not None or emulator:
+        opts["token"] = creds if creds is not None else "anon"  # gcsfs refreshes them; the emulator takes none
+    if emulator:
+        # Named (gcsfs also reads the environment), the endpoint is part of fsspec's instance cache key.
+        opts["endpoint_url"] = emulator
+    return fsspec.filesystem("gs", **opts)
 
 
 def sha256(uri: str) -> str:
@@ -153,9 +144,7 @@ def read_bytes(uri: str) -> bytes:
 def copy_to_local(uri: str, path: str) -> None:
     """Copy one file of any size to the local `path`, in bounded requests (no whole-call deadline)."""
     if is_local(uri):
-        with open(local_path(uri), "rb") as src, open(path, "wb") as dst:
-            for block in iter(lambda: src.read(1 << 22), b""):
-                dst.write(block)
+        shutil.copyfile(local_path(uri), path)
         return
     _bounded(uri, filesystem(uri).get_file, uri, path, nbytes=size(uri))
 
@@ -175,8 +164,9 @@ def read_json_if_exists(uri: str) -> Any | None:
         return None
 
 
-def _write_temp(path: str, data: bytes) -> str:
-    """Write `data` durably to a fresh temporary name beside `path`; returns that name."""
+@contextlib.contextmanager
+def _temp_beside(path: str, data: bytes) -> Iterator[str]:
+    """`data` written durably to a fresh temporary name beside `path`, removed after the block if still there."""
     os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
     tmp = f"{path}.tmp-{uuid.uuid4().hex[:8]}"
     try:
@@ -184,22 +174,16 @@ def _write_temp(path: str, data: bytes) -> str:
             f.write(data)
             f.flush()
             os.fsync(f.fileno())
-    except BaseException:
+        yield tmp
+    finally:
         if os.path.exists(tmp):
             os.unlink(tmp)
-        raise
-    return tmp
 
 
 def write_bytes(uri: str, data: bytes) -> None:
     if is_local(uri):
-        path = local_path(uri)
-        tmp = _write_temp(path, data)
-        try:
-            os.replace(tmp, path)
-        except BaseException:
-            os.unlink(tmp)
-            raise
+        with _temp_beside(local_path(uri), data) as tmp:
+            os.replace(tmp, local_path(uri))
     else:
         _bounded(uri, filesystem(uri).pipe_file, uri, data, nbytes=len(data))
 
@@ -213,24 +197,17 @@ def write_json(uri: str, obj: Any) -> None:
 
 
 def create_only(uri: str, data: bytes) -> bool:
-    """Write `uri` only if nothing is there yet; True if this call wrote it.
-
-    Local: hard-link a finished temp file (link fails if the name exists). gs://: upload with
-    ifGenerationMatch=0, which GCS rejects with 412 once any generation of the object exists.
-    """
+    """Write `uri` only if nothing is there yet; True if this call wrote it. Local: hard-link a finished
+    temp file (fails if the name exists); gs://: upload with ifGenerationMatch=0 (412 once any exists)."""
     if scheme(uri) not in ("file", "gs"):
         raise ValueError(f"create_only supports local paths and gs:// URIs, not {uri!r}.")
     if is_local(uri):
-        path = local_path(uri)
-        tmp = _write_temp(path, data)
-        try:
-            os.link(tmp, path)  # atomic, and fails if the target exists
-            return True
-        except FileExistsError:
-            return False
-        finally:
-            if os.path.exists(tmp):
-                os.unlink(tmp)
+        with _temp_beside(local_path(uri), data) as tmp:
+            try:
+                os.link(tmp, local_path(uri))  # atomic, and fails if the target exists
+                return True
+            except FileExistsError:
+                return False
     from google.api_core.exceptions import GatewayTimeout, PreconditionFailed, RetryError, ServiceUnavailable
     from google.cloud.storage.retry import DEFAULT_RETRY
     from requests import ConnectionError as RequestsConnectionError
@@ -239,9 +216,7 @@ def create_only(uri: str, data: bytes) -> bool:
     bucket, name = bucket_and_name(uri)
     deadline = call_deadline(len(data))
     try:
-        # The precondition makes a repeat safe, so the client's retry applies (what it does for any upload
-        # with a generation precondition); each request gets our connect and read timeouts, and the retries
-        # stop at the call's deadline.
+        # The precondition makes a repeat safe, so the client's retry applies, up to the call's deadline.
         _gcs_client().bucket(bucket).blob(name).upload_from_string(
             data, if_generation_match=0, timeout=(_timeout_s, _timeout_s), retry=DEFAULT_RETRY.with_timeout(deadline)
         )
@@ -255,11 +230,10 @@ def create_only(uri: str, data: bytes) -> bool:
 def _gcs_client():
     from google.cloud import storage as gcs
 
-    handed = credentials.handed()
+    handed, emulator = credentials.handed(), os.environ.get("STORAGE_EMULATOR_HOST")
     if handed is not None:
-        project = handed.project or ("emulator" if os.environ.get("STORAGE_EMULATOR_HOST") else None)
-        return gcs.Client(project=project, credentials=handed.credentials)
-    if os.environ.get("STORAGE_EMULATOR_HOST"):
+        return gcs.Client(project=handed.project or ("emulator" if emulator else None), credentials=handed.credentials)
+    if emulator:
         from google.auth.credentials import AnonymousCredentials
 
         return gcs.Client(project="emulator", credentials=AnonymousCredentials())
@@ -289,10 +263,8 @@ def _entries(uri: str, kind: str | None = None) -> list[dict[str, Any]]:
 
 def find(uri: str) -> dict[str, dict[str, Any]]:
     """Every file below `uri` with its details (size, generation or mtime), by path; empty if none."""
-    fs = filesystem(uri)
-    path = local_path(uri) if is_local(uri) else uri
     try:
-        return _bounded(uri, fs.find, path, detail=True) if exists(uri) else {}
+        return _bounded(uri, filesystem(uri).find, local_path(uri), detail=True) if exists(uri) else {}
     except FileNotFoundError:
         return {}
 

@@ -3,8 +3,7 @@
     ds = mlm_dataset(shard_set, "train", tokenizer, global_batch, mlm_probability=cfg.train.mlm_probability,
                      seed=cfg.train.seed, input_context=input_context)   # training=False: one ordered pass
 
-Masking is transformers' TF-native collator applied to whole batches inside the graph; reads go through
-TensorFlow's GCS filesystem. docs/data.md#reading-shards-in-training
+docs/data.md#reading-shards-in-training
 """
 
 from __future__ import annotations
@@ -15,7 +14,7 @@ import re
 from mlm_tasks import storage
 from mlm_tasks.data.shard_set import ShardSet
 from mlm_tasks.data.tfrecord import count_records
-from mlm_tasks.data.word_mask import WholeWordMasker, make_collator
+from mlm_tasks.data.word_mask import WholeWordMasker
 from mlm_tasks.errors import ConfigError
 
 log = logging.getLogger(__name__)
@@ -28,34 +27,41 @@ def make_masker(
     max_predictions: int = 0,
     replace: tuple[float, float] = (0.8, 0.1),
 ):
-    """`mask(ids, rng) -> (masked ids, labels)` for a batch of int32 ids, in graph: single tokens by
-    transformers' collator, or whole words (data/word_mask.py), each selected token shown as <mask>, a
-    random token or itself by the `replace` shares. Special tokens are never masked."""
+    """`mask(ids, rng) -> (masked ids, labels)` for a batch of int32 ids, in graph, labels -100 where nothing is
+    masked: single tokens, or whole words (data/word_mask.py); `replace`: the shares of the selected tokens
+    shown as <mask> and as a random token (the rest unchanged). Special tokens are never masked."""
     import tensorflow as tf
+    from transformers import DataCollatorForLanguageModeling
 
     special_ids = tf.constant(sorted(tokenizer.all_special_ids), dtype=tf.int32)
-    words = WholeWordMasker(tokenizer, mlm_probability, max_predictions, replace) if whole_word_mask else None
-    collator = make_collator(tokenizer, mlm_probability, replace)
+    words = WholeWordMasker(tokenizer, mlm_probability, max_predictions) if whole_word_mask else None
+    mask_share, random_share = replace
+    collator = DataCollatorForLanguageModeling(
+        tokenizer=tokenizer,
+        mlm=True,
+        # Whole words: at 1 the collator selects every position its special-tokens mask leaves, so "not
+        # selected" as that mask makes its selection the words', and its 80/10/10 applies per token.
+        mlm_probability=1.0 if words is not None else mlm_probability,
+        mask_replace_prob=mask_share,
+        random_replace_prob=min(random_share, 1.0 - mask_share),  # a sum of 1 may round above it
+        return_tensors="tf",
+    )
 
     def mask(ids, rng):
-        special = tf.reduce_any(ids[..., None] == special_ids, axis=-1)
+        unmasked = tf.reduce_any(ids[..., None] == special_ids, axis=-1)  # what the collator may not select
         if words is not None:
-            return words(ids, special, rng)
+            unmasked = ~words(ids, unmasked, rng)
         collator.generator = rng
         return collator.tf_mask_tokens(
-            ids, vocab_size=len(tokenizer), mask_token_id=tokenizer.mask_token_id, special_tokens_mask=special
+            ids, vocab_size=len(tokenizer), mask_token_id=tokenizer.mask_token_id, special_tokens_mask=unmasked
         )
 
     return mask
 
 
 class BatchSeededRng:
-    """Stands in for the collator's `tf.random.Generator`: stateless draws keyed by (seed, batch index).
-
-    Batch k gets the same masks whether or not training was killed and resumed before it, so a
-    resumed run sees exactly the data an uninterrupted run would, and evaluation masks are identical
-    for every model scored on the same split.
-    """
+    """Stands in for the collator's `tf.random.Generator`: stateless draws keyed by (seed, batch index), so
+    batch k gets the same masks in a resumed run, and every model scored on a split the same masks."""
 
     def __init__(self, seed: int, batch_index):
         self.seed, self.batch_index, self.calls = seed, batch_index, 0
@@ -105,10 +111,8 @@ def mlm_dataset(
 ):
     """Batches of {"input_ids", "attention_mask", "labels"} (labels = -100 where nothing is masked).
 
-    training=True: shuffled, repeated, `skip_batches` skipped (a resumed run continues where its checkpoint
-    left off), `take_batches` long (a finite dataset tears down at once); training=False: one ordered pass.
-    whole_word_mask: whole words, at most `max_predictions` tokens a row; `replace`: make_masker's shares.
-    `input_context` (training): `batch_size` is the global batch, split per replica; skip/take count steps.
+    training=True: shuffled, repeated, `skip_batches` skipped (a resumed run), `take_batches` long;
+    training=False: one ordered pass. `input_context`: `batch_size` is the global batch, split per replica.
     `weights` (a mixture's, by source name; training): each example drawn from a source chosen by weight.
     """
     import tensorflow as tf
@@ -171,10 +175,9 @@ def _records(files: list[str], training: bool, seed: int, shuffle_buffer: int):
 def _weighted_records(
     by_source: dict[str, list[str]], weights: dict[str, float], pipelines: int, pipeline_id: int, seed: int, buffer: int
 ):
-    """A mixture's train records, each drawn from a source chosen by its normalized weight; every source is
-    shuffled and repeated on its own (a share of the shuffle buffer each, so memory stays a single
-    source's). Each pipeline reads its own files of a source or, when the source has fewer files than
-    pipelines, every file in one seeded order, keeping every pipelines-th record (so disjoint records)."""
+    """A mixture's train records, each from a source drawn by weight; each source shuffled and repeated on its
+    own (a share of the shuffle buffer each). A pipeline reads its own files of a source, or, when it has
+    fewer files than pipelines, every pipelines-th record of all of them."""
     import tensorflow as tf
 
     total = sum(weights[name] for name in by_source)
@@ -223,8 +226,7 @@ def _deterministic_and_unsharded(ds):
 
 def damaged_shard_error(shard_set: ShardSet, split: str, err) -> ConfigError | None:
     """The `ConfigError` for TensorFlow's DataLossError `err` while reading `split`: the first shard our
-    reader finds damaged, read in full (only on this failure path). None if every shard reads clean:
-    then the bytes TensorFlow saw are not the stored ones, and the caller lets the error be retried."""
+    reader finds damaged. None if every shard reads clean: the caller lets the error be retried."""
     message = getattr(err, "message", str(err))  # in a tf.function: a graph traceback around the reader's words
     found = re.search(r"(corrupted|truncated) record at \d+", message)
     said = found.group(0) if found else message.strip().splitlines()[-1]

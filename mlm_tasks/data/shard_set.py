@@ -1,14 +1,9 @@
-"""The shard set: its fingerprint, its manifest (typed), its summary, and adopting shards brought as they are.
+"""The shard set: its fingerprint, its manifest (the source of truth), its summary, adopting brought shards.
 
-    fp = data_fingerprint(cfg, corpus)            # corpus content + every setting that changes the shards
-    shard_set = ShardSet.load(paths)              # needs _SUCCESS; a damaged manifest.json is a ConfigError
-    shard_set = load_manifest(cfg, fp)            # the same, checked against what this run asks for
-    shard_set.shard_uris("train"), shard_set.records("train"), shard_set.verify("train")   # sha256
-    summary = summary_for_fingerprint(cfg, fp)    # of a complete set (e.g. from a dataset-refresh event)
+    fp = data_fingerprint(cfg, corpus); shard_set = load_manifest(cfg, fp)   # ShardSet.load: needs _SUCCESS
+    shard_set.shard_uris("train"), shard_set.records("train"), shard_set.verify("train")
 
-Why: `manifest.json` is the source of truth for our reader (counts, checksums, settings); the file
-names carry counts only for readers that list files. `shards.partitions` stays out of the fingerprint
-(any count gives the same records). docs/data.md#the-shard-set-fingerprint-and-manifest
+docs/data.md#the-shard-set-fingerprint-and-manifest
 """
 
 from __future__ import annotations
@@ -24,14 +19,13 @@ from mlm_tasks.base_model import BaseModelRef, read_tokenizer_json, tokenizer_re
 from mlm_tasks.config import PipelineConfig
 from mlm_tasks.data.corpus import open_corpus
 from mlm_tasks.data.corpus.shards import ShardsCorpus, check_shards
-from mlm_tasks.data.tokenizer import SPARE, add_spare_tokens, save_tokenizer, train_subwords
+from mlm_tasks.data.tokenizer import SPARE, add_spare_tokens, load_tokenizer, save_tokenizer, train_subwords
 from mlm_tasks.errors import ConfigError, MissingArtifactError
 from mlm_tasks.paths import SPLITS, DataPaths, join
 from mlm_tasks.results import DataSummary
 
-# 3: the data card (what the filters and the dedup removed, the tokenizer's sample); 2: two features
-# (input_ids, attention_mask) and record counts in the names; 1 had input_ids only.
-MANIFEST_VERSION = 3
+log = logging.getLogger(__name__)
+MANIFEST_VERSION = 3  # part of the fingerprint: a new layout never reads an old set
 
 
 def rebuild_hint(paths: DataPaths) -> str:
@@ -42,9 +36,9 @@ def rebuild_hint(paths: DataPaths) -> str:
     )
 
 
-def build_manifest(paths: DataPaths, max_length: int, records_per_shard: int, splits: dict, extra: dict) -> dict:
-    """The manifest of a shard set: the one place its fields are named."""
-    return {
+def publish_manifest(paths: DataPaths, max_length: int, records_per_shard: int, splits: dict, extra: dict) -> ShardSet:
+    """Write manifest.json (the one place its fields are named), then _SUCCESS: last, as readers trust it."""
+    manifest = {
         "version": MANIFEST_VERSION,
         "fingerprint": paths.fingerprint,
         "max_length": max_length,
@@ -53,10 +47,6 @@ def build_manifest(paths: DataPaths, max_length: int, records_per_shard: int, sp
         "splits": splits,
         **extra,
     }
-
-
-def publish_manifest(paths: DataPaths, manifest: dict) -> ShardSet:
-    """manifest.json, then _SUCCESS: last, because it is all readers and sensors trust."""
     storage.write_json(paths.manifest, manifest)
     storage.write_text(paths.success, "")
     return ShardSet(paths, manifest)
@@ -109,8 +99,7 @@ class ShardSet:
         return int(self.entry(split)["records"])
 
     def sources(self, split: str) -> dict[str, dict]:
-        """A mixture's per-source counts of `split` by name (records, tokens, rows, characters, shards);
-        {} for a single source."""
+        """A mixture's per-source counts of `split` by name; {} for a single source."""
         return self.entry(split).get("sources", {})
 
     def source_shard_uris(self, split: str) -> dict[str, list[str]]:
@@ -128,13 +117,11 @@ class ShardSet:
         return self.entry(split)["shards"]
 
     def shard_uris(self, split: str) -> list[str]:
-        """Shards written here are named relative to the set's folder; shards brought from elsewhere
-        (bring-your-own) carry their own absolute `uri`."""
+        """Written shards are named relative to the set's folder; brought ones carry their own `uri`."""
         return [s.get("uri") or join(self.paths.shards_dir, s["file"]) for s in self.shards(split)]
 
     def verify(self, split: str, checksums: bool = True) -> None:
-        """Fail, without retry, on a missing, truncated or corrupted shard instead of training on less data.
-        checksums=False compares sizes only: no shard is read (cheap enough for a check before the VM)."""
+        """ConfigError (no retry) on a missing, truncated or corrupted shard; checksums=False: sizes only."""
         for shard, uri in zip(self.shards(split), self.shard_uris(split), strict=False):
             if not storage.exists(uri):
                 raise ConfigError(
@@ -157,9 +144,7 @@ class ShardSet:
 
 
 def manifest_extra(cfg: PipelineConfig, corpus, corpus_fingerprint: str, paths: DataPaths, tokenizer) -> dict:
-    """What the manifest says besides the shards: vocabulary, tokenizer (its model, where it came from, its
-    spare tokens, its hash), source, credit, special ids, and with model.init_from the base model (its
-    identity, as in the fingerprint, and its shape)."""
+    """What the manifest says besides the shards: vocabulary, tokenizer, source, credit, special ids, base model."""
     base = BaseModelRef.of(cfg)
     ref = base or tokenizer_ref(cfg)
     sha256 = storage.sha256(join(paths.tokenizer, "tokenizer.json"))
@@ -189,19 +174,16 @@ def manifest_extra(cfg: PipelineConfig, corpus, corpus_fingerprint: str, paths: 
     }
 
 
-log = logging.getLogger(__name__)
-
-
 def data_fingerprint(cfg: PipelineConfig, corpus=None, corpus_fingerprint: str | None = None) -> str:
     """The shard set's key: the corpus content (its fingerprint, computed unless given) and every
     setting that changes the shards."""
     if corpus_fingerprint is None:
         corpus_fingerprint = (corpus or open_corpus(cfg.corpus)).fingerprint()
+    key = {"corpus": corpus_fingerprint, "max_length": cfg.shards.max_length, "manifest_version": MANIFEST_VERSION}
     if cfg.corpus.source == "tfrecord_shards":  # shards brought as they are: no setting of ours changes them
-        key = {"corpus": corpus_fingerprint, "max_length": cfg.shards.max_length, "manifest_version": MANIFEST_VERSION}
         return hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16]
     base = BaseModelRef.of(cfg)
-    key = {
+    key |= {
         "corpus": corpus_fingerprint,
         "splits": [
             cfg.corpus.validation_fraction,
@@ -212,11 +194,9 @@ def data_fingerprint(cfg: PipelineConfig, corpus=None, corpus_fingerprint: str |
         "text_column": cfg.corpus.text_column,  # the same files, another column: other rows
         # The base's tokenizer encodes the shards (tokenizer.* is not used then); else ours, reused or trained.
         **({"base_model": base.identity()} if base else {"tokenizer": tokenizer_key(cfg)}),
-        "max_length": cfg.shards.max_length,
         "records_per_shard": cfg.shards.records_per_shard,
         "filters": cfg.corpus.filters.model_dump(),
         "dedup": cfg.dedup.model_dump(),
-        "manifest_version": MANIFEST_VERSION,
     }
     return hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16]
 
@@ -224,8 +204,7 @@ def data_fingerprint(cfg: PipelineConfig, corpus=None, corpus_fingerprint: str |
 def data_summary(
     shard_set: ShardSet, cache_hit: bool, written_here: bool = False, weights: dict[str, float] | None = None
 ) -> DataSummary:
-    """The summary of a complete shard set; `weights` (a mixture's, by source name: config_weights) are
-    the run's, shown beside each source's counts."""
+    """The summary of a complete shard set; `weights`: a mixture's (config_weights), shown per source."""
     paths, manifest, splits = shard_set.paths, shard_set.data, shard_set.data["splits"]
     return {
         "fingerprint": paths.fingerprint,
@@ -255,12 +234,10 @@ def data_summary(
 
 
 def source_summary(shard_set: ShardSet, weights: dict[str, float]) -> dict[str, dict]:
-    """A mixture's sources by name: kind, credit, the run's weight (None when not known) and counts per
-    split; {} for a single source."""
+    """A mixture's sources by name: kind, credit, the run's weight and counts per split; {} for a single source."""
     about = {m["name"]: m for m in shard_set.data.get("mixture", [])}
-    names = list(shard_set.sources("train"))
     out: dict[str, dict] = {}
-    for name in names:
+    for name in shard_set.sources("train"):
         counts = {s: shard_set.sources(s).get(name, {}) for s in shard_set.splits}
         out[name] = {
             "kind": about.get(name, {}).get("source"),
@@ -277,8 +254,7 @@ def config_weights(cfg: PipelineConfig) -> dict[str, float]:
 
 
 def source_weights(cfg: PipelineConfig, shard_set: ShardSet) -> dict[str, float] | None:
-    """The weight of each source of the shard set's train split, from the run's corpus.mixture (None: a
-    single source, nothing to weigh). A source on one side only is a ConfigError naming both sides."""
+    """The run's corpus.mixture weight of each source of the set (None: a single source); both must name the same."""
     written, asked = list(shard_set.sources("train")), config_weights(cfg)
     if not written and not asked:
         return None
@@ -309,8 +285,8 @@ def summary_for_fingerprint(cfg: PipelineConfig, fingerprint: str) -> DataSummar
 
 
 def tokenizer_key(cfg: PipelineConfig) -> dict:
-    """The tokenizer settings in the fingerprint: a reused one's identity (its commit, or its files' sha256),
-    or the trainer's settings. Settings at their first defaults stay out, so older sets keep their key."""
+    """The tokenizer in the fingerprint: a reused one's identity, or the trainer's settings (those at their
+    first defaults left out, so older sets keep their key)."""
     t, ref = cfg.tokenizer, tokenizer_ref(cfg)
     if ref is not None:
         return {"from_pretrained": ref.identity(), "reserved_tokens": t.reserved_tokens}
@@ -319,9 +295,8 @@ def tokenizer_key(cfg: PipelineConfig) -> dict:
 
 
 def ensure_tokenizer(cfg: PipelineConfig, rows, paths: DataPaths) -> None:
-    """The tokenizer of this fingerprint, unless it exists: trained on `rows` (not id-reproducible: once per
-    fingerprint, first writer wins), or reused (model.init_from's, or tokenizer.from_pretrained plus
-    tokenizer.reserved_tokens spares)."""
+    """The tokenizer of this fingerprint, unless it exists: trained on `rows` (first writer wins), or reused
+    (model.init_from's, or tokenizer.from_pretrained plus tokenizer.reserved_tokens spares)."""
     if storage.exists(join(paths.tokenizer, "tokenizer.json")):
         log.info("Reusing the tokenizer already made for this fingerprint: %s", paths.tokenizer)
         return
@@ -331,8 +306,7 @@ def ensure_tokenizer(cfg: PipelineConfig, rows, paths: DataPaths) -> None:
         how = f"Trained a {cfg.tokenizer.model} tokenizer in {time.time() - t0:.1f}s"
     else:
         tok = read_tokenizer_json(ref.tokenizer_json(), f"{ref.setting} {ref.uri}")
-        # Rows are packed into max_length chunks after encoding: a truncation (or padding) the reused
-        # tokenizer.json may carry would silently cut long rows short.
+        # Rows are packed into chunks after encoding: a reused truncation or padding would cut long rows.
         tok.no_truncation()
         tok.no_padding()
         revision = ref.identity()["revision"]
@@ -346,22 +320,18 @@ def adopt(cfg: PipelineConfig, corpus: ShardsCorpus, paths: DataPaths, corpus_fi
     """Publish the tokenizer and a manifest of the brought shards under `paths`, then _SUCCESS."""
     from tokenizers import Tokenizer
 
-    from mlm_tasks.data.tokenizer import load_tokenizer, save_tokenizer
-
     max_length = check_shards(cfg, corpus)
     save_tokenizer(Tokenizer.from_str(corpus.tokenizer_json), paths.tokenizer, max_length)
     tokenizer = load_tokenizer(paths.tokenizer, max_length)
-    splits = {}
-    for split in SPLITS:
-        entry = corpus.split_entry(split)
+    splits = {split: corpus.split_entry(split) for split in SPLITS}
+    for entry in splits.values():
         entry["tokens"] = entry["records"] * max_length
-        splits[split] = entry
     extra = {
         **manifest_extra(cfg, corpus, corpus_fingerprint, paths, tokenizer),
         "shards_uri": cfg.corpus.shards_uri,
         "tokenizer_uri": cfg.corpus.tokenizer_uri,
     }
-    publish_manifest(paths, build_manifest(paths, max_length, 0, splits, extra))
+    publish_manifest(paths, max_length, 0, splits, extra)
     log.info(
         "Adopted the shards under %s as data %s: %s",
         cfg.corpus.shards_uri,

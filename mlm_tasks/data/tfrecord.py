@@ -4,8 +4,7 @@
         f.write(frame_records(encode_examples(block)))          # block: [n, max_length] ids
     for offset, record in iter_records(f, "part.tfrecord"):      # both crc32c checked; ConfigError if bad
 
-numpy encodes a whole block at once: a proto per record costs more than tokenizing, and importing
-TensorFlow costs seconds per writer. docs/data.md#the-file-format
+numpy encodes a whole block at once (no TensorFlow, no proto per record). docs/data.md#the-file-format
 """
 
 from __future__ import annotations
@@ -19,8 +18,6 @@ import numpy as np
 from mlm_tasks.errors import ConfigError
 
 FEATURES = ["input_ids", "attention_mask"]
-
-
 # What the Hugging Face TF/TPU training script parses a shard's record count from (run_mlm.py count_samples).
 RECORDS_IN_NAME = re.compile(r"-\d+-(\d+)\.tfrecord")
 
@@ -73,24 +70,15 @@ def _varint_block(values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return groups[position < nbytes[..., None]], nbytes.sum(axis=1)
 
 
+def _field(tag: bytes, head: bytes, payload_len: int = 0) -> bytes:
+    """A length-delimited protobuf field up to its last `payload_len` bytes: tag, length, then `head`."""
+    return tag + _varint(len(head) + payload_len) + head
+
+
 def _feature_entry(key: str, payload_len: int) -> bytes:
     """The bytes of one Features map entry up to its packed varints: key, Feature, Int64List headers."""
-    key_bytes = key.encode("utf-8")
-    key_field = b"\x0a" + _varint(len(key_bytes)) + key_bytes
-    int64_list = 1 + len(_varint(payload_len)) + payload_len
-    feature = 1 + len(_varint(int64_list)) + int64_list
-    entry = len(key_field) + 1 + len(_varint(feature)) + feature
-    return (
-        b"\x0a"
-        + _varint(entry)
-        + key_field
-        + b"\x12"
-        + _varint(feature)
-        + b"\x1a"
-        + _varint(int64_list)
-        + b"\x0a"
-        + _varint(payload_len)
-    )
+    int64_list = _field(b"\x1a", b"\x0a" + _varint(payload_len), payload_len)
+    return _field(b"\x0a", _field(b"\x0a", key.encode("utf-8")) + _field(b"\x12", int64_list, payload_len), payload_len)
 
 
 def encode_examples(block: np.ndarray) -> list[bytes]:
@@ -104,17 +92,10 @@ def encode_examples(block: np.ndarray) -> list[bytes]:
     data = flat.tobytes()
     mask_payload = b"\x01" * block.shape[1]
     mask_entry = _feature_entry("attention_mask", len(mask_payload)) + mask_payload  # the same in every record
-    out, start = [], 0
-    headers: dict[int, bytes] = {}  # rows of equal byte length share their headers
-    for payload_len in lengths.tolist():
-        header = headers.get(payload_len)
-        if header is None:
-            ids_header = _feature_entry("input_ids", payload_len)
-            features = len(mask_entry) + len(ids_header) + payload_len
-            header = headers[payload_len] = b"\x0a" + _varint(features) + mask_entry + ids_header
-        out.append(header + data[start : start + payload_len])
-        start += payload_len
-    return out
+    # Rows of equal byte length share their headers.
+    headers = {n: _field(b"\x0a", mask_entry + _feature_entry("input_ids", n), n) for n in set(lengths.tolist())}
+    ends = np.cumsum(lengths).tolist()
+    return [headers[n] + data[end - n : end] for n, end in zip(lengths.tolist(), ends, strict=True)]
 
 
 def frame_records(records: list[bytes]) -> bytes:
@@ -183,8 +164,7 @@ def iter_records(f, name: str, limit: int | None = None):
 
 
 def count_records(f, name: str) -> int:
-    """Records in an open TFRecord file `name`; reads every byte, as it checks every record (linear, crc32c
-    runs at GB/s, so the read is the cost)."""
+    """Records in an open TFRecord file `name`; reads every byte, as it checks every record."""
     return sum(1 for _ in iter_records(f, name))
 
 
@@ -199,6 +179,14 @@ def _read_varint(buf: bytes, pos: int) -> tuple[int, int]:
         if byte < 0x80:
             return value, pos
         shift += 7
+
+
+def _packed(buf: bytes) -> list[int]:
+    values, pos = [], 0
+    while pos < len(buf):
+        n, pos = _read_varint(buf, pos)
+        values.append(n)
+    return values
 
 
 def _fields(buf: bytes):
@@ -243,13 +231,7 @@ def parse_example(record: bytes) -> dict[str, list[int] | str]:
                     continue
                 ints: list[int] = []
                 for _, wire, v in _fields(values):
-                    if wire == 2:  # packed
-                        pos = 0
-                        while pos < len(v):
-                            n, pos = _read_varint(v, pos)
-                            ints.append(n - (1 << 64) if n >= 1 << 63 else n)
-                    else:
-                        ints.append(v - (1 << 64) if v >= 1 << 63 else v)
-                out[key] = ints
+                    ints += _packed(v) if wire == 2 else [v]
+                out[key] = [n - (1 << 64) if n >= 1 << 63 else n for n in ints]  # int64: two's complement
             out.setdefault(key, [])
     return out

@@ -1,10 +1,8 @@
 """Train a tokenizer (Unigram, BPE or WordPiece) on the train split and save it as a PreTrainedTokenizerFast.
 
-    python -m mlm_tasks train_tokenizer   # after the dedup stages, on a seeded sample of the kept train rows
     tok = train_subwords(rows, cfg.tokenizer); add_spare_tokens(tok, 8); save_tokenizer(tok, uri, 128)
 
-Training is not reproducible id-for-id, so a tokenizer is trained once per data fingerprint (first
-writer wins) and shards are encoded with the tokenizer read back from storage.
+Training is not reproducible id-for-id: one tokenizer per data fingerprint (first writer wins), read back to encode.
 """
 
 from __future__ import annotations
@@ -31,6 +29,10 @@ def train_subwords(rows: Iterable[str], cfg: TokenizerConfig):
     specials (<mask> strips the space before it) and post-processing."""
     from tokenizers import AddedToken, Tokenizer, decoders, models, normalizers, pre_tokenizers, processors, trainers
 
+    rows = iter(rows)
+    first = next(rows, None)
+    if first is None:
+        raise empty_corpus_error()
     common = {
         "vocab_size": cfg.vocab_size,
         "special_tokens": [AddedToken(t, lstrip=(t == "<mask>"), normalized=False) for t in SPECIAL_TOKENS],
@@ -54,15 +56,8 @@ def train_subwords(rows: Iterable[str], cfg: TokenizerConfig):
     tok.normalizer = normalizers.Sequence(
         [normalizers.NFKC(), normalizers.Replace("``", '"'), normalizers.Replace("''", '"')]
     )
-    seen = [0]
-
-    def counted(rows):
-        for row in rows:
-            seen[0] += 1
-            yield row
-
     try:
-        tok.train_from_iterator(counted(rows), trainer=trainer)
+        tok.train_from_iterator(itertools.chain([first], rows), trainer=trainer)
     except Exception as err:  # the trainer raises a bare Exception for this one bad input
         if "not large enough to contain all chars" not in str(err):
             raise
@@ -71,8 +66,6 @@ def train_subwords(rows: Iterable[str], cfg: TokenizerConfig):
             f"characters plus the {len(SPECIAL_TOKENS)} special tokens (every character needs a "
             "piece): raise vocab_size."
         ) from None
-    if not seen[0]:
-        raise empty_corpus_error()
     if tok.get_vocab_size() < cfg.vocab_size:
         # The trainer stops early when the corpus has fewer useful pieces than asked for.
         raise ConfigError(

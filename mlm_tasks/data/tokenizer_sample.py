@@ -1,9 +1,7 @@
-"""The tokenizer's training text: a seeded sample of the deduplicated, filtered train rows.
+"""The tokenizer's training text: the kept train rows with the smallest row hashes that fit the budget,
+merged from each partition's scan candidates.
 
     rows, stats = tokenizer_sample(paths, num_parts, budget_bytes)   # rows by ascending row hash
-
-The train rows with the smallest row hashes that fit the budget, merged from each partition's scan
-(mlm_tasks/data/dedup/scan.py), skipping what the dedup removed. docs/data.md
 """
 
 from __future__ import annotations
@@ -15,7 +13,7 @@ import tempfile
 from collections.abc import Iterator
 
 from mlm_tasks import storage
-from mlm_tasks.data.dedup.clusters import removed_bits
+from mlm_tasks.data.dedup.clusters import is_set, removed_bits
 from mlm_tasks.data.dedup.scan import scan_dir
 from mlm_tasks.paths import join
 
@@ -40,9 +38,7 @@ def tokenizer_sample(paths, num_parts: int, budget: int) -> tuple[list[str], dic
             streams.append(_candidates(local, part))
         for h, part, index, row in heapq.merge(*streams):
             candidates += 1
-            if (
-                removed[part][index >> 3] & (0x80 >> (index & 7)) or h == last
-            ):  # removed by the dedup, or a copy already taken
+            if is_set(removed, part, index) or h == last:  # removed by the dedup, or a copy already taken
                 continue
             size = len(row.encode("utf-8"))
             if taken + size > budget and rows:

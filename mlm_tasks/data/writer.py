@@ -3,8 +3,6 @@
     parts = [write_partition(cfg, paths, p, 4) for p in range(4)]    # any order, any machine, in parallel
     shard_set = merge_partitions(cfg, paths, 4, extra)               # manifest.json and _SUCCESS last
 
-It streams (memory stays flat), the merge joins the partitions' tails (records = floor(ids / max_length)
-whatever the partition count), and two writers of one fingerprint write the same bytes.
 docs/data.md#how-a-partition-is-written
 """
 
@@ -26,7 +24,7 @@ import numpy as np
 from mlm_tasks import storage
 from mlm_tasks.config import PipelineConfig, ShardConfig
 from mlm_tasks.data.corpus.base import empty_corpus_error
-from mlm_tasks.data.shard_set import ShardSet, build_manifest, publish_manifest
+from mlm_tasks.data.shard_set import ShardSet, publish_manifest
 from mlm_tasks.data.tfrecord import encode_examples, frame_records, shard_name
 from mlm_tasks.errors import ConfigError, MissingArtifactError
 from mlm_tasks.paths import SPLITS, DataPaths, join
@@ -38,9 +36,8 @@ K = TypeVar("K")
 def encoded_batches(
     split_rows: Iterable[tuple[K, str]], tokenizer, batch_rows: int
 ) -> Iterator[tuple[K, list[str], list]]:
-    """(split, rows, encodings) for batches of `batch_rows` rows of one split each, in row order per split,
-    from one stream of (split, row) pairs: a corpus is read once for all its splits. The split may be any
-    key: the writer's is (split, mixture source)."""
+    """(key, rows, encodings) for batches of `batch_rows` rows of one key each, in row order per key, from
+    one stream of (key, row) pairs (the writer's key: split and mixture source)."""
     backend = tokenizer.backend_tokenizer if hasattr(tokenizer, "backend_tokenizer") else tokenizer
     # encode_batch_fast skips the character offsets nobody here reads: the same ids, ~25% faster.
     encode = getattr(backend, "encode_batch_fast", backend.encode_batch)
@@ -54,8 +51,7 @@ def encoded_batches(
                 yield split, pending.pop(split)
         yield from pending.items()
 
-    # encode_batch releases the GIL: the next batch is tokenized while this thread reads rows, chunks
-    # and writes the previous one (bench/bench_shards.py: that Python work otherwise adds to the encode).
+    # encode_batch releases the GIL: the next batch is tokenized while this thread chunks and writes the last.
     with ThreadPoolExecutor(max_workers=1) as pool:
         pending = None
         for split, batch in batches():
@@ -69,7 +65,7 @@ def encoded_batches(
 
 class Chunker:
     """Concatenates one split's encodings and cuts whole `max_length` chunks; counts rows and characters.
-    What is left over (< max_length ids) is `tail`: partitioned writers join the tails up at the end."""
+    The rest (< max_length ids) is `tail`: the merge joins the partitions' tails."""
 
     def __init__(self, max_length: int):
         self.max_length, self.rows, self.characters = max_length, 0, 0
@@ -83,17 +79,6 @@ class Chunker:
         usable = len(ids) // self.max_length * self.max_length
         self.tail = ids[usable:]
         return ids[:usable].reshape(-1, self.max_length)
-
-
-def chunk_stream(rows: Iterable[str], tokenizer, cfg: ShardConfig, stats: dict) -> Iterator[np.ndarray]:
-    """Yield [n, max_length] int32 blocks of one stream of rows; the tail shorter than one chunk is left
-    in stats["tail"], rows and characters in stats["rows"], stats["characters"]."""
-    chunker = Chunker(cfg.max_length)
-    for _, batch, encodings in encoded_batches((("", r) for r in rows), tokenizer, cfg.tokenize_batch_rows):
-        block = chunker.add(batch, encodings)
-        if len(block):
-            yield block
-    stats.update(rows=chunker.rows, characters=chunker.characters, tail=chunker.tail)
 
 
 class BlockWriter:
@@ -110,12 +95,9 @@ class BlockWriter:
         self.t0 = self.last_log = time.time()
 
     def write(self, block: np.ndarray) -> None:
-        # A whole block is encoded at once (see mlm_tasks/data/tfrecord.py): no TensorFlow, no proto per record.
         encoded, done = encode_examples(block) if len(block) else [], 0
         while done < len(encoded):
-            if self.file is None:
-                # Held open across write() calls: closed when the shard is full or the split ends.
-                # One per writer: the writers of a split's mixture sources share its folder.
+            if self.file is None:  # open across write() calls, until the shard is full or the split ends
                 name = os.path.join(self.dir, f"{self.prefix}.part-{len(self.shards):05d}")
                 self.file, self.count = open(name, "wb"), 0  # noqa: SIM115
             take = min(self.cfg.records_per_shard - self.count, len(encoded) - done)
@@ -198,7 +180,6 @@ def write_partition(cfg: PipelineConfig, paths: DataPaths, part: int, num_parts:
     try:
         chunkers = {k: Chunker(sc.max_length) for k in keys}
         writers = {k: BlockWriter(staging, k[0], _prefix(*k, f"p{part:05d}of{num_parts:05d}"), sc, k[1]) for k in keys}
-        # The rows the filters and the dedup kept (mlm_tasks/data/dedup): the scan marked the others.
         stream = (((split, source), row) for source, split, row in kept_source_rows(corpus, paths, part, num_parts))
         for key, batch, encodings in encoded_batches(stream, tokenizer, sc.tokenize_batch_rows):
             writers[key].write(chunkers[key].add(batch, encodings))
@@ -268,8 +249,7 @@ def merge_partitions(cfg: PipelineConfig, paths: DataPaths, num_parts: int, extr
             splits[split] = entry
     finally:
         shutil.rmtree(staging, ignore_errors=True)
-    manifest = build_manifest(paths, sc.max_length, sc.records_per_shard, splits, extra)
-    return publish_manifest(paths, manifest)
+    return publish_manifest(paths, sc.max_length, sc.records_per_shard, splits, extra)
 
 
 def _prefix(split: str, source: str, suffix: str) -> str:
@@ -279,8 +259,7 @@ def _prefix(split: str, source: str, suffix: str) -> str:
 
 
 def _merge_tails(sc: ShardConfig, paths: DataPaths, staging: str, split: str, source: str, entries: list) -> dict:
-    """One split's (one source's) partial entries as one: their shards, and the whole chunks of their joined
-    tails written as one more shard."""
+    """One split's (one source's) partial entries as one, the whole chunks of their joined tails one more shard."""
     tail = np.asarray([i for e in entries for i in e["tail"]], dtype=np.int32)
     usable = len(tail) // sc.max_length * sc.max_length
     writer = BlockWriter(staging, split, _prefix(split, source, "tail"), sc, source)
@@ -295,7 +274,7 @@ def _merge_tails(sc: ShardConfig, paths: DataPaths, staging: str, split: str, so
 
 
 def _articles(corpus, source: str, split: str) -> int | None:
-    """The articles of `split` the last read saw (dump sources; None for others), of one mixture source when named."""
+    """The articles of `split` the last read saw (dump sources; None for others), of one mixture source if named."""
     read = corpus.sources[source] if source else corpus
     return getattr(read, "articles_seen", {}).get(split)
 
@@ -311,8 +290,8 @@ def _total(entries: Iterable[dict]) -> dict:
 
 
 def _staging_dir(paths: DataPaths) -> str:
-    """A private folder for unfinished shards. Locally it sits beside the set, so finished shards move
-    into place by rename; host and pid in its name let a later writer remove a killed writer's leftovers."""
+    """A private folder for unfinished shards: locally beside the set (finished shards move by rename); host and
+    pid in its name let a later writer remove a killed writer's leftovers."""
     parent = None
     if storage.is_local(paths.root):
         parent = storage.local_path(paths.root)
@@ -350,6 +329,6 @@ def _alive(pid: int) -> bool:
         os.kill(pid, 0)
     except ProcessLookupError:
         return False
-    except PermissionError:
-        return True
+    except PermissionError:  # another user's process
+        pass
     return True

@@ -1,9 +1,7 @@
-"""Corpus sources: where the raw text comes from, as WikiText-style rows split train/validation/test.
+"""Corpus sources: where the raw text comes from, as rows split train/validation/test (base.Corpus).
 
-    corpus = open_corpus(cfg.corpus)      # one of SOURCES, by corpus.source
-    for split, row in corpus.split_rows(part, num_parts): ...
-
-One interface (base.Corpus: rows per split, a content fingerprint, a credit). docs/data.md#sources-corpussource
+corpus = open_corpus(cfg.corpus)      # one of SOURCES, by corpus.source
+for split, row in corpus.split_rows(part, num_parts): ...
 """
 
 from __future__ import annotations

@@ -1,11 +1,7 @@
-"""The corpus interface: what every source gives (rows per split, a content fingerprint, a credit).
+"""The corpus interface (rows per split, a content fingerprint, a credit), the deterministic split of a row or
+title, and the error for a corpus without text.
 
-    class MySource(Corpus): ...    # fingerprint() and rows_partition(split, part, num_parts)
-                                   # size_bytes(), partition_units(): plan_shards sizes the fan-out by them
-    for source, split, row in corpus.source_rows(part, num_parts): ...   # split_rows' stream, by source
-
-Also what the text sources share: the deterministic split of a row or title, and the error for a
-corpus without text. The sources are the other modules of this package; `open_corpus` in its __init__ picks one.
+    class MySource(Corpus): ...    # fingerprint(), and rows_partition() or split_rows()
 """
 
 from __future__ import annotations
@@ -38,21 +34,19 @@ class Corpus:
         return self.rows_partition(split, 0, 1)
 
     def rows_partition(self, split: str, part: int, num_parts: int) -> Iterator[str]:
-        """The rows of `split` in partition `part` of `num_parts`: every row of the source lands in
-        exactly one partition, and other partitions' rows are skipped before they are parsed, so
-        `num_parts` shard-writing tasks each do 1/num_parts of the work (mlm_tasks.data.writer)."""
-        raise NotImplementedError
+        """The rows of `split` in partition `part` of `num_parts`: every row lands in exactly one partition, and
+        other partitions' rows are skipped before they are parsed. A source defines this or split_rows."""
+        return (row for row_split, row in self.split_rows(part, num_parts) if row_split == split)
 
     def split_rows(self, part: int = 0, num_parts: int = 1) -> Iterator[tuple[str, str]]:
-        """(split, row) for every row of partition `part`. Sources split by a hash of the text read
-        the source once for all splits; the rows of each split come in the order rows_partition yields."""
+        """(split, row) for every row of partition `part`, each split's in rows_partition's order; a source
+        that splits by a hash of the text reads itself once for all splits."""
         for split in SPLITS:
             for row in self.rows_partition(split, part, num_parts):
                 yield split, row
 
     def source_rows(self, part: int = 0, num_parts: int = 1) -> Iterator[tuple[str, str, str]]:
-        """(source, split, row): split_rows' stream, each row with the name of the mixture source it comes
-        from ("" for a single source; mixture.MixtureCorpus names its sources)."""
+        """(source, split, row): split_rows' stream, each row with its mixture source's name ("" for one source)."""
         for split, row in self.split_rows(part, num_parts):
             yield "", split, row
 
@@ -72,7 +66,7 @@ def split_of(key: str, validation_fraction: float, test_fraction: float) -> str:
 
 
 def empty_corpus_error() -> ConfigError:
-    """A train split without text rows, found by whichever reads it first (validate, the tokenizer, the writer)."""
+    """A train split without text rows, found by whichever reads it first."""
     return ConfigError(
         "The corpus is empty: its train split has no text rows. Check the corpus source settings "
         "(paths, dataset name, text_column)."

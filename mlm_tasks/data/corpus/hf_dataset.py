@@ -1,10 +1,7 @@
-"""A `datasets` dataset as rows (production: Salesforce/wikitext, wikitext-103-raw-v1).
+"""A `datasets` dataset as rows, by its own splits (corpus.source: hf_dataset, corpus.hf_path / hf_name / hf_revision).
 
-    corpus = HFDatasetCorpus(cfg)    # corpus.source: hf_dataset, corpus.hf_path / hf_name / hf_revision
-
-The dataset's own splits are used; its fingerprint is the resolved commit, so a changed dataset changes
-the data fingerprint. The dataset is streamed, so a partition reads only its own files (`stream_part`);
-a dataset that cannot be streamed is loaded whole, as before, and cut with `Dataset.shard()`.
+Its fingerprint is the resolved commit. It is streamed, so a partition reads only its own files (`stream_part`);
+a dataset that cannot be streamed is loaded whole and cut with `Dataset.shard()`.
 """
 
 from __future__ import annotations
@@ -63,7 +60,8 @@ class HFDatasetCorpus(Corpus):
             )
         except NotImplementedError as err:  # what `datasets` raises for a builder that cannot stream
             log.info("%s cannot be streamed (%s): each partition loads it whole, keeps its shard()", cfg.hf_path, err)
-            texts = _loaded_part(cfg, split, part, num_parts)
+            loaded = datasets.load_dataset(cfg.hf_path, cfg.hf_name, split=split, revision=cfg.hf_revision)
+            texts = loaded.shard(num_shards=num_parts, index=part, contiguous=True)[cfg.text_column]
         else:
             texts = stream_part(streamed.select_columns([cfg.text_column]), cfg.text_column, part, num_parts)
         for text in texts:
@@ -74,13 +72,9 @@ class HFDatasetCorpus(Corpus):
 
 
 def stream_part(ds, column: str, part: int, num_parts: int) -> Iterator[str]:
-    """`column` of partition `part` of the IterableDataset `ds`, which `shard()` cuts by its files.
-
-    Up to one partition per file: contiguous runs of files, so partitions in order give the stream in
-    order. More partitions than files: parquet files are first cut by row groups (`reshard`); if still
-    too few, the partitions part, part + files, ... share file shard part % files, read it each, and
-    deal its rows round-robin (every row in one partition, at the cost of reading that file more than once).
-    """
+    """`column` of partition `part` of the IterableDataset `ds`, which `shard()` cuts by its files: contiguous
+    runs of files; more partitions than files: by row groups (`reshard`), and if still too few, the partitions
+    sharing a file each read it and keep their round-robin turn of its rows."""
     if num_parts > ds.num_shards:
         ds = ds.reshard()
     files = ds.num_shards
@@ -96,13 +90,3 @@ def stream_part(ds, column: str, part: int, num_parts: int) -> Iterator[str]:
             if row % sharing == turn:
                 yield text
             row += 1
-
-
-def _loaded_part(cfg: CorpusConfig, split: str, part: int, num_parts: int) -> Iterator[str]:
-    """Today's way for a dataset that cannot stream: the whole split downloaded, a contiguous shard() kept."""
-    import datasets
-
-    ds = datasets.load_dataset(cfg.hf_path, cfg.hf_name, split=split, revision=cfg.hf_revision)
-    if num_parts > 1:
-        ds = ds.shard(num_shards=num_parts, index=part, contiguous=True)
-    yield from ds[cfg.text_column]

@@ -1,8 +1,5 @@
 """Text files as rows, local or remote (gs://, any fsspec URI): .txt (a row per line), .jsonl
-(`corpus.text_column` of each object), .parquet, and .txt.gz / .jsonl.gz.
-
-    corpus = LocalFilesCorpus(cfg)    # corpus.source: local_files, corpus.local_paths: files or globs
-
+(`corpus.text_column` of each object), .parquet, and .txt.gz / .jsonl.gz (corpus.local_paths: files or globs).
 Partitions cut the files' bytes (byte_ranges; a .gz file whole). docs/data.md#reading-a-large-corpus
 """
 
@@ -24,11 +21,8 @@ from mlm_tasks.data.corpus.byte_ranges import lines_starting_in, owned_ranges
 from mlm_tasks.errors import ConfigError
 
 log = logging.getLogger(__name__)
-TEXT_TYPES = (".txt", ".jsonl")
-FILE_TYPES = (*TEXT_TYPES, ".parquet", ".txt.gz", ".jsonl.gz")
-# A text file counts as one partition unit per MiB: plan_shards cuts no finer (a task's start-up
-# would cost more than its reading).
-TEXT_UNIT_BYTES = 1 << 20
+FILE_TYPES = (".txt", ".jsonl", ".parquet", ".txt.gz", ".jsonl.gz")
+TEXT_UNIT_BYTES = 1 << 20  # a partition unit of text: finer, a task's start-up would cost more than its reading
 # A remote object's version, from its listing: a content checksum when there is one (the same bytes
 # copied elsewhere keep their fingerprint), else what changes with every write.
 CHECKSUM_KEYS = ("md5Hash", "ETag", "etag")
@@ -121,8 +115,7 @@ class LocalFilesCorpus(Corpus):
             uri = self.files[index]
             if uri.endswith(".parquet"):
                 with _open(uri, ranged=True) as f:
-                    rows = self._parquet_rows(uri, _parquet(f), start, end)
-                    yield from self._keyed(uri, rows)
+                    yield from self._keyed(uri, self._parquet_rows(uri, _parquet(f), start, end))
             elif uri.endswith(".gz"):
                 if start == 0:  # the partition that owns its first byte reads it whole
                     with _open(uri, ranged=False) as raw, gzip.open(raw) as f:
@@ -184,11 +177,6 @@ class LocalFilesCorpus(Corpus):
                 texts = batch.column(0).to_pylist()
                 docs = batch.column(1).to_pylist() if len(columns) > 1 else [None] * len(texts)
                 yield from zip((None if d is None else str(d) for d in docs), texts, strict=True)
-
-    def rows_partition(self, split: str, part: int, num_parts: int) -> Iterator[str]:
-        for row_split, row in self.split_rows(part, num_parts):
-            if row_split == split:
-                yield row
 
     def split_rows(self, part: int = 0, num_parts: int = 1) -> Iterator[tuple[str, str]]:
         for key, row in self._all_rows(part, num_parts):

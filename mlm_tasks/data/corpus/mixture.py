@@ -1,10 +1,5 @@
-"""Several text sources as one corpus (corpus.source: mixture): the shard writer keeps each source's shards
-apart, training draws from them by weight.
-
-    corpus = MixtureCorpus(cfg)          # cfg.mixture: [{name, weight, source, ...}, ...]
-    for source, split, row in corpus.source_rows(part, num_parts): ...
-
-Sources are read in name order; the fingerprint leaves the weights out (training applies them). docs/data.md#mixtures
+"""Several text sources as one corpus (corpus.source: mixture), read in name order: the shard writer keeps each
+source's shards apart, training draws from them by weight (not in the fingerprint). docs/data.md#mixtures
 """
 
 from __future__ import annotations

@@ -1,12 +1,7 @@
-"""Bring your own shards: train on TFRecord shards tokenized elsewhere (a folder or gs://); nothing is tokenized here.
+"""Bring your own shards: TFRecord shards tokenized elsewhere (corpus.shards_uri, corpus.tokenizer_uri).
 
-    corpus:
-      source: tfrecord_shards
-      shards_uri: gs://my-bucket/wikitext-shards      # holds train/, validation/ (and test/) *.tfrecord
-      tokenizer_uri: my-org/my-unigram-tokenizer       # or a local folder, or a gs:// folder
-
-Adoption (`shard_set.adopt`) reads every record; `check_shards` (validate) only the first records of a few
-shards per split. docs/data.md#bring-your-own-shards
+Adoption (`shard_set.adopt`) reads every record; `check_shards` (validate) the first records of a few shards
+per split. docs/data.md#bring-your-own-shards
 """
 
 from __future__ import annotations
@@ -14,6 +9,7 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+from functools import cached_property
 
 from mlm_tasks import storage
 from mlm_tasks.config import CorpusConfig, PipelineConfig
@@ -25,10 +21,6 @@ from mlm_tasks.paths import SPLITS, join
 
 log = logging.getLogger(__name__)
 SAMPLE_SHARDS, SAMPLE_RECORDS = 8, 64  # per split: what check_shards reads
-
-
-def _fs_path(uri: str) -> str:
-    return storage.local_path(uri) if storage.is_local(uri) else uri
 
 
 def list_shards(shards_uri: str) -> dict[str, list[dict]]:
@@ -76,13 +68,10 @@ class ShardsCorpus(Corpus):
             f"Shards brought from {cfg.shards_uri} (tokenizer {cfg.tokenizer_uri}); see their source "
             "for license and credit."
         )
-        self._tokenizer_json: str | None = None
 
-    @property
+    @cached_property
     def tokenizer_json(self) -> str:
-        if self._tokenizer_json is None:
-            self._tokenizer_json = fetch_tokenizer_json(self.tokenizer_uri)
-        return self._tokenizer_json
+        return fetch_tokenizer_json(self.tokenizer_uri)
 
     def fingerprint(self) -> str:
         listing = [[split, f["uri"], f["bytes"], f["version"]] for split in SPLITS for f in self.files[split]]
@@ -95,16 +84,11 @@ class ShardsCorpus(Corpus):
             "writes no shards (the DAG's plan step adopts the set as it is)."
         )
 
-    def vocab_size(self) -> int:
-        from tokenizers import Tokenizer
-
-        return Tokenizer.from_str(self.tokenizer_json).get_vocab_size(with_added_tokens=True)
-
     def split_entry(self, split: str) -> dict:
-        """The manifest entry of one split: shards by URI, records from names or counted once."""
+        """The manifest entry of one split: shards by URI, their records counted (and checked against the names)."""
         shards = []
         for f in self.files[split]:
-            with storage.filesystem(f["uri"]).open(_fs_path(f["uri"]), "rb") as fh:
+            with storage.filesystem(f["uri"]).open(f["uri"], "rb") as fh:
                 records = count_records(fh, f["uri"])  # every record's checksums: a damaged file fails here
             named = records_from_name(f["uri"])
             if named is not None and named != records:
@@ -128,8 +112,8 @@ class ShardsCorpus(Corpus):
 
 
 def check_shards(cfg: PipelineConfig, corpus: ShardsCorpus) -> int:
-    """Features, max_length and ids against the tokenizer, read from the first records of a few shards
-    per split; returns the max_length the data has."""
+    """Features, max_length and ids against the tokenizer, from the first records of a few shards per split;
+    returns the max_length the data has."""
     from mlm_tasks.base_model import read_tokenizer_json
 
     tok = read_tokenizer_json(corpus.tokenizer_json, f"corpus.tokenizer_uri {cfg.corpus.tokenizer_uri}")
@@ -139,7 +123,7 @@ def check_shards(cfg: PipelineConfig, corpus: ShardsCorpus) -> int:
     first: tuple[str, int] | None = None  # where the first record was, and its length
     for split in SPLITS:
         for f in corpus.files[split][:SAMPLE_SHARDS]:
-            with storage.filesystem(f["uri"]).open(_fs_path(f["uri"]), "rb") as fh:
+            with storage.filesystem(f["uri"]).open(f["uri"], "rb") as fh:
                 for i, (offset, record) in enumerate(iter_records(fh, f["uri"], SAMPLE_RECORDS)):
                     where = f"{f['uri']} record {i} (byte {offset})"
                     ids = _record_ids(record, where)

@@ -2,9 +2,7 @@
 
     corpus = WikiDumpCorpus(cfg, embedded_wiki_path())   # corpus.source: embedded_wiki (or wiki_dump)
 
-Pages are parsed with gensim's `filter_wiki` into WikiText-style rows (headings as ` = Title = `),
-and each article goes to one split by a hash of its title. Partitions are whole pages: a partition
-skips the other partitions' pages before parsing them.
+Pages become WikiText-style rows (gensim's `filter_wiki`); each article goes to one split by a hash of its title.
 """
 
 from __future__ import annotations
@@ -35,8 +33,7 @@ _MARKUP = re.compile(r"'{2,}")
 
 
 def embedded_wiki_path() -> str:
-    # Found without importing gensim: its __init__ imports scipy and the rest (3 s), which validate and the
-    # fingerprint of plan_shards and merge_shards need not pay; the pages' parser imports it when it parses.
+    # Found without importing gensim, whose __init__ costs seconds that validate and the fingerprint need not pay.
     import importlib.util
 
     spec = importlib.util.find_spec("gensim")
@@ -112,18 +109,11 @@ class WikiDumpCorpus(Corpus):
                 if limit and count >= limit:
                     return
 
-    def rows_partition(self, split: str, part: int, num_parts: int) -> Iterator[str]:
-        for _split, row in self.split_rows(part, num_parts, only=split):
-            yield row
-
-    def split_rows(self, part: int = 0, num_parts: int = 1, only: str | None = None) -> Iterator[tuple[str, str]]:
-        """One parse of the dump for every split (the XML parse is the costly part); articles_seen counts
-        this partition's articles per split."""
-        self.articles_seen.update(dict.fromkeys([only] if only else SPLITS, 0))
+    def split_rows(self, part: int = 0, num_parts: int = 1) -> Iterator[tuple[str, str]]:
+        """One parse of the dump for every split; articles_seen counts this partition's articles per split."""
+        self.articles_seen.update(dict.fromkeys(SPLITS, 0))
         for article in self.articles(part, num_parts):
             split = split_of(article.title, self.cfg.validation_fraction, self.cfg.test_fraction)
-            if only and split != only:
-                continue
             self.articles_seen[split] += 1
             for row in article.rows:
                 yield split, row

@@ -1,8 +1,7 @@
 """Stage 3, once: the pairs of every bucket joined into clusters; every row but a cluster's smallest id goes.
 
     stats = cluster_duplicates(cfg, paths, num_parts)   # dedup/clusters/pPPPPP-of-NNNNN.npy, clusters.json last
-    for split, row in kept_rows(corpus, paths, part, num_parts): ...   # what the shard writer reads
-    for source, split, row in kept_source_rows(corpus, paths, part, num_parts): ...   # by mixture source
+    for source, split, row in kept_source_rows(corpus, paths, part, num_parts): ...   # what the writer reads
 
 A partition's mask also carries the rows its scan's filters dropped; only near pairs need the union-find.
 """
@@ -20,7 +19,7 @@ from mlm_tasks import storage
 from mlm_tasks.config import PipelineConfig
 from mlm_tasks.data.dedup.matches import PAIR_DTYPE, matches_uri
 from mlm_tasks.data.dedup.row_ids import parts_and_indexes, split_ranks
-from mlm_tasks.data.dedup.scan import load_array, save_array, scan_dir
+from mlm_tasks.data.dedup.scan import load_array, load_scan, save_array, scan_dir
 from mlm_tasks.errors import ConfigError, MissingArtifactError
 from mlm_tasks.paths import SPLITS, DataPaths, join
 
@@ -62,8 +61,14 @@ def _mark(masks: list[np.ndarray], ids: np.ndarray) -> None:
         np.bitwise_or.at(masks[part], rows >> 3, (0x80 >> (rows & 7)).astype(np.uint8))
 
 
-def _is_set(masks: list[np.ndarray], part: int, index: int) -> bool:
+def is_set(masks: list[np.ndarray], part: int, index: int) -> bool:
+    """Whether row `index` of partition `part` has its bit set in the packed masks."""
     return bool(masks[part][index >> 3] & (0x80 >> (index & 7)))
+
+
+def _count_by_split(counts: dict[str, int], ids: np.ndarray) -> None:
+    for rank, count in enumerate(np.bincount(split_ranks(ids), minlength=len(SPLITS))):
+        counts[SPLITS[rank]] += int(count)
 
 
 def cluster_duplicates(cfg: PipelineConfig, paths: DataPaths, num_parts: int) -> dict[str, Any]:
@@ -72,14 +77,7 @@ def cluster_duplicates(cfg: PipelineConfig, paths: DataPaths, num_parts: int) ->
     if done is not None:
         return done
     t0 = time.time()
-    scans = []
-    for part in range(num_parts):
-        scan = storage.read_json_if_exists(join(scan_dir(paths, part, num_parts), "scan.json"))
-        if scan is None:
-            raise MissingArtifactError(
-                f"Partition {part} of {num_parts} is not scanned: rerun its scan_partition task, then this one."
-            )
-        scans.append(scan)
+    scans = [load_scan(paths, part, num_parts) for part in range(num_parts)]
     # Per partition, a bit per row (packed): not written (filtered, or removed); an exact copy.
     masks = [load_array(join(scan_dir(paths, part, num_parts), "dropped.npy")) for part in range(num_parts)]
     exact = [np.zeros_like(mask) for mask in masks]
@@ -97,16 +95,14 @@ def cluster_duplicates(cfg: PipelineConfig, paths: DataPaths, num_parts: int) ->
         pairs += len(found)
         copies = np.unique(found["row"][found["exact"] == 1])
         _mark(exact, copies)
-        for rank, count in enumerate(np.bincount(split_ranks(copies), minlength=len(SPLITS))):
-            removed["exact"][SPLITS[rank]] += int(count)
+        _count_by_split(removed["exact"], copies)
         near.append(found[found["exact"] == 0])
     near_pairs = np.concatenate(near) if near else np.zeros(0, dtype=PAIR_DTYPE)
     if len(near_pairs):
         ids = np.array([row for row, root in _roots(near_pairs).items() if row != root], dtype=np.uint64)
         parts, indexes = parts_and_indexes(ids)
-        fresh = ids[[not _is_set(exact, p, i) for p, i in zip(parts.tolist(), indexes.tolist(), strict=True)]]
-        for rank, count in enumerate(np.bincount(split_ranks(fresh), minlength=len(SPLITS))):
-            removed["near"][SPLITS[rank]] += int(count)
+        fresh = ids[[not is_set(exact, p, i) for p, i in zip(parts.tolist(), indexes.tolist(), strict=True)]]
+        _count_by_split(removed["near"], fresh)
         _mark(masks, ids)
     for part, (mask, copy) in enumerate(zip(masks, exact, strict=True)):
         save_array(removed_uri(paths, part, num_parts), mask | copy)
@@ -147,9 +143,7 @@ def removed_bits(paths: DataPaths, part: int, num_parts: int) -> np.ndarray:
 
 def removed_rows(paths: DataPaths, part: int, num_parts: int) -> np.ndarray:
     """The partition's mask, a bool per row of its stream (True: not written)."""
-    scan = storage.read_json_if_exists(join(scan_dir(paths, part, num_parts), "scan.json"))
-    if scan is None:
-        raise MissingArtifactError(f"Partition {part} of {num_parts} is not scanned: run scan_partition first.")
+    scan = load_scan(paths, part, num_parts, todo="run scan_partition first")
     return np.unpackbits(removed_bits(paths, part, num_parts), count=sum(scan["rows"].values())).astype(bool)
 
 
@@ -160,8 +154,7 @@ def kept_rows(corpus, paths: DataPaths, part: int, num_parts: int) -> Iterator[t
 
 
 def kept_source_rows(corpus, paths: DataPaths, part: int, num_parts: int) -> Iterator[tuple[str, str, str]]:
-    """(source, split, row) of the kept rows: the same stream, each row with its mixture source's name
-    ("" for a single source; mlm_tasks/data/corpus/mixture.py)."""
+    """(source, split, row) of the kept rows: the same stream, each row with its mixture source's name."""
     removed = removed_rows(paths, part, num_parts)
     index = -1
     for index, (source, split, row) in enumerate(corpus.source_rows(part, num_parts)):

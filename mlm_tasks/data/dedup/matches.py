@@ -15,8 +15,7 @@ import numpy as np
 from mlm_tasks import storage
 from mlm_tasks.config import PipelineConfig
 from mlm_tasks.data.dedup.row_ids import KEY_DTYPE
-from mlm_tasks.data.dedup.scan import bucket_uri, load_array, save_array, scan_dir
-from mlm_tasks.errors import MissingArtifactError
+from mlm_tasks.data.dedup.scan import bucket_uri, load_array, load_scan, save_array
 from mlm_tasks.paths import DataPaths, join
 
 log = logging.getLogger(__name__)
@@ -49,10 +48,7 @@ def find_duplicates(cfg: PipelineConfig, paths: DataPaths, bucket: int, num_part
         return load_array(out)
     parts = []
     for part in range(num_parts):
-        if not storage.exists(join(scan_dir(paths, part, num_parts), "scan.json")):
-            raise MissingArtifactError(
-                f"Partition {part} of {num_parts} is not scanned: rerun its scan_partition task, then this one."
-            )
+        load_scan(paths, part, num_parts)
         parts.append(load_array(bucket_uri(paths, part, num_parts, bucket)).astype(KEY_DTYPE))
     records = np.concatenate(parts) if parts else np.zeros(0, dtype=KEY_DTYPE)
     pairs = pairs_in(records)

@@ -1,7 +1,7 @@
 """Row ids and row hashes shared by the dedup stages.
 
     rid = row_id(split, part, index)   # uint64: split rank, partition, index in the partition's stream
-    split_of_id(rid), part_of_id(rid), index_of_id(rid)   # split_ranks, parts_and_indexes: for arrays
+    split_ranks(ids), parts_and_indexes(ids)   # the same for an array of ids
     row_hash("some text")              # 64-bit hash of a row's text: the exact-dedup key
 
 The split's rank is in the top bits, so the smallest id of a group of copies is a train copy when one exists.
@@ -25,25 +25,13 @@ def row_id(split: str, part: int, index: int) -> int:
     return (SPLITS.index(split) << _RANK_SHIFT) | (part << _PART_SHIFT) | index
 
 
-def split_of_id(rid: int) -> str:
-    return SPLITS[int(rid) >> _RANK_SHIFT]
-
-
-def part_of_id(rid: int) -> int:
-    return (int(rid) >> _PART_SHIFT) & ((1 << (_RANK_SHIFT - _PART_SHIFT)) - 1)
-
-
-def index_of_id(rid: int) -> int:
-    return int(rid) & ((1 << _PART_SHIFT) - 1)
-
-
 def split_ranks(ids: np.ndarray) -> np.ndarray:
-    """split_of_id for an array of ids, as SPLITS indices."""
+    """The SPLITS index of each id."""
     return (ids >> np.uint64(_RANK_SHIFT)).astype(np.int64)
 
 
 def parts_and_indexes(ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """part_of_id and index_of_id for an array of ids."""
+    """The partition and the index in its stream of each id."""
     parts = (ids >> np.uint64(_PART_SHIFT)) & np.uint64((1 << (_RANK_SHIFT - _PART_SHIFT)) - 1)
     return parts.astype(np.int64), (ids & np.uint64((1 << _PART_SHIFT) - 1)).astype(np.int64)
 

@@ -1,6 +1,6 @@
 """Stage 1, per partition: each row's keys into buckets, the rows the filters drop, tokenizer candidates.
 
-    scan = scan_partition(cfg, paths, corpus, part, num_parts, row_filter)   # its scan.json, written last
+    scan = scan_partition(cfg, paths, corpus, part, num_parts, row_filter)
 
 Writes under dedup/scans/pPPPPP-of-NNNNN/: bBBBBB.npy per bucket (KEY_DTYPE records), dropped.npy (a bit
 per row), sample.jsonl (the train rows with the smallest hashes, up to tokenizer.sample_mb), scan.json last.
@@ -21,6 +21,7 @@ from mlm_tasks import storage
 from mlm_tasks.config import PipelineConfig
 from mlm_tasks.data.dedup.near_keys import NearKeys
 from mlm_tasks.data.dedup.row_ids import KEY_DTYPE, row_hash, row_id
+from mlm_tasks.errors import MissingArtifactError
 from mlm_tasks.paths import SPLITS, DataPaths, join
 
 log = logging.getLogger(__name__)
@@ -36,6 +37,14 @@ def bucket_uri(paths: DataPaths, part: int, num_parts: int, bucket: int) -> str:
     return join(scan_dir(paths, part, num_parts), f"b{bucket:05d}.npy")
 
 
+def load_scan(paths: DataPaths, part: int, num_parts: int, todo: str = "rerun its scan_partition task, then this one"):
+    """The partition's scan.json; MissingArtifactError saying `todo` when it is not scanned yet."""
+    scan = storage.read_json_if_exists(join(scan_dir(paths, part, num_parts), "scan.json"))
+    if scan is None:
+        raise MissingArtifactError(f"Partition {part} of {num_parts} is not scanned: {todo}.")
+    return scan
+
+
 def save_array(uri: str, array: np.ndarray) -> None:
     buf = io.BytesIO()
     np.save(buf, array, allow_pickle=False)
@@ -48,8 +57,7 @@ def load_array(uri: str) -> np.ndarray:
 
 class SampleCandidates:
     """A partition's train rows with the smallest hashes whose text fits in `budget` bytes, and the first one
-    that does not (copies counted once): whatever the partition count, the corpus's own smallest-hash rows
-    up to the budget are among the partitions' candidates, and so is the row that ends them."""
+    that does not (copies counted once): whatever the partition count, the corpus's sample is among them."""
 
     def __init__(self, budget: int):
         self.budget, self.bytes = budget, 0

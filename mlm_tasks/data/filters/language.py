@@ -2,8 +2,8 @@
 
     keep = is_in(text, ("en",), 0.5)   # its most likely language is English, with probability >= 0.5
 
-The model loads once per process, on the first row long enough to classify; probabilities are normalized
-(py3langid's norm_probs), so a threshold means the same on short and long rows.
+The model loads once per process, on first use; probabilities are normalized, so a threshold means the same
+on short and long rows.
 """
 
 from __future__ import annotations
@@ -27,13 +27,8 @@ def _identifier():
     return _model
 
 
-def classify(text: str) -> tuple[str, float]:
-    """The most likely language of `text` and its probability."""
-    return _identifier().classify(text)
-
-
 def is_in(text: str, languages: tuple[str, ...], min_probability: float) -> bool:
     """Whether `text`'s most likely language is one of `languages`, with at least `min_probability`
     (datatrove's LanguageFilter rule)."""
-    language, probability = classify(text)
+    language, probability = _identifier().classify(text)
     return language in languages and probability >= min_probability

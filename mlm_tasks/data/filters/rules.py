@@ -1,10 +1,7 @@
-"""The rule filters: what is wrong with one row's text, by the Gopher and C4 heuristics.
+"""The rule filters: what is wrong with one row's text, by datatrove's Gopher and C4 heuristics (adapted to rows).
 
-    rules = build_rules(cfg.corpus.filters)        # [(name, check)], cheapest first
-    first = next((name for name, check in rules if check(Row(text))), None)
+    rules = build_rules(cfg.corpus.filters)        # [(name, check)], cheapest first; check(Row(text)): True drops
 
-Each check takes a `Row` (the text, its words computed once) and returns True to drop it. Rules and thresholds
-are datatrove's GopherQualityFilter, GopherRepetitionFilter and C4QualityFilter, adapted from pages to rows.
 A "word" is a whitespace token holding a letter or digit (a WikiText heading `= = History = =` is one word).
 """
 

@@ -13,7 +13,7 @@ from mlm_tasks.config import CorpusConfig, build_config
 from mlm_tasks.data.corpus import open_corpus
 from mlm_tasks.data.dedup import dedup_in_process
 from mlm_tasks.data.dedup.matches import pairs_in
-from mlm_tasks.data.dedup.row_ids import KEY_DTYPE, index_of_id, part_of_id, row_id, split_of_id
+from mlm_tasks.data.dedup.row_ids import KEY_DTYPE, parts_and_indexes, row_id, split_ranks
 from mlm_tasks.errors import ConfigError
 from mlm_tasks.paths import SPLITS, DataPaths, RunContext
 
@@ -161,14 +161,16 @@ def test_the_tokenizer_sample_is_bounded_recorded_and_the_same_for_any_partition
 
 def test_row_ids_keep_a_train_copy_first():
     assert row_id("train", 5, 10**6) < row_id("validation", 0, 0) < row_id("test", 0, 0)
-    rid = row_id("test", 1023, 123_456_789)
-    assert (split_of_id(rid), part_of_id(rid), index_of_id(rid)) == ("test", 1023, 123_456_789)
+    rid = np.array([row_id("test", 1023, 123_456_789)], dtype=np.uint64)
+    parts, indexes = parts_and_indexes(rid)
+    assert (SPLITS[split_ranks(rid)[0]], parts[0], indexes[0]) == ("test", 1023, 123_456_789)
     records = np.array(
         [(7, row_id("validation", 0, 1), 1), (7, row_id("train", 2, 9), 1), (8, row_id("test", 0, 3), 1)],
         dtype=KEY_DTYPE,
     )
     pairs = pairs_in(records)
-    assert [(split_of_id(r), split_of_id(k)) for r, k, _ in pairs] == [("validation", "train")]
+    assert [SPLITS[rank] for rank in split_ranks(pairs["row"])] == ["validation"]
+    assert [SPLITS[rank] for rank in split_ranks(pairs["kept"])] == ["train"]
 
 
 def test_a_rescan_is_skipped_and_a_changed_corpus_is_named(tmp_path):

@@ -10,10 +10,17 @@ from mlm_tasks import storage
 from mlm_tasks.config import ShardConfig
 from mlm_tasks.data.shard_set import ShardSet
 from mlm_tasks.data.tfrecord import records_from_name
-from mlm_tasks.data.writer import chunk_stream
+from mlm_tasks.data.writer import Chunker, encoded_batches
 from mlm_tasks.errors import ConfigError
 from mlm_tasks.paths import DataPaths
 from mlm_tasks.steps import build_shard_set
+
+
+def chunk_rows(rows, tokenizer, cfg: ShardConfig) -> tuple[list[np.ndarray], Chunker]:
+    """The writer's blocks of one stream of rows, and its chunker (rows, characters, tail)."""
+    chunker = Chunker(cfg.max_length)
+    batches = encoded_batches((("", r) for r in rows), tokenizer, cfg.tokenize_batch_rows)
+    return [chunker.add(batch, encodings) for _, batch, encodings in batches], chunker
 
 
 def test_chunk_stream_concatenates_and_drops_only_the_tail(tiny_prepared):
@@ -22,11 +29,10 @@ def test_chunk_stream_concatenates_and_drops_only_the_tail(tiny_prepared):
     _, data = tiny_prepared
     tok = load_tokenizer(data["tokenizer_uri"])
     rows = ["alpha beta gamma"] * 50
-    stats = {"rows": 0, "characters": 0}
-    blocks = list(chunk_stream(rows, tok, ShardConfig(max_length=16, tokenize_batch_rows=7), stats))
+    blocks, chunker = chunk_rows(rows, tok, ShardConfig(max_length=16, tokenize_batch_rows=7))
     ids = np.concatenate(blocks)
     per_row = len(tok("alpha beta gamma")["input_ids"])
-    assert ids.shape == (50 * per_row // 16, 16) and stats["rows"] == 50
+    assert ids.shape == (50 * per_row // 16, 16) and chunker.rows == 50
     assert ids[0, 0] == tok.cls_token_id  # every row keeps its <s> ... </s>
 
 
@@ -39,13 +45,8 @@ def test_chunks_hold_exactly_the_encode_batch_ids(tiny_prepared):
     cfg, data = tiny_prepared
     tok = load_tokenizer(data["tokenizer_uri"])
     rows = list(open_corpus(cfg.corpus).rows("train"))[:400]
-    blocks = list(
-        chunk_stream(
-            rows,
-            load_encoder(data["tokenizer_uri"]),
-            ShardConfig(max_length=32, tokenize_batch_rows=50),
-            {"rows": 0, "characters": 0},
-        )
+    blocks, _ = chunk_rows(
+        rows, load_encoder(data["tokenizer_uri"]), ShardConfig(max_length=32, tokenize_batch_rows=50)
     )
     expected = [i for ids in tok(rows)["input_ids"] for i in ids]
     got = np.concatenate(blocks).ravel().tolist()

@@ -10,7 +10,7 @@ import pytest
 
 from mlm_tasks.config import ShardConfig
 from mlm_tasks.data.tfrecord import encode_examples, frame_records, records_from_name
-from mlm_tasks.data.writer import BlockWriter, chunk_stream
+from mlm_tasks.data.writer import BlockWriter, Chunker, encoded_batches
 
 
 @pytest.fixture(scope="module")
@@ -80,8 +80,9 @@ def test_written_blocks_read_back_with_tf_data(tf, tmp_path):
     tok, vocab = _word_tokenizer(words)
     cfg = ShardConfig(max_length=16, records_per_shard=50, tokenize_batch_rows=7)
     writer = BlockWriter(str(tmp_path), "train", "train-p00000of00001", cfg)
-    for block in chunk_stream(iter(rows), tok, cfg, {}):
-        writer.write(block)
+    chunker = Chunker(cfg.max_length)
+    for _, batch, encodings in encoded_batches((("", r) for r in rows), tok, cfg.tokenize_batch_rows):
+        writer.write(chunker.add(batch, encodings))
     shards = writer.finish()
     entry = {"records": sum(s["records"] for s in shards), "shards": shards}
     entry["tokens"] = entry["records"] * 16
