@@ -33,17 +33,14 @@ def join(root: str, *parts: str) -> str:
     return out
 
 
-# What a run may write into a URI or a Hub id: these reach paths, URLs and the TPU VM's shell line.
-SAFE_URI_CHARS = "[A-Za-z0-9._/-]"
-_SAFE_URI = re.compile(r"(?:gs://|file://)?[A-Za-z0-9._/-]+")
-_SAFE_GLOB = re.compile(r"(?:gs://|file://)?[A-Za-z0-9._/*?-]+")
 _BUCKET = re.compile(r"[a-z0-9][a-z0-9._-]{1,220}[a-z0-9]")  # cloud.google.com/storage/docs/buckets#naming
 
 
 def check_safe_uri(setting: str, value: str, *, glob: bool = False) -> None:
-    """ConfigError unless `value` is a plain path, gs:// or file:// URI or Hub id (`glob`: * and ? too)."""
-    allowed = "[A-Za-z0-9._/*?-]" if glob else SAFE_URI_CHARS
-    if not (_SAFE_GLOB if glob else _SAFE_URI).fullmatch(value):
+    """ConfigError unless `value` is a plain path, gs:// or file:// URI or Hub id (`glob`: * and ? too): what a
+    run may write reaches paths, URLs and the TPU VM's shell line."""
+    allowed = "[A-Za-z0-9._/*?-]" if glob else "[A-Za-z0-9._/-]"
+    if not re.fullmatch(f"(?:gs://|file://)?{allowed}+", value):
         raise ConfigError(
             f"{setting} {value!r} holds characters outside the allowed set {allowed} (after an "
             "optional gs:// or file:// scheme): rename the folder, bucket prefix or repo so it "
@@ -83,8 +80,7 @@ def _check_gs_uri(setting: str, value: str) -> None:
 
 
 def safe_run_id(run_id: str) -> str:
-    """A run id without the ':' and '+' of Airflow's (they break gs:// tooling and TPU names), kept readable and
-    unique by a short hash of the original."""
+    """A run id without Airflow's ':' and '+' (they break gs:// tooling and TPU names), unique by a short hash."""
     readable = re.sub(r"[^A-Za-z0-9_.-]+", "-", run_id).strip("-.")[:60] or "run"
     # An id already in the hashed form ("x-1a2b3c4d") is hashed again: kept as is, it could be the
     # safe form of another run's id ("x:") and the two runs would share a folder.
@@ -139,8 +135,7 @@ class RunPaths:
 
 @dataclass(frozen=True)
 class RunFolder(RunPaths):
-    """The paths of a run found by listing output_root/runs: `run_id` is its folder's name, already safe
-    (safe_run_id of a hashed name would hash it again)."""
+    """The paths of a run found by listing output_root/runs: `run_id` is its folder's name, already safe."""
 
     root = property(lambda self: join(self.output_root, "runs", self.run_id))
 

@@ -1,8 +1,7 @@
 """One storage API for local folders and gs:// (fsspec/gcsfs): `scheme(uri)` is the one dispatch.
 
-Writes are atomic per file; `create_only` is first-writer-wins. gs:// clients use the credentials handed to
-`mlm_tasks.credentials` (else ADC), and every gs:// call has a deadline (`set_timeout`, `call_deadline`):
-past it the call is cancelled and fails as a TransientError.
+Writes are atomic per file; `create_only` is first-writer-wins. Every gs:// call has a deadline
+(`set_timeout`, `call_deadline`): past it the call is cancelled and fails as a TransientError.
 """
 
 from __future__ import annotations
@@ -36,8 +35,7 @@ T = TypeVar("T")
 
 
 def set_timeout(seconds: float) -> None:
-    """The seconds a gs:// request may wait for a connection or for the next bytes of its answer (the
-    run's `storage.timeout_s`; the CLI and every Airflow task set it before any storage call)."""
+    """Set the seconds a gs:// request may wait for a connection or its next bytes (`storage.timeout_s`)."""
     global _timeout_s
     if not 0 < seconds <= MAX_TIMEOUT_S:
         raise ConfigError(f"storage.timeout_s {seconds!r} must be above 0 and at most {MAX_TIMEOUT_S:g} seconds.")
@@ -49,15 +47,13 @@ def timeout_s() -> float:
 
 
 def call_deadline(nbytes: int = 0) -> float:
-    """Seconds one storage call may take in all, gcsfs' retries included: a few stalled requests' worth,
-    plus time for the bytes it moves."""
+    """Seconds one storage call may take in all, retries included, plus time for the bytes it moves."""
     return ATTEMPTS_PER_CALL * _timeout_s + nbytes / MIN_BYTES_PER_S
 
 
 def tensorflow_env() -> dict[str, str]:
-    """TensorFlow's gs:// client bounds (read when it first touches gs://): connect and idle as ours,
-    metadata calls as one of our calls. Its read/write totals keep TensorFlow's defaults (an hour), which
-    a large shard or checkpoint may need."""
+    """TensorFlow's gs:// client bounds: connect and idle as ours, metadata calls as one of our calls (its
+    read/write totals keep TensorFlow's hour, which a large shard or checkpoint may need)."""
     seconds = str(max(1, round(_timeout_s)))
     return {
         "GCS_REQUEST_CONNECTION_TIMEOUT_SECS": seconds,
@@ -67,9 +63,8 @@ def tensorflow_env() -> dict[str, str]:
 
 
 def _bounded(uri: str, call: Callable[..., T], *args: Any, nbytes: int = 0, **kwargs: Any) -> T:
-    """`call(*args)` of a gs:// filesystem within its deadline (fsspec cancels the coroutine when it
-    passes); a deadline passed, a connection that failed or timed out after gcsfs' retries, is a
-    TransientError. Local calls run as they are."""
+    """`call(*args)` of a gs:// filesystem within its deadline (fsspec cancels it then); a deadline passed or a
+    connection that failed after gcsfs' retries is a TransientError. Local calls run as they are."""
     if is_local(uri):
         return call(*args, **kwargs)
     import aiohttp
@@ -271,8 +266,7 @@ def find(uri: str) -> dict[str, dict[str, Any]]:
 
 def glob(pattern: str) -> dict[str, dict[str, Any]]:
     """The files `pattern` (a path, or a glob with * ? [] **) matches, by URI in sorted order, with their
-    details: `size` always; gs:// also `md5Hash`, `crc32c`, `generation` (from the listing, no download).
-    Local matches keep the pattern's form (a relative pattern gives relative paths); empty if none."""
+    listing details (`size`; gs:// also `md5Hash`, `crc32c`, `generation`); local ones in the pattern's form."""
     if is_local(pattern):
         import glob as local_glob
 

@@ -1,7 +1,6 @@
 """The tf.data input pipeline: read shards, shuffle, batch, mask in-graph, prefetch.
 
-    ds = mlm_dataset(shard_set, "train", tokenizer, global_batch, mlm_probability=cfg.train.mlm_probability,
-                     seed=cfg.train.seed, input_context=input_context)   # training=False: one ordered pass
+    ds = mlm_dataset(shard_set, "train", tokenizer, global_batch, seed=cfg.train.seed, input_context=ctx)
 
 docs/data.md#reading-shards-in-training
 """
@@ -143,7 +142,7 @@ def mlm_dataset(
         if policy == "data":  # this pipeline's slice of the global batch, cut before the costly parse
             serialized = serialized[pipeline_id * step_batch : (pipeline_id + 1) * step_batch]
         ids = tf.cast(tf.io.parse_example(serialized, feature)["input_ids"], tf.int32)
-        # Each (step, pipeline) its own masks; on one pipeline the key is the step, as it always was.
+        # Each (step, pipeline) its own masks; on one pipeline the key is the step.
         masked, labels = mask(ids, BatchSeededRng(seed, index * pipelines + pipeline_id))
         # Chunks are packed, so every position is real text: the mask is all ones.
         return {"input_ids": masked, "attention_mask": tf.ones_like(ids), "labels": labels}
@@ -151,7 +150,11 @@ def mlm_dataset(
     ds = ds.map(parse_and_mask, num_parallel_calls=tf.data.AUTOTUNE)
     if per_replica != step_batch:  # a host with several replicas: each takes one piece per step
         ds = ds.rebatch(per_replica, drop_remainder=True)
-    return _deterministic_and_unsharded(ds.prefetch(tf.data.AUTOTUNE))
+    options = tf.data.Options()
+    options.deterministic = True
+    # Sharding is done above from input_context; tf.distribute must not shard again.
+    options.experimental_distribute.auto_shard_policy = tf.data.experimental.AutoShardPolicy.OFF
+    return ds.prefetch(tf.data.AUTOTUNE).with_options(options)
 
 
 def _records(files: list[str], training: bool, seed: int, shuffle_buffer: int):
@@ -212,16 +215,6 @@ def _pipeline_share(batch_size: int, input_context) -> tuple[int, int, int]:
             "use a batch that the replica count divides."
         )
     return pipelines, pipeline_id, per_replica
-
-
-def _deterministic_and_unsharded(ds):
-    import tensorflow as tf
-
-    options = tf.data.Options()
-    options.deterministic = True
-    # Sharding is done in mlm_dataset from input_context; tf.distribute must not shard again.
-    options.experimental_distribute.auto_shard_policy = tf.data.experimental.AutoShardPolicy.OFF
-    return ds.with_options(options)
 
 
 def damaged_shard_error(shard_set: ShardSet, split: str, err) -> ConfigError | None:

@@ -175,8 +175,7 @@ def manifest_extra(cfg: PipelineConfig, corpus, corpus_fingerprint: str, paths: 
 
 
 def data_fingerprint(cfg: PipelineConfig, corpus=None, corpus_fingerprint: str | None = None) -> str:
-    """The shard set's key: the corpus content (its fingerprint, computed unless given) and every
-    setting that changes the shards."""
+    """The shard set's key: the corpus content (fingerprinted unless given) and every setting that changes it."""
     if corpus_fingerprint is None:
         corpus_fingerprint = (corpus or open_corpus(cfg.corpus)).fingerprint()
     key = {"corpus": corpus_fingerprint, "max_length": cfg.shards.max_length, "manifest_version": MANIFEST_VERSION}
@@ -323,9 +322,7 @@ def adopt(cfg: PipelineConfig, corpus: ShardsCorpus, paths: DataPaths, corpus_fi
     max_length = check_shards(cfg, corpus)
     save_tokenizer(Tokenizer.from_str(corpus.tokenizer_json), paths.tokenizer, max_length)
     tokenizer = load_tokenizer(paths.tokenizer, max_length)
-    splits = {split: corpus.split_entry(split) for split in SPLITS}
-    for entry in splits.values():
-        entry["tokens"] = entry["records"] * max_length
+    splits = {split: corpus.split_entry(split, max_length) for split in SPLITS}
     extra = {
         **manifest_extra(cfg, corpus, corpus_fingerprint, paths, tokenizer),
         "shards_uri": cfg.corpus.shards_uri,

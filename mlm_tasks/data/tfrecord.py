@@ -82,9 +82,8 @@ def _feature_entry(key: str, payload_len: int) -> bytes:
 
 
 def encode_examples(block: np.ndarray) -> list[bytes]:
-    """Serialized `tf.train.Example`s, one per row of `block`, with the two int64 features the Hugging
-    Face TF/TPU scripts parse: `attention_mask` (all ones: chunks are packed, every position is text)
-    and `input_ids`. Entries are in key order, as `SerializeToString(deterministic=True)` writes them."""
+    """Serialized `tf.train.Example`s, one per row of `block`: `attention_mask` (all ones: chunks are packed) and
+    `input_ids`, in key order, as `SerializeToString(deterministic=True)` writes them."""
     block = np.asarray(block)
     if block.ndim != 2:
         raise ValueError(f"Expected a [records, length] block of ids, got shape {block.shape}.")
@@ -119,17 +118,13 @@ def _damaged(name: str, offset: int, what: str) -> ConfigError:
     )
 
 
-def iter_records(f, name: str, limit: int | None = None):
-    """(byte offset, data) of each record of an open TFRecord file `name`, in order, checked as strictly as
-    TensorFlow's reader and more: both masked crc32c; a length capped by what the file still holds, so
-    a corrupt length field never allocates (TensorFlow crashes on a 2**60 length with a valid crc); and
-    a record cut short is a `ConfigError`, not a record."""
+def iter_records(f, name: str):
+    """(byte offset, data) of each record of an open TFRecord file `name`, in order: both masked crc32c checked,
+    a length capped by what the file holds (a corrupt one never allocates), a damaged record a `ConfigError`."""
     offset = f.tell()
-    f.seek(0, 2)
-    size = f.tell()
+    size = f.seek(0, 2)
     f.seek(offset)
-    n = 0
-    while limit is None or n < limit:
+    while True:
         header = f.read(_HEADER)
         if not header:
             return
@@ -160,7 +155,6 @@ def iter_records(f, name: str, limit: int | None = None):
             raise _damaged(name, offset, "has a wrong data checksum (data CRC)")
         yield offset, data
         offset += _HEADER + length + _FOOTER
-        n += 1
 
 
 def count_records(f, name: str) -> int:

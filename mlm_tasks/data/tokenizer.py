@@ -25,8 +25,7 @@ SPARE = re.compile(r"<unused\d+>")  # the spare tokens' names (tokenizer.reserve
 
 
 def train_subwords(rows: Iterable[str], cfg: TokenizerConfig):
-    """A `tokenizers.Tokenizer` of `cfg.model` (unigram, bpe or wordpiece) trained on `rows`, with RoBERTa-style
-    specials (<mask> strips the space before it) and post-processing."""
+    """A `tokenizers.Tokenizer` of `cfg.model` trained on `rows`, with RoBERTa's specials and post-processing."""
     from tokenizers import AddedToken, Tokenizer, decoders, models, normalizers, pre_tokenizers, processors, trainers
 
     rows = iter(rows)

@@ -1,7 +1,6 @@
-"""The tokenizer's training text: the kept train rows with the smallest row hashes that fit the budget,
-merged from each partition's scan candidates.
+"""The tokenizer's training text: the kept train rows with the smallest row hashes that fit the budget.
 
-    rows, stats = tokenizer_sample(paths, num_parts, budget_bytes)   # rows by ascending row hash
+rows, stats = tokenizer_sample(paths, num_parts, budget_bytes)   # rows by ascending row hash
 """
 
 from __future__ import annotations

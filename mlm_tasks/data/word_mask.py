@@ -18,8 +18,7 @@ BYTE_LEVEL_WORD_START = "Ġ"  # the byte-level BPE's (RoBERTa's) mark, named in 
 
 
 def check_word_starts(pieces: Iterable[str], whose: str) -> None:
-    """ConfigError when no piece of a vocabulary starts with "▁" (whole-word masking would see one word per
-    sequence); `whose` names the tokenizer in the message."""
+    """ConfigError when no piece of `whose` vocabulary starts with "▁" (whole-word masking would see one word)."""
     pieces = list(pieces)
     if any(p.startswith(WORD_START) for p in pieces):
         return

@@ -211,8 +211,7 @@ def write_partition(cfg: PipelineConfig, paths: DataPaths, part: int, num_parts:
 
 
 def merge_partitions(cfg: PipelineConfig, paths: DataPaths, num_parts: int, extra: dict) -> ShardSet:
-    """Join the partitions' tails into a last shard per split (per split and source in a mixture), then
-    publish manifest.json and _SUCCESS."""
+    """Join the partitions' tails into a last shard per split (and source), then publish manifest.json and _SUCCESS."""
     if storage.exists(paths.success):
         return ShardSet.load(paths)
     partials = []

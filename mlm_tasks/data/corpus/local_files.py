@@ -31,8 +31,7 @@ MANY_FILES = 64  # above this many files the fingerprint is one hash of the list
 
 
 def _open(uri: str, ranged: bool) -> BinaryIO:
-    """`uri` opened for binary reads. `ranged`: every read is a request for exactly its bytes (no
-    read-ahead past a partition's range); else the filesystem's buffering."""
+    """`uri` opened for binary reads; `ranged`: each read a request for exactly its bytes (no read-ahead)."""
     if storage.is_local(uri):
         return open(storage.local_path(uri), "rb", buffering=0 if ranged else -1)
     return storage.filesystem(uri).open(uri, "rb", **({"cache_type": "none"} if ranged else {}))
@@ -96,8 +95,7 @@ class LocalFilesCorpus(Corpus):
         return sum(self.sizes)
 
     def partition_units(self) -> int:
-        """Files that cannot be cut: .gz one each; parquet one per row group (its footer is read); text
-        one per TEXT_UNIT_BYTES."""
+        """A .gz file one each; parquet one per row group (its footer is read); text one per TEXT_UNIT_BYTES."""
         units = 0
         for uri, size in zip(self.files, self.sizes, strict=True):
             if uri.endswith(".parquet"):

@@ -10,6 +10,7 @@ import hashlib
 import json
 import logging
 from functools import cached_property
+from itertools import islice
 
 from mlm_tasks import storage
 from mlm_tasks.config import CorpusConfig, PipelineConfig
@@ -84,7 +85,7 @@ class ShardsCorpus(Corpus):
             "writes no shards (the DAG's plan step adopts the set as it is)."
         )
 
-    def split_entry(self, split: str) -> dict:
+    def split_entry(self, split: str, max_length: int) -> dict:
         """The manifest entry of one split: shards by URI, their records counted (and checked against the names)."""
         shards = []
         for f in self.files[split]:
@@ -97,23 +98,14 @@ class ShardsCorpus(Corpus):
                     "was cut short (at a record boundary) or renamed. Copy it again from its source, "
                     "or remove it from the shard set."
                 )
-            shards.append(
-                {
-                    "uri": f["uri"],
-                    "file": f["uri"].rsplit("/", 1)[-1],
-                    "records": records,
-                    "bytes": f["bytes"],
-                    "version": f["version"],
-                }
-            )
+            shards.append({**f, "file": f["uri"].rsplit("/", 1)[-1], "records": records})  # f: uri, bytes, version
         log.info("%s: checked every record of %d shard(s)", split, len(shards))
         records = sum(s["records"] for s in shards)
-        return {"records": records, "tokens": None, "rows": None, "characters": None, "shards": shards}
+        return {"records": records, "tokens": records * max_length, "rows": None, "characters": None, "shards": shards}
 
 
 def check_shards(cfg: PipelineConfig, corpus: ShardsCorpus) -> int:
-    """Features, max_length and ids against the tokenizer, from the first records of a few shards per split;
-    returns the max_length the data has."""
+    """The max_length of the shards, their features and ids checked on the first records of a few per split."""
     from mlm_tasks.base_model import read_tokenizer_json
 
     tok = read_tokenizer_json(corpus.tokenizer_json, f"corpus.tokenizer_uri {cfg.corpus.tokenizer_uri}")
@@ -124,7 +116,7 @@ def check_shards(cfg: PipelineConfig, corpus: ShardsCorpus) -> int:
     for split in SPLITS:
         for f in corpus.files[split][:SAMPLE_SHARDS]:
             with storage.filesystem(f["uri"]).open(f["uri"], "rb") as fh:
-                for i, (offset, record) in enumerate(iter_records(fh, f["uri"], SAMPLE_RECORDS)):
+                for i, (offset, record) in enumerate(islice(iter_records(fh, f["uri"]), SAMPLE_RECORDS)):
                     where = f"{f['uri']} record {i} (byte {offset})"
                     ids = _record_ids(record, where)
                     if first is None:

@@ -12,8 +12,7 @@ from __future__ import annotations
 
 
 def dedup_in_process(cfg, paths, corpus, num_parts: int) -> dict:
-    """The three stages one after the other in this process (tests, benchmarks; the DAG maps them), with the
-    config's row filters; returns cluster_duplicates' counts."""
+    """The three stages one after the other in this process (the DAG maps them); cluster_duplicates' counts."""
     from mlm_tasks.data.dedup.clusters import cluster_duplicates
     from mlm_tasks.data.dedup.matches import find_duplicates
     from mlm_tasks.data.dedup.scan import scan_partition

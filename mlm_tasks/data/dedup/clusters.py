@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections import Counter
 from collections.abc import Iterator
 from typing import Any
 
@@ -81,9 +82,8 @@ def cluster_duplicates(cfg: PipelineConfig, paths: DataPaths, num_parts: int) ->
     # Per partition, a bit per row (packed): not written (filtered, or removed); an exact copy.
     masks = [load_array(join(scan_dir(paths, part, num_parts), "dropped.npy")) for part in range(num_parts)]
     exact = [np.zeros_like(mask) for mask in masks]
-    # A bucket at a time: exact pairs point at their group's smallest id already, so their rows are marked
-    # as they come; only near pairs (far fewer) are kept for the union-find. Memory: the masks (a bit per
-    # row of the corpus), one bucket's pairs and the near pairs, not every pair of the corpus.
+    # A bucket at a time: exact pairs point at their group's smallest id already, so their rows are marked as
+    # they come; only near pairs (far fewer) are kept for the union-find, not every pair of the corpus.
     near, pairs = [], 0
     removed = {"exact": dict.fromkeys(SPLITS, 0), "near": dict.fromkeys(SPLITS, 0)}
     for bucket in range(num_parts):
@@ -106,14 +106,13 @@ def cluster_duplicates(cfg: PipelineConfig, paths: DataPaths, num_parts: int) ->
         _mark(masks, ids)
     for part, (mask, copy) in enumerate(zip(masks, exact, strict=True)):
         save_array(removed_uri(paths, part, num_parts), mask | copy)
-    filtered: dict[str, int] = {}
+    filtered: Counter[str] = Counter()
     for scan in scans:
-        for rule, count in scan["filtered"].items():
-            filtered[rule] = filtered.get(rule, 0) + count
+        filtered.update(scan["filtered"])
     stats = {
         "rows": {s: sum(scan["rows"][s] for scan in scans) for s in SPLITS},
         "dropped_by_filters": sum(scan["dropped_by_filters"] for scan in scans),
-        "filters": filtered,
+        "filters": dict(filtered),
         "duplicates_removed": removed,
         "pairs": pairs,
         "seconds": round(time.time() - t0, 1),

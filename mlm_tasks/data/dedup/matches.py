@@ -2,8 +2,7 @@
 
     pairs = find_duplicates(cfg, paths, bucket, num_parts)   # dedup/matches/bBBBBB.npy, PAIR_DTYPE
 
-A pair is (row, kept, exact): `row` shares a key with `kept`, the smallest id of its key's group. There
-are as many buckets as partitions, so a task holds 1/partitions of the corpus's keys, about one partition's.
+A pair is (row, kept, exact): `row` shares a key with `kept`, the smallest id of its key's group.
 """
 
 from __future__ import annotations

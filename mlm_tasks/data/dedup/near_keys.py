@@ -3,8 +3,7 @@
     keys = NearKeys(cfg.dedup)
     keys.of_batch(rows) -> list[list[int]]   # per row: its band keys (empty for rows too short to compare)
 
-datasketch's MinHashLSH picks the bands for the threshold; its index is not used, because ours is spread
-over buckets (mlm_tasks/data/dedup/matches.py).
+datasketch's MinHashLSH picks the bands for the threshold; our index is spread over buckets (matches.py).
 """
 
 from __future__ import annotations

@@ -1,9 +1,8 @@
 """Stage 1, per partition: each row's keys into buckets, the rows the filters drop, tokenizer candidates.
 
-    scan = scan_partition(cfg, paths, corpus, part, num_parts, row_filter)
+    scan = scan_partition(cfg, paths, corpus, part, num_parts, row_filter)   # dedup/scans/pPPPPP-of-NNNNN/
 
-Writes under dedup/scans/pPPPPP-of-NNNNN/: bBBBBB.npy per bucket (KEY_DTYPE records), dropped.npy (a bit
-per row), sample.jsonl (the train rows with the smallest hashes, up to tokenizer.sample_mb), scan.json last.
+It writes bBBBBB.npy per bucket (KEY_DTYPE records), dropped.npy (a bit per row), sample.jsonl, scan.json last.
 """
 
 from __future__ import annotations
