@@ -45,6 +45,5 @@ with DAG(
     tags=["mlm", "data"],
 ) as dag:
     config = validate(probe_write=False)  # an unchanged source writes nothing (plan_shards probes output_root)
-    # TaskFlow: a task called here takes XComArgs (Airflow hands it their values at run time), but Airflow's stubs
-    # type the call with the function's own parameters (apache/airflow#39514).
+    # Airflow's stubs type a TaskFlow call with run-time values, not XComArgs (apache/airflow#39514).
     shard_set(config, announce=True, after=source_changed(config))  # type: ignore[arg-type]

@@ -1,6 +1,5 @@
 # mypy: disable-error-code="arg-type"
-# (a TaskFlow task called with XComArgs, and chain() of tasks and XComArgs: Airflow's stubs type the
-# arguments as the values the task receives at run time, apache/airflow#39514)
+# (TaskFlow calls with XComArgs, and chain() of them: Airflow's stubs type run-time values, apache/airflow#39514)
 """
 ### mlm_pretrain — raw text to a trained, evaluated RoBERTa masked LM
 
@@ -17,14 +16,10 @@ asked, a person approved) → summary; [delete_tpu_vm, a teardown after fill_mas
 upstream]. With `compute: local` the two TPU VM tasks end skipped, saying so in their logs. Each task runs
 the step of the same name in `mlm_tasks/steps/` (docs/architecture.md).
 
-The same DAG runs the embedded default (local folder, this machine's CPU, the Wikipedia sample
-shipped with gensim) and production (`output_root: gs://…`, `compute: tpu_vm`): configuration
-only. Trigger it with the form: every field is checked by `validate` before any work, and a
-misspelled key in **overrides** is an error, not a silent default. Settings are documented in
-`mlm_tasks/config/`; example files live in `configs/`.
-
-Scheduled on the `mlm_shards` asset: when `mlm_dataset_refresh` builds new shards, a run starts
-and trains on exactly the fingerprint in the event.
+The same DAG runs the embedded default (local folder, CPU) and production (`output_root: gs://…`,
+`compute: tpu_vm`): configuration only. Every form field is checked by `validate` before any work; a
+misspelled key in **overrides** is an error. Scheduled on the `mlm_shards` asset: a run trains on exactly
+the fingerprint `mlm_dataset_refresh` announced.
 
 Artifacts: `<output_root>/datasets/<fingerprint>/` (tokenizer, shards, manifest) and
 `<output_root>/runs/<run_id>/` (checkpoints, model, metrics, predictions, TensorBoard logs).
@@ -88,7 +83,6 @@ with DAG(
     dag_id="mlm_pretrain",
     description="Pretrain a RoBERTa or ModernBERT masked LM on TensorFlow (CPU or TPU VM).",
     doc_md=__doc__,
-    # Runs when mlm_dataset_refresh announces new shards, and whenever triggered from the UI or API.
     schedule=[SHARDS],
     start_date=datetime(2026, 1, 1),
     catchup=False,
@@ -97,16 +91,12 @@ with DAG(
     params=params,
     tags=["mlm", "training", "tensorflow"],
 ) as dag:
-    # TaskFlow: a task called here takes XComArgs (Airflow hands it their values at run time), but Airflow's stubs
-    # type the call with the function's own parameters (apache/airflow#39514): hence the ignore[arg-type] below.
     config = validate()
     data = shard_set(config)
     # Waits only for shards from elsewhere (a refresh, bring-your-own); passes at once when this run wrote them.
     wait = ShardSetCompleteSensor(task_id="wait_for_shards", config=config, data=data, retries=0)
     create_vm = TpuVmCreateOperator(task_id="create_tpu_vm", config=config)
-    # Queues are fixed at parse time: train and the steps that judge the model (on the VM with compute tpu_vm)
-    # follow the default config's compute (see mlm_airflow.defaults).
-    on_compute = train_queue(_defaults.compute)
+    on_compute = train_queue(_defaults.compute)  # fixed at parse time, by the default config's compute
     # none_failed: with compute local, create_tpu_vm is skipped and train still runs; a failed one stops it.
     # (Hence create_tpu_vm is no setup task: Airflow skips all of a skipped setup's scope.)
     train = TrainOperator(
@@ -118,9 +108,7 @@ with DAG(
         trigger_rule="none_failed",
     )
     decision = gate(config)
-    # Always in the DAG (its shape is fixed at parse time, the setting is per run): it skips itself unless the
-    # run asks for approval, and a rejection or timeout skips publish
-    # (plugins/mlm_airflow/operators/release_approval.py).
+    # Always in the DAG (the setting is per run): it skips itself unless the run asks for approval.
     approval = ReleaseApprovalOperator(
         task_id="approve_release",
         config=config,
@@ -128,12 +116,7 @@ with DAG(
         default_timeout_hours=_defaults.publish.approval_timeout_hours,
     )
     # none_failed: publish runs after a skipped approval (none asked for) and decides on its own.
-    published = publish.override(trigger_rule="none_failed")(
-        config,
-        decision,
-        data,
-        approval.output,
-    )
+    published = publish.override(trigger_rule="none_failed")(config, decision, data, approval.output)
     judged = fill_mask.override(queue=on_compute)(config)  # the last step on the VM, before its delete
     chain(
         data,
@@ -152,6 +135,5 @@ with DAG(
     )
     data >> publish_tokenizer(config, data)
     # A teardown without a setup: it runs once create_tpu_vm, train and the steps on the VM are done, whatever
-    # happened (a failed create too: it deletes what the failed try left), so no TPU VM outlives its run; with
-    # compute local it ends skipped, saying why. Its own failure does not decide the run's state.
+    # happened (a failed create too), so no TPU VM outlives its run. Its failure does not decide the run's state.
     [create_vm, train, judged] >> TpuVmDeleteOperator(task_id="delete_tpu_vm", config=config).as_teardown()

@@ -33,8 +33,7 @@ with DAG(
     start_date=datetime(2024, 1, 1),
     catchup=False,
     max_active_runs=1,
-    # The API may be briefly unavailable; the next hourly run is the real retry. MLM_RETRY_DELAY_S, as
-    # for every DAG, lets tests and local runs retry at once.
+    # The next hourly run is the real retry; MLM_RETRY_DELAY_S lets tests and local runs retry at once.
     default_args={
         **default_args(),
         "retry_exponential_backoff": False,

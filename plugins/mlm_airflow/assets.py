@@ -1,7 +1,5 @@
 """Airflow Assets shared by the DAGs: the refresh DAG emits events on SHARDS, mlm_pretrain is scheduled on it.
-
-An event's `extra` carries what a training run needs to use exactly that data: the fingerprint, the
-output_root it lives under, the data settings it was built with, and its record/token counts.
+An event's `extra` carries what a training run needs to use exactly that data (`event_extra`).
 """
 
 from __future__ import annotations
@@ -33,18 +31,13 @@ def triggering_shards_event(
     context: Mapping[str, Any],
     deployment: Deployment | None = None,
 ) -> dict[str, Any] | None:
-    """The newest SHARDS event that triggered this run, or None for a manual run.
-
-    A run consumes every event since the previous asset-triggered run (several refreshes while the
-    scheduler was busy or the DAG paused), and the execution API returns them in no set order: pick
-    by timestamp, never by position."""
+    """The newest SHARDS event that triggered this run (checked as input), or None for a manual run. A run
+    consumes every event since the last such run, in no set order: picked by timestamp, never by position."""
     from mlm_tasks.config.deployment import check_event
 
     events = context.get("triggering_asset_events") or {}
     for asset, asset_events in events.items():
         if getattr(asset, "name", None) == SHARDS.name and asset_events:
-            # An event is input like a form: its fingerprint becomes a path, its settings the run's.
-            # Who made it: the refresh DAG's merge_shards, or someone else (the REST API, another DAG).
             newest = max(asset_events, key=lambda e: e.timestamp)
             return check_event(dict(newest.extra or {}), deployment, getattr(newest, "source_dag_id", None))
     return None

@@ -6,8 +6,8 @@ token and endpoint, the login to a TPU VM worker.
     token, endpoint = hub_credentials(cfg.publish.hf_conn_id)
     connect = ssh_connect("tpu_ssh", 22, node=name, published=tpu.published_keys(cfg.tpu, name, api=api))
 
-Secrets pass as arguments, never through the environment, a log, XCom or a file; the worker must present a
-host key its node published. docs/google-cloud.md#credentials-the-airflow-gcp-connection
+Secrets pass as arguments, never through the environment, a log, XCom or a file.
+docs/google-cloud.md#credentials-the-airflow-gcp-connection
 """
 
 from __future__ import annotations
@@ -65,20 +65,14 @@ def connection_credentials(conn_id: str) -> tuple[Any | None, str | None]:
     return creds, project or None
 
 
-def install(conn_id: str) -> None:
-    """For the rest of this task's process: every Google client uses connection `conn_id`, TensorFlow's
-    own gs:// filesystem included (through a refreshed access token)."""
-    creds, project = connection_credentials(conn_id)
-    credentials.install(creds, project, source=f"Airflow connection {conn_id!r}")
-    credentials.share_with_tensorflow(creds)
-
-
 def install_for(cfg: PipelineConfig) -> None:
-    """A task's Google clients use the run's connection, when the run touches Google Cloud at all; its
-    storage calls get the run's deadline (storage.timeout_s)."""
+    """For the rest of this task's process, when the run touches Google Cloud: every Google client uses the
+    run's connection, TensorFlow's gs:// included; storage calls get the run's deadline (storage.timeout_s)."""
     storage.set_timeout(cfg.storage.timeout_s)
     if storage.scheme(cfg.output_root) == "gs" or cfg.compute == "tpu_vm":
-        install(cfg.gcp_conn_id)
+        creds, project = connection_credentials(cfg.gcp_conn_id)
+        credentials.install(creds, project, source=f"Airflow connection {cfg.gcp_conn_id!r}")
+        credentials.share_with_tensorflow(creds)
 
 
 @contextlib.contextmanager

@@ -31,8 +31,7 @@ SINGLE_MACHINE_EXECUTORS = {"LocalExecutor", "SequentialExecutor", "DebugExecuto
 
 
 def default_config() -> PipelineConfig:
-    """The default config file, parsed: the form's defaults come from it (one source of truth).
-    Cached per parse of the DAG folder: both DAGs read it."""
+    """The default config file, parsed (cached while the file is unchanged): the forms' defaults come from it."""
     return _default_config(DEFAULT_CONFIG, os.path.getmtime(DEFAULT_CONFIG))
 
 
@@ -81,7 +80,7 @@ _FORM_KEYWORDS = ("type", "enum", "minimum", "maximum", "exclusiveMinimum", "exc
 
 @functools.cache
 def _config_schema() -> dict:
-    """The config's JSON schema, built once: pydantic builds a whole tree on every call (~15 ms)."""
+    """The config's JSON schema, built once (pydantic builds it anew on every call)."""
     return PipelineConfig.model_json_schema()
 
 
@@ -124,8 +123,8 @@ def form_params(defaults: PipelineConfig, titles: dict[str, str]) -> dict:
 
 
 def train_queue(default_compute: str) -> str:
-    """`train`, `evaluate`, `downstream` and `fill_mask` drive a TPU VM over SSH (light) or work on the
-    worker's CPU (heavy). The queue is fixed at parse time, so it follows the default config file's compute."""
+    """The queue of train and the steps that judge the model: light when they drive a TPU VM, else CPU. Fixed at
+    parse time, so it follows the default config file's compute."""
     return CONTROL_QUEUE if default_compute == "tpu_vm" else CPU_QUEUE
 
 

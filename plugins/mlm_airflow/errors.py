@@ -1,9 +1,5 @@
-"""How an error no retry can fix ends an Airflow task: at once, without retries, with the step's own message.
-
-    with bad_input_fails_fast():
-        step(cfg)
-
-A `NoRetryError` (mlm_tasks/errors.py) becomes `AirflowFailException`; anything else keeps its retries.
+"""`with bad_input_fails_fast(): step(cfg)`: a `NoRetryError` (mlm_tasks/errors.py) becomes AirflowFailException,
+so the task fails at once with the step's own message; anything else keeps its retries.
 """
 
 from __future__ import annotations

@@ -2,15 +2,9 @@
 
     default_args = {..., "on_failure_callback": [FailureNotifier()]}
 
-The webhook URL comes from the environment (`MLM_ALERT_WEBHOOK_URL`) or else from the Airflow
-connection `mlm_alerts` (its host holds the URL, e.g. `AIRFLOW_CONN_MLM_ALERTS='{"conn_type": "http",
-"host": "https://hooks.example.com/T0/B0"}'`); with neither, the failure is only logged. The body:
-
-    {"dag_id", "run_id", "task_id", "try_number", "max_tries", "log_url", "exception"}
-
-`exception` is scrubbed of secrets (everything Airflow masks, plus token-shaped strings) because
-webhooks land in chat rooms. Airflow calls on_failure_callback only once retries are exhausted, so
-`try_number` is the last try. A webhook that is down never fails the task twice: the error is logged.
+The URL comes from `MLM_ALERT_WEBHOOK_URL`, or else the host of the Airflow connection `mlm_alerts`. The body,
+{"dag_id", "run_id", "task_id", "try_number", "max_tries", "log_url", "exception"}, is scrubbed of secrets
+because webhooks land in chat rooms. A webhook that is down never fails the task twice: the error is logged.
 """
 
 from __future__ import annotations

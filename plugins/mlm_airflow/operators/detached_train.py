@@ -34,16 +34,6 @@ def try_number(context: Context) -> int:
     return int(number) if str(number).isdigit() else 1
 
 
-def watch_of(cfg: PipelineConfig, job: TrainJob, connect: ssh.Connect, log: vm_job.Log) -> JobWatch:
-    return JobWatch(
-        vm_job.DetachedJob(job, connect),
-        cfg.tpu,
-        output_root=cfg.output_root,
-        stall_s=cfg.train.stall_minutes * 60,
-        log=log,
-    )
-
-
 class DetachedTrain:
     """The train step as a job on worker 0, through `remote`: `start` returns the new trainer's handle."""
 
@@ -54,18 +44,7 @@ class DetachedTrain:
 
     def start(self, context: Context, cfg: PipelineConfig, node: tpu.NodeState) -> TrainJob:
         name, hosts, connect = self.remote.connect_to(context, cfg, node)
-        job = self._start(context, cfg, name, hosts[0], connect, node.created)
-        store = context.get("task_state_store")
-        if store is not None:
-            # A handle is JSON (str, int and float fields); mypy sees no TypedDict as a dict[str, JsonValue].
-            store.set(JOB_KEY, cast("JsonValue", dict(job)))
-        self.watch = watch_of(cfg, job, connect, self.log)
-        return job
-
-    def _start(
-        self, context: Context, cfg: PipelineConfig, name: str, host: str, connect: ssh.Connect, created: float | None
-    ) -> TrainJob:
-        number = try_number(context)
+        host, number = hosts[0], try_number(context)
         log_name = vm_job.log_name(context["run_id"], number)
         command = self.remote.command or self.remote.remote_line(
             context, cfg, name, detach_log=log_name, env={"MLM_TRY_NUMBER": str(number)}
@@ -84,7 +63,7 @@ class DetachedTrain:
             command,
             secret=self.remote.secret(),
             node=name,
-            node_created=created,
+            node_created=node.created,
             host=host,
             try_number=number,
             workdir=cfg.tpu.workdir,
@@ -99,13 +78,19 @@ class DetachedTrain:
                 "retry; if it repeats, run the line by hand on worker 0."
             )
         self.log.info("Trainer started: pid %d (its process group) on %s.", job["pid"], name)
+        store = context.get("task_state_store")
+        if store is not None:
+            # A handle is JSON (str, int and float fields); mypy sees no TypedDict as a dict[str, JsonValue].
+            store.set(JOB_KEY, cast("JsonValue", dict(job)))
+        stall_s = cfg.train.stall_minutes * 60
+        self.watch = JobWatch(
+            vm_job.DetachedJob(job, connect), cfg.tpu, output_root=cfg.output_root, stall_s=stall_s, log=self.log
+        )
         return job
 
     def close(self) -> None:
-        """on_kill before the deferral: stop the trainer (the task was marked failed, cleared or timed out).
-        In a thread, bounded: on_kill runs in a signal handler, which may have interrupted this very process
-        inside an SSH call (and its locks); Airflow SIGKILLs the task a few seconds later anyway. A stop
-        that does not finish in time leaves the trainer to the teardown, which deletes the VM."""
+        """on_kill before the deferral: stop the trainer. In a thread, bounded: on_kill runs in a signal handler
+        that may have interrupted an SSH call (and its locks); a stop not done in time leaves it to the teardown."""
         watch = self.watch
         if watch is not None:
             outcome: list[vm_job.Probe] = []

@@ -4,31 +4,21 @@
     approval = ReleaseApprovalOperator(task_id="approve_release", config=config, decision=decision)
     chain(decision, approval, publish(config, decision, data))     # publish: trigger_rule none_failed
 
-Airflow's own ApprovalOperator (standard provider): the task writes its request (the review page of
-mlm_tasks/reporting/review.py as the Markdown body, a comment field) and waits in the
-`awaiting_input` state, holding no worker slot, until someone answers in the UI ("Required
-actions") or through the REST API (PATCH .../taskInstances/approve_release/-1/hitlDetails).
-  Approve  publish runs.
-  Reject   the operator skips publish; the log names who rejected and their comment.
-  No answer within `publish.approval_timeout_hours`: the scheduler answers the default, Reject, so a
-           timeout is a rejection (publish skipped, the log says it timed out), not a failed run.
-
-The DAG's shape is fixed at parse time but the setting is per run, so the task is always there and
-skips itself when there is nothing to approve: approval not required, publishing off, or a failed
-gate (publish then skips itself with the gate's reasons). `publish` follows it with none_failed, so
-a skipped approval lets publish decide as it does without one.
+Airflow's ApprovalOperator with the review page (mlm_tasks/reporting/review.py) as its body. Reject, or no
+answer within `publish.approval_timeout_hours` (the default answer), skips publish. The task is always in
+the DAG (the setting is per run) and skips itself when there is nothing to approve. docs/releases.md
 """
 
 from __future__ import annotations
 
 from datetime import timedelta
-from typing import Any
+from typing import Any, cast
 
 from airflow.providers.standard.operators.hitl import ApprovalOperator
 from airflow.sdk import Context, Param
 from airflow.sdk.exceptions import AirflowSkipException
 
-from mlm_airflow.tasks.step_context import config_from_xcom, gate_decision, step_context
+from mlm_airflow.tasks.step_context import config_from_xcom, step_context, xcom_dict
 from mlm_tasks.config import PipelineConfig
 from mlm_tasks.results import GateDecision
 
@@ -41,10 +31,9 @@ class ReleaseApprovalOperator(ApprovalOperator):
     def __init__(
         self, *, config: Any, decision: Any, default_timeout_hours: float = 72, params: Any = None, **kwargs: Any
     ) -> None:
-        # `params` holds the DAG's (the trigger form's), merged in by Airflow; HITLOperator drops those
-        # from its form anyway, so the form is the comment field alone.
-        # response_timeout here only keeps execution_timeout as the default's (HITLOperator would
-        # otherwise take that as the answer's deadline); each run sets its own in execute().
+        # `params` (the DAG's form, merged in by Airflow) is dropped: HITLOperator's form is the comment alone.
+        # response_timeout here keeps HITLOperator from taking execution_timeout as the answer's deadline;
+        # each run sets its own in execute().
         super().__init__(
             subject="Publish this run's model?",
             defaults=ApprovalOperator.REJECT,
@@ -66,17 +55,13 @@ class ReleaseApprovalOperator(ApprovalOperator):
 
     def execute(self, context: Context) -> Any:
         cfg = config_from_xcom(self.config)
-        if not cfg.publish.require_approval:  # first: then the gate's decision is not even read (a run may skip
-            # or mark the gate done without one, e.g. `airflow dags test --mark-success-pattern`)
-            raise AirflowSkipException(
-                "No approval asked (publish.require_approval is false): publish decides on its own."
-            )
-        decision = gate_decision(self.decision)
-        reason = self._nothing_to_approve(cfg, decision)
+        reason = self._nothing_to_approve(cfg)
         if reason:
             raise AirflowSkipException(reason)
         from mlm_tasks.config.deployment import Deployment
         from mlm_tasks.reporting.review import review_markdown
+
+        decision = cast(GateDecision, xcom_dict(self.decision))
 
         deployment = Deployment.load()
         if deployment and deployment.approvers:  # only they may answer (the api-server checks assigned_users)
@@ -94,13 +79,15 @@ class ReleaseApprovalOperator(ApprovalOperator):
         )
         return super().execute(context)
 
-    @staticmethod
-    def _nothing_to_approve(cfg: PipelineConfig, decision: GateDecision) -> str | None:
+    def _nothing_to_approve(self, cfg: PipelineConfig) -> str | None:
+        # The gate's decision is read only when approval is asked for: a run may skip the gate or mark it done
+        # without one (`airflow dags test --mark-success-pattern`).
         if not cfg.publish.require_approval:
             return "No approval asked (publish.require_approval is false): publish decides on its own."
+        passed = xcom_dict(self.decision).get("passed")
         if not cfg.publish.enabled:
             return "Publishing is off (publish.enabled=false): nothing to approve."
-        if not decision.get("passed"):
+        if not passed:
             return "The evaluation gate failed: nothing to approve (publish skips, with the gate's reasons)."
         return None
 

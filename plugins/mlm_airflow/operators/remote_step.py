@@ -4,16 +4,9 @@
     remote.run(context, cfg, node)                                      # {"node", "workers"}
     step_on_vm(context, cfg, "evaluate", ["--data-fingerprint", fp])    # evaluate, downstream, fill_mask: the result
 
-`RemoteStep` is the whole remote path (the train task, the steps that judge the model, the tests' step
-operator): the node's checks (READY, host count against the runtime, worker 0's port probed at once: an
-unreachable worker fails without retry, naming the fix), the command line (mlm_tasks/tpu/bundle.py) and the
-SSH session (mlm_tasks/tpu/ssh.py; the login from the Airflow SSH connection `tpu.ssh_conn_id`, since
-Google's ComputeEngineSSHHook cannot find TPU VMs). Only worker 0 is dialled: TensorFlow on TPU is
-single-client, and on a `-pod` slice the other hosts serve it. Worker 0's lines stream into the task log.
-A non-zero exit fails the task naming the worker and code (and a node preempted meanwhile); exit 2 and a
-host key the node did not publish fail without retry. The session's pty makes a hang-up (task killed)
-stop the remote step; a lost session leaves it running, and the next try stops it first (the run lock).
-The Hub token travels on the session's stdin, never on the command line or in an environment.
+Only worker 0 is dialled (TensorFlow on TPU is single-client; on a `-pod` slice the other hosts serve it), as
+the Airflow SSH connection `tpu.ssh_conn_id` (Google's ComputeEngineSSHHook cannot find TPU VMs). Exit 2 and a
+host key the node did not publish fail without retry; the pty makes a hang-up (task killed) stop the step.
 """
 
 from __future__ import annotations
@@ -26,7 +19,7 @@ from typing import Any
 from airflow.sdk import Context
 from airflow.sdk.exceptions import AirflowException, AirflowFailException
 
-from mlm_airflow.connections import ssh_connect
+from mlm_airflow.connections import ssh_connect, use_connection
 from mlm_tasks.config import PipelineConfig
 from mlm_tasks.errors import NO_RETRY_EXIT, NoRetryError, TransientError
 from mlm_tasks.job.launch import Log
@@ -57,9 +50,8 @@ def check_reachable(cfg: PipelineConfig, name: str, host: str) -> None:
 class RemoteStep:
     """`python -m mlm_tasks <step> <args>` (or `command`) on worker 0 of the run's TPU VM.
 
-    `hub_token`: sent on the session's stdin when the line asks (bundle.TOKEN_PROMPT), never in an
-    environment; `step_env`: non-secret variables (part of the logged command line). `close()`
-    (on_kill) hangs the session up."""
+    `hub_token` goes on the session's stdin when the line asks (bundle.TOKEN_PROMPT); `step_env` holds
+    non-secret variables (part of the logged command line). `close()` (on_kill) hangs the session up."""
 
     def __init__(
         self,
@@ -117,7 +109,7 @@ class RemoteStep:
     def failure(self, cfg: PipelineConfig, name: str, outcome: ssh.Outcome) -> AirflowException:
         """What to raise for a command that failed on worker 0: exit 2 and fatal errors are not retried."""
         message = self._failure_message(cfg, name, outcome)
-        if outcome.fatal:  # e.g. a host-key mismatch: the same machine would answer
+        if outcome.fatal:  # e.g. a host-key mismatch: a retry meets the same machine
             return AirflowFailException(message)
         if outcome.exit_code == NO_RETRY_EXIT:
             return AirflowFailException(
@@ -128,13 +120,9 @@ class RemoteStep:
         return AirflowException(message)
 
     def connect_to(
-        self,
-        context: Context,
-        cfg: PipelineConfig,
-        node: tpu.NodeState,
+        self, context: Context, cfg: PipelineConfig, node: tpu.NodeState
     ) -> tuple[str, list[str], ssh.Connect]:
-        """(node name, worker hosts, connect) once the node is checked: READY, host count and runtime agree,
-        worker 0's port answers. Keeps the janitor off the node for tpu.ttl_hours from now."""
+        """(node name, worker hosts, connect) once the node is READY, fits its runtime and worker 0's port answers."""
         from mlm_tasks.tpu import runtimes
 
         name = node.name
@@ -200,11 +188,8 @@ class RemoteStep:
 
 
 def step_on_vm(context: Context, cfg: PipelineConfig, step: str, args: Sequence[str] = ()) -> Any:
-    """`python -m mlm_tasks <step> <args>` on the run's TPU VM, attached, and the step's result: the JSON the
-    CLI prints last. How evaluate, downstream and fill_mask judge the model where it trained, before
-    delete_tpu_vm (plugins/mlm_airflow/tasks/steps.py). A VM no longer READY fails the task, naming the fix."""
-    from mlm_airflow.connections import use_connection
-
+    """`python -m mlm_tasks <step> <args>` on the run's TPU VM, attached; the step's result (the JSON the CLI
+    prints last). How evaluate, downstream and fill_mask judge the model where it trained."""
     name = tpu.node_name(context["dag"].dag_id, context["run_id"])
     remote = RemoteStep(step, log, args=args)
     with use_connection(cfg.gcp_conn_id):

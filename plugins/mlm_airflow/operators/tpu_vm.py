@@ -3,10 +3,8 @@
     create = TpuVmCreateOperator(task_id="create_tpu_vm", config=config)
     [create, train] >> TpuVmDeleteOperator(task_id="delete_tpu_vm", config=config).as_teardown()
 
-Both end skipped unless `compute` is "tpu_vm"; create is a plain task (a skipped setup skips its scope),
-delete a teardown without a setup. What to do about the node is mlm_tasks/job/decide.py's answer, carried
-out here (`drive_node`, `carry_out`) for create_tpu_vm and for train; a failed create is deleted before the
-task fails. A node is recorded in the registry (MLM_TPU_REGISTRY) before it is made, for the janitor.
+Both end skipped unless `compute` is "tpu_vm". `drive_node` and `carry_out` carry out mlm_tasks/job/decide.py's
+answer about the node, for create_tpu_vm and for train.
 """
 
 from __future__ import annotations
@@ -35,8 +33,7 @@ def run_node_name(context: Context, override: str | None = None) -> str:
 
 
 def ssh_key_metadata(conn_id: str, log: Log) -> dict[str, str]:
-    """`ssh-keys` metadata for the node: the public half of the SSH connection's key, so the SSH step
-    can log in without OS Login. Projects that enforce OS Login ignore it (grant the key there)."""
+    """`ssh-keys` metadata for the node: the public half of the SSH connection's key (ignored under OS Login)."""
     import paramiko
     from airflow.providers.ssh.hooks.ssh import SSHHook
     from airflow.sdk.exceptions import AirflowNotFoundException
@@ -55,8 +52,7 @@ def ssh_key_metadata(conn_id: str, log: Log) -> dict[str, str]:
 
 
 def node_facts(cfg: PipelineConfig, name: str, event: dict[str, Any] | None = None) -> tuple[tpu.NodeState, Facts]:
-    """The node as the TPU API says it now, or as TpuNodeTrigger's event reported its end (an error, a
-    timeout, gone), as the decision's facts (mlm_tasks/job/decide.py); the caller adds the trainer's."""
+    """The node now, or as TpuNodeTrigger's event ended, and its part of decide's facts."""
     event = event or {}
     if event.get("state") not in (None, "READY") or event.get("error"):
         node = tpu.NodeState(name=name, state=event["state"])
@@ -77,9 +73,8 @@ def node_facts(cfg: PipelineConfig, name: str, event: dict[str, Any] | None = No
 def drive_node(
     op: BaseOperator, context: Context, cfg: PipelineConfig, name: str, *, resume_in: Callable[..., Any], event=None
 ) -> dict[str, Any]:
-    """The run's node READY (`tpu.describe` of it), as `decide` says: reused, created, a dead one replaced, a
-    stockout waited out; until then `op` defers to TpuNodeTrigger and resumes in `resume_in` (a method of `op`
-    that hands the event back here)."""
+    """The run's node READY (`tpu.describe` of it), as `decide` says; until then `op` defers to TpuNodeTrigger
+    and resumes in `resume_in`, a method of `op` that hands the event back here."""
     while True:
         with use_connection(cfg.gcp_conn_id):
             node, facts = node_facts(cfg, name, event)
@@ -100,8 +95,7 @@ def carry_out(
     resume_in: Callable[..., Any],
     stockout_until: float | None = None,
 ) -> tpu.NodeState | None:
-    """The node's part of a decision: ensure_node (the READY node, or a deferral until it is), wait (for the
-    node, or for capacity) and a failed create (what it left deleted, then the task fails)."""
+    """The node's part of a decision: ensure_node, wait (for the node, or for capacity), a failed create."""
     name = node.name
     if action.kind == "ensure_node":
         op.log.info("TPU VM %s: %s.", name, action.why)
@@ -116,21 +110,20 @@ def carry_out(
             *(time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(t)) for t in (retry_at, action.until or retry_at)),
         )
         deadline = retry_at + cfg.tpu.create_timeout_s  # for the node to be gone; then for the next create
-        method = resume_in.__name__
         defer_to_node(
             op,
             cfg,
             name,
             deadline,
             operation,
-            method,
+            resume_in,
             until_gone=True,
             not_before=retry_at,
             stockout_until=action.until,
         )
     if action.kind == "wait":
         deadline = time.time() + cfg.tpu.create_wait_s()
-        defer_to_node(op, cfg, name, deadline, None, resume_in.__name__, stockout_until=stockout_until)
+        defer_to_node(op, cfg, name, deadline, None, resume_in, stockout_until=stockout_until)
     if action.kind == "fail" and action.delete:
         failed_create(op, context, cfg, node, action)
     raise ValueError(f"not a node action: {action}")
@@ -145,8 +138,8 @@ def ensure_ready(
     resume_in: Callable[..., Any],
     stockout_until: float | None = None,
 ) -> tpu.NodeState | None:
-    """`tpu.ensure_node` (reuse, create, or delete a dead node to replace it), after recording the node in the
-    registry; the node when READY or refused (its error), else a deferral to TpuNodeTrigger until it settles."""
+    """`tpu.ensure_node` after recording the node in the registry; the node when READY or refused (its error),
+    else a deferral to TpuNodeTrigger until it settles."""
     metadata = ssh_key_metadata(cfg.tpu.ssh_conn_id, op.log)
     node_labels = tpu.labels(context["run_id"], cfg.tpu.ttl_hours)
     registry = tpu_registry.location()  # unset: fail before anything is made that nobody would find
@@ -159,7 +152,7 @@ def ensure_ready(
         return state
     operation = state.operation if state.action == "created" else None
     deadline = time.time() + cfg.tpu.create_wait_s()
-    defer_to_node(op, cfg, name, deadline, operation, resume_in.__name__, stockout_until=stockout_until)
+    defer_to_node(op, cfg, name, deadline, operation, resume_in, stockout_until=stockout_until)
 
 
 def defer_to_node(
@@ -168,11 +161,10 @@ def defer_to_node(
     name: str,
     deadline: float,
     operation: str | None,
-    method_name: str,
-    resume_kwargs: dict[str, Any] | None = None,
+    resume_in: Callable[..., Any],
     **trigger_args: Any,
 ) -> NoReturn:
-    """Defer `op` to TpuNodeTrigger for node `name` until `deadline` (epoch seconds), resuming in `method_name`.
+    """Defer `op` to TpuNodeTrigger for node `name` until `deadline` (epoch seconds), resuming in `resume_in`.
     The trigger enforces the deadline itself (so the task can clean up); Airflow's timeout is only a backstop."""
     trigger = TpuNodeTrigger(
         cfg.tpu.model_dump(mode="json"),
@@ -183,19 +175,14 @@ def defer_to_node(
         gcp_conn_id=cfg.gcp_conn_id,
         **trigger_args,
     )
-    op.defer(
-        trigger=trigger,
-        method_name=method_name,
-        kwargs=resume_kwargs,
-        timeout=timedelta(seconds=max(0.0, deadline - time.time()) + 600),
-    )
+    timeout = timedelta(seconds=max(0.0, deadline - time.time()) + 600)
+    op.defer(trigger=trigger, method_name=resume_in.__name__, timeout=timeout)
 
 
 def failed_create(
     op: BaseOperator, context: Context, cfg: PipelineConfig, node: tpu.NodeState, action: Action
 ) -> NoReturn:
-    """A create that did not give a READY node: what it left is deleted , then the task fails,
-    naming what to try (a quota refusal: without retry)."""
+    """A create that gave no READY node: what it left is deleted, then the task fails naming what to try."""
     name, error = node.name, action.why
     deleted = None
     if node.state != tpu.NOT_FOUND or cfg.tpu.provisioning == "queued":  # a FAILED request has no node, and is left
@@ -221,8 +208,7 @@ def failed_create(
 
 
 def delete_left(cfg: PipelineConfig, name: str) -> str | None:
-    """Start deleting a node that never became the run's READY node (it is billed while it exists); the
-    delete operation, or None when it was gone."""
+    """Start deleting a node that never became READY (it bills meanwhile): the operation, or None if gone."""
     with use_connection(cfg.gcp_conn_id):
         return tpu.delete_node(cfg.tpu, name)
 
@@ -247,7 +233,7 @@ class TpuVmCreateOperator(_RunNodeOperator):
         cfg = config_from_xcom(self.config)
         if cfg.compute != "tpu_vm":
             raise AirflowSkipException(f"compute is {cfg.compute!r}: this run needs no TPU VM, none is made.")
-        return drive_node(self, context, cfg, run_node_name(context, self.node_name), resume_in=self.resume)
+        return self.resume(context)
 
     def resume(self, context: Context, event: dict[str, Any] | None = None, **_: Any) -> dict[str, Any]:
         cfg = config_from_xcom(self.config)
@@ -288,7 +274,7 @@ class TpuVmDeleteOperator(_RunNodeOperator):
             cfg.tpu.delete_timeout_s,
         )
         deadline = time.time() + cfg.tpu.delete_timeout_s
-        defer_to_node(self, cfg, name, deadline, operation, "deleted", until_gone=True)
+        defer_to_node(self, cfg, name, deadline, operation, self.deleted, until_gone=True)
 
     def deleted(self, context: Context, event: dict[str, Any] | None = None, **_: Any) -> str | None:
         cfg = config_from_xcom(self.config)

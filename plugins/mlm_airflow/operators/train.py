@@ -1,11 +1,7 @@
 """The `train` task: in the worker (`compute: local`), or as a detached trainer on worker 0 of the run's TPU
 VM (`compute: tpu_vm`), followed by a trigger while the worker slot is free.
 
-At every visit of the task the facts (the node, the stored trainer, the restarts, the deadline) go to
-mlm_tasks/job/decide.py; its answer is carried out here: a wait or a follow is a deferral, a failure an
-AirflowException (AirflowFailException where no retry helps). The trigger's timeout, train.check_in_minutes,
-is a check-in, not a failure (`resume_execution`). The deadline and the restart count live in the task state
-store: a retry keeps them, a Clear starts both afresh (`_new_sequence`).
+Each visit carries out mlm_tasks/job/decide.py's answer to the facts (node, stored trainer, restarts, deadline).
 docs/operations.md#durable-training-what-survives-what
 """
 
@@ -20,7 +16,7 @@ from airflow.sdk import BaseOperator, Context
 from airflow.sdk.bases.operator import TRIGGER_FAIL_REPR, TriggerFailureReason
 from airflow.sdk.exceptions import AirflowException, AirflowFailException
 
-from mlm_airflow.connections import hub_credentials, use_connection
+from mlm_airflow.connections import hub_credentials, install_for, use_connection
 from mlm_airflow.errors import bad_input_fails_fast
 from mlm_airflow.operators.detached_train import JOB_KEY, DetachedTrain, try_number
 from mlm_airflow.operators.remote_step import RemoteStep
@@ -39,17 +35,16 @@ from mlm_tasks.tpu import api as tpu
 
 __all__ = ["JOB_KEY", "TrainOperator"]
 
-# In the task state store with the job's handle (JOB_KEY), so that they hold across the task's processes and tries:
+# Task state store keys beside the job's handle (JOB_KEY): they hold across the task's processes and tries.
 DEADLINE_KEY = "train_deadline"  # epoch seconds: the try sequence's first start + train.timeout_hours
-RESTARTS_KEY = "train_restarts"  # node losses handled so far (train.max_restarts)
-CHECK_INS_KEY = "train_check_ins"  # trigger timeouts turned into check-ins
+RESTARTS_KEY = "train_restarts"
+CHECK_INS_KEY = "train_check_ins"
 DEFERRED_KEY = "train_deferred_to"  # which trigger a timeout belongs to: {"trigger": "trainer"|"node"}
-SEQUENCE_KEY = "train_first_try"  # the first try number of the try sequence the keys above belong to
+SEQUENCE_KEY = "train_first_try"  # the first try of the try sequence the keys above belong to
 
 
 def run_deadline(context: Context, cfg: PipelineConfig) -> float:
-    """When the training must end (epoch seconds): fixed at the try sequence's first start, kept in the task
-    state store (without one, from now)."""
+    """When the training must end (epoch seconds), fixed at the try sequence's first start."""
     store = context.get("task_state_store")
     stored = store.get(DEADLINE_KEY) if store is not None else None
     if isinstance(stored, (int, float)):
@@ -61,8 +56,7 @@ def run_deadline(context: Context, cfg: PipelineConfig) -> float:
 
 
 class TrainOperator(BaseOperator):
-    """`config`: validate's return value; `data`: merge_shards' (both XComArgs, resolved at run time).
-    `command` replaces the remote step line (tests); `node_name` the run's node name."""
+    """`config`: validate's return value; `data`: merge_shards'. `command` replaces the remote step line (tests)."""
 
     template_fields = ("config", "data", "command", "node_name")
     ui_color = "#fff2cc"
@@ -80,8 +74,6 @@ class TrainOperator(BaseOperator):
 
     def pre_execute(self, context: Context) -> None:
         # Runs after the config template is rendered and before the task runner reads the timeout.
-        from mlm_airflow.connections import install_for
-
         cfg = config_from_xcom(self.config)
         install_for(cfg)  # local training reads and writes gs:// with the run's connection
         hours = cfg.train.timeout_for(cfg.compute, cfg.tpu.ttl_hours)
@@ -123,9 +115,8 @@ class TrainOperator(BaseOperator):
             )
 
     def _new_sequence(self, context: Context) -> None:
-        """A Clear (or a new run of the task after success) is a new try sequence: Airflow's
-        clear_task_instances sets max_tries to the last try number plus retries, so the sequence's first try,
-        max_tries - retries + 1, moves; a retry keeps it. A new sequence gets a fresh deadline and restart budget."""
+        """A Clear gets a fresh deadline and restart budget: clear_task_instances sets max_tries to the last try
+        plus retries, so the sequence's first try (max_tries - retries + 1) moves; a retry keeps it."""
         store = context.get("task_state_store")
         max_tries = getattr(context.get("ti"), "max_tries", None)
         if store is None or not isinstance(max_tries, int):
@@ -146,11 +137,11 @@ class TrainOperator(BaseOperator):
         store.set(SEQUENCE_KEY, first)
 
     def resume(self, context: Context, event: dict[str, Any] | None = None, **_: Any) -> RemoteTrain:
-        """Back from waiting for the node (TpuNodeTrigger), in a fresh operator instance."""
+        """Back from TpuNodeTrigger."""
         return self._drive(context, config_from_xcom(self.config), node_event=event)
 
     def trainer_ended(self, context: Context, event: dict[str, Any] | None = None, **_: Any) -> RemoteTrain:
-        """Back from the trainer's trigger, with its verdict (the trainer's word; the node is asked again)."""
+        """Back from TrainJobTrigger, with its verdict (the node is asked again)."""
         event = event or {}
         job = vm_job.job_handle(event.get("job"))
         if job is None:
@@ -162,9 +153,8 @@ class TrainOperator(BaseOperator):
         return self._drive(context, config_from_xcom(self.config), verdict=(job, verdict))
 
     def resume_execution(self, next_method: str, next_kwargs: dict[str, Any] | None, context: Context) -> Any:
-        """The trainer's trigger timed out (train.check_in_minutes): a check-in, not a failure. Airflow turns a
-        trigger timeout into TaskDeferralTimeout, an ordinary failure that would use up a retry every
-        check-in; here the task decides once more, in the same try. Every other resume is Airflow's."""
+        """The trainer's trigger timed out (train.check_in_minutes): a check-in that decides again in the same try,
+        where Airflow's TaskDeferralTimeout would use up a retry. Every other resume is Airflow's."""
         error = (next_kwargs or {}).get("error")
         store = context.get("task_state_store")
         timed_out = next_method == TRIGGER_FAIL_REPR and error == TriggerFailureReason.TRIGGER_TIMEOUT
@@ -242,8 +232,7 @@ class TrainOperator(BaseOperator):
         ended: tuple[TrainJob, Verdict] | None,
         rechecked: bool,
     ) -> tuple[tpu.NodeState, Facts]:
-        """What decide needs: the node (asked now, or the node trigger's end), the stored trainer (checked
-        over SSH on a READY node, else its status record alone), the restarts used and the deadline."""
+        """What decide needs; the stored trainer is checked over SSH on a READY node, else by its status record."""
         store = context.get("task_state_store")
         job, verdict = ended or (vm_job.job_handle(store.get(JOB_KEY) if store is not None else None), None)
         node, facts = node_facts(cfg, name, node_event)
@@ -271,8 +260,7 @@ class TrainOperator(BaseOperator):
         )
 
     def _follow(self, context: Context, cfg: PipelineConfig, job: TrainJob, workers: int) -> NoReturn:
-        """Defer: wait for the trainer in the triggerer until the next check-in (or the deadline, if sooner);
-        the task resumes in trainer_ended, or in resume_execution at the trigger's timeout."""
+        """Defer to the trainer's trigger until the next check-in or the deadline, whichever is sooner."""
         left_s = run_deadline(context, cfg) - time.time()
         store = context.get("task_state_store")
         if store is not None:
@@ -293,7 +281,6 @@ class TrainOperator(BaseOperator):
         self.defer(trigger=trigger, method_name="trainer_ended", timeout=timedelta(seconds=check_in_s))
 
     def _watch(self, cfg: PipelineConfig, job: TrainJob) -> JobWatch:
-        """The stored trainer, checked or stopped from this task (within a use_connection block)."""
         return connected_watch(
             cfg.tpu, job, output_root=cfg.output_root, stall_s=cfg.train.stall_minutes * 60, log=self.log
         )
@@ -302,11 +289,10 @@ class TrainOperator(BaseOperator):
         return self._watch(cfg, job).tail_text() if job is not None else ""
 
     def _restart(self, context: Context, cfg: PipelineConfig, facts: Facts, cause: str) -> None:
-        """A restart inside this try: counted (across tries), recorded in restarts.json, the lost handle dropped;
-        the next decision replaces the node and starts a new trainer from the last checkpoint."""
+        """A restart inside this try: counted, recorded in restarts.json, the lost handle dropped."""
         store = context.get("task_state_store")
         job = facts.job
-        if store is not None:  # its trainer is gone: what follows (or a retry) starts one, once
+        if store is not None:
             store.delete(JOB_KEY)
             store.set(RESTARTS_KEY, facts.restarts + 1)
         run = RunPaths(cfg.output_root, context["run_id"])
@@ -330,8 +316,7 @@ class TrainOperator(BaseOperator):
         )
 
     def _fail(self, context: Context, cfg: PipelineConfig, facts: Facts, action: Action) -> NoReturn:
-        """A failure decided: the trainer stopped where asked (its log's last lines in the message), then raised,
-        as AirflowFailException where no retry can help."""
+        """The trainer stopped where asked, then the failure raised (AirflowFailException where no retry helps)."""
         message, job = action.why, facts.job
         store = context.get("task_state_store")
         if action.about == "budget" and store is not None:  # its trainer is gone with the node: a retry starts one
@@ -355,8 +340,7 @@ class TrainOperator(BaseOperator):
         raise (AirflowException if action.retry else AirflowFailException)(message)
 
     def _detached(self, cfg: PipelineConfig) -> DetachedTrain:
-        """The step on the TPU VM. With checkpoint sync the Hub token travels on the SSH session's stdin
-        (never in the command line, an environment, a log or XCom), its endpoint in the step's environment."""
+        """The step on the TPU VM; with checkpoint sync, the Hub token goes on the SSH session's stdin."""
         token, step_env = None, {}
         if cfg.publish.sync_checkpoints:
             token, endpoint = hub_credentials(cfg.publish.hf_conn_id)

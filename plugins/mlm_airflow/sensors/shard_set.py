@@ -2,8 +2,7 @@
 
     wait = ShardSetCompleteSensor(task_id="wait_for_shards", config=validate_output, data=merge_output)
 
-`config` (the validated config) and `data` (merge_shards' summary) are XComArgs; the timing and the GCP
-connection come from the run's config when it runs (`sensor.*`). A set this run wrote passes at once;
+Timing and GCP connection come from the run's config (`sensor.*`). A set this run wrote passes at once;
 gs:// waits in the provider's GCSBlobTrigger (deferrable), a local folder pokes in reschedule mode.
 """
 
@@ -31,8 +30,8 @@ def split_gs_uri(uri: str) -> tuple[str, str]:
 
 
 class ShardSetCompleteSensor(BaseSensorOperator):
-    """Succeeds once the marker `data["success_uri"]` (local path or gs://bucket/object) exists, or at once
-    when `data["written_here"]`; returns the marker URI. Timing and connection: the run's `cfg.sensor`."""
+    """Succeeds once the marker `data["success_uri"]` exists, or at once when `data["written_here"]`; returns
+    the marker URI."""
 
     template_fields = ("config", "data")
     ui_color = "#e8f4e4"
@@ -44,11 +43,11 @@ class ShardSetCompleteSensor(BaseSensorOperator):
         self.config = config
         self.data = data
         self.deferrable = deferrable
-        self.gcp_conn_id = ""  # from the run's config, in apply_run_config: every entry point calls it first
+        self.gcp_conn_id = ""  # from the run's config, in apply_run_config
         self._configured = False
 
     def apply_run_config(self) -> None:
-        """Poke interval, timeout and GCP connection from the run's config, before anything reads them."""
+        """Poke interval, timeout and GCP connection from the run's config; every entry point calls it first."""
         if self._configured:
             return
         cfg = config_from_xcom(self.config)

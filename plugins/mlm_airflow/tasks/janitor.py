@@ -1,7 +1,5 @@
-"""The TPU janitor's tasks (dags/mlm_tpu_janitor.py): the sweep is mlm_tasks/tpu/registry.py (no Airflow);
-the project, connection and API endpoint are the deployment's (`janitor_api`), never a trigger's.
-
-    delete_expired() >> forget_gone_nodes().as_teardown()
+"""The TPU janitor's tasks (dags/mlm_tpu_janitor.py) around mlm_tasks/tpu/registry.py's sweep; the project,
+connection and API endpoint are the deployment's (`janitor_api`), never a trigger's.
 """
 
 from __future__ import annotations

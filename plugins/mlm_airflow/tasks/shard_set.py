@@ -5,18 +5,14 @@ merge_shards.
     data = shard_set(config)                    # mlm_pretrain: merge_shards' data summary (an XComArg)
     shard_set(config, announce=True, after=changed)   # mlm_dataset_refresh: the merge emits the SHARDS event
 
-Each task calls the step of the same name in mlm_tasks/steps/. Values flow as XComArgs: plan_shards
-returns the partitions still to write, which scan_partition, find_duplicates (one bucket per partition)
-and write_shards are mapped over, and hands its whole plan (fingerprint, cache hit, corpus fingerprint,
-partitions) to the others under the XCom key `shard_plan`. With nothing to write (the set is complete,
-or shards are brought as they are) the list is empty: Airflow skips the mapped tasks, and the tasks
-after them, which run unless something failed, find nothing to do (merge_shards reads the set).
-`source_changed` is the refresh DAG's short-circuit before it.
+Each task calls the step of the same name in mlm_tasks/steps/. plan_shards returns the partitions still to
+write (the mapped tasks' list; empty skips them) and hands its whole plan to the others as XCom `shard_plan`.
 """
 
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from datetime import timedelta
 from typing import Any
 
@@ -35,8 +31,7 @@ PLAN_KEY = "shard_plan"  # plan_shards' XCom of the whole plan, for the tasks af
 
 @task.short_circuit
 def source_changed(config: dict) -> str | bool:
-    """The data fingerprint if no complete shard set has it yet under output_root, else False (the
-    rest of the refresh is skipped: nothing written, no asset event, no training triggered)."""
+    """The data fingerprint if no complete shard set has it yet under output_root, else False (skip the rest)."""
     from mlm_tasks.data.shard_set import data_fingerprint, is_complete
 
     cfg, _ = step_context(config)
@@ -60,9 +55,8 @@ def source_changed(config: dict) -> str | bool:
 
 @task(queue=CPU_QUEUE, execution_timeout=timedelta(hours=12), multiple_outputs=False)
 def plan_shards(config: dict, **context: Any) -> list[Partition]:
-    """The partitions write_shards maps over (possibly none); the whole plan goes to merge_shards as
-    the XCom PLAN_KEY. A run triggered by a dataset-refresh event uses exactly the announced set
-    (never a re-fingerprint of a source that moved on)."""
+    """The partitions the mapped tasks map over (possibly none); the whole plan goes out as XCom PLAN_KEY.
+    A run triggered by a dataset-refresh event uses exactly the announced set, never a re-fingerprint."""
     from mlm_tasks.data.shard_set import summary_for_fingerprint
     from mlm_tasks.steps.plan_shards import plan_shards as step
 
@@ -85,11 +79,14 @@ def plan_shards(config: dict, **context: Any) -> list[Partition]:
     return plan["partitions"]
 
 
-def _label_partition(partition: Partition) -> None:
-    # The grid shows "partition 2 of 4", not a bare index. A key added to the context for map_index_template is
-    # Airflow's documented way; its Context TypedDict lists only its own keys.
-    label = f"partition {partition['part'] + 1} of {partition['num_parts']}"
-    get_current_context()["partition_label"] = label  # type: ignore[typeddict-unknown-key]
+def _mapped(step: Callable[..., Any], config: dict, partition: Partition, noun: str, index_arg: str) -> Any:
+    """`step` on one partition (its index passed as `index_arg`); the grid shows "<noun> 2 of 4", not an index."""
+    # A key added to the context for map_index_template is Airflow's documented way; its TypedDict lacks it.
+    label = f"{noun} {partition['part'] + 1} of {partition['num_parts']}"
+    get_current_context()[f"{noun}_label"] = label  # type: ignore[literal-required]
+    cfg, ctx = step_context(config, partition)
+    with bad_input_fails_fast():
+        return step(cfg, ctx, **{index_arg: partition["part"]}, num_parts=partition["num_parts"])
 
 
 @task(
@@ -102,10 +99,7 @@ def scan_partition(config: dict, partition: Partition) -> ScannedPartition:
     """One mapped task per partition: its rows filtered and hashed for dedup, its tokenizer candidates."""
     from mlm_tasks.steps.scan_partition import scan_partition as step
 
-    _label_partition(partition)
-    cfg, ctx = step_context(config, partition)
-    with bad_input_fails_fast():
-        return step(cfg, ctx, part=partition["part"], num_parts=partition["num_parts"])
+    return _mapped(step, config, partition, "partition", "part")
 
 
 @task(
@@ -115,18 +109,14 @@ def scan_partition(config: dict, partition: Partition) -> ScannedPartition:
     multiple_outputs=False,
 )
 def find_duplicates(config: dict, partition: Partition) -> dict[str, int]:
-    """One mapped task per bucket, as many buckets as partitions (a mapped task expands over a task's return
-    value only, and this keeps each bucket about one partition's keys): the duplicate pairs of bucket `part`."""
+    """One mapped task per bucket, as many as partitions (a mapped task expands over a task's return value only):
+    the duplicate pairs of bucket `part`."""
     from mlm_tasks.steps.find_duplicates import find_duplicates as step
 
-    label = f"bucket {partition['part'] + 1} of {partition['num_parts']}"
-    get_current_context()["bucket_label"] = label  # type: ignore[typeddict-unknown-key]
-    cfg, ctx = step_context(config, partition)
-    with bad_input_fails_fast():
-        return step(cfg, ctx, bucket=partition["part"], num_parts=partition["num_parts"])
+    return _mapped(step, config, partition, "bucket", "bucket")
 
 
-# After the mapped tasks before them, or after none (a complete set: they were skipped), as merge_shards.
+# none_failed: after the mapped tasks, or after none (a complete set: they were skipped), as merge_shards.
 @task(queue=CPU_QUEUE, execution_timeout=timedelta(hours=6), multiple_outputs=False, trigger_rule="none_failed")
 def cluster_duplicates(config: dict, plan: ShardPlan) -> dict:
     """The rows the writer skips (one per cluster of duplicates kept) and what each filter dropped."""
@@ -162,18 +152,13 @@ def write_shards(config: dict, partition: Partition) -> WrittenPartition:
     """One mapped task per partition: its TFRecord shards and partial manifest."""
     from mlm_tasks.steps.write_shards import write_shards as step
 
-    _label_partition(partition)
-    cfg, ctx = step_context(config, partition)
-    with bad_input_fails_fast():
-        return step(cfg, ctx, part=partition["part"], num_parts=partition["num_parts"])
+    return _mapped(step, config, partition, "partition", "part")
 
 
-# After every write_shards, or after none: with nothing to write the mapped task is skipped, and the merge
-# still runs (none_failed); a failed partition stops it (upstream_failed).
+# none_failed: after every write_shards, or none (skipped: nothing to write); a failed partition stops it.
 @task(queue=CPU_QUEUE, multiple_outputs=False, trigger_rule="none_failed")
 def merge_shards(config: dict, plan: ShardPlan, announce: bool = False, **context: Any) -> DataSummary:
-    """The merged, published shard set of `plan`; in mlm_dataset_refresh (`announce`), the SHARDS
-    event's extra says exactly which data it is."""
+    """The merged, published shard set of `plan`; with `announce`, the SHARDS event says which data it is."""
     from mlm_tasks.steps.merge_shards import merge_shards as step
 
     cfg, ctx = step_context(config, plan)
@@ -192,20 +177,18 @@ def merge_shards(config: dict, plan: ShardPlan, announce: bool = False, **contex
 
 
 def shard_set(config: XComArg, *, announce: bool = False, after: XComArg | None = None) -> XComArg:
-    """The shard-set tasks, wired (after `after`, e.g. the refresh's short-circuit, so its skip reaches
-    them); merge_shards' XComArg (the data summary). Task ids are the step names."""
+    """The shard-set tasks, wired after `after` (the refresh's short-circuit, whose skip reaches them);
+    merge_shards' XComArg (the data summary)."""
     with TaskGroup(
         "shard_set",
         prefix_group_id=False,
         tooltip="plan; dedup: scan (per partition), match (per bucket), cluster; tokenizer; write; merge",
     ):
-        # TaskFlow: a task called here takes XComArgs (Airflow hands it their values at run time), but Airflow's
-        # stubs type the call with the function's own parameters (apache/airflow#39514).
+        # Airflow's stubs type a TaskFlow call with the function's parameters, not XComArgs (apache/airflow#39514).
         partitions = plan_shards(config)  # type: ignore[arg-type]
         if after is not None:
             after >> partitions
-        # The same task's other XComs: `xcomarg[key]` is XComArg's documented API (a task's call returns
-        # a PlainXComArg, which has it), but the call is typed as returning the base class, which lacks it.
+        # `xcomarg[key]` is PlainXComArg's documented API; the call is typed as returning the base class.
         plan = partitions[PLAN_KEY]  # type: ignore[index]
         scanned = scan_partition.partial(config=config).expand(partition=partitions)
         matched = find_duplicates.partial(config=config).expand(partition=partitions)

@@ -1,27 +1,23 @@
-"""What every Airflow task of a step does first: the run's config from the validated XCom value, the
-run's GCP connection installed for gs:// and TPU clients, and the step's `RunContext`.
+"""What every Airflow task of a step does first: the run's config from validate's XCom, the run's GCP
+connection installed, and the step's `RunContext`.
 
     cfg, ctx = step_context(config, data)     # config: validate's return value; data: merge_shards'
     cfg = config_from_xcom(self.config)       # an operator's templated field, the same way
-
-The values come in as the task's arguments (XComArgs wired in the DAG), never pulled by task id.
 """
 
 from __future__ import annotations
 
 import json
 from collections.abc import Mapping
-from typing import Any, cast
+from typing import Any
 
 from mlm_tasks.config import PipelineConfig
 from mlm_tasks.paths import RunContext
-from mlm_tasks.results import GateDecision
 
 
 def xcom_dict(value: Any) -> dict[str, Any]:
-    """A dict-valued XCom as a task or operator receives it: the dict itself (an XComArg, or a template
-    rendered with native types) or its JSON (a template rendered as text). Anything else is a wiring
-    mistake that a retry cannot fix."""
+    """A dict-valued XCom as a task or operator receives it: the dict, or its JSON (a template rendered as
+    text). Anything else is a wiring mistake that a retry cannot fix."""
     from airflow.sdk.exceptions import AirflowFailException
 
     if isinstance(value, str):
@@ -45,25 +41,13 @@ def config_from_xcom(value: Any) -> PipelineConfig:
     return PipelineConfig.model_validate(xcom_dict(value))
 
 
-def gate_decision(value: Any) -> GateDecision:
-    """gate's return value from XCom (a dict, or its JSON). Its fields are read with .get (as the review
-    page does): a decision without them reads as failed, with no reasons."""
-    return cast(GateDecision, xcom_dict(value))
-
-
-def step_context(
-    config: Any, data: Mapping[str, Any] | None = None, run_id: str | None = None
-) -> tuple[PipelineConfig, RunContext]:
+def step_context(config: Any, data: Mapping[str, Any] | None = None) -> tuple[PipelineConfig, RunContext]:
     """`config`: validate's return value (or, in the validate task itself, the PipelineConfig); `data`: an
     upstream result that names the shard set (its `fingerprint`), if any."""
+    from airflow.sdk import get_current_context
+
     from mlm_airflow.connections import install_for
 
     cfg = config if isinstance(config, PipelineConfig) else config_from_xcom(config)
     install_for(cfg)  # gs:// and TPU clients of this task use the run's GCP connection
-    return cfg, RunContext.of(cfg, run_id or _current_run_id(), (data or {}).get("fingerprint"))
-
-
-def _current_run_id() -> str:
-    from airflow.sdk import get_current_context
-
-    return get_current_context()["run_id"]
+    return cfg, RunContext.of(cfg, get_current_context()["run_id"], (data or {}).get("fingerprint"))

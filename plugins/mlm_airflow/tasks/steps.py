@@ -7,12 +7,8 @@ wired in the DAG), calls the `mlm_tasks` step of the same name, and returns its 
     evaluate(config, data); downstream(config); fill_mask(config); report(config, data); decision = gate(config)
     publish(config, decision, data); publish_tokenizer(config, data); summary(config, data)
 
-Each result is one XCom (`multiple_outputs=False`): a TypedDict of mlm_tasks/results.py, read whole
-by the next task and by REST API clients. No ML logic and no file I/O live here. TensorFlow and
-transformers are imported by the steps themselves, at run time, so parsing a DAG that uses these
-stays fast. `train` is an operator (plugins/mlm_airflow/operators/train.py): it trains here or on the run's TPU VM.
-With `compute: tpu_vm`, evaluate, downstream and fill_mask run on that VM too (`step_on_vm`, before
-delete_tpu_vm): the model is judged where it trained, not on this worker's CPU.
+Each result is one XCom: a TypedDict of mlm_tasks/results.py. Steps are imported in the task bodies, so a DAG
+parses without TensorFlow. With `compute: tpu_vm`, evaluate, downstream and fill_mask run on the run's TPU VM.
 """
 
 from __future__ import annotations
@@ -21,6 +17,7 @@ import logging
 from typing import Any, cast
 
 from airflow.sdk import get_current_context, task
+from airflow.sdk.exceptions import AirflowSkipException
 
 from mlm_airflow.defaults import CPU_QUEUE
 from mlm_airflow.errors import bad_input_fails_fast
@@ -47,12 +44,8 @@ log = logging.getLogger(__name__)
 def validate(probe_write: bool = True, **context: Any) -> ValidatedConfig:
     """First task: every setting and input checked, before anything costs time or money.
     `probe_write=False`: output_root is not written to (the dataset refresh of an unchanged source).
-
-    A run scheduled by a dataset-refresh event trains on exactly that event's data: its output_root
-    and data settings replace the form's, so the shards found are the ones the event announced.
-    Under a deployment file (MLM_DEPLOYMENT, mlm_tasks/config/deployment.py) the form, the REST conf and the
-    event may set run settings only, within the deployment's roots; its own settings come on top.
-    """
+    A dataset-refresh event's output_root and data settings replace the form's; a deployment file
+    (mlm_tasks/config/deployment.py) limits the form, the REST conf and the event to run settings."""
     from mlm_airflow.assets import triggering_shards_event
     from mlm_airflow.defaults import distributed_executor, shared_output_roots
     from mlm_tasks.config.deployment import Deployment, run_config
@@ -77,8 +70,7 @@ def validate(probe_write: bool = True, **context: Any) -> ValidatedConfig:
 
 @task(multiple_outputs=False)
 def check_run(config: dict, data: DataSummary) -> RunCheck:
-    """The run against its data (batch vs records, the shards' max_length and tokenizer, an earlier
-    checkpoint), after the merge and before wait_for_shards and any TPU VM."""
+    """The run against its data (batch vs records, max_length, tokenizer, an earlier checkpoint)."""
     from mlm_tasks.steps.check_run import check_run as step
 
     with bad_input_fails_fast():
@@ -142,11 +134,8 @@ def gate(config: dict) -> GateDecision:
 
 @task(multiple_outputs=False)
 def publish(config: dict, decision: GateDecision, data: DataSummary, approval: Any = None) -> ModelCommit:
-    """`approval`: approve_release's return value (Airflow's HITL answer; None when it was skipped or marked
-    done by hand). With publish.require_approval nothing is pushed without a recorded Approve by one of the
-    deployment's approvers: a task marked success is no approval."""
-    from airflow.sdk.exceptions import AirflowSkipException
-
+    """`approval`: approve_release's HITL answer (None when skipped or marked done by hand). With
+    publish.require_approval only a recorded Approve by a deployment approver lets it push."""
     from mlm_airflow.connections import hub_credentials
     from mlm_tasks.config.deployment import Deployment, check_approval
     from mlm_tasks.steps.publish import publish as step
@@ -166,8 +155,6 @@ def publish(config: dict, decision: GateDecision, data: DataSummary, approval: A
 
 @task(multiple_outputs=False)
 def publish_tokenizer(config: dict, data: DataSummary) -> TokenizerCommit:
-    from airflow.sdk.exceptions import AirflowSkipException
-
     from mlm_airflow.connections import hub_credentials
     from mlm_tasks.steps.publish_tokenizer import publish_tokenizer as step
 

@@ -1,16 +1,14 @@
 """Trigger that polls the TPU API until a node stops changing by itself (runs in the triggerer).
 
-The TPU VM operators and the train task defer to it (operators/tpu_vm.py's `carry_out`), so waiting for a
-node holds no worker slot. It fires once with {"name", "state", "error", "node", "deadline",
-"stockout_until"}: READY, NOT_FOUND, a dead end, the create operation's error, or "TIMEOUT" at `deadline`.
-`not_before` delays the first poll (the pause between creates in a stockout); with `until_gone` only
-NOT_FOUND, an error or the deadline end the wait. With tpu.provisioning=queued a node not there yet is
-waited for while its queued resource waits.
+It fires once with {"name", "state", "error", "node", "deadline", "stockout_until"}: READY, NOT_FOUND, a dead
+end, the create operation's error, or "TIMEOUT" at `deadline`. `not_before` delays the first poll (the pause
+between creates in a stockout); with `until_gone` only NOT_FOUND, an error or the deadline end the wait.
 """
 
 from __future__ import annotations
 
 import asyncio
+import inspect
 import time
 from collections.abc import AsyncIterator
 from dataclasses import replace
@@ -52,22 +50,8 @@ class TpuNodeTrigger(BaseTrigger):
         self.poll_interval_s = poll_interval_s
 
     def serialize(self) -> tuple[str, dict[str, Any]]:
-        # Airflow puts the plugins folder on the triggerer's sys.path (settings.prepare_syspath_for_config_and_plugins):
-        # the triggerer imports the package by this path.
-        return (
-            CLASSPATH,
-            {
-                "tpu_config": self.tpu_config,
-                "name": self.name,
-                "deadline": self.deadline,
-                "operation": self.operation,
-                "poll_interval_s": self.poll_interval_s,
-                "gcp_conn_id": self.gcp_conn_id,
-                "until_gone": self.until_gone,
-                "not_before": self.not_before,
-                "stockout_until": self.stockout_until,
-            },
-        )
+        # The constructor's arguments (each kept under its own name), from which the triggerer rebuilds it.
+        return CLASSPATH, {name: getattr(self, name) for name in inspect.signature(type(self)).parameters}
 
     def _check(self) -> dict[str, Any] | None:
         """One poll with the connection's credentials; the event payload when waiting is over, else None."""
@@ -98,25 +82,15 @@ class TpuNodeTrigger(BaseTrigger):
                 )
             state = replace(state, state=state.state if settled else f"QUEUED ({request.state})")
         if error or settled:
-            return {
-                "name": self.name,
-                "state": state.state,
-                "error": error,
-                "node": tpu.describe(state),
-                "deadline": self.deadline,
-                "stockout_until": self.stockout_until,
-            }
+            return self._event(state.state, error, tpu.describe(state))
         if time.time() >= self.deadline:
-            return {
-                "name": self.name,
-                "state": "TIMEOUT",
-                "error": f"still {state.state}",
-                "node": None,
-                "deadline": self.deadline,
-                "stockout_until": self.stockout_until,
-            }
+            return self._event("TIMEOUT", f"still {state.state}", None)
         self.log.info("TPU VM %s is %s; checking again in %ss.", self.name, state.state, self.poll_interval_s)
         return None
+
+    def _event(self, state: str, error: str | None, node: dict[str, Any] | None) -> dict[str, Any]:
+        ids = {"name": self.name, "deadline": self.deadline, "stockout_until": self.stockout_until}
+        return {**ids, "state": state, "error": error, "node": node}
 
     async def run(self) -> AsyncIterator[TriggerEvent]:
         from google.api_core.exceptions import RetryError, ServerError, TooManyRequests

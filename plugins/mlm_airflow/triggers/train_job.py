@@ -1,20 +1,15 @@
 """Trigger that follows a detached trainer on a TPU VM (runs in the triggerer), so that a training of
 hours holds no worker slot.
 
-    TrainJobTrigger(output_root=cfg.output_root, job=job, workers=1, tpu_config=cfg.tpu.model_dump(mode="json"),
-                    poll_s=..., stall_s=..., progress_s=..., storage_timeout_s=..., gcp_conn_id=...)
-
-Primitive arguments, not the run's config (as the Google provider's triggers take). Every poll_s it runs one
-check (`JobWatch.check`, mlm_tasks/job/follow.py) in a thread with the run's GCP connection, logs a
-progress line every progress_s, and fires once, with {"kind", "detail", "exit_code", "job", "workers"}, at
-an end (done, failed, stalled, lost); `TrainOperator.trainer_ended` then decides. A triggerer restart
-rebuilds it from `serialize()` and it follows on; a transient error polls again. `on_kill` (a user marked
-the deferred task failed or cleared it; never a triggerer restart) stops the trainer over SSH.
+Every poll_s it runs one `JobWatch.check` (mlm_tasks/job/follow.py) in a thread and fires once, with
+{"kind", "detail", "exit_code", "job", "workers"}, at an end (done, failed, stalled, lost); a transient error
+polls again. `on_kill` (the deferred task marked failed or cleared; never a triggerer restart) stops the trainer.
 """
 
 from __future__ import annotations
 
 import asyncio
+import inspect
 import logging
 import time
 from collections.abc import AsyncIterator, Callable
@@ -35,11 +30,11 @@ ENDS = ("done", "failed", "stalled", "lost")
 # A check's SSH login is retried this long (the start's: 300 s): a node that does not answer is soon
 # asked about at the TPU API instead, which tells a preemption at once.
 CHECK_PATIENCE_S = 60.0
-# Each poll is a short SSH session: paramiko's "Connected" and "Authentication successful" lines would
-# bury the progress lines in the task's log. Its warnings and errors still show.
+# Each poll is a short SSH session: paramiko's info lines would bury the progress lines in the task's log.
 logging.getLogger("paramiko.transport").setLevel(logging.WARNING)
 
-# Stored with every deferred task and imported by the triggerer: a rename must keep this path importable.
+# Stored with every deferred task and imported by the triggerer (Airflow puts plugins/ on its sys.path): a
+# rename must keep this path importable.
 CLASSPATH = "mlm_airflow.triggers.train_job.TrainJobTrigger"
 T = TypeVar("T")
 
@@ -83,22 +78,8 @@ class TrainJobTrigger(BaseTrigger):
         self._watch: JobWatch | None = None
 
     def serialize(self) -> tuple[str, dict[str, Any]]:
-        # Airflow puts the plugins folder on the triggerer's sys.path (settings.prepare_syspath_for_config_and_plugins):
-        # the triggerer imports the package by this path.
-        return (
-            CLASSPATH,
-            {
-                "output_root": self.output_root,
-                "job": self.job,
-                "workers": self.workers,
-                "tpu_config": self.tpu_config,
-                "poll_s": self.poll_s,
-                "stall_s": self.stall_s,
-                "progress_s": self.progress_s,
-                "storage_timeout_s": self.storage_timeout_s,
-                "gcp_conn_id": self.gcp_conn_id,
-            },
-        )
+        # The constructor's arguments (each kept under its own name), from which the triggerer rebuilds it.
+        return CLASSPATH, {name: getattr(self, name) for name in inspect.signature(type(self)).parameters}
 
     def _with_connection(self, call: Callable[[JobWatch], T]) -> T:
         """call(watch) with the run's GCP connection (read once per trigger run) for gs:// and the TPU API."""
@@ -134,9 +115,8 @@ class TrainJobTrigger(BaseTrigger):
         last_line = 0.0
         while True:
             try:
-                # Awaited to its end, never abandoned: every call in it has its own deadline (the SSH login's
-                # patience and idle bound, storage.timeout_s, calls.API_TIMEOUT_S), so a hung network fails the
-                # check instead of leaving a thread blocked in the triggerer's shared pool.
+                # Awaited to its end, never abandoned: every call in it has its own deadline, so a hung network
+                # fails the check instead of leaving a thread blocked in the triggerer's shared pool.
                 verdict: Verdict | None = await asyncio.to_thread(self._check)
             except (
                 TransientError,
