@@ -1,9 +1,6 @@
 """What every project DAG shares: owner, retries, the failure notifier, an execution_timeout, the default
-config file, the trigger form (generated from the config model) and the Celery queues.
-
-    from mlm_airflow.defaults import CPU_QUEUE, CONTROL_QUEUE, default_args, distributed_executor
-
-Queues are orchestration settings: environment variables (docs/operations.md), not `mlm_tasks.config`.
+config file, the trigger form (generated from the config model) and the Celery queues (set by environment
+variables, docs/operations.md, not by `mlm_tasks.config`).
 """
 
 from __future__ import annotations
@@ -14,7 +11,6 @@ from datetime import timedelta
 from pathlib import Path
 
 from airflow.sdk import Param
-from pydantic import BaseModel
 
 from mlm_airflow.notifications import FailureNotifier
 from mlm_tasks.config import PARAM_PATHS, PipelineConfig, load_config
@@ -84,42 +80,31 @@ def _config_schema() -> dict:
     return PipelineConfig.model_json_schema()
 
 
-def field_schema(dotted: str) -> dict:
-    """The JSON schema of one setting (`tokenizer.vocab_size`), as pydantic derives it from the model.
-    An optional setting (`int | None`) becomes `type: [integer, null]` with the integer's bounds."""
-    *sections, leaf = dotted.split(".")
-    model: type[BaseModel] = PipelineConfig
-    for section in sections:
-        annotation = model.model_fields[section].annotation
-        if not (isinstance(annotation, type) and issubclass(annotation, BaseModel)):
-            raise TypeError(f"{dotted}: {section!r} is not a section of the config (its type: {annotation!r})")
-        model = annotation
-    tree = _config_schema()
-    prop = (tree if model is PipelineConfig else tree["$defs"][model.__name__])["properties"][leaf]
-    options = prop.get("anyOf", [prop])
-    schema: dict = {}
-    types = []
-    for option in options:
-        types.append(option.get("type", "string"))
-        schema.update({k: v for k, v in option.items() if k in _FORM_KEYWORDS and k != "type"})
-    schema.update({k: v for k, v in prop.items() if k == "enum"})
-    schema["type"] = types[0] if len(types) == 1 else types
-    return schema
-
-
 def form_params(defaults: PipelineConfig, titles: dict[str, str]) -> dict:
     """Form fields for flat setting names (config.PARAM_PATHS): `{"vocab_size": "Vocabulary size"}`.
     Type, bounds, choices and description come from the config model; the default from `defaults`."""
-    params = {}
+    tree, params = _config_schema(), {}
     for name, title in titles.items():
-        dotted = PARAM_PATHS[name]
-        *sections, leaf = dotted.split(".")
+        *sections, leaf = PARAM_PATHS[name].split(".")
         section = defaults
         for part in sections:
             section = getattr(section, part)
-        description = type(section).model_fields[leaf].description
-        params[name] = Param(getattr(section, leaf), title=title, description=description, **field_schema(dotted))
+        model = type(section)
+        prop = (tree if model is PipelineConfig else tree["$defs"][model.__name__])["properties"][leaf]
+        description = model.model_fields[leaf].description
+        params[name] = Param(getattr(section, leaf), title=title, description=description, **_form_schema(prop))
     return params
+
+
+def _form_schema(prop: dict) -> dict:
+    """One setting's JSON schema as the form takes it: an optional setting (`int | None`) becomes
+    `type: [integer, null]` with the integer's bounds."""
+    options = prop.get("anyOf", [prop])
+    schema = {k: v for option in options for k, v in option.items() if k in _FORM_KEYWORDS and k != "type"}
+    schema.update({k: v for k, v in prop.items() if k == "enum"})
+    types = [option.get("type", "string") for option in options]
+    schema["type"] = types[0] if len(types) == 1 else types
+    return schema
 
 
 def train_queue(default_compute: str) -> str:

@@ -27,7 +27,7 @@ from mlm_tasks.tpu import api as tpu
 class TpuSSHStepOperator(BaseOperator):
     """Run `python -m mlm_tasks <step>` (or `command`) on the run's TPU VM (worker 0 of a pod slice)."""
 
-    template_fields = ("config", "step", "step_args", "command", "node_name")
+    template_fields = ("config", "step", "step_args", "command")
     ui_color = "#e8f7d7"
 
     def __init__(
@@ -37,7 +37,6 @@ class TpuSSHStepOperator(BaseOperator):
         step: str = "train",
         step_args: Sequence[str] = (),
         command: str | None = None,
-        node_name: str | None = None,
         replace_dead_node: bool = False,
         **kwargs: Any,
     ) -> None:
@@ -46,7 +45,6 @@ class TpuSSHStepOperator(BaseOperator):
         self.step = step
         self.step_args = list(step_args)
         self.command = command
-        self.node_name = node_name
         self.replace_dead_node = replace_dead_node
         self.remote: RemoteStep | None = None
 
@@ -61,7 +59,7 @@ class TpuSSHStepOperator(BaseOperator):
         cfg = config_from_xcom(self.config)
         if cfg.compute != "tpu_vm":
             raise AirflowSkipException(f"compute is {cfg.compute!r}: the step runs locally, not here.")
-        name = run_node_name(context, self.node_name)
+        name = run_node_name(context)
         if self.replace_dead_node:  # as create_tpu_vm does it (the driver's decisions)
             drive_node(self, context, cfg, name, resume_in=self.resume)
         with use_connection(cfg.gcp_conn_id):
@@ -73,9 +71,7 @@ class TpuSSHStepOperator(BaseOperator):
     def resume(self, context: Any, event: dict[str, Any] | None = None, **_: Any) -> dict[str, Any]:
         """Back from the wait for a replacement node."""
         cfg = config_from_xcom(self.config)
-        node = drive_node(
-            self, context, cfg, run_node_name(context, self.node_name), resume_in=self.resume, event=event
-        )
+        node = drive_node(self, context, cfg, run_node_name(context), resume_in=self.resume, event=event)
         with use_connection(cfg.gcp_conn_id):
             return self._remote().run(context, cfg, tpu.get_state(cfg.tpu, node["name"]))
 

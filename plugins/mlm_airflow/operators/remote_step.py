@@ -1,7 +1,8 @@
-"""Run one pipeline step on the run's TPU VM over SSH (the `compute: tpu_vm` path).
+"""Run one pipeline step on the run's TPU VM over SSH (the `compute: tpu_vm` path), attached or detached.
 
     remote = RemoteStep("train", log, args=[...], hub_token=token)     # what TrainOperator composes
     remote.run(context, cfg, node)                                      # {"node", "workers"}
+    DetachedTrain(remote).start(context, cfg, node)                     # train: the trainer's handle (JOB_KEY)
     step_on_vm(context, cfg, "evaluate", ["--data-fingerprint", fp])    # evaluate, downstream, fill_mask: the result
 
 Only worker 0 is dialled (TensorFlow on TPU is single-client; on a `-pod` slice the other hosts serve it), as
@@ -13,19 +14,28 @@ from __future__ import annotations
 
 import json
 import logging
+import os
+import threading
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any, cast
 
 from airflow.sdk import Context
 from airflow.sdk.exceptions import AirflowException, AirflowFailException
 
 from mlm_airflow.connections import ssh_connect, use_connection
+from mlm_airflow.operators.tpu_vm import run_node_name
 from mlm_tasks.config import PipelineConfig
 from mlm_tasks.errors import NO_RETRY_EXIT, NoRetryError, TransientError
+from mlm_tasks.job import launch as vm_job
+from mlm_tasks.job.follow import JobWatch
 from mlm_tasks.job.launch import Log
+from mlm_tasks.results import TrainJob
 from mlm_tasks.tpu import api as tpu
 from mlm_tasks.tpu import ssh
 from mlm_tasks.tpu.bundle import TOKEN_PROMPT, remote_command, stage_code
+
+if TYPE_CHECKING:
+    from pydantic import JsonValue  # what Airflow's task state store takes
 
 log = logging.getLogger(__name__)
 
@@ -190,7 +200,7 @@ class RemoteStep:
 def step_on_vm(context: Context, cfg: PipelineConfig, step: str, args: Sequence[str] = ()) -> Any:
     """`python -m mlm_tasks <step> <args>` on the run's TPU VM, attached; the step's result (the JSON the CLI
     prints last). How evaluate, downstream and fill_mask judge the model where it trained."""
-    name = tpu.node_name(context["dag"].dag_id, context["run_id"])
+    name = run_node_name(context)
     remote = RemoteStep(step, log, args=args)
     with use_connection(cfg.gcp_conn_id):
         node = tpu.get_state(cfg.tpu, name)
@@ -214,3 +224,87 @@ def step_result(step: str, lines: Sequence[str]) -> Any:
             except json.JSONDecodeError:
                 continue
     raise AirflowException(f"Step {step!r} ended without printing its result (the JSON `python -m mlm_tasks` prints).")
+
+
+JOB_KEY = "train_job"
+ON_KILL_STOP_S = 4.0  # Airflow's supervisor SIGKILLs a task 5 s after asking it to stop
+
+
+def try_number(context: Context) -> int:
+    """The Airflow try running this code (1 outside Airflow)."""
+    ti = context.get("ti")
+    number = getattr(ti, "try_number", None) or os.environ.get("AIRFLOW_CTX_TRY_NUMBER", "")
+    return int(number) if str(number).isdigit() else 1
+
+
+class DetachedTrain:
+    """The train step as a job on worker 0, through `remote`: `start` returns the new trainer's handle."""
+
+    def __init__(self, remote: RemoteStep) -> None:
+        self.remote = remote
+        self.log = remote.log
+        self.watch: JobWatch | None = None
+
+    def start(self, context: Context, cfg: PipelineConfig, node: tpu.NodeState) -> TrainJob:
+        name, hosts, connect = self.remote.connect_to(context, cfg, node)
+        host, number = hosts[0], try_number(context)
+        log_name = vm_job.log_name(context["run_id"], number)
+        command = self.remote.command or self.remote.remote_line(
+            context, cfg, name, detach_log=log_name, env={"MLM_TRY_NUMBER": str(number)}
+        )
+        self.log.info(
+            "Starting the trainer detached on worker 0 of %s (try %d); its output goes to %s/%s.",
+            name,
+            number,
+            cfg.tpu.workdir,
+            log_name,
+        )
+        # The remote step's session: its close() (on_kill) hangs up a start still under way.
+        self.remote.session = ssh.Session(connect, host, on_line=lambda line: self.log.info("[worker 0] %s", line))
+        outcome, job = vm_job.start(
+            self.remote.session,
+            command,
+            secret=self.remote.secret(),
+            node=name,
+            node_created=node.created,
+            host=host,
+            try_number=number,
+            workdir=cfg.tpu.workdir,
+            output_root=cfg.output_root,
+            run_id=context["run_id"],
+        )
+        if outcome.exit_code != 0:
+            raise self.remote.failure(cfg, name, outcome)
+        if job is None:
+            raise AirflowException(
+                f"The detached start on {name} printed no job id ({outcome.describe()}): "
+                "retry; if it repeats, run the line by hand on worker 0."
+            )
+        self.log.info("Trainer started: pid %d (its process group) on %s.", job["pid"], name)
+        store = context.get("task_state_store")
+        if store is not None:
+            # A handle is JSON (str, int and float fields); mypy sees no TypedDict as a dict[str, JsonValue].
+            store.set(JOB_KEY, cast("JsonValue", dict(job)))
+        stall_s = cfg.train.stall_minutes * 60
+        self.watch = JobWatch(
+            vm_job.DetachedJob(job, connect), cfg.tpu, output_root=cfg.output_root, stall_s=stall_s, log=self.log
+        )
+        return job
+
+    def close(self) -> None:
+        """on_kill before the deferral: stop the trainer. In a thread, bounded: on_kill runs in a signal handler
+        that may have interrupted an SSH call (and its locks); a stop not done in time leaves it to the teardown."""
+        watch = self.watch
+        if watch is not None:
+            outcome: list[vm_job.Probe] = []
+            stopper = threading.Thread(target=lambda: outcome.append(watch.stop()), daemon=True)
+            stopper.start()
+            stopper.join(ON_KILL_STOP_S)
+            gone = bool(outcome) and outcome[0].alive is False
+            self.log.info(
+                "Task killed: the trainer is %s.",
+                "gone"
+                if gone
+                else f"maybe still running (no confirmation within {ON_KILL_STOP_S:g}s; the teardown deletes the VM)",
+            )
+        self.remote.close()

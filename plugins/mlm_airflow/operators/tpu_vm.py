@@ -28,8 +28,8 @@ from mlm_tasks.tpu import registry as tpu_registry
 from mlm_tasks.tpu.calls import capacity
 
 
-def run_node_name(context: Context, override: str | None = None) -> str:
-    return override or tpu.node_name(context["dag"].dag_id, context["run_id"])
+def run_node_name(context: Context) -> str:
+    return tpu.node_name(context["dag"].dag_id, context["run_id"])
 
 
 def ssh_key_metadata(conn_id: str, log: Log) -> dict[str, str]:
@@ -214,14 +214,13 @@ def delete_left(cfg: PipelineConfig, name: str) -> str | None:
 
 
 class _RunNodeOperator(BaseOperator):
-    """What both take: the validated config (an XComArg or dict) and, optionally, a fixed node name."""
+    """What both take: the validated config (an XComArg or dict)."""
 
-    template_fields = ("config", "node_name")
+    template_fields = ("config",)
 
-    def __init__(self, *, config: Any, node_name: str | None = None, **kwargs: Any) -> None:
+    def __init__(self, *, config: Any, **kwargs: Any) -> None:
         super().__init__(**kwargs)
         self.config = config
-        self.node_name = node_name
 
 
 class TpuVmCreateOperator(_RunNodeOperator):
@@ -237,7 +236,7 @@ class TpuVmCreateOperator(_RunNodeOperator):
 
     def resume(self, context: Context, event: dict[str, Any] | None = None, **_: Any) -> dict[str, Any]:
         cfg = config_from_xcom(self.config)
-        name = run_node_name(context, self.node_name)
+        name = run_node_name(context)
         return drive_node(self, context, cfg, name, resume_in=self.resume, event=event)
 
 
@@ -254,7 +253,7 @@ class TpuVmDeleteOperator(_RunNodeOperator):
         cfg = config_from_xcom(self.config)
         if cfg.compute != "tpu_vm":
             raise AirflowSkipException(f"compute is {cfg.compute!r}: this run made no TPU VM, none to delete.")
-        name = run_node_name(context, self.node_name)
+        name = run_node_name(context)
         with use_connection(cfg.gcp_conn_id):
             try:
                 operation = tpu.delete_node(cfg.tpu, name)

@@ -18,8 +18,7 @@ from airflow.sdk.exceptions import AirflowException, AirflowFailException
 
 from mlm_airflow.connections import hub_credentials, install_for, use_connection
 from mlm_airflow.errors import bad_input_fails_fast
-from mlm_airflow.operators.detached_train import JOB_KEY, DetachedTrain, try_number
-from mlm_airflow.operators.remote_step import RemoteStep
+from mlm_airflow.operators.remote_step import JOB_KEY, DetachedTrain, RemoteStep, try_number
 from mlm_airflow.operators.tpu_vm import carry_out, node_facts, run_node_name
 from mlm_airflow.tasks.step_context import config_from_xcom
 from mlm_airflow.triggers.train_job import TrainJobTrigger, connected_watch
@@ -58,17 +57,14 @@ def run_deadline(context: Context, cfg: PipelineConfig) -> float:
 class TrainOperator(BaseOperator):
     """`config`: validate's return value; `data`: merge_shards'. `command` replaces the remote step line (tests)."""
 
-    template_fields = ("config", "data", "command", "node_name")
+    template_fields = ("config", "data", "command")
     ui_color = "#fff2cc"
 
-    def __init__(
-        self, *, config: Any, data: Any, command: str | None = None, node_name: str | None = None, **kwargs: Any
-    ) -> None:
+    def __init__(self, *, config: Any, data: Any, command: str | None = None, **kwargs: Any) -> None:
         super().__init__(**kwargs)
         self.config = config
         self.data = data
         self.command = command
-        self.node_name = node_name
         self.detached: DetachedTrain | None = None
         self.watch: JobWatch | None = None
 
@@ -177,7 +173,7 @@ class TrainOperator(BaseOperator):
         verdict: tuple[TrainJob, Verdict] | None = None,
     ) -> RemoteTrain:
         """Facts, decision, action, until an action defers, fails or ends the training."""
-        name = run_node_name(context, self.node_name)
+        name = run_node_name(context)
         store = context.get("task_state_store")
         rechecked, began = False, time.monotonic()
         while True:

@@ -10,16 +10,13 @@ from __future__ import annotations
 
 import os
 from datetime import timedelta
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from airflow.sdk import BaseSensorOperator, Context
 from airflow.sdk.exceptions import AirflowException, AirflowFailException, AirflowSensorTimeout
 
 from mlm_airflow.tasks.step_context import config_from_xcom, xcom_dict
 from mlm_tasks import storage
-
-if TYPE_CHECKING:  # imported when it runs: parsing a DAG loads no provider trigger
-    from airflow.providers.google.cloud.triggers.gcs import GCSBlobTrigger
 
 
 def split_gs_uri(uri: str) -> tuple[str, str]:
@@ -102,28 +99,24 @@ class ShardSetCompleteSensor(BaseSensorOperator):
             return marker
         if self.deferrable and self._is_gcs:
             if not self.poke(context):
-                self.defer(
-                    trigger=self.trigger(), method_name="execute_complete", timeout=timedelta(seconds=self.timeout)
+                from airflow.providers.google.cloud.triggers.gcs import GCSBlobTrigger
+
+                bucket, name = split_gs_uri(marker)
+                trigger = GCSBlobTrigger(
+                    bucket=bucket,
+                    object_name=name,
+                    use_glob=False,
+                    poke_interval=self.poke_interval,
+                    google_cloud_conn_id=self.gcp_conn_id,
+                    hook_params={},
                 )
+                self.defer(trigger=trigger, method_name="execute_complete", timeout=timedelta(seconds=self.timeout))
             return marker
         try:
             super().execute(context)
         except AirflowSensorTimeout as e:
             raise AirflowSensorTimeout(self.timeout_message()) from e
         return marker
-
-    def trigger(self) -> GCSBlobTrigger:
-        from airflow.providers.google.cloud.triggers.gcs import GCSBlobTrigger
-
-        bucket, name = split_gs_uri(self.marker_uri)
-        return GCSBlobTrigger(
-            bucket=bucket,
-            object_name=name,
-            use_glob=False,
-            poke_interval=self.poke_interval,
-            google_cloud_conn_id=self.gcp_conn_id,
-            hook_params={},
-        )
 
     def execute_complete(self, context: Context, event: dict[str, Any]) -> str:
         self.apply_run_config()

@@ -1,6 +1,5 @@
-"""The shard-set task group both DAGs run: plan_shards → scan_partition (one mapped task per partition) →
-find_duplicates (one per bucket) → cluster_duplicates → train_tokenizer → write_shards (one per partition) →
-merge_shards.
+"""The shard-set task group both DAGs run: plan_shards → scan_partition (mapped) → find_duplicates (mapped) →
+cluster_duplicates → train_tokenizer → write_shards (mapped) → merge_shards.
 
     data = shard_set(config)                    # mlm_pretrain: merge_shards' data summary (an XComArg)
     shard_set(config, announce=True, after=changed)   # mlm_dataset_refresh: the merge emits the SHARDS event

@@ -2,10 +2,7 @@
 wired in the DAG), calls the `mlm_tasks` step of the same name, and returns its small result.
 
     config = validate()                          # the validated config, for every later task
-    data = shard_set(config)                     # plugins/mlm_airflow/tasks/shard_set.py
-    check_run(config, data)                      # the run fits its data, before any TPU VM
-    evaluate(config, data); downstream(config); fill_mask(config); report(config, data); decision = gate(config)
-    publish(config, decision, data); publish_tokenizer(config, data); summary(config, data)
+    check_run(config, data)                      # data: shard_set(config), plugins/mlm_airflow/tasks/shard_set.py
 
 Each result is one XCom: a TypedDict of mlm_tasks/results.py. Steps are imported in the task bodies, so a DAG
 parses without TensorFlow. With `compute: tpu_vm`, evaluate, downstream and fill_mask run on the run's TPU VM.
