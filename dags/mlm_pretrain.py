@@ -3,18 +3,13 @@
 """
 ### mlm_pretrain — raw text to a trained, evaluated RoBERTa masked LM
 
-validate every input → plan_shards (fingerprint, partitions) → scan_partition, find_duplicates,
-cluster_duplicates (row filters, exact and near dedup) → train_tokenizer (Unigram, on a seeded sample) →
-write_shards (TFRecord shards, one mapped task per corpus partition, `shards.partitions`) → merge_shards (one
-manifest; all reused when the corpus fingerprint is unchanged) → check_run (the run fits its data: batch,
-max_length, tokenizer, earlier checkpoints) → wait_for_shards (only for shards made elsewhere) →
-[create_tpu_vm] → train (resumes from its last checkpoint on retry) → evaluate → downstream (fine-tuned on
-`downstream.tasks`, beside random weights) → fill_mask (these three on the TPU VM with `compute: tpu_vm`) →
-report → gate → approve_release (with `publish.require_approval`, a person approves in "Required actions";
-skipped otherwise) → publish to the Hub (skipped, with the reason, unless enabled, the gate passed and, when
-asked, a person approved) → summary; [delete_tpu_vm, a teardown after fill_mask: runs whatever happened
-upstream]. With `compute: local` the two TPU VM tasks end skipped, saying so in their logs. Each task runs
-the step of the same name in `mlm_tasks/steps/` (docs/architecture.md).
+validate every input → plan_shards → scan_partition, find_duplicates, cluster_duplicates (filters, dedup) →
+train_tokenizer → write_shards (per partition) → merge_shards (all reused for an unchanged corpus) → check_run
+→ wait_for_shards (only for shards made elsewhere) → [create_tpu_vm] → train (resumes from its last checkpoint)
+→ evaluate → downstream → fill_mask (these three on the TPU VM with `compute: tpu_vm`) → report → gate →
+approve_release (with `publish.require_approval`) → publish to the Hub (unless off, the gate failed or a
+person rejected) → summary; [delete_tpu_vm, a teardown]. With `compute: local` the TPU VM tasks end skipped.
+Each task runs the step of the same name in `mlm_tasks/steps/` (docs/architecture.md).
 
 The same DAG runs the embedded default (local folder, CPU) and production (`output_root: gs://…`,
 `compute: tpu_vm`): configuration only. Every form field is checked by `validate` before any work; a

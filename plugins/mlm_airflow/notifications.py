@@ -90,14 +90,9 @@ class FailureNotifier(BaseNotifier):
     def notify(self, context: Context) -> None:
         payload = failure_payload(context)
         log.error(
-            "Task failed: %s.%s run %s, try %s of %s; log: %s; error: %s",
-            payload["dag_id"],
-            payload["task_id"],
-            payload["run_id"],
-            payload["try_number"],
-            payload["max_tries"] + 1,
-            payload["log_url"],
-            payload["exception"],
+            "Task failed: %(dag_id)s.%(task_id)s run %(run_id)s, try %(try_number)s of %(tries)s; log: %(log_url)s; "
+            "error: %(exception)s",
+            {**payload, "tries": payload["max_tries"] + 1},
         )
         url = webhook_url()
         if not url:

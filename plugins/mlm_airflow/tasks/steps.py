@@ -11,7 +11,8 @@ parses without TensorFlow. With `compute: tpu_vm`, evaluate, downstream and fill
 from __future__ import annotations
 
 import logging
-from typing import Any, cast
+from collections.abc import Callable
+from typing import Any
 
 from airflow.sdk import get_current_context, task
 from airflow.sdk.exceptions import AirflowSkipException
@@ -19,7 +20,6 @@ from airflow.sdk.exceptions import AirflowSkipException
 from mlm_airflow.defaults import CPU_QUEUE
 from mlm_airflow.errors import bad_input_fails_fast
 from mlm_airflow.tasks.step_context import step_context
-from mlm_tasks.config import PipelineConfig
 from mlm_tasks.results import (
     DataSummary,
     DownstreamResult,
@@ -75,21 +75,22 @@ def check_run(config: dict, data: DataSummary) -> RunCheck:
         return step(cfg, ctx, data=data)
 
 
-def _on_vm(cfg: PipelineConfig, step: str, *args: str) -> Any:
+def _where_trained(name: str, step: Callable[..., Any], config: dict, data: Any = None, *vm_args: str) -> Any:
+    """`step` on this worker, or with `compute: tpu_vm` as `python -m mlm_tasks <name>` on the run's TPU VM."""
     from mlm_airflow.operators.remote_step import step_on_vm
 
-    return step_on_vm(get_current_context(), cfg, step, args)
+    with bad_input_fails_fast():
+        cfg, ctx = step_context(config, data)
+        if cfg.compute == "tpu_vm":
+            return step_on_vm(get_current_context(), cfg, name, vm_args)
+        return step(cfg, ctx)
 
 
 @task(queue=CPU_QUEUE, multiple_outputs=False)
 def evaluate(config: dict, data: DataSummary) -> EvalMetrics:
     from mlm_tasks.steps.evaluate import evaluate as step
 
-    with bad_input_fails_fast():
-        cfg, ctx = step_context(config, data)
-        if cfg.compute == "tpu_vm":
-            return cast(EvalMetrics, _on_vm(cfg, "evaluate", "--data-fingerprint", data["fingerprint"]))
-        return step(cfg, ctx)
+    return _where_trained("evaluate", step, config, data, "--data-fingerprint", data["fingerprint"])
 
 
 @task(queue=CPU_QUEUE, multiple_outputs=False)
@@ -97,18 +98,14 @@ def downstream(config: dict) -> DownstreamResult:
     """Fine-tunes the trained encoder on downstream.tasks (N seeds, and from random weights); the table."""
     from mlm_tasks.steps.downstream import downstream as step
 
-    with bad_input_fails_fast():
-        cfg, ctx = step_context(config)
-        return cast(DownstreamResult, _on_vm(cfg, "downstream")) if cfg.compute == "tpu_vm" else step(cfg, ctx)
+    return _where_trained("downstream", step, config)
 
 
 @task(queue=CPU_QUEUE)
 def fill_mask(config: dict) -> list[ProbePredictions]:
     from mlm_tasks.steps.fill_mask import fill_mask as step
 
-    with bad_input_fails_fast():
-        cfg, ctx = step_context(config)
-        return cast(list[ProbePredictions], _on_vm(cfg, "fill_mask")) if cfg.compute == "tpu_vm" else step(cfg, ctx)
+    return _where_trained("fill_mask", step, config)
 
 
 @task(queue=CPU_QUEUE, multiple_outputs=False)
