@@ -307,7 +307,7 @@ class TrainOperator(BaseOperator):
             facts.restarts + 1,
             cfg.train.max_restarts,
             try_number(context),
-            cause,
+            cause.rstrip("."),  # a trainer's own words end with one
             recorded[-1]["step"],
         )
 
