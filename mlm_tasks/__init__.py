@@ -1,10 +1,5 @@
-"""mlm_tasks: every step of the masked-LM pretraining pipeline, with no Airflow inside.
+"""mlm_tasks: every step of the masked-LM pretraining pipeline, with no Airflow inside (docs/architecture.md).
 
-mlm_tasks/steps/ holds the steps, one module and one function each, called both by the Airflow DAGs
-(the task of the same name) and by the CLI (the verb of the same name), over the libraries beside it
-(docs/architecture.md#layers lists them):
-
-    python -m mlm_tasks build_shard_set --config configs/default.yaml
     python -m mlm_tasks train --config configs/default.yaml --run-id my-run
 
 Importing this package is cheap: TensorFlow and transformers load only inside the steps that need them.

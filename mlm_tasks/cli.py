@@ -1,14 +1,11 @@
-"""Command line for every step, the same functions the DAG calls: each verb is the step function of the
-same name in mlm_tasks/steps/ (the DAGs' task ids too).
+"""Command line for every step: each verb is the step function of the same name in mlm_tasks/steps/.
 
     python -m mlm_tasks validate        --config configs/default.yaml [--set train.steps=100 ...]
     python -m mlm_tasks build_shard_set --config configs/default.yaml    # plan, write, merge in one process
     python -m mlm_tasks train           --config configs/default.yaml --run-id r1 [--data-fingerprint FP]
     python -m mlm_tasks run_all         --config configs/tiny.yaml --run-id r1   # every step to the gate, no Airflow
-    HF_TOKEN=hf_... python -m mlm_tasks publish|publish_tokenizer --config c.yaml --run-id r1
 
-Why the exit status matters: 2 is an error no retry can fix (mlm_tasks.errors.NoRetryError), 1 anything
-else (worth a retry). Every verb and flag: docs/configuration.md#the-command-line
+Exit status 2: an error no retry can fix (NoRetryError); 1: anything else. docs/configuration.md#the-command-line
 """
 
 from __future__ import annotations
@@ -42,35 +39,16 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--config", help="YAML config file (see configs/).")
     p.add_argument("--config-json", help="The whole config as JSON (overrides --config).")
     p.add_argument(
-        "--set",
-        action="append",
-        default=[],
-        metavar="KEY=VALUE",
-        help="Override a setting: a flat param name or a dotted path; VALUE is parsed as YAML.",
+        "--set", action="append", default=[], metavar="KEY=VALUE", help="A flat or dotted setting; VALUE is YAML."
     )
     p.add_argument("--run-id", default="cli-run", help="Run id: keys the run's artifacts.")
     p.add_argument("--data-fingerprint", help="Use the shard set with this fingerprint.")
     p.add_argument(
-        "--hub-token-stdin",
-        action="store_true",
-        help="Read the Hub token from the first line of "
-        "stdin instead of HF_TOKEN (how a TPU VM's line hands it over: in no environment block).",
+        "--hub-token-stdin", action="store_true", help="Read the Hub token from stdin's first line, not HF_TOKEN."
     )
-    p.add_argument(
-        "--part",
-        type=int,
-        default=0,
-        help="scan_partition, write_shards: which partition (0-based) of shards.partitions.",
-    )
-    p.add_argument(
-        "--bucket", type=int, default=0, help="find_duplicates: which bucket (0-based; as many as shards.partitions)."
-    )
-    p.add_argument(
-        "--runs",
-        default="",
-        help="compare: the run ids to compare, comma-separated (default: every "
-        "run under output_root that finished training).",
-    )
+    p.add_argument("--part", type=int, default=0, help="scan_partition, write_shards: which partition (0-based).")
+    p.add_argument("--bucket", type=int, default=0, help="find_duplicates: which bucket (0-based).")
+    p.add_argument("--runs", default="", help="compare: run ids, comma-separated (default: every trained run).")
     return p.parse_args(argv)
 
 
@@ -86,15 +64,9 @@ def resolve_config(args: argparse.Namespace) -> PipelineConfig:
     return load_config(args.config, overrides)
 
 
-# Steps that read a shard set: without --data-fingerprint, it is computed from the corpus (needs the corpus at hand).
-NEEDS_DATA = (
-    *SHARD_SET_STEPS[1:],  # all but plan_shards, which computes it
-    "check_run",
-    "train",
-    "evaluate",
-    "publish_tokenizer",
-    "summary",
-)
+# Steps that read a shard set (all but plan_shards, which computes it): without --data-fingerprint, it is
+# computed from the corpus (needs the corpus at hand).
+NEEDS_DATA = (*SHARD_SET_STEPS[1:], "check_run", "train", "evaluate", "publish_tokenizer", "summary")
 
 
 def run_step(step: str, cfg: PipelineConfig, ctx: RunContext, part: int = 0, runs: str = "", bucket: int = 0) -> object:
@@ -139,8 +111,7 @@ _stdin_token: str | None = None  # --hub-token-stdin: read once in main(), befor
 
 
 def _hub_token(needed: bool) -> str | None:
-    """The CLI's Hub token: the first line of stdin with --hub-token-stdin, else HF_TOKEN from this
-    process's environment; read here once and passed on as an argument."""
+    """The first line of stdin with --hub-token-stdin, else HF_TOKEN; passed on to the step as an argument."""
     token = _stdin_token or os.environ.get("HF_TOKEN")
     if needed and not token:
         raise AuthError(

@@ -1,9 +1,7 @@
-"""The errors every layer raises, in one module that imports nothing of the project.
+"""The errors every layer raises, in one module that imports nothing of the project (docs/architecture.md#errors).
 
-    from mlm_tasks.errors import ConfigError, MissingArtifactError, AuthError, TransientError
-
-`NoRetryError` (a person must act) fails an Airflow task without retries, the CLI exits 2; TransientError
-and anything unforeseen are retried. docs/architecture.md#errors
+A `NoRetryError` (a person must act) fails an Airflow task without retries and exits the CLI with 2;
+TransientError and anything unforeseen are retried.
 """
 
 from __future__ import annotations
@@ -18,26 +16,22 @@ class NoRetryError(Exception):
 
 
 class ConfigError(NoRetryError, ValueError):
-    """A setting or an input is wrong (a setting, a path, data that does not fit the run); the message
-    says which one and what to change. A ValueError too, so pydantic validators may raise it."""
+    """A setting or an input is wrong; the message says which one and what to change. A ValueError too, so
+    pydantic validators may raise it."""
 
 
 class MissingArtifactError(NoRetryError):
-    """An artifact an earlier step writes is missing (no tokenizer, no trained model, no shard set): the
-    message names the step to run first, or the setting (output_root, a fingerprint) to check."""
+    """An artifact an earlier step writes is missing: the message names the step to run first."""
 
 
 class AuthError(NoRetryError):
-    """A credential is missing, rejected (401) or lacks a permission (403): the message names the
-    connection or credential to fix. Never contains the secret itself."""
+    """A credential is missing, rejected (401) or lacks a permission (403); the message never holds the secret."""
 
 
 class TrainingDivergedError(NoRetryError):
-    """A step's loss or gradient was not finite: the run stopped before saving it, and its last checkpoint
-    is the last good one. The same batches and settings diverge again, so a person changes the recipe."""
+    """A step's loss or gradient was not finite: the same batches and settings diverge again, so a person
+    changes the recipe (the last checkpoint is the last good one)."""
 
 
 class TransientError(Exception):
-    """A service failed on its side or did not answer in time (5xx, 429, a timeout, a secrets backend
-    that is down): worth a retry, which Airflow does (plugins/mlm_airflow/defaults.py). The message says what to
-    check if it persists."""
+    """A service failed on its side or did not answer in time (5xx, 429, a timeout): worth a retry."""

@@ -20,12 +20,8 @@ from mlm_tasks.storage import local_path
 if TYPE_CHECKING:
     from mlm_tasks.config.pipeline import PipelineConfig
 
-# Run settings that name local files or gs:// objects to read: they must lie under input_roots (and
-# the same settings of each corpus.mixture source).
-INPUT_KEYS = ("corpus.local_paths", "corpus.dump_path", "corpus.shards_uri", "corpus.tokenizer_uri")
-# Run settings that name a Hub repo or a local folder (datasets and transformers load either): a
-# local one must lie under the roots too (and each corpus.mixture source's hf_path).
-HUB_OR_PATH_KEYS = ("model.init_from", "corpus.hf_path")
+# Corpus settings that name local files or gs:// objects to read (of corpus and of each corpus.mixture source).
+INPUT_KEYS = ("local_paths", "dump_path", "shards_uri", "tokenizer_uri")
 HUB_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,95}(/[A-Za-z0-9][A-Za-z0-9_.-]{0,95})?$")
 
 
@@ -78,39 +74,31 @@ class Bounds(BaseModel):
         # A mixture's sources read files and Hub datasets as corpus.* does: each is checked the same way.
         mixture = [(f"corpus.mixture[{i}]", s) for i, s in enumerate(tree["corpus"]["mixture"])]
         for where, corpus in [("corpus", tree["corpus"]), *mixture]:
-            for leaf in (key.split(".")[1] for key in INPUT_KEYS):
+            for leaf in INPUT_KEYS:
                 if leaf in corpus:  # a mixture source has local_paths and dump_path
                     self._check_input(f"{where}.{leaf}", corpus[leaf], glob=leaf == "local_paths")
-        for key in HUB_OR_PATH_KEYS:
-            section, leaf = key.split(".")
-            self._check_hub_or_path(key, tree[section][leaf])
+        # Settings that name a Hub repo or a local folder (datasets and transformers load either).
+        self._check_hub_or_path("model.init_from", cfg.model.init_from)
+        self._check_hub_or_path("corpus.hf_path", cfg.corpus.hf_path)
         for i, source in enumerate(cfg.corpus.mixture):
             self._check_hub_or_path(f"corpus.mixture[{i}].hf_path", source.hf_path)
         for i, task in enumerate(cfg.downstream.tasks):  # downstream task files are read like a corpus
             for key in ("train_file", "validation_file"):
-                value = getattr(task, key)
-                if value and not any(_under(value, r) for r in [*self.input_roots, *self.output_roots]):
-                    raise ConfigError(
-                        f"downstream.tasks[{i}].{key} {value!r} is outside the folders this deployment "
-                        f"lets runs read ({self.input_roots + self.output_roots}): put the data there."
-                    )
+                self._check_input(f"downstream.tasks[{i}].{key}", getattr(task, key), glob=False)
             self._check_hub_or_path(f"downstream.tasks[{i}].hf_path", task.hf_path)
         if self.zones and cfg.compute == "tpu_vm" and cfg.tpu.zone not in self.zones:
             raise ConfigError(f"tpu.zone {cfg.tpu.zone!r} is not one of this deployment's zones {self.zones}.")
         self._check_limits(cfg)
-        for key, repo in (
-            ("publish.repo_id", cfg.publish.repo_id),
-            ("publish.tokenizer_repo_id", cfg.publish.tokenizer_repo_id),
-        ):
+        for key in ("repo_id", "tokenizer_repo_id"):
+            repo = getattr(cfg.publish, key)
             if repo and self.hub_namespaces and repo.split("/")[0] not in self.hub_namespaces:
                 raise ConfigError(
-                    f"{key} {repo!r} is not under one of this deployment's Hub namespaces "
+                    f"publish.{key} {repo!r} is not under one of this deployment's Hub namespaces "
                     f"{self.hub_namespaces} (`hub_namespaces` in {self.source})."
                 )
 
     def _check_input(self, key: str, values: Any, glob: bool) -> None:
-        """A setting that names files to read (INPUT_KEYS): each value under the roots; a pattern (`glob`)
-        reads what it expands to, so each of those too, links resolved."""
+        """Each value of a setting that names files to read under the roots; a `glob` pattern's matches too."""
         readable = [*self.input_roots, *self.output_roots]
         for value in values if isinstance(values, list) else [values]:
             if value and not any(_under(value, r) for r in readable):
@@ -149,8 +137,7 @@ class Bounds(BaseModel):
             )
 
     def _check_hub_or_path(self, key: str, value: str | None) -> None:
-        """A Hub repo id, or a local folder under the roots: judged as the loader will read it (a string that
-        names an existing local path is read from disk, whatever it looks like)."""
+        """A Hub repo id, or a folder under the roots, judged as the loader reads it (an existing path from disk)."""
         if not value:
             return
         readable = [*self.input_roots, *self.output_roots]
@@ -169,8 +156,7 @@ class Bounds(BaseModel):
 
 
 def _expanded(pattern: str) -> list[str]:
-    """The files a local pattern reads (corpus.local_paths are globbed), as real paths; the pattern itself
-    when it matches nothing yet (then it is judged as written)."""
+    """The real paths a local pattern matches; the pattern itself when it matches nothing yet."""
     import glob
 
     if scheme(pattern) == "gs":
@@ -186,8 +172,7 @@ def under_local(real: str, root: str) -> bool:
 
 
 def _under(uri: str, root: str) -> bool:
-    """Is `uri` the root or inside it? gs:// by normalised path (a `..` segment never climbs out);
-    local paths by their real path (symlinks resolved)."""
+    """Is `uri` the root or inside it? gs:// by normalised path (`..` never climbs out); local by real path."""
     if "gs" in (scheme(uri), scheme(root)):
         if scheme(uri) != scheme(root) or "/../" in f"{uri}/":
             return False

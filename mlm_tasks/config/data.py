@@ -14,9 +14,8 @@ SPECIAL_TOKENS = ["<s>", "<pad>", "</s>", "<unk>", "<mask>"]
 MAX_PARTITIONS = 1024  # shard-writing tasks one run may map
 
 
-# C4's boilerplate substrings (tensorflow_datasets c4_utils, as datatrove's C4QualityFilter ships them), with
-# bare "javascript" narrowed: C4 drops every line naming it, which would drop Wikipedia's paragraphs about the
-# language; the boilerplate it aims at is "please enable JavaScript".
+# C4's boilerplate substrings (datatrove's C4QualityFilter), bare "javascript" narrowed: Wikipedia has
+# paragraphs about the language; the boilerplate C4 aims at is "please enable JavaScript".
 DEFAULT_BOILERPLATE_PHRASES = [
     "lorem ipsum",
     "enable javascript",
@@ -31,8 +30,7 @@ DEFAULT_BOILERPLATE_PHRASES = [
 
 
 class FilterConfig(Section):
-    """Rule filters and language ID per row (mlm_tasks/data/filters, docs/data.md#filters). Each rule has a
-    value that turns it off; the defaults drop under 3% of the embedded corpus's rows each."""
+    """Rule filters and language ID per row (docs/data.md#filters); each rule has a value that turns it off."""
 
     enabled: bool = Field(True, description="Apply the filters below; false keeps every row.")
     min_words: int = Field(1, ge=0, le=10_000, description="Drop rows with fewer words (0: off).")
@@ -178,15 +176,8 @@ class CorpusConfig(Section):
 
     def for_source(self, part: MixtureSource) -> CorpusConfig:
         """The single-source config of one mixture source: its own settings, the corpus-wide splits and filters."""
-        own = part.model_dump(exclude={"name", "weight"})
-        return CorpusConfig.model_validate(
-            {
-                **own,
-                "validation_fraction": self.validation_fraction,
-                "test_fraction": self.test_fraction,
-                "filters": self.filters.model_dump(),
-            }
-        )
+        shared = self.model_dump(include={"validation_fraction", "test_fraction", "filters"})
+        return CorpusConfig.model_validate({**part.model_dump(exclude={"name", "weight"}), **shared})
 
     @model_validator(mode="after")
     def _split_key(self) -> CorpusConfig:

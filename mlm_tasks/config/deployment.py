@@ -1,11 +1,8 @@
-"""Two kinds of settings: what the deployment sets, and what a run may set.
+"""Two kinds of settings: what the deployment sets (`DeploymentOnly` marks, the file's `settings`), and what a
+run may set; a run that sets a deployment setting is refused, naming the key (docs/security.md).
 
     dep = Deployment.load()              # $MLM_DEPLOYMENT (a YAML file), or None: no boundary
     cfg = run_config(params, dep, extra)  # the one door: form, conf and event in, the deployment last
-
-Settings marked `DeploymentOnly` in the schema and the file's `settings` come only from the file; a run that
-sets one is refused, naming the key. Without MLM_DEPLOYMENT every Airflow task still refuses them
-(`Deployment.for_airflow()`); only the CLI applies none. docs/security.md
 """
 
 from __future__ import annotations
@@ -29,7 +26,7 @@ from mlm_tasks.config.loading import (
     split_params,
 )
 from mlm_tasks.config.pipeline import PipelineConfig
-from mlm_tasks.config.section import deployment_keys
+from mlm_tasks.config.section import deployment_keys, leaves
 from mlm_tasks.config.tpu import TpuConfig
 from mlm_tasks.errors import ConfigError
 from mlm_tasks.paths import scheme
@@ -38,6 +35,7 @@ ENV = "MLM_DEPLOYMENT"
 BUILTIN = "the built-in boundary (no deployment file: MLM_DEPLOYMENT is unset)"
 # Settings that reach a credential, a shell, an endpoint or a machine: marked `DeploymentOnly` in the schema.
 DEPLOYMENT_KEYS = deployment_keys(PipelineConfig)
+SECTIONS = {name.split(".")[0] for name, _ in leaves(PipelineConfig) if "." in name}  # tpu, train, ...
 FINGERPRINT = re.compile(r"^[0-9a-f]{16}$")
 # What a dataset-refresh event may set (the sections mlm_dataset_refresh sends), and who may send one.
 DATA_SECTIONS = ("corpus", "tokenizer", "shards", "dedup")
@@ -45,8 +43,7 @@ REFRESH_DAG = "mlm_dataset_refresh"
 
 
 class Approver(BaseModel):
-    """An Airflow user who may answer approve_release (HITL's assigned_users): the auth manager's user id (FAB:
-    the number in Security > List Users; the compose's first user, admin, is 1) and the name shown."""
+    """An Airflow user who may answer approve_release: the auth manager's user id (FAB: Security > List Users)."""
 
     model_config = ConfigDict(extra="forbid")
 
@@ -68,14 +65,12 @@ class Deployment(Bounds):
 
     @classmethod
     def for_airflow(cls) -> Deployment:
-        """What every Airflow task judges a run by: the deployment file, or, where a platform team deployed
-        without one (Helm, Cloud Composer), the built-in boundary: no deployment setting from any trigger."""
+        """What every Airflow task judges a run by: the deployment file, else the built-in boundary."""
         return cls.load() or cls.builtin()
 
     @classmethod
     def builtin(cls) -> Deployment:
-        """DEPLOYMENT_KEYS are refused from every trigger and come from their defaults and the services'
-        environment; roots, zones and limits are open, as there is no file to name them."""
+        """DEPLOYMENT_KEYS refused from every trigger; roots, zones and limits open (no file names them)."""
         dep = cls(source=BUILTIN)
         dep._open_roots = True
         return dep
@@ -114,11 +109,10 @@ class Deployment(Bounds):
         return dep
 
     def owned_keys(self) -> list[str]:
-        return sorted({*DEPLOYMENT_KEYS, *_leaves(self.settings)})
+        return sorted({*DEPLOYMENT_KEYS, *_dotted(self.settings)})
 
     def run_config(self, params: dict[str, Any]) -> PipelineConfig:
-        """The run's config from trigger params (config_file, flat fields, overrides), refusing what a
-        run may not set, then the deployment's settings on top."""
+        """The run's config from trigger params, refusing what a run may not set; the deployment's on top."""
         config_file, settings = split_params(params)
         run = {PARAM_PATHS.get(k, k): v for k, v in settings.items()}
         self.refuse_owned(run, "the trigger's settings")
@@ -129,7 +123,7 @@ class Deployment(Bounds):
 
     def refuse_owned(self, run: dict[str, Any], where: str) -> None:
         owned = self.owned_keys()
-        for key in _leaves(nested(run)):
+        for key in _dotted(nested(run)):
             hit = next((d for d in owned if key == d or key.startswith(d + ".") or d.startswith(key + ".")), None)
             if hit and self._open_roots:
                 raise ConfigError(
@@ -165,9 +159,8 @@ class Deployment(Bounds):
 
 
 def run_config(params: dict[str, Any], dep: Deployment | None, event: dict[str, Any] | None = None) -> PipelineConfig:
-    """The one door of a run's settings: the trigger's params (form, REST conf), then a checked dataset-refresh
-    event's data sections and output_root (`check_event`), then the deployment's settings last, and its limits."""
-
+    """The one door of a run's settings: the trigger's params, a checked refresh event's data sections and
+    output_root (`check_event`), then the deployment's settings and limits."""
     cfg = dep.run_config(params) if dep else config_from_params(params)
     if event is None:
         return cfg
@@ -184,9 +177,8 @@ def check_event(
     dep: Deployment | None,
     source_dag_id: str | None = REFRESH_DAG,
 ) -> dict[str, Any]:
-    """A dataset-refresh event's extra, checked like a form: it comes from mlm_dataset_refresh (or the deployment
-    takes foreign events as forms), its fingerprint names a folder, it sets data sections only, and those are
-    run settings (`run_config` then puts the deployment on top and checks the roots)."""
+    """A dataset-refresh event's extra, checked like a form: from mlm_dataset_refresh (or foreign_events: as_form),
+    a fingerprint, data sections only, and those run settings."""
     foreign = bool(extra.get("from_rest_api")) or source_dag_id != REFRESH_DAG
     if foreign and (dep is None or dep.foreign_events == "refuse"):
         made_by = "the REST API" if extra.get("from_rest_api") else f"DAG {source_dag_id!r}"
@@ -226,11 +218,8 @@ def check_event(
 
 
 def janitor_api(dep: Deployment | None = None) -> tuple[TpuConfig, str]:
-    """What mlm_tpu_janitor checks with: the TPU API settings of the deployment's project (endpoint and
-    transport) and its GCP connection id. Deployment settings, never a trigger's: the deployment file's
-    `settings` (`dep`, default: MLM_DEPLOYMENT's), else the environment (MLM_TPU_PROJECT, MLM_GCP_CONN_ID,
-    MLM_TPU_API_ENDPOINT, MLM_TPU_TRANSPORT). No project is a ConfigError: a janitor that skipped in green
-    would leave VMs billing unseen."""
+    """The janitor's TPU API settings and GCP connection id: the deployment file's `settings` (`dep`, default:
+    MLM_DEPLOYMENT's), else the environment (MLM_TPU_PROJECT, ...). No project is an error, not a green skip."""
     dep = dep if dep is not None else Deployment.load()
     settings = dep.settings if dep else {}
     tpu = settings.get("tpu", {})
@@ -250,9 +239,8 @@ def janitor_api(dep: Deployment | None = None) -> tuple[TpuConfig, str]:
 
 
 def check_approval(approval: Any, approvers: list[Approver]) -> str:
-    """The release's approval as recorded by approve_release (its return value: Airflow's HITL answer), or an
-    AuthError: none recorded (the task was skipped or marked done by hand), not "Approve", or by someone the
-    deployment does not list. Returns the log line of who approved."""
+    """Who approved, from approve_release's recorded HITL answer; an AuthError when there is none, it is not
+    "Approve", or the approver is not listed."""
     from mlm_tasks.errors import AuthError
 
     if not isinstance(approval, dict) or "chosen_options" not in approval:
@@ -284,26 +272,12 @@ def _expand(value: Any) -> Any:
     return value
 
 
-def _leaves(tree: dict[str, Any], prefix: str = "") -> list[str]:
-    """Dotted paths of the settings a tree sets; a dict-valued setting (tpu.env) is one leaf."""
-    out = []
-    for key, value in tree.items():
-        path = f"{prefix}{key}"
-        section = PipelineConfig.model_fields.get(path) if not prefix else None
-        if isinstance(value, dict) and (
-            section is not None and isinstance(section.annotation, type) and issubclass(section.annotation, BaseModel)
-        ):
-            out += _leaves(value, path + ".")
-        else:
-            out.append(path)
-    return out
-
-
 def _dotted(tree: dict[str, Any]) -> dict[str, Any]:
-    out = {}
-    for key in _leaves(tree):
-        node: Any = tree
-        for part in key.split("."):
-            node = node[part]
-        out[key] = node
+    """{dotted path: value} of the settings a tree sets; a dict-valued setting (tpu.env) is one leaf."""
+    out: dict[str, Any] = {}
+    for key, value in tree.items():
+        if key in SECTIONS and isinstance(value, dict):
+            out.update({f"{key}.{leaf}": v for leaf, v in value.items()})
+        else:
+            out[key] = value
     return out

@@ -1,8 +1,4 @@
-"""Loading a run's settings: a YAML file, the trigger form's flat names, dotted overrides.
-
-cfg = load_config("configs/tiny.yaml", overrides={"train.steps": 50})
-cfg = config_from_params(dag_params)        # flat names from the Airflow trigger form
-"""
+"""Loading a run's settings: a YAML file, the trigger form's flat names, dotted overrides (see the package's)."""
 
 from __future__ import annotations
 
@@ -91,8 +87,6 @@ def build_config(base: dict | None = None, overrides: dict[str, Any] | None = No
         set_dotted(tree, dotted, value)
     try:
         return PipelineConfig.model_validate(tree)
-    except ConfigError:
-        raise
     except ValidationError as err:
         raise ConfigError(_explain(err)) from None
 
@@ -111,9 +105,8 @@ def _explain(err: ValidationError) -> str:
 
 
 def read_yaml_config(path: str | Path) -> dict:
-    """Parse a YAML config file strictly: syntax errors, duplicate keys, anchors and aliases and a top level
-    that is not a mapping are ConfigErrors naming the file and line (PyYAML alone lets a repeated key win
-    silently, and expands nested aliases, a "billion laughs", until the task hangs)."""
+    """Parse a YAML config file strictly: syntax errors, repeated keys, anchors and aliases (a "billion laughs"
+    would expand until the task hangs) and a top level that is not a mapping are ConfigErrors naming the line."""
     import yaml
 
     class StrictLoader(yaml.SafeLoader):

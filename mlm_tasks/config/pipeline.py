@@ -1,5 +1,5 @@
-"""The whole run's settings (`PipelineConfig`): its sections, and the checks that cross them (no I/O:
-checks that touch the outside world live in `mlm_tasks.steps.validate`)."""
+"""The whole run's settings (`PipelineConfig`): its sections, and the checks that cross them (no I/O: those
+are `mlm_tasks.steps.validate`'s)."""
 
 from __future__ import annotations
 
@@ -23,8 +23,7 @@ HUB_REPO_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,95}/[A-Za-z0-9][A-Za-z0-
 
 
 class SensorConfig(Section):
-    """Orchestration only: the shard gate (plugins/mlm_airflow/sensors/shard_set.py) reads this section at run time; no
-    step of mlm_tasks does. It lives in the run's config so a run (production.yaml) can set it."""
+    """The shard gate's (plugins/mlm_airflow/sensors/shard_set.py), in the run's config so that a run can set it."""
 
     poke_interval_s: int = Field(30, ge=1, le=3600, description="Seconds between marker checks.")
     timeout_s: int = Field(3600, ge=1, le=604_800, description="Fail if shards are not done by then.")
@@ -194,12 +193,7 @@ class PipelineConfig(Section):
 
     def _publish_checks(self) -> None:
         """The Hub repo ids, when publishing."""
-        if (
-            self.publish.repo_id
-            and not HUB_REPO_ID.match(self.publish.repo_id)
-            or self.publish.tokenizer_repo_id
-            and not HUB_REPO_ID.match(self.publish.tokenizer_repo_id)
-        ):
+        if any(r and not HUB_REPO_ID.match(r) for r in (self.publish.repo_id, self.publish.tokenizer_repo_id)):
             raise ConfigError(
                 f"publish.repo_id {self.publish.repo_id!r} / tokenizer_repo_id "
                 f"{self.publish.tokenizer_repo_id!r}: a Hub repo id is owner/name (letters, digits, '-', "

@@ -1,9 +1,7 @@
 """The base of every settings section, and the mark of the settings only the deployment may set.
 
-    class TpuConfig(Section):
-        project: DeploymentOnly[str] = Field("", description="...")
-
-`leaves(PipelineConfig)` walks the schema; `mlm_tasks.config.deployment` derives its key list from the marks.
+class TpuConfig(Section):
+    project: DeploymentOnly[str] = Field("", description="...")
 """
 
 from __future__ import annotations
@@ -18,11 +16,8 @@ from pydantic.fields import FieldInfo
 T = TypeVar("T")
 
 
-class _DeploymentMark:
-    """A setting that reaches a credential, a shell, an endpoint or a machine: no run may set it."""
-
-
-DEPLOYMENT_MARK = _DeploymentMark()
+# A setting that reaches a credential, a shell, an endpoint or a machine: no run may set it.
+DEPLOYMENT_MARK = object()
 DeploymentOnly = Annotated[T, DEPLOYMENT_MARK]
 
 

@@ -14,8 +14,7 @@ STOCKOUT_RETRY_POLLS = 20  # in a stockout, create again every 20 node polls (30
 
 class TpuConfig(Section):
     project: DeploymentOnly[str] = Field("", description="Google Cloud project of the TPU VM.")
-    # A run may pick the zone, and it becomes part of the TPU API's resource path (and the janitor's
-    # registry path): only the shape of a Google Cloud zone, e.g. us-central2-b, europe-west4-a.
+    # A run picks the zone, and it goes into the TPU API's and the janitor's paths: only a zone's shape.
     zone: str = Field("us-central2-b", pattern=r"^[a-z]+(-[a-z]+[0-9]+)+-[a-z]$", description="Zone of the TPU VM.")
     accelerator_type: str = Field("v4-8", description="TPU type, e.g. v4-8, v5litepod-8, v4-32 (pod slice).")
     runtime_version: str = Field(
@@ -45,8 +44,7 @@ class TpuConfig(Section):
     python: DeploymentOnly[str] = Field("python3", description="Python interpreter on the VM.")
     create_timeout_s: int = Field(1800, ge=60, le=86_400, description="Give up on a READY node after this.")
     poll_interval_s: float = Field(15, gt=0, le=3600, description="Seconds between node checks.")
-    # A stockout passes with time, and creating again is free: it is waited out inside the task's try
-    # (create_tpu_vm's, or train's when it replaces a lost node), so it never uses up Airflow's retries.
+    # A stockout passes with time, and creating again is free: it is waited out inside the task's try.
     stockout_wait_hours: float = Field(4, ge=0, le=168, description="How long a stockout is waited out.")
     delete_timeout_s: int = Field(900, ge=1, le=86_400, description="Seconds the teardown waits for a deletion.")
     bootstrap: DeploymentOnly[bool] = Field(True, description="Install the project code on the VM.")
@@ -87,16 +85,11 @@ class TpuConfig(Section):
         return queued + self.create_timeout_s
 
     @model_validator(mode="after")
-    def _reservation_is_guaranteed(self) -> TpuConfig:
+    def _reservation_and_runtime(self) -> TpuConfig:
         if self.reservation and (self.provisioning, self.queued_tier) != ("queued", "guaranteed"):
             raise ValueError(
                 "tpu.reservation is for tpu.provisioning=queued with tpu.queued_tier=guaranteed "
                 f"(here {self.provisioning!r}, tier {self.queued_tier!r})."
             )
-        return self
-
-    @model_validator(mode="after")
-    def _supported_runtime(self) -> TpuConfig:
-        # The runtime picks the image's TensorFlow and so the VM lock (mlm_tasks.tpu.runtimes).
-        runtimes.get(self.runtime_version)
+        runtimes.get(self.runtime_version)  # a known runtime: it picks the image's TensorFlow and so the VM lock
         return self

@@ -1,15 +1,6 @@
-"""The pipeline's steps: one module, one function, one Airflow task id and one CLI verb each.
-
-    validate → plan_shards → scan_partition (per partition) → find_duplicates (per bucket) →
-    cluster_duplicates → train_tokenizer → write_shards (per partition) → merge_shards → check_run → train →
-    evaluate → downstream → fill_mask → report → gate → publish (+ publish_tokenizer) → summary
-
-Every step is `name(cfg, ctx, *, step-specific inputs) -> typed result`, with `cfg` the validated
-`PipelineConfig` and `ctx` a `RunContext` (run id, data fingerprint, the paths of both); validate,
-which checks the config before there is a run to speak of, takes `cfg` alone. The DAGs
-call them through plugins/ (docs/architecture.md has the table); the CLI (`python -m mlm_tasks
-<step>`) calls the same functions. Two compositions live here, for the CLI, benchmarks and tests:
-`build_shard_set` (the shard-set steps in one process, one partition) and `run_all`.
+"""The pipeline's steps: one module, one function, one Airflow task id and one CLI verb each
+(docs/architecture.md has the table). Every step is `name(cfg, ctx, *, inputs) -> typed result` (validate
+takes `cfg` alone). `build_shard_set` and `run_all` compose them in one process for the CLI and tests.
 """
 
 from __future__ import annotations
@@ -47,8 +38,7 @@ STEPS = (
 
 
 def build_shard_set(cfg: PipelineConfig, ctx: RunContext | None = None) -> DataSummary:
-    """Every shard-set step in this process with a single partition (the tokenizer's and writer's own
-    threads use the cores); the data summary."""
+    """Every shard-set step in this process with a single partition; the data summary."""
     from mlm_tasks.data.corpus import open_corpus
     from mlm_tasks.steps.merge_shards import merge_shards
     from mlm_tasks.steps.plan_shards import plan_shards
@@ -65,8 +55,7 @@ def build_shard_set(cfg: PipelineConfig, ctx: RunContext | None = None) -> DataS
 
 
 def prepare_partitions(cfg: PipelineConfig, ctx: RunContext, plan: ShardPlan, corpus=None) -> None:
-    """What runs between plan_shards and write_shards, in this process: scan_partition per partition,
-    find_duplicates per bucket, cluster_duplicates, train_tokenizer (nothing when the plan has no partition)."""
+    """The steps between plan_shards and write_shards, in this process (none when the plan has no partition)."""
     from mlm_tasks.steps.cluster_duplicates import cluster_duplicates
     from mlm_tasks.steps.find_duplicates import find_duplicates
     from mlm_tasks.steps.scan_partition import scan_partition

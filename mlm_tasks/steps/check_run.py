@@ -1,12 +1,7 @@
-"""Step check_run: check the run against its shard set, before any compute is spent on it.
+"""Step check_run: check the run against its shard set (records, max_length, tokenizer, earlier checkpoints)
+before any compute is spent on it.
 
     python -m mlm_tasks check_run --config configs/tiny.yaml --run-id r1 [--data-fingerprint FP]
-
-It runs after merge_shards and before wait_for_shards and the TPU VM: what only the prepared data can
-tell. validate, which runs before any shard exists, checks the inputs themselves. Here: the shard set
-loads and matches the run (max_length, tokenizer; no shard missing or truncated; a mixture's weights
-name exactly its sources), the batch fits the train records, and the run's earlier checkpoints or
-model were made with this data.
 """
 
 from __future__ import annotations

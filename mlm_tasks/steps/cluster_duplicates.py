@@ -1,9 +1,6 @@
 """Step cluster_duplicates: join every bucket's pairs into clusters and mark the rows the writer skips.
 
-    python -m mlm_tasks cluster_duplicates --config c.yaml --set shards.partitions=4 --data-fingerprint FP
-
-Once, after every find_duplicates. Returns what was removed (per split; exact and near) and what each
-filter dropped, which the manifest's data card carries. The stage is mlm_tasks/data/dedup/clusters.py.
+python -m mlm_tasks cluster_duplicates --config c.yaml --set shards.partitions=4 --data-fingerprint FP
 """
 
 from __future__ import annotations

@@ -1,9 +1,6 @@
-"""Step downstream: fine-tune the trained encoder on each task of `downstream.tasks` (mlm_tasks/downstream/).
+"""Step downstream: fine-tune the trained encoder on each of `downstream.tasks`; runs/<run>/eval/downstream.json.
 
-    python -m mlm_tasks downstream --config configs/default.yaml --run-id my-run
-
-Reads runs/<run>/model; writes runs/<run>/eval/downstream.json (what the gate, the report and the card
-read). With the same downstream settings a rerun reuses the file; no tasks: nothing to do.
+python -m mlm_tasks downstream --config configs/default.yaml --run-id my-run
 """
 
 from __future__ import annotations

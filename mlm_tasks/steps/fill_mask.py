@@ -1,10 +1,6 @@
-"""Step fill_mask: smoke test of the trained model with `pipeline("fill-mask", framework="tf")` (transformers
-4.57's pipeline runs the Keras ModernBERT too: the same output for either architecture).
+"""Step fill_mask: the trained model's top predictions for each `infer.probes` sentence (one <mask> each).
 
-    python -m mlm_tasks fill_mask --config configs/default.yaml --run-id my-run
-
-Each probe sentence holds one <mask>; the top predictions are logged and saved, so a person can see
-at a glance whether the model produces plausible English.
+python -m mlm_tasks fill_mask --config configs/default.yaml --run-id my-run
 """
 
 from __future__ import annotations

@@ -1,9 +1,6 @@
-"""Step find_duplicates: the rows sharing a hash in one bucket, from every partition's scan.
+"""Step find_duplicates: the rows sharing a hash in one bucket (bucket b: partition b's task), from every scan.
 
-    python -m mlm_tasks find_duplicates --config c.yaml --set shards.partitions=4 --bucket 3 --data-fingerprint FP
-
-One mapped task per bucket (as many as partitions: bucket b is partition b's task), after every
-scan_partition. The stage is mlm_tasks/data/dedup/matches.py.
+python -m mlm_tasks find_duplicates --config c.yaml --set shards.partitions=4 --bucket 3 --data-fingerprint FP
 """
 
 from __future__ import annotations

@@ -1,11 +1,6 @@
-"""Step merge_shards: merge the written partitions into one manifest, then `_SUCCESS`.
+"""Step merge_shards: merge the written partitions into one manifest, then `_SUCCESS`; a complete set is only read.
 
-    python -m mlm_tasks merge_shards --config c.yaml --set shards.partitions=4 --data-fingerprint FP
-
-Last of the shard-set steps: it takes plan_shards' plan. When the set is already complete (an
-earlier run, a refresh, or shards brought as they are: the plan has no partitions) it only reads it.
-Returns the data summary every later step uses; its `written_here` says whether this call published
-the set (the shard gate then has nothing to wait for).
+python -m mlm_tasks merge_shards --config c.yaml --set shards.partitions=4 --data-fingerprint FP
 """
 
 from __future__ import annotations
@@ -24,8 +19,7 @@ log = logging.getLogger(__name__)
 
 
 def data_card(cfg: PipelineConfig, ctx: RunContext) -> dict:
-    """What went in and what was removed: rows read per split, each filter's drops, the duplicates removed
-    (exact and near, per split), the tokenizer's sample. The report and the model card show it."""
+    """What went in and what was removed (rows, filters, duplicates, the tokenizer's sample), for the card."""
     from mlm_tasks.data.dedup.clusters import clusters_marker
 
     clusters = storage.read_json_if_exists(clusters_marker(ctx.data)) or {}
@@ -40,9 +34,7 @@ def data_card(cfg: PipelineConfig, ctx: RunContext) -> dict:
 
 
 def merge_shards(cfg: PipelineConfig, ctx: RunContext, *, plan: ShardPlan | None = None, corpus=None) -> DataSummary:
-    """The shard set of `plan` (plan_shards' result; none: the fan-out by hand, the config's
-    `shards.partitions` written for ctx's fingerprint). The plan's corpus fingerprint spares hashing
-    a large local corpus a second time."""
+    """The shard set of `plan` (plan_shards' result; None: `shards.partitions` written for ctx's fingerprint)."""
     from mlm_tasks.data.tokenizer import load_tokenizer
     from mlm_tasks.data.writer import merge_partitions
 

@@ -1,14 +1,7 @@
-"""Step plan_shards: fingerprint the data and list the partitions to scan and write and the buckets to match.
+"""Step plan_shards: fingerprint the data and list the partitions still to scan and write (none when a complete
+shard set has this fingerprint). First of the shard-set steps (docs/data.md).
 
     python -m mlm_tasks plan_shards --config configs/tiny.yaml --set shards.partitions=4
-
-First of the shard-set steps, the same in both DAGs and the CLI: plan_shards → scan_partition (one
-task per partition) → find_duplicates (one per bucket, as many as partitions) → cluster_duplicates → train_tokenizer →
-write_shards (one per partition) → merge_shards. The plan says which
-partitions are still to write; none when a complete shard set already has this fingerprint or
-shards were brought as they are (the DAGs then skip write_shards, and the merge only reads the set).
-How many partitions: `shards.partitions`, or more for a corpus larger than that many times
-`shards.partition_mb` (partition_count).
 """
 
 from __future__ import annotations
@@ -29,8 +22,7 @@ log = logging.getLogger(__name__)
 
 
 def plan_shards(cfg: PipelineConfig, ctx: RunContext, *, corpus=None, num_parts: int | None = None) -> ShardPlan:
-    """The fingerprint (ctx.fingerprint, or computed from the corpus) and the partitions still to do
-    (none when the set is complete)."""
+    """The fingerprint (ctx.fingerprint, or the corpus's) and the partitions still to do (none: set complete)."""
     corpus = corpus or open_corpus(cfg.corpus)
     corpus_fp = None if ctx.fingerprint else corpus.fingerprint()
     paths = DataPaths(cfg.output_root, ctx.fingerprint or data_fingerprint(cfg, corpus_fingerprint=corpus_fp))
@@ -66,9 +58,8 @@ def plan_shards(cfg: PipelineConfig, ctx: RunContext, *, corpus=None, num_parts:
 
 
 def partition_count(shards: ShardConfig, corpus: Corpus) -> int:
-    """max(shards.partitions, ceil(the corpus's MiB / shards.partition_mb)), the second term capped at
-    MAX_PARTITIONS and at the corpus's units (more partitions than units would be empty). A corpus of
-    unknown size gets shards.partitions."""
+    """max(shards.partitions, ceil(MiB / shards.partition_mb)), the second term capped at MAX_PARTITIONS and
+    at the corpus's units (more would be empty); a corpus of unknown size gets shards.partitions."""
     size = corpus.size_bytes()
     if size is None:
         return shards.partitions

@@ -1,10 +1,9 @@
 """Step publish: push the run's model (TensorFlow and PyTorch weights) with its card to the Hugging Face Hub.
 
     HF_TOKEN=hf_... python -m mlm_tasks publish --config c.yaml --run-id my-run   # after the gate passed
-    result = publish(cfg, ctx, token=token)             # returns the commit url/oid
 
-The token is an argument (the DAG's from the Airflow connection `publish.hf_conn_id`, the CLI's from
-HF_TOKEN) and never reaches logs, errors, XCom or files; `endpoint` (or HF_ENDPOINT) selects another Hub.
+The token is an argument (the DAG's from `publish.hf_conn_id`, the CLI's from HF_TOKEN); it never reaches
+logs, errors, XCom or files.
 """
 
 from __future__ import annotations
@@ -29,8 +28,7 @@ log = logging.getLogger(__name__)
 
 
 def _add_pytorch_weights(folder: str, run: RunPaths) -> None:
-    """A model saved before `save` wrote model.safetensors gets it now: without it, PyTorch and
-    transformers 5.x users cannot load the repo at all."""
+    """A model saved before model.safetensors was written gets it now: PyTorch and transformers 5 need it."""
     present = set(os.listdir(folder))
     if SAFETENSORS_NAME not in present and "tf_model.h5" in present:
         log.info(
@@ -49,10 +47,8 @@ def publish(
     endpoint: str | None = None,
     data_info: Mapping[str, Any] | None = None,
 ) -> ModelCommit:
-    """Write the card into the run's model dir and push that dir to `publish.repo_id` in one commit.
-
-    Returns {"repo_id", "commit_url", "commit_oid", "files", "private", "run_id"} and records the run's
-    metrics at paths.published_metrics(...) so the next run's gate compares against them."""
+    """Write the card into the run's model dir and push it to `publish.repo_id` in one commit (`endpoint` or
+    HF_ENDPOINT: another Hub); records the metrics the next run's gate compares against."""
     run, (repo_id, conn_id) = ctx.run, (cfg.publish.repo_id, cfg.publish.hf_conn_id)
     if not repo_id:
         raise ConfigError("publish.repo_id is empty: set it to the Hub repo to push to, e.g. my-org/roberta-wiki.")

@@ -1,9 +1,6 @@
 """Step publish_tokenizer: push the shard set's tokenizer alone, with a short card, to `publish.tokenizer_repo_id`.
 
-    HF_TOKEN=hf_... python -m mlm_tasks publish_tokenizer --config c.yaml --data-fingerprint FP
-
-Runs in mlm_pretrain beside the training, as soon as the shard set exists; skipped when
-publish.tokenizer_repo_id is empty. The token is an argument and never reaches logs or XCom.
+HF_TOKEN=hf_... python -m mlm_tasks publish_tokenizer --config c.yaml --data-fingerprint FP
 """
 
 from __future__ import annotations

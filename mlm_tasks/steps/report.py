@@ -1,7 +1,6 @@
-"""Step report: the run report (mlm_tasks/reporting/report.py) under runs/<run>/report/, and the run's
-data summary in runs/<run>/data.json (what the model card reads).
+"""Step report: the run report under runs/<run>/report/, and the data summary the model card reads.
 
-    python -m mlm_tasks report --config configs/default.yaml --run-id my-run [--data-fingerprint FP]
+python -m mlm_tasks report --config configs/default.yaml --run-id my-run [--data-fingerprint FP]
 """
 
 from __future__ import annotations
@@ -15,8 +14,7 @@ from mlm_tasks.results import KeyMetrics
 
 
 def report(cfg: PipelineConfig, ctx: RunContext, *, data: DataSummary | None = None) -> KeyMetrics:
-    """Write the plots and report.md; the key metrics for XCom. `data` is merge_shards' summary; without
-    it, the one of ctx.fingerprint (or none) is used."""
+    """Write the plots and report.md; the key metrics. `data`: merge_shards' summary (None: ctx.fingerprint's)."""
     if data is None and ctx.fingerprint and storage.exists(ctx.data.success):
         from mlm_tasks.data.shard_set import summary_for_fingerprint
 

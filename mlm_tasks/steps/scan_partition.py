@@ -1,9 +1,6 @@
 """Step scan_partition: read one corpus partition, filter its rows, hash them for dedup, pick tokenizer candidates.
 
-    python -m mlm_tasks scan_partition --config c.yaml --set shards.partitions=4 --part 0 --data-fingerprint FP
-
-Second of the shard-set steps (after plan_shards; one mapped task per partition, as write_shards). The
-stage itself is mlm_tasks/data/dedup/scan.py.
+python -m mlm_tasks scan_partition --config c.yaml --set shards.partitions=4 --part 0 --data-fingerprint FP
 """
 
 from __future__ import annotations

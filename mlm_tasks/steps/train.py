@@ -1,10 +1,6 @@
-"""Step train: train the masked LM, resumably, on CPU, GPU or TPU with the same code.
+"""Step train: train the masked LM, resumably, on CPU, GPU or TPU with the same code (docs/operations.md).
 
-    python -m mlm_tasks train --config configs/default.yaml --run-id my-run --data-fingerprint FP
-
-plan (training/plan.py: device, precision, strategy, batch, steps, time budget) → build (training/state.py:
-model, optimizer, checkpoints restored or the base's weights) → loop (training/loop.py, with hooks) →
-finish (training/finish.py: the model, then the summary, last). Resuming and retries: docs/operations.md.
+python -m mlm_tasks train --config configs/default.yaml --run-id my-run --data-fingerprint FP
 """
 
 from __future__ import annotations
@@ -34,15 +30,11 @@ def train(
     hub_endpoint: str | None = None,
     hooks: Sequence[TrainHook] = (),
 ) -> TrainSummary:
-    """Train (or resume) run `ctx.run_id` on the shard set `ctx.fingerprint`; returns the training
-    summary (also written to the run's folder).
+    """Train (or resume) run `ctx.run_id` on shard set `ctx.fingerprint`; the summary, also written to the run.
 
-    `on_checkpoint(step, path)` is called after each saved checkpoint (`path`: its prefix, e.g.
-    .../checkpoints/ckpt-40) and at the end with the final one; a hook with an int `checkpoint_every`
-    attribute also gets a checkpoint saved every that many steps. With `publish.sync_checkpoints`, train
-    adds the Hub sync hook of `mlm_tasks.hub.sync`, which uploads with `hub_token` to `hub_endpoint`
-    (None: HF_ENDPOINT or huggingface.co). `hooks` (TrainHook, mlm_tasks/training/hooks.py) run
-    around the loop, after those and before the ones MLM_TRAIN_HOOKS names (a test and diagnostic seam).
+    `on_checkpoint(step, path)` follows each saved checkpoint (`path`: its prefix) and the final one. With
+    `publish.sync_checkpoints` checkpoints go to the Hub with `hub_token` (`hub_endpoint` None: HF_ENDPOINT or
+    huggingface.co). `hooks` (mlm_tasks/training/hooks.py) run before the ones MLM_TRAIN_HOOKS names.
     """
     from mlm_tasks.hub import sync as hub_sync
 

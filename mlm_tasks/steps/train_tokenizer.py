@@ -1,11 +1,7 @@
-"""Step train_tokenizer: train the tokenizer (tokenizer.model) on a seeded sample of the deduplicated train rows
-(with tokenizer.from_pretrained or model.init_from: reuse that tokenizer instead).
+"""Step train_tokenizer: train the tokenizer on a seeded sample (at most `tokenizer.sample_mb`) of the
+deduplicated train rows, or reuse tokenizer.from_pretrained's or model.init_from's.
 
     python -m mlm_tasks train_tokenizer --config c.yaml --set shards.partitions=4 --data-fingerprint FP
-
-Once, after cluster_duplicates and before write_shards, which encode with it. The sample is at most
-`tokenizer.sample_mb` of text, so its time and memory do not grow with the corpus; its size goes into
-the manifest. Training is not id-reproducible: one tokenizer per fingerprint, first writer wins.
 """
 
 from __future__ import annotations

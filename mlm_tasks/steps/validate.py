@@ -1,10 +1,7 @@
-"""Step validate: check every input that touches the outside world, before anything costly starts.
+"""Step validate: the checks that need I/O (corpus readable, output_root writable, credentials, base model,
+downstream files), before anything costly starts.
 
     python -m mlm_tasks validate --config configs/default.yaml
-
-`PipelineConfig` rejects bad values; this adds what needs I/O: the corpus is readable, output_root is
-writable (and reachable by every worker), gs:// has credentials, a base model (model.init_from) and the
-downstream task files fit the run. What needs the shard set is the check_run step's.
 """
 
 from __future__ import annotations
@@ -30,8 +27,7 @@ log = logging.getLogger(__name__)
 
 
 def check_local_corpus(corpus) -> None:
-    """Local files are read once here (as cheap as fingerprinting them): undecodable bytes and an
-    empty corpus then fail now, not after the tokenizer has trained for an hour."""
+    """Read local files once: undecodable bytes and an empty corpus fail now, not after an hour of work."""
     train_rows = sum(1 for _ in corpus.rows("train"))  # decodes every line of every file
     if not train_rows:
         raise empty_corpus_error()
@@ -44,9 +40,8 @@ def validate(
     shared_roots: Sequence[str] = (),
     probe_write: bool = True,
 ) -> ValidatedConfig:
-    """Every check that needs I/O; the validated config as a JSON-ready dict (what later tasks get).
-    `probe_write=False` leaves output_root untouched (a dataset refresh of an unchanged source writes
-    nothing at all; plan_shards probes it before it writes)."""
+    """Every check that needs I/O; the config as a JSON-ready dict. `probe_write=False` leaves output_root
+    untouched (a dataset refresh of an unchanged source writes nothing; plan_shards probes it before writing)."""
     check_output_root_reachable(cfg.output_root, distributed_executor, shared_roots)
     corpus = open_corpus(cfg.corpus)  # raises ConfigError for missing paths and bad file types
     if cfg.corpus.source == "local_files":

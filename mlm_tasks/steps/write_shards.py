@@ -1,10 +1,6 @@
 """Step write_shards: write one partition of the corpus as TFRecord shards, every split in one read.
 
-    python -m mlm_tasks write_shards --config c.yaml --set shards.partitions=4 --part 0 --data-fingerprint FP
-
-The DAGs run one task per partition of the plan (Airflow dynamic task mapping), on any worker that
-sees output_root; the CLI writes the single partition of `shards.partitions=1` the same way.
-The writer itself is mlm_tasks/data/writer.py.
+python -m mlm_tasks write_shards --config c.yaml --set shards.partitions=4 --part 0 --data-fingerprint FP
 """
 
 from __future__ import annotations
@@ -22,8 +18,7 @@ log = logging.getLogger(__name__)
 def write_shards(
     cfg: PipelineConfig, ctx: RunContext, *, part: int = 0, num_parts: int = 1, corpus=None
 ) -> WrittenPartition:
-    """Write partition `part` of `num_parts` and its partial manifest (a partition already written
-    is left as it is); its record and row counts per split."""
+    """Write partition `part` of `num_parts` (one already written is kept); its records and rows per split."""
     from mlm_tasks.data.writer import write_partition
 
     t0 = time.time()
