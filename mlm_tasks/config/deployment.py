@@ -127,16 +127,14 @@ class Deployment(Bounds):
             hit = next((d for d in owned if key == d or key.startswith(d + ".") or d.startswith(key + ".")), None)
             if hit and self._open_roots:
                 raise ConfigError(
-                    f"{hit} is a deployment setting: {where} may not set it ({self.source}; it "
-                    "comes from its default and the services' environment). Remove it from the run; "
-                    "to set it, write a deployment file (`settings`, docs/security.md) "
-                    f"and point {ENV} at it in every Airflow service."
+                    f"{hit} is a deployment setting: {where} may not set it ({self.source}; it comes from its default "
+                    "and the services' environment). Remove it from the run; to set it, write a deployment file "
+                    f"(`settings`, docs/security.md) and point {ENV} at it in every Airflow service."
                 )
             if hit:
                 raise ConfigError(
-                    f"{hit} is a deployment setting: {where} may not set it (the deployment sets it "
-                    f"in {self.source}, `settings`). Remove it from the run, or ask whoever runs the "
-                    "deployment to change it there."
+                    f"{hit} is a deployment setting: {where} may not set it (the deployment sets it in {self.source}, "
+                    "`settings`). Remove it from the run, or ask whoever runs the deployment to change it there."
                 )
 
     def check_config_file(self, path: str) -> str:
@@ -173,9 +171,7 @@ def run_config(params: dict[str, Any], dep: Deployment | None, event: dict[str, 
 
 
 def check_event(
-    extra: dict[str, Any],
-    dep: Deployment | None,
-    source_dag_id: str | None = REFRESH_DAG,
+    extra: dict[str, Any], dep: Deployment | None, source_dag_id: str | None = REFRESH_DAG
 ) -> dict[str, Any]:
     """A dataset-refresh event's extra, checked like a form: from mlm_dataset_refresh (or foreign_events: as_form),
     a fingerprint, data sections only, and those run settings."""
@@ -183,10 +179,9 @@ def check_event(
     if foreign and (dep is None or dep.foreign_events == "refuse"):
         made_by = "the REST API" if extra.get("from_rest_api") else f"DAG {source_dag_id!r}"
         raise ConfigError(
-            f"The shards event that triggered this run was made by {made_by}, not by {REFRESH_DAG}: "
-            "this deployment takes only the refresh DAG's events. Trigger the run from the form "
-            "instead (corpus.source=tfrecord_shards for shards built elsewhere), or set "
-            "foreign_events: as_form in the deployment file."
+            f"The shards event that triggered this run was made by {made_by}, not by {REFRESH_DAG}: this deployment "
+            "takes only the refresh DAG's events. Trigger the run from the form instead (corpus.source=tfrecord_shards "
+            "for shards built elsewhere), or set foreign_events: as_form in the deployment file."
         )
     fingerprint = extra.get("fingerprint")
     if not isinstance(fingerprint, str) or not FINGERPRINT.match(fingerprint):
@@ -203,9 +198,8 @@ def check_event(
     other = sorted(set(data) - set(DATA_SECTIONS))
     if other:
         raise ConfigError(
-            f"The dataset-refresh event sets {', '.join(other)}: an event may set only the data "
-            f"sections {', '.join(DATA_SECTIONS)} (what {REFRESH_DAG} sends). Trigger the run by hand "
-            "to change anything else."
+            f"The dataset-refresh event sets {', '.join(other)}: an event may set only the data sections "
+            f"{', '.join(DATA_SECTIONS)} (what {REFRESH_DAG} sends). Trigger the run by hand to change anything else."
         )
     if any(not isinstance(data[k], dict) for k in data):
         raise ConfigError(

@@ -103,10 +103,9 @@ class PipelineConfig(Section):
             # More masking than BERT's 15% needs the slots for it: below the mean masked count most full
             # sequences would lose labels (masked, never scored). At 15% the cut is the long-standing default.
             raise ConfigError(
-                f"train.max_predictions_per_seq {self.train.max_predictions_per_seq} is below the "
-                f"{expected:.0f} tokens train.mlm_probability {self.train.mlm_probability} masks in a "
-                f"{self.shards.max_length}-token sequence on average: raise it to about "
-                f"{int(expected * 1.5)} (0 = every position)."
+                f"train.max_predictions_per_seq {self.train.max_predictions_per_seq} is below the {expected:.0f} "
+                f"tokens train.mlm_probability {self.train.mlm_probability} masks in a {self.shards.max_length}-token "
+                f"sequence on average: raise it to about {int(expected * 1.5)} (0 = every position)."
             )
         replace = self.train.mask_replace_prob + self.train.random_replace_prob
         if replace > 1 + 1e-9:
@@ -195,9 +194,8 @@ class PipelineConfig(Section):
         """The Hub repo ids, when publishing."""
         if any(r and not HUB_REPO_ID.match(r) for r in (self.publish.repo_id, self.publish.tokenizer_repo_id)):
             raise ConfigError(
-                f"publish.repo_id {self.publish.repo_id!r} / tokenizer_repo_id "
-                f"{self.publish.tokenizer_repo_id!r}: a Hub repo id is owner/name (letters, digits, '-', "
-                "'_', '.'), e.g. my-org/roberta-wiki-mlm."
+                f"publish.repo_id {self.publish.repo_id!r} / tokenizer_repo_id {self.publish.tokenizer_repo_id!r}: a "
+                "Hub repo id is owner/name (letters, digits, '-', '_', '.'), e.g. my-org/roberta-wiki-mlm."
             )
         if self.publish.enabled and not self.publish.repo_id:
             raise ConfigError("publish.enabled needs publish.repo_id, e.g. my-org/roberta-wiki-mlm.")
@@ -206,9 +204,8 @@ class PipelineConfig(Section):
         """What a continued run (model.init_from) needs to be true without reading the base."""
         if self.corpus.source == "tfrecord_shards":
             raise ConfigError(
-                "model.init_from encodes the corpus with the base model's tokenizer, but "
-                "corpus.source=tfrecord_shards brings shards already encoded: use a text source, or "
-                "leave model.init_from empty."
+                "model.init_from encodes the corpus with the base model's tokenizer, but corpus.source=tfrecord_shards "
+                "brings shards already encoded: use a text source, or leave model.init_from empty."
             )
         if self.compute == "tpu_vm" and (self.model.init_from or "").startswith(("/", ".", "file://")):
             raise ConfigError(
