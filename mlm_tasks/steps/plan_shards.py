@@ -26,35 +26,26 @@ def plan_shards(cfg: PipelineConfig, ctx: RunContext, *, corpus=None, num_parts:
     corpus = corpus or open_corpus(cfg.corpus)
     corpus_fp = None if ctx.fingerprint else corpus.fingerprint()
     paths = DataPaths(cfg.output_root, ctx.fingerprint or data_fingerprint(cfg, corpus_fingerprint=corpus_fp))
-    n = num_parts or partition_count(cfg.shards, corpus)
+    n, fp = num_parts or partition_count(cfg.shards, corpus), paths.fingerprint
     if storage.exists(paths.success):
-        log.info(
-            "Cache hit: data fingerprint %s already prepared at %s; no shard to write",
-            paths.fingerprint,
-            paths.shards_dir,
-        )
-        return ShardPlan(fingerprint=paths.fingerprint, cache_hit=True, corpus_fingerprint=corpus_fp, partitions=[])
+        log.info("Cache hit: data fingerprint %s already prepared at %s; no shard to write", fp, paths.shards_dir)
+        return ShardPlan(fingerprint=fp, cache_hit=True, corpus_fingerprint=corpus_fp, partitions=[])
     if cfg.corpus.source == "tfrecord_shards":
         from mlm_tasks.data.shard_set import adopt
 
         adopt(cfg, corpus, paths, corpus_fp or corpus.fingerprint())  # no tokenizer to train, no shard to write
-        return ShardPlan(fingerprint=paths.fingerprint, cache_hit=False, corpus_fingerprint=corpus_fp, partitions=[])
+        return ShardPlan(fingerprint=fp, cache_hit=False, corpus_fingerprint=corpus_fp, partitions=[])
     log.info(
         "Preparing data fingerprint %s under %s in %d partition(s) (by hand: --set shards.partitions=%d)",
-        paths.fingerprint,
+        fp,
         paths.root,
         n,
         n,
     )
-    # Before an hour of scanning, not after. validate probes too, but not in a dataset refresh
-    # (probe_write=False: an unchanged source writes nothing) nor when plan_shards runs alone (the CLI).
+    # Before an hour of scanning; validate's probe is skipped in a dataset refresh and when plan_shards runs alone.
     check_writable(cfg.output_root)
-    return ShardPlan(
-        fingerprint=paths.fingerprint,
-        cache_hit=False,
-        corpus_fingerprint=corpus_fp,
-        partitions=[Partition(fingerprint=paths.fingerprint, part=p, num_parts=n) for p in range(n)],
-    )
+    partitions = [Partition(fingerprint=fp, part=p, num_parts=n) for p in range(n)]
+    return ShardPlan(fingerprint=fp, cache_hit=False, corpus_fingerprint=corpus_fp, partitions=partitions)
 
 
 def partition_count(shards: ShardConfig, corpus: Corpus) -> int:
