@@ -1,7 +1,5 @@
 """`python -m mlm_tasks <step>`: see mlm_tasks/cli.py."""
 
-import sys
-
 from mlm_tasks.cli import main
 
-sys.exit(main())
+raise SystemExit(main())

@@ -6,8 +6,7 @@ TransientError and anything unforeseen are retried.
 
 from __future__ import annotations
 
-# The CLI's exit status for every NoRetryError; the SSH runner (plugins/mlm_airflow/operators/remote_step.py) reads
-# a remote step's exit 2 as "do not retry".
+# The CLI's exit status for a NoRetryError: plugins/mlm_airflow/operators/remote_step.py reads it as "do not retry".
 NO_RETRY_EXIT = 2
 
 

@@ -5,8 +5,6 @@ takes `cfg` alone). `build_shard_set` and `run_all` compose them in one process 
 
 from __future__ import annotations
 
-from typing import Any
-
 from mlm_tasks.config import PipelineConfig
 from mlm_tasks.paths import RunContext
 from mlm_tasks.results import DataSummary, ShardPlan
@@ -85,7 +83,7 @@ def run_all(cfg: PipelineConfig, ctx: RunContext, hub_token: str | None = None) 
 
     data = build_shard_set(cfg, ctx)
     ctx = ctx.with_data(data["fingerprint"])
-    result: dict[str, Any] = {
+    return {
         "data": data,
         "check_run": check_run(cfg, ctx, data=data),
         "train": train(cfg, ctx, hub_token=hub_token),
@@ -93,7 +91,6 @@ def run_all(cfg: PipelineConfig, ctx: RunContext, hub_token: str | None = None) 
         "downstream": downstream(cfg, ctx),
         "fill_mask": fill_mask(cfg, ctx),
         "report": report(cfg, ctx, data=data),
+        "gate": gate(cfg, ctx),
+        "summary": summary(cfg, ctx, data=data),
     }
-    result["gate"] = gate(cfg, ctx)
-    result["summary"] = summary(cfg, ctx, data=data)
-    return result
