@@ -80,21 +80,26 @@ TextSource = Literal["embedded_wiki", "hf_dataset", "local_files", "wiki_dump"]
 MIXTURE_MAX_WEIGHT = 100.0
 
 
-class MixtureSource(Section):
+class TextSourceSettings(Section):
+    """What a text source reads: corpus.* for one source, and each corpus.mixture source's own."""
+
+    hf_path: str = Field("Salesforce/wikitext", description="`datasets` path (source=hf_dataset).")
+    hf_name: str | None = Field("wikitext-103-raw-v1", description="`datasets` config name.")
+    hf_revision: str | None = Field(None, description="Dataset revision (commit/tag); pins the data.")
+    text_column: str = Field("text", description="Column holding the text in datasets/jsonl/parquet.")
+    local_paths: list[str] = Field(default_factory=list, description="Files or globs (local_files), local or gs://.")
+    split_by: Literal["row", "file", "document"] = Field("row", description="local_files: what the split hashes.")
+    document_column: str | None = Field(None, description="split_by=document: the document id column.")
+    dump_path: str | None = Field(None, description="Path of an enwiki pages-articles*.xml.bz2 dump (wiki_dump).")
+    max_articles: int | None = Field(None, ge=1, le=10**9, description="Read at most this many articles (dumps).")
+
+
+class MixtureSource(TextSourceSettings):
     """One source of a mixture (corpus.mixture): a text source, its settings, and its weight in training."""
 
     name: str = Field(pattern=r"^[a-z0-9][a-z0-9_-]{0,31}$", description="Short unique name; it names its shards.")
     weight: float = Field(1.0, gt=0, le=MIXTURE_MAX_WEIGHT, description="Relative share of train examples drawn.")
     source: TextSource = Field("local_files", description="Where its text comes from (a text source).")
-    hf_path: str = Field("Salesforce/wikitext", description="`datasets` path (source=hf_dataset).")
-    hf_name: str | None = Field("wikitext-103-raw-v1", description="`datasets` config name.")
-    hf_revision: str | None = Field(None, description="Dataset revision (commit/tag); pins the data.")
-    text_column: str = Field("text", description="Column holding the text in datasets/jsonl/parquet.")
-    local_paths: list[str] = Field(default_factory=list, description="Files or globs (source=local_files).")
-    split_by: Literal["row", "file", "document"] = Field("row", description="local_files: what the split hashes.")
-    document_column: str | None = Field(None, description="split_by=document: the document id column.")
-    dump_path: str | None = Field(None, description="Path of an enwiki pages-articles*.xml.bz2 dump (wiki_dump).")
-    max_articles: int | None = Field(None, ge=1, le=10**9, description="Read at most this many articles (dumps).")
 
     @field_validator("source", mode="before")
     @classmethod
@@ -123,21 +128,12 @@ _SINGLE_SOURCE_SETTINGS = (
 )
 
 
-class CorpusConfig(Section):
+class CorpusConfig(TextSourceSettings):
     source: Literal["embedded_wiki", "hf_dataset", "local_files", "wiki_dump", "tfrecord_shards", "mixture"] = Field(
         "embedded_wiki", description="Where the text comes from."
     )
-    hf_path: str = Field("Salesforce/wikitext", description="`datasets` path (source=hf_dataset).")
-    hf_name: str | None = Field("wikitext-103-raw-v1", description="`datasets` config name.")
-    hf_revision: str | None = Field(None, description="Dataset revision (commit/tag); pins the data.")
-    text_column: str = Field("text", description="Column holding the text in datasets/jsonl/parquet.")
-    local_paths: list[str] = Field(default_factory=list, description="Files or globs (local_files), local or gs://.")
-    dump_path: str | None = Field(None, description="Path of an enwiki pages-articles*.xml.bz2 dump.")
-    max_articles: int | None = Field(None, ge=1, le=10**9, description="Read at most this many articles (dumps).")
     validation_fraction: float = Field(0.05, ge=0.0, lt=0.5, description="Share held out for validation.")
     test_fraction: float = Field(0.05, ge=0.0, lt=0.5, description="Share held out for test.")
-    split_by: Literal["row", "file", "document"] = Field("row", description="local_files: what the split hashes.")
-    document_column: str | None = Field(None, description="split_by=document: the document id column.")
     shards_uri: str | None = Field(None, description="source=tfrecord_shards: where the shards are.")
     tokenizer_uri: str | None = Field(None, description="source=tfrecord_shards: their tokenizer.")
     filters: FilterConfig = Field(default_factory=FilterConfig, description="Which rows to drop before tokenizing.")

@@ -28,7 +28,7 @@ from mlm_tasks.config.loading import (
 from mlm_tasks.config.pipeline import PipelineConfig
 from mlm_tasks.config.section import deployment_keys, leaves
 from mlm_tasks.config.tpu import TpuConfig
-from mlm_tasks.errors import ConfigError
+from mlm_tasks.errors import AuthError, ConfigError
 from mlm_tasks.paths import scheme
 
 ENV = "MLM_DEPLOYMENT"
@@ -162,8 +162,7 @@ def run_config(params: dict[str, Any], dep: Deployment | None, event: dict[str, 
     cfg = dep.run_config(params) if dep else config_from_params(params)
     if event is None:
         return cfg
-    tree = cfg.model_dump(mode="json")
-    tree.update(event["data_config"], output_root=event["output_root"])
+    tree = {**cfg.model_dump(mode="json"), **event["data_config"], "output_root": event["output_root"]}
     cfg = build_config(tree, _dotted(dep.settings) if dep else None)
     if dep:
         dep.check_allowed(cfg)
@@ -235,8 +234,6 @@ def janitor_api(dep: Deployment | None = None) -> tuple[TpuConfig, str]:
 def check_approval(approval: Any, approvers: list[Approver]) -> str:
     """Who approved, from approve_release's recorded HITL answer; an AuthError when there is none, it is not
     "Approve", or the approver is not listed."""
-    from mlm_tasks.errors import AuthError
-
     if not isinstance(approval, dict) or "chosen_options" not in approval:
         raise AuthError(
             "publish.require_approval is set, but approve_release recorded no answer for this run (it was "

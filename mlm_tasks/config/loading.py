@@ -173,8 +173,7 @@ def read_yaml_config(path: str | Path) -> dict:
 
 def load_config(path: str | Path | None = None, overrides: dict[str, Any] | None = None) -> PipelineConfig:
     """Load a YAML config file (or defaults when `path` is None) and apply overrides."""
-    base = read_yaml_config(path) if path is not None else {}
-    return build_config(base, overrides)
+    return build_config(read_yaml_config(path) if path is not None else {}, overrides)
 
 
 def split_params(params: dict[str, Any]) -> tuple[str | None, dict[str, Any]]:

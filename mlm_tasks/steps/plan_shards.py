@@ -13,7 +13,7 @@ from mlm_tasks import storage
 from mlm_tasks.config import MAX_PARTITIONS, PipelineConfig, ShardConfig
 from mlm_tasks.data.corpus import open_corpus
 from mlm_tasks.data.corpus.base import Corpus
-from mlm_tasks.data.shard_set import data_fingerprint
+from mlm_tasks.data.shard_set import adopt, data_fingerprint
 from mlm_tasks.output_root import check_writable
 from mlm_tasks.paths import DataPaths, RunContext
 from mlm_tasks.results import Partition, ShardPlan
@@ -31,8 +31,6 @@ def plan_shards(cfg: PipelineConfig, ctx: RunContext, *, corpus=None, num_parts:
         log.info("Cache hit: data fingerprint %s already prepared at %s; no shard to write", fp, paths.shards_dir)
         return ShardPlan(fingerprint=fp, cache_hit=True, corpus_fingerprint=corpus_fp, partitions=[])
     if cfg.corpus.source == "tfrecord_shards":
-        from mlm_tasks.data.shard_set import adopt
-
         adopt(cfg, corpus, paths, corpus_fp or corpus.fingerprint())  # no tokenizer to train, no shard to write
         return ShardPlan(fingerprint=fp, cache_hit=False, corpus_fingerprint=corpus_fp, partitions=[])
     log.info(

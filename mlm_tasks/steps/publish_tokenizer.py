@@ -49,15 +49,11 @@ def publish_tokenizer(
         src = storage.download_dir(data.tokenizer, os.path.join(tmp, "download"))
         folder = os.path.join(tmp, "upload")
         shutil.copytree(src, folder)
+        card = TOKENIZER_CARD.format(
+            license=cfg.publish.license, name=repo_id.split("/")[-1], fingerprint=data.fingerprint, repo_id=repo_id
+        )
         with open(os.path.join(folder, "README.md"), "w", encoding="utf-8") as f:
-            f.write(
-                TOKENIZER_CARD.format(
-                    license=cfg.publish.license,
-                    name=repo_id.split("/")[-1],
-                    fingerprint=data.fingerprint,
-                    repo_id=repo_id,
-                )
-            )
+            f.write(card)
         with hub_errors(f"publishing the tokenizer to {repo_id}", token, url, conn_id):
             message = f"Upload tokenizer for data {data.fingerprint}"
             info, files = push_folder(api, repo_id, folder, cfg.publish.private, message)

@@ -9,7 +9,7 @@ import logging
 
 from mlm_tasks import storage
 from mlm_tasks.config import PipelineConfig
-from mlm_tasks.data.shard_set import DataSummary
+from mlm_tasks.data.shard_set import DataSummary, summary_for_fingerprint
 from mlm_tasks.paths import RunContext
 from mlm_tasks.reporting.summary import summary_text
 from mlm_tasks.results import RunSummary
@@ -20,8 +20,6 @@ log = logging.getLogger(__name__)
 def summary(cfg: PipelineConfig, ctx: RunContext, *, data: DataSummary | None = None) -> RunSummary:
     """`data` is merge_shards' summary (read from ctx.fingerprint's shard set when not given)."""
     if data is None:
-        from mlm_tasks.data.shard_set import summary_for_fingerprint
-
         data = summary_for_fingerprint(cfg, ctx.data.fingerprint)
     run = ctx.run
     text = summary_text(run, ctx.with_data(data["fingerprint"]).data, data)

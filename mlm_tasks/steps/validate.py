@@ -28,8 +28,7 @@ log = logging.getLogger(__name__)
 
 def check_local_corpus(corpus) -> None:
     """Read local files once: undecodable bytes and an empty corpus fail now, not after an hour of work."""
-    train_rows = sum(1 for _ in corpus.rows("train"))  # decodes every line of every file
-    if not train_rows:
+    if not sum(1 for _ in corpus.rows("train")):  # decodes every line of every file
         raise empty_corpus_error()
 
 
