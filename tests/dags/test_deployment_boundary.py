@@ -44,6 +44,7 @@ def test_a_hostile_conf_fails_in_validate_naming_the_key(case, deployment_env, t
     (tiny.parent / "lol.yaml").write_text(billion_laughs())
     conf = {
         "config_file": str(tiny),
+        "architecture": "roberta",  # the form's default is the embedded run's (modernbert)
         "output_root": str(tmp_path / "out"),
         "vocab_size": 1000,
         "max_length": 64,

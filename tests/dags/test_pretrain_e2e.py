@@ -16,6 +16,7 @@ from peers.airflow_home import airflow_env, dags_test  # noqa: F401  (fixture)
 ROOT = Path(__file__).resolve().parents[2]
 TINY = {
     "config_file": str(ROOT / "configs" / "tiny.yaml"),
+    "architecture": "roberta",  # the form's default is the embedded run's (modernbert)
     "vocab_size": 1000,
     "max_length": 64,
     "steps": 12,

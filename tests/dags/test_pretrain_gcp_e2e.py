@@ -34,6 +34,7 @@ from peers.tpu_vm_image import NO_LIBTPU
 ROOT = Path(__file__).resolve().parents[2]
 TINY = {
     "config_file": str(ROOT / "configs" / "tiny.yaml"),
+    "architecture": "roberta",  # the form's default is the embedded run's (modernbert)
     "vocab_size": 1000,
     "max_length": 64,
     "steps": 12,

@@ -20,7 +20,13 @@ from peers.airflow_home import airflow_env, dags_test  # noqa: F401  (fixture)
 from peers.fake_hub import FakeHub
 
 ROOT = Path(__file__).resolve().parents[2]
-TINY = {"config_file": str(ROOT / "configs" / "tiny.yaml"), "vocab_size": 1000, "max_length": 64, "batch_size": 8}
+TINY = {
+    "architecture": "roberta",
+    "config_file": str(ROOT / "configs" / "tiny.yaml"),
+    "vocab_size": 1000,
+    "max_length": 64,
+    "batch_size": 8,
+}
 REPO, TOKENIZER_REPO = "tester/roberta-tiny-mlm", "tester/unigram-tiny"
 MODEL_FILES = {
     "README.md",

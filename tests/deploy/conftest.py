@@ -88,6 +88,7 @@ def tiny_conf(airflow_stack, tmp_path) -> dict:
     out = data_volume(airflow_stack) / tmp_path.name
     return {
         "config_file": str(ROOT / "configs" / "tiny.yaml"),
+        "architecture": "roberta",  # the form's default is the embedded run's (modernbert)
         "output_root": str(out),
         "vocab_size": 1000,
         "max_length": 64,

@@ -49,6 +49,7 @@ def runs(airflow_stack, airflow_api) -> dict[str, str]:
     """Both runs triggered up front, so their training overlaps: {name: run_id}."""
     tiny = {
         "config_file": str(ROOT / "configs" / "tiny.yaml"),
+        "architecture": "roberta",  # the form's default is the embedded run's (modernbert)
         "vocab_size": 1000,
         "max_length": 64,
         "steps": 12,

@@ -209,6 +209,7 @@ def api(stack, preparing) -> AirflowApi:
 def trigger(api: AirflowApi, run_id: str, output_root: str, steps: int, overrides: dict | None = None) -> str:
     conf = {
         "config_file": str(ROOT / "configs" / "tiny.yaml"),
+        "architecture": "roberta",  # the form's default is the embedded run's (modernbert)
         "output_root": output_root,
         "compute": "tpu_vm",
         "vocab_size": 1000,

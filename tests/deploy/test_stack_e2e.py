@@ -40,6 +40,7 @@ def runs(airflow_stack, airflow_api) -> dict[str, dict]:
 
     tiny = {
         "config_file": str(ROOT / "configs" / "tiny.yaml"),
+        "architecture": "roberta",  # the form's default is the embedded run's (modernbert)
         "vocab_size": 1000,
         "max_length": 64,
         "steps": 12,
