@@ -278,7 +278,11 @@ def test_the_smoke_run_trains_detached_and_restarts_after_its_node_is_deleted(
     (restart,) = status["restarts"]
     assert restart["step"] >= 23 and restart["resumed_from"] % 5 == 0 and "NOT_FOUND" in restart["cause"], restart
     made = [step for _, step in steps_made(tmp_path / "vm", "smoke-5")]
-    assert made == list(range(1, restart["step"] + 1)) + list(range(restart["resumed_from"] + 1, 61))
+    cut = next(i for i in range(1, len(made)) if made[i] <= made[i - 1])  # where the second trainer began
+    # The killed trainer may make a step past the last one its record showed before the node went (the kill races
+    # it); the second resumes at the checkpoint either way and makes every later step once.
+    assert made[:cut] == list(range(1, cut + 1)) and cut >= restart["step"], (made, restart)
+    assert made[cut:] == list(range(restart["resumed_from"] + 1, 61)), (made, restart)
     assert "--preempt-after 23: deleting TPU VM" in out and "Restart 1: the TPU VM" in out
     assert "Smoke PASSED: 60 steps" in out and "1 restart(s)" in out
     creates = [path for method, path in fake_tpu.requests if method == "POST" and path.endswith("/nodes")]
