@@ -82,7 +82,6 @@ def api(stack) -> AirflowApi:
 def conf(output_root: Path) -> dict:
     return {
         "config_file": str(ROOT / "configs" / "tiny.yaml"),
-        "architecture": "roberta",  # the form's default is the embedded run's (modernbert)
         "output_root": str(output_root),
         "overrides": dict(DATA),
     }
