@@ -16,29 +16,19 @@ from mlm_tasks.errors import AuthError, ConfigError, TransientError
 def check_writable(uri: str) -> None:
     """A probe object written and removed: a run that could not save its work fails now, not after hours, as
     a ConfigError or AuthError (the user's to fix) or a TransientError (the service failed: worth a retry)."""
-    import aiohttp
-    import requests
-    from gcsfs.retry import HttpError
-    from google.auth.exceptions import GoogleAuthError
-
     probe = f"{uri.rstrip('/')}/_probes/{uuid.uuid4().hex}"
     try:
         storage.write_text(probe, "ok")
         storage.remove(probe)
-    except (
-        OSError,
-        ValueError,
-        ImportError,
-        HttpError,
-        GoogleAuthError,
-        requests.RequestException,
-        aiohttp.ClientError,
-    ) as err:  # what fsspec, gcsfs and google-auth raise; the rest is a bug, raised as it is
-        raise probe_failure(uri, err) from None
+    except Exception as err:
+        failure = _probe_failure(uri, err)
+        if failure is None:
+            raise  # not what fsspec, gcsfs or google-auth raise: a bug, raised as it is
+        raise failure from None
 
 
-def probe_failure(uri: str, err: Exception) -> Exception:
-    """The kind (mlm_tasks.errors) of a failure to write under output_root `uri`, with what to do."""
+def _probe_failure(uri: str, err: Exception) -> Exception | None:
+    """The kind (mlm_tasks.errors) of a failure to write under output_root `uri`, with what to do; None for a bug."""
     import aiohttp
     import requests
     from gcsfs.retry import HttpError
@@ -73,7 +63,8 @@ def probe_failure(uri: str, err: Exception) -> Exception:
     if isinstance(err, OSError):
         full = err.errno in (errno.EROFS, errno.ENOSPC, errno.EDQUOT, errno.ENAMETOOLONG)
         return fix if full else retry  # read-only or full: a person acts; EIO and the like may pass
-    return fix  # ValueError (gcsfs' 400 "invalid": a bad bucket name), ImportError (no driver for the scheme)
+    # gcsfs' 400 "invalid" (a bad bucket name) is a ValueError; no driver for the scheme an ImportError.
+    return fix if isinstance(err, (ValueError, ImportError)) else None
 
 
 def check_output_root_reachable(

@@ -51,13 +51,8 @@ def check_safe_uri(setting: str, value: str, *, glob: bool = False) -> None:
             f"{setting} {value!r} has a '..' path segment: give the place itself (an absolute "
             "path or a gs://bucket/prefix), not a way up out of another."
         )
-    if scheme(value) == "gs":
-        _check_gs_uri(setting, value)
-
-
-def _check_gs_uri(setting: str, value: str) -> None:
-    """The bucket by Google's naming rules, and the object path canonical: gcsfs keeps an empty or '.'
-    segment in the object names (gs://b//mlm/x writes '/mlm/x/...', outside the prefix mlm/)."""
+    if scheme(value) != "gs":
+        return
     bucket, path = bucket_and_name(value)
     if bucket and not (
         _BUCKET.fullmatch(bucket)
@@ -71,6 +66,7 @@ def _check_gs_uri(setting: str, value: str) -> None:
             "lowercase letters, digits, '-', '_' and '.', starting and ending with a letter or digit, not "
             "starting with 'goog'): fix the bucket name."
         )
+    # gcsfs keeps an empty or '.' segment in the object names (gs://b//mlm/x writes '/mlm/x/...', outside mlm/).
     canonical = "/".join(part for part in path.split("/") if part not in ("", "."))
     if path.rstrip("/") != canonical:
         raise ConfigError(

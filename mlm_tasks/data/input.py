@@ -1,7 +1,6 @@
 """The tf.data input pipeline: read shards, shuffle, batch, mask in-graph, prefetch.
 
     ds = mlm_dataset(shard_set, "train", tokenizer, global_batch, seed=cfg.train.seed, input_context=ctx)
-
 docs/data.md#reading-shards-in-training
 """
 

@@ -2,7 +2,6 @@
 
     fp = data_fingerprint(cfg, corpus); shard_set = load_manifest(cfg, fp)   # ShardSet.load: needs _SUCCESS
     shard_set.shard_uris("train"), shard_set.records("train"), shard_set.verify("train")
-
 docs/data.md#the-shard-set-fingerprint-and-manifest
 """
 
@@ -179,24 +178,17 @@ def data_fingerprint(cfg: PipelineConfig, corpus=None, corpus_fingerprint: str |
     if corpus_fingerprint is None:
         corpus_fingerprint = (corpus or open_corpus(cfg.corpus)).fingerprint()
     key = {"corpus": corpus_fingerprint, "max_length": cfg.shards.max_length, "manifest_version": MANIFEST_VERSION}
-    if cfg.corpus.source == "tfrecord_shards":  # shards brought as they are: no setting of ours changes them
-        return hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16]
-    base = BaseModelRef.of(cfg)
-    key |= {
-        "corpus": corpus_fingerprint,
-        "splits": [
-            cfg.corpus.validation_fraction,
-            cfg.corpus.test_fraction,
-            cfg.corpus.split_by,
-            cfg.corpus.document_column,
-        ],
-        "text_column": cfg.corpus.text_column,  # the same files, another column: other rows
-        # The base's tokenizer encodes the shards (tokenizer.* is not used then); else ours, reused or trained.
-        **({"base_model": base.identity()} if base else {"tokenizer": tokenizer_key(cfg)}),
-        "records_per_shard": cfg.shards.records_per_shard,
-        "filters": cfg.corpus.filters.model_dump(),
-        "dedup": cfg.dedup.model_dump(),
-    }
+    if cfg.corpus.source != "tfrecord_shards":  # shards brought as they are: no setting of ours changes them
+        c, base = cfg.corpus, BaseModelRef.of(cfg)
+        key |= {
+            "splits": [c.validation_fraction, c.test_fraction, c.split_by, c.document_column],
+            "text_column": c.text_column,  # the same files, another column: other rows
+            # The base's tokenizer encodes the shards (tokenizer.* is not used then); else ours, reused or trained.
+            **({"base_model": base.identity()} if base else {"tokenizer": tokenizer_key(cfg)}),
+            "records_per_shard": cfg.shards.records_per_shard,
+            "filters": c.filters.model_dump(),
+            "dedup": cfg.dedup.model_dump(),
+        }
     return hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16]
 
 

@@ -1,10 +1,8 @@
-"""Encode blocks of token ids as TFRecord files of `tf.train.Example`s, byte-identical to TensorFlow's own.
+"""TFRecord files of `tf.train.Example`s, byte-identical to TensorFlow's own, encoded a block at a time in numpy.
 
-    with open("part.tfrecord", "wb") as f:
-        f.write(frame_records(encode_examples(block)))          # block: [n, max_length] ids
-    for offset, record in iter_records(f, "part.tfrecord"):      # both crc32c checked; ConfigError if bad
-
-numpy encodes a whole block at once (no TensorFlow, no proto per record). docs/data.md#the-file-format
+    f.write(frame_records(encode_examples(block)))             # block: [n, max_length] ids
+    for offset, record in iter_records(f, "part.tfrecord"):    # both crc32c checked; ConfigError if bad
+docs/data.md#the-file-format
 """
 
 from __future__ import annotations
@@ -207,19 +205,11 @@ def _fields(buf: bytes):
 def parse_example(record: bytes) -> dict[str, list[int] | str]:
     """A `tf.train.Example`'s features: the values of each int64 list; "bytes" or "float" for the others."""
     out: dict[str, list[int] | str] = {}
-    for field, _, features in _fields(record):
-        if field != 1:
-            continue
-        for entry_field, _, entry in _fields(features):
-            if entry_field != 1:
-                continue
-            key, feature = "", b""
-            for f, _, v in _fields(entry):
-                if f == 1:
-                    key = v.decode("utf-8")
-                elif f == 2:
-                    feature = v
-            for kind, _, values in _fields(feature):
+    for features in (v for field, _, v in _fields(record) if field == 1):
+        for entry in (v for field, _, v in _fields(features) if field == 1):
+            parts = {field: v for field, _, v in _fields(entry)}  # 1: the key, 2: the Feature
+            key = parts.get(1, b"").decode("utf-8")
+            for kind, _, values in _fields(parts.get(2, b"")):
                 if kind != 3:
                     out[key] = {1: "bytes", 2: "float"}.get(kind, "unknown")
                     continue

@@ -1,8 +1,7 @@
 """Train a tokenizer (Unigram, BPE or WordPiece) on the train split and save it as a PreTrainedTokenizerFast.
+Training is not reproducible id-for-id: one tokenizer per data fingerprint (first writer wins), read back to encode.
 
     tok = train_subwords(rows, cfg.tokenizer); add_spare_tokens(tok, 8); save_tokenizer(tok, uri, 128)
-
-Training is not reproducible id-for-id: one tokenizer per data fingerprint (first writer wins), read back to encode.
 """
 
 from __future__ import annotations

@@ -1,10 +1,8 @@
 """Whole-word masking in the graph (static shapes: it runs under XLA), for tokenizers that mark a word's first
 piece with "▁" (Metaspace); transformers' whole-word collator is torch-only and needs offsets.
-
-    masker = WholeWordMasker(tokenizer, mlm_probability=0.15, max_predictions=32)
-    selected = masker(ids, special, BatchSeededRng(seed, batch_index))   # make_masker (data/input.py) masks them
-
 docs/configuration.md#whole-word-masking-trainwhole_word_mask
+
+    selected = WholeWordMasker(tokenizer, 0.15, 32)(ids, special, rng)   # make_masker (data/input.py) masks them
 """
 
 from __future__ import annotations

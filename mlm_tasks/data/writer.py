@@ -2,7 +2,6 @@
 
     parts = [write_partition(cfg, paths, p, 4) for p in range(4)]    # any order, any machine, in parallel
     shard_set = merge_partitions(cfg, paths, 4, extra)               # manifest.json and _SUCCESS last
-
 docs/data.md#how-a-partition-is-written
 """
 

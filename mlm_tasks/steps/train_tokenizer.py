@@ -19,8 +19,8 @@ log = logging.getLogger(__name__)
 def train_tokenizer(cfg: PipelineConfig, ctx: RunContext, *, num_parts: int = 1) -> dict[str, Any]:
     """What the tokenizer was trained on ({} with a reused tokenizer): rows, bytes, budget."""
     from mlm_tasks.base_model import tokenizer_ref
+    from mlm_tasks.data.dedup.clusters import tokenizer_sample
     from mlm_tasks.data.shard_set import ensure_tokenizer
-    from mlm_tasks.data.tokenizer_sample import tokenizer_sample
 
     paths = ctx.data
     if tokenizer_ref(cfg) is not None:

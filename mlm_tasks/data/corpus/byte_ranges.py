@@ -1,10 +1,7 @@
-"""Which bytes of a list of files a partition owns, and the lines that start in them.
+"""Which bytes of a list of files (end to end on one axis) a partition owns, and the lines that start in them:
+a line belongs to the partition that owns its first byte, so every line lands in exactly one partition.
 
     for index, start, end in owned_ranges(sizes, part, num_parts): ...   # file `index`, bytes [start, end)
-    for offset, line in lines_starting_in(f, start, end): ...
-
-The files lie end to end on one byte axis of T bytes: partition p owns [p*T//n, (p+1)*T//n), and a record
-belongs to the partition that owns its first byte, so every record lands in exactly one partition.
 """
 
 from __future__ import annotations

@@ -41,13 +41,6 @@ def list_shards(shards_uri: str) -> dict[str, list[dict]]:
     return found
 
 
-def fetch_tokenizer_json(tokenizer_uri: str) -> str:
-    """tokenizer.json of a local folder, a gs:// folder, or a Hub repo (its main, read through huggingface_hub)."""
-    from mlm_tasks.base_model import BaseModelRef
-
-    return BaseModelRef(tokenizer_uri, setting="corpus.tokenizer_uri").tokenizer_json()
-
-
 class ShardsCorpus(Corpus):
     """A corpus of already tokenized shards: a fingerprint and a manifest, no text rows."""
 
@@ -72,7 +65,10 @@ class ShardsCorpus(Corpus):
 
     @cached_property
     def tokenizer_json(self) -> str:
-        return fetch_tokenizer_json(self.tokenizer_uri)
+        """tokenizer.json of a local folder, a gs:// folder, or a Hub repo (its main, through huggingface_hub)."""
+        from mlm_tasks.base_model import BaseModelRef
+
+        return BaseModelRef(self.tokenizer_uri, setting="corpus.tokenizer_uri").tokenizer_json()
 
     def fingerprint(self) -> str:
         listing = [[split, f["uri"], f["bytes"], f["version"]] for split in SPLITS for f in self.files[split]]

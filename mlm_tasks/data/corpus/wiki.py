@@ -1,7 +1,4 @@
 """Wikipedia dumps as rows: the embedded sample shipped in the gensim wheel, or any enwiki dump at a path.
-
-    corpus = WikiDumpCorpus(cfg, embedded_wiki_path())   # corpus.source: embedded_wiki (or wiki_dump)
-
 Pages become WikiText-style rows (gensim's `filter_wiki`); each article goes to one split by a hash of its title.
 """
 

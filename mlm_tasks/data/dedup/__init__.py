@@ -1,11 +1,6 @@
-"""Deduplication of a corpus too large for one task's memory, in three stages (datatrove's MinHash layout).
-
-    scan_partition(cfg, paths, part, n)   # per partition (mapped): row keys into buckets, tokenizer candidates
-    find_duplicates(cfg, paths, bucket, n)  # per bucket (mapped, one per partition): rows sharing a key, as pairs
-    cluster_duplicates(cfg, paths)        # once: pairs joined into clusters, one row kept per cluster
-    kept_rows(corpus, paths, part, n)     # what the shard writer reads: rows no filter dropped, one per cluster
-
-The smallest RowId of a cluster is kept (a train copy when there is one). docs/data.md, Deduplication
+"""Deduplication of a corpus too large for one task's memory, in three stages (datatrove's MinHash layout):
+scan_partition (scan.py, per partition), find_duplicates (matches.py, per bucket), cluster_duplicates
+(clusters.py, once: the smallest row id of a cluster, a train copy when there is one, is kept). docs/data.md
 """
 
 from __future__ import annotations

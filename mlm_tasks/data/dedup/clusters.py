@@ -2,13 +2,18 @@
 
     stats = cluster_duplicates(cfg, paths, num_parts)   # dedup/clusters/pPPPPP-of-NNNNN.npy, clusters.json last
     for source, split, row in kept_source_rows(corpus, paths, part, num_parts): ...   # what the writer reads
+    rows, stats = tokenizer_sample(paths, num_parts, budget_bytes)   # the tokenizer's text, by ascending row hash
 
 A partition's mask also carries the rows its scan's filters dropped; only near pairs need the union-find.
 """
 
 from __future__ import annotations
 
+import heapq
+import json
 import logging
+import os
+import tempfile
 import time
 from collections import Counter
 from collections.abc import Iterator
@@ -140,12 +145,6 @@ def removed_bits(paths: DataPaths, part: int, num_parts: int) -> np.ndarray:
     return load_array(uri)
 
 
-def removed_rows(paths: DataPaths, part: int, num_parts: int) -> np.ndarray:
-    """The partition's mask, a bool per row of its stream (True: not written)."""
-    scan = load_scan(paths, part, num_parts, todo="run scan_partition first")
-    return np.unpackbits(removed_bits(paths, part, num_parts), count=sum(scan["rows"].values())).astype(bool)
-
-
 def kept_rows(corpus, paths: DataPaths, part: int, num_parts: int) -> Iterator[tuple[str, str]]:
     """(split, row) of the partition's rows that the filters and the dedup kept, in stream order."""
     for _, split, row in kept_source_rows(corpus, paths, part, num_parts):
@@ -154,7 +153,8 @@ def kept_rows(corpus, paths: DataPaths, part: int, num_parts: int) -> Iterator[t
 
 def kept_source_rows(corpus, paths: DataPaths, part: int, num_parts: int) -> Iterator[tuple[str, str, str]]:
     """(source, split, row) of the kept rows: the same stream, each row with its mixture source's name."""
-    removed = removed_rows(paths, part, num_parts)
+    scan = load_scan(paths, part, num_parts, todo="run scan_partition first")
+    removed = np.unpackbits(removed_bits(paths, part, num_parts), count=sum(scan["rows"].values())).astype(bool)
     index = -1
     for index, (source, split, row) in enumerate(corpus.source_rows(part, num_parts)):
         if index >= len(removed):
@@ -167,3 +167,33 @@ def kept_source_rows(corpus, paths: DataPaths, part: int, num_parts: int) -> Ite
             f"the {len(removed)} it had when it was scanned: the corpus changed under this shard set. Delete "
             f"{paths.root} and rerun the shard set."
         )
+
+
+def tokenizer_sample(paths: DataPaths, num_parts: int, budget: int) -> tuple[list[str], dict]:
+    """The tokenizer's training text: the kept train rows with the smallest row hashes that fit `budget` bytes."""
+    removed = [removed_bits(paths, part, num_parts) for part in range(num_parts)]  # a bit per row of the corpus
+    rows: list[str] = []
+    taken = candidates = 0
+    last = None
+    with tempfile.TemporaryDirectory(prefix="mlm-tokenizer-sample-") as tmp:
+        streams = []
+        for part in range(num_parts):
+            local = os.path.join(tmp, f"{part}.jsonl")
+            storage.copy_to_local(join(scan_dir(paths, part, num_parts), "sample.jsonl"), local)
+            streams.append(_candidates(local, part))
+        for h, part, index, row in heapq.merge(*streams):
+            candidates += 1
+            if is_set(removed, part, index) or h == last:  # removed by the dedup, or a copy already taken
+                continue
+            size = len(row.encode("utf-8"))
+            if taken + size > budget and rows:
+                break
+            rows.append(row)
+            taken, last = taken + size, h
+    return rows, {"rows": len(rows), "bytes": taken, "budget_bytes": budget, "candidates_read": candidates}
+
+
+def _candidates(path: str, part: int) -> Iterator[tuple[int, int, int, str]]:
+    with open(path, encoding="utf-8") as f:
+        for h, index, row in map(json.loads, f):
+            yield h, part, index, row

@@ -1,8 +1,7 @@
 """Stage 2, per bucket: the rows that share a key, from every partition's scan of this bucket.
+A pair is (row, kept, exact): `row` shares a key with `kept`, the smallest id of its key's group.
 
     pairs = find_duplicates(cfg, paths, bucket, num_parts)   # dedup/matches/bBBBBB.npy, PAIR_DTYPE
-
-A pair is (row, kept, exact): `row` shares a key with `kept`, the smallest id of its key's group.
 """
 
 from __future__ import annotations

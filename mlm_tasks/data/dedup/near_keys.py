@@ -1,9 +1,7 @@
-"""Near-duplicate keys: the LSH bands of a row's MinHash signature (datasketch), one key per band.
+"""Near-duplicate keys: the LSH bands of a row's MinHash signature, one key per band (datasketch's MinHashLSH
+picks the bands for the threshold):
 
-    keys = NearKeys(cfg.dedup)
-    keys.of_batch(rows) -> list[list[int]]   # per row: its band keys (empty for rows too short to compare)
-
-datasketch's MinHashLSH picks the bands for the threshold; our index is spread over buckets (matches.py).
+    NearKeys(cfg.dedup).of_batch(rows) -> list[list[int]]   # per row its band keys ([]: too short to compare)
 """
 
 from __future__ import annotations

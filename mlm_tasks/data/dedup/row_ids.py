@@ -1,10 +1,5 @@
-"""Row ids and row hashes shared by the dedup stages.
-
-    rid = row_id(split, part, index)   # uint64: split rank, partition, index in the partition's stream
-    split_ranks(ids), parts_and_indexes(ids)   # the same for an array of ids
-    row_hash("some text")              # 64-bit hash of a row's text: the exact-dedup key
-
-The split's rank is in the top bits, so the smallest id of a group of copies is a train copy when one exists.
+"""Row ids (uint64: split rank, partition, index in its stream; the rank in the top bits, so the smallest id
+of a group of copies is a train copy when one exists) and row hashes (the exact-dedup key).
 """
 
 from __future__ import annotations

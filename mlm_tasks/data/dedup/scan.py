@@ -1,8 +1,7 @@
 """Stage 1, per partition: each row's keys into buckets, the rows the filters drop, tokenizer candidates.
+Writes bBBBBB.npy per bucket (KEY_DTYPE records), dropped.npy (a bit per row), sample.jsonl, scan.json last.
 
     scan = scan_partition(cfg, paths, corpus, part, num_parts, row_filter)   # dedup/scans/pPPPPP-of-NNNNN/
-
-It writes bBBBBB.npy per bucket (KEY_DTYPE records), dropped.npy (a bit per row), sample.jsonl, scan.json last.
 """
 
 from __future__ import annotations

@@ -257,7 +257,10 @@ def test_a_tokenizer_that_is_nowhere_is_named(seed_shards, tmp_path, fake_hub):
     says so."""
     from huggingface_hub import HfApi
 
-    from mlm_tasks.data.corpus.shards import fetch_tokenizer_json
+    from mlm_tasks.base_model import BaseModelRef
+
+    def fetch_tokenizer_json(uri: str) -> str:  # what ShardsCorpus.tokenizer_json reads
+        return BaseModelRef(uri, setting="corpus.tokenizer_uri").tokenizer_json()
 
     _, tok, _ = seed_shards
     api = HfApi(endpoint=fake_hub.url, token=fake_hub.token)

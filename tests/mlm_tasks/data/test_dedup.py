@@ -138,7 +138,7 @@ def test_planted_near_duplicates_are_found_at_the_stated_precision_and_recall(tm
 
 
 def test_the_tokenizer_sample_is_bounded_recorded_and_the_same_for_any_partition_count(tmp_path):
-    from mlm_tasks.data.tokenizer_sample import tokenizer_sample
+    from mlm_tasks.data.dedup.clusters import tokenizer_sample
 
     rows = _wiki_paragraphs(3000, min_words=5)
     budget = 200_000
