@@ -1,9 +1,6 @@
 """mlm_tasks: every step of the masked-LM pretraining pipeline, with no Airflow inside (docs/architecture.md).
-
-    python -m mlm_tasks train --config configs/default.yaml --run-id my-run
-
-Importing this package is cheap: TensorFlow and transformers load only inside the steps that need them.
-"""
+Importing it is cheap: TensorFlow and transformers load only inside the steps that need them.
+python -m mlm_tasks train --config configs/default.yaml --run-id my-run"""
 
 import os
 

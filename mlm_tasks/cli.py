@@ -5,8 +5,7 @@
     python -m mlm_tasks train           --config configs/default.yaml --run-id r1 [--data-fingerprint FP]
     python -m mlm_tasks run_all         --config configs/tiny.yaml --run-id r1   # every step to the gate, no Airflow
 
-Exit status 2: an error no retry can fix (NoRetryError); 1: anything else. docs/configuration.md#the-command-line
-"""
+Exit status 2: an error no retry can fix (NoRetryError); 1: anything else. docs/configuration.md#the-command-line"""
 
 from __future__ import annotations
 
@@ -64,8 +63,7 @@ def resolve_config(args: argparse.Namespace) -> PipelineConfig:
     return load_config(args.config, overrides)
 
 
-# Steps that read a shard set (all but plan_shards, which computes it): without --data-fingerprint, it is
-# computed from the corpus (needs the corpus at hand).
+# Steps that read a shard set: without --data-fingerprint, its fingerprint is computed from the corpus.
 NEEDS_DATA = (*SHARD_SET_STEPS[1:], "check_run", "train", "evaluate", "publish_tokenizer", "summary")
 
 
@@ -85,10 +83,6 @@ def run_step(step: str, cfg: PipelineConfig, ctx: RunContext, part: int = 0, run
         return steps.build_shard_set(cfg, ctx)
     if step == "run_all":
         return steps.run_all(cfg, ctx, hub_token=_hub_token(needed=cfg.publish.sync_checkpoints))
-    if step == "validate":
-        from mlm_tasks.steps.validate import validate
-
-        return validate(cfg)
     if step in NEEDS_DATA and not ctx.fingerprint:
         ctx = ctx.with_data(data_fingerprint(cfg))
     kwargs: dict = {}
@@ -104,7 +98,8 @@ def run_step(step: str, cfg: PipelineConfig, ctx: RunContext, part: int = 0, run
         kwargs = {"hub_token": _hub_token(needed=cfg.publish.sync_checkpoints)}
     elif step in ("publish", "publish_tokenizer"):
         kwargs = {"token": _hub_token(needed=True)}
-    return getattr(importlib.import_module(f"mlm_tasks.steps.{step}"), step)(cfg, ctx, **kwargs)
+    func = getattr(importlib.import_module(f"mlm_tasks.steps.{step}"), step)
+    return func(cfg) if step == "validate" else func(cfg, ctx, **kwargs)
 
 
 _stdin_token: str | None = None  # --hub-token-stdin: read once in main(), before any step runs
@@ -143,7 +138,6 @@ def main(argv: list[str] | None = None) -> int:
     except preemption.Preempted as err:
         print(f"preempted: {err}", file=sys.stderr)
         return preemption.PREEMPTED_EXIT
-    # Every result is JSON already (mlm_tasks/results.py). One line when stdout is a file (a TPU VM's trainer
-    # log, whose last lines the train task shows): an indented summary would push the log's lines out of them.
+    # One line unless a terminal: the train task shows a TPU VM trainer log's last lines, which indenting would fill.
     print(json.dumps(result, indent=2 if sys.stdout.isatty() else None))
     return 0

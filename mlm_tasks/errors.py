@@ -1,8 +1,5 @@
 """The errors every layer raises, in one module that imports nothing of the project (docs/architecture.md#errors).
-
-A `NoRetryError` (a person must act) fails an Airflow task without retries and exits the CLI with 2;
-TransientError and anything unforeseen are retried.
-"""
+A `NoRetryError` (a person must act) fails a task without retries and exits the CLI with 2; the rest are retried."""
 
 from __future__ import annotations
 
@@ -15,8 +12,7 @@ class NoRetryError(Exception):
 
 
 class ConfigError(NoRetryError, ValueError):
-    """A setting or an input is wrong; the message says which one and what to change. A ValueError too, so
-    pydantic validators may raise it."""
+    """A setting or an input is wrong; the message says which and what to change (a ValueError: validators raise it)."""
 
 
 class MissingArtifactError(NoRetryError):
@@ -28,8 +24,7 @@ class AuthError(NoRetryError):
 
 
 class TrainingDivergedError(NoRetryError):
-    """A step's loss or gradient was not finite: the same batches and settings diverge again, so a person
-    changes the recipe (the last checkpoint is the last good one)."""
+    """A loss or gradient was not finite: a retry diverges again, so a person changes the recipe."""
 
 
 class TransientError(Exception):

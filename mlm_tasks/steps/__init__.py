@@ -1,7 +1,5 @@
-"""The pipeline's steps: one module, one function, one Airflow task id and one CLI verb each
-(docs/architecture.md has the table). Every step is `name(cfg, ctx, *, inputs) -> typed result` (validate
-takes `cfg` alone). `build_shard_set` and `run_all` compose them in one process for the CLI and tests.
-"""
+"""The pipeline's steps: one module, one function, one Airflow task id and one CLI verb each (docs/architecture.md).
+Each is `name(cfg, ctx, *, inputs) -> typed result` (validate: `cfg` alone); build_shard_set, run_all chain them."""
 
 from __future__ import annotations
 

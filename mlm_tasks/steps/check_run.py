@@ -1,8 +1,5 @@
-"""Step check_run: check the run against its shard set (records, max_length, tokenizer, earlier checkpoints)
-before any compute is spent on it.
-
-    python -m mlm_tasks check_run --config configs/tiny.yaml --run-id r1 [--data-fingerprint FP]
-"""
+"""Step check_run: check the run against its shard set (records, max_length, tokenizer, checkpoints) before compute.
+python -m mlm_tasks check_run --config configs/tiny.yaml --run-id r1 [--data-fingerprint FP]"""
 
 from __future__ import annotations
 
@@ -27,8 +24,7 @@ def check_run(cfg: PipelineConfig, ctx: RunContext, *, data: DataSummary) -> Run
     weights = source_weights(cfg, shard_set)  # a mixture: the run weighs exactly the set's sources
     if weights:
         log.info("Mixture weights: %s", ", ".join(f"{name} {w:g}" for name, w in weights.items()))
-    # Per replica: the replica count is known only on the training host, so this is the bound
-    # every device count must meet; train() checks the global batch again.
+    # Per replica (the count is known only on the training host); train() checks the global batch again.
     steps = plan_steps(cfg, shard_set, cfg.train.batch_size)
     check_resumable(ctx.run, fingerprint, model_vocab_size(cfg, shard_set.vocab_size))
     log.info(

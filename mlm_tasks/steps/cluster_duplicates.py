@@ -1,7 +1,5 @@
 """Step cluster_duplicates: join every bucket's pairs into clusters and mark the rows the writer skips.
-
-python -m mlm_tasks cluster_duplicates --config c.yaml --set shards.partitions=4 --data-fingerprint FP
-"""
+python -m mlm_tasks cluster_duplicates --config c.yaml --set shards.partitions=4 --data-fingerprint FP"""
 
 from __future__ import annotations
 

@@ -1,7 +1,5 @@
 """Step downstream: fine-tune the trained encoder on each of `downstream.tasks`; runs/<run>/eval/downstream.json.
-
-python -m mlm_tasks downstream --config configs/default.yaml --run-id my-run
-"""
+python -m mlm_tasks downstream --config configs/default.yaml --run-id my-run"""
 
 from __future__ import annotations
 

@@ -1,7 +1,5 @@
 """Step evaluate: the trained model's masked-LM loss, perplexity and accuracy; runs/<run>/eval/metrics.json.
-
-python -m mlm_tasks evaluate --config configs/default.yaml --run-id my-run --data-fingerprint FP
-"""
+python -m mlm_tasks evaluate --config configs/default.yaml --run-id my-run --data-fingerprint FP"""
 
 from __future__ import annotations
 

@@ -1,7 +1,5 @@
 """Step fill_mask: the trained model's top predictions for each `infer.probes` sentence (one <mask> each).
-
-python -m mlm_tasks fill_mask --config configs/default.yaml --run-id my-run
-"""
+python -m mlm_tasks fill_mask --config configs/default.yaml --run-id my-run"""
 
 from __future__ import annotations
 

@@ -1,7 +1,5 @@
 """Step find_duplicates: the rows sharing a hash in one bucket (bucket b: partition b's task), from every scan.
-
-python -m mlm_tasks find_duplicates --config c.yaml --set shards.partitions=4 --bucket 3 --data-fingerprint FP
-"""
+python -m mlm_tasks find_duplicates --config c.yaml --set shards.partitions=4 --bucket 3 --data-fingerprint FP"""
 
 from __future__ import annotations
 

@@ -1,7 +1,5 @@
 """Step gate: may the trained model be published? The rules are mlm_tasks/reporting/gate.py's.
-
-python -m mlm_tasks gate --config configs/default.yaml --run-id my-run
-"""
+python -m mlm_tasks gate --config configs/default.yaml --run-id my-run"""
 
 from __future__ import annotations
 

@@ -1,7 +1,5 @@
 """Step merge_shards: merge the written partitions into one manifest, then `_SUCCESS`; a complete set is only read.
-
-python -m mlm_tasks merge_shards --config c.yaml --set shards.partitions=4 --data-fingerprint FP
-"""
+python -m mlm_tasks merge_shards --config c.yaml --set shards.partitions=4 --data-fingerprint FP"""
 
 from __future__ import annotations
 

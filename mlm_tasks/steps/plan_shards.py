@@ -1,8 +1,5 @@
-"""Step plan_shards: fingerprint the data and list the partitions still to scan and write (none when a complete
-shard set has this fingerprint). First of the shard-set steps (docs/data.md).
-
-    python -m mlm_tasks plan_shards --config configs/tiny.yaml --set shards.partitions=4
-"""
+"""Step plan_shards, the first shard-set step (docs/data.md): fingerprint the data, list the partitions still to do.
+python -m mlm_tasks plan_shards --config configs/tiny.yaml --set shards.partitions=4"""
 
 from __future__ import annotations
 

@@ -1,10 +1,5 @@
 """Step publish: push the run's model (TensorFlow and PyTorch weights) with its card to the Hugging Face Hub.
-
-    HF_TOKEN=hf_... python -m mlm_tasks publish --config c.yaml --run-id my-run   # after the gate passed
-
-The token is an argument (the DAG's from `publish.hf_conn_id`, the CLI's from HF_TOKEN); it never reaches
-logs, errors, XCom or files.
-"""
+HF_TOKEN=hf_... python -m mlm_tasks publish --config c.yaml --run-id my-run   # after the gate passed"""
 
 from __future__ import annotations
 

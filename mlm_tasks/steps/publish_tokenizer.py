@@ -1,7 +1,5 @@
 """Step publish_tokenizer: push the shard set's tokenizer alone, with a short card, to `publish.tokenizer_repo_id`.
-
-HF_TOKEN=hf_... python -m mlm_tasks publish_tokenizer --config c.yaml --data-fingerprint FP
-"""
+HF_TOKEN=hf_... python -m mlm_tasks publish_tokenizer --config c.yaml --data-fingerprint FP"""
 
 from __future__ import annotations
 

@@ -1,7 +1,5 @@
 """Step report: the run report under runs/<run>/report/, and the data summary the model card reads.
-
-python -m mlm_tasks report --config configs/default.yaml --run-id my-run [--data-fingerprint FP]
-"""
+python -m mlm_tasks report --config configs/default.yaml --run-id my-run [--data-fingerprint FP]"""
 
 from __future__ import annotations
 

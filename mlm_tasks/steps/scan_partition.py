@@ -1,7 +1,5 @@
 """Step scan_partition: read one corpus partition, filter its rows, hash them for dedup, pick tokenizer candidates.
-
-python -m mlm_tasks scan_partition --config c.yaml --set shards.partitions=4 --part 0 --data-fingerprint FP
-"""
+python -m mlm_tasks scan_partition --config c.yaml --set shards.partitions=4 --part 0 --data-fingerprint FP"""
 
 from __future__ import annotations
 

@@ -1,7 +1,5 @@
 """Step summary: the end-of-run summary a person reads first, written to runs/<run>/summary.txt and logged.
-
-python -m mlm_tasks summary --config configs/default.yaml --run-id r1 --data-fingerprint FP
-"""
+python -m mlm_tasks summary --config configs/default.yaml --run-id r1 --data-fingerprint FP"""
 
 from __future__ import annotations
 

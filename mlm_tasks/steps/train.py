@@ -1,7 +1,5 @@
 """Step train: train the masked LM, resumably, on CPU, GPU or TPU with the same code (docs/operations.md).
-
-python -m mlm_tasks train --config configs/default.yaml --run-id my-run --data-fingerprint FP
-"""
+python -m mlm_tasks train --config configs/default.yaml --run-id my-run --data-fingerprint FP"""
 
 from __future__ import annotations
 
@@ -34,8 +32,7 @@ def train(
 
     `on_checkpoint(step, path)` follows each saved checkpoint (`path`: its prefix) and the final one. With
     `publish.sync_checkpoints` checkpoints go to the Hub with `hub_token` (`hub_endpoint` None: HF_ENDPOINT or
-    huggingface.co). `hooks` (mlm_tasks/training/hooks.py) run before the ones MLM_TRAIN_HOOKS names.
-    """
+    huggingface.co). `hooks` (mlm_tasks/training/hooks.py) run before the ones MLM_TRAIN_HOOKS names."""
     from mlm_tasks.hub import sync as hub_sync
 
     hub_sync.check_sync_settings(cfg, hub_token)  # a missing token fails now, not after the data checks

@@ -1,8 +1,5 @@
-"""Step train_tokenizer: train the tokenizer on a seeded sample (at most `tokenizer.sample_mb`) of the
-deduplicated train rows, or reuse tokenizer.from_pretrained's or model.init_from's.
-
-    python -m mlm_tasks train_tokenizer --config c.yaml --set shards.partitions=4 --data-fingerprint FP
-"""
+"""Step train_tokenizer: train on a seeded sample of the deduplicated rows, or reuse from_pretrained's or init_from's.
+python -m mlm_tasks train_tokenizer --config c.yaml --set shards.partitions=4 --data-fingerprint FP"""
 
 from __future__ import annotations
 

@@ -1,8 +1,5 @@
-"""Step validate: the checks that need I/O (corpus readable, output_root writable, credentials, base model,
-downstream files), before anything costly starts.
-
-    python -m mlm_tasks validate --config configs/default.yaml
-"""
+"""Step validate: the checks that need I/O (corpus, output_root, credentials, base model, downstream files).
+python -m mlm_tasks validate --config configs/default.yaml"""
 
 from __future__ import annotations
 

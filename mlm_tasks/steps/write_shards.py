@@ -1,7 +1,5 @@
 """Step write_shards: write one partition of the corpus as TFRecord shards, every split in one read.
-
-python -m mlm_tasks write_shards --config c.yaml --set shards.partitions=4 --part 0 --data-fingerprint FP
-"""
+python -m mlm_tasks write_shards --config c.yaml --set shards.partitions=4 --part 0 --data-fingerprint FP"""
 
 from __future__ import annotations
 
