@@ -1,7 +1,6 @@
 """What a run may reach under a deployment: where it writes and reads, its zone, its limits, its Hub owners.
 
-check_allowed(dep, cfg)   # a ConfigError naming the setting and the deployment's bound it crosses
-"""
+dep.check_allowed(cfg)   # a ConfigError naming the setting and the deployment's bound it crosses"""
 
 from __future__ import annotations
 
@@ -11,8 +10,9 @@ import re
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from pydantic import BaseModel, ConfigDict, Field, PrivateAttr
+from pydantic import Field, PrivateAttr
 
+from mlm_tasks.config.section import Section
 from mlm_tasks.errors import ConfigError
 from mlm_tasks.paths import bucket_and_name, scheme
 from mlm_tasks.storage import local_path
@@ -25,10 +25,8 @@ INPUT_KEYS = ("local_paths", "dump_path", "shards_uri", "tokenizer_uri")
 HUB_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,95}(/[A-Za-z0-9][A-Za-z0-9_.-]{0,95})?$")
 
 
-class Limits(BaseModel):
+class Limits(Section):
     """What one run may spend, whatever it asks for (check_allowed refuses more, naming the limit)."""
-
-    model_config = ConfigDict(extra="forbid")
 
     max_ttl_hours: float | None = Field(None, gt=0, description="The most tpu.ttl_hours (the janitor's bound).")
     max_train_hours: float | None = Field(None, gt=0, description="The most train.timeout_hours, and budget.")
@@ -37,10 +35,8 @@ class Limits(BaseModel):
     max_steps: int | None = Field(None, ge=1, description="The most train.steps.")
 
 
-class Bounds(BaseModel):
+class Bounds(Section):
     """The deployment file's bounds on a run (`Deployment` adds its settings, approvers and events)."""
-
-    model_config = ConfigDict(extra="forbid")
 
     source: str = Field("", description="The file these came from (for messages).")
     output_roots: list[str] = Field(default_factory=list, description="Where a run may write.")
@@ -48,9 +44,7 @@ class Bounds(BaseModel):
     input_roots: list[str] = Field(default_factory=list, description="Where local corpora and shards may come from.")
     zones: list[str] = Field(default_factory=list, description="The tpu.zone values a run may pick (empty: any).")
     limits: Limits = Field(default_factory=Limits, description="What one run may spend.")
-    hub_namespaces: list[str] = Field(
-        default_factory=list, description="The Hub owners publish.repo_id and tokenizer_repo_id may name (empty: any)."
-    )
+    hub_namespaces: list[str] = Field(default_factory=list, description="Hub owners repo ids may name (empty: any).")
 
     # Set only by `Deployment.builtin()`, never by a file: no roots to check (there is no file to name them).
     _open_roots: bool = PrivateAttr(False)

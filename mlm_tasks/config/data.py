@@ -14,8 +14,7 @@ SPECIAL_TOKENS = ["<s>", "<pad>", "</s>", "<unk>", "<mask>"]
 MAX_PARTITIONS = 1024  # shard-writing tasks one run may map
 
 
-# C4's boilerplate substrings (datatrove's C4QualityFilter), bare "javascript" narrowed: Wikipedia has
-# paragraphs about the language; the boilerplate C4 aims at is "please enable JavaScript".
+# C4's boilerplate substrings (datatrove's C4QualityFilter), but not bare "javascript": Wikipedia explains it.
 DEFAULT_BOILERPLATE_PHRASES = [
     "lorem ipsum",
     "enable javascript",
@@ -46,8 +45,7 @@ class FilterConfig(Section):
     require_end_punctuation: bool = Field(False, description="Drop rows not ending in . ? ! \" ' (C4's line rule).")
     drop_curly_brackets: bool = Field(True, description="Drop rows holding '{', which is code, not prose (C4).")
     boilerplate_phrases: list[str] = Field(
-        default_factory=lambda: list(DEFAULT_BOILERPLATE_PHRASES),
-        description="Drop rows holding one of these phrases ([]: off).",
+        default_factory=DEFAULT_BOILERPLATE_PHRASES.copy, description="Drop rows holding any phrase listed ([]: off)."
     )
     languages: list[str] = Field(default_factory=list, description="Keep rows in these ISO 639-1 languages ([]: off).")
     min_language_score: float = Field(0.5, ge=0, le=1, description="Least language-ID probability a kept row has.")

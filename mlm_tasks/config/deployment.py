@@ -2,8 +2,7 @@
 run may set; a run that sets a deployment setting is refused, naming the key (docs/security.md).
 
     dep = Deployment.load()              # $MLM_DEPLOYMENT (a YAML file), or None: no boundary
-    cfg = run_config(params, dep, extra)  # the one door: form, conf and event in, the deployment last
-"""
+    cfg = run_config(params, dep, extra)  # the one door: form, conf and event in, the deployment last"""
 
 from __future__ import annotations
 
@@ -12,21 +11,12 @@ import re
 import stat
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import Field, ValidationError
 
+from mlm_tasks.config import loading
 from mlm_tasks.config.allowed import Bounds, under_local
-from mlm_tasks.config.loading import (
-    MAX_CONFIG_BYTES,
-    PARAM_PATHS,
-    build_config,
-    config_from_params,
-    merge,
-    nested,
-    read_yaml_config,
-    split_params,
-)
 from mlm_tasks.config.pipeline import PipelineConfig
-from mlm_tasks.config.section import deployment_keys, leaves
+from mlm_tasks.config.section import Section, deployment_keys, leaves
 from mlm_tasks.config.tpu import TpuConfig
 from mlm_tasks.errors import AuthError, ConfigError
 from mlm_tasks.paths import scheme
@@ -42,10 +32,8 @@ DATA_SECTIONS = ("corpus", "tokenizer", "shards", "dedup")
 REFRESH_DAG = "mlm_dataset_refresh"
 
 
-class Approver(BaseModel):
+class Approver(Section):
     """An Airflow user who may answer approve_release: the auth manager's user id (FAB: Security > List Users)."""
-
-    model_config = ConfigDict(extra="forbid")
 
     id: str = Field(min_length=1, max_length=200)
     name: str = Field(min_length=1, max_length=200)
@@ -54,13 +42,10 @@ class Approver(BaseModel):
 class Deployment(Bounds):
     settings: dict[str, Any] = Field(default_factory=dict, description="Deployment settings for every run.")
     approvers: list[Approver] = Field(
-        default_factory=list,
-        description="Who may approve a release (empty: anyone whose role may answer human-in-the-loop tasks).",
+        default_factory=list, description="Who may approve a release (empty: whoever answers human-in-the-loop tasks)."
     )
     foreign_events: Literal["refuse", "as_form"] = Field(
-        "refuse",
-        description="A shards event not made by mlm_dataset_refresh (REST-made, or another DAG's): refused, "
-        "or its data settings taken like a form's.",
+        "refuse", description="A shards event another DAG or REST made: refused, or its data settings read as a form's."
     )
 
     @classmethod
@@ -80,15 +65,14 @@ class Deployment(Bounds):
         path = path or os.environ.get(ENV)
         if not path:
             return None
-        tree = _expand(read_yaml_config(path))
+        tree = _expand(loading.read_yaml_config(path))
         unset = sorted(set(re.findall(r"\$\{?([A-Za-z_][A-Za-z0-9_]*)", repr(tree))))
         if unset:
             raise ConfigError(
                 f"The deployment file {path} uses {', '.join(unset)}, which this service's environment "
                 "does not set: set them (.env) or write the values into the file."
             )
-        # An empty root (a ${VAR} set to nothing) allows nothing, never the current folder; a local
-        # entry may list several folders, `:`-separated as MLM_SHARED_OUTPUT_ROOTS does.
+        # An empty root (${VAR} set to nothing) allows nothing; a local entry may be `:`-separated folders.
         for key in ("output_roots", "config_dirs", "input_roots", "zones"):
             if isinstance(tree.get(key), list):
                 tree[key] = [
@@ -105,7 +89,7 @@ class Deployment(Bounds):
             raise ConfigError(
                 f'The deployment file {path} is not valid ({wrong}): fix it (docs/security.md, "Security model").'
             ) from None
-        build_config(dep.settings)  # a typo in the deployment's own settings fails here, naming it
+        loading.build_config(dep.settings)  # a typo in the deployment's own settings fails here, naming it
         return dep
 
     def owned_keys(self) -> list[str]:
@@ -113,17 +97,17 @@ class Deployment(Bounds):
 
     def run_config(self, params: dict[str, Any]) -> PipelineConfig:
         """The run's config from trigger params, refusing what a run may not set; the deployment's on top."""
-        config_file, settings = split_params(params)
-        run = {PARAM_PATHS.get(k, k): v for k, v in settings.items()}
+        config_file, settings = loading.split_params(params)
+        run = {loading.PARAM_PATHS.get(k, k): v for k, v in settings.items()}
         self.refuse_owned(run, "the trigger's settings")
-        base = read_yaml_config(self.check_config_file(config_file)) if config_file else {}
-        cfg = build_config(merge(base, nested(run)), _dotted(self.settings))
+        base = loading.read_yaml_config(self.check_config_file(config_file)) if config_file else {}
+        cfg = loading.build_config(loading.merge(base, loading.nested(run)), _dotted(self.settings))
         self.check_allowed(cfg)
         return cfg
 
     def refuse_owned(self, run: dict[str, Any], where: str) -> None:
         owned = self.owned_keys()
-        for key in _dotted(nested(run)):
+        for key in _dotted(loading.nested(run)):
             hit = next((d for d in owned if key == d or key.startswith(d + ".") or d.startswith(key + ".")), None)
             if hit and self._open_roots:
                 raise ConfigError(
@@ -148,9 +132,9 @@ class Deployment(Bounds):
             info = os.stat(real)
         except FileNotFoundError:
             raise ConfigError(f"Config file {path} does not exist: pick one in {self.config_dirs}.") from None
-        if not stat.S_ISREG(info.st_mode) or info.st_size > MAX_CONFIG_BYTES:
+        if not stat.S_ISREG(info.st_mode) or info.st_size > loading.MAX_CONFIG_BYTES:
             raise ConfigError(
-                f"config_file {path!r} is not a regular file of at most {MAX_CONFIG_BYTES} bytes: "
+                f"config_file {path!r} is not a regular file of at most {loading.MAX_CONFIG_BYTES} bytes: "
                 "pick a YAML config file."
             )
         return real
@@ -159,11 +143,11 @@ class Deployment(Bounds):
 def run_config(params: dict[str, Any], dep: Deployment | None, event: dict[str, Any] | None = None) -> PipelineConfig:
     """The one door of a run's settings: the trigger's params, a checked refresh event's data sections and
     output_root (`check_event`), then the deployment's settings and limits."""
-    cfg = dep.run_config(params) if dep else config_from_params(params)
+    cfg = dep.run_config(params) if dep else loading.config_from_params(params)
     if event is None:
         return cfg
     tree = {**cfg.model_dump(mode="json"), **event["data_config"], "output_root": event["output_root"]}
-    cfg = build_config(tree, _dotted(dep.settings) if dep else None)
+    cfg = loading.build_config(tree, _dotted(dep.settings) if dep else None)
     if dep:
         dep.check_allowed(cfg)
     return cfg

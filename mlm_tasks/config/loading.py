@@ -192,5 +192,4 @@ def split_params(params: dict[str, Any]) -> tuple[str | None, dict[str, Any]]:
 
 def config_from_params(params: dict[str, Any]) -> PipelineConfig:
     """Build the config from the Airflow form: `config_file` plus flat params plus `overrides` dict."""
-    config_file, settings = split_params(params)
-    return load_config(config_file, settings)
+    return load_config(*split_params(params))

@@ -100,8 +100,7 @@ class PipelineConfig(Section):
             raise ConfigError("train.max_predictions_per_seq cannot exceed max_length.")
         expected = self.train.mlm_probability * self.shards.max_length
         if self.train.mlm_probability > 0.15 and 0 < self.train.max_predictions_per_seq < expected:
-            # More masking than BERT's 15% needs the slots for it: below the mean masked count most full
-            # sequences would lose labels (masked, never scored). At 15% the cut is the long-standing default.
+            # Above 15% (BERT's cut is the default) fewer slots than the mean masked count mask tokens never scored.
             raise ConfigError(
                 f"train.max_predictions_per_seq {self.train.max_predictions_per_seq} is below the {expected:.0f} "
                 f"tokens train.mlm_probability {self.train.mlm_probability} masks in a {self.shards.max_length}-token "

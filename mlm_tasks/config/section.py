@@ -1,8 +1,5 @@
-"""The base of every settings section, and the mark of the settings only the deployment may set.
-
-class TpuConfig(Section):
-    project: DeploymentOnly[str] = Field("", description="...")
-"""
+"""The base of every settings section, and the mark of the settings only the deployment may set:
+`project: DeploymentOnly[str] = Field("", description="...")` in a `Section`."""
 
 from __future__ import annotations
 

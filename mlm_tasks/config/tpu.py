@@ -24,7 +24,6 @@ class TpuConfig(Section):
     )
     network: DeploymentOnly[str | None] = Field(None, description="VPC network (default network if empty).")
     subnetwork: DeploymentOnly[str | None] = Field(None, description="Subnetwork.")
-    # How the node is asked for. A new project has on-demand quota only; Spot and queued need their own.
     provisioning: Literal["on_demand", "spot", "queued"] = Field("on_demand", description="How the node is asked for.")
     queued_tier: Literal["spot", "guaranteed"] = Field("spot", description="provisioning=queued: spot or guaranteed.")
     queued_valid_hours: float = Field(24, ge=0.1, le=720, description="provisioning=queued: hours it may wait.")
@@ -44,7 +43,6 @@ class TpuConfig(Section):
     python: DeploymentOnly[str] = Field("python3", description="Python interpreter on the VM.")
     create_timeout_s: int = Field(1800, ge=60, le=86_400, description="Give up on a READY node after this.")
     poll_interval_s: float = Field(15, gt=0, le=3600, description="Seconds between node checks.")
-    # A stockout passes with time, and creating again is free: it is waited out inside the task's try.
     stockout_wait_hours: float = Field(4, ge=0, le=168, description="How long a stockout is waited out.")
     delete_timeout_s: int = Field(900, ge=1, le=86_400, description="Seconds the teardown waits for a deletion.")
     bootstrap: DeploymentOnly[bool] = Field(True, description="Install the project code on the VM.")

@@ -20,8 +20,7 @@ class ModelShape(BaseModel):
     max_position_embeddings: int = 514
 
 
-# Model shape presets: `tiny` runs the same code path as `base` (roberta-base) in seconds per step on a CPU,
-# and learns visibly within minutes on 2 cores (the embedded default).
+# `tiny` runs the code path of `base` (roberta-base) in seconds per step on a CPU, and learns visibly in minutes.
 PRESETS = {
     "tiny": ModelShape(
         hidden_size=128, num_hidden_layers=2, num_attention_heads=2, intermediate_size=512, max_position_embeddings=130
@@ -31,8 +30,7 @@ PRESETS = {
 }
 
 
-# ModernBERT's proportions: GLU width 1.5 x hidden (1,152 for 768), head size 64, positions by RoPE (no table;
-# max_position_embeddings is the context the config announces). `tiny` has about RoBERTa tiny's parameters.
+# ModernBERT's proportions (docs/configuration.md); RoPE: max_position_embeddings is the context announced.
 MODERNBERT_PRESETS = {
     "tiny": ModelShape(
         hidden_size=128, num_hidden_layers=3, num_attention_heads=2, intermediate_size=192, max_position_embeddings=1024
@@ -100,21 +98,15 @@ class TrainConfig(Section):
     decay_fraction: float = Field(0.2, ge=0, le=1, description="wsd: share of the steps in the final decay.")
     decay_shape: Literal["linear", "cosine", "1-sqrt"] = Field("1-sqrt", description="wsd: the decay's shape.")
     continue_run: str | None = Field(
-        None,
-        pattern=r"^[A-Za-z0-9_.:+-]{1,200}$",
-        description="Run whose latest checkpoint (weights, optimizer state) this run starts from.",
+        None, pattern=r"^[A-Za-z0-9_.:+-]{1,200}$", description="Run whose latest checkpoint this run starts from."
     )
     weight_decay: float = Field(0.01, ge=0, le=1, description="AdamW weight decay (not on norms and biases).")
     adam_beta2: float = Field(0.98, gt=0, lt=1, description="AdamW beta2.")
     adam_epsilon: float = Field(1e-6, gt=0, le=1, description="AdamW epsilon.")
-    clip_norm: float = Field(
-        1.0, ge=0, le=1e6, description="Clip the step's gradient (summed over replicas) to this global norm (0: off)."
-    )
+    clip_norm: float = Field(1.0, ge=0, le=1e6, description="Clip the summed gradient to this global norm (0: off).")
     mlm_probability: float = Field(0.15, gt=0, lt=1, description="Share of tokens selected for masking.")
     mask_replace_prob: float = Field(0.8, ge=0, le=1, description="Share of the selected tokens shown as <mask>.")
-    random_replace_prob: float = Field(
-        0.1, ge=0, le=1, description="Share of the selected tokens shown as a random token (the rest: unchanged)."
-    )
+    random_replace_prob: float = Field(0.1, ge=0, le=1, description="Share of selected tokens shown as random ones.")
     whole_word_mask: bool = Field(False, description="Mask whole words, not single tokens.")
     max_predictions_per_seq: int = Field(32, ge=0, le=8192, description="LM head slots per sequence (0: all).")
     checkpoint_every: int = Field(100, ge=1, le=100_000_000, description="Steps between checkpoints.")
