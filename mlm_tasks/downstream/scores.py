@@ -1,7 +1,7 @@
 """The seeds' scores as the table shows them (mean, spread, 95% interval), and the part the next run's gate
 compares (`published_scores`). No TensorFlow here.
 
-    entry = task_scores(task_cfg, task, budget, min_score, pretrained_runs, random_runs, max_half_width)
+    entry = task_scores(task_cfg, task, budget, cfg.downstream, pretrained_runs, random_runs)
 """
 
 from __future__ import annotations
@@ -72,10 +72,9 @@ def task_scores(
     task_cfg: DownstreamTask,
     task: TaskData,
     budget: dict[str, Any],
-    min_score: float | None,
+    cfg: DownstreamConfig,
     pretrained: list[dict[str, Any]],
     random_init: list[dict[str, Any]],
-    max_half_width: float,
 ) -> DownstreamTaskScores:
     labels, metric = task.validation.labels, task_cfg.metric
     entry: DownstreamTaskScores = {
@@ -90,13 +89,13 @@ def task_scores(
         "validation_labels": labels,
         "seeds": [r["seed"] for r in pretrained],
         "budget": budget,
-        "min_score": min_score,
+        "min_score": cfg.min_score(task_cfg),
         "pretrained": summarize(pretrained, metric, labels, task.num_labels),
         "random_init": summarize(random_init, metric, labels, task.num_labels) if random_init else None,
         "warnings": [],
         "contamination": None,  # contamination.py checks tasks from files and `datasets`
     }
-    entry["warnings"] = flags(entry, max_half_width)
+    entry["warnings"] = flags(entry, cfg.max_half_width)
     return entry
 
 

@@ -64,7 +64,7 @@ def score_model(cfg: PipelineConfig, model_dir: str, model_uri: str) -> Downstre
         task = load_task(task_cfg, cfg.corpus)
         if task_cfg.source != "held_out_article":  # held_out.py already keeps the corpus's rows out
             loaded[task.name] = (task.validation.texts, task.validation.pairs)
-        result["tasks"].append(_score_task(cfg, task_cfg, task, model_dir, tokenizer, budget, seeds))
+        result["tasks"].append(_score_task(cfg.downstream, task_cfg, task, model_dir, tokenizer, budget, seeds))
     if cfg.downstream.check_contamination and loaded:
         from mlm_tasks.downstream.contamination import mark_contamination
 
@@ -74,7 +74,7 @@ def score_model(cfg: PipelineConfig, model_dir: str, model_uri: str) -> Downstre
 
 
 def _score_task(
-    cfg: PipelineConfig,
+    cfg: DownstreamConfig,
     task_cfg: DownstreamTask,
     task: TaskData,
     model_dir: str,
@@ -90,28 +90,18 @@ def _score_task(
         *(task.name, len(task.train), n, task.num_labels, " (pairs)" if task.is_pair else ""),
         *(budget["steps"], budget["batch_size"], budget["learning_rate"], seeds),
     )
-    if half_width_for(n) > cfg.downstream.max_half_width:
+    if half_width_for(n) > cfg.max_half_width:
         log.warning(
             "Task %s: %d scored examples give an accuracy a 95%% interval of up to ±%.3f, wider than "
             "downstream.max_half_width ±%g: its score will be flagged as too uncertain to compare models",
-            *(task.name, n, half_width_for(n), cfg.downstream.max_half_width),
+            *(task.name, n, half_width_for(n), cfg.max_half_width),
         )
     train, validation = (encode(tokenizer, split, budget["max_length"]) for split in (task.train, task.validation))
     runs = {
-        pretrained: [
-            finetune(model_dir, train, validation, task.num_labels, cfg.downstream, seed, pretrained) for seed in seeds
-        ]
-        for pretrained in ((True, False) if cfg.downstream.random_init else (True,))
+        pretrained: [finetune(model_dir, train, validation, task.num_labels, cfg, seed, pretrained) for seed in seeds]
+        for pretrained in ((True, False) if cfg.random_init else (True,))
     }
-    entry = task_scores(
-        task_cfg,
-        task,
-        budget,
-        cfg.downstream.min_score(task_cfg),
-        runs[True],
-        runs.get(False, []),
-        cfg.downstream.max_half_width,
-    )
+    entry = task_scores(task_cfg, task, budget, cfg, runs[True], runs.get(False, []))
     base, ours = entry["random_init"], entry["pretrained"]
     log.info(
         "Task %s: %s %.4f ± %.4f over %d seeds, 95%% interval [%.4f, %.4f] over seeds and %d examples%s",

@@ -78,25 +78,6 @@ def _examples(rows: Sequence[Mapping[str, Any]], columns: list[str], labels: lis
     )
 
 
-def _values(task: DownstreamTask, labels: list[Any], where: str) -> list[float]:
-    """A regression task's labels as numbers."""
-    try:
-        return [float(v) for v in labels]
-    except (TypeError, ValueError):
-        bad = next(v for v in labels if not _is_number(v))
-        raise ConfigError(
-            f"downstream task {task.name!r}: metric {task.metric} scores a regression, but {where} has the label "
-            f"{bad!r}: give numbers in {task.label_column!r}, or score classes with accuracy, f1, macro_f1 or mcc."
-        ) from None
-
-
-def _is_real(value: Any) -> bool:
-    """3.8 or "3.8": a value, not a class (1.0 and "1" are classes)."""
-    if isinstance(value, bool) or not _is_number(value):
-        return False
-    return not float(value).is_integer()
-
-
 def _is_number(value: Any) -> bool:
     try:
         float(value)
@@ -133,15 +114,25 @@ def _as_int(value: Any) -> Any:
     return int(value) if isinstance(value, str) and value.strip().lstrip("-").isdigit() else value
 
 
-def _label_ids(
-    task: DownstreamTask, train: list[Any], validation: list[Any], names: list[str] | None
-) -> tuple[list[int], list[int], list[str]]:
-    """Integer labels (0..K-1) and the names of the classes."""
+def _labels(
+    task: DownstreamTask, train: list[Any], validation: list[Any], names: list[str] | None, where: str
+) -> tuple[list[Any], list[Any], list[str]]:
+    """The labels as values (a regression: no class names) or as class ids 0..K-1 with the classes' names."""
+    if is_regression(task.metric):
+        try:
+            return [float(v) for v in train], [float(v) for v in validation], []
+        except (TypeError, ValueError):
+            bad = next(v for v in [*train, *validation] if not _is_number(v))
+            raise ConfigError(
+                f"downstream task {task.name!r}: metric {task.metric} scores a regression, but {where} has the label "
+                f"{bad!r}: give numbers in {task.label_column!r}, or score classes with accuracy, f1, macro_f1 or mcc."
+            ) from None
     train, validation = [_as_int(v) for v in train], [_as_int(v) for v in validation]
-    real = next((v for v in [*train, *validation] if _is_real(v)), None)
-    if real is not None:
+    # 3.8 or "3.8" is a value, not a class (1.0 and "1" are classes).
+    real = [v for v in [*train, *validation] if not isinstance(v, bool) and _is_number(v) and not float(v).is_integer()]
+    if real:
         raise ConfigError(
-            f"downstream task {task.name!r}: the label {real!r} is a real number, and metric {task.metric} scores "
+            f"downstream task {task.name!r}: the label {real[0]!r} is a real number, and metric {task.metric} scores "
             "classes: for a regression (similarity scores, ratings) set metric to pearson or spearman."
         )
     if all(isinstance(v, int) and not isinstance(v, bool) for v in [*train, *validation]):
@@ -164,6 +155,11 @@ def _label_ids(
             f"downstream task {task.name!r}: the training examples show {len(names)} classes "
             f"({names}) and the validation examples others: give both splits every class."
         )
+    if task.metric == "f1" and len(names) != 2:
+        raise ConfigError(
+            f"downstream task {task.name!r}: metric f1 is the F1 of class 1 of a binary task, and this one has "
+            f"{len(names)} classes ({names}): use macro_f1, mcc or accuracy."
+        )
     return train_ids, validation_ids, names
 
 
@@ -179,31 +175,15 @@ def load_task(task: DownstreamTask, corpus: CorpusConfig) -> TaskData:
         train_rows, validation_rows = _read_file(task.train_file), _read_file(task.validation_file)
         where = task.train_file
     else:
-        (train_rows, names), (validation_rows, _) = (
-            _load_split(task, task.train_split),
-            _load_split(task, task.validation_split),
-        )
+        train_rows, names = _load_split(task, task.train_split)
+        validation_rows, _ = _load_split(task, task.validation_split)
         where = f"{task.hf_path} ({task.hf_name})"
     if not train_rows or not validation_rows:
         raise ConfigError(f"downstream task {task.name!r}: {where} has no training or no validation examples.")
     columns = _columns(task, train_rows[0], where)
-    train_labels = [r[task.label_column] for r in train_rows]
-    validation_labels = [r[task.label_column] for r in validation_rows]
-    if is_regression(task.metric):
-        data = TaskData(
-            task.name,
-            _examples(train_rows, columns, _values(task, train_labels, where)),
-            _examples(validation_rows, columns, _values(task, validation_labels, where)),
-            [],
-            regression=True,
-        )
-    else:
-        train_ids, validation_ids, names = _label_ids(task, train_labels, validation_labels, names)
-        if task.metric == "f1" and len(names) != 2:
-            raise ConfigError(
-                f"downstream task {task.name!r}: metric f1 is the F1 of class 1 of a binary task, and this one has "
-                f"{len(names)} classes ({names}): use macro_f1, mcc or accuracy."
-            )
-        train = _examples(train_rows, columns, train_ids)
-        data = TaskData(task.name, train, _examples(validation_rows, columns, validation_ids), names)
-    return sampled(task, data)
+    train_labels, validation_labels, names = _labels(
+        task, [r[task.label_column] for r in train_rows], [r[task.label_column] for r in validation_rows], names, where
+    )
+    train = _examples(train_rows, columns, train_labels)
+    validation = _examples(validation_rows, columns, validation_labels)
+    return sampled(task, TaskData(task.name, train, validation, names, is_regression(task.metric)))

@@ -5,8 +5,7 @@ requests, and HTTP failures as errors that say what to do (scrubbed of the token
     with hub_errors("uploading the model", token, url, conn_id):
         api.upload_folder(...)
 
-401/403 is an AuthError, 5xx, 429 and no answer a TransientError, any other 4xx a ConfigError. The request
-bound is process-wide (the last call sets it): docs/security.md ("Limits on everything that waits").
+Which failure is which error: docs/architecture.md; the request bound (process-wide): docs/security.md.
 """
 
 from __future__ import annotations

@@ -107,12 +107,8 @@ class HubCheckpointSync:
                 "Checkpoint sync to the Hub failed (training is complete; checkpoints are in output_root): %s", err
             )
             return list(self.syncer.uploaded)
-        log.info(
-            "Synced %d checkpoint(s) to %s (steps %s)",
-            len(uploaded),
-            self.syncer.repo_id,
-            [u["step"] for u in uploaded],
-        )
+        steps = [u["step"] for u in uploaded]
+        log.info("Synced %d checkpoint(s) to %s (steps %s)", len(uploaded), self.syncer.repo_id, steps)
         return uploaded
 
 
@@ -151,7 +147,7 @@ class _Job:
 
 
 class CheckpointSyncer:
-    """Uploads checkpoint folders to `<repo_id>/<path_in_repo>/` from a background thread, each an exact copy
+    """Uploads checkpoint folders to `<repo_id>/checkpoints/` from a background thread, each an exact copy
     of one checkpoint. A waiting checkpoint is dropped for a newer one (`skipped_steps`); `close()` raises an
     error of the last failed upload's kind (TransientError for an unforeseen one).
 
@@ -165,13 +161,12 @@ class CheckpointSyncer:
         token: str,
         endpoint: str | None = None,
         private: bool = True,
-        path_in_repo: str = "checkpoints",
         conn_id: str = "huggingface_default",
         timeout_s: float = DEFAULT_TIMEOUT_S,
     ):
         # Resolve the client now so a missing token fails at the start of training, not at its end.
         self._api, self._url = hub_api(token, endpoint, conn_id, timeout_s)
-        self.repo_id, self.private, self.path_in_repo = repo_id, private, path_in_repo.strip("/")
+        self.repo_id, self.private = repo_id, private
         self._token, self._conn_id = token, conn_id
         self._cond = threading.Condition()
         self._pending: _Job | None = None
@@ -257,7 +252,7 @@ class CheckpointSyncer:
                 info = self._api.upload_folder(
                     repo_id=self.repo_id,
                     folder_path=folder,
-                    path_in_repo=self.path_in_repo,
+                    path_in_repo="checkpoints",
                     delete_patterns="*",
                     ignore_patterns=["*.tmp-*", "**/*.tmp-*"],
                     commit_message=f"Training checkpoint at step {job.step}",

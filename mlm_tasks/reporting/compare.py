@@ -11,6 +11,7 @@ import logging
 from typing import Any
 
 from mlm_tasks import storage
+from mlm_tasks.errors import MissingArtifactError
 from mlm_tasks.paths import DataPaths, RunFolder, join, safe_run_id
 from mlm_tasks.reporting.card import read_run_artifacts
 from mlm_tasks.reporting.plots import line_plot
@@ -41,14 +42,6 @@ def _tokens_per_step(output_root: str, summary: dict[str, Any], data_info: dict[
     return None
 
 
-def downstream_scores(run: RunFolder) -> tuple[dict[str, float], dict[str, list[float]]]:
-    """task → the trained encoder's mean score, and task → its 95% interval where recorded."""
-    found = storage.read_json_if_exists(run.downstream)
-    tasks = [t for t in (found.get("tasks", []) if isinstance(found, dict) else []) if "pretrained" in t]
-    means = {t["name"]: t["pretrained"]["mean"] for t in tasks}
-    return means, {t["name"]: t["pretrained"]["interval"] for t in tasks if t["pretrained"].get("interval")}
-
-
 def run_row(output_root: str, name: str) -> RunRow:
     run = RunFolder(output_root, name)
     art = read_run_artifacts(run)
@@ -56,7 +49,7 @@ def run_row(output_root: str, name: str) -> RunRow:
     history = read_history(run)
     per_step = _tokens_per_step(output_root, summary, data_info)
     base = (data_info or {}).get("base_model") or {}
-    downstream = downstream_scores(run)
+    tasks = [(t["name"], t["pretrained"]) for t in (art["downstream"] or {}).get("tasks", []) if "pretrained" in t]
     return RunRow(
         run=name,
         data_fingerprint=summary.get("data_fingerprint"),
@@ -67,8 +60,8 @@ def run_row(output_root: str, name: str) -> RunRow:
         best_val_loss=summary.get("best_val_loss"),
         best_step=summary.get("best_step"),
         eval_loss=metrics.get("loss"),
-        downstream=downstream[0],
-        downstream_interval=downstream[1],
+        downstream={task: scores["mean"] for task, scores in tasks},
+        downstream_interval={task: scores["interval"] for task, scores in tasks if scores.get("interval")},
         wall_time_s=summary.get("elapsed_s"),
         cost_usd=summary.get("cost_usd"),  # the training's hours at the run's price
         val_curve=[[h["step"] * per_step, h["val_loss"]] for h in history if "val_loss" in h] if per_step else [],
@@ -85,8 +78,6 @@ def compare_runs(output_root: str, names: list[str] | None = None) -> list[RunRo
     names = run_names(output_root) if names is None else names
     missing = [n for n in names if not storage.exists(RunFolder(output_root, n).train_summary)]
     if missing:
-        from mlm_tasks.errors import MissingArtifactError
-
         raise MissingArtifactError(
             f"No finished training for run(s) {', '.join(missing)} under {output_root}: "
             f"the runs there are {', '.join(run_names(output_root)) or 'none'}."

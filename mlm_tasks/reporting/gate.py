@@ -54,11 +54,22 @@ def evaluate_gate(
             worse = sign * (value - limit) > 0
             (failed if worse else passed).append(f"{name} {value:.4f} {bad if worse else good} {setting} {limit:.4f}.")
 
-    if gate.require_better_than_published:
-        if not previous:
-            passed.append("no previously published model to compare with.")
-        else:
-            _compare_with_previous(loss, accuracy, previous, failed, passed)
+    if gate.require_better_than_published and not previous:
+        passed.append("no previously published model to compare with.")
+    elif gate.require_better_than_published and previous:
+        where = _where(previous)
+        for value, name, key, sign in ((loss, "eval loss", "loss", 1), (accuracy, "masked accuracy", "accuracy", -1)):
+            prev = _number(previous, key)
+            if prev is None:
+                continue
+            if value is None:
+                failed.append(
+                    f"{name} is missing, so it cannot be compared with the previously published {prev:.4f}{where}."
+                )
+            elif sign * (value - prev) > _slack(prev):
+                failed.append(f"{name} {value:.4f} is worse than the previously published {prev:.4f}{where}.")
+            else:
+                passed.append(f"{name} {value:.4f} is not worse than the previously published {prev:.4f}.")
 
     if downstream_cfg is not None:
         _downstream_minimums(downstream, downstream_cfg, failed, passed)
@@ -73,24 +84,6 @@ def evaluate_gate(
 
 def _where(previous: Mapping[str, Any]) -> str:
     return f" (run {previous['run_id']})" if previous.get("run_id") else ""
-
-
-def _compare_with_previous(
-    loss: float | None, accuracy: float | None, previous: Mapping[str, Any], failed: list[str], passed: list[str]
-) -> None:
-    where = _where(previous)
-    for value, name, key, sign in ((loss, "eval loss", "loss", 1), (accuracy, "masked accuracy", "accuracy", -1)):
-        prev = _number(previous, key)
-        if prev is None:
-            continue
-        if value is None:
-            failed.append(
-                f"{name} is missing, so it cannot be compared with the previously published {prev:.4f}{where}."
-            )
-        elif sign * (value - prev) > _slack(prev):
-            failed.append(f"{name} {value:.4f} is worse than the previously published {prev:.4f}{where}.")
-        else:
-            passed.append(f"{name} {value:.4f} is not worse than the previously published {prev:.4f}.")
 
 
 def _scores_by_task(downstream: Mapping[str, Any] | None) -> dict[str, Mapping[str, Any]]:

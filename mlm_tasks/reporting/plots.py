@@ -17,7 +17,6 @@ def line_plot(
     xlabel: str,
     ylabel: str,
     references: dict[str, float] | None = None,
-    log_y: bool = False,
     right: tuple[str, dict[str, Series]] | None = None,
     spans: dict[str, tuple[float, float]] | None = None,
 ) -> bytes:
@@ -29,17 +28,13 @@ def line_plot(
     fig = Figure(figsize=(6.4, 3.6), dpi=100)
     FigureCanvasAgg(fig)
     ax = fig.subplots()
-    values: list[float] = []
     for i, (label, (xs, ys)) in enumerate(series.items()):
         marker = ("." if len(xs) < 30 else None) if i == 0 else "o"
         ax.plot(xs, ys, marker=marker, markersize=3 if i else 6, linewidth=1.2, color=f"C{i}", label=label)
-        values += ys
     for i, (label, value) in enumerate((references or {}).items()):
         ax.axhline(value, linestyle="--", linewidth=1, color=f"C{i + len(series)}", label=label)
     for (label, (start, end)), gray in zip((spans or {}).items(), ("0.9", "0.97", "0.82"), strict=False):
         ax.axvspan(start, end, color=gray, label=label, zorder=0)
-    if log_y and values and min(values) > 0:
-        ax.set_yscale("log")
     ax.set(title=title, xlabel=xlabel, ylabel=ylabel)
     ax.grid(alpha=0.3)
     if right:

@@ -22,6 +22,7 @@ from mlm_tasks.reporting.card import (
     read_run_artifacts,
     training_lines,
 )
+from mlm_tasks.reporting.compare import compare_runs, run_names, table_lines, val_loss_plot
 from mlm_tasks.reporting.plots import line_plot, schedule_phases
 from mlm_tasks.reporting.tables import downstream_table, fill_mask_lines, metrics_table
 from mlm_tasks.results import KeyMetrics
@@ -92,8 +93,8 @@ def _plots(run: RunPaths, history: list[dict], metrics: Mapping[str, Any] | None
     missing: list[str] = []
     steps, losses = _series(history, "loss")
     if steps:
-        refs = {k: metrics[k] for k in ("loss", "untrained_loss") if metrics and metrics.get(k) is not None}
-        refs = {("eval loss" if k == "loss" else "untrained eval loss"): v for k, v in refs.items()}
+        names = {"loss": "eval loss", "untrained_loss": "untrained eval loss"}
+        refs = {name: metrics[k] for k, name in names.items() if metrics and metrics.get(k) is not None}
         series = {"loss": (steps, losses)}
         val = _series(history, "val_loss")  # train.eval_every
         if val[0]:
@@ -106,17 +107,10 @@ def _plots(run: RunPaths, history: list[dict], metrics: Mapping[str, Any] | None
     norms = _series(history, "grad_norm")  # before clipping (train.clip_norm)
     if lr_steps:
         right = ("gradient norm", {"gradient norm": norms}) if norms[0] else None
-        storage.write_bytes(
-            join(run.report, LR_PNG),
-            line_plot(
-                {"learning rate": (lr_steps, lrs)},
-                "Learning rate schedule",
-                "step",
-                "learning rate",
-                right=right,
-                spans=schedule_phases(lr_steps, lrs),  # warmup, stable (wsd), decay
-            ),
-        )
+        spans = schedule_phases(lr_steps, lrs)  # warmup, stable (wsd), decay
+        rates = {"learning rate": (lr_steps, lrs)}
+        png = line_plot(rates, "Learning rate schedule", "step", "learning rate", right=right, spans=spans)
+        storage.write_bytes(join(run.report, LR_PNG), png)
         plots["learning_rate"] = join(run.report, LR_PNG)
     elif steps:
         missing.append("learning rate in the training history: no schedule plot")
@@ -212,8 +206,6 @@ def _vs_baseline(metrics: Mapping[str, Any] | None) -> list[str]:
 
 def _runs_section(output_root: str, run: RunPaths, plots: dict[str, str]) -> list[str]:
     """This run beside the latest others under output_root: the table and validation loss by tokens seen."""
-    from mlm_tasks.reporting.compare import compare_runs, run_names, table_lines, val_loss_plot
-
     this = safe_run_id(run.run_id)
     others = [name for name in run_names(output_root) if name != this][-(COMPARED_RUNS - 1) :]
     rows = compare_runs(output_root, [*others, this] if storage.exists(run.train_summary) else others)
