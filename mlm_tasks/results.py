@@ -207,7 +207,7 @@ class DownstreamRuns(TypedDict):
 
 class DownstreamTaskScores(TypedDict):
     name: str
-    source: str  # files, hf_dataset or held_out_article
+    source: str  # files, hf_dataset, held_out_article or held_out_word_order
     metric: str  # accuracy, f1, macro_f1, mcc, pearson or spearman: what mean/std, the gate and min_score use
     labels: list[str]  # the class names (empty for a regression)
     pair: bool

@@ -23,7 +23,9 @@ class DownstreamTask(Section):
     """One text-classification task the trained encoder is fine-tuned on (mlm_tasks/downstream/)."""
 
     name: str = Field(pattern=r"^[A-Za-z0-9_.-]+$", description="What the table calls it, e.g. sst2.")
-    source: Literal["files", "hf_dataset", "held_out_article"] = Field("files", description="Where examples come from.")
+    source: Literal["files", "hf_dataset", "held_out_article", "held_out_word_order"] = Field(
+        "files", description="Where examples come from."
+    )
     train_file: str | None = Field(None, description="source=files: the training examples.")
     validation_file: str | None = Field(None, description="source=files: the examples scored.")
     hf_path: str | None = Field(None, description="source=hf_dataset: `datasets` path, e.g. nyu-mll/glue.")

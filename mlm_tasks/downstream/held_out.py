@@ -1,7 +1,8 @@
-"""The embedded default's downstream task, from the test split's articles (never trained on): which article
-is this passage from? docs/releases.md#how-downstream-scores-are-made
+"""Downstream tasks from the test split's articles (never trained on): which article is this passage from
+(held_out_article), or is it as written or its words shuffled (held_out_word_order, the embedded default's: a bag
+of words cannot tell, so it shows what pretraining learned). docs/releases.md#how-downstream-scores-are-made
 
-    task = held_out_article_task(task_cfg, cfg.corpus)    # source: held_out_article
+    task = held_out_task(task_cfg, cfg.corpus)
 """
 
 from __future__ import annotations
@@ -22,6 +23,8 @@ TASK_SEED = 0
 
 
 ARTICLE_SOURCES = ("embedded_wiki", "wiki_dump")  # the corpus sources made of articles (WikiDumpCorpus)
+HELD_OUT_SOURCES = ("held_out_article", "held_out_word_order")
+ORDER_LABELS = ["shuffled", "as written"]
 
 
 def held_out_passages(corpus_cfg: CorpusConfig) -> dict[str, list[str]]:
@@ -29,7 +32,7 @@ def held_out_passages(corpus_cfg: CorpusConfig) -> dict[str, list[str]]:
     corpus = open_corpus(corpus_cfg)
     if corpus_cfg.source not in ARTICLE_SOURCES or not isinstance(corpus, WikiDumpCorpus):
         raise ConfigError(
-            f"The held_out_article downstream task needs a corpus of articles (corpus.source "
+            f"The {' and '.join(HELD_OUT_SOURCES)} downstream tasks need a corpus of articles (corpus.source "
             f"{' or '.join(ARTICLE_SOURCES)}), not {corpus_cfg.source}: give the task as files or a "
             "`datasets` id."
         )
@@ -51,21 +54,24 @@ def _pieces(passage: str) -> list[str]:
     return [" ".join(words[i : i + size]) for i in range(0, len(words), size)]
 
 
-def held_out_article_task(task: DownstreamTask, corpus_cfg: CorpusConfig) -> TaskData:
+def held_out_task(task: DownstreamTask, corpus_cfg: CorpusConfig) -> TaskData:
     passages = held_out_passages(corpus_cfg)
     titles = sorted(passages)
+    order = task.source == "held_out_word_order"
     parts: dict[str, Examples] = {"train": Examples([], None, []), "validation": Examples([], None, [])}
-    for label, title in enumerate(titles):
+    rng = random.Random(TASK_SEED)  # a constant seed: the same examples and order every run
+    for article, title in enumerate(titles):
         for row in passages[title]:
             part = parts[split_of(row, VALIDATION_FRACTION, 0.0)]
             for piece in _pieces(row):
-                part.texts.append(piece)
+                label = int(rng.random() < 0.5) if order else article
+                words = piece.split()
+                part.texts.append(piece if label or not order else " ".join(rng.sample(words, len(words))))
                 part.labels.append(label)
-    rng = random.Random(TASK_SEED)
-    for part in parts.values():  # interleave the articles (a constant seed: the same order every run)
-        order = list(range(len(part)))
-        rng.shuffle(order)
-        part.texts[:], part.labels[:] = [part.texts[i] for i in order], [part.labels[i] for i in order]
+    for part in parts.values():  # interleave the articles
+        shuffled = list(range(len(part)))
+        rng.shuffle(shuffled)
+        part.texts[:], part.labels[:] = [part.texts[i] for i in shuffled], [part.labels[i] for i in shuffled]
     train, validation = parts["train"], parts["validation"]
     if len(titles) < 2 or len(set(validation.labels)) < 2 or set(validation.labels) - set(train.labels):
         raise ConfigError(
@@ -73,4 +79,4 @@ def held_out_article_task(task: DownstreamTask, corpus_cfg: CorpusConfig) -> Tas
             f"with passages of {MIN_WORDS}+ words, too few for a task of two or more classes: raise "
             "corpus.test_fraction or use more articles."
         )
-    return TaskData(task.name, train, validation, titles)
+    return TaskData(task.name, train, validation, ORDER_LABELS if order else titles)

@@ -13,7 +13,7 @@ from typing import Any
 
 from mlm_tasks.config import DownstreamConfig, DownstreamTask, PipelineConfig
 from mlm_tasks.downstream.examples import TaskData
-from mlm_tasks.downstream.held_out import ARTICLE_SOURCES
+from mlm_tasks.downstream.held_out import ARTICLE_SOURCES, HELD_OUT_SOURCES
 from mlm_tasks.downstream.scores import budget_of, flags, task_scores
 from mlm_tasks.downstream.tasks import load_task
 from mlm_tasks.downstream.uncertainty import half_width_for
@@ -56,13 +56,13 @@ def score_model(cfg: PipelineConfig, model_dir: str, model_uri: str) -> Downstre
         positions = json.load(f)["max_position_embeddings"]
     budget = budget_of(cfg.downstream, min(cfg.downstream.max_length, positions - 2))  # RoBERTa: pad + 1 first
     for task_cfg in cfg.downstream.tasks:
-        if task_cfg.source == "held_out_article" and cfg.corpus.source not in ARTICLE_SOURCES:
-            reason = f"held_out_article needs a corpus of articles, and corpus.source is {cfg.corpus.source}"
+        if task_cfg.source in HELD_OUT_SOURCES and cfg.corpus.source not in ARTICLE_SOURCES:
+            reason = f"{task_cfg.source} needs a corpus of articles, and corpus.source is {cfg.corpus.source}"
             log.warning("Task %s skipped: %s", task_cfg.name, reason)
             result["skipped"].append({"name": task_cfg.name, "reason": reason})
             continue
         task = load_task(task_cfg, cfg.corpus)
-        if task_cfg.source != "held_out_article":  # held_out.py already keeps the corpus's rows out
+        if task_cfg.source not in HELD_OUT_SOURCES:  # held_out.py already keeps the corpus's rows out
             loaded[task.name] = (task.validation.texts, task.validation.pairs)
         result["tasks"].append(_score_task(cfg.downstream, task_cfg, task, model_dir, tokenizer, budget, seeds))
     if cfg.downstream.check_contamination and loaded:

@@ -165,10 +165,10 @@ def _labels(
 
 def load_task(task: DownstreamTask, corpus: CorpusConfig) -> TaskData:
     """The task's training and validation examples."""
-    if task.source == "held_out_article":
-        from mlm_tasks.downstream.held_out import held_out_article_task
+    if task.source.startswith("held_out_"):
+        from mlm_tasks.downstream.held_out import held_out_task
 
-        return sampled(task, held_out_article_task(task, corpus))
+        return sampled(task, held_out_task(task, corpus))
     names: list[str] | None = None
     if task.source == "files":
         assert task.train_file and task.validation_file  # the config's validator says so

@@ -137,14 +137,15 @@ def test_validate_reads_task_files_before_any_training(tmp_path):
 
 
 @pytest.mark.slow  # reads the whole embedded corpus: ~15 s: in make test, not in make test-fast
-def test_default_task_is_held_out_from_pretraining():
-    """Every example of the default's task is a piece of a row of the corpus's test split that is no row of train
-    or validation, and the pieces of one row are all fine-tuned on or all scored."""
+def test_the_held_out_tasks_are_held_out_from_pretraining():
+    """Every example of held_out_article is a piece of a row of the corpus's test split that is no row of train
+    or validation, and the pieces of one row are all fine-tuned on or all scored. held_out_word_order (the
+    default's) holds the same pieces in the same parts, about half of them with their words shuffled."""
     from mlm_tasks.data.corpus import open_corpus
 
-    task_cfg = DEFAULT.downstream.tasks[0]
-    assert task_cfg.source == "held_out_article"
-    task = load_task(task_cfg, DEFAULT.corpus)
+    order_cfg = DEFAULT.downstream.tasks[0]
+    assert order_cfg.source == "held_out_word_order"
+    task = load_task(order_cfg.model_copy(update={"source": "held_out_article"}), DEFAULT.corpus)
     rows: dict[str, set[str]] = {"train": set(), "validation": set(), "test": set()}
     for split, row in open_corpus(DEFAULT.corpus).split_rows():  # one read, split as the shard writer splits
         rows[split].add(row)
@@ -155,6 +156,15 @@ def test_default_task_is_held_out_from_pretraining():
     scored_rows = [r for r in held_out if any(piece in r for piece in task.validation.texts)]
     assert not [p for p in task.train.texts if any(p in r for r in scored_rows)]  # scored rows are new to fine-tuning
     assert task.num_labels >= 2 and set(task.validation.labels) <= set(task.train.labels)
+
+    order = load_task(order_cfg, DEFAULT.corpus)
+    assert order.label_names == ["shuffled", "as written"]
+    for part, article_part in ((order.train, task.train), (order.validation, task.validation)):
+        assert sorted(sorted(t.split()) for t in part.texts) == sorted(sorted(t.split()) for t in article_part.texts)
+        shuffled = [t for t, label in zip(part.texts, part.labels) if label == 0]
+        assert 0.4 < len(shuffled) / len(part) < 0.6 and not [t for t in shuffled if t in blob]
+        assert all(t in blob for t, label in zip(part.texts, part.labels) if label == 1)
+    assert load_task(order_cfg, DEFAULT.corpus) == order  # the same examples every run
 
 
 def test_a_label_sorted_file_is_sampled_with_both_classes_in_each_share(tmp_path):
