@@ -161,9 +161,9 @@ def test_the_held_out_tasks_are_held_out_from_pretraining():
     assert order.label_names == ["shuffled", "as written"]
     for part, article_part in ((order.train, task.train), (order.validation, task.validation)):
         assert sorted(sorted(t.split()) for t in part.texts) == sorted(sorted(t.split()) for t in article_part.texts)
-        shuffled = [t for t, label in zip(part.texts, part.labels) if label == 0]
+        shuffled = [t for t, label in zip(part.texts, part.labels, strict=True) if label == 0]
         assert 0.4 < len(shuffled) / len(part) < 0.6 and not [t for t in shuffled if t in blob]
-        assert all(t in blob for t, label in zip(part.texts, part.labels) if label == 1)
+        assert all(t in blob for t, label in zip(part.texts, part.labels, strict=True) if label == 1)
     assert load_task(order_cfg, DEFAULT.corpus) == order  # the same examples every run
 
 
