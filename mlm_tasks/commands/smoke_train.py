@@ -9,18 +9,19 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable
+from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 from mlm_tasks.config import PipelineConfig
 from mlm_tasks.job import restarts
-from mlm_tasks.job.decide import Action, Facts, decide
-from mlm_tasks.job.follow import JobWatch, classify, own_status, progress_line
-from mlm_tasks.job.launch import DetachedJob, Probe
+from mlm_tasks.job.decide import Action, Facts, decide, gather
+from mlm_tasks.job.follow import JobWatch, own_status, progress_line
+from mlm_tasks.job.launch import DetachedJob
 from mlm_tasks.job.status import read_status
 from mlm_tasks.paths import RunPaths
 from mlm_tasks.results import Restart, TrainJob
 from mlm_tasks.tpu import api as tpu
-from mlm_tasks.tpu import queued, ssh
+from mlm_tasks.tpu import ssh
 
 if TYPE_CHECKING:
     from google.cloud.tpu_v2 import TpuClient
@@ -68,39 +69,25 @@ class SmokeDriver:
                 return restarts.read_restarts(self.run_paths)
 
     def facts(self) -> Facts:
-        cfg, job = self.cfg, self.job
-        node = tpu.get_state(cfg.tpu, self.name, self.api)
-        state = node.state
-        error = tpu.operation_error(cfg.tpu, self.operation, self.api) if self.operation and not node.ready else None
-        if cfg.tpu.provisioning == "queued" and state == tpu.NOT_FOUND and self.operation:  # its request instead
-            request = queued.get_state(cfg.tpu, self.name, self.api)
-            state = f"QUEUED ({request.state})" if request.state in (*queued.WAIT_STATES, "ACTIVE") else state
-            error = error or (f"the queued resource is FAILED: {request.error}" if request.state == "FAILED" else None)
+        cfg = self.cfg
+        node, error = tpu.node_now(cfg.tpu, self.name, self.operation, self.api)
         error, self.refused = self.refused or error, None
         if self.operation and not node.ready and time.time() - self.asked > cfg.tpu.create_wait_s():
-            state, error = "TIMEOUT", error or f"still {state} after {cfg.tpu.create_wait_s():g}s"
-        verdict, replaced = None, False
-        if job is not None and node.ready and self.watch is not None:
-            replaced = node.created is not None and job.get("node_created") not in (None, node.created)
-            verdict = None if replaced else self.watch.check()
-        elif job is not None:  # no SSH to a node that is not READY: the record tells
-            status = read_status(self.run_paths)
-            verdict = classify(job, status, Probe(None), now=time.time(), stall_s=cfg.train.stall_minutes * 60)
-        return Facts(
-            node=state,
-            now=time.time(),
-            deadline=self.deadline,
-            job=job,
-            verdict=verdict,
-            replaced=replaced,
+            node, error = (
+                replace(node, state="TIMEOUT"),
+                error or f"still {node.state} after {cfg.tpu.create_wait_s():g}s",
+            )
+        return gather(
+            cfg,
+            self.run_paths.run_id,
+            node,
+            job=self.job,
+            watch=lambda job: self.watch,
             node_error=error,
+            deadline=self.deadline,
             rechecked=self.rechecked,
             restarts=self.used,
-            max_restarts=cfg.train.max_restarts,
-            zone=cfg.tpu.zone,
             stockout_until=self.stockout_until,
-            stockout_wait_s=cfg.tpu.stockout_wait_hours * 3600,
-            retry_s=cfg.tpu.stockout_retry_s,
         )
 
     def act(self, action: Action) -> bool:

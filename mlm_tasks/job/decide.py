@@ -1,7 +1,8 @@
 """The driver's one decision: from what is known now about the run's node and its trainer, what to do next.
 create_tpu_vm, train and the smoke command gather the facts and carry the answer out (deferring or sleeping).
 
-    action = decide(Facts(node="PREEMPTED", now=time.time(), job=job, verdict=verdict, restarts=1))
+    node, error = tpu.node_now(cfg.tpu, name, operation)     # the node, or its queued request, and why it failed
+    action = decide(gather(cfg, run_id, node, node_error=error, job=job, watch=watch, restarts=1))
     action.kind   # ensure_node | wait | start | reattach | restart | done | fail
     action.why    # the cause (a restart's, kept in restarts.json) or the message (a failure's)
 
@@ -12,14 +13,22 @@ from __future__ import annotations
 
 import math
 import re
+import time
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from mlm_tasks.errors import NO_RETRY_EXIT
-from mlm_tasks.job.follow import Verdict
+from mlm_tasks.job.follow import JobWatch, Verdict, classify
+from mlm_tasks.job.launch import Probe
+from mlm_tasks.job.status import read_status
+from mlm_tasks.paths import RunPaths
 from mlm_tasks.results import TrainJob
-from mlm_tasks.tpu.api import WAIT_STATES
+from mlm_tasks.tpu import api as tpu
 from mlm_tasks.tpu.calls import capacity
+
+if TYPE_CHECKING:
+    from mlm_tasks.config import PipelineConfig
 
 Kind = Literal["ensure_node", "wait", "start", "reattach", "restart", "done", "fail"]
 
@@ -56,6 +65,42 @@ class Action:
     advice: str = ""  # fail: what to do, after the trainer's log
 
 
+def gather(
+    cfg: PipelineConfig,
+    run_id: str,
+    node: tpu.NodeState,
+    *,
+    job: TrainJob | None = None,
+    verdict: Verdict | None = None,
+    watch: Callable[[TrainJob], JobWatch | None] | None = None,
+    **facts: Any,
+) -> Facts:
+    """decide's facts (`facts`: the rest of them, e.g. node_error, deadline, restarts): the stored trainer is
+    checked by `watch(job)` over SSH on a READY node, else by its status record."""
+    replaced = False
+    if job is not None and node.ready:
+        host = tpu.worker_endpoints(node, external=cfg.tpu.ssh_via == "external")[0]
+        was = job.get("node_created")
+        replaced = (job["node"], job["host"]) != (node.name, host) or bool(node.created and was and node.created != was)
+        if verdict is None and not replaced and watch is not None and (checker := watch(job)) is not None:
+            verdict = checker.check()
+    elif job is not None and verdict is None:  # no SSH to a node that is not READY: the record tells
+        status = read_status(RunPaths(cfg.output_root, run_id))
+        verdict = classify(job, status, Probe(None), now=time.time(), stall_s=cfg.train.stall_minutes * 60)
+    return Facts(
+        node=node.state,
+        now=time.time(),
+        job=job,
+        verdict=verdict,
+        replaced=replaced,
+        max_restarts=cfg.train.max_restarts,
+        zone=cfg.tpu.zone,
+        stockout_wait_s=cfg.tpu.stockout_wait_hours * 3600,
+        retry_s=cfg.tpu.stockout_retry_s,
+        **facts,
+    )
+
+
 def decide(f: Facts) -> Action:
     """The next thing to do; see the module docstring."""
     if f.now >= f.deadline:
@@ -64,7 +109,7 @@ def decide(f: Facts) -> Action:
         )
     if f.node_error or f.node == "TIMEOUT":
         return _create_failed(f)
-    if f.node in WAIT_STATES or f.node.startswith("QUEUED"):  # states a node (or its request) leaves by itself
+    if tpu.passing(f.node):
         return Action("wait", f"the TPU VM is {f.node}")
     if f.job is not None and (f.node != "READY" or f.replaced):
         return _restart(f, _lost(f))

@@ -102,6 +102,31 @@ def get_state(cfg: TpuConfig, name: str, api: TpuClient | None = None) -> NodeSt
         return NodeState(name=name, state=NOT_FOUND)
 
 
+def passing(state: str) -> bool:
+    """Whether the node (or its queued request, `QUEUED (...)`) leaves this state by itself."""
+    return state in WAIT_STATES or state.startswith("QUEUED")
+
+
+def node_now(
+    cfg: TpuConfig, name: str, operation: str | None, api: TpuClient | None = None, until_gone: bool = False
+) -> tuple[NodeState, str | None]:
+    """The node, as `QUEUED (<state>)` while only its queued request waits (`until_gone`: while it exists), and
+    the error that explains it: `operation`'s (asked after the node), or the request's FAILED."""
+    api = api or client(cfg)
+    node = get_state(cfg, name, api)
+    error = operation_error(cfg, operation, api) if operation else None
+    if cfg.provisioning == "queued" and node.state == NOT_FOUND:
+        request = queued.get_state(cfg, name, api)
+        if request.state in (*queued.WAIT_STATES, "ACTIVE") or (until_gone and request.state != NOT_FOUND):
+            node = replace(node, state=f"QUEUED ({request.state})")
+        elif request.state == "FAILED":
+            error = error or (
+                f"the queued resource is FAILED: {request.error or 'no reason given'} "
+                f"(it could wait tpu.queued_valid_hours={cfg.queued_valid_hours:g})"
+            )
+    return node, error
+
+
 def operation_error(cfg: TpuConfig, operation: str, api: TpuClient | None = None) -> str | None:
     """The error message of a finished long-running operation, or None (running or succeeded)."""
     from google.longrunning import operations_pb2

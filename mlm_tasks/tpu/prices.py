@@ -27,20 +27,11 @@ def chips(accelerator_type: str) -> int:
     return size if generation in ("v5litepod", "v6e") else size // 2
 
 
-def per_chip_hour(tpu: Any, spot: bool | None = None) -> float | None:
-    """US$ per chip-hour of `tpu` (a TpuConfig): its price_per_chip_hour, else the list price."""
-    if tpu.price_per_chip_hour is not None:
-        return float(tpu.price_per_chip_hour)
-    generation = slices.parse(tpu.accelerator_type)[0]
-    prices = LIST_PRICES.get(generation)
-    if prices is None:
-        return None
-    return prices["spot" if (tpu.spot if spot is None else spot) else "on_demand"]
-
-
 def hourly(tpu: Any, spot: bool | None = None) -> float | None:
-    price = per_chip_hour(tpu, spot)
-    return price * chips(tpu.accelerator_type) if price is not None else None
+    """US$ per hour of `tpu`'s slice (a TpuConfig): its chips at its price_per_chip_hour, else the list price."""
+    prices = LIST_PRICES.get(slices.parse(tpu.accelerator_type)[0], {})
+    price = tpu.price_per_chip_hour or prices.get("spot" if (tpu.spot if spot is None else spot) else "on_demand")
+    return float(price) * chips(tpu.accelerator_type) if price is not None else None
 
 
 def cost(tpu: Any, seconds: float) -> float | None:

@@ -160,15 +160,6 @@ def get(version: str) -> Runtime:
     )
 
 
-def check_accelerator(generation: str) -> None:
-    """ConfigError for a TPU generation TensorFlow does not run on."""
-    if generation in NO_TENSORFLOW:
-        raise ConfigError(
-            f"tpu.accelerator_type {generation}-*: {NO_TENSORFLOW[generation]}. This project trains "
-            "with TensorFlow: use v5p, v5litepod (v5e) or v4."
-        )
-
-
 def locks() -> list[Runtime]:
     """One runtime per TensorFlow minor: each minor has one image file and one VM lock."""
     return list({rt.tf_minor: rt for rt in SUPPORTED.values()}.values())

@@ -63,16 +63,17 @@ def hosts(accelerator_type: str) -> int:
     return 1 if size <= gen.single_host_max else size // gen.units_per_host
 
 
-def is_pod_runtime(runtime_version: str) -> bool:
-    return bool(POD_RUNTIME.search(runtime_version))
-
-
 def check_runtime(accelerator_type: str, runtime_version: str) -> int:
     """The host count, once the runtime fits it: `-pod` exactly when the slice is multi-host, and a
     generation that TensorFlow runs on."""
-    runtimes.check_accelerator(parse(accelerator_type)[0])
+    generation = parse(accelerator_type)[0]
+    if generation in runtimes.NO_TENSORFLOW:
+        raise ConfigError(
+            f"tpu.accelerator_type {generation}-*: {runtimes.NO_TENSORFLOW[generation]}. This project trains "
+            "with TensorFlow: use v5p, v5litepod (v5e) or v4."
+        )
     count = hosts(accelerator_type)
-    pod = is_pod_runtime(runtime_version)
+    pod = bool(POD_RUNTIME.search(runtime_version))
     if count > 1 and not pod:
         raise ConfigError(
             f"tpu.accelerator_type {accelerator_type} is a pod slice of {count} hosts, but "

@@ -21,7 +21,7 @@ from mlm_airflow.connections import use_connection
 from mlm_airflow.tasks.step_context import config_from_xcom
 from mlm_airflow.triggers.tpu_vm import TpuNodeTrigger
 from mlm_tasks.config import PipelineConfig
-from mlm_tasks.job.decide import Action, Facts, decide
+from mlm_tasks.job.decide import Action, Facts, decide, gather
 from mlm_tasks.job.launch import Log
 from mlm_tasks.tpu import api as tpu
 from mlm_tasks.tpu import registry as tpu_registry
@@ -51,21 +51,17 @@ def ssh_key_metadata(conn_id: str, log: Log) -> dict[str, str]:
     return {"ssh-keys": f"{hook.username}:{key.get_name()} {key.get_base64()} {hook.username}"}
 
 
-def node_facts(cfg: PipelineConfig, name: str, event: dict[str, Any] | None = None) -> tuple[tpu.NodeState, Facts]:
-    """The node now, or as TpuNodeTrigger's event ended, and its part of decide's facts."""
+def node_facts(
+    cfg: PipelineConfig, run_id: str, name: str, event: dict[str, Any] | None = None, **trainer: Any
+) -> tuple[tpu.NodeState, Facts]:
+    """The node now, or as TpuNodeTrigger's event ended, and decide's facts (`trainer`: gather's, for train)."""
     event = event or {}
     if event.get("state") not in (None, "READY") or event.get("error"):
         node = tpu.NodeState(name=name, state=event["state"])
     else:
         node = tpu.get_state(cfg.tpu, name)
-    facts = Facts(
-        node=node.state,
-        now=time.time(),
-        node_error=event.get("error"),
-        zone=cfg.tpu.zone,
-        stockout_until=event.get("stockout_until"),
-        stockout_wait_s=cfg.tpu.stockout_wait_hours * 3600,
-        retry_s=cfg.tpu.stockout_retry_s,
+    facts = gather(
+        cfg, run_id, node, node_error=event.get("error"), stockout_until=event.get("stockout_until"), **trainer
     )
     return node, facts
 
@@ -77,7 +73,7 @@ def drive_node(
     and resumes in `resume_in`, a method of `op` that hands the event back here."""
     while True:
         with use_connection(cfg.gcp_conn_id):
-            node, facts = node_facts(cfg, name, event)
+            node, facts = node_facts(cfg, context["run_id"], name, event)
         action = decide(facts)
         if action.kind in ("start", "reattach", "done"):  # READY: what comes next is the caller's
             return tpu.describe(node)

@@ -8,7 +8,6 @@ docs/operations.md#durable-training-what-survives-what
 from __future__ import annotations
 
 import time
-from dataclasses import replace
 from datetime import timedelta
 from typing import Any, NoReturn, cast
 
@@ -26,7 +25,7 @@ from mlm_tasks.config import PipelineConfig
 from mlm_tasks.job import launch as vm_job
 from mlm_tasks.job import restarts
 from mlm_tasks.job.decide import Action, Facts, decide
-from mlm_tasks.job.follow import JobWatch, Verdict, classify
+from mlm_tasks.job.follow import JobWatch, Verdict
 from mlm_tasks.job.status import read_status
 from mlm_tasks.paths import RunPaths
 from mlm_tasks.results import RemoteTrain, TrainJob, TrainSummary
@@ -228,31 +227,21 @@ class TrainOperator(BaseOperator):
         ended: tuple[TrainJob, Verdict] | None,
         rechecked: bool,
     ) -> tuple[tpu.NodeState, Facts]:
-        """What decide needs; the stored trainer is checked over SSH on a READY node, else by its status record."""
+        """What decide needs: the node, the stored trainer (or the one `ended`) and this try's budget."""
         store = context.get("task_state_store")
         job, verdict = ended or (vm_job.job_handle(store.get(JOB_KEY) if store is not None else None), None)
-        node, facts = node_facts(cfg, name, node_event)
-        replaced = False
-        if job is not None and node.ready:
-            host = tpu.worker_endpoints(node, external=cfg.tpu.ssh_via == "external")[0]
-            was = job.get("node_created")
-            replaced = (job["node"], job["host"]) != (name, host) or bool(node.created and was and node.created != was)
-            if verdict is None and not replaced:
-                verdict = self._watch(cfg, job).check()
-        elif job is not None and verdict is None:  # no SSH to a node that is not READY: the record tells
-            status = read_status(RunPaths(cfg.output_root, context["run_id"]))
-            verdict = classify(job, status, vm_job.Probe(None), now=time.time(), stall_s=cfg.train.stall_minutes * 60)
-        used = int(cast(int, store.get(RESTARTS_KEY, 0))) if store is not None else 0
-        return node, replace(
-            facts,
-            deadline=run_deadline(context, cfg),
+        return node_facts(
+            cfg,
+            context["run_id"],
+            name,
+            node_event,
             job=job,
             verdict=verdict,
-            replaced=replaced,
+            watch=lambda job: self._watch(cfg, job),
+            deadline=run_deadline(context, cfg),
             rechecked=rechecked,
             try_number=try_number(context),
-            restarts=used,
-            max_restarts=cfg.train.max_restarts,
+            restarts=int(cast(int, store.get(RESTARTS_KEY, 0))) if store is not None else 0,
         )
 
     def _follow(self, context: Context, cfg: PipelineConfig, job: TrainJob, workers: int) -> NoReturn:

@@ -11,14 +11,12 @@ import asyncio
 import inspect
 import time
 from collections.abc import AsyncIterator
-from dataclasses import replace
 from typing import Any
 
 from airflow.triggers.base import BaseTrigger, TriggerEvent
 
 from mlm_tasks.config import TpuConfig
 from mlm_tasks.tpu import api as tpu
-from mlm_tasks.tpu import queued
 
 # Stored with every deferred task and imported by the triggerer: a rename must keep this path importable.
 CLASSPATH = "mlm_airflow.triggers.tpu_vm.TpuNodeTrigger"
@@ -65,22 +63,8 @@ class TpuNodeTrigger(BaseTrigger):
 
     def _poll(self) -> dict[str, Any] | None:
         cfg = TpuConfig.model_validate(self.tpu_config)
-        api = tpu.client(cfg)
-        state = tpu.get_state(cfg, self.name, api)
-        # After the node: an operation that failed meanwhile then explains the node's state.
-        error = tpu.operation_error(cfg, self.operation, api) if self.operation else None
-        settled = state.state == tpu.NOT_FOUND if self.until_gone else state.state not in tpu.WAIT_STATES
-        if cfg.provisioning == "queued" and state.state == tpu.NOT_FOUND:
-            # No node yet (or no more): its queued resource says whether that is the end of the wait.
-            request = queued.get_state(cfg, self.name, api)
-            waiting = request.state in queued.WAIT_STATES or request.state == "ACTIVE"
-            settled = request.state == tpu.NOT_FOUND if self.until_gone else not waiting
-            if request.state == "FAILED" and not self.until_gone:
-                error = error or (
-                    f"the queued resource is FAILED: {request.error or 'no reason given'} "
-                    f"(it could wait tpu.queued_valid_hours={cfg.queued_valid_hours:g})"
-                )
-            state = replace(state, state=state.state if settled else f"QUEUED ({request.state})")
+        state, error = tpu.node_now(cfg, self.name, self.operation, until_gone=self.until_gone)
+        settled = state.state == tpu.NOT_FOUND if self.until_gone else not tpu.passing(state.state)
         if error or settled:
             return self._event(state.state, error, tpu.describe(state))
         if time.time() >= self.deadline:
