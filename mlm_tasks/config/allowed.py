@@ -71,11 +71,8 @@ class Bounds(Section):
             for leaf in INPUT_KEYS:
                 if leaf in corpus:  # a mixture source has local_paths and dump_path
                     self._check_input(f"{where}.{leaf}", corpus[leaf], glob=leaf == "local_paths")
-        # Settings that name a Hub repo or a local folder (datasets and transformers load either).
+            self._check_hub_or_path(f"{where}.hf_path", corpus["hf_path"])  # datasets loads a Hub id or a folder
         self._check_hub_or_path("model.init_from", cfg.model.init_from)
-        self._check_hub_or_path("corpus.hf_path", cfg.corpus.hf_path)
-        for i, source in enumerate(cfg.corpus.mixture):
-            self._check_hub_or_path(f"corpus.mixture[{i}].hf_path", source.hf_path)
         for i, task in enumerate(cfg.downstream.tasks):  # downstream task files are read like a corpus
             for key in ("train_file", "validation_file"):
                 self._check_input(f"downstream.tasks[{i}].{key}", getattr(task, key), glob=False)

@@ -16,7 +16,6 @@ log = logging.getLogger(__name__)
 
 
 def fill_mask(cfg: PipelineConfig, ctx: RunContext) -> list[ProbePredictions]:
-    """Fill the <mask> of each `infer.probes` with run `ctx.run_id`'s model; the top-k predictions."""
     from transformers import pipeline
 
     from mlm_tasks.model.roberta import load_masked_lm

@@ -18,11 +18,8 @@ def gate(cfg: PipelineConfig, ctx: RunContext) -> GateDecision:
     """Read the run's eval metrics and the published ones, and decide; the reasons go to the log."""
     metrics = storage.read_json_if_exists(ctx.run.eval_metrics)
     if metrics is None:
-        decision: GateDecision = {
-            "passed": False,
-            "reasons": [f"No eval metrics at {ctx.run.eval_metrics}: run evaluate for this run first."],
-            "warnings": [],
-        }
+        reasons = [f"No eval metrics at {ctx.run.eval_metrics}: run evaluate for this run first."]
+        decision: GateDecision = {"passed": False, "reasons": reasons, "warnings": []}
     else:
         downstream = storage.read_json_if_exists(ctx.run.downstream)
         decision = evaluate_gate(metrics, cfg.gate, previous_published(cfg), downstream, cfg.downstream)

@@ -33,7 +33,6 @@ fingerprint `{fingerprint}`. Load it with `AutoTokenizer.from_pretrained("{repo_
 def publish_tokenizer(
     cfg: PipelineConfig, ctx: RunContext, *, token: str, endpoint: str | None = None
 ) -> TokenizerCommit:
-    """Push the tokenizer of `data` (alone, with a short card) to `publish.tokenizer_repo_id`."""
     data, (repo_id, conn_id) = ctx.data, (cfg.publish.tokenizer_repo_id, cfg.publish.hf_conn_id)
     if not repo_id:
         raise ConfigError("publish.tokenizer_repo_id is empty: set it to the Hub repo for the tokenizer.")
