@@ -42,10 +42,6 @@ def set_timeout(seconds: float) -> None:
     _timeout_s = float(seconds)
 
 
-def timeout_s() -> float:
-    return _timeout_s
-
-
 def call_deadline(nbytes: int = 0) -> float:
     """Seconds one storage call may take in all, retries included, plus time for the bytes it moves."""
     return ATTEMPTS_PER_CALL * _timeout_s + nbytes / MIN_BYTES_PER_S
@@ -235,25 +231,18 @@ def _gcs_client():
     return gcs.Client()
 
 
-def listdir(uri: str) -> list[str]:
-    """Full URIs of the files directly under `uri` (empty if it does not exist)."""
-    return [entry["uri"] for entry in _entries(uri)]
+def listdir(uri: str, kind: str | None = None) -> list[str]:
+    """Full URIs directly under `uri`, sorted (`kind`: only "file"s or "directory"s); empty if it does not exist."""
+    if not exists(uri):
+        return []
+    prefix = "gs://" if scheme(uri) == "gs" else ""
+    listed = _bounded(uri, filesystem(uri).ls, uri, detail=True)
+    return sorted(prefix + e["name"] for e in listed if kind is None or e["type"] == kind)
 
 
 def subdirs(uri: str) -> list[str]:
     """Full URIs of the folders directly under `uri` (empty if it does not exist)."""
-    return [entry["uri"].rstrip("/") for entry in _entries(uri, kind="directory")]
-
-
-def _entries(uri: str, kind: str | None = None) -> list[dict[str, Any]]:
-    fs = filesystem(uri)
-    if not exists(uri):
-        return []
-    prefix = "gs://" if scheme(uri) == "gs" else ""
-    listed = _bounded(uri, fs.ls, uri, detail=True)
-    return sorted(
-        ({**e, "uri": prefix + e["name"]} for e in listed if kind is None or e["type"] == kind), key=lambda e: e["uri"]
-    )
+    return [d.rstrip("/") for d in listdir(uri, kind="directory")]
 
 
 def find(uri: str) -> dict[str, dict[str, Any]]:

@@ -182,27 +182,24 @@ def write_partition(cfg: PipelineConfig, paths: DataPaths, part: int, num_parts:
         stream = (((split, source), row) for source, split, row in kept_source_rows(corpus, paths, part, num_parts))
         for key, batch, encodings in encoded_batches(stream, tokenizer, sc.tokenize_batch_rows):
             writers[key].write(chunkers[key].add(batch, encodings))
-        entries = {}
+        entries: dict[str, dict[str, dict]] = {split: {} for split in SPLITS}  # by split, then source
         for split, source in keys:
             shards, chunker = writers[(split, source)].finish(), chunkers[(split, source)]
             records = sum(s["records"] for s in shards)
-            entries[(split, source)] = {
+            read = corpus.sources[source] if source else corpus  # the articles its last read saw (dump sources)
+            entries[split][source] = {
                 "records": records,
                 "tokens": records * sc.max_length,
                 "rows": chunker.rows,
                 "characters": chunker.characters,
                 "shards": shards,
                 "tail": chunker.tail.tolist(),
-                "articles": _articles(corpus, source, split),
+                "articles": getattr(read, "articles_seen", {}).get(split),
             }
-        partial: dict[str, Any] = {"part": part, "num_parts": num_parts, "splits": {}}
-        for split in SPLITS:
-            if corpus.source_names() == [""]:
-                partial["splits"][split] = entries[(split, "")]
-            else:
-                by_source = {source: entries[(s, source)] for s, source in keys if s == split}
-                partial["splits"][split] = {**_total(by_source.values()), "sources": by_source}
-        _move_into_set(staging, paths, [s for e in entries.values() for s in e["shards"]])
+        single = corpus.source_names() == [""]
+        splits = {s: by[""] if single else {**_total(by.values()), "sources": by} for s, by in entries.items()}
+        partial = {"part": part, "num_parts": num_parts, "splits": splits}
+        _move_into_set(staging, paths, [s for by in entries.values() for e in by.values() for s in e["shards"]])
     finally:
         shutil.rmtree(staging, ignore_errors=True)
     storage.write_json(marker, partial)  # last: marks this partition done
@@ -271,12 +268,6 @@ def _merge_tails(sc: ShardConfig, paths: DataPaths, staging: str, split: str, so
     return entry
 
 
-def _articles(corpus, source: str, split: str) -> int | None:
-    """The articles of `split` the last read saw (dump sources; None for others), of one mixture source if named."""
-    read = corpus.sources[source] if source else corpus
-    return getattr(read, "articles_seen", {}).get(split)
-
-
 def _total(entries: Iterable[dict]) -> dict:
     """The sum of a split's per-source entries (a mixture): counts, every shard, articles when all have them."""
     entries = list(entries)
@@ -289,13 +280,17 @@ def _total(entries: Iterable[dict]) -> dict:
 
 def _staging_dir(paths: DataPaths) -> str:
     """A private folder for unfinished shards: locally beside the set (finished shards move by rename); host and
-    pid in its name let a later writer remove a killed writer's leftovers."""
-    parent = None
+    pid in its name let a later writer on that host remove it once its writer was killed half way."""
+    parent, mine = None, f"{STAGING_PREFIX}{socket.gethostname()}-"
     if storage.is_local(paths.root):
         parent = storage.local_path(paths.root)
         os.makedirs(parent, exist_ok=True)
-        _remove_dead_stagings(parent)
-    return tempfile.mkdtemp(prefix=f"{STAGING_PREFIX}{socket.gethostname()}-{os.getpid()}-", dir=parent)
+        for name in os.listdir(parent):
+            pid = name.removeprefix(mine).split("-", 1)[0] if name.startswith(mine) else ""
+            if pid.isdigit() and not _alive(int(pid)):
+                log.info("Removing %s, left by a writer that was killed half way", name)
+                shutil.rmtree(os.path.join(parent, name), ignore_errors=True)
+    return tempfile.mkdtemp(prefix=f"{mine}{os.getpid()}-", dir=parent)
 
 
 def _move_into_set(staging: str, paths: DataPaths, shards: list[dict]) -> None:
@@ -308,18 +303,6 @@ def _move_into_set(staging: str, paths: DataPaths, shards: list[dict]) -> None:
         else:
             with open(src, "rb") as f:
                 storage.write_bytes(uri, f.read())
-
-
-def _remove_dead_stagings(parent: str) -> None:
-    """Delete staging folders of writers on this host that no longer run (killed half way)."""
-    host = socket.gethostname()
-    for name in os.listdir(parent):
-        if not name.startswith(f"{STAGING_PREFIX}{host}-"):
-            continue
-        pid = name[len(f"{STAGING_PREFIX}{host}-") :].split("-", 1)[0]
-        if pid.isdigit() and not _alive(int(pid)):
-            log.info("Removing %s, left by a writer that was killed half way", name)
-            shutil.rmtree(os.path.join(parent, name), ignore_errors=True)
 
 
 def _alive(pid: int) -> bool:

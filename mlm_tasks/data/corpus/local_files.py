@@ -1,6 +1,6 @@
 """Text files as rows, local or remote (gs://, any fsspec URI): .txt (a row per line), .jsonl
 (`corpus.text_column` of each object), .parquet, and .txt.gz / .jsonl.gz (corpus.local_paths: files or globs).
-Partitions cut the files' bytes (byte_ranges; a .gz file whole). docs/data.md#reading-a-large-corpus
+Partitions cut the files' bytes (owned_ranges; a .gz file whole). docs/data.md#reading-a-large-corpus
 """
 
 from __future__ import annotations
@@ -17,7 +17,6 @@ from typing import Any, BinaryIO
 from mlm_tasks import storage
 from mlm_tasks.config import CorpusConfig
 from mlm_tasks.data.corpus.base import Corpus, split_of
-from mlm_tasks.data.corpus.byte_ranges import lines_starting_in, owned_ranges
 from mlm_tasks.errors import ConfigError
 
 log = logging.getLogger(__name__)
@@ -28,6 +27,8 @@ TEXT_UNIT_BYTES = 1 << 20  # a partition unit of text: finer, a task's start-up 
 CHECKSUM_KEYS = ("md5Hash", "ETag", "etag")
 VERSION_KEYS = ("crc32c", "generation", "version_id", "LastModified", "last_modified", "mtime")
 MANY_FILES = 64  # above this many files the fingerprint is one hash of the list, not the list
+READ_BYTES = 1 << 20  # one read inside the range: a ranged request on object stores
+FIRST_TAIL_READ = 1 << 10  # the first read past the range, for the rest of a straddling line; it doubles
 
 
 def _open(uri: str, ranged: bool) -> BinaryIO:
@@ -108,7 +109,7 @@ class LocalFilesCorpus(Corpus):
         return max(units, 1)
 
     def _all_rows(self, part: int = 0, num_parts: int = 1) -> Iterator[tuple[str, str]]:
-        """(split key, text) of partition `part`'s rows, file by file in listing order (byte_ranges)."""
+        """(split key, text) of partition `part`'s rows, file by file in listing order."""
         for index, start, end in owned_ranges(self.sizes, part, num_parts):
             uri = self.files[index]
             if uri.endswith(".parquet"):
@@ -195,3 +196,63 @@ def _row_group_start(group) -> int:
         has_dictionary = column.has_dictionary_page and column.dictionary_page_offset is not None
         starts.append(column.dictionary_page_offset if has_dictionary else column.data_page_offset)
     return min(starts)
+
+
+def owned_ranges(sizes: list[int], part: int, num_parts: int) -> list[tuple[int, int, int]]:
+    """(file index, start, end) of each file partition `part` of `num_parts` owns bytes of, in order."""
+    total = sum(sizes)
+    lo, hi = part * total // num_parts, (part + 1) * total // num_parts
+    owned, offset = [], 0
+    for index, size in enumerate(sizes):
+        start, end = max(lo - offset, 0), min(hi - offset, size)
+        if start < end:
+            owned.append((index, start, end))
+        offset += size
+    return owned
+
+
+def _chunks(f: BinaryIO, pos: int, end: int) -> Iterator[bytes]:
+    """The bytes of `f` from `pos` (where it stands): up to `end` in reads of READ_BYTES, then in
+    growing reads until the caller stops asking or the file ends."""
+    while pos < end:
+        chunk = f.read(min(READ_BYTES, end - pos))
+        if not chunk:
+            return
+        pos += len(chunk)
+        yield chunk
+    size = FIRST_TAIL_READ
+    while chunk := f.read(size):
+        yield chunk
+        size = min(2 * size, READ_BYTES)
+
+
+def lines_starting_in(f: BinaryIO, start: int, end: int) -> Iterator[tuple[int, bytes]]:
+    """(offset, line with its newline) of every line of the binary file `f` whose first byte lies in
+    [start, end). Reads from start - 1, to learn whether a line starts at `start` (the line holding
+    byte start - 1 is the previous range's), to the newline of the last line that starts before `end`."""
+    if start >= end:
+        return
+    base = max(start - 1, 0)  # the file offset of buf[0]
+    f.seek(base)
+    buf, i = b"", 0  # i: where the next line starts in buf, once known
+    skipping = start > 0
+    for chunk in _chunks(f, base, end):
+        buf = buf[i:] + chunk
+        base += i
+        i = 0
+        if skipping:
+            newline = buf.find(b"\n")
+            if newline < 0:
+                base, buf = base + len(buf), b""
+                continue
+            i, skipping = newline + 1, False
+        while base + i < end:
+            newline = buf.find(b"\n", i)
+            if newline < 0:
+                break
+            yield base + i, buf[i : newline + 1]
+            i = newline + 1
+        if base + i >= end:
+            return
+    if not skipping and i < len(buf) and base + i < end:  # the file's last line, without a newline
+        yield base + i, buf[i:]

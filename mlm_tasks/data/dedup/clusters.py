@@ -24,8 +24,7 @@ import numpy as np
 from mlm_tasks import storage
 from mlm_tasks.config import PipelineConfig
 from mlm_tasks.data.dedup.matches import PAIR_DTYPE, matches_uri
-from mlm_tasks.data.dedup.row_ids import parts_and_indexes, split_ranks
-from mlm_tasks.data.dedup.scan import load_array, load_scan, save_array, scan_dir
+from mlm_tasks.data.dedup.scan import load_array, load_scan, parts_and_indexes, save_array, scan_dir, split_ranks
 from mlm_tasks.errors import ConfigError, MissingArtifactError
 from mlm_tasks.paths import SPLITS, DataPaths, join
 

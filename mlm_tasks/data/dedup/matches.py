@@ -12,8 +12,7 @@ import numpy as np
 
 from mlm_tasks import storage
 from mlm_tasks.config import PipelineConfig
-from mlm_tasks.data.dedup.row_ids import KEY_DTYPE
-from mlm_tasks.data.dedup.scan import bucket_uri, load_array, load_scan, save_array
+from mlm_tasks.data.dedup.scan import KEY_DTYPE, bucket_uri, load_array, load_scan, save_array
 from mlm_tasks.paths import DataPaths, join
 
 log = logging.getLogger(__name__)

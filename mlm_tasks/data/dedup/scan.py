@@ -6,6 +6,7 @@ Writes bBBBBB.npy per bucket (KEY_DTYPE records), dropped.npy (a bit per row), s
 
 from __future__ import annotations
 
+import hashlib
 import heapq
 import io
 import json
@@ -18,13 +19,37 @@ import numpy as np
 from mlm_tasks import storage
 from mlm_tasks.config import PipelineConfig
 from mlm_tasks.data.dedup.near_keys import NearKeys
-from mlm_tasks.data.dedup.row_ids import KEY_DTYPE, row_hash, row_id
 from mlm_tasks.errors import MissingArtifactError
 from mlm_tasks.paths import SPLITS, DataPaths, join
 
 log = logging.getLogger(__name__)
 
 NEAR_BATCH = 512  # rows per MinHash.bulk call
+# A row id (uint64): split rank, partition, index in the partition's stream. The rank is in the top bits, so the
+# smallest id of a group of copies is a train copy when one exists.
+_PART_SHIFT, _RANK_SHIFT = 40, 60  # index: 40 bits (10^12 rows a partition), part: 20 bits, rank: 2 bits
+# One record per row key: the key (exact hash or LSH band), the row, and whether the key is exact.
+KEY_DTYPE = np.dtype([("key", "<u8"), ("row", "<u8"), ("exact", "u1")])
+
+
+def row_id(split: str, part: int, index: int) -> int:
+    return (SPLITS.index(split) << _RANK_SHIFT) | (part << _PART_SHIFT) | index
+
+
+def split_ranks(ids: np.ndarray) -> np.ndarray:
+    """The SPLITS index of each id."""
+    return (ids >> np.uint64(_RANK_SHIFT)).astype(np.int64)
+
+
+def parts_and_indexes(ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The partition and the index in its stream of each id."""
+    parts = (ids >> np.uint64(_PART_SHIFT)) & np.uint64((1 << (_RANK_SHIFT - _PART_SHIFT)) - 1)
+    return parts.astype(np.int64), (ids & np.uint64((1 << _PART_SHIFT) - 1)).astype(np.int64)
+
+
+def row_hash(row: str) -> int:
+    """A 64-bit hash of a row's text: the exact-dedup key."""
+    return int.from_bytes(hashlib.blake2b(row.encode("utf-8"), digest_size=8).digest(), "little")
 
 
 def scan_dir(paths: DataPaths, part: int, num_parts: int) -> str:

@@ -10,7 +10,7 @@ import pytest
 
 from mlm_tasks import storage
 from mlm_tasks.config import CorpusConfig
-from mlm_tasks.data.corpus import byte_ranges, local_files, open_corpus
+from mlm_tasks.data.corpus import local_files, open_corpus
 from mlm_tasks.data.corpus.base import split_of
 from mlm_tasks.errors import ConfigError
 from mlm_tasks.paths import SPLITS
@@ -55,8 +55,8 @@ def _parts(cfg: CorpusConfig, num_parts: int) -> list[list[tuple[str, str]]]:
 def test_byte_ranges_give_every_line_to_one_partition(monkeypatch):
     rng = random.Random(1)
     for _ in range(200):
-        monkeypatch.setattr(byte_ranges, "READ_BYTES", rng.choice([1, 3, 64, 1 << 20]))
-        monkeypatch.setattr(byte_ranges, "FIRST_TAIL_READ", rng.choice([1, 2, 1024]))
+        monkeypatch.setattr(local_files, "READ_BYTES", rng.choice([1, 3, 64, 1 << 20]))
+        monkeypatch.setattr(local_files, "FIRST_TAIL_READ", rng.choice([1, 2, 1024]))
         files = [
             b"".join(rng.choice([b"\n", b"a\n", b"bb", b"ccc\n", b"d" * 30 + b"\n"]) for _ in range(rng.randrange(12)))
             for _ in range(rng.randrange(1, 4))
@@ -64,8 +64,8 @@ def test_byte_ranges_give_every_line_to_one_partition(monkeypatch):
         for n in range(1, 10):
             got = [[] for _ in files]
             for p in range(n):
-                for index, start, end in byte_ranges.owned_ranges([len(f) for f in files], p, n):
-                    got[index] += byte_ranges.lines_starting_in(io.BytesIO(files[index]), start, end)
+                for index, start, end in local_files.owned_ranges([len(f) for f in files], p, n):
+                    got[index] += local_files.lines_starting_in(io.BytesIO(files[index]), start, end)
             for data, lines in zip(files, got, strict=True):
                 assert [line for _, line in lines] == data.splitlines(keepends=True)
                 assert all(data[offset : offset + len(line)] == line for offset, line in lines)
@@ -125,18 +125,18 @@ def test_a_partition_reads_its_own_bytes_only(tmp_path, monkeypatch):
             )
             corpus = open_corpus(cfg)
             list(corpus.split_rows(part, n))
-            owned = {corpus.files[i]: (s, e) for i, s, e in byte_ranges.owned_ranges(corpus.sizes, part, n)}
+            owned = {corpus.files[i]: (s, e) for i, s, e in local_files.owned_ranges(corpus.sizes, part, n)}
             assert set(read) <= set(owned), (part, n)  # never another partition's file
             for uri, count in read.items():
                 start, end = owned[uri]
                 if uri.endswith((".txt", ".jsonl")):
                     longest = max(map(len, (tmp_path / uri.rsplit("/", 1)[-1]).read_bytes().splitlines()))
-                    assert count <= (end - start) + 1 + max(longest, byte_ranges.FIRST_TAIL_READ) * 2, (uri, part, n)
+                    assert count <= (end - start) + 1 + max(longest, local_files.FIRST_TAIL_READ) * 2, (uri, part, n)
                 elif uri.endswith(".gz"):
                     assert start == 0 and count == sizes[uri]
             total_read += sum(c for uri, c in read.items() if uri.endswith("big.txt"))
         big = (tmp_path / "big.txt").stat().st_size
-        assert total_read <= big + n * 2 * byte_ranges.FIRST_TAIL_READ  # not n times the file, as before
+        assert total_read <= big + n * 2 * local_files.FIRST_TAIL_READ  # not n times the file, as before
 
 
 def test_parquet_partitions_read_only_their_row_groups(tmp_path):

@@ -13,7 +13,7 @@ from mlm_tasks.config import CorpusConfig, build_config
 from mlm_tasks.data.corpus import open_corpus
 from mlm_tasks.data.dedup import dedup_in_process
 from mlm_tasks.data.dedup.matches import pairs_in
-from mlm_tasks.data.dedup.row_ids import KEY_DTYPE, parts_and_indexes, row_id, split_ranks
+from mlm_tasks.data.dedup.scan import KEY_DTYPE, parts_and_indexes, row_id, split_ranks
 from mlm_tasks.errors import ConfigError
 from mlm_tasks.paths import SPLITS, DataPaths, RunContext
 
