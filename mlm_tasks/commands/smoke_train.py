@@ -28,8 +28,6 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("mlm_tasks.commands.smoke")
 
-Start = Callable[[tpu.NodeState], tuple[TrainJob, ssh.Connect]]
-
 
 class TrainingFailed(RuntimeError):
     """The trainer could not start, failed or stalled: the smoke run fails with its words (exit 1)."""
@@ -46,7 +44,7 @@ class SmokeDriver:
         *,
         api: TpuClient | Any,
         ensure: Callable[[], tpu.NodeState],
-        start_on: Start,
+        start_on: Callable[[tpu.NodeState], tuple[TrainJob, ssh.Connect]],
         out: Callable[[str], None],
         preempt_after: int | None = None,
     ) -> None:
@@ -73,10 +71,8 @@ class SmokeDriver:
         node, error = tpu.node_now(cfg.tpu, self.name, self.operation, self.api)
         error, self.refused = self.refused or error, None
         if self.operation and not node.ready and time.time() - self.asked > cfg.tpu.create_wait_s():
-            node, error = (
-                replace(node, state="TIMEOUT"),
-                error or f"still {node.state} after {cfg.tpu.create_wait_s():g}s",
-            )
+            error = error or f"still {node.state} after {cfg.tpu.create_wait_s():g}s"
+            node = replace(node, state="TIMEOUT")
         return gather(
             cfg,
             self.run_paths.run_id,
@@ -96,11 +92,10 @@ class SmokeDriver:
         if action.kind == "ensure_node":
             self.out(f"TPU VM {self.name}: {action.why}.")
             made = self.ensure()
-            if made.error:
-                self.refused = made.error
-                return False
-            self.operation, self.asked, self.refused = made.operation or self.operation, time.time(), made.error
-            time.sleep(cfg.tpu.poll_interval_s)
+            self.refused = made.error
+            if not made.error:
+                self.operation, self.asked = made.operation or self.operation, time.time()
+                time.sleep(cfg.tpu.poll_interval_s)
         elif action.kind == "wait" and action.wait_for == "capacity":
             self.out(f"No capacity ({action.why}): deleting, creating again in {cfg.tpu.stockout_retry_s:g}s.")
             tpu.delete_node(cfg.tpu, self.name, api=self.api)

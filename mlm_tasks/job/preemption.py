@@ -81,10 +81,6 @@ def notify(what: str) -> None:
         callback(True)
 
 
-def _on_sigterm(signum: int, frame: Any) -> None:
-    notify("SIGTERM")
-
-
 def _wakeups(read_fd: int, stop: threading.Event) -> None:
     """The C handler writes the signal's number here at once, while the main thread is inside a TF call."""
     with contextlib.suppress(OSError):
@@ -117,7 +113,7 @@ def _metadata(stop: threading.Event) -> None:
 def notice_on_sigterm() -> Iterator[None]:
     """SIGTERM (and the metadata server's notices) set the notice instead of ending the process, for the
     block (the main thread only)."""
-    previous = signal.signal(signal.SIGTERM, _on_sigterm)
+    previous = signal.signal(signal.SIGTERM, lambda signum, frame: notify("SIGTERM"))
     read_fd, write_fd = os.pipe()
     os.set_blocking(write_fd, False)
     old_fd = signal.set_wakeup_fd(write_fd, warn_on_full_buffer=False)

@@ -1,12 +1,10 @@
-"""The deployment's record of the TPU VMs it made, so mlm_tpu_janitor finds every one, whatever project or zone.
+"""The deployment's record of the TPU VMs it made, so mlm_tpu_janitor finds every one, whatever project or zone:
+one JSON file per node, `<root>/<project>/<zone>/<name>.json`, written before the node exists.
 
     root = tpu_registry.location()                          # MLM_TPU_REGISTRY, e.g. gs://bucket/mlm/tpu-registry
     tpu_registry.record(root, "proj", "us-central2-b", "mlm-pretrain-3f2a9c01bd", expires=1718000000)
     sweep = tpu_registry.delete_expired(api, zones, root)   # mlm_tpu_janitor: every expired mlm-* node
     tpu_registry.forget_gone(api, root)                      # then the entries of nodes that are gone
-
-One JSON file per node, `<root>/<project>/<zone>/<name>.json`, written before the node exists (two creates at
-once cannot lose each other's entry, and it outlives the metadata database).
 """
 
 from __future__ import annotations

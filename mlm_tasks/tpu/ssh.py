@@ -98,18 +98,6 @@ def _fingerprints(keys: list[Any]) -> set[str]:
     return {f"{k.get_name()} {k.fingerprint}" for k in keys}
 
 
-def _republished(published: Published, node: str, worker: int, poll_s: float) -> list[Any]:
-    """What the node publishes for `worker` `poll_s` from now."""
-    log.info(
-        "Worker %d of %s presented a host key it has not published: reading its keys again in %.0fs.",
-        worker,
-        node,
-        poll_s,
-    )
-    time.sleep(poll_s)
-    return _keys(published(worker))
-
-
 def _published_keys(published: Published, node: str, worker: int, deadline: float, poll_s: float) -> list[Any]:
     """The node's keys for `worker`, waiting (until deadline) for its guest agent to publish them."""
     while True:
@@ -161,7 +149,15 @@ def connector(
             except paramiko.BadHostKeyException as err:
                 fresh: list[Any] = []
                 if published and pinned and not looked_again:  # a first boot may replace the keys it published
-                    fresh, looked_again = _republished(published, node, worker, min(poll_s, patience_s / 4)), True
+                    wait_s, looked_again = min(poll_s, patience_s / 4), True
+                    log.info(
+                        "Worker %d of %s presented a host key it has not published: reading its keys again in %.0fs.",
+                        worker,
+                        node,
+                        wait_s,
+                    )
+                    time.sleep(wait_s)
+                    fresh = _keys(published(worker))
                 if not fresh or _fingerprints(fresh) == _fingerprints(pinned or []):
                     raise _mismatch(node, worker, host, port, err.key, pinned or []) from err
                 log.warning(

@@ -1,10 +1,7 @@
 """Run on the TPU VM right after the VM lock is installed: is this image what the lock was made for?
+(docs/google-cloud.md: what it checks.) Exits non-zero with what to do.
 
     PYTHONPATH=code:deps-<sha>.tmp python -m mlm_tasks.tpu.vm.check_image 2.16.1 deps-<sha>.tmp [--pod]
-
-Checks the image's TensorFlow version, that every requirement of the lock and of TensorFlow is met by what
-Python imports first (pip --no-deps checks none), and that what the steps import imports. Exits non-zero with
-what to do.
 """
 
 from __future__ import annotations
