@@ -1,10 +1,9 @@
-"""The trainer as a job of the TPU VM, not of an SSH session: started, probed, stopped and tailed over SSH.
+"""The trainer as a job of the TPU VM, not of an SSH session: started, probed, stopped and tailed over SSH;
+alive while its pid runs and holds the run lock on fd 9 (a recycled pid, or a zombie, is not it).
 
     outcome, job = start(ssh.Session(connect, host), line, node=name, host=host, try_number=n, ...)  # pid, log
     vm = DetachedJob(job, connect)          # one short session per call
     vm.probe(); vm.stop(log); vm.tail_text()
-
-A job is alive while its pid runs and holds the run lock on fd 9: a recycled pid, or a zombie, is not it.
 """
 
 from __future__ import annotations

@@ -4,8 +4,6 @@ means "save now, then go", not "die mid-step".
     with preemption.notice_on_sigterm():    # the CLI's train step only (under Airflow, SIGTERM is Airflow's)
         preemption.on_notice(stop.assign)     # the compiled loop reads `stop` between its steps
     except preemption.Preempted as err:       # the loop saved a checkpoint (or knows the last one): exit 75
-
-A save that would not fit the grace left (`fits`) is skipped: the last periodic checkpoint is the resume point.
 """
 
 from __future__ import annotations
