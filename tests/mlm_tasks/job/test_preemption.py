@@ -72,7 +72,7 @@ def test_a_notice_from_the_metadata_server_sets_the_loops_stop_flag(monkeypatch,
             assert server.asked.wait(10) and not preemption.noticed()  # polled, nothing announced yet
             server.values.update(values)
             for _ in range(200):
-                if preemption.noticed():
+                if flags:  # notify() sets the notice, then calls back: wait for the callback, not the flag
                     break
                 threading.Event().wait(0.05)
         assert flags == [True] and preemption.noticed()
