@@ -32,17 +32,17 @@ def _grams(words: list[str], n: int) -> set[tuple[str, ...]]:
 
 
 def contaminated(
-    tasks: Mapping[str, tuple[Sequence[str], Sequence[str] | None]], rows: Iterable[str], n: int = NGRAM
+    tasks: Mapping[str, tuple[Sequence[str], Sequence[str] | None]], rows: Iterable[str]
 ) -> dict[str, list[int]]:
-    """Per task name, the indices of its examples (text, or pair text) that share an n-gram with `rows`, read
-    once. Examples under MIN_WORDS words are not checked (a short sentence's words occur anywhere)."""
+    """Per task name, the indices of its examples (text, or pair text) that share an n-gram (NGRAM words) with
+    `rows`, read once. Examples under MIN_WORDS words are not checked (a short sentence's words occur anywhere)."""
     owners: dict[tuple[str, ...], list[tuple[str, int]]] = {}
     for name, (texts, pairs) in tasks.items():
         for i, text in enumerate(texts):
             for part in (text, pairs[i]) if pairs is not None else (text,):
                 words = _words(part)
                 if len(words) >= MIN_WORDS:
-                    for gram in _grams(words, n):
+                    for gram in _grams(words, NGRAM):
                         owners.setdefault(gram, []).append((name, i))
     lengths = sorted({len(g) for g in owners})
     found: dict[str, set[int]] = {name: set() for name in tasks}

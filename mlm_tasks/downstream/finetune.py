@@ -13,9 +13,11 @@ from typing import Any
 
 import numpy as np
 
+from mlm_tasks import storage
 from mlm_tasks.config import DownstreamConfig
 from mlm_tasks.downstream.examples import Examples
 from mlm_tasks.downstream.metrics import scores as metric_scores
+from mlm_tasks.paths import join
 
 log = logging.getLogger(__name__)
 EVAL_BATCH = 64
@@ -56,17 +58,13 @@ def _batch_order(n: int, batch_size: int, steps: int, rng: np.random.Generator) 
 
 
 def _model(model_dir: str, num_labels: int, pretrained: bool):
-    import json
-    import os
-
     from transformers import RobertaConfig, TFRobertaForSequenceClassification
     from transformers.utils import logging as hf_logging
 
-    with open(os.path.join(model_dir, "config.json"), encoding="utf-8") as f:
-        if json.load(f).get("model_type") == "modernbert":
-            from mlm_tasks.model.modernbert import load_modernbert
+    if storage.read_json(join(model_dir, "config.json")).get("model_type") == "modernbert":
+        from mlm_tasks.model.modernbert import load_modernbert
 
-            return load_modernbert(model_dir, num_labels, pretrained)
+        return load_modernbert(model_dir, num_labels, pretrained)
     if not pretrained:
         return TFRobertaForSequenceClassification(RobertaConfig.from_pretrained(model_dir, num_labels=num_labels))
     verbosity = hf_logging.get_verbosity()
@@ -142,10 +140,7 @@ def finetune(
     }
     log.info(
         "  seed %d, %s weights: %s, final_loss %.4f (%.1fs)",
-        seed,
-        "pretrained" if pretrained else "random",
-        ", ".join(f"{k} {v:.4f}" for k, v in scores.items()),
-        result["final_loss"],
-        result["elapsed_s"],
+        *(seed, "pretrained" if pretrained else "random", ", ".join(f"{k} {v:.4f}" for k, v in scores.items())),
+        *(result["final_loss"], result["elapsed_s"]),
     )
     return result

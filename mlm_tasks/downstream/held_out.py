@@ -20,8 +20,6 @@ MIN_WORDS = 20
 WINDOW_WORDS = 40
 VALIDATION_FRACTION = 0.4  # of the held-out passages: the part scored
 TASK_SEED = 0
-
-
 ARTICLE_SOURCES = ("embedded_wiki", "wiki_dump")  # the corpus sources made of articles (WikiDumpCorpus)
 HELD_OUT_SOURCES = ("held_out_article", "held_out_word_order")
 ORDER_LABELS = ["shuffled", "as written"]

@@ -40,16 +40,15 @@ def summarize(runs: list[dict[str, Any]], metric: str, labels: list[Any], num_la
 
 def flags(entry: DownstreamTaskScores, max_half_width: float) -> list[str]:
     """What makes a task's score weak evidence, in words the report and the approval page show."""
-    out = []
     lo, hi = entry["pretrained"]["interval"]
     if (hi - lo) / 2 > max_half_width:
         n = entry["examples"]["validation"]
-        out.append(
+        return [
             f"{entry['name']}: the 95% interval of {entry['metric']} is ±{(hi - lo) / 2:.3f} over {n} scored examples, "
             f"wider than downstream.max_half_width ±{max_half_width:g}: too few examples to tell models apart "
             f"(an accuracy needs about {needed_examples(max_half_width):,} for ±{max_half_width:g})."
-        )
-    return out
+        ]
+    return []
 
 
 def needed_examples(half_width: float) -> int:

@@ -6,11 +6,11 @@ weights and, with `downstream.random_init`, as many from random weights under th
 
 from __future__ import annotations
 
-import json
 import logging
 import time
 from typing import Any
 
+from mlm_tasks import storage
 from mlm_tasks.config import DownstreamConfig, DownstreamTask, PipelineConfig
 from mlm_tasks.downstream.examples import TaskData
 from mlm_tasks.downstream.held_out import ARTICLE_SOURCES, HELD_OUT_SOURCES
@@ -52,8 +52,7 @@ def score_model(cfg: PipelineConfig, model_dir: str, model_uri: str) -> Downstre
     seeds = [cfg.train.seed + i for i in range(cfg.downstream.seeds)]
     loaded: dict[str, tuple[list[str], list[str] | None]] = {}  # the scored texts, for the contamination check
     tokenizer = load_tokenizer(model_dir)
-    with open(join(model_dir, "config.json")) as f:
-        positions = json.load(f)["max_position_embeddings"]
+    positions = storage.read_json(join(model_dir, "config.json"))["max_position_embeddings"]
     budget = budget_of(cfg.downstream, min(cfg.downstream.max_length, positions - 2))  # RoBERTa: pad + 1 first
     for task_cfg in cfg.downstream.tasks:
         if task_cfg.source in HELD_OUT_SOURCES and cfg.corpus.source not in ARTICLE_SOURCES:

@@ -94,14 +94,11 @@ def sampled(task: DownstreamTask, data: TaskData) -> TaskData:
     validation = sample(data.validation, task.max_eval_examples, stratify)
     if stratify:
         shown, scored = set(train.labels), set(validation.labels)
-        limits = [
-            f"{k}={v}"
-            for k, v in (("max_train_examples", task.max_train_examples), ("max_eval_examples", task.max_eval_examples))
-            if v
-        ]
+        asked = {"max_train_examples": task.max_train_examples, "max_eval_examples": task.max_eval_examples}
+        limits = ", ".join(f"{k}={v}" for k, v in asked.items() if v) or "no limits"
         if len(shown) < 2 or scored - shown:
             raise ConfigError(
-                f"downstream task {task.name!r}: after sampling ({', '.join(limits) or 'no limits'}) the training "
+                f"downstream task {task.name!r}: after sampling ({limits}) the training "
                 f"examples hold {len(shown)} class(es) of {data.num_labels} and the scored ones {len(scored)}: "
                 "fine-tuning needs two classes at least, and every scored class among them. Raise the limits "
                 "(a class needs one example at least) or give each split every class."

@@ -18,19 +18,20 @@ from mlm_tasks.downstream.metrics import score
 
 ROUNDS = 1000
 LEVEL = 0.95  # the intervals' coverage, everywhere they are shown and used
+Z = NormalDist().inv_cdf(0.5 + LEVEL / 2)  # LEVEL's normal quantile (1.96)
 BOOTSTRAP_SEED = 0
 
 
-def _percentiles(values: np.ndarray, level: float) -> tuple[float, float]:
-    tail = (1 - level) / 2 * 100
+def _percentiles(values: np.ndarray) -> tuple[float, float]:
+    tail = (1 - LEVEL) / 2 * 100
     lo, hi = np.percentile(values, [tail, 100 - tail])
     return float(lo), float(hi)
 
 
 def interval(
-    metric: str, predictions: Sequence[Sequence[float]], labels: Sequence[float], num_labels: int, level: float = LEVEL
+    metric: str, predictions: Sequence[Sequence[float]], labels: Sequence[float], num_labels: int
 ) -> tuple[float, float]:
-    """The `level` interval of the seeds' mean score, bootstrapping the seeds and the evaluation examples."""
+    """The 95% interval of the seeds' mean score, bootstrapping the seeds and the evaluation examples."""
     preds, y = np.asarray(predictions), np.asarray(labels)
     rng = np.random.default_rng(BOOTSTRAP_SEED)
     seeds, n = int(preds.shape[0]), int(preds.shape[1])
@@ -38,7 +39,7 @@ def interval(
     for r in range(ROUNDS):
         rows, idx = rng.integers(seeds, size=seeds), rng.integers(n, size=n)
         rounds[r] = np.mean([score(metric, preds[s, idx], y[idx], num_labels) for s in rows])
-    return _percentiles(rounds, level)
+    return _percentiles(rounds)
 
 
 def paired_difference(
@@ -47,9 +48,8 @@ def paired_difference(
     baseline: Sequence[Sequence[float]],
     labels: Sequence[float],
     num_labels: int,
-    level: float = LEVEL,
 ) -> tuple[float, float, float]:
-    """candidate - baseline (means over their seeds) on the same examples, and its `level` interval: each
+    """candidate - baseline (means over their seeds) on the same examples, and its 95% interval: each
     round draws one set of examples for both and each side's seeds."""
     a, b, y = np.asarray(candidate), np.asarray(baseline), np.asarray(labels)
     rng = np.random.default_rng(BOOTSTRAP_SEED)
@@ -64,18 +64,17 @@ def paired_difference(
         idx = rng.integers(len(y), size=len(y))
         rows_a, rows_b = rng.integers(len(a), size=len(a)), rng.integers(len(b), size=len(b))
         rounds[r] = mean_score(a, rows_a, idx) - mean_score(b, rows_b, idx)
-    return (diff, *_percentiles(rounds, level))
+    return (diff, *_percentiles(rounds))
 
 
 def unpaired_difference(
-    mean: float, bounds: Sequence[float], baseline_mean: float, baseline_bounds: Sequence[float], level: float = LEVEL
+    mean: float, bounds: Sequence[float], baseline_mean: float, baseline_bounds: Sequence[float]
 ) -> tuple[float, float, float]:
-    """mean - baseline_mean and its `level` interval from the two intervals alone (normal approximation, the
+    """mean - baseline_mean and its 95% interval from the two intervals alone (normal approximation, the
     two scores independent): for scores on different examples, or a baseline published without predictions."""
-    z = NormalDist().inv_cdf(0.5 + level / 2)
-    se = np.hypot((bounds[1] - bounds[0]) / (2 * z), (baseline_bounds[1] - baseline_bounds[0]) / (2 * z))
+    se = np.hypot((bounds[1] - bounds[0]) / (2 * Z), (baseline_bounds[1] - baseline_bounds[0]) / (2 * Z))
     diff = mean - baseline_mean
-    return diff, float(diff - z * se), float(diff + z * se)
+    return diff, float(diff - Z * se), float(diff + Z * se)
 
 
 def examples_fingerprint(texts: Sequence[str], pairs: Sequence[str] | None, labels: Sequence[float]) -> str:
@@ -84,7 +83,7 @@ def examples_fingerprint(texts: Sequence[str], pairs: Sequence[str] | None, labe
     return hashlib.sha256(blob.encode()).hexdigest()[:16]
 
 
-def half_width_for(n: int, level: float = LEVEL) -> float:
+def half_width_for(n: int) -> float:
     """The widest half-interval an accuracy on n examples can have (p = 0.5, one seed, normal approximation):
     what a task of n evaluation examples can resolve at best, before any fine-tuning is paid for."""
-    return NormalDist().inv_cdf(0.5 + level / 2) * 0.5 / np.sqrt(max(n, 1))
+    return Z * 0.5 / np.sqrt(max(n, 1))

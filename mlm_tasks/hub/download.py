@@ -1,10 +1,8 @@
 """Reading a model repo from the Hub (`model.init_from`, `tokenizer.from_pretrained`): which commit a revision
 names, what files it holds, one file's bytes, always by commit so every task of a run reads the same bytes.
 
-    sha, files = resolve_revision("FacebookAI/roberta-base", "main")   # the commit, its file names
-    path = download_file("FacebookAI/roberta-base", sha, "config.json")  # a local path in the Hub cache
-
-The endpoint is HF_ENDPOINT; a private or gated repo needs HF_TOKEN, which huggingface_hub reads itself.
+    sha, files = resolve_revision("FacebookAI/roberta-base", "main", 120, "model.init_from")  # the commit, its files
+    path = download_file("FacebookAI/roberta-base", sha, "config.json", 120, "model.init_from")  # in the Hub cache
 """
 
 from __future__ import annotations
@@ -14,14 +12,14 @@ import contextlib
 import requests
 
 from mlm_tasks.errors import AuthError, ConfigError, TransientError
-from mlm_tasks.hub.api import DEFAULT_TIMEOUT_S, bound_requests, is_transient
+from mlm_tasks.hub.api import bound_requests, is_transient
 
 # The setting naming a repo -> the one naming its revision, for messages that say what to fix.
 REVISION_SETTING = {"model.init_from": "model.init_revision", "tokenizer.from_pretrained": "tokenizer.revision"}
 
 
 @contextlib.contextmanager
-def download_errors(repo_id: str, revision: str | None, what: str, setting: str = "model.init_from"):
+def download_errors(repo_id: str, revision: str | None, what: str, setting: str):
     """Hub failures while reading `repo_id` into the errors of mlm_tasks.errors, saying what to change."""
     from huggingface_hub.errors import (
         EntryNotFoundError,
@@ -83,9 +81,7 @@ def download_errors(repo_id: str, revision: str | None, what: str, setting: str 
         ) from None
 
 
-def resolve_revision(
-    repo_id: str, revision: str | None, timeout_s: float = DEFAULT_TIMEOUT_S, setting: str = "model.init_from"
-) -> tuple[str, list[str]]:
+def resolve_revision(repo_id: str, revision: str | None, timeout_s: float, setting: str) -> tuple[str, list[str]]:
     """The commit sha that `revision` (None: main) names in model repo `repo_id`, and its file names."""
     from huggingface_hub import HfApi, constants
 
@@ -97,9 +93,7 @@ def resolve_revision(
     return info.sha, sorted(s.rfilename for s in info.siblings or [])
 
 
-def download_file(
-    repo_id: str, sha: str, filename: str, timeout_s: float = DEFAULT_TIMEOUT_S, setting: str = "model.init_from"
-) -> str:
+def download_file(repo_id: str, sha: str, filename: str, timeout_s: float, setting: str) -> str:
     """`filename` of commit `sha` of `repo_id`, as a local path in the Hub cache (HF_HUB_CACHE)."""
     from huggingface_hub import constants, hf_hub_download
 

@@ -1,11 +1,9 @@
-"""Checkpoint sync to the Hugging Face Hub during training (`publish.sync_checkpoints`), never blocking it.
+"""Checkpoint sync to the Hugging Face Hub during training (`publish.sync_checkpoints`), never blocking it
+(docs/releases.md#checkpoints-on-the-hub-during-training).
 
     sync = hub_checkpoint_sync(cfg, hub_token, train_records=..., global_batch=..., total_steps=...)  # None: off
     sync(step, path)   # train: after each epoch's checkpoint and the last; sync.save_model adds the model folder
     sync.finish()      # waits for the uploads; a failure is logged, never raised
-
-Each synced step is a commit of `checkpoints/` on main and, with a model folder, a branch `step-N` holding the
-model too. docs/releases.md#checkpoints-on-the-hub-during-training
 """
 
 from __future__ import annotations
@@ -141,19 +139,15 @@ def stage_checkpoint(checkpoint_path: str) -> str:
 @dataclass
 class _Job:
     step: int
-    source: str  # the folder as submitted (local path or gs://)
-    snapshot: str | None  # temp folder with the files frozen at submit time (local sources)
+    snapshot: str  # temp folder with the submitted folder's files frozen at submit time
     model: str | None = None  # a local model folder of this step (the job's to delete), pushed as branch step-N
 
 
 class CheckpointSyncer:
-    """Uploads checkpoint folders to `<repo_id>/checkpoints/` from a background thread, each an exact copy
-    of one checkpoint. A waiting checkpoint is dropped for a newer one (`skipped_steps`); `close()` raises an
-    error of the last failed upload's kind (TransientError for an unforeseen one).
-
-        with CheckpointSyncer(repo_id, token) as syncer:
-            syncer.submit(checkpoint_dir, step, model_dir)  # returns at once
-    """
+    """Uploads local checkpoint folders to `<repo_id>/checkpoints/` from a background thread (`submit` returns
+    at once), each an exact copy of one checkpoint. A waiting checkpoint is dropped for a newer one
+    (`skipped_steps`); `close()` raises an error of the last failed upload's kind (TransientError for an
+    unforeseen one)."""
 
     def __init__(
         self,
@@ -184,13 +178,13 @@ class CheckpointSyncer:
         model folder of that step that the syncer then owns (deletes), goes to the branch `step-N`."""
         if self._closing:
             raise RuntimeError("CheckpointSyncer.submit after close(): create a new syncer.")
-        snapshot = _snapshot(local_dir) if storage.is_local(local_dir) else None
+        snapshot = _snapshot(local_dir)
         with self._cond:
             if self._pending is not None:
                 log.info("Checkpoint upload is behind: skipping step %d for step %d", self._pending.step, step)
                 self.skipped_steps.append(self._pending.step)
                 _cleanup(self._pending)
-            self._pending = _Job(step, local_dir, snapshot, model_dir)
+            self._pending = _Job(step, snapshot, model_dir)
             self._cond.notify()
 
     def close(self, timeout: float | None = None) -> list[dict]:
@@ -209,17 +203,6 @@ class CheckpointSyncer:
             kind = self._last_kind if issubclass(self._last_kind, (NoRetryError, TransientError)) else TransientError
             raise kind(f"{len(self.errors)} checkpoint upload(s) to {self.repo_id} failed; the last: {self.errors[-1]}")
         return list(self.uploaded)
-
-    def __enter__(self) -> CheckpointSyncer:
-        return self
-
-    def __exit__(self, exc_type, exc, tb) -> None:
-        try:
-            self.close()
-        except (NoRetryError, TransientError) as err:  # what close() raises
-            if exc_type is None:
-                raise
-            log.warning("%s", err)  # training already failed: report that failure, not ours
 
     def _run(self) -> None:
         while True:
@@ -242,33 +225,31 @@ class CheckpointSyncer:
                 _cleanup(job)
 
     def _upload(self, job: _Job) -> None:
-        with tempfile.TemporaryDirectory(prefix="mlm-ckpt-sync-") as tmp:
-            folder = job.snapshot or storage.download_dir(job.source, tmp)
-            action = f"uploading the step {job.step} checkpoint to {self.repo_id}"
-            with hub_errors(action, self._token, self._url, self._conn_id):
-                if not self._repo_ready:
-                    self._api.create_repo(self.repo_id, private=self.private, exist_ok=True)
-                    self._repo_ready = True
-                info = self._api.upload_folder(
+        action = f"uploading the step {job.step} checkpoint to {self.repo_id}"
+        with hub_errors(action, self._token, self._url, self._conn_id):
+            if not self._repo_ready:
+                self._api.create_repo(self.repo_id, private=self.private, exist_ok=True)
+                self._repo_ready = True
+            info = self._api.upload_folder(
+                repo_id=self.repo_id,
+                folder_path=job.snapshot,
+                path_in_repo="checkpoints",
+                delete_patterns="*",
+                ignore_patterns=["*.tmp-*", "**/*.tmp-*"],
+                commit_message=f"Training checkpoint at step {job.step}",
+            )
+            done = {"step": job.step, "commit_oid": info.oid, "commit_url": info.commit_url}
+            if job.model is not None:
+                # A retried step finds its branch (exist_ok) and commits the model onto it again.
+                branch = f"step-{job.step}"
+                self._api.create_branch(self.repo_id, branch=branch, revision=info.oid, exist_ok=True)
+                model = self._api.upload_folder(
                     repo_id=self.repo_id,
-                    folder_path=folder,
-                    path_in_repo="checkpoints",
-                    delete_patterns="*",
-                    ignore_patterns=["*.tmp-*", "**/*.tmp-*"],
-                    commit_message=f"Training checkpoint at step {job.step}",
+                    folder_path=job.model,
+                    revision=branch,
+                    commit_message=f"Model at step {job.step}",
                 )
-                done = {"step": job.step, "commit_oid": info.oid, "commit_url": info.commit_url}
-                if job.model is not None:
-                    # A retried step finds its branch (exist_ok) and commits the model onto it again.
-                    branch = f"step-{job.step}"
-                    self._api.create_branch(self.repo_id, branch=branch, revision=info.oid, exist_ok=True)
-                    model = self._api.upload_folder(
-                        repo_id=self.repo_id,
-                        folder_path=job.model,
-                        revision=branch,
-                        commit_message=f"Model at step {job.step}",
-                    )
-                    done.update(revision=branch, revision_oid=model.oid)
+                done.update(revision=branch, revision_oid=model.oid)
         self.uploaded.append(done)
         log.info("Uploaded the step %d checkpoint to %s (%s)", job.step, self.repo_id, done)
 

@@ -220,16 +220,9 @@ def usage_lines(repo: str, architecture: str = "roberta") -> list[str]:
     ]
 
 
-def render_model_card(
-    cfg: PipelineConfig,
-    run_id: str,
-    metrics: Mapping[str, Any] | None,
-    summary: Mapping[str, Any] | None,
-    predictions: list | None,
-    data_info: Mapping[str, Any] | None,
-    downstream: Mapping[str, Any] | None = None,
-    restarts: list[Mapping[str, Any]] | None = None,
-) -> str:
+def render_model_card(cfg: PipelineConfig, run_id: str, art: Mapping[str, Any]) -> str:
+    """The card of run `run_id` from its artifacts (read_run_artifacts' keys; a missing key: not recorded)."""
+    metrics, data_info = art.get("metrics"), art.get("data_info")
     credit, datasets = corpus_credit(cfg, data_info)
     # One library (transformers): tf_model.h5 for TensorFlow (RoBERTa only), model.safetensors for PyTorch.
     architecture, name = cfg.model.architecture, ARCHITECTURES[cfg.model.architecture]
@@ -275,16 +268,16 @@ def render_model_card(
         *config_lines(cfg, data_info),
         "",
         "## Training",
-        *training_lines(summary, restarts),
+        *training_lines(art.get("summary"), art.get("restarts")),
         "",
         "## Evaluation",
         *metrics_table(metrics),
         "",
         "## Downstream evaluation",
-        *downstream_table(downstream),
+        *downstream_table(art.get("downstream")),
         "",
         "## Fill-mask examples",
-        *fill_mask_lines(predictions),
+        *fill_mask_lines(art.get("predictions")),
         "",
         *usage_lines(repo, architecture),
         "",
@@ -301,16 +294,8 @@ def render_model_card(
 def write_model_card(cfg: PipelineConfig, run: RunPaths, data_info: Mapping[str, Any] | None = None) -> str:
     """Write README.md next to the saved model; returns its URI."""
     art = read_run_artifacts(run)
-    data_info = data_info if data_info is not None else art["data_info"]
     text = render_model_card(
-        cfg,
-        run.run_id,
-        art["metrics"],
-        art["summary"],
-        art["predictions"],
-        data_info,
-        art["downstream"],
-        art["restarts"],
+        cfg, run.run_id, {**art, "data_info": data_info if data_info is not None else art["data_info"]}
     )
     uri = join(run.model, "README.md")
     storage.write_text(uri, text)

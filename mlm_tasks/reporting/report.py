@@ -54,9 +54,7 @@ def write_report(cfg: PipelineConfig, run: RunPaths, data_info: Mapping[str, Any
     storage.write_text(report_uri, "\n".join(_page(cfg, run, art, data_info, plots, missing)) + "\n")
     log.info(
         "Wrote the run report to %s (%d history points; missing: %s)",
-        report_uri,
-        len(history),
-        ", ".join(missing) or "nothing",
+        *(report_uri, len(history), ", ".join(missing) or "nothing"),
     )
     metrics, summary, downstream = metrics or {}, summary or {}, art["downstream"]
     return {

@@ -83,25 +83,16 @@ def _validation_lines(summary: Mapping[str, Any] | None) -> list[str]:
     ]
 
 
-def render_review(
-    *,
-    run_id: str,
-    repo_id: str | None,
-    private: bool,
-    decision: GateDecision,
-    metrics: Mapping[str, Any] | None,
-    previous: Mapping[str, Any] | None,
-    summary: Mapping[str, Any] | None,
-    downstream: Any = None,
-    timeout_hours: float,
-) -> str:
-    visibility = "private" if private else "public"
+def review_markdown(cfg: PipelineConfig, run: RunPaths, decision: GateDecision) -> str:
+    """The review page of `run`, from its artifacts and the metrics last published to `publish.repo_id`."""
+    art, previous, repo_id = read_run_artifacts(run), previous_published(cfg), cfg.publish.repo_id
+    visibility = "private" if cfg.publish.private else "public"
     return "\n".join(
         [
-            f"The model of run `{run_id}` would be pushed to `{repo_id or MISSING}`, a {visibility} repo.",
+            f"The model of run `{run.run_id}` would be pushed to `{repo_id or MISSING}`, a {visibility} repo.",
             "",
             "### Evaluation",
-            *_metrics_table(metrics, previous),
+            *_metrics_table(art["metrics"], previous),
             "",
             f"### Gate: {'passed' if decision.get('passed') else 'failed'}",
             *[f"- {reason}" for reason in decision.get("reasons", [])],
@@ -110,28 +101,13 @@ def render_review(
             _published_line(previous, repo_id),
             "",
             "### Validation loss during training",
-            *_validation_lines(summary),
+            *_validation_lines(art["summary"]),
             "",
             "### Downstream tasks",
-            *downstream_table(downstream),
+            *downstream_table(art["downstream"]),
             "",
             f"Approve to publish; Reject to skip publishing (say why in the comment, it goes to the log). "
-            f"No answer within {timeout_hours:g} h (`publish.approval_timeout_hours`) counts as a rejection.",
+            f"No answer within {cfg.publish.approval_timeout_hours:g} h (`publish.approval_timeout_hours`) counts "
+            "as a rejection.",
         ]
-    )
-
-
-def review_markdown(cfg: PipelineConfig, run: RunPaths, decision: GateDecision) -> str:
-    """The review page of `run`, from its artifacts and the metrics last published to `publish.repo_id`."""
-    artifacts = read_run_artifacts(run)
-    return render_review(
-        run_id=run.run_id,
-        repo_id=cfg.publish.repo_id,
-        private=cfg.publish.private,
-        decision=decision,
-        metrics=artifacts["metrics"],
-        previous=previous_published(cfg),
-        summary=artifacts["summary"],
-        downstream=artifacts["downstream"],
-        timeout_hours=cfg.publish.approval_timeout_hours,
     )

@@ -209,7 +209,7 @@ def test_the_data_card_reaches_the_model_card_and_the_report(tiny_prepared):
     cfg, data = tiny_prepared
     card = data["corpus"]["data_card"]
     assert sum(card["rows_read"].values()) > data["corpus"]["rows"]  # what was read, before the removals
-    text = render_model_card(cfg, "run-1", None, None, None, data)
+    text = render_model_card(cfg, "run-1", {"data_info": data})
     data_section = text.split("## Data", 1)[1].split("\n## ", 1)[0]
     removed = sum(card["duplicates_removed"]["exact"].values())
     assert f"- Duplicates removed: exact {removed:,}" in data_section and "near dedup off" in data_section

@@ -94,7 +94,7 @@ def test_the_report_and_the_card_show_each_sources_weight_and_tokens(mixture):
     from mlm_tasks.reporting.report import data_lines
 
     cfg, data = mixture
-    card = render_model_card(cfg, "run-1", None, None, None, data)
+    card = render_model_card(cfg, "run-1", {"data_info": data})
     report = "\n".join(data_lines(cfg, data))
     for name, weight in (("synth", 3), ("wiki", 1)):
         tokens = data["corpus"]["sources"][name]["tokens"]

@@ -240,8 +240,9 @@ def test_a_synced_step_loads_from_its_revision_in_tensorflow_and_in_transformers
     for name in os.listdir(run.model):
         Path(model_dir, name).write_bytes(Path(run.model, name).read_bytes())
     staged = stage_checkpoint(f"{run.checkpoints}/ckpt-{TRAIN_STEPS}")
-    with CheckpointSyncer(REPO, fake_hub.token, fake_hub.url) as syncer:
-        syncer.submit(staged, TRAIN_STEPS, model_dir)
+    syncer = CheckpointSyncer(REPO, fake_hub.token, fake_hub.url)
+    syncer.submit(staged, TRAIN_STEPS, model_dir)
+    syncer.close()
     branch = f"step-{TRAIN_STEPS}"
     (done,) = syncer.uploaded
     repo = fake_hub.repos[REPO]

@@ -68,7 +68,7 @@ def test_summary_report_and_card_give_the_runs_estimate_with_its_price(tpu_run):
     lines = training_lines(storage.read_json(ctx.run.train_summary))  # the report's and the card's Training section
     cost = f"- Accelerator cost: ${2 * spot_rate:,.2f} for 2.00 h of training (v4-8 Spot, {source})"
     assert cost in lines
-    assert cost in render_model_card(cfg, "spot-run", None, storage.read_json(ctx.run.train_summary), None, None)
+    assert cost in render_model_card(cfg, "spot-run", {"summary": storage.read_json(ctx.run.train_summary)})
 
     # A deployment's own price replaces the list price, and says so.
     own = cfg.model_copy(update={"tpu": cfg.tpu.model_copy(update={"price_per_chip_hour": 1.5})})

@@ -34,7 +34,7 @@ def code_blocks(card: str) -> list[tuple[str, str]]:
 
 def test_card_declares_both_frameworks_and_marks_each_block():
     cfg = build_config({"publish": {"repo_id": REPO}})
-    card = render_model_card(cfg, "run-1", None, None, None, None)
+    card = render_model_card(cfg, "run-1", {})
     meta = yaml.safe_load(card.split("---\n")[1])
     assert meta["library_name"] == "transformers" and meta["pipeline_tag"] == "fill-mask"
     assert {"tf", "pytorch", "safetensors"} <= set(meta["tags"])

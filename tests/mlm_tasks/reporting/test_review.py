@@ -8,7 +8,7 @@ import math
 from mlm_tasks import paths, storage
 from mlm_tasks.config import load_config
 from mlm_tasks.paths import RunContext
-from mlm_tasks.reporting.review import render_review, review_markdown
+from mlm_tasks.reporting.review import review_markdown
 
 REPO = "ml-team/roberta-wiki"
 METRICS = {
@@ -73,21 +73,13 @@ def test_a_first_release_and_a_run_without_validation_say_so(tmp_path):
     assert "No validation during training (`train.eval_every` is off)." in page
 
 
-def _page_with(downstream: dict) -> str:
-    return render_review(
-        run_id="r",
-        repo_id=REPO,
-        private=True,
-        decision=DECISION,
-        metrics=METRICS,
-        previous=None,
-        summary=SUMMARY,
-        timeout_hours=72,
-        downstream=downstream,
-    )
+def _page_with(tmp_path, downstream: dict) -> str:
+    cfg, run = _run(tmp_path)
+    storage.write_json(run.downstream, downstream)
+    return review_markdown(cfg, run, DECISION)
 
 
-def test_downstream_scores_become_a_table():
+def test_downstream_scores_become_a_table(tmp_path):
     """The downstream step's own result (eval/downstream.json), as the card and the report show it."""
     runs = lambda mean, std: {"mean": mean, "std": std, "min": mean, "max": mean, "runs": []}  # noqa: E731
     downstream = {
@@ -108,12 +100,12 @@ def test_downstream_scores_become_a_table():
         ],
         "skipped": [],
     }
-    page = _page_with(downstream)
+    page = _page_with(tmp_path, downstream)
     assert "| sst2 | accuracy | 0.8100 ± 0.0120 | — | 3 | 0.5500 ± 0.0000 | +0.2600 | 800 train, 200 scored |" in page
     # With the bootstrap's interval and a flag (too few scored examples), as the downstream step writes them.
     downstream["tasks"][0]["pretrained"]["interval"] = [0.7612, 0.8544]
     downstream["tasks"][0]["warnings"] = ["sst2: the 95% interval of accuracy is ±0.139 over 50 scored examples"]
-    page = _page_with(downstream)
+    page = _page_with(tmp_path, downstream)
     assert "| sst2 | accuracy | 0.8100 ± 0.0120 | [0.7612, 0.8544] | 3 |" in page
     assert "- **Warning:** sst2: the 95% interval of accuracy is ±0.139 over 50 scored examples" in page
 

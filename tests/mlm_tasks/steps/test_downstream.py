@@ -383,7 +383,7 @@ def test_report_and_card_show_the_table(tmp_path):
         "| 32 train, 16 scored |"
     )
     assert "## Downstream tasks" in page and row in page and key["downstream"] == {"sst": 0.8125}
-    card = render_model_card(cfg, run.run_id, METRICS, None, None, None, copy.deepcopy(result))
+    card = render_model_card(cfg, run.run_id, {"metrics": METRICS, "downstream": copy.deepcopy(result)})
     assert "## Downstream evaluation" in card and row in card and "6 steps of 8 examples" in card
-    no_table = render_model_card(cfg, run.run_id, METRICS, None, None, None)
+    no_table = render_model_card(cfg, run.run_id, {"metrics": METRICS})
     assert "No downstream evaluation was recorded" in no_table
