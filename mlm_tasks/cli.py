@@ -23,7 +23,7 @@ from mlm_tasks import storage
 from mlm_tasks.config import PipelineConfig, build_config, load_config
 from mlm_tasks.errors import NO_RETRY_EXIT, AuthError, ConfigError, NoRetryError
 from mlm_tasks.job import preemption
-from mlm_tasks.paths import RunContext
+from mlm_tasks.paths import RunContext, safe_run_id
 from mlm_tasks.steps import SHARD_SET_STEPS, STEPS
 
 # The pipeline's steps (mlm_tasks/steps/, the DAGs' task ids) and four conveniences.
@@ -75,9 +75,9 @@ def run_step(step: str, cfg: PipelineConfig, ctx: RunContext, part: int = 0, run
     if step == "fingerprint":
         return data_fingerprint(cfg)
     if step == "compare":
-        from mlm_tasks.reporting.compare import compare_runs, folders, write_comparison
+        from mlm_tasks.reporting.compare import compare_runs, write_comparison
 
-        chosen = folders([r for r in runs.split(",") if r]) or None  # none named: every run
+        chosen = [safe_run_id(r) for r in runs.split(",") if r] or None  # run ids or folder names; none: every run
         return write_comparison(cfg.output_root, compare_runs(cfg.output_root, chosen))
     if step == "build_shard_set":
         return steps.build_shard_set(cfg, ctx)

@@ -67,9 +67,7 @@ def mark_contamination(
         "Contamination check (%d-grams) of %d task(s) against the train split: %.0fs",
         *(NGRAM, len(tasks), time.perf_counter() - began),
     )
-    for entry in entries:
-        if entry["name"] not in found:
-            continue
+    for entry in [e for e in entries if e["name"] in found]:
         hits, texts = found[entry["name"]], tasks[entry["name"]][0]
         record: dict[str, Any] = {
             "ngram": NGRAM,

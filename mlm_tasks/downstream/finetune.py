@@ -120,9 +120,8 @@ def finetune(
         logits = model(input_ids=ids, attention_mask=mask, training=False).logits
         return logits[:, 0] if regression else tf.argmax(logits, -1, output_type=tf.int32)
 
-    losses = []
-    for batch in _batch_order(len(train.labels), budget.batch_size, budget.steps, np.random.default_rng(seed)):
-        losses.append(float(train_step(train.input_ids[batch], train.attention_mask[batch], train.labels[batch])))
+    order = _batch_order(len(train.labels), budget.batch_size, budget.steps, np.random.default_rng(seed))
+    losses = [float(train_step(train.input_ids[b], train.attention_mask[b], train.labels[b])) for b in order]
     n = len(validation.labels)
     pad = -n % EVAL_BATCH  # whole batches only: one shape, one trace
     ids, mask = (np.pad(a, ((0, pad), (0, 0))) for a in (validation.input_ids, validation.attention_mask))

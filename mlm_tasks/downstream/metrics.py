@@ -13,10 +13,6 @@ REGRESSION_METRICS = ("pearson", "spearman")
 METRICS = CLASSIFICATION_METRICS + REGRESSION_METRICS
 
 
-def is_regression(metric: str) -> bool:
-    return metric in REGRESSION_METRICS
-
-
 def _f1_of(predictions: np.ndarray, labels: np.ndarray, cls: int) -> float:
     tp = float(np.sum((predictions == cls) & (labels == cls)))
     wrong = float(np.sum((predictions == cls) != (labels == cls)))

@@ -15,7 +15,7 @@ from typing import Any
 from mlm_tasks import storage
 from mlm_tasks.config import CorpusConfig, DownstreamTask
 from mlm_tasks.downstream.examples import Examples, TaskData, sample
-from mlm_tasks.downstream.metrics import is_regression
+from mlm_tasks.downstream.metrics import REGRESSION_METRICS
 from mlm_tasks.errors import ConfigError
 
 GLUE_COLUMNS = (["sentence"], ["sentence1", "sentence2"])
@@ -115,7 +115,7 @@ def _labels(
     task: DownstreamTask, train: list[Any], validation: list[Any], names: list[str] | None, where: str
 ) -> tuple[list[Any], list[Any], list[str]]:
     """The labels as values (a regression: no class names) or as class ids 0..K-1 with the classes' names."""
-    if is_regression(task.metric):
+    if task.metric in REGRESSION_METRICS:
         try:
             return [float(v) for v in train], [float(v) for v in validation], []
         except (TypeError, ValueError):
@@ -183,4 +183,4 @@ def load_task(task: DownstreamTask, corpus: CorpusConfig) -> TaskData:
     )
     train = _examples(train_rows, columns, train_labels)
     validation = _examples(validation_rows, columns, validation_labels)
-    return sampled(task, TaskData(task.name, train, validation, names, is_regression(task.metric)))
+    return sampled(task, TaskData(task.name, train, validation, names, task.metric in REGRESSION_METRICS))

@@ -1,11 +1,10 @@
-"""Hugging Face Hub client plumbing shared by publishing and checkpoint sync: the client with bounded
-requests, and HTTP failures as errors that say what to do (scrubbed of the token).
+"""Hugging Face Hub client plumbing shared by publishing and checkpoint sync: the client with bounded requests
+(process-wide: docs/security.md), and HTTP failures as errors that say what to do, scrubbed of the token (which
+failure is which error: docs/architecture.md).
 
     api, url = hub_api(token, endpoint, conn_id="huggingface_default")
     with hub_errors("uploading the model", token, url, conn_id):
         api.upload_folder(...)
-
-Which failure is which error: docs/architecture.md; the request bound (process-wide): docs/security.md.
 """
 
 from __future__ import annotations

@@ -8,6 +8,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import shutil
@@ -267,21 +268,17 @@ def _snapshot(local_dir: str) -> str:
             f"Checkpoint folder {local_dir} does not exist: submit the folder the checkpoint was just written to."
         )
     dest = tempfile.mkdtemp(prefix="mlm-ckpt-snapshot-")
-    for dirpath, _, names in os.walk(src):
-        for name in names:
-            if ".tmp-" in name:
-                continue
-            source = os.path.join(dirpath, name)
-            target = os.path.join(dest, os.path.relpath(source, src))
-            os.makedirs(os.path.dirname(target), exist_ok=True)
-            if os.path.getsize(source) < COPY_BELOW_BYTES:
-                shutil.copy2(source, target)
-                continue
-            try:
-                os.link(source, target)
-            except OSError:  # another filesystem, or links not supported
-                shutil.copy2(source, target)
-    return dest
+    return shutil.copytree(
+        src, dest, copy_function=_freeze, ignore=shutil.ignore_patterns("*.tmp-*"), dirs_exist_ok=True
+    )
+
+
+def _freeze(source: str, target: str) -> None:
+    if os.path.getsize(source) >= COPY_BELOW_BYTES:
+        with contextlib.suppress(OSError):  # another filesystem, or links not supported: copied
+            os.link(source, target)
+            return
+    shutil.copy2(source, target)
 
 
 def _cleanup(job: _Job) -> None:

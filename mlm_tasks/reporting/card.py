@@ -21,13 +21,14 @@ WIKIPEDIA_CREDIT = "Text from English Wikipedia, CC BY-SA 4.0"
 ARCHITECTURES = {"roberta": "RoBERTa", "modernbert": "ModernBERT"}  # model.architecture as a card names it
 
 
-def read_run_artifacts(run: RunPaths) -> dict[str, Any]:
-    """Every artifact the card and the report draw on; None for the ones not written (yet)."""
+def read_run_artifacts(run: RunPaths, data_info: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    """Every artifact the card and the report draw on; None for the ones not written (yet). `data_info`: the
+    shard set's summary, else the run's data.json."""
     return {
         "metrics": storage.read_json_if_exists(run.eval_metrics),
         "summary": storage.read_json_if_exists(run.train_summary),
         "predictions": storage.read_json_if_exists(run.predictions),
-        "data_info": storage.read_json_if_exists(run.data_ref),
+        "data_info": data_info if data_info is not None else storage.read_json_if_exists(run.data_ref),
         "downstream": storage.read_json_if_exists(run.downstream),
         "restarts": read_restarts(run),  # node losses handled inside a try
     }
@@ -176,18 +177,13 @@ def training_lines(summary: Mapping[str, Any] | None, restarts: list[Mapping[str
 USAGE_MARKERS = {"pytorch": "# PyTorch, transformers 5.x", "tensorflow": "# TensorFlow, transformers 4.57"}
 
 
-def usage_lines(repo: str, architecture: str = "roberta") -> list[str]:
-    probe = "The capital of France is <mask>."
-    pytorch = [
-        "```python",
-        f"{USAGE_MARKERS['pytorch']}",
-        "from transformers import pipeline",
-        "",
-        f'fill = pipeline("fill-mask", model="{repo}")',
-        f'print(fill("{probe}"))',
-        "```",
-        "",
-    ]
+def _code(framework: str, *pipeline: str) -> list[str]:
+    probe = 'print(fill("The capital of France is <mask>."))'
+    return ["```python", USAGE_MARKERS[framework], "from transformers import pipeline", "", *pipeline, probe, "```", ""]
+
+
+def usage_lines(repo: str, architecture: str) -> list[str]:
+    pytorch = _code("pytorch", f'fill = pipeline("fill-mask", model="{repo}")')
     if architecture == "modernbert":
         return [
             "## How to use",
@@ -208,15 +204,11 @@ def usage_lines(repo: str, architecture: str = "roberta") -> list[str]:
         "`use_safetensors=False` makes it read `tf_model.h5` (4.57 would pick `model.safetensors` and fail",
         "to read it with current safetensors releases):",
         "",
-        "```python",
-        f"{USAGE_MARKERS['tensorflow']}",
-        "from transformers import pipeline",
-        "",
-        f'fill = pipeline("fill-mask", model="{repo}", framework="tf", dtype=None,',
-        '                model_kwargs={"use_safetensors": False})',
-        f'print(fill("{probe}"))',
-        "```",
-        "",
+        *_code(
+            "tensorflow",
+            f'fill = pipeline("fill-mask", model="{repo}", framework="tf", dtype=None,',
+            '                model_kwargs={"use_safetensors": False})',
+        ),
     ]
 
 
@@ -293,10 +285,6 @@ def render_model_card(cfg: PipelineConfig, run_id: str, art: Mapping[str, Any]) 
 
 def write_model_card(cfg: PipelineConfig, run: RunPaths, data_info: Mapping[str, Any] | None = None) -> str:
     """Write README.md next to the saved model; returns its URI."""
-    art = read_run_artifacts(run)
-    text = render_model_card(
-        cfg, run.run_id, {**art, "data_info": data_info if data_info is not None else art["data_info"]}
-    )
     uri = join(run.model, "README.md")
-    storage.write_text(uri, text)
+    storage.write_text(uri, render_model_card(cfg, run.run_id, read_run_artifacts(run, data_info)))
     return uri

@@ -12,7 +12,7 @@ from typing import Any
 
 from mlm_tasks import storage
 from mlm_tasks.errors import MissingArtifactError
-from mlm_tasks.paths import DataPaths, RunFolder, join, safe_run_id
+from mlm_tasks.paths import DataPaths, RunFolder, join
 from mlm_tasks.reporting.card import read_run_artifacts
 from mlm_tasks.reporting.plots import line_plot
 from mlm_tasks.results import RunRow
@@ -66,11 +66,6 @@ def run_row(output_root: str, name: str) -> RunRow:
         cost_usd=summary.get("cost_usd"),  # the training's hours at the run's price
         val_curve=[[h["step"] * per_step, h["val_loss"]] for h in history if "val_loss" in h] if per_step else [],
     )
-
-
-def folders(run_ids: list[str]) -> list[str]:
-    """The run folders of Airflow run ids (or names of folders)."""
-    return [safe_run_id(run_id) for run_id in run_ids]
 
 
 def compare_runs(output_root: str, names: list[str] | None = None) -> list[RunRow]:

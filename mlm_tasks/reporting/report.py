@@ -36,9 +36,8 @@ COMPARED_RUNS = 20  # the report's table of runs: this one and the latest others
 def write_report(cfg: PipelineConfig, run: RunPaths, data_info: Mapping[str, Any] | None = None) -> KeyMetrics:
     """Write the plots and report.md of `run`; the key metrics for XCom. `data_info`: the shard set's summary
     (else the run's data.json, else the metrics' fingerprint)."""
-    art = read_run_artifacts(run)
-    metrics, summary, predictions = art["metrics"], art["summary"], art["predictions"]
-    data_info = data_info if data_info is not None else art["data_info"]
+    art = read_run_artifacts(run, data_info)
+    metrics, summary, predictions, data_info = art["metrics"], art["summary"], art["predictions"], art["data_info"]
     if not data_info and metrics and metrics.get("data_fingerprint"):
         data_info = {"fingerprint": metrics["data_fingerprint"]}
     history = read_history(run)
