@@ -83,10 +83,11 @@ log = logging.getLogger(__name__)
 def share_with_tensorflow(creds: Any) -> None:
     """Point TensorFlow's gs:// at `creds` for the rest of this process (refreshed before expiry)."""
     global _refresher
+    from google.auth.credentials import AnonymousCredentials
     from google.auth.exceptions import GoogleAuthError
     from google.auth.transport.requests import Request
 
-    if creds is None or is_anonymous(creds):
+    if creds is None or isinstance(creds, AnonymousCredentials):
         return
     creds.refresh(Request())
     os.environ[TF_TOKEN_VAR] = creds.token
@@ -114,9 +115,3 @@ def stop_sharing_with_tensorflow() -> None:
     if _refresher is not None and _refresher.is_alive():
         _stop.set()
         _refresher.join(timeout=5)
-
-
-def is_anonymous(creds: Any) -> bool:
-    from google.auth.credentials import AnonymousCredentials
-
-    return isinstance(creds, AnonymousCredentials)

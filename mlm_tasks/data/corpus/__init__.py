@@ -15,18 +15,10 @@ from mlm_tasks.data.corpus.local_files import LocalFilesCorpus
 from mlm_tasks.data.corpus.mixture import MixtureCorpus
 from mlm_tasks.data.corpus.shards import ShardsCorpus
 from mlm_tasks.data.corpus.wiki import WikiDumpCorpus, embedded_wiki_path
-from mlm_tasks.errors import ConfigError
-
-
-def _wiki_dump(cfg: CorpusConfig) -> Corpus:
-    if not cfg.dump_path:
-        raise ConfigError("corpus.source=wiki_dump needs corpus.dump_path.")
-    return WikiDumpCorpus(cfg, cfg.dump_path)
-
 
 SOURCES: dict[str, Callable[[CorpusConfig], Corpus]] = {
     "embedded_wiki": lambda cfg: WikiDumpCorpus(cfg, embedded_wiki_path()),
-    "wiki_dump": _wiki_dump,
+    "wiki_dump": lambda cfg: WikiDumpCorpus(cfg, cfg.dump_path),
     "hf_dataset": HFDatasetCorpus,
     "local_files": LocalFilesCorpus,
     "tfrecord_shards": ShardsCorpus,

@@ -54,8 +54,7 @@ def wikitext_rows(wikitext_body: str) -> list[str]:
             continue
         heading = _HEADING.match(line)
         if heading:
-            level = len(heading.group(1))
-            marks = " ".join(["="] * level)
+            marks = " ".join(heading.group(1))  # "===" -> "= = ="
             rows.append(f"{marks} {heading.group(2)} {marks}")
         elif len(line) > 1:
             rows.append(line)
@@ -71,7 +70,9 @@ class Article:
 class WikiDumpCorpus(Corpus):
     credit = WIKI_CREDIT
 
-    def __init__(self, cfg: CorpusConfig, path: str):
+    def __init__(self, cfg: CorpusConfig, path: str | None):
+        if not path:
+            raise ConfigError("corpus.source=wiki_dump needs corpus.dump_path.")
         if not os.path.exists(path):
             raise ConfigError(
                 f"Wikipedia dump {path} does not exist: set corpus.dump_path to a pages-articles*.xml.bz2 file."
