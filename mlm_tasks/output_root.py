@@ -75,10 +75,8 @@ def check_output_root_reachable(
     if not distributed_executor or not storage.is_local(output_root):
         return
     path = os.path.abspath(storage.local_path(output_root))
-    for shared in shared_roots:
-        shared = os.path.abspath(shared)
-        if path == shared or path.startswith(shared.rstrip(os.sep) + os.sep):
-            return
+    if any(path == s or path.startswith(s.rstrip(os.sep) + os.sep) for s in map(os.path.abspath, shared_roots)):
+        return
     raise ConfigError(
         f"output_root {output_root} is a local folder, but the {distributed_executor} may run this run's tasks "
         "on several workers, and a worker on another machine would not see the files the others wrote. Use "
