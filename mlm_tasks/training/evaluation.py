@@ -71,6 +71,7 @@ def evaluate_model(cfg: PipelineConfig, ctx: RunContext) -> EvalMetrics:
     from mlm_tasks.data.shard_set import load_manifest
     from mlm_tasks.data.tokenizer import load_tokenizer
     from mlm_tasks.model.roberta import build_model
+    from mlm_tasks.training.validation import fixed_masks
 
     fingerprint = ctx.data.fingerprint
     shard_set = load_manifest(cfg, fingerprint)
@@ -78,7 +79,10 @@ def evaluate_model(cfg: PipelineConfig, ctx: RunContext) -> EvalMetrics:
     tokenizer = load_tokenizer(shard_set.paths.tokenizer, shard_set.max_length)
     model = _trained_model(cfg, ctx, len(tokenizer))
 
-    batches = _eval_batches(cfg, shard_set, split, tokenizer)
+    # The fixed seed and rate of train.eval_every: every run (and the published model) is scored on the same masks.
+    tf.random.set_seed(cfg.train.seed)
+    ds = fixed_masks(shard_set, tokenizer, cfg)
+    batches = list(ds.take(cfg.eval.max_batches) if cfg.eval.max_batches else ds)  # the same batches for all three
     loss, accuracy, masked, mask_acc = _score(model, batches, tokenizer.mask_token_id)
     tf.keras.utils.set_random_seed(cfg.train.seed)
     untrained = build_model(model.config)
@@ -133,25 +137,3 @@ def _trained_model(cfg: PipelineConfig, ctx: RunContext, tokenizer_size: int) ->
             "Evaluate with the data fingerprint the run trained on, or retrain on this data."
         )
     return model
-
-
-def _eval_batches(cfg: PipelineConfig, shard_set: Any, split: str, tokenizer: Any) -> list:
-    import tensorflow as tf
-
-    from mlm_tasks.data.input import mlm_dataset
-    from mlm_tasks.training.validation import EVAL_MLM_PROBABILITY
-
-    # Fixed seed and rate: every run (and the published model) is scored on the same masks, whatever it trained with.
-    tf.random.set_seed(cfg.train.seed)
-    ds = mlm_dataset(
-        shard_set,
-        split,
-        tokenizer,
-        cfg.eval.batch_size,
-        training=False,
-        mlm_probability=EVAL_MLM_PROBABILITY,
-        seed=cfg.train.seed,
-    )
-    if cfg.eval.max_batches:
-        ds = ds.take(cfg.eval.max_batches)
-    return list(ds)  # the same masked batches for all three scores

@@ -26,35 +26,20 @@ def finish(
 ) -> TrainSummary:
     """After the final checkpoint: the kept step's weights (train.keep_checkpoint) saved as the model, then
     the summary, written last (it marks training complete)."""
-    best = best_so_far(state.history)
-    if cfg.train.keep_checkpoint == "best" and best is not None and best[0] != loop.total:
-        import tensorflow as tf
-
-        # After the final checkpoint (a resume must continue from the last step, not the best).
-        tf.train.Checkpoint(model=state.model).restore(join(ctx.run.train_best, f"ckpt-{best[0]}")).expect_partial()
-        log.info("Keeping the best step's model (train.keep_checkpoint=best): step %d, validation loss %.4f", *best)
-    save_model(state.model, inputs.tokenizer, ctx.run.model)
-    summary = _summary(cfg, ctx, plan, state, loop, best)
-    storage.write_json(ctx.run.train_summary, summary)  # last: marks training complete
-    return summary
-
-
-def _summary(
-    cfg: PipelineConfig,
-    ctx: RunContext,
-    plan: TrainPlan,
-    state: TrainState,
-    loop: TrainLoop,
-    best: tuple[int, float] | None,
-) -> TrainSummary:
     import tensorflow as tf
 
     from mlm_tasks.model.flops import mfu
 
+    best = best_so_far(state.history)
+    if cfg.train.keep_checkpoint == "best" and best is not None and best[0] != loop.total:
+        # After the final checkpoint (a resume must continue from the last step, not the best).
+        tf.train.Checkpoint(model=state.model).restore(join(ctx.run.train_best, f"ckpt-{best[0]}")).expect_partial()
+        log.info("Keeping the best step's model (train.keep_checkpoint=best): step %d, validation loss %.4f", *best)
+    save_model(state.model, inputs.tokenizer, ctx.run.model)
     progress, peak, history = loop.progress, loop.peak, state.history
     hours, cost, basis = _tpu_cost(cfg, plan.device, progress.elapsed_s)
     utilisation = mfu(progress.tokens_per_s, loop.flops_per_token, peak)
-    return {
+    summary: TrainSummary = {
         "steps": loop.total,  # with a time budget, the steps it trained by the deadline
         "resumed_from_step": state.start_step,
         "global_batch": plan.global_batch,
@@ -84,6 +69,8 @@ def _summary(
         "tensorflow": tf.__version__,
         "python": platform.python_version(),
     }
+    storage.write_json(ctx.run.train_summary, summary)  # last: marks training complete
+    return summary
 
 
 def _tpu_cost(cfg: PipelineConfig, device: str, elapsed_s: float) -> tuple[float | None, float | None, str | None]:

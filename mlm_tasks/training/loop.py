@@ -197,15 +197,10 @@ class TrainLoop:
         if not bad.size:
             return
         loss_sum, count, _, norm = rows[bad[0]]
-        kept = self.state.checkpoints.latest_checkpoint
-        log.error(
-            "Step %d: loss %s, gradient norm %s: stopping before anything of it is saved",
-            first + bad[0],
-            loss_sum / max(count, 1),
-            norm,
-        )
+        step, loss, kept = first + bad[0], loss_sum / max(count, 1), self.state.checkpoints.latest_checkpoint
+        log.error("Step %d: loss %s, gradient norm %s: stopping before anything of it is saved", step, loss, norm)
         raise TrainingDivergedError(
-            f"Training diverged at step {first + bad[0]}: loss {loss_sum / max(count, 1):.4g}, gradient norm "
+            f"Training diverged at step {step}: loss {loss:.4g}, gradient norm "
             f"{norm:.4g}. Nothing after the last checkpoint was saved: "
             + (f"the last good checkpoint is {kept}" if kept else "no checkpoint was saved yet")
             + ". A rerun of this run resumes there and meets the same batches: lower train.learning_rate or "

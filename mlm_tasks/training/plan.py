@@ -130,18 +130,11 @@ def plan_lines(
         if peak is None:
             return [*lines, f"No bf16 peak for {cfg.tpu.accelerator_type} in mlm_tasks/model/flops.py: no estimate."]
         hours = tokens * per_token / (replicas * peak * prices.ASSUMED_MFU) / 3600
-        costs = {spot: prices.hourly(cfg.tpu, spot) for spot in (False, True)}
-        cost_text = (
-            ", ".join(
-                f"{'Spot' if spot else 'on-demand'} ${rate * hours:,.2f} (${rate:,.2f}/h)"
-                for spot, rate in costs.items()
-                if rate is not None
-            )
-            or "no price known"
-        )
+        rates = {"on-demand": prices.hourly(cfg.tpu, False), "Spot": prices.hourly(cfg.tpu, True)}
+        costs = [f"{kind} ${rate * hours:,.2f} (${rate:,.2f}/h)" for kind, rate in rates.items() if rate is not None]
         lines.append(
             f"Estimate on {cfg.tpu.accelerator_type} ({replicas} chips × {peak / 1e12:.0f} TFLOP/s bf16) at "
-            f"{100 * prices.ASSUMED_MFU:.0f}% MFU: {hours:.2f} h of training; {cost_text} "
+            f"{100 * prices.ASSUMED_MFU:.0f}% MFU: {hours:.2f} h of training; {', '.join(costs) or 'no price known'} "
             f"[{prices.source(cfg.tpu)}], plus the VM's start and the steps around training."
         )
     return lines

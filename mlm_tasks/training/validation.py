@@ -10,20 +10,33 @@ from __future__ import annotations
 import logging
 from typing import Any
 
+from mlm_tasks.errors import ConfigError
+
 log = logging.getLogger(__name__)
 
 EVAL_MLM_PROBABILITY = 0.15  # BERT's and RoBERTa's rate: the one every published MLM loss is quoted at
 
 
-def validation_batches(shard_set: Any, tokenizer: Any, cfg: Any) -> Any:
-    """The first `train.eval_batches` whole batches (a TPU compiles one shape) of `eval.split`, masked once."""
+def fixed_masks(shard_set: Any, tokenizer: Any, cfg: Any) -> Any:
+    """`eval.split` in batches of eval.batch_size, masked at EVAL_MLM_PROBABILITY with the run's seed."""
     from mlm_tasks.data.input import mlm_dataset
 
+    return mlm_dataset(
+        shard_set,
+        cfg.eval.split,
+        tokenizer,
+        cfg.eval.batch_size,
+        training=False,
+        mlm_probability=EVAL_MLM_PROBABILITY,
+        seed=cfg.train.seed,
+    )
+
+
+def validation_batches(shard_set: Any, tokenizer: Any, cfg: Any) -> Any:
+    """The first `train.eval_batches` whole batches (a TPU compiles one shape) of `eval.split`, masked once."""
     split, batch = cfg.eval.split, cfg.eval.batch_size
     whole = shard_set.records(split) // batch
     if whole < 1:
-        from mlm_tasks.errors import ConfigError
-
         raise ConfigError(
             f"train.eval_every needs at least one whole batch of {split}: it has "
             f"{shard_set.records(split)} records, eval.batch_size is {batch}. Lower eval.batch_size "
@@ -38,19 +51,7 @@ def validation_batches(shard_set: Any, tokenizer: Any, cfg: Any) -> Any:
         split,
         round(100 * EVAL_MLM_PROBABILITY),
     )
-    return (
-        mlm_dataset(
-            shard_set,
-            split,
-            tokenizer,
-            batch,
-            training=False,
-            mlm_probability=EVAL_MLM_PROBABILITY,
-            seed=cfg.train.seed,
-        )
-        .take(count)
-        .cache()
-    )
+    return fixed_masks(shard_set, tokenizer, cfg).take(count).cache()
 
 
 class Validation:
