@@ -20,7 +20,7 @@ from mlm_tasks.config import SPECIAL_TOKENS, PipelineConfig
 from mlm_tasks.config.training import POSITION_OFFSET
 from mlm_tasks.errors import ConfigError
 from mlm_tasks.hub.api import DEFAULT_TIMEOUT_S
-from mlm_tasks.hub.download import REVISION_SETTING
+from mlm_tasks.hub.download import REVISION_SETTING, download_file, resolve_revision
 from mlm_tasks.paths import join
 
 WEIGHT_FILES = ("tf_model.h5", "model.safetensors")  # in the order they are preferred
@@ -87,8 +87,6 @@ class BaseModelRef:
 
     @cached_property
     def _hub(self) -> tuple[str, list[str]]:
-        from mlm_tasks.hub.download import resolve_revision
-
         return resolve_revision(self.uri, self.revision, self.timeout_s, self.setting)
 
     @cached_property
@@ -106,8 +104,6 @@ class BaseModelRef:
                 "LM: config.json, tokenizer.json, and tf_model.h5 or model.safetensors; a tokenizer: tokenizer.json)."
             )
         if self.kind == "hub":
-            from mlm_tasks.hub.download import download_file
-
             return download_file(self.uri, self._hub[0], name, self.timeout_s, self.setting)
         return join(self.uri, name)
 
@@ -228,8 +224,7 @@ def check_base(cfg: PipelineConfig, base: BaseModelRef) -> None:
 
 
 def read_tokenizer_json(text: str, whose: str):
-    """A tokenizer.json as a `tokenizers.Tokenizer`; a ConfigError unless it parses and has RoBERTa's special
-    tokens."""
+    """A tokenizer.json as a `tokenizers.Tokenizer`; a ConfigError unless it parses and has RoBERTa's special tokens."""
     from tokenizers import Tokenizer
 
     try:

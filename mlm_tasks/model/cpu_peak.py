@@ -93,10 +93,9 @@ def gemm_rate(precision: str, size: int = GEMM_SIZE) -> float:
     return max(rates)
 
 
-def machine_kind(info: dict[str, Any] | None = None) -> str:
+def machine_kind(info: dict[str, Any]) -> str:
     """ "AMD EPYC (AVX512-BF16) × 2 cores", the cache's key: the widest unit tells apart kinds a cloud's model
     name does not (an AVX2 and an AVX-512-BF16 "AMD EPYC" differ 3.4x)."""
-    info = info or cpu_info()
     widest = next((_unit_name(flag) for flag, _, _ in ISA_FLOPS_PER_CYCLE if flag in info["flags"]), None)
     return f"{info['model']}{f' ({widest})' if widest else ''} × {info['cores']} cores"
 
@@ -113,11 +112,9 @@ def measured_peak(info: dict[str, Any]) -> CpuPeak:
         return {"flops": rates[best], "precision": best, "rates": rates}
 
     entry = cached(path, kind, measure)
-    where = (
-        f"not cached: the machine was busy, load {entry['busy_load']:.1f}"
-        if "busy_load" in entry
-        else f"cached in {path}"
-    )
+    where = f"cached in {path}"
+    if "busy_load" in entry:
+        where = f"not cached: the machine was busy, load {entry['busy_load']:.1f}"
     source = f"measured peak: {entry['precision']} GEMM {GEMM_SIZE}³, {kind}, {entry['at']} ({where})"
     return CpuPeak(float(entry["flops"]), entry["precision"], source)
 

@@ -8,29 +8,20 @@ it runs) over the device's dense peak. docs/google-cloud.md
 
 from __future__ import annotations
 
-import logging
 from dataclasses import dataclass
 from typing import Any
 
-log = logging.getLogger(__name__)
+from mlm_tasks.model.cpu_peak import cpu_peak
 
-# Dense peak FLOP/s per TPU chip or GPU, checked 2026-12: https://cloud.google.com/tpu/docs/{v4,v5e,v5p}, NVIDIA's
+# (name, dense peak FLOP/s per chip or GPU), checked 2026-12: https://cloud.google.com/tpu/docs/{v4,v5e,v5p}, NVIDIA's
 # A100/H100/H200 SXM datasheets. A TPU's fp32 (bf16 passes, about a third) is not listed: the run says "unknown".
-PEAKS: dict[str, dict[str, float]] = {
-    "tpu-v4": {"bf16": 275e12},
-    "tpu-v5litepod": {"bf16": 197e12},
-    "tpu-v5p": {"bf16": 459e12},
-    "gpu-a100": {"bf16": 312e12, "fp32": 19.5e12},
-    "gpu-h100": {"bf16": 989e12, "fp32": 67e12},
-    "gpu-h200": {"bf16": 989e12, "fp32": 67e12},
-}
-NAMES = {
-    "tpu-v4": "TPU v4",
-    "tpu-v5litepod": "TPU v5e",
-    "tpu-v5p": "TPU v5p",
-    "gpu-a100": "A100",
-    "gpu-h100": "H100",
-    "gpu-h200": "H200",
+PEAKS: dict[str, tuple[str, dict[str, float]]] = {
+    "tpu-v4": ("TPU v4", {"bf16": 275e12}),
+    "tpu-v5litepod": ("TPU v5e", {"bf16": 197e12}),
+    "tpu-v5p": ("TPU v5p", {"bf16": 459e12}),
+    "gpu-a100": ("A100", {"bf16": 312e12, "fp32": 19.5e12}),
+    "gpu-h100": ("H100", {"bf16": 989e12, "fp32": 67e12}),
+    "gpu-h200": ("H200", {"bf16": 989e12, "fp32": 67e12}),
 }
 
 
@@ -82,15 +73,14 @@ def device_peak(device: str, precision: str, replicas: int, accelerator_type: st
     """The peak of `replicas` TPU chips of `accelerator_type`, of GPUs by their name, or of this CPU (the host)."""
     precision = "bf16" if precision == "bf16" else "fp32"
     if device == "cpu":  # the host's peak in any precision: a slow precision then reads a low MFU
-        from mlm_tasks.model.cpu_peak import cpu_peak
-
         host = cpu_peak()
         return Peak(host.flops, 1, host.precision, host.source)
     key = f"tpu-{accelerator_type.split('-', 1)[0]}" if device == "tpu" else _gpu_key()
     if key is None or key not in PEAKS:
         what = accelerator_type if device == "tpu" else "this GPU"
         return Peak(None, replicas, precision, f"{what} is not in mlm_tasks/model/flops.py's PEAKS")
-    return Peak(PEAKS[key].get(precision), replicas, precision, NAMES[key])
+    name, peaks = PEAKS[key]
+    return Peak(peaks.get(precision), replicas, precision, name)
 
 
 def mfu(tokens_per_s: float | None, per_token: float, peak: Peak) -> float | None:

@@ -129,15 +129,14 @@ class ModernBertMaskedLM(tf_keras.Model):
         super().__init__(name="modernbert_for_masked_lm", **kwargs)
         self.config = config
         h, norm = config.hidden_size, {"eps": config.norm_eps, "bias": config.norm_bias}
-        init = config.initializer_range
         self.tok_embeddings = tf_keras.layers.Embedding(
-            config.vocab_size, h, embeddings_initializer=_init(init), name="tok_embeddings"
+            config.vocab_size, h, embeddings_initializer=_init(config.initializer_range), name="tok_embeddings"
         )
         self.embed_norm = Norm(**norm, name="embed_norm")
         self.embed_drop = tf_keras.layers.Dropout(config.embedding_dropout)
         self.blocks = [EncoderLayer(config, i, name=f"layer_{i}") for i in range(config.num_hidden_layers)]
         self.final_norm = Norm(**norm, name="final_norm")
-        out_std = init / math.sqrt(2.0 * config.num_hidden_layers)
+        out_std = config.initializer_range / math.sqrt(2.0 * config.num_hidden_layers)
         self.head_dense = _dense(h, config.classifier_bias, out_std, "head_dense")
         self.head_norm = Norm(**norm, name="head_norm")
         self.decoder_bias = (

@@ -1,16 +1,14 @@
 """ModernBERT's config.json and model.safetensors as transformers 5 loads them, both ways, without torch.
 
-    save_modernbert(model, folder)                 # config.json + model.safetensors (PyTorch names)
-    read = assign_modernbert(model, tensors, where)   # into a built Keras model (model.init_from, load_modernbert)
-
-`parameters` names every variable by its `ModernBertForMaskedLM` name, for both directions. config.json carries
-transformers 5's `layer_types` + `rope_parameters` and 4.x's `global_attn_every_n_layers` + `*_rope_theta`.
+save_modernbert(model, folder)                 # config.json + model.safetensors (PyTorch names)
+read = assign_modernbert(model, tensors, where)   # into a built Keras model (model.init_from, load_modernbert)
 """
 
 from __future__ import annotations
 
 import json
 import os
+from operator import attrgetter
 from typing import Any
 
 import numpy as np
@@ -71,29 +69,23 @@ def config_json(config: Any) -> dict:
 
 def parameters(model: Any) -> dict[str, tuple[Any, bool]]:
     """Every variable of a built ModernBertMaskedLM by its PyTorch name: (variable, transposed?)."""
-
-    def dense(prefix: str, layer: Any) -> dict[str, tuple[Any, bool]]:
-        out = {f"{prefix}.weight": (layer.kernel, True)}
-        return {**out, f"{prefix}.bias": (layer.bias, False)} if layer.use_bias else out
-
-    def norm(prefix: str, layer: Any) -> dict[str, tuple[Any, bool]]:
-        out = {f"{prefix}.weight": (layer.weight, False)}
-        return {**out, f"{prefix}.bias": (layer.bias, False)} if layer.bias is not None else out
-
     table = {"model.embeddings.tok_embeddings.weight": (model.tok_embeddings.embeddings, False)}
-    table.update(norm("model.embeddings.norm", model.embed_norm))
+
+    def add(prefix: str, layer: Any) -> None:  # a Dense (its kernel transposed) or a Norm, and its bias if any
+        dense = hasattr(layer, "kernel")
+        table[f"{prefix}.weight"] = (layer.kernel if dense else layer.weight, dense)
+        if layer.bias is not None:
+            table[f"{prefix}.bias"] = (layer.bias, False)
+
+    add("model.embeddings.norm", model.embed_norm)
     for i, block in enumerate(model.blocks):
-        p = f"model.layers.{i}."
-        if block.attn_norm is not None:
-            table.update(norm(p + "attn_norm", block.attn_norm))
-        table.update(dense(p + "attn.Wqkv", block.attn.Wqkv))
-        table.update(dense(p + "attn.Wo", block.attn.Wo))
-        table.update(norm(p + "mlp_norm", block.mlp_norm))
-        table.update(dense(p + "mlp.Wi", block.mlp.Wi))
-        table.update(dense(p + "mlp.Wo", block.mlp.Wo))
-    table.update(norm("model.final_norm", model.final_norm))
-    table.update(dense("head.dense", model.head_dense))
-    table.update(norm("head.norm", model.head_norm))
+        for name in ("attn_norm", "attn.Wqkv", "attn.Wo", "mlp_norm", "mlp.Wi", "mlp.Wo"):  # the Keras attributes
+            layer = attrgetter(name)(block)
+            if layer is not None:  # layer 0 has no attn_norm (torch's Identity)
+                add(f"model.layers.{i}.{name}", layer)
+    add("model.final_norm", model.final_norm)
+    add("head.dense", model.head_dense)
+    add("head.norm", model.head_norm)
     if model.decoder_bias is not None:
         table["decoder.bias"] = (model.decoder_bias, False)
     return table

@@ -47,8 +47,7 @@ def read_tf_weights(h5_path: str) -> dict[str, np.ndarray]:
 
 
 def pt_name(tf_name: str) -> tuple[str, bool]:
-    """`roberta/encoder/layer_._3/attention/self/query/kernel` -> (`roberta.encoder.layer.3.attention.
-    self.query.weight`, True)."""
+    """`roberta/encoder/layer_._3/.../query/kernel` -> (`roberta.encoder.layer.3.attention.self.query.weight`, True)."""
     *scope, leaf = re.sub(r"layer_\._(\d+)", r"layer.\1", tf_name).split("/")
     if leaf not in _LEAF:
         raise ValueError(f"Unknown TensorFlow weight {tf_name!r}: pt_export knows RoBERTa masked-LM weights only.")
@@ -73,16 +72,11 @@ def expected_shapes(config: dict) -> dict[str, tuple[int, ...]]:
         "lm_head.decoder.weight": (vocab, h),
         "lm_head.decoder.bias": (vocab,),
     }
+    square = ("attention.self.query", "attention.self.key", "attention.self.value", "attention.output.dense")
+    layer = {**dict.fromkeys(square, (h, h)), "intermediate.dense": (ffn, h), "output.dense": (h, ffn)}
     for i in range(config["num_hidden_layers"]):
         p = f"roberta.encoder.layer.{i}."
-        for dense, (out_dim, in_dim) in {
-            "attention.self.query": (h, h),
-            "attention.self.key": (h, h),
-            "attention.self.value": (h, h),
-            "attention.output.dense": (h, h),
-            "intermediate.dense": (ffn, h),
-            "output.dense": (h, ffn),
-        }.items():
+        for dense, (out_dim, in_dim) in layer.items():
             shapes[f"{p}{dense}.weight"], shapes[f"{p}{dense}.bias"] = (out_dim, in_dim), (out_dim,)
         for norm in ("attention.output.LayerNorm", "output.LayerNorm"):
             shapes[f"{p}{norm}.weight"] = shapes[f"{p}{norm}.bias"] = (h,)

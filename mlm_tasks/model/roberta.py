@@ -7,7 +7,11 @@ its optimizer, and the loss that trains it.
 
 from __future__ import annotations
 
+import json
+import os
+
 from mlm_tasks.config import PipelineConfig, TrainConfig
+from mlm_tasks.model.schedule import decay_schedule
 
 
 def model_vocab_size(cfg: PipelineConfig, tokenizer_size: int) -> int:
@@ -17,11 +21,8 @@ def model_vocab_size(cfg: PipelineConfig, tokenizer_size: int) -> int:
 
 
 def optimizer_and_schedule(train: TrainConfig, steps: int):
-    """AdamW (no decay on norms and biases, as transformers.create_optimizer) and its schedule over `steps`
-    (mlm_tasks/model/schedule.py)."""
+    """AdamW (no decay on norms and biases, as transformers.create_optimizer) and its schedule over `steps`."""
     from transformers import AdamWeightDecay
-
-    from mlm_tasks.model.schedule import decay_schedule
 
     warmup = int(steps * train.warmup_fraction)
     shape = {"linear": "linear", "one_cycle": "cosine"}.get(train.schedule, train.decay_shape)
@@ -44,15 +45,13 @@ def model_config(cfg: PipelineConfig, vocab_size: int, special_ids: dict, base_c
 
     if cfg.model.architecture == "modernbert":
         return _modernbert_config(cfg, vocab_size, special_ids, base_config)
+    dropout = dict.fromkeys(("hidden_dropout_prob", "attention_probs_dropout_prob"), cfg.model.dropout)
     if base_config is not None:
-        return RobertaConfig.from_dict(
-            {**base_config, "hidden_dropout_prob": cfg.model.dropout, "attention_probs_dropout_prob": cfg.model.dropout}
-        )
+        return RobertaConfig.from_dict({**base_config, **dropout})
     return RobertaConfig(
         **cfg.model.shape().model_dump(),
+        **dropout,
         vocab_size=model_vocab_size(cfg, vocab_size),
-        hidden_dropout_prob=cfg.model.dropout,
-        attention_probs_dropout_prob=cfg.model.dropout,
         type_vocab_size=1,
         pad_token_id=special_ids["pad"],
         bos_token_id=special_ids["bos"],
@@ -129,8 +128,6 @@ def save_masked_lm(model, folder: str) -> None:
 
 def load_base_weights(model, folder: str) -> str:
     """The weights of model.init_from's `folder` into a built model; returns a line saying what was read."""
-    import os
-
     from mlm_tasks.model.pt_export import SAFETENSORS_NAME, load_roberta_weights, read_safetensors
 
     if model.config.model_type != "modernbert":
@@ -143,9 +140,6 @@ def load_base_weights(model, folder: str) -> str:
 
 def load_masked_lm(folder: str):
     """The masked LM saved in a local `folder`, by its config.json's model_type."""
-    import json
-    import os
-
     with open(os.path.join(folder, "config.json"), encoding="utf-8") as f:
         model_type = json.load(f).get("model_type")
     if model_type == "modernbert":

@@ -2,10 +2,7 @@
 run's last step, which a time budget may move while the run trains (the decay re-anchors: no jump).
 
     schedule = decay_schedule(2e-3, 66, 1100, "1-sqrt", decay_fraction=0.2)   # wsd: stable until step 880
-    schedule.at(step); schedule.replan(step=600, total=950)
-
-The plan is variables the checkpoint saves (`lr_plan`); `offset` turns a continued optimizer's step count
-into this run's step.
+    schedule.at(step); schedule.replan(step=600, total=950)   # the plan: variables the checkpoint saves (lr_plan)
 """
 
 from __future__ import annotations
