@@ -52,8 +52,6 @@ def make_strategy(device: str, cfg: PipelineConfig) -> Any:
         strategy = tf.distribute.TPUStrategy(resolver)
         log.info("TPU system %s: %d replica(s) in sync", args["tpu"], strategy.num_replicas_in_sync)
         return strategy
-    if cfg.train.strategy == "mirrored":
+    if cfg.train.strategy == "mirrored" or (device == "gpu" and len(tf.config.list_physical_devices("GPU")) > 1):
         return tf.distribute.MirroredStrategy()  # over every GPU, else the CPU: one replica
-    if device == "gpu" and len(tf.config.list_physical_devices("GPU")) > 1:
-        return tf.distribute.MirroredStrategy()
     return tf.distribute.get_strategy()

@@ -14,10 +14,13 @@ from typing import Any
 
 from mlm_tasks import storage
 from mlm_tasks.config import PipelineConfig
+from mlm_tasks.data.shard_set import load_manifest
+from mlm_tasks.data.tokenizer import load_tokenizer
 from mlm_tasks.errors import ConfigError
-from mlm_tasks.model.roberta import model_vocab_size
+from mlm_tasks.model.roberta import build_model, load_masked_lm, model_vocab_size
 from mlm_tasks.paths import RunContext
 from mlm_tasks.results import EvalMetrics
+from mlm_tasks.training.validation import fixed_masks
 
 log = logging.getLogger(__name__)
 
@@ -67,11 +70,6 @@ def _score(model, batches, mask_id: int) -> tuple[float, float, int, float]:
 def evaluate_model(cfg: PipelineConfig, ctx: RunContext) -> EvalMetrics:
     """Score run `ctx.run_id`'s trained model on `eval.split` of shard set `ctx.fingerprint`."""
     import tensorflow as tf
-
-    from mlm_tasks.data.shard_set import load_manifest
-    from mlm_tasks.data.tokenizer import load_tokenizer
-    from mlm_tasks.model.roberta import build_model
-    from mlm_tasks.training.validation import fixed_masks
 
     fingerprint = ctx.data.fingerprint
     shard_set = load_manifest(cfg, fingerprint)
@@ -124,8 +122,6 @@ def evaluate_model(cfg: PipelineConfig, ctx: RunContext) -> EvalMetrics:
 
 def _trained_model(cfg: PipelineConfig, ctx: RunContext, tokenizer_size: int) -> Any:
     """The run's trained model, refused when its vocabulary is not the tokenizer's."""
-    from mlm_tasks.model.roberta import load_masked_lm
-
     run, fingerprint = ctx.run, ctx.data.fingerprint
     with tempfile.TemporaryDirectory() as tmp:
         model = load_masked_lm(storage.download_dir(run.model, tmp))

@@ -11,8 +11,11 @@ import tempfile
 
 from mlm_tasks import storage
 from mlm_tasks.config import PipelineConfig
+from mlm_tasks.model.flops import mfu
+from mlm_tasks.model.roberta import save_masked_lm
 from mlm_tasks.paths import RunContext, join
 from mlm_tasks.results import TrainSummary
+from mlm_tasks.tpu import prices
 from mlm_tasks.training.loop import TrainLoop
 from mlm_tasks.training.plan import TrainInputs, TrainPlan
 from mlm_tasks.training.progress import best_so_far
@@ -24,11 +27,8 @@ log = logging.getLogger(__name__)
 def finish(
     cfg: PipelineConfig, ctx: RunContext, inputs: TrainInputs, plan: TrainPlan, state: TrainState, loop: TrainLoop
 ) -> TrainSummary:
-    """After the final checkpoint: the kept step's weights (train.keep_checkpoint) saved as the model, then
-    the summary, written last (it marks training complete)."""
+    """After the final checkpoint: the kept step's weights (train.keep_checkpoint) as the model, then the summary."""
     import tensorflow as tf
-
-    from mlm_tasks.model.flops import mfu
 
     best = best_so_far(state.history)
     if cfg.train.keep_checkpoint == "best" and best is not None and best[0] != loop.total:
@@ -77,8 +77,6 @@ def _tpu_cost(cfg: PipelineConfig, device: str, elapsed_s: float) -> tuple[float
     """(hours, US$, basis) of the training alone on a TPU at the run's price; None off a TPU."""
     if device != "tpu":
         return None, None, None
-    from mlm_tasks.tpu import prices
-
     basis = f"{cfg.tpu.accelerator_type} {'Spot' if cfg.tpu.spot else 'on-demand'}, {prices.source(cfg.tpu)}"
     return elapsed_s / 3600, prices.cost(cfg.tpu, elapsed_s), basis
 
@@ -87,8 +85,6 @@ def save_model(model, tokenizer, uri: str) -> None:
     """The model folder at `uri` (the run's model, and each step the Hub sync pushes): TensorFlow and PyTorch
     weights in float32, config, tokenizer."""
     import tf_keras
-
-    from mlm_tasks.model.roberta import save_masked_lm
 
     # float32 whatever the training precision, so any CPU can load it; training's policy after.
     policy = tf_keras.mixed_precision.global_policy()

@@ -13,9 +13,11 @@ from collections.abc import Sequence
 from typing import Any
 
 from mlm_tasks.config import PipelineConfig
+from mlm_tasks.data.input import damaged_shard_error
 from mlm_tasks.errors import TrainingDivergedError
 from mlm_tasks.job import preemption
 from mlm_tasks.job.status import StatusRecord
+from mlm_tasks.model.flops import device_peak, flops_per_token
 from mlm_tasks.paths import RunPaths
 from mlm_tasks.training.budget import Deadline, record_end
 from mlm_tasks.training.hooks import TrainHook
@@ -37,14 +39,9 @@ class TrainLoop:
         state: TrainState,
         hooks: Sequence[TrainHook] = (),
     ):
-        from mlm_tasks.model.flops import device_peak, flops_per_token
-
         self.cfg, self.run_paths, self.inputs, self.plan, self.state = cfg, run, inputs, plan, state
         self.hooks = list(hooks)
-        self.save_every = [
-            cfg.train.checkpoint_every,
-            *(hook.checkpoint_every for hook in hooks if hook.checkpoint_every),
-        ]
+        self.save_every = [cfg.train.checkpoint_every, *(h.checkpoint_every for h in hooks if h.checkpoint_every)]
         start, total = state.start_step, plan.total_steps
         self.total = total  # the run's last step: plan.total_steps, re-planned before each call with a budget
         budget, cap = plan.budget, cfg.train.steps
@@ -91,10 +88,9 @@ class TrainLoop:
     def run(self) -> None:
         """Train to the plan's last step, save the final checkpoint, and end the hooks. A preemption notice
         ends a call after its step (mlm_tasks/job/preemption.py)."""
-        start = self.state.start_step
+        step = self.state.start_step
         for hook in self.hooks:
-            hook.on_start(self.run_paths, start, self.total)
-        step = start
+            hook.on_start(self.run_paths, step, self.total)
         while self._replan(step) > step:
             first, step = step + 1, min(step + self.plan.per_call, self.total)
             step = self._steps(first, step)  # fewer steps when a notice ended the call
@@ -109,7 +105,18 @@ class TrainLoop:
         for hook in self.hooks:
             hook.on_end()
         if self.deadline is not None:
-            self._record_budget(self.deadline)
+            record = record_end(self.run_paths, self.total, self.deadline.replans, self.used_s())
+            log.info(
+                "Time budget %g min: trained %d steps in %.1f s (%+.1f s against the budget; planned %d at the "
+                "start, re-planned %d times); train.steps=%d repeats it",
+                record["budget_minutes"],
+                self.total,
+                record["trained_s"],
+                record["overrun_s"],
+                record["steps"],
+                record["replans"],
+                self.total,
+            )
 
     def _replan(self, step: int) -> int:
         """The run's last step, before the call after `step`: the deadline's plan (the schedule, the progress
@@ -131,20 +138,6 @@ class TrainLoop:
     def used_s(self) -> float:
         """Seconds of the time budget used so far, by this try and the ones before its checkpoint."""
         return self.used_before + time.time() - self.try_began if self.deadline else 0.0
-
-    def _record_budget(self, deadline: Deadline) -> None:
-        record = record_end(self.run_paths, self.total, deadline.replans, self.used_s())
-        log.info(
-            "Time budget %g min: trained %d steps in %.1f s (%+.1f s against the budget; planned %d at the start, "
-            "re-planned %d times); train.steps=%d repeats it",
-            record["budget_minutes"],
-            self.total,
-            record["trained_s"],
-            record["overrun_s"],
-            record["steps"],
-            record["replans"],
-            self.total,
-        )
 
     def _answer_notice(self, step: int) -> None:
         """A checkpoint at `step` when the last save fits in the notice's grace, else the last periodic one."""
@@ -178,8 +171,6 @@ class TrainLoop:
     def _call(self, steps: int) -> Any:
         """[loss sum, masked tokens, correct] of each of `steps` steps; a shard failing its checksum is named."""
         import tensorflow as tf
-
-        from mlm_tasks.data.input import damaged_shard_error
 
         try:
             return self.distributed_steps(self.iterator, steps).numpy()

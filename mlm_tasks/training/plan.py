@@ -18,8 +18,14 @@ from mlm_tasks import storage
 from mlm_tasks.base_model import BaseModelRef
 from mlm_tasks.config import PipelineConfig
 from mlm_tasks.data.shard_set import ShardSet, load_manifest
+from mlm_tasks.data.tokenizer import load_tokenizer
 from mlm_tasks.errors import ConfigError, MissingArtifactError
+from mlm_tasks.model.cpu_peak import cpu_info
+from mlm_tasks.model.flops import device_peak, flops_per_token
+from mlm_tasks.model.roberta import model_config, model_vocab_size
 from mlm_tasks.paths import RunContext, RunPaths, join
+from mlm_tasks.tpu import prices
+from mlm_tasks.training.budget import MEASURE_SHARE, budgeted_steps, seconds_per_step
 from mlm_tasks.training.device import make_strategy, select_device
 from mlm_tasks.training.step import model_and_optimizer, step_functions, train_input
 
@@ -87,9 +93,7 @@ def planned_replicas(cfg: PipelineConfig) -> int:
     """Replicas the run will train on, as far as the config tells: a TPU slice's chips, else 1."""
     if cfg.compute != "tpu_vm":
         return 1
-    from mlm_tasks.tpu.prices import chips
-
-    return chips(cfg.tpu.accelerator_type)
+    return prices.chips(cfg.tpu.accelerator_type)
 
 
 def plan_lines(
@@ -101,9 +105,6 @@ def plan_lines(
 ) -> list[str]:
     """What the run will cost, before it spends: tokens, steps and FLOPs; on a TPU VM the hours at
     ASSUMED_MFU of the slice's peak and their price on-demand and Spot."""
-    from mlm_tasks.model.flops import device_peak, flops_per_token
-    from mlm_tasks.tpu import prices
-
     replicas = replicas or planned_replicas(cfg)
     dims = base_config or {
         **cfg.model.shape().model_dump(),
@@ -114,16 +115,14 @@ def plan_lines(
     per_token = flops_per_token(dims, cfg.shards.max_length, cfg.train.max_predictions_per_seq)
     tokens = steps * cfg.train.batch_size * replicas * cfg.shards.max_length
     lines = [
-        f"Plan: {steps:,} steps × global batch {cfg.train.batch_size * replicas} × {cfg.shards.max_length} "
-        f"tokens = {tokens:,} tokens; {per_token / 1e6:,.1f} MFLOP per token, {tokens * per_token:.3g} FLOP "
-        "in all."
+        f"Plan: {steps:,} steps × global batch {cfg.train.batch_size * replicas} × {cfg.shards.max_length} tokens = "
+        f"{tokens:,} tokens; {per_token / 1e6:,.1f} MFLOP per token, {tokens * per_token:.3g} FLOP in all."
     ]
     if cfg.train.budget_minutes:
         cap = f"at most {cfg.train.steps:,}" if cfg.train.steps else "no cap"
         lines.append(
-            f"train.budget_minutes={cfg.train.budget_minutes:g}: train plans the step count from its "
-            f"measured step time and re-plans it as it trains, to stop on time ({cap}); the figures here are for "
-            f"{steps:,} steps."
+            f"train.budget_minutes={cfg.train.budget_minutes:g}: train plans the step count from its measured step "
+            f"time and re-plans it as it trains, to stop on time ({cap}); the figures here are for {steps:,} steps."
         )
     if cfg.compute == "tpu_vm":
         peak = device_peak("tpu", "bf16", replicas, cfg.tpu.accelerator_type).per_device
@@ -154,9 +153,6 @@ class TrainInputs:
 def load_inputs(cfg: PipelineConfig, ctx: RunContext) -> TrainInputs:
     """The run's shard set, tokenizer and base model, once the shards pass their checksums and the run's
     earlier checkpoint (if any) fits this data."""
-    from mlm_tasks.data.tokenizer import load_tokenizer
-    from mlm_tasks.model.roberta import model_vocab_size
-
     shard_set = load_manifest(cfg, ctx.data.fingerprint)
     shard_set.verify("train")
     tokenizer = load_tokenizer(shard_set.paths.tokenizer, shard_set.max_length)
@@ -205,8 +201,6 @@ def plan_training(cfg: PipelineConfig, run: RunPaths, inputs: TrainInputs) -> Tr
     import tensorflow as tf
     import tf_keras
 
-    from mlm_tasks.model.roberta import model_config
-
     device = select_device(cfg.train.device)
     xla = cfg.train.xla == "on" or (cfg.train.xla == "auto" and device != "cpu")
     tf.keras.utils.set_random_seed(cfg.train.seed)
@@ -251,8 +245,6 @@ def auto_precision(device: str, flags: set[str] | None = None) -> tuple[str, str
     units (its `flags`, default /proc/cpuinfo's); fp32 where TensorFlow would emulate bf16 (docs/google-cloud.md)."""
     if device != "cpu":
         return "bf16", f"bf16: the {device.upper()}'s matrix units run it natively"
-    from mlm_tasks.model.cpu_peak import cpu_info
-
     flags = cpu_info()["flags"] if flags is None else flags
     unit = next((f for f in ("amx_bf16", "avx512_bf16") if f in flags), None)
     if unit:
@@ -263,7 +255,6 @@ def auto_precision(device: str, flags: set[str] | None = None) -> tuple[str, str
 def _budget(cfg: PipelineConfig, run: RunPaths, inputs: TrainInputs, plan: TrainPlan, minutes: float) -> Any:
     """The step count that fits train.budget_minutes at the start (recorded in RunPaths.train_budget), measured
     on a throwaway model and optimizer in the run's precision, on the run's first batches."""
-    from mlm_tasks.training.budget import MEASURE_SHARE, budgeted_steps, seconds_per_step
 
     def measure() -> tuple[float, float]:
         throwaway = model_and_optimizer(

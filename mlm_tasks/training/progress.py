@@ -87,8 +87,7 @@ class ProgressLog:
             self._emit(step)
 
     def compiled(self, step: int) -> None:
-        """The first call of the training loop (which traces and compiles) ended at `step`: the steady-state
-        throughput counts the steps after it."""
+        """The first call (which traces and compiles) ended at `step`: steady-state throughput counts from there."""
         self.t_steady, self.steady_from = time.time(), step
 
     def validation(self, step: int, loss: float, accuracy: float) -> bool:
@@ -125,9 +124,8 @@ class ProgressLog:
             "tokens_per_s": (step - self.last_logged) * self.tokens_per_step / max(now - self.t_last, 1e-9),
             "elapsed_s": now - self.t0,
         }
-        mfu = entry["tokens_per_s"] * self.flops_per_token / self.peak_flops if self.peak_flops else None
-        if mfu is not None:
-            entry["mfu"] = mfu
+        if self.peak_flops:
+            entry["mfu"] = entry["tokens_per_s"] * self.flops_per_token / self.peak_flops
         self.history.append(entry)
         eta = (self.total - step) * (now - self.t0) / max(step - self.start, 1)
         log.info(
@@ -139,14 +137,13 @@ class ProgressLog:
             entry["learning_rate"],
             entry["grad_norm"],
             entry["tokens_per_s"],
-            f" MFU {100 * mfu:.1f}%" if mfu is not None else "",
+            f" MFU {100 * entry['mfu']:.1f}%" if "mfu" in entry else "",
             eta,
         )
         with self.writer.as_default(step=step):
-            for key in SCALARS:
-                tf.summary.scalar(f"train/{key}", entry[key])
-            if mfu is not None:
-                tf.summary.scalar("train/mfu", mfu)
+            for key in (*SCALARS, "mfu"):
+                if key in entry:
+                    tf.summary.scalar(f"train/{key}", entry[key])
         self.on_line(step, entry["loss"], entry["tokens_per_s"], eta)
         self.window, self.t_last, self.last_logged = [0.0, 0.0, 0.0, 0.0], now, step
 

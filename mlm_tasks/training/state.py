@@ -11,10 +11,12 @@ from dataclasses import dataclass
 from typing import Any
 
 from mlm_tasks.config import PipelineConfig
+from mlm_tasks.model.roberta import load_base_weights
 from mlm_tasks.paths import RunPaths
 from mlm_tasks.training.plan import TrainInputs, TrainPlan
 from mlm_tasks.training.progress import read_history
 from mlm_tasks.training.step import model_and_optimizer
+from mlm_tasks.training.validation import Validation, validation_batches
 
 log = logging.getLogger("mlm_tasks.steps.train")
 
@@ -40,8 +42,6 @@ def build_training(cfg: PipelineConfig, run: RunPaths, inputs: TrainInputs, plan
     checkpoint, else train.continue_run's, else load model.init_from's weights (else random)."""
     import tensorflow as tf
 
-    from mlm_tasks.training.validation import Validation, validation_batches
-
     model, optimizer, schedule = model_and_optimizer(
         plan.strategy, cfg, plan.model_config, plan.total_steps, from_base=inputs.base is not None
     )
@@ -54,11 +54,9 @@ def build_training(cfg: PipelineConfig, run: RunPaths, inputs: TrainInputs, plan
         model=model, optimizer=optimizer, step=step, lr_plan=schedule.plan, budget_used_s=used_s, **continued
     )
     manager = tf.train.CheckpointManager(checkpoint, run.checkpoints, max_to_keep=2)
-    validate = (
-        Validation(plan.strategy, model, validation_batches(inputs.shard_set, inputs.tokenizer, cfg))
-        if cfg.train.eval_every
-        else None
-    )
+    validate = None
+    if cfg.train.eval_every:
+        validate = Validation(plan.strategy, model, validation_batches(inputs.shard_set, inputs.tokenizer, cfg))
     best = tf.train.CheckpointManager(tf.train.Checkpoint(model=model), run.train_best, max_to_keep=1)
     _restore_or_start(checkpoint, manager, step, inputs)
     start_step = int(step.numpy())  # int() refuses the Mirrored/TPU variable a strategy makes
@@ -79,8 +77,6 @@ def _restore_or_start(checkpoint: Any, manager: Any, step: Any, inputs: TrainInp
         checkpoint.lr_offset.assign(float(taken))  # the optimizer's step count goes on; the schedule is this run's
         log.info("Continuing from %s: its weights and optimizer state (%d steps taken)", inputs.continued, taken)
     elif base is not None:
-        from mlm_tasks.model.roberta import load_base_weights
-
         with tempfile.TemporaryDirectory() as tmp:
             read = load_base_weights(model, base.local_folder(tmp))
         log.info("Starting from the base model %s at %s: %s", base.uri, base.identity()["revision"], read)

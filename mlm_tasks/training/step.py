@@ -13,6 +13,9 @@ from collections.abc import Callable
 from typing import Any
 
 from mlm_tasks.config import PipelineConfig
+from mlm_tasks.data.input import mlm_dataset
+from mlm_tasks.data.shard_set import source_weights
+from mlm_tasks.model.roberta import build_model, masked_lm_loss, optimizer_and_schedule
 
 
 def model_and_optimizer(
@@ -20,8 +23,6 @@ def model_and_optimizer(
 ) -> tuple[Any, Any, Any]:
     """(model, optimizer, learning-rate schedule over `steps`) on the strategy's devices. `from_base`: skip the
     sinusoidal init the base's weights overwrite."""
-    from mlm_tasks.model.roberta import build_model, optimizer_and_schedule
-
     with strategy.scope():
         built = build_model(model_config, sinusoidal_positions=cfg.model.sinusoidal_init and not from_base)
         optimizer, schedule = optimizer_and_schedule(cfg.train, steps)
@@ -32,9 +33,6 @@ def train_input(
     cfg: PipelineConfig, shard_set: Any, tokenizer: Any, global_batch: int, skip: int, take: int
 ) -> Callable[[Any], Any]:
     """The masked train batches `skip`..`skip + take`, as a function of the input context (one per host)."""
-    from mlm_tasks.data.input import mlm_dataset
-    from mlm_tasks.data.shard_set import source_weights
-
     weights = source_weights(cfg, shard_set)  # a mixture's, matched by name to the set's sources
 
     def batches(input_context: Any) -> Any:
@@ -65,8 +63,6 @@ def step_functions(
     tokens, correct, unclipped gradient norm] (k x 4). Gradients are summed over the replicas before the clip to
     `clip_norm` (0: none), so it sees the whole gradient. `stop` (a tf.Variable) ends the call after a step."""
     import tensorflow as tf
-
-    from mlm_tasks.model.roberta import masked_lm_loss
 
     replicas = strategy.num_replicas_in_sync
     # Without XLA off a TPU, shapes may change per batch: the LM head runs at the masked positions, unpadded.

@@ -10,7 +10,9 @@ from __future__ import annotations
 import logging
 from typing import Any
 
+from mlm_tasks.data.input import mlm_dataset
 from mlm_tasks.errors import ConfigError
+from mlm_tasks.model.roberta import masked_lm_loss
 
 log = logging.getLogger(__name__)
 
@@ -19,8 +21,6 @@ EVAL_MLM_PROBABILITY = 0.15  # BERT's and RoBERTa's rate: the one every publishe
 
 def fixed_masks(shard_set: Any, tokenizer: Any, cfg: Any) -> Any:
     """`eval.split` in batches of eval.batch_size, masked at EVAL_MLM_PROBABILITY with the run's seed."""
-    from mlm_tasks.data.input import mlm_dataset
-
     return mlm_dataset(
         shard_set,
         cfg.eval.split,
@@ -38,9 +38,8 @@ def validation_batches(shard_set: Any, tokenizer: Any, cfg: Any) -> Any:
     whole = shard_set.records(split) // batch
     if whole < 1:
         raise ConfigError(
-            f"train.eval_every needs at least one whole batch of {split}: it has "
-            f"{shard_set.records(split)} records, eval.batch_size is {batch}. Lower eval.batch_size "
-            "or raise corpus.validation_fraction."
+            f"train.eval_every needs at least one whole batch of {split}: it has {shard_set.records(split)} records, "
+            f"eval.batch_size is {batch}. Lower eval.batch_size or raise corpus.validation_fraction."
         )
     count = min(cfg.train.eval_batches, whole)
     log.info(
@@ -60,9 +59,6 @@ class Validation:
     def __init__(self, strategy: Any, model: Any, dataset: Any) -> None:
         import tensorflow as tf
 
-        from mlm_tasks.model.roberta import masked_lm_loss
-
-        self.strategy = strategy
         self.dataset = strategy.experimental_distribute_dataset(dataset)
 
         @tf.function
@@ -73,10 +69,8 @@ class Validation:
         self._batch_sums = batch_sums
 
     def __call__(self) -> tuple[float, float, int]:
-        loss_sum = count = correct = 0.0
+        sums = [0.0, 0.0, 0.0]
         for batch in self.dataset:
-            batch_loss, batch_count, batch_correct = self._batch_sums(batch)
-            loss_sum += float(batch_loss)
-            count += float(batch_count)
-            correct += float(batch_correct)
+            sums = [total + float(v) for total, v in zip(sums, self._batch_sums(batch), strict=True)]
+        loss_sum, count, correct = sums
         return loss_sum / max(count, 1.0), correct / max(count, 1.0), int(count)
