@@ -94,8 +94,7 @@ def gemm_rate(precision: str, size: int = GEMM_SIZE) -> float:
 
 
 def machine_kind(info: dict[str, Any]) -> str:
-    """ "AMD EPYC (AVX512-BF16) × 2 cores", the cache's key: the widest unit tells apart kinds a cloud's model
-    name does not (an AVX2 and an AVX-512-BF16 "AMD EPYC" differ 3.4x)."""
+    """ "AMD EPYC (AVX512-BF16) × 2 cores", the cache's key: the widest unit tells apart kinds one model name covers."""
     widest = next((_unit_name(flag) for flag, _, _ in ISA_FLOPS_PER_CYCLE if flag in info["flags"]), None)
     return f"{info['model']}{f' ({widest})' if widest else ''} × {info['cores']} cores"
 
@@ -127,8 +126,7 @@ def cpu_peak() -> CpuPeak:
 
 
 def busy_load() -> float | None:
-    """The 1-minute load average when it is over 1.5x the cores (None: quiet enough; the run's own work just
-    before brings it to about the cores)."""
+    """The 1-minute load average when over 1.5x the cores (None: quiet enough; the run's own work reaches ~1x)."""
     load = os.getloadavg()[0] if hasattr(os, "getloadavg") else 0.0
     return load if load > 1.5 * _cores() else None
 

@@ -84,6 +84,4 @@ def device_peak(device: str, precision: str, replicas: int, accelerator_type: st
 
 
 def mfu(tokens_per_s: float | None, per_token: float, peak: Peak) -> float | None:
-    if not tokens_per_s or not peak.total:
-        return None
-    return tokens_per_s * per_token / peak.total
+    return tokens_per_s * per_token / peak.total if tokens_per_s and peak.total else None

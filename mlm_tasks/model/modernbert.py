@@ -29,9 +29,9 @@ def _dense(units: int, bias: bool, std: float, name: str) -> Any:
 class Norm(tf_keras.layers.Layer):
     """torch.nn.LayerNorm (bias only with norm_bias), computed in fp32, returned in the input's dtype."""
 
-    def __init__(self, eps: float, bias: bool, **kwargs: Any):
+    def __init__(self, config: Any, **kwargs: Any):
         super().__init__(dtype="float32", autocast=False, **kwargs)
-        self.eps, self.use_bias = eps, bias
+        self.eps, self.use_bias = config.norm_eps, config.norm_bias
 
     def build(self, input_shape: Any) -> None:
         dim = int(input_shape[-1])
@@ -110,10 +110,9 @@ class MLP(tf_keras.layers.Layer):
 class EncoderLayer(tf_keras.layers.Layer):
     def __init__(self, config: Any, index: int, **kwargs: Any):
         super().__init__(**kwargs)
-        norm = {"eps": config.norm_eps, "bias": config.norm_bias}
-        self.attn_norm = Norm(**norm, name="attn_norm") if index else None  # layer 0: Identity in torch
+        self.attn_norm = Norm(config, name="attn_norm") if index else None  # layer 0: Identity in torch
         self.attn = Attention(config, name="attn")
-        self.mlp_norm = Norm(**norm, name="mlp_norm")
+        self.mlp_norm = Norm(config, name="mlp_norm")
         self.mlp = MLP(config, name="mlp")
         self.kind = layer_types(config)[index]
 
@@ -128,17 +127,17 @@ class ModernBertMaskedLM(tf_keras.Model):
     def __init__(self, config: Any, **kwargs: Any):
         super().__init__(name="modernbert_for_masked_lm", **kwargs)
         self.config = config
-        h, norm = config.hidden_size, {"eps": config.norm_eps, "bias": config.norm_bias}
+        h = config.hidden_size
         self.tok_embeddings = tf_keras.layers.Embedding(
             config.vocab_size, h, embeddings_initializer=_init(config.initializer_range), name="tok_embeddings"
         )
-        self.embed_norm = Norm(**norm, name="embed_norm")
+        self.embed_norm = Norm(config, name="embed_norm")
         self.embed_drop = tf_keras.layers.Dropout(config.embedding_dropout)
         self.blocks = [EncoderLayer(config, i, name=f"layer_{i}") for i in range(config.num_hidden_layers)]
-        self.final_norm = Norm(**norm, name="final_norm")
+        self.final_norm = Norm(config, name="final_norm")
         out_std = config.initializer_range / math.sqrt(2.0 * config.num_hidden_layers)
         self.head_dense = _dense(h, config.classifier_bias, out_std, "head_dense")
-        self.head_norm = Norm(**norm, name="head_norm")
+        self.head_norm = Norm(config, name="head_norm")
         self.decoder_bias = (
             self.add_weight("decoder_bias", (config.vocab_size,), initializer="zeros") if config.decoder_bias else None
         )

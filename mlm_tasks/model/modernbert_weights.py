@@ -116,8 +116,7 @@ def save_modernbert(model: Any, folder: str) -> str:
 
 
 def assign_modernbert(model: Any, tensors: dict[str, np.ndarray], where: str) -> str:
-    """Assign every variable of a built `model` from `tensors` (PyTorch names; the tied decoder weight may be
-    there too); returns a line saying what was read."""
+    """Assign every variable of a built `model` from `tensors` (PyTorch names); returns a line saying what was read."""
     table = parameters(model)
     unknown = sorted(set(tensors) - set(table) - set(TIED))
     count = assign_weights(table, tensors, where, ARCHITECTURE, f"Give a {ARCHITECTURE} checkpoint.", unknown)

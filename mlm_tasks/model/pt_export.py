@@ -104,8 +104,7 @@ def to_pytorch(tf_weights: dict[str, np.ndarray], config: dict) -> dict[str, np.
 
 
 def export_pytorch_weights(folder: str) -> str:
-    """Write `model.safetensors` (PyTorch names) into a local model folder and make config.json name the
-    PyTorch class. Returns the file's path."""
+    """Write `model.safetensors` (PyTorch names) into a local model folder, config.json naming the PyTorch class."""
     from safetensors.numpy import save_file
 
     config_path = os.path.join(folder, "config.json")

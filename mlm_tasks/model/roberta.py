@@ -70,9 +70,8 @@ def _modernbert_config(cfg: PipelineConfig, vocab_size: int, special_ids: dict, 
         grown = (base_config["max_position_embeddings"], cfg.shards.max_length, m.max_position_embeddings or 0)
         values["max_position_embeddings"] = max(grown)
     else:
-        shape = m.shape()
         values = {
-            **shape.model_dump(),
+            **m.shape().model_dump(),
             **dict.fromkeys(drops, m.dropout),
             "vocab_size": model_vocab_size(cfg, vocab_size),
             "local_attention": m.local_attention,

@@ -19,12 +19,10 @@ from mlm_tasks import storage
 from mlm_tasks.paths import RunPaths
 
 log = logging.getLogger(__name__)
-# Right after compiling, the input and the kernels are not at their steady pace yet: a warm-up call more,
-# then a window long enough (~3% of a 5-minute budget) to read it.
+# Right after compiling, input and kernels are not at their steady pace: a warm-up call more, then a window to read it.
 MEASURE_STEPS, MEASURE_S, WARMUP_CALLS = 50, 8.0, 2
 MEASURE_SHARE = 0.05  # the measuring (compiling included) stops past this share of the budget
-# The re-plan's pace: the last minute of calls, checkpoints and validations inside it included.
-PACE_WINDOW_S = 60.0
+PACE_WINDOW_S = 60.0  # the re-plan's pace: the last minute of calls, checkpoints and validations inside it included
 
 
 @dataclass(frozen=True)
@@ -74,12 +72,8 @@ def budgeted_steps(
             time.strftime("%H:%M:%S", time.localtime(started_at + budget_minutes * 60)),
             run.train_budget,
         )
-    return Budget(
-        int(recorded["steps"]),
-        float(recorded["seconds_per_step"]),
-        float(recorded["budget_minutes"]) * 60,
-        recorded.get("started_at"),
-    )
+    seconds = float(recorded["budget_minutes"]) * 60
+    return Budget(int(recorded["steps"]), float(recorded["seconds_per_step"]), seconds, recorded.get("started_at"))
 
 
 def record_end(run: RunPaths, trained_steps: int, replans: int, used_s: float) -> dict[str, Any]:
@@ -122,8 +116,7 @@ class Deadline:
             self.calls.popleft()
         pace = self.pace()
         fits = int((self.deadline_at - reserve_s - now) / pace) if pace > 0 else per_call
-        # When the call after this one would end past the deadline, this one is the last (a fresh run trains
-        # one step at least).
+        # When the call after this one would end past the deadline, this one is the last (a fresh run trains one).
         last_call = min(per_call, max(fits, 1 if step == 0 else 0))
         planned = step + (fits if fits >= 2 * per_call else last_call)
         if self.cap is not None:

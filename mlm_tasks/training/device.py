@@ -31,9 +31,7 @@ def tpu_resolver_args(cfg: PipelineConfig) -> dict:
     """TPUClusterResolver arguments: this host's chips, or on a multi-host slice (the remote step exports
     MLM_TPU_NODE) the whole slice by name, from worker 0 (TensorFlow on TPU is single-client)."""
     node = os.environ.get("MLM_TPU_NODE")
-    if not node:
-        return {"tpu": "local"}
-    return {"tpu": node, "zone": cfg.tpu.zone, "project": cfg.tpu.project or None}
+    return {"tpu": node, "zone": cfg.tpu.zone, "project": cfg.tpu.project or None} if node else {"tpu": "local"}
 
 
 def make_strategy(device: str, cfg: PipelineConfig) -> Any:

@@ -49,16 +49,13 @@ def _score(model, batches, mask_id: int) -> tuple[float, float, int, float]:
 
     loss_sum = count = correct = at_mask = masks = 0.0
     for batch in batches:
-        logits = tf.cast(
-            model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"], training=False).logits,
-            tf.float32,
-        )
-        labels = batch["labels"]
+        ids, mask, labels = batch["input_ids"], batch["attention_mask"], batch["labels"]
+        logits = tf.cast(model(input_ids=ids, attention_mask=mask, training=False).logits, tf.float32)
         valid = labels != -100
         safe = tf.where(valid, labels, 0)
         per_token = tf.nn.sparse_softmax_cross_entropy_with_logits(labels=safe, logits=logits)
         hit = tf.argmax(logits, -1, output_type=safe.dtype) == safe
-        shown_mask = valid & (batch["input_ids"] == mask_id)
+        shown_mask = valid & (ids == mask_id)
         loss_sum += float(tf.reduce_sum(tf.where(valid, per_token, 0.0)))
         count += float(tf.reduce_sum(tf.cast(valid, tf.float32)))
         correct += float(tf.reduce_sum(tf.cast(hit & valid, tf.float32)))

@@ -51,8 +51,7 @@ class TrainLoop:
             # What the budget used before this try: the checkpoint's count, or (a fresh run) the measuring.
             self.try_began = time.time()
             self.used_before = float(state.budget_used_s.numpy()) if start else self.try_began - budget.started_at
-            deadline_at = self.try_began + budget.seconds - self.used_before
-            self.deadline = Deadline(deadline_at, budget.seconds_per_step, cap)
+            self.deadline = Deadline(self.try_began + budget.seconds - self.used_before, budget.seconds_per_step, cap)
         self.end_s = {"checkpoint": 0.0, "validation": 0.0}  # what the run's end takes: the deadline keeps it
         # With a deadline the input runs on past the first plan: a faster machine may train more steps.
         take = (cap or 10**9) - start if self.deadline else total - start

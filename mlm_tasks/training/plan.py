@@ -74,8 +74,7 @@ def plan_steps(cfg: PipelineConfig, shard_set: ShardSet, global_batch: int) -> i
     return cfg.train.steps or max(1, math.ceil(cfg.train.epochs * records / global_batch))
 
 
-# train.steps_per_call "auto": on CPU the host is the device, a call per step costs nothing; on an
-# accelerator a small model's step takes about as long as the host's dispatch, so a call runs many.
+# steps_per_call "auto": on CPU a call per step costs nothing; on an accelerator a small step takes the host's dispatch.
 AUTO_STEPS_PER_CALL = {"cpu": 1, "gpu": 16, "tpu": 64}
 
 

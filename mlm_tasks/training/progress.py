@@ -17,7 +17,6 @@ from mlm_tasks import storage
 from mlm_tasks.paths import RunPaths
 
 log = logging.getLogger("mlm_tasks.steps.train")
-SCALARS = ("loss", "accuracy", "learning_rate", "grad_norm", "tokens_per_s")
 
 
 def read_history(run: RunPaths) -> list[dict[str, Any]]:
@@ -64,8 +63,7 @@ class ProgressLog:
         peak_flops: float | None,
     ):
         """`on_line(step, loss, tokens_per_s, eta_s)` is called at every progress line (the status record);
-        with the devices' `peak_flops` known each line carries the MFU. Throughput leaves out the first call,
-        which traces and compiles."""
+        with the devices' `peak_flops` known each line carries the MFU."""
         import tensorflow as tf
 
         self.flops_per_token, self.peak_flops = flops_per_token, peak_flops
@@ -141,7 +139,7 @@ class ProgressLog:
             eta,
         )
         with self.writer.as_default(step=step):
-            for key in (*SCALARS, "mfu"):
+            for key in ("loss", "accuracy", "learning_rate", "grad_norm", "tokens_per_s", "mfu"):
                 if key in entry:
                     tf.summary.scalar(f"train/{key}", entry[key])
         self.on_line(step, entry["loss"], entry["tokens_per_s"], eta)
