@@ -77,14 +77,12 @@ class _DecayPlan:
         """Decay to 0 at `total` (no earlier than `step`), from this step's learning rate once decaying."""
         start = self._decay_start(total)
         if step < start:  # warming up or stable: only the decay's start and end move
-            self.plan.anchor_step.assign(float(start))
-            self.plan.anchor_lr.assign(self.peak)
-            self.plan.end_step.assign(float(max(total, start + 1)))
-            return
-        lr = self.at(step)
-        self.plan.anchor_step.assign(float(step))
+            anchor, lr, end = start, self.peak, max(total, start + 1)
+        else:
+            anchor, lr, end = step, self.at(step), max(total, step)
+        self.plan.anchor_step.assign(float(anchor))
         self.plan.anchor_lr.assign(lr)
-        self.plan.end_step.assign(float(max(total, step)))
+        self.plan.end_step.assign(float(end))
 
     def get_config(self) -> dict[str, Any]:  # Keras serialises an optimizer's schedule by its config
         return {"peak": self.peak, "warmup": self.warmup, "total": self.total, "kind": self.kind,

@@ -90,9 +90,7 @@ def crossed(every: int, first: int, last: int) -> bool:
 
 def planned_replicas(cfg: PipelineConfig) -> int:
     """Replicas the run will train on, as far as the config tells: a TPU slice's chips, else 1."""
-    if cfg.compute != "tpu_vm":
-        return 1
-    return prices.chips(cfg.tpu.accelerator_type)
+    return prices.chips(cfg.tpu.accelerator_type) if cfg.compute == "tpu_vm" else 1
 
 
 def plan_lines(

@@ -21,14 +21,9 @@ EVAL_MLM_PROBABILITY = 0.15  # BERT's and RoBERTa's rate: the one every publishe
 
 def fixed_masks(shard_set: Any, tokenizer: Any, cfg: Any) -> Any:
     """`eval.split` in batches of eval.batch_size, masked at EVAL_MLM_PROBABILITY with the run's seed."""
+    split, batch = cfg.eval.split, cfg.eval.batch_size
     return mlm_dataset(
-        shard_set,
-        cfg.eval.split,
-        tokenizer,
-        cfg.eval.batch_size,
-        training=False,
-        mlm_probability=EVAL_MLM_PROBABILITY,
-        seed=cfg.train.seed,
+        shard_set, split, tokenizer, batch, training=False, mlm_probability=EVAL_MLM_PROBABILITY, seed=cfg.train.seed
     )
 
 
