@@ -1,15 +1,13 @@
 # mypy: disable-error-code="arg-type"
 # (TaskFlow calls with XComArgs, and chain() of them: Airflow's stubs type run-time values, apache/airflow#39514)
 """
-### mlm_pretrain — raw text to a trained, evaluated RoBERTa masked LM
+### mlm_pretrain — raw text to a trained, evaluated masked LM (RoBERTa or ModernBERT)
 
-validate every input → plan_shards → scan_partition, find_duplicates, cluster_duplicates (filters, dedup) →
-train_tokenizer → write_shards (per partition) → merge_shards (all reused for an unchanged corpus) → check_run
-→ wait_for_shards (only for shards made elsewhere) → [create_tpu_vm] → train (resumes from its last checkpoint)
-→ evaluate → downstream → fill_mask (these three on the TPU VM with `compute: tpu_vm`) → report → gate →
-approve_release (with `publish.require_approval`) → publish to the Hub (unless off, the gate failed or a
-person rejected) → summary; [delete_tpu_vm, a teardown]. With `compute: local` the TPU VM tasks end skipped.
-Each task runs the step of the same name in `mlm_tasks/steps/` (docs/architecture.md).
+Each task runs the step of the same name in `mlm_tasks/steps/` (the chain: docs/architecture.md). An unchanged
+corpus reuses its shard set; `wait_for_shards` waits only for shards made elsewhere; `train` resumes from its last
+checkpoint; with `compute: tpu_vm`, train, evaluate, downstream and fill_mask run on the run's TPU VM (with
+`compute: local` the TPU VM tasks end skipped); `publish` runs unless it is off, the gate failed or a person
+rejected the release at `approve_release` (`publish.require_approval`).
 
 The same DAG runs the embedded default (local folder, CPU) and production (`output_root: gs://…`,
 `compute: tpu_vm`): configuration only. Every form field is checked by `validate` before any work; a

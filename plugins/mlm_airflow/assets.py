@@ -4,6 +4,7 @@ An event's `extra` carries what a training run needs to use exactly that data (`
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Mapping
 from typing import Any
 
@@ -11,6 +12,8 @@ from airflow.sdk import Asset
 
 from mlm_tasks.config.deployment import DATA_SECTIONS, Deployment
 from mlm_tasks.results import DataSummary
+
+log = logging.getLogger(__name__)
 
 # An "x-" scheme is Airflow's mark for a private URI: no provider normalises it, so parsing the DAGs
 # does not load every provider to look for a normaliser (0.5 s per parse, bench/bench_parse.py).
@@ -27,17 +30,16 @@ def event_extra(cfg_dict: dict[str, Any], data: DataSummary) -> dict[str, Any]:
     }
 
 
-def triggering_shards_event(
-    context: Mapping[str, Any],
-    deployment: Deployment | None = None,
-) -> dict[str, Any] | None:
+def triggering_shards_event(context: Mapping[str, Any], deployment: Deployment | None = None) -> dict[str, Any] | None:
     """The newest SHARDS event that triggered this run (checked as input), or None for a manual run. A run
     consumes every event since the last such run, in no set order: picked by timestamp, never by position."""
     from mlm_tasks.config.deployment import check_event
 
-    events = context.get("triggering_asset_events") or {}
-    for asset, asset_events in events.items():
-        if getattr(asset, "name", None) == SHARDS.name and asset_events:
-            newest = max(asset_events, key=lambda e: e.timestamp)
-            return check_event(dict(newest.extra or {}), deployment, getattr(newest, "source_dag_id", None))
-    return None
+    events = (context.get("triggering_asset_events") or {}).items()
+    shards = [event for asset, of_asset in events if getattr(asset, "name", None) == SHARDS.name for event in of_asset]
+    if not shards:
+        return None
+    newest = max(shards, key=lambda e: e.timestamp)
+    event = check_event(dict(newest.extra or {}), deployment, getattr(newest, "source_dag_id", None))
+    log.info("Triggered by dataset refresh: fingerprint %s under %s", event["fingerprint"], event["output_root"])
+    return event

@@ -1,13 +1,10 @@
-"""The Airflow connections a task reads, turned into arguments for `mlm_tasks`: GCP credentials, the Hub's
-token and endpoint, the login to a TPU VM worker.
+"""The Airflow connections a task reads, turned into arguments for `mlm_tasks` (never the environment, a log,
+XCom or a file): GCP credentials, the Hub's token and endpoint, the login to a TPU VM worker.
 
     install_for(cfg)                                  # a task: TPU API, gcsfs and storage use the connection
     with use_connection("google_cloud_default"): ...  # a block (a trigger poll, the janitor)
     token, endpoint = hub_credentials(cfg.publish.hf_conn_id)
     connect = ssh_connect("tpu_ssh", 22, node=name, published=tpu.published_keys(cfg.tpu, name, api=api))
-
-Secrets pass as arguments, never through the environment, a log, XCom or a file.
-docs/google-cloud.md#credentials-the-airflow-gcp-connection
 """
 
 from __future__ import annotations
@@ -105,34 +102,6 @@ def hub_credentials(conn_id: str) -> tuple[str, str | None]:
     return conn.password, (conn.host or None)
 
 
-def ssh_login(conn_id: str, host: str, port: int) -> ssh.Login:
-    """The connection's login for `host`, as paramiko takes it."""
-    from airflow.providers.ssh.hooks.ssh import SSHHook
-
-    hook = SSHHook(ssh_conn_id=conn_id, remote_host=host, port=port, conn_timeout=30)
-    options: dict[str, Any] = {
-        "password": hook.password or None,
-        "pkey": hook.pkey,
-        "key_filename": hook.key_file,
-        "look_for_keys": hook.look_for_keys,
-        "timeout": hook.conn_timeout,
-        "banner_timeout": hook.banner_timeout,
-        "auth_timeout": hook.auth_timeout,
-        "compress": hook.compress,
-        "sock": hook.host_proxy,
-        "disabled_algorithms": hook.disabled_algorithms,
-    }
-    # SSHHook's __init__ already falls back to the local user's name; its attribute is typed Optional.
-    user = hook.username or getpass.getuser()
-    return ssh.Login(
-        user,
-        f"connection {conn_id!r}",
-        options,
-        keepalive_s=hook.keepalive_interval or 0,
-        no_host_key_check=bool(hook.no_host_key_check),
-    )
-
-
 def ssh_connect(
     conn_id: str,
     port: int,
@@ -143,9 +112,29 @@ def ssh_connect(
     poll_s: float = 5.0,
 ) -> ssh.Connect:
     """connect(host, worker=0) -> logged-in paramiko SSHClient, as connection `conn_id`."""
+    from airflow.providers.ssh.hooks.ssh import SSHHook
 
     def login_for(host: str) -> ssh.Login:
-        found = ssh_login(conn_id, host, port)
+        hook = SSHHook(ssh_conn_id=conn_id, remote_host=host, port=port, conn_timeout=30)
+        options: dict[str, Any] = {
+            "password": hook.password or None,
+            "pkey": hook.pkey,
+            "key_filename": hook.key_file,
+            "look_for_keys": hook.look_for_keys,
+            "timeout": hook.conn_timeout,
+            "banner_timeout": hook.banner_timeout,
+            "auth_timeout": hook.auth_timeout,
+            "compress": hook.compress,
+            "sock": hook.host_proxy,
+            "disabled_algorithms": hook.disabled_algorithms,
+        }
+        found = ssh.Login(
+            hook.username or getpass.getuser(),  # SSHHook falls back to it already; its attribute is Optional
+            f"connection {conn_id!r}",
+            options,
+            keepalive_s=hook.keepalive_interval or 0,
+            no_host_key_check=bool(hook.no_host_key_check),
+        )
         if found.no_host_key_check and (conn_id, host) not in _warned:
             _warned.add((conn_id, host))  # once: a trigger polling every 30 s would repeat it in every poll
             log.warning(

@@ -1,7 +1,5 @@
-"""What every project DAG shares: owner, retries, the failure notifier, an execution_timeout, the default
-config file, the trigger form (generated from the config model) and the Celery queues (set by environment
-variables, docs/operations.md, not by `mlm_tasks.config`).
-"""
+"""What every project DAG shares: default_args, the default config file, the trigger form (generated from the
+config model) and the Celery queues (environment variables, docs/operations.md)."""
 
 from __future__ import annotations
 
@@ -74,10 +72,7 @@ def config_params(defaults: PipelineConfig, output_root_help: str, overrides_exa
 _FORM_KEYWORDS = ("type", "enum", "minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum", "items")
 
 
-@functools.cache
-def _config_schema() -> dict:
-    """The config's JSON schema, built once (pydantic builds it anew on every call)."""
-    return PipelineConfig.model_json_schema()
+_config_schema = functools.cache(PipelineConfig.model_json_schema)  # pydantic builds it anew on every call
 
 
 def form_params(defaults: PipelineConfig, titles: dict[str, str]) -> dict:

@@ -1,10 +1,6 @@
-"""Tell someone when a task has failed for good: a log line, and a JSON POST to a webhook if one is set.
-
-    default_args = {..., "on_failure_callback": [FailureNotifier()]}
-
-The URL comes from `MLM_ALERT_WEBHOOK_URL`, or else the host of the Airflow connection `mlm_alerts`. The body,
-{"dag_id", "run_id", "task_id", "try_number", "max_tries", "log_url", "exception"}, is scrubbed of secrets
-because webhooks land in chat rooms. A webhook that is down never fails the task twice: the error is logged.
+"""Tell someone when a task has failed for good (`"on_failure_callback": [FailureNotifier()]`): a log line, and
+a JSON POST to `MLM_ALERT_WEBHOOK_URL` or the host of connection `mlm_alerts` (docs/configuration.md). The body
+is scrubbed of secrets (webhooks land in chat rooms); a webhook that is down is logged, never raised.
 """
 
 from __future__ import annotations
@@ -66,20 +62,6 @@ def webhook_url() -> str | None:
     return host or None
 
 
-def failure_payload(context: Context) -> dict[str, Any]:
-    ti = context["ti"]
-    exception = context.get("exception")
-    return {
-        "dag_id": ti.dag_id,
-        "run_id": ti.run_id,
-        "task_id": ti.task_id,
-        "try_number": ti.try_number,
-        "max_tries": ti.max_tries,
-        "log_url": ti.log_url,
-        "exception": scrub(f"{type(exception).__name__}: {exception}") if exception is not None else None,
-    }
-
-
 class FailureNotifier(BaseNotifier):
     """on_failure_callback: log the failure and POST it as JSON to the configured webhook."""
 
@@ -88,7 +70,16 @@ class FailureNotifier(BaseNotifier):
         self.timeout_s = timeout_s
 
     def notify(self, context: Context) -> None:
-        payload = failure_payload(context)
+        ti, exception = context["ti"], context.get("exception")
+        payload: dict[str, Any] = {
+            "dag_id": ti.dag_id,
+            "run_id": ti.run_id,
+            "task_id": ti.task_id,
+            "try_number": ti.try_number,
+            "max_tries": ti.max_tries,
+            "log_url": ti.log_url,
+            "exception": scrub(f"{type(exception).__name__}: {exception}") if exception is not None else None,
+        }
         log.error(
             "Task failed: %(dag_id)s.%(task_id)s run %(run_id)s, try %(try_number)s of %(tries)s; log: %(log_url)s; "
             "error: %(exception)s",

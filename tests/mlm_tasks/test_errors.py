@@ -212,12 +212,12 @@ def test_the_cli_lets_a_transient_error_out_exit_1(tmp_path, answering_gcs):
         _cli(tmp_path, "validate", "--set", "output_root=gs://bkt/p")
 
 
-# -- the Airflow side: plugins/mlm_airflow/errors.py --------------------------------------------------------
+# -- the Airflow side: plugins/mlm_airflow/tasks/step_context.py --------------------------------------------
 @pytest.mark.parametrize("kind", [ConfigError, MissingArtifactError, AuthError])
 def test_task_errors_fail_every_no_retry_kind_at_once(kind):
     from airflow.sdk.exceptions import AirflowFailException
 
-    from mlm_airflow.errors import bad_input_fails_fast
+    from mlm_airflow.tasks.step_context import bad_input_fails_fast
 
     with pytest.raises(AirflowFailException, match="the message says what to do") as caught, bad_input_fails_fast():
         raise kind("the message says what to do")
@@ -226,7 +226,7 @@ def test_task_errors_fail_every_no_retry_kind_at_once(kind):
 
 @pytest.mark.parametrize("error", [TransientError("503 from the service"), OSError("disk hiccup")])
 def test_task_errors_leave_transient_and_unforeseen_errors_to_retries(error):
-    from mlm_airflow.errors import bad_input_fails_fast
+    from mlm_airflow.tasks.step_context import bad_input_fails_fast
 
     with pytest.raises(type(error)), bad_input_fails_fast():
         raise error

@@ -15,10 +15,9 @@ from airflow._shared.module_loading import import_string
 from airflow.settings import PLUGINS_FOLDER
 
 assert PLUGINS_FOLDER in sys.path, (PLUGINS_FOLDER, sys.path)
-for classpath, cls in [("mlm_airflow.triggers.tpu_vm.CLASSPATH", "TpuNodeTrigger"),
-                       ("mlm_airflow.triggers.train_job.CLASSPATH", "TrainJobTrigger")]:
-    path = import_string(classpath)
-    assert import_string(path).__name__ == cls, path
+for cls in ["mlm_airflow.triggers.tpu_vm.TpuNodeTrigger", "mlm_airflow.triggers.train_job.TrainJobTrigger"]:
+    path = import_string(cls).classpath
+    assert import_string(path) is import_string(cls), path
     print(path)
 """
 

@@ -4,9 +4,7 @@
     approval = ReleaseApprovalOperator(task_id="approve_release", config=config, decision=decision)
     chain(decision, approval, publish(config, decision, data))     # publish: trigger_rule none_failed
 
-Airflow's ApprovalOperator with the review page (mlm_tasks/reporting/review.py) as its body. Reject, or no
-answer within `publish.approval_timeout_hours` (the default answer), skips publish. The task is always in
-the DAG (the setting is per run) and skips itself when there is nothing to approve. docs/releases.md
+Airflow's ApprovalOperator with the review page (mlm_tasks/reporting/review.py) as its body (docs/releases.md).
 """
 
 from __future__ import annotations
@@ -19,7 +17,6 @@ from airflow.sdk import Context, Param
 from airflow.sdk.exceptions import AirflowSkipException
 
 from mlm_airflow.tasks.step_context import config_from_xcom, step_context, xcom_dict
-from mlm_tasks.config import PipelineConfig
 from mlm_tasks.results import GateDecision
 
 COMMENT = "comment"
@@ -32,8 +29,7 @@ class ReleaseApprovalOperator(ApprovalOperator):
         self, *, config: Any, decision: Any, default_timeout_hours: float = 72, params: Any = None, **kwargs: Any
     ) -> None:
         # `params` (the DAG's form, merged in by Airflow) is dropped: HITLOperator's form is the comment alone.
-        # response_timeout here keeps HITLOperator from taking execution_timeout as the answer's deadline;
-        # each run sets its own in execute().
+        # response_timeout keeps HITLOperator from taking execution_timeout as the deadline; execute() sets the run's.
         super().__init__(
             subject="Publish this run's model?",
             defaults=ApprovalOperator.REJECT,
@@ -55,13 +51,21 @@ class ReleaseApprovalOperator(ApprovalOperator):
 
     def execute(self, context: Context) -> Any:
         cfg = config_from_xcom(self.config)
-        reason = self._nothing_to_approve(cfg)
-        if reason:
-            raise AirflowSkipException(reason)
+        # The gate's decision is read only when approval is asked for: a run may skip the gate or mark it done
+        # without one (`airflow dags test --mark-success-pattern`).
+        if not cfg.publish.require_approval:
+            raise AirflowSkipException(
+                "No approval asked (publish.require_approval is false): publish decides on its own."
+            )
+        decision = cast(GateDecision, xcom_dict(self.decision))
+        if not cfg.publish.enabled:
+            raise AirflowSkipException("Publishing is off (publish.enabled=false): nothing to approve.")
+        if not decision.get("passed"):
+            raise AirflowSkipException(
+                "The evaluation gate failed: nothing to approve (publish skips, with the gate's reasons)."
+            )
         from mlm_tasks.config.deployment import Deployment
         from mlm_tasks.reporting.review import review_markdown
-
-        decision = cast(GateDecision, xcom_dict(self.decision))
 
         deployment = Deployment.load()
         if deployment and deployment.approvers:  # only they may answer (the api-server checks assigned_users)
@@ -78,18 +82,6 @@ class ReleaseApprovalOperator(ApprovalOperator):
             cfg.publish.repo_id,
         )
         return super().execute(context)
-
-    def _nothing_to_approve(self, cfg: PipelineConfig) -> str | None:
-        # The gate's decision is read only when approval is asked for: a run may skip the gate or mark it done
-        # without one (`airflow dags test --mark-success-pattern`).
-        if not cfg.publish.require_approval:
-            return "No approval asked (publish.require_approval is false): publish decides on its own."
-        passed = xcom_dict(self.decision).get("passed")
-        if not cfg.publish.enabled:
-            return "Publishing is off (publish.enabled=false): nothing to approve."
-        if not passed:
-            return "The evaluation gate failed: nothing to approve (publish skips, with the gate's reasons)."
-        return None
 
     def execute_complete(self, context: Context, event: dict[str, Any]) -> Any:
         if "error" not in event:

@@ -1,8 +1,8 @@
 """Run one pipeline step on the run's TPU VM over SSH (the `compute: tpu_vm` path), attached or detached.
 
     remote = RemoteStep("train", log, args=[...], hub_token=token)     # what TrainOperator composes
-    remote.run(context, cfg, node)                                      # {"node", "workers"}
-    DetachedTrain(remote).start(context, cfg, node)                     # train: the trainer's handle (JOB_KEY)
+    remote.run(context, cfg, node)                                      # attached: {"node", "workers"}
+    remote.start(context, cfg, node)                                    # detached (train): the trainer's handle
     step_on_vm(context, cfg, "evaluate", ["--data-fingerprint", fp])    # evaluate, downstream, fill_mask: the result
 
 Only worker 0 is dialled (TensorFlow on TPU is single-client; on a `-pod` slice the other hosts serve it), as
@@ -38,6 +38,15 @@ if TYPE_CHECKING:
     from pydantic import JsonValue  # what Airflow's task state store takes
 
 log = logging.getLogger(__name__)
+JOB_KEY = "train_job"
+ON_KILL_STOP_S = 4.0  # Airflow's supervisor SIGKILLs a task 5 s after asking it to stop
+
+
+def try_number(context: Context) -> int:
+    """The Airflow try running this code (1 outside Airflow)."""
+    ti = context.get("ti")
+    number = getattr(ti, "try_number", None) or os.environ.get("AIRFLOW_CTX_TRY_NUMBER", "")
+    return int(number) if str(number).isdigit() else 1
 
 
 def check_reachable(cfg: PipelineConfig, name: str, host: str) -> None:
@@ -82,6 +91,7 @@ class RemoteStep:
         self.step_env = dict(step_env or {})
         self.replaces_dead_node = replaces_dead_node
         self.session: ssh.Session | None = None
+        self.watch: JobWatch | None = None  # a detached trainer's, once started
         self.output: list[str] = []  # worker 0's lines, as logged
 
     def _line(self, line: str) -> None:
@@ -97,16 +107,61 @@ class RemoteStep:
             raise self.failure(cfg, name, outcome)
         return {"node": name, "workers": len(hosts)}
 
+    def start(self, context: Context, cfg: PipelineConfig, node: tpu.NodeState) -> TrainJob:
+        """The step as a detached job on worker 0 (train): the new trainer's handle, also kept as JOB_KEY."""
+        name, hosts, connect = self.connect_to(context, cfg, node)
+        host, number = hosts[0], try_number(context)
+        log_name = vm_job.log_name(context["run_id"], number)
+        command = self.command or self.remote_line(
+            context, cfg, name, detach_log=log_name, env={"MLM_TRY_NUMBER": str(number)}
+        )
+        self.log.info(
+            "Starting the trainer detached on worker 0 of %s (try %d); its output goes to %s/%s.",
+            name,
+            number,
+            cfg.tpu.workdir,
+            log_name,
+        )
+        self.session = ssh.Session(connect, host, on_line=self._line)  # close() (on_kill) hangs up a start
+        outcome, job = vm_job.start(
+            self.session,
+            command,
+            secret=self.secret(),
+            node=name,
+            node_created=node.created,
+            host=host,
+            try_number=number,
+            workdir=cfg.tpu.workdir,
+            output_root=cfg.output_root,
+            run_id=context["run_id"],
+        )
+        if outcome.exit_code != 0:
+            raise self.failure(cfg, name, outcome)
+        if job is None:
+            raise AirflowException(
+                f"The detached start on {name} printed no job id ({outcome.describe()}): "
+                "retry; if it repeats, run the line by hand on worker 0."
+            )
+        self.log.info("Trainer started: pid %d (its process group) on %s.", job["pid"], name)
+        store = context.get("task_state_store")
+        if store is not None:
+            # A handle is JSON (str, int and float fields); mypy sees no TypedDict as a dict[str, JsonValue].
+            store.set(JOB_KEY, cast("JsonValue", dict(job)))
+        stall_s = cfg.train.stall_minutes * 60
+        self.watch = JobWatch(
+            vm_job.DetachedJob(job, connect), cfg.tpu, output_root=cfg.output_root, stall_s=stall_s, log=self.log
+        )
+        return job
+
     def remote_line(self, context: Context, cfg: PipelineConfig, name: str, **options: Any) -> str:
         """remote_command for this step; `options` go to it (detach_log, more env)."""
-        env = {**self.step_env, **options.pop("env", {})}
         return remote_command(
             cfg,
             self.step,
             context["run_id"],
             node=name,
             extra_args=self.args,
-            env=env,
+            env={**self.step_env, **options.pop("env", {})},
             expect_token=self.hub_token is not None,
             code=stage_code(cfg.output_root, cfg.tpu.runtime_version) if cfg.tpu.bootstrap else None,
             **options,
@@ -117,8 +172,28 @@ class RemoteStep:
         return (TOKEN_PROMPT, self.hub_token) if self.hub_token is not None else None
 
     def failure(self, cfg: PipelineConfig, name: str, outcome: ssh.Outcome) -> AirflowException:
-        """What to raise for a command that failed on worker 0: exit 2 and fatal errors are not retried."""
-        message = self._failure_message(cfg, name, outcome)
+        """What to raise for a command that failed on worker 0 (with the node's state now): exit 2 and fatal
+        errors are not retried."""
+        import requests
+        from google.api_core.exceptions import GoogleAPIError
+        from google.auth.exceptions import GoogleAuthError
+
+        message = f"Step {self.step!r} failed on TPU VM {name}:\n{outcome.describe()}"
+        try:
+            state = tpu.get_state(cfg.tpu, name).state
+        except (GoogleAPIError, GoogleAuthError, requests.RequestException, NoRetryError, TransientError) as err:
+            # what the TPU API client raises: the failure itself matters more than this extra hint
+            state = f"unknown ({err})"
+        if state != "READY":
+            then = (
+                "A retry of this task replaces it"
+                if self.replaces_dead_node
+                else "Clear create_tpu_vm and this task to continue on a new VM"
+            )
+            message += (
+                f"\nThe TPU VM is now {state}: it was probably preempted. {then} (training resumes "
+                "from its last checkpoint)."
+            )
         if outcome.fatal:  # e.g. a host-key mismatch: a retry meets the same machine
             return AirflowFailException(message)
         if outcome.exit_code == NO_RETRY_EXIT:
@@ -168,30 +243,22 @@ class RemoteStep:
         )
         return name, hosts, connect
 
-    def _failure_message(self, cfg: PipelineConfig, name: str, outcome: ssh.Outcome) -> str:
-        import requests
-        from google.api_core.exceptions import GoogleAPIError
-        from google.auth.exceptions import GoogleAuthError
-
-        lines = [f"Step {self.step!r} failed on TPU VM {name}:", outcome.describe()]
-        try:
-            state = tpu.get_state(cfg.tpu, name).state
-        except (GoogleAPIError, GoogleAuthError, requests.RequestException, NoRetryError, TransientError) as err:
-            # what the TPU API client raises: the failure itself matters more than this extra hint
-            state = f"unknown ({err})"
-        if state != "READY":
-            then = (
-                "A retry of this task replaces it"
-                if self.replaces_dead_node
-                else "Clear create_tpu_vm and this task to continue on a new VM"
-            )
-            lines.append(
-                f"The TPU VM is now {state}: it was probably preempted. {then} (training resumes "
-                "from its last checkpoint)."
-            )
-        return "\n".join(lines)
-
     def close(self) -> None:
+        """on_kill: stop a started trainer (in a thread, bounded: on_kill runs in a signal handler that may have
+        interrupted an SSH call and its locks; a stop not done in time is left to the teardown), then hang up."""
+        watch = self.watch
+        if watch is not None:
+            outcome: list[vm_job.Probe] = []
+            stopper = threading.Thread(target=lambda: outcome.append(watch.stop()), daemon=True)
+            stopper.start()
+            stopper.join(ON_KILL_STOP_S)
+            gone = bool(outcome) and outcome[0].alive is False
+            self.log.info(
+                "Task killed: the trainer is %s.",
+                "gone"
+                if gone
+                else f"maybe still running (no confirmation within {ON_KILL_STOP_S:g}s; the teardown deletes the VM)",
+            )
         if self.session is not None:
             self.log.info("Task killed: hanging up the SSH session, which stops the remote step.")
             self.session.close()
@@ -224,87 +291,3 @@ def step_result(step: str, lines: Sequence[str]) -> Any:
             except json.JSONDecodeError:
                 continue
     raise AirflowException(f"Step {step!r} ended without printing its result (the JSON `python -m mlm_tasks` prints).")
-
-
-JOB_KEY = "train_job"
-ON_KILL_STOP_S = 4.0  # Airflow's supervisor SIGKILLs a task 5 s after asking it to stop
-
-
-def try_number(context: Context) -> int:
-    """The Airflow try running this code (1 outside Airflow)."""
-    ti = context.get("ti")
-    number = getattr(ti, "try_number", None) or os.environ.get("AIRFLOW_CTX_TRY_NUMBER", "")
-    return int(number) if str(number).isdigit() else 1
-
-
-class DetachedTrain:
-    """The train step as a job on worker 0, through `remote`: `start` returns the new trainer's handle."""
-
-    def __init__(self, remote: RemoteStep) -> None:
-        self.remote = remote
-        self.log = remote.log
-        self.watch: JobWatch | None = None
-
-    def start(self, context: Context, cfg: PipelineConfig, node: tpu.NodeState) -> TrainJob:
-        name, hosts, connect = self.remote.connect_to(context, cfg, node)
-        host, number = hosts[0], try_number(context)
-        log_name = vm_job.log_name(context["run_id"], number)
-        command = self.remote.command or self.remote.remote_line(
-            context, cfg, name, detach_log=log_name, env={"MLM_TRY_NUMBER": str(number)}
-        )
-        self.log.info(
-            "Starting the trainer detached on worker 0 of %s (try %d); its output goes to %s/%s.",
-            name,
-            number,
-            cfg.tpu.workdir,
-            log_name,
-        )
-        # The remote step's session: its close() (on_kill) hangs up a start still under way.
-        self.remote.session = ssh.Session(connect, host, on_line=lambda line: self.log.info("[worker 0] %s", line))
-        outcome, job = vm_job.start(
-            self.remote.session,
-            command,
-            secret=self.remote.secret(),
-            node=name,
-            node_created=node.created,
-            host=host,
-            try_number=number,
-            workdir=cfg.tpu.workdir,
-            output_root=cfg.output_root,
-            run_id=context["run_id"],
-        )
-        if outcome.exit_code != 0:
-            raise self.remote.failure(cfg, name, outcome)
-        if job is None:
-            raise AirflowException(
-                f"The detached start on {name} printed no job id ({outcome.describe()}): "
-                "retry; if it repeats, run the line by hand on worker 0."
-            )
-        self.log.info("Trainer started: pid %d (its process group) on %s.", job["pid"], name)
-        store = context.get("task_state_store")
-        if store is not None:
-            # A handle is JSON (str, int and float fields); mypy sees no TypedDict as a dict[str, JsonValue].
-            store.set(JOB_KEY, cast("JsonValue", dict(job)))
-        stall_s = cfg.train.stall_minutes * 60
-        self.watch = JobWatch(
-            vm_job.DetachedJob(job, connect), cfg.tpu, output_root=cfg.output_root, stall_s=stall_s, log=self.log
-        )
-        return job
-
-    def close(self) -> None:
-        """on_kill before the deferral: stop the trainer. In a thread, bounded: on_kill runs in a signal handler
-        that may have interrupted an SSH call (and its locks); a stop not done in time leaves it to the teardown."""
-        watch = self.watch
-        if watch is not None:
-            outcome: list[vm_job.Probe] = []
-            stopper = threading.Thread(target=lambda: outcome.append(watch.stop()), daemon=True)
-            stopper.start()
-            stopper.join(ON_KILL_STOP_S)
-            gone = bool(outcome) and outcome[0].alive is False
-            self.log.info(
-                "Task killed: the trainer is %s.",
-                "gone"
-                if gone
-                else f"maybe still running (no confirmation within {ON_KILL_STOP_S:g}s; the teardown deletes the VM)",
-            )
-        self.remote.close()

@@ -105,12 +105,12 @@ def carry_out(
             *(cfg.tpu.accelerator_type, cfg.tpu.zone, action.why, name),
             *(time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(t)) for t in (retry_at, action.until or retry_at)),
         )
-        deadline = retry_at + cfg.tpu.create_timeout_s  # for the node to be gone; then for the next create
+        wait_s = cfg.tpu.stockout_retry_s + cfg.tpu.create_timeout_s  # for the node to be gone, then the next create
         defer_to_node(
             op,
             cfg,
             name,
-            deadline,
+            wait_s,
             operation,
             resume_in,
             until_gone=True,
@@ -118,8 +118,7 @@ def carry_out(
             stockout_until=action.until,
         )
     if action.kind == "wait":
-        deadline = time.time() + cfg.tpu.create_wait_s()
-        defer_to_node(op, cfg, name, deadline, None, resume_in, stockout_until=stockout_until)
+        defer_to_node(op, cfg, name, cfg.tpu.create_wait_s(), None, resume_in, stockout_until=stockout_until)
     if action.kind == "fail" and action.delete:
         failed_create(op, context, cfg, node, action)
     raise ValueError(f"not a node action: {action}")
@@ -147,32 +146,30 @@ def ensure_ready(
     if state.ready or state.error:
         return state
     operation = state.operation if state.action == "created" else None
-    deadline = time.time() + cfg.tpu.create_wait_s()
-    defer_to_node(op, cfg, name, deadline, operation, resume_in, stockout_until=stockout_until)
+    defer_to_node(op, cfg, name, cfg.tpu.create_wait_s(), operation, resume_in, stockout_until=stockout_until)
 
 
 def defer_to_node(
     op: BaseOperator,
     cfg: PipelineConfig,
     name: str,
-    deadline: float,
+    wait_s: float,
     operation: str | None,
     resume_in: Callable[..., Any],
     **trigger_args: Any,
 ) -> NoReturn:
-    """Defer `op` to TpuNodeTrigger for node `name` until `deadline` (epoch seconds), resuming in `resume_in`.
-    The trigger enforces the deadline itself (so the task can clean up); Airflow's timeout is only a backstop."""
+    """Defer `op` to TpuNodeTrigger for node `name` for at most `wait_s`, resuming in `resume_in`. The trigger
+    enforces that deadline itself (so the task can clean up); Airflow's timeout is only a backstop."""
     trigger = TpuNodeTrigger(
         cfg.tpu.model_dump(mode="json"),
         name,
-        deadline,
+        time.time() + wait_s,  # the deadline
         operation,
         cfg.tpu.poll_interval_s,
         gcp_conn_id=cfg.gcp_conn_id,
         **trigger_args,
     )
-    timeout = timedelta(seconds=max(0.0, deadline - time.time()) + 600)
-    op.defer(trigger=trigger, method_name=resume_in.__name__, timeout=timeout)
+    op.defer(trigger=trigger, method_name=resume_in.__name__, timeout=timedelta(seconds=wait_s + 600))
 
 
 def failed_create(
@@ -268,8 +265,7 @@ class TpuVmDeleteOperator(_RunNodeOperator):
             operation,
             cfg.tpu.delete_timeout_s,
         )
-        deadline = time.time() + cfg.tpu.delete_timeout_s
-        defer_to_node(self, cfg, name, deadline, operation, self.deleted, until_gone=True)
+        defer_to_node(self, cfg, name, cfg.tpu.delete_timeout_s, operation, self.deleted, until_gone=True)
 
     def deleted(self, context: Context, event: dict[str, Any] | None = None, **_: Any) -> str | None:
         cfg = config_from_xcom(self.config)

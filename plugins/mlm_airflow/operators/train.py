@@ -16,10 +16,9 @@ from airflow.sdk.bases.operator import TRIGGER_FAIL_REPR, TriggerFailureReason
 from airflow.sdk.exceptions import AirflowException, AirflowFailException
 
 from mlm_airflow.connections import hub_credentials, install_for, use_connection
-from mlm_airflow.errors import bad_input_fails_fast
-from mlm_airflow.operators.remote_step import JOB_KEY, DetachedTrain, RemoteStep, try_number
+from mlm_airflow.operators.remote_step import JOB_KEY, RemoteStep, try_number
 from mlm_airflow.operators.tpu_vm import carry_out, node_facts, run_node_name
-from mlm_airflow.tasks.step_context import config_from_xcom
+from mlm_airflow.tasks.step_context import bad_input_fails_fast, config_from_xcom
 from mlm_airflow.triggers.train_job import TrainJobTrigger, connected_watch
 from mlm_tasks.config import PipelineConfig
 from mlm_tasks.job import launch as vm_job
@@ -37,7 +36,7 @@ __all__ = ["JOB_KEY", "TrainOperator"]
 DEADLINE_KEY = "train_deadline"  # epoch seconds: the try sequence's first start + train.timeout_hours
 RESTARTS_KEY = "train_restarts"
 CHECK_INS_KEY = "train_check_ins"
-DEFERRED_KEY = "train_deferred_to"  # which trigger a timeout belongs to: {"trigger": "trainer"|"node"}
+DEFERRED_KEY = "train_deferred_to"  # which trigger a timeout belongs to: "trainer" or "node"
 SEQUENCE_KEY = "train_first_try"  # the first try of the try sequence the keys above belong to
 
 
@@ -64,7 +63,7 @@ class TrainOperator(BaseOperator):
         self.config = config
         self.data = data
         self.command = command
-        self.detached: DetachedTrain | None = None
+        self.detached: RemoteStep | None = None
         self.watch: JobWatch | None = None
 
     def pre_execute(self, context: Context) -> None:
@@ -153,8 +152,7 @@ class TrainOperator(BaseOperator):
         error = (next_kwargs or {}).get("error")
         store = context.get("task_state_store")
         timed_out = next_method == TRIGGER_FAIL_REPR and error == TriggerFailureReason.TRIGGER_TIMEOUT
-        deferred = store.get(DEFERRED_KEY) if store is not None else None
-        if timed_out and store is not None and isinstance(deferred, dict) and deferred.get("trigger") == "trainer":
+        if timed_out and store is not None and store.get(DEFERRED_KEY) == "trainer":
             checked_in = int(cast(int, store.get(CHECK_INS_KEY, 0))) + 1
             store.set(CHECK_INS_KEY, checked_in)
             self.log.info(
@@ -186,7 +184,7 @@ class TrainOperator(BaseOperator):
                 rechecked = True
             elif action.kind in ("ensure_node", "wait") or (action.kind == "fail" and action.delete):
                 if store is not None:
-                    store.set(DEFERRED_KEY, {"trigger": "node"})
+                    store.set(DEFERRED_KEY, "node")
                 made = carry_out(
                     self, context, cfg, node, action, resume_in=self.resume, stockout_until=facts.stockout_until
                 )
@@ -200,7 +198,7 @@ class TrainOperator(BaseOperator):
                     if action.stop and facts.job is not None:
                         self._watch(cfg, facts.job).stop()
                     job = self._detached(cfg).start(context, cfg, node)
-                self._follow(context, cfg, job, len(node.workers))
+                self._follow(context, cfg, job)
             elif action.kind == "reattach":
                 assert facts.job is not None
                 self.log.info(
@@ -210,7 +208,7 @@ class TrainOperator(BaseOperator):
                     time.monotonic() - began,
                     action.why,
                 )
-                self._follow(context, cfg, facts.job, len(node.workers))
+                self._follow(context, cfg, facts.job)
             elif action.kind == "done":
                 with use_connection(cfg.gcp_conn_id):
                     self.log.info("Training done: %s.\n%s", action.why, self._tail(cfg, facts.job))
@@ -244,17 +242,16 @@ class TrainOperator(BaseOperator):
             restarts=int(cast(int, store.get(RESTARTS_KEY, 0))) if store is not None else 0,
         )
 
-    def _follow(self, context: Context, cfg: PipelineConfig, job: TrainJob, workers: int) -> NoReturn:
+    def _follow(self, context: Context, cfg: PipelineConfig, job: TrainJob) -> NoReturn:
         """Defer to the trainer's trigger until the next check-in or the deadline, whichever is sooner."""
         left_s = run_deadline(context, cfg) - time.time()
         store = context.get("task_state_store")
         if store is not None:
-            store.set(DEFERRED_KEY, {"trigger": "trainer", "workers": workers})
+            store.set(DEFERRED_KEY, "trainer")
         self.log.info("Waiting for the trainer in the triggerer: this task holds no worker slot meanwhile.")
         trigger = TrainJobTrigger(
             output_root=cfg.output_root,
             job=job,
-            workers=workers,
             tpu_config=cfg.tpu.model_dump(mode="json"),
             poll_s=cfg.train.follow_poll_s,
             stall_s=cfg.train.stall_minutes * 60,
@@ -324,14 +321,14 @@ class TrainOperator(BaseOperator):
         message += f"\n{action.advice}" if action.advice else ""
         raise (AirflowException if action.retry else AirflowFailException)(message)
 
-    def _detached(self, cfg: PipelineConfig) -> DetachedTrain:
+    def _detached(self, cfg: PipelineConfig) -> RemoteStep:
         """The step on the TPU VM; with checkpoint sync, the Hub token goes on the SSH session's stdin."""
         token, step_env = None, {}
         if cfg.publish.sync_checkpoints:
             token, endpoint = hub_credentials(cfg.publish.hf_conn_id)
             if endpoint:
                 step_env["HF_ENDPOINT"] = endpoint
-        remote = RemoteStep(
+        self.detached = RemoteStep(
             "train",
             self.log,
             args=["--data-fingerprint", self._fingerprint()],
@@ -340,7 +337,6 @@ class TrainOperator(BaseOperator):
             step_env=step_env,
             replaces_dead_node=True,
         )
-        self.detached = DetachedTrain(remote)
         return self.detached
 
     def on_kill(self) -> None:

@@ -1,9 +1,7 @@
-"""The shard gate: wait until a shard set's _SUCCESS marker exists, locally or on gs://.
+"""The shard gate: wait until a shard set's _SUCCESS marker exists, locally or on gs:// (deferrable, in the
+provider's GCSBlobTrigger; a local folder pokes in reschedule mode), with timing from the run's `sensor.*`.
 
     wait = ShardSetCompleteSensor(task_id="wait_for_shards", config=validate_output, data=merge_output)
-
-Timing and GCP connection come from the run's config (`sensor.*`). A set this run wrote passes at once;
-gs:// waits in the provider's GCSBlobTrigger (deferrable), a local folder pokes in reschedule mode.
 """
 
 from __future__ import annotations

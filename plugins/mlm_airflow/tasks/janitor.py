@@ -9,7 +9,7 @@ from typing import Any
 from airflow.sdk import task
 
 from mlm_airflow.connections import use_connection
-from mlm_airflow.errors import bad_input_fails_fast
+from mlm_airflow.tasks.step_context import bad_input_fails_fast
 
 
 def _deployment() -> tuple[Any, str, str]:

@@ -19,8 +19,7 @@ from airflow.sdk import TaskGroup, XComArg, get_current_context, task
 
 from mlm_airflow.assets import SHARDS, event_extra, triggering_shards_event
 from mlm_airflow.defaults import CPU_QUEUE
-from mlm_airflow.errors import bad_input_fails_fast
-from mlm_airflow.tasks.step_context import step_context
+from mlm_airflow.tasks.step_context import bad_input_fails_fast, step_context
 from mlm_tasks.results import DataSummary, Partition, ScannedPartition, ShardPlan, WrittenPartition
 
 log = logging.getLogger(__name__)
@@ -63,9 +62,6 @@ def plan_shards(config: dict, **context: Any) -> list[Partition]:
     with bad_input_fails_fast():
         event = triggering_shards_event(context)
         if event:
-            log.info(
-                "Triggered by dataset refresh: fingerprint %s under %s", event["fingerprint"], event["output_root"]
-            )
             fingerprint = summary_for_fingerprint(cfg, event["fingerprint"])["fingerprint"]
             plan = ShardPlan(fingerprint=fingerprint, cache_hit=True, corpus_fingerprint=None, partitions=[])
         else:

@@ -1,18 +1,33 @@
 """What every Airflow task of a step does first: the run's config from validate's XCom, the run's GCP
-connection installed, and the step's `RunContext`.
+connection installed, and the step's `RunContext`; and how it calls the step.
 
     cfg, ctx = step_context(config, data)     # config: validate's return value; data: merge_shards'
     cfg = config_from_xcom(self.config)       # an operator's templated field, the same way
+    with bad_input_fails_fast(): step(cfg, ctx)
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
 from typing import Any
 
 from mlm_tasks.config import PipelineConfig
+from mlm_tasks.errors import NoRetryError
 from mlm_tasks.paths import RunContext
+
+
+@contextmanager
+def bad_input_fails_fast() -> Iterator[None]:
+    """A `NoRetryError` (mlm_tasks/errors.py) becomes AirflowFailException, so the task fails at once with the
+    step's own message; anything else keeps its retries."""
+    try:
+        yield
+    except NoRetryError as err:
+        from airflow.sdk.exceptions import AirflowFailException
+
+        raise AirflowFailException(str(err)) from None
 
 
 def xcom_dict(value: Any) -> dict[str, Any]:

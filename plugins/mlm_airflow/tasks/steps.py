@@ -1,11 +1,9 @@
-"""The Airflow tasks of the pipeline's steps: each takes the values it needs as arguments (XComArgs
-wired in the DAG), calls the `mlm_tasks` step of the same name, and returns its small result.
+"""The Airflow tasks of the pipeline's steps: each calls the `mlm_tasks` step of the same name with the XComArgs
+wired in the DAG and returns its result, a TypedDict of mlm_tasks/results.py, as one XCom. Steps are imported in
+the task bodies, so a DAG parses without TensorFlow.
 
     config = validate()                          # the validated config, for every later task
-    check_run(config, data)                      # data: shard_set(config), plugins/mlm_airflow/tasks/shard_set.py
-
-Each result is one XCom: a TypedDict of mlm_tasks/results.py. Steps are imported in the task bodies, so a DAG
-parses without TensorFlow. With `compute: tpu_vm`, evaluate, downstream and fill_mask run on the run's TPU VM.
+    check_run(config, data)                      # data: shard_set(config)
 """
 
 from __future__ import annotations
@@ -18,27 +16,14 @@ from airflow.sdk import get_current_context, task
 from airflow.sdk.exceptions import AirflowSkipException
 
 from mlm_airflow.defaults import CPU_QUEUE
-from mlm_airflow.errors import bad_input_fails_fast
-from mlm_airflow.tasks.step_context import step_context
-from mlm_tasks.results import (
-    DataSummary,
-    DownstreamResult,
-    EvalMetrics,
-    GateDecision,
-    KeyMetrics,
-    ModelCommit,
-    ProbePredictions,
-    RunCheck,
-    RunSummary,
-    TokenizerCommit,
-    ValidatedConfig,
-)
+from mlm_airflow.tasks.step_context import bad_input_fails_fast, step_context
+from mlm_tasks import results
 
 log = logging.getLogger(__name__)
 
 
 @task(retries=0, multiple_outputs=False)  # retrying cannot fix a bad input: fail now, with what to change
-def validate(probe_write: bool = True, **context: Any) -> ValidatedConfig:
+def validate(probe_write: bool = True, **context: Any) -> results.ValidatedConfig:
     """First task: every setting and input checked, before anything costs time or money.
     `probe_write=False`: output_root is not written to (the dataset refresh of an unchanged source).
     A dataset-refresh event's output_root and data settings replace the form's; a deployment file
@@ -50,12 +35,7 @@ def validate(probe_write: bool = True, **context: Any) -> ValidatedConfig:
 
     with bad_input_fails_fast():
         deployment = Deployment.for_airflow()
-        event = triggering_shards_event(context, deployment)
-        if event:
-            log.info(
-                "Triggered by dataset refresh: fingerprint %s under %s", event["fingerprint"], event["output_root"]
-            )
-        cfg = run_config(context["params"], deployment, event)
+        cfg = run_config(context["params"], deployment, triggering_shards_event(context, deployment))
         cfg, _ = step_context(cfg)  # validate probes output_root with the connection's credentials
         return step(
             cfg,
@@ -66,7 +46,7 @@ def validate(probe_write: bool = True, **context: Any) -> ValidatedConfig:
 
 
 @task(multiple_outputs=False)
-def check_run(config: dict, data: DataSummary) -> RunCheck:
+def check_run(config: dict, data: results.DataSummary) -> results.RunCheck:
     """The run against its data (batch vs records, max_length, tokenizer, an earlier checkpoint)."""
     from mlm_tasks.steps.check_run import check_run as step
 
@@ -87,14 +67,14 @@ def _where_trained(name: str, step: Callable[..., Any], config: dict, data: Any 
 
 
 @task(queue=CPU_QUEUE, multiple_outputs=False)
-def evaluate(config: dict, data: DataSummary) -> EvalMetrics:
+def evaluate(config: dict, data: results.DataSummary) -> results.EvalMetrics:
     from mlm_tasks.steps.evaluate import evaluate as step
 
     return _where_trained("evaluate", step, config, data, "--data-fingerprint", data["fingerprint"])
 
 
 @task(queue=CPU_QUEUE, multiple_outputs=False)
-def downstream(config: dict) -> DownstreamResult:
+def downstream(config: dict) -> results.DownstreamResult:
     """Fine-tunes the trained encoder on downstream.tasks (N seeds, and from random weights); the table."""
     from mlm_tasks.steps.downstream import downstream as step
 
@@ -102,14 +82,14 @@ def downstream(config: dict) -> DownstreamResult:
 
 
 @task(queue=CPU_QUEUE)
-def fill_mask(config: dict) -> list[ProbePredictions]:
+def fill_mask(config: dict) -> list[results.ProbePredictions]:
     from mlm_tasks.steps.fill_mask import fill_mask as step
 
     return _where_trained("fill_mask", step, config)
 
 
 @task(queue=CPU_QUEUE, multiple_outputs=False)
-def report(config: dict, data: DataSummary) -> KeyMetrics:
+def report(config: dict, data: results.DataSummary) -> results.KeyMetrics:
     """Loss/LR curves, metrics table and fill-mask examples in runs/<run>/report/; key metrics as XCom."""
     from mlm_tasks.steps.report import report as step
 
@@ -118,7 +98,7 @@ def report(config: dict, data: DataSummary) -> KeyMetrics:
 
 
 @task(multiple_outputs=False)
-def gate(config: dict) -> GateDecision:
+def gate(config: dict) -> results.GateDecision:
     """Whether this run's model may be published; the reasons go to the log and XCom."""
     from mlm_tasks.steps.gate import gate as step
 
@@ -127,7 +107,9 @@ def gate(config: dict) -> GateDecision:
 
 
 @task(multiple_outputs=False)
-def publish(config: dict, decision: GateDecision, data: DataSummary, approval: Any = None) -> ModelCommit:
+def publish(
+    config: dict, decision: results.GateDecision, data: results.DataSummary, approval: Any = None
+) -> results.ModelCommit:
     """`approval`: approve_release's HITL answer (None when skipped or marked done by hand). With
     publish.require_approval only a recorded Approve by a deployment approver lets it push."""
     from mlm_airflow.connections import hub_credentials
@@ -148,7 +130,7 @@ def publish(config: dict, decision: GateDecision, data: DataSummary, approval: A
 
 
 @task(multiple_outputs=False)
-def publish_tokenizer(config: dict, data: DataSummary) -> TokenizerCommit:
+def publish_tokenizer(config: dict, data: results.DataSummary) -> results.TokenizerCommit:
     from mlm_airflow.connections import hub_credentials
     from mlm_tasks.steps.publish_tokenizer import publish_tokenizer as step
 
@@ -162,7 +144,7 @@ def publish_tokenizer(config: dict, data: DataSummary) -> TokenizerCommit:
 
 # Runs when publishing was skipped too: the summary is wanted either way.
 @task(trigger_rule="none_failed", multiple_outputs=False)
-def summary(config: dict, data: DataSummary) -> RunSummary:
+def summary(config: dict, data: results.DataSummary) -> results.RunSummary:
     """Last task: one readable summary of the run in the log and runs/<run>/summary.txt, and as XCom."""
     from mlm_tasks.steps.summary import summary as step
 

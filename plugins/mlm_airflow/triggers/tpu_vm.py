@@ -8,21 +8,20 @@ between creates in a stockout); with `until_gone` only NOT_FOUND, an error or th
 from __future__ import annotations
 
 import asyncio
-import inspect
 import time
 from collections.abc import AsyncIterator
 from typing import Any
 
-from airflow.triggers.base import BaseTrigger, TriggerEvent
+from airflow.triggers.base import TriggerEvent
 
+from mlm_airflow.triggers import ConnectionTrigger
 from mlm_tasks.config import TpuConfig
 from mlm_tasks.tpu import api as tpu
 
-# Stored with every deferred task and imported by the triggerer: a rename must keep this path importable.
-CLASSPATH = "mlm_airflow.triggers.tpu_vm.TpuNodeTrigger"
 
+class TpuNodeTrigger(ConnectionTrigger):
+    classpath = "mlm_airflow.triggers.tpu_vm.TpuNodeTrigger"
 
-class TpuNodeTrigger(BaseTrigger):
     def __init__(
         self,
         tpu_config: dict[str, Any],
@@ -40,25 +39,15 @@ class TpuNodeTrigger(BaseTrigger):
         self.stockout_until = stockout_until
         self.until_gone = until_gone
         self.gcp_conn_id = gcp_conn_id
-        self._credentials: tuple[Any, str | None] | None = None
         self.tpu_config = tpu_config
         self.name = name
         self.deadline = deadline
         self.operation = operation
         self.poll_interval_s = poll_interval_s
 
-    def serialize(self) -> tuple[str, dict[str, Any]]:
-        # The constructor's arguments (each kept under its own name), from which the triggerer rebuilds it.
-        return CLASSPATH, {name: getattr(self, name) for name in inspect.signature(type(self)).parameters}
-
     def _check(self) -> dict[str, Any] | None:
         """One poll with the connection's credentials; the event payload when waiting is over, else None."""
-        from mlm_airflow.connections import connection_credentials
-        from mlm_tasks import credentials
-
-        if self._credentials is None:
-            self._credentials = connection_credentials(self.gcp_conn_id)
-        with credentials.use(*self._credentials, source=f"Airflow connection {self.gcp_conn_id!r}"):
+        with self.connected():
             return self._poll()
 
     def _poll(self) -> dict[str, Any] | None:

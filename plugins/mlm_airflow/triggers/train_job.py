@@ -2,23 +2,23 @@
 hours holds no worker slot.
 
 Every poll_s it runs one `JobWatch.check` (mlm_tasks/job/follow.py) in a thread and fires once, with
-{"kind", "detail", "exit_code", "job", "workers"}, at an end (done, failed, stalled, lost); a transient error
+{"kind", "detail", "exit_code", "job"}, at an end (done, failed, stalled, lost); a transient error
 polls again. `on_kill` (the deferred task marked failed or cleared; never a triggerer restart) stops the trainer.
 """
 
 from __future__ import annotations
 
 import asyncio
-import inspect
 import logging
 import time
 from collections.abc import AsyncIterator, Callable
 from typing import Any, TypeVar
 
-from airflow.triggers.base import BaseTrigger, TriggerEvent
+from airflow.triggers.base import TriggerEvent
 
-from mlm_airflow.connections import connection_credentials, ssh_connect
-from mlm_tasks import credentials, storage
+from mlm_airflow.connections import ssh_connect
+from mlm_airflow.triggers import ConnectionTrigger
+from mlm_tasks import storage
 from mlm_tasks.config import TpuConfig
 from mlm_tasks.errors import TransientError
 from mlm_tasks.job.follow import JobWatch, Verdict
@@ -32,10 +32,6 @@ ENDS = ("done", "failed", "stalled", "lost")
 CHECK_PATIENCE_S = 60.0
 # Each poll is a short SSH session: paramiko's info lines would bury the progress lines in the task's log.
 logging.getLogger("paramiko.transport").setLevel(logging.WARNING)
-
-# Stored with every deferred task and imported by the triggerer (Airflow puts plugins/ on its sys.path): a
-# rename must keep this path importable.
-CLASSPATH = "mlm_airflow.triggers.train_job.TrainJobTrigger"
 T = TypeVar("T")
 
 
@@ -52,13 +48,14 @@ def connected_watch(tpu_cfg: TpuConfig, job: TrainJob, *, output_root: str, stal
     return JobWatch(DetachedJob(job, connect), tpu_cfg, output_root=output_root, stall_s=stall_s, log=log)
 
 
-class TrainJobTrigger(BaseTrigger):
+class TrainJobTrigger(ConnectionTrigger):
+    classpath = "mlm_airflow.triggers.train_job.TrainJobTrigger"
+
     def __init__(
         self,
         *,
         output_root: str,
         job: TrainJob,
-        workers: int,
         tpu_config: dict[str, Any],
         poll_s: float,
         stall_s: float,
@@ -69,24 +66,16 @@ class TrainJobTrigger(BaseTrigger):
         super().__init__()
         self.output_root = output_root
         self.job = job
-        self.workers = workers
         self.tpu_config = tpu_config
         self.poll_s, self.stall_s, self.progress_s = poll_s, stall_s, progress_s
         self.storage_timeout_s = storage_timeout_s
         self.gcp_conn_id = gcp_conn_id
-        self._credentials: tuple[Any, str | None] | None = None
         self._watch: JobWatch | None = None
-
-    def serialize(self) -> tuple[str, dict[str, Any]]:
-        # The constructor's arguments (each kept under its own name), from which the triggerer rebuilds it.
-        return CLASSPATH, {name: getattr(self, name) for name in inspect.signature(type(self)).parameters}
 
     def _with_connection(self, call: Callable[[JobWatch], T]) -> T:
         """call(watch) with the run's GCP connection (read once per trigger run) for gs:// and the TPU API."""
         storage.set_timeout(self.storage_timeout_s)
-        if self._credentials is None:
-            self._credentials = connection_credentials(self.gcp_conn_id)
-        with credentials.use(*self._credentials, source=f"Airflow connection {self.gcp_conn_id!r}"):
+        with self.connected():
             if self._watch is None:
                 self._watch = connected_watch(
                     TpuConfig.model_validate(self.tpu_config),
@@ -131,13 +120,7 @@ class TrainJobTrigger(BaseTrigger):
                 verdict = None
             if verdict is not None and verdict.kind in ENDS:
                 yield TriggerEvent(
-                    {
-                        "kind": verdict.kind,
-                        "detail": verdict.detail,
-                        "exit_code": verdict.exit_code,
-                        "job": self.job,
-                        "workers": self.workers,
-                    }
+                    {"kind": verdict.kind, "detail": verdict.detail, "exit_code": verdict.exit_code, "job": self.job}
                 )
                 return
             if verdict is not None and time.monotonic() - last_line >= self.progress_s:
