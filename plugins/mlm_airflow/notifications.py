@@ -46,8 +46,7 @@ def scrub(text: str) -> str:
 
 
 def webhook_url() -> str | None:
-    url = os.environ.get(WEBHOOK_ENV)
-    if url:
+    if url := os.environ.get(WEBHOOK_ENV):
         return url
     from airflow.sdk import BaseHook
     from airflow.sdk.exceptions import AirflowNotFoundException
@@ -64,10 +63,6 @@ def webhook_url() -> str | None:
 
 class FailureNotifier(BaseNotifier):
     """on_failure_callback: log the failure and POST it as JSON to the configured webhook."""
-
-    def __init__(self, timeout_s: float = 10):
-        super().__init__()
-        self.timeout_s = timeout_s
 
     def notify(self, context: Context) -> None:
         ti, exception = context["ti"], context.get("exception")
@@ -96,7 +91,7 @@ class FailureNotifier(BaseNotifier):
         )
         target = "{0.scheme}://{0.hostname}".format(urlsplit(url))  # webhook paths often hold a secret
         try:
-            with urllib.request.urlopen(request, timeout=self.timeout_s) as response:
+            with urllib.request.urlopen(request, timeout=10) as response:
                 log.info("Failure alert sent to %s (HTTP %s)", target, response.status)
         except OSError as err:
             log.error(

@@ -5,9 +5,8 @@
     remote.start(context, cfg, node)                                    # detached (train): the trainer's handle
     step_on_vm(context, cfg, "evaluate", ["--data-fingerprint", fp])    # evaluate, downstream, fill_mask: the result
 
-Only worker 0 is dialled (TensorFlow on TPU is single-client; on a `-pod` slice the other hosts serve it), as
-the Airflow SSH connection `tpu.ssh_conn_id` (Google's ComputeEngineSSHHook cannot find TPU VMs). Exit 2 and a
-host key the node did not publish fail without retry; the pty makes a hang-up (task killed) stop the step.
+Only worker 0 is dialled (TensorFlow on TPU is single-client), as the Airflow SSH connection `tpu.ssh_conn_id`
+(Google's ComputeEngineSSHHook cannot find TPU VMs); the pty makes a hang-up (task killed) stop the step.
 """
 
 from __future__ import annotations

@@ -1,10 +1,8 @@
-"""Airflow operators that make and remove the run's TPU VM, and the node's part of the trainer's driver.
+"""Airflow operators that make and remove the run's TPU VM (both skip unless `compute` is "tpu_vm"), and the
+node's part of the trainer's driver: `drive_node` and `carry_out` carry out mlm_tasks/job/decide.py's answer.
 
     create = TpuVmCreateOperator(task_id="create_tpu_vm", config=config)
     [create, train] >> TpuVmDeleteOperator(task_id="delete_tpu_vm", config=config).as_teardown()
-
-Both end skipped unless `compute` is "tpu_vm". `drive_node` and `carry_out` carry out mlm_tasks/job/decide.py's
-answer about the node, for create_tpu_vm and for train.
 """
 
 from __future__ import annotations

@@ -273,7 +273,6 @@ class TrainOperator(BaseOperator):
     def _restart(self, context: Context, cfg: PipelineConfig, facts: Facts, cause: str) -> None:
         """A restart inside this try: counted, recorded in restarts.json, the lost handle dropped."""
         store = context.get("task_state_store")
-        job = facts.job
         if store is not None:
             store.delete(JOB_KEY)
             store.set(RESTARTS_KEY, facts.restarts + 1)
@@ -283,7 +282,7 @@ class TrainOperator(BaseOperator):
             recorded = restarts.record_restart(
                 run,
                 cause=cause,
-                node=job["node"] if job is not None else "",
+                node=facts.job["node"] if facts.job is not None else "",
                 try_number=try_number(context),
                 step=status["step"] if status else 0,
             )

@@ -17,13 +17,6 @@ from mlm_airflow.tasks.step_context import config_from_xcom, xcom_dict
 from mlm_tasks import storage
 
 
-def split_gs_uri(uri: str) -> tuple[str, str]:
-    bucket, name = storage.bucket_and_name(uri)
-    if not bucket or not name:
-        raise AirflowFailException(f"Not a gs://bucket/object URI: {uri!r}. Check output_root in the config.")
-    return bucket, name
-
-
 class ShardSetCompleteSensor(BaseSensorOperator):
     """Succeeds once the marker `data["success_uri"]` exists, or at once when `data["written_here"]`; returns
     the marker URI."""
@@ -80,8 +73,7 @@ class ShardSetCompleteSensor(BaseSensorOperator):
         if self._is_gcs:
             from airflow.providers.google.cloud.hooks.gcs import GCSHook
 
-            bucket, name = split_gs_uri(marker)
-            return GCSHook(gcp_conn_id=self.gcp_conn_id).exists(bucket, name)
+            return GCSHook(gcp_conn_id=self.gcp_conn_id).exists(*storage.bucket_and_name(marker))
         return os.path.isfile(storage.local_path(marker))
 
     def execute(self, context: Context) -> str:
@@ -99,7 +91,7 @@ class ShardSetCompleteSensor(BaseSensorOperator):
             if not self.poke(context):
                 from airflow.providers.google.cloud.triggers.gcs import GCSBlobTrigger
 
-                bucket, name = split_gs_uri(marker)
+                bucket, name = storage.bucket_and_name(marker)
                 trigger = GCSBlobTrigger(
                     bucket=bucket,
                     object_name=name,

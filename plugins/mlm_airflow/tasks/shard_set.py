@@ -4,8 +4,8 @@ cluster_duplicates → train_tokenizer → write_shards (mapped) → merge_shard
     data = shard_set(config)                    # mlm_pretrain: merge_shards' data summary (an XComArg)
     shard_set(config, announce=True, after=changed)   # mlm_dataset_refresh: the merge emits the SHARDS event
 
-Each task calls the step of the same name in mlm_tasks/steps/. plan_shards returns the partitions still to
-write (the mapped tasks' list; empty skips them) and hands its whole plan to the others as XCom `shard_plan`.
+plan_shards returns the partitions still to write (the mapped tasks' list; empty skips them) and hands its whole
+plan to the others as XCom `shard_plan`.
 """
 
 from __future__ import annotations

@@ -1,8 +1,7 @@
-"""Trigger that polls the TPU API until a node stops changing by itself (runs in the triggerer).
-
-It fires once with {"name", "state", "error", "node", "deadline", "stockout_until"}: READY, NOT_FOUND, a dead
-end, the create operation's error, or "TIMEOUT" at `deadline`. `not_before` delays the first poll (the pause
-between creates in a stockout); with `until_gone` only NOT_FOUND, an error or the deadline end the wait.
+"""Trigger that polls the TPU API until a node stops changing by itself, then fires once with {"name", "state",
+"error", "node", "deadline", "stockout_until"}: READY, NOT_FOUND, a dead end, the create operation's error, or
+"TIMEOUT" at `deadline`. `not_before` delays the first poll (the pause between creates in a stockout); with
+`until_gone` only NOT_FOUND, an error or the deadline end the wait.
 """
 
 from __future__ import annotations

@@ -1,9 +1,6 @@
-"""Trigger that follows a detached trainer on a TPU VM (runs in the triggerer), so that a training of
-hours holds no worker slot.
-
-Every poll_s it runs one `JobWatch.check` (mlm_tasks/job/follow.py) in a thread and fires once, with
-{"kind", "detail", "exit_code", "job"}, at an end (done, failed, stalled, lost); a transient error
-polls again. `on_kill` (the deferred task marked failed or cleared; never a triggerer restart) stops the trainer.
+"""Trigger that follows a detached trainer on a TPU VM, so that a training of hours holds no worker slot: every
+poll_s one `JobWatch.check` (mlm_tasks/job/follow.py), until it fires once with {"kind", "detail", "exit_code",
+"job"} at an end (done, failed, stalled, lost). `on_kill` (the task marked failed or cleared) stops the trainer.
 """
 
 from __future__ import annotations
