@@ -30,19 +30,8 @@ from mlm_airflow.operators.release_approval import ReleaseApprovalOperator
 from mlm_airflow.operators.tpu_vm import TpuVmCreateOperator, TpuVmDeleteOperator
 from mlm_airflow.operators.train import TrainOperator
 from mlm_airflow.sensors.shard_set import ShardSetCompleteSensor
+from mlm_airflow.tasks import steps
 from mlm_airflow.tasks.shard_set import shard_set
-from mlm_airflow.tasks.steps import (
-    check_run,
-    downstream,
-    evaluate,
-    fill_mask,
-    gate,
-    publish,
-    publish_tokenizer,
-    report,
-    summary,
-    validate,
-)
 
 _defaults = default_config()
 
@@ -84,7 +73,7 @@ with DAG(
     params=params,
     tags=["mlm", "training", "tensorflow"],
 ) as dag:
-    config = validate()
+    config = steps.validate()
     data = shard_set(config)
     # Waits only for shards from elsewhere (a refresh, bring-your-own); passes at once when this run wrote them.
     wait = ShardSetCompleteSensor(task_id="wait_for_shards", config=config, data=data, retries=0)
@@ -100,7 +89,7 @@ with DAG(
         queue=on_compute,
         trigger_rule="none_failed",
     )
-    decision = gate(config)
+    decision = steps.gate(config)
     # Always in the DAG (the setting is per run): it skips itself unless the run asks for approval.
     approval = ReleaseApprovalOperator(
         task_id="approve_release",
@@ -109,24 +98,24 @@ with DAG(
         default_timeout_hours=_defaults.publish.approval_timeout_hours,
     )
     # none_failed: publish runs after a skipped approval (none asked for) and decides on its own.
-    published = publish.override(trigger_rule="none_failed")(config, decision, data, approval.output)
-    judged = fill_mask.override(queue=on_compute)(config)  # the last step on the VM, before its delete
+    published = steps.publish.override(trigger_rule="none_failed")(config, decision, data, approval.output)
+    judged = steps.fill_mask.override(queue=on_compute)(config)  # the last step on the VM, before its delete
     chain(
         data,
-        check_run(config, data),
+        steps.check_run(config, data),
         wait,
         create_vm,
         train,
-        evaluate.override(queue=on_compute)(config, data),
-        downstream.override(queue=on_compute)(config),
+        steps.evaluate.override(queue=on_compute)(config, data),
+        steps.downstream.override(queue=on_compute)(config),
         judged,
-        report(config, data),
+        steps.report(config, data),
         decision,
         approval,
         published,
-        summary(config, data),
+        steps.summary(config, data),
     )
-    data >> publish_tokenizer(config, data)
+    data >> steps.publish_tokenizer(config, data)
     # A teardown without a setup: it runs once create_tpu_vm, train and the steps on the VM are done, whatever
     # happened (a failed create too), so no TPU VM outlives its run. Its failure does not decide the run's state.
     [create_vm, train, judged] >> TpuVmDeleteOperator(task_id="delete_tpu_vm", config=config).as_teardown()

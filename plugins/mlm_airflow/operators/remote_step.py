@@ -16,6 +16,7 @@ import logging
 import os
 import threading
 from collections.abc import Sequence
+from dataclasses import KW_ONLY, dataclass, field
 from typing import TYPE_CHECKING, Any, cast
 
 from airflow.sdk import Context
@@ -65,33 +66,24 @@ def check_reachable(cfg: PipelineConfig, name: str, host: str) -> None:
     )
 
 
+@dataclass
 class RemoteStep:
     """`python -m mlm_tasks <step> <args>` (or `command`) on worker 0 of the run's TPU VM.
 
     `hub_token` goes on the session's stdin when the line asks (bundle.TOKEN_PROMPT); `step_env` holds
     non-secret variables (part of the logged command line). `close()` (on_kill) hangs the session up."""
 
-    def __init__(
-        self,
-        step: str,
-        log: Log,
-        *,
-        args: Sequence[str] = (),
-        command: str | None = None,
-        hub_token: str | None = None,
-        step_env: dict[str, str] | None = None,
-        replaces_dead_node: bool = False,
-    ) -> None:
-        self.step = step
-        self.log = log
-        self.args = list(args)
-        self.command = command
-        self.hub_token = hub_token
-        self.step_env = dict(step_env or {})
-        self.replaces_dead_node = replaces_dead_node
-        self.session: ssh.Session | None = None
-        self.watch: JobWatch | None = None  # a detached trainer's, once started
-        self.output: list[str] = []  # worker 0's lines, as logged
+    step: str
+    log: Log
+    _: KW_ONLY
+    args: Sequence[str] = ()
+    command: str | None = None
+    hub_token: str | None = field(default=None, repr=False)  # a secret
+    step_env: dict[str, str] = field(default_factory=dict)
+    replaces_dead_node: bool = False
+    session: ssh.Session | None = field(default=None, init=False)
+    watch: JobWatch | None = field(default=None, init=False)  # a detached trainer's, once started
+    output: list[str] = field(default_factory=list, init=False)  # worker 0's lines, as logged
 
     def _line(self, line: str) -> None:
         self.output.append(line)

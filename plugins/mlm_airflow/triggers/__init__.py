@@ -10,13 +10,16 @@ from airflow.triggers.base import BaseTrigger
 
 
 class ConnectionTrigger(BaseTrigger):
-    """Serialized as its constructor's arguments (each kept under its own name); `connected()` is a block with
-    the credentials of its `gcp_conn_id`, read once per trigger run."""
+    """A subclass is a `@dataclass(eq=False, repr=False)`: its fields are the constructor's arguments, serialized
+    under their names. `connected()` is a block with the credentials of its `gcp_conn_id`, read once per run."""
 
     # Stored with every deferred task and imported by the triggerer: a rename must keep this path importable.
     classpath: ClassVar[str]
     gcp_conn_id: str
     _credentials: tuple[Any, str | None] | None = None
+
+    def __post_init__(self) -> None:
+        super().__init__()
 
     def serialize(self) -> tuple[str, dict[str, Any]]:
         return self.classpath, {name: getattr(self, name) for name in inspect.signature(type(self)).parameters}

@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import AsyncIterator
+from dataclasses import dataclass
 from typing import Any
 
 from airflow.triggers.base import TriggerEvent
@@ -18,31 +19,19 @@ from mlm_tasks.config import TpuConfig
 from mlm_tasks.tpu import api as tpu
 
 
+@dataclass(eq=False, repr=False)
 class TpuNodeTrigger(ConnectionTrigger):
     classpath = "mlm_airflow.triggers.tpu_vm.TpuNodeTrigger"
 
-    def __init__(
-        self,
-        tpu_config: dict[str, Any],
-        name: str,
-        deadline: float,
-        operation: str | None = None,
-        poll_interval_s: float = 15.0,
-        gcp_conn_id: str = "google_cloud_default",
-        until_gone: bool = False,
-        not_before: float | None = None,
-        stockout_until: float | None = None,
-    ):
-        super().__init__()
-        self.not_before = not_before
-        self.stockout_until = stockout_until
-        self.until_gone = until_gone
-        self.gcp_conn_id = gcp_conn_id
-        self.tpu_config = tpu_config
-        self.name = name
-        self.deadline = deadline
-        self.operation = operation
-        self.poll_interval_s = poll_interval_s
+    tpu_config: dict[str, Any]
+    name: str
+    deadline: float
+    operation: str | None = None
+    poll_interval_s: float = 15.0
+    gcp_conn_id: str = "google_cloud_default"
+    until_gone: bool = False
+    not_before: float | None = None
+    stockout_until: float | None = None
 
     def _check(self) -> dict[str, Any] | None:
         """One poll with the connection's credentials; the event payload when waiting is over, else None."""

@@ -9,6 +9,7 @@ import asyncio
 import logging
 import time
 from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 from airflow.triggers.base import TriggerEvent
@@ -45,29 +46,19 @@ def connected_watch(tpu_cfg: TpuConfig, job: TrainJob, *, output_root: str, stal
     return JobWatch(DetachedJob(job, connect), tpu_cfg, output_root=output_root, stall_s=stall_s, log=log)
 
 
+@dataclass(kw_only=True, eq=False, repr=False)
 class TrainJobTrigger(ConnectionTrigger):
     classpath = "mlm_airflow.triggers.train_job.TrainJobTrigger"
 
-    def __init__(
-        self,
-        *,
-        output_root: str,
-        job: TrainJob,
-        tpu_config: dict[str, Any],
-        poll_s: float,
-        stall_s: float,
-        progress_s: float,
-        storage_timeout_s: float,
-        gcp_conn_id: str,
-    ) -> None:
-        super().__init__()
-        self.output_root = output_root
-        self.job = job
-        self.tpu_config = tpu_config
-        self.poll_s, self.stall_s, self.progress_s = poll_s, stall_s, progress_s
-        self.storage_timeout_s = storage_timeout_s
-        self.gcp_conn_id = gcp_conn_id
-        self._watch: JobWatch | None = None
+    output_root: str
+    job: TrainJob
+    tpu_config: dict[str, Any]
+    poll_s: float
+    stall_s: float
+    progress_s: float
+    storage_timeout_s: float
+    gcp_conn_id: str
+    _watch: JobWatch | None = field(default=None, init=False)
 
     def _with_connection(self, call: Callable[[JobWatch], T]) -> T:
         """call(watch) with the run's GCP connection (read once per trigger run) for gs:// and the TPU API."""
