@@ -66,7 +66,7 @@ def check_reachable(cfg: PipelineConfig, name: str, host: str) -> None:
     )
 
 
-@dataclass
+@dataclass(eq=False)
 class RemoteStep:
     """`python -m mlm_tasks <step> <args>` (or `command`) on worker 0 of the run's TPU VM.
 
