@@ -40,8 +40,13 @@ def checkpoint_vocab_size(checkpoint_dir: str) -> int | None:
 
     latest = tf.train.latest_checkpoint(checkpoint_dir)
     for name, shape in tf.train.list_variables(latest) if latest else []:
-        # TFRobertaEmbeddings keeps the word embeddings as `weight` ([vocab, hidden]).
-        if name.endswith("roberta/embeddings/weight/.ATTRIBUTES/VARIABLE_VALUE"):
+        # The word embeddings ([vocab, hidden]): TFRobertaEmbeddings' `weight`, ModernBERT's `tok_embeddings`.
+        if name.endswith(
+            (
+                "roberta/embeddings/weight/.ATTRIBUTES/VARIABLE_VALUE",
+                "/tok_embeddings/embeddings/.ATTRIBUTES/VARIABLE_VALUE",
+            )
+        ):
             return int(shape[0])
     return None
 

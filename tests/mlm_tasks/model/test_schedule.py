@@ -119,3 +119,21 @@ def test_a_decay_only_continuation_of_a_stable_run_trains_as_one_wsd_run_and_res
     assert reader.get_tensor("optimizer/iter/.ATTRIBUTES/VARIABLE_VALUE") == 16  # the stable run's optimizer, on
     with pytest.raises(MissingArtifactError, match="has no checkpoint"):
         _train(cfg, data, "wsd-orphan", **{"train.steps": 4, "train.continue_run": "never-trained"})
+
+
+@pytest.mark.slow  # trains two tiny models
+def test_a_modernbert_run_is_continued_from_its_checkpoint(tiny_prepared):
+    """continue_run finds a ModernBERT checkpoint's word embeddings (its vocabulary), as it finds RoBERTa's."""
+    import tensorflow as tf
+
+    from mlm_tasks.training.plan import checkpoint_vocab_size
+
+    cfg, data = tiny_prepared
+    modernbert = {"model.architecture": "modernbert", "train.steps": 4}
+    _train(cfg, data, "mb-stable", **modernbert, **{"train.warmup_fraction": 0.25, "train.decay_fraction": 0})
+    assert checkpoint_vocab_size(RunPaths(cfg.output_root, "mb-stable").checkpoints) == cfg.tokenizer.vocab_size
+    decay_only = {"train.warmup_fraction": 0, "train.decay_fraction": 1, "train.continue_run": "mb-stable"}
+    decay, _ = _train(cfg, data, "mb-decay", **modernbert, **decay_only)
+    assert decay[-1]["learning_rate"] == pytest.approx(0, abs=1e-9) and len(decay) == 4
+    reader = tf.train.load_checkpoint(RunPaths(cfg.output_root, "mb-decay").checkpoints)
+    assert reader.get_tensor("optimizer/iter/.ATTRIBUTES/VARIABLE_VALUE") == 8  # the stable run's optimizer, on
