@@ -91,26 +91,22 @@ def parameters(model: Any) -> dict[str, tuple[Any, bool]]:
     return table
 
 
-def pytorch_tensors(model: Any) -> dict[str, np.ndarray]:
-    """The model's weights as ModernBertForMaskedLM's state dict (fp32), the tied decoder weight included."""
-    out = {
+def save_modernbert(model: Any, folder: str) -> str:
+    """Write config.json and model.safetensors (ModernBertForMaskedLM's state dict in fp32, the tied decoder weight
+    included; metadata format=pt) into `folder`; returns the weights' path."""
+    from safetensors.numpy import save_file
+
+    tensors = {
         name: np.ascontiguousarray(np.asarray(var.numpy(), np.float32).T if transpose else var.numpy(), np.float32)
         for name, (var, transpose) in parameters(model).items()
     }
     for tied, source in TIED.items():
-        out[tied] = out[source].copy()  # safetensors stores no aliases
-    return out
-
-
-def save_modernbert(model: Any, folder: str) -> str:
-    """Write config.json and model.safetensors (metadata format=pt) into `folder`; returns the weights' path."""
-    from safetensors.numpy import save_file
-
+        tensors[tied] = tensors[source].copy()  # safetensors stores no aliases
     os.makedirs(folder, exist_ok=True)
     with open(os.path.join(folder, "config.json"), "w", encoding="utf-8") as f:
         json.dump(config_json(model.config), f, indent=2, sort_keys=True)
     path = os.path.join(folder, SAFETENSORS_NAME)
-    save_file(pytorch_tensors(model), path + ".partial", metadata={"format": "pt"})
+    save_file(tensors, path + ".partial", metadata={"format": "pt"})
     os.replace(path + ".partial", path)
     return path
 

@@ -11,6 +11,8 @@ import json
 import os
 
 from mlm_tasks.config import PipelineConfig, TrainConfig
+from mlm_tasks.model.modernbert_weights import assign_modernbert, modernbert_config, save_modernbert
+from mlm_tasks.model.pt_export import SAFETENSORS_NAME, export_pytorch_weights, load_roberta_weights, read_safetensors
 from mlm_tasks.model.schedule import decay_schedule
 
 
@@ -62,8 +64,6 @@ def model_config(cfg: PipelineConfig, vocab_size: int, special_ids: dict, base_c
 def _modernbert_config(cfg: PipelineConfig, vocab_size: int, special_ids: dict, base_config: dict | None):
     """ModernBERT's config; a base's context grows to shards.max_length and model.rope_theta replaces its global
     RoPE base (context extension)."""
-    from mlm_tasks.model.modernbert_weights import modernbert_config
-
     m, drops = cfg.model, ("attention_dropout", "embedding_dropout", "mlp_dropout")
     if base_config is not None:
         values = {**base_config, **dict.fromkeys(drops, m.dropout)}
@@ -115,24 +115,16 @@ def save_masked_lm(model, folder: str) -> None:
     """config.json and weights: RoBERTa's tf_model.h5 (transformers 4.57) and model.safetensors (5.x, PyTorch
     names); ModernBERT's model.safetensors only."""
     if model.config.model_type == "modernbert":
-        from mlm_tasks.model.modernbert_weights import save_modernbert
-
         save_modernbert(model, folder)
         return
-    from mlm_tasks.model.pt_export import export_pytorch_weights
-
     model.save_pretrained(folder)
     export_pytorch_weights(folder)
 
 
 def load_base_weights(model, folder: str) -> str:
     """The weights of model.init_from's `folder` into a built model; returns a line saying what was read."""
-    from mlm_tasks.model.pt_export import SAFETENSORS_NAME, load_roberta_weights, read_safetensors
-
     if model.config.model_type != "modernbert":
         return load_roberta_weights(model, folder)
-    from mlm_tasks.model.modernbert_weights import assign_modernbert
-
     path = os.path.join(folder, SAFETENSORS_NAME)  # the Keras ModernBERT: PyTorch names only
     return assign_modernbert(model, read_safetensors(path), path)
 

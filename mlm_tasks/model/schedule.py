@@ -45,9 +45,8 @@ class _DecayPlan:
         self.offset = tf.Variable(0.0, trainable=False, name="lr_offset")  # checkpointed with train.continue_run
 
     def _decay_start(self, total: int) -> int:
-        if self.decay_fraction is None:
-            return self.warmup
-        return max(self.warmup, total - round(self.decay_fraction * total))
+        fraction = self.decay_fraction
+        return self.warmup if fraction is None else max(self.warmup, total - round(fraction * total))
 
     def __call__(self, step: Any) -> Any:
         import tensorflow as tf

@@ -127,21 +127,12 @@ class Deadline:
 
 
 def seconds_per_step(
-    strategy: Any,
-    model_and_optimizer: tuple[Any, Any],
-    step_functions: Callable[..., Any],
-    max_pred: int,
-    xla: bool,
-    batches: Callable[[Any], Any],
-    per_call: int,
-    max_s: float,
+    strategy: Any, run_steps: Callable[[Any, int], Any], batches: Callable[[Any], Any], per_call: int, max_s: float
 ) -> tuple[float, float]:
-    """(seconds per step, seconds spent) of a throwaway model and optimizer: WARMUP_CALLS calls (the first
-    compiles), then calls of `per_call` steps until MEASURE_STEPS steps and MEASURE_S seconds have passed, or
-    (one timed call at least) until `max_s` seconds have passed since the start, compiling included."""
+    """(seconds per step, seconds spent) of `run_steps` (step_functions' call, of a throwaway model): WARMUP_CALLS
+    calls (the first compiles), then calls of `per_call` steps until MEASURE_STEPS steps and MEASURE_S seconds have
+    passed, or (one timed call at least) until `max_s` seconds have passed since the start, compiling included."""
     began = time.monotonic()
-    model, optimizer = model_and_optimizer
-    run_steps = step_functions(strategy, model, optimizer, max_pred, xla)
     iterator = iter(strategy.distribute_datasets_from_function(batches))
     cap_at = began + max_s
     for call in range(WARMUP_CALLS):  # the first traces and compiles; neither is timed

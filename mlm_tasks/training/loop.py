@@ -106,15 +106,10 @@ class TrainLoop:
         if self.deadline is not None:
             record = record_end(self.run_paths, self.total, self.deadline.replans, self.used_s())
             log.info(
-                "Time budget %g min: trained %d steps in %.1f s (%+.1f s against the budget; planned %d at the "
-                "start, re-planned %d times); train.steps=%d repeats it",
-                record["budget_minutes"],
-                self.total,
-                record["trained_s"],
-                record["overrun_s"],
-                record["steps"],
-                record["replans"],
-                self.total,
+                "Time budget %(budget_minutes)g min: trained %(trained_steps)d steps in %(trained_s).1f s "
+                "(%(overrun_s)+.1f s against the budget; planned %(steps)d at the start, re-planned %(replans)d "
+                "times); train.steps=%(trained_steps)d repeats it",
+                record,
             )
 
     def _replan(self, step: int) -> int:

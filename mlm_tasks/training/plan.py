@@ -11,7 +11,6 @@ from __future__ import annotations
 import logging
 import math
 from dataclasses import dataclass, replace
-from functools import partial
 from typing import Any
 
 from mlm_tasks import storage
@@ -39,14 +38,10 @@ def checkpoint_vocab_size(checkpoint_dir: str) -> int | None:
     import tensorflow as tf
 
     latest = tf.train.latest_checkpoint(checkpoint_dir)
+    # The word embeddings ([vocab, hidden]): TFRobertaEmbeddings' `weight`, ModernBERT's `tok_embeddings`.
+    keys = tuple(f"{v}/.ATTRIBUTES/VARIABLE_VALUE" for v in ("roberta/embeddings/weight", "/tok_embeddings/embeddings"))
     for name, shape in tf.train.list_variables(latest) if latest else []:
-        # The word embeddings ([vocab, hidden]): TFRobertaEmbeddings' `weight`, ModernBERT's `tok_embeddings`.
-        if name.endswith(
-            (
-                "roberta/embeddings/weight/.ATTRIBUTES/VARIABLE_VALUE",
-                "/tok_embeddings/embeddings/.ATTRIBUTES/VARIABLE_VALUE",
-            )
-        ):
+        if name.endswith(keys):
             return int(shape[0])
     return None
 
@@ -259,14 +254,12 @@ def _budget(cfg: PipelineConfig, run: RunPaths, inputs: TrainInputs, plan: Train
     on a throwaway model and optimizer in the run's precision, on the run's first batches."""
 
     def measure() -> tuple[float, float]:
-        throwaway = model_and_optimizer(
+        t = cfg.train
+        model, optimizer, _ = model_and_optimizer(
             plan.strategy, cfg, plan.model_config, plan.total_steps, from_base=inputs.base is not None
         )
+        run_steps = step_functions(plan.strategy, model, optimizer, t.max_predictions_per_seq, plan.xla, t.clip_norm)
         batches = train_input(cfg, inputs.shard_set, inputs.tokenizer, plan.global_batch, 0, 10**6)
-        step = partial(step_functions, clip_norm=cfg.train.clip_norm)
-        max_pred, max_s = cfg.train.max_predictions_per_seq, MEASURE_SHARE * minutes * 60
-        return seconds_per_step(
-            plan.strategy, throwaway[:2], step, max_pred, plan.xla, batches, plan.per_call, max_s=max_s
-        )
+        return seconds_per_step(plan.strategy, run_steps, batches, plan.per_call, MEASURE_SHARE * minutes * 60)
 
     return budgeted_steps(run, minutes, plan.total_steps if cfg.train.steps else None, measure)

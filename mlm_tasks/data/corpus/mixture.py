@@ -9,7 +9,6 @@ from collections.abc import Iterator
 
 from mlm_tasks.config import CorpusConfig
 from mlm_tasks.data.corpus.base import Corpus
-from mlm_tasks.paths import SPLITS
 
 # Settings that change a source's rows or splits but not its own fingerprint (data_fingerprint adds the
 # single source's from corpus.*): the mixture's fingerprint carries each source's.
@@ -63,14 +62,6 @@ class MixtureCorpus(Corpus):
     def rows_partition(self, split: str, part: int, num_parts: int) -> Iterator[str]:
         for corpus in self.sources.values():
             yield from corpus.rows_partition(split, part, num_parts)
-
-    @property
-    def articles_seen(self) -> dict[str, int]:
-        """Articles per split of the last read, when every source is made of articles (else none)."""
-        seen: list[dict[str, int]] = [getattr(c, "articles_seen", None) or {} for c in self.sources.values()]
-        if not all(seen):
-            return {}
-        return {split: sum(s.get(split, 0) for s in seen) for split in SPLITS if any(split in s for s in seen)}
 
     def manifest_sources(self) -> list[dict]:
         """What the manifest says of each source: its name, kind and credit (its weight is the run's)."""

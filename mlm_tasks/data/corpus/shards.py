@@ -26,18 +26,15 @@ SAMPLE_SHARDS, SAMPLE_RECORDS = 8, 64  # per split: what check_shards reads
 
 def list_shards(shards_uri: str) -> dict[str, list[dict]]:
     """Per split, the *.tfrecord files under `<shards_uri>/<split>/`, by name: uri, bytes, version."""
-    found: dict[str, list[dict]] = {}
+    found: dict[str, list[dict]] = {split: [] for split in SPLITS}
     for split in SPLITS:
-        infos = storage.find(join(shards_uri, split))
-        files = []
-        for name, info in sorted(infos.items()):
+        for name, info in sorted(storage.find(join(shards_uri, split)).items()):
             if not name.endswith(".tfrecord") or info.get("type") == "directory":
                 continue
             uri = name if storage.is_local(shards_uri) else f"gs://{name.removeprefix('gs://')}"
             # gs:// objects carry a generation (changes on every overwrite); local files an mtime.
             version = info.get("generation") or info.get("mtime") or info.get("updated")
-            files.append({"uri": uri, "bytes": int(info["size"]), "version": str(version)})
-        found[split] = files
+            found[split].append({"uri": uri, "bytes": int(info["size"]), "version": str(version)})
     return found
 
 

@@ -19,12 +19,6 @@ from mlm_tasks.paths import SPLITS
 
 log = logging.getLogger(__name__)
 EMBEDDED_WIKI_FILE = "enwiki-latest-pages-articles1.xml-p000000010p000030302-shortened.bz2"
-WIKI_CREDIT = (
-    "Text from English Wikipedia (https://en.wikipedia.org), licensed CC BY-SA 4.0; sample shipped "
-    "with gensim's test data."
-)
-
-
 _HEADING = re.compile(r"^(={2,6})\s*(.*?)\s*\1\s*$")
 _MARKUP = re.compile(r"'{2,}")
 
@@ -52,8 +46,7 @@ def wikitext_rows(wikitext_body: str) -> list[str]:
         line = _MARKUP.sub("", line).strip()
         if not line:
             continue
-        heading = _HEADING.match(line)
-        if heading:
+        if heading := _HEADING.match(line):
             marks = " ".join(heading.group(1))  # "===" -> "= = ="
             rows.append(f"{marks} {heading.group(2)} {marks}")
         elif len(line) > 1:
@@ -68,7 +61,10 @@ class Article:
 
 
 class WikiDumpCorpus(Corpus):
-    credit = WIKI_CREDIT
+    credit = (
+        "Text from English Wikipedia (https://en.wikipedia.org), licensed CC BY-SA 4.0; sample shipped "
+        "with gensim's test data."
+    )
 
     def __init__(self, cfg: CorpusConfig, path: str | None):
         if not path:

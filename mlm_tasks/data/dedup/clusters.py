@@ -1,10 +1,8 @@
 """Stage 3, once: the pairs of every bucket joined into clusters; every row but a cluster's smallest id goes.
 
-    stats = cluster_duplicates(cfg, paths, num_parts)   # dedup/clusters/pPPPPP-of-NNNNN.npy, clusters.json last
-    for source, split, row in kept_source_rows(corpus, paths, part, num_parts): ...   # what the writer reads
-    rows, stats = tokenizer_sample(paths, num_parts, budget_bytes)   # the tokenizer's text, by ascending row hash
-
-A partition's mask also carries the rows its scan's filters dropped; only near pairs need the union-find.
+stats = cluster_duplicates(cfg, paths, num_parts)   # dedup/clusters/pPPPPP-of-NNNNN.npy, clusters.json last
+for source, split, row in kept_source_rows(corpus, paths, part, num_parts): ...   # what the writer reads
+rows, stats = tokenizer_sample(paths, num_parts, budget_bytes)   # the tokenizer's text, by ascending row hash
 """
 
 from __future__ import annotations
@@ -78,8 +76,7 @@ def _count_by_split(counts: dict[str, int], ids: np.ndarray) -> None:
 
 def cluster_duplicates(cfg: PipelineConfig, paths: DataPaths, num_parts: int) -> dict[str, Any]:
     marker = clusters_marker(paths)
-    done = storage.read_json_if_exists(marker)
-    if done is not None:
+    if (done := storage.read_json_if_exists(marker)) is not None:
         return done
     t0 = time.time()
     scans = [load_scan(paths, part, num_parts) for part in range(num_parts)]

@@ -36,14 +36,10 @@ class NearKeys:
         shingled = [self.shingles(r) for r in rows]
         # bulk hashes a whole batch in numpy: ~5x faster than a MinHash per row.
         signatures = iter(MinHash.bulk([s for s in shingled if s is not None], num_perm=self.cfg.num_perm))
-        out: list[list[int]] = []
-        for s in shingled:
-            if s is None:
-                out.append([])
-                continue
-            values = next(signatures).hashvalues
-            out.append([_band_key(i, values[a:b].tobytes()) for i, (a, b) in enumerate(self.ranges)])
-        return out
+        return [[] if s is None else self._band_keys(next(signatures).hashvalues) for s in shingled]
+
+    def _band_keys(self, values) -> list[int]:
+        return [_band_key(i, values[a:b].tobytes()) for i, (a, b) in enumerate(self.ranges)]
 
 
 def _band_key(band: int, values: bytes) -> int:

@@ -116,8 +116,7 @@ def scan_partition(
     """Scan partition `part` once (a scanned partition is read back, not rescanned)."""
     out = scan_dir(paths, part, num_parts)
     marker = join(out, "scan.json")
-    done = storage.read_json_if_exists(marker)
-    if done is not None:
+    if (done := storage.read_json_if_exists(marker)) is not None:
         log.info("Partition %d/%d already scanned (%s)", part + 1, num_parts, marker)
         return done
     dc, t0 = cfg.dedup, time.time()

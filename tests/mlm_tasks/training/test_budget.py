@@ -121,11 +121,11 @@ def test_the_measuring_stops_at_its_share_of_the_budget_on_a_slow_machine():
 
         return run_steps
 
-    step_s, spent_s = seconds_per_step(_Strategy(), (None, None), step_functions, 1, False, None, 2, max_s=0.5)
+    step_s, spent_s = seconds_per_step(_Strategy(), step_functions(None, None, None, 1, False), None, 2, max_s=0.5)
     assert 0.5 <= spent_s < 0.8 and len(calls) in range(4, 7), (spent_s, calls)
     assert 0.02 <= step_s < 0.05  # 50 ms per call of 2 steps
     calls.clear()
-    _, spent_s = seconds_per_step(_Strategy(), (None, None), step_functions, 1, False, None, 2, max_s=0.2)
+    _, spent_s = seconds_per_step(_Strategy(), step_functions(None, None, None, 1, False), None, 2, max_s=0.2)
     assert len(calls) == 2 and spent_s < 0.5  # the compile used the cap: no second warm-up, one timed call
 
 
