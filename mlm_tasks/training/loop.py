@@ -119,8 +119,9 @@ class TrainLoop:
             return self.total
         reserve = self.end_s["checkpoint"] + (self.end_s["validation"] if self.cfg.train.eval_every else 0.0)
         total = self.deadline.total_before_call(step, self.plan.per_call, self.total, reserve)
-        logged = self.state.history[-1]["step"] if self.state.history else None
-        if total == step and logged != step:  # a sudden slowdown ended it before the step's entry
+        last = self.state.history[-1] if self.state.history else {}
+        ended = last.get("step") == step and (self.state.validate is None or "val_loss" in last)
+        if total == step and not ended:  # a sudden slowdown ended it before the step's entry or validation
             total = step + 1
         if total != self.total:
             log.debug("Re-planned to %d steps at step %d (pace %.4f s/step)", total, step, self.deadline.pace())
