@@ -1,12 +1,8 @@
 """The model a run continues from (`model.init_from`): files, identity, shape, tokenizer, checks against the run.
-
-    base = BaseModelRef.of(cfg)              # None without model.init_from (tokenizer_ref: tokenizer.from_pretrained)
-    base.identity()                          # {"init_from": ..., "revision": commit sha, or sha256 of its files}
-    folder = base.local_folder(tmp)          # config.json and the weights on local disk, to load
-    check_base(cfg, base)                    # validate: conflicting shape settings, max_length, tokenizer
-
 docs/configuration.md#continued-pretraining-modelinit_from
-"""
+
+    base = BaseModelRef.of(cfg)  # None without model.init_from (tokenizer_ref: tokenizer.from_pretrained)
+    check_base(cfg, base)        # validate: conflicting shape settings, max_length, tokenizer"""
 
 from __future__ import annotations
 

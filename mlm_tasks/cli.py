@@ -37,14 +37,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("step", choices=VERBS, metavar="step", help="One of: " + ", ".join(VERBS))
     p.add_argument("--config", help="YAML config file (see configs/).")
     p.add_argument("--config-json", help="The whole config as JSON (overrides --config).")
-    p.add_argument(
-        "--set", action="append", default=[], metavar="KEY=VALUE", help="A flat or dotted setting; VALUE is YAML."
-    )
+    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="Flat or dotted KEY; VALUE is YAML.")
     p.add_argument("--run-id", default="cli-run", help="Run id: keys the run's artifacts.")
     p.add_argument("--data-fingerprint", help="Use the shard set with this fingerprint.")
-    p.add_argument(
-        "--hub-token-stdin", action="store_true", help="Read the Hub token from stdin's first line, not HF_TOKEN."
-    )
+    p.add_argument("--hub-token-stdin", action="store_true", help="Read the Hub token from stdin, not HF_TOKEN.")
     p.add_argument("--part", type=int, default=0, help="scan_partition, write_shards: which partition (0-based).")
     p.add_argument("--bucket", type=int, default=0, help="find_duplicates: which bucket (0-based).")
     p.add_argument("--runs", default="", help="compare: run ids, comma-separated (default: every trained run).")

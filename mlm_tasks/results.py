@@ -5,8 +5,6 @@ from __future__ import annotations
 
 from typing import Any, TypedDict
 
-# The shard set: plan_shards → write_shards (one per partition) → merge_shards.
-
 
 class Partition(TypedDict):
     """One write_shards task's share of the corpus."""

@@ -10,7 +10,6 @@ import contextlib
 import hashlib
 import json
 import os
-import shutil
 import uuid
 from collections.abc import Callable, Iterator
 from typing import Any, TypeVar
@@ -133,10 +132,7 @@ def read_bytes(uri: str) -> bytes:
 
 
 def copy_to_local(uri: str, path: str) -> None:
-    """Copy one file of any size to the local `path`, in bounded requests (no whole-call deadline)."""
-    if is_local(uri):
-        shutil.copyfile(local_path(uri), path)
-        return
+    """Copy one file of any size to the local `path`, within a deadline that grows with its size."""
     _bounded(uri, filesystem(uri).get_file, uri, path, nbytes=size(uri))
 
 

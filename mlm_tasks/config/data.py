@@ -75,7 +75,6 @@ class FilterConfig(Section):
 
 
 TextSource = Literal["embedded_wiki", "hf_dataset", "local_files", "wiki_dump"]
-MIXTURE_MAX_WEIGHT = 100.0
 
 
 class TextSourceSettings(Section):
@@ -96,7 +95,7 @@ class MixtureSource(TextSourceSettings):
     """One source of a mixture (corpus.mixture): a text source, its settings, and its weight in training."""
 
     name: str = Field(pattern=r"^[a-z0-9][a-z0-9_-]{0,31}$", description="Short unique name; it names its shards.")
-    weight: float = Field(1.0, gt=0, le=MIXTURE_MAX_WEIGHT, description="Relative share of train examples drawn.")
+    weight: float = Field(1.0, gt=0, le=100.0, description="Relative share of train examples drawn.")
     source: TextSource = Field("local_files", description="Where its text comes from (a text source).")
 
     @field_validator("source", mode="before")
@@ -127,9 +126,7 @@ _SINGLE_SOURCE_SETTINGS = (
 
 
 class CorpusConfig(TextSourceSettings):
-    source: Literal["embedded_wiki", "hf_dataset", "local_files", "wiki_dump", "tfrecord_shards", "mixture"] = Field(
-        "embedded_wiki", description="Where the text comes from."
-    )
+    source: Literal[TextSource, "tfrecord_shards", "mixture"] = Field("embedded_wiki", description="The text's source.")
     validation_fraction: float = Field(0.05, ge=0.0, lt=0.5, description="Share held out for validation.")
     test_fraction: float = Field(0.05, ge=0.0, lt=0.5, description="Share held out for test.")
     shards_uri: str | None = Field(None, description="source=tfrecord_shards: where the shards are.")
@@ -138,7 +135,7 @@ class CorpusConfig(TextSourceSettings):
     mixture: list[MixtureSource] = Field(default_factory=list, max_length=32, description="The mixture's sources.")
 
     @model_validator(mode="after")
-    def _mixture(self) -> CorpusConfig:
+    def _mixture_and_split(self) -> CorpusConfig:
         names = [s.name for s in self.mixture]
         if self.mixture and self.source != "mixture":
             raise ConfigError(
@@ -166,15 +163,6 @@ class CorpusConfig(TextSourceSettings):
                 except ValidationError as err:
                     why = "; ".join(str(e.get("ctx", {}).get("error", e["msg"])) for e in err.errors())
                     raise ConfigError(f"corpus.mixture source {part.name!r}: {why}") from None
-        return self
-
-    def for_source(self, part: MixtureSource) -> CorpusConfig:
-        """The single-source config of one mixture source: its own settings, the corpus-wide splits and filters."""
-        shared = self.model_dump(include={"validation_fraction", "test_fraction", "filters"})
-        return CorpusConfig.model_validate({**part.model_dump(exclude={"name", "weight"}), **shared})
-
-    @model_validator(mode="after")
-    def _split_key(self) -> CorpusConfig:
         if self.split_by != "row" and self.source != "local_files":
             raise ConfigError(
                 f"corpus.split_by={self.split_by} is for source=local_files: {self.source} splits its own way "
@@ -186,6 +174,11 @@ class CorpusConfig(TextSourceSettings):
                 "row's document id."
             )
         return self
+
+    def for_source(self, part: MixtureSource) -> CorpusConfig:
+        """The single-source config of one mixture source: its own settings, the corpus-wide splits and filters."""
+        shared = self.model_dump(include={"validation_fraction", "test_fraction", "filters"})
+        return CorpusConfig.model_validate({**part.model_dump(exclude={"name", "weight"}), **shared})
 
 
 class TokenizerConfig(Section):

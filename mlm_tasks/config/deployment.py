@@ -75,13 +75,8 @@ class Deployment(Bounds):
         # An empty root (${VAR} set to nothing) allows nothing; a local entry may be `:`-separated folders.
         for key in ("output_roots", "config_dirs", "input_roots", "zones"):
             if isinstance(tree.get(key), list):
-                tree[key] = [
-                    part
-                    for v in tree[key]
-                    if isinstance(v, str)
-                    for part in ([v] if scheme(v) == "gs" else v.split(":"))
-                    if part
-                ]
+                parts = ([v] if scheme(v) == "gs" else v.split(":") for v in tree[key] if isinstance(v, str))
+                tree[key] = [part for entry in parts for part in entry if part]
         try:
             dep = cls.model_validate({**tree, "source": str(path)})
         except ValidationError as exc:  # the keys by name, not a traceback
@@ -238,13 +233,11 @@ def check_approval(approval: Any, approvers: list[Approver]) -> str:
 
 
 def _expand(value: Any) -> Any:
-    if isinstance(value, str):
-        return os.path.expandvars(value)
     if isinstance(value, dict):
         return {k: _expand(v) for k, v in value.items()}
     if isinstance(value, list):
         return [_expand(v) for v in value]
-    return value
+    return os.path.expandvars(value) if isinstance(value, str) else value
 
 
 def _dotted(tree: dict[str, Any]) -> dict[str, Any]:

@@ -18,7 +18,6 @@ from mlm_tasks.errors import ConfigError
 from mlm_tasks.paths import check_safe_uri
 from mlm_tasks.tpu import slices as tpu_slices
 
-SUPPORTED_SCHEMES = ("file", "gs")
 HUB_REPO_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,95}/[A-Za-z0-9][A-Za-z0-9_.-]{0,95}$")
 
 
@@ -160,7 +159,7 @@ class PipelineConfig(Section):
                 f"output_root {self.output_root!r} names no bucket: use gs://bucket/prefix "
                 "(the bucket must exist; create it with `gcloud storage buckets create`)."
             )
-        if scheme not in SUPPORTED_SCHEMES:
+        if scheme not in ("file", "gs"):
             raise ConfigError(
                 f"output_root {self.output_root!r} has unsupported scheme {scheme!r}: use a "
                 "local folder or gs://bucket/prefix."

@@ -9,8 +9,6 @@ from pydantic import Field, model_validator
 from mlm_tasks.config.section import DeploymentOnly, Section
 from mlm_tasks.tpu import runtimes
 
-STOCKOUT_RETRY_POLLS = 20  # in a stockout, create again every 20 node polls (300 s at the default 15 s)
-
 
 class TpuConfig(Section):
     project: DeploymentOnly[str] = Field("", description="Google Cloud project of the TPU VM.")
@@ -18,9 +16,7 @@ class TpuConfig(Section):
     zone: str = Field("us-central2-b", pattern=r"^[a-z]+(-[a-z]+[0-9]+)+-[a-z]$", description="Zone of the TPU VM.")
     accelerator_type: str = Field("v4-8", description="TPU type, e.g. v4-8, v5litepod-8, v4-32 (pod slice).")
     runtime_version: str = Field(
-        runtimes.DEFAULT,
-        json_schema_extra={"enum": [*sorted(runtimes.SUPPORTED)]},
-        description="TPU VM software version.",
+        runtimes.DEFAULT, json_schema_extra={"enum": [*sorted(runtimes.SUPPORTED)]}, description="TPU VM software."
     )
     network: DeploymentOnly[str | None] = Field(None, description="VPC network (default network if empty).")
     subnetwork: DeploymentOnly[str | None] = Field(None, description="Subnetwork.")
@@ -28,9 +24,7 @@ class TpuConfig(Section):
     queued_tier: Literal["spot", "guaranteed"] = Field("spot", description="provisioning=queued: spot or guaranteed.")
     queued_valid_hours: float = Field(24, ge=0.1, le=720, description="provisioning=queued: hours it may wait.")
     reservation: str | None = Field(
-        None,
-        pattern=r"^projects/[^/]+/locations/[^/]+/reservations/[^/]+$",
-        description="Guaranteed tier's reservation.",
+        None, pattern=r"^projects/[^/]+/locations/[^/]+/reservations/[^/]+$", description="For the guaranteed tier."
     )
     price_per_chip_hour: float | None = Field(None, gt=0, le=1000, description="US$ per chip-hour (empty: list price).")
     service_account: DeploymentOnly[str | None] = Field(None, description="Service account email for the VM.")
@@ -69,8 +63,8 @@ class TpuConfig(Section):
 
     @property
     def stockout_retry_s(self) -> float:
-        """Seconds between creates while the zone has no capacity (derived: no run turns it)."""
-        return self.poll_interval_s * STOCKOUT_RETRY_POLLS
+        """Seconds between creates while the zone has no capacity: every 20 node polls (derived: no run turns it)."""
+        return self.poll_interval_s * 20
 
     @property
     def spot(self) -> bool:

@@ -52,15 +52,11 @@ POSITION_OFFSET = {"roberta": 2, "modernbert": 0}  # RoBERTa numbers positions f
 
 class ModelConfig(Section):
     architecture: Literal["roberta", "modernbert"] = Field(
-        "roberta",
-        description="roberta (transformers' TFRobertaForMaskedLM) or modernbert (a Keras encoder in ModernBERT's "
-        "shape: RoPE, GeGLU, local and global attention; published for transformers 5).",
+        "roberta", description="roberta (TFRobertaForMaskedLM) or modernbert (RoPE, GeGLU, local and global attention)."
     )
-    preset: str = Field(
-        "tiny",
-        description="Model shape: tiny, small, base (roberta-base, or ModernBERT-base's 22 x 768).",
-        json_schema_extra={"enum": [*sorted(PRESETS)]},
-    )  # [*...]: a list of JSON values
+    preset: str = Field(  # [*...]: a list of JSON values
+        "tiny", description="Model shape: tiny, small or base.", json_schema_extra={"enum": [*sorted(PRESETS)]}
+    )
     hidden_size: int | None = Field(None, ge=8, le=16_384, description="Override the preset's hidden size.")
     num_hidden_layers: int | None = Field(None, ge=1, le=128, description="Override the preset's layer count.")
     num_attention_heads: int | None = Field(None, ge=1, le=256, description="Override the preset's head count.")
@@ -82,9 +78,6 @@ class ModelConfig(Section):
             raise ConfigError(f"Unknown model preset {self.preset!r}: choose one of {sorted(presets)}.")
         overrides = {k: getattr(self, k) for k in ModelShape.model_fields if getattr(self, k) is not None}
         return presets[self.preset].model_copy(update=overrides)
-
-
-PROGRESS_EVERY_POLLS = 6  # a TPU VM trainer's progress line every 6 checks (180 s at the default 30 s)
 
 
 class TrainConfig(Section):
@@ -130,8 +123,8 @@ class TrainConfig(Section):
 
     @property
     def progress_log_s(self) -> float:
-        """Seconds between a TPU VM trainer's progress lines in the task log (derived: no run turns it)."""
-        return self.follow_poll_s * PROGRESS_EVERY_POLLS
+        """Seconds between a TPU VM trainer's progress lines in the log: every 6 checks (derived: no run turns it)."""
+        return self.follow_poll_s * 6
 
     def timeout_for(self, compute: str, ttl_hours: float) -> float:
         """Hours the training may run (on a TPU VM it must end before the VM's TTL)."""

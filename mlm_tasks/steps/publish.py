@@ -27,9 +27,7 @@ def _add_pytorch_weights(folder: str, run: RunPaths) -> None:
     present = set(os.listdir(folder))
     if SAFETENSORS_NAME not in present and "tf_model.h5" in present:
         log.info(
-            "%s has no %s (saved by an older version): converting tf_model.h5 for PyTorch users",
-            run.model,
-            SAFETENSORS_NAME,
+            "%s has no %s (saved by an older version): converting tf_model.h5 for PyTorch", run.model, SAFETENSORS_NAME
         )
         export_pytorch_weights(folder)
 

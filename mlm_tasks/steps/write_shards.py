@@ -22,15 +22,9 @@ def write_shards(
     t0 = time.time()
     splits = write_partition(cfg, ctx.data, part, num_parts, corpus=corpus)["splits"]
     seconds = time.time() - t0
-    tokens = sum(e["records"] for e in splits.values()) * cfg.shards.max_length
-    log.info(
-        "Partition %d of %d: %s in %.1fs (%.0f tokens/s)",
-        part + 1,
-        num_parts,
-        ", ".join(f"{s} {e['records']} records ({e['rows']} rows)" for s, e in splits.items()),
-        seconds,
-        tokens / max(seconds, 1e-9),
-    )
+    rate = sum(e["records"] for e in splits.values()) * cfg.shards.max_length / max(seconds, 1e-9)
+    counts = ", ".join(f"{s} {e['records']} records ({e['rows']} rows)" for s, e in splits.items())
+    log.info("Partition %d of %d: %s in %.1fs (%.0f tokens/s)", part + 1, num_parts, counts, seconds, rate)
     return WrittenPartition(
         fingerprint=ctx.data.fingerprint,
         part=part,
