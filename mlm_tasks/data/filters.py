@@ -11,7 +11,6 @@ import re
 import string
 import threading
 from collections.abc import Callable
-from dataclasses import dataclass, field
 
 from mlm_tasks.config import FilterConfig
 
@@ -29,15 +28,11 @@ _load_lock = threading.Lock()
 _model = None
 
 
-@dataclass
 class Row:
     """A row's text and its words, split once for every rule."""
 
-    text: str
-    words: list[str] = field(init=False)
-
-    def __post_init__(self) -> None:
-        self.words = _WORD.findall(self.text)
+    def __init__(self, text: str) -> None:
+        self.text, self.words = text, _WORD.findall(text)
 
 
 Check = Callable[[Row], bool]
@@ -102,8 +97,8 @@ def build_rules(cfg: FilterConfig) -> list[tuple[str, Check]]:
     if cfg.drop_curly_brackets:
         rules.append(("curly_bracket", lambda r: "{" in r.text))
     if cfg.boilerplate_phrases:
-        phrases = tuple(p.lower() for p in cfg.boilerplate_phrases)
-        rules.append(("boilerplate", lambda r: _contains_any(r.text.lower(), phrases)))
+        phrases = re.compile("|".join(re.escape(p.lower()) for p in cfg.boilerplate_phrases))
+        rules.append(("boilerplate", lambda r: phrases.search(r.text.lower()) is not None))
     if cfg.require_end_punctuation:
         rules.append(("no_end_punctuation", _lacks_end_punctuation))
     rules += _ratio_rules(cfg)
@@ -114,10 +109,6 @@ def build_rules(cfg: FilterConfig) -> list[tuple[str, Check]]:
 
 def stop_word_count(row: Row) -> int:
     return sum(w.strip(string.punctuation).lower() in STOP_WORDS for w in row.words)
-
-
-def _contains_any(text: str, phrases: tuple[str, ...]) -> bool:
-    return any(p in text for p in phrases)
 
 
 def _lacks_end_punctuation(row: Row) -> bool:

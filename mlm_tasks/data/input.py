@@ -108,11 +108,9 @@ def mlm_dataset(
     weights: dict[str, float] | None = None,
 ):
     """Batches of {"input_ids", "attention_mask", "labels"} (labels = -100 where nothing is masked).
-
     training=True: shuffled, repeated, `skip_batches` skipped (a resumed run), `take_batches` long;
     training=False: one ordered pass. `input_context`: `batch_size` is the global batch, split per replica.
-    `weights` (a mixture's, by source name; training): each example drawn from a source chosen by weight.
-    """
+    `weights` (a mixture's, by source name; training): each example drawn from a source chosen by weight."""
     import tensorflow as tf
 
     max_length = shard_set.max_length

@@ -22,9 +22,12 @@ import numpy as np
 
 from mlm_tasks import storage
 from mlm_tasks.config import PipelineConfig, ShardConfig
+from mlm_tasks.data.corpus import open_corpus
 from mlm_tasks.data.corpus.base import empty_corpus_error
+from mlm_tasks.data.dedup.clusters import kept_source_rows
 from mlm_tasks.data.shard_set import ShardSet, publish_manifest
 from mlm_tasks.data.tfrecord import encode_examples, frame_records, shard_name
+from mlm_tasks.data.tokenizer import load_encoder
 from mlm_tasks.errors import ConfigError, MissingArtifactError
 from mlm_tasks.paths import SPLITS, DataPaths, join
 
@@ -106,12 +109,8 @@ class BlockWriter:
                 self._close(self.file)
         if time.time() - self.last_log > 10:  # progress for long corpora, quiet for small ones
             self.last_log = time.time()
-            log.info(
-                "%s: %d records so far (%.0f tokens/s)",
-                self.split,
-                self.records,
-                self.records * self.cfg.max_length / max(self.last_log - self.t0, 1e-9),
-            )
+            rate = self.records * self.cfg.max_length / max(self.last_log - self.t0, 1e-9)
+            log.info("%s: %d records so far (%.0f tokens/s)", self.split, self.records, rate)
 
     def _close(self, file: BinaryIO) -> None:
         file.close()
@@ -161,10 +160,6 @@ def partition_manifest_uri(paths: DataPaths, part: int, num_parts: int) -> str:
 def write_partition(cfg: PipelineConfig, paths: DataPaths, part: int, num_parts: int, corpus=None) -> dict:
     """Write partition `part` of `num_parts` of every split; returns (and stores) its partial manifest.
     A mixture's sources are chunked and written apart (shards `<split>-<source>-p…`), each with its tail."""
-    from mlm_tasks.data.corpus import open_corpus
-    from mlm_tasks.data.dedup.clusters import kept_source_rows
-    from mlm_tasks.data.tokenizer import load_encoder
-
     if not 0 <= part < num_parts:
         raise ConfigError(f"Partition {part} is outside 0..{num_parts - 1}: check the mapped task's index.")
     marker = partition_manifest_uri(paths, part, num_parts)

@@ -10,7 +10,6 @@ import json
 import os
 import re
 import time
-from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -100,20 +99,27 @@ def machine_kind(info: dict[str, Any]) -> str:
 
 
 def measured_peak(info: dict[str, Any]) -> CpuPeak:
-    """The best GEMM rate of fp32 and bf16 on this machine kind, from the cache or measured (then cached)."""
+    """The best GEMM rate of fp32 and bf16 on this machine kind, from the cache or measured, then cached unless
+    the machine was busy. Each writer renames a whole file into place, so two at once never leave it torn."""
     kind = machine_kind(info)
     env = os.environ.get("MLM_CPU_PEAK_CACHE")  # the tests' own
     path = Path(env) if env else Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / CACHE_FILE
-
-    def measure() -> dict[str, Any]:
+    cache = json.loads(path.read_text()) if path.exists() else {}
+    entry, where = cache.get(kind), f"cached in {path}"
+    if entry is None:
+        load = busy_load()
         rates = {precision: gemm_rate(precision) for precision in ("fp32", "bf16")}
         best = max(rates, key=lambda p: rates[p])
-        return {"flops": rates[best], "precision": best, "rates": rates}
-
-    entry = cached(path, kind, measure)
-    where = f"cached in {path}"
-    if "busy_load" in entry:
-        where = f"not cached: the machine was busy, load {entry['busy_load']:.1f}"
+        entry = {"flops": rates[best], "precision": best, "rates": rates, "at": time.strftime("%Y-%m-%d")}
+        load = load if load is not None else busy_load()  # busy before or after: not the machine's figure
+        if load is not None:
+            where = f"not cached: the machine was busy, load {load:.1f}"
+        else:
+            cache[kind] = entry
+            path.parent.mkdir(parents=True, exist_ok=True)
+            partial = path.with_name(f"{path.name}.{os.getpid()}")
+            partial.write_text(json.dumps(cache, indent=1))
+            partial.replace(path)
     source = f"measured peak: {entry['precision']} GEMM {GEMM_SIZE}³, {kind}, {entry['at']} ({where})"
     return CpuPeak(float(entry["flops"]), entry["precision"], source)
 
@@ -129,21 +135,3 @@ def busy_load() -> float | None:
     """The 1-minute load average when over 1.5x the cores (None: quiet enough; the run's own work reaches ~1x)."""
     load = os.getloadavg()[0] if hasattr(os, "getloadavg") else 0.0
     return load if load > 1.5 * _cores() else None
-
-
-def cached(file: Path, key: str, measure: Callable[[], dict[str, Any]]) -> dict[str, Any]:
-    """The cached entry `key`, or `measure()`'s, dated, then cached unless the machine was busy (the entry then
-    carries `busy_load`). Each writer renames a whole file into place, so two at once never leave it torn."""
-    cache = json.loads(file.read_text()) if file.exists() else {}
-    if key not in cache:
-        load = busy_load()
-        measured = {**measure(), "at": time.strftime("%Y-%m-%d")}
-        load = load if load is not None else busy_load()  # busy before or after: not the machine's figure
-        if load is not None:
-            return {**measured, "busy_load": load}
-        cache[key] = measured
-        file.parent.mkdir(parents=True, exist_ok=True)
-        partial = file.with_name(f"{file.name}.{os.getpid()}")
-        partial.write_text(json.dumps(cache, indent=1))
-        partial.replace(file)
-    return dict(cache[key])

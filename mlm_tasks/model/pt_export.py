@@ -1,9 +1,8 @@
-"""RoBERTa weights between TensorFlow's and PyTorch's names and layouts, with numpy (no torch).
+"""RoBERTa weights between TensorFlow's and PyTorch's names and layouts, with numpy (no torch: transformers 4.57
+cannot read safetensors without it either; docs/releases.md#interoperability).
 
     export_pytorch_weights(folder)           # tf_model.h5 + config.json -> model.safetensors, PyTorch names
     read = load_roberta_weights(model, folder)   # model.init_from: tf_model.h5, or model.safetensors of either naming
-
-Why by hand: docs/releases.md#interoperability (transformers 4.57 cannot read safetensors without torch either).
 """
 
 from __future__ import annotations

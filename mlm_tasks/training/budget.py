@@ -1,7 +1,7 @@
 """train.budget_minutes: a deadline on the time a run trains, from its first start (measuring included).
 docs/google-cloud.md (`train.budget_minutes`)
 
-    budget = budgeted_steps(run, budget_minutes=5, cap=None, measure=lambda: (0.012, 4.1))  # recorded in budget.json
+    budget = budgeted_steps(run, minutes=5, cap=None, measure=lambda: (0.012, 4.1))  # recorded in budget.json
     deadline = Deadline(time.time() + budget.seconds - used_s, budget.seconds_per_step, cap=None)
     total = deadline.total_before_call(step, per_call, total, reserve_s)   # before each call of the loop
 """
@@ -34,7 +34,7 @@ class Budget:
 
 
 def budgeted_steps(
-    run: RunPaths, budget_minutes: float, cap: int | None, measure: Callable[[], tuple[float, float]]
+    run: RunPaths, minutes: float, cap: int | None, measure: Callable[[], tuple[float, float]]
 ) -> Budget:
     """The step count that fits the budget (`measure()`: seconds per step, seconds spent measuring), recorded in
     RunPaths.train_budget on the first try; a retry reads it back."""
@@ -50,26 +50,21 @@ def budgeted_steps(
     else:
         started_at = time.time()
         step_s, spent_s = measure()
-        steps = max(1, int((budget_minutes * 60 - spent_s) / step_s))
+        steps = max(1, int((minutes * 60 - spent_s) / step_s))
         if cap is not None and steps > cap:
-            log.info(
-                "%d steps would fit train.budget_minutes=%g, but train.steps caps them at %d",
-                steps,
-                budget_minutes,
-                cap,
-            )
+            log.info("%d steps would fit train.budget_minutes=%g, but train.steps caps them at %d", steps, minutes, cap)
             steps = cap
         recorded = {"steps": steps, "seconds_per_step": step_s, "measured_in_s": spent_s}
-        recorded.update(budget_minutes=budget_minutes, cap=cap, started_at=started_at)
+        recorded.update(budget_minutes=minutes, cap=cap, started_at=started_at)
         storage.write_json(run.train_budget, recorded)
         log.info(
             "Time budget %g min: %.4f s/step measured in %.1f s, so %d steps for a start; re-planned as it trains, "
             "it stops by %s (recorded in %s)",
-            budget_minutes,
+            minutes,
             step_s,
             spent_s,
             steps,
-            time.strftime("%H:%M:%S", time.localtime(started_at + budget_minutes * 60)),
+            time.strftime("%H:%M:%S", time.localtime(started_at + minutes * 60)),
             run.train_budget,
         )
     seconds = float(recorded["budget_minutes"]) * 60

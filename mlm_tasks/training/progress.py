@@ -126,17 +126,11 @@ class ProgressLog:
             entry["mfu"] = entry["tokens_per_s"] * self.flops_per_token / self.peak_flops
         self.history.append(entry)
         eta = (self.total - step) * (now - self.t0) / max(step - self.start, 1)
+        mfu = f" MFU {100 * entry['mfu']:.1f}%" if "mfu" in entry else ""
         log.info(
-            "step %d/%d loss %.4f acc %.3f lr %.2e grad norm %.3g %.0f tokens/s%s eta %.0fs",
-            step,
-            self.total,
-            entry["loss"],
-            entry["accuracy"],
-            entry["learning_rate"],
-            entry["grad_norm"],
-            entry["tokens_per_s"],
-            f" MFU {100 * entry['mfu']:.1f}%" if "mfu" in entry else "",
-            eta,
+            "step %(step)d/%(total)d loss %(loss).4f acc %(accuracy).3f lr %(learning_rate).2e grad norm "
+            "%(grad_norm).3g %(tokens_per_s).0f tokens/s%(mfu_text)s eta %(eta).0fs",
+            {**entry, "total": self.total, "mfu_text": mfu, "eta": eta},
         )
         with self.writer.as_default(step=step):
             for key in ("loss", "accuracy", "learning_rate", "grad_norm", "tokens_per_s", "mfu"):

@@ -135,8 +135,7 @@ class LocalFilesCorpus(Corpus):
 
     def _parse(self, uri: str, lines, known_lines: bool) -> Iterator[tuple[str | None, str]]:
         """(document id, text) of `lines` ((byte offset or None, raw line)): the text of a .txt line, the
-        text column of a .jsonl object (and its document_column). Errors name the line: by number when the
-        lines start at the file's start, else by byte offset."""
+        text column of a .jsonl object (and its document_column)."""
         jsonl = uri.removesuffix(".gz").endswith(".jsonl")
         doc_column = self.cfg.document_column
         for lineno, (offset, raw) in enumerate(lines, 1):
