@@ -33,7 +33,7 @@ from mlm_tasks.results import TrainJob
 from mlm_tasks.tpu import api as tpu
 from mlm_tasks.tpu import slices as tpu_slices
 from mlm_tasks.tpu import ssh
-from mlm_tasks.tpu.bundle import ssh_command
+from mlm_tasks.tpu.bundle import code_bundle, remote_command, ssh_command, stage_code
 
 if TYPE_CHECKING:
     from google.cloud.tpu_v2 import TpuClient
@@ -225,8 +225,6 @@ def smoke(args: argparse.Namespace, out: Callable[[str], None] = print) -> int:
 
 def _train_line(cfg: PipelineConfig, run_id: str, name: str, fingerprint: str, code: Any) -> str:
     """The DAG's detached train line (one try: MLM_TRY_NUMBER=1, as the trainer's status record says)."""
-    from mlm_tasks.tpu.bundle import remote_command
-
     return remote_command(
         cfg,
         "train",
@@ -241,8 +239,6 @@ def _train_line(cfg: PipelineConfig, run_id: str, name: str, fingerprint: str, c
 
 def _prepare(cfg: PipelineConfig, args: argparse.Namespace, out: Callable[[str], None]) -> tuple[str, Any]:
     """The tiny data set and the staged code (a dry run: their names and the real hashes, nothing sent)."""
-    from mlm_tasks.tpu.bundle import code_bundle, stage_code
-
     if args.dry_run:
         fingerprint = args.data_fingerprint or "<fingerprint>"
         out(

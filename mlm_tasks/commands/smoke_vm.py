@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
+import shlex
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -16,7 +18,7 @@ from mlm_tasks.config import PipelineConfig
 from mlm_tasks.job import launch as vm_job
 from mlm_tasks.results import TrainJob
 from mlm_tasks.tpu import api as tpu
-from mlm_tasks.tpu import ssh
+from mlm_tasks.tpu import runtimes, ssh
 
 API = "https://tpu.googleapis.com/v2"
 
@@ -74,8 +76,6 @@ def login_to(cfg: PipelineConfig, name: str, args: argparse.Namespace, api: Any)
 
 def capture_command(cfg: PipelineConfig) -> str:
     """What prints the image's Python version and its packages, before anything is installed."""
-    import shlex
-
     py = shlex.quote(cfg.tpu.python)
     return f"{py} -c 'import platform; print(platform.python_version())' && {py} -m pip freeze --all"
 
@@ -90,10 +90,6 @@ def capture_image(
 ) -> Path:
     """Write worker 0's `pip freeze` into the runtime's image file (or `path`), marked as captured
     (make lock-vm then locks against it instead of resolving the image as of its date)."""
-    import re
-
-    from mlm_tasks.tpu import runtimes
-
     runtime = runtimes.get(cfg.tpu.runtime_version)
     path = path or runtime.image_path
     lines: list[str] = []

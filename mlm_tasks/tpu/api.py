@@ -1,10 +1,8 @@
 """Cloud TPU VM lifecycle on the TPU v2 API: make one node per run, reuse it on retries, clean up.
 
-    name = tpu.node_name("mlm_pretrain", run_id)            # mlm-pretrain-<hash>, same on every retry
-    state = tpu.ensure_node(cfg.tpu, name, tpu.labels(run_id, cfg.tpu.ttl_hours))   # never blocks
-    tpu.delete_node(cfg.tpu, name)
-
-`ensure_node` never waits: it says what it did and the caller polls (mlm_tasks/job/decide.py says what next).
+name = tpu.node_name("mlm_pretrain", run_id)            # mlm-pretrain-<hash>, same on every retry
+state = tpu.ensure_node(cfg.tpu, name, tpu.labels(run_id, cfg.tpu.ttl_hours))   # never blocks
+tpu.delete_node(cfg.tpu, name)
 """
 
 from __future__ import annotations
@@ -19,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 from mlm_tasks.errors import AuthError
 from mlm_tasks.tpu import queued
-from mlm_tasks.tpu.calls import NAME_PREFIX, NOT_FOUND, answered, client, limits, parent, retry
+from mlm_tasks.tpu.calls import NAME_PREFIX, NOT_FOUND, answered, call, client, limits, parent
 
 if TYPE_CHECKING:  # types only: config imports this package's tables, so tpu/ imports no config at run time
     from google.cloud.tpu_v2 import Node, TpuClient
@@ -92,14 +90,8 @@ def _state_of(node: Node) -> NodeState:
 
 
 def get_state(cfg: TpuConfig, name: str, api: TpuClient | None = None) -> NodeState:
-    from google.api_core.exceptions import NotFound
-
-    api = api or client(cfg)
-    try:
-        with answered(cfg, f"get_node {name}"):
-            return _state_of(api.get_node(name=full_name(cfg, name), **limits(cfg)))
-    except NotFound:
-        return NodeState(name=name, state=NOT_FOUND)
+    node = call(cfg, api, "get_node", name, missing=True, name=full_name(cfg, name))
+    return NodeState(name=name, state=NOT_FOUND) if node is None else _state_of(node)
 
 
 def passing(state: str) -> bool:
@@ -131,8 +123,7 @@ def operation_error(cfg: TpuConfig, operation: str, api: TpuClient | None = None
     """The error message of a finished long-running operation, or None (running or succeeded)."""
     from google.longrunning import operations_pb2
 
-    with answered(cfg, f"get_operation {operation}"):
-        op = (api or client(cfg)).get_operation(operations_pb2.GetOperationRequest(name=operation), **limits(cfg))
+    op = call(cfg, api, "get_operation", operation, request=operations_pb2.GetOperationRequest(name=operation))
     if not (op.done and op.error.code):
         return None
     return f"{op.error.message or 'no message'} (code {op.error.code})"
@@ -185,10 +176,8 @@ def ensure_node(
     if cfg.provisioning == "queued":
         return _ensure_queued(cfg, name, node_labels, metadata, api)
     try:
-        with answered(cfg, f"create_node {name}"):
-            op = api.create_node(
-                parent=parent(cfg), node_id=name, node=_new_node(cfg, node_labels, metadata), **limits(cfg)
-            )
+        new = _new_node(cfg, node_labels, metadata)
+        op = call(cfg, api, "create_node", name, parent=parent(cfg), node_id=name, node=new)
     except Conflict:  # another try created it between our get and create: wait for that one
         return NodeState(name=name, state="CREATING", action="wait")
     except TooManyRequests as err:  # a busy API's 429 was retried (calls.py); a quota's is the answer
@@ -216,17 +205,13 @@ def _ensure_queued(
 def delete_node(cfg: TpuConfig, name: str, api: TpuClient | None = None) -> str | None:
     """Start deleting node `name` (with tpu.provisioning=queued, its queued resource, which takes the node with
     it); returns the operation name, or None when it is already gone."""
-    from google.api_core.exceptions import NotFound
-
     api = api or client(cfg)
     if cfg.provisioning == "queued":
         op_name = queued.delete(cfg, name, api)
         if op_name is not None:
             return op_name
-    try:
-        with answered(cfg, f"delete_node {name}"):
-            op = api.delete_node(name=full_name(cfg, name), **limits(cfg))
-    except NotFound:
+    op = call(cfg, api, "delete_node", name, missing=True, name=full_name(cfg, name))
+    if op is None:
         return None
     log.info("Deleting TPU VM %s in %s.", name, cfg.zone)
     return op.operation.name
@@ -241,53 +226,39 @@ def refresh_expiry(cfg: TpuConfig, node: NodeState, expires: str | None, api: Tp
     old = node.labels.get("expires", "")
     if not expires or (old.isdigit() and int(old) >= int(expires)):
         return None
-    node_labels = {**node.labels, "expires": expires}
-    with answered(cfg, f"update_node {node.name}"):
-        op = (api or client(cfg)).update_node(
-            node=tpu_v2.Node(name=full_name(cfg, node.name), labels=node_labels),
-            update_mask=field_mask_pb2.FieldMask(paths=["labels"]),
-            **limits(cfg),
-        )
+    labelled = tpu_v2.Node(name=full_name(cfg, node.name), labels={**node.labels, "expires": expires})
+    op = call(cfg, api, "update_node", node.name, node=labelled, update_mask=field_mask_pb2.FieldMask(paths=["labels"]))
     log.info("TPU VM %s reused: its expires label moves from %s to %s.", node.name, old or "none", expires)
     return op.operation.name
 
 
-def list_nodes(cfg: TpuConfig, api: TpuClient | None = None) -> list[NodeState]:
-    # The pager fetches later pages while we iterate, with the same limits: iterate inside `answered`.
-    with answered(cfg, f"list_nodes {parent(cfg)}"):
-        return [_state_of(node) for node in (api or client(cfg)).list_nodes(parent=parent(cfg), **limits(cfg))]
-
-
-def list_expired(
-    cfg: TpuConfig, now: float | None = None, prefix: str = NAME_PREFIX, api: TpuClient | None = None
-) -> list[NodeState]:
-    """Nodes named `prefix*` whose `expires` label is in the past; nodes without one are left alone
+def list_expired(cfg: TpuConfig, now: float | None = None) -> list[NodeState]:
+    """Nodes named `mlm-*` whose `expires` label is in the past; nodes without one are left alone
     (we did not make them, or someone labelled them by hand)."""
     now = time.time() if now is None else now
+    with answered(cfg, f"list_nodes {parent(cfg)}"):  # the pager fetches later pages as we iterate
+        listed = [_state_of(node) for node in client(cfg).list_nodes(parent=parent(cfg), **limits())]
     return [
         node
-        for node in list_nodes(cfg, api)
-        if node.name.startswith(prefix) and node.labels.get("expires", "").isdigit()
+        for node in listed
+        if node.name.startswith(NAME_PREFIX) and node.labels.get("expires", "").isdigit()
         if int(node.labels["expires"]) < now
     ]
 
 
-def worker_endpoints(node: Node | NodeState, external: bool = False) -> list[str]:
+def worker_endpoints(node: NodeState, external: bool = False) -> list[str]:
     """IP of each worker, worker 0 first (the order TPU runtimes number the hosts)."""
-    state = node if isinstance(node, NodeState) else _state_of(node)
-    ips = [ext if external else internal for internal, ext in state.workers]
+    ips = [ext if external else internal for internal, ext in node.workers]
     if not all(ips):
         kind = "external" if external else "internal"
         raise RuntimeError(
-            f"TPU VM {state.name} has a worker without an {kind} IP ({state.workers}): "
+            f"TPU VM {node.name} has a worker without an {kind} IP ({node.workers}): "
             "set tpu.external_ips=true (or tpu.ssh_via=internal inside the VPC)."
         )
     return ips
 
 
-def host_keys(
-    cfg: TpuConfig, name: str, worker: int = 0, timeout_s: float = 30.0, api: TpuClient | None = None
-) -> dict[str, str]:
+def host_keys(cfg: TpuConfig, name: str, worker: int = 0, api: TpuClient | None = None) -> dict[str, str]:
     """SSH host keys worker `worker` of node `name` published (guest attributes `hostkeys/`), as {type: base64
     key}; {} while none are; a refusal is an AuthError. docs/google-cloud.md#host-keys-on-first-contact."""
     from google.api_core.exceptions import BadRequest, FailedPrecondition, Forbidden, NotFound
@@ -296,10 +267,9 @@ def host_keys(
     request = tpu_v2.GetGuestAttributesRequest(
         name=full_name(cfg, name), query_path=f"{HOST_KEYS}/", worker_ids=[str(worker)]
     )
-    bounds = {**limits(cfg, timeout_s), "retry": retry().with_timeout(timeout_s)}
     try:
         with answered(cfg, f"get_guest_attributes {name}"):
-            answer = (api or client(cfg)).get_guest_attributes(request=request, **bounds)
+            answer = (api or client(cfg)).get_guest_attributes(request=request, **limits(30.0))
     except NotFound:
         return {}
     except (Forbidden, BadRequest) as err:

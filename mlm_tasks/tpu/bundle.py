@@ -204,16 +204,6 @@ def _bootstrap(cfg: PipelineConfig, code: CodeBundle) -> list[str]:
     ]
 
 
-def step_environment(cfg: PipelineConfig, node: str) -> dict[str, str]:
-    """What the remote line exports before anything imports TensorFlow: the runtime's variables, the node's
-    name on a pod (for TPUClusterResolver), the project's own (VM_ENV), then tpu.env."""
-    runtime = runtimes.get(cfg.tpu.runtime_version)
-    variables = {**runtimes.environment(runtime), **VM_ENV}
-    if runtime.pod:
-        variables["MLM_TPU_NODE"] = node
-    return {**variables, **cfg.tpu.env}
-
-
 def run_lock_name(run_id: str, step: str) -> str:
     """The lock file (in tpu.workdir) of one run's step: a hash, since a run id may hold any character."""
     return ".run-lock-" + hashlib.sha256(f"{run_id}\0{step}".encode()).hexdigest()[:16]
@@ -285,13 +275,17 @@ def remote_command(
     config_json = json.dumps(cfg.model_dump(mode="json"), separators=(",", ":"))
     argv = [cfg.tpu.python, "-m", "mlm_tasks", step, "--config-json", config_json, "--run-id", run_id, *extra_args]
     step_line = shlex.join(argv)
-    variables = {**step_environment(cfg, node), **(env or {})}
+    # Exported before anything imports TensorFlow: the runtime's, the node's name on a pod (TPUClusterResolver),
+    # the project's own, tpu.env, then the step's `env`.
+    runtime = runtimes.get(cfg.tpu.runtime_version)
+    on_pod = {"MLM_TPU_NODE": node} if runtime.pod else {}
+    variables = {**runtimes.ENVIRONMENT[runtime.pod], **VM_ENV, **on_pod, **cfg.tpu.env, **(env or {})}
     bad = [k for k in variables if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", k)]
     if bad:
         raise ConfigError(f"tpu.env has invalid variable names {bad}: use letters, digits and _.")
     parts = ["set -e", f"mkdir -p {shell_path(cfg.tpu.workdir)}", f"cd {shell_path(cfg.tpu.workdir)}"]
     parts += [f"export {k}={shlex.quote(v)}" for k, v in sorted(variables.items())]
-    parts += runtimes.libtpu_probe(runtimes.get(cfg.tpu.runtime_version), shlex.quote(cfg.tpu.python))
+    parts += runtimes.libtpu_probe(runtime, shlex.quote(cfg.tpu.python))
     # The token arrives on stdin, never in this line or an environment; echo off, so the pty does not log it.
     if expect_token:
         parts += [

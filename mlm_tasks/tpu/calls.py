@@ -1,10 +1,9 @@
 """The TPU v2 API client and the bounds of every call to it (nodes and queued resources alike).
 
-    api = client(cfg)                                       # the handed-in credentials, else ADC
-    with answered(cfg, "get_node n"):                       # a timeout names the call and API_TIMEOUT_S
-        api.get_node(name=..., **limits(cfg))               # retried when busy only, each attempt bounded
+    node = call(cfg, client(cfg), "get_node", "n", missing=True, name=...)   # None: NOT_FOUND
 
-A busy API (503, a 429 on the request rate) is retried for RETRY_DEADLINE_S; nothing else is.
+A busy API (503, a 429 on the request rate) is retried for RETRY_DEADLINE_S, nothing else is; an attempt
+unanswered for API_TIMEOUT_S fails, naming the call.
 """
 
 from __future__ import annotations
@@ -71,19 +70,15 @@ def busy(err: Exception) -> bool:
     return isinstance(err, ServiceUnavailable)
 
 
-def retry():
-    """Retry what Google answers when the API is busy (`busy`); any other error is final."""
+def limits(deadline_s: float = RETRY_DEADLINE_S) -> dict[str, Any]:
+    """`retry=` and `timeout=` for one client call: busy answers (`busy`) retried until deadline_s, each attempt
+    waiting at most API_TIMEOUT_S (a constant per attempt; a plain number would be a deadline shared with the
+    retries)."""
     from google.api_core.retry import Retry
-
-    return Retry(predicate=busy, initial=RETRY_INITIAL_S, maximum=30.0, multiplier=2.0, timeout=RETRY_DEADLINE_S)
-
-
-def limits(cfg: TpuConfig, timeout_s: float | None = None) -> dict[str, Any]:
-    """`retry=` and `timeout=` for one client call: each attempt waits at most API_TIMEOUT_S (a constant
-    per attempt; a plain number would be a deadline shared with the retries of busy answers)."""
     from google.api_core.timeout import ConstantTimeout
 
-    return {"retry": retry(), "timeout": ConstantTimeout(min(timeout_s or API_TIMEOUT_S, API_TIMEOUT_S))}
+    retry = Retry(predicate=busy, initial=RETRY_INITIAL_S, maximum=30.0, multiplier=2.0, timeout=deadline_s)
+    return {"retry": retry, "timeout": ConstantTimeout(min(deadline_s, API_TIMEOUT_S))}
 
 
 @contextlib.contextmanager
@@ -101,6 +96,20 @@ def answered(cfg: TpuConfig, what: str):
             f"({type(err).__name__}): check the network and the endpoint, then retry the task (later, if the API "
             "is only slow)."
         ) from err
+
+
+def call(cfg: TpuConfig, api: TpuClient | None, method: str, what: str, missing: bool = False, **request: Any) -> Any:
+    """`api.<method>(**request)` within `limits`, named `<method> <what>` in a timeout; with `missing`, None when
+    the API does not know the resource (NotFound)."""
+    from google.api_core.exceptions import NotFound
+
+    try:
+        with answered(cfg, f"{method} {what}"):
+            return getattr(api or client(cfg), method)(**request, **limits())
+    except NotFound:
+        if not missing:
+            raise
+        return None
 
 
 def parent(cfg: TpuConfig) -> str:

@@ -14,7 +14,7 @@ import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from mlm_tasks.tpu.calls import NAME_PREFIX, NOT_FOUND, answered, client, limits, parent
+from mlm_tasks.tpu.calls import NAME_PREFIX, NOT_FOUND, answered, call, client, limits, parent
 
 if TYPE_CHECKING:
     from google.cloud.tpu_v2 import Node, QueuedResource, TpuClient
@@ -45,13 +45,8 @@ def _state_of(qr: QueuedResource) -> QueuedState:
 
 
 def get_state(cfg: TpuConfig, name: str, api: TpuClient | None = None) -> QueuedState:
-    from google.api_core.exceptions import NotFound
-
-    try:
-        with answered(cfg, f"get_queued_resource {name}"):
-            return _state_of((api or client(cfg)).get_queued_resource(name=full_name(cfg, name), **limits(cfg)))
-    except NotFound:
-        return QueuedState(name=name, state=NOT_FOUND)
+    qr = call(cfg, api, "get_queued_resource", name, missing=True, name=full_name(cfg, name))
+    return QueuedState(name=name, state=NOT_FOUND) if qr is None else _state_of(qr)
 
 
 def request(cfg: TpuConfig, name: str, node: Node) -> QueuedResource:
@@ -76,10 +71,8 @@ def request(cfg: TpuConfig, name: str, node: Node) -> QueuedResource:
 
 def create(cfg: TpuConfig, name: str, node: Node, api: TpuClient | None = None) -> str:
     """Queue the request for the node; returns the create operation's name."""
-    with answered(cfg, f"create_queued_resource {name}"):
-        op = (api or client(cfg)).create_queued_resource(
-            parent=parent(cfg), queued_resource_id=name, queued_resource=request(cfg, name, node), **limits(cfg)
-        )
+    qr = request(cfg, name, node)
+    op = call(cfg, api, "create_queued_resource", name, parent=parent(cfg), queued_resource_id=name, queued_resource=qr)
     log.info(
         "Queued a request for TPU VM %s (%s, %s tier%s) in %s, valid %g h (tpu.queued_valid_hours).",
         name,
@@ -94,32 +87,28 @@ def create(cfg: TpuConfig, name: str, node: Node, api: TpuClient | None = None) 
 
 def delete(cfg: TpuConfig, name: str, api: TpuClient | None = None) -> str | None:
     """Delete the request and, with force, the node it made; the operation, or None when there was none."""
-    from google.api_core.exceptions import NotFound
     from google.cloud import tpu_v2
 
-    try:
-        with answered(cfg, f"delete_queued_resource {name}"):
-            op = (api or client(cfg)).delete_queued_resource(
-                request=tpu_v2.DeleteQueuedResourceRequest(name=full_name(cfg, name), force=True), **limits(cfg)
-            )
-    except NotFound:
+    delete = tpu_v2.DeleteQueuedResourceRequest(name=full_name(cfg, name), force=True)
+    op = call(cfg, api, "delete_queued_resource", name, missing=True, request=delete)
+    if op is None:
         return None
     log.info("Deleting the queued resource %s (and its node) in %s.", name, cfg.zone)
     return str(op.operation.name)
 
 
-def list_expired(cfg: TpuConfig, now: float | None = None, prefix: str = NAME_PREFIX) -> list[QueuedState]:
-    """Requests named `prefix*` whose node's `expires` label is in the past (the janitor's; a request left
+def list_expired(cfg: TpuConfig, now: float | None = None) -> list[QueuedState]:
+    """Requests named `mlm-*` whose node's `expires` label is in the past (the janitor's; a request left
     FAILED or SUSPENDED costs nothing, but its name blocks a new one)."""
     now = time.time() if now is None else now
     with answered(cfg, f"list_queued_resources {parent(cfg)}"):  # the pager fetches later pages as we iterate
         listed = [
             (_state_of(qr), dict(qr.tpu.node_spec[0].node.labels) if qr.tpu.node_spec else {})
-            for qr in client(cfg).list_queued_resources(parent=parent(cfg), **limits(cfg))
+            for qr in client(cfg).list_queued_resources(parent=parent(cfg), **limits())
         ]
     return [
         request
         for request, node_labels in listed
-        if request.name.startswith(prefix) and node_labels.get("expires", "").isdigit()
+        if request.name.startswith(NAME_PREFIX) and node_labels.get("expires", "").isdigit()
         if int(node_labels["expires"]) < now
     ]

@@ -39,7 +39,6 @@ class Entry:
     zone: str
     name: str
     expires: int  # epoch seconds: the node's `expires` label when it was recorded
-    uri: str  # the entry's file
 
 
 @overload
@@ -90,7 +89,7 @@ def entries(root: str) -> list[Entry]:
             for uri in storage.listdir(zone_dir):
                 if uri.endswith(".json") and ".tmp-" not in uri:
                     data = storage.read_json(uri)
-                    found.append(Entry(data["project"], data["zone"], data["name"], int(data["expires"]), uri))
+                    found.append(Entry(data["project"], data["zone"], data["name"], int(data["expires"])))
     return sorted(found, key=lambda e: (e.project, e.zone, e.name))
 
 
@@ -163,14 +162,8 @@ def delete_expired(api: TpuConfig, zones: list[str], root: str) -> Sweep:
         requested = {request.name for request in expired_requests}
         for node in (n for n in expired_nodes if n.name not in requested):  # those went with their request
             expired = datetime.fromtimestamp(int(node.labels["expires"]), timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
-            log.info(
-                "Deleting TPU VM %s in %s (%s, run %s, expired %s).",
-                node.name,
-                zone,
-                node.state,
-                node.labels.get("run", "?"),
-                expired,
-            )
+            run = node.labels.get("run", "?")
+            log.info("Deleting TPU VM %s in %s (%s, run %s, expired %s).", node.name, zone, node.state, run, expired)
             sweep.delete(cfg, "TPU VM", node.name, tpu.delete_node)
     log.info("Deleted %d expired TPU VM(s) in %s %s: %s", len(sweep.deleted), api.project, zones, sweep.deleted)
     return sweep

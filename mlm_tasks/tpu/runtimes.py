@@ -2,8 +2,6 @@
 
     rt = runtimes.get("tpu-vm-tf-2.16.1-pjrt")   # Runtime(tensorflow="2.16.1", python="3.10", pod=False, ...)
     rt.lock_path                                   # .../mlm_tasks/tpu/vm/requirements-tf2.16.txt
-    runtimes.environment(rt)                       # {"NEXT_PLUGGABLE_DEVICE_USE_C_API": "true", ...}
-    runtimes.libtpu_probe(rt, "python3")           # shell: TF_PLUGGABLE_DEVICE_LIBRARY_PATH = the VM's libtpu
 
 Images, sources and locks: docs/google-cloud.md#slices-runtimes-and-the-vm-install. Adding a runtime = a row
 below, `make lock-vm`, and a parameter of tests/plugins/test_simulated_tpu_vm.py.
@@ -101,12 +99,9 @@ NO_TENSORFLOW = {
     "and tpu-vm-tf-2.16.1-pjrt does not see v6e devices"
 }
 
-# (pod, device api): the variables before TensorFlow is first imported (their sources: docs/google-cloud.md).
+# By pod: a (PJRT) runtime's variables before TensorFlow is first imported (sources: docs/google-cloud.md).
 # One host: libtpu as a pluggable device (libtpu_probe finds it); a pod: the tpu-runtime service owns the chips.
-ENVIRONMENT = {
-    (False, "pjrt"): {"NEXT_PLUGGABLE_DEVICE_USE_C_API": "true"},
-    (True, "pjrt"): {"TPU_LOAD_LIBRARY": "0"},
-}
+ENVIRONMENT = {False: {"NEXT_PLUGGABLE_DEVICE_USE_C_API": "true"}, True: {"TPU_LOAD_LIBRARY": "0"}}
 LIBTPU = "TF_PLUGGABLE_DEVICE_LIBRARY_PATH"
 # Where an image's libtpu lies (undocumented): /lib/libtpu.so on the 2.16 images, else the `libtpu` wheel.
 LIBTPU_PATHS = ("/lib/libtpu.so",)
@@ -129,14 +124,6 @@ def libtpu_probe(runtime: Runtime, python: str) -> list[str]:
         f'</dev/null 2>/dev/null)"; do if [ -f "$f" ]; then export {LIBTPU}="$f"; break; fi; done; '
         f'[ -n "${{{LIBTPU}+set}}" ] || echo {missing} >&2; fi'
     ]
-
-
-def environment(runtime: Runtime) -> dict[str, str]:
-    """The runtime's TensorFlow variables (ENVIRONMENT), for the remote line to export first."""
-    name = NAME.match(runtime.version)
-    if name is None:  # a row of SUPPORTED named against the rule: a bug here, not a setting
-        raise ValueError(f"Runtime {runtime.version!r} does not follow tpu-vm-tf-X.Y.Z[-pod]-pjrt: fix its row.")
-    return dict(ENVIRONMENT[(runtime.pod, name["api"])])
 
 
 def get(version: str) -> Runtime:

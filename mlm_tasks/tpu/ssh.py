@@ -1,13 +1,10 @@
 """SSH to worker 0 of a TPU VM: the login pinned to the host keys its node published, one command in a pty.
 
-    connect = connector(lambda host: Login("mlm", "--ssh-key ~/.ssh/id_ed25519", {"key_filename": key}),
-                        port, node=name, published=tpu.published_keys(cfg.tpu, name, api=api))
-    problem = unreachable("10.128.0.7", port, timeout_s=10)      # None, or why the port does not answer
-    session = Session(connect, "10.128.0.7", on_line=print)      # close() from any thread hangs up
-    outcome = session.run(command, secret=(TOKEN_PROMPT, token))  # the token on stdin, when asked
+    connect = connector(lambda host: Login("mlm", "--ssh-key k", {"key_filename": k}), port, node=name,
+                        published=tpu.published_keys(cfg.tpu, name))
+    outcome = Session(connect, "10.128.0.7", on_line=print).run(command, secret=(TOKEN_PROMPT, token))
 
-The one SSH path of the project (the DAG's steps and the smoke command); known_hosts is never read.
-The cases: docs/google-cloud.md#host-keys-on-first-contact.
+The one SSH path of the project; known_hosts is never read (docs/google-cloud.md#host-keys-on-first-contact).
 """
 
 from __future__ import annotations

@@ -340,9 +340,9 @@ def test_every_call_to_a_hung_api_fails_within_the_bound_saying_so(cfg, fake_tpu
         "get_node": lambda: tpu.get_state(bounded, "mlm-hung"),
         "delete_node": lambda: tpu.delete_node(bounded, "mlm-hung"),
         "update_node": lambda: tpu.refresh_expiry(bounded, node, "99999999999"),
-        "list_nodes": lambda: tpu.list_nodes(bounded),
+        "list_nodes": lambda: tpu.list_expired(bounded),
         "get_operation": lambda: tpu.operation_error(bounded, f"{tpu.parent(cfg)}/operations/operation-1"),
-        "get_guest_attributes": lambda: tpu.host_keys(bounded, "mlm-hung", timeout_s=30),
+        "get_guest_attributes": lambda: tpu.host_keys(bounded, "mlm-hung"),
     }
     for what, call in calls.items():
         started = time.monotonic()
