@@ -166,8 +166,7 @@ def smoke(args: argparse.Namespace, out: Callable[[str], None] = print) -> int:
     )
     previous = {s: signal.signal(s, _on_signal) for s in (signal.SIGTERM, signal.SIGHUP)}
     try:
-        fingerprint, code = _prepare(cfg, args, out)
-        command = _train_line(cfg, run_id, name, fingerprint, code)
+        command = _train_line(cfg, args, run_id, name, out)
         if args.dry_run:
             tpu.ensure_node(cfg.tpu, name, node_labels, metadata, api=api)
             worker_0(cfg, name, tpu.NodeState(name=name, state="READY"), args, out)
@@ -223,22 +222,11 @@ def smoke(args: argparse.Namespace, out: Callable[[str], None] = print) -> int:
             signal.signal(s, handler)
 
 
-def _train_line(cfg: PipelineConfig, run_id: str, name: str, fingerprint: str, code: Any) -> str:
-    """The DAG's detached train line (one try: MLM_TRY_NUMBER=1, as the trainer's status record says)."""
-    return remote_command(
-        cfg,
-        "train",
-        run_id,
-        node=name,
-        extra_args=["--data-fingerprint", fingerprint],
-        code=code,
-        env={"MLM_TRY_NUMBER": "1"},
-        detach_log=vm_job.log_name(run_id, 1),
-    )
-
-
-def _prepare(cfg: PipelineConfig, args: argparse.Namespace, out: Callable[[str], None]) -> tuple[str, Any]:
-    """The tiny data set and the staged code (a dry run: their names and the real hashes, nothing sent)."""
+def _train_line(
+    cfg: PipelineConfig, args: argparse.Namespace, run_id: str, name: str, out: Callable[[str], None]
+) -> str:
+    """The DAG's detached train line (one try: MLM_TRY_NUMBER=1, as the trainer's status record says), once the
+    tiny data set and the code are staged (a dry run: their names and the real hashes, nothing sent)."""
     if args.dry_run:
         fingerprint = args.data_fingerprint or "<fingerprint>"
         out(
@@ -251,7 +239,16 @@ def _prepare(cfg: PipelineConfig, args: argparse.Namespace, out: Callable[[str],
 
         fingerprint = args.data_fingerprint or build_shard_set(cfg)["fingerprint"]
         code = stage_code(cfg.output_root, cfg.tpu.runtime_version)
-    return fingerprint, code
+    return remote_command(
+        cfg,
+        "train",
+        run_id,
+        node=name,
+        extra_args=["--data-fingerprint", fingerprint],
+        code=code,
+        env={"MLM_TRY_NUMBER": "1"},
+        detach_log=vm_job.log_name(run_id, 1),
+    )
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -62,8 +62,7 @@ class DryRunApi:
 
 
 def login_to(cfg: PipelineConfig, name: str, args: argparse.Namespace, api: Any) -> ssh.Connect:
-    """connect(host) as --ssh-user with --ssh-key, accepting only the host keys the node published
-    (as the DAG's SSH step does)."""
+    """connect(host) as --ssh-user with --ssh-key, pinned to the host keys the node published (as the DAG's)."""
     login = ssh.Login(
         args.ssh_user,
         f"--ssh-user {args.ssh_user} --ssh-key {args.ssh_key}",

@@ -3,8 +3,7 @@ create_tpu_vm, train and the smoke command gather the facts and carry the answer
 
     node, error = tpu.node_now(cfg.tpu, name, operation)     # the node, or its queued request, and why it failed
     action = decide(gather(cfg, run_id, node, node_error=error, job=job, watch=watch, restarts=1))
-    action.kind   # ensure_node | wait | start | reattach | restart | done | fail
-    action.why    # the cause (a restart's, kept in restarts.json) or the message (a failure's)
+    action.kind, action.why   # ensure_node | ... | fail; a restart's cause (restarts.json) or a failure's message
 
 The table, case by case: docs/operations.md#durable-training-what-survives-what.
 """

@@ -44,9 +44,7 @@ def log_name(run_id: str, try_number: int) -> str:
 def job_handle(stored: object) -> TrainJob | None:
     """A handle as a store gives it back (JSON), or None when there is none. Only the pid is required: an
     older try's handle may lack a later field."""
-    if not isinstance(stored, dict) or "pid" not in stored:
-        return None
-    return cast(TrainJob, stored)
+    return cast(TrainJob, stored) if isinstance(stored, dict) and "pid" in stored else None
 
 
 def start(

@@ -41,25 +41,19 @@ def stalled(record: TrainStatus, stall_s: float, now: float | None = None) -> st
     if record["state"] != "running":
         return None
     now = time.time() if now is None else now
+    setting = f"train.stall_minutes is {stall_s / 60:g}"
+    who = f"the trainer (pid {record['pid']} on {record['host']})"
     if now - record["heartbeat"] > stall_s:
-        return (
-            f"no heartbeat for {now - record['heartbeat']:.0f}s (train.stall_minutes is {stall_s / 60:g}): "
-            f"the trainer (pid {record['pid']} on {record['host']}) is frozen or gone"
-        )
+        return f"no heartbeat for {now - record['heartbeat']:.0f}s ({setting}): {who} is frozen or gone"
     if now - record["step_time"] > stall_s:
-        return (
-            f"no new step for {now - record['step_time']:.0f}s (train.stall_minutes is {stall_s / 60:g}), "
-            f"still at step {record['step']}: the trainer (pid {record['pid']} on {record['host']}) is stuck"
-        )
+        stuck = f"still at step {record['step']}: {who} is stuck"
+        return f"no new step for {now - record['step_time']:.0f}s ({setting}), {stuck}"
     return None
 
 
 def _try_number() -> int | None:
-    for name in TRY_NUMBER_VARS:
-        value = os.environ.get(name, "")
-        if value.isdigit():
-            return int(value)
-    return None
+    values = [os.environ.get(name, "") for name in TRY_NUMBER_VARS]
+    return next((int(value) for value in values if value.isdigit()), None)
 
 
 class StatusRecord:

@@ -55,8 +55,7 @@ class NodeState:
 def node_name(dag_id: str, run_id: str) -> str:
     """`mlm-<dag>-<hash of dag and run>`: a retry of the run finds the node the first try made."""
     digest = hashlib.sha1(f"{dag_id}/{run_id}".encode()).hexdigest()[:10]
-    dag = re.sub(r"[^a-z0-9]+", "-", dag_id.lower()).strip("-")
-    dag = dag[len(NAME_PREFIX) :] if dag.startswith(NAME_PREFIX) else dag
+    dag = re.sub(r"[^a-z0-9]+", "-", dag_id.lower()).strip("-").removeprefix(NAME_PREFIX)
     dag = dag[: 63 - len(NAME_PREFIX) - 1 - len(digest)].strip("-")
     return f"{NAME_PREFIX}{dag}-{digest}" if dag else f"{NAME_PREFIX}{digest}"
 

@@ -71,8 +71,7 @@ def _tarball(files: list[tuple[str, bytes]]) -> bytes:
 
 
 def stage_code(output_root: str, runtime_version: str, package_dir: Path = PACKAGE_DIR) -> CodeBundle:
-    """Upload the package (from wherever it is installed, or `package_dir`) to output_root/_code/<sha>/
-    unless already there."""
+    """Upload the package (as installed, or `package_dir`) to output_root/_code/<sha>/ unless already there."""
     bundle, tarball = code_bundle(output_root, runtime_version, package_dir)
     marker, uri = join(bundle.uri, "_SUCCESS"), join(bundle.uri, "mlm_tasks.tar.gz")
     # The marker says an upload finished, not that the bytes are still ours: read them back every time.
@@ -275,8 +274,7 @@ def remote_command(
     config_json = json.dumps(cfg.model_dump(mode="json"), separators=(",", ":"))
     argv = [cfg.tpu.python, "-m", "mlm_tasks", step, "--config-json", config_json, "--run-id", run_id, *extra_args]
     step_line = shlex.join(argv)
-    # Exported before anything imports TensorFlow: the runtime's, the node's name on a pod (TPUClusterResolver),
-    # the project's own, tpu.env, then the step's `env`.
+    # Before anything imports TensorFlow: the runtime's, MLM_TPU_NODE on a pod (TPUClusterResolver), ours, tpu.env.
     runtime = runtimes.get(cfg.tpu.runtime_version)
     on_pod = {"MLM_TPU_NODE": node} if runtime.pod else {}
     variables = {**runtimes.ENVIRONMENT[runtime.pod], **VM_ENV, **on_pod, **cfg.tpu.env, **(env or {})}

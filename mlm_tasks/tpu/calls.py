@@ -71,9 +71,8 @@ def busy(err: Exception) -> bool:
 
 
 def limits(deadline_s: float = RETRY_DEADLINE_S) -> dict[str, Any]:
-    """`retry=` and `timeout=` for one client call: busy answers (`busy`) retried until deadline_s, each attempt
-    waiting at most API_TIMEOUT_S (a constant per attempt; a plain number would be a deadline shared with the
-    retries)."""
+    """`retry=` and `timeout=` for one client call: busy answers retried until deadline_s, each attempt waiting
+    at most API_TIMEOUT_S (a constant per attempt: a plain number is a deadline shared with the retries)."""
     from google.api_core.retry import Retry
     from google.api_core.timeout import ConstantTimeout
 

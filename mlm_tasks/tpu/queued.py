@@ -1,10 +1,8 @@
 """Queued resources: the run's node asked for through Google's queue, which waits for capacity (provisioning=queued).
 
-    op = queued.create(cfg.tpu, name, node)       # one node spec, node id = the QR id = the run's node name
-    queued.get_state(cfg.tpu, name).state         # ACCEPTED, WAITING_FOR_RESOURCES, PROVISIONING, ACTIVE, ...
-    queued.delete(cfg.tpu, name)                  # force: its node goes with it
-
-FAILED and SUSPENDED requests never give a node again: they are deleted and queued anew.
+op = queued.create(cfg.tpu, name, node)       # one node spec, node id = the QR id = the run's node name
+queued.get_state(cfg.tpu, name).state         # ACCEPTED, WAITING_FOR_RESOURCES, PROVISIONING, ACTIVE, ...
+queued.delete(cfg.tpu, name)                  # force: its node goes with it
 """
 
 from __future__ import annotations

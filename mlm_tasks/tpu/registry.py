@@ -71,10 +71,9 @@ def entry_uri(root: str, project: str, zone: str, name: str) -> str:
     return join(root, project, zone, f"{name}.json")
 
 
-def record(root: str, project: str, zone: str, name: str, expires: int | str) -> str:
-    uri = entry_uri(root, project, zone, name)
-    storage.write_json(uri, {"project": project, "zone": zone, "name": name, "expires": int(expires)})
-    return uri
+def record(root: str, project: str, zone: str, name: str, expires: int | str) -> None:
+    entry = {"project": project, "zone": zone, "name": name, "expires": int(expires)}
+    storage.write_json(entry_uri(root, project, zone, name), entry)
 
 
 def forget(root: str, project: str, zone: str, name: str) -> None:

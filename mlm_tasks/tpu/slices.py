@@ -64,8 +64,7 @@ def hosts(accelerator_type: str) -> int:
 
 
 def check_runtime(accelerator_type: str, runtime_version: str) -> int:
-    """The host count, once the runtime fits it: `-pod` exactly when the slice is multi-host, and a
-    generation that TensorFlow runs on."""
+    """The host count, once the runtime fits it (`-pod` exactly on a multi-host slice) and TensorFlow runs there."""
     generation = parse(accelerator_type)[0]
     if generation in runtimes.NO_TENSORFLOW:
         raise ConfigError(

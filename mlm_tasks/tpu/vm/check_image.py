@@ -56,27 +56,28 @@ def unmet_requirements(deps_dir: str, tf_version: str) -> list[str]:
     return problems
 
 
+def _fail(message: str) -> int:
+    print(message, file=sys.stderr)
+    return 1
+
+
 def main(argv: list[str]) -> int:
     pod = "--pod" in argv
     want, deps_dir = [a for a in argv if a != "--pod"]
     import tensorflow as tf
 
     if tf.__version__.rsplit(".", 1)[0] != want.rsplit(".", 1)[0]:
-        print(
+        return _fail(
             f"This TPU VM image has TensorFlow {tf.__version__}, but tpu.runtime_version promises {want}: set "
-            "tpu.runtime_version to the image's runtime (it chooses the VM lock).",
-            file=sys.stderr,
+            "tpu.runtime_version to the image's runtime (it chooses the VM lock)."
         )
-        return 1
     problems = unmet_requirements(deps_dir, tf.__version__)
     if problems:
-        print(
+        return _fail(
             "The VM lock does not fit this image:\n  " + "\n  ".join(problems) + "\nRe-lock for the image "
             "(make lock-vm; python -m mlm_tasks.commands.smoke --capture-image records a real image's packages) or "
-            "pick the runtime the lock was made for.",
-            file=sys.stderr,
+            "pick the runtime the lock was made for."
         )
-        return 1
     # What the steps on the VM import: train, and evaluate, downstream and fill_mask (the model judged there).
     import datasets  # hf_dataset corpora and downstream tasks
     import gcsfs  # noqa: F401
@@ -87,20 +88,17 @@ def main(argv: list[str]) -> int:
     from transformers import pipeline  # noqa: F401  fill_mask's
 
     if not transformers.is_tf_available():
-        print("transformers does not see TensorFlow: FORCE_TF_AVAILABLE=1 must be set for the step.", file=sys.stderr)
-        return 1
+        return _fail("transformers does not see TensorFlow: FORCE_TF_AVAILABLE=1 must be set for the step.")
     if pod:
         # TPUClusterResolver(tpu=<node>) raises "Missing runtime dependency on the Google API client"
         # at the first training step without these: find out now, before the slice trains.
         from tensorflow.python.tpu.client import client as tpu_client
 
         if not tpu_client._GOOGLE_API_CLIENT_INSTALLED:  # TensorFlow's own switch
-            print(
+            return _fail(
                 "The TPU client TPUClusterResolver needs on a pod (googleapiclient, oauth2client) does not "
-                "import: the VM lock must carry google-api-python-client and oauth2client.",
-                file=sys.stderr,
+                "import: the VM lock must carry google-api-python-client and oauth2client."
             )
-            return 1
     print(
         f"VM ready: Python {sys.version.split()[0]}, TensorFlow {tf.__version__}, tf-keras {tf_keras.__version__}, "
         f"transformers {transformers.__version__}, datasets {datasets.__version__}"
