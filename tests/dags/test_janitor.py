@@ -106,9 +106,9 @@ def test_janitor_fails_loudly_when_not_configured(airflow_env, fake_tpu):
 
 def test_the_janitor_looks_in_its_zones_then_in_every_recorded_place():
     entries = [
-        tpu_registry.Entry("p2", "z9", "mlm-a", 1, "u"),
-        tpu_registry.Entry("p1", "z1", "mlm-b", 1, "u"),
-        tpu_registry.Entry("p2", "z9", "mlm-c", 1, "u"),
+        tpu_registry.Entry("p2", "z9", "mlm-a", 1),
+        tpu_registry.Entry("p1", "z1", "mlm-b", 1),
+        tpu_registry.Entry("p2", "z9", "mlm-c", 1),
     ]
     assert tpu_registry.places_to_check("p1", ["z1", "z2"], entries) == [("p1", "z1"), ("p1", "z2"), ("p2", "z9")]
 
