@@ -1,7 +1,7 @@
 """The trust boundary in the real DAG (`airflow dags test`, SQLite): under a deployment file, a run
-whose conf sets a deployment setting, names a config file of nested aliases or gives a section beside its
-dotted keys fails in validate, naming the key, and nothing after it runs;
-the form shows only run settings (tests/dags/test_dag_integrity.py)."""
+whose conf sets a deployment setting or names a config file of nested aliases fails in validate, naming the
+key, and nothing after it runs (every other refusal of the loader: tests/mlm_tasks/test_deployment.py, the
+same function validate calls); the form shows only run settings (tests/dags/test_dag_integrity.py)."""
 
 from __future__ import annotations
 
@@ -32,7 +32,6 @@ HOSTILE = {
         "tpu.api_endpoint is a deployment setting: the trigger's settings may not set it",
     ),
     "billion-laughs": ({"config_file": "lol.yaml"}, "lol uses a YAML anchor or alias (&l0): config files may not"),
-    "scalar-beside-dotted": ({"overrides": {"train": 5, "train.steps": 3}}, "Cannot set 'train' to 5: it is a section"),
 }
 
 

@@ -196,10 +196,12 @@ def _check_run_artifacts(gcs_root: str, log: str, fake_tpu, sa_key, oauth_server
 
 @pytest.mark.slow
 def test_training_failure_on_the_vm_fails_the_task_and_deletes_the_node(
-    airflow_env, gcs, gcs_root, tf_gcs_env, fake_tpu, sshd, tmp_path
+    airflow_env, gcs, gcs_root, tf_gcs_env, fake_tpu, sshd, tmp_path, tiny_prepared
 ):
     # The "VM" has no TPU runtime: train.device=tpu makes train() fail on it in TPUStrategy setup,
-    # after loading the shards' manifest and tokenizer from gs://; every try fails the same way.
+    # after loading the shards' manifest and tokenizer from gs://; every try fails the same way. The bucket
+    # holds the shard set already (plan_shards finds it complete): this test is about the failure, not the data.
+    storage.upload_dir(join(tiny_prepared[0].output_root, "datasets"), join(gcs_root, "datasets"))
     conf = _conf(gcs_root, fake_tpu, sshd, tf_gcs_env, **{"train.device": "tpu"})
     log = _dags_test(airflow_env, conf, _env(sshd, tf_gcs_env, gcs), tmp_path)
     assert log.startswith("DAG RUN FAILED"), log[-6000:]

@@ -45,8 +45,10 @@ CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
 
 
 @pytest.fixture(scope="module")
-def runs(airflow_stack, airflow_api) -> dict[str, str]:
-    """Both runs triggered up front, so their training overlaps: {name: run_id}."""
+def runs(airflow_stack, airflow_api, tiny_prepared) -> dict[str, str]:
+    """The runs triggered up front, so their training overlaps: {name: run_id}. Each output_root holds the tiny
+    shard set already (plan_shards finds it complete): these runs are about the release, not the data."""
+    prepared = Path(tiny_prepared[0].output_root) / "datasets"
     tiny = {
         "config_file": str(ROOT / "configs" / "tiny.yaml"),
         "architecture": "roberta",  # the form's default is the embedded run's (modernbert)
@@ -57,9 +59,11 @@ def runs(airflow_stack, airflow_api) -> dict[str, str]:
     }  # approval: the deployment asks for it (a run may not set it)
     out = {}
     for name, repo in REPOS.items():
+        output_root = data_volume(airflow_stack) / f"out-approval-{name}"
+        shutil.copytree(prepared, output_root / "datasets")
         conf = {
             **tiny,
-            "output_root": str(data_volume(airflow_stack) / f"out-approval-{name}"),
+            "output_root": str(output_root),
             "overrides": {"publish.enabled": True, "publish.repo_id": repo},
         }
         run = airflow_api.trigger(DAG_ID, conf=conf, run_id=f"approval-{name}")

@@ -18,6 +18,7 @@ setproctitle overwrites that memory with the process title.
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 from urllib.parse import urlsplit
 
@@ -34,8 +35,9 @@ RUN_TIMEOUT_S = 1200
 
 
 @pytest.fixture(scope="module")
-def runs(airflow_stack, airflow_api) -> dict[str, dict]:
-    """The run, triggered once: {"param": {"run_id", "output_root", "conf"}}."""
+def runs(airflow_stack, airflow_api, tiny_prepared) -> dict[str, dict]:
+    """The run, triggered once: {"param": {"run_id", "output_root", "conf"}}. Its output_root holds the tiny shard
+    set already (plan_shards finds it complete; the data tasks on this stack: test_browser.py's run)."""
     from peers.airflow_stack import ROOT
 
     tiny = {
@@ -47,7 +49,9 @@ def runs(airflow_stack, airflow_api) -> dict[str, dict]:
         "batch_size": 8,
     }
     # run `rest-fault`: the stack's MLM_TRAIN_HOOKS fails its first try at step 6
-    conf = {**tiny, "steps": 10, "output_root": str(data_volume(airflow_stack) / "out-param")}  # where runs write
+    output_root = data_volume(airflow_stack) / "out-param"  # where runs write
+    shutil.copytree(Path(tiny_prepared[0].output_root) / "datasets", output_root / "datasets")
+    conf = {**tiny, "steps": 10, "output_root": str(output_root)}
     run = airflow_api.trigger(DAG_ID, conf=conf, run_id="rest-fault")
     assert run["state"] == "queued" and run["conf"] == conf, run
     return {"param": {"run_id": run["dag_run_id"], "output_root": conf["output_root"], "conf": conf}}
@@ -93,6 +97,7 @@ def test_rest_triggered_run_honours_changed_param_and_try_2_resumes_after_a_faul
         for ti in airflow_api.get(f"/dags/{DAG_ID}/dagRuns/{run['run_id']}/taskInstances")["task_instances"]
     }
     assert states["train"] == states["evaluate"] == states["summary"] == "success", states
+    assert states["write_shards"] == "skipped", states  # the set was there: nothing to write
 
     # The fault: try 1 of train failed at step 6, try 2 succeeded, resumed from the last checkpoint before it
     # (checkpoint_every: 5 in tiny.yaml).

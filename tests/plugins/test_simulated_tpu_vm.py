@@ -8,8 +8,8 @@ TensorFlow 2.16.1 or 2.17.0 under its own wheel name, and its own dependencies a
 date). The bucket is the GCS emulator
 (TensorFlow's gs:// reaches it through the TLS proxy). The train task stages the installed package
 to the bucket, the VM fetches it with its own TensorFlow, installs the VM lock with pip from the
-package index, checks the image, and trains the tiny preset from gs:// shards. Then the model is judged
-where it trained, as the DAG's tasks do with compute tpu_vm: evaluate, downstream (the held-out article
+package index, checks the image, and trains the tiny preset from gs:// shards. On the default image the model
+is then judged where it trained, as the DAG's tasks do with compute tpu_vm: evaluate, downstream (the held-out article
 task, which reads the corpus with gensim's parser in the image's Python) and fill_mask on the same VM.
 The Airflow side (Python 3.11, TensorFlow 2.21) reads the checkpoint and loads the model.
 """
@@ -127,6 +127,24 @@ def test_bootstrap_train_and_judge_on_the_simulated_image(
     assert summary["global_batch"] == cfg.train.batch_size * summary["replicas"]
     assert _site_packages(tpu_vm_python) == image_before, "the bootstrap changed the image's own packages"
 
+    # The Airflow side (TensorFlow 2.21) reads what the image's TensorFlow wrote: the checkpoint and the model.
+    # In a subprocess, as TensorFlow must be for its gs:// to reach the emulator through the TLS proxy (which
+    # runs in this process).
+    env = {**os.environ, **tf_gcs_env, "HF_HUB_OFFLINE": "1"}
+    airflow_side = f"""
+import tempfile, tensorflow as tf
+from transformers import TFRobertaForMaskedLM
+from mlm_tasks import storage
+assert tf.__version__.startswith("2.21"), tf.__version__
+names = [n for n, _ in tf.train.list_variables(tf.train.latest_checkpoint({run.checkpoints!r}))]
+assert any(n.endswith("roberta/embeddings/weight/.ATTRIBUTES/VARIABLE_VALUE") for n in names), names
+with tempfile.TemporaryDirectory() as tmp:
+    TFRobertaForMaskedLM.from_pretrained(storage.download_dir({run.model!r}, tmp), use_safetensors=False)
+"""
+    subprocess.run([sys.executable, "-c", airflow_side], env=env, check=True, timeout=300)
+
+    if runtime != runtimes.DEFAULT:
+        return  # judging and the retry are the same code on any image: checked once, on the default image
     # Judged where it trained: the three steps on the VM, their results the tasks' XCom.
     judged = cfg.model_copy(
         update={
@@ -154,24 +172,6 @@ def test_bootstrap_train_and_judge_on_the_simulated_image(
     assert any("Eval on validation" in line for line in vm_lines), caplog.text[-3000:]
     assert any("Downstream scores of 1 task(s)" in line for line in vm_lines)
 
-    # The Airflow side (TensorFlow 2.21) reads what TensorFlow 2.16 wrote: the checkpoint and the model. In a
-    # subprocess, as TensorFlow must be for its gs:// to reach the emulator through the TLS proxy (which
-    # runs in this process).
-    env = {**os.environ, **tf_gcs_env, "HF_HUB_OFFLINE": "1"}
-    airflow_side = f"""
-import tempfile, tensorflow as tf
-from transformers import TFRobertaForMaskedLM
-from mlm_tasks import storage
-assert tf.__version__.startswith("2.21"), tf.__version__
-names = [n for n, _ in tf.train.list_variables(tf.train.latest_checkpoint({run.checkpoints!r}))]
-assert any(n.endswith("roberta/embeddings/weight/.ATTRIBUTES/VARIABLE_VALUE") for n in names), names
-with tempfile.TemporaryDirectory() as tmp:
-    TFRobertaForMaskedLM.from_pretrained(storage.download_dir({run.model!r}, tmp), use_safetensors=False)
-"""
-    subprocess.run([sys.executable, "-c", airflow_side], env=env, check=True, timeout=300)
-
-    if runtime != runtimes.DEFAULT:
-        return  # the retry below is the operator's code, not the image's: checked once, on the default image
     # A retry finds the install and the finished training: nothing is installed or trained again.
     run_deferrable(TrainOperator(task_id="train", config=cfg.model_dump(mode="json"), data=data), lambda: context)
     again = capfd.readouterr().out
@@ -188,7 +188,8 @@ def test_a_sigkilled_train_task_leaves_the_real_trainer_running_and_the_retry_re
     train task; the retry reattaches. Then the VM's preemption notice (SIGTERM to the trainer, as a Spot
     preemption or a maintenance shutdown sends) at step 70, between periodic checkpoints (every 50): the
     trainer saves a checkpoint at that step and exits 75, and the task starts a new trainer from it in the
-    same try. Every step once, the same losses as a run nobody disturbed."""
+    same try. Every step once, none lost (that a resumed run's losses match an undisturbed one's is
+    tests/mlm_tasks/steps/test_train.py's)."""
     import json
     import signal
     import threading
@@ -227,24 +228,12 @@ def test_a_sigkilled_train_task_leaves_the_real_trainer_running_and_the_retry_re
             "task_state_store": store,
         }
 
-    def history(run_id):
-        return [json.loads(line) for line in storage.read_text(RunPaths(gcs_root, run_id).train_history).splitlines()]
-
-    # The reference: a run nobody disturbs (also the one that installs the project on the "VM").
-    ref = "manual__undisturbed"
-    fake_tpu.add_node("proj", ZONE, tpu.node_name("mlm_pretrain", ref), state="READY")
-    ref_store = FileTaskState(tmp_path / "ref.json")
-    run_deferrable(
-        TrainOperator(task_id="train", config=config, data=data), lambda: context(ref, ref_store, 1), timeout=900
-    )
-    reference = storage.read_json(RunPaths(gcs_root, ref).train_summary)
-
     run_id = "manual__killed"
     run = RunPaths(gcs_root, run_id)
     fake_tpu.add_node("proj", ZONE, tpu.node_name("mlm_pretrain", run_id), state="READY")
     store = FileTaskState(tmp_path / "killed.json")
     first = start_train_task(config, run_id, store.path, tmp_path / "first_try.log", data=data)
-    deadline = time.monotonic() + 300
+    deadline = time.monotonic() + 600  # the first try installs the project on the "VM" too
     while (storage.read_json_if_exists(run.train_status) or {}).get("step", 0) < 20:
         assert first.poll() is None, (tmp_path / "first_try.log").read_text()
         assert time.monotonic() < deadline, "the first try's trainer never reached step 20"
@@ -284,14 +273,13 @@ def test_a_sigkilled_train_task_leaves_the_real_trainer_running_and_the_retry_re
     (restart,) = read_restarts(run)  # the notice: resumed at the step it arrived, not at the checkpoint of step 50
     assert restart["resumed_from"] == restart["step"] >= noticed[0] >= 70 and restart["steps_lost"] == 0, restart
     assert summary["resumed_from_step"] == restart["step"] and summary["steps"] == steps
-    logged = [h["step"] for h in history(run_id)]
-    assert logged == list(range(1, steps + 1))  # every step once: none lost, none repeated
-    assert summary["last_loss"] == pytest.approx(reference["last_loss"], rel=1e-6)
-    assert [h["loss"] for h in history(run_id)] == pytest.approx([h["loss"] for h in history(ref)], rel=1e-6)
+    history = [json.loads(line) for line in storage.read_text(run.train_history).splitlines()]
+    assert [h["step"] for h in history] == list(range(1, steps + 1))  # every step once: none lost, none repeated
+    assert history[-1]["loss"] < history[0]["loss"]  # the resumed trainers went on learning
     reattach = log.split("Reattached to the trainer of try 1", 1)[1].split(" in ", 1)[1].split("s:", 1)[0]
     print(
         f"\nreal trainer: task SIGKILLed at step {killed_at}/{steps}; retry reattached in {reattach}s; preemption "
         f"notice at step {noticed[0]}, resumed at {restart['resumed_from']}; "
         f"finished {time.monotonic() - began:.1f}s later; steps lost 0, starts {status['starts']}, final loss "
-        f"{summary['last_loss']:.6f} (undisturbed {reference['last_loss']:.6f})"
+        f"{summary['last_loss']:.6f}"
     )
