@@ -105,8 +105,7 @@ class BaseModelRef:
 
     @cached_property
     def weights_file(self) -> str:
-        name = next((n for n in WEIGHT_FILES if n in self.files), None)
-        if name:
+        if name := next((n for n in WEIGHT_FILES if n in self.files), None):
             return name
         raise ConfigError(
             f"model.init_from {self.uri} has neither {' nor '.join(WEIGHT_FILES)}: give a model "

@@ -124,8 +124,7 @@ def main(argv: list[str] | None = None) -> int:
         for name, value in storage.tensorflow_env().items():  # before TensorFlow's first gs:// call
             os.environ.setdefault(name, value)
         # A trainer of its own (a TPU VM's, a shell's): SIGTERM is a preemption notice, answered with a checkpoint.
-        notice = preemption.notice_on_sigterm() if args.step == "train" else contextlib.nullcontext()
-        with notice:
+        with preemption.notice_on_sigterm() if args.step == "train" else contextlib.nullcontext():
             ctx = RunContext.of(cfg, args.run_id, args.data_fingerprint)
             result = run_step(args.step, cfg, ctx, args.part, args.runs, args.bucket)
     except NoRetryError as err:

@@ -2,8 +2,7 @@
 
 credentials.install(creds, project)        # for the rest of this process (an Airflow task)
 with credentials.use(creds, project): ...  # for a block (a trigger poll, a test)
-credentials.current()                      # what the clients get; None -> Application Default Credentials
-"""
+credentials.current()                      # what the clients get; None -> Application Default Credentials"""
 
 from __future__ import annotations
 

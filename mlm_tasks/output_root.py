@@ -1,6 +1,5 @@
 """Can this run keep its work in output_root? A probe write (`check_writable`) and whether every worker sees
-a local one (`check_output_root_reachable`), checked by validate and plan_shards before any costly work.
-"""
+a local one (`check_output_root_reachable`), checked by validate and plan_shards before any costly work."""
 
 from __future__ import annotations
 

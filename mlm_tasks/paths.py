@@ -1,6 +1,5 @@
 """Every URI of the pipeline, derived from output_root in one place: `datasets/<data fingerprint>/` (DataPaths)
-and `runs/<run id>/` (RunPaths); every step takes a `RunContext` with both. docs/architecture.md
-"""
+and `runs/<run id>/` (RunPaths); every step takes a `RunContext` with both. docs/architecture.md"""
 
 from __future__ import annotations
 
@@ -11,7 +10,6 @@ from dataclasses import dataclass, replace
 from mlm_tasks.errors import ConfigError, MissingArtifactError
 
 SPLITS = ("train", "validation", "test")
-_HASHED = re.compile(r".*-[0-9a-f]{8}")
 
 
 def scheme(uri: str) -> str:
@@ -80,7 +78,7 @@ def safe_run_id(run_id: str) -> str:
     readable = re.sub(r"[^A-Za-z0-9_.-]+", "-", run_id).strip("-.")[:60] or "run"
     # An id already in the hashed form ("x-1a2b3c4d") is hashed again: kept as is, it could be the
     # safe form of another run's id ("x:") and the two runs would share a folder.
-    if readable == run_id and not _HASHED.fullmatch(run_id):
+    if readable == run_id and not re.fullmatch(r".*-[0-9a-f]{8}", run_id):
         return run_id
     return f"{readable}-{hashlib.sha1(run_id.encode()).hexdigest()[:8]}"
 
@@ -144,10 +142,8 @@ def published_metrics(output_root: str, repo_id: str, releases_root: str | None 
 
 @dataclass(frozen=True)
 class RunContext:
-    """What every step gets besides the config: the run id, the shard set it uses, and their paths.
-
-    ctx = RunContext.of(cfg, run_id="r1", fingerprint=fp); ctx.run.model, ctx.data.manifest
-    """
+    """What every step gets besides the config: the run id, the shard set it uses, and their paths:
+    `ctx = RunContext.of(cfg, run_id="r1", fingerprint=fp); ctx.run.model, ctx.data.manifest`."""
 
     output_root: str
     run_id: str = "cli-run"

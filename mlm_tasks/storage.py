@@ -1,8 +1,7 @@
 """One storage API for local folders and gs:// (fsspec/gcsfs): `scheme(uri)` is the one dispatch.
 
 Writes are atomic per file; `create_only` is first-writer-wins. Every gs:// call has a deadline
-(`set_timeout`, `call_deadline`): past it the call is cancelled and fails as a TransientError.
-"""
+(`set_timeout`, `call_deadline`): past it the call is cancelled and fails as a TransientError."""
 
 from __future__ import annotations
 

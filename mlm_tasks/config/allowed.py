@@ -64,14 +64,12 @@ class Bounds(Section):
                 f"output_root {cfg.output_root!r} is inside the deployment's releases_root {releases!r} "
                 "(the published models' baselines): use another folder."
             )
-        tree = cfg.model_dump(mode="json")
         # A mixture's sources read files and Hub datasets as corpus.* does: each is checked the same way.
-        mixture = [(f"corpus.mixture[{i}]", s) for i, s in enumerate(tree["corpus"]["mixture"])]
-        for where, corpus in [("corpus", tree["corpus"]), *mixture]:
-            for leaf in INPUT_KEYS:
-                if leaf in corpus:  # a mixture source has local_paths and dump_path
-                    self._check_input(f"{where}.{leaf}", corpus[leaf], glob=leaf == "local_paths")
-            self._check_hub_or_path(f"{where}.hf_path", corpus["hf_path"])  # datasets loads a Hub id or a folder
+        mixture = [(f"corpus.mixture[{i}]", s) for i, s in enumerate(cfg.corpus.mixture)]
+        for where, corpus in [("corpus", cfg.corpus), *mixture]:
+            for leaf in INPUT_KEYS:  # a mixture source has no shards_uri or tokenizer_uri
+                self._check_input(f"{where}.{leaf}", getattr(corpus, leaf, None), glob=leaf == "local_paths")
+            self._check_hub_or_path(f"{where}.hf_path", corpus.hf_path)  # datasets loads a Hub id or a folder
         self._check_hub_or_path("model.init_from", cfg.model.init_from)
         for i, task in enumerate(cfg.downstream.tasks):  # downstream task files are read like a corpus
             for key in ("train_file", "validation_file"):

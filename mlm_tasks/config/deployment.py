@@ -22,11 +22,9 @@ from mlm_tasks.errors import AuthError, ConfigError
 from mlm_tasks.paths import scheme
 
 ENV = "MLM_DEPLOYMENT"
-BUILTIN = "the built-in boundary (no deployment file: MLM_DEPLOYMENT is unset)"
 # Settings that reach a credential, a shell, an endpoint or a machine: marked `DeploymentOnly` in the schema.
 DEPLOYMENT_KEYS = deployment_keys(PipelineConfig)
 SECTIONS = {name.split(".")[0] for name, _ in leaves(PipelineConfig) if "." in name}  # tpu, train, ...
-FINGERPRINT = re.compile(r"^[0-9a-f]{16}$")
 # What a dataset-refresh event may set (the sections mlm_dataset_refresh sends), and who may send one.
 DATA_SECTIONS = ("corpus", "tokenizer", "shards", "dedup")
 REFRESH_DAG = "mlm_dataset_refresh"
@@ -41,12 +39,8 @@ class Approver(Section):
 
 class Deployment(Bounds):
     settings: dict[str, Any] = Field(default_factory=dict, description="Deployment settings for every run.")
-    approvers: list[Approver] = Field(
-        default_factory=list, description="Who may approve a release (empty: whoever answers human-in-the-loop tasks)."
-    )
-    foreign_events: Literal["refuse", "as_form"] = Field(
-        "refuse", description="A shards event another DAG or REST made: refused, or its data settings read as a form's."
-    )
+    approvers: list[Approver] = Field(default_factory=list, description="Who may approve a release (empty: no check).")
+    foreign_events: Literal["refuse", "as_form"] = Field("refuse", description="Shards events from elsewhere.")
 
     @classmethod
     def for_airflow(cls) -> Deployment:
@@ -56,7 +50,7 @@ class Deployment(Bounds):
     @classmethod
     def builtin(cls) -> Deployment:
         """DEPLOYMENT_KEYS refused from every trigger; roots, zones and limits open (no file names them)."""
-        dep = cls(source=BUILTIN)
+        dep = cls(source="the built-in boundary (no deployment file: MLM_DEPLOYMENT is unset)")
         dep._open_roots = True
         return dep
 
@@ -162,7 +156,7 @@ def check_event(
             "for shards built elsewhere), or set foreign_events: as_form in the deployment file."
         )
     fingerprint = extra.get("fingerprint")
-    if not isinstance(fingerprint, str) or not FINGERPRINT.match(fingerprint):
+    if not isinstance(fingerprint, str) or not re.fullmatch(r"[0-9a-f]{16}", fingerprint):
         raise ConfigError(
             f"The dataset-refresh event's fingerprint {fingerprint!r} is not 16 hex digits: the "
             "event was not written by mlm_dataset_refresh. Trigger the run by hand."
@@ -206,8 +200,7 @@ def janitor_api(dep: Deployment | None = None) -> tuple[TpuConfig, str]:
         transport=tpu.get("transport") or os.environ.get("MLM_TPU_TRANSPORT", "grpc"),
         api_endpoint=tpu.get("api_endpoint") or os.environ.get("MLM_TPU_API_ENDPOINT") or None,
     )
-    conn_id = settings.get("gcp_conn_id") or os.environ.get("MLM_GCP_CONN_ID", "google_cloud_default")
-    return api, conn_id
+    return api, settings.get("gcp_conn_id") or os.environ.get("MLM_GCP_CONN_ID", "google_cloud_default")
 
 
 def check_approval(approval: Any, approvers: list[Approver]) -> str:

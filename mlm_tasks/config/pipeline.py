@@ -59,7 +59,6 @@ class PipelineConfig(Section):
         self._model_checks()
         self._train_checks()
         self._output_checks()
-        self._publish_checks()
         return self
 
     def _model_checks(self) -> None:
@@ -67,8 +66,17 @@ class PipelineConfig(Section):
         shape = self.model.shape()  # raises on an unknown preset
         if self.model.architecture == "modernbert" and self.model.sinusoidal_init:
             raise ConfigError("model.sinusoidal_init: modernbert has no position table (RoPE); drop the setting.")
-        if self.model.init_from is not None:
-            self._init_from_checks()  # the shape, positions and vocabulary are the base's: validate checks them
+        if self.model.init_from is not None:  # the shape, positions and vocabulary are the base's: validate checks them
+            if self.corpus.source == "tfrecord_shards":
+                raise ConfigError(
+                    "model.init_from encodes the corpus with the base model's tokenizer, but corpus.source="
+                    "tfrecord_shards brings shards already encoded: use a text source, or leave model.init_from empty."
+                )
+            if self.compute == "tpu_vm" and self.model.init_from.startswith(("/", ".", "file://")):
+                raise ConfigError(
+                    f"model.init_from {self.model.init_from} is a local folder, but compute=tpu_vm trains on "
+                    "a TPU VM that cannot see it: copy it to gs://bucket/prefix, or give a Hub repo id."
+                )
         elif shape.hidden_size % shape.num_attention_heads:
             raise ConfigError(
                 f"model.hidden_size {shape.hidden_size} is not a multiple of "
@@ -152,7 +160,7 @@ class PipelineConfig(Section):
             )
 
     def _output_checks(self) -> None:
-        """Where the run writes and what runs it: output_root's scheme, the run's URIs, the TPU VM."""
+        """Where the run writes and what runs it: output_root's scheme, the run's URIs, the TPU VM, the Hub repo ids."""
         scheme = paths.scheme(self.output_root)
         if scheme == "gs" and not paths.bucket_and_name(self.output_root)[0]:
             raise ConfigError(
@@ -187,9 +195,6 @@ class PipelineConfig(Section):
             self.sensor.gcp_conn_id = self.gcp_conn_id
         if self.compute == "tpu_vm":
             self._tpu_checks()
-
-    def _publish_checks(self) -> None:
-        """The Hub repo ids, when publishing."""
         if any(r and not HUB_REPO_ID.match(r) for r in (self.publish.repo_id, self.publish.tokenizer_repo_id)):
             raise ConfigError(
                 f"publish.repo_id {self.publish.repo_id!r} / tokenizer_repo_id {self.publish.tokenizer_repo_id!r}: a "
@@ -198,26 +203,15 @@ class PipelineConfig(Section):
         if self.publish.enabled and not self.publish.repo_id:
             raise ConfigError("publish.enabled needs publish.repo_id, e.g. my-org/roberta-wiki-mlm.")
 
-    def _init_from_checks(self) -> None:
-        """What a continued run (model.init_from) needs to be true without reading the base."""
-        if self.corpus.source == "tfrecord_shards":
-            raise ConfigError(
-                "model.init_from encodes the corpus with the base model's tokenizer, but corpus.source=tfrecord_shards "
-                "brings shards already encoded: use a text source, or leave model.init_from empty."
-            )
-        if self.compute == "tpu_vm" and (self.model.init_from or "").startswith(("/", ".", "file://")):
-            raise ConfigError(
-                f"model.init_from {self.model.init_from} is a local folder, but compute=tpu_vm trains on "
-                "a TPU VM that cannot see it: copy it to gs://bucket/prefix, or give a Hub repo id."
-            )
-
     def _run_uris(self) -> list[tuple[str, str, bool]]:
         """(setting, value, may be a glob) of every place or Hub id a run may set."""
         c, p, m = self.corpus, self.publish, self.model
-        named = [
-            ("output_root", self.output_root),
-            ("corpus.hf_path", c.hf_path),
-            ("corpus.dump_path", c.dump_path),
+        named: list[tuple[str, str | None]] = [("output_root", self.output_root)]
+        globs: list[tuple[str, str]] = []
+        for where, s in [("corpus", c), *((f"corpus.mixture[{i}]", s) for i, s in enumerate(c.mixture))]:
+            named += [(f"{where}.hf_path", s.hf_path), (f"{where}.dump_path", s.dump_path)]
+            globs += [(f"{where}.local_paths[{j}]", v) for j, v in enumerate(s.local_paths)]
+        named += [
             ("corpus.shards_uri", c.shards_uri),
             ("corpus.tokenizer_uri", c.tokenizer_uri),
             ("model.init_from", m.init_from),
@@ -232,13 +226,6 @@ class PipelineConfig(Section):
             (f"downstream.tasks[{i}].{key}", getattr(t, key))
             for i, t in enumerate(self.downstream.tasks)
             for key in ("train_file", "validation_file", "hf_path", "hf_revision")
-        ]
-        for i, s in enumerate(c.mixture):
-            named += [(f"corpus.mixture[{i}].hf_path", s.hf_path), (f"corpus.mixture[{i}].dump_path", s.dump_path)]
-        globs = [(f"corpus.local_paths[{i}]", v) for i, v in enumerate(c.local_paths)] + [
-            (f"corpus.mixture[{i}].local_paths[{j}]", v)
-            for i, s in enumerate(c.mixture)
-            for j, v in enumerate(s.local_paths)
         ]
         return [(k, v, False) for k, v in named if v is not None] + [(k, v, True) for k, v in globs]
 

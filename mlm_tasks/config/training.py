@@ -90,9 +90,7 @@ class TrainConfig(Section):
     schedule: Literal["linear", "one_cycle", "wsd"] = Field("linear", description="Learning rate after warmup.")
     decay_fraction: float = Field(0.2, ge=0, le=1, description="wsd: share of the steps in the final decay.")
     decay_shape: Literal["linear", "cosine", "1-sqrt"] = Field("1-sqrt", description="wsd: the decay's shape.")
-    continue_run: str | None = Field(
-        None, pattern=r"^[A-Za-z0-9_.:+-]{1,200}$", description="Run whose latest checkpoint this run starts from."
-    )
+    continue_run: str | None = Field(None, pattern=r"^[A-Za-z0-9_.:+-]{1,200}$", description="Run to continue from.")
     weight_decay: float = Field(0.01, ge=0, le=1, description="AdamW weight decay (not on norms and biases).")
     adam_beta2: float = Field(0.98, gt=0, lt=1, description="AdamW beta2.")
     adam_epsilon: float = Field(1e-6, gt=0, le=1, description="AdamW epsilon.")

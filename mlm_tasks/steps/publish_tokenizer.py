@@ -49,16 +49,11 @@ def publish_tokenizer(
         card = TOKENIZER_CARD.format(
             license=cfg.publish.license, name=repo_id.split("/")[-1], fingerprint=data.fingerprint, repo_id=repo_id
         )
-        with open(os.path.join(folder, "README.md"), "w", encoding="utf-8") as f:
-            f.write(card)
+        storage.write_text(os.path.join(folder, "README.md"), card)
         with hub_errors(f"publishing the tokenizer to {repo_id}", token, url, conn_id):
             message = f"Upload tokenizer for data {data.fingerprint}"
             info, files = push_folder(api, repo_id, folder, cfg.publish.private, message)
     log.info("Published tokenizer %s to %s as %s", data.fingerprint, repo_id, info.oid)
-    return {
-        "repo_id": repo_id,
-        "commit_url": info.commit_url,
-        "commit_oid": info.oid,
-        "files": files,
-        "fingerprint": data.fingerprint,
-    }
+    return TokenizerCommit(
+        repo_id=repo_id, commit_url=info.commit_url, commit_oid=info.oid, files=files, fingerprint=data.fingerprint
+    )

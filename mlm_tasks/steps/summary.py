@@ -17,8 +17,7 @@ log = logging.getLogger(__name__)
 
 def summary(cfg: PipelineConfig, ctx: RunContext, *, data: DataSummary | None = None) -> RunSummary:
     """`data` is merge_shards' summary (read from ctx.fingerprint's shard set when not given)."""
-    if data is None:
-        data = summary_for_fingerprint(cfg, ctx.data.fingerprint)
+    data = data or summary_for_fingerprint(cfg, ctx.data.fingerprint)
     run = ctx.run
     text = summary_text(run, ctx.with_data(data["fingerprint"]).data, data)
     storage.write_text(run.summary_text, text + "\n")

@@ -43,8 +43,7 @@ def train(
         log.info("Run %s already finished training (%d steps): nothing to do", ctx.run_id, done["steps"])
         return done
     plan = plan_training(cfg, ctx.run, inputs)
-    # None unless publish.sync_checkpoints (and on worker 0)
-    sync = hub_sync.hub_checkpoint_sync(
+    sync = hub_sync.hub_checkpoint_sync(  # None unless publish.sync_checkpoints (and on worker 0)
         cfg,
         hub_token,
         train_records=inputs.shard_set.records("train"),

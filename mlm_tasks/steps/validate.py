@@ -54,19 +54,18 @@ def validate(
         check_gcs_credentials(cfg.output_root)
     base = BaseModelRef.of(cfg)
     reused = base or tokenizer_ref(cfg)  # the tokenizer that encodes the shards, when none is trained
-    if base is None and reused is not None:  # tokenizer.from_pretrained: its special tokens, before any work
-        read_tokenizer_json(reused.tokenizer_json(), f"tokenizer.from_pretrained {reused.uri}")
     if base is not None:
         check_base(cfg, base)  # the shape, positions and tokenizer of the base against the run's settings
-    if reused is not None and cfg.train.whole_word_mask:  # it encodes the shards: its words must be findable
-        check_tokenizer_words(reused.tokenizer_json(), f"{reused.setting} {reused.uri}")
-    if base is not None:
         log.info(
             "Continuing from %s%s: %s; model.preset and tokenizer.* are not used",
             base.uri,
             f"@{base.revision}" if base.revision else "",
             ", ".join(f"{k} {v}" for k, v in base.shape().items()),
         )
+    elif reused is not None:  # tokenizer.from_pretrained: its special tokens, before any work
+        read_tokenizer_json(reused.tokenizer_json(), f"tokenizer.from_pretrained {reused.uri}")
+    if reused is not None and cfg.train.whole_word_mask:  # it encodes the shards: its words must be findable
+        check_tokenizer_words(reused.tokenizer_json(), f"{reused.setting} {reused.uri}")
     for task in cfg.downstream.tasks:
         if task.source == "files":  # read now: a missing file or column fails before training, not after
             load_task(task, cfg.corpus)
