@@ -26,16 +26,10 @@ def spread(values: list[float]) -> tuple[float, float]:
 
 def summarize(runs: list[dict[str, Any]], metric: str, labels: list[Any], num_labels: int) -> DownstreamRuns:
     """Mean and spread over the seeds, and the 95% interval of the mean over seeds and examples (uncertainty.py)."""
-    mean, std = spread([r[metric] for r in runs])
+    values = [r[metric] for r in runs]
+    mean, std = spread(values)
     lo, hi = interval(metric, [r["predictions"] for r in runs], labels, num_labels)
-    return {
-        "mean": mean,
-        "std": std,
-        "min": min(r[metric] for r in runs),
-        "max": max(r[metric] for r in runs),
-        "interval": [lo, hi],
-        "runs": runs,
-    }
+    return {"mean": mean, "std": std, "min": min(values), "max": max(values), "interval": [lo, hi], "runs": runs}
 
 
 def flags(entry: DownstreamTaskScores, max_half_width: float) -> list[str]:

@@ -15,6 +15,7 @@ from typing import Any
 from mlm_tasks import storage
 from mlm_tasks.config import CorpusConfig, DownstreamTask
 from mlm_tasks.downstream.examples import Examples, TaskData, sample
+from mlm_tasks.downstream.held_out import HELD_OUT_SOURCES, held_out_task
 from mlm_tasks.downstream.metrics import REGRESSION_METRICS
 from mlm_tasks.errors import ConfigError
 
@@ -162,9 +163,7 @@ def _labels(
 
 def load_task(task: DownstreamTask, corpus: CorpusConfig) -> TaskData:
     """The task's training and validation examples."""
-    if task.source.startswith("held_out_"):
-        from mlm_tasks.downstream.held_out import held_out_task
-
+    if task.source in HELD_OUT_SOURCES:
         return sampled(task, held_out_task(task, corpus))
     names: list[str] | None = None
     if task.source == "files":

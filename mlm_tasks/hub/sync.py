@@ -124,12 +124,9 @@ def stage_checkpoint(checkpoint_path: str) -> str:
     for name in names:
         target = os.path.join(staged, name)
         if storage.is_local(folder):
-            try:
-                os.link(os.path.join(storage.local_path(folder), name), target)
-                continue
-            except OSError:  # another filesystem
-                pass
-        storage.copy_to_local(join(folder, name), target)  # gs://: training waits for this download, not the upload
+            _freeze(os.path.join(storage.local_path(folder), name), target)
+        else:
+            storage.copy_to_local(join(folder, name), target)  # training waits for this download, not the upload
     with open(os.path.join(staged, "checkpoint"), "w", encoding="utf-8") as f:
         f.write(f'model_checkpoint_path: "{prefix}"\nall_model_checkpoint_paths: "{prefix}"\n')
     if not storage.is_local(folder):

@@ -15,7 +15,7 @@ from mlm_tasks import storage
 from mlm_tasks.config import PipelineConfig
 from mlm_tasks.job.restarts import read_restarts
 from mlm_tasks.paths import SPLITS, RunPaths, join
-from mlm_tasks.reporting.tables import downstream_table, fill_mask_lines, metrics_table
+from mlm_tasks.reporting.tables import downstream_table, fill_mask_lines, metrics_table, section
 
 WIKIPEDIA_CREDIT = "Text from English Wikipedia, CC BY-SA 4.0"
 ARCHITECTURES = {"roberta": "RoBERTa", "modernbert": "ModernBERT"}  # model.architecture as a card names it
@@ -172,8 +172,7 @@ def training_lines(summary: Mapping[str, Any] | None, restarts: list[Mapping[str
     return lines
 
 
-# Each usage block's first line names its framework; tests/mlm_tasks/reporting/test_card.py runs every block
-# in the matching environment, so the card's code works as written.
+# Each usage block's first line names its framework: test_card.py runs each block in that framework's environment.
 USAGE_MARKERS = {"pytorch": "# PyTorch, transformers 5.x", "tensorflow": "# TensorFlow, transformers 4.57"}
 
 
@@ -256,21 +255,11 @@ def render_model_card(cfg: PipelineConfig, run_id: str, art: Mapping[str, Any]) 
         *data_card_lines(data_info),
         f"- Credit: {credit}",
         "",
-        "## Configuration",
-        *config_lines(cfg, data_info),
-        "",
-        "## Training",
-        *training_lines(art.get("summary"), art.get("restarts")),
-        "",
-        "## Evaluation",
-        *metrics_table(metrics),
-        "",
-        "## Downstream evaluation",
-        *downstream_table(art.get("downstream")),
-        "",
-        "## Fill-mask examples",
-        *fill_mask_lines(art.get("predictions")),
-        "",
+        *section("## Configuration", config_lines(cfg, data_info)),
+        *section("## Training", training_lines(art.get("summary"), art.get("restarts"))),
+        *section("## Evaluation", metrics_table(metrics)),
+        *section("## Downstream evaluation", downstream_table(art.get("downstream"))),
+        *section("## Fill-mask examples", fill_mask_lines(art.get("predictions"))),
         *usage_lines(repo, architecture),
         "",
         "## Intended use and limitations",

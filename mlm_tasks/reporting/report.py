@@ -24,7 +24,7 @@ from mlm_tasks.reporting.card import (
 )
 from mlm_tasks.reporting.compare import compare_runs, run_names, table_lines, val_loss_plot
 from mlm_tasks.reporting.plots import line_plot, schedule_phases
-from mlm_tasks.reporting.tables import downstream_table, fill_mask_lines, metrics_table
+from mlm_tasks.reporting.tables import downstream_table, fill_mask_lines, metrics_table, section
 from mlm_tasks.results import KeyMetrics
 from mlm_tasks.training.progress import read_history
 
@@ -128,30 +128,18 @@ def _page(
         "",
         f"Artifacts: `{run.root}`",
         "",
-        "## Data",
-        *data_lines(cfg, data_info),
-        "",
-        "## Configuration",
-        *config_lines(cfg, data_info),
-        "",
-        "## Training",
-        *training_lines(art["summary"], art["restarts"]),
-        "",
+        *section("## Data", data_lines(cfg, data_info)),
+        *section("## Configuration", config_lines(cfg, data_info)),
+        *section("## Training", training_lines(art["summary"], art["restarts"])),
         f"![Training loss]({LOSS_PNG})" if "loss" in plots else "_No loss curve: no training history yet._",
         "",
         f"![Learning rate]({LR_PNG})" if "learning_rate" in plots else "_No learning-rate plot._",
         "",
-        "## Evaluation",
-        *metrics_table(metrics),
-        "",
+        *section("## Evaluation", metrics_table(metrics)),
         *_vs_baseline(metrics),
         "",
-        "## Downstream tasks",
-        *downstream_table(art["downstream"]),
-        "",
-        "## Fill-mask examples",
-        *fill_mask_lines(art["predictions"]),
-        "",
+        *section("## Downstream tasks", downstream_table(art["downstream"])),
+        *section("## Fill-mask examples", fill_mask_lines(art["predictions"])),
         *_runs_section(cfg.output_root, run, plots),
         "",
         "## Logs",

@@ -14,7 +14,7 @@ from mlm_tasks.config import PipelineConfig
 from mlm_tasks.paths import RunPaths
 from mlm_tasks.reporting.card import read_run_artifacts
 from mlm_tasks.reporting.gate import previous_published
-from mlm_tasks.reporting.tables import downstream_table
+from mlm_tasks.reporting.tables import downstream_table, section
 from mlm_tasks.results import GateDecision
 
 MISSING = "–"
@@ -91,21 +91,14 @@ def review_markdown(cfg: PipelineConfig, run: RunPaths, decision: GateDecision) 
         [
             f"The model of run `{run.run_id}` would be pushed to `{repo_id or MISSING}`, a {visibility} repo.",
             "",
-            "### Evaluation",
-            *_metrics_table(art["metrics"], previous),
-            "",
-            f"### Gate: {'passed' if decision.get('passed') else 'failed'}",
-            *[f"- {reason}" for reason in decision.get("reasons", [])],
-            "",
-            "### Last published model",
-            _published_line(previous, repo_id),
-            "",
-            "### Validation loss during training",
-            *_validation_lines(art["summary"]),
-            "",
-            "### Downstream tasks",
-            *downstream_table(art["downstream"]),
-            "",
+            *section("### Evaluation", _metrics_table(art["metrics"], previous)),
+            *section(
+                f"### Gate: {'passed' if decision.get('passed') else 'failed'}",
+                [f"- {reason}" for reason in decision.get("reasons", [])],
+            ),
+            *section("### Last published model", [_published_line(previous, repo_id)]),
+            *section("### Validation loss during training", _validation_lines(art["summary"])),
+            *section("### Downstream tasks", downstream_table(art["downstream"])),
             f"Approve to publish; Reject to skip publishing (say why in the comment, it goes to the log). "
             f"No answer within {cfg.publish.approval_timeout_hours:g} h (`publish.approval_timeout_hours`) counts "
             "as a rejection.",

@@ -86,16 +86,14 @@ def _training_lines(run: RunPaths, train: dict) -> list[str]:
             f"{train['first_loss']:.3f} -> {train['last_loss']:.3f}, {train['elapsed_s']:.0f}s"
             + (f", resumed from step {train['resumed_from_step']}" if train["resumed_from_step"] else "")
         )
+        cost = (
+            f"; {train['accelerator_hours']:.2f} TPU hours of training = ${train['cost_usd']:,.2f} "
+            f"({train['cost_basis']}; an estimate: the VM bills from create_tpu_vm to delete_tpu_vm)"
+            if train.get("cost_usd") is not None
+            else ""
+        )
         if train.get("mfu_of"):
-            out.append(
-                f"Hardware   {train['mfu_of']}"
-                + (
-                    f"; {train['accelerator_hours']:.2f} TPU hours of training = ${train['cost_usd']:,.2f} "
-                    f"({train['cost_basis']}; an estimate: the VM bills from create_tpu_vm to delete_tpu_vm)"
-                    if train.get("cost_usd") is not None
-                    else ""
-                )
-            )
+            out.append(f"Hardware   {train['mfu_of']}{cost}")
         if train.get("precision_reason"):
             out.append(f"Precision  {train['precision_reason']}")
         budget = storage.read_json_if_exists(run.train_budget)

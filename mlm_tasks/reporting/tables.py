@@ -1,11 +1,11 @@
-"""The Markdown tables the run report, the model card and the approval page share (a missing piece is named).
+"""Markdown sections and tables of the run report, the model card and the approval page; a missing piece is named.
 
-lines = metrics_table(metrics) + downstream_table(downstream) + fill_mask_lines(predictions)
+lines = section("## Evaluation", metrics_table(metrics)) + downstream_table(downstream) + fill_mask_lines(predictions)
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 METRIC_ROWS = [  # (key, label, format)
@@ -18,6 +18,11 @@ METRIC_ROWS = [  # (key, label, format)
     ("masked_tokens", "Masked tokens evaluated", "{:,}"),
     ("split", "Evaluation split", "{}"),
 ]
+
+
+def section(heading: str, lines: Iterable[str]) -> list[str]:
+    """The heading, its lines and a blank line."""
+    return [heading, *lines, ""]
 
 
 def format_metric(fmt: str, value) -> str:

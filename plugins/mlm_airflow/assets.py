@@ -15,8 +15,7 @@ from mlm_tasks.results import DataSummary
 
 log = logging.getLogger(__name__)
 
-# An "x-" scheme is Airflow's mark for a private URI: no provider normalises it, so parsing the DAGs
-# does not load every provider to look for a normaliser (0.5 s per parse, bench/bench_parse.py).
+# An "x-" scheme is Airflow's mark for a private URI: parsing the DAGs loads no provider to normalise it.
 SHARDS = Asset(name="mlm_shards", uri="x-mlm://shards", group="mlm")
 
 

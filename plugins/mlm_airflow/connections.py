@@ -140,9 +140,7 @@ def ssh_connect(
             log.warning(
                 "Connection %r sets no_host_key_check=true: the host key of %s is not checked, so any "
                 "machine answering there is trusted. Remove it to pin the keys node %s published.",
-                conn_id,
-                host,
-                node or "(unknown)",
+                *(conn_id, host, node or "(unknown)"),
             )
         return found
 

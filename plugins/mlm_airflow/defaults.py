@@ -19,8 +19,7 @@ DEFAULT_CONFIG = str(CONFIG_DIR / "default.yaml")
 CPU_QUEUE = os.environ.get("MLM_CPU_QUEUE", "").strip() or "cpu"
 CONTROL_QUEUE = os.environ.get("MLM_CONTROL_QUEUE", "").strip() or "control"
 
-# Executors whose tasks all run on the scheduler's machine. Every other executor (Celery, Kubernetes,
-# Edge, ...) may run two tasks of one run on two machines.
+# Executors whose tasks all run on the scheduler's machine; any other may run two tasks of one run on two machines.
 SINGLE_MACHINE_EXECUTORS = {"LocalExecutor", "SequentialExecutor", "DebugExecutor"}
 
 
@@ -70,8 +69,6 @@ def config_params(defaults: PipelineConfig, output_root_help: str, overrides_exa
 
 # JSON-schema keywords the trigger form understands; the rest of pydantic's schema is left out.
 _FORM_KEYWORDS = ("type", "enum", "minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum", "items")
-
-
 _config_schema = functools.cache(PipelineConfig.model_json_schema)  # pydantic builds it anew on every call
 
 

@@ -96,8 +96,5 @@ class FailureNotifier(BaseNotifier):
         except OSError as err:
             log.error(
                 "Could not send the failure alert to %s: %s. Check %s or the %r connection.",
-                target,
-                err,
-                WEBHOOK_ENV,
-                WEBHOOK_CONN_ID,
+                *(target, err, WEBHOOK_ENV, WEBHOOK_CONN_ID),
             )

@@ -108,10 +108,7 @@ class RemoteStep:
         )
         self.log.info(
             "Starting the trainer detached on worker 0 of %s (try %d); its output goes to %s/%s.",
-            name,
-            number,
-            cfg.tpu.workdir,
-            log_name,
+            *(name, number, cfg.tpu.workdir, log_name),
         )
         self.session = ssh.Session(connect, host, on_line=self._line)  # close() (on_kill) hangs up a start
         outcome, job = vm_job.start(
@@ -221,10 +218,7 @@ class RemoteStep:
             self.log.info(
                 "%s is a %d-host slice: running %r on worker 0 (%s) only; the -pod runtime on the "
                 "other hosts serves it.",
-                name,
-                len(hosts),
-                self.step,
-                hosts[0],
+                *(name, len(hosts), self.step, hosts[0]),
             )
         else:
             self.log.info("Running %r on %s (%s).", self.step, name, hosts[0])
@@ -244,12 +238,10 @@ class RemoteStep:
             stopper.start()
             stopper.join(ON_KILL_STOP_S)
             gone = bool(outcome) and outcome[0].alive is False
-            self.log.info(
-                "Task killed: the trainer is %s.",
-                "gone"
-                if gone
-                else f"maybe still running (no confirmation within {ON_KILL_STOP_S:g}s; the teardown deletes the VM)",
+            unconfirmed = (
+                f"maybe still running (no confirmation within {ON_KILL_STOP_S:g}s; the teardown deletes the VM)"
             )
+            self.log.info("Task killed: the trainer is %s.", "gone" if gone else unconfirmed)
         if self.session is not None:
             self.log.info("Task killed: hanging up the SSH session, which stops the remote step.")
             self.session.close()

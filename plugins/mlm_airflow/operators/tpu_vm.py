@@ -75,8 +75,7 @@ def drive_node(
         action = decide(facts)
         if action.kind in ("start", "reattach", "done"):  # READY: what comes next is the caller's
             return tpu.describe(node)
-        made = carry_out(op, context, cfg, node, action, resume_in=resume_in, stockout_until=facts.stockout_until)
-        event = {"state": made.state, "error": made.error} if made is not None and made.error else None
+        event = carry_out(op, context, cfg, node, action, resume_in=resume_in, stockout_until=facts.stockout_until)
 
 
 def carry_out(
@@ -88,12 +87,14 @@ def carry_out(
     *,
     resume_in: Callable[..., Any],
     stockout_until: float | None = None,
-) -> tpu.NodeState | None:
-    """The node's part of a decision: ensure_node, wait (for the node, or for capacity), a failed create."""
+) -> dict[str, Any] | None:
+    """The node's part of a decision: ensure_node, wait (for the node, or for capacity), a failed create. What
+    ensure_node returns is the node event for the next facts: the create's error, or None (READY)."""
     name = node.name
     if action.kind == "ensure_node":
         op.log.info("TPU VM %s: %s.", name, action.why)
-        return ensure_ready(op, context, cfg, name, resume_in=resume_in, stockout_until=stockout_until)
+        made = ensure_ready(op, context, cfg, name, resume_in=resume_in, stockout_until=stockout_until)
+        return {"state": made.state, "error": made.error} if made.error else None
     if action.kind == "wait" and action.wait_for == "capacity":  # what the create left deleted, then created again
         operation = delete_left(cfg, name)
         retry_at = time.time() + cfg.tpu.stockout_retry_s
@@ -130,7 +131,7 @@ def ensure_ready(
     *,
     resume_in: Callable[..., Any],
     stockout_until: float | None = None,
-) -> tpu.NodeState | None:
+) -> tpu.NodeState:
     """`tpu.ensure_node` after recording the node in the registry; the node when READY or refused (its error),
     else a deferral to TpuNodeTrigger until it settles."""
     metadata = ssh_key_metadata(cfg.tpu.ssh_conn_id, op.log)
@@ -227,8 +228,7 @@ class TpuVmCreateOperator(_RunNodeOperator):
 
     def resume(self, context: Context, event: dict[str, Any] | None = None, **_: Any) -> dict[str, Any]:
         cfg = config_from_xcom(self.config)
-        name = run_node_name(context)
-        return drive_node(self, context, cfg, name, resume_in=self.resume, event=event)
+        return drive_node(self, context, cfg, run_node_name(context), resume_in=self.resume, event=event)
 
 
 class TpuVmDeleteOperator(_RunNodeOperator):
@@ -259,9 +259,7 @@ class TpuVmDeleteOperator(_RunNodeOperator):
             return None
         self.log.info(
             "TPU VM %s: deleting (%s); waiting until it is gone (at most tpu.delete_timeout_s=%ss).",
-            name,
-            operation,
-            cfg.tpu.delete_timeout_s,
+            *(name, operation, cfg.tpu.delete_timeout_s),
         )
         defer_to_node(self, cfg, name, cfg.tpu.delete_timeout_s, operation, self.deleted, until_gone=True)
 
@@ -278,11 +276,7 @@ class TpuVmDeleteOperator(_RunNodeOperator):
                 "TPU VM %s is %s after tpu.delete_timeout_s=%ss: left to mlm_tpu_janitor, which checks it hourly "
                 "(it stays in the TPU registry, %s) and deletes it if it is still there once its expires label "
                 "is past. To be sure now: %s",
-                name,
-                error,
-                cfg.tpu.delete_timeout_s,
-                tpu_registry.ENV,
-                _delete_command(cfg, name),
+                *(name, error, cfg.tpu.delete_timeout_s, tpu_registry.ENV, _delete_command(cfg, name)),
             )
             return name
         raise AirflowException(

@@ -1,8 +1,6 @@
 """The `train` task: in the worker (`compute: local`), or as a detached trainer on worker 0 of the run's TPU
-VM (`compute: tpu_vm`), followed by a trigger while the worker slot is free.
-
-Each visit carries out mlm_tasks/job/decide.py's answer to the facts (node, stored trainer, restarts, deadline).
-docs/operations.md#durable-training-what-survives-what
+VM (`compute: tpu_vm`), followed by a trigger while the worker slot is free. Each visit carries out
+mlm_tasks/job/decide.py's answer to the facts (docs/operations.md#durable-training-what-survives-what).
 """
 
 from __future__ import annotations
@@ -185,10 +183,9 @@ class TrainOperator(BaseOperator):
             elif action.kind in ("ensure_node", "wait") or (action.kind == "fail" and action.delete):
                 if store is not None:
                     store.set(DEFERRED_KEY, "node")
-                made = carry_out(
+                node_event = carry_out(
                     self, context, cfg, node, action, resume_in=self.resume, stockout_until=facts.stockout_until
                 )
-                node_event = {"state": made.state, "error": made.error} if made is not None and made.error else None
             elif action.kind == "restart":
                 self._restart(context, cfg, facts, action.why)
             elif action.kind == "start":
@@ -203,10 +200,7 @@ class TrainOperator(BaseOperator):
                 assert facts.job is not None
                 self.log.info(
                     "Reattached to the trainer of try %d (pid %d) in %.2fs: %s. No second trainer is started.",
-                    facts.job["try_number"],
-                    facts.job["pid"],
-                    time.monotonic() - began,
-                    action.why,
+                    *(facts.job["try_number"], facts.job["pid"], time.monotonic() - began, action.why),
                 )
                 self._follow(context, cfg, facts.job)
             elif action.kind == "done":
@@ -289,9 +283,7 @@ class TrainOperator(BaseOperator):
         self.log.warning(
             "Restart %d of at most %d (train.max_restarts), in try %d: %s. Last recorded step %d; replacing the "
             "node if it is lost and starting a new trainer from the last checkpoint.",
-            facts.restarts + 1,
-            cfg.train.max_restarts,
-            try_number(context),
+            *(facts.restarts + 1, cfg.train.max_restarts, try_number(context)),
             cause.rstrip("."),  # a trainer's own words end with one
             recorded[-1]["step"],
         )
@@ -322,18 +314,14 @@ class TrainOperator(BaseOperator):
 
     def _detached(self, cfg: PipelineConfig) -> RemoteStep:
         """The step on the TPU VM; with checkpoint sync, the Hub token goes on the SSH session's stdin."""
-        token, step_env = None, {}
-        if cfg.publish.sync_checkpoints:
-            token, endpoint = hub_credentials(cfg.publish.hf_conn_id)
-            if endpoint:
-                step_env["HF_ENDPOINT"] = endpoint
+        token, endpoint = hub_credentials(cfg.publish.hf_conn_id) if cfg.publish.sync_checkpoints else (None, None)
         self.detached = RemoteStep(
             "train",
             self.log,
             args=["--data-fingerprint", self._fingerprint()],
             command=self.command,
             hub_token=token,
-            step_env=step_env,
+            step_env={"HF_ENDPOINT": endpoint} if endpoint else {},
             replaces_dead_node=True,
         )
         return self.detached

@@ -46,9 +46,7 @@ class ShardSetCompleteSensor(BaseSensorOperator):
         self.log.info(
             "Shard gate settings from the run's config: poke every %g s, timeout %g s "
             "(sensor.poke_interval_s, sensor.timeout_s), GCP connection %r.",
-            self.poke_interval,
-            self.timeout,
-            self.gcp_conn_id,
+            *(self.poke_interval, self.timeout, self.gcp_conn_id),
         )
 
     @property

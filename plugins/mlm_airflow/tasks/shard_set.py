@@ -3,9 +3,6 @@ cluster_duplicates → train_tokenizer → write_shards (mapped) → merge_shard
 
     data = shard_set(config)                    # mlm_pretrain: merge_shards' data summary (an XComArg)
     shard_set(config, announce=True, after=changed)   # mlm_dataset_refresh: the merge emits the SHARDS event
-
-plan_shards returns the partitions still to write (the mapped tasks' list; empty skips them) and hands its whole
-plan to the others as XCom `shard_plan`.
 """
 
 from __future__ import annotations
@@ -163,10 +160,7 @@ def merge_shards(config: dict, plan: ShardPlan, announce: bool = False, **contex
         context["outlet_events"][SHARDS].extra = event_extra(config, data)
         log.info(
             "Announcing shards %s on asset %s: %s train records, %s train tokens",
-            data["fingerprint"],
-            SHARDS.name,
-            data["records"].get("train"),
-            data["tokens"].get("train"),
+            *(data["fingerprint"], SHARDS.name, data["records"].get("train"), data["tokens"].get("train")),
         )
     return data
 

@@ -1,6 +1,5 @@
-"""The Airflow tasks of the pipeline's steps: each calls the `mlm_tasks` step of the same name with the XComArgs
-wired in the DAG and returns its result, a TypedDict of mlm_tasks/results.py, as one XCom. Steps are imported in
-the task bodies, so a DAG parses without TensorFlow.
+"""The Airflow tasks of the pipeline's steps: each calls the `mlm_tasks` step of the same name and returns its result
+(mlm_tasks/results.py) as one XCom; steps are imported in the task bodies, so a DAG parses without TensorFlow.
 
     config = validate()                          # the validated config, for every later task
     check_run(config, data)                      # data: shard_set(config)

@@ -35,12 +35,9 @@ class TpuNodeTrigger(ConnectionTrigger):
 
     def _check(self) -> dict[str, Any] | None:
         """One poll with the connection's credentials; the event payload when waiting is over, else None."""
-        with self.connected():
-            return self._poll()
-
-    def _poll(self) -> dict[str, Any] | None:
         cfg = TpuConfig.model_validate(self.tpu_config)
-        state, error = tpu.node_now(cfg, self.name, self.operation, until_gone=self.until_gone)
+        with self.connected():
+            state, error = tpu.node_now(cfg, self.name, self.operation, until_gone=self.until_gone)
         settled = state.state == tpu.NOT_FOUND if self.until_gone else not tpu.passing(state.state)
         if error or settled:
             return self._event(state.state, error, tpu.describe(state))

@@ -78,16 +78,14 @@ class TrainJobTrigger(ConnectionTrigger):
         return self._with_connection(lambda watch: watch.check())
 
     async def run(self) -> AsyncIterator[TriggerEvent]:
-        import requests
         from google.api_core.exceptions import RetryError, ServerError, TooManyRequests
 
+        # What a blip looks like (requests' errors are OSErrors): poll again.
+        blips = (TransientError, OSError, ServerError, TooManyRequests, RetryError, asyncio.TimeoutError)
         who = f"the trainer (pid {self.job['pid']}, try {self.job['try_number']}) on {self.job['node']}"
         self.log.info(
             "Following %s every %gs; progress every %gs, watchdog after %g min without a heartbeat.",
-            who,
-            self.poll_s,
-            self.progress_s,
-            self.stall_s / 60,
+            *(who, self.poll_s, self.progress_s, self.stall_s / 60),
         )
         last_line = 0.0
         while True:
@@ -95,15 +93,7 @@ class TrainJobTrigger(ConnectionTrigger):
                 # Awaited to its end, never abandoned: every call in it has its own deadline, so a hung network
                 # fails the check instead of leaving a thread blocked in the triggerer's shared pool.
                 verdict: Verdict | None = await asyncio.to_thread(self._check)
-            except (
-                TransientError,
-                OSError,
-                ServerError,
-                TooManyRequests,
-                RetryError,
-                requests.RequestException,
-                asyncio.TimeoutError,
-            ) as err:  # what a blip looks like: poll again
+            except blips as err:
                 self.log.warning("Could not check %s (will retry): %s", who, err)
                 verdict = None
             if verdict is not None and verdict.kind in ENDS:
