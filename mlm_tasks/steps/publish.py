@@ -75,15 +75,8 @@ def publish(
         "run_id": run.run_id,
     }
     log.info("Published run %s as %s to %s (%d files, user %s)", run.run_id, info.oid, repo_id, len(files), user)
-    storage.write_json(
-        paths.published_metrics(cfg.output_root, repo_id, cfg.publish.releases_root),
-        {
-            **metrics,
-            "downstream": published_scores(artifacts["downstream"]),
-            "run_id": run.run_id,
-            "repo_id": repo_id,
-            "commit_oid": info.oid,
-        },
-    )
+    scores = published_scores(artifacts["downstream"])
+    baseline = {**metrics, "downstream": scores, "run_id": run.run_id, "repo_id": repo_id, "commit_oid": info.oid}
+    storage.write_json(paths.published_metrics(cfg.output_root, repo_id, cfg.publish.releases_root), baseline)
     storage.write_json(run.published, result)  # last: the step's completion marker
     return result
