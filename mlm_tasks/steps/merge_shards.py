@@ -57,9 +57,6 @@ def merge_shards(cfg: PipelineConfig, ctx: RunContext, *, plan: ShardPlan | None
         "data_card": data_card(cfg, ctx),
     }
     shard_set = merge_partitions(cfg, paths, num_parts, extra)
-    log.info(
-        "Published shard set %s: %s",
-        paths.shards_dir,
-        ", ".join(f"{s} {shard_set.records(s)} records" for s in shard_set.splits),
-    )
+    counts = ", ".join(f"{s} {shard_set.records(s)} records" for s in shard_set.splits)
+    log.info("Published shard set %s: %s", paths.shards_dir, counts)
     return data_summary(shard_set, cache_hit=False, written_here=True, weights=config_weights(cfg))
