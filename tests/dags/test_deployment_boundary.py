@@ -10,7 +10,7 @@ import pytest
 from peers.airflow_db import db_rows
 from peers.airflow_home import airflow_env, dags_test  # noqa: F401  (fixture)
 from peers.hostile import billion_laughs
-from peers.tiny_data import TINY_YAML
+from peers.tiny_data import TINY_FORM, TINY_YAML
 
 
 @pytest.fixture
@@ -42,13 +42,10 @@ def test_a_hostile_conf_fails_in_validate_naming_the_key(case, deployment_env, t
     settings, message = HOSTILE[case]
     (tiny.parent / "lol.yaml").write_text(billion_laughs())
     conf = {
+        **TINY_FORM,
         "config_file": str(tiny),
-        "architecture": "roberta",  # the form's default is the embedded run's (modernbert)
         "output_root": str(tmp_path / "out"),
-        "vocab_size": 1000,
-        "max_length": 64,
         "steps": 2,
-        "batch_size": 8,
         **settings,
     }
     conf["config_file"] = str(tiny.parent / conf["config_file"])

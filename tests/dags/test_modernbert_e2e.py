@@ -5,15 +5,14 @@ side of that promise is checked in tests/mlm_tasks/model/test_modernbert.py."""
 
 import json
 import secrets
-from pathlib import Path
 
 import pytest
 
 from peers.airflow_db import task_states
 from peers.airflow_home import airflow_env, dags_test  # noqa: F401  (fixture)
 from peers.fake_hub import FakeHub
+from peers.tiny_data import TINY_FORM
 
-ROOT = Path(__file__).resolve().parents[2]
 REPO = "tester/modernbert-tiny-mlm"
 
 
@@ -35,13 +34,9 @@ def test_pretrain_dag_with_modernbert_publishes_a_transformers_5_model(airflow_e
         "tasks": [{"name": "toy", "train_file": str(task), "validation_file": str(task)}],
     }
     conf = {
-        "config_file": str(ROOT / "configs" / "tiny.yaml"),
+        **TINY_FORM,
         "output_root": str(out),
         "architecture": "modernbert",
-        "vocab_size": 1000,  # the form's own fields default to the embedded run's: the tiny config's values
-        "max_length": 64,
-        "batch_size": 8,
-        "steps": 12,
         "overrides": {"downstream": downstream, "publish.enabled": True, "publish.repo_id": REPO},
     }
     with FakeHub(token=f"hf_planted_{secrets.token_hex(16)}", user="tester") as hub:

@@ -10,16 +10,9 @@ import pytest
 from peers.airflow_db import db_rows
 from peers.airflow_home import airflow_env, dags_test  # noqa: F401  (fixture)
 from peers.seed_shards import write_like_prepare_tfrecord_shards
-from peers.tiny_data import TINY_YAML
+from peers.tiny_data import TINY_FORM
 
-TINY = {
-    "architecture": "roberta",
-    "config_file": str(TINY_YAML),
-    "vocab_size": 1000,
-    "max_length": 64,
-    "steps": 6,
-    "batch_size": 8,
-}
+TINY = {**TINY_FORM, "steps": 6}
 
 
 @pytest.mark.slow

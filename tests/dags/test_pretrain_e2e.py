@@ -12,16 +12,9 @@ import pytest
 
 from peers.airflow_db import task_states
 from peers.airflow_home import airflow_env, dags_test  # noqa: F401  (fixture)
+from peers.tiny_data import TINY_FORM
 
-ROOT = Path(__file__).resolve().parents[2]
-TINY = {
-    "config_file": str(ROOT / "configs" / "tiny.yaml"),
-    "architecture": "roberta",  # the form's default is the embedded run's (modernbert)
-    "vocab_size": 1000,
-    "max_length": 64,
-    "steps": 12,
-    "batch_size": 8,
-}
+TINY = TINY_FORM
 
 
 def _only_run(out: Path) -> Path:

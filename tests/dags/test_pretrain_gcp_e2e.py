@@ -29,17 +29,11 @@ from peers.airflow_db import db_rows
 from peers.airflow_home import airflow_env, dags_test  # noqa: F401  (fixture)
 from peers.fake_tpu_api import is_read
 from peers.sshd import airflow_conn_uri
+from peers.tiny_data import TINY_FORM
 from peers.tpu_vm_image import NO_LIBTPU
 
 ROOT = Path(__file__).resolve().parents[2]
-TINY = {
-    "config_file": str(ROOT / "configs" / "tiny.yaml"),
-    "architecture": "roberta",  # the form's default is the embedded run's (modernbert)
-    "vocab_size": 1000,
-    "max_length": 64,
-    "steps": 12,
-    "batch_size": 8,
-}
+TINY = TINY_FORM
 PROJECT, ZONE = "mlm-test-project", "us-central2-b"
 
 

@@ -18,15 +18,9 @@ import pytest
 from peers.airflow_db import db_path, db_rows, task_states, xcom_values
 from peers.airflow_home import airflow_env, dags_test  # noqa: F401  (fixture)
 from peers.fake_hub import FakeHub
+from peers.tiny_data import TINY_FORM
 
-ROOT = Path(__file__).resolve().parents[2]
-TINY = {
-    "architecture": "roberta",
-    "config_file": str(ROOT / "configs" / "tiny.yaml"),
-    "vocab_size": 1000,
-    "max_length": 64,
-    "batch_size": 8,
-}
+TINY = TINY_FORM
 REPO, TOKENIZER_REPO = "tester/roberta-tiny-mlm", "tester/unigram-tiny"
 MODEL_FILES = {
     "README.md",

@@ -22,6 +22,7 @@ import pytest
 
 from peers.airflow_rest import AirflowApi
 from peers.airflow_stack import ROOT, data_volume, running_stack
+from peers.tiny_data import TINY_FORM
 
 DAG_ID = "mlm_pretrain"
 ROLE_USERS = {"viewer": "Viewer", "user": "User", "op": "Op", "trainer": "Trainer"}
@@ -87,13 +88,8 @@ def tiny_conf(airflow_stack, tmp_path) -> dict:
     # The flat params override the config file, so the tiny values are passed explicitly.
     out = data_volume(airflow_stack) / tmp_path.name
     return {
-        "config_file": str(ROOT / "configs" / "tiny.yaml"),
-        "architecture": "roberta",  # the form's default is the embedded run's (modernbert)
+        **TINY_FORM,
         "output_root": str(out),
-        "vocab_size": 1000,
-        "max_length": 64,
-        "steps": 12,
-        "batch_size": 8,
     }
 
 

@@ -29,7 +29,8 @@ from urllib.parse import quote
 import httpx
 import pytest
 
-from peers.airflow_stack import ADMIN_USER, ROOT, data_volume
+from peers.airflow_stack import ADMIN_USER, data_volume
+from peers.tiny_data import TINY_FORM
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(1800)]
 
@@ -49,20 +50,12 @@ def runs(airflow_stack, airflow_api, tiny_prepared) -> dict[str, str]:
     """The runs triggered up front, so their training overlaps: {name: run_id}. Each output_root holds the tiny
     shard set already (plan_shards finds it complete): these runs are about the release, not the data."""
     prepared = Path(tiny_prepared[0].output_root) / "datasets"
-    tiny = {
-        "config_file": str(ROOT / "configs" / "tiny.yaml"),
-        "architecture": "roberta",  # the form's default is the embedded run's (modernbert)
-        "vocab_size": 1000,
-        "max_length": 64,
-        "steps": 12,
-        "batch_size": 8,
-    }  # approval: the deployment asks for it (a run may not set it)
-    out = {}
+    out = {}  # approval: the deployment asks for it (a run may not set it)
     for name, repo in REPOS.items():
         output_root = data_volume(airflow_stack) / f"out-approval-{name}"
         shutil.copytree(prepared, output_root / "datasets")
         conf = {
-            **tiny,
+            **TINY_FORM,
             "output_root": str(output_root),
             "overrides": {"publish.enabled": True, "publish.repo_id": repo},
         }

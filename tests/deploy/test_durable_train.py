@@ -49,6 +49,7 @@ from peers.fake_tpu_api import FakeTpuApi
 from peers.figures import Figures
 from peers.sshd import airflow_conn_uri, host_public_key
 from peers.stand_in_trainer import set_pace, steps_made, write_stand_in
+from peers.tiny_data import TINY_FORM
 from peers.waits import wait_for
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
@@ -208,14 +209,10 @@ def api(stack, preparing) -> AirflowApi:
 
 def trigger(api: AirflowApi, run_id: str, output_root: str, steps: int, overrides: dict | None = None) -> str:
     conf = {
-        "config_file": str(ROOT / "configs" / "tiny.yaml"),
-        "architecture": "roberta",  # the form's default is the embedded run's (modernbert)
+        **TINY_FORM,
         "output_root": output_root,
         "compute": "tpu_vm",
-        "vocab_size": 1000,
-        "max_length": 64,
         "steps": steps,
-        "batch_size": 8,
         "overrides": {**FOLLOW, **(overrides or {})},
     }
     assert api.trigger(DAG_ID, conf=conf, run_id=run_id)["state"] == "queued"

@@ -27,6 +27,7 @@ import pytest
 
 from mlm_tasks.paths import safe_run_id
 from peers.airflow_stack import data_volume
+from peers.tiny_data import TINY_FORM
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(1800)]
 
@@ -38,20 +39,10 @@ RUN_TIMEOUT_S = 1200
 def runs(airflow_stack, airflow_api, tiny_prepared) -> dict[str, dict]:
     """The run, triggered once: {"param": {"run_id", "output_root", "conf"}}. Its output_root holds the tiny shard
     set already (plan_shards finds it complete; the data tasks on this stack: test_browser.py's run)."""
-    from peers.airflow_stack import ROOT
-
-    tiny = {
-        "config_file": str(ROOT / "configs" / "tiny.yaml"),
-        "architecture": "roberta",  # the form's default is the embedded run's (modernbert)
-        "vocab_size": 1000,
-        "max_length": 64,
-        "steps": 12,
-        "batch_size": 8,
-    }
     # run `rest-fault`: the stack's MLM_TRAIN_HOOKS fails its first try at step 6
     output_root = data_volume(airflow_stack) / "out-param"  # where runs write
     shutil.copytree(Path(tiny_prepared[0].output_root) / "datasets", output_root / "datasets")
-    conf = {**tiny, "steps": 10, "output_root": str(output_root)}
+    conf = {**TINY_FORM, "steps": 10, "output_root": str(output_root)}
     run = airflow_api.trigger(DAG_ID, conf=conf, run_id="rest-fault")
     assert run["state"] == "queued" and run["conf"] == conf, run
     return {"param": {"run_id": run["dag_run_id"], "output_root": conf["output_root"], "conf": conf}}

@@ -519,7 +519,9 @@ def test_what_a_hostile_triggerer_sends_is_refused_at_once_naming_the_key(case, 
         started = time.monotonic()
         with pytest.raises(ConfigError, match=message):
             run_config(params, dep)
-        assert time.monotonic() - started < 1.0, case  # before any expansion or I/O: the bomb expanded hung 30 s
+        # A bound on a hang, not a timing (bench/ times things): the bomb, expanded, takes over 30 s; a refusal
+        # before any expansion or I/O takes milliseconds, and a loaded CI machine's first imports seconds (3.9 s seen).
+        assert time.monotonic() - started < 10.0, case
     assert list(out.iterdir()) == []  # nothing written
 
 

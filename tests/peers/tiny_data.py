@@ -22,6 +22,16 @@ from mlm_tasks.config import load_config
 
 ROOT = Path(__file__).resolve().parents[2]
 TINY_YAML = ROOT / "configs" / "tiny.yaml"
+# The trigger form's fields for a tiny run of mlm_pretrain. Each field overrides the config file, and the form shows
+# the embedded run's values (ModernBERT, 128 tokens), so a tiny run passes every one of them.
+TINY_FORM = {
+    "config_file": str(TINY_YAML),
+    "architecture": "roberta",
+    "vocab_size": 1000,
+    "max_length": 64,
+    "steps": 12,
+    "batch_size": 8,
+}
 
 
 def tiny_config(output_root, **overrides):
