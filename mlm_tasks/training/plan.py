@@ -78,6 +78,11 @@ def plan_steps(cfg: PipelineConfig, shard_set: ShardSet, global_batch: int) -> i
 AUTO_STEPS_PER_CALL = {"cpu": 1, "gpu": 16, "tpu": 64}
 
 
+def steps_per_call(setting: int | str, device: str) -> int:
+    """Optimizer steps per call of the compiled training loop on `device` (cpu, gpu or tpu); bench_gpu.py's too."""
+    return AUTO_STEPS_PER_CALL[device] if setting == "auto" else int(setting)
+
+
 def crossed(every: int, first: int, last: int) -> bool:
     """Whether steps first..last (one call of the loop) hold a multiple of `every`."""
     return every > 0 and last // every > (first - 1) // every
@@ -207,8 +212,7 @@ def plan_training(cfg: PipelineConfig, run: RunPaths, inputs: TrainInputs) -> Tr
     if precision == "auto":
         precision, reason = auto_precision(device)
         train_log.info("Precision %s", reason)
-    setting = cfg.train.steps_per_call
-    per_call = AUTO_STEPS_PER_CALL[device] if setting == "auto" else int(setting)
+    per_call = steps_per_call(cfg.train.steps_per_call, device)
     plan = TrainPlan(
         device, precision, xla, strategy, replicas, global_batch, total_steps, per_call, config, precision_reason=reason
     )
